@@ -1,0 +1,345 @@
+// CPU flash attention (FlashAttention-2 on a CPU): forward with an online softmax over key tiles,
+// backward recomputing the probabilities from LSE, both skipping tiles that have no visible
+// pair. GEMM tiles run on our own AVX2/FMA micro-kernels (cpu/tile_ops_*.cpp) over operands
+// packed once per call; kernels/README.md records why (library calls on 96x64x128 tiles were
+// slower) and the measurements.
+//
+// Work decomposition
+//   forward:  one task per (query head h, query tile); it owns its O rows and LSE, so no races
+//             and the result does not depend on the thread count.
+//   backward: one task per (kv head g, key tile); it owns dK/dV of its keys (summed over the
+//             query heads of group g, GQA) and adds its dQ contribution of each query tile under
+//             a per-(head, query tile) lock into a packed fp32 dQ accumulator, which is added to
+//             the caller's dq at the end. Only the order of those dQ additions depends on
+//             scheduling (rounding-level differences between runs).
+//
+// Softmax in base 2: scores are multiplied by c = scale * log2(e) and exponentiated with 2^x;
+// LSE = ln 2 * (m + log2 l).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu/tile_ops.hpp"
+#include "ops.hpp"
+#include "tiles.hpp"
+
+namespace ctxpar {
+
+namespace {
+
+constexpr int64_t kBk = 64;  // key tile (multiple of 16: the micro-kernel's column width)
+// Query tile: a multiple of the micro-kernel's 6 rows; halved for D > 128 so that the Q, O and
+// score tiles plus one K and one V tile stay within a 512 KiB L2.
+int64_t query_tile_rows(int32_t D) { return D <= 128 ? 96 : 48; }
+int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr double kLn2 = 0.69314718055994530942;
+
+// 64-byte aligned scratch (packed operands, accumulators).
+struct Scratch {
+  float* p = nullptr;
+  explicit Scratch(int64_t n, bool zero = false) {
+    const size_t bytes = (static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float) + 63) / 64 * 64;
+    p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    if (!p) throw std::bad_alloc();
+    if (zero) std::memset(p, 0, bytes);
+  }
+  ~Scratch() { std::free(p); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* get() const { return p; }
+};
+
+int thread_count(const AttnParams& p) { return p.threads > 0 ? p.threads : omp_get_max_threads(); }
+
+void check_params(const AttnParams& p, bool backward) {
+  auto fail = [](const std::string& what) { throw std::invalid_argument("attention: " + what); };
+  if (p.S_q < 0 || p.S_k < 0) fail("negative S_q or S_k");
+  if (p.H_q <= 0 || p.H_kv <= 0 || p.H_q % p.H_kv != 0)
+    fail("H_q (" + std::to_string(p.H_q) + ") must be a positive multiple of H_kv (" +
+         std::to_string(p.H_kv) + ")");
+  if (p.D <= 0) fail("D must be positive");
+  if (p.mask != MaskKind::none && (!p.q_pos || !p.k_pos)) fail("causal/window masks need q_pos and k_pos");
+  if (!p.q || !p.k || !p.v || !p.o || !p.lse) fail("q, k, v, o, lse must be set");
+  if (backward && (!p.dout || !p.dq || !p.dk || !p.dv)) fail("backward needs dout, dq, dk, dv");
+}
+
+// Per-tile (min, max) of positions and documents, for tile classification.
+std::vector<tiles::Range> tile_ranges(const int64_t* pos, const int32_t* doc, int64_t S, int64_t B) {
+  std::vector<tiles::Range> r;
+  for (int64_t i0 = 0; i0 < S; i0 += B) r.push_back(tiles::range_of(pos, doc, i0, std::min(S, i0 + B)));
+  return r;
+}
+
+// x [S, H, D] token-major -> 16-column panels of x^T per head: element (head g, row j, dim d) at
+//   out[((g * n_panels + j / 16) * D + d) * 16 + j % 16], rows >= S zero (n_panels * 16 >= S).
+void pack_panels(const float* x, int64_t S, int32_t H, int32_t D, int64_t n_panels, float* out) {
+#pragma omp for schedule(static)
+  for (int64_t t = 0; t < H * n_panels; ++t) {
+    const int64_t g = t / n_panels, pn = t % n_panels;
+    float* dst = out + t * D * 16;
+    for (int64_t jj = 0; jj < 16; ++jj) {
+      const int64_t j = pn * 16 + jj;
+      if (j < S) {
+        const float* src = x + (j * H + g) * D;
+        for (int32_t d = 0; d < D; ++d) dst[d * 16 + jj] = src[d];
+      } else {
+        for (int32_t d = 0; d < D; ++d) dst[d * 16 + jj] = 0.f;
+      }
+    }
+  }
+}
+
+// x [S, H, D] -> head-major rows out[(g * S_pad + j) * Dp + d], zero for j >= S or d >= D.
+// Head-major rows avoid the large power-of-two stride of token-major rows inside a tile
+// (H * D * 4 bytes, e.g. 4 KiB, which maps every row of a tile to the same L1 sets).
+void pack_rows(const float* x, int64_t S, int32_t H, int32_t D, int64_t S_pad, int64_t Dp, float* out) {
+#pragma omp for schedule(static)
+  for (int64_t t = 0; t < H * S_pad; ++t) {
+    const int64_t g = t / S_pad, j = t % S_pad;
+    float* dst = out + t * Dp;
+    if (j < S) {
+      std::memcpy(dst, x + (j * H + g) * D, sizeof(float) * D);
+      std::fill(dst + D, dst + Dp, 0.f);
+    } else {
+      std::fill(dst, dst + Dp, 0.f);
+    }
+  }
+}
+
+// Scores of a tile: -inf for invisible pairs (partial tiles only) and for the padding columns
+// [nk, nk16) beyond the last key.
+void mask_tile(const AttnParams& p, float* S, int64_t q0, int64_t nq, int64_t j0, int64_t nk,
+               int64_t nk16, bool partial) {
+  for (int64_t r = 0; r < nq; ++r) {
+    float* s = S + r * kBk;
+    if (partial)
+      for (int64_t c = 0; c < nk; ++c)
+        if (!p.visible(q0 + r, j0 + c)) s[c] = -INFINITY;
+    for (int64_t c = nk; c < nk16; ++c) s[c] = -INFINITY;
+  }
+}
+
+struct Counters {
+  int64_t total = 0, skipped = 0, partial = 0, pairs = 0;
+  void add_to(AttnStats* st) const {
+    if (!st) return;
+#pragma omp atomic
+    st->tiles_total += total;
+#pragma omp atomic
+    st->tiles_skipped += skipped;
+#pragma omp atomic
+    st->tiles_partial += partial;
+#pragma omp atomic
+    st->pairs_computed += pairs;
+  }
+};
+
+}  // namespace
+
+void attn_fwd(const AttnParams& p) {
+  check_params(p, false);
+  if (p.stats) *p.stats = AttnStats{};
+  const int32_t D = p.D, group = p.H_q / p.H_kv;
+  if (p.S_q == 0) return;
+  if (p.S_k == 0) {  // no keys at all: every row sees nothing
+    std::fill(p.o, p.o + p.S_q * p.H_q * D, 0.f);
+    std::fill(p.lse, p.lse + p.S_q * p.H_q, -INFINITY);
+    return;
+  }
+  const cpu::TileOps& ops = cpu::tile_ops();
+  const int64_t Bq = query_tile_rows(D), Dp = round16(D);
+  const int64_t n_qt = (p.S_q + Bq - 1) / Bq, n_kt = (p.S_k + kBk - 1) / kBk;
+  const int64_t S_k_pad = n_kt * kBk, n_panels = S_k_pad / 16;
+  const float c = p.softmax_scale() * kLog2e;
+  const auto q_ranges = tile_ranges(p.q_pos, p.q_doc, p.S_q, Bq);
+  const auto k_ranges = tile_ranges(p.k_pos, p.k_doc, p.S_k, kBk);
+
+  Scratch kt(p.H_kv * n_panels * 16 * D), vr(p.H_kv * S_k_pad * Dp);
+#pragma omp parallel num_threads(thread_count(p))
+  {
+    pack_panels(p.k, p.S_k, p.H_kv, D, n_panels, kt.get());
+    pack_rows(p.v, p.S_k, p.H_kv, D, S_k_pad, Dp, vr.get());  // omp for: implicit barrier
+
+    Scratch qt(Bq * Dp, true), ot(Bq * Dp), st(Bq * kBk);
+    std::vector<float> m(Bq), l(Bq), alpha(Bq);
+    Counters cnt;
+    // Largest query tiles first (under a causal mask the last query tiles see the most keys).
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < n_qt * p.H_q; ++task) {
+      const int64_t qi = n_qt - 1 - task / p.H_q;
+      const int32_t h = static_cast<int32_t>(task % p.H_q), g = h / group;
+      const int64_t q0 = qi * Bq, nq = std::min(Bq, p.S_q - q0);
+      for (int64_t r = 0; r < nq; ++r)
+        std::memcpy(qt.get() + r * Dp, p.q + ((q0 + r) * p.H_q + h) * D, sizeof(float) * D);
+      std::fill(ot.get(), ot.get() + nq * Dp, 0.f);
+      std::fill(m.begin(), m.end(), -INFINITY);
+      std::fill(l.begin(), l.end(), 0.f);
+      for (int64_t ki = 0; ki < n_kt; ++ki) {
+        ++cnt.total;
+        const tiles::Vis vis = tiles::classify(p, q_ranges[qi], k_ranges[ki]);
+        if (vis == tiles::Vis::empty) { ++cnt.skipped; continue; }
+        const int64_t j0 = ki * kBk, nk = std::min(kBk, p.S_k - j0), nk16 = round16(nk);
+        cnt.partial += vis == tiles::Vis::partial;
+        cnt.pairs += nq * nk;
+        // S = Q K^T over the 16-key panels of this tile
+        ops.gemm(nq, nk16, D, qt.get(), Dp, 1, kt.get() + (g * n_panels + j0 / 16) * D * 16, 16,
+                 D * 16, st.get(), kBk, false);
+        mask_tile(p, st.get(), q0, nq, j0, nk, nk16, vis == tiles::Vis::partial);
+        ops.softmax_tile(st.get(), nq, nk16, kBk, c, m.data(), l.data(), alpha.data());
+        ops.scale_rows(ot.get(), nq, Dp, Dp, alpha.data());
+        // O += P V
+        ops.gemm(nq, Dp, nk16, st.get(), kBk, 1, vr.get() + (g * S_k_pad + j0) * Dp, Dp, 16,
+                 ot.get(), Dp, true);
+      }
+      for (int64_t r = 0; r < nq; ++r) {
+        float* o = p.o + ((q0 + r) * p.H_q + h) * D;
+        float* lse = p.lse + (q0 + r) * p.H_q + h;
+        if (l[r] == 0.f) {  // saw no key
+          std::fill(o, o + D, 0.f);
+          *lse = -INFINITY;
+          continue;
+        }
+        const float inv = 1.f / l[r];
+        for (int32_t d = 0; d < D; ++d) o[d] = ot.get()[r * Dp + d] * inv;
+        *lse = static_cast<float>(kLn2 * (static_cast<double>(m[r]) + std::log2(static_cast<double>(l[r]))));
+      }
+    }
+    cnt.add_to(p.stats);
+  }
+}
+
+void attn_bwd(const AttnParams& p) {
+  check_params(p, true);
+  if (p.stats) *p.stats = AttnStats{};
+  const int32_t D = p.D, group = p.H_q / p.H_kv;
+  if (p.S_q == 0 || p.S_k == 0) return;
+  const cpu::TileOps& ops = cpu::tile_ops();
+  const int64_t Bq = query_tile_rows(D), Dp = round16(D);
+  const int64_t n_qt = (p.S_q + Bq - 1) / Bq, n_kt = (p.S_k + kBk - 1) / kBk;
+  const int64_t S_k_pad = n_kt * kBk, n_panels = S_k_pad / 16;
+  const float scale = p.softmax_scale(), c = scale * kLog2e;
+  const auto q_ranges = tile_ranges(p.q_pos, p.q_doc, p.S_q, Bq);
+  const auto k_ranges = tile_ranges(p.k_pos, p.k_doc, p.S_k, kBk);
+
+  // Packed operands: Q and dO head-major rows (B operands of dK and dV, A of S and dP), K^T and
+  // V^T panels (B of S and dP), K rows (B of dQ); per-row lse in base 2 and D_i = dO_i . O_i.
+  Scratch qr(p.H_q * p.S_q * Dp), dor(p.H_q * p.S_q * Dp), kt(p.H_kv * n_panels * 16 * D),
+      vt(p.H_kv * n_panels * 16 * D), kr(p.H_kv * S_k_pad * Dp), lse2(p.H_q * p.S_q),
+      di(p.H_q * p.S_q), dq_acc(p.H_q * p.S_q * Dp, true);
+  std::vector<omp_lock_t> locks(p.H_q * n_qt);
+  for (auto& lk : locks) omp_init_lock(&lk);
+
+#pragma omp parallel num_threads(thread_count(p))
+  {
+    pack_rows(p.q, p.S_q, p.H_q, D, p.S_q, Dp, qr.get());
+    pack_rows(p.dout, p.S_q, p.H_q, D, p.S_q, Dp, dor.get());
+    pack_panels(p.k, p.S_k, p.H_kv, D, n_panels, kt.get());
+    pack_panels(p.v, p.S_k, p.H_kv, D, n_panels, vt.get());
+    pack_rows(p.k, p.S_k, p.H_kv, D, S_k_pad, Dp, kr.get());
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < p.H_q * p.S_q; ++t) {
+      const int64_t h = t / p.S_q, i = t % p.S_q;
+      const float lse = p.lse[i * p.H_q + h];
+      lse2.get()[t] = lse == -INFINITY ? INFINITY : lse * kLog2e;  // +inf: P = 0 on that row
+      const float* o = p.o + (i * p.H_q + h) * D;
+      const float* d_o = p.dout + (i * p.H_q + h) * D;
+      float acc = 0.f;
+      for (int32_t d = 0; d < D; ++d) acc += o[d] * d_o[d];
+      di.get()[t] = acc;
+    }  // implicit barrier: packing done
+
+    Scratch st(Bq * kBk), dpt(Bq * kBk), dql(Bq * Dp), dka(kBk * Dp), dva(kBk * Dp);
+    Counters cnt;
+    // Key tiles in order: under a causal mask the first key tiles are seen by the most queries.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < n_kt * p.H_kv; ++task) {
+      const int64_t ki = task / p.H_kv;
+      const int32_t g = static_cast<int32_t>(task % p.H_kv);
+      const int64_t j0 = ki * kBk, nk = std::min(kBk, p.S_k - j0), nk16 = round16(nk);
+      std::fill(dka.get(), dka.get() + kBk * Dp, 0.f);
+      std::fill(dva.get(), dva.get() + kBk * Dp, 0.f);
+      const float* k_panel = kt.get() + (g * n_panels + j0 / 16) * D * 16;
+      const float* v_panel = vt.get() + (g * n_panels + j0 / 16) * D * 16;
+      for (int32_t h = g * group; h < (g + 1) * group; ++h) {
+        for (int64_t qi = 0; qi < n_qt; ++qi) {
+          ++cnt.total;
+          const tiles::Vis vis = tiles::classify(p, q_ranges[qi], k_ranges[ki]);
+          if (vis == tiles::Vis::empty) { ++cnt.skipped; continue; }
+          const int64_t q0 = qi * Bq, nq = std::min(Bq, p.S_q - q0);
+          cnt.partial += vis == tiles::Vis::partial;
+          cnt.pairs += nq * nk;
+          const float* qt = qr.get() + (h * p.S_q + q0) * Dp;
+          const float* dot = dor.get() + (h * p.S_q + q0) * Dp;
+          ops.gemm(nq, nk16, D, qt, Dp, 1, k_panel, 16, D * 16, st.get(), kBk, false);    // S
+          ops.gemm(nq, nk16, D, dot, Dp, 1, v_panel, 16, D * 16, dpt.get(), kBk, false);  // dP
+          mask_tile(p, st.get(), q0, nq, j0, nk, nk16, vis == tiles::Vis::partial);
+          ops.bwd_p_ds(st.get(), dpt.get(), nq, nk16, kBk, c, lse2.get() + h * p.S_q + q0,
+                       di.get() + h * p.S_q + q0, scale);
+          // dV += P^T dO, dK += dS^T Q (A transposed: a_rs = 1, a_cs = kBk)
+          ops.gemm(nk, Dp, nq, st.get(), 1, kBk, dot, Dp, 16, dva.get(), Dp, true);
+          ops.gemm(nk, Dp, nq, dpt.get(), 1, kBk, qt, Dp, 16, dka.get(), Dp, true);
+          // dQ (this tile's share) = dS K, added under the lock of (h, query tile)
+          ops.gemm(nq, Dp, nk16, dpt.get(), kBk, 1, kr.get() + (g * S_k_pad + j0) * Dp, Dp, 16,
+                   dql.get(), Dp, false);
+          omp_lock_t* lk = &locks[h * n_qt + qi];
+          omp_set_lock(lk);
+          float* dst = dq_acc.get() + (h * p.S_q + q0) * Dp;
+          for (int64_t x = 0; x < nq * Dp; ++x) dst[x] += dql.get()[x];
+          omp_unset_lock(lk);
+        }
+      }
+      for (int64_t r = 0; r < nk; ++r) {
+        float* dk = p.dk + ((j0 + r) * p.H_kv + g) * D;
+        float* dv = p.dv + ((j0 + r) * p.H_kv + g) * D;
+        for (int32_t d = 0; d < D; ++d) {
+          dk[d] += dka.get()[r * Dp + d];
+          dv[d] += dva.get()[r * Dp + d];
+        }
+      }
+    }
+    cnt.add_to(p.stats);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < p.S_q * p.H_q; ++t) {
+      const int64_t i = t / p.H_q, h = t % p.H_q;
+      const float* src = dq_acc.get() + (h * p.S_q + i) * Dp;
+      float* dst = p.dq + t * D;
+      for (int32_t d = 0; d < D; ++d) dst[d] += src[d];
+    }
+  }
+  for (auto& lk : locks) omp_destroy_lock(&lk);
+}
+
+// The identity of kernels/ops.hpp, per (row, head); fp32 throughout with the weights computed
+// from differences of LSEs (never from exponentials of raw LSEs, which could overflow).
+void lse_merge(float* o, float* lse, const float* o_b, const float* lse_b, int64_t rows, int32_t H,
+               int32_t D) {
+#pragma omp parallel for schedule(static) if (rows * H * D > (1 << 16))
+  for (int64_t r = 0; r < rows * H; ++r) {
+    const float la = lse[r], lb = lse_b[r];
+    if (lb == -INFINITY) continue;  // b saw nothing: (o, lse) unchanged, exactly
+    float* oa = o + r * D;
+    const float* ob = o_b + r * D;
+    if (la == -INFINITY) {  // a saw nothing: take b exactly
+      std::memcpy(oa, ob, sizeof(float) * D);
+      lse[r] = lb;
+      continue;
+    }
+    const float mx = std::max(la, lb), mn = std::min(la, lb);
+    // lse = mx + log(1 + e^(mn - mx)); weights e^(l_x - lse)
+    const float l = mx + std::log1p(std::exp(mn - mx));
+    const float wa = std::exp(la - l), wb = std::exp(lb - l);
+    for (int32_t d = 0; d < D; ++d) oa[d] = wa * oa[d] + wb * ob[d];
+    lse[r] = l;
+  }
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,54 @@
+// Shared driver pieces for `ctxpar bench ...`: every bench prints an nccl-tests style table —
+// a two-row header (names, then units), one row per case with a correctness column, a verdict
+// line — or the same rows as CSV with `--csv` (column names, units in the names).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace ctxpar {
+
+class Comm;
+class Topology;
+class Tracer;
+struct Config;
+
+struct BenchColumn {
+  std::string name;   // CSV column name, e.g. "fwd_gflops"
+  std::string title;  // table header, e.g. "fwd"
+  std::string unit;   // table second header row, e.g. "GFLOP/s"
+  int width = 10;
+  int precision = 2;  // for numeric cells
+};
+
+class BenchTable {
+ public:
+  BenchTable(std::string title, std::vector<BenchColumn> cols, std::vector<std::string> notes);
+  // Cells as text (use cell() to format numbers with the column's precision).
+  void add_row(std::vector<std::string> cells);
+  std::string cell(size_t col, double v) const;
+  // Prints on rank 0 only (the caller checks); table or CSV.
+  void print(bool csv) const;
+  size_t rows() const { return rows_.size(); }
+
+ private:
+  std::string title_;
+  std::vector<BenchColumn> cols_;
+  std::vector<std::string> notes_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+struct BenchContext {
+  const Config& cfg;
+  Topology& topo;
+  Tracer& tracer;
+};
+
+// Each bench returns the number of wrong results (0 = VALID); the verdict line says which.
+int bench_comm(BenchContext& ctx);
+int bench_attn(BenchContext& ctx);
+int bench_cp(BenchContext& ctx);
+
+// "VALID: ..." / "INVALID: N wrong" line on rank 0.
+void print_verdict(const std::string& what, int wrong, bool csv);
+
+}  // namespace ctxpar

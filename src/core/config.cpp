@@ -1,0 +1,335 @@
+#include "core/config.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <iomanip>
+#include <numeric>
+#include <sstream>
+#include <toml.hpp>
+
+#include "core/error.hpp"
+
+namespace ctxpar {
+
+namespace {
+
+std::string join(const std::vector<std::string_view>& v, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::string(v[i]);
+  return s;
+}
+
+std::string check_mesh(const Config& c) {
+  // Shape only; the product against the world size is checked in validate_config.
+  try {
+    parse_mesh(c.mesh, 1 << 30);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string check_docs(const Config& c) {
+  if (c.docs == "none" || c.docs == "random") return "";
+  std::stringstream ss(c.docs);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    int64_t n = 0;
+    if (!parse_size(item, n) || n < 1)
+      return "'none', 'random' or a comma list of document lengths ≥ 1 (e.g. docs=1K,3K); '" +
+             item + "' is not a length";
+  }
+  return "";
+}
+
+}  // namespace
+
+// The field table: name, member, default, help, choices, [min, max], extra check.
+// Parsing, --help, the rank-0 printout and the HDF5 /config attributes all come from here.
+const std::vector<Field>& config_fields() {
+  static const std::vector<Field> fields = {
+      // run
+      {"out", &Config::out, "", "output file (trace; for `attn` the tensor results); default out/<mode>.h5", {}},
+      {"mesh", &Config::mesh, "", "mesh axes, e.g. ring:4,ulysses:2 (omitted axes are 1; empty = ring:<ranks>)", {}, 0, -1, check_mesh},
+      {"steps", &Config::steps, "5", "measured steps (after warmup)", {}, 1, 1e6},
+      {"warmup", &Config::warmup, "1", "warmup steps (run, traced, excluded from the summary)", {}, 0, 1e6},
+      {"seed", &Config::seed, "1234", "random seed for data and weights", {}, 0, 9.2e18},
+      {"threads", &Config::threads, "0", "OpenMP threads per rank (0 = OpenMP default)", {}, 0, 1024},
+      {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7},
+      {"csv", &Config::csv, "false", "bench: print CSV instead of a table", {}},
+      // workload / attention
+      {"seq", &Config::seq, "4K", "S: global sequence length in tokens (K/M suffixes)", {}, 1, 1ll << 40},
+      {"heads", &Config::heads, "8", "H_q: query heads", {}, 1, 65536},
+      {"kv_heads", &Config::kv_heads, "8", "H_kv: key/value heads (divides heads; 1 = MQA)", {}, 1, 65536},
+      {"head_dim", &Config::head_dim, "64", "D: head dimension", {}, 1, 256},
+      {"strategy", &Config::strategy, "ring", "CP attention strategy", {"allgather", "ulysses", "ring", "usp"}},
+      {"partition", &Config::partition, "zigzag", "token partition over the CP ranks", {"zigzag", "contiguous", "striped"}},
+      {"mask", &Config::mask, "causal", "attention mask", {"causal", "none", "window"}},
+      {"window", &Config::window, "0", "sliding window in tokens for mask=window", {}, 0, 1ll << 40},
+      {"docs", &Config::docs, "none", "packed documents: none, random, or lengths L1,L2,... summing to seq", {}, 0, -1, check_docs},
+      {"doc_mean", &Config::doc_mean, "1K", "mean document length for docs=random", {}, 1, 1ll << 40},
+      // bench
+      {"bench_min_bytes", &Config::bench_min_bytes, "4K", "bench comm: smallest message per rank", {}, 4, 1ll << 34},
+      {"bench_max_bytes", &Config::bench_max_bytes, "16M", "bench comm: largest message per rank", {}, 4, 1ll << 34},
+      {"bench_iters", &Config::bench_iters, "10", "bench: timed iterations per size", {}, 1, 1e6},
+      // attn mode
+      {"in", &Config::in, "", "attn: input HDF5 with q, k, v, do (empty = generate from seed)", {}},
+  };
+  return fields;
+}
+
+bool parse_size(std::string_view t, int64_t& out) {
+  if (t.empty()) return false;
+  int64_t mult = 1;
+  const char last = t.back();
+  if (last == 'K' || last == 'k') mult = 1ll << 10;
+  else if (last == 'M' || last == 'm') mult = 1ll << 20;
+  else if (last == 'G' || last == 'g') mult = 1ll << 30;
+  if (mult != 1) t.remove_suffix(1);
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (ec != std::errc() || p != t.data() + t.size()) return false;
+  if (v != 0 && std::abs(v) > INT64_MAX / mult) return false;
+  out = v * mult;
+  return true;
+}
+
+static const Field* find_field(std::string_view name) {
+  for (const Field& f : config_fields())
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+// Closest field name (edit distance ≤ 2) for "did you mean".
+static std::string suggest(std::string_view key) {
+  auto dist = [](std::string_view a, std::string_view b) {
+    std::vector<size_t> d(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) d[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t prev = d[0];
+      d[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        size_t cur = d[j];
+        d[j] = std::min({d[j] + 1, d[j - 1] + 1, prev + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        prev = cur;
+      }
+    }
+    return d[b.size()];
+  };
+  std::string best;
+  size_t bd = 3;
+  for (const Field& f : config_fields()) {
+    size_t dd = dist(key, f.name);
+    if (dd < bd) { bd = dd; best = std::string(f.name); }
+  }
+  return best;
+}
+
+static std::string range_text(const Field& f, bool integer) {
+  std::ostringstream os;
+  if (f.min > f.max) return "";
+  if (integer) os << "an integer in [" << int64_t(f.min) << ", " << int64_t(f.max) << "]";
+  else os << "a number in [" << f.min << ", " << f.max << "]";
+  return os.str();
+}
+
+// Sets one field from text; `where` names the source ("command line", "inputs/x.toml").
+static void set_field(Config& c, const Field& f, const std::string& text, const std::string& where) {
+  auto bad = [&](const std::string& valid) {
+    throw UsageError("config: " + std::string(f.name) + " = '" + text + "' (" + where + ") is invalid; expected " + valid);
+  };
+  std::visit(
+      [&](auto m) {
+        using T = std::remove_cvref_t<decltype(c.*m)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          int64_t v = 0;
+          if (!parse_size(text, v)) bad(range_text(f, true) + " (K/M/G suffixes allowed, e.g. 128K)");
+          if (f.min <= f.max && (double(v) < f.min || double(v) > f.max)) bad(range_text(f, true));
+          c.*m = v;
+        } else if constexpr (std::is_same_v<T, double>) {
+          double v = 0;
+          auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+          if (text.empty() || ec != std::errc() || p != text.data() + text.size() || !std::isfinite(v))
+            bad(range_text(f, false));
+          if (f.min <= f.max && (v < f.min || v > f.max)) bad(range_text(f, false));
+          c.*m = v;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (text == "true" || text == "1" || text == "yes" || text == "on") c.*m = true;
+          else if (text == "false" || text == "0" || text == "no" || text == "off") c.*m = false;
+          else bad("true or false");
+        } else {
+          if (!f.choices.empty() &&
+              std::find(f.choices.begin(), f.choices.end(), std::string_view(text)) == f.choices.end())
+            bad("one of: " + join(f.choices, ", "));
+          c.*m = text;
+        }
+      },
+      f.member);
+  if (f.check) {
+    std::string msg = f.check(c);
+    if (!msg.empty()) {
+      // checks either return a full sentence (from a parser) or what would be valid
+      if (msg.rfind("config:", 0) == 0) throw UsageError(msg + " (" + where + ")");
+      bad(msg);
+    }
+  }
+}
+
+static std::string toml_value_text(const toml::value& v) {
+  if (v.is_string()) return v.as_string().str;
+  if (v.is_integer()) return std::to_string(v.as_integer());
+  if (v.is_boolean()) return v.as_boolean() ? "true" : "false";
+  if (v.is_floating()) {
+    std::ostringstream os;
+    os << std::setprecision(17) << v.as_floating();
+    return os.str();
+  }
+  return "";
+}
+
+Config parse_config(const std::string& toml_text, const std::string& toml_name,
+                    const std::vector<std::string>& overrides) {
+  Config c{};
+  for (const Field& f : config_fields()) set_field(c, f, std::string(f.def), "default");
+  if (!toml_text.empty()) {
+    toml::value root;
+    try {
+      std::istringstream is(toml_text);
+      root = toml::parse(is, toml_name);
+    } catch (const std::exception& e) {
+      throw UsageError("config: cannot parse " + toml_name + ":\n" + e.what());
+    }
+    if (!root.is_table()) throw UsageError("config: " + toml_name + " is not a TOML table");
+    for (const auto& [key, val] : root.as_table()) {
+      const Field* f = find_field(key);
+      if (!f) {
+        std::string s = suggest(key);
+        throw UsageError("config: unknown key '" + key + "' in " + toml_name +
+                         (s.empty() ? "" : "; did you mean '" + s + "'?") + " (ctxpar --help lists every key)");
+      }
+      if (!(val.is_string() || val.is_integer() || val.is_boolean() || val.is_floating()))
+        throw UsageError("config: " + key + " in " + toml_name + " must be a string, integer, float or boolean");
+      set_field(c, *f, toml_value_text(val), toml_name);
+    }
+  }
+  for (const std::string& arg : overrides) {
+    std::string a = arg;
+    if (a.rfind("--", 0) == 0) a = a.substr(2);
+    const size_t eq = a.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError("config: argument '" + arg + "' is not of the form key=value or --key=value");
+    const std::string key = a.substr(0, eq), val = a.substr(eq + 1);
+    const Field* f = find_field(key);
+    if (!f) {
+      std::string s = suggest(key);
+      throw UsageError("config: unknown key '" + key + "' (command line)" +
+                       (s.empty() ? "" : "; did you mean '" + s + "'?") + " (ctxpar --help lists every key)");
+    }
+    set_field(c, *f, val, "command line");
+  }
+  return c;
+}
+
+MeshSpec parse_mesh(const std::string& mesh, int world_size) {
+  MeshSpec m;
+  if (mesh.empty()) {
+    m.ring = world_size;
+    return m;
+  }
+  bool seen[4] = {false, false, false, false};
+  std::stringstream ss(mesh);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t colon = item.find(':');
+    const std::string axis = item.substr(0, colon);
+    int64_t n = 0;
+    const char* names[4] = {"dp", "tp", "ulysses", "ring"};
+    int idx = -1;
+    for (int i = 0; i < 4; ++i)
+      if (axis == names[i]) idx = i;
+    if (idx < 0)
+      throw UsageError("config: mesh = '" + mesh + "': unknown axis '" + axis +
+                       "'; valid axes: dp, tp, ulysses, ring (e.g. mesh=ring:4,ulysses:2)");
+    if (colon == std::string::npos || !parse_size(item.substr(colon + 1), n) || n < 1)
+      throw UsageError("config: mesh = '" + mesh + "': axis '" + axis +
+                       "' needs a size ≥ 1, as " + axis + ":N (e.g. mesh=ring:4,ulysses:2)");
+    if (seen[idx]) throw UsageError("config: mesh = '" + mesh + "': axis '" + axis + "' is given twice");
+    seen[idx] = true;
+    int64_t* dst[4] = {&m.dp, &m.tp, &m.ulysses, &m.ring};
+    *dst[idx] = n;
+  }
+  return m;
+}
+
+void validate_config(const Config& c, int world_size) {
+  const MeshSpec m = parse_mesh(c.mesh, world_size);
+  if (m.product() != world_size) {
+    std::ostringstream os;
+    os << "config: mesh = '" << c.mesh << "' has dp*tp*ulysses*ring = " << m.dp << "*" << m.tp << "*"
+       << m.ulysses << "*" << m.ring << " = " << m.product() << " ranks, but the job has " << world_size
+       << "; valid: axis sizes whose product is " << world_size << " (e.g. mesh=ring:" << world_size << ")";
+    throw UsageError(os.str());
+  }
+  if (c.heads % c.kv_heads != 0)
+    throw UsageError("config: heads = " + std::to_string(c.heads) + " is not a multiple of kv_heads = " +
+                     std::to_string(c.kv_heads) + "; valid: kv_heads dividing heads (e.g. kv_heads=" +
+                     std::to_string(std::gcd(c.heads, c.kv_heads)) + ")");
+  if (c.mask == "window" && c.window < 1)
+    throw UsageError("config: mask = window needs window ≥ 1 (tokens), got window = " + std::to_string(c.window));
+  if (c.mask != "window" && c.window != 0)
+    throw UsageError("config: window = " + std::to_string(c.window) + " is set but mask = " + c.mask +
+                     "; valid: mask=window with window ≥ 1, or window=0");
+}
+
+std::string field_text(const Config& c, const Field& f) {
+  return std::visit(
+      [&](auto m) -> std::string {
+        using T = std::remove_cvref_t<decltype(c.*m)>;
+        if constexpr (std::is_same_v<T, std::string>) return c.*m;
+        else if constexpr (std::is_same_v<T, bool>) return c.*m ? "true" : "false";
+        else if constexpr (std::is_same_v<T, double>) {
+          std::ostringstream os;
+          os << c.*m;
+          return os.str();
+        } else return std::to_string(c.*m);
+      },
+      f.member);
+}
+
+std::string config_listing(const Config& c) {
+  std::ostringstream os;
+  for (const Field& f : config_fields()) {
+    std::string v = field_text(c, f);
+    os << "  " << std::left << std::setw(16) << f.name << " = " << (v.empty() ? "\"\"" : v) << "\n";
+  }
+  return os.str();
+}
+
+std::string help_text() {
+  std::ostringstream os;
+  os << "usage: ctxpar <mode> [--config FILE.toml] [key=value | --key=value ...] [--print-config] [--dry-run]\n"
+        "modes:\n"
+        "  run              the default job: comm bench + a sharded attention workload, summary table\n"
+        "  attn             one CP attention forward+backward (--in IN.h5 or generated), results to --out\n"
+        "  bench comm|attn|cp   benchmarks (nccl-tests style tables; --csv for CSV)\n"
+        "keys (type, default):\n";
+  for (const Field& f : config_fields()) {
+    const char* type = std::visit(
+        [](auto m) -> const char* {
+          using T = std::remove_cvref_t<decltype(Config{}.*m)>;
+          if constexpr (std::is_same_v<T, int64_t>) return "int";
+          else if constexpr (std::is_same_v<T, double>) return "float";
+          else if constexpr (std::is_same_v<T, bool>) return "bool";
+          else return "string";
+        },
+        f.member);
+    os << "  " << std::left << std::setw(16) << f.name << std::setw(7) << type << std::setw(10)
+       << (f.def.empty() ? "\"\"" : std::string(f.def)) << f.help;
+    if (!f.choices.empty()) os << " {" << join(f.choices, "|") << "}";
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace ctxpar

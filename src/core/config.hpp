@@ -1,0 +1,88 @@
+// Configuration: one field table (name, type, default, help, check) drives parsing of
+// inputs/*.toml and command-line overrides, `--help`, the rank-0 printout and the HDF5 /config
+// attributes. Every value is parsed from text the same way, wherever it came from.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace ctxpar {
+
+// The dimension vocabulary of the whole code (declared once, here and in kernels/ops.hpp):
+//   S global tokens, S_loc local tokens, H_q query heads, H_kv key/value heads, D head dim,
+//   P CP group size, r CP rank.
+struct Config {
+  // run
+  std::string mode;          // positional: run, attn, bench, train, ... (not a table field)
+  std::string bench;         // positional after `bench`: comm, attn, cp
+  std::string out;           // trace file; "" = out/<mode>.h5
+  std::string mesh;          // "ring:4,ulysses:2"; "" = every rank on the ring axis
+  int64_t steps;
+  int64_t warmup;
+  int64_t seed;
+  int64_t threads;           // OpenMP threads per rank; 0 = the OpenMP default
+  double watchdog_s;
+  bool csv;
+  // workload / attention
+  int64_t seq;               // S
+  int64_t heads;             // H_q
+  int64_t kv_heads;          // H_kv
+  int64_t head_dim;          // D
+  std::string strategy;
+  std::string partition;
+  std::string mask;
+  int64_t window;
+  std::string docs;          // "none" | "random" | "L1,L2,..." (document lengths in tokens)
+  int64_t doc_mean;          // mean document length for docs=random
+  // bench
+  int64_t bench_min_bytes;
+  int64_t bench_max_bytes;
+  int64_t bench_iters;
+  // attn mode
+  std::string in;            // input HDF5 for `ctxpar attn` ("" = generate from seed)
+};
+
+using FieldMember = std::variant<int64_t Config::*, double Config::*, std::string Config::*, bool Config::*>;
+
+struct Field {
+  std::string_view name;
+  FieldMember member;
+  std::string_view def;                   // default, as text (parsed like user input)
+  std::string_view help;
+  std::vector<std::string_view> choices;  // string fields: allowed values (empty = free text)
+  double min = 0, max = 0;                // numeric fields: inclusive range (min > max = unchecked)
+  // Extra check on the parsed value; returns "" when valid, else what would be valid.
+  std::function<std::string(const Config&)> check = nullptr;
+};
+
+const std::vector<Field>& config_fields();
+
+// Parses `toml_text` (may be empty; `toml_name` names it in messages) and then `overrides`
+// ("key=value", "--key=value"); throws UsageError naming the field and what would be valid.
+Config parse_config(const std::string& toml_text, const std::string& toml_name,
+                    const std::vector<std::string>& overrides);
+
+// Cross-field checks that need the world size (mesh product, divisibility, ...); throws UsageError.
+void validate_config(const Config& cfg, int world_size);
+
+// Text value of one field, for printing and for the HDF5 /config attributes.
+std::string field_text(const Config& cfg, const Field& f);
+// "name = value" lines of every field, aligned.
+std::string config_listing(const Config& cfg);
+// `ctxpar --help`.
+std::string help_text();
+
+// Integer with an optional binary K/M/G suffix ("128K" = 131072); false when not one.
+bool parse_size(std::string_view text, int64_t& out);
+
+struct MeshSpec {
+  int64_t dp = 1, tp = 1, ulysses = 1, ring = 1;
+  int64_t product() const { return dp * tp * ulysses * ring; }
+};
+// Parses cfg.mesh; "" means ring:world_size.
+MeshSpec parse_mesh(const std::string& mesh, int world_size);
+
+}  // namespace ctxpar

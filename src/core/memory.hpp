@@ -1,0 +1,54 @@
+// Tracked, aligned host buffers. Every large array in ctxpar lives in a Buffer<T>, so the peak
+// bytes per rank in the trace count what the code allocated (resident set size is recorded too).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <utility>
+
+namespace ctxpar {
+
+int64_t mem_current_bytes();
+int64_t mem_peak_bytes();
+void mem_reset_peak();            // peak := current
+int64_t mem_rss_peak_bytes();     // the process's peak resident set (getrusage)
+
+void* tracked_alloc(size_t bytes);          // 64-byte aligned; fatal on failure
+void tracked_free(void* p, size_t bytes);
+
+template <class T> class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(size_t n, bool zero = true) { resize(n, zero); }
+  ~Buffer() { release(); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) { release(); p_ = std::exchange(o.p_, nullptr); n_ = std::exchange(o.n_, 0); }
+    return *this;
+  }
+  void resize(size_t n, bool zero = true) {
+    release();
+    if (n) { p_ = static_cast<T*>(tracked_alloc(n * sizeof(T))); n_ = n; }
+    if (zero && n) std::memset(static_cast<void*>(p_), 0, n * sizeof(T));
+  }
+  void zero() { if (n_) std::memset(static_cast<void*>(p_), 0, n_ * sizeof(T)); }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  T& operator[](size_t i) { return p_[i]; }
+  const T& operator[](size_t i) const { return p_[i]; }
+  std::span<T> span() { return {p_, n_}; }
+  std::span<const T> span() const { return {p_, n_}; }
+  T* begin() { return p_; }
+  T* end() { return p_ + n_; }
+
+ private:
+  void release() { if (p_) tracked_free(p_, n_ * sizeof(T)); p_ = nullptr; n_ = 0; }
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace ctxpar

@@ -1,0 +1,48 @@
+// ulysses: all-to-all from tokens to heads over the whole CP group ([S_loc, H, D] →
+// [S, H/U, D]), a local attention kernel on full-length sequences of H/U heads, and the
+// all-to-all back (DeepSpeed-Ulysses). K/V heads fewer than U are replicated (see HeadSplit),
+// which lifts the H_kv >= U limit of other implementations. Tokens are zigzag-sharded like every
+// other strategy here (harmless for ulysses, and the same layout as usp's).
+#include "cp/common.hpp"
+#include "cp/strategy.hpp"
+#include "cp/ulysses_core.hpp"
+#include "dist/topology.hpp"
+
+namespace ctxpar {
+namespace {
+
+class Ulysses final : public CpStrategy {
+ public:
+  explicit Ulysses(Topology& topo) : comm_(topo.cp()) {}
+  std::string name() const override { return "ulysses"; }
+  PartitionKind partition() const override { return PartitionKind::zigzag; }
+
+  std::string validate(const AttnShape& s, const Topology& topo) const override {
+    const int U = cp_size(topo);
+    std::string e = cp::check_common(name(), s, U);
+    if (e.empty()) e = cp::check_heads(name(), s.H_q, s.H_kv, U);
+    return e;
+  }
+
+  double comm_volume_fwd(const AttnShape& s, const Topology& topo) const override {
+    const int U = cp_size(topo);
+    return cp::ulysses_fwd_bytes(s, s.S / U, U);
+  }
+
+  void forward(const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st) override {
+    cp::ulysses_fwd(comm_, nullptr, s, t, tr, st);
+  }
+  void backward(const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st) override {
+    cp::ulysses_bwd(comm_, nullptr, s, t, tr, st);
+  }
+
+ private:
+  static int cp_size(const Topology& topo) { return topo.size(Axis::ulysses) * topo.size(Axis::ring); }
+  Comm& comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<CpStrategy> make_ulysses_strategy(Topology& topo) { return std::make_unique<Ulysses>(topo); }
+
+}  // namespace ctxpar

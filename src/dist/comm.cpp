@@ -1,0 +1,42 @@
+#include "dist/comm.hpp"
+
+#include <algorithm>
+
+namespace ctxpar {
+
+size_t dtype_bytes(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+    case DType::u8: return 1;
+  }
+  return 1;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::u8: return "u8";
+  }
+  return "?";
+}
+
+std::string agree_on_error(Comm& comm, const std::string& my_error) {
+  // Lowest rank with an error wins; then that rank broadcasts its message.
+  int32_t who = my_error.empty() ? comm.size() : comm.rank();
+  comm.all_reduce(std::span<int32_t>(&who, 1), ReduceOp::min);
+  if (who == comm.size()) return "";
+  int64_t len = comm.rank() == who ? int64_t(my_error.size()) : 0;
+  comm.broadcast(std::span<int64_t>(&len, 1), who);
+  std::string msg(size_t(len), '\0');
+  if (comm.rank() == who) msg = my_error;
+  comm.broadcast(std::span<uint8_t>(reinterpret_cast<uint8_t*>(msg.data()), msg.size()), who);
+  return msg;
+}
+
+}  // namespace ctxpar

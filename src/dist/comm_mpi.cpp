@@ -1,0 +1,203 @@
+#include "dist/comm_mpi.hpp"
+
+#include <climits>
+#include <mutex>
+#include <vector>
+
+#include "core/error.hpp"
+
+// Every MPI call goes through this: a failing call reports rank, host, file, line and the MPI
+// error string, then aborts the job.
+#define MPI_CHECK(call)                                                                    \
+  do {                                                                                     \
+    int ctxpar_rc_ = (call);                                                               \
+    if (ctxpar_rc_ != MPI_SUCCESS) {                                                       \
+      char ctxpar_s_[MPI_MAX_ERROR_STRING];                                                \
+      int ctxpar_n_ = 0;                                                                   \
+      MPI_Error_string(ctxpar_rc_, ctxpar_s_, &ctxpar_n_);                                 \
+      ::ctxpar::fatal(__FILE__, __LINE__, #call, std::string("MPI error: ") + ctxpar_s_); \
+    }                                                                                      \
+  } while (0)
+
+namespace ctxpar {
+
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_BYTE;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return MPI_SUM;
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+int as_int(size_t count, const char* what) {
+  CTXPAR_CHECK(count <= size_t(INT_MAX), what << ": " << count
+                                               << " elements exceed MPI's int count limit; split the message");
+  return int(count);
+}
+
+class CommMpi final : public Comm {
+ public:
+  CommMpi(MPI_Comm c, std::string name) : comm_(c), name_(std::move(name)) {
+    MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  }
+  ~CommMpi() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return name_; }
+  MPI_Comm handle() const { return comm_; }
+
+  void wait(Request& r) override {
+    if (!r.pending()) return;
+    std::vector<MPI_Request> reqs = take(r);
+    MPI_CHECK(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+  }
+  bool test(Request& r) override {
+    if (!r.pending()) return true;
+    std::vector<MPI_Request> reqs;
+    for (int64_t id : r.ids()) reqs.push_back(slots_[size_t(id)]);
+    int done = 0;
+    MPI_CHECK(MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE));
+    // MPI_Testall sets completed handles to MPI_REQUEST_NULL; keep the slots in sync.
+    for (size_t i = 0; i < reqs.size(); ++i) slots_[size_t(r.ids()[i])] = reqs[i];
+    if (done) release(r);
+    return done != 0;
+  }
+  void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(comm_, code);
+    std::abort();
+  }
+  double now() const override { return MPI_Wtime(); }
+
+ protected:
+  Request send_recv_async_impl(Buf send, int to, Buf recv, int from, int tag) override {
+    MPI_Request rr, sr;
+    MPI_CHECK(MPI_Irecv(recv.ptr, as_int(recv.count, "recv"), mpi_type(recv.type), from, tag, comm_, &rr));
+    MPI_CHECK(MPI_Isend(send.ptr, as_int(send.count, "send"), mpi_type(send.type), to, tag, comm_, &sr));
+    return Request({put(rr), put(sr)});
+  }
+  void all_gather_impl(Buf send, Buf recv) override {
+    CTXPAR_CHECK(recv.count == send.count * size_t(size_), "all_gather: recv holds " << recv.count
+                 << " elements, expected size*send = " << size_ << "*" << send.count);
+    MPI_CHECK(MPI_Allgather(send.ptr, as_int(send.count, "all_gather"), mpi_type(send.type), recv.ptr,
+                            as_int(send.count, "all_gather"), mpi_type(recv.type), comm_));
+  }
+  void all_to_all_impl(Buf send, Buf recv) override {
+    CTXPAR_CHECK(send.count == recv.count && send.count % size_t(size_) == 0,
+                 "all_to_all: send " << send.count << " / recv " << recv.count << " elements must be equal and a multiple of " << size_);
+    const int block = as_int(send.count / size_t(size_), "all_to_all");
+    MPI_CHECK(MPI_Alltoall(send.ptr, block, mpi_type(send.type), recv.ptr, block, mpi_type(recv.type), comm_));
+  }
+  void reduce_scatter_impl(Buf send, Buf recv) override {
+    CTXPAR_CHECK(send.count == recv.count * size_t(size_), "reduce_scatter: send holds " << send.count
+                 << " elements, expected size*recv = " << size_ << "*" << recv.count);
+    MPI_CHECK(MPI_Reduce_scatter_block(send.ptr, recv.ptr, as_int(recv.count, "reduce_scatter"),
+                                       mpi_type(send.type), MPI_SUM, comm_));
+  }
+  void all_reduce_impl(Buf inout, ReduceOp op) override {
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, inout.ptr, as_int(inout.count, "all_reduce"), mpi_type(inout.type),
+                            mpi_op(op), comm_));
+  }
+  void broadcast_impl(Buf data, int root) override {
+    MPI_CHECK(MPI_Bcast(data.ptr, as_int(data.count, "broadcast"), mpi_type(data.type), root, comm_));
+  }
+  std::vector<int64_t> gather_counts(int64_t count, int root) override {
+    std::vector<int64_t> counts(rank_ == root ? size_t(size_) : 0);
+    MPI_CHECK(MPI_Gather(&count, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, root, comm_));
+    return counts;
+  }
+  void gather_v_impl(Buf send, Buf recv, const std::vector<int64_t>& counts, int root) override {
+    std::vector<int> cnt, disp;
+    if (rank_ == root) {
+      int64_t off = 0;
+      for (int64_t c : counts) {
+        cnt.push_back(as_int(size_t(c), "gather_v"));
+        disp.push_back(as_int(size_t(off), "gather_v displacement"));
+        off += c;
+      }
+    }
+    MPI_CHECK(MPI_Gatherv(send.ptr, as_int(send.count, "gather_v"), mpi_type(send.type), recv.ptr, cnt.data(),
+                          disp.data(), mpi_type(send.type), root, comm_));
+  }
+
+ private:
+  // Request slots: a Request holds indices into slots_, so handles stay valid while the vector grows.
+  int64_t put(MPI_Request r) {
+    if (!free_.empty()) {
+      int64_t id = free_.back();
+      free_.pop_back();
+      slots_[size_t(id)] = r;
+      return id;
+    }
+    slots_.push_back(r);
+    return int64_t(slots_.size()) - 1;
+  }
+  std::vector<MPI_Request> take(Request& r) {
+    std::vector<MPI_Request> reqs;
+    for (int64_t id : r.ids()) reqs.push_back(slots_[size_t(id)]);
+    release(r);
+    return reqs;
+  }
+  void release(Request& r) {
+    for (int64_t id : r.ids()) {
+      slots_[size_t(id)] = MPI_REQUEST_NULL;
+      free_.push_back(id);
+    }
+    r.ids().clear();
+  }
+
+  MPI_Comm comm_;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  std::vector<MPI_Request> slots_;
+  std::vector<int64_t> free_;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_mpi_comm(MPI_Comm comm, const std::string& name) {
+  MPI_Comm dup;
+  MPI_CHECK(MPI_Comm_dup(comm, &dup));
+  return std::make_unique<CommMpi>(dup, name);
+}
+
+std::unique_ptr<Comm> adopt_mpi_comm(MPI_Comm comm, const std::string& name) {
+  return std::make_unique<CommMpi>(comm, name);
+}
+
+MPI_Comm mpi_handle(Comm& c) {
+  auto* m = dynamic_cast<CommMpi*>(&c);
+  CTXPAR_CHECK(m != nullptr, "communicator '" << c.name() << "' is not an MPI communicator");
+  return m->handle();
+}
+
+std::string comm_library_version() {
+  char v[MPI_MAX_LIBRARY_VERSION_STRING];
+  int n = 0;
+  MPI_Get_library_version(v, &n);
+  std::string s(v, size_t(n));
+  const size_t nl = s.find_first_of("\n,");  // "Open MPI v4.1.4, package: ..." → first part
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+}  // namespace ctxpar

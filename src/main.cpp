@@ -1,0 +1,178 @@
+// ctxpar <mode> [--config F] [key=value | --key=value | --key value ...]
+// The only file that names MPI_COMM_WORLD. Order: MPI → parse (rank 0 reads the file, every
+// rank parses the same text) → validate on every rank before any allocation → mesh → mode.
+// Bad input: one message on rank 0, exit code 2 on every rank, no output file.
+#include <mpi.h>
+#include <omp.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench.hpp"
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "dist/comm_mpi.hpp"
+#include "dist/topology.hpp"
+#include "modes/modes.hpp"
+#include "trace/trace.hpp"
+
+using namespace ctxpar;
+
+namespace {
+
+struct Cli {
+  std::string mode, bench, config_path;
+  std::vector<std::string> overrides;
+  bool help = false, print_config = false, dry_run = false;
+};
+
+const char* kModes = "run, attn, bench";
+const char* kBenches = "comm, attn, cp";
+
+bool is_bool_field(const std::string& key) {
+  for (const Field& f : config_fields())
+    if (f.name == key) return std::holds_alternative<bool Config::*>(f.member);
+  return false;
+}
+
+// Splits argv into mode, flags and key=value overrides; throws UsageError.
+Cli parse_cli(int argc, char** argv) {
+  Cli c;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") { c.help = true; continue; }
+    if (a == "--print-config") { c.print_config = true; continue; }
+    if (a == "--dry-run") { c.dry_run = true; continue; }
+    if (a == "--config" || a.rfind("--config=", 0) == 0) {
+      if (a == "--config") {
+        if (i + 1 >= args.size()) throw UsageError("--config needs a file name (e.g. --config inputs/default.toml)");
+        c.config_path = args[++i];
+      } else {
+        c.config_path = a.substr(9);
+      }
+      continue;
+    }
+    if (a.find('=') != std::string::npos) { c.overrides.push_back(a); continue; }
+    if (a.rfind("--", 0) == 0) {
+      const std::string key = a.substr(2);
+      if (is_bool_field(key)) { c.overrides.push_back(key + "=true"); continue; }
+      if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+        c.overrides.push_back(key + "=" + args[++i]);
+        continue;
+      }
+      c.overrides.push_back(a);  // parse_config reports the missing value / unknown key
+      continue;
+    }
+    if (c.mode.empty()) { c.mode = a; continue; }
+    if (c.mode == "bench" && c.bench.empty()) { c.bench = a; continue; }
+    throw UsageError("unexpected argument '" + a + "'; options are key=value or --key=value (ctxpar --help)");
+  }
+  if (c.help) return c;
+  if (c.mode.empty()) throw UsageError(std::string("no mode given; valid modes: ") + kModes + " (ctxpar --help)");
+  if (c.mode != "run" && c.mode != "attn" && c.mode != "bench")
+    throw UsageError("unknown mode '" + c.mode + "'; valid modes: " + kModes);
+  if (c.mode == "bench" && c.bench != "comm" && c.bench != "attn" && c.bench != "cp")
+    throw UsageError("bench needs one of: " + std::string(kBenches) + (c.bench.empty() ? "" : " (got '" + c.bench + "')"));
+  return c;
+}
+
+// Rank 0 reads the config file; every rank gets its text (or the read error).
+std::string read_config_text(Comm& world, const std::string& path, std::string& error) {
+  std::string text;
+  if (world.rank() == 0 && !path.empty()) {
+    std::ifstream f(path);
+    if (!f) error = "config: cannot read --config file '" + path + "'";
+    std::stringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  }
+  error = agree_on_error(world, error);
+  int64_t n = int64_t(text.size());
+  world.broadcast(std::span<int64_t>(&n, 1), 0);
+  text.resize(size_t(n));
+  world.broadcast(std::span<uint8_t>(reinterpret_cast<uint8_t*>(text.data()), text.size()), 0);
+  return text;
+}
+
+int run(int argc, char** argv, Comm& world) {
+  Cli cli;
+  Config cfg;
+  std::unique_ptr<Topology> topo;
+  // ---- parse and validate: identical on every rank; nothing allocated, nothing written -------
+  try {
+    std::string err;
+    cli = parse_cli(argc, argv);
+    if (cli.help) {
+      log0("%s", help_text().c_str());
+      return 0;
+    }
+    const std::string text = read_config_text(world, cli.config_path, err);
+    if (!err.empty()) throw UsageError(err);
+    cfg = parse_config(text, cli.config_path.empty() ? "(none)" : cli.config_path, cli.overrides);
+    cfg.mode = cli.mode;
+    cfg.bench = cli.bench;
+    validate_config(cfg, world.size());
+    topo = Topology::create(world, parse_mesh(cfg.mesh, world.size()));
+    err = agree_on_error(world, validate_mode(cfg, *topo));
+    if (!err.empty()) throw UsageError(err);
+  } catch (const UsageError& e) {
+    log0("ctxpar: error: %s\n", e.what());
+    return 2;
+  }
+  if (cfg.threads > 0) omp_set_num_threads(int(cfg.threads));
+  if (cli.print_config) {
+    log0("%s", config_listing(cfg).c_str());
+    return 0;
+  }
+  if (cli.dry_run) {
+    log0("%s", dry_run_plan(cfg, *topo).c_str());
+    return 0;
+  }
+
+  install_stop_signals();
+  Tracer tracer(world, cfg, *topo, trace_path(cfg), 0.0);
+  int rc = 0;
+  if (cfg.mode == "run") rc = run_default(cfg, *topo, tracer);
+  else if (cfg.mode == "attn") rc = run_attn_mode(cfg, *topo, tracer);
+  else {
+    BenchContext ctx{cfg, *topo, tracer};
+    if (cfg.bench == "comm") rc = bench_comm(ctx);
+    else if (cfg.bench == "attn") rc = bench_attn(ctx);
+    else rc = bench_cp(ctx);
+  }
+  tracer.finish(stop_signal_seen());
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  Identity& id = identity();
+  MPI_Comm_rank(MPI_COMM_WORLD, &id.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &id.world);
+  char host[MPI_MAX_PROCESSOR_NAME];
+  int n = 0;
+  MPI_Get_processor_name(host, &n);
+  id.host.assign(host, size_t(n));
+  set_abort_hook([](int code) { MPI_Abort(MPI_COMM_WORLD, code); });
+  CTXPAR_CHECK(provided >= MPI_THREAD_MULTIPLE,
+               "MPI provides thread level " << provided << " < MPI_THREAD_MULTIPLE (the watchdog needs it)");
+  int rc = 0;
+  {
+    std::unique_ptr<Comm> world = make_mpi_comm(MPI_COMM_WORLD, "world");
+    rc = run(argc, argv, *world);
+    // Every rank returns the same code: usage errors are agreed, bench verdicts are per job.
+    int32_t worst = rc;
+    world->all_reduce(std::span<int32_t>(&worst, 1), ReduceOp::max);
+    rc = worst;
+  }
+  MPI_Finalize();
+  return rc;
+}

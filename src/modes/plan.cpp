@@ -1,0 +1,102 @@
+// Validation, dry-run plan and output naming shared by every mode.
+#include <unistd.h>
+
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "cp/strategy.hpp"
+#include "dist/topology.hpp"
+#include "modes/modes.hpp"
+#include "modes/workload.hpp"
+
+namespace ctxpar {
+
+std::string trace_path(const Config& cfg) {
+  if (cfg.mode == "attn") {
+    // attn writes its tensors to `out`; the trace goes beside it.
+    std::string base = cfg.out.empty() ? "out/attn_result.h5" : cfg.out;
+    if (base.size() > 3 && base.compare(base.size() - 3, 3, ".h5") == 0) base.resize(base.size() - 3);
+    return base + ".trace.h5";
+  }
+  if (!cfg.out.empty()) return cfg.out;
+  return "out/" + (cfg.mode == "bench" ? "bench_" + cfg.bench : cfg.mode) + ".h5";
+}
+
+// Can we create `path` (its directory exists or can be made, and is writable)? Rank 0 only.
+static std::string check_output(const std::string& path, const char* field) {
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (fs::is_directory(p, ec))
+    return std::string("config: ") + field + " = '" + path + "' is a directory; give a file name such as " + (p / "run.h5").string();
+  fs::path probe = dir;
+  while (!probe.empty() && !fs::exists(probe, ec)) probe = probe.parent_path();
+  if (probe.empty()) probe = ".";
+  if (!fs::is_directory(probe, ec) || access(probe.c_str(), W_OK) != 0)
+    return std::string("config: ") + field + " = '" + path + "': directory '" + probe.string() +
+           "' is not writable; valid: a path in a writable directory";
+  return "";
+}
+
+std::string validate_mode(const Config& cfg, Topology& topo) {
+  std::string err;
+  const bool attention = cfg.mode == "run" || cfg.mode == "attn" || (cfg.mode == "bench" && cfg.bench == "cp");
+  if (attention) {
+    err = validate_workload(cfg, topo);
+    if (!err.empty()) return err;
+  }
+  if (cfg.mode == "attn") {
+    err = validate_attn_mode(cfg, topo);
+    if (!err.empty()) return err;
+  }
+  if (topo.world().rank() == 0) {
+    err = check_output(trace_path(cfg), "out");
+    if (err.empty() && cfg.mode == "attn" && !cfg.out.empty()) err = check_output(cfg.out, "out");
+  }
+  return err;
+}
+
+std::string dry_run_plan(const Config& cfg, Topology& topo) {
+  std::ostringstream os;
+  const MeshSpec& m = topo.mesh();
+  os << "ctxpar dry run: mode " << cfg.mode << (cfg.bench.empty() ? "" : " " + cfg.bench) << ", " << topo.world().size()
+     << " ranks, mesh dp:" << m.dp << ",tp:" << m.tp << ",ulysses:" << m.ulysses << ",ring:" << m.ring << "\n";
+  os << "trace: " << trace_path(cfg) << "\n";
+  const bool attention = cfg.mode == "run" || cfg.mode == "attn" || (cfg.mode == "bench" && cfg.bench == "cp");
+  WorkloadPlan plan;
+  if (attention) plan = plan_workload(cfg, topo);
+  if (attention)
+    os << "workload: S=" << cfg.seq << " H_q=" << cfg.heads << " H_kv=" << cfg.kv_heads << " D=" << cfg.head_dim
+       << " mask=" << cfg.mask << (cfg.mask == "window" ? "(" + std::to_string(cfg.window) + ")" : "")
+       << " docs=" << cfg.docs << ", strategy " << cfg.strategy << ", partition " << plan.partition_name << "\n";
+  os << " rank  host            node   dp  tp  uly ring   cp_rank  tokens (global ranges)\n";
+  const auto& coords = topo.all_coords();
+  for (int r = 0; r < topo.world().size(); ++r) {
+    const auto& c = coords[size_t(r)];
+    const int U = topo.size(Axis::ulysses);
+    const int cp_rank = c[int(Axis::ring)] * U + c[int(Axis::ulysses)];
+    os << std::setw(5) << r << "  " << std::left << std::setw(15) << topo.hosts()[size_t(r)].substr(0, 15) << std::right
+       << std::setw(5) << topo.node_of_rank()[size_t(r)] << std::setw(5) << c[int(Axis::dp)]
+       << std::setw(4) << c[int(Axis::tp)] << std::setw(5) << c[int(Axis::ulysses)] << std::setw(5)
+       << c[int(Axis::ring)] << std::setw(10) << cp_rank << "  ";
+    if (attention) {
+      const auto ranges = plan.ranges_of(cp_rank);
+      int64_t n = 0;
+      for (auto [b, e] : ranges) n += e - b;
+      os << n << ": ";
+      for (size_t i = 0; i < ranges.size() && i < 4; ++i) os << (i ? " " : "") << "[" << ranges[i].first << "," << ranges[i].second << ")";
+      if (ranges.size() > 4) os << " ... (" << ranges.size() << " ranges)";
+    }
+    os << "\n";
+  }
+  if (attention) {
+    os << "memory estimate per rank: " << fmt_bytes(plan.bytes_per_rank) << " (" << plan.memory_note << ")\n";
+  }
+  return os.str();
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,1 @@
+set(CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/run_default.cpp ${CMAKE_CURRENT_LIST_DIR}/plan.cpp ${CMAKE_CURRENT_LIST_DIR}/workload.cpp)

@@ -1,0 +1,105 @@
+#include "modes/workload.hpp"
+
+#include <sstream>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/random.hpp"
+#include "dist/topology.hpp"
+
+namespace ctxpar {
+
+MaskKind mask_kind(const std::string& name) {
+  if (name == "none") return MaskKind::none;
+  if (name == "window") return MaskKind::window;
+  return MaskKind::causal;
+}
+
+AttnShape attn_shape(const Config& cfg) {
+  AttnShape s;
+  s.S = cfg.seq;
+  s.H_q = int32_t(cfg.heads);
+  s.H_kv = int32_t(cfg.kv_heads);
+  s.D = int32_t(cfg.head_dim);
+  s.mask = mask_kind(cfg.mask);
+  s.window = cfg.window;
+  s.has_docs = cfg.docs != "none";
+  return s;
+}
+
+std::string validate_workload(const Config& cfg, Topology& topo) {
+  std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
+  if (!strat) return "config: strategy = '" + cfg.strategy + "' is not built into this binary";
+  const AttnShape shape = attn_shape(cfg);
+  std::string err = strat->validate(shape, topo);
+  if (!err.empty()) return err;
+  err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
+  if (!err.empty()) return "config: " + err;
+  std::vector<int32_t> ids;
+  err = parse_docs(cfg.docs, cfg.seq, cfg.doc_mean, uint64_t(cfg.seed), ids);
+  if (!err.empty()) return "config: docs = '" + cfg.docs + "': " + err;
+  return "";
+}
+
+WorkloadPlan plan_workload(const Config& cfg, Topology& topo) {
+  WorkloadPlan p;
+  std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
+  const int P = topo.cp().size();
+  p.partition = std::make_unique<Partition>(strat->partition(), cfg.seq, P);
+  p.partition_name = partition_name(strat->partition());
+  for (int r = 0; r < P; ++r) p.S_loc_max = std::max(p.S_loc_max, p.partition->local_size(r));
+  // Local tensors: q, o, dout, dq [S_loc, H_q, D]; k, v, dk, dv [S_loc, H_kv, D]; lse [S_loc, H_q];
+  // plus the strategy's transfer buffers (twice one forward message, for double buffering).
+  const double f = sizeof(float);
+  const double local = double(p.S_loc_max) * (4.0 * cfg.heads * cfg.head_dim + 4.0 * cfg.kv_heads * cfg.head_dim + cfg.heads) * f;
+  const double comm = 2.0 * strat->comm_volume_fwd(attn_shape(cfg), topo);
+  p.bytes_per_rank = local + comm;
+  std::ostringstream os;
+  os << "local tensors " << fmt_bytes(local) << " + transfer buffers " << fmt_bytes(comm)
+     << "; attention working set of the kernel not included";
+  p.memory_note = os.str();
+  return p;
+}
+
+LocalAttn Workload::local() {
+  LocalAttn t;
+  t.S_loc = int64_t(pos.size());
+  t.pos = pos.data();
+  t.doc = doc.empty() ? nullptr : doc.data();
+  t.q = q.data(); t.k = k.data(); t.v = v.data();
+  t.o = o.data(); t.lse = lse.data(); t.dout = dout.data();
+  t.dq = dq.data(); t.dk = dk.data(); t.dv = dv.data();
+  return t;
+}
+
+Workload make_workload(const Config& cfg, Topology& topo) {
+  Workload w;
+  w.shape = attn_shape(cfg);
+  w.strategy = make_strategy(cfg.strategy, topo);
+  const int P = topo.cp().size(), r = topo.cp().rank();
+  w.partition = std::make_unique<Partition>(w.strategy->partition(), cfg.seq, P);
+  w.pos = w.partition->positions(r);
+  const std::string err = parse_docs(cfg.docs, cfg.seq, cfg.doc_mean, uint64_t(cfg.seed), w.global_doc);
+  CTXPAR_CHECK(err.empty(), err);  // validated before
+  if (!w.global_doc.empty())
+    for (int64_t p : w.pos) w.doc.push_back(w.global_doc[size_t(p)]);
+  const int64_t S_loc = int64_t(w.pos.size()), Hq = cfg.heads, Hkv = cfg.kv_heads, D = cfg.head_dim;
+  w.q.resize(size_t(S_loc * Hq * D), false);
+  w.k.resize(size_t(S_loc * Hkv * D), false);
+  w.v.resize(size_t(S_loc * Hkv * D), false);
+  w.dout.resize(size_t(S_loc * Hq * D), false);
+  w.o.resize(size_t(S_loc * Hq * D));
+  w.lse.resize(size_t(S_loc * Hq));
+  w.dq.resize(size_t(S_loc * Hq * D));
+  w.dk.resize(size_t(S_loc * Hkv * D));
+  w.dv.resize(size_t(S_loc * Hkv * D));
+  const uint64_t seed = uint64_t(cfg.seed);
+  fill_rows(seed, kTensorQ, w.pos, Hq * D, 1.0f, w.q.data());
+  fill_rows(seed, kTensorK, w.pos, Hkv * D, 1.0f, w.k.data());
+  fill_rows(seed, kTensorV, w.pos, Hkv * D, 1.0f, w.v.data());
+  fill_rows(seed, kTensorDout, w.pos, Hq * D, 1.0f, w.dout.data());
+  return w;
+}
+
+}  // namespace ctxpar

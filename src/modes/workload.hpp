@@ -1,0 +1,50 @@
+// The sharded attention workload of `ctxpar run` (and the shape checks shared with `attn` and
+// `bench cp`): synthetic Q, K, V, dO generated per global token from the seed, sharded with the
+// strategy's partition over the CP group; every dp/tp replica runs the same CP attention.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "cp/strategy.hpp"
+
+namespace ctxpar {
+
+struct Config;
+class Topology;
+
+AttnShape attn_shape(const Config& cfg);
+MaskKind mask_kind(const std::string& name);
+
+// "" when the configured strategy, partition, documents and shape fit the mesh.
+std::string validate_workload(const Config& cfg, Topology& topo);
+
+struct WorkloadPlan {
+  std::string partition_name;
+  std::unique_ptr<Partition> partition;
+  int64_t S_loc_max = 0;
+  double bytes_per_rank = 0;
+  std::string memory_note;
+  std::vector<std::pair<int64_t, int64_t>> ranges_of(int cp_rank) const { return partition->ranges(cp_rank); }
+};
+WorkloadPlan plan_workload(const Config& cfg, Topology& topo);
+
+// Local tensors of this rank, generated from the seed.
+struct Workload {
+  AttnShape shape;
+  std::unique_ptr<CpStrategy> strategy;
+  std::unique_ptr<Partition> partition;
+  std::vector<int64_t> pos;
+  std::vector<int32_t> doc;           // empty when no documents
+  std::vector<int32_t> global_doc;    // document id of every global token (empty when none)
+  Buffer<float> q, k, v, o, lse, dout, dq, dk, dv;
+  LocalAttn local();
+};
+Workload make_workload(const Config& cfg, Topology& topo);
+
+// Synthetic tensor ids for fill_rows (core/random.hpp), shared by every mode and test.
+enum SyntheticTensor : uint64_t { kTensorQ = 1, kTensorK = 2, kTensorV = 3, kTensorDout = 4 };
+
+}  // namespace ctxpar

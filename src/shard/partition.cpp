@@ -1,0 +1,135 @@
+// Partition arithmetic. Everything here is closed-form integer index math, so owner(),
+// local_index() and positions() are exact inverses of each other (tested in test_shard).
+#include "shard/partition.hpp"
+
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace ctxpar {
+
+PartitionKind partition_kind(const std::string& name) {
+  if (name == "contiguous") return PartitionKind::contiguous;
+  if (name == "zigzag") return PartitionKind::zigzag;
+  if (name == "striped") return PartitionKind::striped;
+  throw UsageError("unknown partition '" + name + "'; valid: contiguous, zigzag, striped");
+}
+
+const char* partition_name(PartitionKind k) {
+  switch (k) {
+    case PartitionKind::contiguous: return "contiguous";
+    case PartitionKind::zigzag: return "zigzag";
+    case PartitionKind::striped: return "striped";
+  }
+  return "?";
+}
+
+// The unit S must be a multiple of: zigzag cuts S into 2P equal chunks, the others into P
+// equal shards (striped: every rank gets S/P tokens, so kernels see equal S_loc everywhere).
+static int64_t granule(PartitionKind kind, int P) {
+  return kind == PartitionKind::zigzag ? 2 * int64_t(P) : int64_t(P);
+}
+
+std::string Partition::check(PartitionKind kind, int64_t S, int P) {
+  std::ostringstream os;
+  if (P < 1) {
+    os << "P = " << P << " ranks for partition " << partition_name(kind) << "; valid: P >= 1";
+    return os.str();
+  }
+  const int64_t g = granule(kind, P);
+  if (S < 1) {
+    os << "seq = " << S << " tokens; valid: a positive multiple of " << g << " ("
+       << partition_name(kind) << " over P = " << P << " ranks)";
+    return os.str();
+  }
+  if (S % g == 0) return "";
+  const int64_t up = (S / g + 1) * g;
+  const int64_t down = (S / g) * g;
+  os << "seq = " << S << " is not a multiple of " << (kind == PartitionKind::zigzag ? "2*P" : "P")
+     << " = " << g << " (" << partition_name(kind) << " over P = " << P << " ranks); valid: multiples of "
+     << g << ", e.g. " << S << " → " << up;
+  if (down > 0) os << " or " << down;
+  return os.str();
+}
+
+Partition::Partition(PartitionKind kind, int64_t S, int P) : kind_(kind), S_(S), P_(P) {
+  // The same S and P reach every rank, so a bad value throws on all of them alike; config
+  // validation normally reports it earlier through check().
+  const std::string err = check(kind, S, P);
+  if (!err.empty()) throw UsageError(err);
+}
+
+int64_t Partition::local_size(int r) const {
+  CTXPAR_CHECK(r >= 0 && r < P_, "rank " << r << " outside [0, " << P_ << ")");
+  return S_ / P_;  // check() guarantees every kind gives equal shards
+}
+
+std::vector<std::pair<int64_t, int64_t>> Partition::ranges(int r) const {
+  CTXPAR_CHECK(r >= 0 && r < P_, "rank " << r << " outside [0, " << P_ << ")");
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  switch (kind_) {
+    case PartitionKind::contiguous: {
+      const int64_t n = S_ / P_;
+      pieces.emplace_back(r * n, (r + 1) * n);
+      break;
+    }
+    case PartitionKind::zigzag: {
+      const int64_t c = S_ / (2 * int64_t(P_));
+      const int64_t hi = 2 * int64_t(P_) - 1 - r;
+      pieces.emplace_back(r * c, (r + 1) * c);
+      pieces.emplace_back(hi * c, (hi + 1) * c);
+      break;
+    }
+    case PartitionKind::striped:
+      for (int64_t t = r; t < S_; t += P_) pieces.emplace_back(t, t + 1);
+      break;
+  }
+  // Merge pieces that touch (zigzag rank P-1's two chunks; striped over P = 1), so every range
+  // boundary is a real shard boundary: the next token lives elsewhere.
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& piece : pieces) {
+    if (!out.empty() && out.back().second == piece.first)
+      out.back().second = piece.second;
+    else
+      out.push_back(piece);
+  }
+  return out;
+}
+
+std::vector<int64_t> Partition::positions(int r) const {
+  std::vector<int64_t> pos;
+  pos.reserve(size_t(local_size(r)));
+  for (const auto& [b, e] : ranges(r))
+    for (int64_t t = b; t < e; ++t) pos.push_back(t);
+  return pos;
+}
+
+int Partition::owner(int64_t g) const {
+  CTXPAR_CHECK(g >= 0 && g < S_, "position " << g << " outside [0, " << S_ << ")");
+  switch (kind_) {
+    case PartitionKind::contiguous: return int(g / (S_ / P_));
+    case PartitionKind::zigzag: {
+      const int64_t chunk = g / (S_ / (2 * int64_t(P_)));
+      return int(chunk < P_ ? chunk : 2 * int64_t(P_) - 1 - chunk);
+    }
+    case PartitionKind::striped: return int(g % P_);
+  }
+  return -1;
+}
+
+int64_t Partition::local_index(int64_t g) const {
+  CTXPAR_CHECK(g >= 0 && g < S_, "position " << g << " outside [0, " << S_ << ")");
+  switch (kind_) {
+    case PartitionKind::contiguous: return g % (S_ / P_);
+    case PartitionKind::zigzag: {
+      const int64_t c = S_ / (2 * int64_t(P_));
+      const int64_t chunk = g / c;
+      // Low chunk first, then the high chunk (local order is ascending global order).
+      return chunk < P_ ? g - chunk * c : c + (g - chunk * c);
+    }
+    case PartitionKind::striped: return g / P_;
+  }
+  return -1;
+}
+
+}  // namespace ctxpar

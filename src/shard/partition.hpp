@@ -1,0 +1,88 @@
+// Sharding of one global token sequence over the P ranks of a CP group.
+//   contiguous: rank r holds tokens [r*S/P, (r+1)*S/P)
+//   zigzag:     2P chunks of S/(2P); rank r holds chunks r and 2P-1-r (equal causal work)
+//   striped:    token t lives on rank t % P (round-robin, one token wide)
+// Every local token knows its global position; inverse maps restore global order.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace ctxpar {
+
+enum class PartitionKind { contiguous, zigzag, striped };
+PartitionKind partition_kind(const std::string& name);  // config value → kind; UsageError if unknown
+const char* partition_name(PartitionKind k);
+
+class Partition {
+ public:
+  // Throws UsageError with check()'s message when S and P do not fit the kind.
+  Partition(PartitionKind kind, int64_t S, int P);
+  PartitionKind kind() const { return kind_; }
+  int64_t S() const { return S_; }
+  int P() const { return P_; }
+  int64_t local_size(int r) const;                 // S_loc of rank r
+  std::vector<int64_t> positions(int r) const;     // global position of each local token, ascending
+  // [begin, end) token ranges of rank r, in local order (for printouts).
+  std::vector<std::pair<int64_t, int64_t>> ranges(int r) const;
+  int owner(int64_t global_pos) const;             // which rank holds a token
+  int64_t local_index(int64_t global_pos) const;   // its index on that rank
+
+  // Global [S, width] → local [S_loc, width] rows of rank r, and back.
+  template <class T> void scatter_rows(std::span<const T> global, int64_t width, int r, std::span<T> local) const;
+  template <class T> void gather_rows(std::span<const T> local, int64_t width, int r, std::span<T> global) const;
+
+  // Requirement on S for this kind and P ("" when fine): P >= 1, S >= 1, zigzag needs
+  // S % (2P) == 0, the others S % P == 0 (so S_loc is the same on every rank). The message
+  // names S, P and the nearest valid S.
+  static std::string check(PartitionKind kind, int64_t S, int P);
+
+ private:
+  PartitionKind kind_;
+  int64_t S_;
+  int P_;
+};
+
+template <class T>
+void Partition::scatter_rows(std::span<const T> global, int64_t width, int r, std::span<T> local) const {
+  CTXPAR_CHECK(int64_t(global.size()) == S_ * width && int64_t(local.size()) == local_size(r) * width,
+               "scatter_rows: global " << global.size() << " / local " << local.size() << " elems for S = "
+                                       << S_ << ", S_loc = " << local_size(r) << ", width = " << width);
+  const std::vector<int64_t> pos = positions(r);
+  for (size_t i = 0; i < pos.size(); ++i)
+    for (int64_t c = 0; c < width; ++c) local[i * width + c] = global[pos[i] * width + c];
+}
+template <class T>
+void Partition::gather_rows(std::span<const T> local, int64_t width, int r, std::span<T> global) const {
+  CTXPAR_CHECK(int64_t(global.size()) == S_ * width && int64_t(local.size()) == local_size(r) * width,
+               "gather_rows: global " << global.size() << " / local " << local.size() << " elems for S = "
+                                      << S_ << ", S_loc = " << local_size(r) << ", width = " << width);
+  const std::vector<int64_t> pos = positions(r);
+  for (size_t i = 0; i < pos.size(); ++i)
+    for (int64_t c = 0; c < width; ++c) global[pos[i] * width + c] = local[i * width + c];
+}
+
+// Packed documents: per-token document ids for a sequence of S tokens.
+//   lengths given:  documents of those lengths, in order (they must sum to S)
+//   random:         lengths drawn from a seeded geometric distribution with mean `mean`,
+//                   the last one cut to fit (core/random.hpp splitmix64 + integer math:
+//                   identical on every platform for a given S, mean, seed)
+std::vector<int32_t> doc_ids_from_lengths(const std::vector<int64_t>& lengths, int64_t S);
+std::vector<int64_t> random_doc_lengths(int64_t S, int64_t mean, uint64_t seed);
+// Parses the `docs` config value; returns "" when fine, else an error naming what is valid.
+//   "none"       → doc_ids empty (the whole sequence is one document)
+//   "random"     → doc_ids_from_lengths(random_doc_lengths(S, mean, seed), S)
+//   "L1,L2,..."  → those lengths; they must be positive and sum to S
+std::string parse_docs(const std::string& docs, int64_t S, int64_t mean, uint64_t seed,
+                       std::vector<int32_t>& doc_ids);
+
+// Next-token labels shifted globally before sharding: label[t] = token[t+1] when t+1 is in the
+// same document, else -1 (ignored by the loss). Empty doc_ids = one document. Shifting after sharding would be wrong at every
+// shard boundary.
+std::vector<int32_t> shift_labels(std::span<const int32_t> tokens, std::span<const int32_t> doc_ids);
+
+}  // namespace ctxpar

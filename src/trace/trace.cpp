@@ -1,0 +1,627 @@
+#include "trace/trace.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <mutex>
+#include <span>
+#include <type_traits>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/memory.hpp"
+#include "core/version.hpp"
+#include "dist/comm.hpp"
+#include "dist/topology.hpp"
+#include "kernels/ops.hpp"
+#include "trace/h5_writer.hpp"
+#include "trace/trace_detail.hpp"
+
+// Provenance: the lead's generated header gains CTXPAR_GIT_DIRTY (0/1); -1 records "unknown"
+// for builds configured before it existed.
+#ifndef CTXPAR_GIT_DIRTY
+#define CTXPAR_GIT_DIRTY -1
+#endif
+
+namespace ctxpar {
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::other: return "other";
+    case Phase::attn_fwd: return "attn_fwd";
+    case Phase::attn_bwd: return "attn_bwd";
+    case Phase::comm_send_recv: return "comm_send_recv";
+    case Phase::comm_wait: return "comm_wait";
+    case Phase::all_to_all: return "all_to_all";
+    case Phase::all_gather: return "all_gather";
+    case Phase::reduce_scatter: return "reduce_scatter";
+    case Phase::all_reduce: return "all_reduce";
+    case Phase::gemm: return "gemm";
+    case Phase::norm: return "norm";
+    case Phase::rope: return "rope";
+    case Phase::mlp: return "mlp";
+    case Phase::loss: return "loss";
+    case Phase::optimizer: return "optimizer";
+    case Phase::embed: return "embed";
+    case Phase::bench: return "bench";
+    case Phase::shard: return "shard";
+    case Phase::kNumPhases: break;
+  }
+  return "?";
+}
+
+// ---- stop signals ---------------------------------------------------------------------------
+
+namespace {
+// The handler may only touch a lock-free atomic (async-signal-safe); end_step reads it.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "signal flag must be lock-free");
+extern "C" void ctxpar_stop_handler(int) { g_stop_signal.store(1, std::memory_order_relaxed); }
+}  // namespace
+
+void install_stop_signals() {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = ctxpar_stop_handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // blocking calls (MPI progress, file I/O) resume after the handler
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+}
+bool stop_signal_seen() { return g_stop_signal.load(std::memory_order_relaxed) != 0; }
+void clear_stop_signal() { g_stop_signal.store(0, std::memory_order_relaxed); }
+
+// ---- pure arithmetic (trace_detail.hpp) -----------------------------------------------------
+
+namespace trace_detail {
+
+StepRow make_step_row(const StepRecord& root, const std::vector<RankStepRow>& ranks,
+                      double peak_flops_per_rank) {
+  StepRow row;
+  row.step = root.step;
+  row.tokens = root.tokens;
+  row.model_flops = root.model_flops;
+  row.loss = root.loss;
+  row.turn = root.turn;
+  row.ttft_s = root.ttft_s;
+  row.ttit_s = root.ttit_s;
+  for (const RankStepRow& r : ranks) {
+    row.time_s = std::max(row.time_s, r.time_s);
+    row.exposed_comm_s = std::max(row.exposed_comm_s, r.exposed_comm_s);
+    row.peak_bytes = std::max(row.peak_bytes, r.peak_bytes);
+    row.peak_rss_bytes = std::max(row.peak_rss_bytes, r.peak_rss_bytes);
+  }
+  const double P = double(ranks.size());
+  if (row.time_s > 0 && P > 0) {
+    row.tflops_per_rank = row.model_flops / row.time_s / P / 1e12;
+    if (peak_flops_per_rank > 0) row.mfu = row.model_flops / (row.time_s * peak_flops_per_rank * P);
+  }
+  return row;
+}
+
+ClockOffset estimate_clock_offset(const std::vector<ClockSample>& samples) {
+  ClockOffset best;
+  double best_rtt = INFINITY;
+  for (const ClockSample& s : samples) {
+    const double rtt = s.t1_s - s.t0_s;
+    if (rtt < best_rtt) {
+      best_rtt = rtt;
+      best.offset_s = s.tr_s - 0.5 * (s.t0_s + s.t1_s);
+      best.error_s = 0.5 * rtt;
+    }
+  }
+  return best;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  const size_t n = v.size(), h = n / 2;
+  std::nth_element(v.begin(), v.begin() + long(h), v.end());
+  const double hi = v[h];
+  if (n % 2) return hi;
+  const double lo = *std::max_element(v.begin(), v.begin() + long(h));
+  return 0.5 * (lo + hi);
+}
+
+Summary summarize(const std::vector<StepRow>& rows, int64_t warmup) {
+  Summary s;
+  s.steps_total = int64_t(rows.size());
+  s.warmup_excluded = std::min<int64_t>(std::max<int64_t>(warmup, 0), s.steps_total);
+  s.measured_steps = s.steps_total - s.warmup_excluded;
+  std::vector<double> time, tokens, flops, mfu, tflops, comm, ttft, ttit, tps;
+  bool times_ok = true;
+  for (size_t i = size_t(s.warmup_excluded); i < rows.size(); ++i) {
+    const StepRow& r = rows[i];
+    time.push_back(r.time_s);
+    tokens.push_back(double(r.tokens));
+    flops.push_back(r.model_flops);
+    mfu.push_back(r.mfu);
+    tflops.push_back(r.tflops_per_rank);
+    comm.push_back(r.exposed_comm_s);
+    ttft.push_back(r.ttft_s);
+    ttit.push_back(r.ttit_s);
+    tps.push_back(r.time_s > 0 ? double(r.tokens) / r.time_s : 0.0);
+    if (!(r.time_s > 0) || !std::isfinite(r.time_s)) times_ok = false;
+  }
+  for (const StepRow& r : rows) {
+    s.peak_bytes_max = std::max(s.peak_bytes_max, r.peak_bytes);
+    s.peak_rss_bytes_max = std::max(s.peak_rss_bytes_max, r.peak_rss_bytes);
+  }
+  if (!rows.empty()) s.loss_last = rows.back().loss;
+  if (s.measured_steps == 0) {
+    s.valid_reason = "no measured steps (" + std::to_string(s.steps_total) + " steps, " +
+                     std::to_string(s.warmup_excluded) + " warmup)";
+    return s;
+  }
+  s.time_s_median = median(time);
+  s.tokens_median = median(tokens);
+  s.model_flops_median = median(flops);
+  s.mfu_median = median(mfu);
+  s.tflops_per_rank_median = median(tflops);
+  s.exposed_comm_s_median = median(comm);
+  s.ttft_s_median = median(ttft);
+  s.ttit_s_median = median(ttit);
+  s.tokens_per_s_median = median(tps);
+  s.valid = times_ok;
+  if (!times_ok) s.valid_reason = "a measured step has a non-positive or non-finite time";
+  return s;
+}
+
+std::string iso8601_utc(int64_t unix_seconds) {
+  std::time_t t = std::time_t(unix_seconds);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace trace_detail
+
+// ---- Tracer ---------------------------------------------------------------------------------
+
+using trace_detail::ClockOffset;
+using trace_detail::ClockSample;
+using trace_detail::RankStepRow;
+using trace_detail::StepRow;
+
+namespace {
+
+// Tags of the clock synchronization on the world comm (it runs while nothing else is in flight;
+// distinct tags keep its two message streams apart).
+constexpr int kClockTagPing = 7301;
+constexpr int kClockTagPong = 7302;
+// Ping-pongs per rank; the one with the shortest round trip gives the offset.
+constexpr int kClockRounds = 16;
+
+// Collective. Returns (offset_s, error_s) of every rank, on every rank. Protocol per round with
+// rank r: rank 0 reads t0, exchanges a ping with r (so r's wait ends after t0), r reads tr and
+// sends it back, rank 0 reads t1 after it arrived: tr happened within [t0, t1] on rank 0's clock.
+std::vector<double> measure_clock_offsets(Comm& world) {
+  const int P = world.size(), me = world.rank();
+  std::vector<double> result(size_t(2 * P), 0.0);  // [offset_s, error_s] per rank
+  double ping = 0, got = 0;
+  if (me == 0) {
+    for (int r = 1; r < P; ++r) {
+      std::vector<ClockSample> samples;
+      for (int k = 0; k < kClockRounds; ++k) {
+        const double t0 = world.now();
+        Request a = world.send_recv_async(std::span<double>(&ping, 1), r, std::span<double>(&got, 1), r,
+                                          kClockTagPing);
+        world.wait(a);
+        double tr = 0;
+        Request b = world.send_recv_async(std::span<double>(&ping, 1), r, std::span<double>(&tr, 1), r,
+                                          kClockTagPong);
+        world.wait(b);
+        samples.push_back({t0, tr, world.now()});
+      }
+      const ClockOffset off = trace_detail::estimate_clock_offset(samples);
+      result[size_t(2 * r)] = off.offset_s;
+      result[size_t(2 * r + 1)] = off.error_s;
+    }
+  } else {
+    for (int k = 0; k < kClockRounds; ++k) {
+      Request a = world.send_recv_async(std::span<double>(&ping, 1), 0, std::span<double>(&got, 1), 0,
+                                        kClockTagPing);
+      world.wait(a);
+      double tr = world.now();
+      Request b = world.send_recv_async(std::span<double>(&tr, 1), 0, std::span<double>(&got, 1), 0,
+                                        kClockTagPong);
+      world.wait(b);
+    }
+  }
+  world.broadcast(std::span<double>(result), 0);
+  return result;
+}
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <class... F> struct Overloaded : F... { using F::operator()...; };
+template <class... F> Overloaded(F...) -> Overloaded<F...>;
+
+}  // namespace
+
+struct Tracer::Impl {
+  Impl(Comm& w, const Config& c, double peak) : world(w), cfg(c), peak_flops_per_rank(peak) {}
+
+  Comm& world;
+  Config cfg;
+  double peak_flops_per_rank;
+  std::string path;
+  int rank = 0, size = 1;
+  double t0_local_s = 0;   // world.now() when the tracer was made
+  double shift_us = 0;     // local now_us() + shift_us = µs since rank 0's start, rank 0's clock
+  double offset_us = 0, offset_err_us = 0;
+  double step_begin_us = 0;
+  int64_t steps_completed = 0;
+  bool finished = false;
+  std::mutex span_mu;  // add_span may be called from several threads
+
+  // Rank 0 only.
+  std::unique_ptr<H5TraceWriter> writer;
+  std::vector<StepRow> rows;
+
+  // Watchdog state: the last heartbeat and what the rank was doing then.
+  std::atomic<int64_t> last_progress_ns{0};
+  std::atomic<int64_t> wd_step{0};
+  std::atomic<int32_t> wd_layer{-1};
+  std::atomic<int32_t> wd_phase{0};
+  std::thread watchdog;
+  std::mutex wd_mu;
+  std::condition_variable wd_cv;
+  bool wd_stop = false;
+
+  void touch(int64_t step, Phase ph, int32_t layer) {
+    wd_step.store(step, std::memory_order_relaxed);
+    wd_layer.store(layer, std::memory_order_relaxed);
+    wd_phase.store(int32_t(ph), std::memory_order_relaxed);
+    last_progress_ns.store(steady_ns(), std::memory_order_relaxed);
+  }
+
+  void start_watchdog(double limit_s) {
+    // Check often enough that the abort comes within ~1 s (or a quarter of a short limit) of
+    // the limit being reached.
+    const double interval_s = std::clamp(limit_s / 4, 0.01, 1.0);
+    watchdog = std::thread([this, limit_s, interval_s] {
+      std::unique_lock<std::mutex> lk(wd_mu);
+      while (!wd_stop) {
+        wd_cv.wait_for(lk, std::chrono::duration<double>(interval_s));
+        if (wd_stop) break;
+        const double idle_s = double(steady_ns() - last_progress_ns.load()) * 1e-9;
+        if (idle_s > limit_s) {
+          std::fprintf(stderr,
+                       "[rank %d] watchdog: no progress for %.1f s at step %lld, layer %d, phase %s "
+                       "\u2014 aborting\n",
+                       rank, idle_s, static_cast<long long>(wd_step.load()), int(wd_layer.load()),
+                       phase_name(Phase(wd_phase.load())));
+          std::fflush(stderr);
+          world.abort(3);
+        }
+      }
+    });
+  }
+
+  void stop_watchdog() {
+    {
+      std::lock_guard<std::mutex> lk(wd_mu);
+      wd_stop = true;
+    }
+    wd_cv.notify_all();
+    if (watchdog.joinable()) watchdog.join();
+  }
+
+  // Rank 0: runs an HDF5 step; an I/O failure after the file was opened ends the job (the
+  // other ranks are already past the collective and could not be told otherwise).
+  template <class F> void on_writer(F&& f) {
+    if (!writer) return;
+    try {
+      f(*writer);
+    } catch (const std::exception& e) {
+      CTXPAR_FATAL("trace writer: " << e.what());
+    }
+  }
+
+  // Collective: gathers the spans of all ranks to rank 0 (rank order), as bytes.
+  std::vector<SpanRecord> gather_spans(const std::vector<SpanRecord>& mine) {
+    std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(mine.data()),
+                                     mine.size() * sizeof(SpanRecord));
+    std::vector<std::byte> all;
+    world.gather_v(bytes, all, 0);
+    std::vector<SpanRecord> spans;
+    if (rank == 0) {
+      CTXPAR_CHECK(all.size() % sizeof(SpanRecord) == 0, "span gather returned " << all.size() << " bytes");
+      spans.resize(all.size() / sizeof(SpanRecord));
+      if (!spans.empty()) std::memcpy(static_cast<void*>(spans.data()), all.data(), all.size());
+    }
+    return spans;
+  }
+
+  void write_header(const Topology& topo) {
+    H5TraceWriter& w = *writer;
+    const std::string R = "/";
+    w.attr(R, "schema_version", trace_detail::kSchemaVersion);
+    w.attr(R, "ctxpar_version", CTXPAR_VERSION);
+    w.attr(R, "git_sha", CTXPAR_GIT_SHA);
+    w.attr(R, "git_dirty", int64_t(CTXPAR_GIT_DIRTY));
+    w.attr(R, "build_type", CTXPAR_BUILD_TYPE);
+    w.attr(R, "cxx_compiler", CTXPAR_CXX_COMPILER);
+    w.attr(R, "cxx_flags", CTXPAR_CXX_FLAGS);
+    w.attr(R, "mpi_version", comm_library_version());
+    w.attr(R, "hdf5_version", hdf5_library_version());
+    w.attr(R, "blas", blas_name());
+    std::vector<std::string> unique_hosts;
+    for (const std::string& h : topo.hosts())
+      if (std::find(unique_hosts.begin(), unique_hosts.end(), h) == unique_hosts.end())
+        unique_hosts.push_back(h);
+    w.attr_strings(R, "hostnames", unique_hosts);
+    w.attr(R, "world_size", int64_t(size));
+    w.attr(R, "start_time_utc", trace_detail::iso8601_utc(int64_t(std::time(nullptr))));
+    w.attr(R, "mode", cfg.mode);
+    w.attr(R, "bench", cfg.bench);
+    w.attr(R, "strategy", cfg.strategy);
+    w.attr(R, "mesh", cfg.mesh);
+    w.attr(R, "flop_convention", kFlopConvention);
+    w.attr(R, "peak_flops_per_rank", peak_flops_per_rank);
+    w.attr(R, "mfu_note", peak_flops_per_rank > 0
+                              ? std::string("mfu = model_flops / (time_s * peak_flops_per_rank * world_size)")
+                              : std::string("peak_flops_per_rank not given (0): mfu is 0 in every row"));
+    w.attr(R, "time_origin",
+           "span t_begin_us/t_end_us: microseconds since rank 0's tracer start, on rank 0's clock "
+           "(each rank's times shifted by /topology/clock_offset_us)");
+    w.attr(R, "status", "running");
+    w.attr(R, "steps_completed", int64_t(0));
+
+    // /config: every field of the table, typed.
+    const std::string C = "/config";
+    for (const Field& f : config_fields()) {
+      const std::string name(f.name);
+      std::visit(Overloaded{[&](int64_t Config::*m) { w.attr(C, name, cfg.*m); },
+                            [&](double Config::*m) { w.attr(C, name, cfg.*m); },
+                            [&](std::string Config::*m) { w.attr(C, name, cfg.*m); },
+                            [&](bool Config::*m) { w.attr_bool(C, name, cfg.*m); }},
+                 f.member);
+    }
+
+    // /topology
+    std::vector<int32_t> coords, node_id;
+    for (const auto& c : topo.all_coords())
+      for (int a = 0; a < kNumAxes; ++a) coords.push_back(int32_t(c[size_t(a)]));
+    for (int n : topo.node_of_rank()) node_id.push_back(int32_t(n));
+    std::vector<std::string> axis_names;
+    std::vector<int32_t> axis_sizes;
+    for (int a = 0; a < kNumAxes; ++a) {
+      axis_names.emplace_back(axis_name(Axis(a)));
+      axis_sizes.push_back(int32_t(topo.size(Axis(a))));
+    }
+    w.dataset_i32("/topology/coords", coords, {uint64_t(size), uint64_t(kNumAxes)});
+    w.dataset_i32("/topology/node_id", node_id, {uint64_t(node_id.size())});
+    w.dataset_strings("/topology/axis_names", axis_names);
+    w.dataset_i32("/topology/axis_sizes", axis_sizes, {uint64_t(kNumAxes)});
+    w.dataset_strings("/topology/hosts", topo.hosts());
+
+    std::vector<std::string> phases;
+    for (int p = 0; p < int(Phase::kNumPhases); ++p) phases.emplace_back(phase_name(Phase(p)));
+    w.attr_strings("/spans", "phase_names", phases);
+  }
+
+  void write_offsets(const std::vector<double>& offs, const std::string& name) {
+    std::vector<double> off_us, err_us;
+    for (int r = 0; r < size; ++r) {
+      off_us.push_back(offs[size_t(2 * r)] * 1e6);
+      err_us.push_back(offs[size_t(2 * r + 1)] * 1e6);
+    }
+    writer->dataset_f64("/topology/" + name, off_us, {uint64_t(size)});
+    writer->dataset_f64("/topology/" + name.substr(0, name.size() - 3) + "_error_us", err_us,
+                        {uint64_t(size)});
+  }
+};
+
+Tracer::Tracer(Comm& world, const Config& cfg, const Topology& topo, const std::string& path,
+               double peak_flops_per_rank)
+    : impl_(std::make_unique<Impl>(world, cfg, peak_flops_per_rank)) {
+  Impl& I = *impl_;
+  I.path = path;
+  I.rank = world.rank();
+  I.size = world.size();
+  I.touch(0, Phase::other, -1);
+  install_stop_signals();
+
+  // Open the file on rank 0; a bad output path is the user's error, reported alike on all ranks.
+  std::string err;
+  if (I.rank == 0) {
+    try {
+      I.writer = std::make_unique<H5TraceWriter>(path);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  err = agree_on_error(world, err);
+  if (!err.empty()) throw UsageError("out=" + path + ": " + err);
+
+  // Clock offsets against rank 0, then every rank's shift onto rank 0's timeline.
+  I.t0_local_s = world.now();
+  const std::vector<double> offs = measure_clock_offsets(world);
+  double t0_root = I.t0_local_s;
+  world.broadcast(std::span<double>(&t0_root, 1), 0);
+  const double off_s = offs[size_t(2 * I.rank)];
+  I.offset_us = off_s * 1e6;
+  I.offset_err_us = offs[size_t(2 * I.rank + 1)] * 1e6;
+  I.shift_us = (I.t0_local_s - off_s - t0_root) * 1e6;
+
+  if (I.rank == 0)
+    I.on_writer([&](H5TraceWriter& w) {
+      I.write_header(topo);
+      I.write_offsets(offs, "clock_offset_us");
+      w.flush();
+    });
+  I.touch(0, Phase::other, -1);
+  if (cfg.watchdog_s > 0) I.start_watchdog(cfg.watchdog_s);
+}
+
+Tracer::~Tracer() {
+  // Not collective: an unfinished run (exception, early return) leaves NAME.h5.partial with
+  // status "running" and every flushed step.
+  impl_->stop_watchdog();
+}
+
+double Tracer::now_us() const { return (impl_->world.now() - impl_->t0_local_s) * 1e6; }
+double Tracer::clock_offset_us() const { return impl_->offset_us; }
+double Tracer::clock_offset_error_us() const { return impl_->offset_err_us; }
+const std::string& Tracer::path() const { return impl_->path; }
+
+void Tracer::begin_step(int64_t step) {
+  step_ = step;
+  impl_->step_begin_us = now_us();
+  impl_->touch(step, Phase::other, -1);
+}
+
+void Tracer::progress(Phase ph, int32_t layer) { impl_->touch(step_, ph, layer); }
+
+void Tracer::add_span(Phase ph, int32_t layer, int32_t ring_step, double t_begin_us, double t_end_us,
+                      double flops, double bytes) {
+  Impl& I = *impl_;
+  SpanRecord s{};
+  s.step = int32_t(step_);
+  s.layer = layer;
+  s.phase = int32_t(ph);
+  s.ring_step = ring_step;
+  s.rank = I.rank;
+  s.pad_ = 0;
+  s.t_begin_us = t_begin_us + I.shift_us;
+  s.t_end_us = t_end_us + I.shift_us;
+  s.flops = flops;
+  s.bytes = bytes;
+  {
+    std::lock_guard<std::mutex> lk(I.span_mu);
+    spans_.push_back(s);
+  }
+  I.touch(step_, ph, layer);
+}
+
+bool Tracer::end_step(const StepRecord& local) {
+  Impl& I = *impl_;
+  CTXPAR_CHECK(!I.finished, "Tracer::end_step after finish");
+  const double t_end_us = now_us();
+  I.touch(step_, Phase::other, -1);
+  // Defaults measured here when the caller leaves them 0: the step's wall time since
+  // begin_step and the tracked peak of core/memory.
+  const double time_s = local.time_s > 0 ? local.time_s : (t_end_us - I.step_begin_us) * 1e-6;
+  const int64_t peak = local.peak_bytes > 0 ? local.peak_bytes : mem_peak_bytes();
+
+  // All ranks agree whether any rank saw SIGTERM/SIGUSR1, so they stop after the same step.
+  int32_t stop = stop_signal_seen() ? 1 : 0;
+  I.world.all_reduce(std::span<int32_t>(&stop, 1), ReduceOp::max);
+
+  const double stats[trace_detail::kRankStatsDoubles] = {time_s, local.exposed_comm_s, double(peak),
+                                                         double(mem_rss_peak_bytes())};
+  std::vector<double> all_stats;
+  I.world.gather_v(std::span<const double>(stats, trace_detail::kRankStatsDoubles), all_stats, 0);
+
+  std::vector<SpanRecord> mine;
+  {
+    std::lock_guard<std::mutex> lk(I.span_mu);
+    mine.swap(spans_);
+  }
+  std::vector<SpanRecord> all_spans = I.gather_spans(mine);
+
+  ++I.steps_completed;
+  if (I.rank == 0) {
+    std::vector<RankStepRow> per_rank(size_t(I.size));
+    for (int r = 0; r < I.size; ++r) {
+      const double* st = &all_stats[size_t(r) * trace_detail::kRankStatsDoubles];
+      RankStepRow& rr = per_rank[size_t(r)];
+      rr.step = step_;
+      rr.rank = r;
+      rr.time_s = st[0];
+      rr.exposed_comm_s = st[1];
+      rr.peak_bytes = int64_t(st[2]);
+      rr.peak_rss_bytes = int64_t(st[3]);
+    }
+    StepRecord root = local;
+    root.step = step_;
+    const StepRow row = trace_detail::make_step_row(root, per_rank, I.peak_flops_per_rank);
+    I.rows.push_back(row);
+    I.on_writer([&](H5TraceWriter& w) {
+      w.append_spans(all_spans);
+      w.append_rank_steps(per_rank);
+      w.append_steps({row});
+      w.attr("/", "steps_completed", I.steps_completed);
+      w.flush();
+    });
+  }
+  I.touch(step_, Phase::other, -1);
+  return stop != 0;
+}
+
+void Tracer::finish(bool truncated) {
+  Impl& I = *impl_;
+  if (I.finished) return;
+  I.touch(step_, Phase::other, -1);
+  // Spans recorded after the last end_step (setup, teardown) are kept too.
+  std::vector<SpanRecord> mine;
+  {
+    std::lock_guard<std::mutex> lk(I.span_mu);
+    mine.swap(spans_);
+  }
+  std::vector<SpanRecord> all_spans = I.gather_spans(mine);
+  // Offsets measured again at the end show the clocks' drift over the run.
+  const std::vector<double> offs_end = measure_clock_offsets(I.world);
+
+  if (I.rank == 0) {
+    const trace_detail::Summary s = trace_detail::summarize(I.rows, I.cfg.warmup);
+    I.on_writer([&](H5TraceWriter& w) {
+      w.append_spans(all_spans);
+      I.write_offsets(offs_end, "clock_offset_end_us");
+      const std::string S = "/summary";
+      w.attr(S, "steps_total", s.steps_total);
+      w.attr(S, "warmup_steps_excluded", s.warmup_excluded);
+      w.attr(S, "measured_steps", s.measured_steps);
+      w.attr_bool(S, "valid", s.valid);
+      w.attr(S, "valid_reason", s.valid_reason);
+      w.attr(S, "time_s_median", s.time_s_median);
+      w.attr(S, "tokens_median", s.tokens_median);
+      w.attr(S, "tokens_per_s_median", s.tokens_per_s_median);
+      w.attr(S, "model_flops_median", s.model_flops_median);
+      w.attr(S, "mfu_median", s.mfu_median);
+      w.attr(S, "tflops_per_rank_median", s.tflops_per_rank_median);
+      w.attr(S, "exposed_comm_s_median", s.exposed_comm_s_median);
+      w.attr(S, "ttft_s_median", s.ttft_s_median);
+      w.attr(S, "ttit_s_median", s.ttit_s_median);
+      w.attr(S, "loss_last", s.loss_last);
+      w.attr(S, "peak_bytes_max", s.peak_bytes_max);
+      w.attr(S, "peak_rss_bytes_max", s.peak_rss_bytes_max);
+      w.attr("/", "end_time_utc", trace_detail::iso8601_utc(int64_t(std::time(nullptr))));
+      w.attr("/", "steps_completed", I.steps_completed);
+      w.attr("/", "status", truncated ? "truncated" : "complete");
+      w.close_and_rename();
+    });
+    I.writer.reset();
+  }
+  I.finished = true;
+  // After finish returns on any rank, NAME.h5 exists.
+  I.world.barrier();
+  I.stop_watchdog();
+}
+
+Tracer::Scope::Scope(Tracer* t, Phase ph, int32_t layer, int32_t ring_step, double flops, double bytes)
+    : t_(t), ph_(ph), layer_(layer), ring_step_(ring_step), flops_(flops), bytes_(bytes),
+      t0_(t ? t->now_us() : 0.0) {
+  if (t_) t_->progress(ph, layer);
+}
+
+Tracer::Scope::~Scope() {
+  if (t_) t_->add_span(ph_, layer_, ring_step_, t0_, t_->now_us(), flops_, bytes_);
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,114 @@
+// In-memory trace of one run: spans (step, layer, phase, ring_step, rank, begin/end µs, flops,
+// bytes), per-step records, peak memory; written to HDF5 by trace/h5_writer (the only file that
+// knows HDF5) on rank 0 after every step. Crash-safe: NAME.h5.partial is flushed every step and
+// renamed to NAME.h5 at a clean exit; SIGTERM/SIGUSR1 end the run after the current step with
+// status "truncated"; a watchdog aborts the job when no progress is made for watchdog_s seconds.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace ctxpar {
+
+class Comm;
+struct Config;
+class Topology;
+
+enum class Phase : int32_t {
+  other = 0, attn_fwd, attn_bwd, comm_send_recv, comm_wait, all_to_all, all_gather,
+  reduce_scatter, all_reduce, gemm, norm, rope, mlp, loss, optimizer, embed, bench, shard,
+  kNumPhases
+};
+const char* phase_name(Phase p);
+
+// One timed interval on one rank. Times are µs on rank 0's clock (local time + clock offset).
+struct SpanRecord {
+  int32_t step, layer, phase, ring_step, rank, pad_;
+  double t_begin_us, t_end_us, flops, bytes;
+};
+
+// One row of /steps (rank 0 fills in the cross-rank fields).
+struct StepRecord {
+  int64_t step = 0;
+  double time_s = 0;             // max over ranks of the step's wall time
+  int64_t tokens = 0;
+  double model_flops = 0;        // whole job, this step (recompute not counted)
+  double mfu = 0;                // model_flops / (time_s * peak_flops_per_rank * ranks); 0 if no peak
+  double tflops_per_rank = 0;
+  double exposed_comm_s = 0;     // max over ranks of time blocked on communication
+  int64_t peak_bytes = 0;        // max over ranks of tracked peak bytes
+  double loss = 0;               // train
+  int32_t turn = -1;             // inference
+  double ttft_s = 0, ttit_s = 0; // inference
+};
+
+class Tracer {
+ public:
+  // Opens `path`.partial on rank 0 (collective), writing provenance, /config and /topology.
+  Tracer(Comm& world, const Config& cfg, const Topology& topo, const std::string& path,
+         double peak_flops_per_rank);
+  ~Tracer();
+  Tracer(const Tracer&) = delete;
+  Tracer& operator=(const Tracer&) = delete;
+
+  void begin_step(int64_t step);
+  // Records a finished span (times from now_us()).
+  void add_span(Phase ph, int32_t layer, int32_t ring_step, double t_begin_us, double t_end_us,
+                double flops = 0, double bytes = 0);
+  double now_us() const;  // local clock, µs since the tracer started
+  // Heartbeat for the watchdog: what the rank is doing now.
+  void progress(Phase ph, int32_t layer = -1);
+
+  // Collective: gathers this step's spans and records to rank 0, writes and flushes them.
+  // `local` carries this rank's values (time_s, exposed_comm_s, loss, ...). Returns true when a
+  // stop was requested by a signal on any rank (the caller should stop after this step).
+  bool end_step(const StepRecord& local);
+
+  // Collective: writes /summary and sets status ("complete" renames the file to its final name;
+  // "truncated" too — the run ended cleanly but early).
+  void finish(bool truncated);
+
+  // RAII span.
+  class Scope {
+   public:
+    Scope(Tracer* t, Phase ph, int32_t layer, int32_t ring_step, double flops, double bytes);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+   private:
+    Tracer* t_;
+    Phase ph_;
+    int32_t layer_, ring_step_;
+    double flops_, bytes_, t0_;
+  };
+  Scope scope(Phase ph, int32_t layer = -1, int32_t ring_step = -1, double flops = 0, double bytes = 0) {
+    return Scope(this, ph, layer, ring_step, flops, bytes);
+  }
+
+  const std::vector<SpanRecord>& step_spans() const { return spans_; }
+
+  // This rank's clock minus rank 0's clock (µs) and the bound on its error, measured by
+  // ping-pong when the tracer was made; span times are shifted by it onto rank 0's clock.
+  double clock_offset_us() const;
+  double clock_offset_error_us() const;
+  // The final file name (NAME.h5); the file being written is NAME.h5.partial until finish().
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::vector<SpanRecord> spans_;
+  int64_t step_ = 0;
+};
+
+// Installs SIGTERM/SIGUSR1 handlers that only set a flag (checked by Tracer::end_step).
+void install_stop_signals();
+bool stop_signal_seen();
+// Forgets a seen signal (tests that run several traced loops in one process).
+void clear_stop_signal();
+
+}  // namespace ctxpar

@@ -1,0 +1,107 @@
+// Config: the field table parses defaults, TOML and overrides the same way and rejects bad input
+// with a message that names the field and what would be valid.
+#include <gtest/gtest.h>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+
+using namespace ctxpar;
+
+namespace {
+std::string error_of(const std::string& toml, const std::vector<std::string>& args, int world = 4) {
+  try {
+    Config c = parse_config(toml, "test.toml", args);
+    validate_config(c, world);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Config, DefaultsComeFromTheTable) {
+  Config c = parse_config("", "", {});
+  for (const Field& f : config_fields()) EXPECT_EQ(field_text(c, f), field_text(parse_config("", "", {}), f));
+  EXPECT_EQ(c.seq, 4096);
+  EXPECT_EQ(c.strategy, "ring");
+  EXPECT_FALSE(c.csv);
+}
+
+TEST(Config, SizesAcceptBinarySuffixes) {
+  int64_t v = 0;
+  EXPECT_TRUE(parse_size("128K", v));
+  EXPECT_EQ(v, 131072);
+  EXPECT_TRUE(parse_size("1M", v));
+  EXPECT_EQ(v, 1 << 20);
+  EXPECT_TRUE(parse_size("7", v));
+  EXPECT_EQ(v, 7);
+  EXPECT_FALSE(parse_size("12Q", v));
+  EXPECT_FALSE(parse_size("", v));
+  EXPECT_FALSE(parse_size("K", v));
+}
+
+TEST(Config, OverridesInBothFormsAndAfterToml) {
+  Config c = parse_config("seq = 2048\nstrategy = \"allgather\"\nwatchdog_s = 5.5\ncsv = true\n", "x.toml",
+                          {"seq=8K", "--heads=16"});
+  EXPECT_EQ(c.seq, 8192);      // command line wins over the file
+  EXPECT_EQ(c.heads, 16);
+  EXPECT_EQ(c.strategy, "allgather");
+  EXPECT_DOUBLE_EQ(c.watchdog_s, 5.5);
+  EXPECT_TRUE(c.csv);
+}
+
+TEST(Config, UnknownKeySuggestsTheNearestField) {
+  const std::string e = error_of("", {"sequ=4K"});
+  EXPECT_NE(e.find("unknown key 'sequ'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'seq'"), std::string::npos) << e;
+  EXPECT_NE(error_of("bogus = 1\n", {}).find("unknown key 'bogus' in test.toml"), std::string::npos);
+}
+
+TEST(Config, BadValuesNameFieldAndValidValues) {
+  std::string e = error_of("", {"seq=abc"});
+  EXPECT_NE(e.find("seq = 'abc'"), std::string::npos) << e;
+  EXPECT_NE(e.find("integer"), std::string::npos) << e;
+  e = error_of("", {"strategy=spiral"});
+  EXPECT_NE(e.find("one of: allgather, ulysses, ring, usp"), std::string::npos) << e;
+  e = error_of("", {"head_dim=512"});
+  EXPECT_NE(e.find("[1, 256]"), std::string::npos) << e;
+  e = error_of("", {"csv=maybe"});
+  EXPECT_NE(e.find("true or false"), std::string::npos) << e;
+  e = error_of("", {"watchdog_s=-1"});
+  EXPECT_NE(e.find("watchdog_s"), std::string::npos) << e;
+  e = error_of("seq = [1, 2]\n", {});
+  EXPECT_NE(e.find("seq in test.toml must be"), std::string::npos) << e;
+  e = error_of("seq = \n", {});
+  EXPECT_NE(e.find("cannot parse test.toml"), std::string::npos) << e;
+  e = error_of("", {"novalue"});
+  EXPECT_NE(e.find("key=value"), std::string::npos) << e;
+}
+
+TEST(Config, MeshParsingAndProduct) {
+  MeshSpec m = parse_mesh("ring:4,ulysses:2", 8);
+  EXPECT_EQ(m.ring, 4);
+  EXPECT_EQ(m.ulysses, 2);
+  EXPECT_EQ(m.dp, 1);
+  EXPECT_EQ(m.tp, 1);
+  EXPECT_EQ(parse_mesh("", 6).ring, 6);
+  EXPECT_NE(error_of("", {"mesh=ring:3"}, 4).find("= 3 ranks, but the job has 4"), std::string::npos);
+  EXPECT_NE(error_of("", {"mesh=torus:4"}).find("unknown axis 'torus'"), std::string::npos);
+  EXPECT_NE(error_of("", {"mesh=ring:0"}).find("needs a size"), std::string::npos);
+  EXPECT_NE(error_of("", {"mesh=ring:2,ring:2"}).find("given twice"), std::string::npos);
+  EXPECT_EQ(error_of("", {"mesh=tp:2,ring:2"}, 4), "");
+}
+
+TEST(Config, CrossFieldChecks) {
+  EXPECT_NE(error_of("", {"heads=6", "kv_heads=4"}).find("not a multiple of kv_heads"), std::string::npos);
+  EXPECT_NE(error_of("", {"mask=window"}).find("window ≥ 1"), std::string::npos);
+  EXPECT_NE(error_of("", {"window=5"}).find("mask = causal"), std::string::npos);
+  EXPECT_EQ(error_of("", {"mask=window", "window=128"}), "");
+}
+
+TEST(Config, HelpAndListingCoverEveryField) {
+  const std::string help = help_text(), list = config_listing(parse_config("", "", {}));
+  for (const Field& f : config_fields()) {
+    EXPECT_NE(help.find(std::string(f.name)), std::string::npos) << f.name;
+    EXPECT_NE(list.find(std::string(f.name)), std::string::npos) << f.name;
+  }
+}
