@@ -30,11 +30,73 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 // Name and version of the GEMM library linked (for provenance).
 const char* blas_name();
 
+// Single-precision FMA peak of this CPU on `threads` threads (0 = OpenMP default), in GFLOP/s,
+// measured with a register-only FMA loop (~0.4 s): the clock the cores really run at times
+// 32 FLOP/cycle/core on AVX2+FMA machines with two FMA pipes (Zen3, Haswell and later).
+double fma_peak_gflops(int threads);
+
 // FLOP convention (DESIGN.md §3), for every table and trace: attention forward counts
 // 4 * H_q * D per visible (q, k) pair; backward counts 2.5x forward; matmul 2*m*n*k.
 constexpr const char* kFlopConvention =
     "attn fwd = 4*H_q*D per visible (q,k) pair; attn bwd = 2.5 x fwd; matmul = 2*m*n*k";
 // Number of visible (q, k) pairs of a call (the attention FLOP count's basis).
 int64_t visible_pairs(const AttnParams& p);
+
+}  // namespace ctxpar
+
+// ---- model ops (training) ----
+// The Llama-style layer ops of src/model (fast fp32 path, kernels/cpu/model_cpu.cpp); the
+// readable fp64 spec of each is in kernels/ref/model_ref.hpp. Rows are tokens; every op is
+// independent per row except the weight gradients, which sum over rows.
+namespace ctxpar {
+
+// RMSNorm: y = x * rstd * w with rstd = 1 / sqrt(mean_j x_j^2 + eps); x, y [rows, dim], w [dim];
+// rstd [rows] is saved for the backward.
+void rmsnorm_fwd(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps);
+// With xh = x * rstd: dx += rstd * (dy*w - xh * mean_j(dy_j w_j xh_j)), dw += sum_rows dy * xh.
+// Both ACCUMULATE (dx is the residual stream's gradient, dw the parameter gradient).
+void rmsnorm_bwd(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                 int64_t rows, int64_t dim);
+
+// RoPE frequencies inv_freq[i] = theta^(-2i/D), i < D/2, with Llama 3's frequency scaling
+// (factor, low_freq_factor, high_freq_factor, original_max_pos): wavelengths longer than
+// original_max_pos / low_freq_factor are divided by `factor`, shorter than
+// original_max_pos / high_freq_factor kept, and the band between interpolated smoothly.
+// factor = 1 leaves every frequency unchanged.
+void rope_inv_freq(int32_t D, double theta, double factor, double low_freq_factor, double high_freq_factor,
+                   double original_max_pos, double* inv_freq);
+// cos/sin tables [rows, D/2] of the angles pos[r] * inv_freq[i], computed in double (angles reach
+// 10^6 rad at long context, beyond what fp32 sin/cos of an fp32 product resolves).
+void rope_table(const int64_t* pos, int64_t rows, int32_t D, const double* inv_freq, float* cos_t, float* sin_t);
+// Rotates x [rows, H, D] in place, pairing element i with i + D/2 ("rotate half"):
+//   (a, b) -> (a cos - b sin, a sin + b cos); inverse = true rotates by -angle, which is the
+// backward (the rotation is orthogonal).
+void rope_apply(float* x, int64_t rows, int32_t H, int32_t D, const float* cos_t, const float* sin_t, bool inverse);
+
+// SwiGLU: h = silu(g) * u, silu(g) = g * sigmoid(g); n elements.
+void swiglu_fwd(const float* g, const float* u, float* h, int64_t n);
+// dg = dh * u * sigmoid(g) * (1 + g (1 - sigmoid(g))), du = dh * silu(g) (overwritten).
+void swiglu_bwd(const float* dh, const float* g, const float* u, float* dg, float* du, int64_t n);
+
+// Cross-entropy of logits [rows, V] against labels [rows] (label < 0 = ignored row). Returns the
+// SUM over counted rows of (logsumexp - logit[label]) in double, and writes
+// dlogits = grad_scale * (softmax - onehot(label)) (0 for ignored rows); dlogits may alias
+// logits (the logits are then overwritten by their gradient).
+double cross_entropy_fwd_bwd(const float* logits, const int32_t* labels, int64_t rows, int64_t V,
+                             float grad_scale, float* dlogits);
+
+// AdamW (decoupled weight decay), in PyTorch's order of operations:
+//   g' = grad_scale * g;  m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2;
+//   p *= 1 - lr wd;  p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// with t = step (1-based). grad_scale carries the gradient-norm clipping factor.
+struct AdamWStep {
+  double lr = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0;
+  double grad_scale = 1;
+  int64_t step = 1;
+};
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& hp);
+
+// Sum of squares in double (gradient-norm clipping).
+double sum_squares(const float* x, int64_t n);
 
 }  // namespace ctxpar

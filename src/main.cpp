@@ -30,7 +30,7 @@ struct Cli {
   bool help = false, print_config = false, dry_run = false;
 };
 
-const char* kModes = "run, attn, bench";
+const char* kModes = "run, attn, train, bench";
 const char* kBenches = "comm, attn, cp";
 
 bool is_bool_field(const std::string& key) {
@@ -74,7 +74,7 @@ Cli parse_cli(int argc, char** argv) {
   }
   if (c.help) return c;
   if (c.mode.empty()) throw UsageError(std::string("no mode given; valid modes: ") + kModes + " (ctxpar --help)");
-  if (c.mode != "run" && c.mode != "attn" && c.mode != "bench")
+  if (c.mode != "run" && c.mode != "attn" && c.mode != "train" && c.mode != "bench")
     throw UsageError("unknown mode '" + c.mode + "'; valid modes: " + kModes);
   if (c.mode == "bench" && c.bench != "comm" && c.bench != "attn" && c.bench != "cp")
     throw UsageError("bench needs one of: " + std::string(kBenches) + (c.bench.empty() ? "" : " (got '" + c.bench + "')"));
@@ -135,10 +135,11 @@ int run(int argc, char** argv, Comm& world) {
   }
 
   install_stop_signals();
-  Tracer tracer(world, cfg, *topo, trace_path(cfg), 0.0);
+  Tracer tracer(world, cfg, *topo, trace_path(cfg), cfg.mode == "train" ? train_peak_flops_per_rank(cfg, *topo) : 0.0);
   int rc = 0;
   if (cfg.mode == "run") rc = run_default(cfg, *topo, tracer);
   else if (cfg.mode == "attn") rc = run_attn_mode(cfg, *topo, tracer);
+  else if (cfg.mode == "train") rc = run_train(cfg, *topo, tracer);
   else {
     BenchContext ctx{cfg, *topo, tracer};
     if (cfg.bench == "comm") rc = bench_comm(ctx);

@@ -116,14 +116,37 @@ void pack_rows(const float* x, int64_t S, int32_t H, int32_t D, int64_t S_pad, i
 }
 
 // Scores of a tile: -inf for invisible pairs (partial tiles only) and for the padding columns
-// [nk, nk16) beyond the last key.
+// [nk, nk16) beyond the last key. The per-element test is AttnParams::visible() written
+// branch-free over a row, so the compiler vectorizes it (packed documents make many tiles
+// partial; a call per pair cost ~25 % of such a tile).
 void mask_tile(const AttnParams& p, float* S, int64_t q0, int64_t nq, int64_t j0, int64_t nk,
                int64_t nk16, bool partial) {
+  const bool docs = p.q_doc && p.k_doc;
+  const int64_t* kp = p.k_pos ? p.k_pos + j0 : nullptr;
+  const int32_t* kd = docs ? p.k_doc + j0 : nullptr;
   for (int64_t r = 0; r < nq; ++r) {
     float* s = S + r * kBk;
-    if (partial)
-      for (int64_t c = 0; c < nk; ++c)
-        if (!p.visible(q0 + r, j0 + c)) s[c] = -INFINITY;
+    if (partial) {
+      const int32_t qd = docs ? p.q_doc[q0 + r] : 0;
+      if (p.mask == MaskKind::none) {  // partial only through documents
+        for (int64_t c = 0; c < nk; ++c) s[c] = kd[c] == qd ? s[c] : -INFINITY;
+      } else {
+        const int64_t qp = p.q_pos[q0 + r];
+        // visible: 0 <= qp - kp < limit (causal: no upper limit) and same document
+        const int64_t limit = p.mask == MaskKind::window ? p.window : std::numeric_limits<int64_t>::max();
+        if (docs) {
+          for (int64_t c = 0; c < nk; ++c) {
+            const int64_t d = qp - kp[c];
+            s[c] = (d >= 0 && d < limit && kd[c] == qd) ? s[c] : -INFINITY;
+          }
+        } else {
+          for (int64_t c = 0; c < nk; ++c) {
+            const int64_t d = qp - kp[c];
+            s[c] = (d >= 0 && d < limit) ? s[c] : -INFINITY;
+          }
+        }
+      }
+    }
     for (int64_t c = nk; c < nk16; ++c) s[c] = -INFINITY;
   }
 }
@@ -172,11 +195,17 @@ void attn_fwd(const AttnParams& p) {
     Scratch qt(Bq * Dp, true), ot(Bq * Dp), st(Bq * kBk);
     std::vector<float> m(Bq), l(Bq), alpha(Bq);
     Counters cnt;
-    // Largest query tiles first (under a causal mask the last query tiles see the most keys).
+    // Task order: kv head outermost, then query tiles from the last (under a causal mask the
+    // last query tiles see the most keys: largest first balances the dynamic schedule), then
+    // the query heads of the group. Threads working on neighbouring tasks then stream the same
+    // K/V tiles, and the working set is one kv head's K/V (H_kv times smaller than cycling over
+    // all heads; measured 78 -> 138 GFLOP/s at S=4K, H_q=32, H_kv=8 where all heads' K/V
+    // exceed the L3).
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < n_qt * p.H_q; ++task) {
-      const int64_t qi = n_qt - 1 - task / p.H_q;
-      const int32_t h = static_cast<int32_t>(task % p.H_q), g = h / group;
+      const int32_t g = static_cast<int32_t>(task / (n_qt * group));
+      const int64_t qi = n_qt - 1 - (task / group) % n_qt;
+      const int32_t h = g * group + static_cast<int32_t>(task % group);
       const int64_t q0 = qi * Bq, nq = std::min(Bq, p.S_q - q0);
       for (int64_t r = 0; r < nq; ++r)
         std::memcpy(qt.get() + r * Dp, p.q + ((q0 + r) * p.H_q + h) * D, sizeof(float) * D);
@@ -318,8 +347,12 @@ void attn_bwd(const AttnParams& p) {
   for (auto& lk : locks) omp_destroy_lock(&lk);
 }
 
-// The identity of kernels/ops.hpp, per (row, head); fp32 throughout with the weights computed
-// from differences of LSEs (never from exponentials of raw LSEs, which could overflow).
+// The identity of kernels/ops.hpp, per (row, head), in fp32. The weights are formed from the
+// difference of the two LSEs only: with t = e^-(|lse_a - lse_b|) (the difference is exact in
+// fp32 when the LSEs are within a factor of 2), the larger side weighs 1 / (1 + t) and the other
+// t / (1 + t). Going through the rounded merged LSE instead (e^(lse_a - lse)) would add an error
+// of one ulp of |lse| to every weight (3e-5 relative at lse ~ 200). Exponentials of raw LSEs are
+// never taken, so nothing overflows.
 void lse_merge(float* o, float* lse, const float* o_b, const float* lse_b, int64_t rows, int32_t H,
                int32_t D) {
 #pragma omp parallel for schedule(static) if (rows * H * D > (1 << 16))
@@ -333,12 +366,11 @@ void lse_merge(float* o, float* lse, const float* o_b, const float* lse_b, int64
       lse[r] = lb;
       continue;
     }
-    const float mx = std::max(la, lb), mn = std::min(la, lb);
-    // lse = mx + log(1 + e^(mn - mx)); weights e^(l_x - lse)
-    const float l = mx + std::log1p(std::exp(mn - mx));
-    const float wa = std::exp(la - l), wb = std::exp(lb - l);
+    const float t = std::exp(-std::abs(la - lb));
+    const float w_big = 1.f / (1.f + t), w_small = t * w_big;
+    const float wa = la >= lb ? w_big : w_small, wb = la >= lb ? w_small : w_big;
     for (int32_t d = 0; d < D; ++d) oa[d] = wa * oa[d] + wb * ob[d];
-    lse[r] = l;
+    lse[r] = std::max(la, lb) + std::log1p(t);
   }
 }
 

@@ -32,7 +32,10 @@ struct TileOps {
 
 const TileOps& tile_ops_scalar();
 const TileOps& tile_ops_avx2();
-// The fastest set this CPU supports.
+// The fastest set this CPU supports (or the one forced below).
 const TileOps& tile_ops();
+// Tests only: make tile_ops() return `ops` (nullptr restores the automatic choice), so the
+// scalar fallback can be run end to end on an AVX2 machine. Not thread-safe; call between ops.
+void force_tile_ops(const TileOps* ops);
 
 }  // namespace ctxpar::cpu

@@ -77,13 +77,19 @@ const TileOps& tile_ops_scalar() {
   return ops;
 }
 
+namespace {
+const TileOps* g_forced = nullptr;
+}  // namespace
+
 const TileOps& tile_ops() {
-  static const TileOps& ops = [] () -> const TileOps& {
+  static const TileOps& best = []() -> const TileOps& {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return tile_ops_avx2();
     return tile_ops_scalar();
   }();
-  return ops;
+  return g_forced ? *g_forced : best;
 }
+
+void force_tile_ops(const TileOps* ops) { g_forced = ops; }
 
 }  // namespace ctxpar::cpu

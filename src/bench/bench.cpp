@@ -38,7 +38,7 @@ void BenchTable::print(bool csv) const {
     os << "#";
     for (const auto& c : cols_) os << std::setw(c.width) << c.title;
     os << "\n#";
-    for (const auto& c : cols_) os << std::setw(c.width) << ("(" + c.unit + ")");
+    for (const auto& c : cols_) os << std::setw(c.width) << (c.unit.empty() ? std::string() : "(" + c.unit + ")");
     os << "\n";
     for (const auto& r : rows_) {
       os << " ";

@@ -75,6 +75,32 @@ const std::vector<Field>& config_fields() {
       {"bench_iters", &Config::bench_iters, "10", "bench: timed iterations per size", {}, 1, 1e6},
       // attn mode
       {"in", &Config::in, "", "attn: input HDF5 with q, k, v, do (empty = generate from seed)", {}},
+      // model / train (presets: inputs/tiny.toml, inputs/llama3-8b.toml, ...)
+      {"layers", &Config::layers, "2", "train: decoder layers", {}, 1, 4096},
+      {"dim", &Config::dim, "256", "train: model width (residual stream)", {}, 1, 1 << 20},
+      {"ffn_dim", &Config::ffn_dim, "768", "train: SwiGLU hidden width", {}, 1, 1 << 22},
+      {"vocab", &Config::vocab, "512", "train: vocabulary size", {}, 2, 1ll << 31},
+      {"norm_eps", &Config::norm_eps, "1e-5", "train: RMSNorm epsilon", {}, 0, 1},
+      {"rope_theta", &Config::rope_theta, "500000", "train: RoPE base", {}, 1, 1e12},
+      {"rope_scale_factor", &Config::rope_scale_factor, "1", "train: Llama 3 RoPE scaling factor (1 = none)", {}, 1, 1e6},
+      {"rope_low_freq_factor", &Config::rope_low_freq_factor, "1", "train: Llama 3 RoPE low_freq_factor", {}, 1e-6, 1e6},
+      {"rope_high_freq_factor", &Config::rope_high_freq_factor, "4", "train: Llama 3 RoPE high_freq_factor", {}, 1e-6, 1e6},
+      {"rope_original_max_pos", &Config::rope_original_max_pos, "8K", "train: Llama 3 RoPE original context length", {}, 1, 1ll << 40},
+      {"lr", &Config::lr, "3e-4", "train: AdamW learning rate (constant)", {}, 0, 10},
+      {"weight_decay", &Config::weight_decay, "0.1", "train: AdamW decoupled weight decay (matrices only)", {}, 0, 10},
+      {"beta1", &Config::beta1, "0.9", "train: AdamW beta1", {}, 0, 0.999999},
+      {"beta2", &Config::beta2, "0.95", "train: AdamW beta2", {}, 0, 0.999999999},
+      {"adam_eps", &Config::adam_eps, "1e-8", "train: AdamW epsilon", {}, 0, 1},
+      {"grad_clip", &Config::grad_clip, "1.0", "train: max global gradient norm (0 = no clipping)", {}, 0, 1e9},
+      {"remat", &Config::remat, "none", "train: activation recompute per layer", {"none", "attention", "full"}},
+      {"checkpoint_every", &Config::checkpoint_every, "0", "train: steps between checkpoints (0 = none)", {}, 0, 1e9},
+      {"checkpoint", &Config::checkpoint, "out/checkpoint.h5", "train: checkpoint file (written atomically)", {}},
+      {"resume", &Config::resume, "", "train: checkpoint to restart from (empty = fresh start)", {}},
+      {"data", &Config::data, "synthetic", "train: 'synthetic' or a token file (.bin raw integers, .h5 dataset 'tokens')", {}},
+      {"data_dtype", &Config::data_dtype, "uint16", "train: integer type of a raw .bin token file", {"uint16", "uint32"}},
+      {"eos_id", &Config::eos_id, "-1", "train: token that ends a document in a token file (-1 = none)", {}, -1, 1ll << 31},
+      {"dump_init", &Config::dump_init, "", "train: write initial weights, first batch and step-1 results to this HDF5 (oracle)", {}},
+      {"peak_tflops_per_rank", &Config::peak_tflops_per_rank, "0", "train: peak for MFU (0 = measured sgemm peak, as `bench peak`)", {}, 0, 1e6},
   };
   return fields;
 }
@@ -312,6 +338,7 @@ std::string help_text() {
         "modes:\n"
         "  run              the default job: comm bench + a sharded attention workload, summary table\n"
         "  attn             one CP attention forward+backward (--in IN.h5 or generated), results to --out\n"
+        "  train            training steps of a Llama-3-style model with CP (--config inputs/tiny.toml)\n"
         "  bench comm|attn|cp   benchmarks (nccl-tests style tables; --csv for CSV)\n"
         "keys (type, default):\n";
   for (const Field& f : config_fields()) {

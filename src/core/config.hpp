@@ -43,6 +43,32 @@ struct Config {
   int64_t bench_iters;
   // attn mode
   std::string in;            // input HDF5 for `ctxpar attn` ("" = generate from seed)
+  // model / train (a model preset is a TOML file in inputs/: llama3-8b.toml, ...)
+  int64_t layers;            // decoder layers
+  int64_t dim;               // model (residual stream) width
+  int64_t ffn_dim;           // SwiGLU hidden width
+  int64_t vocab;             // vocabulary size
+  double norm_eps;           // RMSNorm epsilon
+  double rope_theta;
+  double rope_scale_factor;  // Llama 3 RoPE frequency scaling (1 = none)
+  double rope_low_freq_factor;
+  double rope_high_freq_factor;
+  int64_t rope_original_max_pos;
+  double lr;
+  double weight_decay;
+  double beta1;
+  double beta2;
+  double adam_eps;
+  double grad_clip;          // max global gradient norm (0 = no clipping)
+  std::string remat;         // none | attention | full
+  int64_t checkpoint_every;  // steps between checkpoints (0 = none)
+  std::string checkpoint;    // checkpoint file (HDF5)
+  std::string resume;        // checkpoint to restart from ("" = fresh start)
+  std::string data;          // "synthetic" or a token file (.bin raw integers, .h5 dataset "tokens")
+  std::string data_dtype;    // raw token files: uint16 | uint32
+  int64_t eos_id;            // token that ends a document in a token file (-1 = no boundaries)
+  std::string dump_init;     // write initial weights, first batch, loss, logits and grads (oracle)
+  double peak_tflops_per_rank;  // for MFU; 0 = measured at start (sgemm, as `ctxpar bench peak`)
 };
 
 using FieldMember = std::variant<int64_t Config::*, double Config::*, std::string Config::*, bool Config::*>;

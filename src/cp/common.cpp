@@ -32,7 +32,7 @@ int64_t count_visible_pairs(int64_t S_q, const int64_t* q_pos, const int32_t* q_
   // A document id only matters when both sides carry one (as in AttnParams::visible).
   const bool docs = q_doc && k_doc;
   struct Key { int32_t doc; int64_t pos; };
-  std::vector<Key> keys(size_t(S_k));
+  std::vector<Key> keys(static_cast<size_t>(S_k));
   for (int64_t j = 0; j < S_k; ++j)
     keys[size_t(j)] = {docs ? k_doc[j] : 0, mask == MaskKind::none ? 0 : k_pos[j]};
   auto less = [](const Key& a, const Key& b) { return a.doc != b.doc ? a.doc < b.doc : a.pos < b.pos; };

@@ -18,7 +18,22 @@ std::string trace_path(const Config& cfg);
 // attn mode's own checks (input file datasets and shapes); "" when valid. Implemented with the mode.
 std::string validate_attn_mode(const Config& cfg, Topology& topo);
 
+// train mode's own checks (model shape vs tp, strategy with per-tp-rank heads, data file,
+// resume checkpoint, dump/checkpoint paths); "" when valid. Implemented in modes/train.cpp.
+std::string validate_train_mode(const Config& cfg, Topology& topo);
+// Peak memory estimate per rank of `ctxpar train` (for --dry-run), bytes.
+struct TrainMemoryPlan {
+  double state_bytes = 0;       // params, grads, AdamW moments
+  double activation_bytes = 0;  // saved activations (by remat) + backward scratch
+  double strategy_bytes = 0;    // the CP strategy's transient buffers
+  double total_bytes = 0;
+};
+TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo);
+// Peak FLOP/s per rank for MFU: peak_tflops_per_rank, or measured with sgemm (collective).
+double train_peak_flops_per_rank(const Config& cfg, Topology& topo);
+
 int run_default(const Config& cfg, Topology& topo, Tracer& tracer);   // `ctxpar run`
+int run_train(const Config& cfg, Topology& topo, Tracer& tracer);     // `ctxpar train`
 int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer); // `ctxpar attn`
 
 }  // namespace ctxpar

@@ -53,6 +53,10 @@ std::string validate_mode(const Config& cfg, Topology& topo) {
     err = validate_attn_mode(cfg, topo);
     if (!err.empty()) return err;
   }
+  if (cfg.mode == "train") {
+    err = validate_train_mode(cfg, topo);
+    if (!err.empty()) return err;
+  }
   if (topo.world().rank() == 0) {
     err = check_output(trace_path(cfg), "out");
     if (err.empty() && cfg.mode == "attn" && !cfg.out.empty()) err = check_output(cfg.out, "out");
@@ -95,6 +99,15 @@ std::string dry_run_plan(const Config& cfg, Topology& topo) {
   }
   if (attention) {
     os << "memory estimate per rank: " << fmt_bytes(plan.bytes_per_rank) << " (" << plan.memory_note << ")\n";
+  }
+  if (cfg.mode == "train") {
+    const TrainMemoryPlan t = plan_train_memory(cfg, topo);
+    os << "model: " << cfg.layers << " layers, dim " << cfg.dim << ", ffn " << cfg.ffn_dim << ", heads " << cfg.heads
+       << "/" << cfg.kv_heads << " x " << cfg.head_dim << ", vocab " << cfg.vocab << "; S=" << cfg.seq << ", strategy "
+       << cfg.strategy << ", remat " << cfg.remat << "\n";
+    os << "memory estimate per rank: " << fmt_bytes(t.total_bytes) << " (params+grads+AdamW " << fmt_bytes(t.state_bytes)
+       << ", activations+scratch " << fmt_bytes(t.activation_bytes) << ", strategy buffers " << fmt_bytes(t.strategy_bytes)
+       << ")\n";
   }
   return os.str();
 }

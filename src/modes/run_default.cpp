@@ -9,6 +9,7 @@
 #include "bench/bench.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
+#include "core/random.hpp"
 #include "dist/topology.hpp"
 #include "modes/modes.hpp"
 #include "modes/workload.hpp"
@@ -58,7 +59,7 @@ double check_against_single_rank(const Config& cfg, Topology& topo, Workload& w)
   std::vector<float> dv = gather_global(cp, *w.partition, w.dv.span(), Hkv * D);
   if (topo.world().rank() != 0) return -1;
   // Global inputs from the same seed: global positions 0..S-1.
-  std::vector<int64_t> pos(size_t(S));
+  std::vector<int64_t> pos(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
   Workload g;
   g.q.resize(size_t(S * Hq * D), false); g.k.resize(size_t(S * Hkv * D), false);
@@ -108,7 +109,7 @@ int run_default(const Config& cfg, Topology& topo, Tracer& tracer) {
   // Model FLOPs of one step (the whole CP group): visible pairs of the global problem.
   double flops_step = 0;
   {
-    std::vector<int64_t> pos(size_t(cfg.seq));
+    std::vector<int64_t> pos(static_cast<size_t>(cfg.seq));
     for (int64_t i = 0; i < cfg.seq; ++i) pos[size_t(i)] = i;
     AttnParams p;
     p.S_q = p.S_k = cfg.seq; p.H_q = int32_t(cfg.heads); p.H_kv = int32_t(cfg.kv_heads); p.D = int32_t(cfg.head_dim);

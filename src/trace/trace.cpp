@@ -120,6 +120,10 @@ ClockOffset estimate_clock_offset(const std::vector<ClockSample>& samples) {
   return best;
 }
 
+double timeline_shift_us(double t0_local_s, double offset_s, double t0_root_s) {
+  return (t0_local_s - offset_s - t0_root_s) * 1e6;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return NAN;
   const size_t n = v.size(), h = n / 2;
@@ -457,7 +461,7 @@ Tracer::Tracer(Comm& world, const Config& cfg, const Topology& topo, const std::
   const double off_s = offs[size_t(2 * I.rank)];
   I.offset_us = off_s * 1e6;
   I.offset_err_us = offs[size_t(2 * I.rank + 1)] * 1e6;
-  I.shift_us = (I.t0_local_s - off_s - t0_root) * 1e6;
+  I.shift_us = trace_detail::timeline_shift_us(I.t0_local_s, off_s, t0_root);
 
   if (I.rank == 0)
     I.on_writer([&](H5TraceWriter& w) {

@@ -66,6 +66,12 @@ struct ClockOffset {
 // Takes the sample with the shortest round trip (the tightest bound): offset = tr - (t0+t1)/2.
 ClockOffset estimate_clock_offset(const std::vector<ClockSample>& samples);
 
+// Shift that puts rank r's span times on rank 0's timeline. A span time is local µs since this
+// rank's tracer start (t0_local_s on its own clock). On rank 0's clock that instant is
+// t0_local_s - offset_s, so µs since rank 0's start (t0_root_s) = local_us + shift_us with
+//   shift_us = (t0_local_s - offset_s - t0_root_s) * 1e6.
+double timeline_shift_us(double t0_local_s, double offset_s, double t0_root_s);
+
 // numpy-compatible median (mean of the two middle values for even n); NaN for empty input.
 double median(std::vector<double> v);
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -42,13 +43,14 @@ inline std::string layout_name(Layout l) {
 }
 
 inline std::string shape_name(const Shape& s) {
-  const char* m = s.mask == MaskKind::none ? "none" : s.mask == MaskKind::causal ? "causal" : "window";
-  std::string n = "q" + std::to_string(s.S_q) + "_k" + std::to_string(s.S_k) + "_h" +
-                  std::to_string(s.H_q) + "x" + std::to_string(s.H_kv) + "_d" + std::to_string(s.D) +
-                  "_" + m + "_" + layout_name(s.layout);
-  if (s.mask == MaskKind::window) n += "_w" + std::to_string(s.window);
-  if (s.docs) n += "_docs";
-  return n;
+  // ostringstream rather than operator+ chains: GCC 12 -O3 warns falsely (-Wrestrict) on those
+  std::ostringstream n;
+  n << "q" << s.S_q << "_k" << s.S_k << "_h" << s.H_q << "x" << s.H_kv << "_d" << s.D << "_"
+    << (s.mask == MaskKind::none ? "none" : s.mask == MaskKind::causal ? "causal" : "window") << "_"
+    << layout_name(s.layout);
+  if (s.mask == MaskKind::window) n << "_w" << s.window;
+  if (s.docs) n << "_docs";
+  return n.str();
 }
 
 struct Problem {

@@ -1,0 +1,39 @@
+# Thin wrapper over CMake. The README's two commands:
+#   make run    installs missing Debian packages, builds, runs the default job on 4 local ranks
+#   make test   builds and runs every test through ctest
+# Other targets: make (build), make deps, make debug (ASan/UBSan build in build-debug), make clean.
+BUILD    ?= build
+PRESET   ?= cpu-release
+NP       ?= 4
+JOBS     ?= $(shell nproc)
+MPIRUN   ?= mpirun
+# OpenMPI refuses root unless told; more ranks than cores need --oversubscribe.
+export OMPI_ALLOW_RUN_AS_ROOT=1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPIFLAGS ?= --oversubscribe --bind-to none
+RUN_ARGS ?=
+
+.PHONY: all deps build run test debug clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/CMakeCache.txt: | deps
+	cmake --preset $(PRESET)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	OMP_NUM_THREADS=1 $(MPIRUN) -np $(NP) $(MPIFLAGS) $(BUILD)/ctxpar run --config inputs/default.toml $(RUN_ARGS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+debug: deps
+	cmake --preset cpu-debug && cmake --build build-debug -j $(JOBS) && cd build-debug && ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) build-debug

@@ -1,0 +1,1 @@
+"""ctxpar analysis: trace loader (ctxpar_trace), tables, figures, exports."""

@@ -1,0 +1,191 @@
+// Fast CPU path of the model ops (kernels/ops.hpp, "model ops (training)"): rows split over
+// OpenMP threads, inner loops over the row written for the compiler's vectorizer (omp simd).
+// Weight gradients (RMSNorm dw) are summed per thread and then added in thread order, so the
+// result depends on the thread count but not on scheduling (runs are reproducible).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ops.hpp"
+
+namespace ctxpar {
+
+namespace {
+// Inside a caller's parallel region the ops run on the calling thread only.
+int op_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
+}  // namespace
+
+void rmsnorm_fwd(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps) {
+#pragma omp parallel for schedule(static) num_threads(op_threads())
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    float ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t j = 0; j < dim; ++j) ss += xr[j] * xr[j];
+    const float rs = 1.0f / std::sqrt(ss / float(dim) + eps);
+    rstd[r] = rs;
+#pragma omp simd
+    for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * rs * w[j];
+  }
+}
+
+void rmsnorm_bwd(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                 int64_t rows, int64_t dim) {
+  const int nt = int(std::min<int64_t>(op_threads(), std::max<int64_t>(rows, 1)));
+  std::vector<float> part(size_t(nt) * size_t(dim), 0.0f);
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    float* dwt = part.data() + size_t(t) * size_t(dim);
+    // Static contiguous row blocks: thread t always gets the same rows.
+    const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * dim;
+      const float* dyr = dy + r * dim;
+      float* dxr = dx + r * dim;
+      const float rs = rstd[r];
+      float dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < dim; ++j) dot += dyr[j] * w[j] * xr[j];
+      dot *= rs;
+      const float c = dot / float(dim);
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) {
+        const float xh = xr[j] * rs;
+        dxr[j] += rs * (dyr[j] * w[j] - xh * c);
+        dwt[j] += dyr[j] * xh;
+      }
+    }
+  }
+  for (int t = 0; t < nt; ++t) {
+    const float* dwt = part.data() + size_t(t) * size_t(dim);
+#pragma omp simd
+    for (int64_t j = 0; j < dim; ++j) dw[j] += dwt[j];
+  }
+}
+
+void rope_inv_freq(int32_t D, double theta, double factor, double low_freq_factor, double high_freq_factor,
+                   double original_max_pos, double* inv_freq) {
+  const double kPi = 3.14159265358979323846;
+  const double low_wavelen = original_max_pos / low_freq_factor;    // longer: fully scaled
+  const double high_wavelen = original_max_pos / high_freq_factor;  // shorter: unchanged
+  for (int32_t i = 0; i < D / 2; ++i) {
+    const double f = std::pow(theta, -2.0 * double(i) / double(D));
+    const double wavelen = 2 * kPi / f;
+    double out = f;
+    if (wavelen > low_wavelen) {
+      out = f / factor;
+    } else if (wavelen >= high_wavelen && high_freq_factor != low_freq_factor) {
+      const double smooth = (original_max_pos / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+      out = (1 - smooth) * f / factor + smooth * f;
+    }
+    inv_freq[i] = out;
+  }
+}
+
+void rope_table(const int64_t* pos, int64_t rows, int32_t D, const double* inv_freq, float* cos_t, float* sin_t) {
+  const int32_t half = D / 2;
+#pragma omp parallel for schedule(static) num_threads(op_threads())
+  for (int64_t r = 0; r < rows; ++r)
+    for (int32_t i = 0; i < half; ++i) {
+      const double a = double(pos[r]) * inv_freq[i];
+      cos_t[r * half + i] = float(std::cos(a));
+      sin_t[r * half + i] = float(std::sin(a));
+    }
+}
+
+void rope_apply(float* x, int64_t rows, int32_t H, int32_t D, const float* cos_t, const float* sin_t, bool inverse) {
+  const int32_t half = D / 2;
+  const float sgn = inverse ? -1.0f : 1.0f;
+#pragma omp parallel for schedule(static) num_threads(op_threads())
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* c = cos_t + r * half;
+    const float* s = sin_t + r * half;
+    for (int32_t h = 0; h < H; ++h) {
+      float* a = x + (r * H + h) * D;
+      float* b = a + half;
+#pragma omp simd
+      for (int32_t i = 0; i < half; ++i) {
+        const float ai = a[i], bi = b[i], si = sgn * s[i];
+        a[i] = ai * c[i] - bi * si;
+        b[i] = ai * si + bi * c[i];
+      }
+    }
+  }
+}
+
+void swiglu_fwd(const float* g, const float* u, float* h, int64_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(op_threads())
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = 1.0f / (1.0f + std::exp(-g[i]));
+    h[i] = g[i] * s * u[i];
+  }
+}
+
+void swiglu_bwd(const float* dh, const float* g, const float* u, float* dg, float* du, int64_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(op_threads())
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = 1.0f / (1.0f + std::exp(-g[i]));
+    const float gi = g[i], d = dh[i];
+    dg[i] = d * u[i] * (s * (1.0f + gi * (1.0f - s)));
+    du[i] = d * gi * s;
+  }
+}
+
+double cross_entropy_fwd_bwd(const float* logits, const int32_t* labels, int64_t rows, int64_t V,
+                             float grad_scale, float* dlogits) {
+  double loss = 0;
+#pragma omp parallel for schedule(static) reduction(+ : loss) num_threads(op_threads())
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* z = logits + r * V;
+    float* dz = dlogits + r * V;
+    const int32_t y = labels[r];
+    if (y < 0) {
+      std::fill(dz, dz + V, 0.0f);
+      continue;
+    }
+    float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, z[j]);
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(z[j] - m);
+    const float lse = m + std::log(sum);
+    const float zy = z[y];  // read before dz (may alias z) is written
+    loss += double(lse) - double(zy);
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) dz[j] = grad_scale * std::exp(z[j] - lse);
+    dz[y] -= grad_scale;
+  }
+  return loss;
+}
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& hp) {
+  const float b1 = float(hp.beta1), b2 = float(hp.beta2);
+  const float bc1 = float(1 - std::pow(hp.beta1, double(hp.step)));
+  const float bc2_sqrt = std::sqrt(float(1 - std::pow(hp.beta2, double(hp.step))));
+  const float decay = 1.0f - float(hp.lr) * float(hp.weight_decay);
+  const float step_size = float(hp.lr) / bc1;
+  const float eps = float(hp.eps), gs = float(hp.grad_scale);
+#pragma omp parallel for simd schedule(static) num_threads(op_threads())
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = gs * g[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+    const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+    p[i] = p[i] * decay - step_size * m[i] / denom;
+  }
+}
+
+double sum_squares(const float* x, int64_t n) {
+  double s = 0;
+#pragma omp parallel for schedule(static) reduction(+ : s) num_threads(op_threads())
+  for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
+  return s;
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,70 @@
+// Measured FMA peak: a register-only loop of independent fused multiply-adds on every thread,
+// i.e. what the FMA units deliver at the clock the cores actually run (turbo, thermal and
+// co-tenants included), the number MFU and the GEMM efficiency are judged against.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "ops.hpp"
+
+namespace ctxpar {
+
+namespace {
+
+// 12 independent chains of 8-wide FMAs: more than latency (4-5 cycles) x throughput (2 per
+// cycle) chains, so the loop is throughput bound. 192 FLOP per iteration.
+__attribute__((target("avx2,fma"))) float fma_loop_avx2(int64_t iters, float seed) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(seed + 0.01f * float(i));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0];
+}
+
+// Baseline x86-64 (SSE2, no FMA): 12 chains of 4-wide multiply + add, 96 FLOP per iteration.
+float mul_add_loop_sse(int64_t iters, float seed) {
+  __m128 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm_set1_ps(seed + 0.01f * float(i));
+  const __m128 a = _mm_set1_ps(0.999999f), b = _mm_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm_add_ps(_mm_mul_ps(acc[i], a), b);
+  }
+  __m128 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm_add_ps(s, acc[i]);
+  return _mm_cvtss_f32(s);
+}
+
+}  // namespace
+
+double fma_peak_gflops(int threads) {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const double flop_per_iter = avx2 ? 192.0 : 96.0;
+  const int64_t iters = 20'000'000;  // ~0.1 s per thread at 3 GHz
+  if (threads <= 0) threads = omp_get_max_threads();
+  double best = 0;
+  for (int rep = 0; rep < 2; ++rep) {  // the first repetition also brings the cores to clock
+    double slowest_s = 0;
+    float sink = 0;
+#pragma omp parallel num_threads(threads) reduction(max : slowest_s) reduction(+ : sink)
+    {
+      const auto t0 = std::chrono::steady_clock::now();
+      sink += avx2 ? fma_loop_avx2(iters, float(omp_get_thread_num())) : mul_add_loop_sse(iters, 1.f);
+      slowest_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    best = std::max(best, flop_per_iter * double(iters) * threads / slowest_s / 1e9 + 0 * sink);
+  }
+  return best;
+}
+
+}  // namespace ctxpar

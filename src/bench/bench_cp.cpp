@@ -1,0 +1,262 @@
+// `ctxpar bench cp`: per CP strategy and sequence length, one attention forward and backward on
+// the mesh's CP group: times, bytes moved, exposed communication, bandwidth, throughput and a
+// correctness column against the single-rank kernel on the same global inputs.
+//
+// Strategies: every registered strategy valid for the shape on this mesh (at P = 1 they all
+// reduce to one kernel call, so only cfg.strategy runs). Lengths: seq/4, seq/2, seq (those the
+// zigzag partition accepts). Inputs: the synthetic tensors of `ctxpar run` (seeded per global
+// token), documents from cfg.docs. Times: per step the max over ranks; the table shows the
+// median over cfg.steps measured steps after cfg.warmup unmeasured ones.
+// Check: each rank recomputes its own rows with the single-rank kernel on the global inputs:
+// every row of O, LSE, dQ, dK, dV when S <= kFullCheckSeq, else O, LSE, dQ of kSampleRows rows
+// spread over the sequence (dK/dV need every query, too costly at long S). An element is wrong
+// when |cp - single| > kWrongRel * max|single| of its tensor (fp32 vs fp32: both round
+// differently, ~1e-6 relative; 1e-4 leaves a wide margin yet catches any real error).
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "bench/bench.hpp"
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "core/memory.hpp"
+#include "core/random.hpp"
+#include "cp/common.hpp"
+#include "cp/strategy.hpp"
+#include "dist/topology.hpp"
+#include "modes/workload.hpp"
+#include "ops.hpp"
+#include "shard/partition.hpp"
+#include "trace/trace.hpp"
+
+namespace ctxpar {
+
+namespace {
+
+constexpr int64_t kFullCheckSeq = 2048;
+constexpr int64_t kSampleRows = 64;
+constexpr double kWrongRel = 1e-4;
+
+struct Inputs {
+  std::vector<int64_t> pos;
+  std::vector<int32_t> doc;         // local ids (empty: no documents)
+  std::vector<int32_t> global_doc;  // every token's id (empty: no documents)
+  Buffer<float> q, k, v, dout, o, lse, dq, dk, dv;
+  LocalAttn local() {
+    LocalAttn t;
+    t.S_loc = int64_t(pos.size());
+    t.pos = pos.data();
+    t.doc = doc.empty() ? nullptr : doc.data();
+    t.q = q.data(); t.k = k.data(); t.v = v.data(); t.dout = dout.data();
+    t.o = o.data(); t.lse = lse.data(); t.dq = dq.data(); t.dk = dk.data(); t.dv = dv.data();
+    return t;
+  }
+};
+
+// Counts elements of `got` (rows of this rank) off the single-rank result `want`.
+int64_t count_wrong(const float* got, const float* want, size_t n) {
+  float m = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (std::isfinite(want[i])) m = std::max(m, std::abs(want[i]));
+  int64_t wrong = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const bool same_inf = std::isinf(want[i]) && got[i] == want[i];
+    if (!same_inf && !(std::abs(got[i] - want[i]) <= kWrongRel * m)) ++wrong;
+  }
+  return wrong;
+}
+
+// Single-rank kernel on the global inputs for this rank's rows (all, or the sampled ones).
+int64_t check_rows(const AttnShape& s, Inputs& in, uint64_t seed, bool full) {
+  const int64_t S = s.S, wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
+  std::vector<int64_t> all(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) all[size_t(i)] = i;
+  Buffer<float> K(size_t(S * wk), false), V(size_t(S * wk), false);
+  fill_rows(seed, kTensorK, all, wk, 1.0f, K.data());
+  fill_rows(seed, kTensorV, all, wk, 1.0f, V.data());
+  // Local row indices to check.
+  std::vector<int64_t> rows;
+  const int64_t stride = std::max<int64_t>(1, S / kSampleRows);
+  for (int64_t i = 0; i < int64_t(in.pos.size()); ++i)
+    if (full || in.pos[size_t(i)] % stride == stride / 2) rows.push_back(i);
+  const size_t n = rows.size();
+  std::vector<int64_t> qpos(n);
+  std::vector<int32_t> qdoc(n);
+  for (size_t i = 0; i < n; ++i) {
+    qpos[i] = in.pos[size_t(rows[i])];
+    if (!in.doc.empty()) qdoc[i] = in.doc[size_t(rows[i])];
+  }
+  Buffer<float> Q(n * wq, false), dO(n * wq, false), O(n * wq, false), L(n * s.H_q, false), dQ(n * wq),
+      dK(size_t(S * wk)), dV(size_t(S * wk));
+  fill_rows(seed, kTensorQ, qpos, wq, 1.0f, Q.data());
+  fill_rows(seed, kTensorDout, qpos, wq, 1.0f, dO.data());
+  AttnParams p;
+  p.q = Q.data(); p.k = K.data(); p.v = V.data(); p.o = O.data(); p.lse = L.data();
+  p.dout = dO.data(); p.dq = dQ.data(); p.dk = dK.data(); p.dv = dV.data();
+  p.S_q = int64_t(n);
+  p.S_k = S;
+  p.H_q = s.H_q; p.H_kv = s.H_kv; p.D = s.D;
+  p.q_pos = qpos.data();
+  p.k_pos = all.data();
+  if (!in.global_doc.empty()) {
+    p.q_doc = qdoc.data();
+    p.k_doc = in.global_doc.data();
+  }
+  p.mask = s.mask;
+  p.window = s.window;
+  attn_fwd(p);
+  attn_bwd(p);
+  // Gather this rank's CP results of the same rows and compare.
+  auto pick = [&](const float* x, int64_t w) {
+    std::vector<float> y(n * size_t(w));
+    for (size_t i = 0; i < n; ++i) std::copy_n(x + rows[i] * w, w, y.data() + i * size_t(w));
+    return y;
+  };
+  int64_t wrong = count_wrong(pick(in.o.data(), wq).data(), O.data(), n * wq) +
+                  count_wrong(pick(in.lse.data(), s.H_q).data(), L.data(), n * s.H_q) +
+                  count_wrong(pick(in.dq.data(), wq).data(), dQ.data(), n * wq);
+  if (full) {  // every query of the sequence went into dK/dV: compare this rank's K/V rows
+    std::vector<float> dk_me(in.pos.size() * size_t(wk)), dv_me(in.pos.size() * size_t(wk));
+    for (size_t i = 0; i < in.pos.size(); ++i) {
+      std::copy_n(dK.data() + in.pos[i] * wk, wk, dk_me.data() + i * size_t(wk));
+      std::copy_n(dV.data() + in.pos[i] * wk, wk, dv_me.data() + i * size_t(wk));
+    }
+    wrong += count_wrong(in.dk.data(), dk_me.data(), dk_me.size()) + count_wrong(in.dv.data(), dv_me.data(), dv_me.size());
+  }
+  return wrong;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int bench_cp(BenchContext& ctx) {
+  const Config& cfg = ctx.cfg;
+  Topology& topo = ctx.topo;
+  Comm& world = topo.world();
+  Comm& cpc = topo.cp();
+  const int P = cpc.size(), r = cpc.rank();
+  const int U = topo.size(Axis::ulysses), R = topo.size(Axis::ring);
+  const uint64_t seed = uint64_t(cfg.seed);
+
+  std::vector<std::string> names;
+  if (P == 1) names.push_back(cfg.strategy);
+  else names = strategy_names();
+  std::vector<int64_t> lengths;
+  for (int64_t S : {cfg.seq / 4, cfg.seq / 2, cfg.seq})
+    if (S >= 2 * P && Partition::check(PartitionKind::zigzag, S, P).empty()) lengths.push_back(S);
+
+  std::vector<std::string> notes = {
+      "mesh ulysses:" + std::to_string(U) + ",ring:" + std::to_string(R) + " (P = " + std::to_string(P) + "), H_q=" +
+          std::to_string(cfg.heads) + " H_kv=" + std::to_string(cfg.kv_heads) + " D=" + std::to_string(cfg.head_dim) +
+          " mask=" + cfg.mask + (cfg.mask == "window" ? "(" + std::to_string(cfg.window) + ")" : "") +
+          " docs=" + cfg.docs + ", " + std::to_string(cfg.threads) + " threads/rank (0 = OpenMP default)",
+      std::string("FLOP convention: ") + kFlopConvention + "; TFLOP/s per rank = model FLOPs / (time * ranks)",
+      "time: median over " + std::to_string(cfg.steps) + " steps (after " + std::to_string(cfg.warmup) +
+          " warmup) of the max over ranks",
+      "bytes: sent per rank, forward + backward; exposed: time blocked in communication (waits and blocking "
+      "collectives), max over ranks; busbw = bytes / (fwd + bwd time)",
+      "#wrong: elements off the single-rank kernel by > 1e-4 * max|tensor|; check: full = all rows of O, LSE, dQ, "
+      "dK, dV; sample = O, LSE, dQ of ~" + std::to_string(kSampleRows) + " rows"};
+  if (P == 1) notes.push_back("P = 1: every strategy is one kernel call; only strategy=" + cfg.strategy + " runs");
+
+  BenchTable table("ctxpar bench cp — context-parallel attention forward + backward",
+                   {{"strategy", "strategy", "", 10, 0}, {"seq", "seq", "tokens", 9, 0},
+                    {"fwd_ms", "fwd", "ms", 11, 1}, {"bwd_ms", "bwd", "ms", 11, 1},
+                    {"bytes_mb", "bytes", "MB", 10, 1}, {"exposed_ms", "exposed", "ms", 10, 2},
+                    {"exposed_pct", "exposed", "%", 9, 2}, {"busbw_gbs", "busbw", "GB/s", 8, 3},
+                    {"fwd_tflops", "fwd", "TFLOP/s", 10, 4}, {"bwd_tflops", "bwd", "TFLOP/s", 10, 4},
+                    {"wrong", "#wrong", "", 8, 0}, {"check", "check", "", 8, 0}},
+                   notes);
+  int64_t wrong_total = 0;
+  int64_t step = 0;
+  std::vector<std::string> skipped;
+  for (const std::string& name : names) {
+    std::unique_ptr<CpStrategy> strat = make_strategy(name, topo);
+    for (int64_t S : lengths) {
+      Config c = cfg;
+      c.seq = S;
+      AttnShape shape = attn_shape(c);
+      const std::string err = strat->validate(shape, topo);
+      Inputs in;
+      std::string derr;
+      if (err.empty()) derr = parse_docs(cfg.docs, S, cfg.doc_mean, seed, in.global_doc);
+      if (!err.empty() || !derr.empty()) {
+        table.add_row({name, std::to_string(S), "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped"});
+        skipped.push_back(name + " at seq " + std::to_string(S) + ": " + (err.empty() ? derr : err));
+        continue;
+      }
+      const Partition part(strat->partition(), S, P);
+      in.pos = part.positions(r);
+      for (int64_t p : in.pos)
+        if (!in.global_doc.empty()) in.doc.push_back(in.global_doc[size_t(p)]);
+      const size_t n = in.pos.size(), wq = size_t(shape.H_q) * shape.D, wk = size_t(shape.H_kv) * shape.D;
+      in.q.resize(n * wq, false); in.dout.resize(n * wq, false); in.o.resize(n * wq); in.dq.resize(n * wq);
+      in.k.resize(n * wk, false); in.v.resize(n * wk, false); in.dk.resize(n * wk); in.dv.resize(n * wk);
+      in.lse.resize(n * shape.H_q);
+      fill_rows(seed, kTensorQ, in.pos, int64_t(wq), 1.0f, in.q.data());
+      fill_rows(seed, kTensorK, in.pos, int64_t(wk), 1.0f, in.k.data());
+      fill_rows(seed, kTensorV, in.pos, int64_t(wk), 1.0f, in.v.data());
+      fill_rows(seed, kTensorDout, in.pos, int64_t(wq), 1.0f, in.dout.data());
+      LocalAttn t = in.local();
+
+      std::vector<double> fwd_s, bwd_s, bytes, exposed;
+      double flops_fwd = 0, flops_bwd = 0;
+      for (int64_t it = 0; it < cfg.warmup + cfg.steps; ++it) {
+        ctx.tracer.begin_step(step);
+        CpStats fst, bst;
+        world.barrier();
+        const double t0 = world.now();
+        strat->forward(shape, t, &ctx.tracer, fst);
+        const double t1 = world.now();
+        world.barrier();
+        const double t2 = world.now();
+        strat->backward(shape, t, &ctx.tracer, bst);
+        const double t3 = world.now();
+        // Per rank: fwd time, bwd time, bytes, exposed (max over ranks); FLOPs (sum over ranks).
+        double mx[4] = {t1 - t0, t3 - t2, fst.bytes_sent + bst.bytes_sent, fst.exposed_comm_s + bst.exposed_comm_s};
+        double sum[2] = {fst.attn_flops, bst.attn_flops};
+        world.all_reduce(std::span<double>(mx, 4), ReduceOp::max);
+        world.all_reduce(std::span<double>(sum, 2), ReduceOp::sum);
+        StepRecord rec;
+        rec.step = step++;
+        rec.time_s = mx[0] + mx[1];
+        rec.tokens = S;
+        rec.model_flops = sum[0] + sum[1];
+        rec.tflops_per_rank = rec.model_flops / (rec.time_s * world.size()) / 1e12;
+        rec.exposed_comm_s = mx[3];
+        ctx.tracer.end_step(rec);
+        if (it >= cfg.warmup) {
+          fwd_s.push_back(mx[0]);
+          bwd_s.push_back(mx[1]);
+          bytes.push_back(mx[2]);
+          exposed.push_back(mx[3]);
+          flops_fwd = sum[0];
+          flops_bwd = sum[1];
+        }
+      }
+      const bool full = S <= kFullCheckSeq;
+      int64_t wrong = check_rows(shape, in, seed, full);
+      world.all_reduce(std::span<int64_t>(&wrong, 1), ReduceOp::sum);
+      wrong_total += wrong;
+      const double tf = median(fwd_s), tb = median(bwd_s), ex = median(exposed), by = median(bytes);
+      const double ranks = world.size();
+      table.add_row({name, std::to_string(S), table.cell(2, tf * 1e3), table.cell(3, tb * 1e3), table.cell(4, by / 1e6),
+                     table.cell(5, ex * 1e3), table.cell(6, 100.0 * ex / (tf + tb)), table.cell(7, by / (tf + tb) / 1e9),
+                     table.cell(8, flops_fwd / (tf * ranks) / 1e12), table.cell(9, flops_bwd / (tb * ranks) / 1e12),
+                     std::to_string(wrong), full ? "full" : "sample"});
+    }
+  }
+  if (world.rank() == 0) table.print(cfg.csv);
+  if (!cfg.csv)
+    for (const std::string& m : skipped) log0("# skipped %s\n", m.c_str());
+  print_verdict("bench cp", int(std::min<int64_t>(wrong_total, 1 << 30)), cfg.csv);
+  return wrong_total == 0 ? 0 : 1;
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,100 @@
+#include "model/checkpoint.hpp"
+
+#include <span>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "dist/topology.hpp"
+#include "trace/h5_checkpoint.hpp"
+
+namespace ctxpar {
+
+std::vector<std::vector<float>> gather_global_tensors(const ParamLayout& layout, const float* local, Topology& topo) {
+  std::vector<std::vector<float>> out;
+  if (topo.coord(Axis::dp) != 0 || topo.cp().rank() != 0) return out;
+  Comm& tp = topo.axis(Axis::tp);
+  const int T = tp.size();
+  std::vector<float> all;
+  tp.gather_v(std::span<const float>(local, size_t(layout.local_elems())), all, 0);
+  if (topo.world().rank() != 0) return out;
+  const int64_t n_loc = layout.local_elems();
+  for (const ParamInfo& p : layout.tensors()) {
+    std::vector<float> g(size_t(p.rows * p.cols));
+    for (int t = 0; t < T; ++t) {
+      const float* src = all.data() + t * n_loc + p.offset;
+      const int64_t r0 = p.split == Split::rows ? t * p.loc_rows : 0;
+      const int64_t c0 = p.split == Split::cols ? t * p.loc_cols : 0;
+      for (int64_t r = 0; r < p.loc_rows; ++r)
+        for (int64_t c = 0; c < p.loc_cols; ++c) g[size_t((r0 + r) * p.cols + c0 + c)] = src[r * p.loc_cols + c];
+      if (p.split == Split::replicated) break;
+    }
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, const float* params,
+                     const float* m, const float* v, const TrainState& st, Topology& topo) {
+  const auto gp = gather_global_tensors(layout, params, topo);
+  const auto gm = gather_global_tensors(layout, m, topo);
+  const auto gv = gather_global_tensors(layout, v, topo);
+  if (topo.world().rank() == 0) {
+    std::vector<H5Tensor> t;
+    const auto& info = layout.tensors();
+    for (size_t i = 0; i < info.size(); ++i) {
+      t.push_back({"params/" + info[i].name, info[i].rows, info[i].cols, gp[i].data()});
+      t.push_back({"adam_m/" + info[i].name, info[i].rows, info[i].cols, gm[i].data()});
+      t.push_back({"adam_v/" + info[i].name, info[i].rows, info[i].cols, gv[i].data()});
+    }
+    H5Attrs a;
+    a.ints = {{"step", st.step}, {"next_sample", st.next_sample}, {"seed", cfg.seed}, {"layers", cfg.layers},
+              {"dim", cfg.dim}, {"ffn_dim", cfg.ffn_dim}, {"vocab", cfg.vocab}, {"heads", cfg.heads},
+              {"kv_heads", cfg.kv_heads}, {"head_dim", cfg.head_dim}, {"seq", cfg.seq}};
+    a.strings = {{"data", cfg.data}, {"docs", cfg.docs}};
+    h5_write_tensors(path, a, t);
+  }
+  // Nobody goes on (e.g. to a job end that a test then inspects) before the file is in place.
+  topo.world().barrier();
+}
+
+std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout) {
+  try {
+    H5TensorReader r(path);
+    const std::pair<const char*, int64_t> must[] = {{"seed", cfg.seed}, {"layers", cfg.layers}, {"dim", cfg.dim},
+                                                    {"ffn_dim", cfg.ffn_dim}, {"vocab", cfg.vocab},
+                                                    {"heads", cfg.heads}, {"kv_heads", cfg.kv_heads},
+                                                    {"head_dim", cfg.head_dim}, {"seq", cfg.seq}};
+    for (const auto& [k, want] : must) {
+      int64_t got = 0;
+      if (!r.attr_int(k, got)) return "config: resume = '" + path + "' is not a ctxpar checkpoint (no attribute " + k + ")";
+      if (got != want)
+        return "config: resume = '" + path + "' was written with " + k + " = " + std::to_string(got) + ", this run has " +
+               k + " = " + std::to_string(want) + "; valid: the settings of the run that wrote it";
+    }
+    std::string data;
+    if (r.attr_string("data", data) && data != cfg.data)
+      return "config: resume = '" + path + "' was written with data = '" + data + "', this run has data = '" + cfg.data + "'";
+    for (const ParamInfo& p : layout.tensors())
+      for (const char* g : {"params/", "adam_m/", "adam_v/"})
+        if (r.shape(g + p.name) != std::make_pair(p.rows, p.cols))
+          return "config: resume = '" + path + "': tensor " + g + p.name + " is missing or has the wrong shape";
+  } catch (const UsageError& e) {
+    return std::string("config: resume = ") + e.what();
+  }
+  return "";
+}
+
+TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, float* m, float* v) {
+  H5TensorReader r(path);
+  for (const ParamInfo& p : layout.tensors()) {
+    r.read_block("params/" + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, params + p.offset);
+    r.read_block("adam_m/" + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, m + p.offset);
+    r.read_block("adam_v/" + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, v + p.offset);
+  }
+  TrainState st;
+  CTXPAR_CHECK(r.attr_int("step", st.step) && r.attr_int("next_sample", st.next_sample),
+               "checkpoint " << path << " lacks step / next_sample");
+  return st;
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,33 @@
+// Checkpoint and restart of `ctxpar train` (HDF5 via trace/h5_checkpoint): global tensors by
+// name — params/<name>, adam_m/<name>, adam_v/<name> — so the file does not depend on the tp
+// split, plus attributes step (completed steps), next_sample (data position: the stream is a
+// function of the sample index), seed (the only RNG state: data and weights derive from it),
+// and the model shape. Rank 0 writes PATH.tmp and renames it; every rank reads its own slices.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model.hpp"
+
+namespace ctxpar {
+
+struct Config;
+class Topology;
+
+// Global tensors of a flat per-rank buffer, assembled on world rank 0 (empty elsewhere).
+// Collective over the tp axis of the ranks with dp = 0 and CP rank 0; others return at once.
+std::vector<std::vector<float>> gather_global_tensors(const ParamLayout& layout, const float* local, Topology& topo);
+
+struct TrainState {
+  int64_t step = 0;         // completed optimizer steps
+  int64_t next_sample = 0;  // index of the next sample of the data stream
+};
+
+void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, const float* params,
+                     const float* m, const float* v, const TrainState& st, Topology& topo);
+// "" when `path` is a checkpoint of this model shape and seed, else what is wrong.
+std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout);
+TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, float* m, float* v);
+
+}  // namespace ctxpar

@@ -1,0 +1,51 @@
+// Training data: a deterministic synthetic stream the model can learn, and token files (raw
+// uint16/uint32 integers, or an HDF5 dataset "tokens"), packed into fixed-length sequences of S
+// tokens with document boundaries (document ids feed the attention masks; labels never cross a
+// document or a sequence end).
+//
+// Sample i of the stream is a pure function of (source, i): dp replica d at step s reads sample
+// s * dp + d, so a restart needs only the step to continue the same data.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ctxpar {
+
+struct Config;
+class Partition;
+
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  // Writes the S tokens of sample `index` and their document ids (0, 1, ... in order).
+  virtual void sample(int64_t index, int64_t S, int32_t* tokens, int32_t* doc_ids) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+// "" when cfg.data names a usable source for seq and vocab (file exists, has >= seq tokens,
+// dtype/dataset fit), else the message. Reads only the file's size / dataset shape.
+std::string validate_data(const Config& cfg);
+std::unique_ptr<TokenSource> make_token_source(const Config& cfg);
+
+// Synthetic rule (documented for the oracle and tests): each document starts at a random token;
+// each next token is succ(prev) = (prev * 5 + 3) mod V with probability 3/4, else a random token.
+// A bigram model can reach about 0.75 ln(1/0.75) + 0.25 ln(4V) nats, far below ln V at start.
+int32_t synthetic_successor(int32_t prev, int64_t V);
+
+// The local part of one packed sequence for this CP rank.
+struct Batch {
+  int64_t S = 0;                  // global tokens of the sequence
+  std::vector<int32_t> tokens;    // [S_loc]
+  std::vector<int32_t> labels;    // [S_loc], -1 = no target (document or sequence end)
+  std::vector<int64_t> pos;       // [S_loc] global positions
+  std::vector<int32_t> doc;       // [S_loc] document ids; empty when the sequence is one document
+  int64_t labelled_tokens = 0;    // labels >= 0 in the whole sequence (all CP ranks)
+  int64_t documents = 1;
+  std::vector<int64_t> doc_lengths;  // of the whole sequence (FLOP count: sum L_i^2)
+};
+// Reads sample `index`, shifts labels globally (shard/shift_labels) and keeps cp rank r's tokens.
+Batch make_batch(const TokenSource& src, int64_t index, int64_t S, const Partition& part, int r);
+
+}  // namespace ctxpar

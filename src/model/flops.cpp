@@ -1,0 +1,51 @@
+#include "model/flops.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <span>
+
+#include "core/memory.hpp"
+#include "dist/comm.hpp"
+#include "model/model.hpp"
+#include "ops.hpp"
+
+namespace ctxpar {
+
+double causal_visible_pairs(const std::vector<int64_t>& doc_lengths) {
+  double p = 0;
+  for (int64_t L : doc_lengths) p += 0.5 * double(L) * double(L + 1);
+  return p;
+}
+
+double train_matmul_flops(const ModelDims& d, int64_t S) {
+  const double qw = double(d.H_q) * d.D, kw = double(d.H_kv) * d.D, dim = double(d.dim);
+  const double per_token_layer = 2 * dim * (qw + 2 * kw) + 2 * qw * dim + 3 * 2 * dim * double(d.ffn);
+  const double fwd = double(S) * (double(d.layers) * per_token_layer + 2 * dim * double(d.vocab));
+  return 3 * fwd;  // backward: two products of the forward's size (dX and dW)
+}
+
+double train_attn_flops(const ModelDims& d, double pairs) {
+  return 3.5 * 4.0 * double(d.H_q) * d.D * pairs * double(d.layers);
+}
+
+double measure_sgemm_peak_flops(Comm& world) {
+  const int64_t n = 1024;
+  Buffer<float> a(size_t(n * n), false), b(size_t(n * n), false), c(size_t(n * n));
+  for (int64_t i = 0; i < n * n; ++i) {
+    a[size_t(i)] = float(i % 7) * 0.1f;
+    b[size_t(i)] = float(i % 5) * 0.1f;
+  }
+  sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm up
+  world.barrier();
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  double flops = 2.0 * double(n) * n * n / best;
+  world.all_reduce(std::span<double>(&flops, 1), ReduceOp::max);
+  return flops;
+}
+
+}  // namespace ctxpar

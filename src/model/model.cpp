@@ -1,0 +1,140 @@
+#include "model/model.hpp"
+
+#include <cmath>
+#include <numeric>
+
+#include "core/config.hpp"
+#include "core/random.hpp"
+
+namespace ctxpar {
+
+ModelDims model_dims(const Config& c, int tp, int tp_rank) {
+  ModelDims d;
+  d.layers = c.layers;
+  d.dim = c.dim;
+  d.ffn = c.ffn_dim;
+  d.vocab = c.vocab;
+  d.H_q = int32_t(c.heads);
+  d.H_kv = int32_t(c.kv_heads);
+  d.D = int32_t(c.head_dim);
+  d.norm_eps = float(c.norm_eps);
+  d.rope_theta = c.rope_theta;
+  d.rope_factor = c.rope_scale_factor;
+  d.rope_low = c.rope_low_freq_factor;
+  d.rope_high = c.rope_high_freq_factor;
+  d.rope_orig_max = double(c.rope_original_max_pos);
+  d.tp = tp;
+  d.tp_rank = tp_rank;
+  return d;
+}
+
+int64_t ModelDims::param_count() const {
+  const int64_t per_layer = 2 * dim + dim * int64_t(H_q) * D * 2 + dim * int64_t(H_kv) * D * 2 + 3 * dim * ffn;
+  return layers * per_layer + 2 * vocab * dim + dim;
+}
+
+std::string validate_model_shape(const Config& c, int tp) {
+  auto s = [](int64_t v) { return std::to_string(v); };
+  if (c.head_dim % 2 != 0)
+    return "config: head_dim = " + s(c.head_dim) + " is odd; RoPE rotates pairs of dimensions, valid: an even head_dim";
+  if (c.heads % tp != 0 || c.kv_heads % tp != 0)
+    return "config: tensor parallel tp:" + s(tp) + " must divide heads = " + s(c.heads) + " and kv_heads = " +
+           s(c.kv_heads) + " (whole heads per tp rank; K/V heads are not replicated over tp); valid: a tp size dividing " +
+           s(std::gcd(c.heads, c.kv_heads));
+  if (c.ffn_dim % tp != 0)
+    return "config: tensor parallel tp:" + s(tp) + " must divide ffn_dim = " + s(c.ffn_dim) +
+           "; valid: an ffn_dim that is a multiple of " + s(tp);
+  if (c.rope_high_freq_factor < c.rope_low_freq_factor)
+    return "config: rope_high_freq_factor = " + std::to_string(c.rope_high_freq_factor) + " < rope_low_freq_factor = " +
+           std::to_string(c.rope_low_freq_factor) + "; valid: high >= low (Llama 3: low 1, high 4)";
+  return "";
+}
+
+ParamLayout::ParamLayout(const ModelDims& d) : d_(d) {
+  // Uniform with std 0.02 (half-width 0.02 sqrt 3); output projections that write into the
+  // residual stream scaled by 1/sqrt(2L) so the stream's variance does not grow with depth.
+  const float base = 0.02f * std::sqrt(3.0f);
+  const float out_scale = base / std::sqrt(2.0f * float(d.layers));
+  auto add = [&](std::string name, int64_t rows, int64_t cols, Split split, bool decay, bool ones, float scale) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.rows = rows;
+    p.cols = cols;
+    p.split = split;
+    p.loc_rows = rows;
+    p.loc_cols = cols;
+    if (split == Split::cols) {
+      p.loc_cols = cols / d.tp;
+      p.col0 = p.loc_cols * d.tp_rank;
+    } else if (split == Split::rows) {
+      p.loc_rows = rows / d.tp;
+      p.row0 = p.loc_rows * d.tp_rank;
+    }
+    p.offset = total_;
+    p.tensor_id = 0x1000 + t_.size();
+    p.decay = decay;
+    p.ones = ones;
+    p.init_scale = scale;
+    // 16-float (64-byte) alignment of every tensor keeps the GEMM operands aligned.
+    total_ += (p.loc_elems() + 15) / 16 * 16;
+    t_.push_back(std::move(p));
+  };
+  const int64_t qw = int64_t(d.H_q) * d.D, kw = int64_t(d.H_kv) * d.D;
+  add("emb", d.vocab, d.dim, Split::replicated, true, false, base);
+  for (int64_t l = 0; l < d.layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    add(p + "attn_norm", 1, d.dim, Split::replicated, false, true, 0);
+    add(p + "wq", d.dim, qw, Split::cols, true, false, base);
+    add(p + "wk", d.dim, kw, Split::cols, true, false, base);
+    add(p + "wv", d.dim, kw, Split::cols, true, false, base);
+    add(p + "wo", qw, d.dim, Split::rows, true, false, out_scale);
+    add(p + "mlp_norm", 1, d.dim, Split::replicated, false, true, 0);
+    add(p + "w1", d.dim, d.ffn, Split::cols, true, false, base);
+    add(p + "w3", d.dim, d.ffn, Split::cols, true, false, base);
+    add(p + "w2", d.ffn, d.dim, Split::rows, true, false, out_scale);
+  }
+  add("final_norm", 1, d.dim, Split::replicated, false, true, 0);
+  add("lm_head", d.dim, d.vocab, Split::replicated, true, false, base);
+}
+
+ModelView ParamLayout::view(float* b) const {
+  ModelView v;
+  size_t i = 0;
+  v.emb = b + t_[i++].offset;
+  v.layers.resize(size_t(d_.layers));
+  for (LayerView& l : v.layers) {
+    l.attn_norm = b + t_[i++].offset;
+    l.wq = b + t_[i++].offset;
+    l.wk = b + t_[i++].offset;
+    l.wv = b + t_[i++].offset;
+    l.wo = b + t_[i++].offset;
+    l.mlp_norm = b + t_[i++].offset;
+    l.w1 = b + t_[i++].offset;
+    l.w3 = b + t_[i++].offset;
+    l.w2 = b + t_[i++].offset;
+  }
+  v.final_norm = b + t_[i++].offset;
+  v.lm_head = b + t_[i++].offset;
+  return v;
+}
+
+void ParamLayout::init(uint64_t seed, float* b) const {
+  for (const ParamInfo& p : t_) {
+    float* out = b + p.offset;
+    if (p.ones) {
+      for (int64_t i = 0; i < p.loc_elems(); ++i) out[i] = 1.0f;
+      continue;
+    }
+    // The key of global element (r, c) is exactly fill_rows' (core/random.hpp) for a [rows, cols]
+    // tensor, so a slice is the same numbers as the corresponding part of the whole tensor.
+    const uint64_t key0 = splitmix64(seed * 0x100000001b3ull + p.tensor_id);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < p.loc_rows; ++r)
+      for (int64_t c = 0; c < p.loc_cols; ++c) {
+        const uint64_t g = uint64_t(p.row0 + r) * uint64_t(p.cols) + uint64_t(p.col0 + c);
+        out[r * p.loc_cols + c] = p.init_scale * uniform_pm1(key0 ^ g * 0x9e3779b97f4a7c15ull);
+      }
+  }
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,89 @@
+// The Llama-3-style decoder of `ctxpar train`: dimensions, the parameter layout and its tensor
+// parallel slices, and seeded initialization.
+//
+// Dimension vocabulary (core/config.hpp): S global tokens, S_loc local tokens, H_q / H_kv heads,
+// D head dim; here also `dim` (model width), F (SwiGLU hidden width), V (vocabulary), L layers,
+// T the tp axis size. Weights are stored [in, out] row-major so a projection is y = x W.
+//
+// Tensor parallel (Megatron): Q/K/V and the gate/up projections are split by columns (whole
+// heads, contiguous FFN blocks) over the tp ranks; the output and down projections by rows,
+// their partial products summed by an all-reduce on the tp axis. Norm weights, the embedding and
+// the LM head are replicated on every tp rank (their gradients come out identical there).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/memory.hpp"
+
+namespace ctxpar {
+
+struct Config;
+class Topology;
+
+struct ModelDims {
+  int64_t layers = 0, dim = 0, ffn = 0, vocab = 0;
+  int32_t H_q = 0, H_kv = 0, D = 0;
+  float norm_eps = 1e-5f;
+  double rope_theta = 5e5, rope_factor = 1, rope_low = 1, rope_high = 4, rope_orig_max = 8192;
+  int tp = 1, tp_rank = 0;
+  int32_t H_q_loc() const { return H_q / tp; }
+  int32_t H_kv_loc() const { return H_kv / tp; }
+  int64_t ffn_loc() const { return ffn / tp; }
+  int64_t q_width() const { return int64_t(H_q_loc()) * D; }   // local Q / O columns
+  int64_t kv_width() const { return int64_t(H_kv_loc()) * D; } // local K / V columns
+  // Parameters of the whole model (every tp slice once).
+  int64_t param_count() const;
+};
+ModelDims model_dims(const Config& cfg, int tp, int tp_rank);
+
+// "" when the model shape fits the mesh (tp divides heads, kv_heads and ffn_dim; head_dim even
+// for RoPE), else a message naming the value and what would be valid.
+std::string validate_model_shape(const Config& cfg, int tp);
+
+enum class Split : int32_t { replicated = 0, cols = 1, rows = 2 };
+
+// One parameter tensor: global shape [rows, cols], this rank's slice, its offset in the flat
+// per-rank buffer (params, grads and both AdamW moments share the layout).
+struct ParamInfo {
+  std::string name;       // e.g. "layers.3.wq"
+  int64_t rows = 0, cols = 0;
+  Split split = Split::replicated;
+  int64_t row0 = 0, loc_rows = 0, col0 = 0, loc_cols = 0;
+  int64_t offset = 0;     // elements into the flat buffer
+  uint64_t tensor_id = 0; // for the seeded initialization
+  bool decay = false;     // weight decay applies (matrices, not norm weights)
+  bool ones = false;      // initialized to 1 (norm weights)
+  float init_scale = 0;   // uniform in [-init_scale, init_scale)
+  int64_t loc_elems() const { return loc_rows * loc_cols; }
+};
+
+struct LayerView {
+  float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *w1, *w3, *w2;
+};
+struct ModelView {
+  float* emb;         // [V, dim]
+  std::vector<LayerView> layers;
+  float* final_norm;  // [dim]
+  float* lm_head;     // [dim, V]
+};
+
+class ParamLayout {
+ public:
+  explicit ParamLayout(const ModelDims& d);
+  const ModelDims& dims() const { return d_; }
+  const std::vector<ParamInfo>& tensors() const { return t_; }
+  int64_t local_elems() const { return total_; }
+  ModelView view(float* base) const;
+  // Fills `base` (local_elems()) with the seeded initial weights: element (i, j) of a global
+  // tensor is a function of (seed, tensor_id, i * cols + j) only, so every mesh sees the same
+  // model and a tp slice generates exactly its own elements.
+  void init(uint64_t seed, float* base) const;
+
+ private:
+  ModelDims d_;
+  std::vector<ParamInfo> t_;
+  int64_t total_ = 0;
+};
+
+}  // namespace ctxpar

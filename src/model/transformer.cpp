@@ -1,0 +1,294 @@
+#include "model/transformer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <span>
+
+#include "core/error.hpp"
+#include "dist/topology.hpp"
+#include "ops.hpp"
+#include "trace/trace.hpp"
+
+namespace ctxpar {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Remat remat_kind(const std::string& name) {
+  if (name == "attention") return Remat::attention;
+  if (name == "full") return Remat::full;
+  return Remat::none;
+}
+
+int64_t Transformer::logits_chunk_rows(int64_t S_loc, int64_t V) {
+  // About 32 MiB of logits per chunk, at least 64 rows (GEMM efficiency), at most S_loc.
+  const int64_t rows = std::max<int64_t>(64, (int64_t(32) << 20) / (4 * V));
+  return std::min(rows, S_loc);
+}
+
+double Transformer::activation_bytes(const ModelDims& d, Remat remat, int64_t S, int64_t logits_rows) {
+  const double f = 4;
+  const double qw = double(d.q_width()), kw = double(d.kv_width()), F = double(d.ffn_loc()), dim = double(d.dim);
+  const double attn = S * (dim + 1 + 2 * qw + 2 * kw + d.H_q_loc());    // h, rstd, q, k, v, o, lse
+  const double mlp = S * (2 * dim + 1 + 3 * F);                          // x1, h2, rstd, g, u, m
+  const double L = double(d.layers);
+  const double n_attn = remat == Remat::none ? L : 1, n_mlp = remat == Remat::full ? 1 : L;
+  const double stream = (L + 1) * S * dim;
+  const double rope = S * d.D;                                           // cos + sin [S, D/2]
+  const double final_ = S * (2 * dim + 1) + double(logits_rows) * d.vocab;  // hf, dhf, rstd, logits
+  const double scratch = S * (2 * dim + 2 * qw + 2 * kw + 3 * F);        // dx, dh, dq, do, dk, dv, dm, dg, du
+  return f * (stream + n_attn * attn + n_mlp * mlp + rope + final_ + scratch);
+}
+
+Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat, int64_t S,
+                         const std::vector<int64_t>& pos, bool has_docs)
+    : layout_(layout), d_(layout.dims()), topo_(topo), strat_(strategy), remat_(remat), S_loc_(int64_t(pos.size())),
+      pos_(pos) {
+  shape_.S = S;
+  shape_.H_q = d_.H_q_loc();
+  shape_.H_kv = d_.H_kv_loc();
+  shape_.D = d_.D;
+  shape_.mask = MaskKind::causal;
+  shape_.has_docs = has_docs;
+  const size_t n = size_t(S_loc_);
+  const size_t dim = size_t(d_.dim), qw = size_t(d_.q_width()), kw = size_t(d_.kv_width()), F = size_t(d_.ffn_loc());
+  std::vector<double> inv(size_t(d_.D / 2));
+  rope_inv_freq(d_.D, d_.rope_theta, d_.rope_factor, d_.rope_low, d_.rope_high, d_.rope_orig_max, inv.data());
+  cos_.resize(n * size_t(d_.D / 2), false);
+  sin_.resize(n * size_t(d_.D / 2), false);
+  rope_table(pos_.data(), S_loc_, d_.D, inv.data(), cos_.data(), sin_.data());
+  x_.resize(size_t(d_.layers + 1));
+  for (auto& b : x_) b.resize(n * dim, false);
+  attn_.resize(remat_ == Remat::none ? size_t(d_.layers) : 1);
+  for (AttnActs& a : attn_) {
+    a.h.resize(n * dim, false); a.rstd.resize(n, false);
+    a.q.resize(n * qw, false); a.k.resize(n * kw, false); a.v.resize(n * kw, false);
+    a.o.resize(n * qw, false); a.lse.resize(n * size_t(d_.H_q_loc()), false);
+  }
+  mlp_.resize(remat_ == Remat::full ? 1 : size_t(d_.layers));
+  for (MlpActs& m : mlp_) {
+    m.x1.resize(n * dim, false); m.h2.resize(n * dim, false); m.rstd.resize(n, false);
+    m.g.resize(n * F, false); m.u.resize(n * F, false); m.m.resize(n * F, false);
+  }
+  hf_.resize(n * dim, false); rstd_f_.resize(n, false); dhf_.resize(n * dim, false);
+  logits_.resize(size_t(logits_chunk_rows(S_loc_, d_.vocab) * d_.vocab), false);
+  dx_.resize(n * dim, false); dh_.resize(n * dim, false);
+  dq_.resize(n * qw, false); do_.resize(n * qw, false); dk_.resize(n * kw, false); dv_.resize(n * kw, false);
+  dm_.resize(n * F, false); dg_.resize(n * F, false); du_.resize(n * F, false);
+}
+
+void Transformer::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                       int64_t ldb, float beta, float* C, int64_t ldc, int64_t l) {
+  const double t0 = now_s();
+  {
+    Tracer::Scope sc(tr_, Phase::gemm, int32_t(l), -1, 2.0 * double(M) * double(N) * double(K), 0);
+    sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  }
+  times_->gemm_s += now_s() - t0;
+}
+
+void Transformer::tp_all_reduce(float* x, int64_t n, int64_t l) {
+  if (d_.tp == 1) return;
+  const double t0 = now_s();
+  {
+    Tracer::Scope sc(tr_, Phase::all_reduce, int32_t(l), -1, 0, double(n) * 4);
+    topo_.axis(Axis::tp).all_reduce(std::span<float>(x, size_t(n)));
+  }
+  const double dt = now_s() - t0;
+  times_->tp_comm_s += dt;
+  st_->exposed_comm_s += dt;  // a blocking collective: nothing overlaps it
+}
+
+// RMSNorm → Q, K, V → RoPE → CP attention, into `a`.
+void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b) {
+  const int64_t S = S_loc_, dim = d_.dim, qw = d_.q_width(), kw = d_.kv_width();
+  {
+    Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
+    rmsnorm_fwd(x, w.attn_norm, a.h.data(), a.rstd.data(), S, dim, d_.norm_eps);
+  }
+  gemm(false, false, S, qw, dim, a.h.data(), dim, w.wq, qw, 0, a.q.data(), qw, l);
+  gemm(false, false, S, kw, dim, a.h.data(), dim, w.wk, kw, 0, a.k.data(), kw, l);
+  gemm(false, false, S, kw, dim, a.h.data(), dim, w.wv, kw, 0, a.v.data(), kw, l);
+  {
+    Tracer::Scope sc(tr_, Phase::rope, int32_t(l), -1, 0, 0);
+    rope_apply(a.q.data(), S, d_.H_q_loc(), d_.D, cos_.data(), sin_.data(), false);
+    rope_apply(a.k.data(), S, d_.H_kv_loc(), d_.D, cos_.data(), sin_.data(), false);
+  }
+  LocalAttn t;
+  t.S_loc = S;
+  t.pos = pos_.data();
+  t.doc = b.doc.empty() ? nullptr : b.doc.data();
+  t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
+  t.o = a.o.data(); t.lse = a.lse.data();
+  const double t0 = now_s();
+  strat_.forward(shape_, t, tr_, *st_);
+  times_->attn_s += now_s() - t0;
+}
+
+// x1 = x + (o Wo), the row-split product summed over tp.
+void Transformer::out_proj_fwd(int64_t l, const LayerView& w, const float* x, const AttnActs& a, float* x1) {
+  const int64_t S = S_loc_, dim = d_.dim, qw = d_.q_width();
+  gemm(false, false, S, dim, qw, a.o.data(), qw, w.wo, dim, 0, x1, dim, l);
+  tp_all_reduce(x1, S * dim, l);
+  const int64_t n = S * dim;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) x1[i] += x[i];
+}
+
+// RMSNorm → gate/up → SwiGLU → down (+ tp all-reduce) → residual into x_out (null: stop after
+// SwiGLU, for recompute where the layer output is already known).
+void Transformer::mlp_part_fwd(int64_t l, const LayerView& w, MlpActs& m, float* x_out) {
+  const int64_t S = S_loc_, dim = d_.dim, F = d_.ffn_loc();
+  {
+    Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
+    rmsnorm_fwd(m.x1.data(), w.mlp_norm, m.h2.data(), m.rstd.data(), S, dim, d_.norm_eps);
+  }
+  gemm(false, false, S, F, dim, m.h2.data(), dim, w.w1, F, 0, m.g.data(), F, l);
+  gemm(false, false, S, F, dim, m.h2.data(), dim, w.w3, F, 0, m.u.data(), F, l);
+  {
+    Tracer::Scope sc(tr_, Phase::mlp, int32_t(l), -1, 0, 0);
+    swiglu_fwd(m.g.data(), m.u.data(), m.m.data(), S * F);
+  }
+  if (!x_out) return;
+  gemm(false, false, S, dim, F, m.m.data(), F, w.w2, dim, 0, x_out, dim, l);
+  tp_all_reduce(x_out, S * dim, l);
+  const int64_t n = S * dim;
+  const float* x1 = m.x1.data();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) x_out[i] += x1[i];
+}
+
+// dx holds d(loss)/d(output of layer l) on entry and d(loss)/d(input of layer l) on exit.
+void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const Batch& b, float* dx) {
+  const int64_t S = S_loc_, dim = d_.dim, qw = d_.q_width(), kw = d_.kv_width(), F = d_.ffn_loc();
+  const float* x = x_[size_t(l)].data();
+  AttnActs& a = attn_of(l);
+  MlpActs& m = mlp_of(l);
+  // Recompute what remat dropped (not counted as model FLOPs).
+  if (remat_ != Remat::none) attn_part_fwd(l, w, x, a, b);
+  if (remat_ == Remat::full) {
+    out_proj_fwd(l, w, x, a, m.x1.data());
+    mlp_part_fwd(l, w, m, nullptr);
+  }
+  // ---- MLP: x_out = x1 + (swiglu(h2 W1, h2 W3)) W2
+  gemm(false, true, S, F, dim, dx, dim, w.w2, dim, 0, dm_.data(), F, l);       // dm = dx W2^T
+  gemm(true, false, F, dim, S, m.m.data(), F, dx, dim, 1, gw.w2, dim, l);      // dW2 += m^T dx
+  {
+    Tracer::Scope sc(tr_, Phase::mlp, int32_t(l), -1, 0, 0);
+    swiglu_bwd(dm_.data(), m.g.data(), m.u.data(), dg_.data(), du_.data(), S * F);
+  }
+  gemm(false, true, S, dim, F, dg_.data(), F, w.w1, F, 0, dh_.data(), dim, l);  // dh2 = dg W1^T
+  gemm(false, true, S, dim, F, du_.data(), F, w.w3, F, 1, dh_.data(), dim, l);  //     + du W3^T
+  gemm(true, false, dim, F, S, m.h2.data(), dim, dg_.data(), F, 1, gw.w1, F, l);
+  gemm(true, false, dim, F, S, m.h2.data(), dim, du_.data(), F, 1, gw.w3, F, l);
+  tp_all_reduce(dh_.data(), S * dim, l);  // each tp rank holds the part from its FFN columns
+  {
+    Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
+    rmsnorm_bwd(dh_.data(), m.x1.data(), w.mlp_norm, m.rstd.data(), dx, gw.mlp_norm, S, dim);  // dx = d x1
+  }
+  // ---- attention: x1 = x + attn(rope(h Wq), rope(h Wk), h Wv) Wo
+  gemm(false, true, S, qw, dim, dx, dim, w.wo, dim, 0, do_.data(), qw, l);      // dO = dx1 Wo^T
+  gemm(true, false, qw, dim, S, a.o.data(), qw, dx, dim, 1, gw.wo, dim, l);     // dWo += O^T dx1
+  LocalAttn t;
+  t.S_loc = S;
+  t.pos = pos_.data();
+  t.doc = b.doc.empty() ? nullptr : b.doc.data();
+  t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
+  t.o = a.o.data(); t.lse = a.lse.data();
+  t.dout = do_.data();
+  t.dq = dq_.data(); t.dk = dk_.data(); t.dv = dv_.data();
+  const double t0 = now_s();
+  strat_.backward(shape_, t, tr_, *st_);
+  times_->attn_s += now_s() - t0;
+  {
+    Tracer::Scope sc(tr_, Phase::rope, int32_t(l), -1, 0, 0);
+    rope_apply(dq_.data(), S, d_.H_q_loc(), d_.D, cos_.data(), sin_.data(), true);
+    rope_apply(dk_.data(), S, d_.H_kv_loc(), d_.D, cos_.data(), sin_.data(), true);
+  }
+  gemm(false, true, S, dim, qw, dq_.data(), qw, w.wq, qw, 0, dh_.data(), dim, l);
+  gemm(false, true, S, dim, kw, dk_.data(), kw, w.wk, kw, 1, dh_.data(), dim, l);
+  gemm(false, true, S, dim, kw, dv_.data(), kw, w.wv, kw, 1, dh_.data(), dim, l);
+  gemm(true, false, dim, qw, S, a.h.data(), dim, dq_.data(), qw, 1, gw.wq, qw, l);
+  gemm(true, false, dim, kw, S, a.h.data(), dim, dk_.data(), kw, 1, gw.wk, kw, l);
+  gemm(true, false, dim, kw, S, a.h.data(), dim, dv_.data(), kw, 1, gw.wv, kw, l);
+  tp_all_reduce(dh_.data(), S * dim, l);
+  {
+    Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
+    rmsnorm_bwd(dh_.data(), x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm, S, dim);  // dx = d x
+  }
+}
+
+double Transformer::forward_backward(const float* params, float* grads, const Batch& b, double loss_scale, Tracer* tr,
+                                     CpStats& st, StepTimes& times, float* logits_out) {
+  CTXPAR_CHECK(int64_t(b.tokens.size()) == S_loc_ && b.pos == pos_,
+               "batch of " << b.tokens.size() << " tokens does not match this rank's shard of " << S_loc_);
+  tr_ = tr;
+  st_ = &st;
+  times_ = &times;
+  batch_ = &b;
+  const double t_start = now_s();
+  const int64_t S = S_loc_, dim = d_.dim, V = d_.vocab;
+  const ModelView w = layout_.view(const_cast<float*>(params));
+  ModelView gw = layout_.view(grads);
+  std::memset(grads, 0, size_t(layout_.local_elems()) * sizeof(float));
+
+  {
+    Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
+    float* x0 = x_[0].data();
+    for (int64_t i = 0; i < S; ++i)
+      std::memcpy(x0 + i * dim, w.emb + int64_t(b.tokens[size_t(i)]) * dim, size_t(dim) * sizeof(float));
+  }
+  for (int64_t l = 0; l < d_.layers; ++l) {
+    const LayerView& lw = w.layers[size_t(l)];
+    AttnActs& a = attn_of(l);
+    MlpActs& m = mlp_of(l);
+    attn_part_fwd(l, lw, x_[size_t(l)].data(), a, b);
+    out_proj_fwd(l, lw, x_[size_t(l)].data(), a, m.x1.data());
+    mlp_part_fwd(l, lw, m, x_[size_t(l + 1)].data());
+  }
+  {
+    Tracer::Scope sc(tr_, Phase::norm, -1, -1, 0, 0);
+    rmsnorm_fwd(x_[size_t(d_.layers)].data(), w.final_norm, hf_.data(), rstd_f_.data(), S, dim, d_.norm_eps);
+  }
+  // LM head and loss, fused per row chunk: logits → dlogits in place → dW_lm, dhf.
+  double loss = 0;
+  const int64_t C = logits_chunk_rows(S, V);
+  for (int64_t r0 = 0; r0 < S; r0 += C) {
+    const int64_t rows = std::min(C, S - r0);
+    const float* h = hf_.data() + r0 * dim;
+    gemm(false, false, rows, V, dim, h, dim, w.lm_head, V, 0, logits_.data(), V, -1);
+    if (logits_out) std::memcpy(logits_out + r0 * V, logits_.data(), size_t(rows * V) * sizeof(float));
+    {
+      Tracer::Scope sc(tr_, Phase::loss, -1, -1, 0, 0);
+      loss += cross_entropy_fwd_bwd(logits_.data(), b.labels.data() + r0, rows, V, float(loss_scale), logits_.data());
+    }
+    gemm(true, false, dim, V, rows, h, dim, logits_.data(), V, 1, gw.lm_head, V, -1);
+    gemm(false, true, rows, dim, V, logits_.data(), V, w.lm_head, V, 0, dhf_.data() + r0 * dim, dim, -1);
+  }
+  float* dx = dx_.data();
+  std::memset(dx, 0, size_t(S * dim) * sizeof(float));
+  {
+    Tracer::Scope sc(tr_, Phase::norm, -1, -1, 0, 0);
+    rmsnorm_bwd(dhf_.data(), x_[size_t(d_.layers)].data(), w.final_norm, rstd_f_.data(), dx, gw.final_norm, S, dim);
+  }
+  for (int64_t l = d_.layers - 1; l >= 0; --l) layer_bwd(l, w.layers[size_t(l)], gw.layers[size_t(l)], b, dx);
+  {
+    Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
+    // Serial over rows: a token may repeat, and the order of additions stays fixed.
+    for (int64_t i = 0; i < S; ++i) {
+      float* g = gw.emb + int64_t(b.tokens[size_t(i)]) * dim;
+      const float* d = dx + i * dim;
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) g[j] += d[j];
+    }
+  }
+  times.total_s += now_s() - t_start;
+  times.other_s = times.total_s - times.gemm_s - times.attn_s - times.tp_comm_s;
+  return loss;
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,89 @@
+// Forward and hand-written backward of the decoder on this rank's shard of one packed sequence:
+// embedding → L × [RMSNorm → Q/K/V → RoPE (global positions) → CP attention (the configured
+// strategy) → output projection (+ tp all-reduce) → residual → RMSNorm → SwiGLU MLP (+ tp
+// all-reduce) → residual] → final RMSNorm → LM head → cross-entropy.
+//
+// The loss is fused with the LM head: logits are made in row chunks and turned into their
+// gradient at once (the loss scale 1/N, N the labelled tokens of the global batch, is known
+// before the forward), so [S_loc, V] logits never exist in full.
+//
+// Activation recompute (remat): none keeps every activation of every layer; attention keeps the
+// layer input and the MLP activations and recomputes norm, Q/K/V, RoPE and the CP attention
+// forward in the backward; full keeps only each layer's input and recomputes the whole layer.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "cp/strategy.hpp"
+#include "model/data.hpp"
+#include "model/model.hpp"
+
+namespace ctxpar {
+
+class Topology;
+class Tracer;
+
+enum class Remat { none, attention, full };
+Remat remat_kind(const std::string& name);
+
+// Wall time by kind of work, this rank, one forward_backward (seconds).
+struct StepTimes {
+  double gemm_s = 0, attn_s = 0, tp_comm_s = 0, other_s = 0, total_s = 0;
+};
+
+class Transformer {
+ public:
+  // `pos` / has_docs: the global positions of this rank's tokens (fixed for the run).
+  Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat, int64_t S,
+              const std::vector<int64_t>& pos, bool has_docs);
+
+  // Overwrites `grads` (layout.local_elems()) with d(loss)/d(params) for loss = loss_scale *
+  // sum of token losses, and returns this rank's unscaled sum of token losses. `logits_out`
+  // (optional, [S_loc, V]) receives the logits (oracle dumps).
+  double forward_backward(const float* params, float* grads, const Batch& b, double loss_scale, Tracer* tr,
+                          CpStats& st, StepTimes& times, float* logits_out = nullptr);
+
+  int64_t S_loc() const { return S_loc_; }
+  const AttnShape& attn_shape() const { return shape_; }
+  // Bytes of activations and scratch this object holds (for the dry-run estimate check).
+  static double activation_bytes(const ModelDims& d, Remat remat, int64_t S_loc, int64_t logits_rows);
+  static int64_t logits_chunk_rows(int64_t S_loc, int64_t V);
+
+ private:
+  struct AttnActs { Buffer<float> h, rstd, q, k, v, o, lse; };
+  struct MlpActs { Buffer<float> x1, h2, rstd, g, u, m; };
+  AttnActs& attn_of(int64_t l) { return attn_.size() == 1 ? attn_[0] : attn_[size_t(l)]; }
+  MlpActs& mlp_of(int64_t l) { return mlp_.size() == 1 ? mlp_[0] : mlp_[size_t(l)]; }
+
+  void attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b);
+  void out_proj_fwd(int64_t l, const LayerView& w, const float* x, const AttnActs& a, float* x1);
+  void mlp_part_fwd(int64_t l, const LayerView& w, MlpActs& m, float* x_out);
+  void layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const Batch& b, float* dx);
+  void tp_all_reduce(float* x, int64_t n, int64_t l);
+  // y[S_loc, n] (=|+=) x[S_loc, k] W[k, n] etc., timed as gemm.
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+            int64_t ldb, float beta, float* C, int64_t ldc, int64_t l);
+
+  const ParamLayout& layout_;
+  ModelDims d_;
+  Topology& topo_;
+  CpStrategy& strat_;
+  Remat remat_;
+  AttnShape shape_;
+  int64_t S_loc_;
+  std::vector<int64_t> pos_;
+  Buffer<float> cos_, sin_;  // RoPE tables [S_loc, D/2]
+  std::vector<Buffer<float>> x_;  // residual stream: input of layer l, l = 0..L (x_[L] = final)
+  std::vector<AttnActs> attn_;
+  std::vector<MlpActs> mlp_;
+  Buffer<float> hf_, rstd_f_, logits_, dhf_, dx_, dh_, dq_, dk_, dv_, do_, dm_, dg_, du_;
+  // per-call state
+  Tracer* tr_ = nullptr;
+  CpStats* st_ = nullptr;
+  StepTimes* times_ = nullptr;
+  const Batch* batch_ = nullptr;
+};
+
+}  // namespace ctxpar

@@ -1,0 +1,259 @@
+// `ctxpar attn`: one attention forward and backward with the configured strategy and mesh, on
+// tensors from an HDF5 file (`in`) or generated from the seed; the results go to `out` in global
+// token order (the trace beside it, see trace_path()).
+//
+// Input file: datasets q [S,H_q,D], k [S,H_kv,D], v [S,H_kv,D], do [S,H_q,D] (float32 or
+// float64), optional doc_id [S] (int32); root attributes causal (0/1, default 1) and window
+// (tokens, 0 = none, default 0; window > 0 needs causal = 1). With `in`, the file defines the
+// shape and mask; seq, heads, kv_heads, head_dim, mask, window and docs are not used.
+// Output file: o [S,H_q,D], lse [S,H_q], dq [S,H_q,D], dk, dv [S,H_kv,D] (float32); when the
+// inputs were generated, also q, k, v, do (and doc_id), so the file can be checked on its own.
+#include <algorithm>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/memory.hpp"
+#include "core/random.hpp"
+#include "cp/strategy.hpp"
+#include "dist/topology.hpp"
+#include "modes/modes.hpp"
+#include "modes/workload.hpp"
+#include "ops.hpp"
+#include "shard/partition.hpp"
+#include "trace/h5_tensors.hpp"
+#include "trace/trace.hpp"
+
+namespace ctxpar {
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// Reads and checks the header of an input file (no tensor data); fills `s`. "" when valid,
+// else a message naming the dataset or attribute and what was expected.
+std::string inspect_input(const std::string& path, AttnShape& s) {
+  try {
+    TensorFileReader f(path);
+    const std::string pre = "in = '" + path + "': ";
+    const char* layout =
+        " (expected datasets q [S, H_q, D], k [S, H_kv, D], v [S, H_kv, D], do [S, H_q, D] of float32 or float64, "
+        "optional doc_id [S] int32)";
+    for (const char* name : {"q", "k", "v", "do"}) {
+      if (!f.has_dataset(name)) return pre + "dataset '" + name + "' is missing" + layout;
+      const TensorType t = f.type(name);
+      if (t != TensorType::float32 && t != TensorType::float64)
+        return pre + "dataset '" + name + "' has type " + tensor_type_name(t) + "; expected float32 or float64";
+    }
+    const std::vector<int64_t> q = f.dims("q");
+    if (q.size() != 3 || q[0] < 1 || q[1] < 1 || q[2] < 1)
+      return pre + "dataset 'q' has shape " + shape_text(q) + "; expected [S, H_q, D] with every size >= 1";
+    const int64_t S = q[0], D = q[2];
+    const std::vector<int64_t> k = f.dims("k");
+    if (k.size() != 3 || k[0] != S || k[1] < 1 || k[2] != D)
+      return pre + "dataset 'k' has shape " + shape_text(k) + "; expected [S, H_kv, D] = [" + std::to_string(S) +
+             ", H_kv, " + std::to_string(D) + "] (S and D of 'q')";
+    const std::vector<int64_t> v = f.dims("v");
+    if (v != k) return pre + "dataset 'v' has shape " + shape_text(v) + "; expected " + shape_text(k) + " (the shape of 'k')";
+    const std::vector<int64_t> dO = f.dims("do");
+    if (dO != q) return pre + "dataset 'do' has shape " + shape_text(dO) + "; expected " + shape_text(q) + " (the shape of 'q')";
+    s.has_docs = f.has_dataset("doc_id");
+    if (s.has_docs) {
+      const std::vector<int64_t> d = f.dims("doc_id");
+      if (d != std::vector<int64_t>{S})
+        return pre + "dataset 'doc_id' has shape " + shape_text(d) + "; expected [" + std::to_string(S) + "] (S of 'q')";
+      if (f.type("doc_id") != TensorType::int32)
+        return pre + "dataset 'doc_id' has type " + tensor_type_name(f.type("doc_id")) + "; expected int32";
+    }
+    const int64_t causal = f.has_attr("causal") ? f.attr_int("causal") : 1;
+    const int64_t window = f.has_attr("window") ? f.attr_int("window") : 0;
+    if (causal != 0 && causal != 1) return pre + "attribute causal = " + std::to_string(causal) + "; expected 0 or 1";
+    if (window < 0) return pre + "attribute window = " + std::to_string(window) + "; expected >= 0 (0 = no window)";
+    if (window > 0 && causal == 0)
+      return pre + "attribute window = " + std::to_string(window) + " needs causal = 1 (a sliding window is causal)";
+    s.S = S;
+    s.H_q = int32_t(q[1]);
+    s.H_kv = int32_t(k[1]);
+    s.D = int32_t(D);
+    s.mask = causal == 0 ? MaskKind::none : window > 0 ? MaskKind::window : MaskKind::causal;
+    s.window = window;
+    return "";
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+}
+
+std::string result_path(const Config& cfg) { return cfg.out.empty() ? "out/attn_result.h5" : cfg.out; }
+
+std::string mesh_text(const Topology& topo) {
+  const MeshSpec& m = topo.mesh();
+  return "dp:" + std::to_string(m.dp) + ",tp:" + std::to_string(m.tp) + ",ulysses:" + std::to_string(m.ulysses) +
+         ",ring:" + std::to_string(m.ring);
+}
+
+// Gathers a [S_loc, width] tensor of every CP rank to CP rank 0 and returns it there in global
+// token order [S, width] (empty elsewhere).
+std::vector<float> gather_global(Comm& cpc, const Partition& part, const float* local, int64_t S_loc, int64_t width) {
+  std::vector<float> cat;
+  cpc.gather_v(std::span<const float>(local, size_t(S_loc * width)), cat, 0);
+  std::vector<float> out;
+  if (cpc.rank() != 0) return out;
+  out.resize(size_t(part.S() * width));
+  size_t off = 0;
+  for (int r = 0; r < part.P(); ++r) {
+    const int64_t n = part.local_size(r);
+    part.gather_rows(std::span<const float>(cat.data() + off, size_t(n * width)), width, r, std::span<float>(out));
+    off += size_t(n * width);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string validate_attn_mode(const Config& cfg, Topology& topo) {
+  if (cfg.in.empty()) return "";  // generated inputs: the workload checks covered the shape
+  if (topo.world().rank() != 0) return "";  // rank 0 reads the file; main agrees on the result
+  AttnShape s;
+  std::string err = inspect_input(cfg.in, s);
+  if (!err.empty()) return err;
+  std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
+  if (!strat) return "config: strategy = '" + cfg.strategy + "' is not built into this binary";
+  err = strat->validate(s, topo);
+  if (!err.empty())
+    return "in = '" + cfg.in + "' (S=" + std::to_string(s.S) + ", H_q=" + std::to_string(s.H_q) + ", H_kv=" +
+           std::to_string(s.H_kv) + ", D=" + std::to_string(s.D) + ") on mesh " + mesh_text(topo) + ": " + err;
+  return "";
+}
+
+int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
+  const bool from_file = !cfg.in.empty();
+  AttnShape s = attn_shape(cfg);
+  if (from_file) {
+    const std::string err = inspect_input(cfg.in, s);
+    CTXPAR_CHECK(err.empty(), err);  // validated on rank 0 before; a file changed since then is fatal
+  }
+  std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
+  CTXPAR_CHECK(strat, "unknown strategy " << cfg.strategy);
+  Comm& cpc = topo.cp();
+  const int P = cpc.size(), r = cpc.rank();
+  const Partition part(strat->partition(), s.S, P);
+  const std::vector<int64_t> pos = part.positions(r);
+  const int64_t S_loc = int64_t(pos.size()), wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
+  const uint64_t seed = uint64_t(cfg.seed);
+
+  Buffer<float> q(size_t(S_loc * wq), false), k(size_t(S_loc * wk), false), v(size_t(S_loc * wk), false),
+      dout(size_t(S_loc * wq), false);
+  Buffer<float> o(size_t(S_loc * wq)), lse(size_t(S_loc * s.H_q)), dq(size_t(S_loc * wq)), dk(size_t(S_loc * wk)),
+      dv(size_t(S_loc * wk));
+  std::vector<int32_t> doc, global_doc;
+  if (from_file) {
+    // Each rank reads only its shard: the partition's token ranges, in local order.
+    TensorFileReader f(cfg.in);
+    if (s.has_docs) doc.resize(size_t(S_loc));
+    int64_t row = 0;
+    for (auto [b, e] : part.ranges(r)) {
+      f.read_rows("q", b, e, q.data() + row * wq);
+      f.read_rows("k", b, e, k.data() + row * wk);
+      f.read_rows("v", b, e, v.data() + row * wk);
+      f.read_rows("do", b, e, dout.data() + row * wq);
+      if (s.has_docs) f.read_rows("doc_id", b, e, doc.data() + row);
+      row += e - b;
+    }
+    CTXPAR_CHECK(row == S_loc, "partition ranges cover " << row << " rows, expected " << S_loc);
+  } else {
+    fill_rows(seed, kTensorQ, pos, wq, 1.0f, q.data());
+    fill_rows(seed, kTensorK, pos, wk, 1.0f, k.data());
+    fill_rows(seed, kTensorV, pos, wk, 1.0f, v.data());
+    fill_rows(seed, kTensorDout, pos, wq, 1.0f, dout.data());
+    const std::string err = parse_docs(cfg.docs, s.S, cfg.doc_mean, seed, global_doc);
+    CTXPAR_CHECK(err.empty(), err);  // validated before
+    for (int64_t p : pos)
+      if (!global_doc.empty()) doc.push_back(global_doc[size_t(p)]);
+    s.has_docs = !global_doc.empty();
+  }
+
+  LocalAttn t;
+  t.S_loc = S_loc;
+  t.pos = pos.data();
+  t.doc = doc.empty() ? nullptr : doc.data();
+  t.q = q.data(); t.k = k.data(); t.v = v.data(); t.dout = dout.data();
+  t.o = o.data(); t.lse = lse.data(); t.dq = dq.data(); t.dk = dk.data(); t.dv = dv.data();
+
+  Comm& world = topo.world();
+  tracer.begin_step(0);
+  CpStats fst, bst;
+  world.barrier();
+  const double t0 = world.now();
+  strat->forward(s, t, &tracer, fst);
+  const double t1 = world.now();
+  strat->backward(s, t, &tracer, bst);
+  const double t2 = world.now();
+  double mx[3] = {t1 - t0, t2 - t1, fst.exposed_comm_s + bst.exposed_comm_s};
+  double flops = fst.attn_flops + bst.attn_flops;
+  world.all_reduce(std::span<double>(mx, 3), ReduceOp::max);
+  world.all_reduce(std::span<double>(&flops, 1), ReduceOp::sum);
+  StepRecord rec;
+  rec.step = 0;
+  rec.time_s = mx[0] + mx[1];
+  rec.tokens = s.S;
+  rec.model_flops = flops;
+  rec.tflops_per_rank = flops / (rec.time_s * world.size()) / 1e12;
+  rec.exposed_comm_s = mx[2];
+  tracer.end_step(rec);
+
+  // Results in global token order, written by world rank 0 (CP rank 0 of its group; every dp/tp
+  // replica computed the same attention).
+  const std::vector<float> O = gather_global(cpc, part, o.data(), S_loc, wq);
+  const std::vector<float> L = gather_global(cpc, part, lse.data(), S_loc, s.H_q);
+  const std::vector<float> dQ = gather_global(cpc, part, dq.data(), S_loc, wq);
+  const std::vector<float> dK = gather_global(cpc, part, dk.data(), S_loc, wk);
+  const std::vector<float> dV = gather_global(cpc, part, dv.data(), S_loc, wk);
+  const std::string path = result_path(cfg);
+  if (world.rank() == 0) {
+    TensorFileWriter w(path);
+    w.write("o", {s.S, s.H_q, s.D}, O.data());
+    w.write("lse", {s.S, s.H_q}, L.data());
+    w.write("dq", {s.S, s.H_q, s.D}, dQ.data());
+    w.write("dk", {s.S, s.H_kv, s.D}, dK.data());
+    w.write("dv", {s.S, s.H_kv, s.D}, dV.data());
+    if (!from_file) {
+      std::vector<int64_t> all(static_cast<size_t>(s.S));
+      for (int64_t i = 0; i < s.S; ++i) all[size_t(i)] = i;
+      std::vector<float> x(size_t(s.S * wq));
+      fill_rows(seed, kTensorQ, all, wq, 1.0f, x.data());
+      w.write("q", {s.S, s.H_q, s.D}, x.data());
+      fill_rows(seed, kTensorDout, all, wq, 1.0f, x.data());
+      w.write("do", {s.S, s.H_q, s.D}, x.data());
+      x.resize(size_t(s.S * wk));
+      fill_rows(seed, kTensorK, all, wk, 1.0f, x.data());
+      w.write("k", {s.S, s.H_kv, s.D}, x.data());
+      fill_rows(seed, kTensorV, all, wk, 1.0f, x.data());
+      w.write("v", {s.S, s.H_kv, s.D}, x.data());
+      if (!global_doc.empty()) w.write("doc_id", {s.S}, global_doc.data());
+    }
+    w.attr("causal", int64_t(s.mask == MaskKind::none ? 0 : 1));
+    w.attr("window", int64_t(s.mask == MaskKind::window ? s.window : 0));
+    w.attr("strategy", strat->name());
+    w.attr("mesh", mesh_text(topo));
+    w.attr("partition", std::string(partition_name(strat->partition())));
+    w.attr("source", from_file ? "file:" + cfg.in : "seed:" + std::to_string(cfg.seed) + ",docs:" + cfg.docs);
+    w.attr("flop_convention", std::string(kFlopConvention));
+    w.commit();
+  }
+  log0("attn: strategy %s, mesh %s, S=%lld H_q=%d H_kv=%d D=%d mask=%s%s: fwd %.3f ms, bwd %.3f ms, exposed comm "
+       "%.3f ms, %.4f TFLOP/s per rank; wrote %s (trace %s)\n",
+       strat->name().c_str(), mesh_text(topo).c_str(), (long long)s.S, s.H_q, s.H_kv, s.D,
+       s.mask == MaskKind::none ? "none" : s.mask == MaskKind::causal ? "causal" : "window",
+       s.has_docs ? "+docs" : "", mx[0] * 1e3, mx[1] * 1e3, mx[2] * 1e3, rec.tflops_per_rank, path.c_str(),
+       trace_path(cfg).c_str());
+  return 0;
+}
+
+}  // namespace ctxpar

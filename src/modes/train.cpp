@@ -1,0 +1,329 @@
+// `ctxpar train` — real training steps of the Llama-3-style decoder (src/model) with context
+// parallelism: every CP rank holds its shard of one packed sequence (partition from the
+// strategy), tp ranks hold head/FFN slices, dp replicas read different samples. Per step: one
+// forward+backward, the gradient summed over the CP group and dp (the ranks that share
+// parameters), global-norm clipping, AdamW. The rank-0 log prints one line per step (loss, step
+// time, tokens/s, TFLOP/s per rank, MFU); the trace gets the same in /steps.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+#include <unistd.h>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "cp/strategy.hpp"
+#include "dist/topology.hpp"
+#include "model/checkpoint.hpp"
+#include "model/data.hpp"
+#include "model/flops.hpp"
+#include "model/model.hpp"
+#include "model/optimizer.hpp"
+#include "model/transformer.hpp"
+#include "modes/modes.hpp"
+#include "ops.hpp"
+#include "shard/partition.hpp"
+#include "trace/h5_checkpoint.hpp"
+#include "trace/trace.hpp"
+
+namespace ctxpar {
+
+namespace {
+
+int tp_size(const Topology& t) { return t.size(Axis::tp); }
+
+AttnShape local_attn_shape(const Config& cfg, int tp) {
+  AttnShape s;
+  s.S = cfg.seq;
+  s.H_q = int32_t(cfg.heads / tp);
+  s.H_kv = int32_t(cfg.kv_heads / tp);
+  s.D = int32_t(cfg.head_dim);
+  s.mask = MaskKind::causal;
+  s.has_docs = cfg.docs != "none" || (cfg.data != "synthetic" && cfg.eos_id >= 0);
+  return s;
+}
+
+std::string writable(const std::string& path, const char* field) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  fs::path probe = dir;
+  while (!probe.empty() && !fs::exists(probe, ec)) probe = probe.parent_path();
+  if (probe.empty()) probe = ".";
+  if (!fs::is_directory(probe, ec) || access(probe.c_str(), W_OK) != 0)
+    return std::string("config: ") + field + " = '" + path + "': directory '" + probe.string() +
+           "' is not writable; valid: a path in a writable directory";
+  return "";
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Gathers a local [S_loc, width] tensor of every CP rank into global order on CP rank 0.
+std::vector<float> gather_rows_global(Comm& cp, const Partition& part, std::span<const float> local, int64_t width) {
+  std::vector<float> all, global;
+  cp.gather_v(local, all, 0);
+  if (cp.rank() != 0) return global;
+  global.resize(size_t(part.S() * width));
+  size_t off = 0;
+  for (int r = 0; r < cp.size(); ++r) {
+    const size_t n = size_t(part.local_size(r) * width);
+    part.gather_rows(std::span<const float>(all.data() + off, n), width, r, std::span<float>(global));
+    off += n;
+  }
+  return global;
+}
+
+}  // namespace
+
+std::string validate_train_mode(const Config& cfg, Topology& topo) {
+  const int tp = tp_size(topo);
+  std::string err = validate_model_shape(cfg, tp);
+  if (!err.empty()) return err;
+  std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
+  if (!strat) return "config: strategy = '" + cfg.strategy + "' is not built into this binary";
+  if (cfg.mask != "causal") return "config: mask = " + cfg.mask + ": train uses causal attention; valid: mask=causal";
+  const AttnShape shape = local_attn_shape(cfg, tp);
+  err = strat->validate(shape, topo);
+  if (!err.empty()) {
+    if (tp > 1) err += " (with tp:" + std::to_string(tp) + ", each tp rank attends with heads/tp = " +
+                       std::to_string(shape.H_q) + " query and kv_heads/tp = " + std::to_string(shape.H_kv) + " K/V heads)";
+    return err;
+  }
+  err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
+  if (!err.empty()) return "config: " + err;
+  std::vector<int32_t> ids;
+  err = parse_docs(cfg.docs, cfg.seq, cfg.doc_mean, uint64_t(cfg.seed), ids);
+  if (!err.empty()) return "config: docs = '" + cfg.docs + "': " + err;
+  if (cfg.data != "synthetic" && cfg.docs != "none")
+    return "config: docs = '" + cfg.docs + "' applies to synthetic data; a token file's documents come from eos_id; valid: docs=none";
+  err = validate_data(cfg);
+  if (!err.empty()) return err;
+  if (!cfg.dump_init.empty() && topo.size(Axis::dp) != 1)
+    return "config: dump_init needs dp:1 (the dump holds one sequence); valid: a mesh without dp";
+  if (topo.world().rank() == 0) {
+    if (cfg.checkpoint_every > 0 && (err = writable(cfg.checkpoint, "checkpoint")) != "") return err;
+    if (!cfg.dump_init.empty() && (err = writable(cfg.dump_init, "dump_init")) != "") return err;
+  }
+  if (!cfg.resume.empty()) {
+    const ParamLayout layout(model_dims(cfg, tp, topo.coord(Axis::tp)));  // metadata only
+    err = check_checkpoint(cfg.resume, cfg, layout);
+    if (!err.empty()) return err;
+  }
+  return "";
+}
+
+TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
+  const int tp = tp_size(topo);
+  const ModelDims d = model_dims(cfg, tp, 0);
+  const ParamLayout layout(d);
+  std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
+  const int64_t S_loc = cfg.seq / topo.cp().size();
+  TrainMemoryPlan p;
+  p.state_bytes = 4.0 * 4.0 * double(layout.local_elems());  // params, grads, AdamW m and v
+  p.activation_bytes = Transformer::activation_bytes(d, remat_kind(cfg.remat), S_loc,
+                                                     Transformer::logits_chunk_rows(S_loc, d.vocab));
+  // The strategy's transient buffers (gathered / in-flight K/V and their gradients): about three
+  // forward messages' worth at once in the backward.
+  p.strategy_bytes = 3.0 * strat->comm_volume_fwd(local_attn_shape(cfg, tp), topo);
+  p.total_bytes = p.state_bytes + p.activation_bytes + p.strategy_bytes;
+  return p;
+}
+
+double train_peak_flops_per_rank(const Config& cfg, Topology& topo) {
+  if (cfg.peak_tflops_per_rank > 0) return cfg.peak_tflops_per_rank * 1e12;
+  // Measured once per process (main passes it to the tracer, run_train logs it); every rank
+  // calls this at the same points, so the collective inside stays matched.
+  static double measured = 0;
+  if (measured == 0) measured = measure_sgemm_peak_flops(topo.world());
+  return measured;
+}
+
+int run_train(const Config& cfg, Topology& topo, Tracer& tracer) {
+  Comm& world = topo.world();
+  Comm& cp = topo.cp();
+  Comm& dp = topo.axis(Axis::dp);
+  const int tp = tp_size(topo), DP = topo.size(Axis::dp);
+  const ModelDims d = model_dims(cfg, tp, topo.coord(Axis::tp));
+  const ParamLayout layout(d);
+  std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
+  const Partition part(strat->partition(), cfg.seq, cp.size());
+  const std::vector<int64_t> pos = part.positions(cp.rank());
+  const AttnShape shape = local_attn_shape(cfg, tp);
+  const Remat remat = remat_kind(cfg.remat);
+  mem_reset_peak();
+
+  Buffer<float> params(size_t(layout.local_elems())), grads(size_t(layout.local_elems()));
+  AdamWConfig oc{cfg.lr, cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay, cfg.grad_clip};
+  AdamW opt(layout, oc);
+  TrainState state;
+  if (!cfg.resume.empty()) {
+    state = load_checkpoint(cfg.resume, layout, params.data(), opt.m().data(), opt.v().data());
+    opt.set_step(state.step);
+  } else {
+    layout.init(uint64_t(cfg.seed), params.data());
+  }
+  Transformer model(layout, topo, *strat, remat, cfg.seq, pos, shape.has_docs);
+  const std::unique_ptr<TokenSource> src = make_token_source(cfg);
+
+  // Oracle dump: initial weights (before any update) and step-0 results.
+  const bool dump = !cfg.dump_init.empty() && state.step == 0;
+  std::vector<std::vector<float>> dump_params, dump_grads;
+  std::vector<float> dump_logits;
+  std::vector<double> losses;
+  if (dump) dump_params = gather_global_tensors(layout, params.data(), topo);
+
+  const int64_t total = cfg.warmup + cfg.steps;
+  const double peak = train_peak_flops_per_rank(cfg, topo);
+  const int P_world = world.size();
+  const MeshSpec& m = topo.mesh();
+  log0("ctxpar train: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); S = %lld, "
+       "%d ranks (dp:%lld,tp:%lld,ulysses:%lld,ring:%lld), strategy %s, remat %s\n",
+       (long long)d.layers, (long long)d.dim, (long long)d.ffn, (long long)cfg.heads, (long long)cfg.kv_heads,
+       (long long)cfg.head_dim, (long long)d.vocab, double(d.param_count()) / 1e6, (long long)cfg.seq, P_world,
+       (long long)m.dp, (long long)m.tp, (long long)m.ulysses, (long long)m.ring, cfg.strategy.c_str(),
+       cfg.remat.c_str());
+  log0("# data: %s; trace %s; peak %.1f GFLOP/s per rank (%s)\n", src->describe().c_str(), tracer.path().c_str(),
+       peak / 1e9, cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank" : "measured sgemm");
+  log0("# FLOP convention: %s; attention on visible causal pairs (sum L_i(L_i+1)/2 per document); recompute not counted\n",
+       kFlopConvention);
+  if (state.step > 0) log0("# resumed from %s at step %lld\n", cfg.resume.c_str(), (long long)state.step);
+  log0("#  step         loss  grad_norm   time_ms    tokens/s  TFLOP/s/rank    MFU%%  exposed_ms  peak_MiB\n");
+
+  std::vector<double> times, tflops_v, mfus, tok_s;
+  double first_loss = NAN, last_loss = NAN;
+  for (int64_t s = state.step; s < total; ++s) {
+    tracer.begin_step(s);
+    world.barrier();
+    const double t0 = world.now();
+    const int64_t sample = s * DP + topo.coord(Axis::dp);
+    Batch b = make_batch(*src, sample, cfg.seq, part, cp.rank());
+    // Labelled tokens of the whole global batch: the loss is their mean.
+    int64_t counts[2] = {b.labelled_tokens, 0};
+    double pairs = causal_visible_pairs(b.doc_lengths);
+    if (DP > 1) {
+      dp.all_reduce(std::span<int64_t>(counts, 1));
+      dp.all_reduce(std::span<double>(&pairs, 1));
+    }
+    const int64_t N = std::max<int64_t>(counts[0], 1);
+    CpStats st;
+    StepTimes tm;
+    Buffer<float> logits_full;
+    if (dump && s == 0) logits_full.resize(size_t(model.S_loc() * d.vocab), false);
+    double loss_sum = model.forward_backward(params.data(), grads.data(), b, 1.0 / double(N), &tracer, st, tm,
+                                             logits_full.size() ? logits_full.data() : nullptr);
+    {
+      Tracer::Scope sc(&tracer, Phase::all_reduce, -1, -1, 0, double(layout.local_elems()) * 4);
+      const double tc = world.now();
+      // Parameters are shared by the CP group and the dp replicas: sum their gradients there.
+      std::span<float> g(grads.data(), grads.size());
+      if (cp.size() > 1) cp.all_reduce(g);
+      if (DP > 1) dp.all_reduce(g);
+      if (cp.size() > 1) cp.all_reduce(std::span<double>(&loss_sum, 1));
+      if (DP > 1) dp.all_reduce(std::span<double>(&loss_sum, 1));
+      st.exposed_comm_s += world.now() - tc;
+    }
+    const double loss = loss_sum / double(N);
+    if (dump && s == 0) {
+      dump_grads = gather_global_tensors(layout, grads.data(), topo);
+      if (topo.coord(Axis::tp) == 0)
+        dump_logits = gather_rows_global(cp, part, logits_full.span(), d.vocab);
+    }
+    double norm;
+    {
+      Tracer::Scope sc(&tracer, Phase::optimizer, -1, -1, 0, 0);
+      norm = opt.grad_norm(grads.data(), tp > 1 ? &topo.axis(Axis::tp) : nullptr);
+      opt.update(params.data(), grads.data(), norm);
+    }
+    double dt = world.now() - t0;
+    world.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
+    double exposed = st.exposed_comm_s;
+    world.all_reduce(std::span<double>(&exposed, 1), ReduceOp::max);
+    // Whole job: every dp replica's projections, and the visible pairs summed over dp above.
+    const ModelDims dg = model_dims(cfg, 1, 0);
+    const double step_flops = double(DP) * train_matmul_flops(dg, cfg.seq) + train_attn_flops(dg, pairs);
+    StepRecord rec;
+    rec.step = s;
+    rec.time_s = dt;
+    rec.tokens = cfg.seq * DP;
+    rec.model_flops = step_flops;
+    rec.exposed_comm_s = st.exposed_comm_s;
+    rec.peak_bytes = mem_peak_bytes();
+    rec.loss = loss;
+    const bool stop = tracer.end_step(rec);
+    const double tflops = step_flops / dt / P_world / 1e12;
+    const double mfu = peak > 0 ? step_flops / (dt * peak * P_world) : 0;
+    const double tps = double(rec.tokens) / dt;
+    int64_t peak_b = mem_peak_bytes();
+    world.all_reduce(std::span<int64_t>(&peak_b, 1), ReduceOp::max);
+    log0("  %5lld  %11.6f  %9.4f  %8.1f  %10.1f  %12.4f  %6.2f  %10.1f  %8.1f%s\n", (long long)s, loss, norm, dt * 1e3,
+         tps, tflops, 100 * mfu, exposed * 1e3, double(peak_b) / (1 << 20), s < cfg.warmup ? "  (warmup)" : "");
+    losses.push_back(loss);
+    if (std::isnan(first_loss)) first_loss = loss;
+    last_loss = loss;
+    if (s >= cfg.warmup) {
+      times.push_back(dt);
+      tflops_v.push_back(tflops);
+      mfus.push_back(mfu);
+      tok_s.push_back(tps);
+    }
+    state.step = s + 1;
+    state.next_sample = (s + 1) * DP;
+    if (cfg.checkpoint_every > 0 && state.step % cfg.checkpoint_every == 0) {
+      Tracer::Scope sc(&tracer, Phase::other, -1, -1, 0, 0);
+      save_checkpoint(cfg.checkpoint, cfg, layout, params.data(), opt.m().data(), opt.v().data(), state, topo);
+      log0("# checkpoint: step %lld written to %s\n", (long long)state.step, cfg.checkpoint.c_str());
+    }
+    if (stop) {
+      log0("# stop signal: ending after step %lld\n", (long long)s);
+      break;
+    }
+  }
+  if (dump) {
+    if (world.rank() == 0) {
+      std::vector<H5Tensor> t;
+      const auto& info = layout.tensors();
+      for (size_t i = 0; i < info.size(); ++i) {
+        t.push_back({"params/" + info[i].name, info[i].rows, info[i].cols, dump_params[i].data()});
+        t.push_back({"grads/" + info[i].name, info[i].rows, info[i].cols, dump_grads[i].data()});
+      }
+      t.push_back({"logits", cfg.seq, d.vocab, dump_logits.data()});
+      std::vector<float> lossf(losses.begin(), losses.end());
+      t.push_back({"losses", 1, int64_t(lossf.size()), lossf.data()});
+      // The sample of every step run (dp = 1: step s reads sample s), [steps, S] flattened.
+      const int64_t n_steps = int64_t(losses.size());
+      std::vector<int32_t> tokens(static_cast<size_t>(n_steps * cfg.seq)), doc(static_cast<size_t>(n_steps * cfg.seq));
+      for (int64_t s = 0; s < n_steps; ++s)
+        src->sample(s, cfg.seq, tokens.data() + s * cfg.seq, doc.data() + s * cfg.seq);
+      H5Attrs a;
+      a.ints = {{"layers", cfg.layers}, {"dim", cfg.dim}, {"ffn_dim", cfg.ffn_dim}, {"vocab", cfg.vocab},
+                {"heads", cfg.heads}, {"kv_heads", cfg.kv_heads}, {"head_dim", cfg.head_dim}, {"seq", cfg.seq},
+                {"rope_original_max_pos", cfg.rope_original_max_pos}};
+      a.doubles = {{"norm_eps", cfg.norm_eps}, {"rope_theta", cfg.rope_theta}, {"rope_scale_factor", cfg.rope_scale_factor},
+                   {"rope_low_freq_factor", cfg.rope_low_freq_factor}, {"rope_high_freq_factor", cfg.rope_high_freq_factor},
+                   {"lr", cfg.lr}, {"weight_decay", cfg.weight_decay}, {"beta1", cfg.beta1}, {"beta2", cfg.beta2},
+                   {"adam_eps", cfg.adam_eps}, {"grad_clip", cfg.grad_clip}};
+      h5_write_tensors(cfg.dump_init, a, t,
+                       {{"tokens", n_steps * cfg.seq, tokens.data()}, {"doc_ids", n_steps * cfg.seq, doc.data()}});
+    }
+    world.barrier();
+  }
+  const double tmed = median(times);
+  log0("\n# summary (median over %zu measured steps, %lld warmup excluded)\n", times.size(), (long long)cfg.warmup);
+  log0("#   loss               %.6f -> %.6f\n", first_loss, last_loss);
+  log0("#   step time          %10.2f ms\n", tmed * 1e3);
+  log0("#   tokens/s           %10.1f\n", median(tok_s));
+  log0("#   TFLOP/s per rank   %10.4f\n", median(tflops_v));
+  log0("#   MFU                %10.2f %%\n", 100 * median(mfus));
+  log0("#   peak tracked mem   %10.1f MiB per rank (rank 0)\n", double(mem_peak_bytes()) / (1 << 20));
+  const bool finite = std::isfinite(last_loss);
+  log0("# %s: %s training on %d ranks\n", finite ? "VALID" : "INVALID (non-finite loss)", cfg.strategy.c_str(), P_world);
+  return finite ? 0 : 1;
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,61 @@
+// User tensors in HDF5 for `ctxpar attn`: a reader of token-major datasets (rows = tokens, read
+// by row ranges so each rank reads only its shard) and a writer of result files. The trace file
+// is written by trace/h5_writer; this is the only other place that knows HDF5 (DESIGN.md §2).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ctxpar {
+
+// Element class of a dataset, as the user would name it.
+enum class TensorType { float32, float64, int32, other_int, other };
+const char* tensor_type_name(TensorType t);
+
+class TensorFileReader {
+ public:
+  // Opens `path` read-only; throws UsageError("... cannot open ...") when it is not an HDF5 file.
+  explicit TensorFileReader(const std::string& path);
+  ~TensorFileReader();
+  TensorFileReader(const TensorFileReader&) = delete;
+  TensorFileReader& operator=(const TensorFileReader&) = delete;
+
+  bool has_dataset(const std::string& name) const;
+  std::vector<int64_t> dims(const std::string& name) const;  // of an existing dataset
+  TensorType type(const std::string& name) const;
+  bool has_attr(const std::string& name) const;              // attribute of the root group
+  int64_t attr_int(const std::string& name) const;           // integer or float attribute, as int64
+
+  // Rows [begin, end) of a dataset [S, ...] (all trailing dimensions), converted to the target
+  // type by HDF5 (e.g. float64 → float32), appended at `out` (row width = product of dims[1:]).
+  void read_rows(const std::string& name, int64_t begin, int64_t end, float* out) const;
+  void read_rows(const std::string& name, int64_t begin, int64_t end, int32_t* out) const;
+
+ private:
+  int64_t file_;
+  std::string path_;
+};
+
+// Writes NAME.partial and renames it to NAME on commit(); a writer destroyed without commit()
+// removes the partial file, so an existing NAME is never replaced by a partial result.
+class TensorFileWriter {
+ public:
+  explicit TensorFileWriter(const std::string& path);
+  ~TensorFileWriter();
+  TensorFileWriter(const TensorFileWriter&) = delete;
+  TensorFileWriter& operator=(const TensorFileWriter&) = delete;
+
+  void write(const std::string& name, const std::vector<int64_t>& dims, const float* data);
+  void write(const std::string& name, const std::vector<int64_t>& dims, const int32_t* data);
+  void attr(const std::string& name, int64_t value);
+  void attr(const std::string& name, const std::string& value);
+  void commit();
+
+ private:
+  int64_t file_;
+  std::string path_, partial_;
+  bool committed_ = false;
+};
+
+}  // namespace ctxpar

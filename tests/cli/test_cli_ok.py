@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Good input: --help, --print-config and --dry-run exit 0, print on rank 0 only, write nothing.
+Usage: test_cli_ok.py CTXPAR_BINARY"""
+import os
+import subprocess
+import sys
+import tempfile
+
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+failures = []
+checks = 0
+
+
+def run(np, args):
+    cmd = ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none", sys.argv[1]] + args
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
+def expect(cond, what, text):
+    global checks
+    checks += 1
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, "\n---\n" + text + "\n---")
+
+
+tmp = tempfile.mkdtemp(prefix="ctxpar-ok-")
+out = os.path.join(tmp, "x.h5")
+
+rc, text = run(2, ["--help"])
+expect(rc == 0 and text.count("usage: ctxpar") == 1, "--help prints usage once and exits 0", text)
+expect("strategy" in text and "allgather|ulysses|ring|usp" in text, "--help lists fields with choices", text)
+
+rc, text = run(2, ["run", "seq=8K", "--strategy=allgather", "--print-config", "out=" + out])
+expect(rc == 0, "--print-config exits 0", text)
+expect(text.count("strategy") == 1 and "allgather" in text and "8192" in text,
+       "--print-config shows overrides once (rank 0)", text)
+
+rc, text = run(8, ["run", "mesh=ring:4,ulysses:2", "strategy=usp", "seq=16K", "--dry-run", "out=" + out])
+expect(rc == 0, "--dry-run exits 0", text)
+lines = [l for l in text.splitlines() if l.strip()[:1].isdigit()]
+expect(len(lines) == 8, f"--dry-run prints one line per rank (got {len(lines)})", text)
+expect("ulysses:2,ring:4" in text and "memory estimate per rank" in text, "--dry-run prints mesh and memory", text)
+# zigzag over P = 8: CP rank 0 holds chunks 0 and 15 of 1K tokens each
+expect("[0,1024) [15360,16384)" in text, "--dry-run shows zigzag token ranges of CP rank 0", text)
+
+expect(os.listdir(tmp) == [], "no file written by --help/--print-config/--dry-run", str(os.listdir(tmp)))
+print(f"{checks - len(failures)} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,219 @@
+// Fast CPU attention (kernels/cpu) against the fp64 reference (kernels/ref) on random shapes:
+// odd sizes, S_q != S_k, key blocks in the past / future / straddling the diagonal, zigzag
+// query shards, packed documents, sliding windows, MHA / GQA / MQA, rows that see no key.
+// Tolerance: tests/README.md (tolerance.hpp).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "attn_problem.hpp"
+#include "cpu/tile_ops.hpp"
+#include "ops.hpp"
+#include "ref/attn_ref.hpp"
+#include "tolerance.hpp"
+
+namespace ctxpar::test {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct FwdResult {
+  std::vector<float> o, lse;
+};
+
+FwdResult run_fast_fwd(const Problem& pr, int threads = 0) {
+  FwdResult r{std::vector<float>(pr.q.size()), std::vector<float>(pr.shape.S_q * pr.shape.H_q)};
+  AttnParams p = pr.params();
+  p.o = r.o.data();
+  p.lse = r.lse.data();
+  p.threads = threads;
+  attn_fwd(p);
+  return r;
+}
+
+// Forward of the fp64 reference and of the naive fp32 reference.
+struct RefFwd {
+  std::vector<double> o64, lse64;
+  std::vector<float> o32, lse32;
+};
+
+RefFwd run_ref_fwd(const Problem& pr) {
+  RefFwd r;
+  const AttnParams p = pr.params();
+  const auto q = convert<double>(pr.q), k = convert<double>(pr.k), v = convert<double>(pr.v);
+  r.o64.resize(pr.q.size());
+  r.lse64.resize(pr.shape.S_q * pr.shape.H_q);
+  ref::attn_fwd<double>(p, q.data(), k.data(), v.data(), r.o64.data(), r.lse64.data());
+  r.o32.resize(pr.q.size());
+  r.lse32.resize(pr.shape.S_q * pr.shape.H_q);
+  ref::attn_fwd<float>(p, pr.q.data(), pr.k.data(), pr.v.data(), r.o32.data(), r.lse32.data());
+  return r;
+}
+
+void expect_close(const char* what, const std::vector<float>& fast, const std::vector<float>& naive,
+                  const std::vector<double>& ref, double floor_factor = 1.0) {
+  const double e_fast = max_abs_err(fast, ref), e_naive = max_abs_err(naive, ref);
+  ASSERT_TRUE(std::isfinite(e_naive)) << what << ": the naive fp32 reference itself disagrees on -inf/NaN";
+  EXPECT_LE(e_fast, tolerance(e_naive, ref, floor_factor)) << what << ": fast err " << e_fast << ", naive fp32 err "
+                                             << e_naive;
+}
+
+std::vector<Shape> shapes() {
+  using M = MaskKind;
+  using L = Layout;
+  return {
+      {100, 100, 4, 4, 64, M::causal, L::diagonal},
+      {137, 203, 4, 1, 40, M::causal, L::straddle},         // MQA, odd sizes, S_q != S_k
+      {96, 160, 8, 2, 128, M::causal, L::past},             // GQA 4:1, keys entirely in the past
+      {77, 130, 4, 2, 64, M::causal, L::future},            // keys entirely in the future
+      {150, 150, 4, 1, 97, M::none, L::diagonal},           // no mask, odd D
+      {200, 200, 2, 2, 64, M::window, L::diagonal, 37},     // sliding window
+      {190, 190, 4, 1, 128, M::causal, L::diagonal, 0, true},  // packed documents
+      {128, 256, 8, 2, 64, M::causal, L::zigzag},           // zigzag query shard
+      {120, 250, 2, 1, 256, M::causal, L::straddle, 0, true},  // D = 256, documents
+      {1, 300, 4, 4, 128, M::causal, L::past},              // one query row (decode-like)
+      {300, 1, 4, 2, 32, M::causal, L::straddle},           // one key
+      {64, 64, 8, 8, 8, M::none, L::diagonal, 0, true},     // documents without a causal mask
+      {250, 180, 4, 4, 128, M::window, L::straddle, 100, true},
+      {97, 97, 3, 1, 17, M::causal, L::diagonal},           // 3 heads MQA, D = 17
+      {128, 256, 4, 2, 64, M::window, L::zigzag, 50},
+      {200, 200, 4, 4, 64, M::window, L::diagonal, 1},      // window 1: each row sees itself only
+  };
+}
+
+class AttnShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(AttnShapes, ForwardMatchesReference) {
+  const Problem pr(GetParam(), 17);
+  const FwdResult fast = run_fast_fwd(pr);
+  const RefFwd ref = run_ref_fwd(pr);
+  expect_close("O", fast.o, ref.o32, ref.o64);
+  expect_close("LSE", fast.lse, ref.lse32, ref.lse64);
+  // Rows that see no key: O exactly 0 and LSE exactly -inf (checked element-wise, not by norm).
+  const int64_t D = pr.shape.D;
+  for (size_t r = 0; r < ref.lse64.size(); ++r) {
+    if (ref.lse64[r] != -kInf) continue;
+    ASSERT_EQ(fast.lse[r], -INFINITY) << "row/head " << r;
+    for (int64_t d = 0; d < D; ++d) ASSERT_EQ(fast.o[r * D + d], 0.f) << "row/head " << r;
+  }
+}
+
+TEST_P(AttnShapes, BackwardMatchesReferenceAndAccumulates) {
+  const Problem pr(GetParam(), 23);
+  const RefFwd ref = run_ref_fwd(pr);
+  // Existing gradients (as left by an earlier ring step) that the call must add to.
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> n01(0.f, 1.f);
+  std::vector<float> dq0(pr.q.size()), dk0(pr.k.size()), dv0(pr.v.size());
+  for (auto* x : {&dq0, &dk0, &dv0})
+    for (auto& e : *x) e = n01(rng);
+
+  // fast: fp32 inputs, O and LSE rounded from the fp64 forward (what a caller would hold)
+  const auto o32r = convert<float>(ref.o64), lse32r = convert<float>(ref.lse64);
+  std::vector<float> dq = dq0, dk = dk0, dv = dv0;
+  AttnParams p = pr.params();
+  p.o = const_cast<float*>(o32r.data());
+  p.lse = const_cast<float*>(lse32r.data());
+  p.dq = dq.data();
+  p.dk = dk.data();
+  p.dv = dv.data();
+  attn_bwd(p);
+
+  // fp64 reference on the same starting gradients
+  std::vector<double> dq64 = convert<double>(dq0), dk64 = convert<double>(dk0), dv64 = convert<double>(dv0);
+  {
+    const auto q = convert<double>(pr.q), k = convert<double>(pr.k), v = convert<double>(pr.v),
+               d_o = convert<double>(pr.dout);
+    ref::attn_bwd<double>(p, q.data(), k.data(), v.data(), ref.o64.data(), ref.lse64.data(),
+                          d_o.data(), dq64.data(), dk64.data(), dv64.data());
+  }
+  // naive fp32
+  std::vector<float> dqn = dq0, dkn = dk0, dvn = dv0;
+  ref::attn_bwd<float>(p, pr.q.data(), pr.k.data(), pr.v.data(), o32r.data(), lse32r.data(),
+                       pr.dout.data(), dqn.data(), dkn.data(), dvn.data());
+  expect_close("dQ", dq, dqn, dq64, kBwdCancellation);
+  expect_close("dK", dk, dkn, dk64, kBwdCancellation);
+  expect_close("dV", dv, dvn, dv64);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AttnShapes, ::testing::ValuesIn(shapes()),
+                         [](const auto& info) { return shape_name(info.param); });
+
+// The scalar fallback (what a CPU without AVX2/FMA runs) against the same reference.
+TEST(AttnScalarPath, ForwardAndBackwardMatchReference) {
+  cpu::force_tile_ops(&cpu::tile_ops_scalar());
+  for (const Shape& s : {Shape{137, 203, 4, 1, 40, MaskKind::causal, Layout::straddle, 0, true},
+                         Shape{96, 96, 4, 2, 128, MaskKind::window, Layout::diagonal, 30}}) {
+    SCOPED_TRACE(shape_name(s));
+    const Problem pr(s, 3);
+    const FwdResult fast = run_fast_fwd(pr);
+    const RefFwd ref = run_ref_fwd(pr);
+    expect_close("O", fast.o, ref.o32, ref.o64);
+    expect_close("LSE", fast.lse, ref.lse32, ref.lse64);
+    std::vector<float> dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size());
+    AttnParams p = pr.params();
+    p.o = const_cast<float*>(fast.o.data());
+    p.lse = const_cast<float*>(fast.lse.data());
+    p.dq = dq.data();
+    p.dk = dk.data();
+    p.dv = dv.data();
+    attn_bwd(p);
+    std::vector<double> dq64(dq.size()), dk64(dk.size()), dv64(dv.size());
+    const auto q = convert<double>(pr.q), k = convert<double>(pr.k), v = convert<double>(pr.v),
+               d_o = convert<double>(pr.dout);
+    ref::attn_bwd<double>(p, q.data(), k.data(), v.data(), ref.o64.data(), ref.lse64.data(),
+                          d_o.data(), dq64.data(), dk64.data(), dv64.data());
+    std::vector<float> dqn(dq.size()), dkn(dk.size()), dvn(dv.size());
+    ref::attn_bwd<float>(p, pr.q.data(), pr.k.data(), pr.v.data(), fast.o.data(), fast.lse.data(),
+                         pr.dout.data(), dqn.data(), dkn.data(), dvn.data());
+    expect_close("dQ", dq, dqn, dq64, kBwdCancellation);
+    expect_close("dK", dk, dkn, dk64, kBwdCancellation);
+    expect_close("dV", dv, dvn, dv64);
+  }
+  cpu::force_tile_ops(nullptr);
+}
+
+// Forward tasks own their rows: the result is bit-identical for any thread count.
+TEST(AttnThreads, ForwardIsIndependentOfThreadCount) {
+  const Problem pr({300, 300, 8, 2, 64, MaskKind::causal, Layout::diagonal, 0, true}, 9);
+  const FwdResult a = run_fast_fwd(pr, 1), b = run_fast_fwd(pr, 2), c = run_fast_fwd(pr, 5);
+  EXPECT_EQ(a.o, b.o);
+  EXPECT_EQ(a.o, c.o);
+  EXPECT_EQ(a.lse, c.lse);
+}
+
+// Backward with several threads (dQ additions under locks, dK/dV owned per task) stays within
+// the tolerance of the single-thread result; a race would lose whole tile contributions.
+TEST(AttnThreads, BackwardRaceFree) {
+  const Problem pr({400, 400, 8, 2, 64, MaskKind::causal, Layout::diagonal}, 11);
+  const FwdResult f = run_fast_fwd(pr);
+  auto grads = [&](int threads) {
+    std::vector<float> g(pr.q.size() + 2 * pr.k.size());
+    AttnParams p = pr.params();
+    p.o = const_cast<float*>(f.o.data());
+    p.lse = const_cast<float*>(f.lse.data());
+    p.dq = g.data();
+    p.dk = g.data() + pr.q.size();
+    p.dv = g.data() + pr.q.size() + pr.k.size();
+    p.threads = threads;
+    attn_bwd(p);
+    return g;
+  };
+  const auto g1 = grads(1);
+  for (int threads : {2, 4, 7}) {
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto gt = grads(threads);
+      double err = 0, mag = 0;
+      for (size_t i = 0; i < g1.size(); ++i) {
+        err = std::max(err, double(std::abs(gt[i] - g1[i])));
+        mag = std::max(mag, double(std::abs(g1[i])));
+      }
+      // reordering of fp32 additions only: a few ulps of the largest gradient
+      EXPECT_LE(err, 1e-5 * mag) << threads << " threads";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ctxpar::test

@@ -1,0 +1,75 @@
+// sgemm (the BLAS library, all threads) and the tile micro-kernels (AVX2 and scalar) against a
+// double-precision loop.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "cpu/tile_ops.hpp"
+#include "ops.hpp"
+
+namespace ctxpar::test {
+namespace {
+
+TEST(Sgemm, AllTransposesMatchDoubleLoop) {
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const int64_t M = 67, N = 45, K = 131;
+      const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 5;
+      std::vector<float> A((ta ? K : M) * lda), B((tb ? N : K) * ldb), C(M * ldc);
+      for (auto* x : {&A, &B, &C})
+        for (auto& e : *x) e = u(rng);
+      const auto C0 = C;
+      const float alpha = 0.75f, beta = -0.5f;
+      sgemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+      for (int64_t i = 0; i < M; ++i) {
+        for (int64_t j = 0; j < N; ++j) {
+          double acc = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            const double a = ta ? A[k * lda + i] : A[i * lda + k];
+            const double b = tb ? B[j * ldb + k] : B[k * ldb + j];
+            acc += a * b;
+          }
+          const double expect = alpha * acc + beta * C0[i * ldc + j];
+          // K products of magnitude <= 1: fp32 error well under K * eps
+          ASSERT_NEAR(C[i * ldc + j], expect, 1e-4) << ta << tb << " " << i << "," << j;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(std::string(blas_name()).empty());
+}
+
+void check_tile_gemm(const cpu::TileOps& ops) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  // C[M, N] += A^T-style access (a_rs = 1) and plain access, panels for B.
+  for (bool transposed_a : {false, true}) {
+    for (int64_t M : {1, 5, 6, 13, 96}) {
+      const int64_t N = 48, K = 37, ld = 64;
+      std::vector<float> A(128 * ld), B(K * N), C(M * N);
+      for (auto* x : {&A, &B, &C})
+        for (auto& e : *x) e = u(rng);
+      const auto C0 = C;
+      const int64_t a_rs = transposed_a ? 1 : ld, a_cs = transposed_a ? ld : 1;
+      ops.gemm(M, N, K, A.data(), a_rs, a_cs, B.data(), N, 16, C.data(), N, true);
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t c = 0; c < N; ++c) {
+          double acc = C0[r * N + c];
+          for (int64_t k = 0; k < K; ++k) acc += double(A[r * a_rs + k * a_cs]) * B[k * N + c];
+          ASSERT_NEAR(C[r * N + c], acc, 1e-5) << ops.isa << " M=" << M << " " << r << "," << c;
+        }
+    }
+  }
+}
+
+TEST(TileOps, GemmScalarAndVector) {
+  check_tile_gemm(cpu::tile_ops_scalar());
+  check_tile_gemm(cpu::tile_ops());  // AVX2 on this machine
+}
+
+}  // namespace
+}  // namespace ctxpar::test

@@ -1,0 +1,387 @@
+// CP attention strategies at the ctest rank count P: every strategy x {MHA, GQA 4:1, MQA} x
+// {causal, packed documents, sliding window}, forward and backward, against the fp64 reference
+// on the same global inputs (tolerance policy below); message counts and bytes against the
+// strategy's own accounting; validate() messages for invalid shapes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/random.hpp"
+#include "cp/common.hpp"
+#include "cp/strategy.hpp"
+#include "cp/ulysses_core.hpp"
+#include "dist/topology.hpp"
+#include "mpi_test_env.hpp"
+#include "ops.hpp"
+#include "ref/attn_ref.hpp"
+#include "shard/partition.hpp"
+
+using namespace ctxpar;
+using ctxpar::test::world;
+
+namespace {
+
+// ---- tolerance policy (tests/README.md): an fp32 result's max error against the fp64 reference
+// must stay within kCpFactor x the error of the naive fp32 reference (ref::attn_* in float, one
+// row at a time, the whole sequence on one rank), plus kFloorRel x max|ref| (about one fp32 ulp
+// of the tensor's scale) in case the naive error is exactly zero. kCpFactor = 4 rather than the
+// kernels' 2: a CP result adds up to P fp32 LSE merges (forward) and a sum of P partial dK/dV
+// (backward), each rounding once. The bound does not depend on P, so an error that grows with P
+// fails. Measured with this suite (max over cases and ranks, P = 1 / 2 / 4 / 8): ratios to the
+// naive error 1.66 / 1.66 / 1.66 / 1.66 (dK), 1.21 / 1.21 / 1.21 / 1.32 (dQ), 1.11-1.14 (O).
+constexpr double kCpFactor = 4.0;
+constexpr double kFloorRel = 1e-7;
+
+constexpr int64_t kSeq = 128;  // divisible by 2P for P up to 8; several tiles per chunk at P = 1
+constexpr int32_t kHeadDim = 16;
+constexpr int64_t kWindow = 24;  // spans zigzag chunk boundaries for every P
+// Documents of these lengths (sum kSeq): one shorter than a chunk, others crossing shards.
+const std::vector<int64_t> kDocLengths = {37, 5, 50, 36};
+
+struct Heads {
+  const char* name;
+  int32_t H_q, H_kv;
+};
+const Heads kHeads[] = {{"mha", 8, 8}, {"gqa", 8, 2}, {"mqa", 8, 1}};
+
+struct Masking {
+  const char* name;
+  MaskKind mask;
+  int64_t window;
+  bool docs;
+};
+const Masking kMasks[] = {{"causal", MaskKind::causal, 0, false},
+                          {"docs", MaskKind::causal, 0, true},
+                          {"window", MaskKind::window, kWindow, false}};
+
+struct Case {
+  std::string strategy;
+  Heads heads;
+  Masking mask;
+};
+
+// The mesh a strategy runs on at P ranks: usp uses both axes where P allows (P = 1, 2 are its
+// degenerate cases), ulysses its own axis, the others the ring axis.
+MeshSpec mesh_for(const std::string& strategy, int P) {
+  MeshSpec m;
+  if (strategy == "usp") {
+    m.ulysses = P >= 4 ? 2 : 1;
+    m.ring = P / m.ulysses;
+  } else if (strategy == "ulysses") {
+    m.ulysses = P;
+  } else {
+    m.ring = P;
+  }
+  return m;
+}
+
+Topology& topology(const MeshSpec& m) {
+  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Topology>> cache;
+  auto& t = cache[{m.ulysses, m.ring}];
+  if (!t) t = Topology::create(world(), m);
+  return *t;
+}
+
+// Global inputs and the fp64 / naive-fp32 references of one case (same on every rank).
+struct Global {
+  AttnShape shape;
+  std::vector<int32_t> doc;
+  std::vector<int64_t> pos;
+  std::vector<float> q, k, v, dout;
+  // references: [0] fp64, [1] naive fp32 (as double)
+  std::vector<double> o[2], lse[2], dq[2], dk[2], dv[2];
+};
+
+template <class T>
+void run_ref(const Global& g, const AttnParams& p, std::vector<double>* o, std::vector<double>* lse,
+             std::vector<double>* dq, std::vector<double>* dk, std::vector<double>* dv) {
+  auto conv = [](const std::vector<float>& x) { return std::vector<T>(x.begin(), x.end()); };
+  const std::vector<T> q = conv(g.q), k = conv(g.k), v = conv(g.v), dout = conv(g.dout);
+  std::vector<T> O(q.size()), L(size_t(p.S_q) * p.H_q), dQ(q.size(), T(0)), dK(k.size(), T(0)), dV(v.size(), T(0));
+  ref::attn_fwd<T>(p, q.data(), k.data(), v.data(), O.data(), L.data());
+  ref::attn_bwd<T>(p, q.data(), k.data(), v.data(), O.data(), L.data(), dout.data(), dQ.data(), dK.data(), dV.data());
+  *o = std::vector<double>(O.begin(), O.end());
+  *lse = std::vector<double>(L.begin(), L.end());
+  *dq = std::vector<double>(dQ.begin(), dQ.end());
+  *dk = std::vector<double>(dK.begin(), dK.end());
+  *dv = std::vector<double>(dV.begin(), dV.end());
+}
+
+Global make_global(const Case& c, uint64_t seed) {
+  Global g;
+  AttnShape& s = g.shape;
+  s.S = kSeq;
+  s.H_q = c.heads.H_q;
+  s.H_kv = c.heads.H_kv;
+  s.D = kHeadDim;
+  s.mask = c.mask.mask;
+  s.window = c.mask.window;
+  s.has_docs = c.mask.docs;
+  g.pos.resize(kSeq);
+  for (int64_t i = 0; i < kSeq; ++i) g.pos[size_t(i)] = i;
+  if (s.has_docs) g.doc = doc_ids_from_lengths(kDocLengths, kSeq);
+  auto fill = [&](std::vector<float>& x, uint64_t id, int32_t H) {
+    x.resize(size_t(kSeq) * H * s.D);
+    fill_rows(seed, id, g.pos, int64_t(H) * s.D, 1.0f, x.data());
+  };
+  fill(g.q, 1, s.H_q);
+  fill(g.k, 2, s.H_kv);
+  fill(g.v, 3, s.H_kv);
+  fill(g.dout, 4, s.H_q);
+  AttnParams p;
+  p.S_q = p.S_k = kSeq;
+  p.H_q = s.H_q;
+  p.H_kv = s.H_kv;
+  p.D = s.D;
+  p.q_pos = p.k_pos = g.pos.data();
+  p.q_doc = p.k_doc = s.has_docs ? g.doc.data() : nullptr;
+  p.mask = s.mask;
+  p.window = s.window;
+  run_ref<double>(g, p, &g.o[0], &g.lse[0], &g.dq[0], &g.dk[0], &g.dv[0]);
+  run_ref<float>(g, p, &g.o[1], &g.lse[1], &g.dq[1], &g.dk[1], &g.dv[1]);
+  return g;
+}
+
+// max |a - ref| over rows `pos` of a [S, width] reference; -inf must match exactly, NaN fails.
+double err_rows(const std::vector<float>& a, const std::vector<double>& ref, const std::vector<int64_t>& pos,
+                int64_t width) {
+  double e = 0;
+  for (size_t i = 0; i < pos.size(); ++i)
+    for (int64_t c = 0; c < width; ++c) {
+      const double x = a[i * width + c], r = ref[size_t(pos[i] * width + c)];
+      if (std::isnan(x)) return std::numeric_limits<double>::infinity();
+      if (std::isinf(r) || std::isinf(x)) {
+        if (x != r) return std::numeric_limits<double>::infinity();
+        continue;
+      }
+      e = std::max(e, std::abs(x - r));
+    }
+  return e;
+}
+double err_all(const std::vector<double>& a, const std::vector<double>& ref) {
+  double e = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (!std::isinf(ref[i])) e = std::max(e, std::abs(a[i] - ref[i]));
+  return e;
+}
+double max_abs(const std::vector<double>& x) {
+  double m = 0;
+  for (double v : x)
+    if (!std::isinf(v)) m = std::max(m, std::abs(v));
+  return m;
+}
+double max_over_ranks(double x) {
+  world().all_reduce(std::span<double>(&x, 1), ReduceOp::max);
+  return x;
+}
+
+class CpCase : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CpCase, ForwardBackwardMatchReference) {
+  const Case& c = GetParam();
+  const int P = world().size();
+  Topology& topo = topology(mesh_for(c.strategy, P));
+  std::unique_ptr<CpStrategy> strat = make_strategy(c.strategy, topo);
+  ASSERT_TRUE(strat != nullptr);
+  const Global g = make_global(c, 1234);
+  const std::string verr = strat->validate(g.shape, topo);
+  ASSERT_EQ(verr, "") << "every case of this suite is valid at P = " << P;
+
+  const Partition part(strat->partition(), kSeq, topo.cp().size());
+  const int r = topo.cp().rank();
+  const std::vector<int64_t> pos = part.positions(r);
+  const int64_t S_loc = int64_t(pos.size());
+  const int64_t wq = int64_t(g.shape.H_q) * g.shape.D, wk = int64_t(g.shape.H_kv) * g.shape.D;
+  auto shard = [&](const std::vector<float>& x, int64_t w) {
+    std::vector<float> y(size_t(S_loc * w));
+    part.scatter_rows(std::span<const float>(x), w, r, std::span<float>(y));
+    return y;
+  };
+  const std::vector<float> q = shard(g.q, wq), k = shard(g.k, wk), v = shard(g.v, wk), dout = shard(g.dout, wq);
+  std::vector<int32_t> doc;
+  for (int64_t p : pos)
+    if (g.shape.has_docs) doc.push_back(g.doc[size_t(p)]);
+  std::vector<float> o(q.size(), NAN), lse(size_t(S_loc) * g.shape.H_q, NAN), dq(q.size(), NAN),
+      dk(k.size(), NAN), dv(v.size(), NAN);  // NaN: every element must be written
+  LocalAttn t;
+  t.S_loc = S_loc;
+  t.pos = pos.data();
+  t.doc = doc.empty() ? nullptr : doc.data();
+  t.q = q.data();
+  t.k = k.data();
+  t.v = v.data();
+  t.o = o.data();
+  t.lse = lse.data();
+  t.dout = dout.data();
+  t.dq = dq.data();
+  t.dk = dk.data();
+  t.dv = dv.data();
+
+  CpStats fst, bst;
+  strat->forward(g.shape, t, nullptr, fst);
+  strat->backward(g.shape, t, nullptr, bst);
+
+  struct Check {
+    const char* name;
+    const std::vector<float>& got;
+    const std::vector<double>* ref;
+    int64_t width;
+  };
+  const Check checks[] = {{"O", o, g.o, wq}, {"LSE", lse, g.lse, g.shape.H_q}, {"dQ", dq, g.dq, wq},
+                          {"dK", dk, g.dk, wk}, {"dV", dv, g.dv, wk}};
+  for (const Check& ch : checks) {
+    const double err = max_over_ranks(err_rows(ch.got, ch.ref[0], pos, ch.width));
+    const double naive = err_all(ch.ref[1], ch.ref[0]);
+    const double bound = kCpFactor * naive + kFloorRel * max_abs(ch.ref[0]);
+    EXPECT_LE(err, bound) << ch.name << ": max error vs fp64 " << err << ", naive fp32 error " << naive
+                          << " (ratio " << err / std::max(naive, 1e-300) << ", P = " << P << ")";
+  }
+
+  // Accounting: forward bytes match the strategy's own model; the ring posts one packed message
+  // per hop (forward P-1; backward P-1 K/V hops + P dK/dV hops).
+  EXPECT_DOUBLE_EQ(fst.bytes_sent, strat->comm_volume_fwd(g.shape, topo));
+  const int R = c.strategy == "ring" ? P : c.strategy == "usp" ? topo.size(Axis::ring) : 1;
+  if (c.strategy == "ring" || c.strategy == "usp") {
+    EXPECT_EQ(fst.messages, R - 1) << "forward: one message per hop";
+    EXPECT_EQ(bst.messages, R > 1 ? 2 * R - 1 : 0) << "backward: K/V hops and dK/dV hops";
+  } else {
+    EXPECT_EQ(fst.messages + bst.messages, 0) << "collective strategies post no point-to-point messages";
+  }
+  // FLOPs summed over ranks equal the convention's count on the whole sequence.
+  AttnParams full;
+  full.S_q = full.S_k = kSeq;
+  full.H_q = g.shape.H_q;
+  full.H_kv = g.shape.H_kv;
+  full.D = g.shape.D;
+  full.q_pos = full.k_pos = g.pos.data();
+  full.q_doc = full.k_doc = g.shape.has_docs ? g.doc.data() : nullptr;
+  full.mask = g.shape.mask;
+  full.window = g.shape.window;
+  double flops = fst.attn_flops;
+  world().all_reduce(std::span<double>(&flops, 1));
+  const double want = 4.0 * double(visible_pairs(full)) * g.shape.H_q * g.shape.D;
+  const int dp_tp = int(world().size() / topo.cp().size());
+  EXPECT_DOUBLE_EQ(flops, want * dp_tp);
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> v;
+  for (const std::string& s : strategy_names())
+    for (const Heads& h : kHeads)
+      for (const Masking& m : kMasks) v.push_back({s, h, m});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cp, CpCase, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return i.param.strategy + "_" + i.param.heads.name + "_" + i.param.mask.name;
+                         });
+
+// ---- validate(): clear messages for shapes that cannot be laid on the mesh ----------------------
+
+AttnShape shape(int64_t S, int32_t H_q, int32_t H_kv) {
+  AttnShape s;
+  s.S = S;
+  s.H_q = H_q;
+  s.H_kv = H_kv;
+  s.D = 16;
+  return s;
+}
+
+TEST(CpValidate, SequenceMustSplitIntoZigzagChunks) {
+  const int P = world().size();
+  for (const std::string& name : strategy_names()) {
+    Topology& topo = topology(mesh_for(name, P));
+    auto s = make_strategy(name, topo);
+    const std::string e = s->validate(shape(2 * P * 8 + P, 8, 8), topo);
+    EXPECT_NE(e.find(name + ": "), std::string::npos) << e;
+    EXPECT_NE(e.find("seq = " + std::to_string(2 * P * 8 + P)), std::string::npos) << e;
+    EXPECT_EQ(s->validate(shape(2 * P * 8, 8, 8), topo), "");
+  }
+}
+
+TEST(CpValidate, GroupsMustBeWhole) {
+  const int P = world().size();
+  Topology& topo = topology(mesh_for("ring", P));
+  const std::string e = make_strategy("ring", topo)->validate(shape(2 * P * 8, 8, 3), topo);
+  EXPECT_NE(e.find("H_q=8 is not a multiple of kv_heads H_kv=3"), std::string::npos) << e;
+  AttnShape w = shape(2 * P * 8, 8, 8);
+  w.mask = MaskKind::window;
+  w.window = 0;
+  EXPECT_NE(make_strategy("ring", topo)->validate(w, topo).find("window > 0"), std::string::npos);
+}
+
+TEST(CpValidate, UlyssesHeadsMustSplitOrReplicate) {
+  const int P = world().size();
+  for (const char* name : {"ulysses", "usp"}) {
+    Topology& topo = topology(mesh_for(name, P));
+    const int U = topo.size(Axis::ulysses);
+    auto s = make_strategy(name, topo);
+    if (U == 1) {  // nothing to split: any head count is valid
+      EXPECT_EQ(s->validate(shape(2 * P * 8, 3, 3), topo), "");
+      continue;
+    }
+    // H_q not divisible by U.
+    std::string e = s->validate(shape(2 * P * 8, 3, 3), topo);
+    EXPECT_NE(e.find("H_q=3 cannot be split over the ulysses degree U=" + std::to_string(U)), std::string::npos) << e;
+    EXPECT_NE(e.find("valid for H_q=3, H_kv=3: 1, 3"), std::string::npos) << e;
+    // H_kv = 3 neither divisible by U (2, 4, 8) nor dividing it.
+    e = s->validate(shape(2 * P * 8, 3 * U, 3), topo);
+    EXPECT_NE(e.find("H_kv=3 can be neither split over nor replicated on U=" + std::to_string(U)), std::string::npos) << e;
+    // Fewer K/V heads than U: replicated (valid), e.g. MQA.
+    EXPECT_EQ(s->validate(shape(2 * P * 8, U, 1), topo), "");
+  }
+}
+
+TEST(CpRegistry, NamesInConfigOrderAndUnknownIsNull) {
+  const std::vector<std::string> want = {"allgather", "ulysses", "ring", "usp"};
+  EXPECT_EQ(strategy_names(), want);
+  Topology& topo = topology(mesh_for("ring", world().size()));
+  for (const std::string& n : want) EXPECT_EQ(make_strategy(n, topo)->name(), n);
+  EXPECT_EQ(make_strategy("bogus", topo), nullptr);
+}
+
+// ---- helpers ---------------------------------------------------------------------------------
+
+TEST(CpHelpers, CountVisiblePairsMatchesTheMaskDefinition) {
+  // Zigzag-like positions in arbitrary order, documents, every mask kind.
+  std::vector<int64_t> qp = {40, 3, 17, 18, 63, 0, 31}, kp = {5, 0, 62, 18, 17, 40, 39, 63, 2};
+  std::vector<int32_t> qd = {2, 0, 1, 1, 3, 0, 1}, kd = {0, 0, 3, 1, 1, 2, 2, 3, 0};
+  for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window})
+    for (bool docs : {false, true}) {
+      AttnParams p;
+      p.S_q = int64_t(qp.size());
+      p.S_k = int64_t(kp.size());
+      p.q_pos = qp.data();
+      p.k_pos = kp.data();
+      p.q_doc = docs ? qd.data() : nullptr;
+      p.k_doc = docs ? kd.data() : nullptr;
+      p.mask = m;
+      p.window = 3;
+      int64_t brute = 0;
+      for (int64_t i = 0; i < p.S_q; ++i)
+        for (int64_t j = 0; j < p.S_k; ++j) brute += p.visible(i, j);
+      EXPECT_EQ(cp::count_visible_pairs(p.S_q, p.q_pos, p.q_doc, p.S_k, p.k_pos, p.k_doc, m, 3), brute)
+          << "mask " << int(m) << " docs " << docs;
+    }
+}
+
+TEST(CpHelpers, HeadSplitReplicatesFewKvHeads) {
+  const cp::HeadSplit a = cp::head_split(8, 4);
+  EXPECT_EQ(a.H_loc, 2);
+  EXPECT_FALSE(a.replicated());
+  EXPECT_EQ(a.first(3), 6);
+  const cp::HeadSplit b = cp::head_split(2, 8);  // GQA 4:1 K/V heads on 8 ulysses ranks
+  EXPECT_EQ(b.H_loc, 1);
+  EXPECT_TRUE(b.replicated());
+  // Query heads 8/8 = 1 per rank; rank j's query head j belongs to K/V head j / 4.
+  for (int j = 0; j < 8; ++j) EXPECT_EQ(b.first(j), j / 4);
+}
+
+}  // namespace

@@ -1,0 +1,130 @@
+"""The ctxpar training model in plain PyTorch (autograd), the oracle for src/model.
+
+Same math as src/model/transformer.cpp, written independently from the PyTorch side:
+weights stored [in, out] (y = x @ W), RMSNorm, rotate-half RoPE at global positions with
+Llama 3 frequency scaling, GQA by repeating K/V heads, causal + same-document mask, SwiGLU,
+cross-entropy over labels shifted within documents (-1 = ignored), AdamW with decoupled weight
+decay on matrices only and global-norm clipping (torch.nn.utils.clip_grad_norm_).
+"""
+import math
+
+import h5py
+import numpy as np
+import torch
+
+LAYER_TENSORS = ["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w1", "w3", "w2"]
+
+
+def load_dump(path):
+    f = h5py.File(path, "r")
+    cfg = {k: f.attrs[k].item() for k in f.attrs}
+    names = ["emb"] + [f"layers.{l}.{t}" for l in range(cfg["layers"]) for t in LAYER_TENSORS] + ["final_norm", "lm_head"]
+    params = {n: np.array(f["params/" + n]) for n in names}
+    grads = {n: np.array(f["grads/" + n]) for n in names}
+    out = dict(cfg=cfg, names=names, params=params, grads=grads, logits=np.array(f["logits"]),
+               losses=np.array(f["losses"]).reshape(-1), tokens=np.array(f["tokens"]).reshape(-1, cfg["seq"]),
+               doc_ids=np.array(f["doc_ids"]).reshape(-1, cfg["seq"]))
+    f.close()
+    return out
+
+
+def rope_inv_freq(cfg):
+    D = cfg["head_dim"]
+    theta, factor = cfg["rope_theta"], cfg["rope_scale_factor"]
+    low, high, orig = cfg["rope_low_freq_factor"], cfg["rope_high_freq_factor"], cfg["rope_original_max_pos"]
+    out = []
+    for i in range(D // 2):
+        f = theta ** (-2.0 * i / D)
+        wavelen = 2 * math.pi / f
+        if wavelen > orig / low:
+            f = f / factor
+        elif wavelen >= orig / high and high != low:
+            smooth = (orig / wavelen - low) / (high - low)
+            f = (1 - smooth) * f / factor + smooth * f
+        out.append(f)
+    return np.array(out, dtype=np.float64)
+
+
+def labels_of(tokens, doc_ids):
+    lab = np.full(len(tokens), -1, dtype=np.int64)
+    same = doc_ids[1:] == doc_ids[:-1]
+    lab[:-1][same] = tokens[1:][same]
+    return lab
+
+
+class Model:
+    def __init__(self, dump, dtype):
+        self.cfg = dump["cfg"]
+        self.dtype = dtype
+        self.names = dump["names"]
+        self.p = {n: torch.tensor(dump["params"][n], dtype=dtype, requires_grad=True) for n in self.names}
+        S = self.cfg["seq"]
+        pos = np.arange(S, dtype=np.float64)
+        ang = np.outer(pos, rope_inv_freq(self.cfg))  # angles in float64, as ctxpar's rope_table
+        self.cos = torch.tensor(np.cos(ang), dtype=dtype)
+        self.sin = torch.tensor(np.sin(ang), dtype=dtype)
+        self.dump = dump
+        self.set_batch(0)
+
+    def set_batch(self, step):
+        S = self.cfg["seq"]
+        tokens, doc_ids = self.dump["tokens"][step], self.dump["doc_ids"][step]
+        doc = torch.tensor(doc_ids.astype(np.int64))
+        causal = torch.arange(S)[None, :] <= torch.arange(S)[:, None]
+        self.mask = causal & (doc[None, :] == doc[:, None])
+        self.tokens = torch.tensor(tokens.astype(np.int64))
+        self.labels = torch.tensor(labels_of(tokens, doc_ids))
+
+    def rms(self, x, w):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.cfg["norm_eps"]) * w.reshape(-1)
+
+    def rope(self, x):  # x [S, H, D], rotate half
+        h = x.shape[-1] // 2
+        a, b = x[..., :h], x[..., h:]
+        c, s = self.cos[:, None, :], self.sin[:, None, :]
+        return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+
+    def forward(self):
+        c, p = self.cfg, self.p
+        S, H, Hkv, D = c["seq"], c["heads"], c["kv_heads"], c["head_dim"]
+        x = p["emb"][self.tokens]
+        for l in range(c["layers"]):
+            w = {t: p[f"layers.{l}.{t}"] for t in LAYER_TENSORS}
+            h = self.rms(x, w["attn_norm"])
+            q = self.rope((h @ w["wq"]).reshape(S, H, D))
+            k = self.rope((h @ w["wk"]).reshape(S, Hkv, D))
+            v = (h @ w["wv"]).reshape(S, Hkv, D)
+            k = k.repeat_interleave(H // Hkv, dim=1)
+            v = v.repeat_interleave(H // Hkv, dim=1)
+            sc = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(D)
+            sc = sc.masked_fill(~self.mask[None], float("-inf"))
+            o = torch.einsum("hij,jhd->ihd", torch.softmax(sc, dim=-1), v).reshape(S, H * D)
+            x = x + o @ w["wo"]
+            h2 = self.rms(x, w["mlp_norm"])
+            g, u = h2 @ w["w1"], h2 @ w["w3"]
+            x = x + (torch.nn.functional.silu(g) * u) @ w["w2"]
+        logits = self.rms(x, p["final_norm"]) @ p["lm_head"]
+        loss = torch.nn.functional.cross_entropy(logits, self.labels, ignore_index=-1, reduction="mean")
+        return loss, logits
+
+    def optimizer(self):
+        c = self.cfg
+        decay = [self.p[n] for n in self.names if not n.endswith("norm")]
+        no_decay = [self.p[n] for n in self.names if n.endswith("norm")]
+        return torch.optim.AdamW([{"params": decay, "weight_decay": c["weight_decay"]},
+                                  {"params": no_decay, "weight_decay": 0.0}],
+                                 lr=c["lr"], betas=(c["beta1"], c["beta2"]), eps=c["adam_eps"])
+
+    def train(self, steps):
+        opt = self.optimizer()
+        losses = []
+        for s in range(steps):
+            self.set_batch(s)
+            opt.zero_grad()
+            loss, _ = self.forward()
+            loss.backward()
+            if self.cfg["grad_clip"] > 0:
+                torch.nn.utils.clip_grad_norm_([self.p[n] for n in self.names], self.cfg["grad_clip"])
+            opt.step()
+            losses.append(loss.item())
+        return losses
