@@ -86,7 +86,7 @@ std::string read_config_text(Comm& world, const std::string& path, std::string& 
   std::string text;
   if (world.rank() == 0 && !path.empty()) {
     std::ifstream f(path);
-    if (!f) error = "config: cannot read --config file '" + path + "'";
+    if (!f) error = "config: cannot read --config file '" + path + "'; valid: a readable TOML file such as inputs/default.toml";
     std::stringstream ss;
     ss << f.rdbuf();
     text = ss.str();
@@ -117,7 +117,11 @@ int run(int argc, char** argv, Comm& world) {
     cfg.mode = cli.mode;
     cfg.bench = cli.bench;
     validate_config(cfg, world.size());
-    topo = Topology::create(world, parse_mesh(cfg.mesh, world.size()));
+    const MeshSpec mesh = parse_mesh(cfg.mesh, world.size());
+    // Record the mesh in full (the trace and printouts then never show an implicit default).
+    cfg.mesh = "dp:" + std::to_string(mesh.dp) + ",tp:" + std::to_string(mesh.tp) + ",ulysses:" +
+               std::to_string(mesh.ulysses) + ",ring:" + std::to_string(mesh.ring);
+    topo = Topology::create(world, mesh);
     err = agree_on_error(world, validate_mode(cfg, *topo));
     if (!err.empty()) throw UsageError(err);
   } catch (const UsageError& e) {

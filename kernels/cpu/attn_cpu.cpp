@@ -35,9 +35,13 @@ namespace ctxpar {
 
 namespace {
 
-constexpr int64_t kBk = 64;  // key tile (multiple of 16: the micro-kernel's column width)
-// Query tile: a multiple of the micro-kernel's 6 rows; halved for D > 128 so that the Q, O and
-// score tiles plus one K and one V tile stay within a 512 KiB L2.
+// Tile sizes (kernels/README.md has the measurements). Key tiles are multiples of 16 (the
+// micro-kernel's column width), query tiles multiples of its 6 rows. Forward: 128 keys, so the
+// O += P V micro-kernel runs 128-long inner loops (vs 64: about +10 %). Backward: 64 keys, as
+// its dV += P^T dO and dK += dS^T Q kernels read P and dS down columns, which costs more cache
+// lines per useful float as the key tile grows. Query tiles are halved for D > 128 so that the
+// Q, O and score tiles plus one K and one V tile stay within a 512 KiB L2.
+constexpr int64_t kBkFwd = 128, kBkBwd = 64;
 int64_t query_tile_rows(int32_t D) { return D <= 128 ? 96 : 48; }
 int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
 constexpr float kLog2e = 1.4426950408889634f;
@@ -119,13 +123,13 @@ void pack_rows(const float* x, int64_t S, int32_t H, int32_t D, int64_t S_pad, i
 // [nk, nk16) beyond the last key. The per-element test is AttnParams::visible() written
 // branch-free over a row, so the compiler vectorizes it (packed documents make many tiles
 // partial; a call per pair cost ~25 % of such a tile).
-void mask_tile(const AttnParams& p, float* S, int64_t q0, int64_t nq, int64_t j0, int64_t nk,
-               int64_t nk16, bool partial) {
+void mask_tile(const AttnParams& p, float* S, int64_t ld, int64_t q0, int64_t nq, int64_t j0,
+               int64_t nk, int64_t nk16, bool partial) {
   const bool docs = p.q_doc && p.k_doc;
   const int64_t* kp = p.k_pos ? p.k_pos + j0 : nullptr;
   const int32_t* kd = docs ? p.k_doc + j0 : nullptr;
   for (int64_t r = 0; r < nq; ++r) {
-    float* s = S + r * kBk;
+    float* s = S + r * ld;
     if (partial) {
       const int32_t qd = docs ? p.q_doc[q0 + r] : 0;
       if (p.mask == MaskKind::none) {  // partial only through documents
@@ -180,11 +184,11 @@ void attn_fwd(const AttnParams& p) {
   }
   const cpu::TileOps& ops = cpu::tile_ops();
   const int64_t Bq = query_tile_rows(D), Dp = round16(D);
-  const int64_t n_qt = (p.S_q + Bq - 1) / Bq, n_kt = (p.S_k + kBk - 1) / kBk;
-  const int64_t S_k_pad = n_kt * kBk, n_panels = S_k_pad / 16;
+  const int64_t n_qt = (p.S_q + Bq - 1) / Bq, n_kt = (p.S_k + kBkFwd - 1) / kBkFwd;
+  const int64_t S_k_pad = n_kt * kBkFwd, n_panels = S_k_pad / 16;
   const float c = p.softmax_scale() * kLog2e;
   const auto q_ranges = tile_ranges(p.q_pos, p.q_doc, p.S_q, Bq);
-  const auto k_ranges = tile_ranges(p.k_pos, p.k_doc, p.S_k, kBk);
+  const auto k_ranges = tile_ranges(p.k_pos, p.k_doc, p.S_k, kBkFwd);
 
   Scratch kt(p.H_kv * n_panels * 16 * D), vr(p.H_kv * S_k_pad * Dp);
 #pragma omp parallel num_threads(thread_count(p))
@@ -192,7 +196,7 @@ void attn_fwd(const AttnParams& p) {
     pack_panels(p.k, p.S_k, p.H_kv, D, n_panels, kt.get());
     pack_rows(p.v, p.S_k, p.H_kv, D, S_k_pad, Dp, vr.get());  // omp for: implicit barrier
 
-    Scratch qt(Bq * Dp, true), ot(Bq * Dp), st(Bq * kBk);
+    Scratch qt(Bq * Dp, true), ot(Bq * Dp), st(Bq * kBkFwd);
     std::vector<float> m(Bq), l(Bq), alpha(Bq);
     Counters cnt;
     // Task order: kv head outermost, then query tiles from the last (under a causal mask the
@@ -216,17 +220,17 @@ void attn_fwd(const AttnParams& p) {
         ++cnt.total;
         const tiles::Vis vis = tiles::classify(p, q_ranges[qi], k_ranges[ki]);
         if (vis == tiles::Vis::empty) { ++cnt.skipped; continue; }
-        const int64_t j0 = ki * kBk, nk = std::min(kBk, p.S_k - j0), nk16 = round16(nk);
+        const int64_t j0 = ki * kBkFwd, nk = std::min(kBkFwd, p.S_k - j0), nk16 = round16(nk);
         cnt.partial += vis == tiles::Vis::partial;
         cnt.pairs += nq * nk;
         // S = Q K^T over the 16-key panels of this tile
         ops.gemm(nq, nk16, D, qt.get(), Dp, 1, kt.get() + (g * n_panels + j0 / 16) * D * 16, 16,
-                 D * 16, st.get(), kBk, false);
-        mask_tile(p, st.get(), q0, nq, j0, nk, nk16, vis == tiles::Vis::partial);
-        ops.softmax_tile(st.get(), nq, nk16, kBk, c, m.data(), l.data(), alpha.data());
+                 D * 16, st.get(), kBkFwd, false);
+        mask_tile(p, st.get(), kBkFwd, q0, nq, j0, nk, nk16, vis == tiles::Vis::partial);
+        ops.softmax_tile(st.get(), nq, nk16, kBkFwd, c, m.data(), l.data(), alpha.data());
         ops.scale_rows(ot.get(), nq, Dp, Dp, alpha.data());
         // O += P V
-        ops.gemm(nq, Dp, nk16, st.get(), kBk, 1, vr.get() + (g * S_k_pad + j0) * Dp, Dp, 16,
+        ops.gemm(nq, Dp, nk16, st.get(), kBkFwd, 1, vr.get() + (g * S_k_pad + j0) * Dp, Dp, 16,
                  ot.get(), Dp, true);
       }
       for (int64_t r = 0; r < nq; ++r) {
@@ -253,11 +257,11 @@ void attn_bwd(const AttnParams& p) {
   if (p.S_q == 0 || p.S_k == 0) return;
   const cpu::TileOps& ops = cpu::tile_ops();
   const int64_t Bq = query_tile_rows(D), Dp = round16(D);
-  const int64_t n_qt = (p.S_q + Bq - 1) / Bq, n_kt = (p.S_k + kBk - 1) / kBk;
-  const int64_t S_k_pad = n_kt * kBk, n_panels = S_k_pad / 16;
+  const int64_t n_qt = (p.S_q + Bq - 1) / Bq, n_kt = (p.S_k + kBkBwd - 1) / kBkBwd;
+  const int64_t S_k_pad = n_kt * kBkBwd, n_panels = S_k_pad / 16;
   const float scale = p.softmax_scale(), c = scale * kLog2e;
   const auto q_ranges = tile_ranges(p.q_pos, p.q_doc, p.S_q, Bq);
-  const auto k_ranges = tile_ranges(p.k_pos, p.k_doc, p.S_k, kBk);
+  const auto k_ranges = tile_ranges(p.k_pos, p.k_doc, p.S_k, kBkBwd);
 
   // Packed operands: Q and dO head-major rows (B operands of dK and dV, A of S and dP), K^T and
   // V^T panels (B of S and dP), K rows (B of dQ); per-row lse in base 2 and D_i = dO_i . O_i.
@@ -286,16 +290,16 @@ void attn_bwd(const AttnParams& p) {
       di.get()[t] = acc;
     }  // implicit barrier: packing done
 
-    Scratch st(Bq * kBk), dpt(Bq * kBk), dql(Bq * Dp), dka(kBk * Dp), dva(kBk * Dp);
+    Scratch st(Bq * kBkBwd), dpt(Bq * kBkBwd), dql(Bq * Dp), dka(kBkBwd * Dp), dva(kBkBwd * Dp);
     Counters cnt;
     // Key tiles in order: under a causal mask the first key tiles are seen by the most queries.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < n_kt * p.H_kv; ++task) {
       const int64_t ki = task / p.H_kv;
       const int32_t g = static_cast<int32_t>(task % p.H_kv);
-      const int64_t j0 = ki * kBk, nk = std::min(kBk, p.S_k - j0), nk16 = round16(nk);
-      std::fill(dka.get(), dka.get() + kBk * Dp, 0.f);
-      std::fill(dva.get(), dva.get() + kBk * Dp, 0.f);
+      const int64_t j0 = ki * kBkBwd, nk = std::min(kBkBwd, p.S_k - j0), nk16 = round16(nk);
+      std::fill(dka.get(), dka.get() + kBkBwd * Dp, 0.f);
+      std::fill(dva.get(), dva.get() + kBkBwd * Dp, 0.f);
       const float* k_panel = kt.get() + (g * n_panels + j0 / 16) * D * 16;
       const float* v_panel = vt.get() + (g * n_panels + j0 / 16) * D * 16;
       for (int32_t h = g * group; h < (g + 1) * group; ++h) {
@@ -308,16 +312,16 @@ void attn_bwd(const AttnParams& p) {
           cnt.pairs += nq * nk;
           const float* qt = qr.get() + (h * p.S_q + q0) * Dp;
           const float* dot = dor.get() + (h * p.S_q + q0) * Dp;
-          ops.gemm(nq, nk16, D, qt, Dp, 1, k_panel, 16, D * 16, st.get(), kBk, false);    // S
-          ops.gemm(nq, nk16, D, dot, Dp, 1, v_panel, 16, D * 16, dpt.get(), kBk, false);  // dP
-          mask_tile(p, st.get(), q0, nq, j0, nk, nk16, vis == tiles::Vis::partial);
-          ops.bwd_p_ds(st.get(), dpt.get(), nq, nk16, kBk, c, lse2.get() + h * p.S_q + q0,
+          ops.gemm(nq, nk16, D, qt, Dp, 1, k_panel, 16, D * 16, st.get(), kBkBwd, false);    // S
+          ops.gemm(nq, nk16, D, dot, Dp, 1, v_panel, 16, D * 16, dpt.get(), kBkBwd, false);  // dP
+          mask_tile(p, st.get(), kBkBwd, q0, nq, j0, nk, nk16, vis == tiles::Vis::partial);
+          ops.bwd_p_ds(st.get(), dpt.get(), nq, nk16, kBkBwd, c, lse2.get() + h * p.S_q + q0,
                        di.get() + h * p.S_q + q0, scale);
-          // dV += P^T dO, dK += dS^T Q (A transposed: a_rs = 1, a_cs = kBk)
-          ops.gemm(nk, Dp, nq, st.get(), 1, kBk, dot, Dp, 16, dva.get(), Dp, true);
-          ops.gemm(nk, Dp, nq, dpt.get(), 1, kBk, qt, Dp, 16, dka.get(), Dp, true);
+          // dV += P^T dO, dK += dS^T Q (A transposed: a_rs = 1, a_cs = kBkBwd)
+          ops.gemm(nk, Dp, nq, st.get(), 1, kBkBwd, dot, Dp, 16, dva.get(), Dp, true);
+          ops.gemm(nk, Dp, nq, dpt.get(), 1, kBkBwd, qt, Dp, 16, dka.get(), Dp, true);
           // dQ (this tile's share) = dS K, added under the lock of (h, query tile)
-          ops.gemm(nq, Dp, nk16, dpt.get(), kBk, 1, kr.get() + (g * S_k_pad + j0) * Dp, Dp, 16,
+          ops.gemm(nq, Dp, nk16, dpt.get(), kBkBwd, 1, kr.get() + (g * S_k_pad + j0) * Dp, Dp, 16,
                    dql.get(), Dp, false);
           omp_lock_t* lk = &locks[h * n_qt + qi];
           omp_set_lock(lk);

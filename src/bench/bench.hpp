@@ -41,6 +41,9 @@ struct BenchContext {
   const Config& cfg;
   Topology& topo;
   Tracer& tracer;
+  // true: each bench case is a traced step of its own; false: the bench only adds spans to the
+  // caller's current step (the default job runs the comm bench inside its warmup step).
+  bool own_steps = true;
 };
 
 // Each bench returns the number of wrong results (0 = VALID); the verdict line says which.

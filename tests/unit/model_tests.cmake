@@ -1,0 +1,3 @@
+# src/model and the model ops of kernels/: fast path vs reference, finite differences, tp-sliced
+# initialization, FLOP formulas, synthetic data and batches (no MPI).
+ctxpar_add_gtest(test_model_ops SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_model_ops.cpp LIBS ctxpar_app LABELS unit model)
