@@ -84,6 +84,7 @@ class Trace:
     rank_steps: np.ndarray         # structured array, fields RANK_STEP_FIELDS, a row per (step, rank)
     summary: Dict[str, Any]        # /summary attributes ({} for an unfinished run)
     phase_names: List[str] = field(default_factory=list)
+    generated: Optional[np.ndarray] = None  # inference: token ids [turn, step, batch], else None
 
     @property
     def schema_version(self) -> int:
@@ -207,6 +208,7 @@ def load(path: str) -> Trace:
         steps = _table(f, "steps", STEP_FIELDS)
         rank_steps = _table(f, "rank_steps", RANK_STEP_FIELDS)
         summary = _attrs(f["summary"]) if "summary" in f else {}
+        generated = f["generated"][()] if "generated" in f else None
     return Trace(path=real, partial=real.endswith(".partial"), attrs=attrs, config=config,
                  topology=topology, spans=spans, steps=steps, rank_steps=rank_steps,
-                 summary=summary, phase_names=list(phase_names))
+                 summary=summary, phase_names=list(phase_names), generated=generated)

@@ -31,7 +31,7 @@ struct Cli {
 };
 
 const char* kModes = "run, attn, train, bench";
-const char* kBenches = "comm, attn, cp";
+const char* kBenches = "comm, attn, cp, train, peak";
 
 bool is_bool_field(const std::string& key) {
   for (const Field& f : config_fields())
@@ -76,7 +76,7 @@ Cli parse_cli(int argc, char** argv) {
   if (c.mode.empty()) throw UsageError(std::string("no mode given; valid modes: ") + kModes + " (ctxpar --help)");
   if (c.mode != "run" && c.mode != "attn" && c.mode != "train" && c.mode != "bench")
     throw UsageError("unknown mode '" + c.mode + "'; valid modes: " + kModes);
-  if (c.mode == "bench" && c.bench != "comm" && c.bench != "attn" && c.bench != "cp")
+  if (c.mode == "bench" && c.bench != "comm" && c.bench != "attn" && c.bench != "cp" && c.bench != "train" && c.bench != "peak")
     throw UsageError("bench needs one of: " + std::string(kBenches) + (c.bench.empty() ? "" : " (got '" + c.bench + "')"));
   return c;
 }
@@ -139,7 +139,7 @@ int run(int argc, char** argv, Comm& world) {
   }
 
   install_stop_signals();
-  Tracer tracer(world, cfg, *topo, trace_path(cfg), cfg.mode == "train" ? train_peak_flops_per_rank(cfg, *topo) : 0.0);
+  Tracer tracer(world, cfg, *topo, trace_path(cfg), cfg.mode == "train" || cfg.bench == "train" ? train_peak_flops_per_rank(cfg, *topo) : 0.0);
   int rc = 0;
   if (cfg.mode == "run") rc = run_default(cfg, *topo, tracer);
   else if (cfg.mode == "attn") rc = run_attn_mode(cfg, *topo, tracer);
@@ -148,6 +148,8 @@ int run(int argc, char** argv, Comm& world) {
     BenchContext ctx{cfg, *topo, tracer};
     if (cfg.bench == "comm") rc = bench_comm(ctx);
     else if (cfg.bench == "attn") rc = bench_attn(ctx);
+    else if (cfg.bench == "train") rc = bench_train(ctx);
+    else if (cfg.bench == "peak") rc = bench_peak(ctx);
     else rc = bench_cp(ctx);
   }
   tracer.finish(stop_signal_seen());

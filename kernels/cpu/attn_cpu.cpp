@@ -292,11 +292,14 @@ void attn_bwd(const AttnParams& p) {
 
     Scratch st(Bq * kBkBwd), dpt(Bq * kBkBwd), dql(Bq * Dp), dka(kBkBwd * Dp), dva(kBkBwd * Dp);
     Counters cnt;
-    // Key tiles in order: under a causal mask the first key tiles are seen by the most queries.
+    // Task order: kv head outermost, then key tiles from the first (under a causal mask the
+    // first key tiles are seen by the most queries: largest first). Threads on neighbouring
+    // tasks then stream the same group's Q and dO tiles in the same order (shared through the
+    // L3) instead of one group each.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < n_kt * p.H_kv; ++task) {
-      const int64_t ki = task / p.H_kv;
-      const int32_t g = static_cast<int32_t>(task % p.H_kv);
+      const int32_t g = static_cast<int32_t>(task / n_kt);
+      const int64_t ki = task % n_kt;
       const int64_t j0 = ki * kBkBwd, nk = std::min(kBkBwd, p.S_k - j0), nk16 = round16(nk);
       std::fill(dka.get(), dka.get() + kBkBwd * Dp, 0.f);
       std::fill(dva.get(), dva.get() + kBkBwd * Dp, 0.f);

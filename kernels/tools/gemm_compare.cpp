@@ -39,6 +39,11 @@ template <class F> static double best_gflops(double flop, int reps, F&& f) {
 
 int main(int argc, char** argv) {
   const int N = argc > 1 ? std::atoi(argv[1]) : 2048;
+#if defined(GEMM_COMPARE_BLIS)
+  std::printf("BLIS %s, arch %s\n", bli_info_get_version_str(), bli_arch_string(bli_arch_query_id()));
+#else
+  std::printf("%s, core %s\n", openblas_get_config(), openblas_get_corename());
+#endif
   std::vector<float> A(size_t(N) * N, 0.5f), B(size_t(N) * N, 0.25f), C(size_t(N) * N);
   for (int threads : {1, omp_get_max_threads()}) {
     set_threads(threads);

@@ -50,6 +50,8 @@ struct BenchContext {
 int bench_comm(BenchContext& ctx);
 int bench_attn(BenchContext& ctx);
 int bench_cp(BenchContext& ctx);
+int bench_train(BenchContext& ctx);  // bench_train.cpp: training steps, MFU and time shares
+int bench_peak(BenchContext& ctx);   // bench_train.cpp: the per-rank peak MFU is measured against
 
 // "VALID: ..." / "INVALID: N wrong" line on rank 0.
 void print_verdict(const std::string& what, int wrong, bool csv);

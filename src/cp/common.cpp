@@ -107,7 +107,9 @@ void pack_kv(const KvLayout& L, const float* k, const float* v, const int64_t* p
 }
 
 int64_t progress_chunk_rows(int64_t S_q, int parts) {
-  const int64_t tile = 64;
+  // Whole query tiles of the CPU kernel (96 rows for D <= 128, 48 above; 64 for other
+  // backends): a chunk boundary inside a tile would cost a partial tile per chunk.
+  const int64_t tile = 192;
   int64_t c = (S_q + parts - 1) / std::max(parts, 1);
   c = (c + tile - 1) / tile * tile;
   return std::max<int64_t>(c, tile);

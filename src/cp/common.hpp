@@ -72,7 +72,7 @@ void pack_kv(const KvLayout& L, const float* k, const float* v, const int64_t* p
 
 // Query rows per kernel call while a transfer is in flight: OpenMPI moves a large message only
 // inside MPI calls, so the block's compute is split into row chunks and the pending requests
-// are tested between chunks. `parts` chunks, each a multiple of 64 rows (a kernel tile).
+// are tested between chunks. About `parts` chunks, each a multiple of 192 rows (whole kernel tiles).
 int64_t progress_chunk_rows(int64_t S_q, int parts);
 
 // Calls attn_fwd (or attn_bwd) on query rows [a, b) of `p` for consecutive chunks of `chunk`

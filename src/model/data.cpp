@@ -127,21 +127,19 @@ std::unique_ptr<TokenSource> make_token_source(const Config& c) {
 Batch make_batch(const TokenSource& src, int64_t index, int64_t S, const Partition& part, int r) {
   std::vector<int32_t> tokens(static_cast<size_t>(S)), doc(static_cast<size_t>(S));
   src.sample(index, S, tokens.data(), doc.data());
-  const bool one_doc = doc.back() == 0;
-  const std::vector<int32_t> labels =
-      shift_labels(std::span<const int32_t>(tokens), one_doc ? std::span<const int32_t>() : std::span<const int32_t>(doc));
+  const std::vector<int32_t> labels = shift_labels(std::span<const int32_t>(tokens), std::span<const int32_t>(doc));
   Batch b;
   b.S = S;
   b.pos = part.positions(r);
   const size_t n = b.pos.size();
   b.tokens.resize(n);
   b.labels.resize(n);
-  if (!one_doc) b.doc.resize(n);
+  b.doc.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const size_t g = size_t(b.pos[i]);
     b.tokens[i] = tokens[g];
     b.labels[i] = labels[g];
-    if (!one_doc) b.doc[i] = doc[g];
+    b.doc[i] = doc[g];
   }
   for (int32_t l : labels) b.labelled_tokens += l >= 0;
   b.documents = int64_t(doc.back()) + 1;

@@ -40,7 +40,7 @@ struct Batch {
   std::vector<int32_t> tokens;    // [S_loc]
   std::vector<int32_t> labels;    // [S_loc], -1 = no target (document or sequence end)
   std::vector<int64_t> pos;       // [S_loc] global positions
-  std::vector<int32_t> doc;       // [S_loc] document ids; empty when the sequence is one document
+  std::vector<int32_t> doc;       // [S_loc] document ids (all 0 when the sequence is one document)
   int64_t labelled_tokens = 0;    // labels >= 0 in the whole sequence (all CP ranks)
   int64_t documents = 1;
   std::vector<int64_t> doc_lengths;  // of the whole sequence (FLOP count: sum L_i^2)

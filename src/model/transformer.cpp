@@ -121,7 +121,7 @@ void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, A
   LocalAttn t;
   t.S_loc = S;
   t.pos = pos_.data();
-  t.doc = b.doc.empty() ? nullptr : b.doc.data();
+  t.doc = shape_.has_docs ? b.doc.data() : nullptr;  // follows the run's flag (strategy message layout)
   t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
   t.o = a.o.data(); t.lse = a.lse.data();
   const double t0 = now_s();
@@ -196,7 +196,7 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   LocalAttn t;
   t.S_loc = S;
   t.pos = pos_.data();
-  t.doc = b.doc.empty() ? nullptr : b.doc.data();
+  t.doc = shape_.has_docs ? b.doc.data() : nullptr;  // follows the run's flag (strategy message layout)
   t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
   t.o = a.o.data(); t.lse = a.lse.data();
   t.dout = do_.data();
@@ -229,7 +229,6 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   tr_ = tr;
   st_ = &st;
   times_ = &times;
-  batch_ = &b;
   const double t_start = now_s();
   const int64_t S = S_loc_, dim = d_.dim, V = d_.vocab;
   const ModelView w = layout_.view(const_cast<float*>(params));

@@ -83,7 +83,6 @@ class Transformer {
   Tracer* tr_ = nullptr;
   CpStats* st_ = nullptr;
   StepTimes* times_ = nullptr;
-  const Batch* batch_ = nullptr;
 };
 
 }  // namespace ctxpar

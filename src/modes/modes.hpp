@@ -34,6 +34,15 @@ double train_peak_flops_per_rank(const Config& cfg, Topology& topo);
 
 int run_default(const Config& cfg, Topology& topo, Tracer& tracer);   // `ctxpar run`
 int run_train(const Config& cfg, Topology& topo, Tracer& tracer);     // `ctxpar train`
+// The training loop behind run_train and `bench train`: medians over the measured steps.
+struct TrainSummary {
+  int64_t steps = 0;
+  double step_s = 0, tokens_per_s = 0, tflops_per_rank = 0, mfu = 0, peak_flops_per_rank = 0;
+  double gemm_share = 0, attn_share = 0;  // of the step time, mean over ranks
+  double first_loss = 0, last_loss = 0;
+  bool finite = false;
+};
+int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& sum);
 int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer); // `ctxpar attn`
 
 }  // namespace ctxpar

@@ -53,7 +53,7 @@ std::string validate_mode(const Config& cfg, Topology& topo) {
     err = validate_attn_mode(cfg, topo);
     if (!err.empty()) return err;
   }
-  if (cfg.mode == "train") {
+  if (cfg.mode == "train" || (cfg.mode == "bench" && cfg.bench == "train")) {
     err = validate_train_mode(cfg, topo);
     if (!err.empty()) return err;
   }
@@ -100,7 +100,7 @@ std::string dry_run_plan(const Config& cfg, Topology& topo) {
   if (attention) {
     os << "memory estimate per rank: " << fmt_bytes(plan.bytes_per_rank) << " (" << plan.memory_note << ")\n";
   }
-  if (cfg.mode == "train") {
+  if (cfg.mode == "train" || (cfg.mode == "bench" && cfg.bench == "train")) {
     const TrainMemoryPlan t = plan_train_memory(cfg, topo);
     os << "model: " << cfg.layers << " layers, dim " << cfg.dim << ", ffn " << cfg.ffn_dim << ", heads " << cfg.heads
        << "/" << cfg.kv_heads << " x " << cfg.head_dim << ", vocab " << cfg.vocab << "; S=" << cfg.seq << ", strategy "

@@ -144,7 +144,7 @@ double train_peak_flops_per_rank(const Config& cfg, Topology& topo) {
   return measured;
 }
 
-int run_train(const Config& cfg, Topology& topo, Tracer& tracer) {
+int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& sum) {
   Comm& world = topo.world();
   Comm& cp = topo.cp();
   Comm& dp = topo.axis(Axis::dp);
@@ -195,7 +195,7 @@ int run_train(const Config& cfg, Topology& topo, Tracer& tracer) {
   if (state.step > 0) log0("# resumed from %s at step %lld\n", cfg.resume.c_str(), (long long)state.step);
   log0("#  step         loss  grad_norm   time_ms    tokens/s  TFLOP/s/rank    MFU%%  exposed_ms  peak_MiB\n");
 
-  std::vector<double> times, tflops_v, mfus, tok_s;
+  std::vector<double> times, tflops_v, mfus, tok_s, gemm_sh, attn_sh;
   double first_loss = NAN, last_loss = NAN;
   for (int64_t s = state.step; s < total; ++s) {
     tracer.begin_step(s);
@@ -241,6 +241,10 @@ int run_train(const Config& cfg, Topology& topo, Tracer& tracer) {
       opt.update(params.data(), grads.data(), norm);
     }
     double dt = world.now() - t0;
+    // Shares of this rank's step in GEMMs and in CP attention (with its communication), averaged
+    // over ranks; the rest is norms, RoPE, SwiGLU, loss, optimizer, gradient and tp all-reduces.
+    double shares[2] = {tm.gemm_s / dt, tm.attn_s / dt};
+    world.all_reduce(std::span<double>(shares, 2));
     world.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
     double exposed = st.exposed_comm_s;
     world.all_reduce(std::span<double>(&exposed, 1), ReduceOp::max);
@@ -271,6 +275,8 @@ int run_train(const Config& cfg, Topology& topo, Tracer& tracer) {
       tflops_v.push_back(tflops);
       mfus.push_back(mfu);
       tok_s.push_back(tps);
+      gemm_sh.push_back(shares[0] / P_world);
+      attn_sh.push_back(shares[1] / P_world);
     }
     state.step = s + 1;
     state.next_sample = (s + 1) * DP;
@@ -321,9 +327,27 @@ int run_train(const Config& cfg, Topology& topo, Tracer& tracer) {
   log0("#   TFLOP/s per rank   %10.4f\n", median(tflops_v));
   log0("#   MFU                %10.2f %%\n", 100 * median(mfus));
   log0("#   peak tracked mem   %10.1f MiB per rank (rank 0)\n", double(mem_peak_bytes()) / (1 << 20));
+  log0("#   time in GEMMs      %10.1f %% (attention %.1f %%, other %.1f %%)\n", 100 * median(gemm_sh),
+       100 * median(attn_sh), 100 * (1 - median(gemm_sh) - median(attn_sh)));
   const bool finite = std::isfinite(last_loss);
   log0("# %s: %s training on %d ranks\n", finite ? "VALID" : "INVALID (non-finite loss)", cfg.strategy.c_str(), P_world);
+  sum.steps = int64_t(times.size());
+  sum.step_s = tmed;
+  sum.tokens_per_s = median(tok_s);
+  sum.tflops_per_rank = median(tflops_v);
+  sum.mfu = median(mfus);
+  sum.gemm_share = median(gemm_sh);
+  sum.attn_share = median(attn_sh);
+  sum.first_loss = first_loss;
+  sum.last_loss = last_loss;
+  sum.peak_flops_per_rank = peak;
+  sum.finite = finite;
   return finite ? 0 : 1;
+}
+
+int run_train(const Config& cfg, Topology& topo, Tracer& tracer) {
+  TrainSummary sum;
+  return train_loop(cfg, topo, tracer, sum);
 }
 
 }  // namespace ctxpar

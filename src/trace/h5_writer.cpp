@@ -159,6 +159,7 @@ void write_dataset(hid_t file, const std::string& path, hid_t mem_t, hid_t file_
   if (H5Lexists(file, path.c_str(), H5P_DEFAULT) > 0)
     h5s(H5Ldelete(file, path.c_str(), H5P_DEFAULT), "H5Ldelete " + path, fname);
   std::vector<hsize_t> d(dims.begin(), dims.end());
+  if (d.empty()) throw std::runtime_error("dataset " + path + ": no dimensions given");
   hid_t space = h5c(H5Screate_simple(int(d.size()), d.data(), nullptr), "H5Screate_simple", fname);
   Closer cs{space, H5Sclose};
   hid_t ds = h5c(H5Dcreate2(file, path.c_str(), file_t, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
@@ -292,13 +293,25 @@ void H5TraceWriter::attr_strings(const std::string& obj, const std::string& name
   write_attr(file_, obj, name, t, s, ptrs.data(), partial_path_);
 }
 
+namespace {
+void check_dims(const std::string& path, size_t n, const std::vector<uint64_t>& dims) {
+  uint64_t prod = 1;
+  for (uint64_t d : dims) prod *= d;
+  if (dims.empty() || prod != n)
+    throw std::runtime_error("dataset " + path + ": " + std::to_string(n) +
+                             " values do not fill the given dimensions");
+}
+}  // namespace
+
 void H5TraceWriter::dataset_i32(const std::string& path, const std::vector<int32_t>& data,
                                 const std::vector<uint64_t>& dims) {
+  check_dims(path, data.size(), dims);
   write_dataset(file_, path, H5T_NATIVE_INT32, H5T_STD_I32LE, dims, data.data(), partial_path_);
 }
 
 void H5TraceWriter::dataset_f64(const std::string& path, const std::vector<double>& data,
                                 const std::vector<uint64_t>& dims) {
+  check_dims(path, data.size(), dims);
   write_dataset(file_, path, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, dims, data.data(), partial_path_);
 }
 

@@ -258,6 +258,8 @@ template <class... F> Overloaded(F...) -> Overloaded<F...>;
 
 struct Tracer::Impl {
   Impl(Comm& w, const Config& c, double peak) : world(w), cfg(c), peak_flops_per_rank(peak) {}
+  // Also runs when the Tracer constructor throws (bad output path): the thread must not outlive us.
+  ~Impl() { stop_watchdog(); }
 
   Comm& world;
   Config cfg;
@@ -440,6 +442,8 @@ Tracer::Tracer(Comm& world, const Config& cfg, const Topology& topo, const std::
   I.size = world.size();
   I.touch(0, Phase::other, -1);
   install_stop_signals();
+  // Started first, so that a rank that never reaches the collectives below cannot hang the job.
+  if (cfg.watchdog_s > 0) I.start_watchdog(cfg.watchdog_s);
 
   // Open the file on rank 0; a bad output path is the user's error, reported alike on all ranks.
   std::string err;
@@ -470,7 +474,6 @@ Tracer::Tracer(Comm& world, const Config& cfg, const Topology& topo, const std::
       w.flush();
     });
   I.touch(0, Phase::other, -1);
-  if (cfg.watchdog_s > 0) I.start_watchdog(cfg.watchdog_s);
 }
 
 Tracer::~Tracer() {
@@ -616,6 +619,30 @@ void Tracer::finish(bool truncated) {
   // After finish returns on any rank, NAME.h5 exists.
   I.world.barrier();
   I.stop_watchdog();
+}
+
+void Tracer::write_dataset(const std::string& path, const std::vector<int32_t>& data,
+                           const std::vector<uint64_t>& dims) {
+  impl_->on_writer([&](H5TraceWriter& w) {
+    w.dataset_i32(path, data, dims);
+    w.flush();
+  });
+}
+void Tracer::write_dataset(const std::string& path, const std::vector<double>& data,
+                           const std::vector<uint64_t>& dims) {
+  impl_->on_writer([&](H5TraceWriter& w) {
+    w.dataset_f64(path, data, dims);
+    w.flush();
+  });
+}
+void Tracer::write_attr(const std::string& obj, const std::string& name, const std::string& value) {
+  impl_->on_writer([&](H5TraceWriter& w) { w.attr(obj, name, value); w.flush(); });
+}
+void Tracer::write_attr(const std::string& obj, const std::string& name, int64_t value) {
+  impl_->on_writer([&](H5TraceWriter& w) { w.attr(obj, name, value); w.flush(); });
+}
+void Tracer::write_attr(const std::string& obj, const std::string& name, double value) {
+  impl_->on_writer([&](H5TraceWriter& w) { w.attr(obj, name, value); w.flush(); });
 }
 
 Tracer::Scope::Scope(Tracer* t, Phase ph, int32_t layer, int32_t ring_step, double flops, double bytes)

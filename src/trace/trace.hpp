@@ -66,11 +66,24 @@ class Tracer {
   // Collective: gathers this step's spans and records to rank 0, writes and flushes them.
   // `local` carries this rank's values (time_s, exposed_comm_s, loss, ...). Returns true when a
   // stop was requested by a signal on any rank (the caller should stop after this step).
+  // Defaults: time_s 0 -> wall time since begin_step; peak_bytes 0 -> mem_peak_bytes(). The row's
+  // step is begin_step's; tokens, model_flops, loss, turn, ttft_s, ttit_s are rank 0's values;
+  // time_s, exposed_comm_s, peak_bytes (and peak RSS) are maxima over ranks.
   bool end_step(const StepRecord& local);
 
   // Collective: writes /summary and sets status ("complete" renames the file to its final name;
   // "truncated" too — the run ended cleanly but early).
   void finish(bool truncated);
+
+  // Extra objects of a mode, e.g. inference's /generated token ids [turn, step, batch] or a
+  // bench's attributes. Rank 0 writes and flushes at once; on other ranks these do nothing.
+  void write_dataset(const std::string& path, const std::vector<int32_t>& data,
+                     const std::vector<uint64_t>& dims);
+  void write_dataset(const std::string& path, const std::vector<double>& data,
+                     const std::vector<uint64_t>& dims);
+  void write_attr(const std::string& obj, const std::string& name, const std::string& value);
+  void write_attr(const std::string& obj, const std::string& name, int64_t value);
+  void write_attr(const std::string& obj, const std::string& name, double value);
 
   // RAII span.
   class Scope {

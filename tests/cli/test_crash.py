@@ -46,7 +46,8 @@ def main():
         if not line:
             break
         lines.append(line)
-        if line.lstrip().split()[:2] and line.split()[1:2] == ["step"]:
+        words = line.split()
+        if len(words) > 1 and words[0].isdigit() and words[1] == "step":  # a step row, not the header
             steps_seen += 1
     if steps_seen < 3:
         p.kill()

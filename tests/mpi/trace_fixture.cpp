@@ -12,6 +12,7 @@
 //
 // Content per step and rank r (P ranks): for layers 0..1, P attn_fwd spans (ring steps 0..P-1,
 // flops = 1e6*(r+1)), then one comm_wait span; tokens 1024, model_flops 4e9, loss 1/(step+1).
+// Extra objects: /generated int32 [2, 3, 4] with values 7*i, root attribute fixture_note.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/config.hpp"
 #include "dist/topology.hpp"
@@ -64,6 +66,12 @@ TEST(TraceFixture, Run) {
   mesh.ring = P;
   auto topo = Topology::create(w, mesh);
   Tracer tr(w, cfg, *topo, out, /*peak_flops_per_rank=*/1e12);
+
+  // A mode's extra objects (inference writes /generated [turn, step, batch] token ids).
+  std::vector<int32_t> ids(2 * 3 * 4);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 7);
+  tr.write_dataset("/generated", ids, {2, 3, 4});
+  tr.write_attr("/", "fixture_note", "extra attribute");
 
   bool stopped = false;
   for (int64_t s = 0; s < steps && !stopped; ++s) {

@@ -123,6 +123,9 @@ def case_loader(c: Ctx):
     check(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", a["start_time_utc"]) is not None, "ISO 8601 start time")
     check(re.fullmatch(r"\d+\.\d+\.\d+", a["hdf5_version"]) is not None, "hdf5_version")
     check(isinstance(a["hostnames"], list) and len(a["hostnames"]) >= 1, "hostnames")
+    check(a.get("fixture_note") == "extra attribute", "extra root attribute from Tracer::write_attr")
+    check(t.generated is not None and t.generated.shape == (2, 3, 4) and t.generated.dtype == np.int32
+          and np.array_equal(t.generated.ravel(), 7 * np.arange(24)), f"/generated {t.generated!r}")
 
     cfg = t.config
     check(cfg["warmup"] == warmup and type(cfg["warmup"]) is int, f"config warmup {cfg.get('warmup')!r}")
@@ -251,9 +254,9 @@ def case_watchdog(c: Ctx):
     t0 = time.time()
     try:
         # The stalled rank sleeps 120 s; only the watchdog can end the job sooner.
-        r = c.run_fixture(P, 60, out=out, steps=5, mode="hang", at=at, rank=P - 1, watchdog_s=1)
+        r = c.run_fixture(P, 100, out=out, steps=5, mode="hang", at=at, rank=P - 1, watchdog_s=1)
     except subprocess.TimeoutExpired:
-        raise AssertionError("the watchdog did not abort a stalled job within 60 s")
+        raise AssertionError("the watchdog did not abort a stalled job within 100 s")
     elapsed = time.time() - t0
     text = r.stdout + r.stderr
     check(r.returncode != 0, "a stalled job exited 0")
@@ -262,8 +265,8 @@ def case_watchdog(c: Ctx):
     check(m is not None, f"no watchdog message in the output:\n{text}")
     check(int(m.group(3)) == at and int(m.group(4)) == 1 and m.group(5) == "attn_fwd",
           f"watchdog message names the wrong place: {m.group(0)}")
-    check(1.0 <= float(m.group(2)) < 5.0, f"idle time {m.group(2)} s")
-    check(elapsed < 30, f"job took {elapsed:.1f} s to abort")
+    check(1.0 <= float(m.group(2)) < 20.0, f"idle time {m.group(2)} s")  # loose: loaded CI machines
+    check(elapsed < 90, f"job took {elapsed:.1f} s to abort (the stall lasts 120 s)")
     # The flushed steps before the stall are in the .partial.
     t = c.ct.load(out)
     check(t.partial and t.status == "running" and t.steps_completed == at, f"partial trace after abort: {t.status} {t.steps_completed}")

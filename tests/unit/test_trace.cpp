@@ -294,3 +294,14 @@ TEST(TraceWriter, UnusablePathThrowsReadableError) {
   EXPECT_THROW(H5TraceWriter w(""), std::runtime_error);
   fs::remove_all(dir.parent_path());
 }
+
+TEST(TraceWriter, DatasetDimensionsMustMatchTheData) {
+  const fs::path dir = scratch_dir("dims");
+  H5TraceWriter w((dir / "d.h5").string());
+  EXPECT_THROW(w.dataset_i32("/generated", {1, 2, 3}, {2, 2}), std::runtime_error);
+  EXPECT_THROW(w.dataset_f64("/x", {1.0}, {}), std::runtime_error);
+  EXPECT_NO_THROW(w.dataset_i32("/generated", {1, 2, 3, 4}, {2, 2}));
+  EXPECT_NO_THROW(w.dataset_i32("/generated", {1, 2, 3, 4, 5, 6}, {3, 2}));  // replaced
+  w.close_and_rename();
+  fs::remove_all(dir.parent_path());
+}

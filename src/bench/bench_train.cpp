@@ -1,0 +1,82 @@
+// `ctxpar bench train`: the training loop of `ctxpar train` on the configured model and mesh
+// (default preset for the performance goal: inputs/bench-train.toml), summarized as one table
+// row — step time, tokens/s, TFLOP/s per rank, MFU against the measured sgemm peak, and where
+// the step time goes (GEMMs, CP attention, everything else).
+// `ctxpar bench peak`: the per-rank peak that MFU is measured against (large sgemm calls on all
+// ranks at once), next to the FMA-loop peak of the cores, with a small sgemm checked against a
+// plain loop.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "bench/bench.hpp"
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "dist/topology.hpp"
+#include "model/flops.hpp"
+#include "modes/modes.hpp"
+#include "ops.hpp"
+
+namespace ctxpar {
+
+int bench_train(BenchContext& ctx) {
+  const Config& cfg = ctx.cfg;
+  TrainSummary s;
+  const int rc = train_loop(cfg, ctx.topo, ctx.tracer, s);
+  BenchTable t("ctxpar bench train — forward + backward + AdamW steps (median over measured steps)",
+               {{"layers", "layers", "", 7, 0}, {"dim", "dim", "", 6, 0}, {"seq", "S", "tokens", 8, 0},
+                {"ranks", "ranks", "", 6, 0}, {"step_ms", "step", "ms", 10, 1}, {"tokens_per_s", "tokens/s", "", 10, 1},
+                {"tflops_per_rank", "TFLOP/s", "per rank", 9, 4}, {"peak_gflops", "peak", "GFLOP/s", 9, 1},
+                {"mfu_pct", "MFU", "%", 7, 2}, {"gemm_pct", "GEMM", "% of step", 10, 1},
+                {"attn_pct", "attn", "% of step", 10, 1}, {"other_pct", "other", "% of step", 10, 1},
+                {"wrong", "#wrong", "", 7, 0}},
+               {std::string("FLOP convention: ") + kFlopConvention, "peak: sgemm measured on every rank at once (bench peak)",
+                "attn = CP attention incl. its communication; other = norms, RoPE, SwiGLU, loss, embedding, optimizer, all-reduces"});
+  const double other = 1 - s.gemm_share - s.attn_share;
+  t.add_row({std::to_string(cfg.layers), std::to_string(cfg.dim), std::to_string(cfg.seq),
+             std::to_string(ctx.topo.world().size()), t.cell(4, s.step_s * 1e3), t.cell(5, s.tokens_per_s),
+             t.cell(6, s.tflops_per_rank), t.cell(7, s.peak_flops_per_rank / 1e9), t.cell(8, 100 * s.mfu),
+             t.cell(9, 100 * s.gemm_share), t.cell(10, 100 * s.attn_share), t.cell(11, 100 * other),
+             s.finite ? "0" : "1"});
+  if (ctx.topo.world().rank() == 0) {
+    t.print(cfg.csv);
+    if (!cfg.csv)
+      log0("# goal (issue 5, >= 4 layers, dim >= 1024, seq >= 8K on 2 ranks): MFU >= 35%% and other <= 15%%: %s\n",
+           s.mfu >= 0.35 && other <= 0.15 ? "met" : "not met");
+  }
+  print_verdict("bench train", rc, cfg.csv);
+  return rc;
+}
+
+int bench_peak(BenchContext& ctx) {
+  const Config& cfg = ctx.cfg;
+  // Correctness of the measured routine on a small product against a plain loop.
+  const int64_t n = 67;
+  std::vector<float> a(size_t(n * n)), b(size_t(n * n)), c(size_t(n * n));
+  for (int64_t i = 0; i < n * n; ++i) {
+    a[size_t(i)] = float((i * 7) % 11) - 5;
+    b[size_t(i)] = float((i * 3) % 13) - 6;
+  }
+  sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  int wrong = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double r = 0;
+      for (int64_t k = 0; k < n; ++k) r += double(a[size_t(i * n + k)]) * b[size_t(k * n + j)];
+      wrong += c[size_t(i * n + j)] != float(r);  // small integers: exact in fp32
+    }
+  const double sgemm_flops = measure_sgemm_peak_flops(ctx.topo.world());
+  const double fma = fma_peak_gflops(int(cfg.threads));
+  BenchTable t("ctxpar bench peak — per-rank single-precision peak (all ranks measuring at once)",
+               {{"ranks", "ranks", "", 6, 0}, {"sgemm_gflops", "sgemm", "GFLOP/s", 10, 1},
+                {"fma_gflops", "FMA loop", "GFLOP/s", 10, 1}, {"blas", "library", "", 28, 0}, {"wrong", "#wrong", "", 7, 0}},
+               {"sgemm: best of 4 products of 1024x1024 matrices, largest over ranks (MFU's denominator)",
+                "FMA loop: register-only FMAs on this rank's threads (the cores' ceiling)"});
+  t.add_row({std::to_string(ctx.topo.world().size()), t.cell(1, sgemm_flops / 1e9), t.cell(2, fma), blas_name(),
+             std::to_string(wrong)});
+  if (ctx.topo.world().rank() == 0) t.print(cfg.csv);
+  print_verdict("bench peak", wrong, cfg.csv);
+  return wrong ? 1 : 0;
+}
+
+}  // namespace ctxpar
