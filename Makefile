@@ -27,7 +27,7 @@ build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	OMP_NUM_THREADS=1 $(MPIRUN) -np $(NP) $(MPIFLAGS) $(BUILD)/ctxpar run --config inputs/default.toml $(RUN_ARGS)
+	OMP_NUM_THREADS=1 $(MPIRUN) -np $(NP) $(MPIFLAGS) $(BUILD)/ctxpar train --config inputs/default.toml $(RUN_ARGS)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
