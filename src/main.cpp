@@ -30,8 +30,44 @@ struct Cli {
   bool help = false, print_config = false, dry_run = false;
 };
 
-const char* kModes = "run, attn, train, bench";
-const char* kBenches = "comm, attn, cp, train, peak";
+// The mode table: every `ctxpar <mode>` and `ctxpar bench <name>` is one row here.
+using ModeFn = int (*)(const Config&, Topology&, Tracer&);
+struct ModeRow {
+  const char* mode;   // argv[1]
+  const char* bench;  // argv[2] for mode "bench", else ""
+  ModeFn run;
+  bool needs_peak;    // the trace's MFU needs this rank's peak FLOP/s
+};
+template <int (*Bench)(BenchContext&)> int run_bench(const Config& cfg, Topology& topo, Tracer& tr) {
+  BenchContext ctx{cfg, topo, tr};
+  return Bench(ctx);
+}
+const ModeRow kModeTable[] = {
+    {"run", "", run_default, false},
+    {"attn", "", run_attn_mode, false},
+    {"train", "", run_train, true},
+    {"bench", "comm", run_bench<bench_comm>, false},
+    {"bench", "attn", run_bench<bench_attn>, false},
+    {"bench", "cp", run_bench<bench_cp>, false},
+    {"bench", "train", run_bench<bench_train>, true},
+    {"bench", "peak", run_bench<bench_peak>, false},
+};
+
+const ModeRow* find_mode(const std::string& mode, const std::string& bench) {
+  for (const ModeRow& m : kModeTable)
+    if (mode == m.mode && bench == m.bench) return &m;
+  return nullptr;
+}
+
+std::string names(bool benches) {
+  std::string out;
+  for (const ModeRow& m : kModeTable) {
+    const std::string n = benches ? m.bench : m.mode;
+    if ((std::string(m.mode) == "bench") != benches || out.find(n) != std::string::npos) continue;
+    out += (out.empty() ? "" : ", ") + n;
+  }
+  return benches ? out : out + ", bench";
+}
 
 bool is_bool_field(const std::string& key) {
   for (const Field& f : config_fields())
@@ -73,11 +109,10 @@ Cli parse_cli(int argc, char** argv) {
     throw UsageError("unexpected argument '" + a + "'; options are key=value or --key=value (ctxpar --help)");
   }
   if (c.help) return c;
-  if (c.mode.empty()) throw UsageError(std::string("no mode given; valid modes: ") + kModes + " (ctxpar --help)");
-  if (c.mode != "run" && c.mode != "attn" && c.mode != "train" && c.mode != "bench")
-    throw UsageError("unknown mode '" + c.mode + "'; valid modes: " + kModes);
-  if (c.mode == "bench" && c.bench != "comm" && c.bench != "attn" && c.bench != "cp" && c.bench != "train" && c.bench != "peak")
-    throw UsageError("bench needs one of: " + std::string(kBenches) + (c.bench.empty() ? "" : " (got '" + c.bench + "')"));
+  if (c.mode.empty()) throw UsageError("no mode given; valid modes: " + names(false) + " (ctxpar --help)");
+  if (c.mode == "bench" && !find_mode(c.mode, c.bench))
+    throw UsageError("bench needs one of: " + names(true) + (c.bench.empty() ? "" : " (got '" + c.bench + "')"));
+  if (!find_mode(c.mode, c.bench)) throw UsageError("unknown mode '" + c.mode + "'; valid modes: " + names(false));
   return c;
 }
 
@@ -139,19 +174,9 @@ int run(int argc, char** argv, Comm& world) {
   }
 
   install_stop_signals();
-  Tracer tracer(world, cfg, *topo, trace_path(cfg), cfg.mode == "train" || cfg.bench == "train" ? train_peak_flops_per_rank(cfg, *topo) : 0.0);
-  int rc = 0;
-  if (cfg.mode == "run") rc = run_default(cfg, *topo, tracer);
-  else if (cfg.mode == "attn") rc = run_attn_mode(cfg, *topo, tracer);
-  else if (cfg.mode == "train") rc = run_train(cfg, *topo, tracer);
-  else {
-    BenchContext ctx{cfg, *topo, tracer};
-    if (cfg.bench == "comm") rc = bench_comm(ctx);
-    else if (cfg.bench == "attn") rc = bench_attn(ctx);
-    else if (cfg.bench == "train") rc = bench_train(ctx);
-    else if (cfg.bench == "peak") rc = bench_peak(ctx);
-    else rc = bench_cp(ctx);
-  }
+  const ModeRow* mode = find_mode(cfg.mode, cfg.bench);
+  Tracer tracer(world, cfg, *topo, trace_path(cfg), mode->needs_peak ? train_peak_flops_per_rank(cfg, *topo) : 0.0);
+  const int rc = mode->run(cfg, *topo, tracer);
   tracer.finish(stop_signal_seen());
   return rc;
 }
