@@ -37,3 +37,15 @@ debug: deps
 
 clean:
 	rm -rf $(BUILD) build-debug
+
+# make figures: every figure (PNG + CSV, analysis/figures.py) from the traces under
+# $(FIGURES_SWEEP), after a small local sweep into it (jobs/sweep.py --local keeps finished runs,
+# so a second call only redraws). Point FIGURES_SWEEP at a cluster sweep to draw that instead.
+FIGURES_SWEEP      ?= out/sweep
+FIGURES_OUT        ?= out/figures
+FIGURES_SWEEP_ARGS ?= --mode train --config inputs/tiny.toml --nodes 1,2 --ranks-per-node 2 \
+                      --strategies ring,allgather --seq 512,1K,2K -- steps=3 warmup=1
+.PHONY: figures
+figures: build
+	/usr/bin/python3 jobs/sweep.py --local --quiet --ctxpar $(BUILD)/ctxpar --out $(FIGURES_SWEEP) $(FIGURES_SWEEP_ARGS)
+	/usr/bin/python3 -m analysis.figures $(FIGURES_SWEEP) -o $(FIGURES_OUT)
