@@ -37,9 +37,9 @@ namespace {
 
 // Tile sizes (kernels/README.md has the measurements). Key tiles are multiples of 16 (the
 // micro-kernel's column width), query tiles multiples of its 6 rows. Forward: 128 keys, so the
-// O += P V micro-kernel runs 128-long inner loops (vs 64: about +10 %). Backward: 64 keys, as
-// its dV += P^T dO and dK += dS^T Q kernels read P and dS down columns, which costs more cache
-// lines per useful float as the key tile grows. Query tiles are halved for D > 128 so that the
+// O += P V micro-kernel runs 128-long inner loops (vs 64: about +10 %). Backward: 64 keys
+// (128 measured no faster; 64 keeps the task's dK and dV accumulators at 32 KiB each and gives
+// twice the tasks for load balance). Query tiles are halved for D > 128 so that the
 // Q, O and score tiles plus one K and one V tile stay within a 512 KiB L2.
 constexpr int64_t kBkFwd = 128, kBkBwd = 64;
 int64_t query_tile_rows(int32_t D) { return D <= 128 ? 96 : 48; }
@@ -290,7 +290,8 @@ void attn_bwd(const AttnParams& p) {
       di.get()[t] = acc;
     }  // implicit barrier: packing done
 
-    Scratch st(Bq * kBkBwd), dpt(Bq * kBkBwd), dql(Bq * Dp), dka(kBkBwd * Dp), dva(kBkBwd * Dp);
+    Scratch st(Bq * kBkBwd), dpt(Bq * kBkBwd), dql(Bq * Dp), dka(kBkBwd * Dp), dva(kBkBwd * Dp),
+        pt(kBkBwd * Bq), dst(kBkBwd * Bq);
     Counters cnt;
     // Task order: kv head outermost, then key tiles from the first (under a causal mask the
     // first key tiles are seen by the most queries: largest first). Threads on neighbouring
@@ -320,9 +321,13 @@ void attn_bwd(const AttnParams& p) {
           mask_tile(p, st.get(), kBkBwd, q0, nq, j0, nk, nk16, vis == tiles::Vis::partial);
           ops.bwd_p_ds(st.get(), dpt.get(), nq, nk16, kBkBwd, c, lse2.get() + h * p.S_q + q0,
                        di.get() + h * p.S_q + q0, scale);
-          // dV += P^T dO, dK += dS^T Q (A transposed: a_rs = 1, a_cs = kBkBwd)
-          ops.gemm(nk, Dp, nq, st.get(), 1, kBkBwd, dot, Dp, 16, dva.get(), Dp, true);
-          ops.gemm(nk, Dp, nq, dpt.get(), 1, kBkBwd, qt, Dp, 16, dka.get(), Dp, true);
+          // dV += P^T dO, dK += dS^T Q, on explicitly transposed P and dS: the micro-kernel
+          // then reads its A operand along rows (reading P down its columns instead was
+          // measured ~10 % slower at 64 keys and ~30 % at 128; the transposes cost ~2 %).
+          ops.transpose(st.get(), kBkBwd, nq, nk, pt.get(), Bq);
+          ops.transpose(dpt.get(), kBkBwd, nq, nk, dst.get(), Bq);
+          ops.gemm(nk, Dp, nq, pt.get(), Bq, 1, dot, Dp, 16, dva.get(), Dp, true);
+          ops.gemm(nk, Dp, nq, dst.get(), Bq, 1, qt, Dp, 16, dka.get(), Dp, true);
           // dQ (this tile's share) = dS K, added under the lock of (h, query tile)
           ops.gemm(nq, Dp, nk16, dpt.get(), kBkBwd, 1, kr.get() + (g * S_k_pad + j0) * Dp, Dp, 16,
                    dql.get(), Dp, false);

@@ -28,6 +28,9 @@ struct TileOps {
   // lse2 = +inf for a row that sees no key (then P = 0).
   void (*bwd_p_ds)(float* S, float* dP, int64_t rows, int64_t n, int64_t ld, float c,
                    const float* lse2, const float* Di, float scale);
+  // dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols.
+  void (*transpose)(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst,
+                    int64_t ld_dst);
 };
 
 const TileOps& tile_ops_scalar();

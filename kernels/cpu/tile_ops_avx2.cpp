@@ -176,10 +176,47 @@ void bwd_p_ds(float* S, float* dP, int64_t rows, int64_t n, int64_t ld, float c,
   }
 }
 
+// 8 x 8 blocks transposed in registers (unpack, shuffle, 128-bit lane permute); edges scalar.
+void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst,
+               int64_t ld_dst) {
+  int64_t r0 = 0;
+  for (; r0 + 8 <= rows; r0 += 8) {
+    int64_t c0 = 0;
+    for (; c0 + 8 <= cols; c0 += 8) {
+      const float* s = src + r0 * ld_src + c0;
+      const __m256 a0 = _mm256_loadu_ps(s), a1 = _mm256_loadu_ps(s + ld_src),
+                   a2 = _mm256_loadu_ps(s + 2 * ld_src), a3 = _mm256_loadu_ps(s + 3 * ld_src),
+                   a4 = _mm256_loadu_ps(s + 4 * ld_src), a5 = _mm256_loadu_ps(s + 5 * ld_src),
+                   a6 = _mm256_loadu_ps(s + 6 * ld_src), a7 = _mm256_loadu_ps(s + 7 * ld_src);
+      const __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1),
+                   t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3),
+                   t4 = _mm256_unpacklo_ps(a4, a5), t5 = _mm256_unpackhi_ps(a4, a5),
+                   t6 = _mm256_unpacklo_ps(a6, a7), t7 = _mm256_unpackhi_ps(a6, a7);
+      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+                   u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+                   u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+                   u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      float* d = dst + c0 * ld_dst + r0;
+      _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));
+      _mm256_storeu_ps(d + ld_dst, _mm256_permute2f128_ps(u1, u5, 0x20));
+      _mm256_storeu_ps(d + 2 * ld_dst, _mm256_permute2f128_ps(u2, u6, 0x20));
+      _mm256_storeu_ps(d + 3 * ld_dst, _mm256_permute2f128_ps(u3, u7, 0x20));
+      _mm256_storeu_ps(d + 4 * ld_dst, _mm256_permute2f128_ps(u0, u4, 0x31));
+      _mm256_storeu_ps(d + 5 * ld_dst, _mm256_permute2f128_ps(u1, u5, 0x31));
+      _mm256_storeu_ps(d + 6 * ld_dst, _mm256_permute2f128_ps(u2, u6, 0x31));
+      _mm256_storeu_ps(d + 7 * ld_dst, _mm256_permute2f128_ps(u3, u7, 0x31));
+    }
+    for (int64_t r = r0; r < r0 + 8; ++r)
+      for (int64_t c = c0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+  }
+  for (int64_t r = r0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+}
+
 }  // namespace
 
 const TileOps& tile_ops_avx2() {
-  static const TileOps ops{"avx2+fma", gemm, softmax_tile, scale_rows, bwd_p_ds};
+  static const TileOps ops{"avx2+fma", gemm, softmax_tile, scale_rows, bwd_p_ds, transpose};
   return ops;
 }
 

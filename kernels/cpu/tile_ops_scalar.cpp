@@ -70,10 +70,16 @@ void bwd_p_ds(float* S, float* dP, int64_t rows, int64_t n, int64_t ld, float c,
   }
 }
 
+void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst,
+               int64_t ld_dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+}
+
 }  // namespace
 
 const TileOps& tile_ops_scalar() {
-  static const TileOps ops{"scalar", gemm, softmax_tile, scale_rows, bwd_p_ds};
+  static const TileOps ops{"scalar", gemm, softmax_tile, scale_rows, bwd_p_ds, transpose};
   return ops;
 }
 

@@ -59,7 +59,9 @@ TEST(TileSkipping, CausalComputesAboutHalf) {
   // Only tiles on the diagonal are computed beyond the triangle: about S * (Bq + Bk) / 2 pairs.
   const double ratio = double(c.pairs_computed) / double(f.pairs_computed);
   EXPECT_GT(ratio, 0.5);
-  EXPECT_LT(ratio, 0.58);  // S = 2048, Bq = 96, Bk = 128: 0.5 + (96 + 128) / (4 S) = 0.527
+  // diagonal tiles add about (Bq + Bk) / (2 S) of the square; measured 0.546 at S = 2048,
+  // Bq = 96, Bk = 128
+  EXPECT_LT(ratio, 0.58);
   EXPECT_GT(c.tiles_skipped, 0);
 }
 

@@ -66,9 +66,24 @@ void check_tile_gemm(const cpu::TileOps& ops) {
   }
 }
 
-TEST(TileOps, GemmScalarAndVector) {
+void check_transpose(const cpu::TileOps& ops) {
+  for (int64_t rows : {1, 7, 8, 19, 96})
+    for (int64_t cols : {1, 8, 13, 64}) {
+      const int64_t ld_src = cols + 3, ld_dst = rows + 5;
+      std::vector<float> src(rows * ld_src), dst(cols * ld_dst, -1.f);
+      for (size_t i = 0; i < src.size(); ++i) src[i] = float(i);
+      ops.transpose(src.data(), ld_src, rows, cols, dst.data(), ld_dst);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          ASSERT_EQ(dst[c * ld_dst + r], src[r * ld_src + c]) << ops.isa << " " << rows << "x" << cols;
+    }
+}
+
+TEST(TileOps, GemmAndTransposeScalarAndVector) {
   check_tile_gemm(cpu::tile_ops_scalar());
   check_tile_gemm(cpu::tile_ops());  // AVX2 on this machine
+  check_transpose(cpu::tile_ops_scalar());
+  check_transpose(cpu::tile_ops());
 }
 
 }  // namespace
