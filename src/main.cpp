@@ -46,11 +46,17 @@ const ModeRow kModeTable[] = {
     {"run", "", run_default, false},
     {"attn", "", run_attn_mode, false},
     {"train", "", run_train, true},
+    {"prefill", "", run_infer, false},
+    {"decode", "", run_infer, false},
+    {"chat", "", run_infer, false},
     {"bench", "comm", run_bench<bench_comm>, false},
     {"bench", "attn", run_bench<bench_attn>, false},
     {"bench", "cp", run_bench<bench_cp>, false},
     {"bench", "train", run_bench<bench_train>, true},
     {"bench", "peak", run_bench<bench_peak>, false},
+    {"bench", "infer", run_bench<bench_infer>, false},
+    {"predict", "", run_predict, false},
+    {"bench", "calibrate", run_bench<bench_calibrate>, false},
 };
 
 const ModeRow* find_mode(const std::string& mode, const std::string& bench) {

@@ -52,6 +52,7 @@ int bench_attn(BenchContext& ctx);
 int bench_cp(BenchContext& ctx);
 int bench_train(BenchContext& ctx);  // bench_train.cpp: training steps, MFU and time shares
 int bench_peak(BenchContext& ctx);   // bench_train.cpp: the per-rank peak MFU is measured against
+int bench_infer(BenchContext& ctx);  // bench_infer.cpp: pass-KV vs pass-Q TTFT, decode TTIT vs CP size
 
 // "VALID: ..." / "INVALID: N wrong" line on rank 0.
 void print_verdict(const std::string& what, int wrong, bool csv);

@@ -1,2 +1,3 @@
 set(CTXPAR_BENCH_SOURCES ${CMAKE_CURRENT_LIST_DIR}/bench.cpp ${CMAKE_CURRENT_LIST_DIR}/bench_comm.cpp ${CMAKE_CURRENT_LIST_DIR}/bench_attn.cpp ${CMAKE_CURRENT_LIST_DIR}/bench_cp.cpp)
 list(APPEND CTXPAR_BENCH_SOURCES ${CMAKE_CURRENT_LIST_DIR}/bench_train.cpp)  # bench train, bench peak
+list(APPEND CTXPAR_BENCH_SOURCES ${CMAKE_CURRENT_LIST_DIR}/bench_infer.cpp)  # bench infer (src/infer)

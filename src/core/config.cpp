@@ -30,6 +30,16 @@ std::string check_mesh(const Config& c) {
   return "";
 }
 
+std::string check_predict_mesh(const Config& c) {
+  if (c.predict_mesh.empty()) return "";
+  try {
+    parse_mesh(c.predict_mesh, 1 << 30);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 std::string check_docs(const Config& c) {
   if (c.docs == "none" || c.docs == "random") return "";
   std::stringstream ss(c.docs);
@@ -101,6 +111,21 @@ const std::vector<Field>& config_fields() {
       {"eos_id", &Config::eos_id, "-1", "train: token that ends a document in a token file (-1 = none)", {}, -1, 1ll << 31},
       {"dump_init", &Config::dump_init, "", "train: write initial weights, first batch and step-1 results to this HDF5 (oracle)", {}},
       {"peak_tflops_per_rank", &Config::peak_tflops_per_rank, "0", "train: peak for MFU (0 = measured sgemm peak, as `bench peak`)", {}, 0, 1e6},
+      // inference
+      {"cp_algo", &Config::cp_algo, "auto", "infer: prefill attention (auto = chosen per call by the cost model)", {"auto", "pass_kv", "pass_q"}},
+      {"decode_algo", &Config::decode_algo, "pass_q", "infer: decode attention", {"pass_q", "allgather"}},
+      {"schedule", &Config::schedule, "prefill:4K,decode:16,prefill:512,decode:16", "chat: turns as prefill:T and decode:N items", {}},
+      {"batch", &Config::batch, "1", "infer: B sequences decoded together", {}, 1, 65536},
+      {"cached", &Config::cached, "0", "prefill: cached tokens P before the measured prefill of seq - P (0 = use miss_rate)", {}, 0, 1ll << 40},
+      {"miss_rate", &Config::miss_rate, "1", "prefill: new tokens T = miss_rate * seq when cached = 0 (1 = full prefill)", {}, 1e-6, 1},
+      {"hw_profile", &Config::hw_profile, "measured", "infer: hardware of the pass-KV/pass-Q cost model", {"measured", "h100-gtt", "h100-gti"}},
+      // cost model (`ctxpar predict`)
+      {"hardware", &Config::hardware, "local", "predict: hardware profile, inputs/hardware/<name>.toml or a path", {}},
+      {"predict_mode", &Config::predict_mode, "train", "predict: what to predict", {"train", "prefill", "partial_prefill", "decode"}},
+      {"predict_mesh", &Config::predict_mesh, "", "predict: mesh of the predicted cluster, e.g. tp:8,ring:16 (empty = mesh)", {}, 0, -1, check_predict_mesh},
+      {"predict_precision", &Config::predict_precision, "auto", "predict: number formats (auto = the profile's default)", {"auto", "bf16", "fp8_ffn", "fp32"}},
+      {"sweep", &Config::sweep, "", "predict: one key and a list of values, e.g. sweep=seq=128K,256K,1M", {}},
+      {"predict_zero", &Config::predict_zero, "false", "predict train: params, grads, AdamW state sharded over dp*cp (FSDP)", {}},
   };
   return fields;
 }
@@ -339,7 +364,13 @@ std::string help_text() {
         "  run              the default job: comm bench + a sharded attention workload, summary table\n"
         "  attn             one CP attention forward+backward (--in IN.h5 or generated), results to --out\n"
         "  train            training steps of a Llama-3-style model with CP (--config inputs/tiny.toml)\n"
+        "  prefill          one (partial) prefill with a sharded KV cache: TTFT (cp_algo, miss_rate or cached)\n"
+        "  decode           prefill seq tokens, then decode steps: TTIT per step (decode_algo, batch)\n"
+        "  chat             a multi-turn schedule of prefills and decodes (schedule): TTFT and TTIT\n"
         "  bench comm|attn|cp   benchmarks (nccl-tests style tables; --csv for CSV)\n"
+        "  bench infer      pass-KV vs pass-Q TTFT over miss rates; decode TTIT vs CP size\n"
+        "  predict          cost model: time, MFU, exposed comm, memory per strategy (hardware, predict_mesh, predict_mode)\n"
+        "  bench calibrate  measure this machine (sgemm, attention vs block, comm) into inputs/hardware/local.toml\n"
         "keys (type, default):\n";
   for (const Field& f : config_fields()) {
     const char* type = std::visit(

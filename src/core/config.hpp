@@ -69,6 +69,22 @@ struct Config {
   int64_t eos_id;            // token that ends a document in a token file (-1 = no boundaries)
   std::string dump_init;     // write initial weights, first batch, loss, logits and grads (oracle)
   double peak_tflops_per_rank;  // for MFU; 0 = measured at start (sgemm, as `ctxpar bench peak`)
+  // inference (prefill, decode, chat, bench infer; src/infer)
+  std::string cp_algo;       // prefill attention: pass_kv | pass_q | auto (chosen per call)
+  std::string decode_algo;   // decode attention: pass_q | allgather
+  std::string schedule;      // chat: "prefill:32K,decode:64,prefill:2K,decode:64"
+  int64_t batch;             // B sequences
+  int64_t cached;            // prefill: P cached tokens before the measured prefill (0 = from miss_rate)
+  double miss_rate;          // prefill: T / seq new tokens when cached = 0 (1 = full prefill)
+  std::string hw_profile;    // cost model of cp_algo=auto: measured | h100-gtt | h100-gti
+  // cost model (`ctxpar predict`, src/perf; seq, batch, cached, miss_rate, partition, remat and
+  // the model fields describe the predicted workload)
+  std::string hardware;        // profile: inputs/hardware/<name>.toml or a path
+  std::string predict_mode;    // train | prefill | partial_prefill | decode
+  std::string predict_mesh;    // the predicted cluster's mesh ("" = mesh); need not match the job's ranks
+  std::string predict_precision;  // auto (the profile's) | bf16 | fp8_ffn | fp32
+  std::string sweep;           // "seq=128K,256K,1M" (one key, a list of values): one table row group per value
+  bool predict_zero;           // train: params, grads and AdamW state sharded over dp*cp ranks (FSDP/ZeRO-3)
 };
 
 using FieldMember = std::variant<int64_t Config::*, double Config::*, std::string Config::*, bool Config::*>;

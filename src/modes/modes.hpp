@@ -45,4 +45,18 @@ struct TrainSummary {
 int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& sum);
 int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer); // `ctxpar attn`
 
+// `ctxpar predict` (modes/predict.cpp): the cost model's table per strategy; its checks (hardware
+// profile loads, sweep parses, partial prefill has cached tokens) run in validate_mode.
+std::string validate_predict_mode(const Config& cfg, Topology& topo);
+int run_predict(const Config& cfg, Topology& topo, Tracer& tracer);
+// `ctxpar bench calibrate` (bench/bench_calibrate.cpp): writes inputs/hardware/local.toml.
+struct BenchContext;
+std::string validate_calibrate(const Config& cfg, Topology& topo);
+int bench_calibrate(BenchContext& ctx);
+
+// Inference (modes/infer.cpp): `ctxpar prefill`, `ctxpar decode`, `ctxpar chat` (cfg.mode selects).
+// validate_infer_mode: mesh (CP axes only), model shape, schedule / seq / cached, strategy, resume.
+std::string validate_infer_mode(const Config& cfg, Topology& topo);
+int run_infer(const Config& cfg, Topology& topo, Tracer& tracer);
+
 }  // namespace ctxpar

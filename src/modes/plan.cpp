@@ -57,6 +57,18 @@ std::string validate_mode(const Config& cfg, Topology& topo) {
     err = validate_train_mode(cfg, topo);
     if (!err.empty()) return err;
   }
+  if (cfg.mode == "prefill" || cfg.mode == "decode" || cfg.mode == "chat" || (cfg.mode == "bench" && cfg.bench == "infer")) {
+    err = validate_infer_mode(cfg, topo);
+    if (!err.empty()) return err;
+  }
+  if (cfg.mode == "predict") {  // cost model (modes/predict.cpp)
+    err = validate_predict_mode(cfg, topo);
+    if (!err.empty()) return err;
+  }
+  if (cfg.mode == "bench" && cfg.bench == "calibrate") {
+    err = validate_calibrate(cfg, topo);
+    if (!err.empty()) return err;
+  }
   if (topo.world().rank() == 0) {
     err = check_output(trace_path(cfg), "out");
     if (err.empty() && cfg.mode == "attn" && !cfg.out.empty()) err = check_output(cfg.out, "out");

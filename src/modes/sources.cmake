@@ -5,3 +5,9 @@ list(APPEND CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/attn_mode.cpp ${CMAKE_
 # `ctxpar train` and the model it trains (src/model, with its HDF5 checkpoint/token I/O in trace/).
 include(${CMAKE_CURRENT_LIST_DIR}/../model/sources.cmake)
 list(APPEND CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/train.cpp ${CTXPAR_MODEL_SOURCES})
+# `ctxpar prefill|decode|chat` and `bench infer` (src/infer: KV cache, pass-KV / pass-Q, decode).
+include(${CMAKE_CURRENT_LIST_DIR}/../infer/sources.cmake)
+list(APPEND CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/infer.cpp ${CTXPAR_INFER_SOURCES})
+# `ctxpar predict` and the cost model it runs (src/perf, with `bench calibrate`).
+include(${CMAKE_CURRENT_LIST_DIR}/../perf/sources.cmake)
+list(APPEND CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/predict.cpp ${CTXPAR_PERF_SOURCES})

@@ -1,0 +1,245 @@
+// `ctxpar bench infer`: inference with context parallelism on this machine, in the shape of the
+// Meta CP paper's tables (measured here, not copied):
+//   1. partial prefill TTFT of pass-KV and pass-Q over KV-cache miss rates at a fixed context
+//      (Table 4): the cache of P = seq - T tokens is prefilled once per miss rate (ring), then
+//      each variant's prefill of the T new tokens is timed bench_iters times on that cache
+//      (rolled back in between); medians. Next to it the cost model's prediction of both and its
+//      choice, and the crossover (first miss rate at which pass-KV is faster) measured and predicted.
+//   2. decode TTIT against CP size (Table 8): for every power-of-two CP size c dividing the job,
+//      the ranks form dp replicas of c-rank CP groups (all replicas run at once, so every
+//      configuration uses the same cores), prefill `seq` tokens and decode warmup + bench_iters
+//      steps with pass-Q and all-gather; medians.
+// Correctness column: prefill — both variants' last logits agree (scaled error <= 1e-4) and
+// give the same greedy token; decode — the greedy tokens of every step equal the CP = 1 run's.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "bench/bench.hpp"
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "core/random.hpp"
+#include "dist/topology.hpp"
+#include "infer/cost.hpp"
+#include "infer/engine.hpp"
+#include "infer/schedule.hpp"
+#include "model/model.hpp"
+#include "ops.hpp"
+#include "trace/trace.hpp"
+
+namespace ctxpar {
+
+using namespace infer;
+
+namespace {
+
+double med(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+int32_t token_at(uint64_t seed, int64_t p, int64_t V) {
+  return int32_t(splitmix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(p) * 0x2545f4914f6cdd1dull) % uint64_t(V));
+}
+
+// Times fn() on every rank after a barrier of `c`; returns the maximum over `all` (seconds).
+template <class F> double timed(Comm& c, Comm& all, F&& fn) {
+  all.barrier();
+  const double t0 = c.now();
+  fn();
+  double dt = c.now() - t0;
+  all.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
+  return dt;
+}
+
+}  // namespace
+
+int bench_infer(BenchContext& ctx) {
+  const Config& cfg = ctx.cfg;
+  Topology& topo = ctx.topo;
+  Comm& world = topo.world();
+  Comm& cp = topo.cp();
+  const int N = cp.size();
+  const int64_t S = cfg.seq, V = cfg.vocab, iters = cfg.bench_iters;
+  const ParamLayout layout(model_dims(cfg, 1, 0));
+  Buffer<float> params(size_t(layout.local_elems()));
+  layout.init(uint64_t(cfg.seed), params.data());
+  HwProfile hw;
+  if (cfg.hw_profile == "measured") hw = measure_profile(cp, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim));
+  else named_profile(cfg.hw_profile, hw);
+  std::vector<int32_t> seq_tokens(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) seq_tokens[size_t(i)] = token_at(uint64_t(cfg.seed), i, V);
+  int wrong_total = 0;
+  int64_t step = 0;
+
+  // ---- 1. pass-KV vs pass-Q over miss rates ----------------------------------------------------
+  BenchTable t1("ctxpar bench infer — partial prefill TTFT, pass-KV vs pass-Q (shape of Meta CP Table 4), " +
+                    std::to_string(N) + " CP ranks, context " + std::to_string(S) + ", batch 1",
+                {{"miss_pct", "miss", "%", 7, 2}, {"T", "T", "new", 7, 0}, {"P", "P", "cached", 9, 0},
+                 {"pass_kv_ms", "pass-KV", "ms", 10, 2}, {"pass_q_ms", "pass-Q", "ms", 10, 2},
+                 {"faster", "faster", "measured", 10, 0}, {"pred_kv_ms", "pred KV", "ms attn", 10, 2},
+                 {"pred_q_ms", "pred Q", "ms attn", 10, 2}, {"auto", "auto", "choice", 9, 0},
+                 {"eq5", "Eq.5", "paper", 9, 0}, {"wrong", "#wrong", "", 7, 0}},
+                {std::string("FLOP convention: ") + kFlopConvention,
+                 "TTFT: median of bench_iters prefills of the T new tokens on the same P-token cache (max over ranks)",
+                 "pred: cost model (src/infer/cost.hpp) attention time of all layers, hw_profile " + hw.name +
+                     ": C " + std::to_string(hw.attn_flops_per_s / 1e9) + " GFLOP/s, BW " +
+                     std::to_string(hw.bw_bytes_per_s / 1e9) + " GB/s"});
+  const double misses[] = {0.01, 0.025, 0.05, 0.10, 0.20, 0.50, 1.0};
+  // Crossover: the split index i (pass-Q below miss rate i, pass-KV from i on) that misclassifies
+  // the fewest points (robust to a noisy single point); n_rates = pass-Q everywhere.
+  std::vector<int> meas_kv, pred_kv;
+  int idx = 0;
+  for (double miss : misses) {
+    const int64_t c2 = 2 * N;
+    const int64_t T = std::max<int64_t>(c2, int64_t(miss * double(S)) / c2 * c2), P = S - T;
+    std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}};
+    Engine eng(layout, params.data(), topo, 1, cache_capacity_tokens(sched, N), cfg.strategy);
+    CallStats st;
+    if (P > 0) eng.prefill({std::vector<int32_t>(seq_tokens.begin(), seq_tokens.begin() + P)}, CpAlgo::pass_kv,
+                           nullptr, st);
+    const KvCache::Snapshot snap = eng.cache().snapshot();
+    const std::vector<int32_t> new_tok(seq_tokens.begin() + P, seq_tokens.end());
+    double ms[2];
+    std::vector<float> logits[2];
+    int32_t next[2];
+    for (CpAlgo a : {CpAlgo::pass_kv, CpAlgo::pass_q}) {
+      std::vector<double> ts;
+      for (int64_t it = 0; it < iters + 1; ++it) {  // one untimed warmup run
+        eng.cache().restore(snap);
+        StepOutput out;
+        ctx.tracer.begin_step(step);
+        CallStats cs;
+        const double dt = timed(cp, world, [&] { out = eng.prefill({new_tok}, a, &ctx.tracer, cs, true); });
+        StepRecord rec;
+        rec.step = step++;
+        rec.time_s = dt;
+        rec.tokens = T;
+        rec.turn = int32_t(idx);
+        rec.ttft_s = dt;
+        rec.exposed_comm_s = cs.cp.exposed_comm_s;
+        rec.model_flops = eng.prefill_flops(T, P);
+        ctx.tracer.end_step(rec);
+        if (it > 0) ts.push_back(dt);
+        logits[int(a)] = out.logits;
+        next[int(a)] = out.next_tokens[0];
+      }
+      ms[int(a)] = med(ts) * 1e3;
+    }
+    double err = 0, scale = 1;
+    for (int64_t j = 0; j < V; ++j) {
+      err = std::max(err, double(std::abs(logits[0][size_t(j)] - logits[1][size_t(j)])));
+      scale = std::max(scale, double(std::abs(logits[0][size_t(j)])));
+    }
+    const int wrong = (err / scale > 1e-4 || !std::isfinite(err)) + (next[0] != next[1]);
+    wrong_total += wrong;
+    const Prediction pr =
+        predict({T, P, N, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim)}, hw);
+    const bool kv_faster = ms[0] <= ms[1];
+    meas_kv.push_back(kv_faster);
+    pred_kv.push_back(pr.choice == CpAlgo::pass_kv);
+    t1.add_row({t1.cell(0, 100 * double(T) / double(S)), std::to_string(T), std::to_string(P), t1.cell(3, ms[0]),
+                t1.cell(4, ms[1]), kv_faster ? "pass_kv" : "pass_q", t1.cell(6, pr.pass_kv_s * cfg.layers * 1e3),
+                t1.cell(7, pr.pass_q_s * cfg.layers * 1e3), algo_name(pr.choice), pr.eq5_pass_q ? "pass_q" : "pass_kv",
+                std::to_string(wrong)});
+    ++idx;
+  }
+  if (world.rank() == 0) t1.print(cfg.csv);
+  auto split = [&](const std::vector<int>& kv) {
+    int best = 0, best_err = 1 << 30;
+    for (int i = 0; i <= int(kv.size()); ++i) {
+      int e = 0;
+      for (int j = 0; j < int(kv.size()); ++j) e += (j < i) == bool(kv[size_t(j)]);
+      if (e < best_err) best = i, best_err = e;
+    }
+    return best;
+  };
+  const int meas_cross = split(meas_kv), pred_cross = split(pred_kv);
+  auto name_of = [&](int i) {
+    char b[64];
+    if (i >= idx) return std::string("none (pass-Q everywhere)");
+    std::snprintf(b, sizeof b, "%.1f%% miss", 100 * misses[i]);
+    return std::string(b);
+  };
+  if (!cfg.csv)
+    log0("# crossover (pass-Q below, pass-KV from this miss rate on; best split of the rows): measured %s, "
+         "predicted %s -> %s\n",
+         name_of(meas_cross).c_str(), name_of(pred_cross).c_str(),
+         std::abs(meas_cross - pred_cross) <= 1 ? "within one miss-rate step" : "NOT within one step");
+  ctx.tracer.write_attr("/", "infer_crossover_measured_index", int64_t(meas_cross));
+  ctx.tracer.write_attr("/", "infer_crossover_predicted_index", int64_t(pred_cross));
+
+  // ---- 2. decode TTIT against CP size ---------------------------------------------------------
+  BenchTable t2("ctxpar bench infer — decode TTIT against CP size (shape of Meta CP Table 8), context " +
+                    std::to_string(S) + ", batch " + std::to_string(cfg.batch),
+                {{"cp", "CP", "ranks", 6, 0}, {"replicas", "replicas", "dp", 9, 0}, {"algo", "algo", "", 10, 0},
+                 {"ttit_ms", "TTIT", "ms", 9, 3}, {"attn_ms", "attn", "ms/step", 9, 3},
+                 {"exposed_ms", "exposed", "ms/step", 9, 3}, {"sent_kb", "sent", "KB/step", 9, 1},
+                 {"wrong", "#wrong", "", 7, 0}},
+                {"TTIT: median over bench_iters decode steps after 1 warmup (max over all ranks)",
+                 "attn: attention incl. its communication; exposed: time blocked on transfers (max over ranks)",
+                 "#wrong: greedy tokens differing from the CP = 1 run"});
+  std::vector<int32_t> ref_tokens;
+  for (int c = 1; c <= world.size(); c *= 2) {
+    if (world.size() % c != 0 || S % (2 * c) != 0) continue;
+    MeshSpec mesh;
+    mesh.dp = world.size() / c;
+    mesh.ring = c;
+    std::unique_ptr<Topology> sub = Topology::create(world, mesh);
+    Comm& ccp = sub->cp();
+    const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}, {PhaseKind::decode, iters + 1}};
+    Engine eng(layout, params.data(), *sub, cfg.batch, cache_capacity_tokens(sched, c), "ring");
+    CallStats st;
+    std::vector<std::vector<int32_t>> prompt(size_t(cfg.batch), seq_tokens);
+    const std::vector<int32_t> first = eng.prefill(prompt, CpAlgo::pass_kv, nullptr, st).next_tokens;
+    const KvCache::Snapshot snap = eng.cache().snapshot();
+    for (DecodeAlgo a : {DecodeAlgo::pass_q, DecodeAlgo::allgather}) {
+      eng.cache().restore(snap);
+      std::vector<int32_t> last = first, toks;
+      std::vector<double> ts, attn, exposed, sent;
+      for (int64_t it = 0; it < iters + 1; ++it) {
+        CallStats cs;
+        StepOutput out;
+        ctx.tracer.begin_step(step);
+        const double dt = timed(ccp, world, [&] { out = eng.decode(last, a, &ctx.tracer, cs); });
+        double vals[3] = {cs.attn_s, cs.cp.exposed_comm_s, cs.cp.bytes_sent};
+        world.all_reduce(std::span<double>(vals, 3), ReduceOp::max);
+        StepRecord rec;
+        rec.step = step++;
+        rec.time_s = dt;
+        rec.tokens = cfg.batch;
+        rec.ttit_s = dt;
+        rec.turn = c;
+        rec.exposed_comm_s = cs.cp.exposed_comm_s;
+        rec.model_flops = double(cfg.batch) * eng.decode_flops(S + it);
+        ctx.tracer.end_step(rec);
+        if (it > 0) {
+          ts.push_back(dt);
+          attn.push_back(vals[0]);
+          exposed.push_back(vals[1]);
+          sent.push_back(vals[2]);
+        }
+        last = out.next_tokens;
+        toks.insert(toks.end(), last.begin(), last.end());
+      }
+      if (ref_tokens.empty()) ref_tokens = toks;
+      int wrong = 0;
+      for (size_t i = 0; i < toks.size(); ++i) wrong += toks[i] != ref_tokens[i];
+      // Every replica must agree too (they run the same sequences).
+      int32_t w = wrong;
+      world.all_reduce(std::span<int32_t>(&w, 1), ReduceOp::max);
+      wrong_total += w;
+      t2.add_row({std::to_string(c), std::to_string(mesh.dp), decode_algo_name(a), t2.cell(3, med(ts) * 1e3),
+                  t2.cell(4, med(attn) * 1e3), t2.cell(5, med(exposed) * 1e3), t2.cell(6, med(sent) / 1e3),
+                  std::to_string(w)});
+    }
+  }
+  if (world.rank() == 0) t2.print(cfg.csv);
+  print_verdict("bench infer", wrong_total, cfg.csv);
+  return wrong_total;
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,122 @@
+#include "infer/cost.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "core/random.hpp"
+#include "dist/comm.hpp"
+#include "ops.hpp"
+
+namespace ctxpar::infer {
+
+const char* algo_name(CpAlgo a) { return a == CpAlgo::pass_kv ? "pass_kv" : "pass_q"; }
+
+const char* hw_profile_names() { return "measured, h100-gtt, h100-gti"; }
+
+std::string named_profile(const std::string& name, HwProfile& out) {
+  // Paper hosts (shared/reference/hardware.csv): H100 Grand Teton, 800 TFLOP/s BF16 dense; RDMA
+  // 400 Gb/s per GPU (GTT, 50 GB/s) or TCP 100 Gb/s (GTI, about 3 GB/s achieved); BF16 attention.
+  if (name == "h100-gtt") {
+    out = {name, 800e12, 50e9, 10e-6, 2, true};
+    return "";
+  }
+  if (name == "h100-gti") {
+    out = {name, 800e12, 3e9, 30e-6, 2, true};
+    return "";
+  }
+  return "config: hw_profile = '" + name + "'; valid: " + hw_profile_names();
+}
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+HwProfile measure_profile(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D) {
+  HwProfile hw;
+  hw.name = "measured";
+  hw.elem_bytes = sizeof(float);
+  hw.overlap = false;  // CPU ranks: MPI's shared-memory copies run on the compute cores
+  // C: 256 queries after 4K cached keys (the shape of a partial prefill block), best of 3.
+  const int64_t S_q = 256, S_k = 4096;
+  Buffer<float> q(size_t(S_q) * H_q * D, false), k(size_t(S_k) * H_kv * D, false), v(size_t(S_k) * H_kv * D, false);
+  Buffer<float> o(size_t(S_q) * H_q * D, false), lse(size_t(S_q) * H_q, false);
+  std::vector<int64_t> qp(static_cast<size_t>(S_q)), kp(static_cast<size_t>(S_k));
+  for (int64_t i = 0; i < S_k; ++i) kp[size_t(i)] = i;
+  for (int64_t i = 0; i < S_q; ++i) qp[size_t(i)] = S_k - S_q + i;
+  fill_rows(7, 1, qp, int64_t(H_q) * D, 1.0f, q.data());
+  fill_rows(7, 2, kp, int64_t(H_kv) * D, 1.0f, k.data());
+  fill_rows(7, 3, kp, int64_t(H_kv) * D, 1.0f, v.data());
+  AttnParams p;
+  p.q = q.data(); p.k = k.data(); p.v = v.data(); p.o = o.data(); p.lse = lse.data();
+  p.S_q = S_q; p.S_k = S_k; p.H_q = H_q; p.H_kv = H_kv; p.D = D;
+  p.q_pos = qp.data(); p.k_pos = kp.data();
+  const double flops = 4.0 * double(visible_pairs(p)) * H_q * D;
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < 3; ++i) {
+    const double t0 = now_s();
+    attn_fwd(p);
+    best = std::min(best, now_s() - t0);
+  }
+  double rate[2] = {flops / best, 0}, lat = 0;
+  // BW and latency: ring exchanges (send to r+1, receive from r-1) of 8 B and 4 MiB, best of 5.
+  const int N = cp.size(), r = cp.rank();
+  if (N > 1) {
+    auto xchg = [&](size_t bytes) {
+      Buffer<std::byte> s(bytes, true), d(bytes, false);
+      double t = std::numeric_limits<double>::infinity();
+      for (int i = 0; i < 5; ++i) {
+        cp.barrier();
+        const double t0 = now_s();
+        Request req = cp.send_recv_async(s.span(), (r + 1) % N, d.span(), (r + N - 1) % N, 77);
+        cp.wait(req);
+        t = std::min(t, now_s() - t0);
+      }
+      return t;
+    };
+    lat = xchg(8);
+    const size_t big = size_t(4) << 20;
+    rate[1] = double(big) / std::max(xchg(big) - lat, 1e-9);
+  }
+  cp.all_reduce(std::span<double>(rate, 2), ReduceOp::min);
+  cp.all_reduce(std::span<double>(&lat, 1), ReduceOp::max);
+  hw.attn_flops_per_s = rate[0];
+  hw.bw_bytes_per_s = N > 1 ? rate[1] : std::numeric_limits<double>::infinity();
+  hw.latency_s = lat;
+  return hw;
+}
+
+Prediction predict(const AttnCall& c, const HwProfile& hw) {
+  Prediction pr;
+  const double T = double(c.T), P = double(c.P), N = double(c.N), e = hw.elem_bytes;
+  const double Hq = c.H_q, Hkv = c.H_kv, D = c.D;
+  const double A = 4.0 * Hq * D * (T * P + T * (T + 1) / 2) / N / hw.attn_flops_per_s;
+  const double m_kv = (T + P) / N * (2 * Hkv * D * e + 8);
+  const double m_q = T / N * (Hq * D * e + 8);
+  const double a2a = (N - 1) / N * T * Hq * (D + 1) * e;
+  auto msg = [&](double bytes) { return hw.latency_s + bytes / hw.bw_bytes_per_s; };
+  if (c.N == 1) {
+    pr.pass_kv_s = pr.pass_q_s = A;
+  } else if (hw.overlap) {
+    pr.pass_kv_s = A / N + (N - 1) * std::max(A / N, msg(m_kv));
+    pr.pass_q_s = A / N + (N - 1) * std::max(A / N, msg(m_q)) + msg(a2a);
+  } else {
+    pr.pass_kv_s = A + (N - 1) * msg(m_kv) + m_kv / hw.bw_bytes_per_s;
+    pr.pass_q_s = A + (N - 1) * msg(m_q) + msg(a2a);
+  }
+  pr.choice = pr.pass_q_s < pr.pass_kv_s ? CpAlgo::pass_q : CpAlgo::pass_kv;
+  const double miss = T / (T + P);
+  pr.eq1_pass_kv = miss >= 2 * Hkv / Hq;
+  const double C = hw.attn_flops_per_s, BW = hw.bw_bytes_per_s;
+  pr.eq5_pass_q = miss <= 2 * Hkv / Hq - 4 * T * BW / (N * C * e);
+  pr.fitted_pass_kv = -1.059 * std::log(T) + 1.145 * std::log(miss) + 12.112 > 0;
+  return pr;
+}
+
+}  // namespace ctxpar::infer

@@ -1,0 +1,68 @@
+// Choice between pass-KV and pass-Q for one prefill call (Meta, "Context Parallelism for Scalable
+// Million-Token Inference", MLSys 2025, §3.4 and App. D), and the predicted attention time of both
+// variants that the choice is made from.
+//
+// Symbols (as in the paper): T new tokens, P cached tokens, N CP ranks, N_H query heads, N_KV K/V
+// heads, D head dim, C attention FLOP/s per rank, BW bytes/s per rank, e bytes per element.
+//   Eq. 1  pass-KV sends fewer bytes than pass-Q when T/(T+P) >= 2 N_KV / N_H
+//   Eq. 2  pass-KV's transfers hide under compute when T >= N C N_KV e / (2 N_H BW)
+//   Eq. 3  pass-Q's transfers hide when T + P >= N e C / (4 BW)
+//   Eq. 5  with pass-Q's all-to-all counted, pass-Q wins when T/(T+P) <= 2 N_KV/N_H - 4 T BW / (N C e)
+//   App. D fitted: pass-KV when -1.059 ln T + 1.145 ln(T/(T+P)) + 12.112 > 0
+// The cost model behind `auto` (predict()) is the per-layer ring timeline these rules come from:
+//   compute per rank  A = 4 N_H D (T P + T(T+1)/2) / N / C
+//   pass-KV message   m_kv = (T+P)/N * 2 N_KV D e (+ 8 bytes of position per token)
+//   pass-Q message    m_q  = T/N * N_H D e (+ positions), all-to-all a2a = (N-1)/N * T * N_H (D+1) e
+//   overlap (a NIC or DMA engine moves data while the cores compute, as on H100 hosts):
+//     t = A/N + (N-1) max(A/N, lat + m/BW)   [+ lat + a2a/BW for pass-Q]
+//   no overlap (shared-memory MPI on a CPU: the copy runs on the same cores as the compute):
+//     t = A + (N-1)(lat + m/BW)  [+ m_kv/BW for pass-KV's pack of the block, + lat + a2a/BW for pass-Q]
+// With overlap and A/N dominating, pass-KV vs pass-Q reduces to the paper's Eq. 5.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace ctxpar {
+class Comm;
+}
+
+namespace ctxpar::infer {
+
+enum class CpAlgo { pass_kv, pass_q };
+const char* algo_name(CpAlgo a);
+
+struct HwProfile {
+  std::string name;
+  double attn_flops_per_s = 0;  // C: attention FLOP/s per rank
+  double bw_bytes_per_s = 0;    // BW: point-to-point bytes/s per rank
+  double latency_s = 0;         // per message
+  double elem_bytes = 4;        // e
+  bool overlap = false;         // transfers proceed without the cores (NIC/DMA)
+};
+
+// Names accepted by hw_profile: measured (this machine, measured at start), h100-gtt, h100-gti
+// (the paper's hosts, from shared/reference/hardware.csv and the paper's text).
+const char* hw_profile_names();
+// "" and fills `out` for a named (not measured) profile; "measured" needs measure_profile().
+std::string named_profile(const std::string& name, HwProfile& out);
+// Collective over `cp`: C from a timed attn_fwd of the model's head shape (a partial-prefill-like
+// block, `threads` OpenMP threads), BW and latency from timed ring exchanges; minimum over ranks
+// of the rates, maximum of the latency (the slowest rank sets the pace).
+HwProfile measure_profile(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D);
+
+struct AttnCall {
+  int64_t T = 0, P = 0;
+  int N = 1;
+  int32_t H_q = 0, H_kv = 0, D = 0;
+};
+
+struct Prediction {
+  double pass_kv_s = 0, pass_q_s = 0;  // predicted attention time of one layer
+  CpAlgo choice = CpAlgo::pass_kv;     // the smaller of the two (ties: pass-KV)
+  bool eq1_pass_kv = true;             // paper Eq. 1
+  bool eq5_pass_q = false;             // paper Eq. 5
+  bool fitted_pass_kv = true;          // paper App. D
+};
+Prediction predict(const AttnCall& c, const HwProfile& hw);
+
+}  // namespace ctxpar::infer

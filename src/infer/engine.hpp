@@ -1,0 +1,113 @@
+// Inference with context parallelism on the training model (src/model: same ParamLayout, same
+// seeded weights or a training checkpoint): full prefill, partial prefill over the sharded KV
+// cache, and decode, on the N ranks of the CP group (topo.cp()).
+//
+//   full prefill     T prompt tokens, zigzag-sharded (2N chunks) so every rank has equal causal
+//                    work; attention by the configured CP strategy (ring = pass-KV by default;
+//                    allgather, ulysses, usp selectable) or by pass-Q; the K/V stay where computed.
+//   partial prefill  T new tokens after P cached ones, zigzag-sharded over the ranks (positions
+//                    P + zigzag index, so the causal mask comes from global positions):
+//                    pass-KV  queries stay; each rank's cached + new K/V block circulates around
+//                             the ring (cp/ring_core's ring_fwd, blocks padded to the longest);
+//                    pass-Q   K/V stay; the query blocks circulate; each rank computes partial
+//                             (O, LSE) of every visiting block against its own cache; one
+//                             all-to-all returns the partials to their owners, which lse_merge them.
+//   decode           B sequences, one token each. Sequence b's dense work (projections, MLP,
+//                    LM head) runs on rank b / ceil(B/N); its query (packed with its new K/V, which
+//                    the round-robin target rank appends to its cache when the block visits)
+//                    visits every rank: pass-Q (ring) or allgather (all-gather of the query
+//                    blocks); the partials return by all-to-all and are merged as in pass-Q.
+// Every call ends with the greedy next token of every sequence on every rank.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "cp/strategy.hpp"
+#include "infer/cost.hpp"
+#include "infer/kv_cache.hpp"
+#include "model/model.hpp"
+
+namespace ctxpar {
+class Topology;
+class Tracer;
+class Comm;
+}  // namespace ctxpar
+
+namespace ctxpar::infer {
+
+enum class DecodeAlgo { pass_q, allgather };
+const char* decode_algo_name(DecodeAlgo a);
+
+// Work of one call on this rank (seconds, bytes) and its communication counters.
+struct CallStats {
+  double total_s = 0, attn_s = 0, gemm_s = 0;
+  CpStats cp;  // bytes_sent, exposed_comm_s, messages, attn_flops
+};
+
+struct StepOutput {
+  std::vector<int32_t> next_tokens;  // [B] greedy (argmax, lowest index on ties), every rank
+  std::vector<float> logits;         // [B, V] of the last position, every rank (when requested)
+  // Tests: logits of every new position of every sequence, [B][T * V] in global order.
+  std::vector<std::vector<float>> all_logits;
+};
+
+class Engine {
+ public:
+  // `params`: this rank's weights in `layout` (tp = 1). `full_strategy`: CP strategy name for
+  // full prefills with pass-KV ("ring", "allgather", "ulysses", "usp").
+  Engine(const ParamLayout& layout, const float* params, Topology& topo, int64_t batch, int64_t capacity_tokens,
+         const std::string& full_strategy);
+  ~Engine();
+
+  // Prefill of T new tokens of every sequence (tokens[b] has T ids, the same on every rank).
+  // The cache of every sequence must hold the same number of tokens (P); P = 0 is a full prefill.
+  StepOutput prefill(const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo, Tracer* tr, CallStats& st,
+                     bool want_logits = false, bool want_all_logits = false);
+  // One decode step: tokens[b] is the last generated token of sequence b.
+  StepOutput decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, Tracer* tr, CallStats& st,
+                    bool want_logits = false);
+
+  KvCache& cache() { return cache_; }
+  int N() const;
+  // Model FLOPs of a prefill of T tokens after P cached, per sequence (DESIGN.md convention:
+  // 2 m n k matmuls incl. one LM-head row, attention 4 H_q D per visible pair), and of a decode
+  // token at context length `ctx` (before it).
+  double prefill_flops(int64_t T, int64_t P) const;
+  double decode_flops(int64_t ctx) const;
+
+ private:
+  using AttnFn = std::function<void(int64_t l, float* q, float* k, float* v, float* o, float* lse)>;
+  // Embedding → L layers (attention by `attn`) → final norm; logits of the local rows
+  // `logit_rows` into `logits` [|logit_rows|, V].
+  void forward(int64_t n, const int32_t* tokens, const int64_t* pos, const AttnFn& attn,
+               const std::vector<int64_t>& logit_rows, float* logits);
+  void ensure_rows(int64_t n);
+  void gemm(int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C, int64_t l);
+  // pass-Q over the CP ring: query blocks of n rows (q, positions) circulate; partials against
+  // the local K/V (S_k rows) return by all-to-all and are merged into (o, lse).
+  void pass_q(int64_t n, const float* q, const int64_t* q_pos, const float* k, const float* v, const int64_t* k_pos,
+              int64_t S_k, float* o, float* lse, int64_t l);
+
+  const ParamLayout& layout_;
+  ModelDims d_;
+  ModelView w_;
+  Topology& topo_;
+  Comm& cp_;
+  KvCache cache_;
+  std::unique_ptr<CpStrategy> full_strategy_;
+  int64_t rows_cap_ = 0;
+  Buffer<float> x_, h_, q_, k_, v_, o_, lse_, x1_, g_, u_, m_, cos_, sin_;
+  std::vector<double> inv_freq_;
+  // per-call state
+  Tracer* tr_ = nullptr;
+  CallStats* st_ = nullptr;
+};
+
+// Greedy token of a logits row: argmax, the lowest index on ties.
+int32_t greedy(const float* logits, int64_t V);
+
+}  // namespace ctxpar::infer

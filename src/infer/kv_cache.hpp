@@ -1,0 +1,77 @@
+// The KV cache of inference, sharded over the N ranks of the CP group: the K/V of a prefill stay on
+// the rank that computed them (the zigzag shard of that prefill, so the cache is load-balanced like
+// the prefill), and each decode token's K/V goes to one rank, round-robin over the sequence's
+// decode tokens (rank (decoded + b) mod N for sequence b). Every rank keeps the bookkeeping of all
+// ranks (how many tokens each holds of each sequence): it is a deterministic function of the
+// schedule, so no communication is needed to know the padded block sizes of pass-KV.
+//
+// Layout per sequence b and layer l: K and V [capacity, H_kv, D] (post-RoPE keys), positions
+// [capacity] shared by all layers. Unused slots hold K = V = 0 and position kNoPos, which no
+// causal query sees, so a block padded up to the longest rank's length adds no visible pair.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/memory.hpp"
+
+namespace ctxpar::infer {
+
+// Position of an empty slot: larger than any query position, so causally invisible.
+constexpr int64_t kNoPos = int64_t(1) << 60;
+
+class KvCache {
+ public:
+  KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, int rank, int64_t capacity_tokens);
+
+  int64_t batch() const { return B_; }
+  int64_t capacity() const { return cap_; }
+  // Committed tokens of sequence b on CP rank r (any rank's, from the shared bookkeeping).
+  int64_t len(int64_t b, int r) const { return len_[size_t(b * N_ + r)]; }
+  int64_t len(int64_t b) const { return len(b, rank_); }
+  int64_t max_len(int64_t b) const;          // over ranks
+  int64_t seq_len(int64_t b) const;          // global context length of sequence b
+  int64_t decoded(int64_t b) const { return decoded_[size_t(b)]; }
+  // The rank that stores the next decode token of sequence b.
+  int decode_target(int64_t b) const { return int((decoded_[size_t(b)] + b) % N_); }
+
+  float* k(int64_t b, int64_t l) { return kv_[size_t(b)].data() + size_t(2 * l) * slot_elems(); }
+  float* v(int64_t b, int64_t l) { return kv_[size_t(b)].data() + size_t(2 * l + 1) * slot_elems(); }
+  const int64_t* pos(int64_t b) const { return pos_[size_t(b)].data(); }
+  int64_t row_elems() const { return int64_t(H_kv_) * D_; }
+
+  // Writes the positions of `n` new local tokens of sequence b after the committed ones and
+  // returns their first slot; their K/V are written per layer by the caller; attention may use
+  // len(b) + n rows from then on. Fatal when the capacity would be exceeded.
+  int64_t reserve(int64_t b, int64_t n, const int64_t* positions);
+  // Commits the reserved tokens: `added[r]` tokens of sequence b on every rank r (the same call
+  // on every rank); `decode` counts them as one decode token for the round-robin.
+  void commit(int64_t b, const std::vector<int64_t>& added, bool decode);
+
+  // Empties every sequence (a fresh cache of the same capacity).
+  void clear();
+  // The bookkeeping of the committed tokens; restore() drops everything committed after the
+  // snapshot (benches repeat a prefill or decode on the same cached context).
+  struct Snapshot {
+    std::vector<int64_t> len, decoded;
+  };
+  Snapshot snapshot() const { return {len_, decoded_}; }
+  void restore(const Snapshot& s);
+
+  // Bytes of committed K/V (+ positions) on this rank, and bytes allocated.
+  double used_bytes() const;
+  double allocated_bytes() const;
+
+ private:
+  size_t slot_elems() const { return size_t(cap_) * size_t(H_kv_) * size_t(D_); }
+  int64_t B_, L_;
+  int32_t H_kv_, D_;
+  int N_, rank_;
+  int64_t cap_;
+  std::vector<Buffer<float>> kv_;     // per sequence: [L][K|V][cap][H_kv][D]
+  std::vector<Buffer<int64_t>> pos_;  // per sequence: [cap]
+  std::vector<int64_t> len_;          // [B][N]
+  std::vector<int64_t> decoded_;      // [B]
+  std::vector<int64_t> pending_;      // [B] reserved, not yet committed, on this rank
+};
+
+}  // namespace ctxpar::infer

@@ -1,0 +1,46 @@
+#include "infer/schedule.hpp"
+
+#include <sstream>
+
+#include "core/config.hpp"
+
+namespace ctxpar::infer {
+
+std::string parse_schedule(const std::string& text, int N, std::vector<SchedulePhase>& out) {
+  out.clear();
+  const std::string valid = "valid: a comma list of prefill:T and decode:N starting with a prefill, e.g. "
+                            "prefill:32K,decode:64,prefill:2K,decode:64";
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t colon = item.find(':');
+    const std::string kind = item.substr(0, colon);
+    int64_t n = 0;
+    if (colon == std::string::npos || !parse_size(item.substr(colon + 1), n) || n < 1)
+      return "config: schedule = '" + text + "': item '" + item + "' needs a count >= 1; " + valid;
+    if (kind == "prefill") {
+      if (n % (2 * N) != 0)
+        return "config: schedule = '" + text + "': prefill:" + std::to_string(n) + " does not split into 2N = " +
+               std::to_string(2 * N) + " zigzag chunks on " + std::to_string(N) +
+               " CP ranks; valid: a multiple of " + std::to_string(2 * N) + " (e.g. " +
+               std::to_string((n + 2 * N - 1) / (2 * N) * (2 * N)) + ")";
+      out.push_back({PhaseKind::prefill, n});
+    } else if (kind == "decode") {
+      out.push_back({PhaseKind::decode, n});
+    } else {
+      return "config: schedule = '" + text + "': unknown phase '" + kind + "'; " + valid;
+    }
+  }
+  if (out.empty() || out.front().kind != PhaseKind::prefill)
+    return "config: schedule = '" + text + "' must start with a prefill; " + valid;
+  return "";
+}
+
+int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N) {
+  int64_t cap = 0;
+  for (const SchedulePhase& p : s)
+    cap += p.kind == PhaseKind::prefill ? p.count / N : (p.count + N - 1) / N + 1;
+  return cap;
+}
+
+}  // namespace ctxpar::infer

@@ -1,0 +1,28 @@
+// Multi-turn chat schedule of `ctxpar chat`: a list of phases "prefill:T" (T new prompt tokens of
+// every sequence) and "decode:N" (N decode steps, one token per sequence each), e.g.
+// "prefill:32K,decode:64,prefill:2K,decode:64". A turn starts at each prefill; the first prefill
+// is a full prefill (empty KV cache), later ones are partial prefills over the cache.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ctxpar::infer {
+
+enum class PhaseKind { prefill, decode };
+
+struct SchedulePhase {
+  PhaseKind kind;
+  int64_t count;  // prefill: new tokens T; decode: steps
+};
+
+// Parses `text`; throws nothing: returns "" and fills `out`, or a message naming the bad item and
+// what would be valid. `N` is the CP size: every prefill must split into 2N zigzag chunks.
+std::string parse_schedule(const std::string& text, int N, std::vector<SchedulePhase>& out);
+
+// KV cache capacity per sequence and rank (tokens) that a schedule needs on N ranks: the zigzag
+// shares of every prefill plus a round-robin share of every decode token (the rounding of the
+// round-robin may put one extra token on a rank per phase).
+int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N);
+
+}  // namespace ctxpar::infer

@@ -1,0 +1,355 @@
+// `ctxpar prefill`, `ctxpar decode`, `ctxpar chat` — inference with context parallelism on the
+// training model (src/infer/engine.hpp): a KV cache sharded over the CP ranks, full and partial
+// prefills with pass-KV or pass-Q (cp_algo = auto chooses per call from the cost model in
+// src/infer/cost.hpp), and batched greedy decode with pass-Q or all-gather.
+//
+//   prefill  per step: a fresh cache; `cached` tokens (or seq * (1 - miss_rate)) are prefilled
+//            first (setup, untimed), then the measured prefill of the rest: TTFT.
+//   decode   a full prefill of `seq` tokens (turn 0), then warmup + steps decode steps: TTIT.
+//   chat     the turns of `schedule`: each prefill is a traced step with its TTFT, each decode
+//            token a traced step with its TTIT.
+// Trace: /steps rows carry turn, ttft_s / ttit_s; /generated [turn, step, batch] the greedy
+// token ids (step 0 = the prefill's token, -1 = no token); /infer/calls one row per prefill
+// (columns in its attribute) with the choice and both predicted costs; /infer/cache_bytes
+// [step, rank] the KV cache bytes each rank holds after every step.
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "core/random.hpp"
+#include "dist/topology.hpp"
+#include "infer/cost.hpp"
+#include "infer/engine.hpp"
+#include "infer/schedule.hpp"
+#include "model/checkpoint.hpp"
+#include "model/model.hpp"
+#include "modes/modes.hpp"
+#include "ops.hpp"
+#include "shard/partition.hpp"
+#include "trace/trace.hpp"
+
+namespace ctxpar {
+
+using namespace infer;
+
+namespace {
+
+std::string s_(int64_t v) { return std::to_string(v); }
+
+// T and P of `ctxpar prefill`: cached P given, or T = miss_rate * seq rounded down to whole
+// zigzag chunks (at least one chunk per rank).
+void prefill_split(const Config& cfg, int N, int64_t& T, int64_t& P) {
+  if (cfg.cached > 0) {
+    P = cfg.cached;
+    T = cfg.seq - P;
+    return;
+  }
+  const int64_t c = 2 * N;
+  T = std::max<int64_t>(c, int64_t(std::floor(cfg.miss_rate * double(cfg.seq) / double(c))) * c);
+  P = cfg.seq - T;
+}
+
+// Schedule of a mode: chat's own; prefill = [prefill P (setup), prefill T]; decode = [prefill
+// seq, decode warmup + steps].
+std::string mode_schedule(const Config& cfg, int N, std::vector<SchedulePhase>& s) {
+  if (cfg.mode == "chat") return parse_schedule(cfg.schedule, N, s);
+  s.clear();
+  if (cfg.mode == "prefill") {
+    int64_t T, P;
+    prefill_split(cfg, N, T, P);
+    if (P > 0) s.push_back({PhaseKind::prefill, P});
+    s.push_back({PhaseKind::prefill, T});
+  } else {
+    s.push_back({PhaseKind::prefill, cfg.seq});
+    s.push_back({PhaseKind::decode, cfg.warmup + cfg.steps});
+  }
+  return "";
+}
+
+// Prompt token of sequence b at global position p (same on every rank, any mesh).
+int32_t prompt_token(uint64_t seed, int64_t b, int64_t p, int64_t V) {
+  return int32_t(splitmix64(splitmix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(b)) ^ uint64_t(p)) % uint64_t(V));
+}
+
+struct PrefillCall {
+  int64_t turn, T, P;
+  CpAlgo algo;
+  Prediction pred;
+  double ttft_s;
+};
+
+class Session {
+ public:
+  Session(const Config& cfg, Topology& topo, Tracer& tr, const std::vector<SchedulePhase>& sched)
+      : cfg_(cfg), topo_(topo), tr_(tr), cp_(topo.cp()), layout_(model_dims(cfg, 1, 0)),
+        params_(size_t(layout_.local_elems())) {
+    if (!cfg.resume.empty()) {
+      // Trained weights of `ctxpar train` (the AdamW moments are read and dropped).
+      Buffer<float> m(size_t(layout_.local_elems())), v(size_t(layout_.local_elems()));
+      load_checkpoint(cfg.resume, layout_, params_.data(), m.data(), v.data());
+    } else {
+      layout_.init(uint64_t(cfg.seed), params_.data());
+    }
+    const int N = cp_.size();
+    engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cfg.batch, cache_capacity_tokens(sched, N),
+                                       cfg.strategy);
+    if (cfg.hw_profile == "measured") {
+      hw_ = measure_profile(cp_, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim));
+    } else {
+      named_profile(cfg.hw_profile, hw_);
+    }
+    const ModelDims& d = layout_.dims();
+    log0("ctxpar %s: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); batch %lld, "
+         "%d CP ranks (mesh %s), full-prefill strategy %s, cp_algo %s, decode_algo %s\n",
+         cfg.mode.c_str(), (long long)d.layers, (long long)d.dim, (long long)d.ffn, (long long)cfg.heads,
+         (long long)cfg.kv_heads, (long long)cfg.head_dim, (long long)d.vocab, double(d.param_count()) / 1e6,
+         (long long)cfg.batch, N, cfg.mesh.c_str(), cfg.strategy.c_str(), cfg.cp_algo.c_str(), cfg.decode_algo.c_str());
+    log0("# weights: %s; KV cache %s per rank allocated (%lld tokens per sequence)\n",
+         cfg.resume.empty() ? "seeded init (as train)" : cfg.resume.c_str(),
+         fmt_bytes(engine_->cache().allocated_bytes()).c_str(), (long long)engine_->cache().capacity());
+    log0("# cost model (%s): attention %.1f GFLOP/s per rank, p2p %.2f GB/s, latency %.1f us, e = %g B, %s\n",
+         hw_.name.c_str(), hw_.attn_flops_per_s / 1e9, hw_.bw_bytes_per_s / 1e9, hw_.latency_s * 1e6, hw_.elem_bytes,
+         hw_.overlap ? "transfers overlap compute" : "transfers use the compute cores");
+    log0("# FLOP convention: %s; prefill/decode FLOPs count projections, MLP, one LM-head row per sequence\n",
+         kFlopConvention);
+    log0("#  step turn  kind      T        P  algo       time_ms    tokens/s  TFLOP/s/rank  exposed_ms  cache_MiB/rank\n");
+    tr_.write_attr("/", "hw_profile", hw_.name);
+    tr_.write_attr("/", "hw_attn_flops_per_s", hw_.attn_flops_per_s);
+    tr_.write_attr("/", "hw_bw_bytes_per_s", std::isfinite(hw_.bw_bytes_per_s) ? hw_.bw_bytes_per_s : 0.0);
+    tr_.write_attr("/", "hw_latency_s", hw_.latency_s);
+  }
+
+  int64_t V() const { return cfg_.vocab; }
+  Engine& engine() { return *engine_; }
+
+  CpAlgo choose(int64_t T, int64_t P, Prediction& pred) const {
+    pred = predict({T, P, cp_.size(), int32_t(cfg_.heads), int32_t(cfg_.kv_heads), int32_t(cfg_.head_dim)}, hw_);
+    if (cfg_.cp_algo == "pass_kv") return CpAlgo::pass_kv;
+    if (cfg_.cp_algo == "pass_q") return CpAlgo::pass_q;
+    return pred.choice;
+  }
+
+  // One traced prefill of T new tokens of every sequence; `record`: a TTFT step (else the setup
+  // of a cache for `ctxpar prefill`, turn -1, no TTFT).
+  std::vector<int32_t> prefill(int64_t turn, int64_t T, bool record) {
+    const int64_t B = cfg_.batch, P = engine_->cache().seq_len(0);
+    std::vector<std::vector<int32_t>> tok(static_cast<size_t>(B), std::vector<int32_t>(static_cast<size_t>(T)));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i) tok[size_t(b)][size_t(i)] = prompt_token(uint64_t(cfg_.seed), b, P + i, V());
+    Prediction pred;
+    const CpAlgo algo = choose(T, P, pred);
+    CallStats st;
+    tr_.begin_step(step_);
+    cp_.barrier();
+    const double t0 = cp_.now();
+    StepOutput out = engine_->prefill(tok, algo, &tr_, st);
+    double dt = cp_.now() - t0;
+    cp_.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
+    const double flops = double(B) * engine_->prefill_flops(T, P);
+    finish_step(turn, record ? "prefill" : "setup", T, P, algo_name(algo), dt, B * T, flops, st, record);
+    if (record) calls_.push_back({turn, T, P, algo, pred, dt});
+    return out.next_tokens;
+  }
+
+  std::vector<int32_t> decode(int64_t turn, const std::vector<int32_t>& last) {
+    const int64_t B = cfg_.batch, ctx = engine_->cache().seq_len(0);
+    const DecodeAlgo algo = cfg_.decode_algo == "allgather" ? DecodeAlgo::allgather : DecodeAlgo::pass_q;
+    CallStats st;
+    tr_.begin_step(step_);
+    cp_.barrier();
+    const double t0 = cp_.now();
+    StepOutput out = engine_->decode(last, algo, &tr_, st);
+    double dt = cp_.now() - t0;
+    cp_.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
+    finish_step(turn, "decode", 1, ctx, decode_algo_name(algo), dt, B, double(B) * engine_->decode_flops(ctx), st,
+                false);
+    return out.next_tokens;
+  }
+
+  bool stop() const { return stop_; }
+
+  // /generated [turn, step, batch] (-1 where a turn has fewer steps), /infer/calls, cache bytes.
+  void write_outputs(const std::vector<std::vector<std::vector<int32_t>>>& gen) {
+    const int64_t B = cfg_.batch;
+    size_t steps = 0;
+    for (const auto& t : gen) steps = std::max(steps, t.size());
+    std::vector<int32_t> g(gen.size() * steps * size_t(B), -1);
+    for (size_t t = 0; t < gen.size(); ++t)
+      for (size_t s = 0; s < gen[t].size(); ++s)
+        for (int64_t b = 0; b < B; ++b) g[(t * steps + s) * size_t(B) + size_t(b)] = gen[t][s][size_t(b)];
+    if (!g.empty()) tr_.write_dataset("/generated", g, {uint64_t(gen.size()), uint64_t(steps), uint64_t(B)});
+    std::vector<double> c;
+    for (const PrefillCall& k : calls_) {
+      const double row[] = {double(k.turn), double(k.T), double(k.P), k.algo == CpAlgo::pass_q ? 1.0 : 0.0,
+                            k.pred.pass_kv_s * double(cfg_.layers), k.pred.pass_q_s * double(cfg_.layers),
+                            k.pred.choice == CpAlgo::pass_q ? 1.0 : 0.0, k.pred.eq1_pass_kv ? 1.0 : 0.0,
+                            k.pred.eq5_pass_q ? 1.0 : 0.0, k.pred.fitted_pass_kv ? 1.0 : 0.0, k.ttft_s};
+      c.insert(c.end(), std::begin(row), std::end(row));
+    }
+    if (!calls_.empty()) {
+      tr_.write_dataset("/infer/calls", c, {uint64_t(calls_.size()), 11});
+      tr_.write_attr("/infer/calls", "columns",
+                     std::string("turn,T,P,algo(0=pass_kv;1=pass_q),pred_pass_kv_s,pred_pass_q_s,"
+                                 "model_choice(1=pass_q),eq1_pass_kv,eq5_pass_q,fitted_pass_kv,ttft_s"));
+    }
+    if (!cache_bytes_.empty())
+      tr_.write_dataset("/infer/cache_bytes", cache_bytes_,
+                        {uint64_t(cache_bytes_.size() / size_t(cp_.size())), uint64_t(cp_.size())});
+  }
+
+  // Log lines of the prefill decisions (rank 0).
+  void log_calls() const {
+    for (const PrefillCall& k : calls_)
+      log0("# turn %lld prefill T=%lld P=%lld (miss %.4f): %s; predicted per layer pass_kv %.3f ms, pass_q %.3f ms; "
+           "paper Eq.1 %s, Eq.5 %s, App.D %s\n",
+           (long long)k.turn, (long long)k.T, (long long)k.P, double(k.T) / double(k.T + k.P), algo_name(k.algo),
+           k.pred.pass_kv_s * 1e3, k.pred.pass_q_s * 1e3, k.pred.eq1_pass_kv ? "pass_kv" : "pass_q",
+           k.pred.eq5_pass_q ? "pass_q" : "pass_kv", k.pred.fitted_pass_kv ? "pass_kv" : "pass_q");
+  }
+
+  std::vector<double> ttft, ttit;
+
+ private:
+  void finish_step(int64_t turn, const char* kind, int64_t T, int64_t P, const char* algo, double dt, int64_t tokens,
+                   double flops, const CallStats& st, bool is_prefill) {
+    const bool setup = std::string(kind) == "setup";
+    StepRecord rec;
+    rec.step = step_;
+    rec.time_s = dt;
+    rec.tokens = tokens;
+    rec.model_flops = flops;
+    rec.exposed_comm_s = st.cp.exposed_comm_s;
+    rec.peak_bytes = mem_peak_bytes();
+    rec.turn = int32_t(turn);
+    if (!setup) {
+      (is_prefill ? rec.ttft_s : rec.ttit_s) = dt;
+      (is_prefill ? ttft : ttit).push_back(dt);
+    }
+    stop_ = tr_.end_step(rec) || stop_;
+    double exposed = st.cp.exposed_comm_s, mine = engine_->cache().used_bytes();
+    cp_.all_reduce(std::span<double>(&exposed, 1), ReduceOp::max);
+    std::vector<double> all(size_t(cp_.size()));
+    cp_.all_gather(std::span<const double>(&mine, 1), std::span<double>(all));
+    cache_bytes_.insert(cache_bytes_.end(), all.begin(), all.end());
+    const double mx = *std::max_element(all.begin(), all.end());
+    log0("  %5lld %4lld  %-7s %6lld %8lld  %-8s %9.2f  %10.1f  %12.4f  %10.2f  %14.2f\n", (long long)step_,
+         (long long)turn, kind, (long long)T, (long long)P, algo, dt * 1e3, double(tokens) / dt,
+         flops / dt / cp_.size() / 1e12, exposed * 1e3, mx / (1 << 20));
+    ++step_;
+  }
+
+  const Config& cfg_;
+  Topology& topo_;
+  Tracer& tr_;
+  Comm& cp_;
+  ParamLayout layout_;
+  Buffer<float> params_;
+  std::unique_ptr<Engine> engine_;
+  HwProfile hw_;
+  std::vector<PrefillCall> calls_;
+  std::vector<double> cache_bytes_;
+  int64_t step_ = 0;
+  bool stop_ = false;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace
+
+std::string validate_infer_mode(const Config& cfg, Topology& topo) {
+  if (topo.size(Axis::tp) != 1 || topo.size(Axis::dp) != 1)
+    return "config: mesh = '" + cfg.mesh + "': inference runs on the CP axes only; valid: ring and/or ulysses axes "
+           "(e.g. mesh=ring:" + s_(topo.world().size()) + ")";
+  std::string err = validate_model_shape(cfg, 1);
+  if (!err.empty()) return err;
+  if (cfg.mask != "causal" || cfg.docs != "none")
+    return "config: inference uses one causal document per sequence; valid: mask=causal, docs=none";
+  const int N = topo.cp().size();
+  std::vector<SchedulePhase> sched;
+  if (cfg.mode == "prefill" || cfg.mode == "decode" || cfg.mode == "bench") {
+    if (cfg.seq % (2 * N) != 0)
+      return "config: seq = " + s_(cfg.seq) + " does not split into 2N = " + s_(2 * N) + " zigzag chunks on " + s_(N) +
+             " CP ranks; valid: a multiple of " + s_(2 * N);
+  }
+  if (cfg.mode == "prefill") {
+    if (cfg.cached > 0 && cfg.miss_rate != 1)
+      return "config: cached = " + s_(cfg.cached) + " and miss_rate = " + std::to_string(cfg.miss_rate) +
+             " both set; valid: one of them";
+    if (cfg.cached > 0 && (cfg.cached >= cfg.seq || cfg.cached % (2 * N) != 0))
+      return "config: cached = " + s_(cfg.cached) + ": needs 0 < cached < seq = " + s_(cfg.seq) + " and a multiple of 2N = " +
+             s_(2 * N) + " (whole zigzag chunks for both prefills)";
+  }
+  err = mode_schedule(cfg, N, sched);
+  if (!err.empty()) return err;
+  // The full prefill's CP strategy (first prefill of the schedule).
+  std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
+  if (!strat) return "config: strategy = '" + cfg.strategy + "' is not built into this binary";
+  AttnShape shape;
+  shape.S = sched.front().count;
+  shape.H_q = int32_t(cfg.heads);
+  shape.H_kv = int32_t(cfg.kv_heads);
+  shape.D = int32_t(cfg.head_dim);
+  err = strat->validate(shape, topo);
+  if (!err.empty()) return err;
+  if (!cfg.resume.empty()) {
+    const ParamLayout layout(model_dims(cfg, 1, 0));
+    err = check_checkpoint(cfg.resume, cfg, layout);
+    if (!err.empty()) return err;
+  }
+  return "";
+}
+
+int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {
+  const int N = topo.cp().size();
+  std::vector<SchedulePhase> sched;
+  mode_schedule(cfg, N, sched);  // validated before
+  Session s(cfg, topo, tracer, sched);
+  std::vector<std::vector<std::vector<int32_t>>> gen;  // [turn][step][b]
+  if (cfg.mode == "prefill") {
+    // Every step on a fresh cache: the setup prefill of P tokens (traced, turn -1), then the
+    // measured prefill of T tokens (turn = step).
+    for (int64_t step = 0; step < cfg.warmup + cfg.steps && !s.stop(); ++step) {
+      s.engine().cache().clear();
+      if (sched.size() == 2) s.prefill(-1, sched[0].count, false);
+      gen.push_back({s.prefill(step, sched.back().count, true)});
+    }
+  } else {
+    int64_t turn = -1;
+    std::vector<int32_t> last;
+    for (const SchedulePhase& ph : sched) {
+      if (s.stop()) break;
+      if (ph.kind == PhaseKind::prefill) {
+        last = s.prefill(++turn, ph.count, true);
+        gen.push_back({last});
+        continue;
+      }
+      for (int64_t i = 0; i < ph.count && !s.stop(); ++i) {
+        last = s.decode(turn, last);
+        gen.back().push_back(last);
+      }
+    }
+  }
+  s.write_outputs(gen);
+  s.log_calls();
+  // Summary: medians (prefill mode and decode mode skip their warmup steps).
+  std::vector<double> ttft = s.ttft, ttit = s.ttit;
+  if (cfg.mode == "prefill" && int64_t(ttft.size()) > cfg.warmup) ttft.erase(ttft.begin(), ttft.begin() + cfg.warmup);
+  if (cfg.mode == "decode" && int64_t(ttit.size()) > cfg.warmup) ttit.erase(ttit.begin(), ttit.begin() + cfg.warmup);
+  log0("\n# summary: %zu prefills, TTFT median %.2f ms; %zu decode steps, TTIT median %.3f ms (batch %lld)\n",
+       ttft.size(), median(ttft) * 1e3, ttit.size(), median(ttit) * 1e3, (long long)cfg.batch);
+  bool valid = true;
+  for (const auto& t : gen)
+    for (const auto& st : t)
+      for (int32_t x : st) valid = valid && x >= 0 && x < cfg.vocab;
+  log0("# %s: %s on %d CP ranks\n", valid ? "VALID" : "INVALID (token out of range)", cfg.mode.c_str(), N);
+  return valid ? 0 : 1;
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,363 @@
+// Inference with context parallelism at the ctest rank count N (1, 2, 4): every logit of every
+// prefill and decode step against a single-rank full recompute of the whole token history by the
+// TRAINING model (model/transformer.hpp forward on a one-rank CP group, same seeded weights), and
+// the greedy tokens against the recompute's argmax:
+//   Chat     full prefill → 33 decode steps (round-robin cache: unequal per rank at N = 2, 4) →
+//            partial prefill → 8 decode steps, batch 3 (padded query blocks at N = 2, 4), for
+//            prefill {pass_kv, pass_q} × decode {pass_q, allgather} × {MHA, GQA};
+//   Partial  partial prefill at miss rates 1 %, 10 %, 50 %, 100 % with pass_kv and pass_q;
+//   Full     full prefill with every CP strategy (allgather, ulysses, ring, usp);
+// plus the cache's placement (zigzag prefill shares, round-robin decode tokens), the cost model's
+// rules, and schedule parsing.
+//
+// Tolerance: fp32 logits of a 2-layer model whose attention sums are reassociated (lse merges
+// over N partial results, padded / chunked kernel calls) against the same fp32 model computed in
+// one piece; see kLogitTol.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/random.hpp"
+#include "cp/strategy.hpp"
+#include "dist/topology.hpp"
+#include "infer/cost.hpp"
+#include "infer/engine.hpp"
+#include "infer/schedule.hpp"
+#include "model/model.hpp"
+#include "model/transformer.hpp"
+#include "mpi_test_env.hpp"
+
+using namespace ctxpar;
+using namespace ctxpar::infer;
+using ctxpar::test::world;
+
+namespace {
+
+// Max |logit - reference| allowed, relative to max(1, max |reference logit|). At N = 1 the
+// inference path computes exactly the training forward (measured error 0); at N = 2 / 4 the
+// reassociated attention sums give a measured maximum of 1.8e-7 / 2.1e-7 over this suite (about
+// one fp32 ulp of the logits). 2e-5 leaves ~100x margin and does not grow with N, while a wrong
+// mask, position, cache slot or merge changes logits by >= 1e-3 here (dropping one pass-Q merge
+// fails every pass-Q case).
+constexpr double kLogitTol = 2e-5;
+// A greedy token may differ from the recompute's argmax only when the recompute's top two
+// logits are closer than this (a tie within rounding); counted and required to be rare.
+constexpr double kTieGap = 4 * kLogitTol;
+
+struct Heads {
+  const char* name;
+  int64_t H_q, H_kv;
+};
+const Heads kHeads[] = {{"mha", 4, 4}, {"gqa", 4, 2}};
+
+Config tiny_config(const Heads& h) {
+  return parse_config("", "(test)",
+                      {"layers=2", "dim=64", "ffn_dim=128", "vocab=97", "heads=" + std::to_string(h.H_q),
+                       "kv_heads=" + std::to_string(h.H_kv), "head_dim=16", "seed=7"});
+}
+
+Topology& topology(const MeshSpec& m) {
+  static std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Topology>> cache;
+  auto& t = cache[{m.dp, m.ulysses, m.ring}];
+  if (!t) t = Topology::create(world(), m);
+  return *t;
+}
+Topology& ring_topo() {
+  MeshSpec m;
+  m.ring = world().size();
+  return topology(m);
+}
+// Every rank alone (dp = N): the single-rank reference.
+Topology& solo_topo() {
+  MeshSpec m;
+  m.dp = world().size();
+  return topology(m);
+}
+
+struct Model {
+  Config cfg;
+  ParamLayout layout;
+  Buffer<float> params;
+  explicit Model(const Heads& h) : cfg(tiny_config(h)), layout(model_dims(cfg, 1, 0)), params(size_t(layout.local_elems())) {
+    layout.init(uint64_t(cfg.seed), params.data());
+  }
+};
+
+// Logits [S, V] of the training model's forward over the whole sequence on this rank alone.
+std::vector<float> reference_logits(Model& m, const std::vector<int32_t>& tokens) {
+  const int64_t S = int64_t(tokens.size()), V = m.cfg.vocab;
+  Topology& topo = solo_topo();
+  std::unique_ptr<CpStrategy> strat = make_strategy("ring", topo);
+  std::vector<int64_t> pos(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+  Transformer tf(m.layout, topo, *strat, Remat::none, S, pos, false);
+  Batch b;
+  b.S = S;
+  b.tokens = tokens;
+  b.labels.assign(size_t(S), -1);
+  b.pos = pos;
+  b.doc.assign(size_t(S), 0);
+  Buffer<float> grads(size_t(m.layout.local_elems()));
+  std::vector<float> logits(static_cast<size_t>(S * V));
+  CpStats st;
+  StepTimes tm;
+  tf.forward_backward(m.params.data(), grads.data(), b, 1.0, nullptr, st, tm, logits.data());
+  return logits;
+}
+
+int32_t prompt(int64_t b, int64_t p) { return int32_t(splitmix64(uint64_t(b) * 1000003u + uint64_t(p)) % 97); }
+
+double max_over_ranks(double x) {
+  world().all_reduce(std::span<double>(&x, 1), ReduceOp::max);
+  return x;
+}
+
+// Compares a logits row with reference row `row`; returns the max error scaled by max(1, |ref|).
+double row_err(const float* got, const std::vector<float>& ref, int64_t row, int64_t V) {
+  double e = 0, scale = 1;
+  for (int64_t j = 0; j < V; ++j) {
+    const double r = ref[size_t(row * V + j)];
+    if (!std::isfinite(got[j])) return INFINITY;
+    e = std::max(e, std::abs(double(got[j]) - r));
+    scale = std::max(scale, std::abs(r));
+  }
+  return e / scale;
+}
+// Top-two gap of reference row `row`.
+double top2_gap(const std::vector<float>& ref, int64_t row, int64_t V) {
+  std::vector<float> r(ref.begin() + row * V, ref.begin() + (row + 1) * V);
+  std::partial_sort(r.begin(), r.begin() + 2, r.end(), std::greater<float>());
+  return double(r[0]) - double(r[1]);
+}
+
+// ---- chat: prefill → decode → partial prefill → decode, every step against the recompute ------
+
+struct ChatCase {
+  CpAlgo prefill;
+  DecodeAlgo decode;
+  Heads heads;
+};
+
+class InferChat : public ::testing::TestWithParam<ChatCase> {};
+
+TEST_P(InferChat, EveryStepMatchesSingleRankRecompute) {
+  const ChatCase& c = GetParam();
+  const int N = world().size();
+  Model m(c.heads);
+  const int64_t B = 3, V = m.cfg.vocab, T1 = 48, D1 = 33, T2 = 24, D2 = 8;
+  const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, T1}, {PhaseKind::decode, D1},
+                                            {PhaseKind::prefill, T2}, {PhaseKind::decode, D2}};
+  Engine eng(m.layout, m.params.data(), ring_topo(), B, cache_capacity_tokens(sched, N), "ring");
+  // History of every sequence (the tokens fed, in position order) and, per step, the logits of
+  // the last position and the greedy tokens; rows[b][k] = position whose logits step k returned.
+  std::vector<std::vector<int32_t>> hist(static_cast<size_t>(B));
+  struct Step {
+    int64_t pos;                 // position of the logits row
+    std::vector<float> logits;   // [B, V]
+    std::vector<int32_t> next;   // [B]
+  };
+  std::vector<Step> steps;
+  std::vector<std::vector<float>> prefill_all;  // turn-1 prefill: every row, [B][T1 V]
+  std::vector<int32_t> last;
+  int64_t ctx = 0;
+  for (const SchedulePhase& ph : sched) {
+    CallStats st;
+    if (ph.kind == PhaseKind::prefill) {
+      std::vector<std::vector<int32_t>> tok(static_cast<size_t>(B));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < ph.count; ++i) tok[size_t(b)].push_back(prompt(b, ctx + i));
+      StepOutput out = eng.prefill(tok, c.prefill, nullptr, st, true, ctx == 0);
+      if (ctx == 0) prefill_all = out.all_logits;
+      for (int64_t b = 0; b < B; ++b) hist[size_t(b)].insert(hist[size_t(b)].end(), tok[size_t(b)].begin(), tok[size_t(b)].end());
+      ctx += ph.count;
+      steps.push_back({ctx - 1, out.logits, out.next_tokens});
+      last = out.next_tokens;
+    } else {
+      for (int64_t i = 0; i < ph.count; ++i) {
+        StepOutput out = eng.decode(last, c.decode, nullptr, st, true);
+        for (int64_t b = 0; b < B; ++b) hist[size_t(b)].push_back(last[size_t(b)]);
+        steps.push_back({ctx, out.logits, out.next_tokens});
+        ++ctx;
+        last = out.next_tokens;
+      }
+    }
+  }
+  // Cache placement: the prefills' zigzag shares on every rank, the 41 decode tokens of each
+  // sequence round-robin (per rank floor or ceil of 41 / N), nothing lost.
+  for (int64_t b = 0; b < B; ++b) {
+    EXPECT_EQ(eng.cache().seq_len(b), ctx);
+    for (int r = 0; r < N; ++r) {
+      const int64_t dec = eng.cache().len(b, r) - (T1 + T2) / N;
+      EXPECT_TRUE(dec == (D1 + D2) / N || dec == (D1 + D2 + N - 1) / N) << "rank " << r << " holds " << dec;
+    }
+  }
+  // Reference: one recompute of each sequence's whole history (causal: row p = the logits after
+  // position p, whatever came later).
+  double err = 0;
+  int mismatches = 0, ties = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    ASSERT_EQ(int64_t(hist[size_t(b)].size()), ctx);
+    const std::vector<float> ref = reference_logits(m, hist[size_t(b)]);
+    for (int64_t p = 0; p < T1; ++p) err = std::max(err, row_err(prefill_all[size_t(b)].data() + p * V, ref, p, V));
+    for (const Step& s : steps) {
+      err = std::max(err, row_err(s.logits.data() + b * V, ref, s.pos, V));
+      const int32_t want = greedy(ref.data() + s.pos * V, V);
+      if (s.next[size_t(b)] != want) {
+        if (top2_gap(ref, s.pos, V) <= kTieGap) ++ties;
+        else ++mismatches;
+      }
+    }
+  }
+  err = max_over_ranks(err);
+  EXPECT_LE(err, kLogitTol) << "max |logit - recompute| / max(1, |logit|) at N = " << N;
+  EXPECT_EQ(mismatches, 0) << "greedy tokens differ from the recompute's argmax (outside ties)";
+  EXPECT_LE(ties, 1) << "near-ties should be rare";
+  // Greedy tokens are the same on every rank.
+  int32_t h = 0;
+  for (const Step& s : steps)
+    for (int32_t t : s.next) h = h * 31 + t;
+  int32_t hmin = h, hmax = h;
+  world().all_reduce(std::span<int32_t>(&hmin, 1), ReduceOp::min);
+  world().all_reduce(std::span<int32_t>(&hmax, 1), ReduceOp::max);
+  EXPECT_EQ(hmin, hmax);
+  if (world().rank() == 0) std::printf("[ info ] max scaled logit error %.3g\n", err);
+}
+
+std::vector<ChatCase> chat_cases() {
+  std::vector<ChatCase> v;
+  for (CpAlgo a : {CpAlgo::pass_kv, CpAlgo::pass_q})
+    for (DecodeAlgo d : {DecodeAlgo::pass_q, DecodeAlgo::allgather})
+      for (const Heads& h : kHeads) v.push_back({a, d, h});
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Infer, InferChat, ::testing::ValuesIn(chat_cases()),
+                         [](const ::testing::TestParamInfo<ChatCase>& i) {
+                           return std::string(algo_name(i.param.prefill)) + "_decode_" +
+                                  decode_algo_name(i.param.decode) + "_" + i.param.heads.name;
+                         });
+
+// ---- partial prefill at miss rates 1 %, 10 %, 50 %, 100 % ---------------------------------------
+
+struct PartialCase {
+  CpAlgo algo;
+  Heads heads;
+  int64_t T;  // of kTotal tokens
+};
+constexpr int64_t kTotal = 1600;  // T = 16, 160, 800, 1600: whole zigzag chunks for N <= 4
+
+class InferPartial : public ::testing::TestWithParam<PartialCase> {};
+
+TEST_P(InferPartial, NewTokensMatchRecompute) {
+  const PartialCase& c = GetParam();
+  Model m(c.heads);
+  const int64_t V = m.cfg.vocab, P = kTotal - c.T;
+  std::vector<int32_t> all(static_cast<size_t>(kTotal));
+  for (int64_t i = 0; i < kTotal; ++i) all[size_t(i)] = prompt(0, i);
+  std::vector<SchedulePhase> sched = {{PhaseKind::prefill, P}, {PhaseKind::prefill, c.T}};
+  if (P == 0) sched.erase(sched.begin());
+  Engine eng(m.layout, m.params.data(), ring_topo(), 1, cache_capacity_tokens(sched, world().size()), "ring");
+  CallStats st;
+  if (P > 0) eng.prefill({std::vector<int32_t>(all.begin(), all.begin() + P)}, CpAlgo::pass_kv, nullptr, st);
+  StepOutput out = eng.prefill({std::vector<int32_t>(all.begin() + P, all.end())}, c.algo, nullptr, st, true, true);
+  const std::vector<float> ref = reference_logits(m, all);
+  double err = 0;
+  for (int64_t i = 0; i < c.T; ++i) err = std::max(err, row_err(out.all_logits[0].data() + i * V, ref, P + i, V));
+  err = max_over_ranks(err);
+  EXPECT_LE(err, kLogitTol) << "T = " << c.T << ", P = " << P;
+  EXPECT_EQ(out.next_tokens[0], greedy(ref.data() + (kTotal - 1) * V, V));
+  // The new tokens are load-balanced: every rank holds P/N + T/N.
+  EXPECT_EQ(eng.cache().len(0), kTotal / world().size());
+  // pass-Q posts N - 1 query hops per layer; pass-KV N - 1 K/V hops per layer (plus the setup's).
+  if (world().size() > 1 && c.algo == CpAlgo::pass_q) {
+    EXPECT_GT(st.cp.bytes_sent, 0);
+  }
+}
+
+std::vector<PartialCase> partial_cases() {
+  std::vector<PartialCase> v;
+  for (CpAlgo a : {CpAlgo::pass_kv, CpAlgo::pass_q})
+    for (const Heads& h : kHeads)
+      for (int64_t T : {int64_t(16), int64_t(160), int64_t(800), kTotal}) v.push_back({a, h, T});
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Infer, InferPartial, ::testing::ValuesIn(partial_cases()),
+                         [](const ::testing::TestParamInfo<PartialCase>& i) {
+                           return std::string(algo_name(i.param.algo)) + "_" + i.param.heads.name + "_miss" +
+                                  std::to_string(i.param.T * 100 / kTotal) + "pct";
+                         });
+
+// ---- full prefill with every CP strategy ----------------------------------------------------------
+
+TEST(InferFull, EveryStrategyMatchesRecompute) {
+  const int N = world().size();
+  for (const Heads& h : kHeads)
+    for (const std::string& name : strategy_names()) {
+      MeshSpec mesh;
+      if (name == "ulysses") mesh.ulysses = N;
+      else if (name == "usp") { mesh.ulysses = N >= 4 ? 2 : 1; mesh.ring = N / mesh.ulysses; }
+      else mesh.ring = N;
+      Model m(h);
+      const int64_t T = 64, V = m.cfg.vocab;
+      std::vector<int32_t> tok(static_cast<size_t>(T));
+      for (int64_t i = 0; i < T; ++i) tok[size_t(i)] = prompt(5, i);
+      Engine eng(m.layout, m.params.data(), topology(mesh), 1, T / N, name);
+      CallStats st;
+      StepOutput out = eng.prefill({tok}, CpAlgo::pass_kv, nullptr, st, true, true);
+      const std::vector<float> ref = reference_logits(m, tok);
+      double err = 0;
+      for (int64_t i = 0; i < T; ++i) err = std::max(err, row_err(out.all_logits[0].data() + i * V, ref, i, V));
+      err = max_over_ranks(err);
+      EXPECT_LE(err, kLogitTol) << name << " " << h.name;
+    }
+}
+
+// ---- cost model and rules (no communication) ----------------------------------------------------
+
+TEST(InferCost, PaperRules) {
+  HwProfile hw;
+  ASSERT_EQ(named_profile("h100-gtt", hw), "");
+  EXPECT_NE(named_profile("bogus", hw).find("valid: measured, h100-gtt, h100-gti"), std::string::npos);
+  ASSERT_EQ(named_profile("h100-gtt", hw), "");
+  // Eq. 1: the threshold 2 N_KV / N_H (12.5 % for Llama 3 405B: 128 query, 8 K/V heads).
+  const AttnCall above{16000, 112000, 4, 128, 8, 128}, below{12800, 115200 + 3200, 4, 128, 8, 128};
+  EXPECT_TRUE(predict(above, hw).eq1_pass_kv);   // miss 12.5 %
+  EXPECT_FALSE(predict(below, hw).eq1_pass_kv);  // miss 10 %
+  // Full prefill: pass-KV everywhere (model and rules).
+  const Prediction full = predict({128000, 0, 4, 128, 8, 128}, hw);
+  EXPECT_EQ(full.choice, CpAlgo::pass_kv);
+  EXPECT_FALSE(full.eq5_pass_q);
+  // Table 4 (CP4, 128K context, GTT): pass-Q measured faster at miss 1 % and 2.5 %, pass-KV at
+  // 10 % and above; the model (overlap timeline) must agree on those clear cases.
+  for (double miss : {0.01, 0.025}) {
+    const int64_t T = int64_t(128000 * miss);
+    EXPECT_EQ(predict({T, 128000 - T, 4, 128, 8, 128}, hw).choice, CpAlgo::pass_q) << miss;
+  }
+  for (double miss : {0.10, 0.20, 0.50}) {
+    const int64_t T = int64_t(128000 * miss);
+    EXPECT_EQ(predict({T, 128000 - T, 4, 128, 8, 128}, hw).choice, CpAlgo::pass_kv) << miss;
+  }
+  // One rank: no communication, equal costs.
+  const Prediction one = predict({1000, 1000, 1, 8, 2, 64}, hw);
+  EXPECT_DOUBLE_EQ(one.pass_kv_s, one.pass_q_s);
+}
+
+TEST(InferSchedule, ParseAndCapacity) {
+  std::vector<SchedulePhase> s;
+  EXPECT_EQ(parse_schedule("prefill:32K,decode:64,prefill:2K,decode:64", 4, s), "");
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_EQ(s[0].count, 32768);
+  EXPECT_EQ(s[1].kind, PhaseKind::decode);
+  EXPECT_EQ(cache_capacity_tokens(s, 4), 8192 + 17 + 512 + 17);
+  EXPECT_NE(parse_schedule("decode:4,prefill:8", 1, s).find("must start with a prefill"), std::string::npos);
+  EXPECT_NE(parse_schedule("prefill:12", 4, s).find("valid: a multiple of 8 (e.g. 16)"), std::string::npos);
+  EXPECT_NE(parse_schedule("prefill:16,chat:3", 1, s).find("unknown phase 'chat'"), std::string::npos);
+  EXPECT_NE(parse_schedule("prefill:x", 1, s).find("needs a count"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,126 @@
+#!/usr/bin/python3
+"""`ctxpar chat | prefill | decode` end to end on 1 and 2 ranks: the trace holds what the issue
+asks for — /steps rows with turn, TTFT (prefills) and TTIT (decode steps); /generated
+[turn, step, batch] greedy token ids; /infer/calls one row per prefill with the choice and both
+predicted costs; /infer/cache_bytes [step, rank] (balanced over ranks) — and the generated tokens
+do not depend on the number of ranks or on the prefill / decode algorithm (the numerical checks
+against a single-rank recompute are in test_infer). Bad input: exit code 2, one message naming
+the value and what would be valid, no trace file.
+
+usage: test_infer_cli.py CTXPAR MPIRUN WORKDIR
+"""
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+CTXPAR, MPIRUN, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(WORK, exist_ok=True)
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+MODEL = ["layers=2", "dim=64", "ffn_dim=128", "vocab=101", "heads=4", "kv_heads=2", "head_dim=16", "threads=1"]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def run(np_, mode, *args):
+    cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(np_), CTXPAR, mode, *MODEL, *args]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout + p.stderr
+
+
+SCHED = "schedule=prefill:128,decode:5,prefill:32,decode:3"
+gens = {}
+for np_, algo, dec in [(1, "auto", "pass_q"), (2, "pass_kv", "pass_q"), (2, "pass_q", "allgather"), (2, "auto", "pass_q")]:
+    out = os.path.join(WORK, f"chat_{np_}_{algo}_{dec}.h5")
+    rc, log = run(np_, "chat", SCHED, "batch=3", f"cp_algo={algo}", f"decode_algo={dec}", f"out={out}")
+    check(rc == 0 and "VALID" in log, f"chat np={np_} {algo}/{dec}: rc {rc}\n{log[-2000:]}")
+    if rc != 0:
+        continue
+    with h5py.File(out) as f:
+        g = f["generated"][:]
+        gens[(np_, algo, dec)] = g
+        check(g.shape == (2, 6, 3), f"/generated shape {g.shape}, want (turns 2, steps 1 + 5, batch 3)")
+        check(((g[0] >= 0) & (g[0] < 101)).all(), "turn 0 tokens in range")
+        check((g[1, :4] >= 0).all() and (g[1, 4:] == -1).all(), "turn 1: 1 + 3 tokens, then -1 padding")
+        st = f["steps"][:]
+        check(len(st) == 2 + 5 + 3, f"{len(st)} step rows, want 10")
+        check(list(st["turn"]) == [0] * 6 + [1] * 4, f"turns {list(st['turn'])}")
+        pre = [0, 6]
+        for i in range(len(st)):
+            if i in pre:
+                check(st["ttft_s"][i] > 0 and st["ttit_s"][i] == 0, f"step {i}: a prefill has TTFT only")
+            else:
+                check(st["ttit_s"][i] > 0 and st["ttft_s"][i] == 0, f"step {i}: a decode step has TTIT only")
+        check(list(st["tokens"]) == [3 * 128] + [3] * 5 + [3 * 32] + [3] * 3, f"tokens {list(st['tokens'])}")
+        calls = f["infer/calls"][:]
+        cols = f["infer/calls"].attrs["columns"]
+        cols = (cols.decode() if isinstance(cols, bytes) else cols).split(",")
+        check(calls.shape == (2, 11), f"/infer/calls shape {calls.shape}")
+        check(list(calls[:, cols.index("T")]) == [128, 32] and list(calls[:, cols.index("P")]) == [0, 133],
+              f"calls T/P {calls[:, 1:3]}")
+        ia = cols.index("algo(0=pass_kv;1=pass_q)")
+        if algo != "auto":
+            check((calls[:, ia] == (algo == "pass_q")).all(), f"forced {algo}: {calls[:, ia]}")
+        else:
+            check((calls[:, ia] == calls[:, cols.index("model_choice(1=pass_q)")]).all(), "auto follows the model")
+        check((calls[:, cols.index("pred_pass_kv_s")] > 0).all() and (calls[:, cols.index("pred_pass_q_s")] > 0).all(),
+              "both predictions recorded")
+        cb = f["infer/cache_bytes"][:]
+        check(cb.shape == (10, np_), f"cache_bytes shape {cb.shape}")
+        per_token = 3 * (2 * 2 * 2 * 16 * 4 + 8) / 3  # per sequence-token: 2 layers K+V, H_kv 2 x D 16 fp32 + pos
+        check(abs(cb[-1].sum() - 3 * (128 + 5 + 32 + 3) * per_token) < 1e-6, f"total cache bytes {cb[-1].sum()}")
+        check(cb[-1].max() - cb[-1].min() <= 3 * per_token, f"cache balanced over ranks: {cb[-1]}")
+        check(f.attrs["status"] in ("complete", b"complete"), "status complete")
+base = gens.get((1, "auto", "pass_q"))
+for k, g in gens.items():
+    if base is not None:
+        check(np.array_equal(g, base), f"generated tokens of {k} equal the 1-rank run's")
+
+# prefill mode: setup prefill of the cache (turn -1, no TTFT) then the measured partial prefill.
+out = os.path.join(WORK, "prefill.h5")
+rc, log = run(2, "prefill", "seq=512", "miss_rate=0.1", "cp_algo=pass_q", "warmup=0", "steps=2", f"out={out}")
+check(rc == 0, f"prefill rc {rc}\n{log[-2000:]}")
+if rc == 0:
+    with h5py.File(out) as f:
+        st = f["steps"][:]
+        check(list(st["turn"]) == [-1, 0, -1, 1], f"prefill turns {list(st['turn'])}")
+        check(list(st["tokens"]) == [464, 48, 464, 48], f"prefill tokens (P = 464, T = 48): {list(st['tokens'])}")
+        check((st["ttft_s"][[1, 3]] > 0).all() and (st["ttft_s"][[0, 2]] == 0).all(), "TTFT only on measured prefills")
+        check(f["generated"].shape == (2, 1, 1), f"prefill /generated {f['generated'].shape}")
+
+# decode mode: full prefill then warmup + steps decode steps.
+out = os.path.join(WORK, "decode.h5")
+rc, log = run(2, "decode", "seq=256", "batch=4", "decode_algo=allgather", "warmup=1", "steps=4", f"out={out}")
+check(rc == 0 and "TTIT median" in log, f"decode rc {rc}\n{log[-2000:]}")
+if rc == 0:
+    with h5py.File(out) as f:
+        check(f["generated"].shape == (1, 6, 4), f"decode /generated {f['generated'].shape}")
+        check((f["steps"]["ttit_s"][1:] > 0).all(), "decode TTIT recorded")
+
+# Bad input: exit 2, message, no trace.
+bad = [
+    (["chat", "schedule=prefill:102,decode:2"], "valid: a multiple of 4 (e.g. 104)"),
+    (["chat", "schedule=decode:2"], "must start with a prefill"),
+    (["prefill", "seq=512", "cached=256", "miss_rate=0.5"], "both set"),
+    (["prefill", "seq=510"], "valid: a multiple of 4"),
+    (["chat", "mesh=tp:2"], "inference runs on the CP axes only"),
+    (["chat", "cp_algo=ring"], "expected one of: auto, pass_kv, pass_q"),
+]
+for i, (args, msg) in enumerate(bad):
+    out = os.path.join(WORK, f"bad{i}.h5")
+    for stale in (out, out + ".partial"):
+        if os.path.exists(stale):
+            os.remove(stale)
+    rc, log = run(2, *args, f"out={out}")
+    check(rc == 2 and msg in log, f"bad input {args}: rc {rc}, want 2 and '{msg}'\n{log[-1500:]}")
+    check(not os.path.exists(out) and not os.path.exists(out + ".partial"), f"bad input {args}: no trace file")
+
+print("FAILED" if failures else "PASSED", len(failures), "failures")
+sys.exit(1 if failures else 0)
