@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Predicted vs measured on this machine: calibrates the `local` profile (`ctxpar bench calibrate`,
+2 ranks), runs a sweep of our own training runs with mpirun (strategies x lengths x np 1, 2, 4),
+predicts each with `ctxpar predict hardware=local`, and writes points.csv,
+predicted_vs_measured.png and prints the README table. Goal: step times within ±20%.
+Usage: /usr/bin/python3 papers/local-validation/validate.py [--quick] [--no-calibrate]
+Run it on a quiet machine: every rank runs one OpenMP thread and ranks share the cores, so other
+jobs on the machine change both the calibration and the measured runs.
+"""
+import csv
+import os
+import subprocess
+import sys
+
+import h5py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import predict_lib as pl  # noqa: E402
+
+TOL = 20.0
+MODEL = ["layers=2", "dim=256", "ffn_dim=768", "heads=8", "kv_heads=2", "head_dim=64", "vocab=1024", "docs=none"]
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+
+
+def mpirun(np_, args):
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_), pl.ctxpar_binary()] + args
+    r = subprocess.run(cmd, cwd=pl.ROOT, capture_output=True, text=True, env=ENV)
+    if r.returncode != 0:
+        sys.exit("failed: %s\n%s" % (" ".join(cmd), r.stdout + r.stderr))
+    return r.stdout
+
+
+def measured_step_s(path):
+    """Median step time over the measured steps (the trace's summary excludes warmup)."""
+    with h5py.File(path, "r") as f:
+        return float(f["summary"].attrs["time_s_median"])
+
+
+def main():
+    quick = "--quick" in sys.argv
+    if "--no-calibrate" not in sys.argv:
+        print(mpirun(2, ["bench", "calibrate", "threads=1", "heads=8", "kv_heads=2", "head_dim=64", "out=/tmp/ctxpar_cal.h5"]))
+    seqs = [2048] if quick else [2048, 4096]
+    cases = [(1, "ring", "ring:1")]
+    for np_ in (2, 4):
+        for st in ("allgather", "ulysses", "ring"):
+            cases.append((np_, st, "ring:%d" % np_))
+    cases.append((4, "usp", "ulysses:2,ring:2"))
+    points = []
+    for seq in seqs:
+        for np_, st, mesh in cases:
+            out = "/tmp/ctxpar_val_%d_%s_%d.h5" % (np_, st, seq)
+            mpirun(np_, ["train"] + MODEL + ["threads=1", "seq=%d" % seq, "strategy=" + st, "mesh=" + mesh, "steps=3",
+                                             "warmup=1", "out=" + out])
+            meas = measured_step_s(out)
+            rows = pl.predict(MODEL + ["hardware=local", "predict_mode=train", "seq=%d" % seq, "predict_mesh=" + mesh])
+            pred = float(pl.row_of(rows, st)["time_s"])
+            err = pl.error_pct(pred, meas)
+            points.append(dict(id="np%d %s S=%d" % (np_, st, seq), metric="step_time", unit="s", published=meas,
+                               predicted=pred, group="np%d" % np_, within=abs(err) <= TOL,
+                               command="predict_mesh=%s seq=%d (strategy %s)" % (mesh, seq, st)))
+            print("%-24s measured %.4f s predicted %.4f s error %+.1f%%" % (points[-1]["id"], meas, pred, err), flush=True)
+    pl.write_outputs(HERE, points, TOL, "ctxpar train on this machine: predicted (local profile) vs measured step time",
+                     "step time")
+    os.replace(os.path.join(HERE, "predicted_vs_published.png"), os.path.join(HERE, "predicted_vs_measured.png"))
+    print(pl.markdown_table(points).replace("published", "measured"))
+    print("\nwithin ±%d%%: %d of %d; load average during the run: %s" % (TOL, sum(p["within"] for p in points), len(points),
+                                                                      open("/proc/loadavg").read().split()[:3]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+// `ctxpar predict`: the cost model's table for a model (the model fields, e.g. --config
+// inputs/llama3-405b.toml), a hardware profile (hardware=h100-gtt) and a predicted mesh
+// (predict_mesh=tp:8,ring:16, which need not match this job's ranks: predict runs on one rank
+// for clusters we do not have). One row per strategy — time, MFU, compute split, exposed and total
+// communication, memory per chip, fits — and the recommended strategy; `sweep=seq=128K,1M`
+// repeats the table for each value of one key; `--csv` prints the rows as CSV.
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench.hpp"
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "dist/topology.hpp"
+#include "modes/modes.hpp"
+#include "ops.hpp"
+#include "perf/cost_model.hpp"
+
+namespace ctxpar {
+
+namespace {
+
+PerfMode perf_mode(const std::string& s) {
+  if (s == "prefill") return PerfMode::prefill;
+  if (s == "partial_prefill") return PerfMode::partial_prefill;
+  if (s == "decode") return PerfMode::decode;
+  return PerfMode::train;
+}
+
+PerfMesh predicted_mesh(const Config& cfg) {
+  const MeshSpec s = parse_mesh(cfg.predict_mesh.empty() ? cfg.mesh : cfg.predict_mesh, 1);
+  return PerfMesh{s.dp, s.tp, s.ulysses, s.ring};
+}
+
+std::string mesh_text(const PerfMesh& m) {
+  std::string s;
+  auto add = [&](const char* n, int64_t v) {
+    // '/' between axes keeps the cell one CSV field (predict_mesh takes ',' instead)
+    if (v > 1) s += (s.empty() ? "" : "/") + std::string(n) + ":" + std::to_string(v);
+  };
+  add("dp", m.dp);
+  add("tp", m.tp);
+  add("ulysses", m.ulysses);
+  add("ring", m.ring);
+  return s.empty() ? "1" : s;
+}
+
+// New and cached tokens of the predicted request: partial prefill takes `cached` or else
+// T = miss_rate * seq (the inference modes' rule); decode's context is all cached.
+PerfWorkload workload_of(const Config& cfg, const HardwareProfile& hw) {
+  PerfWorkload w;
+  w.mode = perf_mode(cfg.predict_mode);
+  w.seq = cfg.seq;
+  if (w.mode == PerfMode::partial_prefill) {
+    const int64_t T = cfg.cached > 0 ? cfg.seq - cfg.cached : std::max<int64_t>(1, std::llround(cfg.miss_rate * double(cfg.seq)));
+    w.cached = cfg.seq - T;
+  } else if (w.mode == PerfMode::decode) {
+    w.cached = cfg.seq;
+  }
+  w.batch = cfg.batch;
+  w.precision = cfg.predict_precision == "auto" ? hw.default_precision : cfg.predict_precision;
+  w.remat = cfg.remat;
+  w.zero = cfg.predict_zero;
+  w.partition = cfg.partition;
+  return w;
+}
+
+// The configs of a sweep: the given one with `key` set to each value (parsed as user input).
+std::vector<std::pair<std::string, Config>> sweep_configs(const Config& cfg) {
+  std::vector<std::pair<std::string, Config>> out;
+  if (cfg.sweep.empty()) {
+    out.emplace_back("", cfg);
+    return out;
+  }
+  const size_t eq = cfg.sweep.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 >= cfg.sweep.size())
+    throw UsageError("config: sweep = '" + cfg.sweep + "' is invalid; expected KEY=V1,V2,... (e.g. sweep=seq=128K,256K,1M)");
+  const std::string key = cfg.sweep.substr(0, eq);
+  if (key == "sweep" || key == "mode") throw UsageError("config: sweep = '" + cfg.sweep + "' cannot sweep '" + key + "'");
+  std::vector<std::string> base;
+  for (const Field& f : config_fields())
+    if (f.name != "sweep") base.push_back(std::string(f.name) + "=" + field_text(cfg, f));
+  std::stringstream ss(cfg.sweep.substr(eq + 1));
+  std::string v;
+  // Values may themselves hold commas (predict_mesh=tp:8,ring:2): split on ';' when present.
+  const char sep = cfg.sweep.find(';') != std::string::npos ? ';' : ',';
+  while (std::getline(ss, v, sep)) {
+    if (v.empty()) continue;
+    std::vector<std::string> ov = base;
+    ov.push_back(key + "=" + v);
+    Config c = parse_config("", "sweep", ov);  // unknown key / bad value → UsageError naming it
+    c.mode = cfg.mode;
+    c.bench = cfg.bench;
+    out.emplace_back(v, c);
+  }
+  if (out.empty()) throw UsageError("config: sweep = '" + cfg.sweep + "' has no values");
+  return out;
+}
+
+}  // namespace
+
+std::string validate_predict_mode(const Config& cfg, Topology& topo) {
+  (void)topo;
+  try {
+    for (const auto& [v, c] : sweep_configs(cfg)) {
+      (void)v;
+      const HardwareProfile hw = load_hardware(c.hardware);
+      const PerfWorkload w = workload_of(c, hw);
+      if (w.precision == "fp8_ffn" && hw.peak_fp8_flops <= 0)
+        return "config: predict_precision = fp8_ffn but hardware " + hw.name + " has no FP8 peak; valid: bf16 or fp32";
+      if (c.heads % c.kv_heads != 0) return "config: heads must be a multiple of kv_heads";
+      if (w.mode == PerfMode::partial_prefill && (w.cached <= 0 || w.cached >= w.seq))
+        return "config: predict_mode = partial_prefill needs 0 < cached < seq (cached = " + std::to_string(w.cached) +
+               ", seq = " + std::to_string(w.seq) + "); set cached=P or miss_rate below 1";
+      predicted_mesh(c);
+    }
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
+  (void)tracer;
+  const auto configs = sweep_configs(cfg);
+  const std::string sweep_key = cfg.sweep.empty() ? "" : cfg.sweep.substr(0, cfg.sweep.find('='));
+  std::vector<BenchColumn> cols = {
+      {"mode", "mode", "", 16, 0},        {"hardware", "hardware", "", 11, 0},
+      {"mesh", "mesh", "", 22, 0},        {"seq", "S", "tokens", 9, 0},
+      {"cached", "P", "tokens", 9, 0},    {"strategy", "strategy", "", 10, 0},
+      {"time_s", "time", "s", 11, 4},     {"mfu_pct", "MFU", "%", 7, 1},
+      {"gemm_s", "gemm", "s", 10, 4},     {"attn_s", "attn", "s", 10, 4},
+      {"other_s", "other", "s", 9, 4},    {"comm_s", "comm", "s", 10, 4},
+      {"exposed_comm_s", "exposed", "s", 10, 4}, {"mem_gib", "mem/chip", "GiB", 10, 2},
+      {"fits", "fits", "", 5, 0},         {"recommended", "best", "", 5, 0},
+      {"note", "note", "", 3, 0}};
+  BenchTable t("ctxpar predict — cost model per strategy (src/perf/cost_model.hpp states the overlap rules)",
+               cols,
+               {std::string("FLOP convention: ") + kFlopConvention +
+                    "; MFU = model FLOPs / (time * chips * peak of the profile's dense precision)",
+                "time: train = one step; prefill / partial_prefill = TTFT; decode = TTIT (one token)",
+                "attn includes the ring's hidden communication; exposed = communication on the critical path"});
+  std::vector<std::string> recs;
+  for (const auto& [value, c] : configs) {
+    const HardwareProfile hw = load_hardware(c.hardware);
+    const ModelShape m = model_shape(c);
+    const PerfMesh mesh = predicted_mesh(c);
+    const PerfWorkload w = workload_of(c, hw);
+    std::vector<StrategyPrediction> preds;
+    for (const std::string& s : perf_strategies(w.mode)) preds.push_back(predict(m, hw, mesh, w, s));
+    const int best = recommend(preds);
+    for (size_t i = 0; i < preds.size(); ++i) {
+      const StrategyPrediction& p = preds[i];
+      const bool ok = p.invalid.empty();
+      auto num = [&](size_t col, double v) { return ok ? t.cell(col, v) : std::string("-"); };
+      t.add_row({perf_mode_name(w.mode), hw.name, mesh_text(mesh), std::to_string(w.seq), std::to_string(w.cached), p.strategy,
+                 num(6, p.time_s), num(7, 100 * p.mfu), num(8, p.gemm_s), num(9, p.attn_s), num(10, p.other_s),
+                 num(11, p.comm_total_s), num(12, p.exposed_comm_s), num(13, p.mem_bytes / double(1ull << 30)),
+                 ok ? (p.fits ? "yes" : "no") : "-", int(i) == best ? "*" : "",
+                 ok ? "" : "\"invalid: " + p.invalid + "\""});
+    }
+    std::ostringstream rec;
+    rec << "# recommended" << (sweep_key.empty() ? "" : " for " + sweep_key + "=" + value) << ": ";
+    if (best < 0) rec << "none (no strategy is valid on " << mesh_text(mesh) << ")";
+    else
+      rec << preds[size_t(best)].strategy << " (" << preds[size_t(best)].time_s << " s"
+          << (preds[size_t(best)].fits ? "" : "; nothing fits in memory, fastest shown") << ")";
+    recs.push_back(rec.str());
+  }
+  if (topo.world().rank() == 0) {
+    t.print(cfg.csv);
+    if (!cfg.csv)
+      for (const std::string& r : recs) log0("%s\n", r.c_str());
+  }
+  return 0;
+}
+
+}  // namespace ctxpar

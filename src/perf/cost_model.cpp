@@ -1,0 +1,457 @@
+#include "perf/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/config.hpp"
+#include "model/flops.hpp"
+#include "model/model.hpp"
+#include "model/transformer.hpp"
+
+namespace ctxpar {
+
+namespace {
+
+// ModelDims of the model/ FLOP formulas (whole model, no tp split).
+ModelDims dims_of(const ModelShape& m, int tp = 1) {
+  ModelDims d;
+  d.layers = m.layers;
+  d.dim = m.dim;
+  d.ffn = m.ffn;
+  d.vocab = m.vocab;
+  d.H_q = int32_t(m.H_q);
+  d.H_kv = int32_t(m.H_kv);
+  d.D = int32_t(m.D);
+  d.tp = tp;
+  return d;
+}
+
+// Bytes per activation element and the peaks one precision uses.
+struct Prec {
+  double e = 2;             // activation / KV bytes per element
+  double w_attn = 2, w_ffn = 2;  // weight bytes per parameter
+  double peak = 0, peak_ffn = 0, peak_mfu = 0;  // FLOP/s: attention + projections, FFN, MFU denominator
+};
+Prec precision_of(const HardwareProfile& hw, const std::string& p) {
+  Prec r;
+  if (p == "fp32") {
+    r.e = r.w_attn = r.w_ffn = 4;
+    r.peak = r.peak_ffn = r.peak_mfu = hw.peak_fp32_flops > 0 ? hw.peak_fp32_flops : hw.peak_bf16_flops;
+    return r;
+  }
+  r.peak = r.peak_ffn = r.peak_mfu = hw.peak_bf16_flops;
+  if (p == "fp8_ffn" && hw.peak_fp8_flops > 0) {
+    r.peak_ffn = hw.peak_fp8_flops;
+    r.w_ffn = 1;
+  }
+  return r;
+}
+
+// K/V heads per tensor-parallel rank (a K/V head is replicated when tp exceeds H_kv).
+double kv_heads_loc(const ModelShape& m, int64_t tp) { return std::max<double>(1.0, double(m.H_kv) / double(tp)); }
+
+// Compute slowdown when more ranks than compute units share a node (oversubscribed CPU runs).
+double share_factor(const HardwareProfile& hw, const PerfMesh& mesh) {
+  const int64_t units = hw.compute_units_per_node > 0 ? hw.compute_units_per_node : hw.chips_per_node;
+  const int64_t on_node = std::min(mesh.chips(), hw.chips_per_node);
+  return std::max(1.0, double(on_node) / double(units));
+}
+
+double imbalance(const std::string& partition, int64_t n) {
+  // Contiguous shards under a causal mask: the last rank (or, in a ring, every step's slowest
+  // rank) does (2n-1)/n times the mean work; zigzag and striped shards are balanced.
+  return partition == "contiguous" && n > 1 ? double(2 * n - 1) / double(n) : 1.0;
+}
+
+// Elementwise traffic per token per layer (bytes / element size): norms, residual adds, RoPE,
+// SwiGLU, read and written once per op; forward only or forward + backward.
+double elementwise_elems(const ModelShape& m, int64_t tp, bool backward) {
+  const double qk = double((m.H_q + m.H_kv) * m.D) / double(tp), f = double(m.ffn) / double(tp), d = double(m.dim);
+  const double fwd = 10 * d + 2 * qk + 3 * f;  // 2 norms (r+w), 2 residual adds (2r+w), RoPE q,k, SwiGLU (2r+w)
+  const double bwd = 14 * d + 2 * qk + 5 * f;  // norm bwd (3r+1w accumulate), residual grads, RoPE^-1, SwiGLU bwd
+  return backward ? fwd + bwd : fwd;
+}
+
+}  // namespace
+
+double ModelShape::params_total() const {
+  return double(layers) * (attn_params_per_layer() + ffn_params_per_layer() + 2.0 * dim) + 2.0 * double(vocab) * dim + dim;
+}
+
+ModelShape model_shape(const Config& c) {
+  ModelShape m;
+  m.layers = c.layers;
+  m.dim = c.dim;
+  m.ffn = c.ffn_dim;
+  m.vocab = c.vocab;
+  m.H_q = c.heads;
+  m.H_kv = c.kv_heads;
+  m.D = c.head_dim;
+  return m;
+}
+
+const char* perf_mode_name(PerfMode m) {
+  switch (m) {
+    case PerfMode::train: return "train";
+    case PerfMode::prefill: return "prefill";
+    case PerfMode::partial_prefill: return "partial_prefill";
+    case PerfMode::decode: return "decode";
+  }
+  return "?";
+}
+
+std::vector<std::string> perf_strategies(PerfMode m) {
+  if (m == PerfMode::train) return {"allgather", "ulysses", "ring", "usp"};
+  if (m == PerfMode::decode) return {"pass_q", "pass_kv"};
+  return {"pass_kv", "pass_q", "allgather"};
+}
+
+double partial_prefill_pairs(int64_t T, int64_t P) { return double(T) * double(P) + 0.5 * double(T) * double(T + 1); }
+
+double ring_pipeline_s(int64_t n, double c, double m, double o) {
+  if (n <= 1) return c + o;
+  return double(n - 1) * std::max(c + o, m) + c + o;
+}
+
+int64_t ranks_per_node(const HardwareProfile& hw, int64_t n, int64_t stride) {
+  if (stride >= hw.chips_per_node) return 1;
+  return std::max<int64_t>(1, std::min(n, hw.chips_per_node / stride));
+}
+
+static double log2_steps(int64_t n) { return n > 1 ? std::ceil(std::log2(double(n))) : 0.0; }
+
+// Hierarchical collectives: k ranks per node, m = n / k nodes.
+double allreduce_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes) {
+  if (n <= 1) return 0;
+  const double nodes = double(n) / double(k);
+  double t = 0;
+  // Latency: log2 steps per level (small messages use tree / one-shot algorithms; for large ones
+  // the bandwidth term dominates whatever the algorithm).
+  if (k > 1) t += 2.0 * double(k - 1) / double(k) * bytes / hw.intra_collective_bps() + 2.0 * log2_steps(k) * hw.intra.latency_s;
+  if (nodes > 1)
+    t += 2.0 * (nodes - 1) / nodes * (bytes / double(k)) / hw.inter.bw_bytes_per_s + 2.0 * log2_steps(int64_t(nodes)) * hw.inter.latency_s;
+  return t;
+}
+
+double allgather_s(const HardwareProfile& hw, int64_t n, int64_t k, double out_bytes) {
+  if (n <= 1) return 0;
+  const double nodes = double(n) / double(k);
+  double t = 0;
+  if (nodes > 1) t += (nodes - 1) / nodes * out_bytes / double(k) / hw.inter.bw_bytes_per_s + log2_steps(int64_t(nodes)) * hw.inter.latency_s;
+  if (k > 1) t += double(k - 1) / double(k) * out_bytes / hw.intra_collective_bps() + log2_steps(k) * hw.intra.latency_s;
+  return t;
+}
+
+double alltoall_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes) {
+  if (n <= 1) return 0;
+  // Of the n equal parts a rank holds, k-1 go over the intra link and n-k over its NIC; both
+  // links work at once.
+  const double intra = double(k - 1) / double(n) * bytes / hw.intra_collective_bps() + (k > 1 ? hw.intra.latency_s * double(k - 1) : 0);
+  const double inter = double(n - k) / double(n) * bytes / hw.inter.bw_bytes_per_s + (n > k ? hw.inter.latency_s * double(n - k) : 0);
+  return std::max(intra, inter);
+}
+
+double p2p_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes) {
+  if (n <= 1) return 0;
+  const Link& l = n > k ? hw.inter : hw.intra;  // a ring spanning nodes waits for its node-crossing hop
+  return l.latency_s + bytes / l.bw_bytes_per_s;
+}
+
+double pass_kv_miss_rate_threshold(const ModelShape& m) { return 2.0 * double(m.H_kv) / double(m.H_q); }
+
+namespace {
+
+std::string check_mesh(const ModelShape& m, const PerfMesh& mesh, const std::string& strategy, const PerfWorkload& w) {
+  auto s = [](int64_t v) { return std::to_string(v); };
+  if (m.H_q % mesh.tp != 0) return "tp:" + s(mesh.tp) + " does not divide heads = " + s(m.H_q);
+  if (m.ffn % mesh.tp != 0) return "tp:" + s(mesh.tp) + " does not divide ffn_dim = " + s(m.ffn);
+  const int64_t N = mesh.cp();
+  const bool uly = strategy == "ulysses" || strategy == "usp";
+  if (uly) {
+    const int64_t U = strategy == "usp" ? mesh.ulysses : N;
+    const int64_t hq = m.H_q / mesh.tp, hkv = std::max<int64_t>(1, m.H_kv / mesh.tp);
+    if (hq % U != 0) return "ulysses over " + s(U) + " ranks needs query heads per tp rank (" + s(hq) + ") divisible by " + s(U);
+    if (hkv % U != 0 && U % hkv != 0)
+      return "ulysses over " + s(U) + " ranks needs K/V heads per tp rank (" + s(hkv) + ") to divide or be divided by " + s(U);
+    if (strategy == "usp" && (mesh.ulysses < 2 || mesh.ring < 2))
+      return "usp needs ulysses ≥ 2 and ring ≥ 2 in predict_mesh (got ulysses:" + s(mesh.ulysses) + ",ring:" + s(mesh.ring) + ")";
+  }
+  const int64_t T = w.mode == PerfMode::decode ? 1 : w.T();
+  if (w.mode != PerfMode::decode && T < 2 * N) return "fewer than 2 new tokens per CP rank (T = " + s(T) + ", CP " + s(N) + ")";
+  if (w.mode == PerfMode::decode && strategy == "pass_kv" && N > 1) return "";
+  return "";
+}
+
+// Shared pieces of one prediction.
+struct Ctx {
+  const ModelShape& m;
+  const HardwareProfile& hw;
+  const PerfMesh& mesh;
+  const PerfWorkload& w;
+  Prec p;
+  double share;
+  double hbm_bps() const { return hw.hbm_bytes_per_s * hw.hbm_eff; }
+};
+
+// GEMM seconds per rank for `tokens` tokens per rank through every layer's projections (and the
+// LM head when given), forward (mult 1) or forward+backward (mult 3), FFN in its own precision.
+double gemm_seconds(const Ctx& c, double tokens, double mult, bool lm_head) {
+  const double tp = double(c.mesh.tp);
+  const double eff = c.hw.gemm_eff.at(tokens);
+  const double attn = 2.0 * c.m.attn_params_per_layer() * double(c.m.layers) * tokens / tp * mult;
+  const double ffn = 2.0 * c.m.ffn_params_per_layer() * double(c.m.layers) * tokens / tp * mult;
+  const double head = lm_head ? 2.0 * double(c.m.dim) * double(c.m.vocab) * tokens * mult : 0;  // replicated over tp
+  return c.share * ((attn + head) / (c.p.peak * eff) + ffn / (c.p.peak_ffn * eff));
+}
+
+double attn_seconds(const Ctx& c, double flops, double block_rows) {
+  return c.share * flops / (c.p.peak * c.hw.attn_eff.at(block_rows));
+}
+
+void finish(StrategyPrediction& r, const Ctx& c) {
+  const double peak_total = c.p.peak_mfu * double(c.mesh.chips());
+  r.mfu = r.time_s > 0 ? r.model_flops / (r.time_s * peak_total) : 0;
+  r.mem_bytes = r.mem_weights_bytes + r.mem_state_bytes + r.mem_act_bytes + r.mem_kv_bytes + r.mem_buf_bytes;
+  r.fits = r.mem_bytes <= c.hw.hbm_bytes;
+}
+
+StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
+  const ModelShape& m = c.m;
+  const PerfMesh& mesh = c.mesh;
+  const PerfWorkload& w = c.w;
+  StrategyPrediction r;
+  r.strategy = st;
+  const int64_t N = mesh.cp(), tp = mesh.tp, S = w.seq, B = w.batch;
+  const double S_loc = double(S) / double(N), L = double(m.layers), e = c.p.e;
+  const ModelDims d = dims_of(m);
+  // Model FLOPs (whole job: every dp replica, B sequences each).
+  const double pairs = causal_visible_pairs({S});
+  const double mm_flops = train_matmul_flops(d, S) * double(B), at_flops = train_attn_flops(d, pairs) * double(B);
+  r.model_flops = (mm_flops + at_flops) * double(mesh.dp);
+
+  // Matmuls: split evenly over cp and tp (the LM head is replicated over tp: counted per rank).
+  const double tokens = S_loc * double(B);
+  r.gemm_s = gemm_seconds(c, tokens, 3.0, true);
+  const bool remat_full = w.remat == "full", remat_attn = w.remat == "attention" || remat_full;
+  if (remat_full) r.gemm_s += gemm_seconds(c, tokens, 1.0, false);  // recomputed forward projections
+
+  // Attention per layer: forward and backward FLOPs per rank (balanced or not), block size per call.
+  const double at_fwd_rank = 4.0 * double(m.H_q) * double(m.D) * pairs * double(B) / double(N * tp);
+  const double at_bwd_rank = 2.5 * at_fwd_rank;
+  const double hkv = kv_heads_loc(m, tp), hq = double(m.H_q) / double(tp);
+  const int64_t k_tp = ranks_per_node(c.hw, tp, 1);
+  const double o = c.hw.step_overhead_s;
+  const double kv_msg = tokens * 2.0 * hkv * double(m.D) * e;  // one rank's K and V (per layer)
+  double attn_layer = 0, comm_layer = 0, exposed_layer = 0, buf = 0;
+  const double recompute = remat_attn ? 1.0 : 0.0;  // attention forward run again in the backward
+  if (st == "allgather") {
+    // Gather K/V of the whole sequence (forward), reduce-scatter dK/dV (backward); both exposed.
+    const int64_t k = ranks_per_node(c.hw, N, tp);
+    const double imb = imbalance(w.partition, N), block = S_loc / 2;
+    const double t_c = allgather_s(c.hw, N, k, kv_msg * double(N));
+    comm_layer = (2 + recompute) * t_c;
+    exposed_layer = comm_layer;
+    attn_layer = imb * (attn_seconds(c, at_fwd_rank, block) * (1 + recompute) + attn_seconds(c, at_bwd_rank, block)) + exposed_layer;
+    buf = 2.0 * kv_msg * double(N);  // gathered K/V and dK/dV
+  } else if (st == "ulysses" || st == "usp") {
+    const int64_t U = st == "usp" ? mesh.ulysses : N, R = st == "usp" ? mesh.ring : 1;
+    const int64_t k_u = ranks_per_node(c.hw, U, tp);
+    const double hkv_u = std::max(hkv, double(U)) / double(U);  // K/V heads per rank after the all-to-all
+    // All-to-all in (Q, K, V) and out (O); backward in (dO) and out (dQ, dK, dV): the same volume.
+    const double a2a_bytes = tokens * (2.0 * hq + 2.0 * std::max(hkv, double(U))) * double(m.D) * e;
+    const double t_a2a = alltoall_s(c.hw, U, k_u, a2a_bytes);
+    // After the all-to-all a rank holds U*S_loc tokens of H/U heads; a ring over R (usp) passes them.
+    const double imb = imbalance(w.partition, R);
+    const double block = R > 1 ? S_loc * double(U) / 2 : double(S);
+    const double cf = imb * attn_seconds(c, at_fwd_rank, block) / double(R), cb = imb * attn_seconds(c, at_bwd_rank, block) / double(R);
+    const double msg = tokens * double(U) * 2.0 * hkv_u * double(m.D) * e;
+    const int64_t k_r = ranks_per_node(c.hw, R, tp * U);
+    const double m_f = p2p_s(c.hw, R, k_r, msg), m_b = p2p_s(c.hw, R, k_r, 2 * msg);
+    const double ring_f = ring_pipeline_s(R, cf, m_f, R > 1 ? o : 0), ring_b = ring_pipeline_s(R, cb, m_b, R > 1 ? o : 0);
+    attn_layer = ring_f * (1 + recompute) + ring_b + (2 + recompute) * t_a2a;
+    comm_layer = (2 + recompute) * t_a2a + double(R - 1) * ((1 + recompute) * m_f + m_b);
+    exposed_layer = (2 + recompute) * t_a2a + (ring_f - double(R) * (cf + (R > 1 ? o : 0))) * (1 + recompute) +
+                    (ring_b - double(R) * (cb + (R > 1 ? o : 0)));
+    buf = 2.0 * a2a_bytes + 3.0 * msg;
+  } else if (st == "ring") {
+    const int64_t k = ranks_per_node(c.hw, N, tp);
+    const double imb = imbalance(w.partition, N), block = S_loc / 2;
+    const double cf = imb * attn_seconds(c, at_fwd_rank, block) / double(N), cb = imb * attn_seconds(c, at_bwd_rank, block) / double(N);
+    const double m_f = p2p_s(c.hw, N, k, kv_msg), m_b = p2p_s(c.hw, N, k, 2 * kv_msg);  // backward: K/V and dK/dV travel
+    const double oo = N > 1 ? o : 0;
+    const double ring_f = ring_pipeline_s(N, cf, m_f, oo), ring_b = ring_pipeline_s(N, cb, m_b, oo);
+    attn_layer = ring_f * (1 + recompute) + ring_b;
+    comm_layer = double(N - 1) * ((1 + recompute) * m_f + m_b);
+    exposed_layer = (ring_f - double(N) * (cf + oo)) * (1 + recompute) + (ring_b - double(N) * (cb + oo));
+    buf = 3.0 * kv_msg;
+  }
+  r.attn_s = attn_layer * L;
+  // Tensor-parallel all-reduces: 2 forward + 2 backward per layer of [tokens, dim] (exposed).
+  const double t_tp = 4.0 * L * allreduce_s(c.hw, tp, k_tp, tokens * double(m.dim) * e) * (1 + (remat_full ? 0.5 : 0));
+  // Gradient all-reduce over every replica holding other tokens (cp) or other sequences (dp).
+  const int64_t n_grad = mesh.dp * N;
+  const double grad_bytes = m.params_total() / double(tp) * 4.0;
+  const double t_grad = allreduce_s(c.hw, n_grad, ranks_per_node(c.hw, n_grad, tp), grad_bytes);
+  // Elementwise work (memory bound) and the optimizer (7 fp32 streams per parameter).
+  const double params_rank = m.params_total() / double(tp) / (w.zero ? double(n_grad) : 1.0);
+  r.other_s = c.share * (tokens * L * elementwise_elems(m, tp, true) * e + tokens * 3.0 * double(m.vocab) * e +
+                         params_rank * 28.0) / c.hbm_bps();
+  r.comm_total_s = comm_layer * L + t_tp + t_grad;
+  r.exposed_comm_s = exposed_layer * L + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
+  r.time_s = r.gemm_s + r.attn_s + r.other_s + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
+  // Memory: params + grads + AdamW m, v (16 bytes per parameter in mixed precision and in fp32),
+  // saved activations (the model's own formula, scaled to the element size), strategy buffers.
+  r.mem_state_bytes = 16.0 * params_rank;
+  const ModelDims dl = dims_of(m, int(tp));
+  const int64_t tok = int64_t(tokens);
+  r.mem_act_bytes = Transformer::activation_bytes(dl, remat_kind(w.remat), tok, Transformer::logits_chunk_rows(tok, m.vocab)) * e / 4.0;
+  r.mem_buf_bytes = buf;
+  finish(r, c);
+  return r;
+}
+
+StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
+  const ModelShape& m = c.m;
+  const PerfMesh& mesh = c.mesh;
+  const PerfWorkload& w = c.w;
+  StrategyPrediction r;
+  r.strategy = st;
+  const int64_t N = mesh.cp(), tp = mesh.tp, B = w.batch;
+  const bool decode = w.mode == PerfMode::decode;
+  const int64_t P = decode ? w.seq : (w.mode == PerfMode::prefill ? 0 : w.cached);
+  const int64_t T = decode ? 1 : w.seq - P;
+  const double L = double(m.layers), e = c.p.e, hkv = kv_heads_loc(m, tp), hq = double(m.H_q) / double(tp);
+  const double T_loc = double(T) * double(B) / double(N);  // new tokens per CP rank (decode: one token, on every rank)
+  const double ctx_loc = double(P + T) * double(B) / double(N);
+  const int64_t k_tp = ranks_per_node(c.hw, tp, 1), k_cp = ranks_per_node(c.hw, N, tp);
+  const double o = N > 1 ? c.hw.step_overhead_s : 0;
+  // Weights per rank (FFN in FP8 with fp8_ffn), read once per forward.
+  const double w_bytes = (m.attn_params_per_layer() * c.p.w_attn + m.ffn_params_per_layer() * c.p.w_ffn) * L / double(tp) +
+                         2.0 * double(m.vocab) * double(m.dim) * c.p.w_attn / double(tp);
+  const double pairs = decode ? double(P + 1) : partial_prefill_pairs(T, P);
+  const double at_flops_rank = 4.0 * double(m.H_q) * double(m.D) * pairs * double(B) / double(N * tp);
+  r.model_flops = (2.0 * (m.attn_params_per_layer() + m.ffn_params_per_layer()) * L * double(T) +
+                   4.0 * double(m.H_q) * double(m.D) * pairs * L) * double(B) * double(mesh.dp);
+  const double kv_bytes_rank = ctx_loc * 2.0 * hkv * double(m.D) * e;  // one layer's K/V cache on a rank
+  double attn_layer = 0, comm_layer = 0, exposed_layer = 0, buf = 0;
+  if (decode) {
+    // Memory bound: weights and this rank's K/V cache streamed once per token; the new token's
+    // query visits every CP rank (pass-Q) or the cache blocks visit it (pass-KV), then (pass-Q)
+    // an all-to-all returns the partial outputs.
+    const double t_w = w_bytes / c.hbm_bps();
+    const double c_step = kv_bytes_rank / c.hbm_bps();
+    r.gemm_s = t_w;
+    if (st == "pass_q") {
+      const double q_msg = double(B) * hq * double(m.D) * e;
+      const double m_q = p2p_s(c.hw, N, k_cp, q_msg);
+      const double a2a = alltoall_s(c.hw, N, k_cp, double(B) * hq * (double(m.D) + 1) * 4.0);
+      // Each step reads the local cache against the visiting query.
+      attn_layer = ring_pipeline_s(N, c_step, m_q, o) + a2a;
+      comm_layer = double(N - 1) * m_q + a2a;
+      exposed_layer = attn_layer - double(N) * (c_step + o);
+    } else {
+      const double m_kv = p2p_s(c.hw, N, k_cp, kv_bytes_rank);
+      attn_layer = ring_pipeline_s(N, c_step, m_kv, o);
+      comm_layer = double(N - 1) * m_kv;
+      exposed_layer = attn_layer - double(N) * (c_step + o);
+    }
+    r.attn_s = attn_layer * L;
+    const double t_tp = 2.0 * L * allreduce_s(c.hw, tp, k_tp, double(B) * double(m.dim) * e);
+    r.other_s = 0;
+    r.comm_total_s = comm_layer * L + t_tp;
+    r.exposed_comm_s = std::max(0.0, exposed_layer) * L + t_tp;
+    r.time_s = r.gemm_s + r.attn_s + t_tp;
+  } else {
+    r.gemm_s = gemm_seconds(c, T_loc, 1.0, false) + c.share * 2.0 * double(m.dim) * double(m.vocab) * double(B) /
+                                                       (c.p.peak * c.hw.gemm_eff.at(1));  // LM head: last token only
+    r.gemm_s = std::max(r.gemm_s, w_bytes / c.hbm_bps());  // a short prompt cannot beat reading the weights
+    const double block = T_loc / 2;  // zigzag: two chunks of new tokens per rank
+    const double c_all = attn_seconds(c, at_flops_rank, block);
+    if (st == "pass_kv") {
+      const double m_kv = p2p_s(c.hw, N, k_cp, kv_bytes_rank);
+      const double ring = ring_pipeline_s(N, c_all / double(N), m_kv, o);
+      attn_layer = ring;
+      comm_layer = double(N - 1) * m_kv;
+      exposed_layer = ring - c_all - double(N) * o;
+      buf = 2.0 * kv_bytes_rank;
+    } else if (st == "pass_q") {
+      const double m_q = p2p_s(c.hw, N, k_cp, T_loc * hq * double(m.D) * e);
+      const double ring = ring_pipeline_s(N, c_all / double(N), m_q, o);
+      // Partial outputs (fp32 O and LSE) of every visiting query block go home in one all-to-all.
+      const double a2a = alltoall_s(c.hw, N, k_cp, T_loc * hq * (double(m.D) + 1) * 4.0);
+      attn_layer = ring + a2a;
+      comm_layer = double(N - 1) * m_q + a2a;
+      exposed_layer = ring - c_all - double(N) * o + a2a;
+      buf = 2.0 * T_loc * hq * double(m.D) * (e + 4.0);
+    } else {  // allgather: every rank gathers the whole K/V, then attends locally
+      const double g = allgather_s(c.hw, N, k_cp, kv_bytes_rank * double(N));
+      attn_layer = c_all + g;
+      comm_layer = g;
+      exposed_layer = g;
+      buf = kv_bytes_rank * double(N);
+    }
+    r.attn_s = attn_layer * L;
+    const double t_tp = 2.0 * L * allreduce_s(c.hw, tp, k_tp, T_loc * double(m.dim) * e);
+    r.other_s = c.share * T_loc * L * elementwise_elems(m, tp, false) * e / c.hbm_bps();
+    r.comm_total_s = comm_layer * L + t_tp;
+    r.exposed_comm_s = std::max(0.0, exposed_layer) * L + t_tp;
+    r.time_s = r.gemm_s + r.attn_s + r.other_s + t_tp;
+  }
+  r.mem_weights_bytes = w_bytes;
+  r.mem_kv_bytes = kv_bytes_rank * L;
+  // Working activations of one layer (residual, Q/K/V/O, SwiGLU) for the new tokens.
+  r.mem_act_bytes = T_loc * (3.0 * double(m.dim) + (2.0 * hq + 2.0 * hkv) * double(m.D) + 3.0 * double(m.ffn) / double(tp)) * e;
+  r.mem_buf_bytes = buf;
+  finish(r, c);
+  return r;
+}
+
+}  // namespace
+
+StrategyPrediction predict(const ModelShape& m, const HardwareProfile& hw, const PerfMesh& mesh, const PerfWorkload& w,
+                   const std::string& strategy) {
+  Ctx c{m, hw, mesh, w, precision_of(hw, w.precision), share_factor(hw, mesh)};
+  const std::string bad = check_mesh(m, mesh, strategy, w);
+  StrategyPrediction r;
+  if (!bad.empty()) {
+    r.strategy = strategy;
+    r.invalid = bad;
+    return r;
+  }
+  if (w.mode == PerfMode::train) return predict_train(c, strategy);
+  return predict_infer(c, strategy);
+}
+
+int recommend(const std::vector<StrategyPrediction>& preds) {
+  int best = -1;
+  bool best_fits = false;
+  for (size_t i = 0; i < preds.size(); ++i) {
+    const StrategyPrediction& p = preds[i];
+    if (!p.invalid.empty()) continue;
+    const bool better = best < 0 || (p.fits && !best_fits) || (p.fits == best_fits && p.time_s < preds[size_t(best)].time_s);
+    if (better) {
+      best = int(i);
+      best_fits = p.fits;
+    }
+  }
+  return best;
+}
+
+PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& hw, int64_t T, int64_t P, int64_t N,
+                                   int64_t tp, const std::string& precision) {
+  PerfMesh mesh;
+  mesh.tp = tp;
+  mesh.ring = N;
+  PerfWorkload w;
+  w.mode = PerfMode::partial_prefill;
+  w.seq = T + P;
+  w.cached = P;
+  w.precision = precision.empty() ? hw.default_precision : precision;
+  PassChoice ch;
+  ch.pass_kv_s = predict(m, hw, mesh, w, "pass_kv").time_s;
+  ch.pass_q_s = predict(m, hw, mesh, w, "pass_q").time_s;
+  ch.use_pass_q = ch.pass_q_s < ch.pass_kv_s;
+  return ch;
+}
+
+}  // namespace ctxpar

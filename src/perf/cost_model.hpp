@@ -1,0 +1,116 @@
+// The analytic cost model behind `ctxpar predict` and `cp_algo=auto`: per strategy and mode
+// (training step, full prefill, partial prefill, decode) it predicts the time per rank from
+// FLOPs (model/flops.hpp convention) and measured or published kernel efficiencies,
+// communication from message sizes and per-axis link bandwidth / latency, overlap per strategy,
+// and memory per rank.
+//
+// Vocabulary (core/config.hpp): S tokens of one sequence, S_loc = S / CP, H_q, H_kv, D; here
+// also N = CP group size (ulysses * ring), T new tokens and P cached tokens of a partial
+// prefill, tp the tensor-parallel size (heads and FFN split over it).
+//
+// Overlap rules (the physics, stated once):
+//  - ring (pass-KV / pass-Q): N steps per layer; step i computes on the block received at step
+//    i-1 while block i+1 is in flight, so a layer costs (N-1) * max(compute_step + overhead,
+//    comm_step) + compute_step + overhead (the last step has nothing left to receive).
+//  - all-gather, all-to-all, the pass-Q output all-to-all and tensor-parallel all-reduces sit
+//    on the critical path (the attention needs all their data before it starts): exposed.
+//  - the data-parallel gradient all-reduce is hidden under backward compute when the profile
+//    says overlap_collectives (NCCL streams, XLA); exposed otherwise (our CPU runs).
+// A collective over an axis group of n ranks with k of them per node is hierarchical: the
+// in-node part at the intra link, the across-node part at the inter link per chip (NCCL's
+// one-ring-per-NIC scheme); P2P hops of a ring cost the slowest hop.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "perf/hardware.hpp"
+
+namespace ctxpar {
+
+struct Config;
+
+// Transformer shape for the model (layers, widths, heads); built from a Config's model fields.
+struct ModelShape {
+  int64_t layers = 0, dim = 0, ffn = 0, vocab = 0;
+  int64_t H_q = 0, H_kv = 0, D = 0;
+  // Parameters of one decoder layer (attention projections, SwiGLU FFN, two norms).
+  double attn_params_per_layer() const { return double(dim) * double((H_q + 2 * H_kv) * D) + double(H_q * D) * dim; }
+  double ffn_params_per_layer() const { return 3.0 * double(dim) * double(ffn); }
+  double params_total() const;  // incl. embedding and LM head (untied)
+};
+ModelShape model_shape(const Config& cfg);
+
+// The predicted mesh (axes as in DESIGN.md: tp fastest, then ulysses, ring, dp).
+struct PerfMesh {
+  int64_t dp = 1, tp = 1, ulysses = 1, ring = 1;
+  int64_t cp() const { return ulysses * ring; }
+  int64_t chips() const { return dp * tp * ulysses * ring; }
+};
+
+enum class PerfMode { train, prefill, partial_prefill, decode };
+const char* perf_mode_name(PerfMode m);
+
+struct PerfWorkload {
+  PerfMode mode = PerfMode::train;
+  int64_t seq = 0;     // train/prefill: S; partial prefill and decode: P + T context length
+  int64_t cached = 0;  // P: cached tokens (partial prefill, decode: the whole context)
+  int64_t batch = 1;   // sequences per model replica per step (train), or per request (infer)
+  std::string precision = "bf16";  // bf16 | fp8_ffn (FFN GEMMs in FP8) | fp32
+  std::string remat = "none";      // train: none | attention | full
+  bool zero = false;               // train: params, grads, optimizer state sharded over dp*cp
+  std::string partition = "zigzag";  // token partition (contiguous = causal load imbalance)
+  int64_t T() const { return seq - cached; }
+};
+
+// One strategy's prediction. Times in seconds per step (train) or per request (TTFT / TTIT).
+struct StrategyPrediction {
+  std::string strategy;      // allgather | ulysses | ring | usp | pass_kv | pass_q | tp
+  std::string invalid;       // "" when the strategy runs on this mesh, else why not
+  double time_s = 0;
+  double gemm_s = 0, attn_s = 0, other_s = 0;  // compute (attn_s includes hidden comm)
+  double comm_total_s = 0;   // all communication time, hidden or not
+  double exposed_comm_s = 0; // communication on the critical path
+  double model_flops = 0;    // whole job, DESIGN.md convention
+  double mfu = 0;            // model_flops / (time * chips * peak of the default precision)
+  double mem_bytes = 0;      // per chip
+  double mem_weights_bytes = 0, mem_state_bytes = 0, mem_act_bytes = 0, mem_kv_bytes = 0, mem_buf_bytes = 0;
+  bool fits = false;
+};
+
+// Strategies compared for a mode: train → allgather, ulysses, ring, usp; prefill and partial
+// prefill → pass_kv, pass_q, allgather; decode → pass_q, allgather.
+std::vector<std::string> perf_strategies(PerfMode m);
+
+StrategyPrediction predict(const ModelShape& m, const HardwareProfile& hw, const PerfMesh& mesh, const PerfWorkload& w,
+                   const std::string& strategy);
+
+// The lowest-time strategy among the valid ones that fit (else among the valid ones); index
+// into `preds`, -1 when none is valid.
+int recommend(const std::vector<StrategyPrediction>& preds);
+
+// Partial prefill, pass-KV vs pass-Q (Meta's choice), for `cp_algo=auto`: T new tokens, P cached,
+// N ring ranks, tp tensor-parallel ranks per CP rank.
+struct PassChoice {
+  double pass_kv_s = 0, pass_q_s = 0;
+  bool use_pass_q = false;
+};
+PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& hw, int64_t T, int64_t P, int64_t N,
+                                   int64_t tp = 1, const std::string& precision = "");
+
+// ---- building blocks, exposed for tests --------------------------------------------------------
+// Visible (q, k) pairs of T new causal tokens after P cached ones: T*P + T(T+1)/2.
+double partial_prefill_pairs(int64_t T, int64_t P);
+// Ring pipeline: (n-1) * max(c + o, m) + c + o.
+double ring_pipeline_s(int64_t n, double compute_step_s, double comm_step_s, double overhead_s);
+// Link-level collective times for an axis group of n ranks, k per node; bytes as named.
+double allreduce_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);        // bytes per rank
+double allgather_s(const HardwareProfile& hw, int64_t n, int64_t k, double out_bytes);    // gathered size
+double alltoall_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);         // sent+kept per rank
+double p2p_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);              // one ring hop
+// Ranks of an axis group per node: members are `stride` ranks apart.
+int64_t ranks_per_node(const HardwareProfile& hw, int64_t n, int64_t stride);
+// Paper Eq. 1 threshold (Meta CP, arXiv 2411.01783): pass-KV when T/(T+P) >= 2*H_kv/H_q.
+double pass_kv_miss_rate_threshold(const ModelShape& m);
+
+}  // namespace ctxpar

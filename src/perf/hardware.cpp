@@ -1,0 +1,242 @@
+#include "perf/hardware.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <map>
+#include <sstream>
+#include <toml.hpp>
+
+#include "core/error.hpp"
+
+#ifndef CTXPAR_SOURCE_DIR
+#define CTXPAR_SOURCE_DIR "."
+#endif
+
+namespace ctxpar {
+
+namespace fs = std::filesystem;
+
+double EffCurve::at(double v) const {
+  if (x.empty()) return x_half > 0 ? eff_inf * v / (v + x_half) : eff_inf;
+  if (v <= x.front()) return eff.front();
+  if (v >= x.back()) return eff.back();
+  size_t i = 1;
+  while (x[i] < v) ++i;
+  const double t = (std::log(v) - std::log(x[i - 1])) / (std::log(x[i]) - std::log(x[i - 1]));
+  return eff[i - 1] + t * (eff[i] - eff[i - 1]);
+}
+
+std::string hardware_dir() {
+  std::error_code ec;
+  if (fs::is_directory("inputs/hardware", ec)) return "inputs/hardware";
+  return std::string(CTXPAR_SOURCE_DIR) + "/inputs/hardware";
+}
+
+std::vector<std::string> hardware_names() {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(hardware_dir(), ec))
+    if (e.path().extension() == ".toml") out.push_back(e.path().stem().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+
+std::string join_names() {
+  std::string s;
+  for (const std::string& n : hardware_names()) s += (s.empty() ? "" : ", ") + n;
+  return s.empty() ? "(none found in " + hardware_dir() + ")" : s;
+}
+
+// The keys a profile may hold; every other key is an error (a typo must not pass silently).
+const std::vector<std::string> kKeys = {
+    "name", "description", "peak_tflops_bf16", "peak_tflops_fp8", "peak_tflops_fp32", "default_precision",
+    "hbm_gb", "hbm_tb_s", "hbm_eff", "chips_per_node", "compute_units_per_node", "intra_gb_s",
+    "intra_latency_us", "intra_collective_gb_s", "inter_gb_s", "inter_latency_us", "gemm_eff", "gemm_eff_at_rows", "gemm_half_rows",
+    "gemm_eff_rows", "gemm_eff_values", "attn_eff", "attn_eff_at_tokens", "attn_half_tokens",
+    "attn_eff_tokens", "attn_eff_values", "step_overhead_us", "overlap_collectives"};
+const std::vector<std::string> kRequired = {"name", "hbm_gb", "hbm_tb_s", "chips_per_node",
+                                            "intra_gb_s", "intra_latency_us", "inter_gb_s", "inter_latency_us"};
+
+struct Reader {
+  const toml::value& root;
+  std::string file;
+  bool has(const std::string& k) const { return root.as_table().count(k) != 0; }
+  [[noreturn]] void bad(const std::string& k, const std::string& what) const {
+    throw UsageError("hardware: " + k + " in " + file + " " + what);
+  }
+  double num(const std::string& k, double def) const {
+    if (!has(k)) return def;
+    const toml::value& v = root.as_table().at(k);
+    if (v.is_integer()) return double(v.as_integer());
+    if (v.is_floating()) return v.as_floating();
+    bad(k, "must be a number");
+  }
+  std::vector<double> nums(const std::string& k) const {
+    std::vector<double> out;
+    if (!has(k)) return out;
+    const toml::value& v = root.as_table().at(k);
+    if (!v.is_array()) bad(k, "must be an array of numbers");
+    for (const toml::value& e : v.as_array()) {
+      if (e.is_integer()) out.push_back(double(e.as_integer()));
+      else if (e.is_floating()) out.push_back(e.as_floating());
+      else bad(k, "must be an array of numbers");
+    }
+    return out;
+  }
+  std::string str(const std::string& k, const std::string& def) const {
+    if (!has(k)) return def;
+    const toml::value& v = root.as_table().at(k);
+    if (!v.is_string()) bad(k, "must be a string");
+    return v.as_string().str;
+  }
+  bool boolean(const std::string& k, bool def) const {
+    if (!has(k)) return def;
+    const toml::value& v = root.as_table().at(k);
+    if (!v.is_boolean()) bad(k, "must be true or false");
+    return v.as_boolean();
+  }
+  // A curve from either measured points (<p>_<xname>, <p>_values) or one efficiency at a size
+  // with a half-efficiency size.
+  EffCurve curve(const std::string& p, const std::string& xs, const std::string& at, const std::string& half) const {
+    EffCurve c;
+    c.x = nums(p + "_" + xs);
+    c.eff = nums(p + "_values");
+    if (c.x.size() != c.eff.size()) bad(p + "_values", "must have as many entries as " + p + "_" + xs);
+    for (size_t i = 0; i < c.x.size(); ++i) {
+      if (c.x[i] <= 0 || (i && c.x[i] <= c.x[i - 1])) bad(p + "_" + xs, "must be positive and ascending");
+      if (!(c.eff[i] > 0 && c.eff[i] <= 1.0)) bad(p + "_values", "must be efficiencies in (0, 1]");
+    }
+    if (!c.x.empty()) return c;
+    const double e = num(p, 1.0), a = num(p + "_" + at, 0), h = num(p + "_" + half, 0);
+    if (!(e > 0 && e <= 1)) bad(p, "must be an efficiency in (0, 1]");
+    if (h < 0 || a < 0) bad(p + "_" + half, "must be ≥ 0");
+    c.x_half = h;
+    // eff(at) = e  ⇒  eff_inf = e (at + h) / at; with no reference size, e is the asymptote.
+    c.eff_inf = (a > 0 && h > 0) ? e * (a + h) / a : e;
+    return c;
+  }
+};
+
+std::string resolve(const std::string& name_or_path) {
+  const bool is_path = name_or_path.find('/') != std::string::npos ||
+                       (name_or_path.size() > 5 && name_or_path.compare(name_or_path.size() - 5, 5, ".toml") == 0);
+  if (is_path) return name_or_path;
+  return hardware_dir() + "/" + name_or_path + ".toml";
+}
+
+}  // namespace
+
+HardwareProfile load_hardware(const std::string& name_or_path) {
+  if (name_or_path.empty())
+    throw UsageError("hardware: no profile given; valid: hardware=NAME with NAME one of " + join_names());
+  const std::string file = resolve(name_or_path);
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec))
+    throw UsageError("hardware: no profile '" + name_or_path + "' (" + file + " not found); valid: " + join_names() +
+                     ", or a path to a .toml profile (`ctxpar bench calibrate` writes inputs/hardware/local.toml)");
+  toml::value root;
+  try {
+    root = toml::parse(file);
+  } catch (const std::exception& e) {
+    throw UsageError("hardware: cannot parse " + file + ":\n" + e.what());
+  }
+  if (!root.is_table()) throw UsageError("hardware: " + file + " is not a TOML table");
+  for (const auto& [k, v] : root.as_table())
+    if (std::find(kKeys.begin(), kKeys.end(), k) == kKeys.end())
+      throw UsageError("hardware: unknown key '" + k + "' in " + file + "; valid keys are listed in src/perf/hardware.cpp and inputs/hardware/README.md");
+  for (const std::string& k : kRequired)
+    if (!root.as_table().count(k)) throw UsageError("hardware: " + file + " lacks the required key '" + k + "'");
+  Reader r{root, file};
+  HardwareProfile h;
+  h.source_file = file;
+  h.name = r.str("name", "");
+  h.description = r.str("description", "");
+  h.peak_bf16_flops = r.num("peak_tflops_bf16", 0) * 1e12;
+  h.peak_fp8_flops = r.num("peak_tflops_fp8", 0) * 1e12;
+  h.peak_fp32_flops = r.num("peak_tflops_fp32", 0) * 1e12;
+  h.default_precision = r.str("default_precision", "bf16");
+  if (h.default_precision != "bf16" && h.default_precision != "fp8_ffn" && h.default_precision != "fp32")
+    r.bad("default_precision", "must be one of bf16, fp8_ffn, fp32");
+  h.hbm_bytes = r.num("hbm_gb", 0) * 1e9;
+  h.hbm_bytes_per_s = r.num("hbm_tb_s", 0) * 1e12;
+  h.hbm_eff = r.num("hbm_eff", 0.8);
+  h.chips_per_node = int64_t(r.num("chips_per_node", 8));
+  h.compute_units_per_node = int64_t(r.num("compute_units_per_node", 0));
+  h.intra = {r.num("intra_gb_s", 0) * 1e9, r.num("intra_latency_us", 0) * 1e-6};
+  h.inter = {r.num("inter_gb_s", 0) * 1e9, r.num("inter_latency_us", 0) * 1e-6};
+  h.intra_collective_bytes_per_s = r.num("intra_collective_gb_s", 0) * 1e9;
+  h.gemm_eff = r.curve("gemm_eff", "rows", "at_rows", "half_rows");
+  h.attn_eff = r.curve("attn_eff", "tokens", "at_tokens", "half_tokens");
+  h.step_overhead_s = r.num("step_overhead_us", 0) * 1e-6;
+  h.overlap_collectives = r.boolean("overlap_collectives", true);
+  const double peak_default = h.default_precision == "fp32" ? h.peak_fp32_flops : h.peak_bf16_flops;
+  if (peak_default <= 0)
+    r.bad(h.default_precision == "fp32" ? "peak_tflops_fp32" : "peak_tflops_bf16",
+          "must be > 0 (the peak of default_precision = " + h.default_precision + ")");
+  if (h.hbm_bytes <= 0 || h.hbm_bytes_per_s <= 0) r.bad("hbm_gb", "and hbm_tb_s must be > 0");
+  if (h.chips_per_node < 1) r.bad("chips_per_node", "must be ≥ 1");
+  if (h.intra.bw_bytes_per_s <= 0 || h.inter.bw_bytes_per_s <= 0) r.bad("intra_gb_s", "and inter_gb_s must be > 0");
+  if (!(h.hbm_eff > 0 && h.hbm_eff <= 1)) r.bad("hbm_eff", "must be in (0, 1]");
+  return h;
+}
+
+std::string hardware_toml(const HardwareProfile& h, const std::vector<std::string>& notes,
+                          const std::vector<std::pair<std::string, std::string>>& sources) {
+  std::map<std::string, std::string> src(sources.begin(), sources.end());
+  std::ostringstream os;
+  os << std::setprecision(6);
+  for (const std::string& n : notes) os << "# " << n << "\n";
+  auto line = [&](const std::string& k, const std::string& v) {
+    os << k << " = " << v;
+    if (src.count(k)) os << "  # " << src[k];
+    os << "\n";
+  };
+  auto num = [](double v) {
+    std::ostringstream s;
+    s << std::setprecision(6) << v;
+    return s.str();
+  };
+  auto arr = [&](const std::vector<double>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + num(v[i]);
+    return s + "]";
+  };
+  line("name", "\"" + h.name + "\"");
+  line("description", "\"" + h.description + "\"");
+  line("peak_tflops_bf16", num(h.peak_bf16_flops / 1e12));
+  line("peak_tflops_fp8", num(h.peak_fp8_flops / 1e12));
+  line("peak_tflops_fp32", num(h.peak_fp32_flops / 1e12));
+  line("default_precision", "\"" + h.default_precision + "\"");
+  line("hbm_gb", num(h.hbm_bytes / 1e9));
+  line("hbm_tb_s", num(h.hbm_bytes_per_s / 1e12));
+  line("hbm_eff", num(h.hbm_eff));
+  line("chips_per_node", std::to_string(h.chips_per_node));
+  line("compute_units_per_node", std::to_string(h.compute_units_per_node));
+  line("intra_gb_s", num(h.intra.bw_bytes_per_s / 1e9));
+  line("intra_latency_us", num(h.intra.latency_s * 1e6));
+  line("inter_gb_s", num(h.inter.bw_bytes_per_s / 1e9));
+  line("inter_latency_us", num(h.inter.latency_s * 1e6));
+  if (!h.gemm_eff.x.empty()) {
+    line("gemm_eff_rows", arr(h.gemm_eff.x));
+    line("gemm_eff_values", arr(h.gemm_eff.eff));
+  } else {
+    line("gemm_eff", num(h.gemm_eff.eff_inf));
+    line("gemm_half_rows", num(h.gemm_eff.x_half));
+  }
+  if (!h.attn_eff.x.empty()) {
+    line("attn_eff_tokens", arr(h.attn_eff.x));
+    line("attn_eff_values", arr(h.attn_eff.eff));
+  } else {
+    line("attn_eff", num(h.attn_eff.eff_inf));
+    line("attn_half_tokens", num(h.attn_eff.x_half));
+  }
+  line("step_overhead_us", num(h.step_overhead_s * 1e6));
+  line("overlap_collectives", h.overlap_collectives ? "true" : "false");
+  return os.str();
+}
+
+}  // namespace ctxpar

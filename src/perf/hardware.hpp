@@ -1,0 +1,65 @@
+// Hardware profiles of the cost model (inputs/hardware/<name>.toml): peak throughput, memory,
+// the two link levels (inside a node = scale-up: NVLink / ICI; across nodes = scale-out: NIC /
+// DCN) with ACHIEVED per-chip bandwidth and latency, and the achieved efficiencies of the
+// kernels (GEMM, attention as a function of block size). Every value in a profile carries its
+// source in a comment of the TOML file; `ctxpar bench calibrate` writes `local.toml` from
+// measurements on this machine.
+//
+// Units in names: _flops (FLOP/s), _bytes, _bytes_per_s, _s (seconds).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ctxpar {
+
+// An efficiency curve: eff(x) interpolated linearly in log(x) between measured points
+// (clamped at both ends), or, with no points, eff_inf * x / (x + x_half) (a kernel reaches half
+// its asymptotic efficiency at x_half rows/tokens — tile fill and per-call overhead).
+struct EffCurve {
+  std::vector<double> x, eff;  // measured points, x ascending
+  double eff_inf = 1, x_half = 0;
+  double at(double x) const;
+};
+
+struct Link {
+  double bw_bytes_per_s = 0;  // achieved, one direction, per chip
+  double latency_s = 0;       // per message (startup + one hop)
+};
+
+struct HardwareProfile {
+  std::string name, description, source_file;
+  // Peak dense FLOP/s per chip for each precision the model can use (0 = not available).
+  double peak_bf16_flops = 0, peak_fp8_flops = 0, peak_fp32_flops = 0;
+  std::string default_precision = "bf16";  // bf16 | fp8_ffn | fp32
+  double hbm_bytes = 0;                    // memory capacity per chip
+  double hbm_bytes_per_s = 0;              // peak memory bandwidth per chip
+  double hbm_eff = 0.8;                    // achieved fraction for streaming kernels
+  int64_t chips_per_node = 8;              // scale-up domain size (ranks sharing the fast link)
+  int64_t compute_units_per_node = 0;      // chips (or cores) that compute at once; 0 = chips_per_node
+  Link intra, inter;
+  // Bandwidth per chip of a collective inside the node (0 = intra.bw): a torus collective
+  // streams over several links at once while a ring hop uses one.
+  double intra_collective_bytes_per_s = 0;
+  double intra_collective_bps() const { return intra_collective_bytes_per_s > 0 ? intra_collective_bytes_per_s : intra.bw_bytes_per_s; }
+  EffCurve gemm_eff;  // vs rows (tokens) of the activation matrix
+  EffCurve attn_eff;  // vs query rows of one kernel call (one chunk)
+  double step_overhead_s = 0;      // fixed cost of one ring step (launches, merge, sync)
+  bool overlap_collectives = true; // data-parallel gradient reduction hidden under backward
+};
+
+// Loads a profile: `name_or_path` is a name (inputs/hardware/<name>.toml, looked up from the
+// working directory, then from the source tree) or a path to a .toml file. Unknown keys and
+// missing required keys are errors. Throws UsageError with a message naming the file and what
+// would be valid (the list of profiles found).
+HardwareProfile load_hardware(const std::string& name_or_path);
+// Names of the profiles found in inputs/hardware/ (sorted), for messages and tests.
+std::vector<std::string> hardware_names();
+// Directory holding the profiles: ./inputs/hardware if present, else the source tree's.
+std::string hardware_dir();
+// TOML text of a profile (used by `bench calibrate`); `notes` become comment lines at the top,
+// `sources` (key → source text) a comment after each key.
+std::string hardware_toml(const HardwareProfile& h, const std::vector<std::string>& notes,
+                          const std::vector<std::pair<std::string, std::string>>& sources);
+
+}  // namespace ctxpar

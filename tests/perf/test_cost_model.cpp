@@ -1,0 +1,209 @@
+// Cost model unit tests: the formulas against model/flops and hand arithmetic, the overlap rule,
+// memory arithmetic, the paper's Eq. 1 threshold, the profiles (every shipped one loads, bad
+// names and keys are clear errors).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "core/error.hpp"
+#include "model/flops.hpp"
+#include "model/model.hpp"
+#include "perf/cost_model.hpp"
+#include "perf/hardware.hpp"
+
+using namespace ctxpar;
+
+namespace {
+
+ModelShape llama405b() {
+  ModelShape m;
+  m.layers = 126, m.dim = 16384, m.ffn = 53248, m.vocab = 128256, m.H_q = 128, m.H_kv = 8, m.D = 128;
+  return m;
+}
+ModelShape small() {
+  ModelShape m;
+  m.layers = 4, m.dim = 1024, m.ffn = 3584, m.vocab = 8192, m.H_q = 8, m.H_kv = 2, m.D = 128;
+  return m;
+}
+
+// A profile with round numbers: peak 100 TFLOP/s, efficiency 1, links 10 GB/s, no latency.
+HardwareProfile ideal() {
+  HardwareProfile h;
+  h.name = "ideal";
+  h.peak_bf16_flops = 100e12;
+  h.hbm_bytes = 80e9;
+  h.hbm_bytes_per_s = 1e12;
+  h.hbm_eff = 1;
+  h.chips_per_node = 8;
+  h.intra = {10e9, 0};
+  h.inter = {10e9, 0};
+  h.gemm_eff.eff_inf = 1;
+  h.attn_eff.eff_inf = 1;
+  return h;
+}
+
+}  // namespace
+
+TEST(CostModel, TrainFlopsEqualModelFlops) {
+  const ModelShape m = small();
+  HardwareProfile h = ideal();
+  PerfMesh mesh;
+  mesh.ring = 4;
+  PerfWorkload w;
+  w.seq = 8192;
+  const StrategyPrediction p = predict(m, h, mesh, w, "ring");
+  ModelDims d;
+  d.layers = m.layers, d.dim = m.dim, d.ffn = m.ffn, d.vocab = m.vocab, d.H_q = 8, d.H_kv = 2, d.D = 128;
+  const double want = train_matmul_flops(d, 8192) + train_attn_flops(d, causal_visible_pairs({8192}));
+  EXPECT_NEAR(p.model_flops, want, 1e-9 * want);
+  // Matmul time on the ideal chip is exactly the per-rank matmul FLOPs / peak.
+  EXPECT_NEAR(p.gemm_s, train_matmul_flops(d, 8192) / 4 / 100e12, 1e-9);
+}
+
+TEST(CostModel, RingOverlapIsMaxOfComputeAndComm) {
+  EXPECT_DOUBLE_EQ(ring_pipeline_s(4, 2.0, 1.0, 0.0), 3 * 2.0 + 2.0);    // compute bound: comm hidden
+  EXPECT_DOUBLE_EQ(ring_pipeline_s(4, 1.0, 3.0, 0.0), 3 * 3.0 + 1.0);    // comm bound: fill + last step
+  EXPECT_DOUBLE_EQ(ring_pipeline_s(4, 1.0, 1.5, 0.25), 3 * 1.5 + 1.25);  // overhead counts with compute
+  EXPECT_DOUBLE_EQ(ring_pipeline_s(1, 2.0, 9.0, 0.0), 2.0);              // one rank: no communication
+}
+
+TEST(CostModel, RingExposedCommOnlyWhenCommBound) {
+  ModelShape m = small();
+  HardwareProfile h = ideal();
+  PerfMesh mesh;
+  mesh.ring = 4;
+  PerfWorkload w;
+  w.seq = 65536;
+  const StrategyPrediction fast = predict(m, h, mesh, w, "ring");
+  EXPECT_GT(fast.comm_total_s, 0);
+  EXPECT_NEAR(fast.exposed_comm_s, 0, 1e-12);  // long sequence: attention per step >> K/V message
+  h.intra.bw_bytes_per_s = 1e6;                // a very slow link: the ring waits on every hop
+  h.inter.bw_bytes_per_s = 1e6;
+  const StrategyPrediction slow = predict(m, h, mesh, w, "ring");
+  EXPECT_GT(slow.exposed_comm_s, 0.5 * slow.comm_total_s);
+  EXPECT_GT(slow.time_s, fast.time_s + slow.exposed_comm_s * 0.99);
+}
+
+TEST(CostModel, CollectiveArithmetic) {
+  HardwareProfile h = ideal();
+  // One node of 8: ring all-reduce moves 2(n-1)/n of the buffer.
+  EXPECT_NEAR(allreduce_s(h, 8, 8, 8e9), 2.0 * 7 / 8 * 8e9 / 10e9, 1e-12);
+  // All-gather of an 8 GB result over 8 ranks in a node: 7/8 of it arrives over the link.
+  EXPECT_NEAR(allgather_s(h, 8, 8, 8e9), 7.0 / 8 * 8e9 / 10e9, 1e-12);
+  // Across 2 nodes of 8 (hierarchical): the inter part carries bytes/k per chip.
+  h.inter.bw_bytes_per_s = 1e9;
+  EXPECT_NEAR(allreduce_s(h, 16, 8, 8e9), 2.0 * 7 / 8 * 8e9 / 10e9 + 2.0 * 0.5 * 1e9 / 1e9, 1e-12);
+  EXPECT_EQ(ranks_per_node(h, 16, 8), 1);  // a ring over hosts (stride = tp = 8): one rank per node
+  EXPECT_EQ(ranks_per_node(h, 4, 2), 4);
+  EXPECT_DOUBLE_EQ(p2p_s(h, 4, 1, 1e9), 1.0);  // crosses nodes: inter link
+  EXPECT_DOUBLE_EQ(p2p_s(h, 4, 4, 1e9), 0.1);  // inside a node: intra link
+}
+
+TEST(CostModel, MemoryArithmetic) {
+  const ModelShape m = llama405b();
+  HardwareProfile h = ideal();
+  h.peak_fp8_flops = 200e12;
+  PerfMesh mesh;
+  mesh.tp = 8;
+  mesh.ring = 4;
+  PerfWorkload w;
+  w.mode = PerfMode::prefill;
+  w.seq = 131072;
+  w.precision = "fp8_ffn";
+  const StrategyPrediction p = predict(m, h, mesh, w, "pass_kv");
+  // Weights: attention projections in BF16 (2 B), FFN in FP8 (1 B), embedding + head in BF16, / tp.
+  const double want_w = (m.attn_params_per_layer() * 2 + m.ffn_params_per_layer() * 1) * 126 / 8 + 2.0 * 128256 * 16384 * 2 / 8;
+  EXPECT_NEAR(p.mem_weights_bytes, want_w, 1e-6 * want_w);
+  // KV cache: S/N tokens x 1 K/V head per tp rank x D x (K, V) x 2 B x layers.
+  EXPECT_NEAR(p.mem_kv_bytes, 131072.0 / 4 * 1 * 128 * 2 * 2 * 126, 1.0);
+  EXPECT_NEAR(p.mem_bytes, p.mem_weights_bytes + p.mem_state_bytes + p.mem_act_bytes + p.mem_kv_bytes + p.mem_buf_bytes, 1.0);
+  EXPECT_EQ(p.fits, p.mem_bytes <= h.hbm_bytes);
+  // Training state: 16 bytes per parameter per tp slice; ZeRO divides it over dp*cp.
+  PerfWorkload t;
+  t.seq = 8192;
+  PerfMesh m1;
+  m1.tp = 8, m1.ring = 4;
+  const StrategyPrediction s1 = predict(small(), h, m1, t, "ring");
+  EXPECT_NEAR(s1.mem_state_bytes, 16.0 * small().params_total() / 8, 1.0);
+  t.zero = true;
+  const StrategyPrediction s2 = predict(small(), h, m1, t, "ring");
+  EXPECT_NEAR(s2.mem_state_bytes, 16.0 * small().params_total() / 8 / 4, 1.0);
+}
+
+TEST(CostModel, PaperEq1Threshold) {
+  // Meta CP Eq. 1: pass-KV when T/(T+P) >= 2 H_kv / H_q = 12.5% for Llama 3 405B.
+  EXPECT_DOUBLE_EQ(pass_kv_miss_rate_threshold(llama405b()), 0.125);
+  EXPECT_DOUBLE_EQ(partial_prefill_pairs(4, 10), 4 * 10 + 10);  // T*P + T(T+1)/2
+}
+
+TEST(CostModel, PassQWinsAtLowMissRatePassKvAtHigh) {
+  const HardwareProfile h = load_hardware(std::string(CTXPAR_TEST_SOURCE_DIR) + "/inputs/hardware/h100-gtt.toml");
+  const ModelShape m = llama405b();
+  const PassChoice low = predict_partial_prefill(m, h, 1280, 126720, 4, 8);
+  const PassChoice high = predict_partial_prefill(m, h, 64000, 64000, 4, 8);
+  EXPECT_TRUE(low.use_pass_q);
+  EXPECT_FALSE(high.use_pass_q);
+  EXPECT_GT(low.pass_kv_s, 0);
+  EXPECT_GT(high.pass_q_s, high.pass_kv_s);
+}
+
+TEST(CostModel, InvalidStrategiesSayWhy) {
+  PerfMesh mesh;
+  mesh.ring = 3;  // 8 query heads not divisible by 3
+  PerfWorkload w;
+  w.seq = 3 * 4096;
+  const StrategyPrediction p = predict(small(), ideal(), mesh, w, "ulysses");
+  EXPECT_NE(p.invalid.find("divisible"), std::string::npos) << p.invalid;
+  const StrategyPrediction u = predict(small(), ideal(), mesh, w, "usp");
+  EXPECT_FALSE(u.invalid.empty());
+  std::vector<StrategyPrediction> v = {p, predict(small(), ideal(), mesh, w, "ring")};
+  EXPECT_EQ(recommend(v), 1);
+}
+
+TEST(Hardware, EveryShippedProfileLoads) {
+  const std::string dir = std::string(CTXPAR_TEST_SOURCE_DIR) + "/inputs/hardware/";
+  for (const char* n : {"h100-ndr", "h100-gtt", "h100-gti", "h200", "tpu-v5p", "tpu7x"}) {
+    const HardwareProfile h = load_hardware(dir + n + ".toml");
+    EXPECT_EQ(h.name, n);
+    EXPECT_GT(h.intra.bw_bytes_per_s, 0);
+    EXPECT_GT(h.attn_eff.at(8192), 0);
+    EXPECT_LE(h.attn_eff.at(8192), 1);
+  }
+  // GTT is 400 Gb/s RDMA, GTI 100 Gb/s TCP: the profiles keep that order.
+  EXPECT_GT(load_hardware(dir + "h100-gtt.toml").inter.bw_bytes_per_s, load_hardware(dir + "h100-gti.toml").inter.bw_bytes_per_s);
+}
+
+TEST(Hardware, BadNameAndUnknownKeyAreClearErrors) {
+  try {
+    load_hardware("no-such-gpu");
+    FAIL() << "no error for a missing profile";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-gpu"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("valid"), std::string::npos);
+  }
+  const std::string f = testing::TempDir() + "/bad_profile.toml";
+  std::ofstream(f) << "name = \"x\"\nhbm_gb = 1\nhbm_tb_s = 1\nchips_per_node = 1\nintra_gb_s = 1\nintra_latency_us = 1\n"
+                      "inter_gb_s = 1\ninter_latency_us = 1\npeak_tflops_bf16 = 1\npeak_tflop_bf16 = 2\n";
+  try {
+    load_hardware(f);
+    FAIL() << "no error for an unknown key";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("peak_tflop_bf16"), std::string::npos);
+  }
+}
+
+TEST(Hardware, EffCurveInterpolatesAndClamps) {
+  EffCurve c;
+  c.x = {256, 1024};
+  c.eff = {0.2, 0.6};
+  EXPECT_DOUBLE_EQ(c.at(100), 0.2);
+  EXPECT_DOUBLE_EQ(c.at(4096), 0.6);
+  EXPECT_NEAR(c.at(512), 0.4, 1e-12);  // halfway in log(x)
+  EffCurve f;
+  f.eff_inf = 0.8;
+  f.x_half = 256;
+  EXPECT_DOUBLE_EQ(f.at(256), 0.4);
+}

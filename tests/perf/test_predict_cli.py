@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""`ctxpar predict` from the command line: table rows per strategy, --csv columns, sweeps, the
+recommendation line, and a bad hardware name -> exit 2 with a clear message (no trace written)."""
+import csv
+import io
+import os
+import subprocess
+import sys
+
+exe = sys.argv[1]
+fails = []
+
+
+def run(*args):
+    return subprocess.run([exe, "predict", "out=/tmp/ctxpar_test_predict.h5"] + list(args), capture_output=True, text=True)
+
+
+def check(cond, what):
+    if not cond:
+        fails.append(what)
+
+
+model = ["--config", "inputs/llama3-405b.toml", "hardware=h100-gtt"]
+r = run(*model, "predict_mesh=tp:8,ring:16", "seq=1M", "predict_mode=prefill")
+check(r.returncode == 0, "prefill table exits 0: %s" % r.stderr)
+rows = [l for l in r.stdout.splitlines() if l and not l.startswith("#")]
+check(len(rows) == 3, "prefill: one row per strategy (pass_kv, pass_q, allgather), got %d" % len(rows))
+check(any("pass_kv" in l for l in rows) and any("pass_q" in l for l in rows), "prefill rows name pass_kv and pass_q")
+check("# recommended: pass_kv" in r.stdout, "1M prefill recommends pass_kv:\n" + r.stdout)
+
+r = run(*model, "predict_mesh=tp:8,ring:4", "seq=128000", "predict_mode=train", "--csv")
+check(r.returncode == 0, "train csv exits 0")
+data = list(csv.DictReader(io.StringIO(r.stdout)))
+want = {"mode", "hardware", "mesh", "seq", "cached", "strategy", "time_s", "mfu_pct", "gemm_s", "attn_s", "other_s",
+        "comm_s", "exposed_comm_s", "mem_gib", "fits", "recommended", "note"}
+check(data and set(data[0].keys()) == want, "csv columns: %s" % (list(data[0].keys()) if data else r.stdout))
+check([d["strategy"] for d in data] == ["allgather", "ulysses", "ring", "usp"], "train strategies in order")
+check(sum(d["recommended"] == "*" for d in data) == 1, "exactly one recommended row")
+valid = [d for d in data if d["time_s"] != "-"]
+check(all(float(d["time_s"]) > 0 and 0 < float(d["mfu_pct"]) < 100 for d in valid), "times > 0 and MFU in (0, 100)")
+check(any("invalid" in d["note"] for d in data), "usp without a ulysses axis is marked invalid with a reason")
+
+r = run(*model, "predict_mesh=tp:8,ring:16", "predict_mode=prefill", "--csv", "--sweep", "seq=128K,256K,1M")
+data = list(csv.DictReader(io.StringIO(r.stdout)))
+check(r.returncode == 0 and len(data) == 9, "sweep of 3 lengths x 3 strategies -> 9 rows, got %d" % len(data))
+kv = [float(d["time_s"]) for d in data if d["strategy"] == "pass_kv"]
+check(kv == sorted(kv) and len(kv) == 3, "TTFT grows with the length: %s" % kv)
+
+r = run(*model, "hardware=no-such-gpu", "predict_mesh=tp:8")
+check(r.returncode == 2, "bad hardware name exits 2 (got %d)" % r.returncode)
+check("no-such-gpu" in r.stdout + r.stderr and "h100-gtt" in r.stdout + r.stderr,
+      "bad hardware message names the value and the valid profiles:\n" + r.stdout + r.stderr)
+
+r = run(*model, "predict_mesh=tp:8,ring:4", "predict_mode=partial_prefill", "seq=128000", "miss_rate=1")
+check(r.returncode == 2 and "cached" in r.stdout + r.stderr, "partial prefill without cached tokens is a usage error")
+
+if fails:
+    print("FAILED:\n  " + "\n  ".join(fails))
+    sys.exit(1)
+print("predict CLI: all checks passed")
