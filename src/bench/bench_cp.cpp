@@ -12,6 +12,8 @@
 // spread over the sequence (dK/dV need every query, too costly at long S). An element is wrong
 // when |cp - single| > kWrongRel * max|single| of its tensor (fp32 vs fp32: both round
 // differently, ~1e-6 relative; 1e-4 leaves a wide margin yet catches any real error).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -124,6 +126,15 @@ int64_t check_rows(const AttnShape& s, Inputs& in, uint64_t seed, bool full) {
   return wrong;
 }
 
+// CPU seconds (user + system, every thread) this process has used: with other jobs on the cores,
+// FLOPs per CPU-second measure a configuration's efficiency independently of how much of the
+// machine it got; wall-time throughput does not.
+double cpu_seconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -157,6 +168,8 @@ int bench_cp(BenchContext& ctx) {
       std::string("FLOP convention: ") + kFlopConvention + "; TFLOP/s per rank = model FLOPs / (time * ranks)",
       "time: median over " + std::to_string(cfg.steps) + " steps (after " + std::to_string(cfg.warmup) +
           " warmup) of the max over ranks",
+      "fwd/cpu, bwd/cpu: model GFLOP per CPU-second (user + system, all threads, summed over ranks; spin-waits "
+      "included): efficiency independent of other jobs on the cores",
       "bytes: sent per rank, forward + backward; exposed: time blocked in communication (waits and blocking "
       "collectives), max over ranks; busbw = bytes / (fwd + bwd time)",
       "#wrong: elements off the single-rank kernel by > 1e-4 * max|tensor|; check: full = all rows of O, LSE, dQ, "
@@ -169,6 +182,7 @@ int bench_cp(BenchContext& ctx) {
                     {"bytes_mb", "bytes", "MB", 10, 1}, {"exposed_ms", "exposed", "ms", 10, 2},
                     {"exposed_pct", "exposed", "%", 9, 2}, {"busbw_gbs", "busbw", "GB/s", 8, 3},
                     {"fwd_tflops", "fwd", "TFLOP/s", 10, 4}, {"bwd_tflops", "bwd", "TFLOP/s", 10, 4},
+                    {"fwd_gflops_cpu", "fwd/cpu", "GFLOP/cs", 10, 2}, {"bwd_gflops_cpu", "bwd/cpu", "GFLOP/cs", 10, 2},
                     {"wrong", "#wrong", "", 8, 0}, {"check", "check", "", 8, 0}},
                    notes);
   int64_t wrong_total = 0;
@@ -185,7 +199,7 @@ int bench_cp(BenchContext& ctx) {
       std::string derr;
       if (err.empty()) derr = parse_docs(cfg.docs, S, cfg.doc_mean, seed, in.global_doc);
       if (!err.empty() || !derr.empty()) {
-        table.add_row({name, std::to_string(S), "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped"});
+        table.add_row({name, std::to_string(S), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped"});
         skipped.push_back(name + " at seq " + std::to_string(S) + ": " + (err.empty() ? derr : err));
         continue;
       }
@@ -203,24 +217,26 @@ int bench_cp(BenchContext& ctx) {
       fill_rows(seed, kTensorDout, in.pos, int64_t(wq), 1.0f, in.dout.data());
       LocalAttn t = in.local();
 
-      std::vector<double> fwd_s, bwd_s, bytes, exposed;
+      std::vector<double> fwd_s, bwd_s, bytes, exposed, fwd_cpu, bwd_cpu;
       double flops_fwd = 0, flops_bwd = 0;
       for (int64_t it = 0; it < cfg.warmup + cfg.steps; ++it) {
         ctx.tracer.begin_step(step);
         CpStats fst, bst;
         world.barrier();
-        const double t0 = world.now();
+        const double t0 = world.now(), c0 = cpu_seconds();
         strat->forward(shape, t, &ctx.tracer, fst);
+        const double c1 = cpu_seconds();
         const double t1 = world.now();
         world.barrier();
-        const double t2 = world.now();
+        const double t2 = world.now(), c2 = cpu_seconds();
         strat->backward(shape, t, &ctx.tracer, bst);
+        const double c3 = cpu_seconds();
         const double t3 = world.now();
         // Per rank: fwd time, bwd time, bytes, exposed (max over ranks); FLOPs (sum over ranks).
         double mx[4] = {t1 - t0, t3 - t2, fst.bytes_sent + bst.bytes_sent, fst.exposed_comm_s + bst.exposed_comm_s};
-        double sum[2] = {fst.attn_flops, bst.attn_flops};
+        double sum[4] = {fst.attn_flops, bst.attn_flops, c1 - c0, c3 - c2};  // + CPU seconds
         world.all_reduce(std::span<double>(mx, 4), ReduceOp::max);
-        world.all_reduce(std::span<double>(sum, 2), ReduceOp::sum);
+        world.all_reduce(std::span<double>(sum, 4), ReduceOp::sum);
         StepRecord rec;
         rec.step = step++;
         rec.time_s = mx[0] + mx[1];
@@ -231,6 +247,8 @@ int bench_cp(BenchContext& ctx) {
         ctx.tracer.end_step(rec);
         if (it >= cfg.warmup) {
           fwd_s.push_back(mx[0]);
+          fwd_cpu.push_back(sum[2]);
+          bwd_cpu.push_back(sum[3]);
           bwd_s.push_back(mx[1]);
           bytes.push_back(mx[2]);
           exposed.push_back(mx[3]);
@@ -247,6 +265,7 @@ int bench_cp(BenchContext& ctx) {
       table.add_row({name, std::to_string(S), table.cell(2, tf * 1e3), table.cell(3, tb * 1e3), table.cell(4, by / 1e6),
                      table.cell(5, ex * 1e3), table.cell(6, 100.0 * ex / (tf + tb)), table.cell(7, by / (tf + tb) / 1e9),
                      table.cell(8, flops_fwd / (tf * ranks) / 1e12), table.cell(9, flops_bwd / (tb * ranks) / 1e12),
+                     table.cell(10, flops_fwd / median(fwd_cpu) / 1e9), table.cell(11, flops_bwd / median(bwd_cpu) / 1e9),
                      std::to_string(wrong), full ? "full" : "sample"});
     }
   }

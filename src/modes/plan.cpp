@@ -45,7 +45,10 @@ static std::string check_output(const std::string& path, const char* field) {
 std::string validate_mode(const Config& cfg, Topology& topo) {
   std::string err;
   const bool attention = cfg.mode == "run" || cfg.mode == "attn" || (cfg.mode == "bench" && cfg.bench == "cp");
-  if (attention) {
+  // attn with --in takes its shape from the file (validate_attn_mode checks it against the strategy);
+  // bench cp with strategy=all skips the strategies that do not fit, row by row.
+  const bool shape_from_file = cfg.mode == "attn" && !cfg.in.empty();
+  if (attention && !shape_from_file && cfg.strategy != "all") {
     err = validate_workload(cfg, topo);
     if (!err.empty()) return err;
   }
@@ -82,7 +85,8 @@ std::string dry_run_plan(const Config& cfg, Topology& topo) {
   os << "ctxpar dry run: mode " << cfg.mode << (cfg.bench.empty() ? "" : " " + cfg.bench) << ", " << topo.world().size()
      << " ranks, mesh dp:" << m.dp << ",tp:" << m.tp << ",ulysses:" << m.ulysses << ",ring:" << m.ring << "\n";
   os << "trace: " << trace_path(cfg) << "\n";
-  const bool attention = cfg.mode == "run" || cfg.mode == "attn" || (cfg.mode == "bench" && cfg.bench == "cp");
+  const bool attention = (cfg.mode == "run" || cfg.mode == "attn" || (cfg.mode == "bench" && cfg.bench == "cp")) &&
+                         cfg.strategy != "all";
   WorkloadPlan plan;
   if (attention) plan = plan_workload(cfg, topo);
   if (attention)
