@@ -5,7 +5,9 @@
 #include <mpi.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -169,7 +171,10 @@ int run(int argc, char** argv, Comm& world) {
     log0("ctxpar: error: %s\n", e.what());
     return 2;
   }
+  // Threads per rank: the config, else OMP_NUM_THREADS, else this node's cores shared evenly by
+  // its ranks (the OpenMP default would give every rank all cores and oversubscribe them).
   if (cfg.threads > 0) omp_set_num_threads(int(cfg.threads));
+  else if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(std::max(1, omp_get_num_procs() / topo->local_size()));
   if (cli.print_config) {
     log0("%s", config_listing(cfg).c_str());
     return 0;

@@ -65,7 +65,7 @@ const std::vector<Field>& config_fields() {
       {"steps", &Config::steps, "5", "measured steps (after warmup)", {}, 1, 1e6},
       {"warmup", &Config::warmup, "1", "warmup steps (run, traced, excluded from the summary)", {}, 0, 1e6},
       {"seed", &Config::seed, "1234", "random seed for data and weights", {}, 0, 9.2e18},
-      {"threads", &Config::threads, "0", "OpenMP threads per rank (0 = OpenMP default)", {}, 0, 1024},
+      {"threads", &Config::threads, "0", "OpenMP threads per rank (0 = OMP_NUM_THREADS if set, else the node's cores / its ranks)", {}, 0, 1024},
       {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7},
       {"csv", &Config::csv, "false", "bench: print CSV instead of a table", {}},
       // workload / attention
@@ -374,6 +374,7 @@ std::string help_text() {
         "  decode           prefill seq tokens, then decode steps: TTIT per step (decode_algo, batch)\n"
         "  chat             a multi-turn schedule of prefills and decodes (schedule): TTFT and TTIT\n"
         "  bench comm|attn|cp   benchmarks (nccl-tests style tables; --csv for CSV)\n"
+        "  bench train|peak     training step MFU and time shares; this rank's sgemm and FMA peak\n"
         "  bench infer      pass-KV vs pass-Q TTFT over miss rates; decode TTIT vs CP size\n"
         "  predict          cost model: time, MFU, exposed comm, memory per strategy (hardware, predict_mesh, predict_mode)\n"
         "  bench calibrate  measure this machine (sgemm, attention vs block, comm) into inputs/hardware/local.toml\n"
