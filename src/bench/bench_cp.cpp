@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench/bench.hpp"
+#include "core/stats.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
@@ -135,11 +136,6 @@ double cpu_seconds() {
   return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 }  // namespace
 

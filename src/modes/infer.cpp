@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "core/stats.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/random.hpp"
@@ -255,11 +256,6 @@ class Session {
   bool stop_ = false;
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 }  // namespace
 

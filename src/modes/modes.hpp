@@ -12,6 +12,9 @@ class Tracer;
 std::string validate_mode(const Config& cfg, Topology& topo);
 // The plan printed by --dry-run (mesh, each rank's coordinates and token ranges, memory estimate).
 std::string dry_run_plan(const Config& cfg, Topology& topo);
+// "" when `path` can be created (its nearest existing directory is writable and it is not a
+// directory), else a message naming `field`. Rank 0 calls it; main agrees on the result.
+std::string check_output(const std::string& path, const char* field);
 // Trace file of a run: cfg.out, or out/<mode>.h5 (attn: the results go to out, the trace beside).
 std::string trace_path(const Config& cfg);
 

@@ -25,8 +25,7 @@ std::string trace_path(const Config& cfg) {
   return "out/" + (cfg.mode == "bench" ? "bench_" + cfg.bench : cfg.mode) + ".h5";
 }
 
-// Can we create `path` (its directory exists or can be made, and is writable)? Rank 0 only.
-static std::string check_output(const std::string& path, const char* field) {
+std::string check_output(const std::string& path, const char* field) {
   namespace fs = std::filesystem;
   fs::path p(path);
   fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");

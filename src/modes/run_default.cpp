@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bench/bench.hpp"
+#include "core/stats.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/random.hpp"
@@ -31,32 +32,17 @@ double rel_err(std::span<const float> a, std::span<const float> b) {
   return den > 0 ? num / den : num;
 }
 
-// Gathers a local [S_loc, width] tensor of every CP rank into global order on CP rank 0.
-std::vector<float> gather_global(Comm& cp, const Partition& part, std::span<const float> local, int64_t width) {
-  std::vector<float> all;
-  cp.gather_v(local, all, 0);
-  std::vector<float> global;
-  if (cp.rank() != 0) return global;
-  global.resize(size_t(part.S() * width));
-  size_t off = 0;
-  for (int r = 0; r < cp.size(); ++r) {
-    const size_t n = size_t(part.local_size(r) * width);
-    part.gather_rows(std::span<const float>(all.data() + off, n), width, r, std::span<float>(global));
-    off += n;
-  }
-  return global;
-}
 
 // The same attention on one rank over the whole sequence; returns the worst relative error of
 // O, LSE, dQ, dK, dV against the CP result (gathered), or -1 on ranks that do not check.
 double check_against_single_rank(const Config& cfg, Topology& topo, Workload& w) {
   Comm& cp = topo.cp();
   const int64_t S = cfg.seq, Hq = cfg.heads, Hkv = cfg.kv_heads, D = cfg.head_dim;
-  std::vector<float> o = gather_global(cp, *w.partition, w.o.span(), Hq * D);
-  std::vector<float> lse = gather_global(cp, *w.partition, w.lse.span(), Hq);
-  std::vector<float> dq = gather_global(cp, *w.partition, w.dq.span(), Hq * D);
-  std::vector<float> dk = gather_global(cp, *w.partition, w.dk.span(), Hkv * D);
-  std::vector<float> dv = gather_global(cp, *w.partition, w.dv.span(), Hkv * D);
+  std::vector<float> o = gather_rows_global(cp, *w.partition, w.o.span(), Hq * D);
+  std::vector<float> lse = gather_rows_global(cp, *w.partition, w.lse.span(), Hq);
+  std::vector<float> dq = gather_rows_global(cp, *w.partition, w.dq.span(), Hq * D);
+  std::vector<float> dk = gather_rows_global(cp, *w.partition, w.dk.span(), Hkv * D);
+  std::vector<float> dv = gather_rows_global(cp, *w.partition, w.dv.span(), Hkv * D);
   if (topo.world().rank() != 0) return -1;
   // Global inputs from the same seed: global positions 0..S-1.
   std::vector<int64_t> pos(static_cast<size_t>(S));
@@ -89,11 +75,6 @@ double check_against_single_rank(const Config& cfg, Topology& topo, Workload& w)
   return e;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 }  // namespace
 

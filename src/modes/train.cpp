@@ -6,10 +6,9 @@
 // time, tokens/s, TFLOP/s per rank, MFU); the trace gets the same in /steps.
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <sstream>
-#include <unistd.h>
 
+#include "core/stats.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -22,6 +21,7 @@
 #include "model/optimizer.hpp"
 #include "model/transformer.hpp"
 #include "modes/modes.hpp"
+#include "modes/workload.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
 #include "trace/h5_checkpoint.hpp"
@@ -44,40 +44,8 @@ AttnShape local_attn_shape(const Config& cfg, int tp) {
   return s;
 }
 
-std::string writable(const std::string& path, const char* field) {
-  namespace fs = std::filesystem;
-  fs::path dir = fs::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  std::error_code ec;
-  fs::path probe = dir;
-  while (!probe.empty() && !fs::exists(probe, ec)) probe = probe.parent_path();
-  if (probe.empty()) probe = ".";
-  if (!fs::is_directory(probe, ec) || access(probe.c_str(), W_OK) != 0)
-    return std::string("config: ") + field + " = '" + path + "': directory '" + probe.string() +
-           "' is not writable; valid: a path in a writable directory";
-  return "";
-}
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
-// Gathers a local [S_loc, width] tensor of every CP rank into global order on CP rank 0.
-std::vector<float> gather_rows_global(Comm& cp, const Partition& part, std::span<const float> local, int64_t width) {
-  std::vector<float> all, global;
-  cp.gather_v(local, all, 0);
-  if (cp.rank() != 0) return global;
-  global.resize(size_t(part.S() * width));
-  size_t off = 0;
-  for (int r = 0; r < cp.size(); ++r) {
-    const size_t n = size_t(part.local_size(r) * width);
-    part.gather_rows(std::span<const float>(all.data() + off, n), width, r, std::span<float>(global));
-    off += n;
-  }
-  return global;
-}
 
 }  // namespace
 
@@ -107,8 +75,8 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   if (!cfg.dump_init.empty() && topo.size(Axis::dp) != 1)
     return "config: dump_init needs dp:1 (the dump holds one sequence); valid: a mesh without dp";
   if (topo.world().rank() == 0) {
-    if (cfg.checkpoint_every > 0 && (err = writable(cfg.checkpoint, "checkpoint")) != "") return err;
-    if (!cfg.dump_init.empty() && (err = writable(cfg.dump_init, "dump_init")) != "") return err;
+    if (cfg.checkpoint_every > 0 && (err = check_output(cfg.checkpoint, "checkpoint")) != "") return err;
+    if (!cfg.dump_init.empty() && (err = check_output(cfg.dump_init, "dump_init")) != "") return err;
   }
   if (!cfg.resume.empty()) {
     const ParamLayout layout(model_dims(cfg, tp, topo.coord(Axis::tp)));  // metadata only

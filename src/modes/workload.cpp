@@ -62,6 +62,20 @@ WorkloadPlan plan_workload(const Config& cfg, Topology& topo) {
   return p;
 }
 
+std::vector<float> gather_rows_global(Comm& cp, const Partition& part, std::span<const float> local, int64_t width) {
+  std::vector<float> all, global;
+  cp.gather_v(local, all, 0);
+  if (cp.rank() != 0) return global;
+  global.resize(size_t(part.S() * width));
+  size_t off = 0;
+  for (int r = 0; r < cp.size(); ++r) {
+    const size_t n = size_t(part.local_size(r) * width);
+    part.gather_rows(std::span<const float>(all.data() + off, n), width, r, std::span<float>(global));
+    off += n;
+  }
+  return global;
+}
+
 LocalAttn Workload::local() {
   LocalAttn t;
   t.S_loc = int64_t(pos.size());

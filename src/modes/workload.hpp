@@ -14,6 +14,7 @@ namespace ctxpar {
 
 struct Config;
 class Topology;
+class Comm;
 
 AttnShape attn_shape(const Config& cfg);
 MaskKind mask_kind(const std::string& name);
@@ -43,6 +44,10 @@ struct Workload {
   LocalAttn local();
 };
 Workload make_workload(const Config& cfg, Topology& topo);
+
+// Gathers a local [S_loc, width] tensor of every CP rank into global token order on CP rank 0
+// (empty elsewhere).
+std::vector<float> gather_rows_global(Comm& cp, const Partition& part, std::span<const float> local, int64_t width);
 
 // Synthetic tensor ids for fill_rows (core/random.hpp), shared by every mode and test.
 enum SyntheticTensor : uint64_t { kTensorQ = 1, kTensorK = 2, kTensorV = 3, kTensorDout = 4 };

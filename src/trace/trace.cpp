@@ -14,6 +14,7 @@
 #include <span>
 #include <type_traits>
 
+#include "core/stats.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/memory.hpp"
@@ -124,15 +125,7 @@ double timeline_shift_us(double t0_local_s, double offset_s, double t0_root_s) {
   return (t0_local_s - offset_s - t0_root_s) * 1e6;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  const size_t n = v.size(), h = n / 2;
-  std::nth_element(v.begin(), v.begin() + long(h), v.end());
-  const double hi = v[h];
-  if (n % 2) return hi;
-  const double lo = *std::max_element(v.begin(), v.begin() + long(h));
-  return 0.5 * (lo + hi);
-}
+double median(std::vector<double> v) { return ctxpar::median(std::move(v)); }
 
 Summary summarize(const std::vector<StepRow>& rows, int64_t warmup) {
   Summary s;
