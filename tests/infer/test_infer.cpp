@@ -219,10 +219,10 @@ TEST_P(InferChat, EveryStepMatchesSingleRankRecompute) {
   EXPECT_EQ(mismatches, 0) << "greedy tokens differ from the recompute's argmax (outside ties)";
   EXPECT_LE(ties, 1) << "near-ties should be rare";
   // Greedy tokens are the same on every rank.
-  int32_t h = 0;
+  uint32_t h = 0;  // unsigned: the hash wraps by design
   for (const Step& s : steps)
-    for (int32_t t : s.next) h = h * 31 + t;
-  int32_t hmin = h, hmax = h;
+    for (int32_t t : s.next) h = h * 31u + uint32_t(t);
+  int32_t hmin = int32_t(h), hmax = int32_t(h);
   world().all_reduce(std::span<int32_t>(&hmin, 1), ReduceOp::min);
   world().all_reduce(std::span<int32_t>(&hmax, 1), ReduceOp::max);
   EXPECT_EQ(hmin, hmax);
