@@ -104,6 +104,17 @@ void Transformer::tp_all_reduce(float* x, int64_t n, int64_t l) {
 }
 
 // RMSNorm → Q, K, V → RoPE → CP attention, into `a`.
+// The strategy's view of one layer's local attention tensors (forward inputs and outputs).
+LocalAttn Transformer::local_attn(AttnActs& a, const Batch& b, int64_t S) {
+  LocalAttn t;
+  t.S_loc = S;
+  t.pos = pos_.data();
+  t.doc = shape_.has_docs ? b.doc.data() : nullptr;  // follows the run's flag (strategy message layout)
+  t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
+  t.o = a.o.data(); t.lse = a.lse.data();
+  return t;
+}
+
 void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b) {
   const int64_t S = S_loc_, dim = d_.dim, qw = d_.q_width(), kw = d_.kv_width();
   {
@@ -118,12 +129,7 @@ void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, A
     rope_apply(a.q.data(), S, d_.H_q_loc(), d_.D, cos_.data(), sin_.data(), false);
     rope_apply(a.k.data(), S, d_.H_kv_loc(), d_.D, cos_.data(), sin_.data(), false);
   }
-  LocalAttn t;
-  t.S_loc = S;
-  t.pos = pos_.data();
-  t.doc = shape_.has_docs ? b.doc.data() : nullptr;  // follows the run's flag (strategy message layout)
-  t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
-  t.o = a.o.data(); t.lse = a.lse.data();
+  LocalAttn t = local_attn(a, b, S);
   const double t0 = now_s();
   strat_.forward(shape_, t, tr_, *st_);
   times_->attn_s += now_s() - t0;
@@ -193,12 +199,7 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   // ---- attention: x1 = x + attn(rope(h Wq), rope(h Wk), h Wv) Wo
   gemm(false, true, S, qw, dim, dx, dim, w.wo, dim, 0, do_.data(), qw, l);      // dO = dx1 Wo^T
   gemm(true, false, qw, dim, S, a.o.data(), qw, dx, dim, 1, gw.wo, dim, l);     // dWo += O^T dx1
-  LocalAttn t;
-  t.S_loc = S;
-  t.pos = pos_.data();
-  t.doc = shape_.has_docs ? b.doc.data() : nullptr;  // follows the run's flag (strategy message layout)
-  t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
-  t.o = a.o.data(); t.lse = a.lse.data();
+  LocalAttn t = local_attn(a, b, S);
   t.dout = do_.data();
   t.dq = dq_.data(); t.dk = dk_.data(); t.dv = dv_.data();
   const double t0 = now_s();

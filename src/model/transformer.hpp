@@ -57,6 +57,7 @@ class Transformer {
   AttnActs& attn_of(int64_t l) { return attn_.size() == 1 ? attn_[0] : attn_[size_t(l)]; }
   MlpActs& mlp_of(int64_t l) { return mlp_.size() == 1 ? mlp_[0] : mlp_[size_t(l)]; }
 
+  LocalAttn local_attn(AttnActs& a, const Batch& b, int64_t S);
   void attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b);
   void out_proj_fwd(int64_t l, const LayerView& w, const float* x, const AttnActs& a, float* x1);
   void mlp_part_fwd(int64_t l, const LayerView& w, MlpActs& m, float* x_out);

@@ -143,12 +143,8 @@ class Session {
     Prediction pred;
     const CpAlgo algo = choose(T, P, pred);
     CallStats st;
-    tr_.begin_step(step_);
-    cp_.barrier();
-    const double t0 = cp_.now();
-    StepOutput out = engine_->prefill(tok, algo, &tr_, st);
-    double dt = cp_.now() - t0;
-    cp_.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
+    double dt = 0;
+    StepOutput out = timed_step([&] { return engine_->prefill(tok, algo, &tr_, st); }, dt);
     const double flops = double(B) * engine_->prefill_flops(T, P);
     finish_step(turn, record ? "prefill" : "setup", T, P, algo_name(algo), dt, B * T, flops, st, record);
     if (record) calls_.push_back({turn, T, P, algo, pred, dt});
@@ -159,12 +155,8 @@ class Session {
     const int64_t B = cfg_.batch, ctx = engine_->cache().seq_len(0);
     const DecodeAlgo algo = cfg_.decode_algo == "allgather" ? DecodeAlgo::allgather : DecodeAlgo::pass_q;
     CallStats st;
-    tr_.begin_step(step_);
-    cp_.barrier();
-    const double t0 = cp_.now();
-    StepOutput out = engine_->decode(last, algo, &tr_, st);
-    double dt = cp_.now() - t0;
-    cp_.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
+    double dt = 0;
+    StepOutput out = timed_step([&] { return engine_->decode(last, algo, &tr_, st); }, dt);
     finish_step(turn, "decode", 1, ctx, decode_algo_name(algo), dt, B, double(B) * engine_->decode_flops(ctx), st,
                 false);
     return out.next_tokens;
@@ -214,6 +206,18 @@ class Session {
   std::vector<double> ttft, ttit;
 
  private:
+  // Opens the trace step and runs one prefill or decode call between a barrier and the slowest
+  // rank's finish; dt = that wall time (max over the CP group).
+  template <class Call> StepOutput timed_step(Call&& call, double& dt) {
+    tr_.begin_step(step_);
+    cp_.barrier();
+    const double t0 = cp_.now();
+    StepOutput out = call();
+    dt = cp_.now() - t0;
+    cp_.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
+    return out;
+  }
+
   void finish_step(int64_t turn, const char* kind, int64_t T, int64_t P, const char* algo, double dt, int64_t tokens,
                    double flops, const CallStats& st, bool is_prefill) {
     const bool setup = std::string(kind) == "setup";
