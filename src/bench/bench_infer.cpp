@@ -4,7 +4,9 @@
 //      (Table 4): the cache of P = seq - T tokens is prefilled once per miss rate (ring), then
 //      each variant's prefill of the T new tokens is timed bench_iters times on that cache
 //      (rolled back in between); medians. Next to it the cost model's prediction of both and its
-//      choice, and the crossover (first miss rate at which pass-KV is faster) measured and predicted.
+//      choice, and the crossover (first miss rate at which pass-KV is faster) measured and predicted;
+//      the two variants alternate within each iteration, and a row counts as decided only where a
+//      paired sign test over the iterations says which is faster (otherwise `tie`).
 //   2. decode TTIT against CP size (Table 8): for every power-of-two CP size c dividing the job,
 //      the ranks form dp replicas of c-rank CP groups (all replicas run at once, so every
 //      configuration uses the same cores), prefill `seq` tokens and decode warmup + bench_iters
@@ -22,6 +24,7 @@
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/random.hpp"
+#include "core/stats.hpp"
 #include "dist/topology.hpp"
 #include "infer/cost.hpp"
 #include "infer/engine.hpp"
@@ -55,6 +58,17 @@ template <class F> double timed(Comm& c, Comm& all, F&& fn) {
   return dt;
 }
 
+
+// Paired two-sided sign test over the alternating samples (kv[i], q[i]): 1 when pass-KV is faster,
+// 0 when pass-Q is, -1 (tie) when the signs do not decide at the 10% level (with 5 pairs that
+// takes all 5 alike; with 7, all 7; with 10, 9 of 10).
+int faster_by_sign_test(const std::vector<double>& kv, const std::vector<double>& q) {
+  const int n = int(std::min(kv.size(), q.size()));
+  int kv_wins = 0;
+  for (int i = 0; i < n; ++i) kv_wins += kv[size_t(i)] < q[size_t(i)];
+  if (sign_test_p(kv_wins, n) > 0.10) return -1;
+  return 2 * kv_wins > n ? 1 : 0;
+}
 }  // namespace
 
 int bench_infer(BenchContext& ctx) {
@@ -87,10 +101,12 @@ int bench_infer(BenchContext& ctx) {
                  "TTFT: median of bench_iters prefills of the T new tokens on the same P-token cache (max over ranks)",
                  "pred: cost model (src/infer/cost.hpp) attention time of all layers, hw_profile " + hw.name +
                      ": C " + std::to_string(hw.attn_flops_per_s / 1e9) + " GFLOP/s, BW " +
-                     std::to_string(hw.bw_bytes_per_s / 1e9) + " GB/s"});
+                     std::to_string(hw.bw_bytes_per_s / 1e9) + " GB/s, all-to-all " +
+                     std::to_string(hw.a2a_bytes_per_s / 1e9) + " GB/s"});
   const double misses[] = {0.01, 0.025, 0.05, 0.10, 0.20, 0.50, 1.0};
-  // Crossover: the split index i (pass-Q below miss rate i, pass-KV from i on) that misclassifies
-  // the fewest points (robust to a noisy single point); n_rates = pass-Q everywhere.
+  // Crossover: a split index i (pass-Q below miss rate i, pass-KV from i on) that misclassifies
+  // the fewest rows; index n_rates = pass-Q everywhere. Measured rows count only where the
+  // paired sign test decides (meas_kv = -1 marks a tie: the two variants are within the noise).
   std::vector<int> meas_kv, pred_kv;
   int idx = 0;
   for (double miss : misses) {
@@ -103,12 +119,13 @@ int bench_infer(BenchContext& ctx) {
                            nullptr, st);
     const KvCache::Snapshot snap = eng.cache().snapshot();
     const std::vector<int32_t> new_tok(seq_tokens.begin() + P, seq_tokens.end());
-    double ms[2];
     std::vector<float> logits[2];
     int32_t next[2];
-    for (CpAlgo a : {CpAlgo::pass_kv, CpAlgo::pass_q}) {
-      std::vector<double> ts;
-      for (int64_t it = 0; it < iters + 1; ++it) {  // one untimed warmup run
+    // The two variants alternate within each iteration (KV, Q, KV, Q, ...) so that a slow spell
+    // of a shared machine lands on both alike instead of on one variant's whole series.
+    std::vector<double> ts[2];
+    for (int64_t it = 0; it < iters + 1; ++it) {  // iteration 0 is an untimed warmup of each
+      for (CpAlgo a : {CpAlgo::pass_kv, CpAlgo::pass_q}) {
         eng.cache().restore(snap);
         StepOutput out;
         ctx.tracer.begin_step(step);
@@ -123,12 +140,12 @@ int bench_infer(BenchContext& ctx) {
         rec.exposed_comm_s = cs.cp.exposed_comm_s;
         rec.model_flops = eng.prefill_flops(T, P);
         ctx.tracer.end_step(rec);
-        if (it > 0) ts.push_back(dt);
+        if (it > 0) ts[int(a)].push_back(dt);
         logits[int(a)] = out.logits;
         next[int(a)] = out.next_tokens[0];
       }
-      ms[int(a)] = med(ts) * 1e3;
     }
+    const double ms[2] = {med(ts[0]) * 1e3, med(ts[1]) * 1e3};
     double err = 0, scale = 1;
     for (int64_t j = 0; j < V; ++j) {
       err = std::max(err, double(std::abs(logits[0][size_t(j)] - logits[1][size_t(j)])));
@@ -138,37 +155,55 @@ int bench_infer(BenchContext& ctx) {
     wrong_total += wrong;
     const Prediction pr =
         predict({T, P, N, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim)}, hw);
-    const bool kv_faster = ms[0] <= ms[1];
+    const int kv_faster = faster_by_sign_test(ts[0], ts[1]);
     meas_kv.push_back(kv_faster);
     pred_kv.push_back(pr.choice == CpAlgo::pass_kv);
     t1.add_row({t1.cell(0, 100 * double(T) / double(S)), std::to_string(T), std::to_string(P), t1.cell(3, ms[0]),
-                t1.cell(4, ms[1]), kv_faster ? "pass_kv" : "pass_q", t1.cell(6, pr.pass_kv_s * cfg.layers * 1e3),
+                t1.cell(4, ms[1]), kv_faster < 0 ? "tie" : kv_faster ? "pass_kv" : "pass_q", t1.cell(6, pr.pass_kv_s * cfg.layers * 1e3),
                 t1.cell(7, pr.pass_q_s * cfg.layers * 1e3), algo_name(pr.choice), pr.eq5_pass_q ? "pass_q" : "pass_kv",
                 std::to_string(wrong)});
     ++idx;
   }
   if (world.rank() == 0) t1.print(cfg.csv);
-  auto split = [&](const std::vector<int>& kv) {
-    int best = 0, best_err = 1 << 30;
+  // Every split index with the fewest misclassified decisive rows (ties never count).
+  auto best_splits = [&](const std::vector<int>& kv) {
+    std::vector<int> errs;
     for (int i = 0; i <= int(kv.size()); ++i) {
       int e = 0;
-      for (int j = 0; j < int(kv.size()); ++j) e += (j < i) == bool(kv[size_t(j)]);
-      if (e < best_err) best = i, best_err = e;
+      for (int j = 0; j < int(kv.size()); ++j) e += kv[size_t(j)] >= 0 && (j < i) == bool(kv[size_t(j)]);
+      errs.push_back(e);
     }
+    const int lo = *std::min_element(errs.begin(), errs.end());
+    std::vector<int> best;
+    for (int i = 0; i < int(errs.size()); ++i)
+      if (errs[size_t(i)] == lo) best.push_back(i);
     return best;
   };
-  const int meas_cross = split(meas_kv), pred_cross = split(pred_kv);
+  const std::vector<int> meas_set = best_splits(meas_kv);
+  const int pred_cross = best_splits(pred_kv).front();
+  int meas_cross = meas_set.front();  // the measured split nearest the prediction
+  for (int i : meas_set)
+    if (std::abs(i - pred_cross) < std::abs(meas_cross - pred_cross)) meas_cross = i;
   auto name_of = [&](int i) {
     char b[64];
     if (i >= idx) return std::string("none (pass-Q everywhere)");
     std::snprintf(b, sizeof b, "%.1f%% miss", 100 * misses[i]);
     return std::string(b);
   };
-  if (!cfg.csv)
-    log0("# crossover (pass-Q below, pass-KV from this miss rate on; best split of the rows): measured %s, "
-         "predicted %s -> %s\n",
-         name_of(meas_cross).c_str(), name_of(pred_cross).c_str(),
-         std::abs(meas_cross - pred_cross) <= 1 ? "within one miss-rate step" : "NOT within one step");
+  const int decided = int(std::count_if(meas_kv.begin(), meas_kv.end(), [](int v) { return v >= 0; }));
+  if (decided == 0) meas_cross = -1;  // nothing to compare against: every row within the noise
+  if (!cfg.csv) {
+    std::string range = name_of(meas_set.front());
+    if (meas_set.size() > 1) range = "any of " + range + " .. " + name_of(meas_set.back()) + " (ties between)";
+    if (decided == 0)
+      log0("# crossover: measured undetermined (every row a tie at the sign test's 10%% level; raise bench_iters), "
+           "predicted %s -> not judged\n", name_of(pred_cross).c_str());
+    else
+      log0("# crossover (pass-Q below, pass-KV from this miss rate on; best split of the %d decided rows): measured "
+           "%s, predicted %s -> %s\n",
+           decided, range.c_str(), name_of(pred_cross).c_str(),
+           std::abs(meas_cross - pred_cross) <= 1 ? "within one miss-rate step" : "NOT within one step");
+  }
   ctx.tracer.write_attr("/", "infer_crossover_measured_index", int64_t(meas_cross));
   ctx.tracer.write_attr("/", "infer_crossover_predicted_index", int64_t(pred_cross));
 

@@ -2,6 +2,7 @@
 // shared machines are noisy; a median ignores the outliers a mean would carry).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -13,6 +14,19 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Two-sided p-value of the sign test: the chance of a split at least as uneven as `wins` of `n`
+// paired comparisons when neither side is really better (each pair a fair coin).
+inline double sign_test_p(int wins, int n) {
+  if (n <= 0) return 1.0;
+  const int k = std::min(wins, n - wins);
+  double tail = 0, c = 1;  // c = binomial(n, i)
+  for (int i = 0; i <= k; ++i) {
+    tail += c;
+    c = c * double(n - i) / double(i + 1);
+  }
+  return std::min(1.0, 2 * tail / std::ldexp(1.0, n));
 }
 
 }  // namespace ctxpar

@@ -64,7 +64,7 @@ HwProfile measure_profile(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D) {
     attn_fwd(p);
     best = std::min(best, now_s() - t0);
   }
-  double rate[2] = {flops / best, 0}, lat = 0;
+  double rate[3] = {flops / best, 0, 0}, lat = 0;
   // BW and latency: ring exchanges (send to r+1, receive from r-1) of 8 B and 4 MiB, best of 5.
   const int N = cp.size(), r = cp.rank();
   if (N > 1) {
@@ -83,11 +83,24 @@ HwProfile measure_profile(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D) {
     lat = xchg(8);
     const size_t big = size_t(4) << 20;
     rate[1] = double(big) / std::max(xchg(big) - lat, 1e-9);
+    // pass-Q's all-to-all: `big` bytes per destination, both buffers allocated per call as the
+    // engine does (their first touch is part of the cost), best of 3.
+    Buffer<std::byte> s(big * size_t(N), true);
+    double t = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < 3; ++i) {
+      cp.barrier();
+      const double t0 = now_s();
+      Buffer<std::byte> d(big * size_t(N), false);
+      cp.all_to_all(s.span(), d.span());
+      t = std::min(t, now_s() - t0);
+    }
+    rate[2] = double(big) * double(N - 1) / std::max(t - lat, 1e-9);
   }
-  cp.all_reduce(std::span<double>(rate, 2), ReduceOp::min);
+  cp.all_reduce(std::span<double>(rate, 3), ReduceOp::min);
   cp.all_reduce(std::span<double>(&lat, 1), ReduceOp::max);
   hw.attn_flops_per_s = rate[0];
   hw.bw_bytes_per_s = N > 1 ? rate[1] : std::numeric_limits<double>::infinity();
+  hw.a2a_bytes_per_s = N > 1 ? rate[2] : std::numeric_limits<double>::infinity();
   hw.latency_s = lat;
   return hw;
 }
@@ -101,14 +114,15 @@ Prediction predict(const AttnCall& c, const HwProfile& hw) {
   const double m_q = T / N * (Hq * D * e + 8);
   const double a2a = (N - 1) / N * T * Hq * (D + 1) * e;
   auto msg = [&](double bytes) { return hw.latency_s + bytes / hw.bw_bytes_per_s; };
+  const double a2a_s = hw.latency_s + a2a / (hw.a2a_bytes_per_s > 0 ? hw.a2a_bytes_per_s : hw.bw_bytes_per_s);
   if (c.N == 1) {
     pr.pass_kv_s = pr.pass_q_s = A;
   } else if (hw.overlap) {
     pr.pass_kv_s = A / N + (N - 1) * std::max(A / N, msg(m_kv));
-    pr.pass_q_s = A / N + (N - 1) * std::max(A / N, msg(m_q)) + msg(a2a);
+    pr.pass_q_s = A / N + (N - 1) * std::max(A / N, msg(m_q)) + a2a_s;
   } else {
     pr.pass_kv_s = A + (N - 1) * msg(m_kv) + m_kv / hw.bw_bytes_per_s;
-    pr.pass_q_s = A + (N - 1) * msg(m_q) + msg(a2a);
+    pr.pass_q_s = A + (N - 1) * msg(m_q) + a2a_s;
   }
   pr.choice = pr.pass_q_s < pr.pass_kv_s ? CpAlgo::pass_q : CpAlgo::pass_kv;
   const double miss = T / (T + P);

@@ -16,7 +16,9 @@
 //   overlap (a NIC or DMA engine moves data while the cores compute, as on H100 hosts):
 //     t = A/N + (N-1) max(A/N, lat + m/BW)   [+ lat + a2a/BW for pass-Q]
 //   no overlap (shared-memory MPI on a CPU: the copy runs on the same cores as the compute):
-//     t = A + (N-1)(lat + m/BW)  [+ m_kv/BW for pass-KV's pack of the block, + lat + a2a/BW for pass-Q]
+//     t = A + (N-1)(lat + m/BW)  [+ m_kv/BW for pass-KV's pack of the block, + lat + a2a/BW_a2a for pass-Q]
+//   BW_a2a, pass-Q's all-to-all rate, is calibrated apart from the ring's BW: on shared-memory MPI
+//   it is several times slower (the receive buffer is new memory; each block is copied twice).
 // With overlap and A/N dominating, pass-KV vs pass-Q reduces to the paper's Eq. 5.
 #pragma once
 #include <cstdint>
@@ -38,6 +40,9 @@ struct HwProfile {
   double latency_s = 0;         // per message
   double elem_bytes = 4;        // e
   bool overlap = false;         // transfers proceed without the cores (NIC/DMA)
+  // All-to-all bytes/s per rank as the engine meets it (pass-Q's return of partial outputs into a
+  // freshly allocated buffer); 0 = the point-to-point BW.
+  double a2a_bytes_per_s = 0;
 };
 
 // Names accepted by hw_profile: measured (this machine, measured at start), h100-gtt, h100-gti
@@ -46,8 +51,9 @@ const char* hw_profile_names();
 // "" and fills `out` for a named (not measured) profile; "measured" needs measure_profile().
 std::string named_profile(const std::string& name, HwProfile& out);
 // Collective over `cp`: C from a timed attn_fwd of the model's head shape (a partial-prefill-like
-// block, `threads` OpenMP threads), BW and latency from timed ring exchanges; minimum over ranks
-// of the rates, maximum of the latency (the slowest rank sets the pace).
+// block, `threads` OpenMP threads), BW and latency from timed ring exchanges, BW_a2a from a timed
+// all-to-all of pass-Q's shape into new buffers; minimum over ranks of the rates, maximum of the
+// latency (the slowest rank sets the pace).
 HwProfile measure_profile(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D);
 
 struct AttnCall {

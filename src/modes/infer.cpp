@@ -111,8 +111,10 @@ class Session {
     log0("# weights: %s; KV cache %s per rank allocated (%lld tokens per sequence)\n",
          cfg.resume.empty() ? "seeded init (as train)" : cfg.resume.c_str(),
          fmt_bytes(engine_->cache().allocated_bytes()).c_str(), (long long)engine_->cache().capacity());
-    log0("# cost model (%s): attention %.1f GFLOP/s per rank, p2p %.2f GB/s, latency %.1f us, e = %g B, %s\n",
-         hw_.name.c_str(), hw_.attn_flops_per_s / 1e9, hw_.bw_bytes_per_s / 1e9, hw_.latency_s * 1e6, hw_.elem_bytes,
+    log0("# cost model (%s): attention %.1f GFLOP/s per rank, p2p %.2f GB/s, all-to-all %.2f GB/s, latency %.1f us, "
+         "e = %g B, %s\n",
+         hw_.name.c_str(), hw_.attn_flops_per_s / 1e9, hw_.bw_bytes_per_s / 1e9,
+         (hw_.a2a_bytes_per_s > 0 ? hw_.a2a_bytes_per_s : hw_.bw_bytes_per_s) / 1e9, hw_.latency_s * 1e6, hw_.elem_bytes,
          hw_.overlap ? "transfers overlap compute" : "transfers use the compute cores");
     log0("# FLOP convention: %s; prefill/decode FLOPs count projections, MLP, one LM-head row per sequence\n",
          kFlopConvention);
@@ -120,6 +122,7 @@ class Session {
     tr_.write_attr("/", "hw_profile", hw_.name);
     tr_.write_attr("/", "hw_attn_flops_per_s", hw_.attn_flops_per_s);
     tr_.write_attr("/", "hw_bw_bytes_per_s", std::isfinite(hw_.bw_bytes_per_s) ? hw_.bw_bytes_per_s : 0.0);
+    tr_.write_attr("/", "hw_a2a_bytes_per_s", std::isfinite(hw_.a2a_bytes_per_s) ? hw_.a2a_bytes_per_s : 0.0);
     tr_.write_attr("/", "hw_latency_s", hw_.latency_s);
   }
 

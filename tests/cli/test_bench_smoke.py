@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Every `ctxpar bench` mode at a tiny size (bench attn excepted: its goal rows alone take minutes):
+exit 0, a CSV whose header has the documented columns, every correctness column 0, and the
+VALID line of the text table. Performance is not judged here (benchmarks are not timed tests).
+Usage: test_bench_smoke.py CTXPAR_BINARY"""
+import csv
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+tmp = tempfile.mkdtemp(prefix="ctxpar-bench-")
+SMALL = ["heads=4", "kv_heads=2", "head_dim=32", "bench_iters=3", "warmup=1"]
+MODEL = ["layers=2", "dim=128", "ffn_dim=256", "vocab=256"]
+failures = []
+checks = 0
+
+
+def expect(cond, what, text=""):
+    global checks
+    checks += 1
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, "\n---\n" + text[-3000:] + "\n---")
+
+
+def run(np, args):
+    cmd = ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none", sys.argv[1]] + args
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout + p.stderr
+
+
+def tables(text):
+    """The CSV tables of a --csv run: a header line of identifiers, then the lines with as many
+    fields (log lines around them, which may hold commas too, are not part of a table)."""
+    header = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)+$")
+    blocks, cur = [], None
+    for line in text.splitlines():
+        if header.match(line):
+            cur = [line]
+            blocks.append(cur)
+        elif cur is not None and line.count(",") == cur[0].count(","):
+            cur.append(line)
+        else:
+            cur = None
+    return [list(csv.DictReader(io.StringIO("\n".join(b)))) for b in blocks]
+
+
+CASES = [
+    ("comm", 2, ["bench_max_bytes=64K"], ["op", "size_bytes", "busbw_gbs", "wrong"]),
+    ("cp", 2, ["seq=1K"], ["strategy", "wrong"]),
+    ("train", 2, ["seq=512", "steps=2"] + MODEL, ["step_ms", "mfu_pct", "wrong"]),
+    ("infer", 2, ["seq=512"] + MODEL, ["pass_kv_ms", "pass_q_ms", "wrong"]),
+    ("peak", 1, [], ["sgemm_gflops", "fma_gflops", "wrong"]),
+]
+for mode, np, extra, cols in CASES:
+    name = f"bench {mode}"
+    rc, text = run(np, ["bench", mode] + SMALL + extra + ["--csv", "out=" + os.path.join(tmp, mode + ".h5")])
+    expect(rc == 0, f"{name} exits 0 (rc {rc})", text)
+    ts = tables(text)
+    expect(len(ts) > 0 and all(len(t) > 0 for t in ts), f"{name} prints non-empty CSV tables", text)
+    header = set().union(*(t[0].keys() for t in ts if t)) if ts else set()
+    for c in cols:
+        expect(c in header, f"{name} CSV has column {c}", text)
+    wrong = [r["wrong"] for t in ts for r in t if "wrong" in r]
+    expect(len(wrong) > 0 and all(w == "0" for w in wrong), f"{name}: every #wrong is 0 ({wrong})", text)
+    rc, text = run(np, ["bench", mode] + SMALL + extra + ["out=" + os.path.join(tmp, mode + "-t.h5")])
+    expect(rc == 0 and "VALID" in text and "INVALID" not in text, f"{name} text table ends VALID", text)
+
+# bench calibrate writes the profile it is given, never the repository's inputs/hardware/local.toml.
+prof = os.path.join(tmp, "local.toml")
+rc, text = run(2, ["bench", "calibrate", "seq=1K", "hardware=" + prof] + SMALL + ["out=" + os.path.join(tmp, "cal.h5")])
+expect(rc == 0 and os.path.exists(prof), "bench calibrate writes hardware=FILE", text)
+if os.path.exists(prof):
+    body = open(prof).read()
+    for key in ("intra_gb_s", "inter_gb_s"):
+        expect(key in body, f"calibrated profile has {key}", body)
+print(f"{checks - len(failures)} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)
