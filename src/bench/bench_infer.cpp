@@ -81,9 +81,7 @@ int bench_infer(BenchContext& ctx) {
   const ParamLayout layout(model_dims(cfg, 1, 0));
   Buffer<float> params(size_t(layout.local_elems()));
   layout.init(uint64_t(cfg.seed), params.data());
-  HwProfile hw;
-  if (cfg.hw_profile == "measured") hw = measure_profile(cp, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim));
-  else named_profile(cfg.hw_profile, hw);
+  const PrefillCostModel cost(cfg, cp);
   std::vector<int32_t> seq_tokens(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) seq_tokens[size_t(i)] = token_at(uint64_t(cfg.seed), i, V);
   int wrong_total = 0;
@@ -94,15 +92,12 @@ int bench_infer(BenchContext& ctx) {
                     std::to_string(N) + " CP ranks, context " + std::to_string(S) + ", batch 1",
                 {{"miss_pct", "miss", "%", 7, 2}, {"T", "T", "new", 7, 0}, {"P", "P", "cached", 9, 0},
                  {"pass_kv_ms", "pass-KV", "ms", 10, 2}, {"pass_q_ms", "pass-Q", "ms", 10, 2},
-                 {"faster", "faster", "measured", 10, 0}, {"pred_kv_ms", "pred KV", "ms attn", 10, 2},
-                 {"pred_q_ms", "pred Q", "ms attn", 10, 2}, {"auto", "auto", "choice", 9, 0},
+                 {"faster", "faster", "measured", 10, 0}, {"pred_kv_ms", "pred KV", "ms", 10, 2},
+                 {"pred_q_ms", "pred Q", "ms", 10, 2}, {"auto", "auto", "choice", 9, 0},
                  {"eq5", "Eq.5", "paper", 9, 0}, {"wrong", "#wrong", "", 7, 0}},
                 {std::string("FLOP convention: ") + kFlopConvention,
                  "TTFT: median of bench_iters prefills of the T new tokens on the same P-token cache (max over ranks)",
-                 "pred: cost model (src/infer/cost.hpp) attention time of all layers, hw_profile " + hw.name +
-                     ": C " + std::to_string(hw.attn_flops_per_s / 1e9) + " GFLOP/s, BW " +
-                     std::to_string(hw.bw_bytes_per_s / 1e9) + " GB/s, all-to-all " +
-                     std::to_string(hw.a2a_bytes_per_s / 1e9) + " GB/s"});
+                 "pred: cp_algo=auto's cost model (src/infer/cost.hpp), hw_profile " + cost.describe()});
   const double misses[] = {0.01, 0.025, 0.05, 0.10, 0.20, 0.50, 1.0};
   // Crossover: a split index i (pass-Q below miss rate i, pass-KV from i on) that misclassifies
   // the fewest rows; index n_rates = pass-Q everywhere. Measured rows count only where the
@@ -154,13 +149,13 @@ int bench_infer(BenchContext& ctx) {
     const int wrong = (err / scale > 1e-4 || !std::isfinite(err)) + (next[0] != next[1]);
     wrong_total += wrong;
     const Prediction pr =
-        predict({T, P, N, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim)}, hw);
+        cost.predict(T, P);
     const int kv_faster = faster_by_sign_test(ts[0], ts[1]);
     meas_kv.push_back(kv_faster);
     pred_kv.push_back(pr.choice == CpAlgo::pass_kv);
     t1.add_row({t1.cell(0, 100 * double(T) / double(S)), std::to_string(T), std::to_string(P), t1.cell(3, ms[0]),
-                t1.cell(4, ms[1]), kv_faster < 0 ? "tie" : kv_faster ? "pass_kv" : "pass_q", t1.cell(6, pr.pass_kv_s * cfg.layers * 1e3),
-                t1.cell(7, pr.pass_q_s * cfg.layers * 1e3), algo_name(pr.choice), pr.eq5_pass_q ? "pass_q" : "pass_kv",
+                t1.cell(4, ms[1]), kv_faster < 0 ? "tie" : kv_faster ? "pass_kv" : "pass_q", t1.cell(6, pr.pass_kv_s * 1e3),
+                t1.cell(7, pr.pass_q_s * 1e3), algo_name(pr.choice), pr.eq5_pass_q ? "pass_q" : "pass_kv",
                 std::to_string(wrong)});
     ++idx;
   }

@@ -65,6 +65,7 @@ const std::vector<Field>& config_fields() {
       {"steps", &Config::steps, "5", "measured steps (after warmup)", {}, 1, 1e6},
       {"warmup", &Config::warmup, "1", "warmup steps (run, traced, excluded from the summary)", {}, 0, 1e6},
       {"seed", &Config::seed, "1234", "random seed for data and weights", {}, 0, 9.2e18},
+      {"device", &Config::device, "cpu", "compute device: cpu, or cuda (GPU backend; so far bench attn only, needs a CUDA build)", {"cpu", "cuda"}},
       {"threads", &Config::threads, "0", "OpenMP threads per rank (0 = OMP_NUM_THREADS if set, else the node's cores / its ranks)", {}, 0, 1024},
       {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7},
       {"csv", &Config::csv, "false", "bench: print CSV instead of a table", {}},
@@ -118,7 +119,7 @@ const std::vector<Field>& config_fields() {
       {"batch", &Config::batch, "1", "infer: B sequences decoded together", {}, 1, 65536},
       {"cached", &Config::cached, "0", "prefill: cached tokens P before the measured prefill of seq - P (0 = use miss_rate)", {}, 0, 1ll << 40},
       {"miss_rate", &Config::miss_rate, "1", "prefill: new tokens T = miss_rate * seq when cached = 0 (1 = full prefill)", {}, 1e-6, 1},
-      {"hw_profile", &Config::hw_profile, "measured", "infer: hardware of the pass-KV/pass-Q cost model", {"measured", "h100-gtt", "h100-gti"}},
+      {"hw_profile", &Config::hw_profile, "measured", "infer: cp_algo=auto's hardware (measured = this run's ranks, measured at start; or a profile of inputs/hardware, e.g. h100-gtt)", {}},
       // cost model (`ctxpar predict`)
       {"hardware", &Config::hardware, "local", "predict: hardware profile, inputs/hardware/<name>.toml or a path", {}},
       {"predict_mode", &Config::predict_mode, "train", "predict: what to predict", {"train", "prefill", "partial_prefill", "decode"}},

@@ -23,6 +23,7 @@ struct Config {
   int64_t steps;
   int64_t warmup;
   int64_t seed;
+  std::string device;        // cpu | cuda
   int64_t threads;           // OpenMP threads per rank; 0 = the OpenMP default
   double watchdog_s;
   bool csv;
@@ -76,7 +77,7 @@ struct Config {
   int64_t batch;             // B sequences
   int64_t cached;            // prefill: P cached tokens before the measured prefill (0 = from miss_rate)
   double miss_rate;          // prefill: T / seq new tokens when cached = 0 (1 = full prefill)
-  std::string hw_profile;    // cost model of cp_algo=auto: measured | h100-gtt | h100-gti
+  std::string hw_profile;    // cost model of cp_algo=auto: measured | a profile of inputs/hardware
   // cost model (`ctxpar predict`, src/perf; seq, batch, cached, miss_rate, partition, remat and
   // the model fields describe the predicted workload)
   std::string hardware;        // profile: inputs/hardware/<name>.toml or a path

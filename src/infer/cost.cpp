@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "core/config.hpp"
 #include "core/memory.hpp"
 #include "core/random.hpp"
 #include "dist/comm.hpp"
@@ -16,25 +17,16 @@ namespace ctxpar::infer {
 
 const char* algo_name(CpAlgo a) { return a == CpAlgo::pass_kv ? "pass_kv" : "pass_q"; }
 
-const char* hw_profile_names() { return "measured, h100-gtt, h100-gti"; }
-
-std::string named_profile(const std::string& name, HwProfile& out) {
-  // Paper hosts (shared/reference/hardware.csv): H100 Grand Teton, 800 TFLOP/s BF16 dense; RDMA
-  // 400 Gb/s per GPU (GTT, 50 GB/s) or TCP 100 Gb/s (GTI, about 3 GB/s achieved); BF16 attention.
-  if (name == "h100-gtt") {
-    out = {name, 800e12, 50e9, 10e-6, 2, true};
-    return "";
-  }
-  if (name == "h100-gti") {
-    out = {name, 800e12, 3e9, 30e-6, 2, true};
-    return "";
-  }
-  return "config: hw_profile = '" + name + "'; valid: " + hw_profile_names();
-}
-
 namespace {
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+// The paper's closed-form rules (Eq. 1, Eq. 5, App. D) for one call, next to the model's choice.
+void paper_rules(const AttnCall& c, double C, double BW, double e, Prediction& pr) {
+  const double T = double(c.T), P = double(c.P), N = double(c.N), miss = T / (T + P);
+  pr.eq1_pass_kv = miss >= 2.0 * c.H_kv / c.H_q;
+  pr.eq5_pass_q = miss <= 2.0 * c.H_kv / c.H_q - 4 * T * BW / (N * C * e);
+  pr.fitted_pass_kv = -1.059 * std::log(T) + 1.145 * std::log(miss) + 12.112 > 0;
 }
 }  // namespace
 
@@ -124,13 +116,68 @@ Prediction predict(const AttnCall& c, const HwProfile& hw) {
     pr.pass_kv_s = A + (N - 1) * msg(m_kv) + m_kv / hw.bw_bytes_per_s;
     pr.pass_q_s = A + (N - 1) * msg(m_q) + a2a_s;
   }
+  pr.pass_kv_s *= double(c.layers);
+  pr.pass_q_s *= double(c.layers);
   pr.choice = pr.pass_q_s < pr.pass_kv_s ? CpAlgo::pass_q : CpAlgo::pass_kv;
-  const double miss = T / (T + P);
-  pr.eq1_pass_kv = miss >= 2 * Hkv / Hq;
-  const double C = hw.attn_flops_per_s, BW = hw.bw_bytes_per_s;
-  pr.eq5_pass_q = miss <= 2 * Hkv / Hq - 4 * T * BW / (N * C * e);
-  pr.fitted_pass_kv = -1.059 * std::log(T) + 1.145 * std::log(miss) + 12.112 > 0;
+  paper_rules(c, hw.attn_flops_per_s, hw.bw_bytes_per_s, e, pr);
   return pr;
+}
+
+Prediction predict(const AttnCall& c, const ModelShape& m, const HardwareProfile& hw) {
+  const PassChoice ch = predict_partial_prefill(m, hw, c.T, c.P, c.N);
+  Prediction pr;
+  pr.pass_kv_s = ch.pass_kv_s;
+  pr.pass_q_s = ch.pass_q_s;
+  pr.choice = ch.use_pass_q ? CpAlgo::pass_q : CpAlgo::pass_kv;
+  const bool fp32 = hw.default_precision == "fp32";
+  const double peak = fp32 && hw.peak_fp32_flops > 0 ? hw.peak_fp32_flops : hw.peak_bf16_flops;
+  const double C = peak * hw.attn_eff.at(std::max(1.0, double(c.T) / double(2 * c.N)));
+  const double BW = c.N <= hw.chips_per_node ? hw.intra.bw_bytes_per_s : hw.inter.bw_bytes_per_s;
+  paper_rules(c, C, BW, fp32 ? 4.0 : 2.0, pr);
+  return pr;
+}
+
+PrefillCostModel::PrefillCostModel(const Config& cfg, Comm& cp) {
+  call_.N = cp.size();
+  call_.H_q = int32_t(cfg.heads);
+  call_.H_kv = int32_t(cfg.kv_heads);
+  call_.D = int32_t(cfg.head_dim);
+  call_.layers = cfg.layers;
+  if (cfg.hw_profile == "measured") {
+    hw_ = measure_profile(cp, call_.H_q, call_.H_kv, call_.D);
+    return;
+  }
+  from_file_ = true;
+  file_ = load_hardware(cfg.hw_profile);
+  shape_ = model_shape(cfg);
+  hw_.name = file_.name;
+  hw_.elem_bytes = file_.default_precision == "fp32" ? 4 : 2;
+  hw_.attn_flops_per_s = file_.peak_bf16_flops * file_.attn_eff.at(1024);
+  hw_.bw_bytes_per_s = file_.intra.bw_bytes_per_s;
+  hw_.latency_s = file_.intra.latency_s;
+  hw_.overlap = true;
+}
+
+Prediction PrefillCostModel::predict(int64_t T, int64_t P) const {
+  AttnCall c = call_;
+  c.T = T;
+  c.P = P;
+  return from_file_ ? infer::predict(c, shape_, file_) : infer::predict(c, hw_);
+}
+
+std::string PrefillCostModel::describe() const {
+  char b[320];
+  if (from_file_) {
+    std::snprintf(b, sizeof b, "profile %s (%s): whole-prefill TTFT of both variants by the src/perf cost model",
+                  file_.name.c_str(), file_.source_file.c_str());
+  } else {
+    std::snprintf(b, sizeof b,
+                  "measured: attention %.1f GFLOP/s per rank, p2p %.2f GB/s, all-to-all %.2f GB/s, latency %.1f us; "
+                  "attention time of all layers, transfers on the compute cores",
+                  hw_.attn_flops_per_s / 1e9, hw_.bw_bytes_per_s / 1e9,
+                  (hw_.a2a_bytes_per_s > 0 ? hw_.a2a_bytes_per_s : hw_.bw_bytes_per_s) / 1e9, hw_.latency_s * 1e6);
+  }
+  return b;
 }
 
 }  // namespace ctxpar::infer

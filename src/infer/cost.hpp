@@ -20,12 +20,19 @@
 //   BW_a2a, pass-Q's all-to-all rate, is calibrated apart from the ring's BW: on shared-memory MPI
 //   it is several times slower (the receive buffer is new memory; each block is copied twice).
 // With overlap and A/N dominating, pass-KV vs pass-Q reduces to the paper's Eq. 5.
+// That per-layer model, with C, BW and BW_a2a measured at start, is hw_profile=measured (the
+// default: it describes the ranks actually running). hw_profile=<name> instead takes a profile of
+// inputs/hardware/ (h100-gtt, h100-gti, local, ...) and the whole-prefill cost model of src/perf
+// (predict_partial_prefill), the one `ctxpar predict` uses.
 #pragma once
 #include <cstdint>
 #include <string>
 
+#include "perf/cost_model.hpp"
+
 namespace ctxpar {
 class Comm;
+struct Config;
 }
 
 namespace ctxpar::infer {
@@ -45,11 +52,6 @@ struct HwProfile {
   double a2a_bytes_per_s = 0;
 };
 
-// Names accepted by hw_profile: measured (this machine, measured at start), h100-gtt, h100-gti
-// (the paper's hosts, from shared/reference/hardware.csv and the paper's text).
-const char* hw_profile_names();
-// "" and fills `out` for a named (not measured) profile; "measured" needs measure_profile().
-std::string named_profile(const std::string& name, HwProfile& out);
 // Collective over `cp`: C from a timed attn_fwd of the model's head shape (a partial-prefill-like
 // block, `threads` OpenMP threads), BW and latency from timed ring exchanges, BW_a2a from a timed
 // all-to-all of pass-Q's shape into new buffers; minimum over ranks of the rates, maximum of the
@@ -60,15 +62,42 @@ struct AttnCall {
   int64_t T = 0, P = 0;
   int N = 1;
   int32_t H_q = 0, H_kv = 0, D = 0;
+  int64_t layers = 1;
 };
 
 struct Prediction {
-  double pass_kv_s = 0, pass_q_s = 0;  // predicted attention time of one layer
+  // Predicted time of one call: the attention of all layers (measured profile) or the whole
+  // prefill (a hardware profile of src/perf). Only the difference decides.
+  double pass_kv_s = 0, pass_q_s = 0;
   CpAlgo choice = CpAlgo::pass_kv;     // the smaller of the two (ties: pass-KV)
   bool eq1_pass_kv = true;             // paper Eq. 1
   bool eq5_pass_q = false;             // paper Eq. 5
   bool fitted_pass_kv = true;          // paper App. D
 };
 Prediction predict(const AttnCall& c, const HwProfile& hw);
+// The same choice from a hardware profile of the cost model (src/perf): both variants' TTFT by
+// predict_partial_prefill; the paper's rules with C = peak * attention efficiency at the call's
+// block size and BW = the link the ring crosses (inside a node or across nodes).
+Prediction predict(const AttnCall& c, const ModelShape& m, const HardwareProfile& hw);
+
+// cp_algo=auto's model for one run, from the config: hw_profile=measured (measure_profile over
+// `cp`, collective) or a profile of inputs/hardware/ with the config's model shape.
+class PrefillCostModel {
+ public:
+  PrefillCostModel(const Config& cfg, Comm& cp);
+  Prediction predict(int64_t T, int64_t P) const;
+  // One line for logs and bench headers: the profile and its rates.
+  std::string describe() const;
+  // Rates for the trace's attributes (for a hardware profile: its peak x attention efficiency
+  // at a 1K block, the intra-node link).
+  const HwProfile& rates() const { return hw_; }
+
+ private:
+  AttnCall call_;
+  HwProfile hw_;
+  bool from_file_ = false;
+  HardwareProfile file_;
+  ModelShape shape_;
+};
 
 }  // namespace ctxpar::infer

@@ -17,10 +17,11 @@
 #include <span>
 #include <vector>
 
-#include "core/stats.hpp"
 #include "core/config.hpp"
+#include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/random.hpp"
+#include "core/stats.hpp"
 #include "dist/topology.hpp"
 #include "infer/cost.hpp"
 #include "infer/engine.hpp"
@@ -97,11 +98,8 @@ class Session {
     const int N = cp_.size();
     engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cfg.batch, cache_capacity_tokens(sched, N),
                                        cfg.strategy);
-    if (cfg.hw_profile == "measured") {
-      hw_ = measure_profile(cp_, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim));
-    } else {
-      named_profile(cfg.hw_profile, hw_);
-    }
+    cost_ = std::make_unique<PrefillCostModel>(cfg, cp_);
+    const HwProfile& hw = cost_->rates();
     const ModelDims& d = layout_.dims();
     log0("ctxpar %s: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); batch %lld, "
          "%d CP ranks (mesh %s), full-prefill strategy %s, cp_algo %s, decode_algo %s\n",
@@ -111,26 +109,22 @@ class Session {
     log0("# weights: %s; KV cache %s per rank allocated (%lld tokens per sequence)\n",
          cfg.resume.empty() ? "seeded init (as train)" : cfg.resume.c_str(),
          fmt_bytes(engine_->cache().allocated_bytes()).c_str(), (long long)engine_->cache().capacity());
-    log0("# cost model (%s): attention %.1f GFLOP/s per rank, p2p %.2f GB/s, all-to-all %.2f GB/s, latency %.1f us, "
-         "e = %g B, %s\n",
-         hw_.name.c_str(), hw_.attn_flops_per_s / 1e9, hw_.bw_bytes_per_s / 1e9,
-         (hw_.a2a_bytes_per_s > 0 ? hw_.a2a_bytes_per_s : hw_.bw_bytes_per_s) / 1e9, hw_.latency_s * 1e6, hw_.elem_bytes,
-         hw_.overlap ? "transfers overlap compute" : "transfers use the compute cores");
+    log0("# cp_algo cost model: %s\n", cost_->describe().c_str());
     log0("# FLOP convention: %s; prefill/decode FLOPs count projections, MLP, one LM-head row per sequence\n",
          kFlopConvention);
     log0("#  step turn  kind      T        P  algo       time_ms    tokens/s  TFLOP/s/rank  exposed_ms  cache_MiB/rank\n");
-    tr_.write_attr("/", "hw_profile", hw_.name);
-    tr_.write_attr("/", "hw_attn_flops_per_s", hw_.attn_flops_per_s);
-    tr_.write_attr("/", "hw_bw_bytes_per_s", std::isfinite(hw_.bw_bytes_per_s) ? hw_.bw_bytes_per_s : 0.0);
-    tr_.write_attr("/", "hw_a2a_bytes_per_s", std::isfinite(hw_.a2a_bytes_per_s) ? hw_.a2a_bytes_per_s : 0.0);
-    tr_.write_attr("/", "hw_latency_s", hw_.latency_s);
+    tr_.write_attr("/", "hw_profile", hw.name);
+    tr_.write_attr("/", "hw_attn_flops_per_s", hw.attn_flops_per_s);
+    tr_.write_attr("/", "hw_bw_bytes_per_s", std::isfinite(hw.bw_bytes_per_s) ? hw.bw_bytes_per_s : 0.0);
+    tr_.write_attr("/", "hw_a2a_bytes_per_s", std::isfinite(hw.a2a_bytes_per_s) ? hw.a2a_bytes_per_s : 0.0);
+    tr_.write_attr("/", "hw_latency_s", hw.latency_s);
   }
 
   int64_t V() const { return cfg_.vocab; }
   Engine& engine() { return *engine_; }
 
   CpAlgo choose(int64_t T, int64_t P, Prediction& pred) const {
-    pred = predict({T, P, cp_.size(), int32_t(cfg_.heads), int32_t(cfg_.kv_heads), int32_t(cfg_.head_dim)}, hw_);
+    pred = cost_->predict(T, P);
     if (cfg_.cp_algo == "pass_kv") return CpAlgo::pass_kv;
     if (cfg_.cp_algo == "pass_q") return CpAlgo::pass_q;
     return pred.choice;
@@ -180,7 +174,7 @@ class Session {
     std::vector<double> c;
     for (const PrefillCall& k : calls_) {
       const double row[] = {double(k.turn), double(k.T), double(k.P), k.algo == CpAlgo::pass_q ? 1.0 : 0.0,
-                            k.pred.pass_kv_s * double(cfg_.layers), k.pred.pass_q_s * double(cfg_.layers),
+                            k.pred.pass_kv_s, k.pred.pass_q_s,
                             k.pred.choice == CpAlgo::pass_q ? 1.0 : 0.0, k.pred.eq1_pass_kv ? 1.0 : 0.0,
                             k.pred.eq5_pass_q ? 1.0 : 0.0, k.pred.fitted_pass_kv ? 1.0 : 0.0, k.ttft_s};
       c.insert(c.end(), std::begin(row), std::end(row));
@@ -199,7 +193,7 @@ class Session {
   // Log lines of the prefill decisions (rank 0).
   void log_calls() const {
     for (const PrefillCall& k : calls_)
-      log0("# turn %lld prefill T=%lld P=%lld (miss %.4f): %s; predicted per layer pass_kv %.3f ms, pass_q %.3f ms; "
+      log0("# turn %lld prefill T=%lld P=%lld (miss %.4f): %s; predicted pass_kv %.3f ms, pass_q %.3f ms; "
            "paper Eq.1 %s, Eq.5 %s, App.D %s\n",
            (long long)k.turn, (long long)k.T, (long long)k.P, double(k.T) / double(k.T + k.P), algo_name(k.algo),
            k.pred.pass_kv_s * 1e3, k.pred.pass_q_s * 1e3, k.pred.eq1_pass_kv ? "pass_kv" : "pass_q",
@@ -256,7 +250,7 @@ class Session {
   ParamLayout layout_;
   Buffer<float> params_;
   std::unique_ptr<Engine> engine_;
-  HwProfile hw_;
+  std::unique_ptr<PrefillCostModel> cost_;
   std::vector<PrefillCall> calls_;
   std::vector<double> cache_bytes_;
   int64_t step_ = 0;
@@ -272,6 +266,13 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
            "(e.g. mesh=ring:" + s_(topo.world().size()) + ")";
   std::string err = validate_model_shape(cfg, 1);
   if (!err.empty()) return err;
+  if (cfg.hw_profile != "measured") {
+    try {
+      (void)load_hardware(cfg.hw_profile);
+    } catch (const UsageError& e) {
+      return "config: hw_profile = '" + cfg.hw_profile + "': " + e.what() + " (or hw_profile=measured)";
+    }
+  }
   if (cfg.mask != "causal" || cfg.docs != "none")
     return "config: inference uses one causal document per sequence; valid: mask=causal, docs=none";
   const int N = topo.cp().size();

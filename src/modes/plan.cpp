@@ -43,6 +43,16 @@ std::string check_output(const std::string& path, const char* field) {
 
 std::string validate_mode(const Config& cfg, Topology& topo) {
   std::string err;
+  if (cfg.device == "cuda") {
+#if !defined(CTXPAR_WITH_CUDA)
+    return "config: device = 'cuda' but this binary was built without the CUDA backend (configure with nvcc and NCCL "
+           "under /usr/local/cuda, CTXPAR_CUDA=AUTO or ON); valid here: device=cpu";
+#else
+    if (!(cfg.mode == "bench" && cfg.bench == "attn"))
+      return "config: device = 'cuda' is built for `bench attn` only so far (mode " + cfg.mode +
+             (cfg.mode == "bench" ? " " + cfg.bench : std::string()) + "); valid: device=cpu for this mode";
+#endif
+  }
   const bool attention = cfg.mode == "run" || cfg.mode == "attn" || (cfg.mode == "bench" && cfg.bench == "cp");
   // attn with --in takes its shape from the file (validate_attn_mode checks it against the strategy);
   // bench cp with strategy=all skips the strategies that do not fit, row by row.

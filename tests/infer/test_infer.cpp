@@ -320,10 +320,15 @@ TEST(InferFull, EveryStrategyMatchesRecompute) {
 // ---- cost model and rules (no communication) ----------------------------------------------------
 
 TEST(InferCost, PaperRules) {
+  // The measured-profile model with the paper's GTT host written in by hand (800 TFLOP/s BF16,
+  // 50 GB/s RDMA per GPU, transfers overlapping compute).
   HwProfile hw;
-  ASSERT_EQ(named_profile("h100-gtt", hw), "");
-  EXPECT_NE(named_profile("bogus", hw).find("valid: measured, h100-gtt, h100-gti"), std::string::npos);
-  ASSERT_EQ(named_profile("h100-gtt", hw), "");
+  hw.name = "gtt-by-hand";
+  hw.attn_flops_per_s = 800e12;
+  hw.bw_bytes_per_s = 50e9;
+  hw.latency_s = 10e-6;
+  hw.elem_bytes = 2;
+  hw.overlap = true;
   // Eq. 1: the threshold 2 N_KV / N_H (12.5 % for Llama 3 405B: 128 query, 8 K/V heads).
   const AttnCall above{16000, 112000, 4, 128, 8, 128}, below{12800, 115200 + 3200, 4, 128, 8, 128};
   EXPECT_TRUE(predict(above, hw).eq1_pass_kv);   // miss 12.5 %
@@ -342,9 +347,50 @@ TEST(InferCost, PaperRules) {
     const int64_t T = int64_t(128000 * miss);
     EXPECT_EQ(predict({T, 128000 - T, 4, 128, 8, 128}, hw).choice, CpAlgo::pass_kv) << miss;
   }
+  // Times cover all layers: twice the layers, twice the predicted time.
+  AttnCall two{1280, 126720, 4, 128, 8, 128};
+  const double one_layer = predict(two, hw).pass_kv_s;
+  two.layers = 2;
+  EXPECT_DOUBLE_EQ(predict(two, hw).pass_kv_s, 2 * one_layer);
   // One rank: no communication, equal costs.
   const Prediction one = predict({1000, 1000, 1, 8, 2, 64}, hw);
   EXPECT_DOUBLE_EQ(one.pass_kv_s, one.pass_q_s);
+}
+
+TEST(InferCost, HardwareProfileOfTheCostModel) {
+  // hw_profile=h100-gtt: cp_algo=auto takes both variants' TTFT from the src/perf cost model
+  // (the paper's Table 4 crossover with TP8 per host is tested there, tests/perf); here the run's
+  // own shape (no TP: inference runs on the CP axes) on a Llama-3-405B-shaped model.
+  const HardwareProfile gtt = load_hardware("h100-gtt");
+  ModelShape m;
+  m.layers = 126;
+  m.dim = 16384;
+  m.ffn = 53248;
+  m.vocab = 128256;
+  m.H_q = 128;
+  m.H_kv = 8;
+  m.D = 128;
+  bool seen_kv = false;
+  for (double miss : {0.001, 0.01, 0.025, 0.10, 0.20, 0.50, 1.0}) {
+    const int64_t T = std::max<int64_t>(8, int64_t(128000 * miss) / 8 * 8);
+    const Prediction p = predict(AttnCall{T, 128000 - T, 4, 128, 8, 128, 126}, m, gtt);
+    const PassChoice ref = predict_partial_prefill(m, gtt, T, 128000 - T, 4);
+    EXPECT_DOUBLE_EQ(p.pass_kv_s, ref.pass_kv_s) << miss;
+    EXPECT_DOUBLE_EQ(p.pass_q_s, ref.pass_q_s) << miss;
+    EXPECT_GT(p.pass_kv_s, 0);
+    EXPECT_EQ(p.choice, p.pass_q_s < p.pass_kv_s ? CpAlgo::pass_q : CpAlgo::pass_kv) << miss;
+    EXPECT_EQ(p.eq1_pass_kv, miss >= 0.125) << miss;
+    // Once pass-KV wins, it keeps winning at higher miss rates (one crossover).
+    if (seen_kv) {
+      EXPECT_EQ(p.choice, CpAlgo::pass_kv) << miss;
+    }
+    seen_kv = seen_kv || p.choice == CpAlgo::pass_kv;
+  }
+  // Full prefill: pass-KV (its K/V transfers hide under the whole sequence's compute).
+  EXPECT_EQ(predict(AttnCall{128000, 0, 4, 128, 8, 128, 126}, m, gtt).choice, CpAlgo::pass_kv);
+  // At 0.1 % miss (128 new tokens, 32 per rank) each ring step's K/V block (~131 MB per layer
+  // in BF16) takes far longer than the step's attention: pass-Q.
+  EXPECT_EQ(predict(AttnCall{128, 127872, 4, 128, 8, 128, 126}, m, gtt).choice, CpAlgo::pass_q);
 }
 
 TEST(InferSchedule, ParseAndCapacity) {

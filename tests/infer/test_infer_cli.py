@@ -95,6 +95,20 @@ if rc == 0:
         check((st["ttft_s"][[1, 3]] > 0).all() and (st["ttft_s"][[0, 2]] == 0).all(), "TTFT only on measured prefills")
         check(f["generated"].shape == (2, 1, 1), f"prefill /generated {f['generated'].shape}")
 
+# cp_algo=auto from a hardware profile of the cost model (hw_profile=h100-gtt): the choice and
+# both predicted TTFTs recorded per call, the profile named in the trace.
+out = os.path.join(WORK, "prefill_gtt.h5")
+rc, log = run(2, "prefill", "seq=512", "miss_rate=0.5", "hw_profile=h100-gtt", "warmup=0", "steps=1", f"out={out}")
+check(rc == 0 and "profile h100-gtt" in log, f"prefill hw_profile=h100-gtt rc {rc}\n{log[-2000:]}")
+if rc == 0:
+    with h5py.File(out) as f:
+        check(f.attrs["hw_profile"] == "h100-gtt", f"hw_profile attribute {f.attrs['hw_profile']}")
+        calls = f["infer/calls"][:]
+        cols = f["infer/calls"].attrs["columns"].split(",")
+        kv, q = calls[0, cols.index("pred_pass_kv_s")], calls[0, cols.index("pred_pass_q_s")]
+        chosen = calls[0, cols.index("algo(0=pass_kv;1=pass_q)")]
+        check(kv > 0 and q > 0 and chosen == (1.0 if q < kv else 0.0), f"auto took the cheaper prediction ({kv}, {q}, {chosen})")
+
 # decode mode: full prefill then warmup + steps decode steps.
 out = os.path.join(WORK, "decode.h5")
 rc, log = run(2, "decode", "seq=256", "batch=4", "decode_algo=allgather", "warmup=1", "steps=4", f"out={out}")
@@ -112,6 +126,7 @@ bad = [
     (["prefill", "seq=510"], "valid: a multiple of 4"),
     (["chat", "mesh=tp:2"], "inference runs on the CP axes only"),
     (["chat", "cp_algo=ring"], "expected one of: auto, pass_kv, pass_q"),
+    (["chat", "hw_profile=h100-xyz"], "hw_profile = 'h100-xyz': hardware: no profile 'h100-xyz'"),
 ]
 for i, (args, msg) in enumerate(bad):
     out = os.path.join(WORK, f"bad{i}.h5")

@@ -201,9 +201,11 @@ TEST(ModelOps, AdamWMatchesReference) {
   std::vector<float> q = p0, mq(static_cast<size_t>(n)), vq(static_cast<size_t>(n));
   hp.step = 1;
   adamw_update(q.data(), g.data(), mq.data(), vq.data(), n, hp);
-  for (int64_t i = 0; i < n; ++i)
-    if (std::fabs(g[size_t(i)]) > 1e-3f)
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::fabs(g[size_t(i)]) > 1e-3f) {
       EXPECT_NEAR(q[size_t(i)], p0[size_t(i)] * (1 - 1e-3) - 1e-2 * (g[size_t(i)] > 0 ? 1 : -1), 1e-5);
+    }
+  }
 }
 
 Config tiny_config() {
