@@ -165,6 +165,8 @@ int run(int argc, char** argv, Comm& world) {
     cfg.mesh = "dp:" + std::to_string(mesh.dp) + ",tp:" + std::to_string(mesh.tp) + ",ulysses:" +
                std::to_string(mesh.ulysses) + ",ring:" + std::to_string(mesh.ring);
     topo = Topology::create(world, mesh);
+    err = agree_on_error(world, resolve_auto_strategy(cfg, *topo));
+    if (!err.empty()) throw UsageError(err);
     err = agree_on_error(world, validate_mode(cfg, *topo));
     if (!err.empty()) throw UsageError(err);
   } catch (const UsageError& e) {

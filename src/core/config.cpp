@@ -74,7 +74,7 @@ const std::vector<Field>& config_fields() {
       {"heads", &Config::heads, "8", "H_q: query heads", {}, 1, 65536},
       {"kv_heads", &Config::kv_heads, "8", "H_kv: key/value heads (divides heads; 1 = MQA)", {}, 1, 65536},
       {"head_dim", &Config::head_dim, "64", "D: head dimension", {}, 1, 256},
-      {"strategy", &Config::strategy, "ring", "CP attention strategy (all: every strategy, bench cp only)", {"allgather", "ulysses", "ring", "usp", "all"}},
+      {"strategy", &Config::strategy, "ring", "CP attention strategy (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)", {"allgather", "ulysses", "ring", "usp", "auto", "all"}},
       {"partition", &Config::partition, "zigzag", "token partition assumed by predict (the executed strategies always shard zigzag)", {"zigzag", "contiguous", "striped"}},
       {"mask", &Config::mask, "causal", "attention mask", {"causal", "none", "window"}},
       {"window", &Config::window, "0", "sliding window in tokens for mask=window", {}, 0, 1ll << 40},
@@ -317,7 +317,7 @@ MeshSpec parse_mesh(const std::string& mesh, int world_size) {
 void validate_config(const Config& c, int world_size) {
   const bool bench_cp = c.mode == "bench" && c.bench == "cp";
   if (c.strategy == "all" && !bench_cp && c.mode != "predict")
-    throw UsageError("config: strategy = all is only for `ctxpar bench cp` (and predict); valid here: allgather, ulysses, ring, usp");
+    throw UsageError("config: strategy = all is only for `ctxpar bench cp` (and predict); valid here: allgather, ulysses, ring, usp, auto");
   if (c.partition != "zigzag" && c.mode != "predict")
     throw UsageError("config: partition = " + c.partition + " is an input of `ctxpar predict` only; the executed strategies "
                      "shard zigzag (equal causal work per rank and ring step); valid here: partition=zigzag");

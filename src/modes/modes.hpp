@@ -51,6 +51,10 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer); // `ctxpar
 // `ctxpar predict` (modes/predict.cpp): the cost model's table per strategy; its checks (hardware
 // profile loads, sweep parses, partial prefill has cached tokens) run in validate_mode.
 std::string validate_predict_mode(const Config& cfg, Topology& topo);
+// strategy=auto: replaces cfg.strategy by the cost model's recommendation (src/perf) for this
+// job's mesh, sequence, model and mode, with the `hardware` profile (default local); logs the
+// predictions on rank 0. "" or a usage message (e.g. an unreadable profile). No-op otherwise.
+std::string resolve_auto_strategy(Config& cfg, Topology& topo);
 int run_predict(const Config& cfg, Topology& topo, Tracer& tracer);
 // `ctxpar bench calibrate` (bench/bench_calibrate.cpp): writes inputs/hardware/local.toml.
 struct BenchContext;

@@ -101,6 +101,56 @@ std::vector<std::pair<std::string, Config>> sweep_configs(const Config& cfg) {
 
 }  // namespace
 
+std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
+  if (cfg.strategy != "auto") return "";
+  if (cfg.mode == "predict") return "";  // predict tabulates every strategy anyway
+  if (cfg.mode == "bench" && cfg.bench != "cp" && cfg.bench != "train" && cfg.bench != "infer")
+    return "config: strategy = auto applies to modes that run a CP strategy (run, attn, train, prefill, decode, chat, "
+           "bench cp/train/infer); valid here: allgather, ulysses, ring, usp";
+  HardwareProfile hw;
+  try {
+    hw = load_hardware(cfg.hardware);
+  } catch (const UsageError& e) {
+    return std::string("config: strategy = auto needs a hardware profile: ") + e.what();
+  }
+  const bool infer = cfg.mode == "prefill" || cfg.mode == "decode" || cfg.mode == "chat" ||
+                     (cfg.mode == "bench" && cfg.bench == "infer");
+  const PerfMesh mesh{topo.size(Axis::dp), topo.size(Axis::tp), topo.size(Axis::ulysses), topo.size(Axis::ring)};
+  PerfWorkload w;
+  w.mode = infer ? PerfMode::prefill : PerfMode::train;  // inference: the full prefill runs the strategy
+  w.seq = cfg.seq;
+  w.batch = cfg.batch;
+  w.precision = "fp32";  // the executed CPU path computes in fp32
+  w.remat = cfg.remat;
+  w.partition = "zigzag";
+  const ModelShape m = model_shape(cfg);
+  // Executed strategy names; the cost model calls the full prefill's ring pass_kv.
+  const std::vector<std::pair<std::string, std::string>> names = {
+      {"allgather", "allgather"}, {"ulysses", "ulysses"}, {"ring", infer ? "pass_kv" : "ring"}, {"usp", "usp"}};
+  std::vector<StrategyPrediction> preds;
+  for (const auto& [run_name, model_name] : names) {
+    StrategyPrediction p = predict(m, hw, mesh, w, model_name);
+    if (run_name == "usp" && (mesh.ulysses < 2 || mesh.ring < 2) && p.invalid.empty())
+      p.invalid = "usp needs ulysses >= 2 and ring >= 2 in the mesh";
+    p.strategy = run_name;
+    preds.push_back(p);
+  }
+  const int best = recommend(preds);
+  if (best < 0) return "config: strategy = auto: no strategy is valid for mesh " + cfg.mesh + " and this model";
+  std::ostringstream os;
+  os << "# strategy=auto (cost model, hardware " << hw.name << ", " << perf_mode_name(w.mode) << ", S = " << w.seq
+     << "):";
+  for (const StrategyPrediction& p : preds) {
+    os << " " << p.strategy << " ";
+    if (!p.invalid.empty()) os << "invalid";
+    else os << p.time_s * 1e3 << " ms";
+    os << (&p == &preds[size_t(best)] ? " (chosen)" : "") << ";";
+  }
+  cfg.strategy = preds[size_t(best)].strategy;
+  log0("%s\n", os.str().c_str());
+  return "";
+}
+
 std::string validate_predict_mode(const Config& cfg, Topology& topo) {
   (void)topo;
   try {

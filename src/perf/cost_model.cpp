@@ -103,6 +103,7 @@ const char* perf_mode_name(PerfMode m) {
 std::vector<std::string> perf_strategies(PerfMode m) {
   if (m == PerfMode::train) return {"allgather", "ulysses", "ring", "usp"};
   if (m == PerfMode::decode) return {"pass_q", "pass_kv"};
+  if (m == PerfMode::prefill) return {"pass_kv", "pass_q", "allgather", "ulysses", "usp"};
   return {"pass_kv", "pass_q", "allgather"};
 }
 
@@ -167,6 +168,8 @@ std::string check_mesh(const ModelShape& m, const PerfMesh& mesh, const std::str
   if (m.ffn % mesh.tp != 0) return "tp:" + s(mesh.tp) + " does not divide ffn_dim = " + s(m.ffn);
   const int64_t N = mesh.cp();
   const bool uly = strategy == "ulysses" || strategy == "usp";
+  if (uly && w.mode != PerfMode::train && w.mode != PerfMode::prefill)
+    return strategy + " runs the full prefill only (the partial prefill and decode circulate K/V or Q: pass_kv, pass_q)";
   if (uly) {
     const int64_t U = strategy == "usp" ? mesh.ulysses : N;
     const int64_t hq = m.H_q / mesh.tp, hkv = std::max<int64_t>(1, m.H_kv / mesh.tp);
@@ -383,6 +386,23 @@ StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
       comm_layer = double(N - 1) * m_q + a2a;
       exposed_layer = ring - c_all - double(N) * o + a2a;
       buf = 2.0 * T_loc * hq * double(m.D) * (e + 4.0);
+    } else if (st == "ulysses" || st == "usp") {
+      // Full prefill: all-to-all of Q, K, V in and O out (exposed), then a rank holds U*T_loc
+      // tokens of H/U heads; usp passes them around a ring of R (as the training forward).
+      const int64_t U = st == "usp" ? mesh.ulysses : N, R = st == "usp" ? mesh.ring : 1;
+      const int64_t k_u = ranks_per_node(c.hw, U, tp), k_r = ranks_per_node(c.hw, R, tp * U);
+      const double a2a_bytes = T_loc * (2.0 * hq + 2.0 * std::max(hkv, double(U))) * double(m.D) * e;
+      const double t_a2a = alltoall_s(c.hw, U, k_u, a2a_bytes);
+      const double blk = R > 1 ? T_loc * double(U) / 2 : double(T) * double(B);
+      const double cf = attn_seconds(c, at_flops_rank, blk) / double(R);
+      const double msg = T_loc * double(U) * 2.0 * (std::max(hkv, double(U)) / double(U)) * double(m.D) * e;
+      const double oo = R > 1 ? c.hw.step_overhead_s : 0;
+      const double m_f = p2p_s(c.hw, R, k_r, msg);
+      const double ring = ring_pipeline_s(R, cf, m_f, oo);
+      attn_layer = ring + t_a2a;
+      comm_layer = t_a2a + double(R - 1) * m_f;
+      exposed_layer = t_a2a + ring - double(R) * (cf + oo);
+      buf = 2.0 * a2a_bytes + 2.0 * msg;
     } else {  // allgather: every rank gathers the whole K/V, then attends locally
       const double g = allgather_s(c.hw, N, k_cp, kv_bytes_rank * double(N));
       attn_layer = c_all + g;

@@ -29,6 +29,8 @@ CASES = [
     ("seq not divisible for zigzag", ["run", "seq=1001"], "seq"),
     ("document lengths do not sum to seq", ["run", "seq=4K", "docs=100,200"], "docs"),
     ("ulysses cannot split heads", ["run", "strategy=ulysses", "mesh=ulysses:2", "heads=3", "kv_heads=3"], "heads"),
+    ("strategy=auto without a readable profile", ["train", "strategy=auto", "hardware=nope"], "hardware"),
+    ("device=cuda for a mode not built for it", ["train", "device=cuda"], "device"),
     ("unknown mode", ["fly"], "mode"),
     ("unknown bench", ["bench", "warp"], "bench"),
     ("missing --config file", ["run", "--config", "does/not/exist.toml"], "config"),

@@ -45,6 +45,13 @@ expect("ulysses:2,ring:4" in text and "memory estimate per rank" in text, "--dry
 # zigzag over P = 8: CP rank 0 holds chunks 0 and 15 of 1K tokens each
 expect("[0,1024) [15360,16384)" in text, "--dry-run shows zigzag token ranges of CP rank 0", text)
 
+# strategy=auto: the cost model's choice for this mesh, logged once with every strategy's prediction.
+rc, text = run(4, ["train", "mesh=ulysses:2,ring:2", "strategy=auto", "seq=4K", "--dry-run", "out=" + out])
+expect(rc == 0 and text.count("# strategy=auto") == 1 and text.count("(chosen)") == 1,
+       "strategy=auto logs its choice once (rank 0)", text)
+for st in ("allgather", "ulysses", "ring", "usp"):
+    expect(st + " " in text.split("# strategy=auto")[1].splitlines()[0], f"strategy=auto line predicts {st}", text)
+
 expect(os.listdir(tmp) == [], "no file written by --help/--print-config/--dry-run", str(os.listdir(tmp)))
 print(f"{checks - len(failures)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -24,7 +24,8 @@ model = ["--config", "inputs/llama3-405b.toml", "hardware=h100-gtt"]
 r = run(*model, "predict_mesh=tp:8,ring:16", "seq=1M", "predict_mode=prefill")
 check(r.returncode == 0, "prefill table exits 0: %s" % r.stderr)
 rows = [l for l in r.stdout.splitlines() if l and not l.startswith("#")]
-check(len(rows) == 3, "prefill: one row per strategy (pass_kv, pass_q, allgather), got %d" % len(rows))
+check(len(rows) == 5, "prefill: one row per strategy (pass_kv, pass_q, allgather, ulysses, usp), got %d" % len(rows))
+check(sum("invalid" in l for l in rows) == 1, "prefill on tp:8,ring:16: usp invalid (no ulysses axis), the rest valid")
 check(any("pass_kv" in l for l in rows) and any("pass_q" in l for l in rows), "prefill rows name pass_kv and pass_q")
 check("# recommended: pass_kv" in r.stdout, "1M prefill recommends pass_kv:\n" + r.stdout)
 
@@ -42,7 +43,7 @@ check(any("invalid" in d["note"] for d in data), "usp without a ulysses axis is 
 
 r = run(*model, "predict_mesh=tp:8,ring:16", "predict_mode=prefill", "--csv", "--sweep", "seq=128K,256K,1M")
 data = list(csv.DictReader(io.StringIO(r.stdout)))
-check(r.returncode == 0 and len(data) == 9, "sweep of 3 lengths x 3 strategies -> 9 rows, got %d" % len(data))
+check(r.returncode == 0 and len(data) == 15, "sweep of 3 lengths x 5 strategies -> 15 rows, got %d" % len(data))
 kv = [float(d["time_s"]) for d in data if d["strategy"] == "pass_kv"]
 check(kv == sorted(kv) and len(kv) == 3, "TTFT grows with the length: %s" % kv)
 
