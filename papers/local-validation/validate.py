@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Predicted vs measured on this machine: calibrates the `local` profile (`ctxpar bench calibrate`,
-2 ranks), runs a sweep of our own training runs with mpirun (strategies x lengths x np 1, 2, 4),
-predicts each with `ctxpar predict hardware=local`, and writes points.csv,
-predicted_vs_measured.png and prints the README table. Goal: step times within ±20%.
+2 ranks), runs a sweep of our own runs with mpirun (strategies x lengths x np 1, 2, 4 x training
+step / full prefill), predicts each with `ctxpar predict hardware=local`, and writes points.csv,
+predicted_vs_measured.png and prints the README table. Goal: step times (training) and TTFTs
+(prefill) within ±20%.
 Usage: /usr/bin/python3 papers/local-validation/validate.py [--quick] [--no-calibrate]
 Run it on a quiet machine: every rank runs one OpenMP thread and ranks share the cores, so other
 jobs on the machine change both the calibration and the measured runs.
@@ -31,10 +32,14 @@ def mpirun(np_, args):
     return r.stdout
 
 
-def measured_step_s(path):
-    """Median step time over the measured steps (the trace's summary excludes warmup)."""
+def measured_step_s(path, key="time_s_median"):
+    """Median step time (or TTFT) over the measured steps (the trace's summary excludes warmup)."""
     with h5py.File(path, "r") as f:
-        return float(f["summary"].attrs["time_s_median"])
+        return float(f["summary"].attrs[key])
+
+
+# The executed strategy → the cost model's name for it (a full prefill's ring is pass-KV).
+PREFILL_NAME = {"ring": "pass_kv", "allgather": "allgather", "ulysses": "ulysses", "usp": "usp"}
 
 
 def main():
@@ -48,21 +53,31 @@ def main():
             cases.append((np_, st, "ring:%d" % np_))
     cases.append((4, "usp", "ulysses:2,ring:2"))
     points = []
-    for seq in seqs:
-        for np_, st, mesh in cases:
-            out = "/tmp/ctxpar_val_%d_%s_%d.h5" % (np_, st, seq)
-            mpirun(np_, ["train"] + MODEL + ["threads=1", "seq=%d" % seq, "strategy=" + st, "mesh=" + mesh, "steps=3",
-                                             "warmup=1", "out=" + out])
-            meas = measured_step_s(out)
-            rows = pl.predict(MODEL + ["hardware=local", "predict_mode=train", "seq=%d" % seq, "predict_mesh=" + mesh])
-            pred = float(pl.row_of(rows, st)["time_s"])
-            err = pl.error_pct(pred, meas)
-            points.append(dict(id="np%d %s S=%d" % (np_, st, seq), metric="step_time", unit="s", published=meas,
-                               predicted=pred, group="np%d" % np_, within=abs(err) <= TOL,
-                               command="predict_mesh=%s seq=%d (strategy %s)" % (mesh, seq, st)))
-            print("%-24s measured %.4f s predicted %.4f s error %+.1f%%" % (points[-1]["id"], meas, pred, err), flush=True)
-    pl.write_outputs(HERE, points, TOL, "ctxpar train on this machine: predicted (local profile) vs measured step time",
-                     "step time")
+    for kind in ("train", "prefill"):
+        for seq in seqs:
+            for np_, st, mesh in cases:
+                out = "/tmp/ctxpar_val_%s_%d_%s_%d.h5" % (kind, np_, st, seq)
+                common = MODEL + ["threads=1", "seq=%d" % seq, "strategy=" + st, "mesh=" + mesh, "out=" + out]
+                if kind == "train":
+                    mpirun(np_, ["train"] + common + ["steps=3", "warmup=1"])
+                    meas = measured_step_s(out)
+                    model_name, mode = st, "train"
+                else:
+                    # Full prefills of `seq` tokens with the strategy (cp_algo=pass_kv keeps the
+                    # configured strategy for a prefill with no cache); TTFT median.
+                    mpirun(np_, ["prefill"] + common + ["miss_rate=1", "cp_algo=pass_kv", "steps=5", "warmup=1"])
+                    meas = measured_step_s(out, "ttft_s_median")
+                    model_name, mode = PREFILL_NAME[st], "prefill"
+                rows = pl.predict(MODEL + ["hardware=local", "predict_mode=" + mode, "seq=%d" % seq, "predict_mesh=" + mesh])
+                pred = float(pl.row_of(rows, model_name)["time_s"])
+                err = pl.error_pct(pred, meas)
+                points.append(dict(id="%s np%d %s S=%d" % (kind, np_, st, seq), metric="step_time" if kind == "train" else "ttft",
+                                   unit="s", published=meas, predicted=pred, group="%s np%d" % (kind, np_),
+                                   within=abs(err) <= TOL,
+                                   command="predict_mode=%s predict_mesh=%s seq=%d (strategy %s)" % (mode, mesh, seq, model_name)))
+                print("%-32s measured %.4f s predicted %.4f s error %+.1f%%" % (points[-1]["id"], meas, pred, err), flush=True)
+    pl.write_outputs(HERE, points, TOL, "ctxpar train / prefill on this machine: predicted (local profile) vs measured",
+                     "step time / TTFT")
     os.replace(os.path.join(HERE, "predicted_vs_published.png"), os.path.join(HERE, "predicted_vs_measured.png"))
     print(pl.markdown_table(points).replace("published", "measured"))
     print("\nwithin ±%d%%: %d of %d; load average during the run: %s" % (TOL, sum(p["within"] for p in points), len(points),
