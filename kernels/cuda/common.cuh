@@ -27,6 +27,20 @@ namespace ctxpar::cuda::detail {
 // not at the next synchronizing call.
 #define CTXPAR_CUDA_LAUNCH_CHECK() CTXPAR_CUDA_CHECK(cudaGetLastError())
 
+// Kernel launch and dynamic shared memory, spelled through macros so that the same sources also
+// build for the CPU emulator of tests/gpu (CTXPAR_CUDA_EMU: kernels run as fibers on the host,
+// see kernels/cuda/emu/emu.hpp). A kernel that is a template instance is passed as a variable
+// (`auto kern = k<A, B>;`) because of the commas.
+#if defined(CTXPAR_CUDA_EMU)
+#define CTXPAR_LAUNCH(kernel, grid, block, smem_bytes, stream, ...) \
+  ::ctxpar::cuda::emu::launch(kernel, dim3(grid), dim3(block), size_t(smem_bytes), __VA_ARGS__)
+#define CTXPAR_DYNAMIC_SMEM(name) unsigned char* name = ::ctxpar::cuda::emu::dynamic_smem()
+#else
+#define CTXPAR_LAUNCH(kernel, grid, block, smem_bytes, stream, ...) \
+  kernel<<<(grid), (block), (smem_bytes), (stream)>>>(__VA_ARGS__)
+#define CTXPAR_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 [[noreturn]] inline void throw_arg(const std::string& msg) { throw std::invalid_argument("ctxpar::cuda: " + msg); }
 
 // Stream-ordered scratch allocation (cudaMallocAsync from the device's default pool): freed on the
@@ -52,6 +66,8 @@ class Scratch {
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int64_t imax64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 

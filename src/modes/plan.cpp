@@ -51,6 +51,9 @@ std::string validate_mode(const Config& cfg, Topology& topo) {
     if (!(cfg.mode == "bench" && cfg.bench == "attn"))
       return "config: device = 'cuda' is built for `bench attn` only so far (mode " + cfg.mode +
              (cfg.mode == "bench" ? " " + cfg.bench : std::string()) + "); valid: device=cpu for this mode";
+    if (cfg.head_dim % 8 != 0)
+      return "config: head_dim = " + std::to_string(cfg.head_dim) + " with device = cuda: the GPU kernels load 16-byte "
+             "rows, so head_dim must be a multiple of 8 (e.g. " + std::to_string((cfg.head_dim + 7) / 8 * 8) + ")";
 #endif
   }
   const bool attention = cfg.mode == "run" || cfg.mode == "attn" || (cfg.mode == "bench" && cfg.bench == "cp");
