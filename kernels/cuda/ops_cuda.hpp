@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "attn_params.hpp"
 #include "ops.hpp"  // AdamWStep
@@ -167,6 +168,17 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
 void sum_squares(const float* x, int64_t n, double* out, cudaStream_t stream = nullptr);
 
 // ---- conversions ----
+// Host: x rounded to the nearest bf16 (ties to even), returned as a float; finite x only. The
+// host side of tests and benches builds its bf16 inputs with it.
+inline float round_bf16_host(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
 void f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream = nullptr);
 void bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t stream = nullptr);
 

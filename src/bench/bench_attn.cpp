@@ -65,6 +65,15 @@ struct Row {
   int64_t window;
 };
 
+// The configured shape's rows: S = 1K, 2K, ... up to cfg.seq (both devices start with these).
+std::vector<Row> configured_rows(const Config& cfg) {
+  const MaskKind mask = cfg.mask == "none" ? MaskKind::none : cfg.mask == "window" ? MaskKind::window : MaskKind::causal;
+  std::vector<Row> rows;
+  for (int64_t S = 1024; S <= std::max<int64_t>(cfg.seq, 1024); S *= 2)
+    rows.push_back({S, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim), mask, cfg.window});
+  return rows;
+}
+
 const char* mask_name(MaskKind m) {
   return m == MaskKind::none ? "none" : m == MaskKind::causal ? "causal" : "window";
 }
@@ -216,16 +225,7 @@ class DevArray {
   size_t n_;
 };
 
-// Round to nearest even bf16 (finite inputs), as a float and as the bf16 bit pattern.
-float round_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  float r;
-  std::memcpy(&r, &u, 4);
-  return r;
-}
+float round_bf16(float x) { return cuda::round_bf16_host(x); }
 std::vector<cuda::bf16> bf16_of_rounded(const std::vector<float>& x) {
   std::vector<cuda::bf16> r(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
@@ -342,13 +342,7 @@ int bench_attn_cuda(BenchContext& ctx) {
   const int device = select_device(ctx.topo.local_rank(), ctx.topo.local_size());
   const std::string dev_name = cuda::device_description();
 
-  auto parse_mask = [](const std::string& m) {
-    return m == "none" ? MaskKind::none : m == "window" ? MaskKind::window : MaskKind::causal;
-  };
-  std::vector<Row> rows;
-  const MaskKind user_mask = parse_mask(cfg.mask);
-  for (int64_t S = 1024; S <= std::max<int64_t>(cfg.seq, 1024); S *= 2)
-    rows.push_back({S, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim), user_mask, cfg.window});
+  std::vector<Row> rows = configured_rows(cfg);
   rows.push_back({8192, 32, 8, 64, MaskKind::causal, 0});      // D = 64
   rows.push_back({8192, 32, 1, 128, MaskKind::causal, 0});     // MQA
   rows.push_back({4096, 32, 8, 128, MaskKind::none, 0});       // no mask (full square)
@@ -517,13 +511,7 @@ int bench_attn(BenchContext& ctx) {
   Comm& world = ctx.topo.world();
   const int threads = cfg.threads > 0 ? int(cfg.threads) : omp_get_max_threads();
 
-  auto parse_mask = [](const std::string& m) {
-    return m == "none" ? MaskKind::none : m == "window" ? MaskKind::window : MaskKind::causal;
-  };
-  std::vector<Row> rows;
-  const MaskKind user_mask = parse_mask(cfg.mask);
-  for (int64_t S = 1024; S <= std::max<int64_t>(cfg.seq, 1024); S *= 2)
-    rows.push_back({S, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim), user_mask, cfg.window});
+  std::vector<Row> rows = configured_rows(cfg);
   rows.push_back({4096, 32, 8, 64, MaskKind::causal, 0});    // D = 64
   rows.push_back({4096, 32, 1, 128, MaskKind::causal, 0});   // MQA
   rows.push_back({2048, 32, 8, 128, MaskKind::none, 0});     // no mask (full square)

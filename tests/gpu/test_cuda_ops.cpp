@@ -79,16 +79,7 @@ class Dev {
   size_t n_;
 };
 
-// Round to nearest even bf16, in float (inputs are finite).
-float round_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  float r;
-  std::memcpy(&r, &u, 4);
-  return r;
-}
+float round_bf16(float x) { return cuda::round_bf16_host(x); }
 std::vector<float> rounded(const std::vector<float>& x) {
   std::vector<float> r(x.size());
   for (size_t i = 0; i < x.size(); ++i) r[i] = round_bf16(x[i]);
