@@ -177,6 +177,12 @@ int run(int argc, char** argv, Comm& world) {
   // its ranks (the OpenMP default would give every rank all cores and oversubscribe them).
   if (cfg.threads > 0) omp_set_num_threads(int(cfg.threads));
   else if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(std::max(1, omp_get_num_procs() / topo->local_size()));
+  // A rank bound to fewer CPUs than its threads (mpirun binds to one core by default for small
+  // jobs) runs them time-sliced: every rate then halves or worse. Say so rather than print it.
+  if (omp_get_max_threads() > omp_get_num_procs())
+    log0("# warning: %d OpenMP threads per rank but rank 0 may run on only %d CPU(s) (its affinity); "
+         "use mpirun --bind-to none or --map-by slot:PE=%d\n",
+         omp_get_max_threads(), omp_get_num_procs(), omp_get_max_threads());
   if (cli.print_config) {
     log0("%s", config_listing(cfg).c_str());
     return 0;
