@@ -271,24 +271,27 @@ void rope_table(const int64_t* pos, int64_t rows, int32_t D, const double* inv_f
   CTXPAR_CUDA_LAUNCH_CHECK();
 }
 
-void rope_apply(float* x, int64_t rows, int32_t H, int32_t D, const float* cos_t, const float* sin_t, bool inverse,
-                cudaStream_t stream) {
+namespace {
+template <class T>
+void rope_apply_launch(T* x, int64_t rows, int32_t H, int32_t D, const float* cos_t, const float* sin_t, bool inverse,
+                       cudaStream_t stream) {
   if (D % 2 != 0) throw_arg("rope_apply: D must be even");
   if (rows == 0 || H == 0 || D == 0) return;
-  auto kern = rope_apply_kernel<float>;
+  auto kern = rope_apply_kernel<T>;
   CTXPAR_LAUNCH(kern, grid_for(rows * H * (D / 2)), kThreads, 0, stream, x, rows, H, D, cos_t, sin_t,
                 inverse ? -1.0f : 1.0f);
   CTXPAR_CUDA_LAUNCH_CHECK();
 }
+}  // namespace
+
+void rope_apply(float* x, int64_t rows, int32_t H, int32_t D, const float* cos_t, const float* sin_t, bool inverse,
+                cudaStream_t stream) {
+  rope_apply_launch(x, rows, H, D, cos_t, sin_t, inverse, stream);
+}
 
 void rope_apply(bf16* x, int64_t rows, int32_t H, int32_t D, const float* cos_t, const float* sin_t, bool inverse,
                 cudaStream_t stream) {
-  if (D % 2 != 0) throw_arg("rope_apply: D must be even");
-  if (rows == 0 || H == 0 || D == 0) return;
-  auto kern = rope_apply_kernel<bf16>;
-  CTXPAR_LAUNCH(kern, grid_for(rows * H * (D / 2)), kThreads, 0, stream, x, rows, H, D, cos_t, sin_t,
-                inverse ? -1.0f : 1.0f);
-  CTXPAR_CUDA_LAUNCH_CHECK();
+  rope_apply_launch(x, rows, H, D, cos_t, sin_t, inverse, stream);
 }
 
 void swiglu_fwd(const float* g, const float* u, float* h, int64_t n, cudaStream_t stream) {

@@ -74,6 +74,33 @@ std::vector<Row> configured_rows(const Config& cfg) {
   return rows;
 }
 
+// Timed iterations of a row: as many as fit in `budget_s` after a warm-up of `warm_s`, at least
+// one and at most `max_iters`; the same on every rank (the minimum).
+int64_t iters_within(Comm& world, double warm_s, double budget_s, int64_t max_iters) {
+  double n = std::clamp(std::floor(budget_s / std::max(warm_s, 1e-9)), 1.0, double(max_iters));
+  world.all_reduce(std::span<double>(&n, 1), ReduceOp::min);
+  return int64_t(n);
+}
+
+// One row's results agreed over the ranks (slowest time, slowest GEMM, all failures) and its
+// trace step. Times in seconds.
+void finish_row(BenchContext& ctx, int64_t& step, int64_t S, double fwd_flops, double bwd_flops, double& fwd_s,
+                double& bwd_s, double& gemm, int32_t& wrong, double t_step0_us) {
+  Comm& world = ctx.topo.world();
+  world.all_reduce(std::span<double>(&fwd_s, 1), ReduceOp::max);
+  world.all_reduce(std::span<double>(&bwd_s, 1), ReduceOp::max);
+  world.all_reduce(std::span<double>(&gemm, 1), ReduceOp::min);
+  world.all_reduce(std::span<int32_t>(&wrong, 1), ReduceOp::sum);
+  StepRecord rec;
+  rec.step = step++;
+  rec.tokens = S;
+  rec.model_flops = (fwd_flops + bwd_flops) * world.size();
+  rec.time_s = (ctx.tracer.now_us() - t_step0_us) * 1e-6;
+  rec.tflops_per_rank = (fwd_flops + bwd_flops) / (fwd_s + bwd_s) / 1e12;
+  rec.peak_bytes = mem_peak_bytes();
+  ctx.tracer.end_step(rec);
+}
+
 const char* mask_name(MaskKind m) {
   return m == MaskKind::none ? "none" : m == MaskKind::causal ? "causal" : "window";
 }
@@ -448,12 +475,8 @@ int bench_attn_cuda(BenchContext& ctx) {
     rd.dv = dv.download();
     int32_t wrong = check_row_cuda(rd, pos);
     // Timed iterations: as many as fit in ~1 s, at most bench_iters.
-    auto iters_for = [&](double warm_ms) {
-      double n = std::clamp(std::floor(1000.0 / std::max(warm_ms, 1e-3)), 1.0, double(cfg.bench_iters));
-      world.all_reduce(std::span<double>(&n, 1), ReduceOp::min);
-      return int64_t(n);
-    };
-    const int64_t fwd_iters = iters_for(fwd_warm_ms), bwd_iters = iters_for(bwd_warm_ms);
+    const int64_t fwd_iters = iters_within(world, fwd_warm_ms * 1e-3, 1.0, cfg.bench_iters);
+    const int64_t bwd_iters = iters_within(world, bwd_warm_ms * 1e-3, 1.0, cfg.bench_iters);
     world.barrier();
     double tb = ctx.tracer.now_us();
     double fwd_ms = event_ms([&] { cuda::attn_fwd(a); }, fwd_iters);
@@ -463,29 +486,19 @@ int bench_attn_cuda(BenchContext& ctx) {
     double bwd_ms = event_ms([&] { cuda::attn_bwd(a); }, bwd_iters);  // accumulates; values unused
     ctx.tracer.add_span(Phase::attn_bwd, -1, -1, tb, ctx.tracer.now_us(), bwd_flops * double(bwd_iters));
 
-    world.all_reduce(std::span<double>(&fwd_ms, 1), ReduceOp::max);
-    world.all_reduce(std::span<double>(&bwd_ms, 1), ReduceOp::max);
-    world.all_reduce(std::span<double>(&gemm, 1), ReduceOp::min);
-    world.all_reduce(std::span<int32_t>(&wrong, 1), ReduceOp::sum);
+    double fwd_s = fwd_ms * 1e-3, bwd_s = bwd_ms * 1e-3;
+    finish_row(ctx, step, S, fwd_flops, bwd_flops, fwd_s, bwd_s, gemm, wrong, t_step0);
     wrong_total += wrong;
-    const double fwd_tf = fwd_flops / (fwd_ms * 1e-3) / 1e12, bwd_tf = bwd_flops / (bwd_ms * 1e-3) / 1e12;
+    const double fwd_tf = fwd_flops / fwd_s / 1e12, bwd_tf = bwd_flops / bwd_s / 1e12;
     if (row.S == 16384 && row.H_q == 32 && row.H_kv == 8 && row.D == 128 && row.mask == MaskKind::causal) {
       goal_fwd = fwd_tf;
       goal_bwd = bwd_tf;
       goal_gemm = gemm;
     }
     table.add_row({std::to_string(S), std::to_string(row.H_q), std::to_string(row.H_kv), std::to_string(row.D),
-                   mask_name(row.mask), table.cell(5, fwd_ms), table.cell(6, bwd_ms), table.cell(7, fwd_tf),
+                   mask_name(row.mask), table.cell(5, fwd_s * 1e3), table.cell(6, bwd_s * 1e3), table.cell(7, fwd_tf),
                    table.cell(8, bwd_tf), table.cell(9, gemm), table.cell(10, fwd_tf / gemm),
                    table.cell(11, bwd_tf / gemm), std::to_string(wrong)});
-    StepRecord rec;
-    rec.step = step++;
-    rec.tokens = S;
-    rec.model_flops = (fwd_flops + bwd_flops) * world.size();
-    rec.time_s = (ctx.tracer.now_us() - t_step0) * 1e-6;
-    rec.tflops_per_rank = (fwd_flops + bwd_flops) / ((fwd_ms + bwd_ms) * 1e-3) / 1e12;
-    rec.peak_bytes = mem_peak_bytes();
-    ctx.tracer.end_step(rec);
   }
   if (world.rank() == 0) {
     table.print(cfg.csv);
@@ -581,12 +594,8 @@ int bench_attn(BenchContext& ctx) {
     const double bwd_warm_s = seconds_now() - t0;
     int32_t wrong = check_row(p, pos);
     // Timed iterations: as many as fit in ~2 s, at most bench_iters (long rows run once).
-    auto iters_for = [&](double warm_s) {
-      double n = std::clamp(std::floor(2.0 / std::max(warm_s, 1e-6)), 1.0, double(cfg.bench_iters));
-      world.all_reduce(std::span<double>(&n, 1), ReduceOp::min);
-      return int64_t(n);
-    };
-    const int64_t fwd_iters = iters_for(fwd_warm_s), bwd_iters = iters_for(bwd_warm_s);
+    const int64_t fwd_iters = iters_within(world, fwd_warm_s, 2.0, cfg.bench_iters);
+    const int64_t bwd_iters = iters_within(world, bwd_warm_s, 2.0, cfg.bench_iters);
     world.barrier();
     double tb = ctx.tracer.now_us();
     t0 = seconds_now();
@@ -600,24 +609,13 @@ int bench_attn(BenchContext& ctx) {
     double bwd_s = (seconds_now() - t0) / double(bwd_iters);
     ctx.tracer.add_span(Phase::attn_bwd, -1, -1, tb, ctx.tracer.now_us(), bwd_flops * double(bwd_iters));
 
-    world.all_reduce(std::span<double>(&fwd_s, 1), ReduceOp::max);
-    world.all_reduce(std::span<double>(&bwd_s, 1), ReduceOp::max);
-    world.all_reduce(std::span<double>(&gemm, 1), ReduceOp::min);
-    world.all_reduce(std::span<int32_t>(&wrong, 1), ReduceOp::sum);
+    finish_row(ctx, step, S, fwd_flops, bwd_flops, fwd_s, bwd_s, gemm, wrong, t_step0);
     wrong_total += wrong;
     const double fwd_gf = fwd_flops / fwd_s / 1e9, bwd_gf = bwd_flops / bwd_s / 1e9;
     table.add_row({std::to_string(S), std::to_string(row.H_q), std::to_string(row.H_kv), std::to_string(row.D),
                    mask_name(row.mask), table.cell(5, fwd_s * 1e3), table.cell(6, bwd_s * 1e3),
                    table.cell(7, fwd_gf), table.cell(8, bwd_gf), table.cell(9, gemm), table.cell(10, fwd_gf / gemm),
                    table.cell(11, bwd_gf / gemm), table.cell(12, gemm / peak), std::to_string(wrong)});
-    StepRecord rec;
-    rec.step = step++;
-    rec.tokens = S;
-    rec.model_flops = (fwd_flops + bwd_flops) * world.size();
-    rec.time_s = (ctx.tracer.now_us() - t_step0) * 1e-6;
-    rec.tflops_per_rank = (fwd_flops + bwd_flops) / (fwd_s + bwd_s) / 1e12;
-    rec.peak_bytes = mem_peak_bytes();
-    ctx.tracer.end_step(rec);
   }
   if (world.rank() == 0) table.print(cfg.csv);
   print_verdict("bench attn", wrong_total, cfg.csv);
