@@ -59,13 +59,13 @@ def main():
                 out = "/tmp/ctxpar_val_%s_%d_%s_%d.h5" % (kind, np_, st, seq)
                 common = MODEL + ["threads=1", "seq=%d" % seq, "strategy=" + st, "mesh=" + mesh, "out=" + out]
                 if kind == "train":
-                    mpirun(np_, ["train"] + common + ["steps=3", "warmup=1"])
+                    mpirun(np_, ["train"] + common + ["steps=5", "warmup=1"])
                     meas = measured_step_s(out)
                     model_name, mode = st, "train"
                 else:
                     # Full prefills of `seq` tokens with the strategy (cp_algo=pass_kv keeps the
                     # configured strategy for a prefill with no cache); TTFT median.
-                    mpirun(np_, ["prefill"] + common + ["miss_rate=1", "cp_algo=pass_kv", "steps=5", "warmup=1"])
+                    mpirun(np_, ["prefill"] + common + ["miss_rate=1", "cp_algo=pass_kv", "steps=9", "warmup=1"])
                     meas = measured_step_s(out, "ttft_s_median")
                     model_name, mode = PREFILL_NAME[st], "prefill"
                 rows = pl.predict(MODEL + ["hardware=local", "predict_mode=" + mode, "seq=%d" % seq, "predict_mesh=" + mesh])

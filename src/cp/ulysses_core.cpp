@@ -40,46 +40,89 @@ namespace {
 
 template <class T> std::span<T> sp(T* p, size_t n) { return {p, n}; }
 
-// x [S_loc, H, W] on every rank → y [U * S_loc, H_loc, W]: rank j receives heads
-// [first(j), first(j) + H_loc) of every rank's tokens, blocks in rank order.
-void scatter_heads(Comm& c, const HeadSplit& hs, const float* x, int64_t S_loc, int32_t W, float* y,
-                   CpStats& st, Tracer* tr) {
-  const size_t row = size_t(hs.H_loc) * W, blk = size_t(S_loc) * row;
-  if (hs.U == 1) {
-    std::copy_n(x, blk, y);
-    return;
-  }
-  Buffer<float> send(blk * hs.U, false);
-  for (int j = 0; j < hs.U; ++j)
-    for (int64_t t = 0; t < S_loc; ++t)
-      std::copy_n(x + (size_t(t) * hs.H + hs.first(j)) * W, row, send.data() + j * blk + size_t(t) * row);
-  timed_collective(c, st, tr, Phase::all_to_all, double(blk * (hs.U - 1) * sizeof(float)),
-                   [&] { c.all_to_all(send.span(), sp(y, blk * hs.U)); });
+// One tensor of a head <-> token all-to-all between x [S_loc, H, W] on every rank and
+// y [U * S_loc, H_loc, W] (rank j holds heads [first(j), first(j) + H_loc) of every rank's
+// tokens, blocks in rank order). scatter_heads reads `from` = x and writes `to` = y;
+// gather_heads reads `from` = y and writes `to` = x.
+struct HeadTensor {
+  const HeadSplit& hs;
+  int32_t W;
+  const float* from;
+  float* to;
+  size_t block(int64_t S_loc) const { return size_t(S_loc) * hs.H_loc * W; }  // y-rows of one rank
+};
+
+// Floats each rank sends to one destination for `ts`.
+size_t per_rank(std::initializer_list<HeadTensor> ts, int64_t S_loc) {
+  size_t n = 0;
+  for (const HeadTensor& t : ts) n += t.block(S_loc);
+  return n;
 }
 
-// The reverse: y [U * S_loc, H_loc, W] → x [S_loc, H, W]. Replicated heads (H < U) come back
-// from U / H ranks each; their values are summed, which is what the gradients need (each replica
-// saw a different subset of the query heads).
-void gather_heads(Comm& c, const HeadSplit& hs, const float* y, int64_t S_loc, int32_t W, float* x,
-                  CpStats& st, Tracer* tr) {
-  const size_t row = size_t(hs.H_loc) * W, blk = size_t(S_loc) * row;
-  if (hs.U == 1) {
-    std::copy_n(y, blk, x);
+// x → y for every tensor of `ts` in ONE all-to-all (fewer synchronisations than one per tensor):
+// the part for rank j packs each tensor's heads of rank j, tensor after tensor.
+void scatter_heads(Comm& c, std::initializer_list<HeadTensor> ts, int64_t S_loc, CpStats& st, Tracer* tr) {
+  const int U = c.size();
+  if (U == 1) {
+    for (const HeadTensor& t : ts) std::copy_n(t.from, t.block(S_loc), t.to);
     return;
   }
-  Buffer<float> recv(blk * hs.U, false);
-  timed_collective(c, st, tr, Phase::all_to_all, double(blk * (hs.U - 1) * sizeof(float)),
-                   [&] { c.all_to_all(sp(y, blk * hs.U), recv.span()); });
-  if (hs.replicated()) std::fill_n(x, size_t(S_loc) * hs.H * W, 0.f);
-  for (int j = 0; j < hs.U; ++j)
-    for (int64_t t = 0; t < S_loc; ++t) {
-      const float* src = recv.data() + j * blk + size_t(t) * row;
-      float* dst = x + (size_t(t) * hs.H + hs.first(j)) * W;
-      if (hs.replicated())
-        for (size_t e = 0; e < row; ++e) dst[e] += src[e];
-      else
-        std::copy_n(src, row, dst);
+  const size_t per = per_rank(ts, S_loc);
+  Buffer<float> send(per * U, false), recv(per * U, false);
+  for (int j = 0; j < U; ++j) {
+    float* out = send.data() + size_t(j) * per;
+    for (const HeadTensor& t : ts) {
+      const size_t row = size_t(t.hs.H_loc) * t.W;
+      for (int64_t tok = 0; tok < S_loc; ++tok, out += row)
+        std::copy_n(t.from + (size_t(tok) * t.hs.H + t.hs.first(j)) * t.W, row, out);
     }
+  }
+  timed_collective(c, st, tr, Phase::all_to_all, double(per * (U - 1) * sizeof(float)),
+                   [&] { c.all_to_all(send.span(), recv.span()); });
+  for (int j = 0; j < U; ++j) {
+    const float* in = recv.data() + size_t(j) * per;
+    for (const HeadTensor& t : ts) {
+      std::copy_n(in, t.block(S_loc), t.to + size_t(j) * t.block(S_loc));
+      in += t.block(S_loc);
+    }
+  }
+}
+
+// The reverse, y → x, in one all-to-all. Replicated heads (H < U) come back from U / H ranks
+// each; their values are summed, which is what the gradients need (each replica saw a different
+// subset of the query heads).
+void gather_heads(Comm& c, std::initializer_list<HeadTensor> ts, int64_t S_loc, CpStats& st, Tracer* tr) {
+  const int U = c.size();
+  if (U == 1) {
+    for (const HeadTensor& t : ts) std::copy_n(t.from, t.block(S_loc), t.to);
+    return;
+  }
+  const size_t per = per_rank(ts, S_loc);
+  Buffer<float> send(per * U, false), recv(per * U, false);
+  for (int j = 0; j < U; ++j) {
+    float* out = send.data() + size_t(j) * per;
+    for (const HeadTensor& t : ts) {
+      std::copy_n(t.from + size_t(j) * t.block(S_loc), t.block(S_loc), out);
+      out += t.block(S_loc);
+    }
+  }
+  timed_collective(c, st, tr, Phase::all_to_all, double(per * (U - 1) * sizeof(float)),
+                   [&] { c.all_to_all(send.span(), recv.span()); });
+  for (const HeadTensor& t : ts)
+    if (t.hs.replicated()) std::fill_n(t.to, size_t(S_loc) * t.hs.H * t.W, 0.f);
+  for (int j = 0; j < U; ++j) {
+    const float* in = recv.data() + size_t(j) * per;
+    for (const HeadTensor& t : ts) {
+      const size_t row = size_t(t.hs.H_loc) * t.W;
+      for (int64_t tok = 0; tok < S_loc; ++tok, in += row) {
+        float* dst = t.to + (size_t(tok) * t.hs.H + t.hs.first(j)) * t.W;
+        if (t.hs.replicated())
+          for (size_t e = 0; e < row; ++e) dst[e] += in[e];
+        else
+          std::copy_n(in, row, dst);
+      }
+    }
+  }
 }
 
 // Positions and document ids of the U * S_loc gathered tokens, in the all-to-all's order.
@@ -122,9 +165,7 @@ void ulysses_fwd(Comm& u, Comm* ring, const AttnShape& s, LocalAttn& t, Tracer* 
   Buffer<float> q(N * hq.H_loc * s.D, false), k(N * hk.H_loc * s.D, false), v(N * hk.H_loc * s.D, false);
   Buffer<float> o(N * hq.H_loc * s.D, false), lse(N * hq.H_loc, false);
   if (tr) tr->progress(Phase::all_to_all);
-  scatter_heads(u, hq, t.q, t.S_loc, s.D, q.data(), st, tr);
-  scatter_heads(u, hk, t.k, t.S_loc, s.D, k.data(), st, tr);
-  scatter_heads(u, hk, t.v, t.S_loc, s.D, v.data(), st, tr);
+  scatter_heads(u, {{hq, s.D, t.q, q.data()}, {hk, s.D, t.k, k.data()}, {hk, s.D, t.v, v.data()}}, t.S_loc, st, tr);
   TokenMeta m = gather_meta(u, t, st, tr);
 
   BlockAttn a;
@@ -143,8 +184,7 @@ void ulysses_fwd(Comm& u, Comm* ring, const AttnShape& s, LocalAttn& t, Tracer* 
   a.lse = lse.data();
   ring_fwd(ring, a, tr, st);
 
-  gather_heads(u, hq, o.data(), t.S_loc, s.D, t.o, st, tr);
-  gather_heads(u, hq, lse.data(), t.S_loc, 1, t.lse, st, tr);
+  gather_heads(u, {{hq, s.D, o.data(), t.o}, {hq, 1, lse.data(), t.lse}}, t.S_loc, st, tr);
 }
 
 void ulysses_bwd(Comm& u, Comm* ring, const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st) {
@@ -155,12 +195,10 @@ void ulysses_bwd(Comm& u, Comm* ring, const AttnShape& s, LocalAttn& t, Tracer* 
   Buffer<float> q(nq, false), k(nk, false), v(nk, false), o(nq, false), dout(nq, false), lse(N * hq.H_loc, false);
   Buffer<float> dq(nq, false), dk(nk, false), dv(nk, false);
   if (tr) tr->progress(Phase::all_to_all);
-  scatter_heads(u, hq, t.q, t.S_loc, s.D, q.data(), st, tr);
-  scatter_heads(u, hk, t.k, t.S_loc, s.D, k.data(), st, tr);
-  scatter_heads(u, hk, t.v, t.S_loc, s.D, v.data(), st, tr);
-  scatter_heads(u, hq, t.o, t.S_loc, s.D, o.data(), st, tr);
-  scatter_heads(u, hq, t.dout, t.S_loc, s.D, dout.data(), st, tr);
-  scatter_heads(u, hq, t.lse, t.S_loc, 1, lse.data(), st, tr);
+  scatter_heads(u,
+                {{hq, s.D, t.q, q.data()}, {hk, s.D, t.k, k.data()}, {hk, s.D, t.v, v.data()},
+                 {hq, s.D, t.o, o.data()}, {hq, s.D, t.dout, dout.data()}, {hq, 1, t.lse, lse.data()}},
+                t.S_loc, st, tr);
   TokenMeta m = gather_meta(u, t, st, tr);
 
   BlockAttn a;
@@ -183,9 +221,7 @@ void ulysses_bwd(Comm& u, Comm* ring, const AttnShape& s, LocalAttn& t, Tracer* 
   a.dv = dv.data();
   ring_bwd(ring, a, tr, st);
 
-  gather_heads(u, hq, dq.data(), t.S_loc, s.D, t.dq, st, tr);
-  gather_heads(u, hk, dk.data(), t.S_loc, s.D, t.dk, st, tr);
-  gather_heads(u, hk, dv.data(), t.S_loc, s.D, t.dv, st, tr);
+  gather_heads(u, {{hq, s.D, dq.data(), t.dq}, {hk, s.D, dk.data(), t.dk}, {hk, s.D, dv.data(), t.dv}}, t.S_loc, st, tr);
 }
 
 }  // namespace ctxpar::cp

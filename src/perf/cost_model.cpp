@@ -147,7 +147,7 @@ double alltoall_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes)
   if (n <= 1) return 0;
   // Of the n equal parts a rank holds, k-1 go over the intra link and n-k over its NIC; both
   // links work at once.
-  const double intra = double(k - 1) / double(n) * bytes / hw.intra_collective_bps() + (k > 1 ? hw.intra.latency_s * double(k - 1) : 0);
+  const double intra = double(k - 1) / double(n) * bytes / hw.intra_alltoall_bps() + (k > 1 ? hw.intra.latency_s * double(k - 1) : 0);
   const double inter = double(n - k) / double(n) * bytes / hw.inter.bw_bytes_per_s + (n > k ? hw.inter.latency_s * double(n - k) : 0);
   return std::max(intra, inter);
 }
@@ -211,6 +211,25 @@ double attn_seconds(const Ctx& c, double flops, double block_rows) {
   return c.share * flops / (c.p.peak * c.hw.attn_eff.at(block_rows));
 }
 
+// Ulysses' exchanges per layer on a rank of `tokens` tokens, as src/cp/ulysses_core.cpp runs
+// them: one all-to-all in (forward: Q, K, V; backward: Q, K, V, O, dO, LSE — the backward does
+// not keep the forward's buffers), one out (forward: O, LSE; backward: dQ, dK, dV), and the
+// all-gather of the token positions. K/V heads fewer than U travel replicated (max(H_kv, U)).
+struct UlyssesA2a {
+  double fwd_s = 0, bwd_s = 0, max_bytes = 0;
+};
+UlyssesA2a ulysses_a2a(const Ctx& c, int64_t U, int64_t k_u, double tokens, double hq, double hkv) {
+  const double De = double(c.m.D) * c.p.e, kvh = std::max(hkv, double(U)), lse = tokens * hq * 4.0;
+  const double in_f = tokens * (hq + 2.0 * kvh) * De, out_f = tokens * hq * De + lse;
+  const double in_b = tokens * (3.0 * hq + 2.0 * kvh) * De + lse, out_b = tokens * (hq + 2.0 * kvh) * De;
+  const double meta = allgather_s(c.hw, U, k_u, tokens * 8.0 * double(U));
+  UlyssesA2a a;
+  a.fwd_s = alltoall_s(c.hw, U, k_u, in_f) + alltoall_s(c.hw, U, k_u, out_f) + meta;
+  a.bwd_s = alltoall_s(c.hw, U, k_u, in_b) + alltoall_s(c.hw, U, k_u, out_b) + meta;
+  a.max_bytes = in_b;
+  return a;
+}
+
 void finish(StrategyPrediction& r, const Ctx& c) {
   const double peak_total = c.p.peak_mfu * double(c.mesh.chips());
   r.mfu = r.time_s > 0 ? r.model_flops / (r.time_s * peak_total) : 0;
@@ -260,9 +279,8 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
     const int64_t U = st == "usp" ? mesh.ulysses : N, R = st == "usp" ? mesh.ring : 1;
     const int64_t k_u = ranks_per_node(c.hw, U, tp);
     const double hkv_u = std::max(hkv, double(U)) / double(U);  // K/V heads per rank after the all-to-all
-    // All-to-all in (Q, K, V) and out (O); backward in (dO) and out (dQ, dK, dV): the same volume.
-    const double a2a_bytes = tokens * (2.0 * hq + 2.0 * std::max(hkv, double(U))) * double(m.D) * e;
-    const double t_a2a = alltoall_s(c.hw, U, k_u, a2a_bytes);
+    const UlyssesA2a a2a = ulysses_a2a(c, U, k_u, tokens, hq, hkv);
+    const double t_a2a = (1 + recompute) * a2a.fwd_s + a2a.bwd_s;
     // After the all-to-all a rank holds U*S_loc tokens of H/U heads; a ring over R (usp) passes them.
     const double imb = imbalance(w.partition, R);
     const double block = R > 1 ? S_loc * double(U) / 2 : double(S);
@@ -271,11 +289,11 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
     const int64_t k_r = ranks_per_node(c.hw, R, tp * U);
     const double m_f = p2p_s(c.hw, R, k_r, msg), m_b = p2p_s(c.hw, R, k_r, 2 * msg);
     const double ring_f = ring_pipeline_s(R, cf, m_f, R > 1 ? o : 0), ring_b = ring_pipeline_s(R, cb, m_b, R > 1 ? o : 0);
-    attn_layer = ring_f * (1 + recompute) + ring_b + (2 + recompute) * t_a2a;
-    comm_layer = (2 + recompute) * t_a2a + double(R - 1) * ((1 + recompute) * m_f + m_b);
-    exposed_layer = (2 + recompute) * t_a2a + (ring_f - double(R) * (cf + (R > 1 ? o : 0))) * (1 + recompute) +
+    attn_layer = ring_f * (1 + recompute) + ring_b + t_a2a;
+    comm_layer = t_a2a + double(R - 1) * ((1 + recompute) * m_f + m_b);
+    exposed_layer = t_a2a + (ring_f - double(R) * (cf + (R > 1 ? o : 0))) * (1 + recompute) +
                     (ring_b - double(R) * (cb + (R > 1 ? o : 0)));
-    buf = 2.0 * a2a_bytes + 3.0 * msg;
+    buf = 2.0 * a2a.max_bytes + 3.0 * msg;
   } else if (st == "ring") {
     const int64_t k = ranks_per_node(c.hw, N, tp);
     const double imb = imbalance(w.partition, N), block = S_loc / 2;
@@ -391,8 +409,8 @@ StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
       // tokens of H/U heads; usp passes them around a ring of R (as the training forward).
       const int64_t U = st == "usp" ? mesh.ulysses : N, R = st == "usp" ? mesh.ring : 1;
       const int64_t k_u = ranks_per_node(c.hw, U, tp), k_r = ranks_per_node(c.hw, R, tp * U);
-      const double a2a_bytes = T_loc * (2.0 * hq + 2.0 * std::max(hkv, double(U))) * double(m.D) * e;
-      const double t_a2a = alltoall_s(c.hw, U, k_u, a2a_bytes);
+      const UlyssesA2a a2a = ulysses_a2a(c, U, k_u, T_loc, hq, hkv);
+      const double t_a2a = a2a.fwd_s;
       const double blk = R > 1 ? T_loc * double(U) / 2 : double(T) * double(B);
       const double cf = attn_seconds(c, at_flops_rank, blk) / double(R);
       const double msg = T_loc * double(U) * 2.0 * (std::max(hkv, double(U)) / double(U)) * double(m.D) * e;
@@ -402,7 +420,7 @@ StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
       attn_layer = ring + t_a2a;
       comm_layer = t_a2a + double(R - 1) * m_f;
       exposed_layer = t_a2a + ring - double(R) * (cf + oo);
-      buf = 2.0 * a2a_bytes + 2.0 * msg;
+      buf = 2.0 * T_loc * (hq + 2.0 * std::max(hkv, double(U))) * double(m.D) * e + 2.0 * msg;  // the forward's send + receive
     } else {  // allgather: every rank gathers the whole K/V, then attends locally
       const double g = allgather_s(c.hw, N, k_cp, kv_bytes_rank * double(N));
       attn_layer = c_all + g;

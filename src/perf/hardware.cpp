@@ -55,7 +55,7 @@ std::string join_names() {
 const std::vector<std::string> kKeys = {
     "name", "description", "peak_tflops_bf16", "peak_tflops_fp8", "peak_tflops_fp32", "default_precision",
     "hbm_gb", "hbm_tb_s", "hbm_eff", "chips_per_node", "compute_units_per_node", "intra_gb_s",
-    "intra_latency_us", "intra_collective_gb_s", "inter_gb_s", "inter_latency_us", "gemm_eff", "gemm_eff_at_rows", "gemm_half_rows",
+    "intra_latency_us", "intra_collective_gb_s", "intra_alltoall_gb_s", "inter_gb_s", "inter_latency_us", "gemm_eff", "gemm_eff_at_rows", "gemm_half_rows",
     "gemm_eff_rows", "gemm_eff_values", "attn_eff", "attn_eff_at_tokens", "attn_half_tokens",
     "attn_eff_tokens", "attn_eff_values", "step_overhead_us", "overlap_collectives"};
 const std::vector<std::string> kRequired = {"name", "hbm_gb", "hbm_tb_s", "chips_per_node",
@@ -169,6 +169,7 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
   h.intra = {r.num("intra_gb_s", 0) * 1e9, r.num("intra_latency_us", 0) * 1e-6};
   h.inter = {r.num("inter_gb_s", 0) * 1e9, r.num("inter_latency_us", 0) * 1e-6};
   h.intra_collective_bytes_per_s = r.num("intra_collective_gb_s", 0) * 1e9;
+  h.intra_alltoall_bytes_per_s = r.num("intra_alltoall_gb_s", 0) * 1e9;
   h.gemm_eff = r.curve("gemm_eff", "rows", "at_rows", "half_rows");
   h.attn_eff = r.curve("attn_eff", "tokens", "at_tokens", "half_tokens");
   h.step_overhead_s = r.num("step_overhead_us", 0) * 1e-6;
@@ -218,6 +219,8 @@ std::string hardware_toml(const HardwareProfile& h, const std::vector<std::strin
   line("compute_units_per_node", std::to_string(h.compute_units_per_node));
   line("intra_gb_s", num(h.intra.bw_bytes_per_s / 1e9));
   line("intra_latency_us", num(h.intra.latency_s * 1e6));
+  if (h.intra_collective_bytes_per_s > 0) line("intra_collective_gb_s", num(h.intra_collective_bytes_per_s / 1e9));
+  if (h.intra_alltoall_bytes_per_s > 0) line("intra_alltoall_gb_s", num(h.intra_alltoall_bytes_per_s / 1e9));
   line("inter_gb_s", num(h.inter.bw_bytes_per_s / 1e9));
   line("inter_latency_us", num(h.inter.latency_s * 1e6));
   if (!h.gemm_eff.x.empty()) {

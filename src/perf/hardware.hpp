@@ -42,6 +42,10 @@ struct HardwareProfile {
   // streams over several links at once while a ring hop uses one.
   double intra_collective_bytes_per_s = 0;
   double intra_collective_bps() const { return intra_collective_bytes_per_s > 0 ? intra_collective_bytes_per_s : intra.bw_bytes_per_s; }
+  // All-to-all inside a node (bytes leaving a rank per second); default = the collective rate.
+  // Shared-memory MPI moves an all-to-all slower than a point-to-point exchange.
+  double intra_alltoall_bytes_per_s = 0;
+  double intra_alltoall_bps() const { return intra_alltoall_bytes_per_s > 0 ? intra_alltoall_bytes_per_s : intra_collective_bps(); }
   EffCurve gemm_eff;  // vs rows (tokens) of the activation matrix
   EffCurve attn_eff;  // vs query rows of one kernel call (one chunk)
   double step_overhead_s = 0;      // fixed cost of one ring step (launches, merge, sync)

@@ -102,6 +102,22 @@ TEST(CostModel, CollectiveArithmetic) {
   EXPECT_DOUBLE_EQ(p2p_s(h, 4, 4, 1e9), 0.1);  // inside a node: intra link
 }
 
+TEST(CostModel, AllToAllUsesItsOwnRateWhenMeasured) {
+  HardwareProfile h = ideal();
+  // Without an all-to-all rate: the collective rate (= intra here); 3/4 of 8 GB leave a rank.
+  EXPECT_NEAR(alltoall_s(h, 4, 4, 8e9), 3.0 / 4 * 8e9 / 10e9, 1e-12);
+  h.intra_alltoall_bytes_per_s = 2.5e9;  // measured by bench calibrate (shared-memory MPI)
+  EXPECT_NEAR(alltoall_s(h, 4, 4, 8e9), 3.0 / 4 * 8e9 / 2.5e9, 1e-12);
+  // All-gather, all-reduce and point-to-point keep their own rates.
+  EXPECT_NEAR(allgather_s(h, 8, 8, 8e9), 7.0 / 8 * 8e9 / 10e9, 1e-12);
+  EXPECT_DOUBLE_EQ(p2p_s(h, 4, 4, 1e9), 0.1);
+  // The rate survives the profile writer and reader.
+  const std::string f = testing::TempDir() + "/a2a_profile.toml";
+  h.peak_fp32_flops = 1e12;
+  std::ofstream(f) << hardware_toml(h, {}, {});
+  EXPECT_DOUBLE_EQ(load_hardware(f).intra_alltoall_bytes_per_s, 2.5e9);
+}
+
 TEST(CostModel, MemoryArithmetic) {
   const ModelShape m = llama405b();
   HardwareProfile h = ideal();
