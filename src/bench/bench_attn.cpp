@@ -74,6 +74,19 @@ std::vector<Row> configured_rows(const Config& cfg) {
   return rows;
 }
 
+// AttnParams with a row's shape and mask over positions `pos` (0 … S-1); no tensors set.
+AttnParams row_params(const Row& row, const int64_t* pos) {
+  AttnParams p;
+  p.S_q = p.S_k = row.S;
+  p.H_q = row.H_q;
+  p.H_kv = row.H_kv;
+  p.D = row.D;
+  p.q_pos = p.k_pos = pos;
+  p.mask = row.mask;
+  p.window = row.window;
+  return p;
+}
+
 // Timed iterations of a row: as many as fit in `budget_s` after a warm-up of `warm_s`, at least
 // one and at most `max_iters`; the same on every rank (the minimum).
 int64_t iters_within(Comm& world, double warm_s, double budget_s, int64_t max_iters) {
@@ -440,14 +453,7 @@ int bench_attn_cuda(BenchContext& ctx) {
     dout.upload(bf16_of_rounded(rd.dor).data());
     dpos.upload(pos.data());
 
-    AttnParams p;  // host view: shape, mask, positions (FLOP count and references)
-    p.S_q = p.S_k = S;
-    p.H_q = row.H_q;
-    p.H_kv = row.H_kv;
-    p.D = row.D;
-    p.q_pos = p.k_pos = pos.data();
-    p.mask = row.mask;
-    p.window = row.window;
+    const AttnParams p = row_params(row, pos.data());  // host view: shape, mask, positions (FLOP count and references)
     cuda::CudaAttnArgs a = cuda::CudaAttnArgs::shape_of(p);
     a.q = q.get();
     a.k = k.get();
@@ -562,7 +568,7 @@ int bench_attn(BenchContext& ctx) {
     fill_rows(uint64_t(cfg.seed), 2, pos, row.H_kv * row.D, 1.f, k.data());
     fill_rows(uint64_t(cfg.seed), 3, pos, row.H_kv * row.D, 1.f, v.data());
     fill_rows(uint64_t(cfg.seed), 4, pos, row.H_q * row.D, 1.f, dout.data());
-    AttnParams p;
+    AttnParams p = row_params(row, pos.data());
     p.q = q.data();
     p.k = k.data();
     p.v = v.data();
@@ -572,13 +578,6 @@ int bench_attn(BenchContext& ctx) {
     p.dq = dq.data();
     p.dk = dk.data();
     p.dv = dv.data();
-    p.S_q = p.S_k = S;
-    p.H_q = row.H_q;
-    p.H_kv = row.H_kv;
-    p.D = row.D;
-    p.q_pos = p.k_pos = pos.data();
-    p.mask = row.mask;
-    p.window = row.window;
     p.threads = threads;
     const double fwd_flops = 4.0 * double(visible_pairs(p)) * row.H_q * row.D, bwd_flops = 2.5 * fwd_flops;
 
