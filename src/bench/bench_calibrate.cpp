@@ -189,17 +189,10 @@ int bench_calibrate(BenchContext& ctx) {
   const size_t big = size_t(16) << 20;
   const double bw_bps = double(big) / std::max(1e-9, exchange(big, 5) - lat_s);
 
-  // All-to-all over every rank, as Ulysses and pass-Q run it: 4 MiB per destination, the receive
-  // buffer allocated per call as the strategies do (its first touch is part of their cost).
-  // Rate = bytes leaving a rank per second, the convention of the cost model's alltoall_s().
-  const size_t part = size_t(4) << 20, P = size_t(world.size());
-  Buffer<uint8_t> a2a_send(part * P);
-  for (size_t i = 0; i < a2a_send.size(); ++i) a2a_send[i] = uint8_t(i);
-  const double t_a2a = timed(world, 5, [&] {
-    Buffer<uint8_t> recv(part * P, false);
-    world.all_to_all(a2a_send.span(), recv.span());
-  });
-  const double a2a_bps = double(part) * double(P - 1) / std::max(1e-9, t_a2a - double(P - 1) * lat_s);
+  // All-to-all over every rank, as Ulysses and pass-Q run it: 4 MiB per destination; rate =
+  // bytes leaving a rank per second, the convention of the cost model's alltoall_s().
+  const size_t P = size_t(world.size());
+  const double a2a_bps = measure_alltoall_rate(world, size_t(4) << 20, double(P - 1) * lat_s, 5);
 
   HardwareProfile h;
   h.name = "local";

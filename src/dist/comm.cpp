@@ -1,6 +1,9 @@
 #include "dist/comm.hpp"
 
 #include <algorithm>
+#include <chrono>
+
+#include "core/memory.hpp"
 
 namespace ctxpar {
 
@@ -37,6 +40,24 @@ std::string agree_on_error(Comm& comm, const std::string& my_error) {
   if (comm.rank() == who) msg = my_error;
   comm.broadcast(std::span<uint8_t>(reinterpret_cast<uint8_t*>(msg.data()), msg.size()), who);
   return msg;
+}
+
+double measure_alltoall_rate(Comm& comm, size_t part_bytes, double fixed_s, int reps) {
+  const size_t n = part_bytes * size_t(comm.size());
+  Buffer<uint8_t> send(n);
+  for (size_t i = 0; i < n; ++i) send[i] = uint8_t(i);
+  double best = 1e30;
+  for (int r = 0; r <= reps; ++r) {  // r = 0: warm-up
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    Buffer<uint8_t> recv(n, false);
+    comm.all_to_all(send.span(), recv.span());
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::min(best, t);
+  }
+  double rate = double(part_bytes) * double(comm.size() - 1) / std::max(best - fixed_s, 1e-9);
+  comm.all_reduce(std::span<double>(&rate, 1), ReduceOp::min);
+  return rate;
 }
 
 }  // namespace ctxpar

@@ -125,4 +125,10 @@ std::string comm_library_version();
 // the first non-empty message in rank order (so rank 0 prints it and all exit alike).
 std::string agree_on_error(Comm& comm, const std::string& my_error);
 
+// Measured all-to-all rate over `comm` in bytes leaving a rank per second: every rank sends
+// `part_bytes` to every rank, the receive buffer allocated per call as the strategies do (its
+// first touch is part of their cost), `fixed_s` (the caller's latency term) subtracted; best of
+// `reps` after one warm-up, the slowest rank's. Collective: every rank of `comm` calls it.
+double measure_alltoall_rate(Comm& comm, size_t part_bytes, double fixed_s, int reps);
+
 }  // namespace ctxpar

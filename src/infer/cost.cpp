@@ -75,18 +75,8 @@ HwProfile measure_profile(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D) {
     lat = xchg(8);
     const size_t big = size_t(4) << 20;
     rate[1] = double(big) / std::max(xchg(big) - lat, 1e-9);
-    // pass-Q's all-to-all: `big` bytes per destination, both buffers allocated per call as the
-    // engine does (their first touch is part of the cost), best of 3.
-    Buffer<std::byte> s(big * size_t(N), true);
-    double t = std::numeric_limits<double>::infinity();
-    for (int i = 0; i < 3; ++i) {
-      cp.barrier();
-      const double t0 = now_s();
-      Buffer<std::byte> d(big * size_t(N), false);
-      cp.all_to_all(s.span(), d.span());
-      t = std::min(t, now_s() - t0);
-    }
-    rate[2] = double(big) * double(N - 1) / std::max(t - lat, 1e-9);
+    // pass-Q's all-to-all: `big` bytes per destination, best of 3.
+    rate[2] = measure_alltoall_rate(cp, big, lat, 3);
   }
   cp.all_reduce(std::span<double>(rate, 3), ReduceOp::min);
   cp.all_reduce(std::span<double>(&lat, 1), ReduceOp::max);
