@@ -14,8 +14,13 @@ int64_t mem_peak_bytes();
 void mem_reset_peak();            // peak := current
 int64_t mem_rss_peak_bytes();     // the process's peak resident set (getrusage)
 
-void* tracked_alloc(size_t bytes);          // 64-byte aligned; fatal on failure
+// 64-byte aligned (page aligned from 64 KiB); fatal on failure. Blocks of 64 KiB and more are
+// recycled by size class (memory.cpp says why): freeing one keeps it for the next allocation of
+// its class, up to the peak of live tracked bytes; mem_current/peak count live bytes only.
+void* tracked_alloc(size_t bytes);
 void tracked_free(void* p, size_t bytes);
+int64_t mem_cached_bytes();   // freed blocks held for reuse
+void mem_release_cached();    // hands them back to the C library
 
 template <class T> class Buffer {
  public:
