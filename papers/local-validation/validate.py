@@ -45,7 +45,7 @@ PREFILL_NAME = {"ring": "pass_kv", "allgather": "allgather", "ulysses": "ulysses
 def main():
     quick = "--quick" in sys.argv
     if "--no-calibrate" not in sys.argv:
-        print(mpirun(2, ["bench", "calibrate", "threads=1", "heads=8", "kv_heads=2", "head_dim=64", "out=/tmp/ctxpar_cal.h5"]))
+        print(mpirun(2, ["bench", "calibrate", "threads=1", "out=/tmp/ctxpar_cal.h5"] + MODEL))
     seqs = [2048] if quick else [2048, 4096]
     cases = [(1, "ring", "ring:1")]
     for np_ in (2, 4):

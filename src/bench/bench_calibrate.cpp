@@ -1,15 +1,23 @@
 // `ctxpar bench calibrate`: measures this machine and writes the cost model's `local` profile
 // (inputs/hardware/local.toml, or the path given as hardware=FILE.toml). Run it the way the
 // runs it should predict are run — one OpenMP thread per rank, ranks sharing the cores:
-//   OMP_NUM_THREADS=1 mpirun -np 2 ctxpar bench calibrate heads=8 kv_heads=2 head_dim=64
-// Every rank measures at the same time (a barrier before each kernel) so shared memory
-// bandwidth and caches are shared as in a real run; each time is the max over ranks.
+//   OMP_NUM_THREADS=1 mpirun -np 2 ctxpar bench calibrate --config inputs/tiny.toml
+// The kernels run at the configured model's shapes (dim, ffn_dim, vocab, heads, kv_heads,
+// head_dim): calibrate with the model you will predict. Every rank measures at the same time (a
+// barrier before each kernel) so shared memory bandwidth and caches are shared as in a real
+// run; each time is the max over ranks.
 //  - peak: the register-only FMA loop of one rank (the cores' ceiling);
-//  - GEMM efficiency vs rows M: the three products of a training projection (Y = X W,
-//    dX = dY W^T, dW = X^T dY) with K = N = 1024, per M, against the peak;
-//  - attention efficiency vs block size b (256 … 4096): attn_fwd + attn_bwd of one causal block
-//    of b tokens with the configured heads / kv_heads / head_dim, FLOPs by the DESIGN.md
-//    convention, each call after an untimed GEMM that displaces it from the caches (median of 7);
+//  - GEMM efficiency vs rows M: one layer's projections forward and backward and the LM head,
+//    with the shapes model/transformer.cpp uses, against the peak;
+//  - attention efficiency vs kappa (visible keys per query row of a call, 128 … 4096):
+//    attn_fwd + attn_bwd of 512 query rows against kappa keys, unmasked, FLOPs by the DESIGN.md
+//    convention, each call after an untimed GEMM that displaces it from the caches; the sizes
+//    interleaved over rounds, median per size; and the causal diagonal's masked-but-computed
+//    keys per query row, from the kernel's own count of the pairs its tiles compute;
+//  - the memory-bound parts (norms, RoPE, SwiGLU, residual adds; the cross-entropy; the
+//    optimizer) as rates against the cost model's byte counts;
+//  - rank jitter (the spread of the ranks' times for the same work, which every synchronization
+//    waits for) and the throughput of two ranks sharing a core (oversubscribed runs);
 //  - memory bandwidth: a triad over 3 x 32 MiB arrays;
 //  - communication: ranks 0 and 1 exchange messages (both directions at once) of 8 B (latency)
 //    and 16 MiB (bandwidth per direction); an all-to-all over every rank (its own rate: on
@@ -19,6 +27,8 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <span>
 #include <thread>
 #include <vector>
@@ -32,6 +42,9 @@
 #include "dist/topology.hpp"
 #include "modes/modes.hpp"
 #include "ops.hpp"
+#include "model/model.hpp"
+#include "model/transformer.hpp"
+#include "perf/cost_model.hpp"
 #include "perf/hardware.hpp"
 
 namespace ctxpar {
@@ -55,15 +68,40 @@ double timed(Comm& world, int reps, F&& fn) {
   return best;
 }
 
-// Attention as a run calls it: once per layer between other phases that displace its data from
-// the caches. Before each repetition evict() runs untimed; the slowest rank's time per
-// repetition, median over `reps` (back-to-back calls with warm caches read 15-25% faster than
-// the kernels run inside a training step or prefill; measured with papers/local-validation).
-template <class F, class G>
-double timed_cold(Comm& world, int reps, F&& fn, G&& evict) {
+// Kernels as a run calls them: once per layer between other phases that displace their data
+// from the caches. `rounds` rounds, each timing every fn once (evict() untimed before each; the
+// slowest rank's time); the median per fn over the rounds. Interleaving the sizes makes the
+// machine's slow drifts (other tenants of a shared VM) hit every size alike instead of
+// bending the curve; back-to-back calls with warm caches read 15-25% faster than the kernels
+// inside a training step or prefill (measured with papers/local-validation).
+std::vector<double> interleaved_medians(Comm& world, int rounds, const std::vector<std::function<void()>>& fns,
+                                        const std::function<void()>& evict) {
+  std::vector<std::vector<double>> t(fns.size());
+  for (const auto& fn : fns) fn();  // warm up (page faults, packing buffers)
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < fns.size(); ++i) {
+      evict();
+      world.barrier();
+      const double t0 = now_s();
+      fns[i]();
+      double dt = now_s() - t0;
+      world.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
+      t[i].push_back(dt);
+    }
+  std::vector<double> med;
+  for (auto& v : t) {
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+    med.push_back(v[v.size() / 2]);
+  }
+  return med;
+}
+
+// Median over `reps` of the slowest rank's time of fn() (every rank at once, after one warm-up).
+template <class F>
+double timed_median(Comm& world, int reps, F&& fn) {
+  fn();
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
-    evict();
     world.barrier();
     const double t0 = now_s();
     fn();
@@ -74,6 +112,182 @@ double timed_cold(Comm& world, int reps, F&& fn, G&& evict) {
   std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
   return t[size_t(reps / 2)];
 }
+
+Buffer<float> filled(size_t n, float scale) {
+  Buffer<float> b(n, false);
+  for (size_t i = 0; i < n; ++i) b[i] = scale * (float((i * 7) % 17) * 0.01f - 0.08f);
+  return b;
+}
+
+// The GEMMs of one decoder layer of `d` at M rows, forward and backward, with the shapes and
+// transposes model/transformer.cpp uses, and the LM head over M rows in its row chunks.
+class LayerGemms {
+ public:
+  // allocate = false records the shapes only (for flops(), before committing the memory).
+  LayerGemms(const ModelDims& d, int64_t M, bool allocate = true) : alloc_(allocate) {
+    const int64_t dim = d.dim, qw = d.q_width(), kw = d.kv_width(), F = d.ffn_loc(), V = d.vocab;
+    const int64_t C = Transformer::logits_chunk_rows(M, V);
+    auto act = [&](int64_t cols) { return add(alloc_ ? filled(size_t(M * cols), 1.f) : Buffer<float>()); };
+    auto wgt = [&](int64_t rows, int64_t cols) { return add(alloc_ ? filled(size_t(rows * cols), 0.1f) : Buffer<float>()); };
+    float *h = act(dim), *q = act(qw), *k = act(kw), *v = act(kw), *o = act(qw), *x1 = act(dim), *g = act(F), *u = act(F),
+          *m = act(F), *x = act(dim), *dx = act(dim), *dm = act(F), *dh = act(dim), *dO = act(qw), *dq = act(qw),
+          *dk = act(kw), *dv = act(kw);
+    float *wq = wgt(dim, qw), *wk = wgt(dim, kw), *wv = wgt(dim, kw), *wo = wgt(qw, dim), *w1 = wgt(dim, F),
+          *w3 = wgt(dim, F), *w2 = wgt(F, dim), *gq = wgt(dim, qw), *gk = wgt(dim, kw), *gv = wgt(dim, kw),
+          *go = wgt(qw, dim), *g1 = wgt(dim, F), *g3 = wgt(dim, F), *g2 = wgt(F, dim), *lm = wgt(dim, V), *glm = wgt(dim, V);
+    float* logits = add(alloc_ ? filled(size_t(C * V), 1.f) : Buffer<float>());
+    // forward
+    op(false, false, M, qw, dim, h, dim, wq, qw, 0, q, qw);
+    op(false, false, M, kw, dim, h, dim, wk, kw, 0, k, kw);
+    op(false, false, M, kw, dim, h, dim, wv, kw, 0, v, kw);
+    op(false, false, M, dim, qw, o, qw, wo, dim, 0, x1, dim);
+    op(false, false, M, F, dim, h, dim, w1, F, 0, g, F);
+    op(false, false, M, F, dim, h, dim, w3, F, 0, u, F);
+    op(false, false, M, dim, F, m, F, w2, dim, 0, x, dim);
+    // backward
+    op(false, true, M, F, dim, dx, dim, w2, dim, 0, dm, F);
+    op(true, false, F, dim, M, m, F, dx, dim, 1, g2, dim);
+    op(false, true, M, dim, F, g, F, w1, F, 0, dh, dim);
+    op(false, true, M, dim, F, u, F, w3, F, 1, dh, dim);
+    op(true, false, dim, F, M, h, dim, g, F, 1, g1, F);
+    op(true, false, dim, F, M, h, dim, u, F, 1, g3, F);
+    op(false, true, M, qw, dim, dx, dim, wo, dim, 0, dO, qw);
+    op(true, false, qw, dim, M, o, qw, dx, dim, 1, go, dim);
+    op(false, true, M, dim, qw, dq, qw, wq, qw, 0, dh, dim);
+    op(false, true, M, dim, kw, dk, kw, wk, kw, 1, dh, dim);
+    op(false, true, M, dim, kw, dv, kw, wv, kw, 1, dh, dim);
+    op(true, false, dim, qw, M, h, dim, dq, qw, 1, gq, qw);
+    op(true, false, dim, kw, M, h, dim, dk, kw, 1, gk, kw);
+    op(true, false, dim, kw, M, h, dim, dv, kw, 1, gv, kw);
+    // LM head, chunked as the transformer fuses it with the loss
+    for (int64_t r0 = 0; r0 < M; r0 += C) {
+      const int64_t rows = std::min(C, M - r0);
+      op(false, false, rows, V, dim, h ? h + r0 * dim : h, dim, lm, V, 0, logits, V);
+      op(true, false, dim, V, rows, h ? h + r0 * dim : h, dim, logits, V, 1, glm, V);
+      op(false, true, rows, dim, V, logits, V, lm, V, 0, dh ? dh + r0 * dim : dh, dim);
+    }
+  }
+  void run() const {
+    for (const G& g : ops_) sgemm(g.ta, g.tb, g.M, g.N, g.K, 1.f, g.A, g.lda, g.B, g.ldb, g.beta, g.C, g.ldc);
+  }
+  double flops() const {
+    double f = 0;
+    for (const G& g : ops_) f += 2.0 * double(g.M) * double(g.N) * double(g.K);
+    return f;
+  }
+
+ private:
+  struct G {
+    bool ta, tb;
+    int64_t M, N, K;
+    const float* A;
+    int64_t lda;
+    const float* B;
+    int64_t ldb;
+    float beta;
+    float* C;
+    int64_t ldc;
+  };
+  float* add(Buffer<float>&& b) {
+    if (!alloc_) return nullptr;
+    bufs_.push_back(std::move(b));
+    return bufs_.back().data();
+  }
+  void op(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+          float beta, float* C, int64_t ldc) {
+    ops_.push_back({ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc});
+  }
+  bool alloc_;
+  std::vector<Buffer<float>> bufs_;
+  std::vector<G> ops_;
+};
+
+// One attention call of S_q query rows against S_k keys (positions 0.., so `causal` gives the
+// causal block), forward + backward.
+struct AttnBlock {
+  Buffer<float> q, k, v, o, lse, dout, dq, dk, dv;
+  std::vector<int64_t> qpos, kpos;
+  AttnParams p;
+  AttnBlock(int64_t S_q, int64_t S_k, int32_t Hq, int32_t Hkv, int32_t D, MaskKind mask, int threads)
+      : q(filled(size_t(S_q * Hq * D), 1.f)), k(filled(size_t(S_k * Hkv * D), 0.6f)), v(filled(size_t(S_k * Hkv * D), 0.6f)),
+        o(size_t(S_q * Hq * D)), lse(size_t(S_q * Hq)), dout(filled(size_t(S_q * Hq * D), 1.f)), dq(size_t(S_q * Hq * D)),
+        dk(size_t(S_k * Hkv * D)), dv(size_t(S_k * Hkv * D)), qpos(size_t(S_q)), kpos(size_t(S_k)) {
+    for (int64_t i = 0; i < S_q; ++i) qpos[size_t(i)] = i;
+    for (int64_t i = 0; i < S_k; ++i) kpos[size_t(i)] = i;
+    p.q = q.data(); p.k = k.data(); p.v = v.data(); p.o = o.data(); p.lse = lse.data();
+    p.dout = dout.data(); p.dq = dq.data(); p.dk = dk.data(); p.dv = dv.data();
+    p.S_q = S_q; p.S_k = S_k; p.H_q = Hq; p.H_kv = Hkv; p.D = D;
+    p.q_pos = qpos.data(); p.k_pos = kpos.data();
+    p.mask = mask;
+    p.threads = threads;
+  }
+  void run() {
+    attn_fwd(p);
+    attn_bwd(p);
+  }
+};
+
+// The elementwise ops of one decoder layer at M tokens, forward and backward, as
+// model/transformer.cpp calls them (norms, RoPE on Q and K, residual adds, SwiGLU).
+struct LayerElementwise {
+  const ModelDims d;
+  const int64_t M;
+  Buffer<float> x, x1, h, h2, rstd, rstd2, nw, dnw, q, k, cs, sn, g, u, m, dm, dg, du, dh, dx;
+  LayerElementwise(const ModelDims& dims, int64_t rows)
+      : d(dims), M(rows), x(filled(size_t(M * d.dim), 1.f)), x1(filled(size_t(M * d.dim), 1.f)), h(size_t(M * d.dim)),
+        h2(size_t(M * d.dim)), rstd(size_t(M)), rstd2(size_t(M)), nw(filled(size_t(d.dim), 1.f)), dnw(size_t(d.dim)),
+        q(filled(size_t(M * d.q_width()), 1.f)), k(filled(size_t(M * d.kv_width()), 1.f)), cs(filled(size_t(M * d.D / 2), 1.f)),
+        sn(filled(size_t(M * d.D / 2), 1.f)), g(filled(size_t(M * d.ffn_loc()), 1.f)), u(filled(size_t(M * d.ffn_loc()), 1.f)),
+        m(size_t(M * d.ffn_loc())), dm(filled(size_t(M * d.ffn_loc()), 1.f)), dg(size_t(M * d.ffn_loc())),
+        du(size_t(M * d.ffn_loc())), dh(filled(size_t(M * d.dim), 1.f)), dx(size_t(M * d.dim)) {}
+  void run() {
+    const int64_t n = M * d.dim, F = M * d.ffn_loc();
+    rmsnorm_fwd(x.data(), nw.data(), h.data(), rstd.data(), M, d.dim, 1e-5f);
+    rope_apply(q.data(), M, d.H_q_loc(), d.D, cs.data(), sn.data(), false);
+    rope_apply(k.data(), M, d.H_kv_loc(), d.D, cs.data(), sn.data(), false);
+    add_into(x1.data(), x.data(), n);
+    rmsnorm_fwd(x1.data(), nw.data(), h2.data(), rstd2.data(), M, d.dim, 1e-5f);
+    swiglu_fwd(g.data(), u.data(), m.data(), F);
+    add_into(x.data(), x1.data(), n);
+    swiglu_bwd(dm.data(), g.data(), u.data(), dg.data(), du.data(), F);
+    rmsnorm_bwd(dh.data(), x1.data(), nw.data(), rstd2.data(), dx.data(), dnw.data(), M, d.dim);
+    rope_apply(q.data(), M, d.H_q_loc(), d.D, cs.data(), sn.data(), true);
+    rope_apply(k.data(), M, d.H_kv_loc(), d.D, cs.data(), sn.data(), true);
+    rmsnorm_bwd(dh.data(), x.data(), nw.data(), rstd.data(), dx.data(), dnw.data(), M, d.dim);
+  }
+  static void add_into(float* y, const float* a, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] += a[i];
+  }
+};
+
+// The cross-entropy (forward + gradient, in place as the transformer runs it) of M rows.
+struct LossBlock {
+  const int64_t M, V, C;
+  Buffer<float> logits;
+  std::vector<int32_t> labels;
+  LossBlock(int64_t rows, int64_t vocab)
+      : M(rows), V(vocab), C(Transformer::logits_chunk_rows(rows, vocab)), logits(filled(size_t(C * V), 1.f)), labels(size_t(rows)) {
+    for (int64_t i = 0; i < M; ++i) labels[size_t(i)] = int32_t((i * 31) % V);
+  }
+  void run() {
+    for (int64_t r0 = 0; r0 < M; r0 += C)
+      (void)cross_entropy_fwd_bwd(logits.data(), labels.data() + r0, std::min(C, M - r0), V, 1e-3f, logits.data());
+  }
+};
+
+// The optimizer step of n parameters: the gradient norm, then AdamW.
+struct OptimizerBlock {
+  const int64_t n;
+  Buffer<float> p, g, m, v;
+  explicit OptimizerBlock(int64_t count) : n(count), p(filled(size_t(n), 1.f)), g(filled(size_t(n), 1.f)), m(size_t(n)), v(size_t(n)) {}
+  void run() {
+    AdamWStep hp;
+    hp.lr = 1e-6;
+    hp.grad_scale = 1.0 / std::sqrt(sum_squares(g.data(), n) + 1.0);
+    adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp);
+  }
+};
 
 std::string calibrate_path(const Config& cfg) {
   const std::string& h = cfg.hardware;
@@ -101,54 +315,120 @@ int bench_calibrate(BenchContext& ctx) {
   world.all_reduce(std::span<double>(&peak_gflops, 1), ReduceOp::min);
   const double peak = peak_gflops * 1e9;
 
-  // GEMM efficiency vs M (rows = tokens per rank).
-  const int64_t K = 1024, N = 1024;
-  std::vector<double> g_rows, g_eff;
-  for (int64_t M : {128, 512, 2048, 8192}) {
-    Buffer<float> x(size_t(M * K)), w(size_t(K * N)), y(size_t(M * N)), dx(size_t(M * K)), dw(size_t(K * N));
-    for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 13) * 0.01f;
-    for (size_t i = 0; i < w.size(); ++i) w[i] = float(i % 7) * 0.01f;
-    const double t = timed(world, 2, [&] {
-      sgemm(false, false, M, N, K, 1.f, x.data(), K, w.data(), N, 0.f, y.data(), N);   // Y = X W
-      sgemm(false, true, M, K, N, 1.f, y.data(), N, w.data(), N, 0.f, dx.data(), K);   // dX = dY W^T
-      sgemm(true, false, K, N, M, 1.f, x.data(), K, y.data(), N, 0.f, dw.data(), N);   // dW = X^T dY
-    });
-    g_rows.push_back(double(M));
-    g_eff.push_back(3 * 2.0 * double(M) * N * K / t);  // FLOP/s for now; divided by the peak below
-  }
-
-  // Attention efficiency vs block size (one causal block, forward + backward), each call after
-  // a 1024^3 GEMM on other data (a projection's worth of cache traffic, as between two layers'
-  // attention in a run).
+  // GEMM efficiency vs M (rows = tokens per rank): the projections of one layer of the configured
+  // model, forward and backward, as model/transformer.cpp runs them, plus the LM head (skipped
+  // when one measurement would exceed ~40 GFLOP: larger M then reads the last measured value).
+  const ModelDims d = model_dims(cfg, 1, 0);
   Buffer<float> ev_a(size_t(1) << 20), ev_b(size_t(1) << 20), ev_c(size_t(1) << 20);
   auto evict = [&] { sgemm(false, false, 1024, 1024, 1024, 1.f, ev_a.data(), 1024, ev_b.data(), 1024, 0.f, ev_c.data(), 1024); };
-  const int32_t Hq = int32_t(cfg.heads), Hkv = int32_t(cfg.kv_heads), D = int32_t(cfg.head_dim);
-  std::vector<double> a_tok, a_eff;
-  for (int64_t b : {256, 512, 1024, 2048, 4096}) {
-    const size_t nq = size_t(b) * Hq * D, nk = size_t(b) * Hkv * D;
-    Buffer<float> q(nq), k(nk), v(nk), o(nq), lse(size_t(b) * Hq), dout(nq), dq(nq), dk(nk), dv(nk);
-    for (size_t i = 0; i < nq; ++i) q[i] = dout[i] = float((i * 7) % 17) * 0.01f - 0.08f;
-    for (size_t i = 0; i < nk; ++i) k[i] = v[i] = float((i * 5) % 11) * 0.01f - 0.05f;
-    std::vector<int64_t> pos(static_cast<size_t>(b));
-    for (int64_t i = 0; i < b; ++i) pos[size_t(i)] = i;
-    AttnParams p;
-    p.q = q.data(); p.k = k.data(); p.v = v.data(); p.o = o.data(); p.lse = lse.data();
-    p.dout = dout.data(); p.dq = dq.data(); p.dk = dk.data(); p.dv = dv.data();
-    p.S_q = p.S_k = b; p.H_q = Hq; p.H_kv = Hkv; p.D = D;
-    p.q_pos = p.k_pos = pos.data();
-    p.mask = MaskKind::causal;
-    p.threads = threads;
-    const double t = timed_cold(
-        world, 7,
-        [&] {
-          attn_fwd(p);
-          attn_bwd(p);
-        },
-        evict);
-    const double flops = 3.5 * 4.0 * double(Hq) * D * double(visible_pairs(p));
-    a_tok.push_back(double(b));
-    a_eff.push_back(flops / t);
+  std::vector<double> g_rows, g_eff;
+  {
+    std::vector<LayerGemms> blocks;
+    for (int64_t M : {128, 512, 2048, 8192}) {
+      const double flops = LayerGemms(d, M, false).flops();
+      if (!g_rows.empty() && flops > 40e9) break;
+      blocks.emplace_back(d, M);
+      g_rows.push_back(double(M));
+      g_eff.push_back(flops);
+    }
+    std::vector<std::function<void()>> fns;
+    for (const LayerGemms& b : blocks) fns.push_back([&b] { b.run(); });
+    const std::vector<double> t = interleaved_medians(world, 7, fns, evict);
+    for (size_t i = 0; i < t.size(); ++i) g_eff[i] /= t[i];  // FLOP/s for now; divided by the peak below
   }
+
+  // Rank jitter: one layer's GEMMs at 512 rows on every rank at once after a barrier, 61 times;
+  // sigma^2 = the variance of the ranks' times within a repetition (over P-1), relative to its
+  // mean, averaged over repetitions: the spread a synchronization point waits for.
+  const int P_ranks = world.size();
+  double jitter = 0;
+  {
+    LayerGemms jb(d, 512);  // ~50 ms here
+    jb.run();
+    std::vector<double> all(static_cast<size_t>(P_ranks), 0.0);
+    double var_sum = 0;
+    const int reps = 61;
+    for (int r = 0; r < reps; ++r) {
+      world.barrier();
+      const double t0 = now_s();
+      jb.run();
+      double dt = now_s() - t0;
+      world.all_gather(std::span<double>(&dt, 1), std::span<double>(all));
+      double mean = 0, var = 0;
+      for (double v : all) mean += v / double(P_ranks);
+      for (double v : all) var += (v - mean) * (v - mean) / double(P_ranks - 1);
+      var_sum += var / (mean * mean);
+    }
+    jitter = std::sqrt(var_sum / reps);
+  }
+
+  // Two ranks on one core: each rank runs 2 copies of the same GEMM block on 2 threads at once
+  // (so twice as many busy threads as cores when ranks = cores); shared_core_eff = the
+  // throughput they get against the ideal of half a core each.
+  double shared_eff = 1;
+  const unsigned hw_threads = std::max(1u, std::thread::hardware_concurrency());
+  if (threads <= 1 && unsigned(P_ranks) <= hw_threads) {
+    const int copies = int(std::max<unsigned>(2, 2 * hw_threads / unsigned(P_ranks)));
+    std::vector<LayerGemms> blocks;
+    for (int i = 0; i < copies; ++i) blocks.emplace_back(d, 512);
+    const double t1 = timed_median(world, 5, [&] { blocks[0].run(); });
+    const double tn = timed_median(world, 5, [&] {
+      std::vector<std::thread> ts;
+      for (int i = 0; i < copies; ++i) ts.emplace_back([&, i] { blocks[size_t(i)].run(); });
+      for (std::thread& t : ts) t.join();
+    });
+    const double ideal = t1 * double(copies) * double(P_ranks) / double(hw_threads);
+    shared_eff = std::clamp(ideal / tn, 0.05, 1.0);
+  }
+
+  // Attention efficiency vs kappa (visible keys per query row of a call): unmasked blocks of 512
+  // query rows against kappa keys, forward + backward, each call after an untimed GEMM that
+  // displaces it from the caches; 9 interleaved rounds, median.
+  const int32_t Hq = int32_t(cfg.heads), Hkv = int32_t(cfg.kv_heads), D = int32_t(cfg.head_dim);
+  const double flops_per_pair = 3.5 * 4.0 * double(Hq) * D;  // forward + backward, DESIGN.md convention
+  std::vector<double> a_keys, a_eff;
+  {
+    std::vector<std::unique_ptr<AttnBlock>> blocks;
+    std::vector<std::function<void()>> fns;
+    for (int64_t kappa : {128, 256, 512, 1024, 2048, 4096}) {
+      blocks.push_back(std::make_unique<AttnBlock>(512, kappa, Hq, Hkv, D, MaskKind::none, threads));
+      AttnBlock* b = blocks.back().get();
+      fns.push_back([b] { b->run(); });
+      a_keys.push_back(double(kappa));
+    }
+    const std::vector<double> t = interleaved_medians(world, 9, fns, evict);
+    for (size_t i = 0; i < t.size(); ++i) a_eff.push_back(flops_per_pair * double(visible_pairs(blocks[i]->p)) / t[i]);
+  }
+  // The diagonal's waste, from the kernel's own count of the pairs it computes (every pair of
+  // its non-skipped tiles) on a causal block of 2048 tokens, forward and backward weighted 1 : 2.5.
+  double diag_waste_keys = 0;
+  {
+    const int64_t b = 2048;
+    AttnBlock blk(b, b, Hq, Hkv, D, MaskKind::causal, threads);
+    AttnStats st_f, st_b;
+    blk.p.stats = &st_f;
+    attn_fwd(blk.p);
+    blk.p.stats = &st_b;
+    attn_bwd(blk.p);
+    const double vis = double(visible_pairs(blk.p)) * Hq;  // stats count (query head, key) pairs
+    diag_waste_keys = std::max(0.0, ((double(st_f.pairs_computed) - vis) + 2.5 * (double(st_b.pairs_computed) - vis)) / 3.5 /
+                                        (double(b) * Hq));
+  }
+
+  // The memory-bound parts, each against the cost model's byte count (perf/cost_model.hpp):
+  // one layer's norms, RoPE, SwiGLU and residual adds forward and backward at 2048 tokens; the
+  // cross-entropy of 2048 tokens over the vocabulary; AdamW (with the gradient norm) over the
+  // model's parameters (at most 64 Mi).
+  const int64_t M_ew = 2048;
+  LayerElementwise ew(d, M_ew);
+  ModelShape one_layer = model_shape(cfg);
+  one_layer.layers = 1;
+  const double ew_bps = elementwise_bytes(one_layer, 1, double(M_ew), true, 4.0) / timed_median(world, 5, [&] { ew.run(); });
+  LossBlock lb(M_ew, d.vocab);
+  const double loss_bps = loss_bytes(one_layer, double(M_ew), 4.0) / timed_median(world, 5, [&] { lb.run(); });
+  const int64_t n_opt = std::min<int64_t>(d.param_count(), int64_t(64) << 20);
+  OptimizerBlock ob(n_opt);
+  const double opt_bps = optimizer_bytes(double(n_opt)) / timed_median(world, 5, [&] { ob.run(); });
 
   // The peak: the FMA loop, unless a kernel ran faster (the loop reads low when other jobs load
   // the cores while it runs); efficiencies are rates over this peak, so they stay <= 1.
@@ -211,8 +491,14 @@ int bench_calibrate(BenchContext& ctx) {
   h.inter = h.intra;  // no second node here: across-node traffic is not measured
   h.gemm_eff.x = g_rows;
   h.gemm_eff.eff = g_eff;
-  h.attn_eff.x = a_tok;
+  h.attn_eff.x = a_keys;
   h.attn_eff.eff = a_eff;
+  h.attn_diag_waste_keys = diag_waste_keys;
+  h.elementwise_bytes_per_s = ew_bps;
+  h.rank_jitter = jitter;
+  h.shared_core_eff = shared_eff;
+  h.loss_bytes_per_s = loss_bps;
+  h.optimizer_bytes_per_s = opt_bps;
   h.step_overhead_s = 0;
   h.overlap_collectives = false;  // ctxpar's CPU training reduces gradients with a blocking all-reduce
 
@@ -235,8 +521,14 @@ int bench_calibrate(BenchContext& ctx) {
   t.add_row({"peak_used", t.cell(1, peak_used / 1e9), "GFLOP/s"});
   for (size_t i = 0; i < g_rows.size(); ++i)
     t.add_row({"gemm_eff_M" + std::to_string(int64_t(g_rows[i])), t.cell(1, g_eff[i]), "of peak"});
-  for (size_t i = 0; i < a_tok.size(); ++i)
-    t.add_row({"attn_eff_block" + std::to_string(int64_t(a_tok[i])), t.cell(1, a_eff[i]), "of peak"});
+  for (size_t i = 0; i < a_keys.size(); ++i)
+    t.add_row({"attn_eff_keys" + std::to_string(int64_t(a_keys[i])), t.cell(1, a_eff[i]), "of peak"});
+  t.add_row({"attn_diag_waste_keys", t.cell(1, diag_waste_keys), "keys/row"});
+  t.add_row({"rank_jitter", t.cell(1, jitter), "rel. std"});
+  t.add_row({"shared_core_eff", t.cell(1, shared_eff), "of ideal"});
+  t.add_row({"elementwise_rate", t.cell(1, ew_bps / 1e9), "GB/s"});
+  t.add_row({"loss_rate", t.cell(1, loss_bps / 1e9), "GB/s"});
+  t.add_row({"optimizer_rate", t.cell(1, opt_bps / 1e9), "GB/s"});
   t.add_row({"triad_bandwidth_per_rank", t.cell(1, mem_bps / 1e9), "GB/s"});
   t.add_row({"p2p_latency", t.cell(1, lat_s * 1e6), "us"});
   t.add_row({"p2p_bandwidth_per_dir", t.cell(1, bw_bps / 1e9), "GB/s"});
@@ -245,6 +537,7 @@ int bench_calibrate(BenchContext& ctx) {
   for (double e : g_eff) wrong += !(e > 0 && std::isfinite(e));
   for (double e : a_eff) wrong += !(e > 0 && std::isfinite(e));
   wrong += !(mem_bps > 0 && bw_bps > 0 && a2a_bps > 0 && lat_s > 0);
+  wrong += !(ew_bps > 0 && loss_bps > 0 && opt_bps > 0 && std::isfinite(diag_waste_keys) && std::isfinite(jitter));
   if (world.rank() == 0) {
     t.print(cfg.csv);
     const std::string path = calibrate_path(cfg);
@@ -252,8 +545,9 @@ int bench_calibrate(BenchContext& ctx) {
         h,
         {"Written by `ctxpar bench calibrate` (src/bench/bench_calibrate.cpp) on " + ctx.topo.hosts()[0] + "; rerun to refresh.",
          "Peak: register-only FMA loop per rank; efficiencies are measured rates / that peak.",
-         "Heads for the attention measurement: H_q=" + std::to_string(Hq) + " H_kv=" + std::to_string(Hkv) +
-             " D=" + std::to_string(D) + "; causal blocks, forward + backward."},
+         "Measured with the configured model's shapes: dim=" + std::to_string(d.dim) + " ffn_dim=" + std::to_string(d.ffn) +
+             " vocab=" + std::to_string(d.vocab) + " H_q=" + std::to_string(Hq) + " H_kv=" + std::to_string(Hkv) +
+             " D=" + std::to_string(D) + " (GEMMs, attention and elementwise ops run at these shapes)."},
         {{"peak_tflops_fp32", "max(FMA loop min over ranks, best measured kernel rate)"},
          {"hbm_tb_s", "triad over 3 x 32 MiB, all ranks at once (per-rank share)"},
          {"hbm_gb", "MemTotal of /proc/meminfo"},
@@ -262,8 +556,14 @@ int bench_calibrate(BenchContext& ctx) {
          {"intra_alltoall_gb_s", "all-to-all of 4 MiB per destination over all " + std::to_string(P) + " ranks, bytes leaving a rank"},
          {"inter_gb_s", "no second node: same as intra"},
          {"compute_units_per_node", "hardware threads / threads per rank"},
-         {"gemm_eff_values", "Y=XW, dX=dY W^T, dW=X^T dY with K=N=1024, per M"},
-         {"attn_eff_values", "attn_fwd+attn_bwd of one causal block of b tokens"},
+         {"gemm_eff_values", "one layer's projections (forward + backward) and the LM head at M rows, 7 interleaved rounds, median"},
+         {"attn_eff_values", "attn_fwd+attn_bwd of 512 query rows x kappa keys, unmasked, 9 interleaved rounds, median"},
+         {"attn_diag_waste_keys", "pairs the kernel computes on a causal 2048 block beyond the visible ones, per query row"},
+         {"elementwise_gb_s", "one layer's norms, RoPE, SwiGLU, residual adds (fwd+bwd) at 2048 tokens, cost-model bytes"},
+         {"loss_gb_s", "cross-entropy of 2048 tokens, cost-model bytes"},
+         {"optimizer_gb_s", "gradient norm + AdamW over the model's parameters, cost-model bytes"},
+         {"rank_jitter", "spread of the ranks' times for one layer's GEMMs at 512 rows, run at once (61 repetitions)"},
+         {"shared_core_eff", "the same GEMMs on twice as many threads as cores, against half a core each"},
          {"overlap_collectives", "the CPU training loop all-reduces gradients blocking"}});
     std::ofstream f(path);
     if (!f) {

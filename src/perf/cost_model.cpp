@@ -50,11 +50,13 @@ Prec precision_of(const HardwareProfile& hw, const std::string& p) {
 // K/V heads per tensor-parallel rank (a K/V head is replicated when tp exceeds H_kv).
 double kv_heads_loc(const ModelShape& m, int64_t tp) { return std::max<double>(1.0, double(m.H_kv) / double(tp)); }
 
-// Compute slowdown when more ranks than compute units share a node (oversubscribed CPU runs).
+// Compute slowdown of one rank: ranks outnumbering the node's compute units share them (CPU runs
+// with more ranks than cores), at shared_core_eff.
 double share_factor(const HardwareProfile& hw, const PerfMesh& mesh) {
   const int64_t units = hw.compute_units_per_node > 0 ? hw.compute_units_per_node : hw.chips_per_node;
   const int64_t on_node = std::min(mesh.chips(), hw.chips_per_node);
-  return std::max(1.0, double(on_node) / double(units));
+  const double shared = on_node > units ? double(on_node) / double(units) / hw.shared_core_eff : 1.0;
+  return shared;
 }
 
 double imbalance(const std::string& partition, int64_t n) {
@@ -73,6 +75,24 @@ double elementwise_elems(const ModelShape& m, int64_t tp, bool backward) {
 }
 
 }  // namespace
+
+double expected_max_normal(int64_t n) {
+  if (n <= 1) return 0;
+  // E[max] = integral of x n phi(x) Phi(x)^(n-1) dx, trapezoid rule over [-8, 8].
+  const double h = 1e-3;
+  double sum = 0;
+  for (double x = -8; x <= 8; x += h) {
+    const double phi = std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI), Phi = 0.5 * std::erfc(-x / std::sqrt(2.0));
+    sum += x * double(n) * phi * std::pow(Phi, double(n - 1)) * h;
+  }
+  return sum;
+}
+
+double elementwise_bytes(const ModelShape& m, int64_t tp, double tokens, bool backward, double e) {
+  return tokens * double(m.layers) * elementwise_elems(m, tp, backward) * e;
+}
+double loss_bytes(const ModelShape& m, double tokens, double e) { return tokens * 3.0 * double(m.vocab) * e; }
+double optimizer_bytes(double params) { return params * 28.0; }
 
 double ModelShape::params_total() const {
   return double(layers) * (attn_params_per_layer() + ffn_params_per_layer() + 2.0 * dim) + 2.0 * double(vocab) * dim + dim;
@@ -121,26 +141,33 @@ int64_t ranks_per_node(const HardwareProfile& hw, int64_t n, int64_t stride) {
 
 static double log2_steps(int64_t n) { return n > 1 ? std::ceil(std::log2(double(n))) : 0.0; }
 
-// Hierarchical collectives: k ranks per node, m = n / k nodes.
+// Collectives over n ranks, k of them per node. Inside one node: a ring at the collective rate.
+// Across nodes: NCCL's ring algorithm — one ring per channel through every rank, k channels, each
+// leaving a node through its own NIC — is one pipeline, so the busiest link sets the time: a
+// rank's NVLink carries the k-1 channels whose next hop stays in the node, its NIC the one that
+// leaves (a hierarchical reduce-scatter / all-reduce / all-gather would instead add the levels'
+// times). Bus factors as nccl-tests: all-reduce 2(n-1)/n, all-gather (n-1)/n.
+namespace {
+double ring_bw_s(const HardwareProfile& hw, int64_t n, int64_t k, double bus_bytes) {
+  if (n <= k) return bus_bytes / hw.intra_collective_bps();
+  return bus_bytes / double(k) * std::max(double(k - 1) / hw.intra_collective_bps(), 1.0 / hw.inter.bw_bytes_per_s);
+}
+// Latency: log2 steps per level (small messages use tree / one-shot algorithms; for large ones
+// the bandwidth term dominates whatever the algorithm).
+double ring_latency_s(const HardwareProfile& hw, int64_t n, int64_t k) {
+  const double nodes = double(n) / double(k);
+  return (k > 1 ? log2_steps(k) * hw.intra.latency_s : 0) + (nodes > 1 ? log2_steps(int64_t(nodes)) * hw.inter.latency_s : 0);
+}
+}  // namespace
+
 double allreduce_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes) {
   if (n <= 1) return 0;
-  const double nodes = double(n) / double(k);
-  double t = 0;
-  // Latency: log2 steps per level (small messages use tree / one-shot algorithms; for large ones
-  // the bandwidth term dominates whatever the algorithm).
-  if (k > 1) t += 2.0 * double(k - 1) / double(k) * bytes / hw.intra_collective_bps() + 2.0 * log2_steps(k) * hw.intra.latency_s;
-  if (nodes > 1)
-    t += 2.0 * (nodes - 1) / nodes * (bytes / double(k)) / hw.inter.bw_bytes_per_s + 2.0 * log2_steps(int64_t(nodes)) * hw.inter.latency_s;
-  return t;
+  return ring_bw_s(hw, n, k, 2.0 * double(n - 1) / double(n) * bytes) + 2.0 * ring_latency_s(hw, n, k);
 }
 
 double allgather_s(const HardwareProfile& hw, int64_t n, int64_t k, double out_bytes) {
   if (n <= 1) return 0;
-  const double nodes = double(n) / double(k);
-  double t = 0;
-  if (nodes > 1) t += (nodes - 1) / nodes * out_bytes / double(k) / hw.inter.bw_bytes_per_s + log2_steps(int64_t(nodes)) * hw.inter.latency_s;
-  if (k > 1) t += double(k - 1) / double(k) * out_bytes / hw.intra_collective_bps() + log2_steps(k) * hw.intra.latency_s;
-  return t;
+  return ring_bw_s(hw, n, k, double(n - 1) / double(n) * out_bytes) + ring_latency_s(hw, n, k);
 }
 
 double alltoall_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes) {
@@ -194,6 +221,7 @@ struct Ctx {
   Prec p;
   double share;
   double hbm_bps() const { return hw.hbm_bytes_per_s * hw.hbm_eff; }
+  double rate(double measured_bytes_per_s) const { return measured_bytes_per_s > 0 ? measured_bytes_per_s : hbm_bps(); }
 };
 
 // GEMM seconds per rank for `tokens` tokens per rank through every layer's projections (and the
@@ -207,8 +235,18 @@ double gemm_seconds(const Ctx& c, double tokens, double mult, bool lm_head) {
   return c.share * ((attn + head) / (c.p.peak * eff) + ffn / (c.p.peak_ffn * eff));
 }
 
-double attn_seconds(const Ctx& c, double flops, double block_rows) {
-  return c.share * flops / (c.p.peak * c.hw.attn_eff.at(block_rows));
+// Seconds of `flops` of attention (DESIGN.md convention: visible pairs only) in kernel calls
+// whose query rows see `kappa` keys each on average, plus `waste_flops` of masked pairs the
+// causal diagonal computes anyway, at the call's rate.
+double attn_seconds(const Ctx& c, double flops, double kappa, double waste_flops = 0) {
+  return c.share * (flops + waste_flops) / (c.p.peak * c.hw.attn_eff.at(std::max(1.0, kappa)));
+}
+
+// FLOPs of the masked pairs computed on the causal diagonal by `diag_rows` query rows (every
+// query row meets the diagonal once per layer, whatever the strategy), forward (mult 1) or
+// backward (2.5).
+double diag_waste_flops(const Ctx& c, double diag_rows, double mult) {
+  return mult * 4.0 * double(c.m.H_q) / double(c.mesh.tp) * double(c.m.D) * diag_rows * c.hw.attn_diag_waste_keys;
 }
 
 // Ulysses' exchanges per layer on a rank of `tokens` tokens, as src/cp/ulysses_core.cpp runs
@@ -228,6 +266,14 @@ UlyssesA2a ulysses_a2a(const Ctx& c, int64_t U, int64_t k_u, double tokens, doub
   a.bwd_s = alltoall_s(c.hw, U, k_u, in_b) + alltoall_s(c.hw, U, k_u, out_b) + meta;
   a.max_bytes = in_b;
   return a;
+}
+
+// A synchronous step ends with its slowest rank: E[max of n standard normals] x rank_jitter of
+// its compute above the mean, spent by the others waiting in their collectives (exposed).
+void add_sync_wait(StrategyPrediction& r, const Ctx& c, double compute_s) {
+  const double wait = c.hw.rank_jitter * expected_max_normal(c.mesh.chips()) * std::max(0.0, compute_s);
+  r.exposed_comm_s += wait;
+  r.time_s += wait;
 }
 
 void finish(StrategyPrediction& r, const Ctx& c) {
@@ -257,7 +303,8 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
   const bool remat_full = w.remat == "full", remat_attn = w.remat == "attention" || remat_full;
   if (remat_full) r.gemm_s += gemm_seconds(c, tokens, 1.0, false);  // recomputed forward projections
 
-  // Attention per layer: forward and backward FLOPs per rank (balanced or not), block size per call.
+  // Attention per layer: forward and backward FLOPs per rank (balanced or not); kappa = visible
+  // keys per query row of one kernel call; the diagonal's waste once per layer.
   const double at_fwd_rank = 4.0 * double(m.H_q) * double(m.D) * pairs * double(B) / double(N * tp);
   const double at_bwd_rank = 2.5 * at_fwd_rank;
   const double hkv = kv_heads_loc(m, tp), hq = double(m.H_q) / double(tp);
@@ -266,14 +313,17 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
   const double kv_msg = tokens * 2.0 * hkv * double(m.D) * e;  // one rank's K and V (per layer)
   double attn_layer = 0, comm_layer = 0, exposed_layer = 0, buf = 0;
   const double recompute = remat_attn ? 1.0 : 0.0;  // attention forward run again in the backward
+  const double w_fwd = diag_waste_flops(c, tokens, 1.0), w_bwd = diag_waste_flops(c, tokens, 2.5);
+  const double per_seq = pairs / double(N);  // visible pairs of one sequence on a (balanced) rank
   if (st == "allgather") {
     // Gather K/V of the whole sequence (forward), reduce-scatter dK/dV (backward); both exposed.
     const int64_t k = ranks_per_node(c.hw, N, tp);
-    const double imb = imbalance(w.partition, N), block = S_loc / 2;
+    const double imb = imbalance(w.partition, N), kappa = imb * per_seq / S_loc;  // one call: local queries, all keys
     const double t_c = allgather_s(c.hw, N, k, kv_msg * double(N));
     comm_layer = (2 + recompute) * t_c;
     exposed_layer = comm_layer;
-    attn_layer = imb * (attn_seconds(c, at_fwd_rank, block) * (1 + recompute) + attn_seconds(c, at_bwd_rank, block)) + exposed_layer;
+    attn_layer = attn_seconds(c, imb * at_fwd_rank, kappa, w_fwd) * (1 + recompute) +
+                 attn_seconds(c, imb * at_bwd_rank, kappa, w_bwd) + exposed_layer;
     buf = 2.0 * kv_msg * double(N);  // gathered K/V and dK/dV
   } else if (st == "ulysses" || st == "usp") {
     const int64_t U = st == "usp" ? mesh.ulysses : N, R = st == "usp" ? mesh.ring : 1;
@@ -283,8 +333,10 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
     const double t_a2a = (1 + recompute) * a2a.fwd_s + a2a.bwd_s;
     // After the all-to-all a rank holds U*S_loc tokens of H/U heads; a ring over R (usp) passes them.
     const double imb = imbalance(w.partition, R);
-    const double block = R > 1 ? S_loc * double(U) / 2 : double(S);
-    const double cf = imb * attn_seconds(c, at_fwd_rank, block) / double(R), cb = imb * attn_seconds(c, at_bwd_rank, block) / double(R);
+    // One call per ring step: the U*S_loc gathered rows of H/U heads against one block of keys.
+    const double kappa = imb * pairs / double(R * R) / (S_loc * double(U));
+    const double cf = attn_seconds(c, imb * at_fwd_rank, kappa, w_fwd) / double(R);
+    const double cb = attn_seconds(c, imb * at_bwd_rank, kappa, w_bwd) / double(R);
     const double msg = tokens * double(U) * 2.0 * hkv_u * double(m.D) * e;
     const int64_t k_r = ranks_per_node(c.hw, R, tp * U);
     const double m_f = p2p_s(c.hw, R, k_r, msg), m_b = p2p_s(c.hw, R, k_r, 2 * msg);
@@ -296,8 +348,9 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
     buf = 2.0 * a2a.max_bytes + 3.0 * msg;
   } else if (st == "ring") {
     const int64_t k = ranks_per_node(c.hw, N, tp);
-    const double imb = imbalance(w.partition, N), block = S_loc / 2;
-    const double cf = imb * attn_seconds(c, at_fwd_rank, block) / double(N), cb = imb * attn_seconds(c, at_bwd_rank, block) / double(N);
+    const double imb = imbalance(w.partition, N), kappa = imb * per_seq / double(N) / S_loc;  // one call per step
+    const double cf = attn_seconds(c, imb * at_fwd_rank, kappa, w_fwd) / double(N);
+    const double cb = attn_seconds(c, imb * at_bwd_rank, kappa, w_bwd) / double(N);
     const double m_f = p2p_s(c.hw, N, k, kv_msg), m_b = p2p_s(c.hw, N, k, 2 * kv_msg);  // backward: K/V and dK/dV travel
     const double oo = N > 1 ? o : 0;
     const double ring_f = ring_pipeline_s(N, cf, m_f, oo), ring_b = ring_pipeline_s(N, cb, m_b, oo);
@@ -315,11 +368,13 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
   const double t_grad = allreduce_s(c.hw, n_grad, ranks_per_node(c.hw, n_grad, tp), grad_bytes);
   // Elementwise work (memory bound) and the optimizer (7 fp32 streams per parameter).
   const double params_rank = m.params_total() / double(tp) / (w.zero ? double(n_grad) : 1.0);
-  r.other_s = c.share * (tokens * L * elementwise_elems(m, tp, true) * e + tokens * 3.0 * double(m.vocab) * e +
-                         params_rank * 28.0) / c.hbm_bps();
+  r.other_s = c.share * (elementwise_bytes(m, tp, tokens, true, e) / c.rate(c.hw.elementwise_bytes_per_s) +
+                         loss_bytes(m, tokens, e) / c.rate(c.hw.loss_bytes_per_s) +
+                         optimizer_bytes(params_rank) / c.rate(c.hw.optimizer_bytes_per_s));
   r.comm_total_s = comm_layer * L + t_tp + t_grad;
   r.exposed_comm_s = exposed_layer * L + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
   r.time_s = r.gemm_s + r.attn_s + r.other_s + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
+  add_sync_wait(r, c, r.gemm_s + r.attn_s - exposed_layer * L + r.other_s);
   // Memory: params + grads + AdamW m, v (16 bytes per parameter in mixed precision and in fp32),
   // saved activations (the model's own formula, scaled to the element size), strategy buffers.
   r.mem_state_bytes = 16.0 * params_rank;
@@ -382,12 +437,16 @@ StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
     r.comm_total_s = comm_layer * L + t_tp;
     r.exposed_comm_s = std::max(0.0, exposed_layer) * L + t_tp;
     r.time_s = r.gemm_s + r.attn_s + t_tp;
+    add_sync_wait(r, c, r.gemm_s + r.attn_s - std::max(0.0, exposed_layer) * L);
   } else {
     r.gemm_s = gemm_seconds(c, T_loc, 1.0, false) + c.share * 2.0 * double(m.dim) * double(m.vocab) * double(B) /
                                                        (c.p.peak * c.hw.gemm_eff.at(1));  // LM head: last token only
     r.gemm_s = std::max(r.gemm_s, w_bytes / c.hbm_bps());  // a short prompt cannot beat reading the weights
-    const double block = T_loc / 2;  // zigzag: two chunks of new tokens per rank
-    const double c_all = attn_seconds(c, at_flops_rank, block);
+    // kappa: a ring step's call (pass-KV, pass-Q) has this rank's T_loc query rows against one
+    // rank's keys; all-gather one call against all keys. The diagonal's waste once per layer.
+    const double kappa_step = pairs / double(N * N) / (double(T) / double(N));
+    const double waste = diag_waste_flops(c, T_loc, 1.0);
+    const double c_all = attn_seconds(c, at_flops_rank, kappa_step, waste);
     if (st == "pass_kv") {
       const double m_kv = p2p_s(c.hw, N, k_cp, kv_bytes_rank);
       const double ring = ring_pipeline_s(N, c_all / double(N), m_kv, o);
@@ -411,8 +470,8 @@ StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
       const int64_t k_u = ranks_per_node(c.hw, U, tp), k_r = ranks_per_node(c.hw, R, tp * U);
       const UlyssesA2a a2a = ulysses_a2a(c, U, k_u, T_loc, hq, hkv);
       const double t_a2a = a2a.fwd_s;
-      const double blk = R > 1 ? T_loc * double(U) / 2 : double(T) * double(B);
-      const double cf = attn_seconds(c, at_flops_rank, blk) / double(R);
+      const double kappa = pairs / double(R) / double(T);  // one step: U*T_loc rows of H/U heads vs one block
+      const double cf = attn_seconds(c, at_flops_rank, kappa, waste) / double(R);
       const double msg = T_loc * double(U) * 2.0 * (std::max(hkv, double(U)) / double(U)) * double(m.D) * e;
       const double oo = R > 1 ? c.hw.step_overhead_s : 0;
       const double m_f = p2p_s(c.hw, R, k_r, msg);
@@ -423,17 +482,18 @@ StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
       buf = 2.0 * T_loc * (hq + 2.0 * std::max(hkv, double(U))) * double(m.D) * e + 2.0 * msg;  // the forward's send + receive
     } else {  // allgather: every rank gathers the whole K/V, then attends locally
       const double g = allgather_s(c.hw, N, k_cp, kv_bytes_rank * double(N));
-      attn_layer = c_all + g;
+      attn_layer = attn_seconds(c, at_flops_rank, pairs / double(T), waste) + g;
       comm_layer = g;
       exposed_layer = g;
       buf = kv_bytes_rank * double(N);
     }
     r.attn_s = attn_layer * L;
     const double t_tp = 2.0 * L * allreduce_s(c.hw, tp, k_tp, T_loc * double(m.dim) * e);
-    r.other_s = c.share * T_loc * L * elementwise_elems(m, tp, false) * e / c.hbm_bps();
+    r.other_s = c.share * elementwise_bytes(m, tp, T_loc, false, e) / c.rate(c.hw.elementwise_bytes_per_s);
     r.comm_total_s = comm_layer * L + t_tp;
     r.exposed_comm_s = std::max(0.0, exposed_layer) * L + t_tp;
     r.time_s = r.gemm_s + r.attn_s + r.other_s + t_tp;
+    add_sync_wait(r, c, r.gemm_s + r.attn_s - std::max(0.0, exposed_layer) * L + r.other_s);
   }
   r.mem_weights_bytes = w_bytes;
   r.mem_kv_bytes = kv_bytes_rank * L;

@@ -8,6 +8,10 @@
 // also N = CP group size (ulysses * ring), T new tokens and P cached tokens of a partial
 // prefill, tp the tensor-parallel size (heads and FFN split over it).
 //
+// Attention (the kernel model): time = (visible pairs + the causal diagonal's masked pairs) x
+// FLOPs per pair / (peak x eff(kappa)), kappa = visible keys per query row of one kernel call
+// (ring step: S_loc/2 under zigzag; all-gather: S/2; Ulysses: S/2 over H/U heads).
+//
 // Overlap rules (the physics, stated once):
 //  - ring (pass-KV / pass-Q): N steps per layer; step i computes on the block received at step
 //    i-1 while block i+1 is in flight, so a layer costs (N-1) * max(compute_step + overhead,
@@ -16,9 +20,10 @@
 //    on the critical path (the attention needs all their data before it starts): exposed.
 //  - the data-parallel gradient all-reduce is hidden under backward compute when the profile
 //    says overlap_collectives (NCCL streams, XLA); exposed otherwise (our CPU runs).
-// A collective over an axis group of n ranks with k of them per node is hierarchical: the
-// in-node part at the intra link, the across-node part at the inter link per chip (NCCL's
-// one-ring-per-NIC scheme); P2P hops of a ring cost the slowest hop.
+// A collective over an axis group of n ranks with k of them per node: inside a node a ring at
+// the collective rate; across nodes NCCL's ring algorithm (k channels, each leaving a node
+// through its own NIC) — one pipeline, timed by its busiest link. P2P hops of a ring cost the
+// slowest hop.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -110,6 +115,17 @@ double alltoall_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes)
 double p2p_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);              // one ring hop
 // Ranks of an axis group per node: members are `stride` ranks apart.
 int64_t ranks_per_node(const HardwareProfile& hw, int64_t n, int64_t stride);
+// Bytes the cost model counts for the memory-bound parts (their achieved rates in a profile are
+// measured against these counts by `bench calibrate`): every layer's norms, residual adds, RoPE
+// and SwiGLU for `tokens` tokens per rank (forward, or forward + backward); the cross-entropy
+// over the vocabulary (logits read, exponentiated, gradient written); AdamW over `params`
+// (parameter, gradient, m, v read, three written: 28 bytes in fp32).
+double elementwise_bytes(const ModelShape& m, int64_t tp, double tokens, bool backward, double e);
+double loss_bytes(const ModelShape& m, double tokens, double e);
+double optimizer_bytes(double params);
+// Expected maximum of n independent standard normal variables (0 for n = 1; 0.564 for 2, 1.029
+// for 4): how far the slowest of n jittering ranks lies above the mean, in standard deviations.
+double expected_max_normal(int64_t n);
 // Paper Eq. 1 threshold (Meta CP, arXiv 2411.01783): pass-KV when T/(T+P) >= 2*H_kv/H_q.
 double pass_kv_miss_rate_threshold(const ModelShape& m);
 

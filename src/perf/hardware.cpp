@@ -56,8 +56,14 @@ const std::vector<std::string> kKeys = {
     "name", "description", "peak_tflops_bf16", "peak_tflops_fp8", "peak_tflops_fp32", "default_precision",
     "hbm_gb", "hbm_tb_s", "hbm_eff", "chips_per_node", "compute_units_per_node", "intra_gb_s",
     "intra_latency_us", "intra_collective_gb_s", "intra_alltoall_gb_s", "inter_gb_s", "inter_latency_us", "gemm_eff", "gemm_eff_at_rows", "gemm_half_rows",
-    "gemm_eff_rows", "gemm_eff_values", "attn_eff", "attn_eff_at_tokens", "attn_half_tokens",
-    "attn_eff_tokens", "attn_eff_values", "step_overhead_us", "overlap_collectives"};
+    "gemm_eff_rows", "gemm_eff_values", "attn_eff", "attn_eff_at_keys", "attn_half_keys",
+    "attn_eff_keys", "attn_eff_values", "attn_diag_waste_keys", "elementwise_gb_s", "loss_gb_s", "optimizer_gb_s",
+    "step_overhead_us", "rank_jitter", "shared_core_eff", "overlap_collectives"};
+// Keys of earlier versions, with what replaced them (a profile that still has one gets told).
+const std::vector<std::pair<std::string, std::string>> kRenamed = {
+    {"attn_eff_tokens", "attn_eff_keys (the curve's x is now visible keys per query row of a call)"},
+    {"attn_eff_at_tokens", "attn_eff_at_keys (a causal block of b tokens has b/2 keys per query row)"},
+    {"attn_half_tokens", "attn_half_keys"}};
 const std::vector<std::string> kRequired = {"name", "hbm_gb", "hbm_tb_s", "chips_per_node",
                                             "intra_gb_s", "intra_latency_us", "inter_gb_s", "inter_latency_us"};
 
@@ -99,9 +105,9 @@ struct Reader {
     if (!v.is_boolean()) bad(k, "must be true or false");
     return v.as_boolean();
   }
-  // A curve from either measured points (<p>_<xname>, <p>_values) or one efficiency at a size
-  // with a half-efficiency size.
-  EffCurve curve(const std::string& p, const std::string& xs, const std::string& at, const std::string& half) const {
+  // A curve from either measured points (<p>_<xname>, <p>_values) or one efficiency `p` at the
+  // size `at_key` with the half-efficiency size `half_key` (full key names).
+  EffCurve curve(const std::string& p, const std::string& xs, const std::string& at_key, const std::string& half_key) const {
     EffCurve c;
     c.x = nums(p + "_" + xs);
     c.eff = nums(p + "_values");
@@ -111,12 +117,15 @@ struct Reader {
       if (!(c.eff[i] > 0 && c.eff[i] <= 1.0)) bad(p + "_values", "must be efficiencies in (0, 1]");
     }
     if (!c.x.empty()) return c;
-    const double e = num(p, 1.0), a = num(p + "_" + at, 0), h = num(p + "_" + half, 0);
+    const double e = num(p, 1.0), a = num(at_key, 0), h = num(half_key, 0);
     if (!(e > 0 && e <= 1)) bad(p, "must be an efficiency in (0, 1]");
-    if (h < 0 || a < 0) bad(p + "_" + half, "must be ≥ 0");
+    if (h < 0 || a < 0) bad(half_key, "must be ≥ 0");
     c.x_half = h;
     // eff(at) = e  ⇒  eff_inf = e (at + h) / at; with no reference size, e is the asymptote.
     c.eff_inf = (a > 0 && h > 0) ? e * (a + h) / a : e;
+    if (c.eff_inf > 1)
+      bad(half_key, "and " + at_key + " imply an asymptotic efficiency of " + std::to_string(c.eff_inf) +
+                        " > 1 (" + p + " = " + std::to_string(e) + " at " + std::to_string(a) + "); valid: a smaller half size");
     return c;
   }
 };
@@ -145,9 +154,12 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
     throw UsageError("hardware: cannot parse " + file + ":\n" + e.what());
   }
   if (!root.is_table()) throw UsageError("hardware: " + file + " is not a TOML table");
-  for (const auto& [k, v] : root.as_table())
+  for (const auto& [k, v] : root.as_table()) {
+    for (const auto& [old_key, now] : kRenamed)
+      if (k == old_key) throw UsageError("hardware: key '" + k + "' in " + file + " was renamed; use " + now);
     if (std::find(kKeys.begin(), kKeys.end(), k) == kKeys.end())
       throw UsageError("hardware: unknown key '" + k + "' in " + file + "; valid keys are listed in src/perf/hardware.cpp and inputs/hardware/README.md");
+  }
   for (const std::string& k : kRequired)
     if (!root.as_table().count(k)) throw UsageError("hardware: " + file + " lacks the required key '" + k + "'");
   Reader r{root, file};
@@ -170,9 +182,20 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
   h.inter = {r.num("inter_gb_s", 0) * 1e9, r.num("inter_latency_us", 0) * 1e-6};
   h.intra_collective_bytes_per_s = r.num("intra_collective_gb_s", 0) * 1e9;
   h.intra_alltoall_bytes_per_s = r.num("intra_alltoall_gb_s", 0) * 1e9;
-  h.gemm_eff = r.curve("gemm_eff", "rows", "at_rows", "half_rows");
-  h.attn_eff = r.curve("attn_eff", "tokens", "at_tokens", "half_tokens");
+  h.gemm_eff = r.curve("gemm_eff", "rows", "gemm_eff_at_rows", "gemm_half_rows");
+  h.attn_eff = r.curve("attn_eff", "keys", "attn_eff_at_keys", "attn_half_keys");
+  h.attn_diag_waste_keys = r.num("attn_diag_waste_keys", 0);
+  h.elementwise_bytes_per_s = r.num("elementwise_gb_s", 0) * 1e9;
+  h.loss_bytes_per_s = r.num("loss_gb_s", 0) * 1e9;
+  h.optimizer_bytes_per_s = r.num("optimizer_gb_s", 0) * 1e9;
+  if (h.attn_diag_waste_keys < 0) r.bad("attn_diag_waste_keys", "must be ≥ 0");
+  if (h.elementwise_bytes_per_s < 0 || h.loss_bytes_per_s < 0 || h.optimizer_bytes_per_s < 0)
+    r.bad("elementwise_gb_s", "loss_gb_s and optimizer_gb_s must be ≥ 0 (0 = the achieved HBM rate)");
   h.step_overhead_s = r.num("step_overhead_us", 0) * 1e-6;
+  h.rank_jitter = r.num("rank_jitter", 0);
+  h.shared_core_eff = r.num("shared_core_eff", 1);
+  if (h.rank_jitter < 0 || h.rank_jitter > 1) r.bad("rank_jitter", "must be in [0, 1] (a relative standard deviation)");
+  if (!(h.shared_core_eff > 0 && h.shared_core_eff <= 1)) r.bad("shared_core_eff", "must be in (0, 1]");
   h.overlap_collectives = r.boolean("overlap_collectives", true);
   const double peak_default = h.default_precision == "fp32" ? h.peak_fp32_flops : h.peak_bf16_flops;
   if (peak_default <= 0)
@@ -231,13 +254,19 @@ std::string hardware_toml(const HardwareProfile& h, const std::vector<std::strin
     line("gemm_half_rows", num(h.gemm_eff.x_half));
   }
   if (!h.attn_eff.x.empty()) {
-    line("attn_eff_tokens", arr(h.attn_eff.x));
+    line("attn_eff_keys", arr(h.attn_eff.x));
     line("attn_eff_values", arr(h.attn_eff.eff));
   } else {
     line("attn_eff", num(h.attn_eff.eff_inf));
-    line("attn_half_tokens", num(h.attn_eff.x_half));
+    line("attn_half_keys", num(h.attn_eff.x_half));
   }
+  line("attn_diag_waste_keys", num(h.attn_diag_waste_keys));
+  if (h.elementwise_bytes_per_s > 0) line("elementwise_gb_s", num(h.elementwise_bytes_per_s / 1e9));
+  if (h.loss_bytes_per_s > 0) line("loss_gb_s", num(h.loss_bytes_per_s / 1e9));
+  if (h.optimizer_bytes_per_s > 0) line("optimizer_gb_s", num(h.optimizer_bytes_per_s / 1e9));
   line("step_overhead_us", num(h.step_overhead_s * 1e6));
+  if (h.rank_jitter > 0) line("rank_jitter", num(h.rank_jitter));
+  if (h.shared_core_eff < 1) line("shared_core_eff", num(h.shared_core_eff));
   line("overlap_collectives", h.overlap_collectives ? "true" : "false");
   return os.str();
 }

@@ -47,8 +47,25 @@ struct HardwareProfile {
   double intra_alltoall_bytes_per_s = 0;
   double intra_alltoall_bps() const { return intra_alltoall_bytes_per_s > 0 ? intra_alltoall_bytes_per_s : intra_collective_bps(); }
   EffCurve gemm_eff;  // vs rows (tokens) of the activation matrix
-  EffCurve attn_eff;  // vs query rows of one kernel call (one chunk)
+  // Attention efficiency of one kernel call vs kappa = visible keys per query row of the call
+  // (the work each query row amortizes its fixed costs over: Q tile load, output normalization,
+  // the backward's row terms; a split-KV GPU kernel fills its SMs the same way). Applies to the
+  // visible pairs and to the masked pairs computed anyway on the causal diagonal:
+  double attn_diag_waste_keys = 0;  // masked keys computed per query row on a causal diagonal (tile shape)
+  EffCurve attn_eff;
+  // Achieved rates of the memory-bound parts, each against the cost model's own byte count
+  // (perf/cost_model.hpp: elementwise_bytes, loss_bytes, optimizer_bytes); 0 = hbm * hbm_eff.
+  double elementwise_bytes_per_s = 0;  // norms, RoPE, SwiGLU, residual adds
+  double loss_bytes_per_s = 0;         // cross-entropy over the vocabulary
+  double optimizer_bytes_per_s = 0;    // AdamW
   double step_overhead_s = 0;      // fixed cost of one ring step (launches, merge, sync)
+  // Rank-to-rank speed jitter: relative standard deviation of one rank's time for the same work
+  // between two synchronizations. A synchronous step waits for the slowest of its n ranks,
+  // E[max of n standard normals] standard deviations above the mean (0 = no jitter).
+  double rank_jitter = 0;
+  // Throughput two ranks sharing one compute unit get together, relative to one rank alone
+  // (time slicing, shared caches); applies when ranks outnumber compute_units_per_node.
+  double shared_core_eff = 1;
   bool overlap_collectives = true; // data-parallel gradient reduction hidden under backward
 };
 

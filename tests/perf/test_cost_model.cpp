@@ -93,13 +93,98 @@ TEST(CostModel, CollectiveArithmetic) {
   EXPECT_NEAR(allreduce_s(h, 8, 8, 8e9), 2.0 * 7 / 8 * 8e9 / 10e9, 1e-12);
   // All-gather of an 8 GB result over 8 ranks in a node: 7/8 of it arrives over the link.
   EXPECT_NEAR(allgather_s(h, 8, 8, 8e9), 7.0 / 8 * 8e9 / 10e9, 1e-12);
-  // Across 2 nodes of 8 (hierarchical): the inter part carries bytes/k per chip.
+  // Across nodes: NCCL's ring with one channel per NIC is one pipeline; each NIC carries 1/k of
+  // the ring's bus bytes, each NVLink the other (k-1)/k; the slower sets the time.
   h.inter.bw_bytes_per_s = 1e9;
-  EXPECT_NEAR(allreduce_s(h, 16, 8, 8e9), 2.0 * 7 / 8 * 8e9 / 10e9 + 2.0 * 0.5 * 1e9 / 1e9, 1e-12);
+  EXPECT_NEAR(allreduce_s(h, 16, 8, 8e9), 2.0 * 15 / 16 * 8e9 / 8 / 1e9, 1e-12);  // NIC bound
+  EXPECT_NEAR(allreduce_s(h, 32, 8, 8e9), 2.0 * 31 / 32 * 8e9 / 8 / 1e9, 1e-12);  // 4 nodes: only (n-1)/n more
+  EXPECT_NEAR(allgather_s(h, 16, 8, 8e9), 15.0 / 16 * 8e9 / 8 / 1e9, 1e-12);
+  h.inter.bw_bytes_per_s = 100e9;  // a NIC faster than 1/(k-1) of NVLink: NVLink bound
+  EXPECT_NEAR(allreduce_s(h, 16, 8, 8e9), 2.0 * 15 / 16 * 8e9 / 8 * 7 / 10e9, 1e-12);
+  h.inter.bw_bytes_per_s = 1e9;
+  EXPECT_NEAR(allreduce_s(h, 4, 1, 8e9), 2.0 * 3 / 4 * 8e9 / 1e9, 1e-12);  // one rank per node: the NICs' ring
   EXPECT_EQ(ranks_per_node(h, 16, 8), 1);  // a ring over hosts (stride = tp = 8): one rank per node
   EXPECT_EQ(ranks_per_node(h, 4, 2), 4);
   EXPECT_DOUBLE_EQ(p2p_s(h, 4, 1, 1e9), 1.0);  // crosses nodes: inter link
   EXPECT_DOUBLE_EQ(p2p_s(h, 4, 4, 1e9), 0.1);  // inside a node: intra link
+}
+
+// The attention kernel model: visible pairs plus the causal diagonal's waste, at eff(kappa) with
+// kappa = visible keys per query row of one kernel call.
+TEST(CostModel, AttentionRateFollowsKeysPerQueryRow) {
+  const ModelShape m = small();
+  HardwareProfile h = ideal();
+  h.attn_eff.eff_inf = 1.0;
+  h.attn_eff.x_half = 1024;  // half rate at 1024 keys per query row
+  h.intra = {1e15, 0};       // communication free: attention compute only
+  h.inter = h.intra;
+  PerfMesh mesh;
+  mesh.ring = 4;
+  PerfWorkload w;
+  w.seq = 8192;
+  const double pairs = causal_visible_pairs({8192}), at = 3.5 * 4.0 * 8 * 128 * pairs / 4 * m.layers;  // per rank
+  // Ring: 4 steps of S_loc = 2048 query rows against one rank's keys: kappa = S_loc / 2 = 1024.
+  const StrategyPrediction ring = predict(m, h, mesh, w, "ring");
+  EXPECT_NEAR(ring.attn_s, at / 100e12 / h.attn_eff.at(1024.25), 1e-3 * ring.attn_s);
+  // All-gather: one call of the same rows against all keys: kappa = S / 2, twice the rate here.
+  const StrategyPrediction ag = predict(m, h, mesh, w, "allgather");
+  EXPECT_NEAR(ag.attn_s - ag.exposed_comm_s, at / 100e12 / h.attn_eff.at(4097), 1e-3 * ag.attn_s);
+  EXPECT_LT(ag.attn_s, 0.7 * ring.attn_s);
+  // The diagonal's masked pairs: each query row computes attn_diag_waste_keys more keys once per layer.
+  h.attn_diag_waste_keys = 100;
+  const StrategyPrediction ring_w = predict(m, h, mesh, w, "ring");
+  const double waste = 3.5 * 4.0 * 8 * 128 * 2048 * 100 * m.layers / 100e12 / h.attn_eff.at(1024.25);
+  EXPECT_NEAR(ring_w.attn_s - ring.attn_s, waste, 1e-3 * waste);
+}
+
+// Ranks sharing a core, and the slowest rank of a synchronous step.
+TEST(CostModel, SharedCoresAndRankJitter) {
+  EXPECT_DOUBLE_EQ(expected_max_normal(1), 0);
+  EXPECT_NEAR(expected_max_normal(2), 1 / std::sqrt(M_PI), 1e-4);  // E[max of 2] = 1/sqrt(pi)
+  EXPECT_NEAR(expected_max_normal(4), 1.0294, 1e-3);
+  EXPECT_NEAR(expected_max_normal(64), 2.3437, 1e-3);  // (Monte Carlo: 2.343)
+  const ModelShape m = small();
+  HardwareProfile h = ideal();
+  h.compute_units_per_node = 2;
+  PerfMesh two, four;
+  two.ring = 2;
+  four.ring = 4;
+  PerfWorkload w;
+  w.seq = 8192;
+  const StrategyPrediction p2 = predict(m, h, two, w, "ring"), p4 = predict(m, h, four, w, "ring");
+  EXPECT_NEAR(p4.gemm_s, p2.gemm_s, 1e-9 * p2.gemm_s);  // half the rows per rank, half a core each
+  h.shared_core_eff = 0.8;
+  EXPECT_NEAR(predict(m, h, four, w, "ring").gemm_s, p2.gemm_s / 0.8, 1e-9 * p2.gemm_s);
+  EXPECT_NEAR(predict(m, h, two, w, "ring").gemm_s, p2.gemm_s, 1e-12);  // not oversubscribed: unchanged
+  // Jitter: the others wait for the slowest rank, sigma * E[max of n] of the compute, exposed.
+  h.shared_core_eff = 1;
+  h.rank_jitter = 0.1;
+  const StrategyPrediction j2 = predict(m, h, two, w, "ring");
+  const double compute = p2.gemm_s + p2.attn_s - p2.exposed_comm_s + p2.other_s;
+  EXPECT_NEAR(j2.time_s - p2.time_s, 0.1 * expected_max_normal(2) * compute, 1e-6 * compute);
+  EXPECT_NEAR(j2.exposed_comm_s - p2.exposed_comm_s, j2.time_s - p2.time_s, 1e-12);
+  EXPECT_NEAR(j2.gemm_s, p2.gemm_s, 1e-12);
+}
+
+// The memory-bound parts at the profile's measured rates, against the cost model's byte counts.
+TEST(CostModel, MemoryBoundPartsUseTheirMeasuredRates) {
+  const ModelShape m = small();
+  HardwareProfile h = ideal();
+  PerfMesh mesh;
+  mesh.ring = 2;
+  PerfWorkload w;
+  w.seq = 8192;
+  const double tokens = 4096, params = m.params_total();
+  const StrategyPrediction base = predict(m, h, mesh, w, "ring");
+  const double want_base = (elementwise_bytes(m, 1, tokens, true, 2) + loss_bytes(m, tokens, 2) + optimizer_bytes(params)) / 1e12;
+  EXPECT_NEAR(base.other_s, want_base, 1e-9 * want_base);
+  h.elementwise_bytes_per_s = 100e9, h.loss_bytes_per_s = 10e9, h.optimizer_bytes_per_s = 50e9;
+  const StrategyPrediction p = predict(m, h, mesh, w, "ring");
+  const double want = elementwise_bytes(m, 1, tokens, true, 2) / 100e9 + loss_bytes(m, tokens, 2) / 10e9 + optimizer_bytes(params) / 50e9;
+  EXPECT_NEAR(p.other_s, want, 1e-9 * want);
+  w.mode = PerfMode::prefill;  // forward only, no loss or optimizer
+  const StrategyPrediction f = predict(m, h, mesh, w, "pass_kv");
+  EXPECT_NEAR(f.other_s, elementwise_bytes(m, 1, tokens, false, 2) / 100e9, 1e-9 * f.other_s);
 }
 
 TEST(CostModel, AllToAllUsesItsOwnRateWhenMeasured) {
@@ -208,6 +293,36 @@ TEST(Hardware, BadNameAndUnknownKeyAreClearErrors) {
     FAIL() << "no error for an unknown key";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("peak_tflop_bf16"), std::string::npos);
+  }
+}
+
+// The analytic curve's keys are read (an earlier reader built "attn_eff_half_tokens" and never
+// saw attn_half_tokens), an impossible asymptote is an error, and renamed keys say what replaced them.
+TEST(Hardware, AnalyticCurvesReadTheirKeys) {
+  const std::string base = "name = \"x\"\nhbm_gb = 1\nhbm_tb_s = 1\nchips_per_node = 1\nintra_gb_s = 1\nintra_latency_us = 1\n"
+                           "inter_gb_s = 1\ninter_latency_us = 1\npeak_tflops_bf16 = 1\n";
+  const std::string f = testing::TempDir() + "/curve_profile.toml";
+  std::ofstream(f) << base << "attn_eff = 0.5\nattn_eff_at_keys = 1024\nattn_half_keys = 1024\n"
+                   << "gemm_eff = 0.4\ngemm_half_rows = 128\nattn_diag_waste_keys = 70\nrank_jitter = 0.05\n";
+  const HardwareProfile h = load_hardware(f);
+  EXPECT_DOUBLE_EQ(h.attn_eff.at(1024), 0.5);
+  EXPECT_DOUBLE_EQ(h.attn_eff.eff_inf, 1.0);
+  EXPECT_DOUBLE_EQ(h.gemm_eff.at(128), 0.2);
+  EXPECT_DOUBLE_EQ(h.attn_diag_waste_keys, 70);
+  EXPECT_DOUBLE_EQ(h.rank_jitter, 0.05);
+  std::ofstream(f) << base << "attn_eff = 0.8\nattn_eff_at_keys = 256\nattn_half_keys = 1024\n";
+  try {
+    load_hardware(f);
+    FAIL() << "no error for an asymptotic efficiency > 1";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("> 1"), std::string::npos) << e.what();
+  }
+  std::ofstream(f) << base << "attn_eff = 0.5\nattn_half_tokens = 256\n";
+  try {
+    load_hardware(f);
+    FAIL() << "no error for a renamed key";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("attn_half_keys"), std::string::npos) << e.what();
   }
 }
 
