@@ -121,7 +121,9 @@ Prediction predict(const AttnCall& c, const ModelShape& m, const HardwareProfile
   pr.choice = ch.use_pass_q ? CpAlgo::pass_q : CpAlgo::pass_kv;
   const bool fp32 = hw.default_precision == "fp32" && hw.peak_fp32_flops > 0;
   const double peak = fp32 ? hw.peak_fp32_flops : hw.peak_bf16_flops;
-  const double C = peak * hw.attn_eff.at(std::max(1.0, double(c.T) / double(2 * c.N)));
+  // The kernel rate of one ring step: T/N query rows against one rank's (P+T)/N keys.
+  const double kappa = (double(c.P) + 0.5 * double(c.T)) / double(c.N);
+  const double C = peak * hw.attn_eff.at(std::max(1.0, kappa));
   const double BW = c.N <= hw.chips_per_node ? hw.intra.bw_bytes_per_s : hw.inter.bw_bytes_per_s;
   paper_rules(c, C, BW, fp32 ? 4.0 : 2.0, pr);
   return pr;
@@ -143,7 +145,7 @@ PrefillCostModel::PrefillCostModel(const Config& cfg, Comm& cp) {
   hw_.name = file_.name;
   const bool fp32 = file_.default_precision == "fp32" && file_.peak_fp32_flops > 0;
   hw_.elem_bytes = fp32 ? 4 : 2;
-  hw_.attn_flops_per_s = (fp32 ? file_.peak_fp32_flops : file_.peak_bf16_flops) * file_.attn_eff.at(1024);
+  hw_.attn_flops_per_s = (fp32 ? file_.peak_fp32_flops : file_.peak_bf16_flops) * file_.attn_eff.at(4096);  // ~the measured call: 4K keys per row
   hw_.bw_bytes_per_s = file_.intra.bw_bytes_per_s;
   hw_.latency_s = file_.intra.latency_s;
   hw_.overlap = true;
