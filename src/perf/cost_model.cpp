@@ -244,7 +244,7 @@ double attn_seconds(const Ctx& c, double flops, double kappa, double waste_flops
 
 // FLOPs of the masked pairs computed on the causal diagonal by `diag_rows` query rows (every
 // query row meets the diagonal once per layer, whatever the strategy), forward (mult 1) or
-// backward (2.5).
+// backward (mult attn_bwd_work).
 double diag_waste_flops(const Ctx& c, double diag_rows, double mult) {
   return mult * 4.0 * double(c.m.H_q) / double(c.mesh.tp) * double(c.m.D) * diag_rows * c.hw.attn_diag_waste_keys;
 }
@@ -306,14 +306,14 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
   // Attention per layer: forward and backward FLOPs per rank (balanced or not); kappa = visible
   // keys per query row of one kernel call; the diagonal's waste once per layer.
   const double at_fwd_rank = 4.0 * double(m.H_q) * double(m.D) * pairs * double(B) / double(N * tp);
-  const double at_bwd_rank = 2.5 * at_fwd_rank;
+  const double at_bwd_rank = c.hw.attn_bwd_work * at_fwd_rank;  // the kernel's work (the convention's 2.5 is for FLOPs)
   const double hkv = kv_heads_loc(m, tp), hq = double(m.H_q) / double(tp);
   const int64_t k_tp = ranks_per_node(c.hw, tp, 1);
   const double o = c.hw.step_overhead_s;
   const double kv_msg = tokens * 2.0 * hkv * double(m.D) * e;  // one rank's K and V (per layer)
   double attn_layer = 0, comm_layer = 0, exposed_layer = 0, buf = 0;
   const double recompute = remat_attn ? 1.0 : 0.0;  // attention forward run again in the backward
-  const double w_fwd = diag_waste_flops(c, tokens, 1.0), w_bwd = diag_waste_flops(c, tokens, 2.5);
+  const double w_fwd = diag_waste_flops(c, tokens, 1.0), w_bwd = diag_waste_flops(c, tokens, c.hw.attn_bwd_work);
   const double per_seq = pairs / double(N);  // visible pairs of one sequence on a (balanced) rank
   if (st == "allgather") {
     // Gather K/V of the whole sequence (forward), reduce-scatter dK/dV (backward); both exposed.

@@ -57,7 +57,7 @@ const std::vector<std::string> kKeys = {
     "hbm_gb", "hbm_tb_s", "hbm_eff", "chips_per_node", "compute_units_per_node", "intra_gb_s",
     "intra_latency_us", "intra_collective_gb_s", "intra_alltoall_gb_s", "inter_gb_s", "inter_latency_us", "gemm_eff", "gemm_eff_at_rows", "gemm_half_rows",
     "gemm_eff_rows", "gemm_eff_values", "attn_eff", "attn_eff_at_keys", "attn_half_keys",
-    "attn_eff_keys", "attn_eff_values", "attn_diag_waste_keys", "elementwise_gb_s", "loss_gb_s", "optimizer_gb_s",
+    "attn_eff_keys", "attn_eff_values", "attn_diag_waste_keys", "attn_bwd_work", "elementwise_gb_s", "loss_gb_s", "optimizer_gb_s",
     "step_overhead_us", "rank_jitter", "shared_core_eff", "overlap_collectives"};
 // Keys of earlier versions, with what replaced them (a profile that still has one gets told).
 const std::vector<std::pair<std::string, std::string>> kRenamed = {
@@ -185,6 +185,8 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
   h.gemm_eff = r.curve("gemm_eff", "rows", "gemm_eff_at_rows", "gemm_half_rows");
   h.attn_eff = r.curve("attn_eff", "keys", "attn_eff_at_keys", "attn_half_keys");
   h.attn_diag_waste_keys = r.num("attn_diag_waste_keys", 0);
+  h.attn_bwd_work = r.num("attn_bwd_work", 2.5);
+  if (!(h.attn_bwd_work >= 1 && h.attn_bwd_work <= 10)) r.bad("attn_bwd_work", "must be in [1, 10] (backward matmul work / forward)");
   h.elementwise_bytes_per_s = r.num("elementwise_gb_s", 0) * 1e9;
   h.loss_bytes_per_s = r.num("loss_gb_s", 0) * 1e9;
   h.optimizer_bytes_per_s = r.num("optimizer_gb_s", 0) * 1e9;
@@ -261,6 +263,7 @@ std::string hardware_toml(const HardwareProfile& h, const std::vector<std::strin
     line("attn_half_keys", num(h.attn_eff.x_half));
   }
   line("attn_diag_waste_keys", num(h.attn_diag_waste_keys));
+  if (h.attn_bwd_work != 2.5) line("attn_bwd_work", num(h.attn_bwd_work));
   if (h.elementwise_bytes_per_s > 0) line("elementwise_gb_s", num(h.elementwise_bytes_per_s / 1e9));
   if (h.loss_bytes_per_s > 0) line("loss_gb_s", num(h.loss_bytes_per_s / 1e9));
   if (h.optimizer_bytes_per_s > 0) line("optimizer_gb_s", num(h.optimizer_bytes_per_s / 1e9));

@@ -52,6 +52,10 @@ struct HardwareProfile {
   // the backward's row terms; a split-KV GPU kernel fills its SMs the same way). Applies to the
   // visible pairs and to the masked pairs computed anyway on the causal diagonal:
   double attn_diag_waste_keys = 0;  // masked keys computed per query row on a causal diagonal (tile shape)
+  // Matmul work of the attention backward relative to the forward, for time (the FLOP convention
+  // stays 2.5): 2.5 for a fused FlashAttention-2 backward (S, dP, dV, dQ, dK), 3.5 for split dQ
+  // and dK/dV kernels that each recompute the scores (Splash's default on TPU).
+  double attn_bwd_work = 2.5;
   EffCurve attn_eff;
   // Achieved rates of the memory-bound parts, each against the cost model's own byte count
   // (perf/cost_model.hpp: elementwise_bytes, loss_bytes, optimizer_bytes); 0 = hbm * hbm_eff.

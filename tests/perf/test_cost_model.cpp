@@ -137,6 +137,23 @@ TEST(CostModel, AttentionRateFollowsKeysPerQueryRow) {
   EXPECT_NEAR(ring_w.attn_s - ring.attn_s, waste, 1e-3 * waste);
 }
 
+// A split attention backward (more matmuls than the convention's 2.5) costs time, not model FLOPs.
+TEST(CostModel, BackwardWorkChangesTimeNotModelFlops) {
+  const ModelShape m = small();
+  HardwareProfile h = ideal();
+  h.intra = {1e15, 0};
+  h.inter = h.intra;
+  PerfMesh mesh;
+  mesh.ring = 4;
+  PerfWorkload w;
+  w.seq = 8192;
+  const StrategyPrediction fused = predict(m, h, mesh, w, "ring");
+  h.attn_bwd_work = 3.5;
+  const StrategyPrediction split = predict(m, h, mesh, w, "ring");
+  EXPECT_DOUBLE_EQ(split.model_flops, fused.model_flops);
+  EXPECT_NEAR(split.attn_s / fused.attn_s, (1 + 3.5) / (1 + 2.5), 1e-9);  // forward + backward work
+}
+
 // Ranks sharing a core, and the slowest rank of a synchronous step.
 TEST(CostModel, SharedCoresAndRankJitter) {
   EXPECT_DOUBLE_EQ(expected_max_normal(1), 0);
