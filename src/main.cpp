@@ -16,6 +16,7 @@
 #include "bench/bench.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "core/memory.hpp"
 #include "core/log.hpp"
 #include "dist/comm_mpi.hpp"
 #include "dist/topology.hpp"
@@ -224,6 +225,7 @@ int main(int argc, char** argv) {
     world->all_reduce(std::span<int32_t>(&worst, 1), ReduceOp::max);
     rc = worst;
   }
+  mem_release_cached();  // the buffers' reuse cache goes back to the C library before the exit
   MPI_Finalize();
   return rc;
 }

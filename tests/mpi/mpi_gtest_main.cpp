@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "core/error.hpp"
+#include "core/memory.hpp"
 #include "dist/comm_mpi.hpp"
 #include "mpi_test_env.hpp"
 
@@ -60,6 +61,13 @@ int main(int argc, char** argv) {
     rc = worst;
     ctxpar::test::g_world.reset();
   }
+  ctxpar::mem_release_cached();
   MPI_Finalize();
+  // After MPI_Finalize, with every rank's result agreed: the line ctest's PASS_REGULAR_EXPRESSION
+  // looks for (tests/CMakeLists.txt). OpenMPI 4.1's runtime now and then reports a process that
+  // has finalized as "exiting improperly" and fails mpirun (open-mpi/ompi#7833, not fixed in 4.x);
+  // this line tells such a run from one that did not get here.
+  if (id.rank == 0 && rc == 0) std::printf("[ctxpar] every rank passed and MPI finalized\n");
+  std::fflush(stdout);
   return rc;
 }
