@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -36,7 +37,12 @@ namespace {
 // GB/s against 6–8 GB/s into a touched one) or inside a kernel writing its output. The cache
 // holds at most as many bytes as the peak of live tracked bytes so far, so a run's resident
 // memory stays within twice its working set; blocks below kCacheMin go to malloc as before.
+// Sanitizer builds (make debug) keep every free visible to AddressSanitizer: no cache there.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr size_t kCacheMin = SIZE_MAX;
+#else
 constexpr size_t kCacheMin = size_t(64) << 10;
+#endif
 constexpr size_t kPage = 4096;
 
 // Size class: pages, rounded up to 1, 1.25, 1.5 or 1.75 times a power of two (at most 25%
@@ -61,6 +67,8 @@ BlockCache& cache() {
 }
 
 }  // namespace
+
+bool mem_cache_enabled() { return kCacheMin != SIZE_MAX; }
 
 int64_t mem_cached_bytes() {
   BlockCache& c = cache();

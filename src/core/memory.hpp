@@ -21,6 +21,7 @@ void* tracked_alloc(size_t bytes);
 void tracked_free(void* p, size_t bytes);
 int64_t mem_cached_bytes();   // freed blocks held for reuse
 void mem_release_cached();    // hands them back to the C library
+bool mem_cache_enabled();     // false in AddressSanitizer builds (every free stays visible to it)
 
 template <class T> class Buffer {
  public:
