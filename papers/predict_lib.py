@@ -44,14 +44,16 @@ def error_pct(pred, pub):
     return 100.0 * (pred - pub) / pub
 
 
-def write_outputs(folder, points, tol_pct, title, ylabel):
-    """points: dicts with id, published, predicted, unit, command, within (bool or None = not a goal)."""
+def write_outputs(folder, points, tol_pct, title, ylabel, reference="published"):
+    """points: dicts with id, published, predicted, unit, command, within (bool or None = not a goal).
+    `reference` names what the predictions are compared with (published, or measured here): the
+    CSV column and the figure's axis say it."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     with open(os.path.join(folder, "points.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["point", "metric", "unit", "published", "predicted", "error_pct", "within_tolerance", "ctxpar_predict_args"])
+        w.writerow(["point", "metric", "unit", reference, "predicted", "error_pct", "within_tolerance", "ctxpar_predict_args"])
         for p in points:
             w.writerow([p["id"], p["metric"], p["unit"], p["published"], "%.6g" % p["predicted"],
                         "%.1f" % error_pct(p["predicted"], p["published"]),
@@ -63,7 +65,7 @@ def write_outputs(folder, points, tol_pct, title, ylabel):
     fig, ax = plt.subplots(figsize=(7, 6))
     lo = min(min(p["published"], p["predicted"]) for p in points) * 0.7
     hi = max(max(p["published"], p["predicted"]) for p in points) * 1.4
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = published")
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = " + reference)
     ax.fill_between([lo, hi], [lo * (1 - tol_pct / 100)] * 1 + [hi * (1 - tol_pct / 100)],
                     [lo * (1 + tol_pct / 100), hi * (1 + tol_pct / 100)], color="0.9", label="±%d%%" % tol_pct)
     groups = sorted(set(p["group"] for p in points))
@@ -75,7 +77,7 @@ def write_outputs(folder, points, tol_pct, title, ylabel):
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
-    ax.set_xlabel("published " + ylabel + " [s]")
+    ax.set_xlabel(reference + " " + ylabel + " [s]")
     ax.set_ylabel("predicted (ctxpar predict) " + ylabel + " [s]")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="upper left")

@@ -98,7 +98,7 @@ def main():
         points.append(dict(id=pid, metric=meta["metric"], unit="s", published=meas, predicted=pred, group=meta["group"],
                            within=abs(pl.error_pct(pred, meas)) <= TOL, command=meta["command"] + "; passes: " + per_pass))
     pl.write_outputs(HERE, points, TOL, "ctxpar train / prefill on this machine: predicted (local profile) vs measured",
-                     "step time / TTFT")
+                     "step time / TTFT", reference="measured")
     os.replace(os.path.join(HERE, "predicted_vs_published.png"), os.path.join(HERE, "predicted_vs_measured.png"))
     table = pl.markdown_table(points).replace("published", "measured").split("\n")
     table[0] += " per pass |"
