@@ -69,8 +69,8 @@ double timed(Comm& world, int reps, F&& fn) {
 }
 
 // Kernels as a run calls them: once per layer between other phases that displace their data
-// from the caches. `rounds` rounds, each timing every fn once (evict() untimed before each; the
-// slowest rank's time); the median per fn over the rounds. Interleaving the sizes makes the
+// from the caches. `rounds` rounds, each timing every fn once after one warm-up (evict() untimed
+// before each; the slowest rank's time); the median per fn over the rounds. Interleaving the sizes makes the
 // machine's slow drifts (other tenants of a shared VM) hit every size alike instead of
 // bending the curve; back-to-back calls with warm caches read 15-25% faster than the kernels
 // inside a training step or prefill (measured with papers/local-validation).
@@ -94,23 +94,6 @@ std::vector<double> interleaved_medians(Comm& world, int rounds, const std::vect
     med.push_back(v[v.size() / 2]);
   }
   return med;
-}
-
-// Median over `reps` of the slowest rank's time of fn() (every rank at once, after one warm-up).
-template <class F>
-double timed_median(Comm& world, int reps, F&& fn) {
-  fn();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    world.barrier();
-    const double t0 = now_s();
-    fn();
-    double dt = now_s() - t0;
-    world.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
-    t.push_back(dt);
-  }
-  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
-  return t[size_t(reps / 2)];
 }
 
 Buffer<float> filled(size_t n, float scale) {
@@ -340,18 +323,25 @@ int bench_calibrate(BenchContext& ctx) {
   // Rank jitter: one layer's GEMMs at 512 rows on every rank at once after a barrier, 61 times;
   // sigma^2 = the variance of the ranks' times within a repetition (over P-1), relative to its
   // mean, averaged over repetitions: the spread a synchronization point waits for.
+  // Two ranks on one core: then each rank runs `copies` of the same block on as many threads at
+  // once (twice as many busy threads as cores when ranks = cores); shared_core_eff = the
+  // throughput they get against the ideal of half a core each.
   const int P_ranks = world.size();
+  const unsigned hw_threads = std::max(1u, std::thread::hardware_concurrency());
+  const bool measure_shared = threads <= 1 && unsigned(P_ranks) <= hw_threads;
+  const int copies = measure_shared ? int(std::max<unsigned>(2, 2 * hw_threads / unsigned(P_ranks))) : 1;
+  std::vector<LayerGemms> g512;  // ~50 ms each here
+  for (int i = 0; i < copies; ++i) g512.emplace_back(d, 512);
   double jitter = 0;
   {
-    LayerGemms jb(d, 512);  // ~50 ms here
-    jb.run();
+    g512[0].run();
     std::vector<double> all(static_cast<size_t>(P_ranks), 0.0);
     double var_sum = 0;
     const int reps = 61;
     for (int r = 0; r < reps; ++r) {
       world.barrier();
       const double t0 = now_s();
-      jb.run();
+      g512[0].run();
       double dt = now_s() - t0;
       world.all_gather(std::span<double>(&dt, 1), std::span<double>(all));
       double mean = 0, var = 0;
@@ -361,24 +351,18 @@ int bench_calibrate(BenchContext& ctx) {
     }
     jitter = std::sqrt(var_sum / reps);
   }
-
-  // Two ranks on one core: each rank runs 2 copies of the same GEMM block on 2 threads at once
-  // (so twice as many busy threads as cores when ranks = cores); shared_core_eff = the
-  // throughput they get against the ideal of half a core each.
   double shared_eff = 1;
-  const unsigned hw_threads = std::max(1u, std::thread::hardware_concurrency());
-  if (threads <= 1 && unsigned(P_ranks) <= hw_threads) {
-    const int copies = int(std::max<unsigned>(2, 2 * hw_threads / unsigned(P_ranks)));
-    std::vector<LayerGemms> blocks;
-    for (int i = 0; i < copies; ++i) blocks.emplace_back(d, 512);
-    const double t1 = timed_median(world, 5, [&] { blocks[0].run(); });
-    const double tn = timed_median(world, 5, [&] {
-      std::vector<std::thread> ts;
-      for (int i = 0; i < copies; ++i) ts.emplace_back([&, i] { blocks[size_t(i)].run(); });
-      for (std::thread& t : ts) t.join();
-    });
-    const double ideal = t1 * double(copies) * double(P_ranks) / double(hw_threads);
-    shared_eff = std::clamp(ideal / tn, 0.05, 1.0);
+  if (measure_shared) {
+    const std::vector<double> t = interleaved_medians(world, 5,
+        {[&] { g512[0].run(); },
+         [&] {
+           std::vector<std::thread> ts;
+           for (int i = 0; i < copies; ++i) ts.emplace_back([&, i] { g512[size_t(i)].run(); });
+           for (std::thread& th : ts) th.join();
+         }},
+        [] {});
+    const double ideal = t[0] * double(copies) * double(P_ranks) / double(hw_threads);
+    shared_eff = std::clamp(ideal / t[1], 0.05, 1.0);
   }
 
   // Attention efficiency vs kappa (visible keys per query row of a call): unmasked blocks of 512
@@ -419,16 +403,17 @@ int bench_calibrate(BenchContext& ctx) {
   // one layer's norms, RoPE, SwiGLU and residual adds forward and backward at 2048 tokens; the
   // cross-entropy of 2048 tokens over the vocabulary; AdamW (with the gradient norm) over the
   // model's parameters (at most 64 Mi).
-  const int64_t M_ew = 2048;
+  const int64_t M_ew = 2048, n_opt = std::min<int64_t>(d.param_count(), int64_t(64) << 20);
   LayerElementwise ew(d, M_ew);
+  LossBlock lb(M_ew, d.vocab);
+  OptimizerBlock ob(n_opt);
   ModelShape one_layer = model_shape(cfg);
   one_layer.layers = 1;
-  const double ew_bps = elementwise_bytes(one_layer, 1, double(M_ew), true, 4.0) / timed_median(world, 5, [&] { ew.run(); });
-  LossBlock lb(M_ew, d.vocab);
-  const double loss_bps = loss_bytes(one_layer, double(M_ew), 4.0) / timed_median(world, 5, [&] { lb.run(); });
-  const int64_t n_opt = std::min<int64_t>(d.param_count(), int64_t(64) << 20);
-  OptimizerBlock ob(n_opt);
-  const double opt_bps = optimizer_bytes(double(n_opt)) / timed_median(world, 5, [&] { ob.run(); });
+  const std::vector<double> t_mem =
+      interleaved_medians(world, 5, {[&] { ew.run(); }, [&] { lb.run(); }, [&] { ob.run(); }}, [] {});
+  const double ew_bps = elementwise_bytes(one_layer, 1, double(M_ew), true, 4.0) / t_mem[0];
+  const double loss_bps = loss_bytes(one_layer, double(M_ew), 4.0) / t_mem[1];
+  const double opt_bps = optimizer_bytes(double(n_opt)) / t_mem[2];
 
   // The peak: the FMA loop, unless a kernel ran faster (the loop reads low when other jobs load
   // the cores while it runs); efficiencies are rates over this peak, so they stay <= 1.

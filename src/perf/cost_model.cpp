@@ -55,8 +55,7 @@ double kv_heads_loc(const ModelShape& m, int64_t tp) { return std::max<double>(1
 double share_factor(const HardwareProfile& hw, const PerfMesh& mesh) {
   const int64_t units = hw.compute_units_per_node > 0 ? hw.compute_units_per_node : hw.chips_per_node;
   const int64_t on_node = std::min(mesh.chips(), hw.chips_per_node);
-  const double shared = on_node > units ? double(on_node) / double(units) / hw.shared_core_eff : 1.0;
-  return shared;
+  return on_node > units ? double(on_node) / double(units) / hw.shared_core_eff : 1.0;
 }
 
 double imbalance(const std::string& partition, int64_t n) {

@@ -45,15 +45,25 @@ HardwareProfile ideal() {
   return h;
 }
 
+// A ring of n ranks, and a training step of S tokens (the common cases below).
+PerfMesh ring_of(int64_t n) {
+  PerfMesh mesh;
+  mesh.ring = n;
+  return mesh;
+}
+PerfWorkload train_of(int64_t S) {
+  PerfWorkload w;
+  w.seq = S;
+  return w;
+}
+
 }  // namespace
 
 TEST(CostModel, TrainFlopsEqualModelFlops) {
   const ModelShape m = small();
   HardwareProfile h = ideal();
-  PerfMesh mesh;
-  mesh.ring = 4;
-  PerfWorkload w;
-  w.seq = 8192;
+  const PerfMesh mesh = ring_of(4);
+  PerfWorkload w = train_of(8192);
   const StrategyPrediction p = predict(m, h, mesh, w, "ring");
   ModelDims d;
   d.layers = m.layers, d.dim = m.dim, d.ffn = m.ffn, d.vocab = m.vocab, d.H_q = 8, d.H_kv = 2, d.D = 128;
@@ -118,10 +128,8 @@ TEST(CostModel, AttentionRateFollowsKeysPerQueryRow) {
   h.attn_eff.x_half = 1024;  // half rate at 1024 keys per query row
   h.intra = {1e15, 0};       // communication free: attention compute only
   h.inter = h.intra;
-  PerfMesh mesh;
-  mesh.ring = 4;
-  PerfWorkload w;
-  w.seq = 8192;
+  const PerfMesh mesh = ring_of(4);
+  PerfWorkload w = train_of(8192);
   const double pairs = causal_visible_pairs({8192}), at = 3.5 * 4.0 * 8 * 128 * pairs / 4 * m.layers;  // per rank
   // Ring: 4 steps of S_loc = 2048 query rows against one rank's keys: kappa = S_loc / 2 = 1024.
   const StrategyPrediction ring = predict(m, h, mesh, w, "ring");
@@ -143,10 +151,8 @@ TEST(CostModel, BackwardWorkChangesTimeNotModelFlops) {
   HardwareProfile h = ideal();
   h.intra = {1e15, 0};
   h.inter = h.intra;
-  PerfMesh mesh;
-  mesh.ring = 4;
-  PerfWorkload w;
-  w.seq = 8192;
+  const PerfMesh mesh = ring_of(4);
+  PerfWorkload w = train_of(8192);
   const StrategyPrediction fused = predict(m, h, mesh, w, "ring");
   h.attn_bwd_work = 3.5;
   const StrategyPrediction split = predict(m, h, mesh, w, "ring");
@@ -187,10 +193,8 @@ TEST(CostModel, SharedCoresAndRankJitter) {
 TEST(CostModel, MemoryBoundPartsUseTheirMeasuredRates) {
   const ModelShape m = small();
   HardwareProfile h = ideal();
-  PerfMesh mesh;
-  mesh.ring = 2;
-  PerfWorkload w;
-  w.seq = 8192;
+  const PerfMesh mesh = ring_of(2);
+  PerfWorkload w = train_of(8192);
   const double tokens = 4096, params = m.params_total();
   const StrategyPrediction base = predict(m, h, mesh, w, "ring");
   const double want_base = (elementwise_bytes(m, 1, tokens, true, 2) + loss_bytes(m, tokens, 2) + optimizer_bytes(params)) / 1e12;
