@@ -1,14 +1,36 @@
-// AttnParams: the one struct every attention call takes (forward extends to backward), as in
-// flash-attention's params struct. Masks are data: the kernel gets the global positions and the
-// document ids of its rows and columns, so one call serves the diagonal block, a past block, a
-// zigzag half or a packed batch.
+// AttnParams: the one descriptor of an attention call, from the strategies down to every kernel
+// (CPU, CUDA, the CUDA emulator, the reference), as flash-attention's params struct. Forward
+// extends to backward. Masks are data: the call carries the global positions and document ids of
+// its rows and columns, so one call serves the diagonal block, a past block, a zigzag half, a
+// packed batch or a KV cache.
 //
-// Dimension vocabulary (declared once here and in src/core/config.hpp):
+// Dimension vocabulary (declared once, here and in src/core/config.hpp):
 //   S_q query rows in this call, S_k key rows in this call, H_q query heads, H_kv key/value heads
 //   (H_q % H_kv == 0; GQA when H_kv < H_q, MQA when H_kv == 1), D head dimension.
-// Layout: token-major, contiguous: q/o/dout/dq [S_q, H_q, D], k/v/dk/dv [S_k, H_kv, D], lse [S_q, H_q].
+// Layout: token-major with contiguous rows (a row of q is H_q * D elements, of k H_kv * D):
+//   q, o, dout, dq [S_q, H_q, D];  k, v, dk, dv [S_k, H_kv, D];  lse [S_q, H_q].
+// No stride fields: every caller holds its tensors this way; a fused QKV layout would add them.
+//
+// Element types: q, k, v and dout are `dtype` (f32 on the CPU; bf16 on CUDA, whose tensor cores
+// then accumulate in fp32); o, lse, dq, dk, dv are always fp32, so a ring's lse_merge of partial
+// results and the gradient sums stay fp32. `device` says where every pointer lives (positions and
+// document ids included) and where the call runs; `stream` orders a CUDA call.
+//
+// As a CP strategy's argument (src/cp/strategy.hpp) the same struct describes one rank's shard;
+// with null pointers it describes a problem's shape only (validation, planning).
 #pragma once
+#include <cmath>
 #include <cstdint>
+
+#include "dtype.hpp"
+
+// __host__ __device__ under nvcc: the mask rule and the tile classification below are compiled
+// into the CUDA kernels as they are; everywhere else (the CPU, the emulator) plain functions.
+#if defined(__CUDACC__)
+#define CTXPAR_HD __host__ __device__
+#else
+#define CTXPAR_HD
+#endif
 
 namespace ctxpar {
 
@@ -17,6 +39,15 @@ enum class MaskKind : int32_t {
   causal = 1,  // key visible when k_pos <= q_pos
   window = 2,  // causal and q_pos - k_pos < window
 };
+
+// THE visibility rule, the single definition every backend and counter uses: a key at distance
+// d = q_pos - k_pos is visible to the query when both are in one document and the mask allows d
+// (none: any d; causal: d >= 0; window: 0 <= d < window). d is ignored under MaskKind::none.
+// Branch-free, so the CPU kernel's per-row masking loop vectorizes.
+CTXPAR_HD inline bool pair_visible(MaskKind mask, int64_t window, bool same_doc, int64_t d) {
+  const bool pos_ok = (mask == MaskKind::none) | ((d >= 0) & ((mask == MaskKind::causal) | (d < window)));
+  return same_doc & pos_ok;
+}
 
 // Work counters of one call (optional, for tests and benches): query-tile x key-tile blocks in
 // the call, how many were skipped as provably empty, how many needed a per-element mask, and the
@@ -29,15 +60,16 @@ struct AttnStats {
 };
 
 struct AttnParams {
-  // forward inputs
-  const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
+  // forward inputs (element type `dtype`)
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
   // forward outputs (overwritten by attn_fwd); backward inputs (O and LSE of the *full* attention)
   float* o = nullptr;
   float* lse = nullptr;  // natural log; -inf for a row that sees no key (then O = 0)
-  // backward: dout input; dq, dk, dv are ACCUMULATED into (+=), so a ring can add per step
-  const float* dout = nullptr;
+  // backward: dout input (element type `dtype`); a kernel ACCUMULATES dq, dk, dv (+=), so a ring
+  // can add per step (a CP strategy's backward overwrites them: src/cp/strategy.hpp)
+  const void* dout = nullptr;
   float* dq = nullptr;
   float* dk = nullptr;
   float* dv = nullptr;
@@ -55,18 +87,41 @@ struct AttnParams {
   MaskKind mask = MaskKind::causal;
   int64_t window = 0;   // for MaskKind::window: visible when 0 <= q_pos - k_pos < window
   float scale = 0.f;    // softmax scale; 0 = 1/sqrt(D)
-  int32_t threads = 0;  // OpenMP threads for this call; 0 = the OpenMP default (omp_get_max_threads)
-  AttnStats* stats = nullptr;  // when set, the fast path fills it (overwrites)
 
-  float softmax_scale() const;
-  // Is the pair (query row i, key row j) visible?  The single definition every backend uses.
+  DType dtype = DType::f32;       // of q, k, v, dout
+  Device device = Device::cpu;
+  Stream stream = nullptr;        // Device::cuda: the stream the call is ordered on
+  int32_t threads = 0;            // CPU: OpenMP threads for this call; 0 = omp_get_max_threads()
+  // When set (a host pointer), the call fills it (overwrites); on CUDA this synchronizes the
+  // stream, so leave it null when timing.
+  AttnStats* stats = nullptr;
+
+  CTXPAR_HD bool docs() const { return q_doc != nullptr && k_doc != nullptr; }
+  // Is the pair (query row i, key row j) visible? (host-side arrays)
   bool visible(int64_t i, int64_t j) const {
-    if (q_doc && k_doc && q_doc[i] != k_doc[j]) return false;
-    if (mask == MaskKind::none) return true;
-    const int64_t d = q_pos[i] - k_pos[j];
-    if (d < 0) return false;
-    return mask == MaskKind::causal || d < window;
+    return pair_visible(mask, window, !docs() || q_doc[i] == k_doc[j],
+                        mask == MaskKind::none ? 0 : q_pos[i] - k_pos[j]);
   }
+  // Softmax scale of the call: `scale`, or 1/sqrt(D) when 0.
+  float softmax_scale() const { return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(D)); }
+  // The sub-call on query rows [a, a + n): q, o, lse, dout, dq, q_pos, q_doc offset; keys unchanged.
+  AttnParams query_rows(int64_t a, int64_t n) const {
+    AttnParams c = *this;
+    const int64_t row = int64_t(H_q) * D, in_off = a * row * int64_t(dtype_bytes(dtype));
+    c.S_q = n;
+    if (q) c.q = static_cast<const char*>(q) + in_off;
+    if (dout) c.dout = static_cast<const char*>(dout) + in_off;
+    if (o) c.o = o + a * row;
+    if (dq) c.dq = dq + a * row;
+    if (lse) c.lse = lse + a * H_q;
+    if (q_pos) c.q_pos = q_pos + a;
+    if (q_doc) c.q_doc = q_doc + a;
+    return c;
+  }
+  template <class T> CTXPAR_HD const T* q_as() const { return static_cast<const T*>(q); }
+  template <class T> CTXPAR_HD const T* k_as() const { return static_cast<const T*>(k); }
+  template <class T> CTXPAR_HD const T* v_as() const { return static_cast<const T*>(v); }
+  template <class T> CTXPAR_HD const T* dout_as() const { return static_cast<const T*>(dout); }
 };
 
 }  // namespace ctxpar

@@ -1,6 +1,7 @@
 // Backend-neutral op signatures. kernels/ref/ is the readable fp64 spec of each op;
-// kernels/cpu/ is the fast path (OpenMP, SIMD, a measured GEMM library). Tests judge the fast
-// path against the reference.
+// kernels/cpu/ is the fast CPU path (OpenMP, SIMD, a measured GEMM library), kernels/cuda/ the
+// GPU path. The attention ops dispatch on the descriptor's device (ops.cpp, library ctxpar_ops);
+// tests judge every backend against the reference.
 #pragma once
 #include <cstdint>
 
@@ -9,7 +10,9 @@
 namespace ctxpar {
 
 // O and LSE of softmax(scale * Q K^T + mask) V. Rows that see no key: O = 0, LSE = -inf.
-// Tiles with no visible pair are skipped (work proportional to visible pairs).
+// Tiles with no visible pair are skipped (work proportional to visible pairs). Runs on
+// p.device (Device::cuda asynchronously on p.stream); invalid arguments throw
+// std::invalid_argument, as does Device::cuda in a build without the CUDA backend.
 void attn_fwd(const AttnParams& p);
 
 // dQ += , dK += , dV += from dout, O and LSE (probabilities recomputed from LSE, as in
@@ -18,9 +21,16 @@ void attn_bwd(const AttnParams& p);
 
 // Merges a partial result (o_b, lse_b) over a disjoint key set into (o, lse), in place:
 //   lse = m + log(exp(lse - m) + exp(lse_b - m)),  o = exp(lse_a - lse) o + exp(lse_b - lse) o_b
-// with m = max(lse, lse_b); exact for -inf rows (never NaN). o, o_b [rows, H, D]; lse [rows, H].
+// with m = max(lse, lse_b); exact for -inf rows (never NaN). o, o_b [rows, H, D]; lse [rows, H];
+// fp32 on `device` (Device::cuda: ordered on `stream`).
 void lse_merge(float* o, float* lse, const float* o_b, const float* lse_b, int64_t rows, int32_t H,
-               int32_t D);
+               int32_t D, Device device = Device::cpu, Stream stream = nullptr);
+
+// THE visible-pair counter (the attention FLOP count's basis, model/flops.hpp): the number of
+// (q, k) pairs of a call that pair_visible() admits, exactly, for any order of positions and any
+// document labelling, in O((S_q + S_k) log S_k): keys sorted by (document, position) make the
+// keys one query sees a contiguous range. Host arrays (positions and document ids).
+int64_t visible_pairs(const AttnParams& p);
 
 // Row-major single-precision GEMM: C = alpha * op(A) op(B) + beta * C, op = transpose when
 // trans_*; A is [M,K] (or [K,M]), B is [K,N] (or [N,K]); leading dimensions in elements.
@@ -34,13 +44,6 @@ const char* blas_name();
 // measured with a register-only FMA loop (~0.4 s): the clock the cores really run at times
 // 32 FLOP/cycle/core on AVX2+FMA machines with two FMA pipes (Zen3, Haswell and later).
 double fma_peak_gflops(int threads);
-
-// FLOP convention (DESIGN.md §3), for every table and trace: attention forward counts
-// 4 * H_q * D per visible (q, k) pair; backward counts 2.5x forward; matmul 2*m*n*k.
-constexpr const char* kFlopConvention =
-    "attn fwd = 4*H_q*D per visible (q,k) pair; attn bwd = 2.5 x fwd; matmul = 2*m*n*k";
-// Number of visible (q, k) pairs of a call (the attention FLOP count's basis).
-int64_t visible_pairs(const AttnParams& p);
 
 }  // namespace ctxpar
 

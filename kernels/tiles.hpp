@@ -39,29 +39,34 @@ inline Range range_of(const int64_t* pos, const int32_t* doc, int64_t begin, int
   return r;
 }
 
-enum class Vis { empty, full, partial };
+enum class Vis : int32_t { empty, full, partial };
 
-// Must agree with AttnParams::visible(): empty => no visible pair; full => every pair visible.
-inline Vis classify(const AttnParams& p, const Range& q, const Range& k) {
+// The tile classification, one definition for every backend (the CUDA kernels call it on device)
+// and for visible_pairs(); must agree with pair_visible(): empty => no visible pair in the block;
+// full => every pair visible.
+CTXPAR_HD inline Vis classify(MaskKind mask, int64_t window, bool docs, const Range& q, const Range& k) {
   bool docs_uniform = true;
-  if (p.q_doc && p.k_doc) {
+  if (docs) {
     if (q.doc_max < k.doc_min || k.doc_max < q.doc_min) return Vis::empty;
     docs_uniform = q.doc_min == q.doc_max && k.doc_min == k.doc_max && q.doc_min == k.doc_min;
   }
   bool pos_all = true;
-  if (p.mask != MaskKind::none) {
+  if (mask != MaskKind::none) {
     // d = q_pos - k_pos ranges over [d_min, d_max] at most.
     const int64_t d_max = q.pos_max - k.pos_min;
     const int64_t d_min = q.pos_min - k.pos_max;
     if (d_max < 0) return Vis::empty;
-    if (p.mask == MaskKind::window) {
-      if (d_min >= p.window) return Vis::empty;
-      pos_all = d_min >= 0 && d_max < p.window;
+    if (mask == MaskKind::window) {
+      if (d_min >= window) return Vis::empty;
+      pos_all = d_min >= 0 && d_max < window;
     } else {
       pos_all = d_min >= 0;
     }
   }
   return pos_all && docs_uniform ? Vis::full : Vis::partial;
+}
+inline Vis classify(const AttnParams& p, const Range& q, const Range& k) {
+  return classify(p.mask, p.window, p.docs(), q, k);
 }
 
 }  // namespace ctxpar::tiles

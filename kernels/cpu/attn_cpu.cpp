@@ -27,11 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "cpu/ops_cpu.hpp"
 #include "cpu/tile_ops.hpp"
-#include "ops.hpp"
 #include "tiles.hpp"
 
-namespace ctxpar {
+namespace ctxpar::cpu {
 
 namespace {
 
@@ -71,6 +71,7 @@ void check_params(const AttnParams& p, bool backward) {
     fail("H_q (" + std::to_string(p.H_q) + ") must be a positive multiple of H_kv (" +
          std::to_string(p.H_kv) + ")");
   if (p.D <= 0) fail("D must be positive");
+  if (p.dtype != DType::f32) fail("the CPU kernels take fp32 q, k, v, dout (dtype f32)");
   if (p.mask != MaskKind::none && (!p.q_pos || !p.k_pos)) fail("causal/window masks need q_pos and k_pos");
   if (!p.q || !p.k || !p.v || !p.o || !p.lse) fail("q, k, v, o, lse must be set");
   if (backward && (!p.dout || !p.dq || !p.dk || !p.dv)) fail("backward needs dout, dq, dk, dv");
@@ -120,35 +121,26 @@ void pack_rows(const float* x, int64_t S, int32_t H, int32_t D, int64_t S_pad, i
 }
 
 // Scores of a tile: -inf for invisible pairs (partial tiles only) and for the padding columns
-// [nk, nk16) beyond the last key. The per-element test is AttnParams::visible() written
+// [nk, nk16) beyond the last key. The per-element test is pair_visible() (attn_params.hpp),
 // branch-free over a row, so the compiler vectorizes it (packed documents make many tiles
-// partial; a call per pair cost ~25 % of such a tile).
+// partial; a call per pair through AttnParams::visible cost ~25 % of such a tile).
 void mask_tile(const AttnParams& p, float* S, int64_t ld, int64_t q0, int64_t nq, int64_t j0,
                int64_t nk, int64_t nk16, bool partial) {
-  const bool docs = p.q_doc && p.k_doc;
+  const bool docs = p.docs();
+  const bool by_pos = p.mask != MaskKind::none;
   const int64_t* kp = p.k_pos ? p.k_pos + j0 : nullptr;
   const int32_t* kd = docs ? p.k_doc + j0 : nullptr;
   for (int64_t r = 0; r < nq; ++r) {
     float* s = S + r * ld;
     if (partial) {
       const int32_t qd = docs ? p.q_doc[q0 + r] : 0;
-      if (p.mask == MaskKind::none) {  // partial only through documents
-        for (int64_t c = 0; c < nk; ++c) s[c] = kd[c] == qd ? s[c] : -INFINITY;
-      } else {
-        const int64_t qp = p.q_pos[q0 + r];
-        // visible: 0 <= qp - kp < limit (causal: no upper limit) and same document
-        const int64_t limit = p.mask == MaskKind::window ? p.window : std::numeric_limits<int64_t>::max();
-        if (docs) {
-          for (int64_t c = 0; c < nk; ++c) {
-            const int64_t d = qp - kp[c];
-            s[c] = (d >= 0 && d < limit && kd[c] == qd) ? s[c] : -INFINITY;
-          }
-        } else {
-          for (int64_t c = 0; c < nk; ++c) {
-            const int64_t d = qp - kp[c];
-            s[c] = (d >= 0 && d < limit) ? s[c] : -INFINITY;
-          }
-        }
+      const int64_t qp = by_pos ? p.q_pos[q0 + r] : 0;
+      if (docs && by_pos) {
+        for (int64_t c = 0; c < nk; ++c) s[c] = pair_visible(p.mask, p.window, kd[c] == qd, qp - kp[c]) ? s[c] : -INFINITY;
+      } else if (docs) {
+        for (int64_t c = 0; c < nk; ++c) s[c] = pair_visible(p.mask, p.window, kd[c] == qd, 0) ? s[c] : -INFINITY;
+      } else if (by_pos) {
+        for (int64_t c = 0; c < nk; ++c) s[c] = pair_visible(p.mask, p.window, true, qp - kp[c]) ? s[c] : -INFINITY;
       }
     }
     for (int64_t c = nk; c < nk16; ++c) s[c] = -INFINITY;
@@ -193,8 +185,8 @@ void attn_fwd(const AttnParams& p) {
   Scratch kt(p.H_kv * n_panels * 16 * D), vr(p.H_kv * S_k_pad * Dp);
 #pragma omp parallel num_threads(thread_count(p))
   {
-    pack_panels(p.k, p.S_k, p.H_kv, D, n_panels, kt.get());
-    pack_rows(p.v, p.S_k, p.H_kv, D, S_k_pad, Dp, vr.get());  // omp for: implicit barrier
+    pack_panels(p.k_as<float>(), p.S_k, p.H_kv, D, n_panels, kt.get());
+    pack_rows(p.v_as<float>(), p.S_k, p.H_kv, D, S_k_pad, Dp, vr.get());  // omp for: implicit barrier
 
     Scratch qt(Bq * Dp, true), ot(Bq * Dp), st(Bq * kBkFwd);
     std::vector<float> m(Bq), l(Bq), alpha(Bq);
@@ -212,7 +204,7 @@ void attn_fwd(const AttnParams& p) {
       const int32_t h = g * group + static_cast<int32_t>(task % group);
       const int64_t q0 = qi * Bq, nq = std::min(Bq, p.S_q - q0);
       for (int64_t r = 0; r < nq; ++r)
-        std::memcpy(qt.get() + r * Dp, p.q + ((q0 + r) * p.H_q + h) * D, sizeof(float) * D);
+        std::memcpy(qt.get() + r * Dp, p.q_as<float>() + ((q0 + r) * p.H_q + h) * D, sizeof(float) * D);
       std::fill(ot.get(), ot.get() + nq * Dp, 0.f);
       std::fill(m.begin(), m.end(), -INFINITY);
       std::fill(l.begin(), l.end(), 0.f);
@@ -273,18 +265,18 @@ void attn_bwd(const AttnParams& p) {
 
 #pragma omp parallel num_threads(thread_count(p))
   {
-    pack_rows(p.q, p.S_q, p.H_q, D, p.S_q, Dp, qr.get());
-    pack_rows(p.dout, p.S_q, p.H_q, D, p.S_q, Dp, dor.get());
-    pack_panels(p.k, p.S_k, p.H_kv, D, n_panels, kt.get());
-    pack_panels(p.v, p.S_k, p.H_kv, D, n_panels, vt.get());
-    pack_rows(p.k, p.S_k, p.H_kv, D, S_k_pad, Dp, kr.get());
+    pack_rows(p.q_as<float>(), p.S_q, p.H_q, D, p.S_q, Dp, qr.get());
+    pack_rows(p.dout_as<float>(), p.S_q, p.H_q, D, p.S_q, Dp, dor.get());
+    pack_panels(p.k_as<float>(), p.S_k, p.H_kv, D, n_panels, kt.get());
+    pack_panels(p.v_as<float>(), p.S_k, p.H_kv, D, n_panels, vt.get());
+    pack_rows(p.k_as<float>(), p.S_k, p.H_kv, D, S_k_pad, Dp, kr.get());
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < p.H_q * p.S_q; ++t) {
       const int64_t h = t / p.S_q, i = t % p.S_q;
       const float lse = p.lse[i * p.H_q + h];
       lse2.get()[t] = lse == -INFINITY ? INFINITY : lse * kLog2e;  // +inf: P = 0 on that row
       const float* o = p.o + (i * p.H_q + h) * D;
-      const float* d_o = p.dout + (i * p.H_q + h) * D;
+      const float* d_o = p.dout_as<float>() + (i * p.H_q + h) * D;
       float acc = 0.f;
       for (int32_t d = 0; d < D; ++d) acc += o[d] * d_o[d];
       di.get()[t] = acc;
@@ -386,4 +378,4 @@ void lse_merge(float* o, float* lse, const float* o_b, const float* lse_b, int64
   }
 }
 
-}  // namespace ctxpar
+}  // namespace ctxpar::cpu

@@ -46,22 +46,12 @@ __global__ void attn_bwd_dot_kernel(const bf16* dout, const float* o, float* di,
 }
 
 struct BwdArgs {
-  const bf16* q;
-  const bf16* k;
-  const bf16* v;
-  const float* lse;
-  const float* di;
-  const bf16* dout;
-  float* dq;
-  float* dk;
-  float* dv;
-  int64_t S_q, S_k;
-  int32_t H_q, H_kv, D;
-  MaskArgs m;
+  AttnParams p;      // the call (device pointers; q, k, v, dout bf16)
+  const float* di;   // D_i = dO_i . O_i per (row, head)
   float scale;       // softmax scale (dS carries it)
   float scale_log2;  // scale * log2(e)
-  const TileRange* q_ranges;
-  const TileRange* k_ranges;
+  const tiles::Range* q_ranges;
+  const tiles::Range* k_ranges;
   unsigned long long* stats;
 };
 
@@ -105,17 +95,17 @@ __global__ void __launch_bounds__(BwdCfg<kD>::kThreads) attn_bwd_kernel(const Bw
 
   const int h = blockIdx.x;
   const int64_t kt = blockIdx.y, j0 = kt * kBc;
-  const int group = a.H_q / a.H_kv, hk = h / group;
+  const int group = a.p.H_q / a.p.H_kv, hk = h / group;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int kw = warp * 16;  // this warp's first key (tile-local)
 
-  load_rows_async<kBc, kD, C::kThreads>(Ks, kLd, a.k, j0, a.S_k, a.H_kv, hk, a.D);
-  load_rows_async<kBc, kD, C::kThreads>(Vs, kLd, a.v, j0, a.S_k, a.H_kv, hk, a.D);
+  load_rows_async<kBc, kD, C::kThreads>(Ks, kLd, a.p.k_as<bf16>(), j0, a.p.S_k, a.p.H_kv, hk, a.p.D);
+  load_rows_async<kBc, kD, C::kThreads>(Vs, kLd, a.p.v_as<bf16>(), j0, a.p.S_k, a.p.H_kv, hk, a.p.D);
   cp_async_commit();
   for (int c = tid; c < kBc; c += C::kThreads) {
     const int64_t j = j0 + c;
-    kpos_s[c] = (j < a.S_k && a.m.k_pos) ? a.m.k_pos[j] : 0;
-    kdoc_s[c] = (j < a.S_k && a.m.docs) ? a.m.k_doc[j] : 0;
+    kpos_s[c] = (j < a.p.S_k && a.p.k_pos) ? a.p.k_pos[j] : 0;
+    kdoc_s[c] = (j < a.p.S_k && a.p.docs()) ? a.p.k_doc[j] : 0;
   }
   if constexpr (C::kAccSmem) {
     for (int c = tid; c < 2 * kBc * kD; c += C::kThreads) dk_sm[c] = 0.f;  // dk_sm, dv_sm contiguous
@@ -127,40 +117,40 @@ __global__ void __launch_bounds__(BwdCfg<kD>::kThreads) attn_bwd_kernel(const Bw
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk_acc[i][e] = dv_acc[i][e] = 0.f;
 
-  const TileRange kr = a.k_ranges[kt];
-  const bool tail_k = j0 + kBc > a.S_k;
-  const int64_t n_qt = (a.S_q + kBr - 1) / kBr;
-  const int keys_here = int(imin64(kBc, a.S_k - j0));
+  const tiles::Range kr = a.k_ranges[kt];
+  const bool tail_k = j0 + kBc > a.p.S_k;
+  const int64_t n_qt = (a.p.S_q + kBr - 1) / kBr;
+  const int keys_here = int(imin64(kBc, a.p.S_k - j0));
   constexpr float kLog2e = 1.4426950408889634f;
   TileCounters cnt;
   cnt.total = (unsigned long long)n_qt;
 
   for (int64_t qt = 0; qt < n_qt; ++qt) {
-    const int vis = classify(a.m, a.q_ranges[qt], kr);  // uniform over the block
-    if (vis == kVisEmpty) {
+    const tiles::Vis vis = tiles::classify(a.p.mask, a.p.window, a.p.docs(), a.q_ranges[qt], kr);  // uniform over the block
+    if (vis == tiles::Vis::empty) {
       ++cnt.skipped;
       continue;
     }
     const int64_t i0 = qt * kBr;
-    const bool need_mask = vis == kVisPartial || tail_k || i0 + kBr > a.S_q;
+    const bool need_mask = vis == tiles::Vis::partial || tail_k || i0 + kBr > a.p.S_q;
     if (need_mask) ++cnt.partial;
-    cnt.pairs += (unsigned long long)imin64(kBr, a.S_q - i0) * (unsigned long long)keys_here;
+    cnt.pairs += (unsigned long long)imin64(kBr, a.p.S_q - i0) * (unsigned long long)keys_here;
 
     // Not required by the present data flow (every buffer written below was last read before the
     // previous tile's barrier ahead of its dQ phase, and dSs is rewritten only after the next
     // barrier), kept so that a change that reads Q or dO in the dQ phase stays race-free.
     __syncthreads();
-    load_rows_async<kBr, kD, C::kThreads>(Qs, kLd, a.q, i0, a.S_q, a.H_q, h, a.D);
-    load_rows_async<kBr, kD, C::kThreads>(dOs, kLd, a.dout, i0, a.S_q, a.H_q, h, a.D);
+    load_rows_async<kBr, kD, C::kThreads>(Qs, kLd, a.p.q_as<bf16>(), i0, a.p.S_q, a.p.H_q, h, a.p.D);
+    load_rows_async<kBr, kD, C::kThreads>(dOs, kLd, a.p.dout_as<bf16>(), i0, a.p.S_q, a.p.H_q, h, a.p.D);
     cp_async_commit();
     for (int c = tid; c < kBr; c += C::kThreads) {
       const int64_t i = i0 + c;
-      const bool ok = i < a.S_q;
-      const float L = ok ? a.lse[i * a.H_q + h] : -INFINITY;
+      const bool ok = i < a.p.S_q;
+      const float L = ok ? a.p.lse[i * a.p.H_q + h] : -INFINITY;
       lse2_s[c] = L == -INFINITY ? INFINITY : L * kLog2e;  // +inf: P = 0 for the whole row
-      di_s[c] = ok ? a.di[i * a.H_q + h] : 0.f;
-      qpos_s[c] = (ok && a.m.q_pos) ? a.m.q_pos[i] : 0;
-      qdoc_s[c] = (ok && a.m.docs) ? a.m.q_doc[i] : 0;
+      di_s[c] = ok ? a.di[i * a.p.H_q + h] : 0.f;
+      qpos_s[c] = (ok && a.p.q_pos) ? a.p.q_pos[i] : 0;
+      qdoc_s[c] = (ok && a.p.docs()) ? a.p.q_doc[i] : 0;
     }
     cp_async_wait<0>();
     __syncthreads();
@@ -194,7 +184,7 @@ __global__ void __launch_bounds__(BwdCfg<kD>::kThreads) attn_bwd_kernel(const Bw
         const int c = nt * 8 + 2 * t + (e & 1);   // query (tile-local)
         const int r = kw + g + 8 * (e >> 1);      // key (tile-local)
         float p = exp2f(st[nt][e] * a.scale_log2 - lse2_s[c]);
-        if (need_mask && !(j0 + r < a.S_k && visible(a.m, qpos_s[c], qdoc_s[c], kpos_s[r], kdoc_s[r]))) p = 0.f;
+        if (need_mask && !(j0 + r < a.p.S_k && pair_visible(a.p.mask, a.p.window, qdoc_s[c] == kdoc_s[r], qpos_s[c] - kpos_s[r]))) p = 0.f;
         st[nt][e] = p;
         dpt[nt][e] = a.scale * p * (dpt[nt][e] - di_s[c]);
       }
@@ -286,12 +276,12 @@ __global__ void __launch_bounds__(BwdCfg<kD>::kThreads) attn_bwd_kernel(const Bw
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2) {
         const int64_t i = i0 + rb * 16 + g + 8 * e2;
-        if (i >= a.S_q) continue;
-        float* row = a.dq + (i * a.H_q + h) * int64_t(a.D);
+        if (i >= a.p.S_q) continue;
+        float* row = a.p.dq + (i * a.p.H_q + h) * int64_t(a.p.D);
 #pragma unroll
         for (int dt = 0; dt < kDC / 8; ++dt) {
           const int d = dc * kDC + dt * 8 + 2 * t;
-          if (d < a.D) {
+          if (d < a.p.D) {
             atomicAdd(row + d, acc[dt][2 * e2]);
             atomicAdd(row + d + 1, acc[dt][2 * e2 + 1]);
           }
@@ -311,13 +301,13 @@ __global__ void __launch_bounds__(BwdCfg<kD>::kThreads) attn_bwd_kernel(const Bw
 #pragma unroll
     for (int e2 = 0; e2 < 2; ++e2) {
       const int64_t j = j0 + kw + g + 8 * e2;
-      if (j >= a.S_k) continue;
-      float* dkr = a.dk + (j * a.H_kv + hk) * int64_t(a.D);
-      float* dvr = a.dv + (j * a.H_kv + hk) * int64_t(a.D);
+      if (j >= a.p.S_k) continue;
+      float* dkr = a.p.dk + (j * a.p.H_kv + hk) * int64_t(a.p.D);
+      float* dvr = a.p.dv + (j * a.p.H_kv + hk) * int64_t(a.p.D);
 #pragma unroll
       for (int dt = 0; dt < kD / 8; ++dt) {
         const int d = dt * 8 + 2 * t;
-        if (d >= a.D) continue;
+        if (d >= a.p.D) continue;
         if (owner) {
           dkr[d] += dk_acc[dt][2 * e2];
           dkr[d + 1] += dk_acc[dt][2 * e2 + 1];
@@ -335,14 +325,14 @@ __global__ void __launch_bounds__(BwdCfg<kD>::kThreads) attn_bwd_kernel(const Bw
     for (int c = tid; c < kBc * kD; c += C::kThreads) {
       const int r = c / kD, d = c % kD;
       const int64_t j = j0 + r;
-      if (j >= a.S_k || d >= a.D) continue;
-      const int64_t idx = (j * a.H_kv + hk) * int64_t(a.D) + d;
+      if (j >= a.p.S_k || d >= a.p.D) continue;
+      const int64_t idx = (j * a.p.H_kv + hk) * int64_t(a.p.D) + d;
       if (owner) {
-        a.dk[idx] += dk_sm[c];
-        a.dv[idx] += dv_sm[c];
+        a.p.dk[idx] += dk_sm[c];
+        a.p.dv[idx] += dv_sm[c];
       } else {
-        atomicAdd(a.dk + idx, dk_sm[c]);
-        atomicAdd(a.dv + idx, dv_sm[c]);
+        atomicAdd(a.p.dk + idx, dk_sm[c]);
+        atomicAdd(a.p.dv + idx, dv_sm[c]);
       }
     }
   }
@@ -354,54 +344,42 @@ void launch_bwd(const BwdArgs& ba, int64_t n_kt, cudaStream_t s) {
   using C = BwdCfg<kD>;
   auto kern = attn_bwd_kernel<kD>;
   CTXPAR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
-  const dim3 grid(unsigned(ba.H_q), unsigned(n_kt));
+  const dim3 grid(unsigned(ba.p.H_q), unsigned(n_kt));
   CTXPAR_LAUNCH(kern, grid, C::kThreads, C::kSmemBytes, s, ba);
   CTXPAR_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-void attn_bwd(const CudaAttnArgs& a) {
-  const int kD = check_attn_args(a, true);
-  if (a.S_q == 0 || a.S_k == 0) return;  // no pair: nothing to accumulate
-  const cudaStream_t s = a.stream;
+void attn_bwd(const AttnParams& p) {
+  const int kD = check_attn_args(p, true);
+  if (p.S_q == 0 || p.S_k == 0) return;  // no pair: nothing to accumulate
+  const cudaStream_t s = p.stream;
   const int bc = kD > 128 ? BwdCfg<256>::kBc : BwdCfg<128>::kBc;
   const int br = kD == 32 ? BwdCfg<32>::kBr : kD == 64 ? BwdCfg<64>::kBr : kD == 128 ? BwdCfg<128>::kBr : BwdCfg<256>::kBr;
-  const int64_t n_qt = ceil_div(a.S_q, br), n_kt = ceil_div(a.S_k, bc);
+  const int64_t n_qt = ceil_div(p.S_q, br), n_kt = ceil_div(p.S_k, bc);
   if (n_kt > 65535) throw_arg("S_k too large for one backward call (grid.y <= 65535 key tiles)");
-  const MaskArgs m = mask_args(a);
-  const int64_t n_rows = a.S_q * a.H_q;
+  const int64_t n_rows = p.S_q * p.H_q;
   Scratch<float> di(n_rows, s);
-  Scratch<TileRange> qr(n_qt, s), kr(n_kt, s);
-  Scratch<unsigned long long> counters(a.stats ? 4 : 0, s);
-  tile_ranges(m.q_pos, m.docs ? m.q_doc : nullptr, a.S_q, br, qr.get(), s);
-  tile_ranges(m.k_pos, m.docs ? m.k_doc : nullptr, a.S_k, bc, kr.get(), s);
-  if (a.stats) CTXPAR_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, 4 * sizeof(unsigned long long), s));
+  Scratch<tiles::Range> qr(n_qt, s), kr(n_kt, s);
+  Scratch<unsigned long long> counters(p.stats ? 4 : 0, s);
+  tile_ranges(p.q_pos, p.docs() ? p.q_doc : nullptr, p.S_q, br, qr.get(), s);
+  tile_ranges(p.k_pos, p.docs() ? p.k_doc : nullptr, p.S_k, bc, kr.get(), s);
+  if (p.stats) CTXPAR_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, 4 * sizeof(unsigned long long), s));
   {
     constexpr int kWarpsPerBlock = 8;
     const int64_t blocks = ceil_div(n_rows, kWarpsPerBlock);
     if (blocks > INT32_MAX) throw_arg("attn_bwd: too many rows");
-    CTXPAR_LAUNCH(attn_bwd_dot_kernel, unsigned(blocks), 32 * kWarpsPerBlock, 0, s, a.dout, a.o, di.get(), n_rows, a.D);
+    CTXPAR_LAUNCH(attn_bwd_dot_kernel, unsigned(blocks), 32 * kWarpsPerBlock, 0, s, p.dout_as<bf16>(), p.o, di.get(),
+                  n_rows, p.D);
     CTXPAR_CUDA_LAUNCH_CHECK();
   }
 
   BwdArgs ba;
-  ba.q = a.q;
-  ba.k = a.k;
-  ba.v = a.v;
-  ba.lse = a.lse;
+  ba.p = p;
+  ba.p.stats = nullptr;  // a host pointer; the kernel counts into `ba.stats`
   ba.di = di.get();
-  ba.dout = a.dout;
-  ba.dq = a.dq;
-  ba.dk = a.dk;
-  ba.dv = a.dv;
-  ba.S_q = a.S_q;
-  ba.S_k = a.S_k;
-  ba.H_q = a.H_q;
-  ba.H_kv = a.H_kv;
-  ba.D = a.D;
-  ba.m = m;
-  ba.scale = a.softmax_scale();
+  ba.scale = p.softmax_scale();
   ba.scale_log2 = ba.scale * 1.4426950408889634f;
   ba.q_ranges = qr.get();
   ba.k_ranges = kr.get();
@@ -412,7 +390,7 @@ void attn_bwd(const CudaAttnArgs& a) {
     case 128: launch_bwd<128>(ba, n_kt, s); break;
     default: launch_bwd<256>(ba, n_kt, s); break;
   }
-  if (a.stats) read_stats(counters.get(), a.stats, s);
+  if (p.stats) read_stats(counters.get(), p.stats, s);
 }
 
 }  // namespace ctxpar::cuda

@@ -1,6 +1,7 @@
-// Shared pieces of the CUDA attention kernels (internal): the mask test, tile classification from
-// per-tile position / document ranges (the device twin of kernels/tiles.hpp), the tile-range
-// kernel, and the cp.async loader of a tile of rows of a [S, H, D] tensor.
+// Shared pieces of the CUDA attention kernels (internal): the tile-range kernel, the cp.async
+// loader of a tile of rows of a [S, H, D] tensor, work counters and argument checks. The mask
+// rule and the tile classification are the host's own (pair_visible in attn_params.hpp,
+// tiles::classify in tiles.hpp), compiled for the device.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -10,75 +11,13 @@
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/ops_cuda.hpp"
+#include "tiles.hpp"
 
 namespace ctxpar::cuda::detail {
 
-// Mask data of one call, passed by value to the kernels (device pointers).
-struct MaskArgs {
-  const int64_t* q_pos;
-  const int64_t* k_pos;
-  const int32_t* q_doc;
-  const int32_t* k_doc;
-  int32_t mask;  // MaskKind as int: 0 none, 1 causal, 2 window
-  int64_t window;
-  bool docs;     // q_doc and k_doc both set
-};
-
-inline MaskArgs mask_args(const CudaAttnArgs& a) {
-  MaskArgs m;
-  m.q_pos = a.q_pos;
-  m.k_pos = a.k_pos;
-  m.q_doc = a.q_doc;
-  m.k_doc = a.k_doc;
-  m.mask = int32_t(a.mask);
-  m.window = a.window;
-  m.docs = a.q_doc != nullptr && a.k_doc != nullptr;
-  return m;
-}
-
-// Exactly AttnParams::visible (attn_params.hpp).
-__device__ __forceinline__ bool visible(const MaskArgs& m, int64_t qp, int32_t qd, int64_t kp, int32_t kd) {
-  if (m.docs && qd != kd) return false;
-  if (m.mask == 0) return true;
-  const int64_t d = qp - kp;
-  if (d < 0) return false;
-  return m.mask == 1 || d < m.window;
-}
-
-// Range of positions and document ids inside one tile of rows (zeros when the array is absent).
-struct TileRange {
-  int64_t pos_min, pos_max;
-  int32_t doc_min, doc_max;
-};
-
-enum : int { kVisEmpty = 0, kVisFull = 1, kVisPartial = 2 };
-
-// Exactly tiles::classify (kernels/tiles.hpp): empty => no visible pair, full => every pair of
-// the (in-range) rows visible, else partial. Conservative for any order inside the tiles.
-__device__ __forceinline__ int classify(const MaskArgs& m, const TileRange& q, const TileRange& k) {
-  bool docs_uniform = true;
-  if (m.docs) {
-    if (q.doc_max < k.doc_min || k.doc_max < q.doc_min) return kVisEmpty;
-    docs_uniform = q.doc_min == q.doc_max && k.doc_min == k.doc_max && q.doc_min == k.doc_min;
-  }
-  bool pos_all = true;
-  if (m.mask != 0) {
-    const int64_t d_max = q.pos_max - k.pos_min;
-    const int64_t d_min = q.pos_min - k.pos_max;
-    if (d_max < 0) return kVisEmpty;
-    if (m.mask == 2) {
-      if (d_min >= m.window) return kVisEmpty;
-      pos_all = d_min >= 0 && d_max < m.window;
-    } else {
-      pos_all = d_min >= 0;
-    }
-  }
-  return pos_all && docs_uniform ? kVisFull : kVisPartial;
-}
-
 // Launches the kernel that fills ranges[ceil(S / tile)] (device) from pos[S] / doc[S] (either may
 // be null). Defined in attn_fwd.cu.
-void tile_ranges(const int64_t* pos, const int32_t* doc, int64_t S, int tile, TileRange* ranges, cudaStream_t s);
+void tile_ranges(const int64_t* pos, const int32_t* doc, int64_t S, int tile, tiles::Range* ranges, cudaStream_t s);
 
 // Asynchronously copies rows [row0, row0 + kRows) of head `head` of a token-major [n_rows, H, D]
 // bf16 tensor into a shared tile [kRows][ld]; columns D..kD-1 and rows past n_rows are zero-filled
@@ -114,6 +53,6 @@ void read_stats(const unsigned long long* dev, AttnStats* stats, cudaStream_t s)
 
 // Host: argument checks shared by forward and backward; returns the padded head dim (32, 64,
 // 128 or 256) the kernels are instantiated for.
-int check_attn_args(const CudaAttnArgs& a, bool backward);
+int check_attn_args(const AttnParams& a, bool backward);
 
 }  // namespace ctxpar::cuda::detail

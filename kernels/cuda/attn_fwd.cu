@@ -57,21 +57,6 @@ const char* device_description() {
 // ---------------------------------------------------------------------------------------------
 // shared attention helpers
 
-float CudaAttnArgs::softmax_scale() const { return scale != 0.f ? scale : 1.f / std::sqrt(float(D)); }
-
-CudaAttnArgs CudaAttnArgs::shape_of(const AttnParams& p) {
-  CudaAttnArgs a;
-  a.S_q = p.S_q;
-  a.S_k = p.S_k;
-  a.H_q = p.H_q;
-  a.H_kv = p.H_kv;
-  a.D = p.D;
-  a.mask = p.mask;
-  a.window = p.window;
-  a.scale = p.scale;
-  return a;
-}
-
 namespace detail {
 
 namespace {
@@ -89,7 +74,7 @@ __device__ __forceinline__ int64_t wmax(int64_t x) {
 
 // One block of 128 threads per tile: min/max of pos and doc over the tile's rows.
 __global__ void __launch_bounds__(128)
-    tile_ranges_kernel(const int64_t* pos, const int32_t* doc, int64_t S, int tile, TileRange* out) {
+    tile_ranges_kernel(const int64_t* pos, const int32_t* doc, int64_t S, int tile, tiles::Range* out) {
   __shared__ int64_t red[4][4];
   const int64_t r0 = int64_t(blockIdx.x) * tile, r1 = imin64(S, r0 + tile);
   int64_t pmin = INT64_MAX, pmax = INT64_MIN, dmin = INT64_MAX, dmax = INT64_MIN;
@@ -122,7 +107,7 @@ __global__ void __launch_bounds__(128)
       red[2][0] = imin64(red[2][0], red[2][i]);
       red[3][0] = imax64(red[3][0], red[3][i]);
     }
-    TileRange t;
+    tiles::Range t;
     t.pos_min = pos ? red[0][0] : 0;
     t.pos_max = pos ? red[1][0] : 0;
     t.doc_min = doc ? int32_t(red[2][0]) : 0;
@@ -133,7 +118,7 @@ __global__ void __launch_bounds__(128)
 
 }  // namespace
 
-void tile_ranges(const int64_t* pos, const int32_t* doc, int64_t S, int tile, TileRange* ranges, cudaStream_t s) {
+void tile_ranges(const int64_t* pos, const int32_t* doc, int64_t S, int tile, tiles::Range* ranges, cudaStream_t s) {
   const int64_t n = ceil_div(S, tile);
   if (n == 0) return;
   if (n > INT32_MAX) throw_arg("sequence too long for the tile-range grid");
@@ -151,10 +136,12 @@ void read_stats(const unsigned long long* dev, AttnStats* stats, cudaStream_t s)
   stats->pairs_computed = int64_t(h[3]);
 }
 
-int check_attn_args(const CudaAttnArgs& a, bool backward) {
+int check_attn_args(const AttnParams& a, bool backward) {
   auto need = [](bool ok, const char* what) {
     if (!ok) throw_arg(what);
   };
+  need(a.device == Device::cuda, "the descriptor's device must be cuda (its pointers are device memory)");
+  need(a.dtype == DType::bf16, "the CUDA kernels take bf16 q, k, v, dout (dtype bf16)");
   need(a.S_q >= 0 && a.S_k >= 0, "S_q and S_k must be >= 0");
   need(a.H_q > 0 && a.H_kv > 0 && a.H_q % a.H_kv == 0, "need H_q > 0, H_kv > 0 and H_q % H_kv == 0");
   need(a.D > 0 && a.D % 8 == 0 && a.D <= 256,
@@ -181,17 +168,10 @@ int check_attn_args(const CudaAttnArgs& a, bool backward) {
 namespace {
 
 struct FwdArgs {
-  const bf16* q;
-  const bf16* k;
-  const bf16* v;
-  float* o;
-  float* lse;
-  int64_t S_q, S_k;
-  int32_t H_q, H_kv, D;
-  MaskArgs m;
+  AttnParams p;      // the call (device pointers; q, k, v bf16)
   float scale_log2;  // softmax scale * log2(e)
-  const TileRange* q_ranges;
-  const TileRange* k_ranges;
+  const tiles::Range* q_ranges;
+  const tiles::Range* k_ranges;
   unsigned long long* stats;  // 4 device counters or null
 };
 
@@ -220,10 +200,10 @@ __global__ void __launch_bounds__(FwdCfg<kD, kBc>::kThreads) attn_fwd_kernel(con
   const int h = blockIdx.x;
   const int64_t qt = int64_t(gridDim.y) - 1 - blockIdx.y;  // longest causal tiles first
   const int64_t i0 = qt * kBr;
-  const int hk = h / (a.H_q / a.H_kv);
+  const int hk = h / (a.p.H_q / a.p.H_kv);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 
-  load_rows_async<kBr, kD, C::kThreads>(Qs, kLd, a.q, i0, a.S_q, a.H_q, h, a.D);
+  load_rows_async<kBr, kD, C::kThreads>(Qs, kLd, a.p.q_as<bf16>(), i0, a.p.S_q, a.p.H_q, h, a.p.D);
   cp_async_commit();
 
   // The two query rows of this thread in the accumulator layout: warp*16 + g and + 8.
@@ -232,9 +212,9 @@ __global__ void __launch_bounds__(FwdCfg<kD, kBc>::kThreads) attn_fwd_kernel(con
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int64_t gi = i0 + warp * 16 + g + 8 * rr;
-    if (gi < a.S_q) {
-      if (a.m.q_pos) qp[rr] = a.m.q_pos[gi];
-      if (a.m.docs) qd[rr] = a.m.q_doc[gi];
+    if (gi < a.p.S_q) {
+      if (a.p.q_pos) qp[rr] = a.p.q_pos[gi];
+      if (a.p.docs()) qd[rr] = a.p.q_doc[gi];
     }
   }
 
@@ -244,34 +224,34 @@ __global__ void __launch_bounds__(FwdCfg<kD, kBc>::kThreads) attn_fwd_kernel(con
   float m_run[2] = {-INFINITY, -INFINITY};  // running max of x (base-2 scaled logits) per row
   float l_run[2] = {0.f, 0.f};              // this thread's part of the running sum per row
 
-  const TileRange qr = a.q_ranges[qt];
-  const int64_t n_kt = (a.S_k + kBc - 1) / kBc;
-  const int rows_here = int(imin64(kBr, a.S_q - i0));
+  const tiles::Range qr = a.q_ranges[qt];
+  const int64_t n_kt = (a.p.S_k + kBc - 1) / kBc;
+  const int rows_here = int(imin64(kBr, a.p.S_q - i0));
   TileCounters cnt;
   cnt.total = (unsigned long long)n_kt;
 
   for (int64_t kt = 0; kt < n_kt; ++kt) {
     const int64_t j0 = kt * kBc;
-    const int vis = classify(a.m, qr, a.k_ranges[kt]);  // uniform over the block
-    if (vis == kVisEmpty) {
+    const tiles::Vis vis = tiles::classify(a.p.mask, a.p.window, a.p.docs(), qr, a.k_ranges[kt]);  // uniform over the block
+    if (vis == tiles::Vis::empty) {
       ++cnt.skipped;
       continue;
     }
-    const bool tail = j0 + kBc > a.S_k;
-    const bool need_mask = vis == kVisPartial || tail;
+    const bool tail = j0 + kBc > a.p.S_k;
+    const bool need_mask = vis == tiles::Vis::partial || tail;
     if (need_mask) ++cnt.partial;
-    cnt.pairs += (unsigned long long)rows_here * (unsigned long long)imin64(kBc, a.S_k - j0);
+    cnt.pairs += (unsigned long long)rows_here * (unsigned long long)imin64(kBc, a.p.S_k - j0);
 
     __syncthreads();  // every warp is done with the previous tile's Ks, Vs, kpos_s
-    load_rows_async<kBc, kD, C::kThreads>(Ks, kLd, a.k, j0, a.S_k, a.H_kv, hk, a.D);
+    load_rows_async<kBc, kD, C::kThreads>(Ks, kLd, a.p.k_as<bf16>(), j0, a.p.S_k, a.p.H_kv, hk, a.p.D);
     cp_async_commit();
-    load_rows_async<kBc, kD, C::kThreads>(Vs, kLd, a.v, j0, a.S_k, a.H_kv, hk, a.D);
+    load_rows_async<kBc, kD, C::kThreads>(Vs, kLd, a.p.v_as<bf16>(), j0, a.p.S_k, a.p.H_kv, hk, a.p.D);
     cp_async_commit();
     if (need_mask) {
       for (int c = tid; c < kBc; c += C::kThreads) {
         const int64_t j = j0 + c;
-        kpos_s[c] = (j < a.S_k && a.m.k_pos) ? a.m.k_pos[j] : 0;
-        kdoc_s[c] = (j < a.S_k && a.m.docs) ? a.m.k_doc[j] : 0;
+        kpos_s[c] = (j < a.p.S_k && a.p.k_pos) ? a.p.k_pos[j] : 0;
+        kdoc_s[c] = (j < a.p.S_k && a.p.docs()) ? a.p.k_doc[j] : 0;
       }
     }
     cp_async_wait<1>();  // Q (first time) and K have landed; V may still be in flight
@@ -303,7 +283,7 @@ __global__ void __launch_bounds__(FwdCfg<kD, kBc>::kThreads) attn_fwd_kernel(con
         if (need_mask) {
           const int c = nt * 8 + 2 * t + (e & 1);
           const int rr = e >> 1;
-          const bool ok = j0 + c < a.S_k && visible(a.m, qp[rr], qd[rr], kpos_s[c], kdoc_s[c]);
+          const bool ok = j0 + c < a.p.S_k && pair_visible(a.p.mask, a.p.window, qd[rr] == kdoc_s[c], qp[rr] - kpos_s[c]);
           if (!ok) x = -INFINITY;
         }
         s[nt][e] = x;
@@ -364,15 +344,15 @@ __global__ void __launch_bounds__(FwdCfg<kD, kBc>::kThreads) attn_fwd_kernel(con
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const int64_t gi = i0 + warp * 16 + g + 8 * rr;
-    if (gi >= a.S_q) continue;
+    if (gi >= a.p.S_q) continue;
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    float* orow = a.o + (gi * a.H_q + h) * int64_t(a.D);
+    float* orow = a.p.o + (gi * a.p.H_q + h) * int64_t(a.p.D);
 #pragma unroll
     for (int dt = 0; dt < kDt; ++dt) {
       const int d = dt * 8 + 2 * t;
-      if (d < a.D) *reinterpret_cast<float2*>(orow + d) = make_float2(o_acc[dt][2 * rr] * inv, o_acc[dt][2 * rr + 1] * inv);
+      if (d < a.p.D) *reinterpret_cast<float2*>(orow + d) = make_float2(o_acc[dt][2 * rr] * inv, o_acc[dt][2 * rr + 1] * inv);
     }
-    if (t == 0) a.lse[gi * a.H_q + h] = l > 0.f ? (m_run[rr] + log2f(l)) * kLn2 : -INFINITY;
+    if (t == 0) a.p.lse[gi * a.p.H_q + h] = l > 0.f ? (m_run[rr] + log2f(l)) * kLn2 : -INFINITY;
   }
   if (tid == 0) cnt.flush(a.stats);
 }
@@ -382,7 +362,7 @@ void launch_fwd(const FwdArgs& fa, int64_t n_qt, cudaStream_t s) {
   using C = FwdCfg<kD, kBc>;
   auto kern = attn_fwd_kernel<kD, kBc>;
   CTXPAR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
-  const dim3 grid(unsigned(fa.H_q), unsigned(n_qt));
+  const dim3 grid(unsigned(fa.p.H_q), unsigned(n_qt));
   CTXPAR_LAUNCH(kern, grid, C::kThreads, C::kSmemBytes, s, fa);
   CTXPAR_CUDA_LAUNCH_CHECK();
 }
@@ -392,33 +372,23 @@ constexpr int fwd_key_tile(int kD) { return kD > 128 ? 32 : 64; }
 
 }  // namespace
 
-void attn_fwd(const CudaAttnArgs& a) {
-  const int kD = check_attn_args(a, false);
-  if (a.S_q == 0) return;
-  const cudaStream_t s = a.stream;
+void attn_fwd(const AttnParams& p) {
+  const int kD = check_attn_args(p, false);
+  if (p.S_q == 0) return;
+  const cudaStream_t s = p.stream;
   const int bc = fwd_key_tile(kD);
-  const int64_t n_qt = ceil_div(a.S_q, kFwdBr), n_kt = ceil_div(a.S_k, bc);
+  const int64_t n_qt = ceil_div(p.S_q, kFwdBr), n_kt = ceil_div(p.S_k, bc);
   if (n_qt > 65535) throw_arg("S_q too large for one call (grid.y <= 65535 query tiles of 64 rows)");
-  const MaskArgs m = mask_args(a);
-  Scratch<TileRange> qr(n_qt, s), kr(n_kt, s);
-  Scratch<unsigned long long> counters(a.stats ? 4 : 0, s);
-  tile_ranges(m.q_pos, m.docs ? m.q_doc : nullptr, a.S_q, kFwdBr, qr.get(), s);
-  tile_ranges(m.k_pos, m.docs ? m.k_doc : nullptr, a.S_k, bc, kr.get(), s);
-  if (a.stats) CTXPAR_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, 4 * sizeof(unsigned long long), s));
+  Scratch<tiles::Range> qr(n_qt, s), kr(n_kt, s);
+  Scratch<unsigned long long> counters(p.stats ? 4 : 0, s);
+  tile_ranges(p.q_pos, p.docs() ? p.q_doc : nullptr, p.S_q, kFwdBr, qr.get(), s);
+  tile_ranges(p.k_pos, p.docs() ? p.k_doc : nullptr, p.S_k, bc, kr.get(), s);
+  if (p.stats) CTXPAR_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, 4 * sizeof(unsigned long long), s));
 
   FwdArgs fa;
-  fa.q = a.q;
-  fa.k = a.k;
-  fa.v = a.v;
-  fa.o = a.o;
-  fa.lse = a.lse;
-  fa.S_q = a.S_q;
-  fa.S_k = a.S_k;
-  fa.H_q = a.H_q;
-  fa.H_kv = a.H_kv;
-  fa.D = a.D;
-  fa.m = m;
-  fa.scale_log2 = a.softmax_scale() * 1.4426950408889634f;
+  fa.p = p;
+  fa.p.stats = nullptr;  // a host pointer; the kernel counts into `fa.stats`
+  fa.scale_log2 = p.softmax_scale() * 1.4426950408889634f;
   fa.q_ranges = qr.get();
   fa.k_ranges = kr.get();
   fa.stats = counters.get();
@@ -428,7 +398,7 @@ void attn_fwd(const CudaAttnArgs& a) {
     case 128: launch_fwd<128, fwd_key_tile(128)>(fa, n_qt, s); break;
     default: launch_fwd<256, fwd_key_tile(256)>(fa, n_qt, s); break;
   }
-  if (a.stats) read_stats(counters.get(), a.stats, s);
+  if (p.stats) read_stats(counters.get(), p.stats, s);
 }
 
 // ---------------------------------------------------------------------------------------------

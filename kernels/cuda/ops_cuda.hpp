@@ -5,11 +5,12 @@
 // describes the design and what has been verified.
 //
 // Precision contract
-//  - Attention: Q, K, V and dO in bf16; every product accumulated in fp32; softmax statistics in
-//    fp32; O written in fp32 (so that a ring's lse_merge of partial results stays fp32, DESIGN.md
-//    §3; convert with f32_to_bf16 where a bf16 O is wanted); LSE fp32 (natural log);
-//    dQ, dK, dV fp32, ACCUMULATED. P and dS are rounded to bf16 before they enter the tensor-core
-//    products (as in FlashAttention-2); tests/gpu states the tolerance this is held to.
+//  - Attention (AttnParams with dtype bf16, kernels/attn_params.hpp): Q, K, V and dO in bf16;
+//    every product accumulated in fp32; softmax statistics in fp32; O written in fp32 (so that a
+//    ring's lse_merge of partial results stays fp32; convert with f32_to_bf16 where a bf16 O is
+//    wanted); LSE fp32 (natural log); dQ, dK, dV fp32, ACCUMULATED. P and dS are rounded to bf16
+//    before they enter the tensor-core products (as in FlashAttention-2); tests/gpu states the
+//    tolerance this is held to.
 //  - Model ops: fp32 in, fp32 out, as the CPU ops (rope_apply also has a bf16 overload).
 //  - GEMM: bf16 x bf16 -> bf16 or fp32, fp32 x fp32 -> fp32; always fp32 accumulation.
 //
@@ -30,6 +31,14 @@ namespace ctxpar::cuda {
 
 using bf16 = __nv_bfloat16;
 
+}  // namespace ctxpar::cuda
+
+namespace ctxpar {
+template <> struct DTypeOf<__nv_bfloat16> { static constexpr DType value = DType::bf16; };
+}  // namespace ctxpar
+
+namespace ctxpar::cuda {
+
 // ---- devices ----
 // Number of CUDA devices; 0 when the driver/runtime reports an error (no GPU, no driver) — the
 // tests skip and `device=cuda` runs fail with a message in that case.
@@ -38,60 +47,26 @@ int device_count();
 const char* device_description();
 
 // ---- attention ----
-// Arguments of one attention call: the metadata of AttnParams (same meaning, same defaults) with
-// typed DEVICE pointers. Layouts are token-major and contiguous:
-//   q, dout, o, dq [S_q, H_q, D];  k, v, dk, dv [S_k, H_kv, D];  lse [S_q, H_q];
-//   q_pos [S_q], k_pos [S_k] (int64 global positions; required unless mask == none);
-//   q_doc [S_q], k_doc [S_k] (int32 document ids; both or neither).
-// Requirements: D % 8 == 0 and D <= 256 (the kernels are instantiated for padded head dims 32,
-// 64, 128, 256: D = 64 / 128 / 256 run without padding, other D on the next size up);
-// H_q % H_kv == 0; every tensor pointer 16-byte aligned (cudaMalloc gives 256).
-struct CudaAttnArgs {
-  // forward inputs (bf16)
-  const bf16* q = nullptr;
-  const bf16* k = nullptr;
-  const bf16* v = nullptr;
-  // forward outputs, overwritten (backward inputs: O and LSE of the FULL attention of the rows)
-  float* o = nullptr;
-  float* lse = nullptr;  // natural log; -inf for a row that sees no key (then O = 0)
-  // backward: dout input (bf16); dq, dk, dv ACCUMULATED (+=) in fp32
-  const bf16* dout = nullptr;
-  float* dq = nullptr;
-  float* dk = nullptr;
-  float* dv = nullptr;
-
-  int64_t S_q = 0, S_k = 0;
-  int32_t H_q = 0, H_kv = 0, D = 0;
-  const int64_t* q_pos = nullptr;
-  const int64_t* k_pos = nullptr;
-  const int32_t* q_doc = nullptr;
-  const int32_t* k_doc = nullptr;
-  MaskKind mask = MaskKind::causal;
-  int64_t window = 0;
-  float scale = 0.f;  // 0 = 1/sqrt(D)
-  // When set (HOST pointer), the call fills it like the CPU path, counted on this backend's tiles
-  // (forward: 64 query rows x 64 keys, 32 keys for D > 128; backward: 32 or 64 query rows x 64
-  // keys, 32 for D > 128; pairs summed over query heads), and synchronizes the stream to do so;
-  // leave null when timing.
-  AttnStats* stats = nullptr;
-  cudaStream_t stream = nullptr;
-
-  float softmax_scale() const;
-  // Copies the shape and mask fields (S_q, S_k, H_q, H_kv, D, mask, window, scale) of an
-  // AttnParams; pointers are left null (AttnParams' positions are host pointers).
-  static CudaAttnArgs shape_of(const AttnParams& p);
-};
+// The CUDA backend of ctxpar::attn_fwd / attn_bwd (kernels/ops.hpp dispatches here for
+// Device::cuda): the descriptor's pointers are device memory (positions and document ids too),
+// dtype bf16, asynchronous on p.stream. Requirements: D % 8 == 0 and D <= 256 (the kernels are
+// instantiated for padded head dims 32, 64, 128, 256: D = 64 / 128 / 256 run without padding,
+// other D on the next size up); H_q % H_kv == 0; every tensor pointer 16-byte aligned (cudaMalloc
+// gives 256). p.stats, when set (a HOST pointer), is filled like the CPU path's, counted on this
+// backend's tiles (forward: 64 query rows x 64 keys, 32 keys for D > 128; backward: 32 or 64
+// query rows x 64 keys, 32 for D > 128; pairs summed over query heads), and synchronizes the
+// stream to do so.
 
 // O and LSE of softmax(scale Q K^T + mask) V (flash forward, online softmax in fp32). Query tiles
 // of 64 rows x key tiles of 64 keys (32 for D > 128) with no visible pair are skipped; rows that
 // see no key get O = 0, LSE = -inf.
-void attn_fwd(const CudaAttnArgs& a);
+void attn_fwd(const AttnParams& p);
 
 // dQ +=, dK +=, dV += (FlashAttention-2 backward from LSE: P recomputed, D_i = dO_i . O_i).
 // Under GQA/MQA dK/dV sum over the query heads of a group. dQ (and dK/dV when H_q > H_kv) are
 // added with fp32 atomics, so the rounding of those sums depends on scheduling (not
 // bit-reproducible run to run); for H_q == H_kv dK/dV are added in a fixed order.
-void attn_bwd(const CudaAttnArgs& a);
+void attn_bwd(const AttnParams& p);
 
 // Merges a partial result (o_b, lse_b) over a disjoint key set into (o, lse), in place; exactly
 // the formula of ctxpar::lse_merge (ops.hpp): -inf rows exact, never NaN. o, o_b [rows, H, D]
@@ -114,7 +89,6 @@ void mma_selftest(const bf16* A, const bf16* Bt, const bf16* At, const bf16* Bk,
 // A is [M,K] (or [K,M] when trans_a), B is [K,N] (or [N,K]); leading dimensions in elements.
 // One cuBLASLt handle and a 32 MiB workspace per device, and one cached plan (layouts and
 // the heuristic's algorithm) per distinct call shape; thread-safe.
-enum class DType { f32, bf16 };
 // Generic entry: (A, B, C) types (f32, f32, f32), (bf16, bf16, bf16) or (bf16, bf16, f32).
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, DType a_type,
           int64_t lda, const void* B, DType b_type, int64_t ldb, float beta, void* C, DType c_type, int64_t ldc,

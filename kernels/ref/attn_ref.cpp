@@ -129,29 +129,4 @@ template void lse_merge<double>(double*, double*, const double*, const double*, 
 template void lse_merge<float>(float*, float*, const float*, const float*, int64_t, int32_t,
                                int32_t);
 
-namespace {
-std::vector<double> widen(const float* x, int64_t n) { return std::vector<double>(x, x + n); }
-}  // namespace
-
-void attn_fwd_f64(const AttnParams& p) {
-  const int64_t nq = p.S_q * p.H_q * p.D, nk = p.S_k * p.H_kv * p.D;
-  const auto q = widen(p.q, nq), k = widen(p.k, nk), v = widen(p.v, nk);
-  std::vector<double> o(nq), lse(p.S_q * p.H_q);
-  attn_fwd<double>(p, q.data(), k.data(), v.data(), o.data(), lse.data());
-  for (int64_t x = 0; x < nq; ++x) p.o[x] = static_cast<float>(o[x]);
-  for (int64_t x = 0; x < p.S_q * p.H_q; ++x) p.lse[x] = static_cast<float>(lse[x]);
-}
-
-void attn_bwd_f64(const AttnParams& p) {
-  const int64_t nq = p.S_q * p.H_q * p.D, nk = p.S_k * p.H_kv * p.D;
-  const auto q = widen(p.q, nq), k = widen(p.k, nk), v = widen(p.v, nk);
-  const auto o = widen(p.o, nq), dout = widen(p.dout, nq), lse = widen(p.lse, p.S_q * p.H_q);
-  std::vector<double> dq(nq), dk(nk), dv(nk);
-  attn_bwd<double>(p, q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
-                   dk.data(), dv.data());
-  for (int64_t x = 0; x < nq; ++x) p.dq[x] += static_cast<float>(dq[x]);
-  for (int64_t x = 0; x < nk; ++x) p.dk[x] += static_cast<float>(dk[x]);
-  for (int64_t x = 0; x < nk; ++x) p.dv[x] += static_cast<float>(dv[x]);
-}
-
 }  // namespace ctxpar::ref

@@ -23,9 +23,4 @@ void attn_bwd(const AttnParams& p, const T* q, const T* k, const T* v, const T* 
 template <class T>
 void lse_merge(T* o, T* lse, const T* o_b, const T* lse_b, int64_t rows, int32_t H, int32_t D);
 
-// Conveniences on AttnParams' fp32 tensors, computed in double and rounded once at the end
-// (backward: the double result is added to the fp32 dq/dk/dv). Used by tests of other modules.
-void attn_fwd_f64(const AttnParams& p);
-void attn_bwd_f64(const AttnParams& p);
-
 }  // namespace ctxpar::ref

@@ -40,6 +40,7 @@
 #include "core/memory.hpp"
 #include "core/random.hpp"
 #include "dist/topology.hpp"
+#include "model/flops.hpp"
 #include "ops.hpp"
 #include "ref/attn_ref.hpp"
 #include "trace/trace.hpp"
@@ -167,6 +168,7 @@ bool within_policy(const float* fast, const float* naive, const double* ref, int
 int check_row(const AttnParams& p, const std::vector<int64_t>& pos) {
   const int64_t S = p.S_q;
   const int32_t H_q = p.H_q, H_kv = p.H_kv, D = p.D, group = H_q / H_kv;
+  const float *pq = p.q_as<float>(), *pk = p.k_as<float>(), *pv = p.v_as<float>(), *pdo = p.dout_as<float>();
   int wrong = 0;
   // --- sampled query rows against the reference
   std::vector<int64_t> rows = {0, S / 3, (2 * S) / 3 + 1, S - 1};
@@ -175,9 +177,9 @@ int check_row(const AttnParams& p, const std::vector<int64_t>& pos) {
   std::vector<float> q(n * row_elems), o(n * row_elems), d_o(n * row_elems), lse(n * H_q);
   std::vector<int64_t> q_pos(n);
   for (int64_t r = 0; r < n; ++r) {
-    std::copy_n(p.q + rows[r] * row_elems, row_elems, q.begin() + r * row_elems);
+    std::copy_n(pq + rows[r] * row_elems, row_elems, q.begin() + r * row_elems);
     std::copy_n(p.o + rows[r] * row_elems, row_elems, o.begin() + r * row_elems);
-    std::copy_n(p.dout + rows[r] * row_elems, row_elems, d_o.begin() + r * row_elems);
+    std::copy_n(pdo + rows[r] * row_elems, row_elems, d_o.begin() + r * row_elems);
     std::copy_n(p.lse + rows[r] * H_q, H_q, lse.begin() + r * H_q);
     q_pos[r] = pos[rows[r]];
   }
@@ -185,12 +187,12 @@ int check_row(const AttnParams& p, const std::vector<int64_t>& pos) {
   sub.S_q = n;
   sub.q_pos = q_pos.data();
   const int64_t nk = p.S_k * H_kv * D;
-  const std::vector<double> q64(q.begin(), q.end()), k64(p.k, p.k + nk), v64(p.v, p.v + nk),
+  const std::vector<double> q64(q.begin(), q.end()), k64(pk, pk + nk), v64(pv, pv + nk),
       o_fast64(o.begin(), o.end()), lse_fast64(lse.begin(), lse.end()), do64(d_o.begin(), d_o.end());
   std::vector<double> o64(n * row_elems), lse64(n * H_q);
   std::vector<float> o32(n * row_elems), lse32(n * H_q);
   ref::attn_fwd<double>(sub, q64.data(), k64.data(), v64.data(), o64.data(), lse64.data());
-  ref::attn_fwd<float>(sub, q.data(), p.k, p.v, o32.data(), lse32.data());
+  ref::attn_fwd<float>(sub, q.data(), pk, pv, o32.data(), lse32.data());
   wrong += !within_policy(o.data(), o32.data(), o64.data(), n * row_elems, 1.0);
   wrong += !within_policy(lse.data(), lse32.data(), lse64.data(), n * H_q, 1.0);
   // dQ of the sampled rows: both references start from the fast forward's O and LSE, as the
@@ -199,7 +201,7 @@ int check_row(const AttnParams& p, const std::vector<int64_t>& pos) {
   ref::attn_bwd<double>(sub, q64.data(), k64.data(), v64.data(), o_fast64.data(), lse_fast64.data(),
                         do64.data(), dq64.data(), dk_scratch64.data(), dv_scratch64.data());
   std::vector<float> dq32(n * row_elems), dk_scratch(nk), dv_scratch(nk), dq_fast(n * row_elems);
-  ref::attn_bwd<float>(sub, q.data(), p.k, p.v, o.data(), lse.data(), d_o.data(), dq32.data(),
+  ref::attn_bwd<float>(sub, q.data(), pk, pv, o.data(), lse.data(), d_o.data(), dq32.data(),
                        dk_scratch.data(), dv_scratch.data());
   for (int64_t r = 0; r < n; ++r) std::copy_n(p.dq + rows[r] * row_elems, row_elems, dq_fast.begin() + r * row_elems);
   wrong += !within_policy(dq_fast.data(), dq32.data(), dq64.data(), n * row_elems, 8.0);
@@ -216,7 +218,7 @@ int check_row(const AttnParams& p, const std::vector<int64_t>& pos) {
     for (int32_t h = 0; h < H_q; ++h) {
       if (p.lse[i * H_q + h] == -INFINITY) continue;
       for (int32_t d = 0; d < D; ++d) {
-        const float g = p.dout[(i * H_q + h) * D + d];
+        const float g = pdo[(i * H_q + h) * D + d];
         dv_want[(h / group) * D + d] += g;
         dv_abs[(h / group) * D + d] += std::abs(g);
       }
@@ -454,7 +456,9 @@ int bench_attn_cuda(BenchContext& ctx) {
     dpos.upload(pos.data());
 
     const AttnParams p = row_params(row, pos.data());  // host view: shape, mask, positions (FLOP count and references)
-    cuda::CudaAttnArgs a = cuda::CudaAttnArgs::shape_of(p);
+    AttnParams a = p;  // the device call: bf16 tensors and positions on the GPU
+    a.device = Device::cuda;
+    a.dtype = DType::bf16;
     a.q = q.get();
     a.k = k.get();
     a.v = v.get();
@@ -465,14 +469,15 @@ int bench_attn_cuda(BenchContext& ctx) {
     a.dk = dk.get();
     a.dv = dv.get();
     a.q_pos = a.k_pos = dpos.get();
-    const double fwd_flops = 4.0 * double(visible_pairs(p)) * row.H_q * row.D, bwd_flops = 2.5 * fwd_flops;
+    const double fwd_flops = attn_fwd_flops(double(visible_pairs(p)), row.H_q, row.D),
+                 bwd_flops = attn_bwd_flops(double(visible_pairs(p)), row.H_q, row.D);
 
     world.barrier();
     double gemm = gemm_tflops(ga, gb, gc, kGemmN);
     // warm-up calls (zeroed gradients) give the results that are checked
     world.barrier();
-    const double fwd_warm_ms = event_ms([&] { cuda::attn_fwd(a); }, 1);
-    const double bwd_warm_ms = event_ms([&] { cuda::attn_bwd(a); }, 1);
+    const double fwd_warm_ms = event_ms([&] { attn_fwd(a); }, 1);
+    const double bwd_warm_ms = event_ms([&] { attn_bwd(a); }, 1);
     rd.p = &p;
     rd.o = o.download();
     rd.lse = lse.download();
@@ -485,11 +490,11 @@ int bench_attn_cuda(BenchContext& ctx) {
     const int64_t bwd_iters = iters_within(world, bwd_warm_ms * 1e-3, 1.0, cfg.bench_iters);
     world.barrier();
     double tb = ctx.tracer.now_us();
-    double fwd_ms = event_ms([&] { cuda::attn_fwd(a); }, fwd_iters);
+    double fwd_ms = event_ms([&] { attn_fwd(a); }, fwd_iters);
     ctx.tracer.add_span(Phase::attn_fwd, -1, -1, tb, ctx.tracer.now_us(), fwd_flops * double(fwd_iters));
     world.barrier();
     tb = ctx.tracer.now_us();
-    double bwd_ms = event_ms([&] { cuda::attn_bwd(a); }, bwd_iters);  // accumulates; values unused
+    double bwd_ms = event_ms([&] { attn_bwd(a); }, bwd_iters);  // accumulates; values unused
     ctx.tracer.add_span(Phase::attn_bwd, -1, -1, tb, ctx.tracer.now_us(), bwd_flops * double(bwd_iters));
 
     double fwd_s = fwd_ms * 1e-3, bwd_s = bwd_ms * 1e-3;
@@ -579,7 +584,8 @@ int bench_attn(BenchContext& ctx) {
     p.dk = dk.data();
     p.dv = dv.data();
     p.threads = threads;
-    const double fwd_flops = 4.0 * double(visible_pairs(p)) * row.H_q * row.D, bwd_flops = 2.5 * fwd_flops;
+    const double fwd_flops = attn_fwd_flops(double(visible_pairs(p)), row.H_q, row.D),
+                 bwd_flops = attn_bwd_flops(double(visible_pairs(p)), row.H_q, row.D);
 
     world.barrier();
     double gemm = sgemm_gflops();

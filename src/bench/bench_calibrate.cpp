@@ -369,7 +369,7 @@ int bench_calibrate(BenchContext& ctx) {
   // query rows against kappa keys, forward + backward, each call after an untimed GEMM that
   // displaces it from the caches; 9 interleaved rounds, median.
   const int32_t Hq = int32_t(cfg.heads), Hkv = int32_t(cfg.kv_heads), D = int32_t(cfg.head_dim);
-  const double flops_per_pair = 3.5 * 4.0 * double(Hq) * D;  // forward + backward, DESIGN.md convention
+  const double flops_per_pair = attn_train_flops(1.0, Hq, D);  // forward + backward (model/flops.hpp)
   std::vector<double> a_keys, a_eff;
   {
     std::vector<std::unique_ptr<AttnBlock>> blocks;
@@ -395,7 +395,8 @@ int bench_calibrate(BenchContext& ctx) {
     blk.p.stats = &st_b;
     attn_bwd(blk.p);
     const double vis = double(visible_pairs(blk.p)) * Hq;  // stats count (query head, key) pairs
-    diag_waste_keys = std::max(0.0, ((double(st_f.pairs_computed) - vis) + 2.5 * (double(st_b.pairs_computed) - vis)) / 3.5 /
+    diag_waste_keys = std::max(0.0, ((double(st_f.pairs_computed) - vis) + kAttnBwdFactor * (double(st_b.pairs_computed) - vis)) /
+                                        (1 + kAttnBwdFactor) /
                                         (double(b) * Hq));
   }
 

@@ -28,6 +28,7 @@
 #include "cp/common.hpp"
 #include "cp/strategy.hpp"
 #include "dist/topology.hpp"
+#include "model/flops.hpp"
 #include "modes/workload.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
@@ -46,11 +47,12 @@ struct Inputs {
   std::vector<int32_t> doc;         // local ids (empty: no documents)
   std::vector<int32_t> global_doc;  // every token's id (empty: no documents)
   Buffer<float> q, k, v, dout, o, lse, dq, dk, dv;
-  LocalAttn local() {
-    LocalAttn t;
-    t.S_loc = int64_t(pos.size());
-    t.pos = pos.data();
-    t.doc = doc.empty() ? nullptr : doc.data();
+  // This rank's shard of the problem `s`, as the strategy's call.
+  AttnParams local(const AttnParams& s) {
+    AttnParams t = s;
+    t.S_q = t.S_k = int64_t(pos.size());
+    t.q_pos = t.k_pos = pos.data();
+    t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();
     t.q = q.data(); t.k = k.data(); t.v = v.data(); t.dout = dout.data();
     t.o = o.data(); t.lse = lse.data(); t.dq = dq.data(); t.dk = dk.data(); t.dv = dv.data();
     return t;
@@ -71,8 +73,8 @@ int64_t count_wrong(const float* got, const float* want, size_t n) {
 }
 
 // Single-rank kernel on the global inputs for this rank's rows (all, or the sampled ones).
-int64_t check_rows(const AttnShape& s, Inputs& in, uint64_t seed, bool full) {
-  const int64_t S = s.S, wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
+int64_t check_rows(const AttnParams& s, Inputs& in, uint64_t seed, bool full) {
+  const int64_t S = s.S_q, wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
   std::vector<int64_t> all(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) all[size_t(i)] = i;
   Buffer<float> K(size_t(S * wk), false), V(size_t(S * wk), false);
@@ -97,20 +99,16 @@ int64_t check_rows(const AttnShape& s, Inputs& in, uint64_t seed, bool full) {
       dK(size_t(S * wk)), dV(size_t(S * wk));
   fill_rows(seed, kTensorQ, qpos, wq, 1.0f, Q.data());
   fill_rows(seed, kTensorDout, qpos, wq, 1.0f, dO.data());
-  AttnParams p;
+  AttnParams p = s;
   p.q = Q.data(); p.k = K.data(); p.v = V.data(); p.o = O.data(); p.lse = L.data();
   p.dout = dO.data(); p.dq = dQ.data(); p.dk = dK.data(); p.dv = dV.data();
   p.S_q = int64_t(nq);
-  p.S_k = S;
-  p.H_q = s.H_q; p.H_kv = s.H_kv; p.D = s.D;
   p.q_pos = qpos.data();
   p.k_pos = all.data();
   if (!in.global_doc.empty()) {
     p.q_doc = qdoc.data();
     p.k_doc = in.global_doc.data();
   }
-  p.mask = s.mask;
-  p.window = s.window;
   attn_fwd(p);
   attn_bwd(p);
   // The same rows of this rank's CP results and of the reference, side by side.
@@ -189,7 +187,7 @@ int bench_cp(BenchContext& ctx) {
     for (int64_t S : lengths) {
       Config c = cfg;
       c.seq = S;
-      AttnShape shape = attn_shape(c);
+      const AttnParams shape = attn_problem(c);
       const std::string err = strat->validate(shape, topo);
       Inputs in;
       std::string derr;
@@ -211,7 +209,7 @@ int bench_cp(BenchContext& ctx) {
       fill_rows(seed, kTensorK, in.pos, int64_t(wk), 1.0f, in.k.data());
       fill_rows(seed, kTensorV, in.pos, int64_t(wk), 1.0f, in.v.data());
       fill_rows(seed, kTensorDout, in.pos, int64_t(wq), 1.0f, in.dout.data());
-      LocalAttn t = in.local();
+      const AttnParams t = in.local(shape);
 
       std::vector<double> fwd_s, bwd_s, bytes, exposed, fwd_cpu, bwd_cpu;
       double flops_fwd = 0, flops_bwd = 0;
@@ -220,12 +218,12 @@ int bench_cp(BenchContext& ctx) {
         CpStats fst, bst;
         world.barrier();
         const double t0 = world.now(), c0 = cpu_seconds();
-        strat->forward(shape, t, &ctx.tracer, fst);
+        strat->forward(t, &ctx.tracer, fst);
         const double c1 = cpu_seconds();
         const double t1 = world.now();
         world.barrier();
         const double t2 = world.now(), c2 = cpu_seconds();
-        strat->backward(shape, t, &ctx.tracer, bst);
+        strat->backward(t, &ctx.tracer, bst);
         const double c3 = cpu_seconds();
         const double t3 = world.now();
         // Per rank: fwd time, bwd time, bytes, exposed (max over ranks); FLOPs (sum over ranks).

@@ -29,6 +29,7 @@
 #include "infer/cost.hpp"
 #include "infer/engine.hpp"
 #include "infer/schedule.hpp"
+#include "model/flops.hpp"
 #include "model/model.hpp"
 #include "ops.hpp"
 #include "trace/trace.hpp"

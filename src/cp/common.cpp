@@ -1,16 +1,16 @@
 #include "cp/common.hpp"
 
 #include <algorithm>
-#include <numeric>
-#include <vector>
+#include <cstring>
 
 #include "core/error.hpp"
+#include "model/flops.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
 
 namespace ctxpar::cp {
 
-std::string check_common(const std::string& strategy, const AttnShape& s, int P) {
+std::string check_common(const std::string& strategy, const AttnParams& s, int P) {
   const std::string pre = strategy + ": ";
   if (s.H_q <= 0 || s.H_kv <= 0 || s.D <= 0)
     return pre + "heads, kv_heads and head_dim must be positive (got H_q=" + std::to_string(s.H_q) +
@@ -21,37 +21,13 @@ std::string check_common(const std::string& strategy, const AttnShape& s, int P)
   if (s.mask == MaskKind::window && s.window <= 0)
     return pre + "mask=window needs window > 0 (got " + std::to_string(s.window) + ")";
   // Every strategy shards tokens zigzag over the CP group (see strategy files for why).
-  const std::string part = Partition::check(PartitionKind::zigzag, s.S, P);
+  const std::string part = Partition::check(PartitionKind::zigzag, s.S_q, P);
   if (!part.empty()) return pre + part;
   return "";
 }
 
-int64_t count_visible_pairs(int64_t S_q, const int64_t* q_pos, const int32_t* q_doc, int64_t S_k,
-                            const int64_t* k_pos, const int32_t* k_doc, MaskKind mask, int64_t window) {
-  if (S_q == 0 || S_k == 0) return 0;
-  // A document id only matters when both sides carry one (as in AttnParams::visible).
-  const bool docs = q_doc && k_doc;
-  struct Key { int32_t doc; int64_t pos; };
-  std::vector<Key> keys(static_cast<size_t>(S_k));
-  for (int64_t j = 0; j < S_k; ++j)
-    keys[size_t(j)] = {docs ? k_doc[j] : 0, mask == MaskKind::none ? 0 : k_pos[j]};
-  auto less = [](const Key& a, const Key& b) { return a.doc != b.doc ? a.doc < b.doc : a.pos < b.pos; };
-  std::sort(keys.begin(), keys.end(), less);
-  int64_t pairs = 0;
-  for (int64_t i = 0; i < S_q; ++i) {
-    const int32_t d = docs ? q_doc[i] : 0;
-    int64_t lo = INT64_MIN, hi = INT64_MAX;
-    if (mask != MaskKind::none) {
-      hi = q_pos[i];
-      if (mask == MaskKind::window) lo = q_pos[i] - window + 1;
-    }
-    if (lo > hi) continue;
-    auto b = std::lower_bound(keys.begin(), keys.end(), Key{d, lo}, less);
-    auto e = std::upper_bound(keys.begin(), keys.end(), Key{d, hi}, less);
-    pairs += int64_t(e - b);
-  }
-  return pairs;
-}
+double call_fwd_flops(const AttnParams& p) { return attn_fwd_flops(double(visible_pairs(p)), p.H_q, p.D); }
+double call_bwd_flops(const AttnParams& p) { return attn_bwd_flops(double(visible_pairs(p)), p.H_q, p.D); }
 
 void timed_wait(Comm& c, Request& r, CpStats& st, Tracer* tr, int32_t ring_step, double bytes) {
   if (!r.pending()) return;
@@ -76,13 +52,14 @@ namespace {
 size_t align64(size_t x) { return (x + 63) & ~size_t(63); }
 }  // namespace
 
-KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, bool has_doc) {
+KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc) {
   KvLayout L;
   L.S_k = S_k;
   L.H_kv = H_kv;
   L.D = D;
+  L.dtype = dtype;
   L.has_doc = has_doc;
-  const size_t kv_bytes = L.kv_elems() * sizeof(float);
+  const size_t kv_bytes = L.kv_bytes();
   L.k_off = 0;
   L.v_off = align64(kv_bytes);
   L.pos_off = L.v_off + align64(kv_bytes);
@@ -91,19 +68,19 @@ KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, bool has_doc) {
   return L;
 }
 
-KvView kv_view(const KvLayout& L, std::byte* base) {
-  return KvView{reinterpret_cast<float*>(base + L.k_off), reinterpret_cast<float*>(base + L.v_off),
-                reinterpret_cast<int64_t*>(base + L.pos_off),
-                L.has_doc ? reinterpret_cast<int32_t*>(base + L.doc_off) : nullptr};
+void point_keys_at(const KvLayout& L, std::byte* base, AttnParams& p) {
+  p.S_k = L.S_k;
+  p.k = base + L.k_off;
+  p.v = base + L.v_off;
+  p.k_pos = reinterpret_cast<const int64_t*>(base + L.pos_off);
+  p.k_doc = L.has_doc ? reinterpret_cast<const int32_t*>(base + L.doc_off) : nullptr;
 }
 
-void pack_kv(const KvLayout& L, const float* k, const float* v, const int64_t* pos, const int32_t* doc,
-             std::byte* base) {
-  KvView w = kv_view(L, base);
-  std::copy_n(k, L.kv_elems(), w.k);
-  std::copy_n(v, L.kv_elems(), w.v);
-  std::copy_n(pos, L.S_k, w.pos);
-  if (L.has_doc) std::copy_n(doc, L.S_k, w.doc);
+void pack_kv(const KvLayout& L, const AttnParams& p, std::byte* base) {
+  std::memcpy(base + L.k_off, p.k, L.kv_bytes());
+  std::memcpy(base + L.v_off, p.v, L.kv_bytes());
+  std::memcpy(base + L.pos_off, p.k_pos, size_t(L.S_k) * sizeof(int64_t));
+  if (L.has_doc) std::memcpy(base + L.doc_off, p.k_doc, size_t(L.S_k) * sizeof(int32_t));
 }
 
 int64_t progress_chunk_rows(int64_t S_q, int parts) {
@@ -115,34 +92,17 @@ int64_t progress_chunk_rows(int64_t S_q, int parts) {
   return std::max<int64_t>(c, tile);
 }
 
-namespace {
-// The sub-call of `p` on query rows [a, a + n).
-AttnParams rows(const AttnParams& p, int64_t a, int64_t n) {
-  AttnParams c = p;
-  const int64_t qoff = a * p.H_q * p.D;
-  c.S_q = n;
-  c.q = p.q + qoff;
-  if (p.o) c.o = p.o + qoff;
-  if (p.lse) c.lse = p.lse + a * p.H_q;
-  if (p.dout) c.dout = p.dout + qoff;
-  if (p.dq) c.dq = p.dq + qoff;
-  if (p.q_pos) c.q_pos = p.q_pos + a;
-  if (p.q_doc) c.q_doc = p.q_doc + a;
-  return c;
-}
-}  // namespace
-
 void fwd_chunked(const AttnParams& p, int64_t chunk, bool merge, float* o_tmp, float* lse_tmp,
                  const std::function<void()>& between) {
   CTXPAR_CHECK(chunk > 0, "chunk rows must be positive");
   for (int64_t a = 0; a < p.S_q; a += chunk) {
     const int64_t n = std::min(chunk, p.S_q - a);
-    AttnParams c = rows(p, a, n);
+    AttnParams c = p.query_rows(a, n);
     if (merge) {
       c.o = o_tmp;
       c.lse = lse_tmp;
       attn_fwd(c);
-      lse_merge(p.o + a * p.H_q * p.D, p.lse + a * p.H_q, o_tmp, lse_tmp, n, p.H_q, p.D);
+      lse_merge(p.o + a * p.H_q * p.D, p.lse + a * p.H_q, o_tmp, lse_tmp, n, p.H_q, p.D, p.device, p.stream);
     } else {
       attn_fwd(c);
     }
@@ -153,7 +113,7 @@ void fwd_chunked(const AttnParams& p, int64_t chunk, bool merge, float* o_tmp, f
 void bwd_chunked(const AttnParams& p, int64_t chunk, const std::function<void()>& between) {
   CTXPAR_CHECK(chunk > 0, "chunk rows must be positive");
   for (int64_t a = 0; a < p.S_q; a += chunk) {
-    attn_bwd(rows(p, a, std::min(chunk, p.S_q - a)));
+    attn_bwd(p.query_rows(a, std::min(chunk, p.S_q - a)));
     if (between) between();
   }
 }

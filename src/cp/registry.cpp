@@ -11,22 +11,31 @@ using Factory = std::unique_ptr<CpStrategy> (*)(Topology&);
 struct Entry {
   const char* name;
   Factory make;
+  bool training;  // has a backward; a value of the `strategy` setting
 };
 const Entry kStrategies[] = {
-    {"allgather", make_allgather_strategy},
-    {"ulysses", make_ulysses_strategy},
-    {"ring", make_ring_strategy},
-    {"usp", make_usp_strategy},
+    {"allgather", make_allgather_strategy, true},
+    {"ulysses", make_ulysses_strategy, true},
+    {"ring", make_ring_strategy, true},
+    {"usp", make_usp_strategy, true},
 };
+
+std::vector<std::string> names_where(bool training) {
+  std::vector<std::string> n;
+  for (const Entry& e : kStrategies)
+    if (e.training == training) n.emplace_back(e.name);
+  return n;
+}
 
 }  // namespace
 
 const std::vector<std::string>& strategy_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> n;
-    for (const Entry& e : kStrategies) n.emplace_back(e.name);
-    return n;
-  }();
+  static const std::vector<std::string> names = names_where(true);
+  return names;
+}
+
+const std::vector<std::string>& inference_strategy_names() {
+  static const std::vector<std::string> names = names_where(false);
   return names;
 }
 
@@ -34,6 +43,17 @@ std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& top
   for (const Entry& e : kStrategies)
     if (name == e.name) return e.make(topo);
   return nullptr;
+}
+
+AttnParams attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window) {
+  AttnParams p;
+  p.S_q = p.S_k = S;
+  p.H_q = H_q;
+  p.H_kv = H_kv;
+  p.D = D;
+  p.mask = mask;
+  p.window = window;
+  return p;
 }
 
 }  // namespace ctxpar

@@ -1,7 +1,8 @@
 // ring (pass-KV): queries stay, K/V blocks travel one hop per step around the whole CP group
 // (ring order = CP rank), double-buffered with the next hop posted before the current block is
 // computed; zigzag sharding gives every step the same causal work. See cp/ring_core.hpp for the
-// step structure of forward and backward and for how transfers are kept moving.
+// step structure of forward and backward and for how transfers are kept moving. The same
+// forward serves the pass-KV prefill over a KV cache (keys = a rank's cache, S_k >= S_q).
 #include "cp/common.hpp"
 #include "cp/ring_core.hpp"
 #include "cp/strategy.hpp"
@@ -16,49 +17,19 @@ class Ring final : public CpStrategy {
   std::string name() const override { return "ring"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
 
-  std::string validate(const AttnShape& s, const Topology& topo) const override {
-    return cp::check_common(name(), s, cp_size(topo));
+  std::string validate(const AttnParams& s, const Topology& topo) const override {
+    return cp::check_common(name(), s, topo.cp_size());
   }
 
-  double comm_volume_fwd(const AttnShape& s, const Topology& topo) const override {
-    const int P = cp_size(topo);
-    return (P - 1) * cp::ring_kv_message_bytes(s.S / P, s.H_kv, s.D, s.has_docs);
+  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+    const int P = topo.cp_size();
+    return (P - 1) * cp::ring_kv_message_bytes(s.S_k / P, s.H_kv, s.D, s.dtype, docs);
   }
 
-  void forward(const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st) override {
-    cp::BlockAttn a = block(s, t);
-    cp::ring_fwd(&comm_, a, tr, st);
-  }
-  void backward(const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st) override {
-    cp::BlockAttn a = block(s, t);
-    cp::ring_bwd(&comm_, a, tr, st);
-  }
+  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override { cp::ring_fwd(&comm_, local, tr, st); }
+  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override { cp::ring_bwd(&comm_, local, tr, st); }
 
  private:
-  static int cp_size(const Topology& topo) { return topo.size(Axis::ulysses) * topo.size(Axis::ring); }
-
-  static cp::BlockAttn block(const AttnShape& s, LocalAttn& t) {
-    cp::BlockAttn a;
-    a.S_q = a.S_k = t.S_loc;
-    a.H_q = s.H_q;
-    a.H_kv = s.H_kv;
-    a.D = s.D;
-    a.mask = s.mask;
-    a.window = s.window;
-    a.q = t.q;
-    a.k = t.k;
-    a.v = t.v;
-    a.q_pos = a.k_pos = t.pos;
-    a.q_doc = a.k_doc = t.doc;
-    a.o = t.o;
-    a.lse = t.lse;
-    a.dout = t.dout;
-    a.dq = t.dq;
-    a.dk = t.dk;
-    a.dv = t.dv;
-    return a;
-  }
-
   Comm& comm_;
 };
 

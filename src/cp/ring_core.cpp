@@ -5,6 +5,7 @@
 
 #include "core/memory.hpp"
 #include "cp/common.hpp"
+#include "model/flops.hpp"
 #include "ops.hpp"
 #include "trace/trace.hpp"
 
@@ -22,61 +23,34 @@ constexpr int kTagDkv = 102;
 // overhead of the kernel stays negligible.
 constexpr int kProgressParts = 8;
 
-AttnParams base_params(const BlockAttn& a) {
-  AttnParams p;
-  p.q = a.q;
-  p.o = a.o;
-  p.lse = a.lse;
-  p.dout = a.dout;
-  p.dq = a.dq;
-  p.S_q = a.S_q;
-  p.S_k = a.S_k;
-  p.H_q = a.H_q;
-  p.H_kv = a.H_kv;
-  p.D = a.D;
-  p.q_pos = a.q_pos;
-  p.q_doc = a.q_doc;
-  p.mask = a.mask;
-  p.window = a.window;
-  return p;
-}
-
-int64_t pairs_of(const AttnParams& p) {
-  return count_visible_pairs(p.S_q, p.q_pos, p.q_doc, p.S_k, p.k_pos, p.k_doc, p.mask, p.window);
-}
-
 template <class T> std::span<T> whole(Buffer<T>& b) { return b.span(); }
 
 }  // namespace
 
-double ring_kv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D, bool has_doc) {
-  return double(kv_layout(S_k, H_kv, D, has_doc).bytes);
+double ring_kv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc) {
+  return double(kv_layout(S_k, H_kv, D, dtype, has_doc).bytes);
 }
 double ring_dkv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D) {
   return 2.0 * double(S_k) * H_kv * D * sizeof(float);
 }
 
-void ring_fwd(Comm* ring, const BlockAttn& a, Tracer* tr, CpStats& st) {
+void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   const int P = ring ? ring->size() : 1;
-  AttnParams p = base_params(a);
   if (P == 1) {
-    p.k = a.k;
-    p.v = a.v;
-    p.k_pos = a.k_pos;
-    p.k_doc = a.k_doc;
-    const double flops = attn_fwd_flops(pairs_of(p), a.H_q, a.D);
+    const double flops = attn_fwd_flops(double(visible_pairs(a)), a.H_q, a.D);
     const double t0 = tr ? tr->now_us() : 0;
-    attn_fwd(p);
+    attn_fwd(a);
     st.attn_flops += flops;
     if (tr) tr->add_span(Phase::attn_fwd, -1, 0, t0, tr->now_us(), flops, 0);
     return;
   }
   const int r = ring->rank(), next = (r + 1) % P, prev = (r + P - 1) % P;
-  const KvLayout L = kv_layout(a.S_k, a.H_kv, a.D, a.k_doc != nullptr);
+  const KvLayout L = kv_layout(a.S_k, a.H_kv, a.D, a.dtype, a.k_doc != nullptr);
   Buffer<std::byte> kv[2] = {Buffer<std::byte>(L.bytes, false), Buffer<std::byte>(L.bytes, false)};
-  pack_kv(L, a.k, a.v, a.k_pos, a.k_doc, kv[0].data());
+  pack_kv(L, a, kv[0].data());
   const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts);
   Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false), lse_tmp(size_t(chunk) * a.H_q, false);
+  AttnParams p = a;
 
   for (int s = 0; s < P; ++s) {
     const int cur = s % 2;
@@ -87,13 +61,9 @@ void ring_fwd(Comm* ring, const BlockAttn& a, Tracer* tr, CpStats& st) {
       st.messages += 1;
       st.bytes_sent += double(L.bytes);
     }
-    const KvView blk = kv_view(L, kv[cur].data());
-    p.k = blk.k;
-    p.v = blk.v;
-    p.k_pos = blk.pos;
-    p.k_doc = blk.doc;
-    const int64_t pairs = pairs_of(p);
-    const double flops = attn_fwd_flops(pairs, a.H_q, a.D);
+    point_keys_at(L, kv[cur].data(), p);
+    const int64_t pairs = visible_pairs(p);
+    const double flops = attn_fwd_flops(double(pairs), a.H_q, a.D);
     const double t0 = tr ? tr->now_us() : 0;
     // Step 0 initializes (o, lse) even when nothing is visible (o = 0, lse = -inf); a later
     // block with no visible pair (sliding window, other documents) changes nothing.
@@ -107,32 +77,26 @@ void ring_fwd(Comm* ring, const BlockAttn& a, Tracer* tr, CpStats& st) {
   }
 }
 
-void ring_bwd(Comm* ring, const BlockAttn& a, Tracer* tr, CpStats& st) {
+void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   const int P = ring ? ring->size() : 1;
   const size_t q_elems = size_t(a.S_q) * a.H_q * a.D;
   const size_t kv_elems = size_t(a.S_k) * a.H_kv * a.D;
   std::fill_n(a.dq, q_elems, 0.f);
-  AttnParams p = base_params(a);
   if (P == 1) {
     std::fill_n(a.dk, kv_elems, 0.f);
     std::fill_n(a.dv, kv_elems, 0.f);
-    p.k = a.k;
-    p.v = a.v;
-    p.k_pos = a.k_pos;
-    p.k_doc = a.k_doc;
-    p.dk = a.dk;
-    p.dv = a.dv;
-    const double flops = attn_bwd_flops(pairs_of(p), a.H_q, a.D);
+    const double flops = attn_bwd_flops(double(visible_pairs(a)), a.H_q, a.D);
     const double t0 = tr ? tr->now_us() : 0;
-    attn_bwd(p);
+    attn_bwd(a);
     st.attn_flops += flops;
     if (tr) tr->add_span(Phase::attn_bwd, -1, 0, t0, tr->now_us(), flops, 0);
     return;
   }
+  AttnParams p = a;
   const int r = ring->rank(), next = (r + 1) % P, prev = (r + P - 1) % P;
-  const KvLayout L = kv_layout(a.S_k, a.H_kv, a.D, a.k_doc != nullptr);
+  const KvLayout L = kv_layout(a.S_k, a.H_kv, a.D, a.dtype, a.k_doc != nullptr);
   Buffer<std::byte> kv[2] = {Buffer<std::byte>(L.bytes, false), Buffer<std::byte>(L.bytes, false)};
-  pack_kv(L, a.k, a.v, a.k_pos, a.k_doc, kv[0].data());
+  pack_kv(L, a, kv[0].data());
   // dK and dV of one block, packed [dK | dV] so that a hop is one message. part[s % 2] is this
   // rank's contribution at step s (plus what came before); two of them because the previous
   // step's send may still be in flight while the next is computed.
@@ -150,16 +114,12 @@ void ring_bwd(Comm* ring, const BlockAttn& a, Tracer* tr, CpStats& st) {
       st.messages += 1;
       st.bytes_sent += double(L.bytes);
     }
-    const KvView blk = kv_view(L, kv[cur].data());
     part[cur].zero();
-    p.k = blk.k;
-    p.v = blk.v;
-    p.k_pos = blk.pos;
-    p.k_doc = blk.doc;
+    point_keys_at(L, kv[cur].data(), p);
     p.dk = part[cur].data();
     p.dv = part[cur].data() + kv_elems;
-    const int64_t pairs = pairs_of(p);
-    const double flops = attn_bwd_flops(pairs, a.H_q, a.D);
+    const int64_t pairs = visible_pairs(p);
+    const double flops = attn_bwd_flops(double(pairs), a.H_q, a.D);
     const double t0 = tr ? tr->now_us() : 0;
     if (pairs > 0)
       bwd_chunked(p, chunk, [&] {

@@ -1,12 +1,19 @@
-// CpStrategy: one interface for every context-parallel attention pattern; one file per strategy
-// (file name = config value), listed in registry.cpp. A strategy talks only to Comm, Topology,
-// AttnParams, the attention ops and lse_merge.
+// CpStrategy: one interface for every context-parallel attention pattern, training and inference;
+// one file per strategy (file name = config value), listed in registry.cpp. A strategy talks only
+// to Comm, Topology, AttnParams, the attention ops and lse_merge.
 //
-// Contract: every rank of the CP group (topo.cp()) holds the tokens of its shard of the global
-// sequence (positions from the strategy's partition, ascending), as q [S_loc, H_q, D] and
-// k, v [S_loc, H_kv, D] with their global positions and document ids. forward() produces O and
-// LSE for the local queries over all visible global keys; backward() produces dQ, dK, dV for the
-// local tokens (dK/dV summed over every query on every rank that saw them).
+// The call: every rank of the strategy's group holds its local query rows and its local key rows,
+// described by one AttnParams (kernels/attn_params.hpp) with global positions and document ids:
+// q, q_pos, q_doc [S_q]; k, v, k_pos, k_doc [S_k]. forward() produces O and LSE for the local
+// queries over all visible keys of every rank of the group; backward() produces dQ for the local
+// queries and dK, dV for the local keys (summed over every query on every rank that saw them).
+// Unlike a kernel call, backward OVERWRITES dq, dk, dv.
+//   training strategies (allgather, ulysses, ring, usp): queries and keys are the same tokens
+//     (S_q == S_k, q_pos == k_pos, q_doc == k_doc), sharded by partition();
+//   inference (pass_q, decode_*; forward only): the keys are a rank's KV cache and the queries
+//     its new tokens; ring and allgather serve pass-KV prefills over a cache too (S_k >= S_q).
+// Where a strategy moves fixed-size blocks, S_k (and for pass-Q / decode S_q) is equal on every
+// rank; padding rows carry a position no query sees (infer::kNoPos) or a document id -1.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -21,31 +28,12 @@ namespace ctxpar {
 class Topology;
 class Tracer;
 
-struct AttnShape {
-  int64_t S = 0;          // global tokens
-  int32_t H_q = 0, H_kv = 0, D = 0;
-  MaskKind mask = MaskKind::causal;
-  int64_t window = 0;
-  bool has_docs = false;
-};
-
-// Local tensors of one rank (token-major). Pointers are owned by the caller.
-struct LocalAttn {
-  int64_t S_loc = 0;
-  const int64_t* pos = nullptr;   // [S_loc] global positions
-  const int32_t* doc = nullptr;   // [S_loc] document ids or null
-  const float *q = nullptr, *k = nullptr, *v = nullptr;
-  float *o = nullptr, *lse = nullptr;
-  const float* dout = nullptr;
-  float *dq = nullptr, *dk = nullptr, *dv = nullptr;  // backward outputs (overwritten)
-};
-
 // Counters of one call, for bench tables and traces.
 struct CpStats {
   double bytes_sent = 0;      // bytes this rank sent
   double exposed_comm_s = 0;  // time blocked waiting on transfers
   int64_t messages = 0;       // point-to-point messages posted by this rank
-  double attn_flops = 0;      // attention FLOPs this rank computed (visible pairs)
+  double attn_flops = 0;      // attention FLOPs this rank computed (visible pairs, model/flops.hpp)
 };
 
 class CpStrategy {
@@ -54,17 +42,27 @@ class CpStrategy {
   virtual std::string name() const = 0;
   // Partition the caller must shard tokens with for this strategy.
   virtual PartitionKind partition() const = 0;
-  // "" when the shape fits the topology, else a message naming what is wrong and what would be
-  // valid. Same result on every rank (depends only on its arguments).
-  virtual std::string validate(const AttnShape& shape, const Topology& topo) const = 0;
-  virtual void forward(const AttnShape& shape, LocalAttn& t, Tracer* tr, CpStats& st) = 0;
-  virtual void backward(const AttnShape& shape, LocalAttn& t, Tracer* tr, CpStats& st) = 0;
-  // Bytes this rank sends in one forward (for busbw and the cost model).
-  virtual double comm_volume_fwd(const AttnShape& shape, const Topology& topo) const = 0;
+  // "" when the problem fits the topology, else a message naming what is wrong and what would be
+  // valid. `global` is the shape of the whole problem (S_q = S_k = global tokens, heads, D, mask;
+  // no pointers needed). Same result on every rank (depends only on its arguments).
+  virtual std::string validate(const AttnParams& global, const Topology& topo) const = 0;
+  virtual void forward(const AttnParams& local, Tracer* tr, CpStats& st) = 0;
+  // Training strategies only (has_backward()); inference strategies refuse.
+  virtual void backward(const AttnParams& local, Tracer* tr, CpStats& st) = 0;
+  virtual bool has_backward() const { return true; }
+  // Bytes this rank sends in one forward of the problem `global` (for busbw and the cost model);
+  // `docs`: document ids travel with the keys.
+  virtual double comm_volume_fwd(const AttnParams& global, bool docs, const Topology& topo) const = 0;
 };
 
-// The registry (registry.cpp): names in config order; make_strategy returns null for an unknown name.
+// The registry (registry.cpp), one table: strategy_names() are the training strategies in config
+// order (the values of `strategy`), inference_strategy_names() the forward-only ones of the
+// inference engine; make_strategy builds either and returns null for an unknown name.
 const std::vector<std::string>& strategy_names();
+const std::vector<std::string>& inference_strategy_names();
 std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo);
+
+// The shape-only descriptor of a CP problem of S global tokens.
+AttnParams attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window);
 
 }  // namespace ctxpar

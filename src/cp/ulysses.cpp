@@ -17,27 +17,22 @@ class Ulysses final : public CpStrategy {
   std::string name() const override { return "ulysses"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
 
-  std::string validate(const AttnShape& s, const Topology& topo) const override {
-    const int U = cp_size(topo);
+  std::string validate(const AttnParams& s, const Topology& topo) const override {
+    const int U = topo.cp_size();
     std::string e = cp::check_common(name(), s, U);
     if (e.empty()) e = cp::check_heads(name(), s.H_q, s.H_kv, U);
     return e;
   }
 
-  double comm_volume_fwd(const AttnShape& s, const Topology& topo) const override {
-    const int U = cp_size(topo);
-    return cp::ulysses_fwd_bytes(s, s.S / U, U);
+  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+    const int U = topo.cp_size();
+    return cp::ulysses_fwd_bytes(s, docs, s.S_q / U, U);
   }
 
-  void forward(const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st) override {
-    cp::ulysses_fwd(comm_, nullptr, s, t, tr, st);
-  }
-  void backward(const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st) override {
-    cp::ulysses_bwd(comm_, nullptr, s, t, tr, st);
-  }
+  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override { cp::ulysses_fwd(comm_, nullptr, local, tr, st); }
+  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override { cp::ulysses_bwd(comm_, nullptr, local, tr, st); }
 
  private:
-  static int cp_size(const Topology& topo) { return topo.size(Axis::ulysses) * topo.size(Axis::ring); }
   Comm& comm_;
 };
 

@@ -131,88 +131,86 @@ struct TokenMeta {
   Buffer<int32_t> doc;
   const int32_t* doc_ptr() const { return doc.size() ? doc.data() : nullptr; }
 };
-TokenMeta gather_meta(Comm& c, const LocalAttn& t, CpStats& st, Tracer* tr) {
+TokenMeta gather_meta(Comm& c, const AttnParams& t, CpStats& st, Tracer* tr) {
   const int U = c.size();
-  const size_t n = size_t(t.S_loc);
+  const size_t n = size_t(t.S_q);
   TokenMeta m;
   m.pos.resize(n * U, false);
   timed_collective(c, st, tr, Phase::all_gather, double(n * (U - 1) * sizeof(int64_t)),
-                   [&] { c.all_gather(sp(t.pos, n), m.pos.span()); });
-  if (t.doc) {
+                   [&] { c.all_gather(sp(t.q_pos, n), m.pos.span()); });
+  if (t.q_doc) {
     m.doc.resize(n * U, false);
     timed_collective(c, st, tr, Phase::all_gather, double(n * (U - 1) * sizeof(int32_t)),
-                     [&] { c.all_gather(sp(t.doc, n), m.doc.span()); });
+                     [&] { c.all_gather(sp(t.q_doc, n), m.doc.span()); });
   }
   return m;
 }
 
+// The call on the U * S_loc gathered tokens with H_loc heads (buffers set by the caller).
+AttnParams gathered_call(const AttnParams& t, const HeadSplit& hq, const HeadSplit& hk, const TokenMeta& m) {
+  AttnParams a = t;
+  a.S_q = a.S_k = int64_t(m.pos.size());
+  a.H_q = hq.H_loc;
+  a.H_kv = hk.H_loc;
+  a.q_pos = a.k_pos = m.pos.data();
+  a.q_doc = a.k_doc = m.doc_ptr();
+  return a;
+}
+
 }  // namespace
 
-double ulysses_fwd_bytes(const AttnShape& s, int64_t S_loc, int U) {
+double ulysses_fwd_bytes(const AttnParams& s, bool docs, int64_t S_loc, int U) {
   if (U == 1) return 0;
   const HeadSplit hq = head_split(s.H_q, U), hk = head_split(s.H_kv, U);
   const double f = sizeof(float), n = double(S_loc) * (U - 1);
   const double q = n * hq.H_loc * s.D * f, kv = 2 * n * hk.H_loc * s.D * f;
   const double o = q, lse = n * hq.H_loc * f;
-  const double meta = n * (sizeof(int64_t) + (s.has_docs ? sizeof(int32_t) : 0));
+  const double meta = n * (sizeof(int64_t) + (docs ? sizeof(int32_t) : 0));
   return q + kv + o + lse + meta;
 }
 
-void ulysses_fwd(Comm& u, Comm* ring, const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st) {
+void ulysses_fwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& st) {
   const int U = u.size();
-  const HeadSplit hq = head_split(s.H_q, U), hk = head_split(s.H_kv, U);
-  const size_t N = size_t(t.S_loc) * U;
-  Buffer<float> q(N * hq.H_loc * s.D, false), k(N * hk.H_loc * s.D, false), v(N * hk.H_loc * s.D, false);
-  Buffer<float> o(N * hq.H_loc * s.D, false), lse(N * hq.H_loc, false);
+  const HeadSplit hq = head_split(t.H_q, U), hk = head_split(t.H_kv, U);
+  const size_t N = size_t(t.S_q) * U;
+  const int32_t D = t.D;
+  Buffer<float> q(N * hq.H_loc * D, false), k(N * hk.H_loc * D, false), v(N * hk.H_loc * D, false);
+  Buffer<float> o(N * hq.H_loc * D, false), lse(N * hq.H_loc, false);
   if (tr) tr->progress(Phase::all_to_all);
-  scatter_heads(u, {{hq, s.D, t.q, q.data()}, {hk, s.D, t.k, k.data()}, {hk, s.D, t.v, v.data()}}, t.S_loc, st, tr);
-  TokenMeta m = gather_meta(u, t, st, tr);
+  scatter_heads(u, {{hq, D, t.q_as<float>(), q.data()}, {hk, D, t.k_as<float>(), k.data()}, {hk, D, t.v_as<float>(), v.data()}},
+                t.S_q, st, tr);
+  const TokenMeta m = gather_meta(u, t, st, tr);
 
-  BlockAttn a;
-  a.S_q = a.S_k = int64_t(N);
-  a.H_q = hq.H_loc;
-  a.H_kv = hk.H_loc;
-  a.D = s.D;
-  a.mask = s.mask;
-  a.window = s.window;
+  AttnParams a = gathered_call(t, hq, hk, m);
   a.q = q.data();
   a.k = k.data();
   a.v = v.data();
-  a.q_pos = a.k_pos = m.pos.data();
-  a.q_doc = a.k_doc = m.doc_ptr();
   a.o = o.data();
   a.lse = lse.data();
   ring_fwd(ring, a, tr, st);
 
-  gather_heads(u, {{hq, s.D, o.data(), t.o}, {hq, 1, lse.data(), t.lse}}, t.S_loc, st, tr);
+  gather_heads(u, {{hq, D, o.data(), t.o}, {hq, 1, lse.data(), t.lse}}, t.S_q, st, tr);
 }
 
-void ulysses_bwd(Comm& u, Comm* ring, const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st) {
+void ulysses_bwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& st) {
   const int U = u.size();
-  const HeadSplit hq = head_split(s.H_q, U), hk = head_split(s.H_kv, U);
-  const size_t N = size_t(t.S_loc) * U;
-  const size_t nq = N * hq.H_loc * s.D, nk = N * hk.H_loc * s.D;
+  const HeadSplit hq = head_split(t.H_q, U), hk = head_split(t.H_kv, U);
+  const size_t N = size_t(t.S_q) * U;
+  const int32_t D = t.D;
+  const size_t nq = N * hq.H_loc * D, nk = N * hk.H_loc * D;
   Buffer<float> q(nq, false), k(nk, false), v(nk, false), o(nq, false), dout(nq, false), lse(N * hq.H_loc, false);
   Buffer<float> dq(nq, false), dk(nk, false), dv(nk, false);
   if (tr) tr->progress(Phase::all_to_all);
   scatter_heads(u,
-                {{hq, s.D, t.q, q.data()}, {hk, s.D, t.k, k.data()}, {hk, s.D, t.v, v.data()},
-                 {hq, s.D, t.o, o.data()}, {hq, s.D, t.dout, dout.data()}, {hq, 1, t.lse, lse.data()}},
-                t.S_loc, st, tr);
-  TokenMeta m = gather_meta(u, t, st, tr);
+                {{hq, D, t.q_as<float>(), q.data()}, {hk, D, t.k_as<float>(), k.data()}, {hk, D, t.v_as<float>(), v.data()},
+                 {hq, D, t.o, o.data()}, {hq, D, t.dout_as<float>(), dout.data()}, {hq, 1, t.lse, lse.data()}},
+                t.S_q, st, tr);
+  const TokenMeta m = gather_meta(u, t, st, tr);
 
-  BlockAttn a;
-  a.S_q = a.S_k = int64_t(N);
-  a.H_q = hq.H_loc;
-  a.H_kv = hk.H_loc;
-  a.D = s.D;
-  a.mask = s.mask;
-  a.window = s.window;
+  AttnParams a = gathered_call(t, hq, hk, m);
   a.q = q.data();
   a.k = k.data();
   a.v = v.data();
-  a.q_pos = a.k_pos = m.pos.data();
-  a.q_doc = a.k_doc = m.doc_ptr();
   a.o = o.data();
   a.lse = lse.data();
   a.dout = dout.data();
@@ -221,7 +219,7 @@ void ulysses_bwd(Comm& u, Comm* ring, const AttnShape& s, LocalAttn& t, Tracer* 
   a.dv = dv.data();
   ring_bwd(ring, a, tr, st);
 
-  gather_heads(u, {{hq, s.D, dq.data(), t.dq}, {hk, s.D, dk.data(), t.dk}, {hk, s.D, dv.data(), t.dv}}, t.S_loc, st, tr);
+  gather_heads(u, {{hq, D, dq.data(), t.dq}, {hk, D, dk.data(), t.dk}, {hk, D, dv.data(), t.dv}}, t.S_q, st, tr);
 }
 
 }  // namespace ctxpar::cp

@@ -31,13 +31,14 @@ HeadSplit head_split(int32_t H, int U);
 // "" when H_q and H_kv can be laid over U ranks, else the message (what is wrong, what is valid).
 std::string check_heads(const std::string& strategy, int32_t H_q, int32_t H_kv, int U);
 
-// Bytes one rank sends in one ulysses forward (Q, K, V out, O and LSE back, positions/docs).
-double ulysses_fwd_bytes(const AttnShape& s, int64_t S_loc, int U);
+// Bytes one rank sends in one ulysses forward of `s` (heads, D; Q, K, V out, O and LSE back,
+// positions/docs) with S_loc local tokens.
+double ulysses_fwd_bytes(const AttnParams& s, bool docs, int64_t S_loc, int U);
 
-// Forward/backward of attention on the local shard `t` with the ulysses all-to-all over `u` and
-// the ring over `ring` inside (null = a local kernel call).
-void ulysses_fwd(Comm& u, Comm* ring, const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st);
-void ulysses_bwd(Comm& u, Comm* ring, const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st);
+// Forward/backward of attention on the local shard `t` (queries and keys the same tokens) with
+// the ulysses all-to-all over `u` and the ring over `ring` inside (null = a local kernel call).
+void ulysses_fwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& st);
+void ulysses_bwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& st);
 
 }  // namespace cp
 }  // namespace ctxpar

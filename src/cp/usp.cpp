@@ -18,26 +18,26 @@ class Usp final : public CpStrategy {
   std::string name() const override { return "usp"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
 
-  std::string validate(const AttnShape& s, const Topology& topo) const override {
+  std::string validate(const AttnParams& s, const Topology& topo) const override {
     const int U = topo.size(Axis::ulysses), R = topo.size(Axis::ring);
     std::string e = cp::check_common(name(), s, U * R);
     if (e.empty()) e = cp::check_heads(name(), s.H_q, s.H_kv, U);
     return e;
   }
 
-  double comm_volume_fwd(const AttnShape& s, const Topology& topo) const override {
+  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
     const int U = topo.size(Axis::ulysses), R = topo.size(Axis::ring);
-    const int64_t S_loc = s.S / (U * R);
+    const int64_t S_loc = s.S_q / (U * R);
     const cp::HeadSplit hk = cp::head_split(s.H_kv, U);
-    return cp::ulysses_fwd_bytes(s, S_loc, U) +
-           (R - 1) * cp::ring_kv_message_bytes(S_loc * U, hk.H_loc, s.D, s.has_docs);
+    return cp::ulysses_fwd_bytes(s, docs, S_loc, U) +
+           (R - 1) * cp::ring_kv_message_bytes(S_loc * U, hk.H_loc, s.D, s.dtype, docs);
   }
 
-  void forward(const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st) override {
-    cp::ulysses_fwd(ulysses_, &ring_, s, t, tr, st);
+  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    cp::ulysses_fwd(ulysses_, &ring_, local, tr, st);
   }
-  void backward(const AttnShape& s, LocalAttn& t, Tracer* tr, CpStats& st) override {
-    cp::ulysses_bwd(ulysses_, &ring_, s, t, tr, st);
+  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    cp::ulysses_bwd(ulysses_, &ring_, local, tr, st);
   }
 
  private:

@@ -7,28 +7,6 @@
 
 namespace ctxpar {
 
-size_t dtype_bytes(DType t) {
-  switch (t) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
-  }
-  return 1;
-}
-
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
-  }
-  return "?";
-}
-
 std::string agree_on_error(Comm& comm, const std::string& my_error) {
   // Lowest rank with an error wins; then that rank broadcasts its message.
   int32_t who = my_error.empty() ? comm.size() : comm.rank();

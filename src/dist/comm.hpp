@@ -10,23 +10,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtype.hpp"
+
 namespace ctxpar {
-
-enum class DType : int32_t { f32, f64, i32, i64, u8 };
-size_t dtype_bytes(DType t);
-const char* dtype_name(DType t);
-
-template <class T> constexpr DType dtype_of() {
-  using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, float>) return DType::f32;
-  else if constexpr (std::is_same_v<U, double>) return DType::f64;
-  else if constexpr (std::is_same_v<U, int32_t>) return DType::i32;
-  else if constexpr (std::is_same_v<U, int64_t>) return DType::i64;
-  else {
-    static_assert(std::is_same_v<U, std::byte> || std::is_same_v<U, uint8_t>, "unsupported element type");
-    return DType::u8;
-  }
-}
 
 // A type-erased typed buffer: pointer, element count, element type.
 struct Buf {

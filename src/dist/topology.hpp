@@ -28,6 +28,7 @@ class Topology {
   Comm& cp() { return *cp_; }   // ulysses x ring; rank = ring_rank * U + ulysses_rank
   const MeshSpec& mesh() const { return mesh_; }
   int size(Axis a) const { return dims_[int(a)]; }
+  int cp_size() const { return size(Axis::ulysses) * size(Axis::ring); }  // the CP group's size
   int coord(Axis a) const { return coords_[int(a)]; }
   // Coordinates of every rank, [world][kNumAxes] in Axis order; node index of every rank.
   const std::vector<std::array<int, kNumAxes>>& all_coords() const { return all_coords_; }

@@ -11,6 +11,7 @@
 #include "core/memory.hpp"
 #include "core/random.hpp"
 #include "dist/comm.hpp"
+#include "model/flops.hpp"
 #include "ops.hpp"
 
 namespace ctxpar::infer {
@@ -49,7 +50,7 @@ HwProfile measure_profile(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D) {
   p.q = q.data(); p.k = k.data(); p.v = v.data(); p.o = o.data(); p.lse = lse.data();
   p.S_q = S_q; p.S_k = S_k; p.H_q = H_q; p.H_kv = H_kv; p.D = D;
   p.q_pos = qp.data(); p.k_pos = kp.data();
-  const double flops = 4.0 * double(visible_pairs(p)) * H_q * D;
+  const double flops = attn_fwd_flops(double(visible_pairs(p)), H_q, D);
   double best = std::numeric_limits<double>::infinity();
   for (int i = 0; i < 3; ++i) {
     const double t0 = now_s();
@@ -91,7 +92,7 @@ Prediction predict(const AttnCall& c, const HwProfile& hw) {
   Prediction pr;
   const double T = double(c.T), P = double(c.P), N = double(c.N), e = hw.elem_bytes;
   const double Hq = c.H_q, Hkv = c.H_kv, D = c.D;
-  const double A = 4.0 * Hq * D * (T * P + T * (T + 1) / 2) / N / hw.attn_flops_per_s;
+  const double A = attn_fwd_flops(partial_prefill_pairs(c.T, c.P), Hq, D) / N / hw.attn_flops_per_s;
   const double m_kv = (T + P) / N * (2 * Hkv * D * e + 8);
   const double m_q = T / N * (Hq * D * e + 8);
   const double a2a = (N - 1) / N * T * Hq * (D + 1) * e;

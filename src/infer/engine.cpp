@@ -11,6 +11,7 @@
 #include "cp/common.hpp"
 #include "cp/ring_core.hpp"
 #include "dist/topology.hpp"
+#include "model/flops.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
 #include "trace/trace.hpp"
@@ -80,16 +81,9 @@ Engine::~Engine() = default;
 
 int Engine::N() const { return cp_.size(); }
 
-double Engine::prefill_flops(int64_t T, int64_t P) const {
-  const double dim = double(d_.dim), qw = double(d_.H_q) * d_.D, kw = double(d_.H_kv) * d_.D, F = double(d_.ffn);
-  const double per_token = 2.0 * (dim * (qw + 2 * kw) + qw * dim + 3 * dim * F);
-  const double pairs = double(T) * double(P) + double(T) * double(T + 1) / 2;
-  return double(d_.layers) * (double(T) * per_token + 4.0 * pairs * d_.H_q * d_.D) + 2.0 * dim * double(d_.vocab);
-}
+double Engine::prefill_flops(int64_t T, int64_t P) const { return ctxpar::prefill_flops(d_, T, P); }
 
-double Engine::decode_flops(int64_t ctx) const {
-  return prefill_flops(1, ctx);
-}
+double Engine::decode_flops(int64_t ctx) const { return ctxpar::prefill_flops(d_, 1, ctx); }
 
 void Engine::ensure_rows(int64_t n) {
   if (n <= rows_cap_) return;
@@ -193,8 +187,7 @@ void Engine::pass_q(int64_t n, const float* q, const int64_t* q_pos, const float
     p.S_q = n; p.S_k = S_k; p.H_q = Hq; p.H_kv = d_.H_kv; p.D = D;
     p.o = part.data() + size_t(origin) * pe;
     p.lse = p.o + size_t(n) * Hq * D;
-    const int64_t pairs = cp::count_visible_pairs(n, p.q_pos, nullptr, S_k, k_pos, nullptr, MaskKind::causal, 0);
-    const double flops = cp::attn_fwd_flops(pairs, Hq, D);
+    const double flops = attn_fwd_flops(double(visible_pairs(p)), Hq, D);
     const double t0 = tr_ ? tr_->now_us() : 0;
     cp::fwd_chunked(p, chunk, false, nullptr, nullptr, [&] {
       if (req.pending()) cp_.test(req);
@@ -257,23 +250,13 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAl
         pass_q(n, q, pos.data(), cache_.k(b, l), cache_.v(b, l), cache_.pos(b), S_k_local, o, lse, l);
       } else if (P == 0) {
         // Full prefill: the configured CP strategy on the new tokens alone.
-        AttnShape shape;
-        shape.S = T;
-        shape.H_q = d_.H_q;
-        shape.H_kv = d_.H_kv;
-        shape.D = d_.D;
-        LocalAttn t;
-        t.S_loc = n;
-        t.pos = pos.data();
+        AttnParams t = attn_problem(n, d_.H_q, d_.H_kv, d_.D, MaskKind::causal, 0);
+        t.q_pos = t.k_pos = pos.data();
         t.q = q; t.k = k; t.v = v; t.o = o; t.lse = lse;
-        full_strategy_->forward(shape, t, tr_, st_->cp);
+        full_strategy_->forward(t, tr_, st_->cp);
       } else {
-        cp::BlockAttn a;
-        a.S_q = n;
+        AttnParams a = attn_problem(n, d_.H_q, d_.H_kv, d_.D, MaskKind::causal, 0);
         a.S_k = S_k_max;
-        a.H_q = d_.H_q;
-        a.H_kv = d_.H_kv;
-        a.D = d_.D;
         a.q = q;
         a.q_pos = pos.data();
         a.k = cache_.k(b, l);
@@ -385,7 +368,7 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
         p.o = po + i * qw;
         p.lse = pl + i * Hq;
         attn_fwd(p);
-        flops += cp::attn_fwd_flops(S_k, Hq, D);  // a decode query sees every cached key
+        flops += attn_fwd_flops(double(S_k), Hq, D);  // a decode query sees every cached key
       }
       cs.attn_flops += flops;
       if (tr_) tr_->add_span(Phase::attn_fwd, int32_t(l), origin, t0, tr_->now_us(), flops, 0);

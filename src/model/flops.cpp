@@ -17,6 +17,8 @@ double causal_visible_pairs(const std::vector<int64_t>& doc_lengths) {
   return p;
 }
 
+double partial_prefill_pairs(int64_t T, int64_t P) { return double(T) * double(P) + 0.5 * double(T) * double(T + 1); }
+
 double train_matmul_flops(const ModelDims& d, int64_t S) {
   const double qw = double(d.H_q) * d.D, kw = double(d.H_kv) * d.D, dim = double(d.dim);
   const double per_token_layer = 2 * dim * (qw + 2 * kw) + 2 * qw * dim + 3 * 2 * dim * double(d.ffn);
@@ -25,7 +27,14 @@ double train_matmul_flops(const ModelDims& d, int64_t S) {
 }
 
 double train_attn_flops(const ModelDims& d, double pairs) {
-  return 3.5 * 4.0 * double(d.H_q) * d.D * pairs * double(d.layers);
+  return attn_train_flops(pairs, d.H_q, d.D) * double(d.layers);
+}
+
+double prefill_flops(const ModelDims& d, int64_t T, int64_t P) {
+  const double dim = double(d.dim), qw = double(d.H_q) * d.D, kw = double(d.H_kv) * d.D, F = double(d.ffn);
+  const double per_token = matmul_flops(1, dim, qw + 2 * kw) + matmul_flops(1, qw, dim) + 3 * matmul_flops(1, dim, F);
+  return double(d.layers) * (double(T) * per_token + attn_fwd_flops(partial_prefill_pairs(T, P), d.H_q, d.D)) +
+         matmul_flops(1, dim, double(d.vocab));
 }
 
 double measure_sgemm_peak_flops(Comm& world) {
@@ -43,7 +52,7 @@ double measure_sgemm_peak_flops(Comm& world) {
     sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  double flops = 2.0 * double(n) * n * n / best;
+  double flops = matmul_flops(double(n), double(n), double(n)) / best;
   world.all_reduce(std::span<double>(&flops, 1), ReduceOp::max);
   return flops;
 }

@@ -1,23 +1,45 @@
-// Model FLOPs of one training step (DESIGN.md §3 convention): matmul 2*m*n*k, forward + backward
-// = 3x forward for the projections and the LM head; attention 4*H_q*D per visible (q, k) pair
-// forward and 2.5x that backward. Causal attention on packed documents of lengths L_i has
-// sum_i L_i (L_i + 1) / 2 visible pairs (the Σ L_i² rule with the causal half). Recompute is
-// not counted: MFU measures useful work.
+// The FLOP convention, stated once for every table, trace, bench, the cost model and the engine:
+//   attention forward  4 * H_q * D per visible (q, k) pair (two matmuls of 2 FLOPs per MAC);
+//   attention backward 2.5 x forward (dS, dP, dV, dQ, dK: five products of the forward's two);
+//   matmul             2 * m * n * k.
+// Visible pairs come from the one counter, visible_pairs() (kernels/ops.hpp), or, for a whole
+// causal sequence, from its closed forms below (tested against the counter). MFU counts model
+// FLOPs: recompute is not counted. The primitives are header-only (no dependencies), so every
+// module states FLOPs through them.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 namespace ctxpar {
 
+constexpr const char* kFlopConvention =
+    "attn fwd = 4*H_q*D per visible (q,k) pair; attn bwd = 2.5 x fwd; matmul = 2*m*n*k";
+constexpr double kAttnBwdFactor = 2.5;
+
+inline double attn_fwd_flops(double pairs, double H_q, double D) { return 4.0 * pairs * H_q * D; }
+inline double attn_bwd_flops(double pairs, double H_q, double D) { return kAttnBwdFactor * attn_fwd_flops(pairs, H_q, D); }
+// Forward + backward of one attention: (1 + 2.5) x forward.
+inline double attn_train_flops(double pairs, double H_q, double D) { return (1.0 + kAttnBwdFactor) * attn_fwd_flops(pairs, H_q, D); }
+inline double matmul_flops(double m, double n, double k) { return 2.0 * m * n * k; }
+
+// Closed forms of the visible-pair count of causal attention on contiguous positions:
+//   packed documents of lengths L_i: sum_i L_i (L_i + 1) / 2;
+//   T new tokens after P cached ones (a partial prefill): T * P + T (T + 1) / 2.
+double causal_visible_pairs(const std::vector<int64_t>& doc_lengths);
+double partial_prefill_pairs(int64_t T, int64_t P);
+
 struct ModelDims;
 class Comm;
 
-// Visible causal pairs of one packed sequence.
-double causal_visible_pairs(const std::vector<int64_t>& doc_lengths);
-// Forward+backward FLOPs of the whole model (all tp slices): the projections and LM head of S
-// tokens, and the attention of `visible_pairs` pairs; a step is the sum over its sequences.
+// Model FLOPs of the Llama-style decoder (model/model.hpp), every tp slice together:
+// forward+backward of the projections, MLP and LM head of S tokens (3 x forward: dX and dW);
+// of the attention of `visible_pairs` pairs in every layer.
 double train_matmul_flops(const ModelDims& d, int64_t S);
 double train_attn_flops(const ModelDims& d, double visible_pairs);
+// Inference: a prefill of T new tokens after P cached, for one sequence (the projections and MLP
+// of T tokens, the attention of partial_prefill_pairs(T, P) pairs, one LM-head row); a decode
+// token at context length `ctx` (before it) is prefill_flops(d, 1, ctx).
+double prefill_flops(const ModelDims& d, int64_t T, int64_t P);
 
 // Peak FLOP/s one rank reaches on large sgemm calls while every rank of `world` runs the same
 // measurement (so ranks sharing cores see their share): best of a few 1024^3 products, the

@@ -46,14 +46,11 @@ double Transformer::activation_bytes(const ModelDims& d, Remat remat, int64_t S,
 
 Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat, int64_t S,
                          const std::vector<int64_t>& pos, bool has_docs)
-    : layout_(layout), d_(layout.dims()), topo_(topo), strat_(strategy), remat_(remat), S_loc_(int64_t(pos.size())),
-      pos_(pos) {
-  shape_.S = S;
-  shape_.H_q = d_.H_q_loc();
-  shape_.H_kv = d_.H_kv_loc();
-  shape_.D = d_.D;
-  shape_.mask = MaskKind::causal;
-  shape_.has_docs = has_docs;
+    : layout_(layout), d_(layout.dims()), topo_(topo), strat_(strategy), remat_(remat), has_docs_(has_docs),
+      S_loc_(int64_t(pos.size())), pos_(pos) {
+  call_ = attn_problem(S_loc_, d_.H_q_loc(), d_.H_kv_loc(), d_.D, MaskKind::causal, 0);
+  call_.q_pos = call_.k_pos = pos_.data();
+  (void)S;
   const size_t n = size_t(S_loc_);
   const size_t dim = size_t(d_.dim), qw = size_t(d_.q_width()), kw = size_t(d_.kv_width()), F = size_t(d_.ffn_loc());
   std::vector<double> inv(size_t(d_.D / 2));
@@ -103,17 +100,16 @@ void Transformer::tp_all_reduce(float* x, int64_t n, int64_t l) {
   st_->exposed_comm_s += dt;  // a blocking collective: nothing overlaps it
 }
 
-// RMSNorm → Q, K, V → RoPE → CP attention, into `a`.
-// The strategy's view of one layer's local attention tensors (forward inputs and outputs).
-LocalAttn Transformer::local_attn(AttnActs& a, const Batch& b, int64_t S) {
-  LocalAttn t;
-  t.S_loc = S;
-  t.pos = pos_.data();
-  t.doc = shape_.has_docs ? b.doc.data() : nullptr;  // follows the run's flag (strategy message layout)
+// The strategy's call on one layer's local attention tensors (forward inputs and outputs).
+AttnParams Transformer::local_attn(AttnActs& a, const Batch& b) {
+  AttnParams t = call_;
+  t.q_doc = t.k_doc = has_docs_ ? b.doc.data() : nullptr;  // follows the run's flag (strategy message layout)
   t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
   t.o = a.o.data(); t.lse = a.lse.data();
   return t;
 }
+
+// RMSNorm → Q, K, V → RoPE → CP attention, into `a`.
 
 void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b) {
   const int64_t S = S_loc_, dim = d_.dim, qw = d_.q_width(), kw = d_.kv_width();
@@ -129,9 +125,9 @@ void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, A
     rope_apply(a.q.data(), S, d_.H_q_loc(), d_.D, cos_.data(), sin_.data(), false);
     rope_apply(a.k.data(), S, d_.H_kv_loc(), d_.D, cos_.data(), sin_.data(), false);
   }
-  LocalAttn t = local_attn(a, b, S);
+  const AttnParams t = local_attn(a, b);
   const double t0 = now_s();
-  strat_.forward(shape_, t, tr_, *st_);
+  strat_.forward(t, tr_, *st_);
   times_->attn_s += now_s() - t0;
 }
 
@@ -199,11 +195,11 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   // ---- attention: x1 = x + attn(rope(h Wq), rope(h Wk), h Wv) Wo
   gemm(false, true, S, qw, dim, dx, dim, w.wo, dim, 0, do_.data(), qw, l);      // dO = dx1 Wo^T
   gemm(true, false, qw, dim, S, a.o.data(), qw, dx, dim, 1, gw.wo, dim, l);     // dWo += O^T dx1
-  LocalAttn t = local_attn(a, b, S);
+  AttnParams t = local_attn(a, b);
   t.dout = do_.data();
   t.dq = dq_.data(); t.dk = dk_.data(); t.dv = dv_.data();
   const double t0 = now_s();
-  strat_.backward(shape_, t, tr_, *st_);
+  strat_.backward(t, tr_, *st_);
   times_->attn_s += now_s() - t0;
   {
     Tracer::Scope sc(tr_, Phase::rope, int32_t(l), -1, 0, 0);

@@ -46,7 +46,6 @@ class Transformer {
                           CpStats& st, StepTimes& times, float* logits_out = nullptr);
 
   int64_t S_loc() const { return S_loc_; }
-  const AttnShape& attn_shape() const { return shape_; }
   // Bytes of activations and scratch this object holds (for the dry-run estimate check).
   static double activation_bytes(const ModelDims& d, Remat remat, int64_t S_loc, int64_t logits_rows);
   static int64_t logits_chunk_rows(int64_t S_loc, int64_t V);
@@ -57,7 +56,7 @@ class Transformer {
   AttnActs& attn_of(int64_t l) { return attn_.size() == 1 ? attn_[0] : attn_[size_t(l)]; }
   MlpActs& mlp_of(int64_t l) { return mlp_.size() == 1 ? mlp_[0] : mlp_[size_t(l)]; }
 
-  LocalAttn local_attn(AttnActs& a, const Batch& b, int64_t S);
+  AttnParams local_attn(AttnActs& a, const Batch& b);
   void attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b);
   void out_proj_fwd(int64_t l, const LayerView& w, const float* x, const AttnActs& a, float* x1);
   void mlp_part_fwd(int64_t l, const LayerView& w, MlpActs& m, float* x_out);
@@ -72,7 +71,8 @@ class Transformer {
   Topology& topo_;
   CpStrategy& strat_;
   Remat remat_;
-  AttnShape shape_;
+  AttnParams call_;  // the strategy's call on this rank's shard (tensors set per layer)
+  bool has_docs_;
   int64_t S_loc_;
   std::vector<int64_t> pos_;
   Buffer<float> cos_, sin_;  // RoPE tables [S_loc, D/2]

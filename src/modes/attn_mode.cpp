@@ -20,6 +20,7 @@
 #include "core/random.hpp"
 #include "cp/strategy.hpp"
 #include "dist/topology.hpp"
+#include "model/flops.hpp"
 #include "modes/modes.hpp"
 #include "modes/workload.hpp"
 #include "ops.hpp"
@@ -37,9 +38,10 @@ std::string shape_text(const std::vector<int64_t>& d) {
   return s + "]";
 }
 
-// Reads and checks the header of an input file (no tensor data); fills `s`. "" when valid,
+// Reads and checks the header of an input file (no tensor data); fills the problem's shape `s`
+// and whether the file has document ids. "" when valid,
 // else a message naming the dataset or attribute and what was expected.
-std::string inspect_input(const std::string& path, AttnShape& s) {
+std::string inspect_input(const std::string& path, AttnParams& s, bool& has_docs) {
   try {
     TensorFileReader f(path);
     const std::string pre = "in = '" + path + "': ";
@@ -64,8 +66,8 @@ std::string inspect_input(const std::string& path, AttnShape& s) {
     if (v != k) return pre + "dataset 'v' has shape " + shape_text(v) + "; expected " + shape_text(k) + " (the shape of 'k')";
     const std::vector<int64_t> dO = f.dims("do");
     if (dO != q) return pre + "dataset 'do' has shape " + shape_text(dO) + "; expected " + shape_text(q) + " (the shape of 'q')";
-    s.has_docs = f.has_dataset("doc_id");
-    if (s.has_docs) {
+    has_docs = f.has_dataset("doc_id");
+    if (has_docs) {
       const std::vector<int64_t> d = f.dims("doc_id");
       if (d != std::vector<int64_t>{S})
         return pre + "dataset 'doc_id' has shape " + shape_text(d) + "; expected [" + std::to_string(S) + "] (S of 'q')";
@@ -78,12 +80,8 @@ std::string inspect_input(const std::string& path, AttnShape& s) {
     if (window < 0) return pre + "attribute window = " + std::to_string(window) + "; expected >= 0 (0 = no window)";
     if (window > 0 && causal == 0)
       return pre + "attribute window = " + std::to_string(window) + " needs causal = 1 (a sliding window is causal)";
-    s.S = S;
-    s.H_q = int32_t(q[1]);
-    s.H_kv = int32_t(k[1]);
-    s.D = int32_t(D);
-    s.mask = causal == 0 ? MaskKind::none : window > 0 ? MaskKind::window : MaskKind::causal;
-    s.window = window;
+    s = attn_problem(S, int32_t(q[1]), int32_t(k[1]), int32_t(D),
+                     causal == 0 ? MaskKind::none : window > 0 ? MaskKind::window : MaskKind::causal, window);
     return "";
   } catch (const UsageError& e) {
     return e.what();
@@ -98,52 +96,38 @@ std::string mesh_text(const Topology& topo) {
          ",ring:" + std::to_string(m.ring);
 }
 
-// Gathers a [S_loc, width] tensor of every CP rank to CP rank 0 and returns it there in global
-// token order [S, width] (empty elsewhere).
-std::vector<float> gather_global(Comm& cpc, const Partition& part, const float* local, int64_t S_loc, int64_t width) {
-  std::vector<float> cat;
-  cpc.gather_v(std::span<const float>(local, size_t(S_loc * width)), cat, 0);
-  std::vector<float> out;
-  if (cpc.rank() != 0) return out;
-  out.resize(size_t(part.S() * width));
-  size_t off = 0;
-  for (int r = 0; r < part.P(); ++r) {
-    const int64_t n = part.local_size(r);
-    part.gather_rows(std::span<const float>(cat.data() + off, size_t(n * width)), width, r, std::span<float>(out));
-    off += size_t(n * width);
-  }
-  return out;
-}
-
 }  // namespace
 
 std::string validate_attn_mode(const Config& cfg, Topology& topo) {
   if (cfg.in.empty()) return "";  // generated inputs: the workload checks covered the shape
   if (topo.world().rank() != 0) return "";  // rank 0 reads the file; main agrees on the result
-  AttnShape s;
-  std::string err = inspect_input(cfg.in, s);
+  AttnParams s;
+  bool docs = false;
+  std::string err = inspect_input(cfg.in, s, docs);
   if (!err.empty()) return err;
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return "config: strategy = '" + cfg.strategy + "' is not built into this binary";
   err = strat->validate(s, topo);
   if (!err.empty())
-    return "in = '" + cfg.in + "' (S=" + std::to_string(s.S) + ", H_q=" + std::to_string(s.H_q) + ", H_kv=" +
+    return "in = '" + cfg.in + "' (S=" + std::to_string(s.S_q) + ", H_q=" + std::to_string(s.H_q) + ", H_kv=" +
            std::to_string(s.H_kv) + ", D=" + std::to_string(s.D) + ") on mesh " + mesh_text(topo) + ": " + err;
   return "";
 }
 
 int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   const bool from_file = !cfg.in.empty();
-  AttnShape s = attn_shape(cfg);
+  AttnParams s = attn_problem(cfg);
+  bool has_docs = false;
   if (from_file) {
-    const std::string err = inspect_input(cfg.in, s);
+    const std::string err = inspect_input(cfg.in, s, has_docs);
     CTXPAR_CHECK(err.empty(), err);  // validated on rank 0 before; a file changed since then is fatal
   }
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   CTXPAR_CHECK(strat, "unknown strategy " << cfg.strategy);
   Comm& cpc = topo.cp();
   const int P = cpc.size(), r = cpc.rank();
-  const Partition part(strat->partition(), s.S, P);
+  const int64_t S = s.S_q;
+  const Partition part(strat->partition(), S, P);
   const std::vector<int64_t> pos = part.positions(r);
   const int64_t S_loc = int64_t(pos.size()), wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
   const uint64_t seed = uint64_t(cfg.seed);
@@ -156,14 +140,14 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   if (from_file) {
     // Each rank reads only its shard: the partition's token ranges, in local order.
     TensorFileReader f(cfg.in);
-    if (s.has_docs) doc.resize(size_t(S_loc));
+    if (has_docs) doc.resize(size_t(S_loc));
     int64_t row = 0;
     for (auto [b, e] : part.ranges(r)) {
       f.read_rows("q", b, e, q.data() + row * wq);
       f.read_rows("k", b, e, k.data() + row * wk);
       f.read_rows("v", b, e, v.data() + row * wk);
       f.read_rows("do", b, e, dout.data() + row * wq);
-      if (s.has_docs) f.read_rows("doc_id", b, e, doc.data() + row);
+      if (has_docs) f.read_rows("doc_id", b, e, doc.data() + row);
       row += e - b;
     }
     CTXPAR_CHECK(row == S_loc, "partition ranges cover " << row << " rows, expected " << S_loc);
@@ -172,17 +156,17 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
     fill_rows(seed, kTensorK, pos, wk, 1.0f, k.data());
     fill_rows(seed, kTensorV, pos, wk, 1.0f, v.data());
     fill_rows(seed, kTensorDout, pos, wq, 1.0f, dout.data());
-    const std::string err = parse_docs(cfg.docs, s.S, cfg.doc_mean, seed, global_doc);
+    const std::string err = parse_docs(cfg.docs, S, cfg.doc_mean, seed, global_doc);
     CTXPAR_CHECK(err.empty(), err);  // validated before
     for (int64_t p : pos)
       if (!global_doc.empty()) doc.push_back(global_doc[size_t(p)]);
-    s.has_docs = !global_doc.empty();
+    has_docs = !global_doc.empty();
   }
 
-  LocalAttn t;
-  t.S_loc = S_loc;
-  t.pos = pos.data();
-  t.doc = doc.empty() ? nullptr : doc.data();
+  AttnParams t = s;
+  t.S_q = t.S_k = S_loc;
+  t.q_pos = t.k_pos = pos.data();
+  t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();
   t.q = q.data(); t.k = k.data(); t.v = v.data(); t.dout = dout.data();
   t.o = o.data(); t.lse = lse.data(); t.dq = dq.data(); t.dk = dk.data(); t.dv = dv.data();
 
@@ -191,9 +175,9 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   CpStats fst, bst;
   world.barrier();
   const double t0 = world.now();
-  strat->forward(s, t, &tracer, fst);
+  strat->forward(t, &tracer, fst);
   const double t1 = world.now();
-  strat->backward(s, t, &tracer, bst);
+  strat->backward(t, &tracer, bst);
   const double t2 = world.now();
   double mx[3] = {t1 - t0, t2 - t1, fst.exposed_comm_s + bst.exposed_comm_s};
   double flops = fst.attn_flops + bst.attn_flops;
@@ -202,7 +186,7 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   StepRecord rec;
   rec.step = 0;
   rec.time_s = mx[0] + mx[1];
-  rec.tokens = s.S;
+  rec.tokens = S;
   rec.model_flops = flops;
   rec.tflops_per_rank = flops / (rec.time_s * world.size()) / 1e12;
   rec.exposed_comm_s = mx[2];
@@ -210,33 +194,33 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
 
   // Results in global token order, written by world rank 0 (CP rank 0 of its group; every dp/tp
   // replica computed the same attention).
-  const std::vector<float> O = gather_global(cpc, part, o.data(), S_loc, wq);
-  const std::vector<float> L = gather_global(cpc, part, lse.data(), S_loc, s.H_q);
-  const std::vector<float> dQ = gather_global(cpc, part, dq.data(), S_loc, wq);
-  const std::vector<float> dK = gather_global(cpc, part, dk.data(), S_loc, wk);
-  const std::vector<float> dV = gather_global(cpc, part, dv.data(), S_loc, wk);
+  const std::vector<float> O = gather_rows_global(cpc, part, o.span(), wq);
+  const std::vector<float> L = gather_rows_global(cpc, part, lse.span(), s.H_q);
+  const std::vector<float> dQ = gather_rows_global(cpc, part, dq.span(), wq);
+  const std::vector<float> dK = gather_rows_global(cpc, part, dk.span(), wk);
+  const std::vector<float> dV = gather_rows_global(cpc, part, dv.span(), wk);
   const std::string path = result_path(cfg);
   if (world.rank() == 0) {
     TensorFileWriter w(path);
-    w.write("o", {s.S, s.H_q, s.D}, O.data());
-    w.write("lse", {s.S, s.H_q}, L.data());
-    w.write("dq", {s.S, s.H_q, s.D}, dQ.data());
-    w.write("dk", {s.S, s.H_kv, s.D}, dK.data());
-    w.write("dv", {s.S, s.H_kv, s.D}, dV.data());
+    w.write("o", {S, s.H_q, s.D}, O.data());
+    w.write("lse", {S, s.H_q}, L.data());
+    w.write("dq", {S, s.H_q, s.D}, dQ.data());
+    w.write("dk", {S, s.H_kv, s.D}, dK.data());
+    w.write("dv", {S, s.H_kv, s.D}, dV.data());
     if (!from_file) {
-      std::vector<int64_t> all(static_cast<size_t>(s.S));
-      for (int64_t i = 0; i < s.S; ++i) all[size_t(i)] = i;
-      std::vector<float> x(size_t(s.S * wq));
+      std::vector<int64_t> all(static_cast<size_t>(S));
+      for (int64_t i = 0; i < S; ++i) all[size_t(i)] = i;
+      std::vector<float> x(size_t(S * wq));
       fill_rows(seed, kTensorQ, all, wq, 1.0f, x.data());
-      w.write("q", {s.S, s.H_q, s.D}, x.data());
+      w.write("q", {S, s.H_q, s.D}, x.data());
       fill_rows(seed, kTensorDout, all, wq, 1.0f, x.data());
-      w.write("do", {s.S, s.H_q, s.D}, x.data());
-      x.resize(size_t(s.S * wk));
+      w.write("do", {S, s.H_q, s.D}, x.data());
+      x.resize(size_t(S * wk));
       fill_rows(seed, kTensorK, all, wk, 1.0f, x.data());
-      w.write("k", {s.S, s.H_kv, s.D}, x.data());
+      w.write("k", {S, s.H_kv, s.D}, x.data());
       fill_rows(seed, kTensorV, all, wk, 1.0f, x.data());
-      w.write("v", {s.S, s.H_kv, s.D}, x.data());
-      if (!global_doc.empty()) w.write("doc_id", {s.S}, global_doc.data());
+      w.write("v", {S, s.H_kv, s.D}, x.data());
+      if (!global_doc.empty()) w.write("doc_id", {S}, global_doc.data());
     }
     w.attr("causal", int64_t(s.mask == MaskKind::none ? 0 : 1));
     w.attr("window", int64_t(s.mask == MaskKind::window ? s.window : 0));
@@ -249,9 +233,9 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   }
   log0("attn: strategy %s, mesh %s, S=%lld H_q=%d H_kv=%d D=%d mask=%s%s: fwd %.3f ms, bwd %.3f ms, exposed comm "
        "%.3f ms, %.4f TFLOP/s per rank; wrote %s (trace %s)\n",
-       strat->name().c_str(), mesh_text(topo).c_str(), (long long)s.S, s.H_q, s.H_kv, s.D,
+       strat->name().c_str(), mesh_text(topo).c_str(), (long long)S, s.H_q, s.H_kv, s.D,
        s.mask == MaskKind::none ? "none" : s.mask == MaskKind::causal ? "causal" : "window",
-       s.has_docs ? "+docs" : "", mx[0] * 1e3, mx[1] * 1e3, mx[2] * 1e3, rec.tflops_per_rank, path.c_str(),
+       has_docs ? "+docs" : "", mx[0] * 1e3, mx[1] * 1e3, mx[2] * 1e3, rec.tflops_per_rank, path.c_str(),
        trace_path(cfg).c_str());
   return 0;
 }

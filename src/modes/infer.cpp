@@ -27,6 +27,7 @@
 #include "infer/engine.hpp"
 #include "infer/schedule.hpp"
 #include "model/checkpoint.hpp"
+#include "model/flops.hpp"
 #include "model/model.hpp"
 #include "modes/modes.hpp"
 #include "ops.hpp"
@@ -295,12 +296,9 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   // The full prefill's CP strategy (first prefill of the schedule).
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return "config: strategy = '" + cfg.strategy + "' is not built into this binary";
-  AttnShape shape;
-  shape.S = sched.front().count;
-  shape.H_q = int32_t(cfg.heads);
-  shape.H_kv = int32_t(cfg.kv_heads);
-  shape.D = int32_t(cfg.head_dim);
-  err = strat->validate(shape, topo);
+  err = strat->validate(attn_problem(sched.front().count, int32_t(cfg.heads), int32_t(cfg.kv_heads),
+                                     int32_t(cfg.head_dim), MaskKind::causal, 0),
+                        topo);
   if (!err.empty()) return err;
   if (!cfg.resume.empty()) {
     const ParamLayout layout(model_dims(cfg, 1, 0));

@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "dist/topology.hpp"
+#include "model/flops.hpp"
 #include "modes/modes.hpp"
 #include "ops.hpp"
 #include "perf/cost_model.hpp"

@@ -12,6 +12,7 @@
 #include "core/log.hpp"
 #include "core/random.hpp"
 #include "dist/topology.hpp"
+#include "model/flops.hpp"
 #include "modes/modes.hpp"
 #include "modes/workload.hpp"
 #include "ops.hpp"
@@ -57,13 +58,11 @@ double check_against_single_rank(const Config& cfg, Topology& topo, Workload& w)
   fill_rows(seed, kTensorK, pos, Hkv * D, 1.0f, g.k.data());
   fill_rows(seed, kTensorV, pos, Hkv * D, 1.0f, g.v.data());
   fill_rows(seed, kTensorDout, pos, Hq * D, 1.0f, g.dout.data());
-  AttnParams p;
+  AttnParams p = w.problem;
   p.q = g.q.data(); p.k = g.k.data(); p.v = g.v.data(); p.o = g.o.data(); p.lse = g.lse.data();
   p.dout = g.dout.data(); p.dq = g.dq.data(); p.dk = g.dk.data(); p.dv = g.dv.data();
-  p.S_q = p.S_k = S; p.H_q = int32_t(Hq); p.H_kv = int32_t(Hkv); p.D = int32_t(D);
   p.q_pos = p.k_pos = pos.data();
   if (!w.global_doc.empty()) p.q_doc = p.k_doc = w.global_doc.data();
-  p.mask = w.shape.mask; p.window = w.shape.window;
   attn_fwd(p);
   attn_bwd(p);
   double e = 0;
@@ -88,18 +87,16 @@ int run_default(const Config& cfg, Topology& topo, Tracer& tracer) {
   int wrong = bench_comm(ctx);
 
   Workload w = make_workload(cfg, topo);
-  LocalAttn t = w.local();
+  const AttnParams t = w.local();
   // Model FLOPs of one step (the whole CP group): visible pairs of the global problem.
   double flops_step = 0;
   {
     std::vector<int64_t> pos(static_cast<size_t>(cfg.seq));
     for (int64_t i = 0; i < cfg.seq; ++i) pos[size_t(i)] = i;
-    AttnParams p;
-    p.S_q = p.S_k = cfg.seq; p.H_q = int32_t(cfg.heads); p.H_kv = int32_t(cfg.kv_heads); p.D = int32_t(cfg.head_dim);
+    AttnParams p = w.problem;
     p.q_pos = p.k_pos = pos.data();
     if (!w.global_doc.empty()) p.q_doc = p.k_doc = w.global_doc.data();
-    p.mask = w.shape.mask; p.window = w.shape.window;
-    flops_step = 3.5 * 4.0 * double(visible_pairs(p)) * double(cfg.heads) * double(cfg.head_dim);
+    flops_step = attn_train_flops(double(visible_pairs(p)), cfg.heads, cfg.head_dim);
   }
   const int cp_ranks = topo.cp().size();
   log0("# attention workload: S=%lld H_q=%lld H_kv=%lld D=%lld mask=%s docs=%s, strategy %s over %d CP ranks\n",
@@ -117,8 +114,8 @@ int run_default(const Config& cfg, Topology& topo, Tracer& tracer) {
     world.barrier();
     const double t0 = world.now();
     w.dq.zero(); w.dk.zero(); w.dv.zero();
-    w.strategy->forward(w.shape, t, &tracer, st);
-    w.strategy->backward(w.shape, t, &tracer, st);
+    w.strategy->forward(t, &tracer, st);
+    w.strategy->backward(t, &tracer, st);
     double dt = world.now() - t0;
     double ex = st.exposed_comm_s, sent = st.bytes_sent;
     world.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);

@@ -33,19 +33,13 @@ namespace {
 
 int tp_size(const Topology& t) { return t.size(Axis::tp); }
 
-AttnShape local_attn_shape(const Config& cfg, int tp) {
-  AttnShape s;
-  s.S = cfg.seq;
-  s.H_q = int32_t(cfg.heads / tp);
-  s.H_kv = int32_t(cfg.kv_heads / tp);
-  s.D = int32_t(cfg.head_dim);
-  s.mask = MaskKind::causal;
-  s.has_docs = cfg.docs != "none" || (cfg.data != "synthetic" && cfg.eos_id >= 0);
-  return s;
+// The attention problem of one tp rank (heads / tp of each kind), causal.
+AttnParams local_attn_problem(const Config& cfg, int tp) {
+  return attn_problem(cfg.seq, int32_t(cfg.heads / tp), int32_t(cfg.kv_heads / tp), int32_t(cfg.head_dim),
+                      MaskKind::causal, 0);
 }
-
-
-
+// Packed documents: configured for synthetic data, or from eos_id in a token file.
+bool train_docs(const Config& cfg) { return cfg.docs != "none" || (cfg.data != "synthetic" && cfg.eos_id >= 0); }
 
 }  // namespace
 
@@ -56,7 +50,7 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return "config: strategy = '" + cfg.strategy + "' is not built into this binary";
   if (cfg.mask != "causal") return "config: mask = " + cfg.mask + ": train uses causal attention; valid: mask=causal";
-  const AttnShape shape = local_attn_shape(cfg, tp);
+  const AttnParams shape = local_attn_problem(cfg, tp);
   err = strat->validate(shape, topo);
   if (!err.empty()) {
     if (tp > 1) err += " (with tp:" + std::to_string(tp) + ", each tp rank attends with heads/tp = " +
@@ -98,7 +92,7 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
                                                      Transformer::logits_chunk_rows(S_loc, d.vocab));
   // The strategy's transient buffers (gathered / in-flight K/V and their gradients): about three
   // forward messages' worth at once in the backward.
-  p.strategy_bytes = 3.0 * strat->comm_volume_fwd(local_attn_shape(cfg, tp), topo);
+  p.strategy_bytes = 3.0 * strat->comm_volume_fwd(local_attn_problem(cfg, tp), train_docs(cfg), topo);
   p.total_bytes = p.state_bytes + p.activation_bytes + p.strategy_bytes;
   return p;
 }
@@ -122,7 +116,6 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   const Partition part(strat->partition(), cfg.seq, cp.size());
   const std::vector<int64_t> pos = part.positions(cp.rank());
-  const AttnShape shape = local_attn_shape(cfg, tp);
   const Remat remat = remat_kind(cfg.remat);
   mem_reset_peak();
 
@@ -136,7 +129,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   } else {
     layout.init(uint64_t(cfg.seed), params.data());
   }
-  Transformer model(layout, topo, *strat, remat, cfg.seq, pos, shape.has_docs);
+  Transformer model(layout, topo, *strat, remat, cfg.seq, pos, train_docs(cfg));
   const std::unique_ptr<TokenSource> src = make_token_source(cfg);
 
   // Oracle dump: initial weights (before any update) and step-0 results.

@@ -16,23 +16,17 @@ MaskKind mask_kind(const std::string& name) {
   return MaskKind::causal;
 }
 
-AttnShape attn_shape(const Config& cfg) {
-  AttnShape s;
-  s.S = cfg.seq;
-  s.H_q = int32_t(cfg.heads);
-  s.H_kv = int32_t(cfg.kv_heads);
-  s.D = int32_t(cfg.head_dim);
-  s.mask = mask_kind(cfg.mask);
-  s.window = cfg.window;
-  s.has_docs = cfg.docs != "none";
-  return s;
+AttnParams attn_problem(const Config& cfg) {
+  return attn_problem(cfg.seq, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim), mask_kind(cfg.mask),
+                      cfg.window);
 }
+
+bool has_docs(const Config& cfg) { return cfg.docs != "none"; }
 
 std::string validate_workload(const Config& cfg, Topology& topo) {
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return "config: strategy = '" + cfg.strategy + "' is not built into this binary";
-  const AttnShape shape = attn_shape(cfg);
-  std::string err = strat->validate(shape, topo);
+  std::string err = strat->validate(attn_problem(cfg), topo);
   if (!err.empty()) return err;
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
   if (!err.empty()) return "config: " + err;
@@ -53,7 +47,7 @@ WorkloadPlan plan_workload(const Config& cfg, Topology& topo) {
   // plus the strategy's transfer buffers (twice one forward message, for double buffering).
   const double f = sizeof(float);
   const double local = double(p.S_loc_max) * (4.0 * cfg.heads * cfg.head_dim + 4.0 * cfg.kv_heads * cfg.head_dim + cfg.heads) * f;
-  const double comm = 2.0 * strat->comm_volume_fwd(attn_shape(cfg), topo);
+  const double comm = 2.0 * strat->comm_volume_fwd(attn_problem(cfg), has_docs(cfg), topo);
   p.bytes_per_rank = local + comm;
   std::ostringstream os;
   os << "local tensors " << fmt_bytes(local) << " + transfer buffers " << fmt_bytes(comm)
@@ -76,11 +70,11 @@ std::vector<float> gather_rows_global(Comm& cp, const Partition& part, std::span
   return global;
 }
 
-LocalAttn Workload::local() {
-  LocalAttn t;
-  t.S_loc = int64_t(pos.size());
-  t.pos = pos.data();
-  t.doc = doc.empty() ? nullptr : doc.data();
+AttnParams Workload::local() {
+  AttnParams t = problem;
+  t.S_q = t.S_k = int64_t(pos.size());
+  t.q_pos = t.k_pos = pos.data();
+  t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();
   t.q = q.data(); t.k = k.data(); t.v = v.data();
   t.o = o.data(); t.lse = lse.data(); t.dout = dout.data();
   t.dq = dq.data(); t.dk = dk.data(); t.dv = dv.data();
@@ -89,7 +83,7 @@ LocalAttn Workload::local() {
 
 Workload make_workload(const Config& cfg, Topology& topo) {
   Workload w;
-  w.shape = attn_shape(cfg);
+  w.problem = attn_problem(cfg);
   w.strategy = make_strategy(cfg.strategy, topo);
   const int P = topo.cp().size(), r = topo.cp().rank();
   w.partition = std::make_unique<Partition>(w.strategy->partition(), cfg.seq, P);

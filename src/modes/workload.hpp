@@ -16,7 +16,10 @@ struct Config;
 class Topology;
 class Comm;
 
-AttnShape attn_shape(const Config& cfg);
+// The configured attention problem: its shape (seq, heads, kv_heads, head_dim, mask, window),
+// no tensors; `docs` says whether packed documents are configured.
+AttnParams attn_problem(const Config& cfg);
+bool has_docs(const Config& cfg);
 MaskKind mask_kind(const std::string& name);
 
 // "" when the configured strategy, partition, documents and shape fit the mesh.
@@ -34,14 +37,14 @@ WorkloadPlan plan_workload(const Config& cfg, Topology& topo);
 
 // Local tensors of this rank, generated from the seed.
 struct Workload {
-  AttnShape shape;
+  AttnParams problem;  // the global shape
   std::unique_ptr<CpStrategy> strategy;
   std::unique_ptr<Partition> partition;
   std::vector<int64_t> pos;
   std::vector<int32_t> doc;           // empty when no documents
   std::vector<int32_t> global_doc;    // document id of every global token (empty when none)
   Buffer<float> q, k, v, o, lse, dout, dq, dk, dv;
-  LocalAttn local();
+  AttnParams local();  // this rank's shard, as the strategy's call
 };
 Workload make_workload(const Config& cfg, Topology& topo);
 

@@ -126,7 +126,6 @@ std::vector<std::string> perf_strategies(PerfMode m) {
   return {"pass_kv", "pass_q", "allgather"};
 }
 
-double partial_prefill_pairs(int64_t T, int64_t P) { return double(T) * double(P) + 0.5 * double(T) * double(T + 1); }
 
 double ring_pipeline_s(int64_t n, double c, double m, double o) {
   if (n <= 1) return c + o;
@@ -245,7 +244,7 @@ double attn_seconds(const Ctx& c, double flops, double kappa, double waste_flops
 // query row meets the diagonal once per layer, whatever the strategy), forward (mult 1) or
 // backward (mult attn_bwd_work).
 double diag_waste_flops(const Ctx& c, double diag_rows, double mult) {
-  return mult * 4.0 * double(c.m.H_q) / double(c.mesh.tp) * double(c.m.D) * diag_rows * c.hw.attn_diag_waste_keys;
+  return mult * attn_fwd_flops(diag_rows * c.hw.attn_diag_waste_keys, double(c.m.H_q) / double(c.mesh.tp), double(c.m.D));
 }
 
 // Ulysses' exchanges per layer on a rank of `tokens` tokens, as src/cp/ulysses_core.cpp runs
@@ -304,7 +303,7 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
 
   // Attention per layer: forward and backward FLOPs per rank (balanced or not); kappa = visible
   // keys per query row of one kernel call; the diagonal's waste once per layer.
-  const double at_fwd_rank = 4.0 * double(m.H_q) * double(m.D) * pairs * double(B) / double(N * tp);
+  const double at_fwd_rank = attn_fwd_flops(pairs, double(m.H_q), double(m.D)) * double(B) / double(N * tp);
   const double at_bwd_rank = c.hw.attn_bwd_work * at_fwd_rank;  // the kernel's work (the convention's 2.5 is for FLOPs)
   const double hkv = kv_heads_loc(m, tp), hq = double(m.H_q) / double(tp);
   const int64_t k_tp = ranks_per_node(c.hw, tp, 1);
@@ -404,9 +403,9 @@ StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
   const double w_bytes = (m.attn_params_per_layer() * c.p.w_attn + m.ffn_params_per_layer() * c.p.w_ffn) * L / double(tp) +
                          2.0 * double(m.vocab) * double(m.dim) * c.p.w_attn / double(tp);
   const double pairs = decode ? double(P + 1) : partial_prefill_pairs(T, P);
-  const double at_flops_rank = 4.0 * double(m.H_q) * double(m.D) * pairs * double(B) / double(N * tp);
+  const double at_flops_rank = attn_fwd_flops(pairs, double(m.H_q), double(m.D)) * double(B) / double(N * tp);
   r.model_flops = (2.0 * (m.attn_params_per_layer() + m.ffn_params_per_layer()) * L * double(T) +
-                   4.0 * double(m.H_q) * double(m.D) * pairs * L) * double(B) * double(mesh.dp);
+                   attn_fwd_flops(pairs, double(m.H_q), double(m.D)) * L) * double(B) * double(mesh.dp);
   const double kv_bytes_rank = ctx_loc * 2.0 * hkv * double(m.D) * e;  // one layer's K/V cache on a rank
   double attn_layer = 0, comm_layer = 0, exposed_layer = 0, buf = 0;
   if (decode) {

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "model/flops.hpp"  // the FLOP convention and partial_prefill_pairs
 #include "perf/hardware.hpp"
 
 namespace ctxpar {
@@ -104,8 +105,6 @@ PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& h
                                    int64_t tp = 1, const std::string& precision = "");
 
 // ---- building blocks, exposed for tests --------------------------------------------------------
-// Visible (q, k) pairs of T new causal tokens after P cached ones: T*P + T(T+1)/2.
-double partial_prefill_pairs(int64_t T, int64_t P);
 // Ring pipeline: (n-1) * max(c + o, m) + c + o.
 double ring_pipeline_s(int64_t n, double compute_step_s, double comm_step_s, double overhead_s);
 // Link-level collective times for an axis group of n ranks, k per node; bytes as named.

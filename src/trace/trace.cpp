@@ -1,3 +1,4 @@
+#include "model/flops.hpp"
 #include "trace/trace.hpp"
 
 #include <algorithm>

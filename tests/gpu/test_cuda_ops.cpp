@@ -203,7 +203,9 @@ TEST_P(CudaAttn, ForwardBackwardWithinPolicy) {
   Dev<float> o(nq), lse(nl);
   Dev<int64_t> q_pos(pr.q_pos), k_pos(pr.k_pos);
   Dev<int32_t> q_doc(sh.docs ? pr.q_doc : std::vector<int32_t>{}), k_doc(sh.docs ? pr.k_doc : std::vector<int32_t>{});
-  cuda::CudaAttnArgs a = cuda::CudaAttnArgs::shape_of(p);
+  AttnParams a = p;  // the same call on device buffers
+  a.device = Device::cuda;
+  a.dtype = DType::bf16;
   a.q = q.get();
   a.k = k.get();
   a.v = v.get();
@@ -313,9 +315,11 @@ TEST(CudaAttnMerge, LseMergeMatchesReference) {
   expect_policy("LSE", d_lse.download(), lse32, lse64);
 }
 
-TEST(CudaAttnArgs, InvalidArgumentsThrow) {
+TEST(CudaAttnParams, InvalidArgumentsThrow) {
   REQUIRE_CUDA_DEVICE();
-  cuda::CudaAttnArgs a;
+  AttnParams a;
+  a.device = Device::cuda;
+  a.dtype = DType::bf16;
   a.S_q = a.S_k = 4;
   a.H_q = 2;
   a.H_kv = 2;
@@ -339,18 +343,18 @@ struct GemmCase {
 // ~K u sum|a b| with u = 2^-24 (doubled for a possibly truncating tensor-core accumulator), and a
 // bf16 output adds one rounding of 2^-9 |c|. Wrong transposes or leading dimensions give O(1)
 // errors, far above this bound.
-void run_gemm(bool ta, bool tb, cuda::DType in, cuda::DType out) {
+void run_gemm(bool ta, bool tb, DType in, DType out) {
   const int64_t M = 67, N = 45, K = 131, lda = (ta ? M : K) + 5, ldb = (tb ? K : N) + 3, ldc = N + 7;
   const float alpha = 0.75f, beta = 0.5f;
   const int64_t a_rows = ta ? K : M, b_rows = tb ? N : K;
   std::vector<float> A = normal(size_t(a_rows * lda), 21), B = normal(size_t(b_rows * ldb), 22),
                      C = normal(size_t(M * ldc), 23);
-  const bool bf = in == cuda::DType::bf16;
+  const bool bf = in == DType::bf16;
   if (bf) {
     A = rounded(A);
     B = rounded(B);
   }
-  if (out == cuda::DType::bf16) C = rounded(C);
+  if (out == DType::bf16) C = rounded(C);
   auto a_at = [&](int64_t m, int64_t k) { return double(ta ? A[k * lda + m] : A[m * lda + k]); };
   auto b_at = [&](int64_t k, int64_t n) { return double(tb ? B[n * ldb + k] : B[k * ldb + n]); };
   std::vector<double> ref(size_t(M * N)), bound(size_t(M * N));
@@ -365,12 +369,12 @@ void run_gemm(bool ta, bool tb, cuda::DType in, cuda::DType out) {
       const double c = alpha * s + beta * C[m * ldc + n];
       ref[m * N + n] = c;
       bound[m * N + n] = 2.0 * (K + 2) * u * (std::abs(alpha) * sa + std::abs(beta * C[m * ldc + n])) +
-                         (out == cuda::DType::bf16 ? std::ldexp(std::abs(c), -8) : 0.0) + 1e-30;
+                         (out == DType::bf16 ? std::ldexp(std::abs(c), -8) : 0.0) + 1e-30;
     }
   std::vector<float> got(size_t(M * ldc));
   if (bf) {
     Dev<bf16> dA(to_bf16(A)), dB(to_bf16(B));
-    if (out == cuda::DType::bf16) {
+    if (out == DType::bf16) {
       Dev<bf16> dC(to_bf16(C));
       cuda::gemm_bf16(ta, tb, M, N, K, alpha, dA.get(), lda, dB.get(), ldb, beta, dC.get(), ldc);
       got = from_bf16(dC.download());
@@ -405,9 +409,9 @@ TEST(CudaGemm, AllTransposesAllTypes) {
   REQUIRE_CUDA_DEVICE();
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
-      run_gemm(ta, tb, cuda::DType::f32, cuda::DType::f32);
-      run_gemm(ta, tb, cuda::DType::bf16, cuda::DType::bf16);
-      run_gemm(ta, tb, cuda::DType::bf16, cuda::DType::f32);
+      run_gemm(ta, tb, DType::f32, DType::f32);
+      run_gemm(ta, tb, DType::bf16, DType::bf16);
+      run_gemm(ta, tb, DType::bf16, DType::f32);
     }
 }
 

@@ -42,7 +42,7 @@ MergeErr merged_error(const Problem& pr, int parts, std::vector<float>* lse_out 
     p.o = part == 0 ? o.data() : ob.data();
     p.lse = part == 0 ? lse.data() : lseb.data();
     attn_fwd(p);
-    ref::attn_fwd<float>(p, pr.q.data(), p.k, p.v, part == 0 ? on.data() : obn.data(),
+    ref::attn_fwd<float>(p, pr.q.data(), p.k_as<float>(), p.v_as<float>(), part == 0 ? on.data() : obn.data(),
                          part == 0 ? lsen.data() : lsebn.data());
     if (part > 0) {
       lse_merge(o.data(), lse.data(), ob.data(), lseb.data(), pr.shape.S_q, pr.shape.H_q, pr.shape.D);

@@ -90,7 +90,8 @@ Topology& topology(const MeshSpec& m) {
 
 // Global inputs and the fp64 / naive-fp32 references of one case (same on every rank).
 struct Global {
-  AttnShape shape;
+  AttnParams shape;  // the problem: S = kSeq, heads, D, mask (no tensors)
+  bool has_docs = false;
   std::vector<int32_t> doc;
   std::vector<int64_t> pos;
   std::vector<float> q, k, v, dout;
@@ -115,17 +116,12 @@ void run_ref(const Global& g, const AttnParams& p, std::vector<double>* o, std::
 
 Global make_global(const Case& c, uint64_t seed) {
   Global g;
-  AttnShape& s = g.shape;
-  s.S = kSeq;
-  s.H_q = c.heads.H_q;
-  s.H_kv = c.heads.H_kv;
-  s.D = kHeadDim;
-  s.mask = c.mask.mask;
-  s.window = c.mask.window;
-  s.has_docs = c.mask.docs;
+  g.shape = attn_problem(kSeq, c.heads.H_q, c.heads.H_kv, kHeadDim, c.mask.mask, c.mask.window);
+  const AttnParams& s = g.shape;
+  g.has_docs = c.mask.docs;
   g.pos.resize(kSeq);
   for (int64_t i = 0; i < kSeq; ++i) g.pos[size_t(i)] = i;
-  if (s.has_docs) g.doc = doc_ids_from_lengths(kDocLengths, kSeq);
+  if (g.has_docs) g.doc = doc_ids_from_lengths(kDocLengths, kSeq);
   auto fill = [&](std::vector<float>& x, uint64_t id, int32_t H) {
     x.resize(size_t(kSeq) * H * s.D);
     fill_rows(seed, id, g.pos, int64_t(H) * s.D, 1.0f, x.data());
@@ -140,7 +136,7 @@ Global make_global(const Case& c, uint64_t seed) {
   p.H_kv = s.H_kv;
   p.D = s.D;
   p.q_pos = p.k_pos = g.pos.data();
-  p.q_doc = p.k_doc = s.has_docs ? g.doc.data() : nullptr;
+  p.q_doc = p.k_doc = g.has_docs ? g.doc.data() : nullptr;
   p.mask = s.mask;
   p.window = s.window;
   run_ref<double>(g, p, &g.o[0], &g.lse[0], &g.dq[0], &g.dk[0], &g.dv[0]);
@@ -206,13 +202,13 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   const std::vector<float> q = shard(g.q, wq), k = shard(g.k, wk), v = shard(g.v, wk), dout = shard(g.dout, wq);
   std::vector<int32_t> doc;
   for (int64_t p : pos)
-    if (g.shape.has_docs) doc.push_back(g.doc[size_t(p)]);
+    if (g.has_docs) doc.push_back(g.doc[size_t(p)]);
   std::vector<float> o(q.size(), NAN), lse(size_t(S_loc) * g.shape.H_q, NAN), dq(q.size(), NAN),
       dk(k.size(), NAN), dv(v.size(), NAN);  // NaN: every element must be written
-  LocalAttn t;
-  t.S_loc = S_loc;
-  t.pos = pos.data();
-  t.doc = doc.empty() ? nullptr : doc.data();
+  AttnParams t = g.shape;
+  t.S_q = t.S_k = S_loc;
+  t.q_pos = t.k_pos = pos.data();
+  t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();
   t.q = q.data();
   t.k = k.data();
   t.v = v.data();
@@ -224,8 +220,8 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   t.dv = dv.data();
 
   CpStats fst, bst;
-  strat->forward(g.shape, t, nullptr, fst);
-  strat->backward(g.shape, t, nullptr, bst);
+  strat->forward(t, nullptr, fst);
+  strat->backward(t, nullptr, bst);
 
   struct Check {
     const char* name;
@@ -245,7 +241,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
 
   // Accounting: forward bytes match the strategy's own model; the ring posts one packed message
   // per hop (forward P-1; backward P-1 K/V hops + P dK/dV hops).
-  EXPECT_DOUBLE_EQ(fst.bytes_sent, strat->comm_volume_fwd(g.shape, topo));
+  EXPECT_DOUBLE_EQ(fst.bytes_sent, strat->comm_volume_fwd(g.shape, g.has_docs, topo));
   const int R = c.strategy == "ring" ? P : c.strategy == "usp" ? topo.size(Axis::ring) : 1;
   if (c.strategy == "ring" || c.strategy == "usp") {
     EXPECT_EQ(fst.messages, R - 1) << "forward: one message per hop";
@@ -260,7 +256,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   full.H_kv = g.shape.H_kv;
   full.D = g.shape.D;
   full.q_pos = full.k_pos = g.pos.data();
-  full.q_doc = full.k_doc = g.shape.has_docs ? g.doc.data() : nullptr;
+  full.q_doc = full.k_doc = g.has_docs ? g.doc.data() : nullptr;
   full.mask = g.shape.mask;
   full.window = g.shape.window;
   double flops = fst.attn_flops;
@@ -285,14 +281,7 @@ INSTANTIATE_TEST_SUITE_P(Cp, CpCase, ::testing::ValuesIn(all_cases()),
 
 // ---- validate(): clear messages for shapes that cannot be laid on the mesh ----------------------
 
-AttnShape shape(int64_t S, int32_t H_q, int32_t H_kv) {
-  AttnShape s;
-  s.S = S;
-  s.H_q = H_q;
-  s.H_kv = H_kv;
-  s.D = 16;
-  return s;
-}
+AttnParams shape(int64_t S, int32_t H_q, int32_t H_kv) { return attn_problem(S, H_q, H_kv, 16, MaskKind::causal, 0); }
 
 TEST(CpValidate, SequenceMustSplitIntoZigzagChunks) {
   const int P = world().size();
@@ -311,7 +300,7 @@ TEST(CpValidate, GroupsMustBeWhole) {
   Topology& topo = topology(mesh_for("ring", P));
   const std::string e = make_strategy("ring", topo)->validate(shape(2 * P * 8, 8, 3), topo);
   EXPECT_NE(e.find("H_q=8 is not a multiple of kv_heads H_kv=3"), std::string::npos) << e;
-  AttnShape w = shape(2 * P * 8, 8, 8);
+  AttnParams w = shape(2 * P * 8, 8, 8);
   w.mask = MaskKind::window;
   w.window = 0;
   EXPECT_NE(make_strategy("ring", topo)->validate(w, topo).find("window > 0"), std::string::npos);
@@ -367,7 +356,7 @@ TEST(CpHelpers, CountVisiblePairsMatchesTheMaskDefinition) {
       int64_t brute = 0;
       for (int64_t i = 0; i < p.S_q; ++i)
         for (int64_t j = 0; j < p.S_k; ++j) brute += p.visible(i, j);
-      EXPECT_EQ(cp::count_visible_pairs(p.S_q, p.q_pos, p.q_doc, p.S_k, p.k_pos, p.k_doc, m, 3), brute)
+      EXPECT_EQ(visible_pairs(p), brute)
           << "mask " << int(m) << " docs " << docs;
     }
 }

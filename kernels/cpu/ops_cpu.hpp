@@ -1,0 +1,14 @@
+// The CPU backend of the attention ops (kernels/ops.hpp dispatches here for Device::cpu):
+// attn_cpu.cpp. Same contracts as the ops of kernels/ops.hpp; fp32 tensors (dtype f32).
+#pragma once
+#include <cstdint>
+
+#include "attn_params.hpp"
+
+namespace ctxpar::cpu {
+
+void attn_fwd(const AttnParams& p);
+void attn_bwd(const AttnParams& p);
+void lse_merge(float* o, float* lse, const float* o_b, const float* lse_b, int64_t rows, int32_t H, int32_t D);
+
+}  // namespace ctxpar::cpu

@@ -1,0 +1,50 @@
+// The attention ops of kernels/ops.hpp: one entry point each, dispatched on the descriptor's
+// device to the CPU kernels (cpu/attn_cpu.cpp) or the CUDA kernels (cuda/, in builds with
+// CTXPAR_WITH_CUDA). The only file that chooses a backend.
+#include <stdexcept>
+
+#include "cpu/ops_cpu.hpp"
+#include "ops.hpp"
+#if defined(CTXPAR_WITH_CUDA)
+#include "cuda/ops_cuda.hpp"
+#endif
+
+namespace ctxpar {
+
+namespace {
+[[noreturn]] void no_cuda(const char* op) {
+  throw std::invalid_argument(std::string(op) + ": device = cuda, but this build has no CUDA backend "
+                              "(configure with nvcc and NCCL under /usr/local/cuda, CTXPAR_CUDA=AUTO or ON)");
+}
+}  // namespace
+
+void attn_fwd(const AttnParams& p) {
+  if (p.device == Device::cpu) return cpu::attn_fwd(p);
+#if defined(CTXPAR_WITH_CUDA)
+  cuda::attn_fwd(p);
+#else
+  no_cuda("attn_fwd");
+#endif
+}
+
+void attn_bwd(const AttnParams& p) {
+  if (p.device == Device::cpu) return cpu::attn_bwd(p);
+#if defined(CTXPAR_WITH_CUDA)
+  cuda::attn_bwd(p);
+#else
+  no_cuda("attn_bwd");
+#endif
+}
+
+void lse_merge(float* o, float* lse, const float* o_b, const float* lse_b, int64_t rows, int32_t H, int32_t D,
+               Device device, Stream stream) {
+  if (device == Device::cpu) return cpu::lse_merge(o, lse, o_b, lse_b, rows, H, D);
+#if defined(CTXPAR_WITH_CUDA)
+  cuda::lse_merge(o, lse, o_b, lse_b, rows, H, D, stream);
+#else
+  (void)stream;
+  no_cuda("lse_merge");
+#endif
+}
+
+}  // namespace ctxpar
