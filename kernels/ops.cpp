@@ -2,6 +2,7 @@
 // device to the CPU kernels (cpu/attn_cpu.cpp) or the CUDA kernels (cuda/, in builds with
 // CTXPAR_WITH_CUDA). The only file that chooses a backend.
 #include <stdexcept>
+#include <string>
 
 #include "cpu/ops_cpu.hpp"
 #include "ops.hpp"
@@ -11,12 +12,14 @@
 
 namespace ctxpar {
 
+#if !defined(CTXPAR_WITH_CUDA)
 namespace {
 [[noreturn]] void no_cuda(const char* op) {
   throw std::invalid_argument(std::string(op) + ": device = cuda, but this build has no CUDA backend "
                               "(configure with nvcc and NCCL under /usr/local/cuda, CTXPAR_CUDA=AUTO or ON)");
 }
 }  // namespace
+#endif
 
 void attn_fwd(const AttnParams& p) {
   if (p.device == Device::cpu) return cpu::attn_fwd(p);

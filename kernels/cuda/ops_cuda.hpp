@@ -25,19 +25,13 @@
 #include <cstring>
 
 #include "attn_params.hpp"
+#include "dtype_cuda.hpp"
 #include "ops.hpp"  // AdamWStep
 
 namespace ctxpar::cuda {
 
 using bf16 = __nv_bfloat16;
 
-}  // namespace ctxpar::cuda
-
-namespace ctxpar {
-template <> struct DTypeOf<__nv_bfloat16> { static constexpr DType value = DType::bf16; };
-}  // namespace ctxpar
-
-namespace ctxpar::cuda {
 
 // ---- devices ----
 // Number of CUDA devices; 0 when the driver/runtime reports an error (no GPU, no driver) — the

@@ -30,8 +30,17 @@ MPI_Datatype mpi_type(DType t) {
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
     case DType::u8: return MPI_BYTE;
+    case DType::bf16:
+    case DType::f16: break;
   }
-  return MPI_BYTE;
+  CTXPAR_FATAL("MPI backend: no MPI type for " << dtype_name(t) << " (16-bit floats travel as device buffers of the "
+               "staged or NCCL backend, or as bytes)");
+}
+
+// The MPI backend moves host memory only.
+void host_only(const Buf& b, const char* what) {
+  CTXPAR_CHECK(b.where == Device::cpu, what << ": the MPI backend moves host buffers only; a device buffer needs "
+                                            "make_staged_comm or make_nccl_comm (dist/comm_device.hpp)");
 }
 
 MPI_Op mpi_op(ReduceOp op) {
@@ -64,6 +73,7 @@ class CommMpi final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return name_; }
+  std::string backend() const override { return "mpi"; }
   MPI_Comm handle() const { return comm_; }
 
   void wait(Request& r) override {
@@ -91,34 +101,44 @@ class CommMpi final : public Comm {
 
  protected:
   Request send_recv_async_impl(Buf send, int to, Buf recv, int from, int tag) override {
+    host_only(send, "send_recv_async");
+    host_only(recv, "send_recv_async");
     MPI_Request rr, sr;
     MPI_CHECK(MPI_Irecv(recv.ptr, as_int(recv.count, "recv"), mpi_type(recv.type), from, tag, comm_, &rr));
     MPI_CHECK(MPI_Isend(send.ptr, as_int(send.count, "send"), mpi_type(send.type), to, tag, comm_, &sr));
     return Request({put(rr), put(sr)});
   }
   void all_gather_impl(Buf send, Buf recv) override {
+    host_only(send, "all_gather");
+    host_only(recv, "all_gather");
     CTXPAR_CHECK(recv.count == send.count * size_t(size_), "all_gather: recv holds " << recv.count
                  << " elements, expected size*send = " << size_ << "*" << send.count);
     MPI_CHECK(MPI_Allgather(send.ptr, as_int(send.count, "all_gather"), mpi_type(send.type), recv.ptr,
                             as_int(send.count, "all_gather"), mpi_type(recv.type), comm_));
   }
   void all_to_all_impl(Buf send, Buf recv) override {
+    host_only(send, "all_to_all");
+    host_only(recv, "all_to_all");
     CTXPAR_CHECK(send.count == recv.count && send.count % size_t(size_) == 0,
                  "all_to_all: send " << send.count << " / recv " << recv.count << " elements must be equal and a multiple of " << size_);
     const int block = as_int(send.count / size_t(size_), "all_to_all");
     MPI_CHECK(MPI_Alltoall(send.ptr, block, mpi_type(send.type), recv.ptr, block, mpi_type(recv.type), comm_));
   }
-  void reduce_scatter_impl(Buf send, Buf recv) override {
+  void reduce_scatter_impl(Buf send, Buf recv, ReduceOp op) override {
+    host_only(send, "reduce_scatter");
+    host_only(recv, "reduce_scatter");
     CTXPAR_CHECK(send.count == recv.count * size_t(size_), "reduce_scatter: send holds " << send.count
                  << " elements, expected size*recv = " << size_ << "*" << recv.count);
     MPI_CHECK(MPI_Reduce_scatter_block(send.ptr, recv.ptr, as_int(recv.count, "reduce_scatter"),
-                                       mpi_type(send.type), MPI_SUM, comm_));
+                                       mpi_type(send.type), mpi_op(op), comm_));
   }
   void all_reduce_impl(Buf inout, ReduceOp op) override {
+    host_only(inout, "all_reduce");
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, inout.ptr, as_int(inout.count, "all_reduce"), mpi_type(inout.type),
                             mpi_op(op), comm_));
   }
   void broadcast_impl(Buf data, int root) override {
+    host_only(data, "broadcast");
     MPI_CHECK(MPI_Bcast(data.ptr, as_int(data.count, "broadcast"), mpi_type(data.type), root, comm_));
   }
   std::vector<int64_t> gather_counts(int64_t count, int root) override {
@@ -127,6 +147,7 @@ class CommMpi final : public Comm {
     return counts;
   }
   void gather_v_impl(Buf send, Buf recv, const std::vector<int64_t>& counts, int root) override {
+    host_only(send, "gather_v");
     std::vector<int> cnt, disp;
     if (rank_ == root) {
       int64_t off = 0;

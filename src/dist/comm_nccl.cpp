@@ -1,9 +1,12 @@
-#include "dist/comm_nccl.hpp"
+// The NCCL backend of Comm (dist/comm_device.hpp): device buffers through NCCL on its own
+// communication stream, host buffers through the bootstrap MPI Comm.
+#include "dist/comm_device.hpp"
 
 #include <nccl.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -19,15 +22,15 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-ncclDataType_t nccl_type(DevDType t) {
+ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DevDType::f32: return ncclFloat32;
-    case DevDType::f64: return ncclFloat64;
-    case DevDType::i32: return ncclInt32;
-    case DevDType::i64: return ncclInt64;
-    case DevDType::u8: return ncclUint8;
-    case DevDType::bf16: return ncclBfloat16;
-    case DevDType::f16: return ncclFloat16;
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::u8: return ncclUint8;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
   }
   return ncclUint8;
 }
@@ -41,10 +44,10 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-class CommNccl final : public DeviceComm {
+class CommNccl final : public Comm {
  public:
   CommNccl(Comm& boot, int device, const NcclOptions& opt)
-      : rank_(boot.rank()), size_(boot.size()), name_(boot.name()), device_(device), opt_(opt),
+      : boot_(boot), rank_(boot.rank()), size_(boot.size()), name_(boot.name()), device_(device), opt_(opt),
         host_(dist_detail::host_name()) {
     int current = -1;
     CTXPAR_DIST_CUDA_CHECK(cudaGetDevice(&current));
@@ -102,12 +105,21 @@ class CommNccl final : public DeviceComm {
   std::string name() const override { return name_; }
   std::string backend() const override { return "nccl"; }
   int device() const override { return device_; }
-  void set_compute_stream(cudaStream_t s) override { compute_ = s; }
-  cudaStream_t compute_stream() const override { return compute_; }
-  cudaStream_t comm_stream() const override { return comm_stream_; }
+  void set_compute_stream(Stream s) override { compute_ = s; }
+  Stream compute_stream() const override { return compute_; }
+  Stream comm_stream() const override { return comm_stream_; }
+  void barrier() override { boot_.barrier(); }
+  [[noreturn]] void abort(int code) override {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    boot_.abort(code);
+    std::abort();  // not reached
+  }
+  double now() const override { return boot_.now(); }
 
   bool test(Request& r) override {
     if (!r.pending()) return true;
+    if (r.via()) return r.via()->test(r);
     check_async("test");
     for (int64_t id : r.ids()) {
       const cudaError_t q = cudaEventQuery(events_[size_t(id)]);
@@ -120,6 +132,7 @@ class CommNccl final : public DeviceComm {
 
   void wait(Request& r) override {
     if (!r.pending()) return;
+    if (r.via()) return r.via()->wait(r);
     const Clock::time_point t0 = Clock::now();
     // Polls instead of cudaEventSynchronize so that a failed peer surfaces as NCCL's async
     // error (and op_timeout_s applies) instead of a silent hang.
@@ -131,6 +144,7 @@ class CommNccl final : public DeviceComm {
 
   void stream_wait(Request& r) override {
     if (!r.pending()) return;
+    if (r.via()) return r.via()->wait(r);
     // The wait captures the event's current record, so the slot can be reused right away.
     for (int64_t id : r.ids()) CTXPAR_DIST_CUDA_CHECK(cudaStreamWaitEvent(compute_, events_[size_t(id)], 0));
     release(r);
@@ -152,8 +166,12 @@ class CommNccl final : public DeviceComm {
   }
 
  protected:
-  Request send_recv_async_impl(DevBuf send, int to, DevBuf recv, int from) override {
+  Request send_recv_async_impl(Buf send, int to, Buf recv, int from, int tag) override {
     CTXPAR_CHECK(send.type == recv.type, "send_recv_async: types differ");
+    if (on_host(send, recv, "send_recv_async")) {
+      Request hreq = forward_send_recv(boot_, send, to, recv, from, tag);
+      return Request(std::move(hreq.ids()), &boot_);
+    }
     CTXPAR_CHECK(to >= 0 && to < size_ && from >= 0 && from < size_,
                  "send_recv_async: peer out of range (to " << to << ", from " << from << ", size " << size_ << ")");
     begin();
@@ -166,8 +184,9 @@ class CommNccl final : public DeviceComm {
     return Request({id});
   }
 
-  void all_gather_impl(DevBuf send, DevBuf recv) override {
+  void all_gather_impl(Buf send, Buf recv) override {
     CTXPAR_CHECK(send.type == recv.type, "all_gather: types differ");
+    if (on_host(send, recv, "all_gather")) return forward_all_gather(boot_, send, recv);
     CTXPAR_CHECK(recv.count == send.count * size_t(size_), "all_gather: recv holds " << recv.count
                  << " elements, expected size*send = " << size_ << "*" << send.count);
     if (send.count == 0) return;
@@ -176,14 +195,15 @@ class CommNccl final : public DeviceComm {
     end_collective();
   }
 
-  void all_to_all_impl(DevBuf send, DevBuf recv) override {
+  void all_to_all_impl(Buf send, Buf recv) override {
     CTXPAR_CHECK(send.type == recv.type, "all_to_all: types differ");
+    if (on_host(send, recv, "all_to_all")) return forward_all_to_all(boot_, send, recv);
     CTXPAR_CHECK(send.count == recv.count && send.count % size_t(size_) == 0,
                  "all_to_all: send " << send.count << " / recv " << recv.count
                                      << " elements must be equal and a multiple of " << size_);
     if (send.count == 0) return;
     const size_t block = send.count / size_t(size_);
-    const size_t block_bytes = block * dev_dtype_bytes(send.type);
+    const size_t block_bytes = block * dtype_bytes(send.type);
     begin();
     group_start();
     for (int peer = 0; peer < size_; ++peer) {
@@ -196,9 +216,10 @@ class CommNccl final : public DeviceComm {
     end_collective();
   }
 
-  void reduce_scatter_impl(DevBuf send, DevBuf recv, ReduceOp op) override {
+  void reduce_scatter_impl(Buf send, Buf recv, ReduceOp op) override {
     CTXPAR_CHECK(send.type == recv.type, "reduce_scatter: types differ");
-    CTXPAR_CHECK(send.type != DevDType::u8, "reduce_scatter: no reductions on u8 (same rule as the staged MPI backend)");
+    if (on_host(send, recv, "reduce_scatter")) return forward_reduce_scatter(boot_, send, recv, op);
+    CTXPAR_CHECK(send.type != DType::u8, "reduce_scatter: no reductions on u8 (same rule as the staged MPI backend)");
     CTXPAR_CHECK(send.count == recv.count * size_t(size_), "reduce_scatter: send holds " << send.count
                  << " elements, expected size*recv = " << size_ << "*" << recv.count);
     if (recv.count == 0) return;
@@ -208,8 +229,9 @@ class CommNccl final : public DeviceComm {
     end_collective();
   }
 
-  void all_reduce_impl(DevBuf inout, ReduceOp op) override {
-    CTXPAR_CHECK(inout.type != DevDType::u8, "all_reduce: no reductions on u8 (same rule as the staged MPI backend)");
+  void all_reduce_impl(Buf inout, ReduceOp op) override {
+    if (inout.where == Device::cpu) return forward_all_reduce(boot_, inout, op);
+    CTXPAR_CHECK(inout.type != DType::u8, "all_reduce: no reductions on u8 (same rule as the staged MPI backend)");
     if (inout.count == 0) return;
     begin();
     enqueued(ncclAllReduce(inout.ptr, inout.ptr, inout.count, nccl_type(inout.type), nccl_op(op), comm_, comm_stream_),
@@ -217,7 +239,8 @@ class CommNccl final : public DeviceComm {
     end_collective();
   }
 
-  void broadcast_impl(DevBuf data, int root) override {
+  void broadcast_impl(Buf data, int root) override {
+    if (data.where == Device::cpu) return forward_broadcast(boot_, data, root);
     CTXPAR_CHECK(root >= 0 && root < size_, "broadcast: root " << root << " out of range (size " << size_ << ")");
     if (data.count == 0) return;
     begin();
@@ -226,7 +249,18 @@ class CommNccl final : public DeviceComm {
     end_collective();
   }
 
+  std::vector<int64_t> gather_counts(int64_t count, int root) override { return forward_gather_counts(boot_, count, root); }
+  void gather_v_impl(Buf send, Buf recv, const std::vector<int64_t>& counts, int root) override {
+    forward_gather_v(boot_, send, recv, counts, root);
+  }
+
  private:
+  // Both host buffers (forwarded to the bootstrap MPI Comm) or both device buffers (NCCL).
+  static bool on_host(const Buf& a, const Buf& b, const char* what) {
+    CTXPAR_CHECK(a.where == b.where, what << ": one buffer is on the host, the other on the device");
+    return a.where == Device::cpu;
+  }
+
   // Where: "[NCCL 'cp' rank 2/4, host gpu01, cuda:2]", for every message.
   std::string where() const {
     std::ostringstream os;
@@ -318,6 +352,7 @@ class CommNccl final : public DeviceComm {
     r.ids().clear();
   }
 
+  Comm& boot_;  // host buffers, barrier, clock (not owned)
   int rank_, size_;
   std::string name_;
   int device_;
@@ -325,7 +360,7 @@ class CommNccl final : public DeviceComm {
   std::string host_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t comm_stream_ = nullptr;
-  cudaStream_t compute_ = nullptr;  // legacy default stream until set_compute_stream
+  Stream compute_ = nullptr;  // legacy default stream until set_compute_stream
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   std::vector<cudaEvent_t> events_;  // Request ids index this pool
   std::vector<int64_t> free_;
@@ -356,7 +391,7 @@ class CommNccl final : public DeviceComm {
 
 }  // namespace
 
-std::unique_ptr<DeviceComm> make_nccl_comm(Comm& bootstrap, int device, const NcclOptions& opt) {
+std::unique_ptr<Comm> make_nccl_comm(Comm& bootstrap, int device, const NcclOptions& opt) {
   return std::make_unique<CommNccl>(bootstrap, device, opt);
 }
 

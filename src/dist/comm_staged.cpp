@@ -1,17 +1,19 @@
-// The staged MPI backend of DeviceComm: device → pinned host → MPI Comm → pinned host → device.
+// The staged MPI backend of Comm (dist/comm_device.hpp): device buffers go device → pinned host
+// → MPI Comm → pinned host → device; host buffers go to the MPI Comm as they are.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
 #include "dist/cuda_util.hpp"
-#include "dist/device_comm.hpp"
+#include "dist/comm_device.hpp"
 
 namespace ctxpar {
 
 namespace {
 
 // One tag for all staged point-to-point traffic: MPI matches messages of one (source, tag,
-// communicator) in order, which gives NCCL's issue-order matching (device_comm.hpp's contract).
+// communicator) in order, which gives NCCL's issue-order matching (comm.hpp's contract).
 constexpr int kStagedTag = 7;
 
 // Pinned host memory: the only kind the GPU copies asynchronously, at full PCIe/NVLink-C2C speed.
@@ -21,12 +23,12 @@ struct Pinned {
   bool busy = false;
 };
 
-bool is_float16(DevDType t) { return t == DevDType::bf16 || t == DevDType::f16; }
+bool is_float16(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 // 16-bit floats ↔ f32 on the host (cuda_bf16.h/cuda_fp16.h conversions are host-callable;
 // f32 → 16 bit rounds to nearest even).
-void widen(DevDType t, const void* src, float* dst, size_t n) {
-  if (t == DevDType::bf16) {
+void widen(DType t, const void* src, float* dst, size_t n) {
+  if (t == DType::bf16) {
     const auto* s = static_cast<const __nv_bfloat16*>(src);
     for (size_t i = 0; i < n; ++i) dst[i] = __bfloat162float(s[i]);
   } else {
@@ -34,8 +36,8 @@ void widen(DevDType t, const void* src, float* dst, size_t n) {
     for (size_t i = 0; i < n; ++i) dst[i] = __half2float(s[i]);
   }
 }
-void narrow(DevDType t, const float* src, void* dst, size_t n) {
-  if (t == DevDType::bf16) {
+void narrow(DType t, const float* src, void* dst, size_t n) {
+  if (t == DType::bf16) {
     auto* d = static_cast<__nv_bfloat16*>(dst);
     for (size_t i = 0; i < n; ++i) d[i] = __float2bfloat16_rn(src[i]);
   } else {
@@ -45,19 +47,19 @@ void narrow(DevDType t, const float* src, void* dst, size_t n) {
 }
 
 // Calls f with a typed host span over `p` for the element types MPI reduces natively.
-template <class F> void with_host_span(DevDType t, void* p, size_t n, F&& f) {
+template <class F> void with_host_span(DType t, void* p, size_t n, F&& f) {
   switch (t) {
-    case DevDType::f32: f(std::span<float>(static_cast<float*>(p), n)); return;
-    case DevDType::f64: f(std::span<double>(static_cast<double*>(p), n)); return;
-    case DevDType::i32: f(std::span<int32_t>(static_cast<int32_t*>(p), n)); return;
-    case DevDType::i64: f(std::span<int64_t>(static_cast<int64_t*>(p), n)); return;
-    default: CTXPAR_FATAL("staged comm: no native host reduction for " << dev_dtype_name(t));
+    case DType::f32: f(std::span<float>(static_cast<float*>(p), n)); return;
+    case DType::f64: f(std::span<double>(static_cast<double*>(p), n)); return;
+    case DType::i32: f(std::span<int32_t>(static_cast<int32_t*>(p), n)); return;
+    case DType::i64: f(std::span<int64_t>(static_cast<int64_t*>(p), n)); return;
+    default: CTXPAR_FATAL("staged comm: no native host reduction for " << dtype_name(t));
   }
 }
 
 std::span<std::byte> bytes_of(void* p, size_t n) { return std::span<std::byte>(static_cast<std::byte*>(p), n); }
 
-class CommStaged final : public DeviceComm {
+class CommStaged final : public Comm {
  public:
   CommStaged(Comm& host, int device) : host_(host), device_(device) {
     int current = -1;
@@ -91,12 +93,19 @@ class CommStaged final : public DeviceComm {
   std::string name() const override { return host_.name(); }
   std::string backend() const override { return "mpi-staged"; }
   int device() const override { return device_; }
-  void set_compute_stream(cudaStream_t s) override { compute_ = s; }
-  cudaStream_t compute_stream() const override { return compute_; }
-  cudaStream_t comm_stream() const override { return comm_stream_; }
+  void set_compute_stream(Stream s) override { compute_ = s; }
+  Stream compute_stream() const override { return compute_; }
+  Stream comm_stream() const override { return comm_stream_; }
+  void barrier() override { host_.barrier(); }
+  [[noreturn]] void abort(int code) override {
+    host_.abort(code);
+    std::abort();  // not reached
+  }
+  double now() const override { return host_.now(); }
 
   bool test(Request& r) override {
     if (!r.pending()) return true;
+    if (r.via()) return r.via()->test(r);
     bool all = true;
     for (int64_t id : r.ids()) all = advance(slots_[size_t(id)], false) && all;
     if (all) release(r);
@@ -105,6 +114,7 @@ class CommStaged final : public DeviceComm {
 
   void wait(Request& r) override {
     if (!r.pending()) return;
+    if (r.via()) return r.via()->wait(r);
     for (int64_t id : r.ids()) advance(slots_[size_t(id)], true);
     release(r);
   }
@@ -118,8 +128,12 @@ class CommStaged final : public DeviceComm {
   }
 
  protected:
-  Request send_recv_async_impl(DevBuf send, int to, DevBuf recv, int from) override {
+  Request send_recv_async_impl(Buf send, int to, Buf recv, int from, int tag) override {
     CTXPAR_CHECK(send.type == recv.type, "send_recv_async: types differ");
+    if (on_host(send, recv, "send_recv_async")) {
+      Request hreq = forward_send_recv(host_, send, to, recv, from, tag);
+      return Request(std::move(hreq.ids()), &host_);
+    }
     Pinned* s = acquire(send.bytes());
     Pinned* r = acquire(recv.bytes());
     to_host(send, s->ptr);
@@ -137,8 +151,9 @@ class CommStaged final : public DeviceComm {
     return Request({id});
   }
 
-  void all_gather_impl(DevBuf send, DevBuf recv) override {
+  void all_gather_impl(Buf send, Buf recv) override {
     CTXPAR_CHECK(send.type == recv.type, "all_gather: types differ");
+    if (on_host(send, recv, "all_gather")) return forward_all_gather(host_, send, recv);
     CTXPAR_CHECK(recv.count == send.count * size_t(size()), "all_gather: recv holds " << recv.count
                  << " elements, expected size*send = " << size() << "*" << send.count);
     Scoped s(this, send.bytes()), r(this, recv.bytes());
@@ -148,8 +163,9 @@ class CommStaged final : public DeviceComm {
     to_device(r.p->ptr, recv);
   }
 
-  void all_to_all_impl(DevBuf send, DevBuf recv) override {
+  void all_to_all_impl(Buf send, Buf recv) override {
     CTXPAR_CHECK(send.type == recv.type, "all_to_all: types differ");
+    if (on_host(send, recv, "all_to_all")) return forward_all_to_all(host_, send, recv);
     CTXPAR_CHECK(send.count == recv.count && send.count % size_t(size()) == 0,
                  "all_to_all: send " << send.count << " / recv " << recv.count
                                      << " elements must be equal and a multiple of " << size());
@@ -161,9 +177,10 @@ class CommStaged final : public DeviceComm {
     to_device(r.p->ptr, recv);
   }
 
-  void reduce_scatter_impl(DevBuf send, DevBuf recv, ReduceOp op) override {
+  void reduce_scatter_impl(Buf send, Buf recv, ReduceOp op) override {
     CTXPAR_CHECK(send.type == recv.type, "reduce_scatter: types differ");
-    CTXPAR_CHECK(send.type != DevDType::u8, "reduce_scatter: no reductions on u8 (MPI has no arithmetic on bytes)");
+    if (on_host(send, recv, "reduce_scatter")) return forward_reduce_scatter(host_, send, recv, op);
+    CTXPAR_CHECK(send.type != DType::u8, "reduce_scatter: no reductions on u8 (MPI has no arithmetic on bytes)");
     CTXPAR_CHECK(send.count == recv.count * size_t(size()), "reduce_scatter: send holds " << send.count
                  << " elements, expected size*recv = " << size() << "*" << recv.count);
     Scoped s(this, send.bytes()), r(this, recv.bytes());
@@ -185,8 +202,9 @@ class CommStaged final : public DeviceComm {
     to_device(r.p->ptr, recv);
   }
 
-  void all_reduce_impl(DevBuf inout, ReduceOp op) override {
-    CTXPAR_CHECK(inout.type != DevDType::u8, "all_reduce: no reductions on u8 (MPI has no arithmetic on bytes)");
+  void all_reduce_impl(Buf inout, ReduceOp op) override {
+    if (inout.where == Device::cpu) return forward_all_reduce(host_, inout, op);
+    CTXPAR_CHECK(inout.type != DType::u8, "all_reduce: no reductions on u8 (MPI has no arithmetic on bytes)");
     Scoped s(this, inout.bytes());
     to_host(inout, s.p->ptr);
     host_ready();
@@ -201,7 +219,8 @@ class CommStaged final : public DeviceComm {
     to_device(s.p->ptr, inout);
   }
 
-  void broadcast_impl(DevBuf data, int root) override {
+  void broadcast_impl(Buf data, int root) override {
+    if (data.where == Device::cpu) return forward_broadcast(host_, data, root);
     Scoped s(this, data.bytes());
     // Non-roots upload into `data` below, so they too must wait for earlier compute on it.
     if (rank() == root) to_host(data, s.p->ptr);
@@ -211,7 +230,18 @@ class CommStaged final : public DeviceComm {
     to_device(s.p->ptr, data);
   }
 
+  std::vector<int64_t> gather_counts(int64_t count, int root) override { return forward_gather_counts(host_, count, root); }
+  void gather_v_impl(Buf send, Buf recv, const std::vector<int64_t>& counts, int root) override {
+    forward_gather_v(host_, send, recv, counts, root);
+  }
+
  private:
+  // Both host buffers (forwarded as they are) or both device buffers (staged); else an error.
+  static bool on_host(const Buf& a, const Buf& b, const char* what) {
+    CTXPAR_CHECK(a.where == b.where, what << ": one buffer is on the host, the other on the device");
+    return a.where == Device::cpu;
+  }
+
   // A send_recv_async in flight: MPI on pinned buffers, then the copy of the received bytes to
   // the device, then done.
   struct Slot {
@@ -243,15 +273,10 @@ class CommStaged final : public DeviceComm {
     return true;
   }
 
-  // Host-side reduce_scatter with any op: MPI_Reduce_scatter_block (Comm::reduce_scatter) sums;
-  // max/min go through all_reduce of the whole buffer and keep this rank's block.
+  // Host-side reduce_scatter (MPI_Reduce_scatter_block with any op).
   template <class T> void reduce_scatter_host(std::span<T> all, std::span<T> mine, size_t off, ReduceOp op) {
-    if (op == ReduceOp::sum) {
-      host_.reduce_scatter(std::span<const T>(all), mine);
-      return;
-    }
-    host_.all_reduce(all, op);
-    for (size_t i = 0; i < mine.size(); ++i) mine[i] = all[off + i];
+    (void)off;
+    host_.reduce_scatter(std::span<const T>(all), mine, op);
   }
 
   // The communication stream starts after everything already on the compute stream.
@@ -260,7 +285,7 @@ class CommStaged final : public DeviceComm {
     CTXPAR_DIST_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
   }
   // Device → pinned, ordered after the compute stream's earlier work.
-  void to_host(DevBuf src, void* pinned) {
+  void to_host(Buf src, void* pinned) {
     order_after_compute();
     if (src.bytes() > 0)
       CTXPAR_DIST_CUDA_CHECK(cudaMemcpyAsync(pinned, src.ptr, src.bytes(), cudaMemcpyDeviceToHost, comm_stream_));
@@ -270,7 +295,7 @@ class CommStaged final : public DeviceComm {
   void host_ready() { CTXPAR_DIST_CUDA_CHECK(cudaStreamSynchronize(comm_stream_)); }
   // Pinned → device on the communication stream; later compute-stream work waits for it. The
   // pinned buffer may go back to the pool at once: its next user first calls host_ready().
-  void to_device(void* pinned, DevBuf dst) {
+  void to_device(void* pinned, Buf dst) {
     if (dst.bytes() > 0)
       CTXPAR_DIST_CUDA_CHECK(cudaMemcpyAsync(dst.ptr, pinned, dst.bytes(), cudaMemcpyHostToDevice, comm_stream_));
     CTXPAR_DIST_CUDA_CHECK(cudaEventRecord(done_, comm_stream_));
@@ -330,7 +355,7 @@ class CommStaged final : public DeviceComm {
   Comm& host_;
   int device_;
   cudaStream_t comm_stream_ = nullptr;
-  cudaStream_t compute_ = nullptr;  // legacy default stream until set_compute_stream
+  Stream compute_ = nullptr;  // legacy default stream until set_compute_stream
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   std::vector<std::unique_ptr<Pinned>> pool_;
   std::vector<Slot> slots_;  // Request ids index this
@@ -339,7 +364,7 @@ class CommStaged final : public DeviceComm {
 
 }  // namespace
 
-std::unique_ptr<DeviceComm> make_staged_comm(Comm& host, int device) {
+std::unique_ptr<Comm> make_staged_comm(Comm& host, int device) {
   return std::make_unique<CommStaged>(host, device);
 }
 

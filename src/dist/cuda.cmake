@@ -2,7 +2,6 @@
 # and the rank → GPU map. Included by src/CMakeLists.txt only when cmake/CtxparDeps.cmake found
 # nvcc and NCCL (CTXPAR_HAVE_CUDA); the CPU build never sees these files.
 add_library(ctxpar_dist_cuda STATIC
-  ${CMAKE_CURRENT_LIST_DIR}/device_comm.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comm_nccl.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comm_staged.cpp
   ${CMAKE_CURRENT_LIST_DIR}/chips.cpp)

@@ -2,6 +2,7 @@
 // name for error messages. Not installed for other modules (kernels/cuda has its own checks).
 #pragma once
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <string>
 
@@ -20,6 +21,10 @@
 namespace ctxpar::dist_detail {
 
 // gethostname(), or "?" when it fails.
-std::string host_name();
+inline std::string host_name() {
+  char h[256] = {0};
+  if (gethostname(h, sizeof h - 1) != 0) return "?";
+  return h;
+}
 
 }  // namespace ctxpar::dist_detail

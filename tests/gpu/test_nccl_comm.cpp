@@ -1,4 +1,4 @@
-// DeviceComm (dist/device_comm.hpp) on device buffers, both backends, against the MPI Comm's result
+// Comm (dist/comm.hpp) on device buffers, both backends, against the MPI Comm's result
 // on host copies of the same data:
 //   mpi-staged: any number of ranks, sharing GPUs (device_for_local_rank), e.g. 4 ranks on 1 GPU;
 //   nccl:       one rank per GPU; skipped when the node has fewer GPUs than ranks (then the test
@@ -23,8 +23,7 @@
 
 #include "core/error.hpp"
 #include "dist/chips.hpp"
-#include "dist/comm_nccl.hpp"
-#include "dist/device_comm.hpp"
+#include "dist/comm_device.hpp"
 #include "mpi_test_env.hpp"
 
 using namespace ctxpar;
@@ -58,11 +57,11 @@ const GpuState& gpu_state() {
   return s;
 }
 
-// One DeviceComm per backend for the whole run (NCCL init takes a while), destroyed in the
+// One device Comm per backend for the whole run (NCCL init takes a while), destroyed in the
 // environment's TearDown, i.e. before the gtest main finalizes MPI.
 struct Backends : ::testing::Environment {
   struct Entry {
-    std::unique_ptr<DeviceComm> comm;
+    std::unique_ptr<Comm> comm;
     cudaStream_t compute = nullptr;
   };
   std::map<std::string, Entry> made;
@@ -76,7 +75,7 @@ struct Backends : ::testing::Environment {
 };
 Backends* g_backends = static_cast<Backends*>(::testing::AddGlobalTestEnvironment(new Backends));
 
-DeviceComm& backend(const std::string& name) {
+Comm& backend(const std::string& name) {
   auto it = g_backends->made.find(name);
   if (it != g_backends->made.end()) return *it->second.comm;
   const GpuState& g = gpu_state();
@@ -170,13 +169,13 @@ class DeviceCommTest : public ::testing::TestWithParam<std::string> {
     c_ = &backend(GetParam());
     s_ = c_->compute_stream();
   }
-  DeviceComm& c() { return *c_; }
+  Comm& c() { return *c_; }
   cudaStream_t s() { return s_; }
   int P() { return world().size(); }
   int r() { return world().rank(); }
 
  private:
-  DeviceComm* c_ = nullptr;
+  Comm* c_ = nullptr;
   cudaStream_t s_ = nullptr;
 };
 
