@@ -88,6 +88,23 @@ struct AttnParams {
   int64_t window = 0;   // for MaskKind::window: visible when 0 <= q_pos - k_pos < window
   float scale = 0.f;    // softmax scale; 0 = 1/sqrt(D)
 
+  // ---- KV cache of an inference call (read by the inference strategies, src/cp; a kernel call
+  // ignores these, the strategies split such a call per document). As flash-attention's
+  // fwd_kvcache: with k_doc_len set, k, v, k_pos hold the rows of a KV cache of documents
+  // (sequences): document d's keys are rows [k_doc_begin[d], k_doc_begin[d] + k_doc_len[d]), and
+  // a query row of document q_doc[i] (-1: a padding row, sees nothing) sees only those. Decode:
+  // each query row is a new token whose own key/value rows are k_new / v_new [S_q, H_kv, D],
+  // visible to it; this rank stores document d's new token at cache row k_new_slot[d] of
+  // k_cache / v_cache (the writable view of k / v) when k_new_slot[d] >= 0 (another rank does
+  // when -1), and it is visible from then on.
+  const int64_t* k_doc_begin = nullptr;
+  const int64_t* k_doc_len = nullptr;
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  const int64_t* k_new_slot = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+
   DType dtype = DType::f32;       // of q, k, v, dout
   Device device = Device::cpu;
   Stream stream = nullptr;        // Device::cuda: the stream the call is ordered on

@@ -18,6 +18,9 @@ const Entry kStrategies[] = {
     {"ulysses", make_ulysses_strategy, true},
     {"ring", make_ring_strategy, true},
     {"usp", make_usp_strategy, true},
+    {"pass_q", make_pass_q_strategy, false},
+    {"decode_pass_q", make_decode_pass_q_strategy, false},
+    {"decode_allgather", make_decode_allgather_strategy, false},
 };
 
 std::vector<std::string> names_where(bool training) {

@@ -7,16 +7,14 @@
 //                    allgather, ulysses, usp selectable) or by pass-Q; the K/V stay where computed.
 //   partial prefill  T new tokens after P cached ones, zigzag-sharded over the ranks (positions
 //                    P + zigzag index, so the causal mask comes from global positions):
-//                    pass-KV  queries stay; each rank's cached + new K/V block circulates around
-//                             the ring (cp/ring_core's ring_fwd, blocks padded to the longest);
-//                    pass-Q   K/V stay; the query blocks circulate; each rank computes partial
-//                             (O, LSE) of every visiting block against its own cache; one
-//                             all-to-all returns the partials to their owners, which lse_merge them.
+//                    pass-KV  the ring strategy over each rank's cached + new keys (blocks padded
+//                             to the longest rank's);
+//                    pass-Q   the pass_q strategy (cp/pass_q.cpp): queries circulate, K/V stay.
 //   decode           B sequences, one token each. Sequence b's dense work (projections, MLP,
-//                    LM head) runs on rank b / ceil(B/N); its query (packed with its new K/V, which
-//                    the round-robin target rank appends to its cache when the block visits)
-//                    visits every rank: pass-Q (ring) or allgather (all-gather of the query
-//                    blocks); the partials return by all-to-all and are merged as in pass-Q.
+//                    LM head) runs on rank b / ceil(B/N); its query, with its new K/V, goes to
+//                    every rank by decode_pass_q (ring) or decode_allgather (cp/decode_*.cpp);
+//                    the KV cache's round-robin target rank stores the K/V on the visit.
+// Every attention is a CP strategy of src/cp; the layers are the training model's code.
 // Every call ends with the greedy next token of every sequence on every rank.
 #pragma once
 #include <cstdint>
@@ -29,6 +27,7 @@
 #include "cp/strategy.hpp"
 #include "infer/cost.hpp"
 #include "infer/kv_cache.hpp"
+#include "model/layer.hpp"
 #include "model/model.hpp"
 
 namespace ctxpar {
@@ -81,16 +80,15 @@ class Engine {
 
  private:
   using AttnFn = std::function<void(int64_t l, float* q, float* k, float* v, float* o, float* lse)>;
-  // Embedding → L layers (attention by `attn`) → final norm; logits of the local rows
-  // `logit_rows` into `logits` [|logit_rows|, V].
+  // Embedding → L layers (the training model's layer code, model/layer.hpp, with the attention
+  // by `attn`, a CP strategy of src/cp) → final norm; logits of the local rows `logit_rows` into
+  // `logits` [|logit_rows|, V].
   void forward(int64_t n, const int32_t* tokens, const int64_t* pos, const AttnFn& attn,
                const std::vector<int64_t>& logit_rows, float* logits);
   void ensure_rows(int64_t n);
-  void gemm(int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C, int64_t l);
-  // pass-Q over the CP ring: query blocks of n rows (q, positions) circulate; partials against
-  // the local K/V (S_k rows) return by all-to-all and are merged into (o, lse).
-  void pass_q(int64_t n, const float* q, const int64_t* q_pos, const float* k, const float* v, const int64_t* k_pos,
-              int64_t S_k, float* o, float* lse, int64_t l);
+  LayerRun run(int64_t l);
+  // The attention call of n query rows of this model (causal; tensors set by the caller).
+  AttnParams call(int64_t n) const;
 
   const ParamLayout& layout_;
   ModelDims d_;
@@ -98,13 +96,16 @@ class Engine {
   Topology& topo_;
   Comm& cp_;
   KvCache cache_;
-  std::unique_ptr<CpStrategy> full_strategy_;
+  // The CP strategies of src/cp: the configured one for full prefills, ring (pass-KV over the
+  // cache), pass_q, and the two decode strategies.
+  std::unique_ptr<CpStrategy> full_strategy_, ring_, pass_q_, decode_pass_q_, decode_allgather_;
   int64_t rows_cap_ = 0;
-  Buffer<float> x_, h_, q_, k_, v_, o_, lse_, x1_, g_, u_, m_, cos_, sin_;
+  Buffer<float> x_, h_, rstd_, q_, k_, v_, o_, lse_, x1_, g_, u_, m_, cos_, sin_;
   std::vector<double> inv_freq_;
   // per-call state
   Tracer* tr_ = nullptr;
   CallStats* st_ = nullptr;
+  StepTimes times_;
 };
 
 // Greedy token of a logits row: argmax, the lowest index on ties.

@@ -9,19 +9,14 @@ namespace ctxpar::infer {
 KvCache::KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, int rank, int64_t capacity_tokens)
     : B_(batch), L_(layers), H_kv_(H_kv), D_(D), N_(N), rank_(rank), cap_(capacity_tokens),
       len_(size_t(batch * N), 0), decoded_(size_t(batch), 0), pending_(size_t(batch), 0) {
-  kv_.resize(size_t(B_));
-  pos_.resize(size_t(B_));
-  for (int64_t b = 0; b < B_; ++b) {
-    kv_[size_t(b)].resize(size_t(2 * L_) * slot_elems(), true);  // zeros: padded rows stay finite
-    pos_[size_t(b)].resize(size_t(cap_), false);
-    std::fill_n(pos_[size_t(b)].data(), cap_, kNoPos);
+  k_.resize(size_t(L_));
+  v_.resize(size_t(L_));
+  for (int64_t l = 0; l < L_; ++l) {  // zeros: padded rows stay finite
+    k_[size_t(l)].resize(size_t(B_) * slot_elems(), true);
+    v_[size_t(l)].resize(size_t(B_) * slot_elems(), true);
   }
-}
-
-int64_t KvCache::max_len(int64_t b) const {
-  int64_t m = 0;
-  for (int r = 0; r < N_; ++r) m = std::max(m, len(b, r));
-  return m;
+  pos_.resize(size_t(B_ * cap_), false);
+  std::fill_n(pos_.data(), B_ * cap_, kNoPos);
 }
 
 int64_t KvCache::seq_len(int64_t b) const {
@@ -34,7 +29,7 @@ int64_t KvCache::reserve(int64_t b, int64_t n, const int64_t* positions) {
   const int64_t first = len(b) + pending_[size_t(b)];
   CTXPAR_CHECK(first + n <= cap_, "KV cache of sequence " << b << " full: " << first << " + " << n
                                                           << " tokens > capacity " << cap_);
-  std::copy_n(positions, n, pos_[size_t(b)].data() + first);
+  std::copy_n(positions, n, pos_.data() + b * cap_ + first);
   pending_[size_t(b)] += n;
   return first;
 }
@@ -54,14 +49,14 @@ void KvCache::clear() {
   std::fill(pending_.begin(), pending_.end(), 0);
   // Positions back to kNoPos: padded pass-KV blocks read slots past a rank's length. Stale K/V
   // there stay finite and are never visible.
-  for (auto& p : pos_) std::fill_n(p.data(), cap_, kNoPos);
+  std::fill_n(pos_.data(), B_ * cap_, kNoPos);
 }
 
 void KvCache::restore(const Snapshot& s) {
   len_ = s.len;
   decoded_ = s.decoded;
   std::fill(pending_.begin(), pending_.end(), 0);
-  for (int64_t b = 0; b < B_; ++b) std::fill(pos_[size_t(b)].data() + len(b), pos_[size_t(b)].data() + cap_, kNoPos);
+  for (int64_t b = 0; b < B_; ++b) std::fill(pos_.data() + b * cap_ + len(b), pos_.data() + (b + 1) * cap_, kNoPos);
 }
 
 double KvCache::used_bytes() const {

@@ -5,9 +5,11 @@
 // ranks (how many tokens each holds of each sequence): it is a deterministic function of the
 // schedule, so no communication is needed to know the padded block sizes of pass-KV.
 //
-// Layout per sequence b and layer l: K and V [capacity, H_kv, D] (post-RoPE keys), positions
-// [capacity] shared by all layers. Unused slots hold K = V = 0 and position kNoPos, which no
-// causal query sees, so a block padded up to the longest rank's length adds no visible pair.
+// Layout per layer l: K and V [batch][capacity][H_kv][D] (post-RoPE keys; sequence b's slab
+// starts at row b * capacity), positions [batch][capacity] shared by all layers: one array per
+// layer, so a decode call describes every sequence's keys at once (AttnParams' k_doc_begin /
+// k_doc_len). Unused slots hold K = V = 0 and position kNoPos, which no causal query sees, so a
+// block padded up to the longest rank's length adds no visible pair.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -28,15 +30,19 @@ class KvCache {
   // Committed tokens of sequence b on CP rank r (any rank's, from the shared bookkeeping).
   int64_t len(int64_t b, int r) const { return len_[size_t(b * N_ + r)]; }
   int64_t len(int64_t b) const { return len(b, rank_); }
-  int64_t max_len(int64_t b) const;          // over ranks
   int64_t seq_len(int64_t b) const;          // global context length of sequence b
   int64_t decoded(int64_t b) const { return decoded_[size_t(b)]; }
   // The rank that stores the next decode token of sequence b.
   int decode_target(int64_t b) const { return int((decoded_[size_t(b)] + b) % N_); }
 
-  float* k(int64_t b, int64_t l) { return kv_[size_t(b)].data() + size_t(2 * l) * slot_elems(); }
-  float* v(int64_t b, int64_t l) { return kv_[size_t(b)].data() + size_t(2 * l + 1) * slot_elems(); }
-  const int64_t* pos(int64_t b) const { return pos_[size_t(b)].data(); }
+  float* k(int64_t b, int64_t l) { return k_[size_t(l)].data() + size_t(b) * slot_elems(); }
+  float* v(int64_t b, int64_t l) { return v_[size_t(l)].data() + size_t(b) * slot_elems(); }
+  const int64_t* pos(int64_t b) const { return pos_.data() + b * cap_; }
+  // The whole cache of layer l ([batch * capacity] rows) and every sequence's positions.
+  float* k_layer(int64_t l) { return k_[size_t(l)].data(); }
+  float* v_layer(int64_t l) { return v_[size_t(l)].data(); }
+  const int64_t* pos_all() const { return pos_.data(); }
+  int64_t first_row(int64_t b) const { return b * cap_; }  // sequence b's slab in the layer arrays
   int64_t row_elems() const { return int64_t(H_kv_) * D_; }
 
   // Writes the positions of `n` new local tokens of sequence b after the committed ones and
@@ -67,8 +73,8 @@ class KvCache {
   int32_t H_kv_, D_;
   int N_, rank_;
   int64_t cap_;
-  std::vector<Buffer<float>> kv_;     // per sequence: [L][K|V][cap][H_kv][D]
-  std::vector<Buffer<int64_t>> pos_;  // per sequence: [cap]
+  std::vector<Buffer<float>> k_, v_;  // per layer: [B][cap][H_kv][D]
+  Buffer<int64_t> pos_;               // [B][cap]
   std::vector<int64_t> len_;          // [B][N]
   std::vector<int64_t> decoded_;      // [B]
   std::vector<int64_t> pending_;      // [B] reserved, not yet committed, on this rank

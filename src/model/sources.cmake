@@ -2,6 +2,7 @@
 # which links HDF5 privately for trace/h5_checkpoint.cpp, the checkpoint and token-file I/O).
 set(CTXPAR_MODEL_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/model.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/optimizer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/flops.cpp

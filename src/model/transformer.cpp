@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "dist/topology.hpp"
+#include "model/layer.hpp"
 #include "ops.hpp"
 #include "trace/trace.hpp"
 
@@ -78,27 +79,7 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
   dm_.resize(n * F, false); dg_.resize(n * F, false); du_.resize(n * F, false);
 }
 
-void Transformer::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-                       int64_t ldb, float beta, float* C, int64_t ldc, int64_t l) {
-  const double t0 = now_s();
-  {
-    Tracer::Scope sc(tr_, Phase::gemm, int32_t(l), -1, 2.0 * double(M) * double(N) * double(K), 0);
-    sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-  }
-  times_->gemm_s += now_s() - t0;
-}
-
-void Transformer::tp_all_reduce(float* x, int64_t n, int64_t l) {
-  if (d_.tp == 1) return;
-  const double t0 = now_s();
-  {
-    Tracer::Scope sc(tr_, Phase::all_reduce, int32_t(l), -1, 0, double(n) * 4);
-    topo_.axis(Axis::tp).all_reduce(std::span<float>(x, size_t(n)));
-  }
-  const double dt = now_s() - t0;
-  times_->tp_comm_s += dt;
-  st_->exposed_comm_s += dt;  // a blocking collective: nothing overlaps it
-}
+LayerRun Transformer::run(int64_t l) { return LayerRun{d_, topo_, tr_, *times_, *st_, l}; }
 
 // The strategy's call on one layer's local attention tensors (forward inputs and outputs).
 AttnParams Transformer::local_attn(AttnActs& a, const Batch& b) {
@@ -112,56 +93,12 @@ AttnParams Transformer::local_attn(AttnActs& a, const Batch& b) {
 // RMSNorm → Q, K, V → RoPE → CP attention, into `a`.
 
 void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b) {
-  const int64_t S = S_loc_, dim = d_.dim, qw = d_.q_width(), kw = d_.kv_width();
-  {
-    Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
-    rmsnorm_fwd(x, w.attn_norm, a.h.data(), a.rstd.data(), S, dim, d_.norm_eps);
-  }
-  gemm(false, false, S, qw, dim, a.h.data(), dim, w.wq, qw, 0, a.q.data(), qw, l);
-  gemm(false, false, S, kw, dim, a.h.data(), dim, w.wk, kw, 0, a.k.data(), kw, l);
-  gemm(false, false, S, kw, dim, a.h.data(), dim, w.wv, kw, 0, a.v.data(), kw, l);
-  {
-    Tracer::Scope sc(tr_, Phase::rope, int32_t(l), -1, 0, 0);
-    rope_apply(a.q.data(), S, d_.H_q_loc(), d_.D, cos_.data(), sin_.data(), false);
-    rope_apply(a.k.data(), S, d_.H_kv_loc(), d_.D, cos_.data(), sin_.data(), false);
-  }
+  attn_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), a.q.data(), a.k.data(),
+              a.v.data());
   const AttnParams t = local_attn(a, b);
   const double t0 = now_s();
   strat_.forward(t, tr_, *st_);
   times_->attn_s += now_s() - t0;
-}
-
-// x1 = x + (o Wo), the row-split product summed over tp.
-void Transformer::out_proj_fwd(int64_t l, const LayerView& w, const float* x, const AttnActs& a, float* x1) {
-  const int64_t S = S_loc_, dim = d_.dim, qw = d_.q_width();
-  gemm(false, false, S, dim, qw, a.o.data(), qw, w.wo, dim, 0, x1, dim, l);
-  tp_all_reduce(x1, S * dim, l);
-  const int64_t n = S * dim;
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) x1[i] += x[i];
-}
-
-// RMSNorm → gate/up → SwiGLU → down (+ tp all-reduce) → residual into x_out (null: stop after
-// SwiGLU, for recompute where the layer output is already known).
-void Transformer::mlp_part_fwd(int64_t l, const LayerView& w, MlpActs& m, float* x_out) {
-  const int64_t S = S_loc_, dim = d_.dim, F = d_.ffn_loc();
-  {
-    Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
-    rmsnorm_fwd(m.x1.data(), w.mlp_norm, m.h2.data(), m.rstd.data(), S, dim, d_.norm_eps);
-  }
-  gemm(false, false, S, F, dim, m.h2.data(), dim, w.w1, F, 0, m.g.data(), F, l);
-  gemm(false, false, S, F, dim, m.h2.data(), dim, w.w3, F, 0, m.u.data(), F, l);
-  {
-    Tracer::Scope sc(tr_, Phase::mlp, int32_t(l), -1, 0, 0);
-    swiglu_fwd(m.g.data(), m.u.data(), m.m.data(), S * F);
-  }
-  if (!x_out) return;
-  gemm(false, false, S, dim, F, m.m.data(), F, w.w2, dim, 0, x_out, dim, l);
-  tp_all_reduce(x_out, S * dim, l);
-  const int64_t n = S * dim;
-  const float* x1 = m.x1.data();
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) x_out[i] += x1[i];
 }
 
 // dx holds d(loss)/d(output of layer l) on entry and d(loss)/d(input of layer l) on exit.
@@ -173,28 +110,28 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   // Recompute what remat dropped (not counted as model FLOPs).
   if (remat_ != Remat::none) attn_part_fwd(l, w, x, a, b);
   if (remat_ == Remat::full) {
-    out_proj_fwd(l, w, x, a, m.x1.data());
-    mlp_part_fwd(l, w, m, nullptr);
+    attn_out_fwd(run(l), w, S, x, a.o.data(), m.x1.data());
+    mlp_fwd(run(l), w, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(), nullptr);
   }
   // ---- MLP: x_out = x1 + (swiglu(h2 W1, h2 W3)) W2
-  gemm(false, true, S, F, dim, dx, dim, w.w2, dim, 0, dm_.data(), F, l);       // dm = dx W2^T
-  gemm(true, false, F, dim, S, m.m.data(), F, dx, dim, 1, gw.w2, dim, l);      // dW2 += m^T dx
+  layer_gemm(run(l), false, true, S, F, dim, dx, dim, w.w2, dim, 0, dm_.data(), F);       // dm = dx W2^T
+  layer_gemm(run(l), true, false, F, dim, S, m.m.data(), F, dx, dim, 1, gw.w2, dim);      // dW2 += m^T dx
   {
     Tracer::Scope sc(tr_, Phase::mlp, int32_t(l), -1, 0, 0);
     swiglu_bwd(dm_.data(), m.g.data(), m.u.data(), dg_.data(), du_.data(), S * F);
   }
-  gemm(false, true, S, dim, F, dg_.data(), F, w.w1, F, 0, dh_.data(), dim, l);  // dh2 = dg W1^T
-  gemm(false, true, S, dim, F, du_.data(), F, w.w3, F, 1, dh_.data(), dim, l);  //     + du W3^T
-  gemm(true, false, dim, F, S, m.h2.data(), dim, dg_.data(), F, 1, gw.w1, F, l);
-  gemm(true, false, dim, F, S, m.h2.data(), dim, du_.data(), F, 1, gw.w3, F, l);
-  tp_all_reduce(dh_.data(), S * dim, l);  // each tp rank holds the part from its FFN columns
+  layer_gemm(run(l), false, true, S, dim, F, dg_.data(), F, w.w1, F, 0, dh_.data(), dim);  // dh2 = dg W1^T
+  layer_gemm(run(l), false, true, S, dim, F, du_.data(), F, w.w3, F, 1, dh_.data(), dim);  //     + du W3^T
+  layer_gemm(run(l), true, false, dim, F, S, m.h2.data(), dim, dg_.data(), F, 1, gw.w1, F);
+  layer_gemm(run(l), true, false, dim, F, S, m.h2.data(), dim, du_.data(), F, 1, gw.w3, F);
+  layer_tp_all_reduce(run(l), dh_.data(), S * dim);  // each tp rank holds the part from its FFN columns
   {
     Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
     rmsnorm_bwd(dh_.data(), m.x1.data(), w.mlp_norm, m.rstd.data(), dx, gw.mlp_norm, S, dim);  // dx = d x1
   }
   // ---- attention: x1 = x + attn(rope(h Wq), rope(h Wk), h Wv) Wo
-  gemm(false, true, S, qw, dim, dx, dim, w.wo, dim, 0, do_.data(), qw, l);      // dO = dx1 Wo^T
-  gemm(true, false, qw, dim, S, a.o.data(), qw, dx, dim, 1, gw.wo, dim, l);     // dWo += O^T dx1
+  layer_gemm(run(l), false, true, S, qw, dim, dx, dim, w.wo, dim, 0, do_.data(), qw);      // dO = dx1 Wo^T
+  layer_gemm(run(l), true, false, qw, dim, S, a.o.data(), qw, dx, dim, 1, gw.wo, dim);     // dWo += O^T dx1
   AttnParams t = local_attn(a, b);
   t.dout = do_.data();
   t.dq = dq_.data(); t.dk = dk_.data(); t.dv = dv_.data();
@@ -206,13 +143,13 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
     rope_apply(dq_.data(), S, d_.H_q_loc(), d_.D, cos_.data(), sin_.data(), true);
     rope_apply(dk_.data(), S, d_.H_kv_loc(), d_.D, cos_.data(), sin_.data(), true);
   }
-  gemm(false, true, S, dim, qw, dq_.data(), qw, w.wq, qw, 0, dh_.data(), dim, l);
-  gemm(false, true, S, dim, kw, dk_.data(), kw, w.wk, kw, 1, dh_.data(), dim, l);
-  gemm(false, true, S, dim, kw, dv_.data(), kw, w.wv, kw, 1, dh_.data(), dim, l);
-  gemm(true, false, dim, qw, S, a.h.data(), dim, dq_.data(), qw, 1, gw.wq, qw, l);
-  gemm(true, false, dim, kw, S, a.h.data(), dim, dk_.data(), kw, 1, gw.wk, kw, l);
-  gemm(true, false, dim, kw, S, a.h.data(), dim, dv_.data(), kw, 1, gw.wv, kw, l);
-  tp_all_reduce(dh_.data(), S * dim, l);
+  layer_gemm(run(l), false, true, S, dim, qw, dq_.data(), qw, w.wq, qw, 0, dh_.data(), dim);
+  layer_gemm(run(l), false, true, S, dim, kw, dk_.data(), kw, w.wk, kw, 1, dh_.data(), dim);
+  layer_gemm(run(l), false, true, S, dim, kw, dv_.data(), kw, w.wv, kw, 1, dh_.data(), dim);
+  layer_gemm(run(l), true, false, dim, qw, S, a.h.data(), dim, dq_.data(), qw, 1, gw.wq, qw);
+  layer_gemm(run(l), true, false, dim, kw, S, a.h.data(), dim, dk_.data(), kw, 1, gw.wk, kw);
+  layer_gemm(run(l), true, false, dim, kw, S, a.h.data(), dim, dv_.data(), kw, 1, gw.wv, kw);
+  layer_tp_all_reduce(run(l), dh_.data(), S * dim);
   {
     Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
     rmsnorm_bwd(dh_.data(), x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm, S, dim);  // dx = d x
@@ -243,8 +180,9 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     AttnActs& a = attn_of(l);
     MlpActs& m = mlp_of(l);
     attn_part_fwd(l, lw, x_[size_t(l)].data(), a, b);
-    out_proj_fwd(l, lw, x_[size_t(l)].data(), a, m.x1.data());
-    mlp_part_fwd(l, lw, m, x_[size_t(l + 1)].data());
+    attn_out_fwd(run(l), lw, S, x_[size_t(l)].data(), a.o.data(), m.x1.data());
+    mlp_fwd(run(l), lw, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(),
+            x_[size_t(l + 1)].data());
   }
   {
     Tracer::Scope sc(tr_, Phase::norm, -1, -1, 0, 0);
@@ -256,14 +194,14 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   for (int64_t r0 = 0; r0 < S; r0 += C) {
     const int64_t rows = std::min(C, S - r0);
     const float* h = hf_.data() + r0 * dim;
-    gemm(false, false, rows, V, dim, h, dim, w.lm_head, V, 0, logits_.data(), V, -1);
+    layer_gemm(run(-1), false, false, rows, V, dim, h, dim, w.lm_head, V, 0, logits_.data(), V);
     if (logits_out) std::memcpy(logits_out + r0 * V, logits_.data(), size_t(rows * V) * sizeof(float));
     {
       Tracer::Scope sc(tr_, Phase::loss, -1, -1, 0, 0);
       loss += cross_entropy_fwd_bwd(logits_.data(), b.labels.data() + r0, rows, V, float(loss_scale), logits_.data());
     }
-    gemm(true, false, dim, V, rows, h, dim, logits_.data(), V, 1, gw.lm_head, V, -1);
-    gemm(false, true, rows, dim, V, logits_.data(), V, w.lm_head, V, 0, dhf_.data() + r0 * dim, dim, -1);
+    layer_gemm(run(-1), true, false, dim, V, rows, h, dim, logits_.data(), V, 1, gw.lm_head, V);
+    layer_gemm(run(-1), false, true, rows, dim, V, logits_.data(), V, w.lm_head, V, 0, dhf_.data() + r0 * dim, dim);
   }
   float* dx = dx_.data();
   std::memset(dx, 0, size_t(S * dim) * sizeof(float));

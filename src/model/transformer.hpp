@@ -1,7 +1,8 @@
 // Forward and hand-written backward of the decoder on this rank's shard of one packed sequence:
 // embedding → L × [RMSNorm → Q/K/V → RoPE (global positions) → CP attention (the configured
 // strategy) → output projection (+ tp all-reduce) → residual → RMSNorm → SwiGLU MLP (+ tp
-// all-reduce) → residual] → final RMSNorm → LM head → cross-entropy.
+// all-reduce) → residual] → final RMSNorm → LM head → cross-entropy. The layer's forward is
+// model/layer.hpp's, which the inference engine runs too.
 //
 // The loss is fused with the LM head: logits are made in row chunks and turned into their
 // gradient at once (the loss scale 1/N, N the labelled tokens of the global batch, is known
@@ -18,6 +19,7 @@
 #include "core/memory.hpp"
 #include "cp/strategy.hpp"
 #include "model/data.hpp"
+#include "model/layer.hpp"
 #include "model/model.hpp"
 
 namespace ctxpar {
@@ -27,11 +29,6 @@ class Tracer;
 
 enum class Remat { none, attention, full };
 Remat remat_kind(const std::string& name);
-
-// Wall time by kind of work, this rank, one forward_backward (seconds).
-struct StepTimes {
-  double gemm_s = 0, attn_s = 0, tp_comm_s = 0, other_s = 0, total_s = 0;
-};
 
 class Transformer {
  public:
@@ -57,14 +54,11 @@ class Transformer {
   MlpActs& mlp_of(int64_t l) { return mlp_.size() == 1 ? mlp_[0] : mlp_[size_t(l)]; }
 
   AttnParams local_attn(AttnActs& a, const Batch& b);
+  // The layer code's context for layer l (model/layer.hpp) in the current call.
+  LayerRun run(int64_t l);
+  // attn_in_fwd (model/layer.hpp) and the CP attention, into `a`.
   void attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b);
-  void out_proj_fwd(int64_t l, const LayerView& w, const float* x, const AttnActs& a, float* x1);
-  void mlp_part_fwd(int64_t l, const LayerView& w, MlpActs& m, float* x_out);
   void layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const Batch& b, float* dx);
-  void tp_all_reduce(float* x, int64_t n, int64_t l);
-  // y[S_loc, n] (=|+=) x[S_loc, k] W[k, n] etc., timed as gemm.
-  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-            int64_t ldb, float beta, float* C, int64_t ldc, int64_t l);
 
   const ParamLayout& layout_;
   ModelDims d_;

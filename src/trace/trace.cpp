@@ -487,11 +487,12 @@ void Tracer::begin_step(int64_t step) {
   impl_->touch(step, Phase::other, -1);
 }
 
-void Tracer::progress(Phase ph, int32_t layer) { impl_->touch(step_, ph, layer); }
+void Tracer::progress(Phase ph, int32_t layer) { impl_->touch(step_, ph, layer_or_ctx(layer)); }
 
 void Tracer::add_span(Phase ph, int32_t layer, int32_t ring_step, double t_begin_us, double t_end_us,
                       double flops, double bytes) {
   Impl& I = *impl_;
+  layer = layer_or_ctx(layer);
   SpanRecord s{};
   s.step = int32_t(step_);
   s.layer = layer;

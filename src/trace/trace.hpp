@@ -56,6 +56,10 @@ class Tracer {
   Tracer& operator=(const Tracer&) = delete;
 
   void begin_step(int64_t step);
+  // The layer a caller is working on (-1: none): spans and heartbeats recorded with layer -1
+  // (as the CP strategies do, which do not know the layer) get this layer instead. The inference
+  // engine sets it per layer; training leaves it at -1.
+  void set_layer(int32_t layer) { layer_ctx_ = layer; }
   // Records a finished span (times from now_us()).
   void add_span(Phase ph, int32_t layer, int32_t ring_step, double t_begin_us, double t_end_us,
                 double flops = 0, double bytes = 0);
@@ -116,6 +120,8 @@ class Tracer {
   std::unique_ptr<Impl> impl_;
   std::vector<SpanRecord> spans_;
   int64_t step_ = 0;
+  int32_t layer_ctx_ = -1;
+  int32_t layer_or_ctx(int32_t layer) const { return layer == -1 ? layer_ctx_ : layer; }
 };
 
 // Installs SIGTERM/SIGUSR1 handlers that only set a flag (checked by Tracer::end_step).

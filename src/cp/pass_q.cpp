@@ -1,0 +1,91 @@
+// pass_q (Meta CP, "pass-Q", inference): K/V stay, the query blocks circulate around the CP ring.
+// Each rank computes the partial (O, LSE) of every visiting block against its own keys (its KV
+// cache plus the new tokens); one all-to-all returns the partials to their owners, which
+// lse-merge them in rank order. Forward only. It moves T/N query rows per hop instead of the
+// (T+P)/N cached keys of pass-KV (ring.cpp): the better choice when few tokens are new (low miss
+// rate; cost model: src/perf). Every rank holds the same number of query rows (a zigzag share of
+// the new tokens); positions are global, so the causal mask holds over the cache.
+#include <cstring>
+
+#include "core/error.hpp"
+#include "core/memory.hpp"
+#include "cp/common.hpp"
+#include "cp/query_ring.hpp"
+#include "cp/strategy.hpp"
+#include "dist/topology.hpp"
+#include "model/flops.hpp"
+#include "ops.hpp"
+#include "trace/trace.hpp"
+
+namespace ctxpar {
+namespace {
+
+// pass-Q's query blocks (distinct from the ring's K/V tags).
+constexpr int kTagQ = 201;
+// Row chunks of a block's compute while a transfer is in flight (see cp::progress_chunk_rows).
+constexpr int kProgressParts = 8;
+
+class PassQ final : public CpStrategy {
+ public:
+  explicit PassQ(Topology& topo) : comm_(topo.cp()) {}
+  std::string name() const override { return "pass_q"; }
+  PartitionKind partition() const override { return PartitionKind::zigzag; }
+  bool has_backward() const override { return false; }
+
+  std::string validate(const AttnParams& s, const Topology& topo) const override {
+    return cp::check_common(name(), s, topo.cp_size());
+  }
+
+  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+    const int N = topo.cp_size();
+    const int64_t n = s.S_q / N;
+    const cp::QLayout L = cp::q_layout(n, s.H_q, s.H_kv, s.D, s.dtype, false);
+    (void)docs;  // inference has one document per sequence
+    return double(N - 1) * double(L.bytes) + double(cp::partial_elems(n, s.H_q, s.D)) * sizeof(float) * (N - 1);
+  }
+
+  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    const int N = comm_.size(), r = comm_.rank(), next = (r + 1) % N, prev = (r + N - 1) % N;
+    const int64_t n = local.S_q;
+    const cp::QLayout L = cp::q_layout(n, local.H_q, local.H_kv, local.D, local.dtype, false);
+    Buffer<std::byte> blk[2] = {Buffer<std::byte>(L.bytes, false), Buffer<std::byte>(L.bytes, false)};
+    cp::pack_queries(L, local, n, blk[0].data());
+    const size_t pe = cp::partial_elems(n, local.H_q, local.D);
+    Buffer<float> part(pe * size_t(N), false);
+    const int64_t chunk = cp::progress_chunk_rows(n, kProgressParts);
+    for (int s = 0; s < N; ++s) {
+      const int cur = s % 2, origin = (r - s + N) % N;
+      if (tr) tr->progress(Phase::attn_fwd);
+      Request req;
+      if (s < N - 1) {
+        req = comm_.send_recv_async(blk[cur].span(), next, blk[1 - cur].span(), prev, kTagQ);
+        st.messages += 1;
+        st.bytes_sent += double(L.bytes);
+      }
+      float* o = part.data() + size_t(origin) * pe;
+      const AttnParams p = cp::visiting_block(L, blk[cur].data(), local, o, o + size_t(n) * local.H_q * local.D);
+      const double flops = attn_fwd_flops(double(visible_pairs(p)), p.H_q, p.D);
+      const double t0 = tr ? tr->now_us() : 0;
+      cp::fwd_chunked(p, chunk, false, nullptr, nullptr, [&] {
+        if (req.pending()) comm_.test(req);
+      });
+      st.attn_flops += flops;
+      if (tr) tr->add_span(Phase::attn_fwd, -1, s, t0, tr->now_us(), flops, 0);
+      cp::timed_wait(comm_, req, st, tr, s, double(L.bytes));
+    }
+    cp::return_and_merge(comm_, part, n, n, local.H_q, local.D, local.o, local.lse, tr, st);
+  }
+
+  void backward(const AttnParams&, Tracer*, CpStats&) override {
+    CTXPAR_FATAL("pass_q is an inference strategy: it has no backward");
+  }
+
+ private:
+  Comm& comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<CpStrategy> make_pass_q_strategy(Topology& topo) { return std::make_unique<PassQ>(topo); }
+
+}  // namespace ctxpar

@@ -1,0 +1,56 @@
+// Shared by the inference strategies that move queries instead of keys (pass_q.cpp,
+// decode_pass_q.cpp, decode_allgather.cpp): the packed query block that travels, the partial
+// results each rank computes for every visiting block, and their return to the owners by one
+// all-to-all with the merge in rank order (Meta CP, "pass-Q": the LSE merge of partial
+// attention outputs is exact, so the order only fixes the rounding, and a fixed order makes the
+// result independent of arrival times).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "attn_params.hpp"
+#include "core/memory.hpp"
+#include "cp/strategy.hpp"
+#include "dist/comm.hpp"
+
+namespace ctxpar {
+class Tracer;
+namespace cp {
+
+// One circulating query block of n rows: q [n, H_q, D], with the decode riders also the new
+// tokens' k_new, v_new [n, H_kv, D]; positions [n]; with the riders the document (sequence) ids
+// [n] as int64 (-1 = padding row). One byte buffer (one message per hop), 64-byte aligned sections.
+struct QLayout {
+  int64_t n = 0;
+  int32_t H_q = 0, H_kv = 0, D = 0;
+  bool riders = false;
+  size_t q_off = 0, k_off = 0, v_off = 0, pos_off = 0, doc_off = 0, bytes = 0;
+};
+QLayout q_layout(int64_t n, int32_t H_q, int32_t H_kv, int32_t D, DType dtype, bool riders);
+
+// Packs the first n_rows local query rows (n_rows <= L.n; the rest are padding: tensors
+// untouched, position -1, document -1).
+void pack_queries(const QLayout& L, const AttnParams& local, int64_t n_rows, std::byte* base);
+// The call of the block at `base` (origin rank's queries) against this rank's keys of `local`,
+// its outputs at `o`, `lse` (n rows).
+AttnParams visiting_block(const QLayout& L, std::byte* base, const AttnParams& local, float* o, float* lse);
+// The document id of row i of the block (riders only).
+int64_t block_doc(const QLayout& L, const std::byte* base, int64_t i);
+
+// Decode: the partials of a visiting block of new tokens (riders) against this rank's KV cache
+// (`local`'s k_doc_begin / k_doc_len / k_new_slot): a row whose sequence is stored here first
+// appends its own K/V (so it also sees itself); a row with nothing here (or a padding row) gets
+// o = 0, lse = -inf. One kernel call per row. Returns the attention FLOPs (every cached key).
+double decode_visit(const QLayout& L, std::byte* base, const AttnParams& local, float* o, float* lse);
+
+// Floats of one block's partial result: [o (n H_q D) | lse (n H_q)].
+size_t partial_elems(int64_t n, int32_t H_q, int32_t D);
+
+// `part` holds, block j, rank j's queries against this rank's keys (partial_elems(n_block) each).
+// One all-to-all sends every block home; the first n_rows rows of every returned block are
+// lse-merged in rank order into o [n_rows, H_q, D], lse [n_rows, H_q].
+void return_and_merge(Comm& c, Buffer<float>& part, int64_t n_block, int64_t n_rows, int32_t H_q, int32_t D,
+                      float* o, float* lse, Tracer* tr, CpStats& st);
+
+}  // namespace cp
+}  // namespace ctxpar

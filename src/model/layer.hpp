@@ -1,0 +1,50 @@
+// One decoder layer of the Llama-3-style model, forward, in the three parts around the CP
+// attention, on n local rows: the training step (model/transformer.cpp) and the inference engine
+// (infer/engine.cpp) run exactly this code.
+//   attn_in   h = RMSNorm(x) (rstd saved); q = h Wq, k = h Wk, v = h Wv; RoPE on q and k
+//   (the CP strategy: o, lse = attention(q, k, v))
+//   attn_out  x1 = x + o Wo                (row-split product summed over tp)
+//   mlp       h2 = RMSNorm(x1) (rstd2 saved); g = h2 W1, u = h2 W3, m = silu(g) u;
+//             x_out = x1 + m W2            (summed over tp); x_out null: stop after m (recompute)
+// Every GEMM is timed into StepTimes::gemm_s and traced as a gemm span of the layer; every tp
+// all-reduce into tp_comm_s and, as a blocking collective, into the exposed communication.
+#pragma once
+#include <cstdint>
+
+#include "cp/strategy.hpp"
+#include "model/model.hpp"
+
+namespace ctxpar {
+
+class Topology;
+class Tracer;
+
+// Wall time by kind of work, this rank, one forward_backward or inference call (seconds).
+struct StepTimes {
+  double gemm_s = 0, attn_s = 0, tp_comm_s = 0, other_s = 0, total_s = 0;
+};
+
+// What every part of a layer needs: the dimensions, the mesh (tp all-reduces), the tracer, the
+// counters, and the layer index (-1 outside the layers: the LM head).
+struct LayerRun {
+  const ModelDims& d;
+  Topology& topo;
+  Tracer* tr;
+  StepTimes& times;
+  CpStats& st;
+  int64_t layer;
+};
+
+// C (=|+=) op(A) op(B), row-major, timed and traced (model/flops.hpp: 2 m n k).
+void layer_gemm(const LayerRun& r, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// Sum over the tp axis, in place (a no-op at tp = 1).
+void layer_tp_all_reduce(const LayerRun& r, float* x, int64_t n);
+
+void attn_in_fwd(const LayerRun& r, const LayerView& w, int64_t n, const float* x, const float* cos_t,
+                 const float* sin_t, float* h, float* rstd, float* q, float* k, float* v);
+void attn_out_fwd(const LayerRun& r, const LayerView& w, int64_t n, const float* x, const float* o, float* x1);
+void mlp_fwd(const LayerRun& r, const LayerView& w, int64_t n, const float* x1, float* h2, float* rstd2, float* g,
+             float* u, float* m, float* x_out);
+
+}  // namespace ctxpar
