@@ -273,7 +273,7 @@ struct OptimizerBlock {
 };
 
 std::string calibrate_path(const Config& cfg) {
-  const std::string& h = cfg.hardware;
+  const std::string h = hardware_name(cfg, HardwareUse::plan);
   if (h.size() > 5 && h.compare(h.size() - 5, 5, ".toml") == 0) return h;
   return hardware_dir() + "/" + (h.empty() ? std::string("local") : h) + ".toml";
 }
@@ -285,7 +285,11 @@ std::string validate_calibrate(const Config& cfg, Topology& topo) {
     return "bench calibrate measures communication between ranks 0 and 1 and needs ≥ 2 ranks; run e.g. "
            "OMP_NUM_THREADS=1 mpirun -np 2 ctxpar bench calibrate";
   if (cfg.heads % cfg.kv_heads != 0) return "config: heads must be a multiple of kv_heads";
-  (void)calibrate_path(cfg);
+  try {
+    (void)calibrate_path(cfg);
+  } catch (const UsageError& e) {
+    return std::string("config: ") + e.what();
+  }
   return "";
 }
 

@@ -26,12 +26,12 @@
 #include "core/random.hpp"
 #include "core/stats.hpp"
 #include "dist/topology.hpp"
-#include "infer/cost.hpp"
 #include "infer/engine.hpp"
 #include "infer/schedule.hpp"
 #include "model/flops.hpp"
 #include "model/model.hpp"
 #include "ops.hpp"
+#include "perf/prefill_choice.hpp"
 #include "trace/trace.hpp"
 
 namespace ctxpar {
@@ -97,7 +97,7 @@ int bench_infer(BenchContext& ctx) {
                  {"eq5", "Eq.5", "paper", 9, 0}, {"wrong", "#wrong", "", 7, 0}},
                 {std::string("FLOP convention: ") + kFlopConvention,
                  "TTFT: median of bench_iters prefills of the T new tokens on the same P-token cache (max over ranks)",
-                 "pred: cp_algo=auto's cost model (src/infer/cost.hpp), hw_profile " + cost.describe()});
+                 "pred: cp_algo=auto's cost model (src/perf/prefill_choice.hpp), hardware " + cost.describe()});
   const double misses[] = {0.01, 0.025, 0.05, 0.10, 0.20, 0.50, 1.0};
   // Crossover: a split index i (pass-Q below miss rate i, pass-KV from i on) that misclassifies
   // the fewest rows; index n_rates = pass-Q everywhere. Measured rows count only where the

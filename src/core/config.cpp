@@ -119,9 +119,8 @@ const std::vector<Field>& config_fields() {
       {"batch", &Config::batch, "1", "infer: B sequences decoded together", {}, 1, 65536},
       {"cached", &Config::cached, "0", "prefill: cached tokens P before the measured prefill of seq - P (0 = use miss_rate)", {}, 0, 1ll << 40},
       {"miss_rate", &Config::miss_rate, "1", "prefill: new tokens T = miss_rate * seq when cached = 0 (1 = full prefill)", {}, 1e-6, 1},
-      {"hw_profile", &Config::hw_profile, "measured", "infer: cp_algo=auto's hardware (measured = this run's ranks, measured at start; or a profile of inputs/hardware, e.g. h100-gtt)", {}},
       // cost model (`ctxpar predict`)
-      {"hardware", &Config::hardware, "local", "predict: hardware profile, inputs/hardware/<name>.toml or a path", {}},
+      {"hardware", &Config::hardware, "auto", "hardware profile of the cost model (predict, strategy=auto, cp_algo=auto, bench calibrate's output): inputs/hardware/<name>.toml, a path, measured (this job's ranks, measured at start: cp_algo=auto only) or auto (measured for cp_algo=auto, else local)", {}},
       {"predict_mode", &Config::predict_mode, "train", "predict: what to predict", {"train", "prefill", "partial_prefill", "decode"}},
       {"predict_mesh", &Config::predict_mesh, "", "predict: mesh of the predicted cluster, e.g. tp:8,ring:16 (empty = mesh)", {}, 0, -1, check_predict_mesh},
       {"predict_precision", &Config::predict_precision, "auto", "predict: number formats (auto = the profile's default)", {"auto", "bf16", "fp8_ffn", "fp32"}},
@@ -145,6 +144,20 @@ bool parse_size(std::string_view t, int64_t& out) {
   if (v != 0 && std::abs(v) > INT64_MAX / mult) return false;
   out = v * mult;
   return true;
+}
+
+// Keys that were merged into another: refused with a message naming the one to use.
+struct RetiredKey {
+  std::string_view name, message;
+};
+const RetiredKey kRetiredKeys[] = {
+    {"hw_profile", "was merged into 'hardware', the one setting that names a hardware profile; valid: hardware=NAME "
+                   "(e.g. hardware=h100-gtt, or hardware=measured for cp_algo=auto's measurement of this job's ranks)"},
+};
+
+static void refuse_retired(std::string_view key, const std::string& where) {
+  for (const RetiredKey& r : kRetiredKeys)
+    if (r.name == key) throw UsageError("config: " + std::string(key) + " (" + where + ") " + std::string(r.message));
 }
 
 static const Field* find_field(std::string_view name) {
@@ -256,6 +269,7 @@ Config parse_config(const std::string& toml_text, const std::string& toml_name,
     for (const auto& [key, val] : root.as_table()) {
       const Field* f = find_field(key);
       if (!f) {
+        refuse_retired(key, toml_name);
         std::string s = suggest(key);
         throw UsageError("config: unknown key '" + key + "' in " + toml_name +
                          (s.empty() ? "" : "; did you mean '" + s + "'?") + " (ctxpar --help lists every key)");
@@ -274,6 +288,7 @@ Config parse_config(const std::string& toml_text, const std::string& toml_name,
     const std::string key = a.substr(0, eq), val = a.substr(eq + 1);
     const Field* f = find_field(key);
     if (!f) {
+      refuse_retired(key, "command line");
       std::string s = suggest(key);
       throw UsageError("config: unknown key '" + key + "' (command line)" +
                        (s.empty() ? "" : "; did you mean '" + s + "'?") + " (ctxpar --help lists every key)");

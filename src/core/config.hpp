@@ -77,10 +77,9 @@ struct Config {
   int64_t batch;             // B sequences
   int64_t cached;            // prefill: P cached tokens before the measured prefill (0 = from miss_rate)
   double miss_rate;          // prefill: T / seq new tokens when cached = 0 (1 = full prefill)
-  std::string hw_profile;    // cost model of cp_algo=auto: measured | a profile of inputs/hardware
   // cost model (`ctxpar predict`, src/perf; seq, batch, cached, miss_rate, partition, remat and
   // the model fields describe the predicted workload)
-  std::string hardware;        // profile: inputs/hardware/<name>.toml or a path
+  std::string hardware;        // profile: inputs/hardware/<name>.toml, a path, measured, or auto
   std::string predict_mode;    // train | prefill | partial_prefill | decode
   std::string predict_mesh;    // the predicted cluster's mesh ("" = mesh); need not match the job's ranks
   std::string predict_precision;  // auto (the profile's) | bf16 | fp8_ffn | fp32

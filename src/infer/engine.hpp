@@ -25,7 +25,7 @@
 
 #include "core/memory.hpp"
 #include "cp/strategy.hpp"
-#include "infer/cost.hpp"
+#include "perf/prefill_choice.hpp"
 #include "infer/kv_cache.hpp"
 #include "model/layer.hpp"
 #include "model/model.hpp"

@@ -1,7 +1,7 @@
 // `ctxpar prefill`, `ctxpar decode`, `ctxpar chat` — inference with context parallelism on the
 // training model (src/infer/engine.hpp): a KV cache sharded over the CP ranks, full and partial
 // prefills with pass-KV or pass-Q (cp_algo = auto chooses per call from the cost model in
-// src/infer/cost.hpp), and batched greedy decode with pass-Q or all-gather.
+// src/perf/prefill_choice.hpp), and batched greedy decode with pass-Q or all-gather.
 //
 //   prefill  per step: a fresh cache; `cached` tokens (or seq * (1 - miss_rate)) are prefilled
 //            first (setup, untimed), then the measured prefill of the rest: TTFT.
@@ -23,13 +23,13 @@
 #include "core/random.hpp"
 #include "core/stats.hpp"
 #include "dist/topology.hpp"
-#include "infer/cost.hpp"
 #include "infer/engine.hpp"
 #include "infer/schedule.hpp"
 #include "model/checkpoint.hpp"
 #include "model/flops.hpp"
 #include "model/model.hpp"
 #include "modes/modes.hpp"
+#include "perf/prefill_choice.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
 #include "trace/trace.hpp"
@@ -100,7 +100,6 @@ class Session {
     engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cfg.batch, cache_capacity_tokens(sched, N),
                                        cfg.strategy);
     cost_ = std::make_unique<PrefillCostModel>(cfg, cp_);
-    const HwProfile& hw = cost_->rates();
     const ModelDims& d = layout_.dims();
     log0("ctxpar %s: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); batch %lld, "
          "%d CP ranks (mesh %s), full-prefill strategy %s, cp_algo %s, decode_algo %s\n",
@@ -114,11 +113,13 @@ class Session {
     log0("# FLOP convention: %s; prefill/decode FLOPs count projections, MLP, one LM-head row per sequence\n",
          kFlopConvention);
     log0("#  step turn  kind      T        P  algo       time_ms    tokens/s  TFLOP/s/rank  exposed_ms  cache_MiB/rank\n");
-    tr_.write_attr("/", "hw_profile", hw.name);
-    tr_.write_attr("/", "hw_attn_flops_per_s", hw.attn_flops_per_s);
-    tr_.write_attr("/", "hw_bw_bytes_per_s", std::isfinite(hw.bw_bytes_per_s) ? hw.bw_bytes_per_s : 0.0);
-    tr_.write_attr("/", "hw_a2a_bytes_per_s", std::isfinite(hw.a2a_bytes_per_s) ? hw.a2a_bytes_per_s : 0.0);
-    tr_.write_attr("/", "hw_latency_s", hw.latency_s);
+    const PrefillCostModel& hw = *cost_;
+    auto finite = [](double x) { return std::isfinite(x) ? x : 0.0; };
+    tr_.write_attr("/", "hw_profile", hw.profile().name);
+    tr_.write_attr("/", "hw_attn_flops_per_s", hw.attn_flops_per_s());
+    tr_.write_attr("/", "hw_bw_bytes_per_s", finite(hw.bw_bytes_per_s()));
+    tr_.write_attr("/", "hw_a2a_bytes_per_s", finite(hw.a2a_bytes_per_s()));
+    tr_.write_attr("/", "hw_latency_s", hw.latency_s());
   }
 
   int64_t V() const { return cfg_.vocab; }
@@ -267,11 +268,11 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
            "(e.g. mesh=ring:" + s_(topo.world().size()) + ")";
   std::string err = validate_model_shape(cfg, 1);
   if (!err.empty()) return err;
-  if (cfg.hw_profile != "measured") {
+  if (hardware_name(cfg, HardwareUse::live_choice) != "measured") {
     try {
-      (void)load_hardware(cfg.hw_profile);
+      (void)load_hardware(cfg.hardware);
     } catch (const UsageError& e) {
-      return "config: hw_profile = '" + cfg.hw_profile + "': " + e.what() + " (or hw_profile=measured)";
+      return "config: hardware = '" + cfg.hardware + "': " + e.what() + " (or hardware=measured)";
     }
   }
   if (cfg.mask != "causal" || cfg.docs != "none")

@@ -110,7 +110,7 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
            "bench cp/train/infer); valid here: allgather, ulysses, ring, usp";
   HardwareProfile hw;
   try {
-    hw = load_hardware(cfg.hardware);
+    hw = load_hardware(hardware_name(cfg, HardwareUse::plan));
   } catch (const UsageError& e) {
     return std::string("config: strategy = auto needs a hardware profile: ") + e.what();
   }
@@ -157,7 +157,7 @@ std::string validate_predict_mode(const Config& cfg, Topology& topo) {
   try {
     for (const auto& [v, c] : sweep_configs(cfg)) {
       (void)v;
-      const HardwareProfile hw = load_hardware(c.hardware);
+      const HardwareProfile hw = load_hardware(hardware_name(c, HardwareUse::plan));
       const PerfWorkload w = workload_of(c, hw);
       if (w.precision == "fp8_ffn" && hw.peak_fp8_flops <= 0)
         return "config: predict_precision = fp8_ffn but hardware " + hw.name + " has no FP8 peak; valid: bf16 or fp32";
@@ -195,7 +195,7 @@ int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
                 "attn includes the ring's hidden communication; exposed = communication on the critical path"});
   std::vector<std::string> recs;
   for (const auto& [value, c] : configs) {
-    const HardwareProfile hw = load_hardware(c.hardware);
+    const HardwareProfile hw = load_hardware(hardware_name(c, HardwareUse::plan));
     const ModelShape m = model_shape(c);
     const PerfMesh mesh = predicted_mesh(c);
     const PerfWorkload w = workload_of(c, hw);

@@ -1,4 +1,5 @@
-// The analytic cost model behind `ctxpar predict` and `cp_algo=auto`: per strategy and mode
+// The analytic cost model behind `ctxpar predict`, `strategy=auto` and `cp_algo=auto`
+// (perf/prefill_choice.hpp): per strategy and mode
 // (training step, full prefill, partial prefill, decode) it predicts the time per rank from
 // FLOPs (model/flops.hpp convention) and measured or published kernel efficiencies,
 // communication from message sizes and per-axis link bandwidth / latency, overlap per strategy,
@@ -84,8 +85,9 @@ struct StrategyPrediction {
   bool fits = false;
 };
 
-// Strategies compared for a mode: train → allgather, ulysses, ring, usp; prefill and partial
-// prefill → pass_kv, pass_q, allgather; decode → pass_q, allgather.
+// Strategies compared for a mode: train → allgather, ulysses, ring, usp; prefill → pass_kv,
+// pass_q, allgather, ulysses, usp; partial prefill → pass_kv, pass_q, allgather; decode →
+// pass_q (the new token's query visits the ranks) and pass_kv (the cache blocks visit it).
 std::vector<std::string> perf_strategies(PerfMode m);
 
 StrategyPrediction predict(const ModelShape& m, const HardwareProfile& hw, const PerfMesh& mesh, const PerfWorkload& w,

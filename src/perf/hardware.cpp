@@ -8,6 +8,7 @@
 #include <sstream>
 #include <toml.hpp>
 
+#include "core/config.hpp"
 #include "core/error.hpp"
 
 #ifndef CTXPAR_SOURCE_DIR
@@ -26,6 +27,19 @@ double EffCurve::at(double v) const {
   while (x[i] < v) ++i;
   const double t = (std::log(v) - std::log(x[i - 1])) / (std::log(x[i]) - std::log(x[i - 1]));
   return eff[i - 1] + t * (eff[i] - eff[i - 1]);
+}
+
+std::string hardware_name(const Config& cfg, HardwareUse use) {
+  if (cfg.hardware == "auto") return use == HardwareUse::live_choice ? "measured" : "local";
+  if (cfg.hardware == "measured" && use == HardwareUse::plan)
+    throw UsageError("hardware = measured: the ranks of a running job are measured for cp_algo=auto only; a plan "
+                     "(predict, strategy=auto, bench calibrate) needs a profile: hardware=local (bench calibrate's) or "
+                     "one of " + [] {
+                       std::string n;
+                       for (const std::string& h : hardware_names()) n += (n.empty() ? "" : ", ") + h;
+                       return n;
+                     }());
+  return cfg.hardware;
 }
 
 std::string hardware_dir() {

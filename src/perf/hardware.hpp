@@ -71,7 +71,22 @@ struct HardwareProfile {
   // (time slicing, shared caches); applies when ranks outnumber compute_units_per_node.
   double shared_core_eff = 1;
   bool overlap_collectives = true; // data-parallel gradient reduction hidden under backward
+  // Point-to-point transfers proceed while the chip computes (a NIC or DMA engine moves them);
+  // false for CPU ranks, whose shared-memory MPI copies run on the compute cores.
+  bool p2p_overlap = true;
+  // Only the attention rate (peak x attn_eff) and the links are known: a profile measured by a
+  // running job (hardware=measured, perf/prefill_choice.hpp), enough for cp_algo=auto's choice,
+  // not for `predict`.
+  bool attention_only = false;
 };
+
+// The profile the `hardware` setting names for a use. hardware=auto (the default) is
+// "measured" for a live choice (cp_algo=auto: the running job's ranks, measured at start) and
+// "local" (inputs/hardware/local.toml, `bench calibrate`'s) for a plan (predict, strategy=auto,
+// bench calibrate's output). hardware=measured is only for a live choice: a UsageError otherwise.
+enum class HardwareUse { live_choice, plan };
+struct Config;
+std::string hardware_name(const Config& cfg, HardwareUse use);
 
 // Loads a profile: `name_or_path` is a name (inputs/hardware/<name>.toml, looked up from the
 // working directory, then from the source tree) or a path to a .toml file. Unknown keys and

@@ -26,11 +26,11 @@
 #include "core/random.hpp"
 #include "cp/strategy.hpp"
 #include "dist/topology.hpp"
-#include "infer/cost.hpp"
 #include "infer/engine.hpp"
 #include "infer/schedule.hpp"
 #include "model/model.hpp"
 #include "model/transformer.hpp"
+#include "perf/prefill_choice.hpp"
 #include "mpi_test_env.hpp"
 
 using namespace ctxpar;
@@ -320,15 +320,17 @@ TEST(InferFull, EveryStrategyMatchesRecompute) {
 // ---- cost model and rules (no communication) ----------------------------------------------------
 
 TEST(InferCost, PaperRules) {
-  // The measured-profile model with the paper's GTT host written in by hand (800 TFLOP/s BF16,
-  // 50 GB/s RDMA per GPU, transfers overlapping compute).
-  HwProfile hw;
+  // The measured-profile model (an attention-only profile) with the paper's GTT host written in
+  // by hand (800 TFLOP/s BF16, 50 GB/s RDMA per GPU, transfers overlapping compute).
+  HardwareProfile hw;
   hw.name = "gtt-by-hand";
-  hw.attn_flops_per_s = 800e12;
-  hw.bw_bytes_per_s = 50e9;
-  hw.latency_s = 10e-6;
-  hw.elem_bytes = 2;
-  hw.overlap = true;
+  hw.attention_only = true;
+  hw.peak_bf16_flops = 800e12;
+  hw.default_precision = "bf16";
+  hw.intra.bw_bytes_per_s = 50e9;
+  hw.intra.latency_s = 10e-6;
+  hw.p2p_overlap = true;
+  auto predict = [](const AttnCall& c, const HardwareProfile& h) { return predict_prefill(c, ModelShape{}, h); };
   // Eq. 1: the threshold 2 N_KV / N_H (12.5 % for Llama 3 405B: 128 query, 8 K/V heads).
   const AttnCall above{16000, 112000, 4, 128, 8, 128}, below{12800, 115200 + 3200, 4, 128, 8, 128};
   EXPECT_TRUE(predict(above, hw).eq1_pass_kv);   // miss 12.5 %
@@ -358,7 +360,7 @@ TEST(InferCost, PaperRules) {
 }
 
 TEST(InferCost, HardwareProfileOfTheCostModel) {
-  // hw_profile=h100-gtt: cp_algo=auto takes both variants' TTFT from the src/perf cost model
+  // hardware=h100-gtt: cp_algo=auto takes both variants' TTFT from the src/perf cost model
   // (the paper's Table 4 crossover with TP8 per host is tested there, tests/perf); here the run's
   // own shape (no TP: inference runs on the CP axes) on a Llama-3-405B-shaped model.
   const HardwareProfile gtt = load_hardware("h100-gtt");
@@ -373,7 +375,7 @@ TEST(InferCost, HardwareProfileOfTheCostModel) {
   bool seen_kv = false;
   for (double miss : {0.001, 0.01, 0.025, 0.10, 0.20, 0.50, 1.0}) {
     const int64_t T = std::max<int64_t>(8, int64_t(128000 * miss) / 8 * 8);
-    const Prediction p = predict(AttnCall{T, 128000 - T, 4, 128, 8, 128, 126}, m, gtt);
+    const Prediction p = predict_prefill(AttnCall{T, 128000 - T, 4, 128, 8, 128, 126}, m, gtt);
     const PassChoice ref = predict_partial_prefill(m, gtt, T, 128000 - T, 4);
     EXPECT_DOUBLE_EQ(p.pass_kv_s, ref.pass_kv_s) << miss;
     EXPECT_DOUBLE_EQ(p.pass_q_s, ref.pass_q_s) << miss;
@@ -387,10 +389,10 @@ TEST(InferCost, HardwareProfileOfTheCostModel) {
     seen_kv = seen_kv || p.choice == CpAlgo::pass_kv;
   }
   // Full prefill: pass-KV (its K/V transfers hide under the whole sequence's compute).
-  EXPECT_EQ(predict(AttnCall{128000, 0, 4, 128, 8, 128, 126}, m, gtt).choice, CpAlgo::pass_kv);
+  EXPECT_EQ(predict_prefill(AttnCall{128000, 0, 4, 128, 8, 128, 126}, m, gtt).choice, CpAlgo::pass_kv);
   // At 0.1 % miss (128 new tokens, 32 per rank) each ring step's K/V block (~131 MB per layer
   // in BF16) takes far longer than the step's attention: pass-Q.
-  EXPECT_EQ(predict(AttnCall{128, 127872, 4, 128, 8, 128, 126}, m, gtt).choice, CpAlgo::pass_q);
+  EXPECT_EQ(predict_prefill(AttnCall{128, 127872, 4, 128, 8, 128, 126}, m, gtt).choice, CpAlgo::pass_q);
 }
 
 TEST(InferSchedule, ParseAndCapacity) {

@@ -95,11 +95,11 @@ if rc == 0:
         check((st["ttft_s"][[1, 3]] > 0).all() and (st["ttft_s"][[0, 2]] == 0).all(), "TTFT only on measured prefills")
         check(f["generated"].shape == (2, 1, 1), f"prefill /generated {f['generated'].shape}")
 
-# cp_algo=auto from a hardware profile of the cost model (hw_profile=h100-gtt): the choice and
+# cp_algo=auto from a hardware profile of the cost model (hardware=h100-gtt): the choice and
 # both predicted TTFTs recorded per call, the profile named in the trace.
 out = os.path.join(WORK, "prefill_gtt.h5")
-rc, log = run(2, "prefill", "seq=512", "miss_rate=0.5", "hw_profile=h100-gtt", "warmup=0", "steps=1", f"out={out}")
-check(rc == 0 and "profile h100-gtt" in log, f"prefill hw_profile=h100-gtt rc {rc}\n{log[-2000:]}")
+rc, log = run(2, "prefill", "seq=512", "miss_rate=0.5", "hardware=h100-gtt", "warmup=0", "steps=1", f"out={out}")
+check(rc == 0 and "profile h100-gtt" in log, f"prefill hardware=h100-gtt rc {rc}\n{log[-2000:]}")
 if rc == 0:
     with h5py.File(out) as f:
         check(f.attrs["hw_profile"] == "h100-gtt", f"hw_profile attribute {f.attrs['hw_profile']}")
@@ -126,7 +126,8 @@ bad = [
     (["prefill", "seq=510"], "valid: a multiple of 4"),
     (["chat", "mesh=tp:2"], "inference runs on the CP axes only"),
     (["chat", "cp_algo=ring"], "expected one of: auto, pass_kv, pass_q"),
-    (["chat", "hw_profile=h100-xyz"], "hw_profile = 'h100-xyz': hardware: no profile 'h100-xyz'"),
+    (["chat", "hardware=h100-xyz"], "hardware = 'h100-xyz': hardware: no profile 'h100-xyz'"),
+    (["chat", "hw_profile=h100-gtt"], "hw_profile (command line) was merged into 'hardware'"),
 ]
 for i, (args, msg) in enumerate(bad):
     out = os.path.join(WORK, f"bad{i}.h5")

@@ -1,4 +1,4 @@
-#include "infer/cost.hpp"
+#include "perf/prefill_choice.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -14,14 +14,19 @@
 #include "model/flops.hpp"
 #include "ops.hpp"
 
-namespace ctxpar::infer {
+namespace ctxpar {
 
 const char* algo_name(CpAlgo a) { return a == CpAlgo::pass_kv ? "pass_kv" : "pass_q"; }
 
 namespace {
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+bool fp32_profile(const HardwareProfile& hw) { return hw.default_precision == "fp32" && hw.peak_fp32_flops > 0; }
+double peak_of(const HardwareProfile& hw) { return fp32_profile(hw) ? hw.peak_fp32_flops : hw.peak_bf16_flops; }
+
 // The paper's closed-form rules (Eq. 1, Eq. 5, App. D) for one call, next to the model's choice.
 void paper_rules(const AttnCall& c, double C, double BW, double e, Prediction& pr) {
   const double T = double(c.T), P = double(c.P), N = double(c.N), miss = T / (T + P);
@@ -29,13 +34,60 @@ void paper_rules(const AttnCall& c, double C, double BW, double e, Prediction& p
   pr.eq5_pass_q = miss <= 2.0 * c.H_kv / c.H_q - 4 * T * BW / (N * C * e);
   pr.fitted_pass_kv = -1.059 * std::log(T) + 1.145 * std::log(miss) + 12.112 > 0;
 }
+
+// Attention-only profile: the per-layer ring timeline of the header.
+Prediction predict_attention_only(const AttnCall& c, const HardwareProfile& hw) {
+  Prediction pr;
+  const double N = double(c.N), e = fp32_profile(hw) ? 4.0 : 2.0;
+  const double T = double(c.T), P = double(c.P), Hq = c.H_q, Hkv = c.H_kv, D = c.D;
+  const double C = peak_of(hw) * hw.attn_eff.at(4096), BW = hw.intra.bw_bytes_per_s, lat = hw.intra.latency_s;
+  const double A = attn_fwd_flops(partial_prefill_pairs(c.T, c.P), Hq, D) / N / C;
+  const double m_kv = (T + P) / N * (2 * Hkv * D * e + 8);
+  const double m_q = T / N * (Hq * D * e + 8);
+  const double a2a = (N - 1) / N * T * Hq * (D + 1) * e;
+  auto msg = [&](double bytes) { return lat + bytes / BW; };
+  const double a2a_s = lat + a2a / (hw.intra_alltoall_bytes_per_s > 0 ? hw.intra_alltoall_bytes_per_s : BW);
+  if (c.N == 1) {
+    pr.pass_kv_s = pr.pass_q_s = A;
+  } else if (hw.p2p_overlap) {
+    pr.pass_kv_s = A / N + (N - 1) * std::max(A / N, msg(m_kv));
+    pr.pass_q_s = A / N + (N - 1) * std::max(A / N, msg(m_q)) + a2a_s;
+  } else {
+    pr.pass_kv_s = A + (N - 1) * msg(m_kv) + m_kv / BW;
+    pr.pass_q_s = A + (N - 1) * msg(m_q) + a2a_s;
+  }
+  pr.pass_kv_s *= double(c.layers);
+  pr.pass_q_s *= double(c.layers);
+  pr.choice = pr.pass_q_s < pr.pass_kv_s ? CpAlgo::pass_q : CpAlgo::pass_kv;
+  paper_rules(c, C, BW, e, pr);
+  return pr;
+}
+
 }  // namespace
 
-HwProfile measure_profile(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D) {
-  HwProfile hw;
+Prediction predict_prefill(const AttnCall& c, const ModelShape& m, const HardwareProfile& hw) {
+  if (hw.attention_only) return predict_attention_only(c, hw);
+  const PassChoice ch = predict_partial_prefill(m, hw, c.T, c.P, c.N);
+  Prediction pr;
+  pr.pass_kv_s = ch.pass_kv_s;
+  pr.pass_q_s = ch.pass_q_s;
+  pr.choice = ch.use_pass_q ? CpAlgo::pass_q : CpAlgo::pass_kv;
+  // The kernel rate of one ring step: T/N query rows against one rank's (P+T)/N keys.
+  const double kappa = (double(c.P) + 0.5 * double(c.T)) / double(c.N);
+  const double C = peak_of(hw) * hw.attn_eff.at(std::max(1.0, kappa));
+  const double BW = c.N <= hw.chips_per_node ? hw.intra.bw_bytes_per_s : hw.inter.bw_bytes_per_s;
+  paper_rules(c, C, BW, fp32_profile(hw) ? 4.0 : 2.0, pr);
+  return pr;
+}
+
+HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D) {
+  HardwareProfile hw;
   hw.name = "measured";
-  hw.elem_bytes = sizeof(float);
-  hw.overlap = false;  // CPU ranks: MPI's shared-memory copies run on the compute cores
+  hw.description = "this job's ranks, measured at start (attention rate and links)";
+  hw.attention_only = true;
+  hw.p2p_overlap = false;  // CPU ranks: MPI's shared-memory copies run on the compute cores
+  hw.default_precision = "fp32";
+  hw.chips_per_node = cp.size();
   // C: 256 queries after 4K cached keys (the shape of a partial prefill block), best of 3.
   const int64_t S_q = 256, S_k = 4096;
   Buffer<float> q(size_t(S_q) * H_q * D, false), k(size_t(S_k) * H_kv * D, false), v(size_t(S_k) * H_kv * D, false);
@@ -81,53 +133,11 @@ HwProfile measure_profile(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D) {
   }
   cp.all_reduce(std::span<double>(rate, 3), ReduceOp::min);
   cp.all_reduce(std::span<double>(&lat, 1), ReduceOp::max);
-  hw.attn_flops_per_s = rate[0];
-  hw.bw_bytes_per_s = N > 1 ? rate[1] : std::numeric_limits<double>::infinity();
-  hw.a2a_bytes_per_s = N > 1 ? rate[2] : std::numeric_limits<double>::infinity();
-  hw.latency_s = lat;
+  hw.peak_fp32_flops = rate[0];
+  hw.intra.bw_bytes_per_s = hw.inter.bw_bytes_per_s = N > 1 ? rate[1] : std::numeric_limits<double>::infinity();
+  hw.intra_alltoall_bytes_per_s = N > 1 ? rate[2] : std::numeric_limits<double>::infinity();
+  hw.intra.latency_s = hw.inter.latency_s = lat;
   return hw;
-}
-
-Prediction predict(const AttnCall& c, const HwProfile& hw) {
-  Prediction pr;
-  const double T = double(c.T), P = double(c.P), N = double(c.N), e = hw.elem_bytes;
-  const double Hq = c.H_q, Hkv = c.H_kv, D = c.D;
-  const double A = attn_fwd_flops(partial_prefill_pairs(c.T, c.P), Hq, D) / N / hw.attn_flops_per_s;
-  const double m_kv = (T + P) / N * (2 * Hkv * D * e + 8);
-  const double m_q = T / N * (Hq * D * e + 8);
-  const double a2a = (N - 1) / N * T * Hq * (D + 1) * e;
-  auto msg = [&](double bytes) { return hw.latency_s + bytes / hw.bw_bytes_per_s; };
-  const double a2a_s = hw.latency_s + a2a / (hw.a2a_bytes_per_s > 0 ? hw.a2a_bytes_per_s : hw.bw_bytes_per_s);
-  if (c.N == 1) {
-    pr.pass_kv_s = pr.pass_q_s = A;
-  } else if (hw.overlap) {
-    pr.pass_kv_s = A / N + (N - 1) * std::max(A / N, msg(m_kv));
-    pr.pass_q_s = A / N + (N - 1) * std::max(A / N, msg(m_q)) + a2a_s;
-  } else {
-    pr.pass_kv_s = A + (N - 1) * msg(m_kv) + m_kv / hw.bw_bytes_per_s;
-    pr.pass_q_s = A + (N - 1) * msg(m_q) + a2a_s;
-  }
-  pr.pass_kv_s *= double(c.layers);
-  pr.pass_q_s *= double(c.layers);
-  pr.choice = pr.pass_q_s < pr.pass_kv_s ? CpAlgo::pass_q : CpAlgo::pass_kv;
-  paper_rules(c, hw.attn_flops_per_s, hw.bw_bytes_per_s, e, pr);
-  return pr;
-}
-
-Prediction predict(const AttnCall& c, const ModelShape& m, const HardwareProfile& hw) {
-  const PassChoice ch = predict_partial_prefill(m, hw, c.T, c.P, c.N);
-  Prediction pr;
-  pr.pass_kv_s = ch.pass_kv_s;
-  pr.pass_q_s = ch.pass_q_s;
-  pr.choice = ch.use_pass_q ? CpAlgo::pass_q : CpAlgo::pass_kv;
-  const bool fp32 = hw.default_precision == "fp32" && hw.peak_fp32_flops > 0;
-  const double peak = fp32 ? hw.peak_fp32_flops : hw.peak_bf16_flops;
-  // The kernel rate of one ring step: T/N query rows against one rank's (P+T)/N keys.
-  const double kappa = (double(c.P) + 0.5 * double(c.T)) / double(c.N);
-  const double C = peak * hw.attn_eff.at(std::max(1.0, kappa));
-  const double BW = c.N <= hw.chips_per_node ? hw.intra.bw_bytes_per_s : hw.inter.bw_bytes_per_s;
-  paper_rules(c, C, BW, fp32 ? 4.0 : 2.0, pr);
-  return pr;
 }
 
 PrefillCostModel::PrefillCostModel(const Config& cfg, Comm& cp) {
@@ -136,42 +146,33 @@ PrefillCostModel::PrefillCostModel(const Config& cfg, Comm& cp) {
   call_.H_kv = int32_t(cfg.kv_heads);
   call_.D = int32_t(cfg.head_dim);
   call_.layers = cfg.layers;
-  if (cfg.hw_profile == "measured") {
-    hw_ = measure_profile(cp, call_.H_q, call_.H_kv, call_.D);
-    return;
-  }
-  from_file_ = true;
-  file_ = load_hardware(cfg.hw_profile);
   shape_ = model_shape(cfg);
-  hw_.name = file_.name;
-  const bool fp32 = file_.default_precision == "fp32" && file_.peak_fp32_flops > 0;
-  hw_.elem_bytes = fp32 ? 4 : 2;
-  hw_.attn_flops_per_s = (fp32 ? file_.peak_fp32_flops : file_.peak_bf16_flops) * file_.attn_eff.at(4096);  // ~the measured call: 4K keys per row
-  hw_.bw_bytes_per_s = file_.intra.bw_bytes_per_s;
-  hw_.latency_s = file_.intra.latency_s;
-  hw_.overlap = true;
+  const std::string name = hardware_name(cfg, HardwareUse::live_choice);
+  hw_ = name == "measured" ? measure_hardware(cp, call_.H_q, call_.H_kv, call_.D) : load_hardware(name);
 }
 
 Prediction PrefillCostModel::predict(int64_t T, int64_t P) const {
   AttnCall c = call_;
   c.T = T;
   c.P = P;
-  return from_file_ ? infer::predict(c, shape_, file_) : infer::predict(c, hw_);
+  return predict_prefill(c, shape_, hw_);
 }
+
+double PrefillCostModel::attn_flops_per_s() const { return peak_of(hw_) * hw_.attn_eff.at(4096); }
 
 std::string PrefillCostModel::describe() const {
   char b[320];
-  if (from_file_) {
+  if (!hw_.attention_only) {
     std::snprintf(b, sizeof b, "profile %s (%s): whole-prefill TTFT of both variants by the src/perf cost model",
-                  file_.name.c_str(), file_.source_file.c_str());
+                  hw_.name.c_str(), hw_.source_file.c_str());
   } else {
+    const double a2a = hw_.intra_alltoall_bytes_per_s > 0 ? hw_.intra_alltoall_bytes_per_s : hw_.intra.bw_bytes_per_s;
     std::snprintf(b, sizeof b,
                   "measured: attention %.1f GFLOP/s per rank, p2p %.2f GB/s, all-to-all %.2f GB/s, latency %.1f us; "
                   "attention time of all layers, transfers on the compute cores",
-                  hw_.attn_flops_per_s / 1e9, hw_.bw_bytes_per_s / 1e9,
-                  (hw_.a2a_bytes_per_s > 0 ? hw_.a2a_bytes_per_s : hw_.bw_bytes_per_s) / 1e9, hw_.latency_s * 1e6);
+                  attn_flops_per_s() / 1e9, hw_.intra.bw_bytes_per_s / 1e9, a2a / 1e9, hw_.intra.latency_s * 1e6);
   }
   return b;
 }
 
-}  // namespace ctxpar::infer
+}  // namespace ctxpar
