@@ -33,46 +33,42 @@ struct Cli {
   bool help = false, print_config = false, dry_run = false;
 };
 
-// The mode table: every `ctxpar <mode>` and `ctxpar bench <name>` is one row here.
-using ModeFn = int (*)(const Config&, Topology&, Tracer&);
-struct ModeRow {
-  const char* mode;   // argv[1]
-  const char* bench;  // argv[2] for mode "bench", else ""
-  ModeFn run;
-  bool needs_peak;    // the trace's MFU needs this rank's peak FLOP/s
-};
-template <int (*Bench)(BenchContext&)> int run_bench(const Config& cfg, Topology& topo, Tracer& tr) {
-  BenchContext ctx{cfg, topo, tr};
+template <int (*Bench)(BenchContext&)> int run_bench(const Config& cfg, Topology& topo, Tracer& tracer) {
+  BenchContext ctx{cfg, topo, tracer};
   return Bench(ctx);
 }
+// The mode table: every `ctxpar <mode>` and `ctxpar bench <name>` is one row here, with its run,
+// its own checks and its --dry-run lines (modes/modes.hpp).
+//   mode, bench, run, validate, plan, needs_peak, attention_workload, cuda
 const ModeRow kModeTable[] = {
-    {"run", "", run_default, false},
-    {"attn", "", run_attn_mode, false},
-    {"train", "", run_train, true},
-    {"prefill", "", run_infer, false},
-    {"decode", "", run_infer, false},
-    {"chat", "", run_infer, false},
-    {"bench", "comm", run_bench<bench_comm>, false},
-    {"bench", "attn", run_bench<bench_attn>, false},
-    {"bench", "cp", run_bench<bench_cp>, false},
-    {"bench", "train", run_bench<bench_train>, true},
-    {"bench", "peak", run_bench<bench_peak>, false},
-    {"bench", "infer", run_bench<bench_infer>, false},
-    {"predict", "", run_predict, false},
-    {"bench", "calibrate", run_bench<bench_calibrate>, false},
+    {Mode::run, Bench::none, run_default, nullptr, nullptr, false, true, false},
+    {Mode::attn, Bench::none, run_attn_mode, validate_attn_mode, nullptr, false, true, false},
+    {Mode::train, Bench::none, run_train, validate_train_mode, train_plan, true, false, false},
+    {Mode::prefill, Bench::none, run_infer, validate_infer_mode, nullptr, false, false, false},
+    {Mode::decode, Bench::none, run_infer, validate_infer_mode, nullptr, false, false, false},
+    {Mode::chat, Bench::none, run_infer, validate_infer_mode, nullptr, false, false, false},
+    {Mode::bench, Bench::comm, run_bench<bench_comm>, nullptr, nullptr, false, false, false},
+    {Mode::bench, Bench::attn, run_bench<bench_attn>, nullptr, nullptr, false, false, true},
+    {Mode::bench, Bench::cp, run_bench<bench_cp>, nullptr, nullptr, false, true, false},
+    {Mode::bench, Bench::train, run_bench<bench_train>, validate_train_mode, train_plan, true, false, false},
+    {Mode::bench, Bench::peak, run_bench<bench_peak>, nullptr, nullptr, false, false, false},
+    {Mode::bench, Bench::infer, run_bench<bench_infer>, validate_infer_mode, nullptr, false, false, false},
+    {Mode::predict, Bench::none, run_predict, validate_predict_mode, nullptr, false, false, false},
+    {Mode::bench, Bench::calibrate, run_bench<bench_calibrate>, validate_calibrate, nullptr, false, false, false},
 };
 
+// The row of `ctxpar <mode> [<bench>]` (names as typed), or null.
 const ModeRow* find_mode(const std::string& mode, const std::string& bench) {
   for (const ModeRow& m : kModeTable)
-    if (mode == m.mode && bench == m.bench) return &m;
+    if (mode == name_of(m.mode) && bench == name_of(m.bench)) return &m;
   return nullptr;
 }
 
 std::string names(bool benches) {
   std::string out;
   for (const ModeRow& m : kModeTable) {
-    const std::string n = benches ? m.bench : m.mode;
-    if ((std::string(m.mode) == "bench") != benches || out.find(n) != std::string::npos) continue;
+    const std::string n = benches ? name_of(m.bench) : name_of(m.mode);
+    if ((m.mode == Mode::bench) != benches || out.find(n) != std::string::npos) continue;
     out += (out.empty() ? "" : ", ") + n;
   }
   return benches ? out : out + ", bench";
@@ -146,6 +142,7 @@ std::string read_config_text(Comm& world, const std::string& path, std::string& 
 int run(int argc, char** argv, Comm& world) {
   Cli cli;
   Config cfg;
+  const ModeRow* row = nullptr;
   std::unique_ptr<Topology> topo;
   // ---- parse and validate: identical on every rank; nothing allocated, nothing written -------
   try {
@@ -158,8 +155,9 @@ int run(int argc, char** argv, Comm& world) {
     const std::string text = read_config_text(world, cli.config_path, err);
     if (!err.empty()) throw UsageError(err);
     cfg = parse_config(text, cli.config_path.empty() ? "(none)" : cli.config_path, cli.overrides);
-    cfg.mode = cli.mode;
-    cfg.bench = cli.bench;
+    row = find_mode(cli.mode, cli.bench);  // parse_cli checked it exists
+    cfg.mode = row->mode;
+    cfg.bench = row->bench;
     validate_config(cfg, world.size());
     const MeshSpec mesh = parse_mesh(cfg.mesh, world.size());
     // Record the mesh in full (the trace and printouts then never show an implicit default).
@@ -168,7 +166,7 @@ int run(int argc, char** argv, Comm& world) {
     topo = Topology::create(world, mesh);
     err = agree_on_error(world, resolve_auto_strategy(cfg, *topo));
     if (!err.empty()) throw UsageError(err);
-    err = agree_on_error(world, validate_mode(cfg, *topo));
+    err = agree_on_error(world, validate_mode(cfg, *topo, *row));
     if (!err.empty()) throw UsageError(err);
   } catch (const UsageError& e) {
     log0("ctxpar: error: %s\n", e.what());
@@ -189,14 +187,13 @@ int run(int argc, char** argv, Comm& world) {
     return 0;
   }
   if (cli.dry_run) {
-    log0("%s", dry_run_plan(cfg, *topo).c_str());
+    log0("%s", dry_run_plan(cfg, *topo, *row).c_str());
     return 0;
   }
 
   install_stop_signals();
-  const ModeRow* mode = find_mode(cfg.mode, cfg.bench);
-  Tracer tracer(world, cfg, *topo, trace_path(cfg), mode->needs_peak ? train_peak_flops_per_rank(cfg, *topo) : 0.0);
-  const int rc = mode->run(cfg, *topo, tracer);
+  Tracer tracer(world, cfg, *topo, trace_path(cfg), row->needs_peak ? train_peak_flops_per_rank(cfg, *topo) : 0.0);
+  const int rc = row->run(cfg, *topo, tracer);
   tracer.finish(stop_signal_seen());
   return rc;
 }

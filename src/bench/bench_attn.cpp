@@ -68,7 +68,7 @@ struct Row {
 
 // The configured shape's rows: S = 1K, 2K, ... up to cfg.seq (both devices start with these).
 std::vector<Row> configured_rows(const Config& cfg) {
-  const MaskKind mask = cfg.mask == "none" ? MaskKind::none : cfg.mask == "window" ? MaskKind::window : MaskKind::causal;
+  const MaskKind mask = cfg.mask;
   std::vector<Row> rows;
   for (int64_t S = 1024; S <= std::max<int64_t>(cfg.seq, 1024); S *= 2)
     rows.push_back({S, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim), mask, cfg.window});
@@ -529,7 +529,7 @@ int bench_attn_cuda(BenchContext& ctx) {
 
 int bench_attn(BenchContext& ctx) {
 #if defined(CTXPAR_WITH_CUDA)
-  if (ctx.cfg.device == "cuda") return bench_attn_cuda(ctx);
+  if (ctx.cfg.device == Device::cuda) return bench_attn_cuda(ctx);
 #endif
   const Config& cfg = ctx.cfg;
   Comm& world = ctx.topo.world();

@@ -470,7 +470,7 @@ int bench_calibrate(BenchContext& ctx) {
                   " ranks x " + std::to_string(threads > 0 ? threads : 0) + " threads; 0 = OpenMP default)";
   h.peak_fp32_flops = peak_used;
   h.peak_bf16_flops = 0;
-  h.default_precision = "fp32";
+  h.default_precision = Precision::fp32;
   h.hbm_bytes_per_s = mem_bps;
   h.hbm_eff = 1.0;  // measured achieved bandwidth
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());

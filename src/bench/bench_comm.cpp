@@ -22,10 +22,12 @@ namespace {
 // Value rank `src` puts at element i of the block for rank `dst`: exact in fp32.
 inline float pattern(int src, int dst, size_t i) { return float((src * 131 + dst * 7 + int(i % 1021)) % 4093); }
 
+enum class OpKind { sendrecv, all_gather, all_to_all };
 struct CommOp {
   const char* name;
+  OpKind kind;
   Phase phase;
-  double busbw_factor(int n) const { return std::string(name) == "sendrecv" ? 1.0 : double(n - 1) / n; }
+  double busbw_factor(int n) const { return kind == OpKind::sendrecv ? 1.0 : double(n - 1) / n; }
 };
 
 }  // namespace
@@ -47,8 +49,9 @@ int bench_comm(BenchContext& ctx) {
                    {"size: bytes sent per rank (sendrecv, all_to_all) or gathered per rank (all_gather)",
                     "busbw = algbw * factor: sendrecv 1, all_gather (n-1)/n, all_to_all (n-1)/n (nccl-tests)",
                     "time: mean of " + std::to_string(cfg.bench_iters) + " iterations after 2 warmup, max over ranks"});
-  const CommOp ops[] = {{"sendrecv", Phase::comm_send_recv}, {"all_gather", Phase::all_gather},
-                        {"all_to_all", Phase::all_to_all}};
+  const CommOp ops[] = {{"sendrecv", OpKind::sendrecv, Phase::comm_send_recv},
+                        {"all_gather", OpKind::all_gather, Phase::all_gather},
+                        {"all_to_all", OpKind::all_to_all, Phase::all_to_all}};
   int wrong_total = 0;
   int64_t step = 0;
   bool stop = false;
@@ -63,20 +66,20 @@ int bench_comm(BenchContext& ctx) {
         // Element counts: sendrecv sends `count`; all_gather output is `count` (n blocks);
         // all_to_all sends `count` (n blocks). Round so blocks are whole.
         size_t count = size_t(bytes) / sizeof(float);
-        if (std::string(op.name) != "sendrecv") count = std::max<size_t>(count / size_t(n), 1) * size_t(n);
-        const size_t block = std::string(op.name) == "sendrecv" ? count : count / size_t(n);
-        Buffer<float> send(std::string(op.name) == "all_gather" ? block : count, false);
+        if (op.kind != OpKind::sendrecv) count = std::max<size_t>(count / size_t(n), 1) * size_t(n);
+        const size_t block = op.kind == OpKind::sendrecv ? count : count / size_t(n);
+        Buffer<float> send(op.kind == OpKind::all_gather ? block : count, false);
         Buffer<float> recv(count, false);
         const int to = (r + 1) % n, from = (r - 1 + n) % n;
         for (size_t i = 0; i < send.size(); ++i) {
-          const int dst = std::string(op.name) == "all_to_all" ? int(i / block) : to;
+          const int dst = op.kind == OpKind::all_to_all ? int(i / block) : to;
           send[i] = pattern(r, dst, i % block);
         }
         auto once = [&] {
-          if (std::string(op.name) == "sendrecv") {
+          if (op.kind == OpKind::sendrecv) {
             Request q = comm->send_recv_async(send.span(), to, recv.span(), from, 7);
             comm->wait(q);
-          } else if (std::string(op.name) == "all_gather") {
+          } else if (op.kind == OpKind::all_gather) {
             comm->all_gather(send.span(), recv.span());
           } else {
             comm->all_to_all(send.span(), recv.span());
@@ -95,8 +98,8 @@ int bench_comm(BenchContext& ctx) {
         int32_t wrong = 0;
         for (size_t i = 0; i < recv.size(); ++i) {
           float want;
-          if (std::string(op.name) == "sendrecv") want = pattern(from, r, i);
-          else if (std::string(op.name) == "all_gather") want = pattern(int(i / block), (int(i / block) + 1) % n, i % block);
+          if (op.kind == OpKind::sendrecv) want = pattern(from, r, i);
+          else if (op.kind == OpKind::all_gather) want = pattern(int(i / block), (int(i / block) + 1) % n, i % block);
           else want = pattern(int(i / block), r, i % block);
           if (recv[i] != want) ++wrong;
         }

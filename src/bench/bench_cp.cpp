@@ -148,8 +148,8 @@ int bench_cp(BenchContext& ctx) {
 
   // strategy=all compares every registered strategy (where the config accepts "all"); otherwise
   // the configured one: at long S one strategy's forward + backward takes minutes on a CPU.
-  std::vector<std::string> names = {cfg.strategy};
-  if (cfg.strategy == "all") names = strategy_names();
+  std::vector<std::string> names = {name_of(cfg.strategy)};
+  if (cfg.strategy == StrategySetting::all) names = strategy_names();
   std::vector<int64_t> lengths;
   for (int64_t S : {cfg.seq / 4, cfg.seq / 2, cfg.seq})
     if (S >= 2 * P && Partition::check(PartitionKind::zigzag, S, P).empty()) lengths.push_back(S);
@@ -157,7 +157,7 @@ int bench_cp(BenchContext& ctx) {
   std::vector<std::string> notes = {
       "mesh ulysses:" + std::to_string(U) + ",ring:" + std::to_string(R) + " (P = " + std::to_string(P) + "), H_q=" +
           std::to_string(cfg.heads) + " H_kv=" + std::to_string(cfg.kv_heads) + " D=" + std::to_string(cfg.head_dim) +
-          " mask=" + cfg.mask + (cfg.mask == "window" ? "(" + std::to_string(cfg.window) + ")" : "") +
+          " mask=" + name_of(cfg.mask) + (cfg.mask == MaskKind::window ? "(" + std::to_string(cfg.window) + ")" : "") +
           " docs=" + cfg.docs + ", " + std::to_string(cfg.threads) + " threads/rank (0 = OpenMP default)",
       std::string("FLOP convention: ") + kFlopConvention + "; TFLOP/s per rank = model FLOPs / (time * ranks)",
       "time: median over " + std::to_string(cfg.steps) + " steps (after " + std::to_string(cfg.warmup) +

@@ -108,7 +108,7 @@ int bench_infer(BenchContext& ctx) {
     const int64_t c2 = 2 * N;
     const int64_t T = std::max<int64_t>(c2, int64_t(miss * double(S)) / c2 * c2), P = S - T;
     std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}};
-    Engine eng(layout, params.data(), topo, 1, cache_capacity_tokens(sched, N), cfg.strategy);
+    Engine eng(layout, params.data(), topo, 1, cache_capacity_tokens(sched, N), name_of(cfg.strategy));
     CallStats st;
     if (P > 0) eng.prefill({std::vector<int32_t>(seq_tokens.begin(), seq_tokens.begin() + P)}, CpAlgo::pass_kv,
                            nullptr, st);
@@ -261,7 +261,7 @@ int bench_infer(BenchContext& ctx) {
       int32_t w = wrong;
       world.all_reduce(std::span<int32_t>(&w, 1), ReduceOp::max);
       wrong_total += w;
-      t2.add_row({std::to_string(c), std::to_string(mesh.dp), decode_algo_name(a), t2.cell(3, med(ts) * 1e3),
+      t2.add_row({std::to_string(c), std::to_string(mesh.dp), ctxpar::name_of(a), t2.cell(3, med(ts) * 1e3),
                   t2.cell(4, med(attn) * 1e3), t2.cell(5, med(exposed) * 1e3), t2.cell(6, med(sent) / 1e3),
                   std::to_string(w)});
     }

@@ -53,7 +53,21 @@ std::string check_docs(const Config& c) {
   return "";
 }
 
+// An enumerated field: its choices and their enum values from the setting's name table.
+template <auto M, class E, size_t N>
+Field enum_field(std::string_view name, const EnumName<E> (&names)[N], std::string_view def, std::string_view help) {
+  Field f{name, enum_member<M>(), def, help, {}};
+  for (const EnumName<E>& e : names) {
+    f.choices.push_back(e.name);
+    f.values.push_back(int32_t(e.value));
+  }
+  return f;
+}
+
 }  // namespace
+
+bool packed_docs(const Config& cfg) { return cfg.docs != "none"; }
+bool synthetic_data(const Config& cfg) { return cfg.data == "synthetic"; }
 
 // The field table: name, member, default, help, choices, [min, max], extra check.
 // Parsing, --help, the rank-0 printout and the HDF5 /config attributes all come from here.
@@ -65,7 +79,7 @@ const std::vector<Field>& config_fields() {
       {"steps", &Config::steps, "5", "measured steps (after warmup)", {}, 1, 1e6},
       {"warmup", &Config::warmup, "1", "warmup steps (run, traced, excluded from the summary)", {}, 0, 1e6},
       {"seed", &Config::seed, "1234", "random seed for data and weights", {}, 0, 9.2e18},
-      {"device", &Config::device, "cpu", "compute device: cpu, or cuda (GPU backend; so far bench attn only, needs a CUDA build)", {"cpu", "cuda"}},
+      enum_field<&Config::device>("device", kDeviceNames, "cpu", "compute device: cpu, or cuda (GPU backend; so far bench attn only, needs a CUDA build)"),
       {"threads", &Config::threads, "0", "OpenMP threads per rank (0 = OMP_NUM_THREADS if set, else the node's cores / its ranks)", {}, 0, 1024},
       {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7},
       {"csv", &Config::csv, "false", "bench: print CSV instead of a table", {}},
@@ -74,9 +88,9 @@ const std::vector<Field>& config_fields() {
       {"heads", &Config::heads, "8", "H_q: query heads", {}, 1, 65536},
       {"kv_heads", &Config::kv_heads, "8", "H_kv: key/value heads (divides heads; 1 = MQA)", {}, 1, 65536},
       {"head_dim", &Config::head_dim, "64", "D: head dimension", {}, 1, 256},
-      {"strategy", &Config::strategy, "ring", "CP attention strategy (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)", {"allgather", "ulysses", "ring", "usp", "auto", "all"}},
-      {"partition", &Config::partition, "zigzag", "token partition assumed by predict (the executed strategies always shard zigzag)", {"zigzag", "contiguous", "striped"}},
-      {"mask", &Config::mask, "causal", "attention mask", {"causal", "none", "window"}},
+      enum_field<&Config::strategy>("strategy", kStrategyNames, "ring", "CP attention strategy (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)"),
+      enum_field<&Config::partition>("partition", kPartitionNames, "zigzag", "token partition assumed by predict (the executed strategies always shard zigzag)"),
+      enum_field<&Config::mask>("mask", kMaskNames, "causal", "attention mask"),
       {"window", &Config::window, "0", "sliding window in tokens for mask=window", {}, 0, 1ll << 40},
       {"docs", &Config::docs, "none", "packed documents: none, random, or lengths L1,L2,... summing to seq", {}, 0, -1, check_docs},
       {"doc_mean", &Config::doc_mean, "1K", "mean document length for docs=random", {}, 1, 1ll << 40},
@@ -103,27 +117,27 @@ const std::vector<Field>& config_fields() {
       {"beta2", &Config::beta2, "0.95", "train: AdamW beta2", {}, 0, 0.999999999},
       {"adam_eps", &Config::adam_eps, "1e-8", "train: AdamW epsilon", {}, 0, 1},
       {"grad_clip", &Config::grad_clip, "1.0", "train: max global gradient norm (0 = no clipping)", {}, 0, 1e9},
-      {"remat", &Config::remat, "none", "train: activation recompute per layer", {"none", "attention", "full"}},
+      enum_field<&Config::remat>("remat", kRematNames, "none", "train: activation recompute per layer"),
       {"checkpoint_every", &Config::checkpoint_every, "0", "train: steps between checkpoints (0 = none)", {}, 0, 1e9},
       {"checkpoint", &Config::checkpoint, "out/checkpoint.h5", "train: checkpoint file (written atomically)", {}},
       {"resume", &Config::resume, "", "train: checkpoint to restart from (empty = fresh start)", {}},
       {"data", &Config::data, "synthetic", "train: 'synthetic' or a token file (.bin raw integers, .h5 dataset 'tokens')", {}},
-      {"data_dtype", &Config::data_dtype, "uint16", "train: integer type of a raw .bin token file", {"uint16", "uint32"}},
+      enum_field<&Config::data_dtype>("data_dtype", kTokenTypeNames, "uint16", "train: integer type of a raw .bin token file"),
       {"eos_id", &Config::eos_id, "-1", "train: token that ends a document in a token file (-1 = none)", {}, -1, 1ll << 31},
       {"dump_init", &Config::dump_init, "", "train: write initial weights, first batch and step-1 results to this HDF5 (oracle)", {}},
       {"peak_tflops_per_rank", &Config::peak_tflops_per_rank, "0", "train: peak for MFU (0 = measured sgemm peak, as `bench peak`)", {}, 0, 1e6},
       // inference
-      {"cp_algo", &Config::cp_algo, "auto", "infer: prefill attention (auto = chosen per call by the cost model)", {"auto", "pass_kv", "pass_q"}},
-      {"decode_algo", &Config::decode_algo, "pass_q", "infer: decode attention", {"pass_q", "allgather"}},
+      enum_field<&Config::cp_algo>("cp_algo", kCpAlgoNames, "auto", "infer: prefill attention (auto = chosen per call by the cost model)"),
+      enum_field<&Config::decode_algo>("decode_algo", kDecodeAlgoNames, "pass_q", "infer: decode attention"),
       {"schedule", &Config::schedule, "prefill:4K,decode:16,prefill:512,decode:16", "chat: turns as prefill:T and decode:N items", {}},
       {"batch", &Config::batch, "1", "infer: B sequences decoded together", {}, 1, 65536},
       {"cached", &Config::cached, "0", "prefill: cached tokens P before the measured prefill of seq - P (0 = use miss_rate)", {}, 0, 1ll << 40},
       {"miss_rate", &Config::miss_rate, "1", "prefill: new tokens T = miss_rate * seq when cached = 0 (1 = full prefill)", {}, 1e-6, 1},
       // cost model (`ctxpar predict`)
       {"hardware", &Config::hardware, "auto", "hardware profile of the cost model (predict, strategy=auto, cp_algo=auto, bench calibrate's output): inputs/hardware/<name>.toml, a path, measured (this job's ranks, measured at start: cp_algo=auto only) or auto (measured for cp_algo=auto, else local)", {}},
-      {"predict_mode", &Config::predict_mode, "train", "predict: what to predict", {"train", "prefill", "partial_prefill", "decode"}},
+      enum_field<&Config::predict_mode>("predict_mode", kPerfModeNames, "train", "predict: what to predict"),
       {"predict_mesh", &Config::predict_mesh, "", "predict: mesh of the predicted cluster, e.g. tp:8,ring:16 (empty = mesh)", {}, 0, -1, check_predict_mesh},
-      {"predict_precision", &Config::predict_precision, "auto", "predict: number formats (auto = the profile's default)", {"auto", "bf16", "fp8_ffn", "fp32"}},
+      enum_field<&Config::predict_precision>("predict_precision", kPrecisionNames, "auto", "predict: number formats (auto = the profile's default)"),
       {"sweep", &Config::sweep, "", "predict: one key and a list of values, e.g. sweep=seq=128K,256K,1M", {}},
       {"predict_zero", &Config::predict_zero, "false", "predict train: params, grads, AdamW state sharded over dp*cp (FSDP)", {}},
   };
@@ -191,6 +205,11 @@ static std::string suggest(std::string_view key) {
   return best;
 }
 
+// The value type a field member stores (EnumMember: itself).
+template <class M> struct MemberType;
+template <class T> struct MemberType<T Config::*> { using type = T; };
+template <> struct MemberType<EnumMember> { using type = EnumMember; };
+
 static std::string range_text(const Field& f, bool integer) {
   std::ostringstream os;
   if (f.min > f.max) return "";
@@ -206,7 +225,7 @@ static void set_field(Config& c, const Field& f, const std::string& text, const 
   };
   std::visit(
       [&](auto m) {
-        using T = std::remove_cvref_t<decltype(c.*m)>;
+        using T = typename MemberType<decltype(m)>::type;
         if constexpr (std::is_same_v<T, int64_t>) {
           int64_t v = 0;
           if (!parse_size(text, v)) bad(range_text(f, true) + " (K/M/G suffixes allowed, e.g. 128K)");
@@ -223,10 +242,11 @@ static void set_field(Config& c, const Field& f, const std::string& text, const 
           if (text == "true" || text == "1" || text == "yes" || text == "on") c.*m = true;
           else if (text == "false" || text == "0" || text == "no" || text == "off") c.*m = false;
           else bad("true or false");
+        } else if constexpr (std::is_same_v<decltype(m), EnumMember>) {
+          const auto it = std::find(f.choices.begin(), f.choices.end(), std::string_view(text));
+          if (it == f.choices.end()) bad("one of: " + join(f.choices, ", "));
+          m.set(c, f.values[size_t(it - f.choices.begin())]);
         } else {
-          if (!f.choices.empty() &&
-              std::find(f.choices.begin(), f.choices.end(), std::string_view(text)) == f.choices.end())
-            bad("one of: " + join(f.choices, ", "));
           c.*m = text;
         }
       },
@@ -330,11 +350,11 @@ MeshSpec parse_mesh(const std::string& mesh, int world_size) {
 }
 
 void validate_config(const Config& c, int world_size) {
-  const bool bench_cp = c.mode == "bench" && c.bench == "cp";
-  if (c.strategy == "all" && !bench_cp && c.mode != "predict")
+  const bool bench_cp = c.mode == Mode::bench && c.bench == Bench::cp;
+  if (c.strategy == StrategySetting::all && !bench_cp && c.mode != Mode::predict)
     throw UsageError("config: strategy = all is only for `ctxpar bench cp` (and predict); valid here: allgather, ulysses, ring, usp, auto");
-  if (c.partition != "zigzag" && c.mode != "predict")
-    throw UsageError("config: partition = " + c.partition + " is an input of `ctxpar predict` only; the executed strategies "
+  if (c.partition != PartitionKind::zigzag && c.mode != Mode::predict)
+    throw UsageError(std::string("config: partition = ") + name_of(c.partition) + " is an input of `ctxpar predict` only; the executed strategies "
                      "shard zigzag (equal causal work per rank and ring step); valid here: partition=zigzag");
   const MeshSpec m = parse_mesh(c.mesh, world_size);
   if (m.product() != world_size) {
@@ -348,18 +368,23 @@ void validate_config(const Config& c, int world_size) {
     throw UsageError("config: heads = " + std::to_string(c.heads) + " is not a multiple of kv_heads = " +
                      std::to_string(c.kv_heads) + "; valid: kv_heads dividing heads (e.g. kv_heads=" +
                      std::to_string(std::gcd(c.heads, c.kv_heads)) + ")");
-  if (c.mask == "window" && c.window < 1)
+  if (c.mask == MaskKind::window && c.window < 1)
     throw UsageError("config: mask = window needs window ≥ 1 (tokens), got window = " + std::to_string(c.window));
-  if (c.mask != "window" && c.window != 0)
-    throw UsageError("config: window = " + std::to_string(c.window) + " is set but mask = " + c.mask +
+  if (c.mask != MaskKind::window && c.window != 0)
+    throw UsageError("config: window = " + std::to_string(c.window) + " is set but mask = " + name_of(c.mask) +
                      "; valid: mask=window with window ≥ 1, or window=0");
 }
 
 std::string field_text(const Config& c, const Field& f) {
   return std::visit(
       [&](auto m) -> std::string {
-        using T = std::remove_cvref_t<decltype(c.*m)>;
-        if constexpr (std::is_same_v<T, std::string>) return c.*m;
+        using T = typename MemberType<decltype(m)>::type;
+        if constexpr (std::is_same_v<T, EnumMember>) {
+          const int32_t v = m.get(c);
+          for (size_t i = 0; i < f.values.size(); ++i)
+            if (f.values[i] == v) return std::string(f.choices[i]);
+          return "?";
+        } else if constexpr (std::is_same_v<T, std::string>) return c.*m;
         else if constexpr (std::is_same_v<T, bool>) return c.*m ? "true" : "false";
         else if constexpr (std::is_same_v<T, double>) {
           std::ostringstream os;
@@ -370,11 +395,21 @@ std::string field_text(const Config& c, const Field& f) {
       f.member);
 }
 
+namespace {
+// Width of the widest field name: every listing's columns line up, whatever the names.
+int name_width() {
+  size_t w = 0;
+  for (const Field& f : config_fields()) w = std::max(w, f.name.size());
+  return int(w) + 1;
+}
+}  // namespace
+
 std::string config_listing(const Config& c) {
   std::ostringstream os;
+  const int w = name_width();
   for (const Field& f : config_fields()) {
     std::string v = field_text(c, f);
-    os << "  " << std::left << std::setw(16) << f.name << " = " << (v.empty() ? "\"\"" : v) << "\n";
+    os << "  " << std::left << std::setw(w) << f.name << " = " << (v.empty() ? "\"\"" : v) << "\n";
   }
   return os.str();
 }
@@ -395,18 +430,24 @@ std::string help_text() {
         "  predict          cost model: time, MFU, exposed comm, memory per strategy (hardware, predict_mesh, predict_mode)\n"
         "  bench calibrate  measure this machine (sgemm, attention vs block, comm) into inputs/hardware/local.toml\n"
         "keys (type, default):\n";
+  const int w = name_width();
+  // Defaults up to 18 characters get their own column; a longer one (schedule) ends with a space.
+  size_t dw = 0;
+  for (const Field& f : config_fields()) dw = std::max(dw, std::min<size_t>(18, f.def.empty() ? 2 : f.def.size()));
   for (const Field& f : config_fields()) {
     const char* type = std::visit(
         [](auto m) -> const char* {
-          using T = std::remove_cvref_t<decltype(Config{}.*m)>;
+          using T = typename MemberType<decltype(m)>::type;
           if constexpr (std::is_same_v<T, int64_t>) return "int";
           else if constexpr (std::is_same_v<T, double>) return "float";
           else if constexpr (std::is_same_v<T, bool>) return "bool";
+          else if constexpr (std::is_same_v<T, EnumMember>) return "choice";
           else return "string";
         },
         f.member);
-    os << "  " << std::left << std::setw(16) << f.name << std::setw(7) << type << std::setw(10)
-       << (f.def.empty() ? "\"\"" : std::string(f.def)) << f.help;
+    const std::string def = f.def.empty() ? "\"\"" : std::string(f.def);
+    os << "  " << std::left << std::setw(w) << f.name << std::setw(7) << type << std::setw(int(dw) + 1)
+       << (def.size() > dw ? def + " " : def) << f.help;
     if (!f.choices.empty()) os << " {" << join(f.choices, "|") << "}";
     os << "\n";
   }

@@ -4,10 +4,13 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <type_traits>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
+
+#include "core/settings.hpp"
 
 namespace ctxpar {
 
@@ -16,14 +19,14 @@ namespace ctxpar {
 //   P CP group size, r CP rank.
 struct Config {
   // run
-  std::string mode;          // positional: run, attn, bench, train, ... (not a table field)
-  std::string bench;         // positional after `bench`: comm, attn, cp
+  Mode mode = Mode::run;     // positional: run, attn, bench, train, ... (not a table field)
+  Bench bench = Bench::none; // positional after `bench`: comm, attn, cp, ...
   std::string out;           // trace file; "" = out/<mode>.h5
   std::string mesh;          // "ring:4,ulysses:2"; "" = every rank on the ring axis
   int64_t steps;
   int64_t warmup;
   int64_t seed;
-  std::string device;        // cpu | cuda
+  Device device;
   int64_t threads;           // OpenMP threads per rank; 0 = the OpenMP default
   double watchdog_s;
   bool csv;
@@ -32,9 +35,9 @@ struct Config {
   int64_t heads;             // H_q
   int64_t kv_heads;          // H_kv
   int64_t head_dim;          // D
-  std::string strategy;
-  std::string partition;
-  std::string mask;
+  StrategySetting strategy;
+  PartitionKind partition;
+  MaskKind mask;
   int64_t window;
   std::string docs;          // "none" | "random" | "L1,L2,..." (document lengths in tokens)
   int64_t doc_mean;          // mean document length for docs=random
@@ -61,18 +64,18 @@ struct Config {
   double beta2;
   double adam_eps;
   double grad_clip;          // max global gradient norm (0 = no clipping)
-  std::string remat;         // none | attention | full
+  Remat remat;
   int64_t checkpoint_every;  // steps between checkpoints (0 = none)
   std::string checkpoint;    // checkpoint file (HDF5)
   std::string resume;        // checkpoint to restart from ("" = fresh start)
   std::string data;          // "synthetic" or a token file (.bin raw integers, .h5 dataset "tokens")
-  std::string data_dtype;    // raw token files: uint16 | uint32
+  TokenType data_dtype;      // raw token files
   int64_t eos_id;            // token that ends a document in a token file (-1 = no boundaries)
   std::string dump_init;     // write initial weights, first batch, loss, logits and grads (oracle)
   double peak_tflops_per_rank;  // for MFU; 0 = measured at start (sgemm, as `ctxpar bench peak`)
   // inference (prefill, decode, chat, bench infer; src/infer)
-  std::string cp_algo;       // prefill attention: pass_kv | pass_q | auto (chosen per call)
-  std::string decode_algo;   // decode attention: pass_q | allgather
+  CpAlgoSetting cp_algo;     // prefill attention (auto: chosen per call)
+  DecodeAlgo decode_algo;    // decode attention
   std::string schedule;      // chat: "prefill:32K,decode:64,prefill:2K,decode:64"
   int64_t batch;             // B sequences
   int64_t cached;            // prefill: P cached tokens before the measured prefill (0 = from miss_rate)
@@ -80,24 +83,37 @@ struct Config {
   // cost model (`ctxpar predict`, src/perf; seq, batch, cached, miss_rate, partition, remat and
   // the model fields describe the predicted workload)
   std::string hardware;        // profile: inputs/hardware/<name>.toml, a path, measured, or auto
-  std::string predict_mode;    // train | prefill | partial_prefill | decode
+  PerfMode predict_mode;
   std::string predict_mesh;    // the predicted cluster's mesh ("" = mesh); need not match the job's ranks
-  std::string predict_precision;  // auto (the profile's) | bf16 | fp8_ffn | fp32
+  Precision predict_precision;  // auto = the profile's
   std::string sweep;           // "seq=128K,256K,1M" (one key, a list of values): one table row group per value
   bool predict_zero;           // train: params, grads and AdamW state sharded over dp*cp ranks (FSDP/ZeRO-3)
 };
 
-using FieldMember = std::variant<int64_t Config::*, double Config::*, std::string Config::*, bool Config::*>;
+// An enumerated field: its value as the enum's int32 (core/settings.hpp), read and written
+// through the member's own type.
+struct EnumMember {
+  int32_t (*get)(const Config&);
+  void (*set)(Config&, int32_t);
+};
+template <auto M> EnumMember enum_member() {
+  return {[](const Config& c) { return int32_t(c.*M); },
+          [](Config& c, int32_t v) { c.*M = std::remove_reference_t<decltype(c.*M)>(v); }};
+}
+
+using FieldMember =
+    std::variant<int64_t Config::*, double Config::*, std::string Config::*, bool Config::*, EnumMember>;
 
 struct Field {
   std::string_view name;
   FieldMember member;
   std::string_view def;                   // default, as text (parsed like user input)
   std::string_view help;
-  std::vector<std::string_view> choices;  // string fields: allowed values (empty = free text)
+  std::vector<std::string_view> choices;  // enumerated fields: the names, in display order
   double min = 0, max = 0;                // numeric fields: inclusive range (min > max = unchecked)
   // Extra check on the parsed value; returns "" when valid, else what would be valid.
   std::function<std::string(const Config&)> check = nullptr;
+  std::vector<int32_t> values;            // enumerated fields: the enum value of each choice
 };
 
 const std::vector<Field>& config_fields();
@@ -124,6 +140,11 @@ struct MeshSpec {
   int64_t dp = 1, tp = 1, ulysses = 1, ring = 1;
   int64_t product() const { return dp * tp * ulysses * ring; }
 };
+// Parsed views of free-form settings: packed documents configured (docs != none); synthetic
+// training data (data = synthetic, else a token file).
+bool packed_docs(const Config& cfg);
+bool synthetic_data(const Config& cfg);
+
 // Parses cfg.mesh; "" means ring:world_size.
 MeshSpec parse_mesh(const std::string& mesh, int world_size);
 

@@ -48,6 +48,11 @@ std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& top
   return nullptr;
 }
 
+std::unique_ptr<CpStrategy> make_strategy(StrategySetting s, Topology& topo) {
+  if (s == StrategySetting::automatic || s == StrategySetting::all) return nullptr;
+  return make_strategy(std::string(name_of(s)), topo);
+}
+
 AttnParams attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window) {
   AttnParams p;
   p.S_q = p.S_k = S;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attn_params.hpp"
+#include "core/settings.hpp"
 #include "shard/partition.hpp"
 
 namespace ctxpar {
@@ -61,6 +62,8 @@ class CpStrategy {
 const std::vector<std::string>& strategy_names();
 const std::vector<std::string>& inference_strategy_names();
 std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo);
+// The configured training strategy (null for auto and all, which are resolved before).
+std::unique_ptr<CpStrategy> make_strategy(StrategySetting s, Topology& topo);
 
 // The shape-only descriptor of a CP problem of S global tokens.
 AttnParams attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window);

@@ -23,7 +23,6 @@ double now_s() {
 
 }  // namespace
 
-const char* decode_algo_name(DecodeAlgo a) { return a == DecodeAlgo::pass_q ? "pass_q" : "allgather"; }
 
 int32_t greedy(const float* logits, int64_t V) {
   int64_t best = 0;

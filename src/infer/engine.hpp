@@ -38,8 +38,7 @@ class Comm;
 
 namespace ctxpar::infer {
 
-enum class DecodeAlgo { pass_q, allgather };
-const char* decode_algo_name(DecodeAlgo a);
+// DecodeAlgo: core/settings.hpp (an enumerated setting).
 
 // Work of one call on this rank (seconds, bytes) and its communication counters.
 struct CallStats {

@@ -52,7 +52,7 @@ class SyntheticSource final : public TokenSource {
 // a document ends after each eos_id token.
 class FileSource final : public TokenSource {
  public:
-  FileSource(const Config& c) : path_(c.data), u32_(c.data_dtype == "uint32"), eos_(c.eos_id), V_(c.vocab) {
+  FileSource(const Config& c) : path_(c.data), u32_(c.data_dtype == TokenType::uint32), eos_(c.eos_id), V_(c.vocab) {
     hdf5_ = ends_with(path_, ".h5") || ends_with(path_, ".hdf5");
     n_tokens_ = hdf5_ ? h5_token_count(path_) : int64_t(std::filesystem::file_size(path_)) / (u32_ ? 4 : 2);
   }
@@ -96,7 +96,7 @@ class FileSource final : public TokenSource {
 }  // namespace
 
 std::string validate_data(const Config& c) {
-  if (c.data == "synthetic") return "";
+  if (synthetic_data(c)) return "";
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_regular_file(c.data, ec))
@@ -107,10 +107,10 @@ std::string validate_data(const Config& c) {
     if (!err.empty()) return "config: data = '" + c.data + "': " + err;
   } else {
     const int64_t bytes = int64_t(fs::file_size(c.data, ec));
-    const int64_t w = c.data_dtype == "uint32" ? 4 : 2;
+    const int64_t w = c.data_dtype == TokenType::uint32 ? 4 : 2;
     if (bytes % w != 0)
       return "config: data = '" + c.data + "' has " + std::to_string(bytes) + " bytes, not a whole number of " +
-             c.data_dtype + " tokens; valid: data_dtype matching the file";
+             name_of(c.data_dtype) + " tokens; valid: data_dtype matching the file";
     n = bytes / w;
   }
   if (n < c.seq)
@@ -120,7 +120,7 @@ std::string validate_data(const Config& c) {
 }
 
 std::unique_ptr<TokenSource> make_token_source(const Config& c) {
-  if (c.data == "synthetic") return std::make_unique<SyntheticSource>(c);
+  if (synthetic_data(c)) return std::make_unique<SyntheticSource>(c);
   return std::make_unique<FileSource>(c);
 }
 

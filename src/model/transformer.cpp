@@ -19,12 +19,6 @@ double now_s() {
 }
 }  // namespace
 
-Remat remat_kind(const std::string& name) {
-  if (name == "attention") return Remat::attention;
-  if (name == "full") return Remat::full;
-  return Remat::none;
-}
-
 int64_t Transformer::logits_chunk_rows(int64_t S_loc, int64_t V) {
   // About 32 MiB of logits per chunk, at least 64 rows (GEMM efficiency), at most S_loc.
   const int64_t rows = std::max<int64_t>(64, (int64_t(32) << 20) / (4 * V));

@@ -27,8 +27,7 @@ namespace ctxpar {
 class Topology;
 class Tracer;
 
-enum class Remat { none, attention, full };
-Remat remat_kind(const std::string& name);
+// Remat: core/settings.hpp (an enumerated setting).
 
 class Transformer {
  public:

@@ -58,9 +58,9 @@ void prefill_split(const Config& cfg, int N, int64_t& T, int64_t& P) {
 // Schedule of a mode: chat's own; prefill = [prefill P (setup), prefill T]; decode = [prefill
 // seq, decode warmup + steps].
 std::string mode_schedule(const Config& cfg, int N, std::vector<SchedulePhase>& s) {
-  if (cfg.mode == "chat") return parse_schedule(cfg.schedule, N, s);
+  if (cfg.mode == Mode::chat) return parse_schedule(cfg.schedule, N, s);
   s.clear();
-  if (cfg.mode == "prefill") {
+  if (cfg.mode == Mode::prefill) {
     int64_t T, P;
     prefill_split(cfg, N, T, P);
     if (P > 0) s.push_back({PhaseKind::prefill, P});
@@ -98,14 +98,14 @@ class Session {
     }
     const int N = cp_.size();
     engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cfg.batch, cache_capacity_tokens(sched, N),
-                                       cfg.strategy);
+                                       name_of(cfg.strategy));
     cost_ = std::make_unique<PrefillCostModel>(cfg, cp_);
     const ModelDims& d = layout_.dims();
     log0("ctxpar %s: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); batch %lld, "
          "%d CP ranks (mesh %s), full-prefill strategy %s, cp_algo %s, decode_algo %s\n",
-         cfg.mode.c_str(), (long long)d.layers, (long long)d.dim, (long long)d.ffn, (long long)cfg.heads,
+         name_of(cfg.mode), (long long)d.layers, (long long)d.dim, (long long)d.ffn, (long long)cfg.heads,
          (long long)cfg.kv_heads, (long long)cfg.head_dim, (long long)d.vocab, double(d.param_count()) / 1e6,
-         (long long)cfg.batch, N, cfg.mesh.c_str(), cfg.strategy.c_str(), cfg.cp_algo.c_str(), cfg.decode_algo.c_str());
+         (long long)cfg.batch, N, cfg.mesh.c_str(), name_of(cfg.strategy), name_of(cfg.cp_algo), name_of(cfg.decode_algo));
     log0("# weights: %s; KV cache %s per rank allocated (%lld tokens per sequence)\n",
          cfg.resume.empty() ? "seeded init (as train)" : cfg.resume.c_str(),
          fmt_bytes(engine_->cache().allocated_bytes()).c_str(), (long long)engine_->cache().capacity());
@@ -127,8 +127,8 @@ class Session {
 
   CpAlgo choose(int64_t T, int64_t P, Prediction& pred) const {
     pred = cost_->predict(T, P);
-    if (cfg_.cp_algo == "pass_kv") return CpAlgo::pass_kv;
-    if (cfg_.cp_algo == "pass_q") return CpAlgo::pass_q;
+    if (cfg_.cp_algo == CpAlgoSetting::pass_kv) return CpAlgo::pass_kv;
+    if (cfg_.cp_algo == CpAlgoSetting::pass_q) return CpAlgo::pass_q;
     return pred.choice;
   }
 
@@ -145,19 +145,18 @@ class Session {
     double dt = 0;
     StepOutput out = timed_step([&] { return engine_->prefill(tok, algo, &tr_, st); }, dt);
     const double flops = double(B) * engine_->prefill_flops(T, P);
-    finish_step(turn, record ? "prefill" : "setup", T, P, algo_name(algo), dt, B * T, flops, st, record);
+    finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, P, algo_name(algo), dt, B * T, flops, st);
     if (record) calls_.push_back({turn, T, P, algo, pred, dt});
     return out.next_tokens;
   }
 
   std::vector<int32_t> decode(int64_t turn, const std::vector<int32_t>& last) {
     const int64_t B = cfg_.batch, ctx = engine_->cache().seq_len(0);
-    const DecodeAlgo algo = cfg_.decode_algo == "allgather" ? DecodeAlgo::allgather : DecodeAlgo::pass_q;
+    const DecodeAlgo algo = cfg_.decode_algo == DecodeAlgo::allgather ? DecodeAlgo::allgather : DecodeAlgo::pass_q;
     CallStats st;
     double dt = 0;
     StepOutput out = timed_step([&] { return engine_->decode(last, algo, &tr_, st); }, dt);
-    finish_step(turn, "decode", 1, ctx, decode_algo_name(algo), dt, B, double(B) * engine_->decode_flops(ctx), st,
-                false);
+    finish_step(turn, StepKind::decode, 1, ctx, name_of(algo), dt, B, double(B) * engine_->decode_flops(ctx), st);
     return out.next_tokens;
   }
 
@@ -217,9 +216,12 @@ class Session {
     return out;
   }
 
-  void finish_step(int64_t turn, const char* kind, int64_t T, int64_t P, const char* algo, double dt, int64_t tokens,
-                   double flops, const CallStats& st, bool is_prefill) {
-    const bool setup = std::string(kind) == "setup";
+  // A prefill (a TTFT step), the setup of a cache for `ctxpar prefill` (no TTFT), a decode (TTIT).
+  enum class StepKind { prefill, setup, decode };
+  void finish_step(int64_t turn, StepKind kind, int64_t T, int64_t P, const char* algo, double dt, int64_t tokens,
+                   double flops, const CallStats& st) {
+    const bool setup = kind == StepKind::setup, is_prefill = kind == StepKind::prefill;
+    const char* kind_name = is_prefill ? "prefill" : setup ? "setup" : "decode";
     StepRecord rec;
     rec.step = step_;
     rec.time_s = dt;
@@ -240,7 +242,7 @@ class Session {
     cache_bytes_.insert(cache_bytes_.end(), all.begin(), all.end());
     const double mx = *std::max_element(all.begin(), all.end());
     log0("  %5lld %4lld  %-7s %6lld %8lld  %-8s %9.2f  %10.1f  %12.4f  %10.2f  %14.2f\n", (long long)step_,
-         (long long)turn, kind, (long long)T, (long long)P, algo, dt * 1e3, double(tokens) / dt,
+         (long long)turn, kind_name, (long long)T, (long long)P, algo, dt * 1e3, double(tokens) / dt,
          flops / dt / cp_.size() / 1e12, exposed * 1e3, mx / (1 << 20));
     ++step_;
   }
@@ -275,16 +277,16 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
       return "config: hardware = '" + cfg.hardware + "': " + e.what() + " (or hardware=measured)";
     }
   }
-  if (cfg.mask != "causal" || cfg.docs != "none")
+  if (cfg.mask != MaskKind::causal || packed_docs(cfg))
     return "config: inference uses one causal document per sequence; valid: mask=causal, docs=none";
   const int N = topo.cp().size();
   std::vector<SchedulePhase> sched;
-  if (cfg.mode == "prefill" || cfg.mode == "decode" || cfg.mode == "bench") {
+  if (cfg.mode == Mode::prefill || cfg.mode == Mode::decode || cfg.mode == Mode::bench) {
     if (cfg.seq % (2 * N) != 0)
       return "config: seq = " + s_(cfg.seq) + " does not split into 2N = " + s_(2 * N) + " zigzag chunks on " + s_(N) +
              " CP ranks; valid: a multiple of " + s_(2 * N);
   }
-  if (cfg.mode == "prefill") {
+  if (cfg.mode == Mode::prefill) {
     if (cfg.cached > 0 && cfg.miss_rate != 1)
       return "config: cached = " + s_(cfg.cached) + " and miss_rate = " + std::to_string(cfg.miss_rate) +
              " both set; valid: one of them";
@@ -296,7 +298,7 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   if (!err.empty()) return err;
   // The full prefill's CP strategy (first prefill of the schedule).
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
-  if (!strat) return "config: strategy = '" + cfg.strategy + "' is not built into this binary";
+  if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
   err = strat->validate(attn_problem(sched.front().count, int32_t(cfg.heads), int32_t(cfg.kv_heads),
                                      int32_t(cfg.head_dim), MaskKind::causal, 0),
                         topo);
@@ -315,7 +317,7 @@ int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {
   mode_schedule(cfg, N, sched);  // validated before
   Session s(cfg, topo, tracer, sched);
   std::vector<std::vector<std::vector<int32_t>>> gen;  // [turn][step][b]
-  if (cfg.mode == "prefill") {
+  if (cfg.mode == Mode::prefill) {
     // Every step on a fresh cache: the setup prefill of P tokens (traced, turn -1), then the
     // measured prefill of T tokens (turn = step).
     for (int64_t step = 0; step < cfg.warmup + cfg.steps && !s.stop(); ++step) {
@@ -343,15 +345,15 @@ int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {
   s.log_calls();
   // Summary: medians (prefill mode and decode mode skip their warmup steps).
   std::vector<double> ttft = s.ttft, ttit = s.ttit;
-  if (cfg.mode == "prefill" && int64_t(ttft.size()) > cfg.warmup) ttft.erase(ttft.begin(), ttft.begin() + cfg.warmup);
-  if (cfg.mode == "decode" && int64_t(ttit.size()) > cfg.warmup) ttit.erase(ttit.begin(), ttit.begin() + cfg.warmup);
+  if (cfg.mode == Mode::prefill && int64_t(ttft.size()) > cfg.warmup) ttft.erase(ttft.begin(), ttft.begin() + cfg.warmup);
+  if (cfg.mode == Mode::decode && int64_t(ttit.size()) > cfg.warmup) ttit.erase(ttit.begin(), ttit.begin() + cfg.warmup);
   log0("\n# summary: %zu prefills, TTFT median %.2f ms; %zu decode steps, TTIT median %.3f ms (batch %lld)\n",
        ttft.size(), median(ttft) * 1e3, ttit.size(), median(ttit) * 1e3, (long long)cfg.batch);
   bool valid = true;
   for (const auto& t : gen)
     for (const auto& st : t)
       for (int32_t x : st) valid = valid && x >= 0 && x < cfg.vocab;
-  log0("# %s: %s on %d CP ranks\n", valid ? "VALID" : "INVALID (token out of range)", cfg.mode.c_str(), N);
+  log0("# %s: %s on %d CP ranks\n", valid ? "VALID" : "INVALID (token out of range)", name_of(cfg.mode), N);
   return valid ? 0 : 1;
 }
 

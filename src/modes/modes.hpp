@@ -2,16 +2,33 @@
 #pragma once
 #include <string>
 
+#include "core/settings.hpp"
+
 namespace ctxpar {
 
 struct Config;
 class Topology;
 class Tracer;
 
-// Mode-specific validation before any allocation (same result on every rank); "" when valid.
-std::string validate_mode(const Config& cfg, Topology& topo);
-// The plan printed by --dry-run (mesh, each rank's coordinates and token ranges, memory estimate).
-std::string dry_run_plan(const Config& cfg, Topology& topo);
+// One row of the mode table (main.cpp): every `ctxpar <mode>` and `ctxpar bench <name>` with its
+// run, checks and --dry-run lines; nothing else dispatches on the mode.
+struct ModeRow {
+  Mode mode;
+  Bench bench;
+  int (*run)(const Config&, Topology&, Tracer&);
+  std::string (*validate)(const Config&, Topology&);  // the mode's checks before any allocation (null: none)
+  std::string (*plan)(const Config&, Topology&);      // the mode's lines of --dry-run (null: none)
+  bool needs_peak;          // the trace's MFU needs this rank's peak FLOP/s
+  bool attention_workload;  // runs the sharded attention workload (validated and planned by workload.hpp)
+  bool cuda;                // built for device=cuda
+};
+
+// Validation before any allocation (same result on every rank); "" when valid: the device, the
+// attention workload (when the row has one), the row's own checks, the output path.
+std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row);
+// The plan printed by --dry-run (mesh, each rank's coordinates and token ranges, memory
+// estimate, and the row's own lines).
+std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row);
 // "" when `path` can be created (its nearest existing directory is writable and it is not a
 // directory), else a message naming `field`. Rank 0 calls it; main agrees on the result.
 std::string check_output(const std::string& path, const char* field);
@@ -32,6 +49,7 @@ struct TrainMemoryPlan {
   double total_bytes = 0;
 };
 TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo);
+std::string train_plan(const Config& cfg, Topology& topo);  // the --dry-run lines of train
 // Peak FLOP/s per rank for MFU: peak_tflops_per_rank, or measured with sgemm (collective).
 double train_peak_flops_per_rank(const Config& cfg, Topology& topo);
 

@@ -15,14 +15,14 @@
 namespace ctxpar {
 
 std::string trace_path(const Config& cfg) {
-  if (cfg.mode == "attn") {
+  if (cfg.mode == Mode::attn) {
     // attn writes its tensors to `out`; the trace goes beside it.
     std::string base = cfg.out.empty() ? "out/attn_result.h5" : cfg.out;
     if (base.size() > 3 && base.compare(base.size() - 3, 3, ".h5") == 0) base.resize(base.size() - 3);
     return base + ".trace.h5";
   }
   if (!cfg.out.empty()) return cfg.out;
-  return "out/" + (cfg.mode == "bench" ? "bench_" + cfg.bench : cfg.mode) + ".h5";
+  return "out/" + (cfg.mode == Mode::bench ? "bench_" + std::string(name_of(cfg.bench)) : std::string(name_of(cfg.mode))) + ".h5";
 }
 
 std::string check_output(const std::string& path, const char* field) {
@@ -41,70 +41,54 @@ std::string check_output(const std::string& path, const char* field) {
   return "";
 }
 
-std::string validate_mode(const Config& cfg, Topology& topo) {
+std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row) {
   std::string err;
-  if (cfg.device == "cuda") {
+  if (cfg.device == Device::cuda) {
 #if !defined(CTXPAR_WITH_CUDA)
     return "config: device = 'cuda' but this binary was built without the CUDA backend (configure with nvcc and NCCL "
            "under /usr/local/cuda, CTXPAR_CUDA=AUTO or ON); valid here: device=cpu";
 #else
-    if (!(cfg.mode == "bench" && cfg.bench == "attn"))
-      return "config: device = 'cuda' is built for `bench attn` only so far (mode " + cfg.mode +
-             (cfg.mode == "bench" ? " " + cfg.bench : std::string()) + "); valid: device=cpu for this mode";
+    if (!row.cuda)
+      return std::string("config: device = 'cuda' is built for `bench attn` only so far (mode ") + name_of(cfg.mode) +
+             (cfg.mode == Mode::bench ? std::string(" ") + name_of(cfg.bench) : std::string()) +
+             "); valid: device=cpu for this mode";
     if (cfg.head_dim % 8 != 0)
       return "config: head_dim = " + std::to_string(cfg.head_dim) + " with device = cuda: the GPU kernels load 16-byte "
              "rows, so head_dim must be a multiple of 8 (e.g. " + std::to_string((cfg.head_dim + 7) / 8 * 8) + ")";
 #endif
   }
-  const bool attention = cfg.mode == "run" || cfg.mode == "attn" || (cfg.mode == "bench" && cfg.bench == "cp");
   // attn with --in takes its shape from the file (validate_attn_mode checks it against the strategy);
   // bench cp with strategy=all skips the strategies that do not fit, row by row.
-  const bool shape_from_file = cfg.mode == "attn" && !cfg.in.empty();
-  if (attention && !shape_from_file && cfg.strategy != "all") {
+  const bool shape_from_file = cfg.mode == Mode::attn && !cfg.in.empty();
+  if (row.attention_workload && !shape_from_file && cfg.strategy != StrategySetting::all) {
     err = validate_workload(cfg, topo);
     if (!err.empty()) return err;
   }
-  if (cfg.mode == "attn") {
-    err = validate_attn_mode(cfg, topo);
-    if (!err.empty()) return err;
-  }
-  if (cfg.mode == "train" || (cfg.mode == "bench" && cfg.bench == "train")) {
-    err = validate_train_mode(cfg, topo);
-    if (!err.empty()) return err;
-  }
-  if (cfg.mode == "prefill" || cfg.mode == "decode" || cfg.mode == "chat" || (cfg.mode == "bench" && cfg.bench == "infer")) {
-    err = validate_infer_mode(cfg, topo);
-    if (!err.empty()) return err;
-  }
-  if (cfg.mode == "predict") {  // cost model (modes/predict.cpp)
-    err = validate_predict_mode(cfg, topo);
-    if (!err.empty()) return err;
-  }
-  if (cfg.mode == "bench" && cfg.bench == "calibrate") {
-    err = validate_calibrate(cfg, topo);
+  if (row.validate) {
+    err = row.validate(cfg, topo);
     if (!err.empty()) return err;
   }
   if (topo.world().rank() == 0) {
     err = check_output(trace_path(cfg), "out");
-    if (err.empty() && cfg.mode == "attn" && !cfg.out.empty()) err = check_output(cfg.out, "out");
+    if (err.empty() && cfg.mode == Mode::attn && !cfg.out.empty()) err = check_output(cfg.out, "out");
   }
   return err;
 }
 
-std::string dry_run_plan(const Config& cfg, Topology& topo) {
+std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row) {
   std::ostringstream os;
   const MeshSpec& m = topo.mesh();
-  os << "ctxpar dry run: mode " << cfg.mode << (cfg.bench.empty() ? "" : " " + cfg.bench) << ", " << topo.world().size()
+  os << "ctxpar dry run: mode " << name_of(cfg.mode) << (cfg.bench == Bench::none ? "" : std::string(" ") + name_of(cfg.bench))
+     << ", " << topo.world().size()
      << " ranks, mesh dp:" << m.dp << ",tp:" << m.tp << ",ulysses:" << m.ulysses << ",ring:" << m.ring << "\n";
   os << "trace: " << trace_path(cfg) << "\n";
-  const bool attention = (cfg.mode == "run" || cfg.mode == "attn" || (cfg.mode == "bench" && cfg.bench == "cp")) &&
-                         cfg.strategy != "all";
+  const bool attention = row.attention_workload && cfg.strategy != StrategySetting::all;
   WorkloadPlan plan;
   if (attention) plan = plan_workload(cfg, topo);
   if (attention)
     os << "workload: S=" << cfg.seq << " H_q=" << cfg.heads << " H_kv=" << cfg.kv_heads << " D=" << cfg.head_dim
-       << " mask=" << cfg.mask << (cfg.mask == "window" ? "(" + std::to_string(cfg.window) + ")" : "")
-       << " docs=" << cfg.docs << ", strategy " << cfg.strategy << ", partition " << plan.partition_name << "\n";
+       << " mask=" << name_of(cfg.mask) << (cfg.mask == MaskKind::window ? "(" + std::to_string(cfg.window) + ")" : "")
+       << " docs=" << cfg.docs << ", strategy " << name_of(cfg.strategy) << ", partition " << plan.partition_name << "\n";
   os << " rank  host            node   dp  tp  uly ring   cp_rank  tokens (global ranges)\n";
   const auto& coords = topo.all_coords();
   for (int r = 0; r < topo.world().size(); ++r) {
@@ -128,15 +112,7 @@ std::string dry_run_plan(const Config& cfg, Topology& topo) {
   if (attention) {
     os << "memory estimate per rank: " << fmt_bytes(plan.bytes_per_rank) << " (" << plan.memory_note << ")\n";
   }
-  if (cfg.mode == "train" || (cfg.mode == "bench" && cfg.bench == "train")) {
-    const TrainMemoryPlan t = plan_train_memory(cfg, topo);
-    os << "model: " << cfg.layers << " layers, dim " << cfg.dim << ", ffn " << cfg.ffn_dim << ", heads " << cfg.heads
-       << "/" << cfg.kv_heads << " x " << cfg.head_dim << ", vocab " << cfg.vocab << "; S=" << cfg.seq << ", strategy "
-       << cfg.strategy << ", remat " << cfg.remat << "\n";
-    os << "memory estimate per rank: " << fmt_bytes(t.total_bytes) << " (params+grads+AdamW " << fmt_bytes(t.state_bytes)
-       << ", activations+scratch " << fmt_bytes(t.activation_bytes) << ", strategy buffers " << fmt_bytes(t.strategy_bytes)
-       << ")\n";
-  }
+  if (row.plan) os << row.plan(cfg, topo);
   return os.str();
 }
 

@@ -23,13 +23,6 @@ namespace ctxpar {
 
 namespace {
 
-PerfMode perf_mode(const std::string& s) {
-  if (s == "prefill") return PerfMode::prefill;
-  if (s == "partial_prefill") return PerfMode::partial_prefill;
-  if (s == "decode") return PerfMode::decode;
-  return PerfMode::train;
-}
-
 PerfMesh predicted_mesh(const Config& cfg) {
   const MeshSpec s = parse_mesh(cfg.predict_mesh.empty() ? cfg.mesh : cfg.predict_mesh, 1);
   return PerfMesh{s.dp, s.tp, s.ulysses, s.ring};
@@ -52,7 +45,7 @@ std::string mesh_text(const PerfMesh& m) {
 // T = miss_rate * seq (the inference modes' rule); decode's context is all cached.
 PerfWorkload workload_of(const Config& cfg, const HardwareProfile& hw) {
   PerfWorkload w;
-  w.mode = perf_mode(cfg.predict_mode);
+  w.mode = cfg.predict_mode;
   w.seq = cfg.seq;
   if (w.mode == PerfMode::partial_prefill) {
     const int64_t T = cfg.cached > 0 ? cfg.seq - cfg.cached : std::max<int64_t>(1, std::llround(cfg.miss_rate * double(cfg.seq)));
@@ -61,7 +54,7 @@ PerfWorkload workload_of(const Config& cfg, const HardwareProfile& hw) {
     w.cached = cfg.seq;
   }
   w.batch = cfg.batch;
-  w.precision = cfg.predict_precision == "auto" ? hw.default_precision : cfg.predict_precision;
+  w.precision = cfg.predict_precision == Precision::automatic ? hw.default_precision : cfg.predict_precision;
   w.remat = cfg.remat;
   w.zero = cfg.predict_zero;
   w.partition = cfg.partition;
@@ -103,9 +96,9 @@ std::vector<std::pair<std::string, Config>> sweep_configs(const Config& cfg) {
 }  // namespace
 
 std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
-  if (cfg.strategy != "auto") return "";
-  if (cfg.mode == "predict") return "";  // predict tabulates every strategy anyway
-  if (cfg.mode == "bench" && cfg.bench != "cp" && cfg.bench != "train" && cfg.bench != "infer")
+  if (cfg.strategy != StrategySetting::automatic) return "";
+  if (cfg.mode == Mode::predict) return "";  // predict tabulates every strategy anyway
+  if (cfg.mode == Mode::bench && cfg.bench != Bench::cp && cfg.bench != Bench::train && cfg.bench != Bench::infer)
     return "config: strategy = auto applies to modes that run a CP strategy (run, attn, train, prefill, decode, chat, "
            "bench cp/train/infer); valid here: allgather, ulysses, ring, usp";
   HardwareProfile hw;
@@ -114,24 +107,27 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
   } catch (const UsageError& e) {
     return std::string("config: strategy = auto needs a hardware profile: ") + e.what();
   }
-  const bool infer = cfg.mode == "prefill" || cfg.mode == "decode" || cfg.mode == "chat" ||
-                     (cfg.mode == "bench" && cfg.bench == "infer");
+  const bool infer = cfg.mode == Mode::prefill || cfg.mode == Mode::decode || cfg.mode == Mode::chat ||
+                     (cfg.mode == Mode::bench && cfg.bench == Bench::infer);
   const PerfMesh mesh{topo.size(Axis::dp), topo.size(Axis::tp), topo.size(Axis::ulysses), topo.size(Axis::ring)};
   PerfWorkload w;
   w.mode = infer ? PerfMode::prefill : PerfMode::train;  // inference: the full prefill runs the strategy
   w.seq = cfg.seq;
   w.batch = cfg.batch;
-  w.precision = "fp32";  // the executed CPU path computes in fp32
+  w.precision = Precision::fp32;  // the executed CPU path computes in fp32
   w.remat = cfg.remat;
-  w.partition = "zigzag";
+  w.partition = PartitionKind::zigzag;
   const ModelShape m = model_shape(cfg);
   // Executed strategy names; the cost model calls the full prefill's ring pass_kv.
-  const std::vector<std::pair<std::string, std::string>> names = {
-      {"allgather", "allgather"}, {"ulysses", "ulysses"}, {"ring", infer ? "pass_kv" : "ring"}, {"usp", "usp"}};
+  const std::pair<StrategySetting, const char*> names[] = {{StrategySetting::allgather, "allgather"},
+                                                          {StrategySetting::ulysses, "ulysses"},
+                                                          {StrategySetting::ring, infer ? "pass_kv" : "ring"},
+                                                          {StrategySetting::usp, "usp"}};
   std::vector<StrategyPrediction> preds;
-  for (const auto& [run_name, model_name] : names) {
+  for (const auto& [run, model_name] : names) {
+    const std::string run_name = name_of(run);
     StrategyPrediction p = predict(m, hw, mesh, w, model_name);
-    if (run_name == "usp" && (mesh.ulysses < 2 || mesh.ring < 2) && p.invalid.empty())
+    if (run == StrategySetting::usp && (mesh.ulysses < 2 || mesh.ring < 2) && p.invalid.empty())
       p.invalid = "usp needs ulysses >= 2 and ring >= 2 in the mesh";
     p.strategy = run_name;
     preds.push_back(p);
@@ -139,7 +135,7 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
   const int best = recommend(preds);
   if (best < 0) return "config: strategy = auto: no strategy is valid for mesh " + cfg.mesh + " and this model";
   std::ostringstream os;
-  os << "# strategy=auto (cost model, hardware " << hw.name << ", " << perf_mode_name(w.mode) << ", S = " << w.seq
+  os << "# strategy=auto (cost model, hardware " << hw.name << ", " << name_of(w.mode) << ", S = " << w.seq
      << "):";
   for (const StrategyPrediction& p : preds) {
     os << " " << p.strategy << " ";
@@ -147,7 +143,7 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
     else os << p.time_s * 1e3 << " ms";
     os << (&p == &preds[size_t(best)] ? " (chosen)" : "") << ";";
   }
-  cfg.strategy = preds[size_t(best)].strategy;
+  CTXPAR_CHECK(parse_in(kStrategyNames, preds[size_t(best)].strategy, cfg.strategy), "strategy name");
   log0("%s\n", os.str().c_str());
   return "";
 }
@@ -159,7 +155,7 @@ std::string validate_predict_mode(const Config& cfg, Topology& topo) {
       (void)v;
       const HardwareProfile hw = load_hardware(hardware_name(c, HardwareUse::plan));
       const PerfWorkload w = workload_of(c, hw);
-      if (w.precision == "fp8_ffn" && hw.peak_fp8_flops <= 0)
+      if (w.precision == Precision::fp8_ffn && hw.peak_fp8_flops <= 0)
         return "config: predict_precision = fp8_ffn but hardware " + hw.name + " has no FP8 peak; valid: bf16 or fp32";
       if (c.heads % c.kv_heads != 0) return "config: heads must be a multiple of kv_heads";
       if (w.mode == PerfMode::partial_prefill && (w.cached <= 0 || w.cached >= w.seq))
@@ -206,7 +202,7 @@ int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
       const StrategyPrediction& p = preds[i];
       const bool ok = p.invalid.empty();
       auto num = [&](size_t col, double v) { return ok ? t.cell(col, v) : std::string("-"); };
-      t.add_row({perf_mode_name(w.mode), hw.name, mesh_text(mesh), std::to_string(w.seq), std::to_string(w.cached), p.strategy,
+      t.add_row({name_of(w.mode), hw.name, mesh_text(mesh), std::to_string(w.seq), std::to_string(w.cached), p.strategy,
                  num(6, p.time_s), num(7, 100 * p.mfu), num(8, p.gemm_s), num(9, p.attn_s), num(10, p.other_s),
                  num(11, p.comm_total_s), num(12, p.exposed_comm_s), num(13, p.mem_bytes / double(1ull << 30)),
                  ok ? (p.fits ? "yes" : "no") : "-", int(i) == best ? "*" : "",

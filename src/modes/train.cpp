@@ -39,7 +39,7 @@ AttnParams local_attn_problem(const Config& cfg, int tp) {
                       MaskKind::causal, 0);
 }
 // Packed documents: configured for synthetic data, or from eos_id in a token file.
-bool train_docs(const Config& cfg) { return cfg.docs != "none" || (cfg.data != "synthetic" && cfg.eos_id >= 0); }
+bool train_docs(const Config& cfg) { return packed_docs(cfg) || (!synthetic_data(cfg) && cfg.eos_id >= 0); }
 
 }  // namespace
 
@@ -48,8 +48,8 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   std::string err = validate_model_shape(cfg, tp);
   if (!err.empty()) return err;
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
-  if (!strat) return "config: strategy = '" + cfg.strategy + "' is not built into this binary";
-  if (cfg.mask != "causal") return "config: mask = " + cfg.mask + ": train uses causal attention; valid: mask=causal";
+  if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
+  if (cfg.mask != MaskKind::causal) return std::string("config: mask = ") + name_of(cfg.mask) + ": train uses causal attention; valid: mask=causal";
   const AttnParams shape = local_attn_problem(cfg, tp);
   err = strat->validate(shape, topo);
   if (!err.empty()) {
@@ -62,7 +62,7 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   std::vector<int32_t> ids;
   err = parse_docs(cfg.docs, cfg.seq, cfg.doc_mean, uint64_t(cfg.seed), ids);
   if (!err.empty()) return "config: docs = '" + cfg.docs + "': " + err;
-  if (cfg.data != "synthetic" && cfg.docs != "none")
+  if (!synthetic_data(cfg) && packed_docs(cfg))
     return "config: docs = '" + cfg.docs + "' applies to synthetic data; a token file's documents come from eos_id; valid: docs=none";
   err = validate_data(cfg);
   if (!err.empty()) return err;
@@ -88,13 +88,25 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   const int64_t S_loc = cfg.seq / topo.cp().size();
   TrainMemoryPlan p;
   p.state_bytes = 4.0 * 4.0 * double(layout.local_elems());  // params, grads, AdamW m and v
-  p.activation_bytes = Transformer::activation_bytes(d, remat_kind(cfg.remat), S_loc,
+  p.activation_bytes = Transformer::activation_bytes(d, cfg.remat, S_loc,
                                                      Transformer::logits_chunk_rows(S_loc, d.vocab));
   // The strategy's transient buffers (gathered / in-flight K/V and their gradients): about three
   // forward messages' worth at once in the backward.
   p.strategy_bytes = 3.0 * strat->comm_volume_fwd(local_attn_problem(cfg, tp), train_docs(cfg), topo);
   p.total_bytes = p.state_bytes + p.activation_bytes + p.strategy_bytes;
   return p;
+}
+
+std::string train_plan(const Config& cfg, Topology& topo) {
+  const TrainMemoryPlan t = plan_train_memory(cfg, topo);
+  std::ostringstream os;
+  os << "model: " << cfg.layers << " layers, dim " << cfg.dim << ", ffn " << cfg.ffn_dim << ", heads " << cfg.heads
+     << "/" << cfg.kv_heads << " x " << cfg.head_dim << ", vocab " << cfg.vocab << "; S=" << cfg.seq << ", strategy "
+     << name_of(cfg.strategy) << ", remat " << name_of(cfg.remat) << "\n";
+  os << "memory estimate per rank: " << fmt_bytes(t.total_bytes) << " (params+grads+AdamW " << fmt_bytes(t.state_bytes)
+     << ", activations+scratch " << fmt_bytes(t.activation_bytes) << ", strategy buffers " << fmt_bytes(t.strategy_bytes)
+     << ")\n";
+  return os.str();
 }
 
 double train_peak_flops_per_rank(const Config& cfg, Topology& topo) {
@@ -116,7 +128,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   const Partition part(strat->partition(), cfg.seq, cp.size());
   const std::vector<int64_t> pos = part.positions(cp.rank());
-  const Remat remat = remat_kind(cfg.remat);
+  const Remat remat = cfg.remat;
   mem_reset_peak();
 
   Buffer<float> params(size_t(layout.local_elems())), grads(size_t(layout.local_elems()));
@@ -147,8 +159,8 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
        "%d ranks (dp:%lld,tp:%lld,ulysses:%lld,ring:%lld), strategy %s, remat %s\n",
        (long long)d.layers, (long long)d.dim, (long long)d.ffn, (long long)cfg.heads, (long long)cfg.kv_heads,
        (long long)cfg.head_dim, (long long)d.vocab, double(d.param_count()) / 1e6, (long long)cfg.seq, P_world,
-       (long long)m.dp, (long long)m.tp, (long long)m.ulysses, (long long)m.ring, cfg.strategy.c_str(),
-       cfg.remat.c_str());
+       (long long)m.dp, (long long)m.tp, (long long)m.ulysses, (long long)m.ring, name_of(cfg.strategy),
+       name_of(cfg.remat));
   log0("# data: %s; trace %s; peak %.1f GFLOP/s per rank (%s)\n", src->describe().c_str(), tracer.path().c_str(),
        peak / 1e9, cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank" : "measured sgemm");
   log0("# FLOP convention: %s; attention on visible causal pairs (sum L_i(L_i+1)/2 per document); recompute not counted\n",
@@ -291,7 +303,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   log0("#   time in GEMMs      %10.1f %% (attention %.1f %%, other %.1f %%)\n", 100 * median(gemm_sh),
        100 * median(attn_sh), 100 * (1 - median(gemm_sh) - median(attn_sh)));
   const bool finite = std::isfinite(last_loss);
-  log0("# %s: %s training on %d ranks\n", finite ? "VALID" : "INVALID (non-finite loss)", cfg.strategy.c_str(), P_world);
+  log0("# %s: %s training on %d ranks\n", finite ? "VALID" : "INVALID (non-finite loss)", name_of(cfg.strategy), P_world);
   sum.steps = int64_t(times.size());
   sum.step_s = tmed;
   sum.tokens_per_s = median(tok_s);

@@ -10,22 +10,16 @@
 
 namespace ctxpar {
 
-MaskKind mask_kind(const std::string& name) {
-  if (name == "none") return MaskKind::none;
-  if (name == "window") return MaskKind::window;
-  return MaskKind::causal;
-}
-
 AttnParams attn_problem(const Config& cfg) {
-  return attn_problem(cfg.seq, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim), mask_kind(cfg.mask),
+  return attn_problem(cfg.seq, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim), cfg.mask,
                       cfg.window);
 }
 
-bool has_docs(const Config& cfg) { return cfg.docs != "none"; }
+bool has_docs(const Config& cfg) { return packed_docs(cfg); }
 
 std::string validate_workload(const Config& cfg, Topology& topo) {
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
-  if (!strat) return "config: strategy = '" + cfg.strategy + "' is not built into this binary";
+  if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
   std::string err = strat->validate(attn_problem(cfg), topo);
   if (!err.empty()) return err;
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());

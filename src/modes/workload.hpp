@@ -20,7 +20,6 @@ class Comm;
 // no tensors; `docs` says whether packed documents are configured.
 AttnParams attn_problem(const Config& cfg);
 bool has_docs(const Config& cfg);
-MaskKind mask_kind(const std::string& name);
 
 // "" when the configured strategy, partition, documents and shape fit the mesh.
 std::string validate_workload(const Config& cfg, Topology& topo);

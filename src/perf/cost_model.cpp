@@ -32,15 +32,16 @@ struct Prec {
   double w_attn = 2, w_ffn = 2;  // weight bytes per parameter
   double peak = 0, peak_ffn = 0, peak_mfu = 0;  // FLOP/s: attention + projections, FFN, MFU denominator
 };
-Prec precision_of(const HardwareProfile& hw, const std::string& p) {
+Prec precision_of(const HardwareProfile& hw, Precision p) {
   Prec r;
-  if (p == "fp32") {
+  if (p == Precision::automatic) p = hw.default_precision;
+  if (p == Precision::fp32) {
     r.e = r.w_attn = r.w_ffn = 4;
     r.peak = r.peak_ffn = r.peak_mfu = hw.peak_fp32_flops > 0 ? hw.peak_fp32_flops : hw.peak_bf16_flops;
     return r;
   }
   r.peak = r.peak_ffn = r.peak_mfu = hw.peak_bf16_flops;
-  if (p == "fp8_ffn" && hw.peak_fp8_flops > 0) {
+  if (p == Precision::fp8_ffn && hw.peak_fp8_flops > 0) {
     r.peak_ffn = hw.peak_fp8_flops;
     r.w_ffn = 1;
   }
@@ -58,11 +59,17 @@ double share_factor(const HardwareProfile& hw, const PerfMesh& mesh) {
   return on_node > units ? double(on_node) / double(units) / hw.shared_core_eff : 1.0;
 }
 
-double imbalance(const std::string& partition, int64_t n) {
+double imbalance(PartitionKind partition, int64_t n) {
   // Contiguous shards under a causal mask: the last rank (or, in a ring, every step's slowest
   // rank) does (2n-1)/n times the mean work; zigzag and striped shards are balanced.
-  return partition == "contiguous" && n > 1 ? double(2 * n - 1) / double(n) : 1.0;
+  return partition == PartitionKind::contiguous && n > 1 ? double(2 * n - 1) / double(n) : 1.0;
 }
+
+// The strategies of the cost model: the training strategies and the two inference patterns.
+enum class PerfStrategy { allgather, ulysses, ring, usp, pass_kv, pass_q };
+constexpr EnumName<PerfStrategy> kPerfStrategyNames[] = {
+    {PerfStrategy::allgather, "allgather"}, {PerfStrategy::ulysses, "ulysses"}, {PerfStrategy::ring, "ring"},
+    {PerfStrategy::usp, "usp"},             {PerfStrategy::pass_kv, "pass_kv"}, {PerfStrategy::pass_q, "pass_q"}};
 
 // Elementwise traffic per token per layer (bytes / element size): norms, residual adds, RoPE,
 // SwiGLU, read and written once per op; forward only or forward + backward.
@@ -109,15 +116,6 @@ ModelShape model_shape(const Config& c) {
   return m;
 }
 
-const char* perf_mode_name(PerfMode m) {
-  switch (m) {
-    case PerfMode::train: return "train";
-    case PerfMode::prefill: return "prefill";
-    case PerfMode::partial_prefill: return "partial_prefill";
-    case PerfMode::decode: return "decode";
-  }
-  return "?";
-}
 
 std::vector<std::string> perf_strategies(PerfMode m) {
   if (m == PerfMode::train) return {"allgather", "ulysses", "ring", "usp"};
@@ -187,26 +185,25 @@ double pass_kv_miss_rate_threshold(const ModelShape& m) { return 2.0 * double(m.
 
 namespace {
 
-std::string check_mesh(const ModelShape& m, const PerfMesh& mesh, const std::string& strategy, const PerfWorkload& w) {
+std::string check_mesh(const ModelShape& m, const PerfMesh& mesh, PerfStrategy strategy, const PerfWorkload& w) {
   auto s = [](int64_t v) { return std::to_string(v); };
   if (m.H_q % mesh.tp != 0) return "tp:" + s(mesh.tp) + " does not divide heads = " + s(m.H_q);
   if (m.ffn % mesh.tp != 0) return "tp:" + s(mesh.tp) + " does not divide ffn_dim = " + s(m.ffn);
   const int64_t N = mesh.cp();
-  const bool uly = strategy == "ulysses" || strategy == "usp";
+  const bool uly = strategy == PerfStrategy::ulysses || strategy == PerfStrategy::usp;
   if (uly && w.mode != PerfMode::train && w.mode != PerfMode::prefill)
-    return strategy + " runs the full prefill only (the partial prefill and decode circulate K/V or Q: pass_kv, pass_q)";
+    return std::string(name_in(kPerfStrategyNames, strategy)) + " runs the full prefill only (the partial prefill and decode circulate K/V or Q: pass_kv, pass_q)";
   if (uly) {
-    const int64_t U = strategy == "usp" ? mesh.ulysses : N;
+    const int64_t U = strategy == PerfStrategy::usp ? mesh.ulysses : N;
     const int64_t hq = m.H_q / mesh.tp, hkv = std::max<int64_t>(1, m.H_kv / mesh.tp);
     if (hq % U != 0) return "ulysses over " + s(U) + " ranks needs query heads per tp rank (" + s(hq) + ") divisible by " + s(U);
     if (hkv % U != 0 && U % hkv != 0)
       return "ulysses over " + s(U) + " ranks needs K/V heads per tp rank (" + s(hkv) + ") to divide or be divided by " + s(U);
-    if (strategy == "usp" && (mesh.ulysses < 2 || mesh.ring < 2))
+    if (strategy == PerfStrategy::usp && (mesh.ulysses < 2 || mesh.ring < 2))
       return "usp needs ulysses ≥ 2 and ring ≥ 2 in predict_mesh (got ulysses:" + s(mesh.ulysses) + ",ring:" + s(mesh.ring) + ")";
   }
   const int64_t T = w.mode == PerfMode::decode ? 1 : w.T();
   if (w.mode != PerfMode::decode && T < 2 * N) return "fewer than 2 new tokens per CP rank (T = " + s(T) + ", CP " + s(N) + ")";
-  if (w.mode == PerfMode::decode && strategy == "pass_kv" && N > 1) return "";
   return "";
 }
 
@@ -281,12 +278,12 @@ void finish(StrategyPrediction& r, const Ctx& c) {
   r.fits = r.mem_bytes <= c.hw.hbm_bytes;
 }
 
-StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
+StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
   const ModelShape& m = c.m;
   const PerfMesh& mesh = c.mesh;
   const PerfWorkload& w = c.w;
   StrategyPrediction r;
-  r.strategy = st;
+  r.strategy = name_in(kPerfStrategyNames, st);
   const int64_t N = mesh.cp(), tp = mesh.tp, S = w.seq, B = w.batch;
   const double S_loc = double(S) / double(N), L = double(m.layers), e = c.p.e;
   const ModelDims d = dims_of(m);
@@ -298,7 +295,7 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
   // Matmuls: split evenly over cp and tp (the LM head is replicated over tp: counted per rank).
   const double tokens = S_loc * double(B);
   r.gemm_s = gemm_seconds(c, tokens, 3.0, true);
-  const bool remat_full = w.remat == "full", remat_attn = w.remat == "attention" || remat_full;
+  const bool remat_full = w.remat == Remat::full, remat_attn = w.remat == Remat::attention || remat_full;
   if (remat_full) r.gemm_s += gemm_seconds(c, tokens, 1.0, false);  // recomputed forward projections
 
   // Attention per layer: forward and backward FLOPs per rank (balanced or not); kappa = visible
@@ -313,7 +310,7 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
   const double recompute = remat_attn ? 1.0 : 0.0;  // attention forward run again in the backward
   const double w_fwd = diag_waste_flops(c, tokens, 1.0), w_bwd = diag_waste_flops(c, tokens, c.hw.attn_bwd_work);
   const double per_seq = pairs / double(N);  // visible pairs of one sequence on a (balanced) rank
-  if (st == "allgather") {
+  if (st == PerfStrategy::allgather) {
     // Gather K/V of the whole sequence (forward), reduce-scatter dK/dV (backward); both exposed.
     const int64_t k = ranks_per_node(c.hw, N, tp);
     const double imb = imbalance(w.partition, N), kappa = imb * per_seq / S_loc;  // one call: local queries, all keys
@@ -323,8 +320,8 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
     attn_layer = attn_seconds(c, imb * at_fwd_rank, kappa, w_fwd) * (1 + recompute) +
                  attn_seconds(c, imb * at_bwd_rank, kappa, w_bwd) + exposed_layer;
     buf = 2.0 * kv_msg * double(N);  // gathered K/V and dK/dV
-  } else if (st == "ulysses" || st == "usp") {
-    const int64_t U = st == "usp" ? mesh.ulysses : N, R = st == "usp" ? mesh.ring : 1;
+  } else if (st == PerfStrategy::ulysses || st == PerfStrategy::usp) {
+    const int64_t U = st == PerfStrategy::usp ? mesh.ulysses : N, R = st == PerfStrategy::usp ? mesh.ring : 1;
     const int64_t k_u = ranks_per_node(c.hw, U, tp);
     const double hkv_u = std::max(hkv, double(U)) / double(U);  // K/V heads per rank after the all-to-all
     const UlyssesA2a a2a = ulysses_a2a(c, U, k_u, tokens, hq, hkv);
@@ -344,7 +341,7 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
     exposed_layer = t_a2a + (ring_f - double(R) * (cf + (R > 1 ? o : 0))) * (1 + recompute) +
                     (ring_b - double(R) * (cb + (R > 1 ? o : 0)));
     buf = 2.0 * a2a.max_bytes + 3.0 * msg;
-  } else if (st == "ring") {
+  } else if (st == PerfStrategy::ring) {
     const int64_t k = ranks_per_node(c.hw, N, tp);
     const double imb = imbalance(w.partition, N), kappa = imb * per_seq / double(N) / S_loc;  // one call per step
     const double cf = attn_seconds(c, imb * at_fwd_rank, kappa, w_fwd) / double(N);
@@ -378,18 +375,18 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& st) {
   r.mem_state_bytes = 16.0 * params_rank;
   const ModelDims dl = dims_of(m, int(tp));
   const int64_t tok = int64_t(tokens);
-  r.mem_act_bytes = Transformer::activation_bytes(dl, remat_kind(w.remat), tok, Transformer::logits_chunk_rows(tok, m.vocab)) * e / 4.0;
+  r.mem_act_bytes = Transformer::activation_bytes(dl, w.remat, tok, Transformer::logits_chunk_rows(tok, m.vocab)) * e / 4.0;
   r.mem_buf_bytes = buf;
   finish(r, c);
   return r;
 }
 
-StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
+StrategyPrediction predict_infer(const Ctx& c, PerfStrategy st) {
   const ModelShape& m = c.m;
   const PerfMesh& mesh = c.mesh;
   const PerfWorkload& w = c.w;
   StrategyPrediction r;
-  r.strategy = st;
+  r.strategy = name_in(kPerfStrategyNames, st);
   const int64_t N = mesh.cp(), tp = mesh.tp, B = w.batch;
   const bool decode = w.mode == PerfMode::decode;
   const int64_t P = decode ? w.seq : (w.mode == PerfMode::prefill ? 0 : w.cached);
@@ -415,7 +412,7 @@ StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
     const double t_w = w_bytes / c.hbm_bps();
     const double c_step = kv_bytes_rank / c.hbm_bps();
     r.gemm_s = t_w;
-    if (st == "pass_q") {
+    if (st == PerfStrategy::pass_q) {
       const double q_msg = double(B) * hq * double(m.D) * e;
       const double m_q = p2p_s(c.hw, N, k_cp, q_msg);
       const double a2a = alltoall_s(c.hw, N, k_cp, double(B) * hq * (double(m.D) + 1) * 4.0);
@@ -445,14 +442,14 @@ StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
     const double kappa_step = pairs / double(N * N) / (double(T) / double(N));
     const double waste = diag_waste_flops(c, T_loc, 1.0);
     const double c_all = attn_seconds(c, at_flops_rank, kappa_step, waste);
-    if (st == "pass_kv") {
+    if (st == PerfStrategy::pass_kv) {
       const double m_kv = p2p_s(c.hw, N, k_cp, kv_bytes_rank);
       const double ring = ring_pipeline_s(N, c_all / double(N), m_kv, o);
       attn_layer = ring;
       comm_layer = double(N - 1) * m_kv;
       exposed_layer = ring - c_all - double(N) * o;
       buf = 2.0 * kv_bytes_rank;
-    } else if (st == "pass_q") {
+    } else if (st == PerfStrategy::pass_q) {
       const double m_q = p2p_s(c.hw, N, k_cp, T_loc * hq * double(m.D) * e);
       const double ring = ring_pipeline_s(N, c_all / double(N), m_q, o);
       // Partial outputs (fp32 O and LSE) of every visiting query block go home in one all-to-all.
@@ -461,10 +458,10 @@ StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
       comm_layer = double(N - 1) * m_q + a2a;
       exposed_layer = ring - c_all - double(N) * o + a2a;
       buf = 2.0 * T_loc * hq * double(m.D) * (e + 4.0);
-    } else if (st == "ulysses" || st == "usp") {
+    } else if (st == PerfStrategy::ulysses || st == PerfStrategy::usp) {
       // Full prefill: all-to-all of Q, K, V in and O out (exposed), then a rank holds U*T_loc
       // tokens of H/U heads; usp passes them around a ring of R (as the training forward).
-      const int64_t U = st == "usp" ? mesh.ulysses : N, R = st == "usp" ? mesh.ring : 1;
+      const int64_t U = st == PerfStrategy::usp ? mesh.ulysses : N, R = st == PerfStrategy::usp ? mesh.ring : 1;
       const int64_t k_u = ranks_per_node(c.hw, U, tp), k_r = ranks_per_node(c.hw, R, tp * U);
       const UlyssesA2a a2a = ulysses_a2a(c, U, k_u, T_loc, hq, hkv);
       const double t_a2a = a2a.fwd_s;
@@ -507,15 +504,20 @@ StrategyPrediction predict_infer(const Ctx& c, const std::string& st) {
 StrategyPrediction predict(const ModelShape& m, const HardwareProfile& hw, const PerfMesh& mesh, const PerfWorkload& w,
                    const std::string& strategy) {
   Ctx c{m, hw, mesh, w, precision_of(hw, w.precision), share_factor(hw, mesh)};
-  const std::string bad = check_mesh(m, mesh, strategy, w);
+  PerfStrategy st;
   StrategyPrediction r;
+  r.strategy = strategy;
+  if (!parse_in(kPerfStrategyNames, strategy, st)) {
+    r.invalid = "unknown strategy '" + strategy + "' (the cost model knows allgather, ulysses, ring, usp, pass_kv, pass_q)";
+    return r;
+  }
+  const std::string bad = check_mesh(m, mesh, st, w);
   if (!bad.empty()) {
-    r.strategy = strategy;
     r.invalid = bad;
     return r;
   }
-  if (w.mode == PerfMode::train) return predict_train(c, strategy);
-  return predict_infer(c, strategy);
+  if (w.mode == PerfMode::train) return predict_train(c, st);
+  return predict_infer(c, st);
 }
 
 int recommend(const std::vector<StrategyPrediction>& preds) {
@@ -534,7 +536,7 @@ int recommend(const std::vector<StrategyPrediction>& preds) {
 }
 
 PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& hw, int64_t T, int64_t P, int64_t N,
-                                   int64_t tp, const std::string& precision) {
+                                   int64_t tp, Precision precision) {
   PerfMesh mesh;
   mesh.tp = tp;
   mesh.ring = N;
@@ -542,7 +544,7 @@ PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& h
   w.mode = PerfMode::partial_prefill;
   w.seq = T + P;
   w.cached = P;
-  w.precision = precision.empty() ? hw.default_precision : precision;
+  w.precision = precision == Precision::automatic ? hw.default_precision : precision;
   PassChoice ch;
   ch.pass_kv_s = predict(m, hw, mesh, w, "pass_kv").time_s;
   ch.pass_q_s = predict(m, hw, mesh, w, "pass_q").time_s;

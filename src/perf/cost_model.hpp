@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/settings.hpp"
 #include "model/flops.hpp"  // the FLOP convention and partial_prefill_pairs
 #include "perf/hardware.hpp"
 
@@ -55,18 +56,17 @@ struct PerfMesh {
   int64_t chips() const { return dp * tp * ulysses * ring; }
 };
 
-enum class PerfMode { train, prefill, partial_prefill, decode };
-const char* perf_mode_name(PerfMode m);
+// PerfMode: core/settings.hpp (an enumerated setting).
 
 struct PerfWorkload {
   PerfMode mode = PerfMode::train;
   int64_t seq = 0;     // train/prefill: S; partial prefill and decode: P + T context length
   int64_t cached = 0;  // P: cached tokens (partial prefill, decode: the whole context)
   int64_t batch = 1;   // sequences per model replica per step (train), or per request (infer)
-  std::string precision = "bf16";  // bf16 | fp8_ffn (FFN GEMMs in FP8) | fp32
-  std::string remat = "none";      // train: none | attention | full
+  Precision precision = Precision::bf16;  // bf16 | fp8_ffn (FFN GEMMs in FP8) | fp32 (not automatic)
+  Remat remat = Remat::none;               // train
   bool zero = false;               // train: params, grads, optimizer state sharded over dp*cp
-  std::string partition = "zigzag";  // token partition (contiguous = causal load imbalance)
+  PartitionKind partition = PartitionKind::zigzag;  // token partition (contiguous = causal load imbalance)
   int64_t T() const { return seq - cached; }
 };
 
@@ -104,7 +104,7 @@ struct PassChoice {
   bool use_pass_q = false;
 };
 PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& hw, int64_t T, int64_t P, int64_t N,
-                                   int64_t tp = 1, const std::string& precision = "");
+                                   int64_t tp = 1, Precision precision = Precision::automatic);
 
 // ---- building blocks, exposed for tests --------------------------------------------------------
 // Ring pipeline: (n-1) * max(c + o, m) + c + o.

@@ -184,8 +184,8 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
   h.peak_bf16_flops = r.num("peak_tflops_bf16", 0) * 1e12;
   h.peak_fp8_flops = r.num("peak_tflops_fp8", 0) * 1e12;
   h.peak_fp32_flops = r.num("peak_tflops_fp32", 0) * 1e12;
-  h.default_precision = r.str("default_precision", "bf16");
-  if (h.default_precision != "bf16" && h.default_precision != "fp8_ffn" && h.default_precision != "fp32")
+  if (!parse_in(kPrecisionNames, r.str("default_precision", "bf16"), h.default_precision) ||
+      h.default_precision == Precision::automatic)
     r.bad("default_precision", "must be one of bf16, fp8_ffn, fp32");
   h.hbm_bytes = r.num("hbm_gb", 0) * 1e9;
   h.hbm_bytes_per_s = r.num("hbm_tb_s", 0) * 1e12;
@@ -213,10 +213,10 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
   if (h.rank_jitter < 0 || h.rank_jitter > 1) r.bad("rank_jitter", "must be in [0, 1] (a relative standard deviation)");
   if (!(h.shared_core_eff > 0 && h.shared_core_eff <= 1)) r.bad("shared_core_eff", "must be in (0, 1]");
   h.overlap_collectives = r.boolean("overlap_collectives", true);
-  const double peak_default = h.default_precision == "fp32" ? h.peak_fp32_flops : h.peak_bf16_flops;
+  const double peak_default = h.default_precision == Precision::fp32 ? h.peak_fp32_flops : h.peak_bf16_flops;
   if (peak_default <= 0)
-    r.bad(h.default_precision == "fp32" ? "peak_tflops_fp32" : "peak_tflops_bf16",
-          "must be > 0 (the peak of default_precision = " + h.default_precision + ")");
+    r.bad(h.default_precision == Precision::fp32 ? "peak_tflops_fp32" : "peak_tflops_bf16",
+          std::string("must be > 0 (the peak of default_precision = ") + name_of(h.default_precision) + ")");
   if (h.hbm_bytes <= 0 || h.hbm_bytes_per_s <= 0) r.bad("hbm_gb", "and hbm_tb_s must be > 0");
   if (h.chips_per_node < 1) r.bad("chips_per_node", "must be ≥ 1");
   if (h.intra.bw_bytes_per_s <= 0 || h.inter.bw_bytes_per_s <= 0) r.bad("intra_gb_s", "and inter_gb_s must be > 0");
@@ -250,7 +250,7 @@ std::string hardware_toml(const HardwareProfile& h, const std::vector<std::strin
   line("peak_tflops_bf16", num(h.peak_bf16_flops / 1e12));
   line("peak_tflops_fp8", num(h.peak_fp8_flops / 1e12));
   line("peak_tflops_fp32", num(h.peak_fp32_flops / 1e12));
-  line("default_precision", "\"" + h.default_precision + "\"");
+  line("default_precision", std::string("\"") + name_of(h.default_precision) + "\"");
   line("hbm_gb", num(h.hbm_bytes / 1e9));
   line("hbm_tb_s", num(h.hbm_bytes_per_s / 1e12));
   line("hbm_eff", num(h.hbm_eff));

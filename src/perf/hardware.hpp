@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/settings.hpp"
+
 namespace ctxpar {
 
 // An efficiency curve: eff(x) interpolated linearly in log(x) between measured points
@@ -31,7 +33,7 @@ struct HardwareProfile {
   std::string name, description, source_file;
   // Peak dense FLOP/s per chip for each precision the model can use (0 = not available).
   double peak_bf16_flops = 0, peak_fp8_flops = 0, peak_fp32_flops = 0;
-  std::string default_precision = "bf16";  // bf16 | fp8_ffn | fp32
+  Precision default_precision = Precision::bf16;  // bf16 | fp8_ffn | fp32
   double hbm_bytes = 0;                    // memory capacity per chip
   double hbm_bytes_per_s = 0;              // peak memory bandwidth per chip
   double hbm_eff = 0.8;                    // achieved fraction for streaming kernels

@@ -24,7 +24,7 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-bool fp32_profile(const HardwareProfile& hw) { return hw.default_precision == "fp32" && hw.peak_fp32_flops > 0; }
+bool fp32_profile(const HardwareProfile& hw) { return hw.default_precision == Precision::fp32 && hw.peak_fp32_flops > 0; }
 double peak_of(const HardwareProfile& hw) { return fp32_profile(hw) ? hw.peak_fp32_flops : hw.peak_bf16_flops; }
 
 // The paper's closed-form rules (Eq. 1, Eq. 5, App. D) for one call, next to the model's choice.
@@ -86,7 +86,7 @@ HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D)
   hw.description = "this job's ranks, measured at start (attention rate and links)";
   hw.attention_only = true;
   hw.p2p_overlap = false;  // CPU ranks: MPI's shared-memory copies run on the compute cores
-  hw.default_precision = "fp32";
+  hw.default_precision = Precision::fp32;
   hw.chips_per_node = cp.size();
   // C: 256 queries after 4K cached keys (the shape of a partial prefill block), best of 3.
   const int64_t S_q = 256, S_k = 4096;

@@ -9,20 +9,13 @@
 namespace ctxpar {
 
 PartitionKind partition_kind(const std::string& name) {
-  if (name == "contiguous") return PartitionKind::contiguous;
-  if (name == "zigzag") return PartitionKind::zigzag;
-  if (name == "striped") return PartitionKind::striped;
-  throw UsageError("unknown partition '" + name + "'; valid: contiguous, zigzag, striped");
+  PartitionKind k;
+  if (!parse_in(kPartitionNames, name, k))
+    throw UsageError("unknown partition '" + name + "'; valid: contiguous, zigzag, striped");
+  return k;
 }
 
-const char* partition_name(PartitionKind k) {
-  switch (k) {
-    case PartitionKind::contiguous: return "contiguous";
-    case PartitionKind::zigzag: return "zigzag";
-    case PartitionKind::striped: return "striped";
-  }
-  return "?";
-}
+const char* partition_name(PartitionKind k) { return name_of(k); }
 
 // The unit S must be a multiple of: zigzag cuts S into 2P equal chunks, the others into P
 // equal shards (striped: every rank gets S/P tokens, so kernels see equal S_loc everywhere).

@@ -11,10 +11,11 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/settings.hpp"
 
 namespace ctxpar {
 
-enum class PartitionKind { contiguous, zigzag, striped };
+// PartitionKind: core/settings.hpp (an enumerated setting).
 PartitionKind partition_kind(const std::string& name);  // config value → kind; UsageError if unknown
 const char* partition_name(PartitionKind k);
 

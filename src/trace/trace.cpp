@@ -258,6 +258,7 @@ struct Tracer::Impl {
   Comm& world;
   Config cfg;
   double peak_flops_per_rank;
+  std::string mode_label;
   std::string path;
   int rank = 0, size = 1;
   double t0_local_s = 0;   // world.now() when the tracer was made
@@ -367,9 +368,9 @@ struct Tracer::Impl {
     w.attr_strings(R, "hostnames", unique_hosts);
     w.attr(R, "world_size", int64_t(size));
     w.attr(R, "start_time_utc", trace_detail::iso8601_utc(int64_t(std::time(nullptr))));
-    w.attr(R, "mode", cfg.mode);
-    w.attr(R, "bench", cfg.bench);
-    w.attr(R, "strategy", cfg.strategy);
+    w.attr(R, "mode", mode_label);
+    w.attr(R, "bench", name_of(cfg.bench));
+    w.attr(R, "strategy", name_of(cfg.strategy));
     w.attr(R, "mesh", cfg.mesh);
     w.attr(R, "flop_convention", kFlopConvention);
     w.attr(R, "peak_flops_per_rank", peak_flops_per_rank);
@@ -389,7 +390,8 @@ struct Tracer::Impl {
       std::visit(Overloaded{[&](int64_t Config::*m) { w.attr(C, name, cfg.*m); },
                             [&](double Config::*m) { w.attr(C, name, cfg.*m); },
                             [&](std::string Config::*m) { w.attr(C, name, cfg.*m); },
-                            [&](bool Config::*m) { w.attr_bool(C, name, cfg.*m); }},
+                            [&](bool Config::*m) { w.attr_bool(C, name, cfg.*m); },
+                            [&](EnumMember) { w.attr(C, name, field_text(cfg, f)); }},
                  f.member);
     }
 
@@ -428,9 +430,10 @@ struct Tracer::Impl {
 };
 
 Tracer::Tracer(Comm& world, const Config& cfg, const Topology& topo, const std::string& path,
-               double peak_flops_per_rank)
+               double peak_flops_per_rank, const std::string& mode_label)
     : impl_(std::make_unique<Impl>(world, cfg, peak_flops_per_rank)) {
   Impl& I = *impl_;
+  I.mode_label = mode_label.empty() ? std::string(name_of(cfg.mode)) : mode_label;
   I.path = path;
   I.rank = world.rank();
   I.size = world.size();

@@ -49,8 +49,10 @@ struct StepRecord {
 class Tracer {
  public:
   // Opens `path`.partial on rank 0 (collective), writing provenance, /config and /topology.
+  // `mode_label`: the mode attribute when the writer is not a ctxpar mode (test drivers);
+  // "" = the config's mode.
   Tracer(Comm& world, const Config& cfg, const Topology& topo, const std::string& path,
-         double peak_flops_per_rank);
+         double peak_flops_per_rank, const std::string& mode_label = "");
   ~Tracer();
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;

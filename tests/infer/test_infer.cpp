@@ -239,7 +239,7 @@ std::vector<ChatCase> chat_cases() {
 INSTANTIATE_TEST_SUITE_P(Infer, InferChat, ::testing::ValuesIn(chat_cases()),
                          [](const ::testing::TestParamInfo<ChatCase>& i) {
                            return std::string(algo_name(i.param.prefill)) + "_decode_" +
-                                  decode_algo_name(i.param.decode) + "_" + i.param.heads.name;
+                                  name_of(i.param.decode) + "_" + i.param.heads.name;
                          });
 
 // ---- partial prefill at miss rates 1 %, 10 %, 50 %, 100 % ---------------------------------------
@@ -326,7 +326,7 @@ TEST(InferCost, PaperRules) {
   hw.name = "gtt-by-hand";
   hw.attention_only = true;
   hw.peak_bf16_flops = 800e12;
-  hw.default_precision = "bf16";
+  hw.default_precision = Precision::bf16;
   hw.intra.bw_bytes_per_s = 50e9;
   hw.intra.latency_s = 10e-6;
   hw.p2p_overlap = true;

@@ -41,7 +41,6 @@ MeshSpec test_mesh(int P) {
 Config test_config(int64_t warmup) {
   // The watchdog turns a hang (e.g. ranks disagreeing about stopping) into a quick failure.
   Config cfg = parse_config("", "test", {"warmup=" + std::to_string(warmup), "watchdog_s=60"});
-  cfg.mode = "test";
   return cfg;
 }
 

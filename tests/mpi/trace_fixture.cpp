@@ -61,11 +61,10 @@ TEST(TraceFixture, Run) {
                             {"warmup=" + env("CTXPAR_FIXTURE_WARMUP", "1"),
                              "watchdog_s=" + env("CTXPAR_FIXTURE_WATCHDOG_S", "0"),
                              "steps=" + std::to_string(steps), "out=" + out});
-  cfg.mode = "fixture";
   MeshSpec mesh;
   mesh.ring = P;
   auto topo = Topology::create(w, mesh);
-  Tracer tr(w, cfg, *topo, out, /*peak_flops_per_rank=*/1e12);
+  Tracer tr(w, cfg, *topo, out, /*peak_flops_per_rank=*/1e12, "fixture");
 
   // A mode's extra objects (inference writes /generated [turn, step, batch] token ids).
   std::vector<int32_t> ids(2 * 3 * 4);

@@ -234,7 +234,7 @@ TEST(CostModel, MemoryArithmetic) {
   PerfWorkload w;
   w.mode = PerfMode::prefill;
   w.seq = 131072;
-  w.precision = "fp8_ffn";
+  w.precision = Precision::fp8_ffn;
   const StrategyPrediction p = predict(m, h, mesh, w, "pass_kv");
   // Weights: attention projections in BF16 (2 B), FFN in FP8 (1 B), embedding + head in BF16, / tp.
   const double want_w = (m.attn_params_per_layer() * 2 + m.ffn_params_per_layer() * 1) * 126 / 8 + 2.0 * 128256 * 16384 * 2 / 8;

@@ -23,7 +23,7 @@ TEST(Config, DefaultsComeFromTheTable) {
   Config c = parse_config("", "", {});
   for (const Field& f : config_fields()) EXPECT_EQ(field_text(c, f), field_text(parse_config("", "", {}), f));
   EXPECT_EQ(c.seq, 4096);
-  EXPECT_EQ(c.strategy, "ring");
+  EXPECT_STREQ(name_of(c.strategy), "ring");
   EXPECT_FALSE(c.csv);
 }
 
@@ -45,7 +45,7 @@ TEST(Config, OverridesInBothFormsAndAfterToml) {
                           {"seq=8K", "--heads=16"});
   EXPECT_EQ(c.seq, 8192);      // command line wins over the file
   EXPECT_EQ(c.heads, 16);
-  EXPECT_EQ(c.strategy, "allgather");
+  EXPECT_STREQ(name_of(c.strategy), "allgather");
   EXPECT_DOUBLE_EQ(c.watchdog_s, 5.5);
   EXPECT_TRUE(c.csv);
 }
