@@ -5,7 +5,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "dist/topology.hpp"
-#include "trace/h5_checkpoint.hpp"
+#include "io/h5_checkpoint.hpp"
 
 namespace ctxpar {
 

@@ -8,7 +8,7 @@
 #include "core/error.hpp"
 #include "core/random.hpp"
 #include "shard/partition.hpp"
-#include "trace/h5_checkpoint.hpp"
+#include "io/h5_checkpoint.hpp"
 
 namespace ctxpar {
 

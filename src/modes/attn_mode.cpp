@@ -25,7 +25,7 @@
 #include "modes/workload.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
-#include "trace/h5_tensors.hpp"
+#include "io/h5_tensors.hpp"
 #include "trace/trace.hpp"
 
 namespace ctxpar {

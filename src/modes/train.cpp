@@ -24,7 +24,7 @@
 #include "modes/workload.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
-#include "trace/h5_checkpoint.hpp"
+#include "io/h5_checkpoint.hpp"
 #include "trace/trace.hpp"
 
 namespace ctxpar {

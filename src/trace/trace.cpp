@@ -19,11 +19,13 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/memory.hpp"
+#include "core/signals.hpp"
 #include "core/version.hpp"
+#include "core/watchdog.hpp"
 #include "dist/comm.hpp"
 #include "dist/topology.hpp"
 #include "kernels/ops.hpp"
-#include "trace/h5_writer.hpp"
+#include "io/h5_trace.hpp"
 #include "trace/trace_detail.hpp"
 
 // Provenance: the lead's generated header gains CTXPAR_GIT_DIRTY (0/1); -1 records "unknown"
@@ -58,27 +60,6 @@ const char* phase_name(Phase p) {
   }
   return "?";
 }
-
-// ---- stop signals ---------------------------------------------------------------------------
-
-namespace {
-// The handler may only touch a lock-free atomic (async-signal-safe); end_step reads it.
-std::atomic<int> g_stop_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free, "signal flag must be lock-free");
-extern "C" void ctxpar_stop_handler(int) { g_stop_signal.store(1, std::memory_order_relaxed); }
-}  // namespace
-
-void install_stop_signals() {
-  struct sigaction sa;
-  std::memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = ctxpar_stop_handler;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;  // blocking calls (MPI progress, file I/O) resume after the handler
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);
-}
-bool stop_signal_seen() { return g_stop_signal.load(std::memory_order_relaxed) != 0; }
-void clear_stop_signal() { g_stop_signal.store(0, std::memory_order_relaxed); }
 
 // ---- pure arithmetic (trace_detail.hpp) -----------------------------------------------------
 
@@ -239,12 +220,6 @@ std::vector<double> measure_clock_offsets(Comm& world) {
   return result;
 }
 
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 template <class... F> struct Overloaded : F... { using F::operator()...; };
 template <class... F> Overloaded(F...) -> Overloaded<F...>;
 
@@ -273,54 +248,16 @@ struct Tracer::Impl {
   std::unique_ptr<H5TraceWriter> writer;
   std::vector<StepRow> rows;
 
-  // Watchdog state: the last heartbeat and what the rank was doing then.
-  std::atomic<int64_t> last_progress_ns{0};
-  std::atomic<int64_t> wd_step{0};
-  std::atomic<int32_t> wd_layer{-1};
-  std::atomic<int32_t> wd_phase{0};
-  std::thread watchdog;
-  std::mutex wd_mu;
-  std::condition_variable wd_cv;
-  bool wd_stop = false;
+  Watchdog watchdog;  // core/watchdog.hpp
 
-  void touch(int64_t step, Phase ph, int32_t layer) {
-    wd_step.store(step, std::memory_order_relaxed);
-    wd_layer.store(layer, std::memory_order_relaxed);
-    wd_phase.store(int32_t(ph), std::memory_order_relaxed);
-    last_progress_ns.store(steady_ns(), std::memory_order_relaxed);
-  }
+  void touch(int64_t step, Phase ph, int32_t layer) { watchdog.heartbeat(step, layer, int32_t(ph)); }
 
   void start_watchdog(double limit_s) {
-    // Check often enough that the abort comes within ~1 s (or a quarter of a short limit) of
-    // the limit being reached.
-    const double interval_s = std::clamp(limit_s / 4, 0.01, 1.0);
-    watchdog = std::thread([this, limit_s, interval_s] {
-      std::unique_lock<std::mutex> lk(wd_mu);
-      while (!wd_stop) {
-        wd_cv.wait_for(lk, std::chrono::duration<double>(interval_s));
-        if (wd_stop) break;
-        const double idle_s = double(steady_ns() - last_progress_ns.load()) * 1e-9;
-        if (idle_s > limit_s) {
-          std::fprintf(stderr,
-                       "[rank %d] watchdog: no progress for %.1f s at step %lld, layer %d, phase %s "
-                       "\u2014 aborting\n",
-                       rank, idle_s, static_cast<long long>(wd_step.load()), int(wd_layer.load()),
-                       phase_name(Phase(wd_phase.load())));
-          std::fflush(stderr);
-          world.abort(3);
-        }
-      }
-    });
+    watchdog.start(limit_s, rank, [](int32_t ph) { return phase_name(Phase(ph)); },
+                   [this](int code) { world.abort(code); });
   }
 
-  void stop_watchdog() {
-    {
-      std::lock_guard<std::mutex> lk(wd_mu);
-      wd_stop = true;
-    }
-    wd_cv.notify_all();
-    if (watchdog.joinable()) watchdog.join();
-  }
+  void stop_watchdog() { watchdog.stop(); }
 
   // Rank 0: runs an HDF5 step; an I/O failure after the file was opened ends the job (the
   // other ranks are already past the collective and could not be told otherwise).

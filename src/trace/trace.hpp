@@ -1,8 +1,9 @@
 // In-memory trace of one run: spans (step, layer, phase, ring_step, rank, begin/end µs, flops,
-// bytes), per-step records, peak memory; written to HDF5 by trace/h5_writer (the only file that
+// bytes), per-step records, peak memory; written to HDF5 by io/h5_trace (src/io, the module that
 // knows HDF5) on rank 0 after every step. Crash-safe: NAME.h5.partial is flushed every step and
-// renamed to NAME.h5 at a clean exit; SIGTERM/SIGUSR1 end the run after the current step with
-// status "truncated"; a watchdog aborts the job when no progress is made for watchdog_s seconds.
+// renamed to NAME.h5 at a clean exit; SIGTERM/SIGUSR1 (core/signals.hpp) end the run after the
+// current step with status "truncated"; a watchdog (core/watchdog.hpp) aborts the job when no
+// progress is made for watchdog_s seconds.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -11,6 +12,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "core/signals.hpp"  // install_stop_signals, stop_signal_seen (checked by end_step)
 
 namespace ctxpar {
 
@@ -126,10 +129,5 @@ class Tracer {
   int32_t layer_or_ctx(int32_t layer) const { return layer == -1 ? layer_ctx_ : layer; }
 };
 
-// Installs SIGTERM/SIGUSR1 handlers that only set a flag (checked by Tracer::end_step).
-void install_stop_signals();
-bool stop_signal_seen();
-// Forgets a seen signal (tests that run several traced loops in one process).
-void clear_stop_signal();
 
 }  // namespace ctxpar

@@ -15,7 +15,7 @@
 #include "core/error.hpp"
 #include "dist/topology.hpp"
 #include "mpi_test_env.hpp"
-#include "trace/h5_writer.hpp"
+#include "io/h5_trace.hpp"
 #include "trace/trace.hpp"
 #include "trace/trace_detail.hpp"
 

@@ -79,7 +79,7 @@ def case_restart(tmp):
     ck = os.path.join(tmp, "ck.h5")
     full = run(tmp, "full", 2, ["steps=6", "mesh=ring:2"])
     part = run(tmp, "part", 2, ["steps=3", "mesh=ring:2", "checkpoint_every=3", f"checkpoint={ck}"])
-    if not os.path.exists(ck) or os.path.exists(ck + ".tmp"):
+    if not os.path.exists(ck) or os.path.exists(ck + ".partial"):  # io/atomic_file: NAME.partial until complete
         return ["checkpoint file missing or temp file left"]
     res = run(tmp, "resumed", 2, ["steps=6", "mesh=ring:2", f"resume={ck}"])
     print("uninterrupted", full["loss"], "\nfirst part   ", part["loss"], "\nresumed      ", res["steps"], res["loss"])

@@ -11,7 +11,7 @@
 #include <set>
 #include <string>
 
-#include "trace/h5_writer.hpp"
+#include "io/h5_trace.hpp"
 #include "trace/trace.hpp"
 #include "trace/trace_detail.hpp"
 

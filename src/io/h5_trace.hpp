@@ -1,14 +1,17 @@
-// The only part of ctxpar that knows HDF5 (DESIGN.md §5). Serial HDF5 calls on one process
-// (rank 0 of the run): the timing data is small and gathered there first. The header exposes
-// no HDF5 types, so nothing else needs the HDF5 include paths.
+// The trace file of src/io, the module that holds every HDF5 reader and writer (docs/DESIGN.md,
+// "Files"). Serial HDF5 calls on one process (rank 0 of the run): the timing data is small and
+// gathered there first. The header exposes no HDF5 types, so nothing else needs the HDF5
+// include paths.
 //
-// Crash safety: the writer works on `final_path + ".partial"`; the caller flushes after every
-// step, so a killed job leaves every flushed step readable; close_and_rename() replaces
-// `final_path` only at a clean end, so an older complete trace is never clobbered by a failed
-// run. The file uses the default (oldest compatible) format: HDF5 1.10's newer superblock marks
-// files "open for writing" and refuses to open them after a crash without h5clear.
+// Crash safety (io/atomic_file.hpp): the writer works on `final_path + ".partial"`; the caller
+// flushes after every step, so a killed job leaves every flushed step readable;
+// close_and_rename() replaces `final_path` only at a clean end, so an older complete trace is
+// never clobbered by a failed run. The file uses the default (oldest compatible) format: HDF5
+// 1.10's newer superblock marks files "open for writing" and refuses to open them after a crash
+// without h5clear.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +19,8 @@
 #include "trace/trace_detail.hpp"
 
 namespace ctxpar {
+
+class AtomicFile;
 
 class H5TraceWriter {
  public:
@@ -27,8 +32,8 @@ class H5TraceWriter {
   H5TraceWriter(const H5TraceWriter&) = delete;
   H5TraceWriter& operator=(const H5TraceWriter&) = delete;
 
-  const std::string& final_path() const { return final_path_; }
-  const std::string& partial_path() const { return partial_path_; }
+  const std::string& final_path() const;
+  const std::string& partial_path() const;
 
   // Attributes of the object at `obj` ("/", "/config", "/summary", "/spans", ...); a missing
   // group is created. Writing an existing attribute replaces it (status, steps_completed).
@@ -61,7 +66,7 @@ class H5TraceWriter {
   void close_and_rename();
 
  private:
-  std::string final_path_, partial_path_;
+  std::unique_ptr<AtomicFile> out_;
   int64_t file_ = -1;  // hid_t
   int64_t spans_ = -1, steps_ = -1, rank_steps_ = -1;
   int64_t span_mem_t_ = -1, span_file_t_ = -1, step_mem_t_ = -1, step_file_t_ = -1,

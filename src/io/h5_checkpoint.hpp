@@ -1,9 +1,11 @@
-// HDF5 files of `ctxpar train` (trace/ is the HDF5 module; callers see no HDF5 types):
+// HDF5 files of `ctxpar train` (src/io is the module that holds every HDF5 reader and writer;
+// callers see no HDF5 types):
 //   checkpoints and oracle dumps — float tensors by name ("params/layers.0.wq", ...) with 2-D
 //     global shapes, plus scalar attributes on the root (step, seed, ...);
 //   token datasets — a 1-D integer dataset "tokens" read as int32 windows.
-// A checkpoint is written to PATH.tmp and renamed to PATH only when complete (atomic on POSIX),
-// so a crash mid-write never leaves a half checkpoint under the real name.
+// A checkpoint is written to PATH.partial and renamed to PATH only when complete (atomic on
+// POSIX; io/atomic_file.hpp), so a crash mid-write never leaves a half checkpoint under the real
+// name.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -29,7 +31,7 @@ struct H5Attrs {
   std::vector<std::pair<std::string, std::string>> strings;
 };
 
-// Writes everything to path + ".tmp", closes it, renames to path. Fatal on I/O errors.
+// Writes everything to path + ".partial", closes it, renames to path. Fatal on I/O errors.
 void h5_write_tensors(const std::string& path, const H5Attrs& attrs, const std::vector<H5Tensor>& tensors,
                       const std::vector<H5IntTensor>& ints = {});
 

@@ -1,6 +1,6 @@
-// User tensors in HDF5 for `ctxpar attn`: a reader of token-major datasets (rows = tokens, read
-// by row ranges so each rank reads only its shard) and a writer of result files. The trace file
-// is written by trace/h5_writer; this is the only other place that knows HDF5 (DESIGN.md §2).
+// User tensors in HDF5 for `ctxpar attn` (src/io, the module that holds every HDF5 reader and
+// writer): a reader of token-major datasets (rows = tokens, read by row ranges so each rank
+// reads only its shard) and a writer of result files.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -8,6 +8,8 @@
 #include <vector>
 
 namespace ctxpar {
+
+class AtomicFile;
 
 // Element class of a dataset, as the user would name it.
 enum class TensorType { float32, float64, int32, other_int, other };
@@ -37,8 +39,9 @@ class TensorFileReader {
   std::string path_;
 };
 
-// Writes NAME.partial and renames it to NAME on commit(); a writer destroyed without commit()
-// removes the partial file, so an existing NAME is never replaced by a partial result.
+// Writes NAME.partial and renames it to NAME on commit() (io/atomic_file.hpp); a writer destroyed
+// without commit() removes the partial file, so an existing NAME is never replaced by a partial
+// result.
 class TensorFileWriter {
  public:
   explicit TensorFileWriter(const std::string& path);
@@ -53,9 +56,8 @@ class TensorFileWriter {
   void commit();
 
  private:
-  int64_t file_;
-  std::string path_, partial_;
-  bool committed_ = false;
+  std::unique_ptr<AtomicFile> out_;
+  int64_t file_ = -1;
 };
 
 }  // namespace ctxpar

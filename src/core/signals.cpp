@@ -1,0 +1,28 @@
+#include "core/signals.hpp"
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+
+namespace ctxpar {
+
+namespace {
+// The handler may only touch a lock-free atomic (async-signal-safe).
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "signal flag must be lock-free");
+extern "C" void ctxpar_stop_handler(int) { g_stop_signal.store(1, std::memory_order_relaxed); }
+}  // namespace
+
+void install_stop_signals() {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = ctxpar_stop_handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // blocking calls (MPI progress, file I/O) resume after the handler
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+}
+bool stop_signal_seen() { return g_stop_signal.load(std::memory_order_relaxed) != 0; }
+void clear_stop_signal() { g_stop_signal.store(0, std::memory_order_relaxed); }
+
+}  // namespace ctxpar

@@ -1,0 +1,55 @@
+#include "core/watchdog.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+namespace ctxpar {
+
+namespace {
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void Watchdog::heartbeat(int64_t step, int32_t layer, int32_t phase) {
+  step_.store(step, std::memory_order_relaxed);
+  layer_.store(layer, std::memory_order_relaxed);
+  phase_.store(phase, std::memory_order_relaxed);
+  last_ns_.store(steady_ns(), std::memory_order_relaxed);
+}
+
+void Watchdog::start(double limit_s, int rank, std::function<const char*(int32_t)> phase_name,
+                     std::function<void(int)> abort) {
+  heartbeat(step_.load(), layer_.load(), phase_.load());
+  // Check often enough that the abort comes within ~1 s (or a quarter of a short limit) of the
+  // limit being reached.
+  const double interval_s = std::clamp(limit_s / 4, 0.01, 1.0);
+  thread_ = std::thread([this, limit_s, interval_s, rank, phase_name, abort] {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!stop_) {
+      cv_.wait_for(lk, std::chrono::duration<double>(interval_s));
+      if (stop_) break;
+      const double idle_s = double(steady_ns() - last_ns_.load()) * 1e-9;
+      if (idle_s > limit_s) {
+        std::fprintf(stderr,
+                     "[rank %d] watchdog: no progress for %.1f s at step %lld, layer %d, phase %s \u2014 aborting\n", rank,
+                     idle_s, static_cast<long long>(step_.load()), int(layer_.load()), phase_name(phase_.load()));
+        std::fflush(stderr);
+        abort(3);
+      }
+    }
+  });
+}
+
+void Watchdog::stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,163 @@
+// User tensors of `ctxpar attn` in HDF5 (io/h5_tensors.hpp), on the I/O module's helpers
+// (io/h5_common.hpp) and its crash-safe scheme (io/atomic_file.hpp).
+#include "io/h5_tensors.hpp"
+
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
+
+#include "core/error.hpp"
+#include "io/atomic_file.hpp"
+#include "io/h5_common.hpp"
+
+namespace ctxpar {
+
+using h5::Handle;
+
+namespace {
+// An HDF5 failure here is fatal (a file validated before has changed, or the disk failed).
+template <class F> auto fatal_on_error(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::runtime_error& e) {
+    CTXPAR_FATAL(e.what());
+  }
+}
+}  // namespace
+
+const char* tensor_type_name(TensorType t) {
+  switch (t) {
+    case TensorType::float32: return "float32";
+    case TensorType::float64: return "float64";
+    case TensorType::int32: return "int32";
+    case TensorType::other_int: return "integer (not int32)";
+    case TensorType::other: return "non-numeric or unsupported type";
+  }
+  return "?";
+}
+
+// ---- reader ---------------------------------------------------------------------------------
+
+TensorFileReader::TensorFileReader(const std::string& path) : file_(-1), path_(path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw UsageError("in = '" + path + "': no such file");
+  try {
+    file_ = h5::open_read_only(path);
+  } catch (const std::runtime_error&) {
+    throw UsageError("in = '" + path + "': cannot open as an HDF5 file");
+  }
+}
+
+TensorFileReader::~TensorFileReader() {
+  if (file_ >= 0) H5Fclose(hid_t(file_));
+}
+
+bool TensorFileReader::has_dataset(const std::string& name) const {
+  htri_t e = -1;
+  H5E_BEGIN_TRY { e = H5Lexists(hid_t(file_), name.c_str(), H5P_DEFAULT); }
+  H5E_END_TRY;
+  if (e <= 0) return false;
+  hid_t d = -1;  // a group or a named type of that name is not a dataset
+  H5E_BEGIN_TRY { d = H5Dopen2(hid_t(file_), name.c_str(), H5P_DEFAULT); }
+  H5E_END_TRY;
+  if (d < 0) return false;
+  H5Dclose(d);
+  return true;
+}
+
+std::vector<int64_t> TensorFileReader::dims(const std::string& name) const {
+  const std::vector<hsize_t> h = fatal_on_error([&] { return h5::dims_of(hid_t(file_), name, path_); });
+  return std::vector<int64_t>(h.begin(), h.end());
+}
+
+TensorType TensorFileReader::type(const std::string& name) const {
+  return fatal_on_error([&] {
+    Handle d(h5::check(H5Dopen2(hid_t(file_), name.c_str(), H5P_DEFAULT), "H5Dopen2 " + name, path_), H5Dclose);
+    Handle t(H5Dget_type(d.get()), H5Tclose);
+    const H5T_class_t c = H5Tget_class(t.get());
+    const size_t sz = H5Tget_size(t.get());
+    if (c == H5T_FLOAT) return sz == 4 ? TensorType::float32 : sz == 8 ? TensorType::float64 : TensorType::other;
+    if (c == H5T_INTEGER) return sz == 4 && H5Tget_sign(t.get()) == H5T_SGN_2 ? TensorType::int32 : TensorType::other_int;
+    return TensorType::other;
+  });
+}
+
+bool TensorFileReader::has_attr(const std::string& name) const { return H5Aexists(hid_t(file_), name.c_str()) > 0; }
+
+int64_t TensorFileReader::attr_int(const std::string& name) const {
+  Handle a(H5Aopen(hid_t(file_), name.c_str(), H5P_DEFAULT), H5Aclose);
+  CTXPAR_CHECK(a.get() >= 0, "HDF5: cannot open attribute '" << name << "' of " << path_);
+  Handle t(H5Aget_type(a.get()), H5Tclose);
+  int64_t v = 0;
+  herr_t rc;
+  if (H5Tget_class(t.get()) == H5T_FLOAT) {
+    double x = 0;
+    rc = H5Aread(a.get(), H5T_NATIVE_DOUBLE, &x);
+    v = int64_t(x);
+  } else {
+    rc = H5Aread(a.get(), H5T_NATIVE_INT64, &v);
+  }
+  if (rc < 0) throw UsageError("in = '" + path_ + "': attribute '" + name + "' is not a number");
+  return v;
+}
+
+namespace {
+void read_rows_as(hid_t file, const std::string& path, const std::string& name, int64_t begin, int64_t end,
+                  hid_t memtype, void* out) {
+  if (end <= begin) return;
+  fatal_on_error([&] {
+    std::vector<hsize_t> count = h5::dims_of(file, name, path), start(count.size(), 0);
+    CTXPAR_CHECK(!count.empty() && hsize_t(end) <= count[0], "HDF5: rows [" << begin << "," << end << ") outside '" << name << "'");
+    start[0] = hsize_t(begin);
+    count[0] = hsize_t(end - begin);
+    h5::read_block(file, name, start, count, memtype, out, path);
+  });
+}
+}  // namespace
+
+void TensorFileReader::read_rows(const std::string& name, int64_t begin, int64_t end, float* out) const {
+  read_rows_as(hid_t(file_), path_, name, begin, end, H5T_NATIVE_FLOAT, out);
+}
+void TensorFileReader::read_rows(const std::string& name, int64_t begin, int64_t end, int32_t* out) const {
+  read_rows_as(hid_t(file_), path_, name, begin, end, H5T_NATIVE_INT32, out);
+}
+
+// ---- writer ---------------------------------------------------------------------------------
+
+TensorFileWriter::TensorFileWriter(const std::string& path)
+    : out_(fatal_on_error([&] { return std::make_unique<AtomicFile>(path, /*keep_abandoned=*/false); })) {
+  file_ = fatal_on_error([&] { return h5::create_file(out_->partial_path()); });
+}
+
+TensorFileWriter::~TensorFileWriter() {
+  if (file_ >= 0) H5Fclose(hid_t(file_));  // before out_ removes an uncommitted partial file
+}
+
+void TensorFileWriter::write(const std::string& name, const std::vector<int64_t>& dims, const float* data) {
+  fatal_on_error([&] {
+    h5::write_dataset(hid_t(file_), name, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, std::vector<hsize_t>(dims.begin(), dims.end()),
+                      data, out_->partial_path());
+  });
+}
+void TensorFileWriter::write(const std::string& name, const std::vector<int64_t>& dims, const int32_t* data) {
+  fatal_on_error([&] {
+    h5::write_dataset(hid_t(file_), name, H5T_NATIVE_INT32, H5T_STD_I32LE, std::vector<hsize_t>(dims.begin(), dims.end()),
+                      data, out_->partial_path());
+  });
+}
+
+void TensorFileWriter::attr(const std::string& name, int64_t value) {
+  fatal_on_error([&] { h5::attr_i64(hid_t(file_), name, value, out_->partial_path()); });
+}
+
+void TensorFileWriter::attr(const std::string& name, const std::string& value) {
+  fatal_on_error([&] { h5::attr_string(hid_t(file_), name, value, h5::Str::fixed, out_->partial_path()); });
+}
+
+void TensorFileWriter::commit() {
+  CTXPAR_CHECK(H5Fclose(hid_t(file_)) >= 0, "HDF5: closing " << out_->partial_path() << " failed");
+  file_ = -1;
+  fatal_on_error([&] { out_->commit(); });
+}
+
+}  // namespace ctxpar
