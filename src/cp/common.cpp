@@ -48,10 +48,6 @@ void timed_collective(Comm& c, CpStats& st, Tracer* tr, Phase ph, double bytes_s
   if (tr) tr->add_span(ph, -1, -1, tb, tr->now_us(), 0, bytes_sent);
 }
 
-namespace {
-size_t align64(size_t x) { return (x + 63) & ~size_t(63); }
-}  // namespace
-
 KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc) {
   KvLayout L;
   L.S_k = S_k;

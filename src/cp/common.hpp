@@ -45,6 +45,9 @@ void timed_wait(Comm& c, Request& r, CpStats& st, Tracer* tr, int32_t ring_step,
 void timed_collective(Comm& c, CpStats& st, Tracer* tr, Phase ph, double bytes_sent,
                       const std::function<void()>& op);
 
+// Sections of packed messages start on 64-byte boundaries.
+constexpr size_t align64(size_t x) { return (x + 63) & ~size_t(63); }
+
 // The packed message of a ring hop: the K and V rows of one block (element type `dtype`), their
 // positions and (optionally) document ids, in one byte buffer (one message per hop). Sections
 // start on 64-byte boundaries so the typed views are aligned.

@@ -7,7 +7,6 @@
 // the new tokens); positions are global, so the causal mask holds over the cache.
 #include <cstring>
 
-#include "core/error.hpp"
 #include "core/memory.hpp"
 #include "cp/common.hpp"
 #include "cp/query_ring.hpp"
@@ -25,45 +24,37 @@ constexpr int kTagQ = 201;
 // Row chunks of a block's compute while a transfer is in flight (see cp::progress_chunk_rows).
 constexpr int kProgressParts = 8;
 
-class PassQ final : public CpStrategy {
+class PassQ final : public cp::ForwardOnlyStrategy {
  public:
   explicit PassQ(Topology& topo) : comm_(topo.cp()) {}
   std::string name() const override { return "pass_q"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
-  bool has_backward() const override { return false; }
 
   std::string validate(const AttnParams& s, const Topology& topo) const override {
     return cp::check_common(name(), s, topo.cp_size());
   }
 
   double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+    (void)docs;  // inference has one document per sequence
     const int N = topo.cp_size();
     const int64_t n = s.S_q / N;
     const cp::QLayout L = cp::q_layout(n, s.H_q, s.H_kv, s.D, s.dtype, false);
-    (void)docs;  // inference has one document per sequence
-    return double(N - 1) * double(L.bytes) + double(cp::partial_elems(n, s.H_q, s.D)) * sizeof(float) * (N - 1);
+    return double(N - 1) * (double(L.bytes) + double(cp::partial_elems(n, s.H_q, s.D)) * sizeof(float));
   }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    const int N = comm_.size(), r = comm_.rank(), next = (r + 1) % N, prev = (r + N - 1) % N;
+    const int N = comm_.size();
     const int64_t n = local.S_q;
     const cp::QLayout L = cp::q_layout(n, local.H_q, local.H_kv, local.D, local.dtype, false);
     Buffer<std::byte> blk[2] = {Buffer<std::byte>(L.bytes, false), Buffer<std::byte>(L.bytes, false)};
     cp::pack_queries(L, local, n, blk[0].data());
+    std::byte* blocks[2] = {blk[0].data(), blk[1].data()};
     const size_t pe = cp::partial_elems(n, local.H_q, local.D);
     Buffer<float> part(pe * size_t(N), false);
     const int64_t chunk = cp::progress_chunk_rows(n, kProgressParts);
-    for (int s = 0; s < N; ++s) {
-      const int cur = s % 2, origin = (r - s + N) % N;
-      if (tr) tr->progress(Phase::attn_fwd);
-      Request req;
-      if (s < N - 1) {
-        req = comm_.send_recv_async(blk[cur].span(), next, blk[1 - cur].span(), prev, kTagQ);
-        st.messages += 1;
-        st.bytes_sent += double(L.bytes);
-      }
+    cp::query_ring(comm_, L, blocks, kTagQ, tr, st, [&](std::byte* here, int origin, int s, Request& req) {
       float* o = part.data() + size_t(origin) * pe;
-      const AttnParams p = cp::visiting_block(L, blk[cur].data(), local, o, o + size_t(n) * local.H_q * local.D);
+      const AttnParams p = cp::visiting_block(L, here, local, o, o + size_t(n) * local.H_q * local.D);
       const double flops = attn_fwd_flops(double(visible_pairs(p)), p.H_q, p.D);
       const double t0 = tr ? tr->now_us() : 0;
       cp::fwd_chunked(p, chunk, false, nullptr, nullptr, [&] {
@@ -71,13 +62,8 @@ class PassQ final : public CpStrategy {
       });
       st.attn_flops += flops;
       if (tr) tr->add_span(Phase::attn_fwd, -1, s, t0, tr->now_us(), flops, 0);
-      cp::timed_wait(comm_, req, st, tr, s, double(L.bytes));
-    }
+    });
     cp::return_and_merge(comm_, part, n, n, local.H_q, local.D, local.o, local.lse, tr, st);
-  }
-
-  void backward(const AttnParams&, Tracer*, CpStats&) override {
-    CTXPAR_FATAL("pass_q is an inference strategy: it has no backward");
   }
 
  private:

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 
+#include "core/error.hpp"
 #include "cp/common.hpp"
+#include "dist/topology.hpp"
 #include "model/flops.hpp"
 #include "ops.hpp"
 #include "trace/trace.hpp"
@@ -12,7 +15,6 @@
 namespace ctxpar::cp {
 
 namespace {
-size_t align64(size_t x) { return (x + 63) & ~size_t(63); }
 template <class T> T* at(std::byte* base, size_t off) { return reinterpret_cast<T*>(base + off); }
 }  // namespace
 
@@ -98,6 +100,56 @@ double decode_visit(const QLayout& L, std::byte* base, const AttnParams& local, 
     flops += attn_fwd_flops(double(S_k), Hq, D);  // a decode query sees every cached key
   }
   return flops;
+}
+
+void decode_visit_traced(const QLayout& L, std::byte* base, const AttnParams& local, Buffer<float>& part, int origin,
+                         Tracer* tr, CpStats& st) {
+  const size_t pe = partial_elems(L.n, local.H_q, local.D);
+  float* o = part.data() + size_t(origin) * pe;
+  const double t0 = tr ? tr->now_us() : 0;
+  const double flops = decode_visit(L, base, local, o, o + size_t(L.n) * local.H_q * local.D);
+  st.attn_flops += flops;
+  if (tr) tr->add_span(Phase::attn_fwd, -1, origin, t0, tr->now_us(), flops, 0);
+}
+
+void query_ring(Comm& c, const QLayout& L, std::byte* blocks[2], int tag, Tracer* tr, CpStats& st,
+                const std::function<void(std::byte* block, int origin, int step, Request& req)>& visit) {
+  const int N = c.size(), r = c.rank(), next = (r + 1) % N, prev = (r + N - 1) % N;
+  for (int s = 0; s < N; ++s) {
+    std::byte* here = blocks[s % 2];
+    if (tr) tr->progress(Phase::attn_fwd);
+    Request req;
+    if (s < N - 1) {  // post the next hop before computing on this block
+      req = c.send_recv_async(std::span<std::byte>(here, L.bytes), next, std::span<std::byte>(blocks[1 - s % 2], L.bytes),
+                              prev, tag);
+      st.messages += 1;
+      st.bytes_sent += double(L.bytes);
+    }
+    visit(here, (r - s + N) % N, s, req);
+    timed_wait(c, req, st, tr, s, double(L.bytes));
+  }
+}
+
+void ForwardOnlyStrategy::backward(const AttnParams&, Tracer*, CpStats&) {
+  CTXPAR_FATAL(name() << " is an inference strategy: it has no backward");
+}
+
+std::string DecodeStrategy::validate(const AttnParams& s, const Topology& topo) const {
+  (void)topo;
+  return s.H_q > 0 && s.H_kv > 0 && s.H_q % s.H_kv == 0 ? "" : name() + ": heads must be a positive multiple of kv_heads";
+}
+
+double DecodeStrategy::comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const {
+  (void)docs;  // inference has one document per sequence
+  const int N = topo.cp_size();
+  const QLayout L = q_layout(s.S_q, s.H_q, s.H_kv, s.D, s.dtype, true);
+  return double(N - 1) * (double(L.bytes) + double(partial_elems(s.S_q, s.H_q, s.D)) * sizeof(float));
+}
+
+int64_t DecodeStrategy::local_rows(const AttnParams& p) {
+  int64_t n = 0;
+  while (n < p.S_q && p.q_doc[n] >= 0) ++n;
+  return n;
 }
 
 size_t partial_elems(int64_t n, int32_t H_q, int32_t D) { return size_t(n) * H_q * (size_t(D) + 1); }

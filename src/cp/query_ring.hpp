@@ -7,6 +7,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "attn_params.hpp"
 #include "core/memory.hpp"
@@ -42,6 +44,37 @@ int64_t block_doc(const QLayout& L, const std::byte* base, int64_t i);
 // appends its own K/V (so it also sees itself); a row with nothing here (or a padding row) gets
 // o = 0, lse = -inf. One kernel call per row. Returns the attention FLOPs (every cached key).
 double decode_visit(const QLayout& L, std::byte* base, const AttnParams& local, float* o, float* lse);
+// decode_visit of the block of rank `origin` into its slot of `part` (partial_elems(L.n) floats
+// per rank), counted in `st` and traced as an attn_fwd span at ring step `origin`.
+void decode_visit_traced(const QLayout& L, std::byte* base, const AttnParams& local, Buffer<float>& part, int origin,
+                         Tracer* tr, CpStats& st);
+
+// The ring of query blocks: N steps; at step s the block of rank (r - s) mod N is in `blocks[s %
+// 2]` (L.bytes each; the caller packed its own into blocks[0]); the next hop is posted before
+// `visit(block, origin, step, request)` runs (double buffer; visit may test() the request so the
+// transfer progresses), and the wait after it is the exposed time. One message per hop.
+void query_ring(Comm& c, const QLayout& L, std::byte* blocks[2], int tag, Tracer* tr, CpStats& st,
+                const std::function<void(std::byte* block, int origin, int step, Request& req)>& visit);
+
+// The forward-only strategies (pass_q, decode_*): a backward is refused.
+class ForwardOnlyStrategy : public CpStrategy {
+ public:
+  bool has_backward() const override { return false; }
+  void backward(const AttnParams&, Tracer*, CpStats&) override;
+};
+
+// What the two decode strategies share: validate (the head groups), the bytes of one forward
+// (`s.S_q`: the padded query rows of one rank's block; the block with its riders, and the
+// partials returned), and the leading rows of a block that are this rank's sequences.
+class DecodeStrategy : public ForwardOnlyStrategy {
+ public:
+  PartitionKind partition() const override { return PartitionKind::contiguous; }
+  std::string validate(const AttnParams& s, const Topology& topo) const override;
+  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override;
+
+ protected:
+  static int64_t local_rows(const AttnParams& p);
+};
 
 // Floats of one block's partial result: [o (n H_q D) | lse (n H_q)].
 size_t partial_elems(int64_t n, int32_t H_q, int32_t D);

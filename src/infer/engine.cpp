@@ -104,14 +104,23 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const
   layer_gemm(run(-1), false, false, k, d_.vocab, dim, h, dim, w_.lm_head, d_.vocab, 0, logits, d_.vocab);
 }
 
+double Engine::begin_call(Tracer* tr, CallStats& st) {
+  tr_ = tr;
+  st_ = &st;
+  times_ = StepTimes{};
+  return now_s();
+}
+
+void Engine::end_call(double t_start) {
+  st_->gemm_s += times_.gemm_s;
+  st_->total_s += now_s() - t_start;
+}
+
 AttnParams Engine::call(int64_t n) const { return attn_problem(n, d_.H_q, d_.H_kv, d_.D, MaskKind::causal, 0); }
 
 StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo, Tracer* tr, CallStats& st,
                            bool want_logits, bool want_all_logits) {
-  tr_ = tr;
-  st_ = &st;
-  times_ = StepTimes{};
-  const double t_start = now_s();
+  const double t_start = begin_call(tr, st);
   const int N = cp_.size(), r = cp_.rank();
   const int64_t B = cache_.batch(), V = d_.vocab;
   CTXPAR_CHECK(int64_t(tokens.size()) == B, "prefill needs tokens of " << B << " sequences");
@@ -191,17 +200,13 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAl
                          std::span<float>(g));
     }
   }
-  st.gemm_s += times_.gemm_s;
-  st.total_s += now_s() - t_start;
+  end_call(t_start);
   return out;
 }
 
 StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, Tracer* tr, CallStats& st,
                           bool want_logits) {
-  tr_ = tr;
-  st_ = &st;
-  times_ = StepTimes{};
-  const double t_start = now_s();
+  const double t_start = begin_call(tr, st);
   const int N = cp_.size(), r = cp_.rank();
   const int64_t B = cache_.batch(), V = d_.vocab;
   CTXPAR_CHECK(int64_t(tokens.size()) == B, "decode needs one token for each of " << B << " sequences");
@@ -263,8 +268,7 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
     cp_.all_gather(std::span<const float>(lg.data(), size_t(Bq * V)), std::span<float>(g));
     out.logits.assign(g.begin(), g.begin() + B * V);
   }
-  st.gemm_s += times_.gemm_s;
-  st.total_s += now_s() - t_start;
+  end_call(t_start);
   return out;
 }
 

@@ -88,6 +88,9 @@ class Engine {
   LayerRun run(int64_t l);
   // The attention call of n query rows of this model (causal; tensors set by the caller).
   AttnParams call(int64_t n) const;
+  // Per-call state: the tracer, the counters (returns the start time); and their closing.
+  double begin_call(Tracer* tr, CallStats& st);
+  void end_call(double t_start);
 
   const ParamLayout& layout_;
   ModelDims d_;

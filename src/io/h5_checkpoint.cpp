@@ -13,17 +13,7 @@ namespace ctxpar {
 
 using h5::Handle;
 
-namespace {
-// An HDF5 failure while writing or reading a checkpoint is fatal (the disk failed, or a file
-// validated before has changed).
-template <class F> auto fatal_on_error(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::runtime_error& e) {
-    CTXPAR_FATAL(e.what());
-  }
-}
-}  // namespace
+using h5::fatal_on_error;
 
 void h5_write_tensors(const std::string& path, const H5Attrs& attrs, const std::vector<H5Tensor>& tensors,
                       const std::vector<H5IntTensor>& ints) {
@@ -45,15 +35,8 @@ void h5_write_tensors(const std::string& path, const H5Attrs& attrs, const std::
   });
 }
 
-H5TensorReader::H5TensorReader(const std::string& path) : file_(-1), path_(path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) throw UsageError("'" + path + "': no such file");
-  try {
-    file_ = h5::open_read_only(path);
-  } catch (const std::runtime_error&) {
-    throw UsageError("'" + path + "': cannot open as an HDF5 file");
-  }
-}
+H5TensorReader::H5TensorReader(const std::string& path)
+    : file_(h5::open_user_file(path, "'" + path + "': ")), path_(path) {}
 
 H5TensorReader::~H5TensorReader() {
   if (file_ >= 0) H5Fclose(hid_t(file_));

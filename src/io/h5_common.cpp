@@ -42,6 +42,16 @@ hid_t open_read_only(const std::string& path) {
   return f;
 }
 
+hid_t open_user_file(const std::string& path, const std::string& prefix) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw UsageError(prefix + "no such file");
+  try {
+    return open_read_only(path);
+  } catch (const std::runtime_error&) {
+    throw UsageError(prefix + "cannot open as an HDF5 file");
+  }
+}
+
 hid_t open_group(hid_t file, const std::string& path, const std::string& fname) {
   if (path == "/" || path.empty()) return check(H5Gopen2(file, "/", H5P_DEFAULT), "H5Gopen2 /", fname);
   make_parents(file, path + "/", fname);

@@ -6,8 +6,11 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "core/error.hpp"
 
 namespace ctxpar::h5 {
 
@@ -36,6 +39,18 @@ class Handle {
 hid_t create_file(const std::string& path);
 hid_t open_read_only(const std::string& path);
 bool is_hdf5_file(const std::string& path);
+// A file the user named: UsageError(prefix + "no such file" / "cannot open as an HDF5 file").
+hid_t open_user_file(const std::string& path, const std::string& prefix);
+
+// Runs f; an HDF5 failure (std::runtime_error) becomes the fatal path (core/error.hpp): for the
+// readers and writers whose inputs were validated before (a file changed since, a full disk).
+template <class F> auto fatal_on_error(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::runtime_error& e) {
+    CTXPAR_FATAL(e.what());
+  }
+}
 
 // Groups: the one at `path` (created with its parents when missing); the parents of `name`.
 hid_t open_group(hid_t file, const std::string& path, const std::string& fname);

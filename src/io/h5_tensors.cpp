@@ -14,16 +14,7 @@ namespace ctxpar {
 
 using h5::Handle;
 
-namespace {
-// An HDF5 failure here is fatal (a file validated before has changed, or the disk failed).
-template <class F> auto fatal_on_error(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::runtime_error& e) {
-    CTXPAR_FATAL(e.what());
-  }
-}
-}  // namespace
+using h5::fatal_on_error;
 
 const char* tensor_type_name(TensorType t) {
   switch (t) {
@@ -38,15 +29,8 @@ const char* tensor_type_name(TensorType t) {
 
 // ---- reader ---------------------------------------------------------------------------------
 
-TensorFileReader::TensorFileReader(const std::string& path) : file_(-1), path_(path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) throw UsageError("in = '" + path + "': no such file");
-  try {
-    file_ = h5::open_read_only(path);
-  } catch (const std::runtime_error&) {
-    throw UsageError("in = '" + path + "': cannot open as an HDF5 file");
-  }
-}
+TensorFileReader::TensorFileReader(const std::string& path)
+    : file_(h5::open_user_file(path, "in = '" + path + "': ")), path_(path) {}
 
 TensorFileReader::~TensorFileReader() {
   if (file_ >= 0) H5Fclose(hid_t(file_));
