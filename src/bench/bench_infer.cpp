@@ -106,14 +106,14 @@ int bench_infer(BenchContext& ctx) {
   int idx = 0;
   for (double miss : misses) {
     const int64_t c2 = 2 * N;
-    const int64_t T = std::max<int64_t>(c2, int64_t(miss * double(S)) / c2 * c2), P = S - T;
+    const int64_t T = std::max<int64_t>(c2, int64_t(miss * double(S)) / c2 * c2), cached = S - T;
     std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}};
     Engine eng(layout, params.data(), topo, 1, cache_capacity_tokens(sched, N), name_of(cfg.strategy));
     CallStats st;
-    if (P > 0) eng.prefill({std::vector<int32_t>(seq_tokens.begin(), seq_tokens.begin() + P)}, CpAlgo::pass_kv,
+    if (cached > 0) eng.prefill({std::vector<int32_t>(seq_tokens.begin(), seq_tokens.begin() + cached)}, CpAlgo::pass_kv,
                            nullptr, st);
     const KvCache::Snapshot snap = eng.cache().snapshot();
-    const std::vector<int32_t> new_tok(seq_tokens.begin() + P, seq_tokens.end());
+    const std::vector<int32_t> new_tok(seq_tokens.begin() + cached, seq_tokens.end());
     std::vector<float> logits[2];
     int32_t next[2];
     // The two variants alternate within each iteration (KV, Q, KV, Q, ...) so that a slow spell
@@ -133,7 +133,7 @@ int bench_infer(BenchContext& ctx) {
         rec.turn = int32_t(idx);
         rec.ttft_s = dt;
         rec.exposed_comm_s = cs.cp.exposed_comm_s;
-        rec.model_flops = eng.prefill_flops(T, P);
+        rec.model_flops = eng.prefill_flops(T, cached);
         ctx.tracer.end_step(rec);
         if (it > 0) ts[int(a)].push_back(dt);
         logits[int(a)] = out.logits;
@@ -148,11 +148,11 @@ int bench_infer(BenchContext& ctx) {
     }
     const int wrong = (err / scale > 1e-4 || !std::isfinite(err)) + (next[0] != next[1]);
     wrong_total += wrong;
-    const Prediction pr = cost.predict(T, P);
+    const Prediction pr = cost.predict(T, cached);
     const int kv_faster = faster_by_sign_test(ts[0], ts[1]);
     meas_kv.push_back(kv_faster);
     pred_kv.push_back(pr.choice == CpAlgo::pass_kv);
-    t1.add_row({t1.cell(0, 100 * double(T) / double(S)), std::to_string(T), std::to_string(P), t1.cell(3, ms[0]),
+    t1.add_row({t1.cell(0, 100 * double(T) / double(S)), std::to_string(T), std::to_string(cached), t1.cell(3, ms[0]),
                 t1.cell(4, ms[1]), kv_faster < 0 ? "tie" : kv_faster ? "pass_kv" : "pass_q", t1.cell(6, pr.pass_kv_s * 1e3),
                 t1.cell(7, pr.pass_q_s * 1e3), algo_name(pr.choice), pr.eq5_pass_q ? "pass_q" : "pass_kv",
                 std::to_string(wrong)});

@@ -7,10 +7,7 @@ namespace ctxpar {
 
 // printf-style, rank 0 only, to stdout, flushed.
 void log0(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-// Same, any rank, prefixed with [rank r].
-void log_rank(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // Human-readable units.
 std::string fmt_bytes(double bytes);
-std::string fmt_count(double n);  // 1.2K, 3.4M
 
 }  // namespace ctxpar

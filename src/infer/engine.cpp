@@ -51,7 +51,7 @@ Engine::~Engine() = default;
 
 int Engine::N() const { return cp_.size(); }
 
-double Engine::prefill_flops(int64_t T, int64_t P) const { return ctxpar::prefill_flops(d_, T, P); }
+double Engine::prefill_flops(int64_t T, int64_t cached) const { return ctxpar::prefill_flops(d_, T, cached); }
 
 double Engine::decode_flops(int64_t ctx) const { return ctxpar::prefill_flops(d_, 1, ctx); }
 
@@ -129,14 +129,14 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAl
   if (want_logits) out.logits.resize(size_t(B * V));
   if (want_all_logits) out.all_logits.resize(size_t(B));
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t T = int64_t(tokens[size_t(b)].size()), P = cache_.seq_len(b);
+    const int64_t T = int64_t(tokens[size_t(b)].size()), cached = cache_.seq_len(b);
     const Partition part(PartitionKind::zigzag, T, N);
     const std::vector<int64_t> idx = part.positions(r);
     const int64_t n = int64_t(idx.size());
     std::vector<int64_t> pos(static_cast<size_t>(n));
     std::vector<int32_t> tok(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
-      pos[size_t(i)] = P + idx[size_t(i)];
+      pos[size_t(i)] = cached + idx[size_t(i)];
       tok[size_t(i)] = tokens[size_t(b)][size_t(idx[size_t(i)])];
     }
     const int64_t first = cache_.reserve(b, n, pos.data());
@@ -153,7 +153,7 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAl
       t.q_pos = pos.data();
       t.o = o;
       t.lse = lse;
-      if (P == 0 && algo == CpAlgo::pass_kv) {
+      if (cached == 0 && algo == CpAlgo::pass_kv) {
         // Full prefill: the configured CP strategy on the new tokens alone.
         t.k = k;
         t.v = v;

@@ -5,8 +5,8 @@
 //   full prefill     T prompt tokens, zigzag-sharded (2N chunks) so every rank has equal causal
 //                    work; attention by the configured CP strategy (ring = pass-KV by default;
 //                    allgather, ulysses, usp selectable) or by pass-Q; the K/V stay where computed.
-//   partial prefill  T new tokens after P cached ones, zigzag-sharded over the ranks (positions
-//                    P + zigzag index, so the causal mask comes from global positions):
+//   partial prefill  T new tokens after `cached` ones, zigzag-sharded over the ranks (positions
+//                    cached + zigzag index, so the causal mask comes from global positions):
 //                    pass-KV  the ring strategy over each rank's cached + new keys (blocks padded
 //                             to the longest rank's);
 //                    pass-Q   the pass_q strategy (cp/pass_q.cpp): queries circulate, K/V stay.
@@ -62,7 +62,7 @@ class Engine {
   ~Engine();
 
   // Prefill of T new tokens of every sequence (tokens[b] has T ids, the same on every rank).
-  // The cache of every sequence must hold the same number of tokens (P); P = 0 is a full prefill.
+  // The cache of every sequence must hold the same number of tokens (`cached`); none: a full prefill.
   StepOutput prefill(const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo, Tracer* tr, CallStats& st,
                      bool want_logits = false, bool want_all_logits = false);
   // One decode step: tokens[b] is the last generated token of sequence b.
@@ -71,10 +71,10 @@ class Engine {
 
   KvCache& cache() { return cache_; }
   int N() const;
-  // Model FLOPs of a prefill of T tokens after P cached, per sequence (DESIGN.md convention:
+  // Model FLOPs of a prefill of T tokens after `cached` ones, per sequence (model/flops.hpp:
   // 2 m n k matmuls incl. one LM-head row, attention 4 H_q D per visible pair), and of a decode
   // token at context length `ctx` (before it).
-  double prefill_flops(int64_t T, int64_t P) const;
+  double prefill_flops(int64_t T, int64_t cached) const;
   double decode_flops(int64_t ctx) const;
 
  private:

@@ -17,7 +17,7 @@ double causal_visible_pairs(const std::vector<int64_t>& doc_lengths) {
   return p;
 }
 
-double partial_prefill_pairs(int64_t T, int64_t P) { return double(T) * double(P) + 0.5 * double(T) * double(T + 1); }
+double partial_prefill_pairs(int64_t T, int64_t cached) { return double(T) * double(cached) + 0.5 * double(T) * double(T + 1); }
 
 double train_matmul_flops(const ModelDims& d, int64_t S) {
   const double qw = double(d.H_q) * d.D, kw = double(d.H_kv) * d.D, dim = double(d.dim);
@@ -30,10 +30,10 @@ double train_attn_flops(const ModelDims& d, double pairs) {
   return attn_train_flops(pairs, d.H_q, d.D) * double(d.layers);
 }
 
-double prefill_flops(const ModelDims& d, int64_t T, int64_t P) {
+double prefill_flops(const ModelDims& d, int64_t T, int64_t cached) {
   const double dim = double(d.dim), qw = double(d.H_q) * d.D, kw = double(d.H_kv) * d.D, F = double(d.ffn);
   const double per_token = matmul_flops(1, dim, qw + 2 * kw) + matmul_flops(1, qw, dim) + 3 * matmul_flops(1, dim, F);
-  return double(d.layers) * (double(T) * per_token + attn_fwd_flops(partial_prefill_pairs(T, P), d.H_q, d.D)) +
+  return double(d.layers) * (double(T) * per_token + attn_fwd_flops(partial_prefill_pairs(T, cached), d.H_q, d.D)) +
          matmul_flops(1, dim, double(d.vocab));
 }
 

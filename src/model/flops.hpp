@@ -24,9 +24,9 @@ inline double matmul_flops(double m, double n, double k) { return 2.0 * m * n * 
 
 // Closed forms of the visible-pair count of causal attention on contiguous positions:
 //   packed documents of lengths L_i: sum_i L_i (L_i + 1) / 2;
-//   T new tokens after P cached ones (a partial prefill): T * P + T (T + 1) / 2.
+//   T new tokens after `cached` ones (a partial prefill): T * cached + T (T + 1) / 2.
 double causal_visible_pairs(const std::vector<int64_t>& doc_lengths);
-double partial_prefill_pairs(int64_t T, int64_t P);
+double partial_prefill_pairs(int64_t T, int64_t cached);
 
 struct ModelDims;
 class Comm;
@@ -36,10 +36,10 @@ class Comm;
 // of the attention of `visible_pairs` pairs in every layer.
 double train_matmul_flops(const ModelDims& d, int64_t S);
 double train_attn_flops(const ModelDims& d, double visible_pairs);
-// Inference: a prefill of T new tokens after P cached, for one sequence (the projections and MLP
-// of T tokens, the attention of partial_prefill_pairs(T, P) pairs, one LM-head row); a decode
+// Inference: a prefill of T new tokens after `cached` ones, for one sequence (the projections and
+// MLP of T tokens, the attention of partial_prefill_pairs(T, cached) pairs, one LM-head row); a decode
 // token at context length `ctx` (before it) is prefill_flops(d, 1, ctx).
-double prefill_flops(const ModelDims& d, int64_t T, int64_t P);
+double prefill_flops(const ModelDims& d, int64_t T, int64_t cached);
 
 // Peak FLOP/s one rank reaches on large sgemm calls while every rank of `world` runs the same
 // measurement (so ranks sharing cores see their share): best of a few 1024^3 products, the

@@ -44,15 +44,15 @@ std::string s_(int64_t v) { return std::to_string(v); }
 
 // T and P of `ctxpar prefill`: cached P given, or T = miss_rate * seq rounded down to whole
 // zigzag chunks (at least one chunk per rank).
-void prefill_split(const Config& cfg, int N, int64_t& T, int64_t& P) {
+void prefill_split(const Config& cfg, int N, int64_t& T, int64_t& cached) {
   if (cfg.cached > 0) {
-    P = cfg.cached;
-    T = cfg.seq - P;
+    cached = cfg.cached;
+    T = cfg.seq - cached;
     return;
   }
   const int64_t c = 2 * N;
   T = std::max<int64_t>(c, int64_t(std::floor(cfg.miss_rate * double(cfg.seq) / double(c))) * c);
-  P = cfg.seq - T;
+  cached = cfg.seq - T;
 }
 
 // Schedule of a mode: chat's own; prefill = [prefill P (setup), prefill T]; decode = [prefill
@@ -61,9 +61,9 @@ std::string mode_schedule(const Config& cfg, int N, std::vector<SchedulePhase>& 
   if (cfg.mode == Mode::chat) return parse_schedule(cfg.schedule, N, s);
   s.clear();
   if (cfg.mode == Mode::prefill) {
-    int64_t T, P;
-    prefill_split(cfg, N, T, P);
-    if (P > 0) s.push_back({PhaseKind::prefill, P});
+    int64_t T, cached;
+    prefill_split(cfg, N, T, cached);
+    if (cached > 0) s.push_back({PhaseKind::prefill, cached});
     s.push_back({PhaseKind::prefill, T});
   } else {
     s.push_back({PhaseKind::prefill, cfg.seq});
@@ -78,7 +78,7 @@ int32_t prompt_token(uint64_t seed, int64_t b, int64_t p, int64_t V) {
 }
 
 struct PrefillCall {
-  int64_t turn, T, P;
+  int64_t turn, T, cached;
   CpAlgo algo;
   Prediction pred;
   double ttft_s;
@@ -125,8 +125,8 @@ class Session {
   int64_t V() const { return cfg_.vocab; }
   Engine& engine() { return *engine_; }
 
-  CpAlgo choose(int64_t T, int64_t P, Prediction& pred) const {
-    pred = cost_->predict(T, P);
+  CpAlgo choose(int64_t T, int64_t cached, Prediction& pred) const {
+    pred = cost_->predict(T, cached);
     if (cfg_.cp_algo == CpAlgoSetting::pass_kv) return CpAlgo::pass_kv;
     if (cfg_.cp_algo == CpAlgoSetting::pass_q) return CpAlgo::pass_q;
     return pred.choice;
@@ -135,18 +135,18 @@ class Session {
   // One traced prefill of T new tokens of every sequence; `record`: a TTFT step (else the setup
   // of a cache for `ctxpar prefill`, turn -1, no TTFT).
   std::vector<int32_t> prefill(int64_t turn, int64_t T, bool record) {
-    const int64_t B = cfg_.batch, P = engine_->cache().seq_len(0);
+    const int64_t B = cfg_.batch, cached = engine_->cache().seq_len(0);
     std::vector<std::vector<int32_t>> tok(static_cast<size_t>(B), std::vector<int32_t>(static_cast<size_t>(T)));
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < T; ++i) tok[size_t(b)][size_t(i)] = prompt_token(uint64_t(cfg_.seed), b, P + i, V());
+      for (int64_t i = 0; i < T; ++i) tok[size_t(b)][size_t(i)] = prompt_token(uint64_t(cfg_.seed), b, cached + i, V());
     Prediction pred;
-    const CpAlgo algo = choose(T, P, pred);
+    const CpAlgo algo = choose(T, cached, pred);
     CallStats st;
     double dt = 0;
     StepOutput out = timed_step([&] { return engine_->prefill(tok, algo, &tr_, st); }, dt);
-    const double flops = double(B) * engine_->prefill_flops(T, P);
-    finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, P, algo_name(algo), dt, B * T, flops, st);
-    if (record) calls_.push_back({turn, T, P, algo, pred, dt});
+    const double flops = double(B) * engine_->prefill_flops(T, cached);
+    finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, cached, algo_name(algo), dt, B * T, flops, st);
+    if (record) calls_.push_back({turn, T, cached, algo, pred, dt});
     return out.next_tokens;
   }
 
@@ -174,7 +174,7 @@ class Session {
     if (!g.empty()) tr_.write_dataset("/generated", g, {uint64_t(gen.size()), uint64_t(steps), uint64_t(B)});
     std::vector<double> c;
     for (const PrefillCall& k : calls_) {
-      const double row[] = {double(k.turn), double(k.T), double(k.P), k.algo == CpAlgo::pass_q ? 1.0 : 0.0,
+      const double row[] = {double(k.turn), double(k.T), double(k.cached), k.algo == CpAlgo::pass_q ? 1.0 : 0.0,
                             k.pred.pass_kv_s, k.pred.pass_q_s,
                             k.pred.choice == CpAlgo::pass_q ? 1.0 : 0.0, k.pred.eq1_pass_kv ? 1.0 : 0.0,
                             k.pred.eq5_pass_q ? 1.0 : 0.0, k.pred.fitted_pass_kv ? 1.0 : 0.0, k.ttft_s};
@@ -196,7 +196,7 @@ class Session {
     for (const PrefillCall& k : calls_)
       log0("# turn %lld prefill T=%lld P=%lld (miss %.4f): %s; predicted pass_kv %.3f ms, pass_q %.3f ms; "
            "paper Eq.1 %s, Eq.5 %s, App.D %s\n",
-           (long long)k.turn, (long long)k.T, (long long)k.P, double(k.T) / double(k.T + k.P), algo_name(k.algo),
+           (long long)k.turn, (long long)k.T, (long long)k.cached, double(k.T) / double(k.T + k.cached), algo_name(k.algo),
            k.pred.pass_kv_s * 1e3, k.pred.pass_q_s * 1e3, k.pred.eq1_pass_kv ? "pass_kv" : "pass_q",
            k.pred.eq5_pass_q ? "pass_q" : "pass_kv", k.pred.fitted_pass_kv ? "pass_kv" : "pass_q");
   }
@@ -218,7 +218,7 @@ class Session {
 
   // A prefill (a TTFT step), the setup of a cache for `ctxpar prefill` (no TTFT), a decode (TTIT).
   enum class StepKind { prefill, setup, decode };
-  void finish_step(int64_t turn, StepKind kind, int64_t T, int64_t P, const char* algo, double dt, int64_t tokens,
+  void finish_step(int64_t turn, StepKind kind, int64_t T, int64_t cached, const char* algo, double dt, int64_t tokens,
                    double flops, const CallStats& st) {
     const bool setup = kind == StepKind::setup, is_prefill = kind == StepKind::prefill;
     const char* kind_name = is_prefill ? "prefill" : setup ? "setup" : "decode";
@@ -242,7 +242,7 @@ class Session {
     cache_bytes_.insert(cache_bytes_.end(), all.begin(), all.end());
     const double mx = *std::max_element(all.begin(), all.end());
     log0("  %5lld %4lld  %-7s %6lld %8lld  %-8s %9.2f  %10.1f  %12.4f  %10.2f  %14.2f\n", (long long)step_,
-         (long long)turn, kind_name, (long long)T, (long long)P, algo, dt * 1e3, double(tokens) / dt,
+         (long long)turn, kind_name, (long long)T, (long long)cached, algo, dt * 1e3, double(tokens) / dt,
          flops / dt / cp_.size() / 1e12, exposed * 1e3, mx / (1 << 20));
     ++step_;
   }

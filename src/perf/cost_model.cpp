@@ -389,17 +389,17 @@ StrategyPrediction predict_infer(const Ctx& c, PerfStrategy st) {
   r.strategy = name_in(kPerfStrategyNames, st);
   const int64_t N = mesh.cp(), tp = mesh.tp, B = w.batch;
   const bool decode = w.mode == PerfMode::decode;
-  const int64_t P = decode ? w.seq : (w.mode == PerfMode::prefill ? 0 : w.cached);
-  const int64_t T = decode ? 1 : w.seq - P;
+  const int64_t cached = decode ? w.seq : (w.mode == PerfMode::prefill ? 0 : w.cached);
+  const int64_t T = decode ? 1 : w.seq - cached;
   const double L = double(m.layers), e = c.p.e, hkv = kv_heads_loc(m, tp), hq = double(m.H_q) / double(tp);
   const double T_loc = double(T) * double(B) / double(N);  // new tokens per CP rank (decode: one token, on every rank)
-  const double ctx_loc = double(P + T) * double(B) / double(N);
+  const double ctx_loc = double(cached + T) * double(B) / double(N);
   const int64_t k_tp = ranks_per_node(c.hw, tp, 1), k_cp = ranks_per_node(c.hw, N, tp);
   const double o = N > 1 ? c.hw.step_overhead_s : 0;
   // Weights per rank (FFN in FP8 with fp8_ffn), read once per forward.
   const double w_bytes = (m.attn_params_per_layer() * c.p.w_attn + m.ffn_params_per_layer() * c.p.w_ffn) * L / double(tp) +
                          2.0 * double(m.vocab) * double(m.dim) * c.p.w_attn / double(tp);
-  const double pairs = decode ? double(P + 1) : partial_prefill_pairs(T, P);
+  const double pairs = decode ? double(cached + 1) : partial_prefill_pairs(T, cached);
   const double at_flops_rank = attn_fwd_flops(pairs, double(m.H_q), double(m.D)) * double(B) / double(N * tp);
   r.model_flops = (2.0 * (m.attn_params_per_layer() + m.ffn_params_per_layer()) * L * double(T) +
                    attn_fwd_flops(pairs, double(m.H_q), double(m.D)) * L) * double(B) * double(mesh.dp);
@@ -535,15 +535,15 @@ int recommend(const std::vector<StrategyPrediction>& preds) {
   return best;
 }
 
-PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& hw, int64_t T, int64_t P, int64_t N,
+PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& hw, int64_t T, int64_t cached, int64_t N,
                                    int64_t tp, Precision precision) {
   PerfMesh mesh;
   mesh.tp = tp;
   mesh.ring = N;
   PerfWorkload w;
   w.mode = PerfMode::partial_prefill;
-  w.seq = T + P;
-  w.cached = P;
+  w.seq = T + cached;
+  w.cached = cached;
   w.precision = precision == Precision::automatic ? hw.default_precision : precision;
   PassChoice ch;
   ch.pass_kv_s = predict(m, hw, mesh, w, "pass_kv").time_s;

@@ -6,7 +6,7 @@
 // and memory per rank.
 //
 // Vocabulary (core/config.hpp): S tokens of one sequence, S_loc = S / CP, H_q, H_kv, D; here
-// also N = CP group size (ulysses * ring), T new tokens and P cached tokens of a partial
+// also N = CP group size (ulysses * ring), T new tokens and `cached` tokens (the paper's P) of a partial
 // prefill, tp the tensor-parallel size (heads and FFN split over it).
 //
 // Attention (the kernel model): time = (visible pairs + the causal diagonal's masked pairs) x
@@ -97,13 +97,13 @@ StrategyPrediction predict(const ModelShape& m, const HardwareProfile& hw, const
 // into `preds`, -1 when none is valid.
 int recommend(const std::vector<StrategyPrediction>& preds);
 
-// Partial prefill, pass-KV vs pass-Q (Meta's choice), for `cp_algo=auto`: T new tokens, P cached,
+// Partial prefill, pass-KV vs pass-Q (Meta's choice), for `cp_algo=auto`: T new tokens, `cached` ones,
 // N ring ranks, tp tensor-parallel ranks per CP rank.
 struct PassChoice {
   double pass_kv_s = 0, pass_q_s = 0;
   bool use_pass_q = false;
 };
-PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& hw, int64_t T, int64_t P, int64_t N,
+PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& hw, int64_t T, int64_t cached, int64_t N,
                                    int64_t tp = 1, Precision precision = Precision::automatic);
 
 // ---- building blocks, exposed for tests --------------------------------------------------------

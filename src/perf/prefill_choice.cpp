@@ -29,7 +29,7 @@ double peak_of(const HardwareProfile& hw) { return fp32_profile(hw) ? hw.peak_fp
 
 // The paper's closed-form rules (Eq. 1, Eq. 5, App. D) for one call, next to the model's choice.
 void paper_rules(const AttnCall& c, double C, double BW, double e, Prediction& pr) {
-  const double T = double(c.T), P = double(c.P), N = double(c.N), miss = T / (T + P);
+  const double T = double(c.T), cached = double(c.cached), N = double(c.N), miss = T / (T + cached);
   pr.eq1_pass_kv = miss >= 2.0 * c.H_kv / c.H_q;
   pr.eq5_pass_q = miss <= 2.0 * c.H_kv / c.H_q - 4 * T * BW / (N * C * e);
   pr.fitted_pass_kv = -1.059 * std::log(T) + 1.145 * std::log(miss) + 12.112 > 0;
@@ -39,10 +39,10 @@ void paper_rules(const AttnCall& c, double C, double BW, double e, Prediction& p
 Prediction predict_attention_only(const AttnCall& c, const HardwareProfile& hw) {
   Prediction pr;
   const double N = double(c.N), e = fp32_profile(hw) ? 4.0 : 2.0;
-  const double T = double(c.T), P = double(c.P), Hq = c.H_q, Hkv = c.H_kv, D = c.D;
+  const double T = double(c.T), cached = double(c.cached), Hq = c.H_q, Hkv = c.H_kv, D = c.D;
   const double C = peak_of(hw) * hw.attn_eff.at(4096), BW = hw.intra.bw_bytes_per_s, lat = hw.intra.latency_s;
-  const double A = attn_fwd_flops(partial_prefill_pairs(c.T, c.P), Hq, D) / N / C;
-  const double m_kv = (T + P) / N * (2 * Hkv * D * e + 8);
+  const double A = attn_fwd_flops(partial_prefill_pairs(c.T, c.cached), Hq, D) / N / C;
+  const double m_kv = (T + cached) / N * (2 * Hkv * D * e + 8);
   const double m_q = T / N * (Hq * D * e + 8);
   const double a2a = (N - 1) / N * T * Hq * (D + 1) * e;
   auto msg = [&](double bytes) { return lat + bytes / BW; };
@@ -67,13 +67,13 @@ Prediction predict_attention_only(const AttnCall& c, const HardwareProfile& hw) 
 
 Prediction predict_prefill(const AttnCall& c, const ModelShape& m, const HardwareProfile& hw) {
   if (hw.attention_only) return predict_attention_only(c, hw);
-  const PassChoice ch = predict_partial_prefill(m, hw, c.T, c.P, c.N);
+  const PassChoice ch = predict_partial_prefill(m, hw, c.T, c.cached, c.N);
   Prediction pr;
   pr.pass_kv_s = ch.pass_kv_s;
   pr.pass_q_s = ch.pass_q_s;
   pr.choice = ch.use_pass_q ? CpAlgo::pass_q : CpAlgo::pass_kv;
   // The kernel rate of one ring step: T/N query rows against one rank's (P+T)/N keys.
-  const double kappa = (double(c.P) + 0.5 * double(c.T)) / double(c.N);
+  const double kappa = (double(c.cached) + 0.5 * double(c.T)) / double(c.N);
   const double C = peak_of(hw) * hw.attn_eff.at(std::max(1.0, kappa));
   const double BW = c.N <= hw.chips_per_node ? hw.intra.bw_bytes_per_s : hw.inter.bw_bytes_per_s;
   paper_rules(c, C, BW, fp32_profile(hw) ? 4.0 : 2.0, pr);
@@ -151,10 +151,10 @@ PrefillCostModel::PrefillCostModel(const Config& cfg, Comm& cp) {
   hw_ = name == "measured" ? measure_hardware(cp, call_.H_q, call_.H_kv, call_.D) : load_hardware(name);
 }
 
-Prediction PrefillCostModel::predict(int64_t T, int64_t P) const {
+Prediction PrefillCostModel::predict(int64_t T, int64_t cached) const {
   AttnCall c = call_;
   c.T = T;
-  c.P = P;
+  c.cached = cached;
   return predict_prefill(c, shape_, hw_);
 }
 

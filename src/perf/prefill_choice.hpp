@@ -3,7 +3,8 @@
 // model of src/perf and a HardwareProfile (perf/hardware.hpp), with the paper's closed-form rules
 // beside it.
 //
-// Symbols (as in the paper): T new tokens, P cached tokens, N CP ranks, N_H query heads, N_KV K/V
+// Symbols (as in the paper): T new tokens, P cached tokens (`cached` in the code, where P is the
+// CP size), N CP ranks, N_H query heads, N_KV K/V
 // heads, D head dim, C attention FLOP/s per rank, BW bytes/s per rank, e bytes per element.
 //   Eq. 1  pass-KV sends fewer bytes than pass-Q when T/(T+P) >= 2 N_KV / N_H
 //   Eq. 2  pass-KV's transfers hide under compute when T >= N C N_KV e / (2 N_H BW)
@@ -43,9 +44,9 @@ struct Config;
 enum class CpAlgo { pass_kv, pass_q };
 const char* algo_name(CpAlgo a);
 
-// One prefill call: T new tokens after P cached ones on N CP ranks, per layer H_q, H_kv, D.
+// One prefill call: T new tokens after `cached` ones on N CP ranks, per layer H_q, H_kv, D.
 struct AttnCall {
-  int64_t T = 0, P = 0;
+  int64_t T = 0, cached = 0;
   int N = 1;
   int32_t H_q = 0, H_kv = 0, D = 0;
   int64_t layers = 1;
@@ -75,7 +76,7 @@ HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D)
 class PrefillCostModel {
  public:
   PrefillCostModel(const Config& cfg, Comm& cp);
-  Prediction predict(int64_t T, int64_t P) const;
+  Prediction predict(int64_t T, int64_t cached) const;
   // One line for logs and bench headers: the profile and its rates.
   std::string describe() const;
   const HardwareProfile& profile() const { return hw_; }
