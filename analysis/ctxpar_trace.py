@@ -1,4 +1,4 @@
-"""The one loader of ctxpar HDF5 traces (layout: DESIGN.md section 5, schema_version 1).
+"""The one loader of ctxpar HDF5 traces (layout: docs/DESIGN.md section 5, schema_version 1).
 
     from analysis import ctxpar_trace
     t = ctxpar_trace.load("out/train.h5")      # NAME.h5, or NAME.h5.partial of an unfinished run

@@ -83,7 +83,7 @@ if(CTXPAR_TESTS)
   _ctxpar_feature("Python analysis" _py_ok "${CTXPAR_PYTHON} (h5py, numpy)")
 endif()
 
-# CUDA / NCCL (DESIGN.md C12). CTXPAR_CUDA: AUTO builds the GPU backend when nvcc and NCCL are both
+# CUDA / NCCL (docs/DESIGN.md §1 C12). CTXPAR_CUDA: AUTO builds the GPU backend when nvcc and NCCL are both
 # found, ON requires them (fatal otherwise), OFF never looks. The CPU build is the same either way;
 # the GPU backend only adds targets (kernels/cuda: ctxpar_cuda; src/dist/cuda.cmake:
 # ctxpar_dist_cuda; tests/gpu) and links them into ctxpar_app.

@@ -1,4 +1,4 @@
-// The CUDA backend of kernels/ops.hpp (DESIGN.md C12): the same ops with the same semantics, on
+// The CUDA backend of kernels/ops.hpp (docs/DESIGN.md §1 C12): the same ops with the same semantics, on
 // device pointers, asynchronous on a caller-given stream (0 = the legacy default stream).
 // Implementations: attn_fwd.cu, attn_bwd.cu (flash attention on bf16 tensor cores),
 // gemm_cublaslt.cu (cuBLASLt), elementwise.cu (model ops). kernels/README.md, "CUDA kernels",

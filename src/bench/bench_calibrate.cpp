@@ -10,7 +10,7 @@
 //  - GEMM efficiency vs rows M: one layer's projections forward and backward and the LM head,
 //    with the shapes model/transformer.cpp uses, against the peak;
 //  - attention efficiency vs kappa (visible keys per query row of a call, 128 … 4096):
-//    attn_fwd + attn_bwd of 512 query rows against kappa keys, unmasked, FLOPs by the DESIGN.md
+//    attn_fwd + attn_bwd of 512 query rows against kappa keys, unmasked, FLOPs by the model/flops.hpp
 //    convention, each call after an untimed GEMM that displaces it from the caches; the sizes
 //    interleaved over rounds, median per size; and the causal diagonal's masked-but-computed
 //    keys per query row, from the kernel's own count of the pairs its tiles compute;

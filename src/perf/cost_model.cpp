@@ -230,7 +230,7 @@ double gemm_seconds(const Ctx& c, double tokens, double mult, bool lm_head) {
   return c.share * ((attn + head) / (c.p.peak * eff) + ffn / (c.p.peak_ffn * eff));
 }
 
-// Seconds of `flops` of attention (DESIGN.md convention: visible pairs only) in kernel calls
+// Seconds of `flops` of attention (the FLOP convention, model/flops.hpp: visible pairs only) in kernel calls
 // whose query rows see `kappa` keys each on average, plus `waste_flops` of masked pairs the
 // causal diagonal computes anyway, at the call's rate.
 double attn_seconds(const Ctx& c, double flops, double kappa, double waste_flops = 0) {

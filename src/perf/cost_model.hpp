@@ -49,7 +49,7 @@ struct ModelShape {
 };
 ModelShape model_shape(const Config& cfg);
 
-// The predicted mesh (axes as in DESIGN.md: tp fastest, then ulysses, ring, dp).
+// The predicted mesh (axes as in docs/DESIGN.md §1: tp fastest, then ulysses, ring, dp).
 struct PerfMesh {
   int64_t dp = 1, tp = 1, ulysses = 1, ring = 1;
   int64_t cp() const { return ulysses * ring; }
@@ -78,7 +78,7 @@ struct StrategyPrediction {
   double gemm_s = 0, attn_s = 0, other_s = 0;  // compute (attn_s includes hidden comm)
   double comm_total_s = 0;   // all communication time, hidden or not
   double exposed_comm_s = 0; // communication on the critical path
-  double model_flops = 0;    // whole job, DESIGN.md convention
+  double model_flops = 0;    // whole job, FLOP convention (model/flops.hpp)
   double mfu = 0;            // model_flops / (time * chips * peak of the default precision)
   double mem_bytes = 0;      // per chip
   double mem_weights_bytes = 0, mem_state_bytes = 0, mem_act_bytes = 0, mem_kv_bytes = 0, mem_buf_bytes = 0;

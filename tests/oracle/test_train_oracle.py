@@ -1,4 +1,4 @@
-"""Oracle test of `ctxpar train` (DESIGN.md §6): the same model in PyTorch (llama_torch.py),
+"""Oracle test of `ctxpar train` (docs/DESIGN.md §6): the same model in PyTorch (llama_torch.py),
 loaded from ctxpar's dumped initial weights and batches. After one step the loss, the logits and
 every parameter gradient must match; over the run the losses of AdamW steps must match.
 

@@ -93,7 +93,7 @@ class PartitionCases : public ::testing::TestWithParam<Case> {
   Partition part() const { return Partition(std::get<0>(GetParam()), std::get<1>(GetParam()), std::get<2>(GetParam())); }
 };
 
-// Independent statement of each layout (the definitions in DESIGN.md §3), to check the
+// Independent statement of each layout (the definitions in docs/DESIGN.md §3), to check the
 // implementation's index math against.
 static std::vector<int64_t> expected_positions(PartitionKind k, int64_t S, int P, int r) {
   std::vector<int64_t> pos;
