@@ -1,4 +1,5 @@
-// The trace file of src/io, the module that holds every HDF5 reader and writer (docs/DESIGN.md §5). Serial HDF5 calls on one process (rank 0 of the run): the timing data is small and
+// The trace file of src/io, the module that holds every HDF5 reader and writer (docs/DESIGN.md
+// §5). Serial HDF5 calls on one process (rank 0 of the run): the timing data is small and
 // gathered there first. The header exposes no HDF5 types, so nothing else needs the HDF5
 // include paths.
 //
