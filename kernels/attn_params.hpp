@@ -96,7 +96,8 @@ struct AttnParams {
   // each query row is a new token whose own key/value rows are k_new / v_new [S_q, H_kv, D],
   // visible to it; this rank stores document d's new token at cache row k_new_slot[d] of
   // k_cache / v_cache (the writable view of k / v) when k_new_slot[d] >= 0 (another rank does
-  // when -1), and it is visible from then on.
+  // when -1), and it is visible from then on; the caller reserves the slot, so k_pos at
+  // k_new_slot[d] already holds the new token's position.
   const int64_t* k_doc_begin = nullptr;
   const int64_t* k_doc_len = nullptr;
   const void* k_new = nullptr;

@@ -113,7 +113,7 @@ struct Field {
   double min = 0, max = 0;                // numeric fields: inclusive range (min > max = unchecked)
   // Extra check on the parsed value; returns "" when valid, else what would be valid.
   std::function<std::string(const Config&)> check = nullptr;
-  std::vector<int32_t> values;            // enumerated fields: the enum value of each choice
+  std::vector<int32_t> values = {};       // enumerated fields: the enum value of each choice
 };
 
 const std::vector<Field>& config_fields();

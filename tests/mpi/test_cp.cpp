@@ -336,6 +336,145 @@ TEST(CpRegistry, NamesInConfigOrderAndUnknownIsNull) {
   EXPECT_EQ(make_strategy("bogus", topo), nullptr);
 }
 
+// ---- inference strategies: pass_q and the decode strategies against the reference ---------------
+
+// The error bound of the suite (kCpFactor x the naive fp32 error + kFloorRel x max|ref|).
+double bound_of(const std::vector<double>& ref64, const std::vector<double>& naive) {
+  return kCpFactor * err_all(naive, ref64) + kFloorRel * max_abs(ref64);
+}
+
+TEST(CpInference, PassQMatchesReference) {
+  const int P = world().size();
+  Topology& topo = topology(mesh_for("ring", P));
+  std::unique_ptr<CpStrategy> strat = make_strategy("pass_q", topo);
+  ASSERT_TRUE(strat != nullptr);
+  EXPECT_FALSE(strat->has_backward());
+  for (const Heads& h : kHeads)
+    for (const Masking& m : {kMasks[0], kMasks[2]}) {  // one document per sequence in inference
+      const Global g = make_global({"pass_q", h, m}, 99);
+      ASSERT_EQ(strat->validate(g.shape, topo), "");
+      const Partition part(strat->partition(), kSeq, topo.cp().size());
+      const int r = topo.cp().rank();
+      const std::vector<int64_t> pos = part.positions(r);
+      const int64_t S_loc = int64_t(pos.size()), wq = int64_t(h.H_q) * kHeadDim, wk = int64_t(h.H_kv) * kHeadDim;
+      auto shard = [&](const std::vector<float>& x, int64_t w) {
+        std::vector<float> y(size_t(S_loc * w));
+        part.scatter_rows(std::span<const float>(x), w, r, std::span<float>(y));
+        return y;
+      };
+      const std::vector<float> q = shard(g.q, wq), k = shard(g.k, wk), v = shard(g.v, wk);
+      std::vector<float> o(q.size(), NAN), lse(size_t(S_loc) * h.H_q, NAN);
+      AttnParams t = g.shape;
+      t.S_q = t.S_k = S_loc;
+      t.q_pos = t.k_pos = pos.data();
+      t.q = q.data(); t.k = k.data(); t.v = v.data(); t.o = o.data(); t.lse = lse.data();
+      CpStats st;
+      strat->forward(t, nullptr, st);
+      const double eo = max_over_ranks(err_rows(o, g.o[0], pos, wq));
+      const double el = max_over_ranks(err_rows(lse, g.lse[0], pos, h.H_q));
+      EXPECT_LE(eo, bound_of(g.o[0], g.o[1])) << h.name << " " << m.name;
+      EXPECT_LE(el, bound_of(g.lse[0], g.lse[1])) << h.name << " " << m.name;
+      EXPECT_DOUBLE_EQ(st.bytes_sent, strat->comm_volume_fwd(g.shape, false, topo)) << h.name << " " << m.name;
+      EXPECT_EQ(st.messages, P - 1) << "one query block per hop";
+    }
+}
+
+// B sequences with caches spread over the ranks (token i of sequence b on rank (i + b) % P), one
+// new token each; its owner (dense work) is rank b / ceil(B/P), its cache target rank b % P. Every
+// query's O and LSE against the reference over its sequence's cached keys and itself, and the new
+// token's K/V in the target's cache after the call.
+TEST(CpInference, DecodeStrategiesMatchReference) {
+  const int P = world().size(), r = world().rank();
+  Topology& topo = topology(mesh_for("ring", P));
+  constexpr int64_t B = 3;
+  const int64_t Bq = (B + P - 1) / P, b0 = r * Bq, n = std::max<int64_t>(0, std::min(Bq, B - b0));
+  for (const char* name : {"decode_pass_q", "decode_allgather"})
+    for (const Heads& h : kHeads) {
+      std::unique_ptr<CpStrategy> strat = make_strategy(name, topo);
+      ASSERT_TRUE(strat != nullptr) << name;
+      const int64_t wq = int64_t(h.H_q) * kHeadDim, wk = int64_t(h.H_kv) * kHeadDim;
+      std::vector<int64_t> len(B);
+      for (int64_t b = 0; b < B; ++b) len[size_t(b)] = 9 + 7 * b;  // cached tokens; the new one at position len
+      const int64_t cap = len[B - 1] + 1;
+      // This rank's cache: one array per tensor, sequence b's slab at row b * cap.
+      std::vector<float> kc(size_t(B * cap * wk), 0.f), vc(size_t(B * cap * wk), 0.f);
+      std::vector<int64_t> kpos(size_t(B * cap), int64_t(1) << 60), begin(B), here(B), slot(B, -1);
+      for (int64_t b = 0; b < B; ++b) {
+        begin[size_t(b)] = b * cap;
+        std::vector<int64_t> mine;
+        for (int64_t i = 0; i < len[size_t(b)]; ++i)
+          if ((i + b) % P == r) mine.push_back(i);
+        here[size_t(b)] = int64_t(mine.size());
+        fill_rows(7, uint64_t(10 + b), mine, wk, 1.0f, kc.data() + b * cap * wk);
+        fill_rows(7, uint64_t(20 + b), mine, wk, 1.0f, vc.data() + b * cap * wk);
+        for (size_t j = 0; j < mine.size(); ++j) kpos[size_t(b * cap) + j] = mine[j];
+        if (b % P == r) {  // this rank stores the new token: its slot reserved, its position set
+          slot[size_t(b)] = b * cap + here[size_t(b)];
+          kpos[size_t(slot[size_t(b)])] = len[size_t(b)];
+        }
+      }
+      // This rank's query rows (padded to Bq): the new tokens of sequences b0 .. b0 + n - 1.
+      std::vector<float> q(size_t(std::max<int64_t>(n, 1) * wq)), kn(size_t(std::max<int64_t>(n, 1) * wk)),
+          vn(size_t(std::max<int64_t>(n, 1) * wk));
+      std::vector<int64_t> qpos(size_t(std::max<int64_t>(n, 1)));
+      std::vector<int32_t> qdoc(size_t(Bq), -1);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t b = b0 + i;
+        qpos[size_t(i)] = len[size_t(b)];
+        qdoc[size_t(i)] = int32_t(b);
+        const std::vector<int64_t> at = {len[size_t(b)]};
+        fill_rows(7, uint64_t(30 + b), at, wq, 1.0f, q.data() + i * wq);
+        fill_rows(7, uint64_t(10 + b), at, wk, 1.0f, kn.data() + i * wk);
+        fill_rows(7, uint64_t(20 + b), at, wk, 1.0f, vn.data() + i * wk);
+      }
+      std::vector<float> o(size_t(std::max<int64_t>(n, 1) * wq), NAN), lse(size_t(std::max<int64_t>(n, 1) * h.H_q), NAN);
+      AttnParams t = attn_problem(Bq, h.H_q, h.H_kv, kHeadDim, MaskKind::causal, 0);
+      t.q = q.data(); t.q_pos = qpos.data(); t.q_doc = qdoc.data(); t.k_new = kn.data(); t.v_new = vn.data();
+      t.k = t.k_cache = kc.data(); t.v = t.v_cache = vc.data(); t.k_pos = kpos.data(); t.S_k = B * cap;
+      t.k_doc_begin = begin.data(); t.k_doc_len = here.data(); t.k_new_slot = slot.data();
+      t.o = o.data(); t.lse = lse.data();
+      CpStats st;
+      strat->forward(t, nullptr, st);
+      // The reference: each owned query against all len + 1 keys of its sequence (fp64 and naive fp32).
+      double err_o = 0, err_l = 0, bound_o = 0, bound_l = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t b = b0 + i, L = len[size_t(b)] + 1;
+        std::vector<int64_t> all(static_cast<size_t>(L));
+        for (int64_t j = 0; j < L; ++j) all[size_t(j)] = j;
+        std::vector<float> K(size_t(L * wk)), V(size_t(L * wk));
+        fill_rows(7, uint64_t(10 + b), all, wk, 1.0f, K.data());
+        fill_rows(7, uint64_t(20 + b), all, wk, 1.0f, V.data());
+        AttnParams rp = attn_problem(1, h.H_q, h.H_kv, kHeadDim, MaskKind::causal, 0);
+        rp.S_k = L;
+        rp.q_pos = &qpos[size_t(i)];
+        rp.k_pos = all.data();
+        const std::vector<double> q64(q.begin() + i * wq, q.begin() + (i + 1) * wq), K64(K.begin(), K.end()),
+            V64(V.begin(), V.end());
+        std::vector<double> o64(static_cast<size_t>(wq)), l64(static_cast<size_t>(h.H_q));
+        ref::attn_fwd<double>(rp, q64.data(), K64.data(), V64.data(), o64.data(), l64.data());
+        std::vector<float> o32(static_cast<size_t>(wq)), l32(static_cast<size_t>(h.H_q));
+        ref::attn_fwd<float>(rp, q.data() + i * wq, K.data(), V.data(), o32.data(), l32.data());
+        const std::vector<int64_t> row0 = {0};
+        err_o = std::max(err_o, err_rows(std::vector<float>(o.begin() + i * wq, o.begin() + (i + 1) * wq), o64, row0, wq));
+        err_l = std::max(err_l, err_rows(std::vector<float>(lse.begin() + i * h.H_q, lse.begin() + (i + 1) * h.H_q), l64,
+                                         row0, h.H_q));
+        bound_o = std::max(bound_o, bound_of(o64, std::vector<double>(o32.begin(), o32.end())));
+        bound_l = std::max(bound_l, bound_of(l64, std::vector<double>(l32.begin(), l32.end())));
+      }
+      EXPECT_LE(max_over_ranks(err_o), max_over_ranks(bound_o)) << name << " " << h.name;
+      EXPECT_LE(max_over_ranks(err_l), max_over_ranks(bound_l)) << name << " " << h.name;
+      // The target rank stored each new token's K/V at its slot.
+      for (int64_t b = 0; b < B; ++b) {
+        if (slot[size_t(b)] < 0) continue;
+        std::vector<float> want(static_cast<size_t>(wk));
+        const std::vector<int64_t> at = {len[size_t(b)]};
+        fill_rows(7, uint64_t(10 + b), at, wk, 1.0f, want.data());
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), kc.begin() + slot[size_t(b)] * wk)) << name << " seq " << b;
+      }
+      EXPECT_DOUBLE_EQ(st.bytes_sent, strat->comm_volume_fwd(t, false, topo)) << name;
+    }
+}
+
 // ---- helpers ---------------------------------------------------------------------------------
 
 TEST(CpHelpers, CountVisiblePairsMatchesTheMaskDefinition) {
