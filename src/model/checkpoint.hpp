@@ -1,8 +1,8 @@
-// Checkpoint and restart of `ctxpar train` (HDF5 via trace/h5_checkpoint): global tensors by
+// Checkpoint and restart of `ctxpar train` (HDF5 via io/h5_checkpoint): global tensors by
 // name — params/<name>, adam_m/<name>, adam_v/<name> — so the file does not depend on the tp
 // split, plus attributes step (completed steps), next_sample (data position: the stream is a
 // function of the sample index), seed (the only RNG state: data and weights derive from it),
-// and the model shape. Rank 0 writes PATH.tmp and renames it; every rank reads its own slices.
+// and the model shape. Rank 0 writes PATH.partial and renames it (io/atomic_file); every rank reads its own slices.
 #pragma once
 #include <cstdint>
 #include <string>

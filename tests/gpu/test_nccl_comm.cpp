@@ -158,7 +158,7 @@ template <class T> size_t mismatches(const std::vector<T>& got, const std::vecto
   return bad;
 }
 
-class DeviceCommTest : public ::testing::TestWithParam<std::string> {
+class CommDeviceBackend : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     const GpuState& g = gpu_state();
@@ -179,7 +179,7 @@ class DeviceCommTest : public ::testing::TestWithParam<std::string> {
   cudaStream_t s_ = nullptr;
 };
 
-TEST_P(DeviceCommTest, IdentityMatchesHostComm) {
+TEST_P(CommDeviceBackend, IdentityMatchesHostComm) {
   EXPECT_EQ(c().rank(), world().rank());
   EXPECT_EQ(c().size(), world().size());
   EXPECT_EQ(c().backend(), GetParam());
@@ -190,7 +190,7 @@ TEST_P(DeviceCommTest, IdentityMatchesHostComm) {
 }
 
 // Ring step as in ring attention: send to r+1, receive from r-1; completed three ways.
-TEST_P(DeviceCommTest, SendRecvRingMatchesHost) {
+TEST_P(CommDeviceBackend, SendRecvRingMatchesHost) {
   const int to = (r() + 1) % P(), from = (r() - 1 + P()) % P();
   for (const char* how : {"wait", "test", "stream_wait"}) {
     SCOPED_TRACE(how);
@@ -221,7 +221,7 @@ TEST_P(DeviceCommTest, SendRecvRingMatchesHost) {
 
 // Two transfers in flight at once (K and V of a ring step), plus a large one (pool growth,
 // NCCL chunking), completed by polling.
-TEST_P(DeviceCommTest, TwoOutstandingTransfersAndLargeMessage) {
+TEST_P(CommDeviceBackend, TwoOutstandingTransfersAndLargeMessage) {
   const int to = (r() + 1) % P(), from = (r() - 1 + P()) % P();
   const size_t nk = 4096, nv = size_t(8) << 20;  // 16 KiB and 32 MiB of f32
   std::vector<float> k = ints_f32(nk, r()), v = ints_f32(nv, r() + 100);
@@ -245,7 +245,7 @@ TEST_P(DeviceCommTest, TwoOutstandingTransfersAndLargeMessage) {
   EXPECT_EQ(mismatches(rv.download(s()), wv), 0u);
 }
 
-TEST_P(DeviceCommTest, AllToAllMatchesHost) {
+TEST_P(CommDeviceBackend, AllToAllMatchesHost) {
   const size_t block = 257;  // odd, so no accidental alignment
   std::vector<float> send(block * size_t(P()));
   for (int dst = 0; dst < P(); ++dst)
@@ -266,7 +266,7 @@ TEST_P(DeviceCommTest, AllToAllMatchesHost) {
   EXPECT_EQ(mismatches(from_bf16(br.download(s())), from_bf16(to_bf16(want))), 0u);
 }
 
-TEST_P(DeviceCommTest, AllGatherMatchesHost) {
+TEST_P(CommDeviceBackend, AllGatherMatchesHost) {
   const size_t n = 333;
   std::vector<int64_t> send(n);
   for (size_t i = 0; i < n; ++i) send[i] = int64_t(r()) << 40 | int64_t(i);
@@ -280,7 +280,7 @@ TEST_P(DeviceCommTest, AllGatherMatchesHost) {
   EXPECT_EQ(mismatches(dr.download(s()), want), 0u);
 }
 
-TEST_P(DeviceCommTest, AllReduceMatchesHost) {
+TEST_P(CommDeviceBackend, AllReduceMatchesHost) {
   const size_t n = 4099;
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min}) {
     SCOPED_TRACE(int(op));
@@ -308,7 +308,7 @@ TEST_P(DeviceCommTest, AllReduceMatchesHost) {
   EXPECT_EQ(mismatches(di.download(s()), iwant), 0u);
 }
 
-TEST_P(DeviceCommTest, ReduceScatterMatchesHost) {
+TEST_P(CommDeviceBackend, ReduceScatterMatchesHost) {
   const size_t n = 129;
   std::vector<float> send = ints_f32(n * size_t(P()), r() + 5);
   std::vector<float> want(n);
@@ -330,7 +330,7 @@ TEST_P(DeviceCommTest, ReduceScatterMatchesHost) {
   EXPECT_EQ(mismatches(er.download(s()), dwant), 0u);
 }
 
-TEST_P(DeviceCommTest, BroadcastFromLastRank) {
+TEST_P(CommDeviceBackend, BroadcastFromLastRank) {
   const int root = P() - 1;
   const size_t n = 1001;
   std::vector<int32_t> v(n);
@@ -346,7 +346,7 @@ TEST_P(DeviceCommTest, BroadcastFromLastRank) {
 }
 
 // After synchronize(), everything issued is complete on the device.
-TEST_P(DeviceCommTest, SynchronizeCompletesEverything) {
+TEST_P(CommDeviceBackend, SynchronizeCompletesEverything) {
   const size_t n = 2048;
   std::vector<float> v = ints_f32(n, r());
   std::vector<float> want = v;
@@ -360,7 +360,7 @@ TEST_P(DeviceCommTest, SynchronizeCompletesEverything) {
   EXPECT_EQ(mismatches(d.download(s()), want), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, DeviceCommTest, ::testing::Values(std::string("mpi-staged"), std::string("nccl")),
+INSTANTIATE_TEST_SUITE_P(Backends, CommDeviceBackend, ::testing::Values(std::string("mpi-staged"), std::string("nccl")),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            return i.param == "nccl" ? std::string("nccl") : std::string("mpi_staged");
                          });
