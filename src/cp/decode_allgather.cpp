@@ -33,7 +33,8 @@ class DecodeAllGather final : public cp::DecodeStrategy {
       cp::timed_collective(comm_, st, tr, Phase::all_gather, double(L.bytes) * (N - 1),
                            [&] { comm_.all_gather(mine.span(), blk.span()); });
     }
-    for (int j = 0; j < N; ++j) cp::decode_visit_traced(L, blk.data() + size_t(j) * L.bytes, local, part, j, tr, st);
+    for (int j = 0; j < N; ++j)
+      cp::decode_visit_traced(L, blk.data() + size_t(j) * L.bytes, local, part.data() + size_t(j) * pe, j, tr, st);
     cp::return_and_merge(comm_, part, Bq, n, local.H_q, local.D, local.o, local.lse, tr, st);
   }
 

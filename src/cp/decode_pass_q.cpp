@@ -4,7 +4,6 @@
 // sequence's next token (the KV cache's round-robin target) appends its K/V when the block
 // visits, so the token also sees itself; every rank attends each row to its cache of that
 // sequence; the partials return by one all-to-all and are merged in rank order. Forward only.
-#include "core/memory.hpp"
 #include "cp/common.hpp"
 #include "cp/query_ring.hpp"
 #include "cp/strategy.hpp"
@@ -25,18 +24,11 @@ class DecodePassQ final : public cp::DecodeStrategy {
   // with q_doc >= 0 are this rank's sequences (q, k_new, v_new, q_pos hold those rows), the rest
   // padding (q_doc -1).
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    const int N = comm_.size();
     const int64_t Bq = local.S_q, n = local_rows(local);
     const cp::QLayout L = cp::q_layout(Bq, local.H_q, local.H_kv, local.D, local.dtype, true);
-    Buffer<std::byte> blk(L.bytes * 2, true);
-    cp::pack_queries(L, local, n, blk.data());
-    std::byte* blocks[2] = {blk.data(), blk.data() + L.bytes};
-    const size_t pe = cp::partial_elems(Bq, local.H_q, local.D);
-    Buffer<float> part(pe * size_t(N), false);
-    cp::query_ring(comm_, L, blocks, kTagQ, tr, st, [&](std::byte* here, int origin, int, Request&) {
-      cp::decode_visit_traced(L, here, local, part, origin, tr, st);
+    cp::pass_q_forward(comm_, L, local, n, kTagQ, tr, st, [&](std::byte* here, int, int s, Request&, float* part) {
+      cp::decode_visit_traced(L, here, local, part, s, tr, st);
     });
-    cp::return_and_merge(comm_, part, Bq, n, local.H_q, local.D, local.o, local.lse, tr, st);
   }
 
  private:

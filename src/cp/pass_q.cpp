@@ -5,9 +5,6 @@
 // (T+P)/N cached keys of pass-KV (ring.cpp): the better choice when few tokens are new (low miss
 // rate; cost model: src/perf). Every rank holds the same number of query rows (a zigzag share of
 // the new tokens); positions are global, so the causal mask holds over the cache.
-#include <cstring>
-
-#include "core/memory.hpp"
 #include "cp/common.hpp"
 #include "cp/query_ring.hpp"
 #include "cp/strategy.hpp"
@@ -43,17 +40,10 @@ class PassQ final : public cp::ForwardOnlyStrategy {
   }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    const int N = comm_.size();
     const int64_t n = local.S_q;
     const cp::QLayout L = cp::q_layout(n, local.H_q, local.H_kv, local.D, local.dtype, false);
-    Buffer<std::byte> blk[2] = {Buffer<std::byte>(L.bytes, false), Buffer<std::byte>(L.bytes, false)};
-    cp::pack_queries(L, local, n, blk[0].data());
-    std::byte* blocks[2] = {blk[0].data(), blk[1].data()};
-    const size_t pe = cp::partial_elems(n, local.H_q, local.D);
-    Buffer<float> part(pe * size_t(N), false);
     const int64_t chunk = cp::progress_chunk_rows(n, kProgressParts);
-    cp::query_ring(comm_, L, blocks, kTagQ, tr, st, [&](std::byte* here, int origin, int s, Request& req) {
-      float* o = part.data() + size_t(origin) * pe;
+    cp::pass_q_forward(comm_, L, local, n, kTagQ, tr, st, [&](std::byte* here, int, int s, Request& req, float* o) {
       const AttnParams p = cp::visiting_block(L, here, local, o, o + size_t(n) * local.H_q * local.D);
       const double flops = attn_fwd_flops(double(visible_pairs(p)), p.H_q, p.D);
       const double t0 = tr ? tr->now_us() : 0;
@@ -63,7 +53,6 @@ class PassQ final : public cp::ForwardOnlyStrategy {
       st.attn_flops += flops;
       if (tr) tr->add_span(Phase::attn_fwd, -1, s, t0, tr->now_us(), flops, 0);
     });
-    cp::return_and_merge(comm_, part, n, n, local.H_q, local.D, local.o, local.lse, tr, st);
   }
 
  private:

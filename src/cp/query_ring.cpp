@@ -102,19 +102,22 @@ double decode_visit(const QLayout& L, std::byte* base, const AttnParams& local, 
   return flops;
 }
 
-void decode_visit_traced(const QLayout& L, std::byte* base, const AttnParams& local, Buffer<float>& part, int origin,
-                         Tracer* tr, CpStats& st) {
-  const size_t pe = partial_elems(L.n, local.H_q, local.D);
-  float* o = part.data() + size_t(origin) * pe;
+void decode_visit_traced(const QLayout& L, std::byte* base, const AttnParams& local, float* part, int step, Tracer* tr,
+                         CpStats& st) {
   const double t0 = tr ? tr->now_us() : 0;
-  const double flops = decode_visit(L, base, local, o, o + size_t(L.n) * local.H_q * local.D);
+  const double flops = decode_visit(L, base, local, part, part + size_t(L.n) * local.H_q * local.D);
   st.attn_flops += flops;
-  if (tr) tr->add_span(Phase::attn_fwd, -1, origin, t0, tr->now_us(), flops, 0);
+  if (tr) tr->add_span(Phase::attn_fwd, -1, step, t0, tr->now_us(), flops, 0);
 }
 
-void query_ring(Comm& c, const QLayout& L, std::byte* blocks[2], int tag, Tracer* tr, CpStats& st,
-                const std::function<void(std::byte* block, int origin, int step, Request& req)>& visit) {
+void pass_q_forward(Comm& c, const QLayout& L, const AttnParams& local, int64_t n_rows, int tag, Tracer* tr,
+                    CpStats& st, const QueryVisit& visit) {
   const int N = c.size(), r = c.rank(), next = (r + 1) % N, prev = (r + N - 1) % N;
+  Buffer<std::byte> blk(L.bytes * 2, true);
+  pack_queries(L, local, n_rows, blk.data());
+  std::byte* blocks[2] = {blk.data(), blk.data() + L.bytes};
+  const size_t pe = partial_elems(L.n, local.H_q, local.D);
+  Buffer<float> part(pe * size_t(N), false);
   for (int s = 0; s < N; ++s) {
     std::byte* here = blocks[s % 2];
     if (tr) tr->progress(Phase::attn_fwd);
@@ -125,9 +128,11 @@ void query_ring(Comm& c, const QLayout& L, std::byte* blocks[2], int tag, Tracer
       st.messages += 1;
       st.bytes_sent += double(L.bytes);
     }
-    visit(here, (r - s + N) % N, s, req);
+    const int origin = (r - s + N) % N;
+    visit(here, origin, s, req, part.data() + size_t(origin) * pe);
     timed_wait(c, req, st, tr, s, double(L.bytes));
   }
+  return_and_merge(c, part, L.n, n_rows, local.H_q, local.D, local.o, local.lse, tr, st);
 }
 
 void ForwardOnlyStrategy::backward(const AttnParams&, Tracer*, CpStats&) {

@@ -44,17 +44,22 @@ int64_t block_doc(const QLayout& L, const std::byte* base, int64_t i);
 // appends its own K/V (so it also sees itself); a row with nothing here (or a padding row) gets
 // o = 0, lse = -inf. One kernel call per row. Returns the attention FLOPs (every cached key).
 double decode_visit(const QLayout& L, std::byte* base, const AttnParams& local, float* o, float* lse);
-// decode_visit of the block of rank `origin` into its slot of `part` (partial_elems(L.n) floats
-// per rank), counted in `st` and traced as an attn_fwd span at ring step `origin`.
-void decode_visit_traced(const QLayout& L, std::byte* base, const AttnParams& local, Buffer<float>& part, int origin,
-                         Tracer* tr, CpStats& st);
+// decode_visit into `part` (one block's partial_elems(L.n) floats: o, then lse), counted in `st`
+// and traced as an attn_fwd span at ring step `step`.
+void decode_visit_traced(const QLayout& L, std::byte* base, const AttnParams& local, float* part, int step, Tracer* tr,
+                         CpStats& st);
 
-// The ring of query blocks: N steps; at step s the block of rank (r - s) mod N is in `blocks[s %
-// 2]` (L.bytes each; the caller packed its own into blocks[0]); the next hop is posted before
-// `visit(block, origin, step, request)` runs (double buffer; visit may test() the request so the
-// transfer progresses), and the wait after it is the exposed time. One message per hop.
-void query_ring(Comm& c, const QLayout& L, std::byte* blocks[2], int tag, Tracer* tr, CpStats& st,
-                const std::function<void(std::byte* block, int origin, int step, Request& req)>& visit);
+// What a visit computes: the partials of the block at `block` (rank `origin`'s queries, at ring
+// step `step`) against this rank's keys, into `part` (partial_elems(L.n) floats: o, then lse).
+// It may test() `req`, the next hop in flight, so the transfer progresses during compute.
+using QueryVisit = std::function<void(std::byte* block, int origin, int step, Request& req, float* part)>;
+
+// One pass-Q forward: this rank's first n_rows rows of `local` packed into a block of L (L.n
+// rows, the rest padding), N ring steps (at step s the block of rank (r - s) mod N is here; the
+// next hop is posted before `visit` runs, double-buffered, and the wait after it is the exposed
+// time; one message per hop), then return_and_merge into local.o, local.lse (n_rows rows).
+void pass_q_forward(Comm& c, const QLayout& L, const AttnParams& local, int64_t n_rows, int tag, Tracer* tr,
+                    CpStats& st, const QueryVisit& visit);
 
 // The forward-only strategies (pass_q, decode_*): a backward is refused.
 class ForwardOnlyStrategy : public CpStrategy {
