@@ -7,9 +7,11 @@
 // Dimension vocabulary (declared once, here and in src/core/config.hpp):
 //   S_q query rows in this call, S_k key rows in this call, H_q query heads, H_kv key/value heads
 //   (H_q % H_kv == 0; GQA when H_kv < H_q, MQA when H_kv == 1), D head dimension.
-// Layout: token-major with contiguous rows (a row of q is H_q * D elements, of k H_kv * D):
-//   q, o, dout, dq [S_q, H_q, D];  k, v, dk, dv [S_k, H_kv, D];  lse [S_q, H_q].
-// No stride fields: every caller holds its tensors this way; a fused QKV layout would add them.
+// Layout: token-major, the heads of a row contiguous (head h of row i at i * ld + h * D):
+//   q, dout [S_q, H_q, D] and k, v [S_k, H_kv, D] with row strides q_stride, k_stride, v_stride,
+//   dout_stride (elements between consecutive rows; 0 = packed, H * D), so q, k and v may be
+//   views into one fused QKV projection [S, (H_q + 2 H_kv) D]; the outputs are always packed:
+//   o, dq [S_q, H_q, D];  dk, dv [S_k, H_kv, D];  lse [S_q, H_q].
 //
 // Element types: q, k, v and dout are `dtype` (f32 on the CPU; bf16 on CUDA, whose tensor cores
 // then accumulate in fp32); o, lse, dq, dk, dv are always fp32, so a ring's lse_merge of partial
@@ -84,6 +86,9 @@ struct AttnParams {
   const int32_t* q_doc = nullptr;
   const int32_t* k_doc = nullptr;
 
+  // input row strides in elements (0 = packed: H_q * D for q and dout, H_kv * D for k and v)
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0, dout_stride = 0;
+
   MaskKind mask = MaskKind::causal;
   int64_t window = 0;   // for MaskKind::window: visible when 0 <= q_pos - k_pos < window
   float scale = 0.f;    // softmax scale; 0 = 1/sqrt(D)
@@ -115,6 +120,25 @@ struct AttnParams {
   AttnStats* stats = nullptr;
 
   CTXPAR_HD bool docs() const { return q_doc != nullptr && k_doc != nullptr; }
+  // Row strides in elements as used (the packed width when the field is 0).
+  CTXPAR_HD int64_t q_ld() const { return q_stride ? q_stride : int64_t(H_q) * D; }
+  CTXPAR_HD int64_t k_ld() const { return k_stride ? k_stride : int64_t(H_kv) * D; }
+  CTXPAR_HD int64_t v_ld() const { return v_stride ? v_stride : int64_t(H_kv) * D; }
+  CTXPAR_HD int64_t dout_ld() const { return dout_stride ? dout_stride : int64_t(H_q) * D; }
+  // Every input packed (what the CP strategies take; the kernels take any valid stride).
+  bool packed() const {
+    return q_ld() == int64_t(H_q) * D && k_ld() == int64_t(H_kv) * D && v_ld() == int64_t(H_kv) * D &&
+           dout_ld() == int64_t(H_q) * D;
+  }
+  // "" when every stride is 0 or at least its packed width, else what is wrong.
+  const char* stride_error() const {
+    if (q_stride < 0 || k_stride < 0 || v_stride < 0 || dout_stride < 0) return "row strides must be >= 0";
+    if (q_ld() < int64_t(H_q) * D || dout_ld() < int64_t(H_q) * D)
+      return "q_stride and dout_stride must be 0 or at least H_q * D (rows must not overlap)";
+    if (k_ld() < int64_t(H_kv) * D || v_ld() < int64_t(H_kv) * D)
+      return "k_stride and v_stride must be 0 or at least H_kv * D (rows must not overlap)";
+    return "";
+  }
   // Is the pair (query row i, key row j) visible? (host-side arrays)
   bool visible(int64_t i, int64_t j) const {
     return pair_visible(mask, window, !docs() || q_doc[i] == k_doc[j],
@@ -125,10 +149,10 @@ struct AttnParams {
   // The sub-call on query rows [a, a + n): q, o, lse, dout, dq, q_pos, q_doc offset; keys unchanged.
   AttnParams query_rows(int64_t a, int64_t n) const {
     AttnParams c = *this;
-    const int64_t row = int64_t(H_q) * D, in_off = a * row * int64_t(dtype_bytes(dtype));
+    const int64_t row = int64_t(H_q) * D, e = int64_t(dtype_bytes(dtype));
     c.S_q = n;
-    if (q) c.q = static_cast<const char*>(q) + in_off;
-    if (dout) c.dout = static_cast<const char*>(dout) + in_off;
+    if (q) c.q = static_cast<const char*>(q) + a * q_ld() * e;
+    if (dout) c.dout = static_cast<const char*>(dout) + a * dout_ld() * e;
     if (o) c.o = o + a * row;
     if (dq) c.dq = dq + a * row;
     if (lse) c.lse = lse + a * H_q;

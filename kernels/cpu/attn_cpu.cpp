@@ -75,6 +75,7 @@ void check_params(const AttnParams& p, bool backward) {
   if (p.mask != MaskKind::none && (!p.q_pos || !p.k_pos)) fail("causal/window masks need q_pos and k_pos");
   if (!p.q || !p.k || !p.v || !p.o || !p.lse) fail("q, k, v, o, lse must be set");
   if (backward && (!p.dout || !p.dq || !p.dk || !p.dv)) fail("backward needs dout, dq, dk, dv");
+  if (*p.stride_error()) fail(p.stride_error());
 }
 
 // Per-tile (min, max) of positions and documents, for tile classification.
@@ -84,9 +85,10 @@ std::vector<tiles::Range> tile_ranges(const int64_t* pos, const int32_t* doc, in
   return r;
 }
 
-// x [S, H, D] token-major -> 16-column panels of x^T per head: element (head g, row j, dim d) at
-//   out[((g * n_panels + j / 16) * D + d) * 16 + j % 16], rows >= S zero (n_panels * 16 >= S).
-void pack_panels(const float* x, int64_t S, int32_t H, int32_t D, int64_t n_panels, float* out) {
+// x [S, H, D] token-major (row stride ld) -> 16-column panels of x^T per head: element (head g,
+//   row j, dim d) at out[((g * n_panels + j / 16) * D + d) * 16 + j % 16], rows >= S zero
+//   (n_panels * 16 >= S).
+void pack_panels(const float* x, int64_t ld, int64_t S, int32_t H, int32_t D, int64_t n_panels, float* out) {
 #pragma omp for schedule(static)
   for (int64_t t = 0; t < H * n_panels; ++t) {
     const int64_t g = t / n_panels, pn = t % n_panels;
@@ -94,7 +96,7 @@ void pack_panels(const float* x, int64_t S, int32_t H, int32_t D, int64_t n_pane
     for (int64_t jj = 0; jj < 16; ++jj) {
       const int64_t j = pn * 16 + jj;
       if (j < S) {
-        const float* src = x + (j * H + g) * D;
+        const float* src = x + j * ld + g * D;
         for (int32_t d = 0; d < D; ++d) dst[d * 16 + jj] = src[d];
       } else {
         for (int32_t d = 0; d < D; ++d) dst[d * 16 + jj] = 0.f;
@@ -106,13 +108,13 @@ void pack_panels(const float* x, int64_t S, int32_t H, int32_t D, int64_t n_pane
 // x [S, H, D] -> head-major rows out[(g * S_pad + j) * Dp + d], zero for j >= S or d >= D.
 // Head-major rows avoid the large power-of-two stride of token-major rows inside a tile
 // (H * D * 4 bytes, e.g. 4 KiB, which maps every row of a tile to the same L1 sets).
-void pack_rows(const float* x, int64_t S, int32_t H, int32_t D, int64_t S_pad, int64_t Dp, float* out) {
+void pack_rows(const float* x, int64_t ld, int64_t S, int32_t H, int32_t D, int64_t S_pad, int64_t Dp, float* out) {
 #pragma omp for schedule(static)
   for (int64_t t = 0; t < H * S_pad; ++t) {
     const int64_t g = t / S_pad, j = t % S_pad;
     float* dst = out + t * Dp;
     if (j < S) {
-      std::memcpy(dst, x + (j * H + g) * D, sizeof(float) * D);
+      std::memcpy(dst, x + j * ld + g * D, sizeof(float) * D);
       std::fill(dst + D, dst + Dp, 0.f);
     } else {
       std::fill(dst, dst + Dp, 0.f);
@@ -185,8 +187,8 @@ void attn_fwd(const AttnParams& p) {
   Scratch kt(p.H_kv * n_panels * 16 * D), vr(p.H_kv * S_k_pad * Dp);
 #pragma omp parallel num_threads(thread_count(p))
   {
-    pack_panels(p.k_as<float>(), p.S_k, p.H_kv, D, n_panels, kt.get());
-    pack_rows(p.v_as<float>(), p.S_k, p.H_kv, D, S_k_pad, Dp, vr.get());  // omp for: implicit barrier
+    pack_panels(p.k_as<float>(), p.k_ld(), p.S_k, p.H_kv, D, n_panels, kt.get());
+    pack_rows(p.v_as<float>(), p.v_ld(), p.S_k, p.H_kv, D, S_k_pad, Dp, vr.get());  // omp for: implicit barrier
 
     Scratch qt(Bq * Dp, true), ot(Bq * Dp), st(Bq * kBkFwd);
     std::vector<float> m(Bq), l(Bq), alpha(Bq);
@@ -204,7 +206,7 @@ void attn_fwd(const AttnParams& p) {
       const int32_t h = g * group + static_cast<int32_t>(task % group);
       const int64_t q0 = qi * Bq, nq = std::min(Bq, p.S_q - q0);
       for (int64_t r = 0; r < nq; ++r)
-        std::memcpy(qt.get() + r * Dp, p.q_as<float>() + ((q0 + r) * p.H_q + h) * D, sizeof(float) * D);
+        std::memcpy(qt.get() + r * Dp, p.q_as<float>() + (q0 + r) * p.q_ld() + h * D, sizeof(float) * D);
       std::fill(ot.get(), ot.get() + nq * Dp, 0.f);
       std::fill(m.begin(), m.end(), -INFINITY);
       std::fill(l.begin(), l.end(), 0.f);
@@ -265,18 +267,18 @@ void attn_bwd(const AttnParams& p) {
 
 #pragma omp parallel num_threads(thread_count(p))
   {
-    pack_rows(p.q_as<float>(), p.S_q, p.H_q, D, p.S_q, Dp, qr.get());
-    pack_rows(p.dout_as<float>(), p.S_q, p.H_q, D, p.S_q, Dp, dor.get());
-    pack_panels(p.k_as<float>(), p.S_k, p.H_kv, D, n_panels, kt.get());
-    pack_panels(p.v_as<float>(), p.S_k, p.H_kv, D, n_panels, vt.get());
-    pack_rows(p.k_as<float>(), p.S_k, p.H_kv, D, S_k_pad, Dp, kr.get());
+    pack_rows(p.q_as<float>(), p.q_ld(), p.S_q, p.H_q, D, p.S_q, Dp, qr.get());
+    pack_rows(p.dout_as<float>(), p.dout_ld(), p.S_q, p.H_q, D, p.S_q, Dp, dor.get());
+    pack_panels(p.k_as<float>(), p.k_ld(), p.S_k, p.H_kv, D, n_panels, kt.get());
+    pack_panels(p.v_as<float>(), p.v_ld(), p.S_k, p.H_kv, D, n_panels, vt.get());
+    pack_rows(p.k_as<float>(), p.k_ld(), p.S_k, p.H_kv, D, S_k_pad, Dp, kr.get());
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < p.H_q * p.S_q; ++t) {
       const int64_t h = t / p.S_q, i = t % p.S_q;
       const float lse = p.lse[i * p.H_q + h];
       lse2.get()[t] = lse == -INFINITY ? INFINITY : lse * kLog2e;  // +inf: P = 0 on that row
       const float* o = p.o + (i * p.H_q + h) * D;
-      const float* d_o = p.dout_as<float>() + (i * p.H_q + h) * D;
+      const float* d_o = p.dout_as<float>() + i * p.dout_ld() + h * D;
       float acc = 0.f;
       for (int32_t d = 0; d < D; ++d) acc += o[d] * d_o[d];
       di.get()[t] = acc;

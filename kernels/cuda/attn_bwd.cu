@@ -34,10 +34,11 @@ using namespace detail;
 namespace {
 
 // D_i = sum_d dO[i, h, d] * O[i, h, d]: one warp per (row, head).
-__global__ void attn_bwd_dot_kernel(const bf16* dout, const float* o, float* di, int64_t n_rows, int32_t D) {
-  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+__global__ void attn_bwd_dot_kernel(const bf16* dout, int64_t dout_ld, const float* o, float* di, int64_t n_rows,
+                                    int32_t H, int32_t D) {
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;  // row r / H, head r % H
   if (r >= n_rows) return;
-  const bf16* g = dout + r * D;
+  const bf16* g = dout + (r / H) * dout_ld + (r % H) * int64_t(D);
   const float* x = o + r * D;
   float acc = 0.f;
   for (int d = threadIdx.x & 31; d < D; d += 32) acc += __bfloat162float(g[d]) * x[d];
@@ -99,8 +100,8 @@ __global__ void __launch_bounds__(BwdCfg<kD>::kThreads) attn_bwd_kernel(const Bw
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int kw = warp * 16;  // this warp's first key (tile-local)
 
-  load_rows_async<kBc, kD, C::kThreads>(Ks, kLd, a.p.k_as<bf16>(), j0, a.p.S_k, a.p.H_kv, hk, a.p.D);
-  load_rows_async<kBc, kD, C::kThreads>(Vs, kLd, a.p.v_as<bf16>(), j0, a.p.S_k, a.p.H_kv, hk, a.p.D);
+  load_rows_async<kBc, kD, C::kThreads>(Ks, kLd, a.p.k_as<bf16>(), j0, a.p.S_k, a.p.k_ld(), hk, a.p.D);
+  load_rows_async<kBc, kD, C::kThreads>(Vs, kLd, a.p.v_as<bf16>(), j0, a.p.S_k, a.p.v_ld(), hk, a.p.D);
   cp_async_commit();
   for (int c = tid; c < kBc; c += C::kThreads) {
     const int64_t j = j0 + c;
@@ -140,8 +141,8 @@ __global__ void __launch_bounds__(BwdCfg<kD>::kThreads) attn_bwd_kernel(const Bw
     // previous tile's barrier ahead of its dQ phase, and dSs is rewritten only after the next
     // barrier), kept so that a change that reads Q or dO in the dQ phase stays race-free.
     __syncthreads();
-    load_rows_async<kBr, kD, C::kThreads>(Qs, kLd, a.p.q_as<bf16>(), i0, a.p.S_q, a.p.H_q, h, a.p.D);
-    load_rows_async<kBr, kD, C::kThreads>(dOs, kLd, a.p.dout_as<bf16>(), i0, a.p.S_q, a.p.H_q, h, a.p.D);
+    load_rows_async<kBr, kD, C::kThreads>(Qs, kLd, a.p.q_as<bf16>(), i0, a.p.S_q, a.p.q_ld(), h, a.p.D);
+    load_rows_async<kBr, kD, C::kThreads>(dOs, kLd, a.p.dout_as<bf16>(), i0, a.p.S_q, a.p.dout_ld(), h, a.p.D);
     cp_async_commit();
     for (int c = tid; c < kBr; c += C::kThreads) {
       const int64_t i = i0 + c;
@@ -370,8 +371,8 @@ void attn_bwd(const AttnParams& p) {
     constexpr int kWarpsPerBlock = 8;
     const int64_t blocks = ceil_div(n_rows, kWarpsPerBlock);
     if (blocks > INT32_MAX) throw_arg("attn_bwd: too many rows");
-    CTXPAR_LAUNCH(attn_bwd_dot_kernel, unsigned(blocks), 32 * kWarpsPerBlock, 0, s, p.dout_as<bf16>(), p.o, di.get(),
-                  n_rows, p.D);
+    CTXPAR_LAUNCH(attn_bwd_dot_kernel, unsigned(blocks), 32 * kWarpsPerBlock, 0, s, p.dout_as<bf16>(), p.dout_ld(), p.o,
+                  di.get(), n_rows, p.H_q, p.D);
     CTXPAR_CUDA_LAUNCH_CHECK();
   }
 

@@ -25,13 +25,13 @@ void tile_ranges(const int64_t* pos, const int32_t* doc, int64_t S, int tile, ti
 // the host wrappers). All kThreads threads of the block call it.
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_rows_async(bf16* dst, int ld, const bf16* src, int64_t row0, int64_t n_rows,
-                                                int H, int head, int D) {
+                                                int64_t src_ld, int head, int D) {
   constexpr int kChunks = kD / 8;  // 16-byte chunks per tile row
   for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
     const int r = c / kChunks, ch = c % kChunks;
     const int64_t row = row0 + r;
     const bool valid = row < n_rows && ch * 8 < D;
-    const bf16* g = valid ? src + (row * H + head) * int64_t(D) + ch * 8 : src;
+    const bf16* g = valid ? src + row * src_ld + int64_t(head) * D + ch * 8 : src;
     cp_async16(dst + r * ld + ch * 8, g, valid);
   }
 }

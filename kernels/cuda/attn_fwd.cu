@@ -146,6 +146,9 @@ int check_attn_args(const AttnParams& a, bool backward) {
   need(a.H_q > 0 && a.H_kv > 0 && a.H_q % a.H_kv == 0, "need H_q > 0, H_kv > 0 and H_q % H_kv == 0");
   need(a.D > 0 && a.D % 8 == 0 && a.D <= 256,
        "head dim D must be a multiple of 8 and at most 256 (16-byte rows for cp.async; kernels up to 256)");
+  need(!*a.stride_error(), a.stride_error());
+  need(a.q_ld() % 8 == 0 && a.k_ld() % 8 == 0 && a.v_ld() % 8 == 0 && a.dout_ld() % 8 == 0,
+       "row strides must be multiples of 8 elements (16-byte rows for cp.async)");
   need(a.mask == MaskKind::none || (a.q_pos && a.k_pos), "causal/window masks need q_pos and k_pos");
   need(a.mask != MaskKind::window || a.window > 0, "window mask needs window > 0");
   need((a.q_doc == nullptr) == (a.k_doc == nullptr), "give both q_doc and k_doc or neither");
@@ -203,7 +206,7 @@ __global__ void __launch_bounds__(FwdCfg<kD, kBc>::kThreads) attn_fwd_kernel(con
   const int hk = h / (a.p.H_q / a.p.H_kv);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 
-  load_rows_async<kBr, kD, C::kThreads>(Qs, kLd, a.p.q_as<bf16>(), i0, a.p.S_q, a.p.H_q, h, a.p.D);
+  load_rows_async<kBr, kD, C::kThreads>(Qs, kLd, a.p.q_as<bf16>(), i0, a.p.S_q, a.p.q_ld(), h, a.p.D);
   cp_async_commit();
 
   // The two query rows of this thread in the accumulator layout: warp*16 + g and + 8.
@@ -243,9 +246,9 @@ __global__ void __launch_bounds__(FwdCfg<kD, kBc>::kThreads) attn_fwd_kernel(con
     cnt.pairs += (unsigned long long)rows_here * (unsigned long long)imin64(kBc, a.p.S_k - j0);
 
     __syncthreads();  // every warp is done with the previous tile's Ks, Vs, kpos_s
-    load_rows_async<kBc, kD, C::kThreads>(Ks, kLd, a.p.k_as<bf16>(), j0, a.p.S_k, a.p.H_kv, hk, a.p.D);
+    load_rows_async<kBc, kD, C::kThreads>(Ks, kLd, a.p.k_as<bf16>(), j0, a.p.S_k, a.p.k_ld(), hk, a.p.D);
     cp_async_commit();
-    load_rows_async<kBc, kD, C::kThreads>(Vs, kLd, a.p.v_as<bf16>(), j0, a.p.S_k, a.p.H_kv, hk, a.p.D);
+    load_rows_async<kBc, kD, C::kThreads>(Vs, kLd, a.p.v_as<bf16>(), j0, a.p.S_k, a.p.v_ld(), hk, a.p.D);
     cp_async_commit();
     if (need_mask) {
       for (int c = tid; c < kBc; c += C::kThreads) {

@@ -15,12 +15,12 @@ template <class T>
 T row_scores(const AttnParams& p, const T* q, const T* k, int64_t i, int32_t h, std::vector<T>& s) {
   const int32_t D = p.D, g = h / (p.H_q / p.H_kv);
   const T scale = static_cast<T>(p.softmax_scale());
-  const T* qi = q + (i * p.H_q + h) * D;
+  const T* qi = q + i * p.q_ld() + h * D;
   T m = -std::numeric_limits<T>::infinity();
   s.assign(p.S_k, -std::numeric_limits<T>::infinity());
   for (int64_t j = 0; j < p.S_k; ++j) {
     if (!p.visible(i, j)) continue;
-    const T* kj = k + (j * p.H_kv + g) * D;
+    const T* kj = k + j * p.k_ld() + g * D;
     T dot = 0;
     for (int32_t d = 0; d < D; ++d) dot += qi[d] * kj[d];
     s[j] = scale * dot;
@@ -50,7 +50,7 @@ void attn_fwd(const AttnParams& p, const T* q, const T* k, const T* v, T* o, T* 
         if (s[j] == -std::numeric_limits<T>::infinity()) continue;
         const T pj = std::exp(s[j] - m);
         l += pj;
-        const T* vj = v + (j * p.H_kv + h / group) * D;
+        const T* vj = v + j * p.v_ld() + (h / group) * D;
         for (int32_t d = 0; d < D; ++d) oi[d] += pj * vj[d];
       }
       for (int32_t d = 0; d < D; ++d) oi[d] /= l;
@@ -72,20 +72,24 @@ void attn_bwd(const AttnParams& p, const T* q, const T* k, const T* v, const T* 
       const T l = lse[i * p.H_q + h];
       if (l == -std::numeric_limits<T>::infinity()) continue;  // no key: no gradient
       row_scores(p, q, k, i, h, s);
-      const int64_t row = (i * p.H_q + h) * D;
+      const int64_t row = (i * p.H_q + h) * D;  // o, dq (packed)
+      const T* qi = q + i * p.q_ld() + h * D;
+      const T* gi = dout + i * p.dout_ld() + h * D;
       T Di = 0;
-      for (int32_t d = 0; d < D; ++d) Di += dout[row + d] * o[row + d];
+      for (int32_t d = 0; d < D; ++d) Di += gi[d] * o[row + d];
       for (int64_t j = 0; j < p.S_k; ++j) {
         if (s[j] == -std::numeric_limits<T>::infinity()) continue;
         const T pj = std::exp(s[j] - l);
-        const int64_t kv_row = (j * p.H_kv + h / group) * D;
+        const int64_t kv_row = (j * p.H_kv + h / group) * D;  // dk, dv (packed)
+        const T* kj = k + j * p.k_ld() + (h / group) * D;
+        const T* vj = v + j * p.v_ld() + (h / group) * D;
         T dp = 0;
-        for (int32_t d = 0; d < D; ++d) dp += dout[row + d] * v[kv_row + d];
+        for (int32_t d = 0; d < D; ++d) dp += gi[d] * vj[d];
         const T ds = pj * (dp - Di);
         for (int32_t d = 0; d < D; ++d) {
-          dv[kv_row + d] += pj * dout[row + d];
-          dq[row + d] += scale * ds * k[kv_row + d];
-          dk[kv_row + d] += scale * ds * q[row + d];
+          dv[kv_row + d] += pj * gi[d];
+          dq[row + d] += scale * ds * kj[d];
+          dk[kv_row + d] += scale * ds * qi[d];
         }
       }
     }

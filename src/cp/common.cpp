@@ -20,6 +20,7 @@ std::string check_common(const std::string& strategy, const AttnParams& s, int P
            std::to_string(s.H_kv) + " (GQA groups must be whole); use a divisor of " + std::to_string(s.H_q);
   if (s.mask == MaskKind::window && s.window <= 0)
     return pre + "mask=window needs window > 0 (got " + std::to_string(s.window) + ")";
+  if (!s.packed()) return pre + kPackedOnly;
   // Every strategy shards tokens zigzag over the CP group (see strategy files for why).
   const std::string part = Partition::check(PartitionKind::zigzag, s.S_q, P);
   if (!part.empty()) return pre + part;

@@ -28,9 +28,13 @@ std::unique_ptr<CpStrategy> make_decode_allgather_strategy(Topology& topo);
 
 namespace cp {
 
-// "" when the sequence can be zigzag-sharded over P ranks and the heads form groups, else a
-// message naming the value and what would be valid. Shared by every strategy's validate().
+// "" when the sequence can be zigzag-sharded over P ranks, the heads form groups and the inputs
+// are packed, else a message naming the value and what would be valid. Shared by every
+// strategy's validate().
 std::string check_common(const std::string& strategy, const AttnParams& global, int P);
+// The strategies copy and send whole rows of q, k, v and dout: they take packed tensors.
+inline constexpr const char* kPackedOnly =
+    "takes packed q, k, v, dout (row strides 0); strided views are for single kernel calls (attn_fwd, attn_bwd)";
 
 // Attention FLOPs of one local kernel call (the visible pairs of `p`, model/flops.hpp).
 double call_fwd_flops(const AttnParams& p);

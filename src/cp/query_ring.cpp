@@ -141,7 +141,8 @@ void ForwardOnlyStrategy::backward(const AttnParams&, Tracer*, CpStats&) {
 
 std::string DecodeStrategy::validate(const AttnParams& s, const Topology& topo) const {
   (void)topo;
-  return s.H_q > 0 && s.H_kv > 0 && s.H_q % s.H_kv == 0 ? "" : name() + ": heads must be a positive multiple of kv_heads";
+  if (!(s.H_q > 0 && s.H_kv > 0 && s.H_q % s.H_kv == 0)) return name() + ": heads must be a positive multiple of kv_heads";
+  return s.packed() ? "" : name() + ": " + kPackedOnly;
 }
 
 double DecodeStrategy::comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const {

@@ -293,6 +293,68 @@ const AttnCase kAttnCases[] = {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttn, ::testing::ValuesIn(kAttnCases), case_name);
 
+// Row strides: q, k, v as views into one fused bf16 QKV row [S, (H_q + 2 H_kv) D + 8], dout in a
+// padded row. The kernels load whole head rows, so the strided call equals the packed one: forward
+// bit for bit; backward dK, dV bit for bit (H_q = H_kv: added in a fixed order) and dQ to the
+// rounding of its atomic additions.
+TEST(CudaAttnStrides, FusedQkvViewsMatchPacked) {
+  REQUIRE_CUDA_DEVICE();
+  const Shape sh{100, 100, 2, 2, 64, MaskKind::causal, Layout::diagonal, 0, true};
+  const Problem pr(sh, 77);
+  const int64_t S = sh.S_q, qw = int64_t(sh.H_q) * sh.D, kw = int64_t(sh.H_kv) * sh.D, ld = qw + 2 * kw + 8,
+                dld = qw + 8;
+  const auto qb = to_bf16(rounded(pr.q)), kb = to_bf16(rounded(pr.k)), vb = to_bf16(rounded(pr.v)),
+             db = to_bf16(rounded(pr.dout));
+  std::vector<bf16> fused(size_t(S * ld)), dpad(size_t(S * dld));
+  for (int64_t i = 0; i < S; ++i) {
+    std::copy_n(qb.begin() + i * qw, qw, fused.begin() + i * ld);
+    std::copy_n(kb.begin() + i * kw, kw, fused.begin() + i * ld + qw);
+    std::copy_n(vb.begin() + i * kw, kw, fused.begin() + i * ld + qw + kw);
+    std::copy_n(db.begin() + i * qw, qw, dpad.begin() + i * dld);
+  }
+  Dev<bf16> q(qb), k(kb), v(vb), dout(db), f(fused), dp(dpad);
+  Dev<int64_t> q_pos(pr.q_pos), k_pos(pr.k_pos);
+  Dev<int32_t> q_doc(pr.q_doc), k_doc(pr.k_doc);
+  auto run = [&](bool strided) {
+    const size_t nq = pr.q.size(), nk = pr.k.size(), nl = size_t(S * sh.H_q);
+    Dev<float> o(nq), lse(nl), dq(nq), dk(nk), dv(nk);
+    AttnParams a = pr.params();
+    a.device = Device::cuda;
+    a.dtype = DType::bf16;
+    a.q = strided ? f.get() : q.get();
+    a.k = strided ? f.get() + qw : k.get();
+    a.v = strided ? f.get() + qw + kw : v.get();
+    a.dout = strided ? dp.get() : dout.get();
+    if (strided) {
+      a.q_stride = a.k_stride = a.v_stride = ld;
+      a.dout_stride = dld;
+    }
+    a.q_pos = q_pos.get();
+    a.k_pos = k_pos.get();
+    a.q_doc = q_doc.get();
+    a.k_doc = k_doc.get();
+    a.o = o.get();
+    a.lse = lse.get();
+    a.dq = dq.get();
+    a.dk = dk.get();
+    a.dv = dv.get();
+    cuda::attn_fwd(a);
+    cuda::attn_bwd(a);
+    return std::vector<std::vector<float>>{o.download(), lse.download(), dq.download(), dk.download(), dv.download()};
+  };
+  const auto a = run(false), b = run(true);
+  EXPECT_EQ(a[0], b[0]) << "O";
+  EXPECT_EQ(a[1], b[1]) << "LSE";
+  EXPECT_EQ(a[3], b[3]) << "dK";
+  EXPECT_EQ(a[4], b[4]) << "dV";
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < a[2].size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[2][i]) - b[2][i]));
+    mag = std::max(mag, std::abs(double(a[2][i])));
+  }
+  EXPECT_LE(diff, 1e-5 * std::max(1.0, mag)) << "dQ";
+}
+
 TEST(CudaAttnMerge, LseMergeMatchesReference) {
   REQUIRE_CUDA_DEVICE();
   const int64_t rows = 37;
@@ -328,6 +390,19 @@ TEST(CudaAttnParams, InvalidArgumentsThrow) {
   a.D = 64;
   a.H_kv = 3;  // H_q % H_kv != 0
   EXPECT_THROW(cuda::attn_fwd(a), std::invalid_argument);
+  a.H_kv = 2;
+  auto message = [&] {
+    try {
+      cuda::attn_fwd(a);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  a.k_stride = 2 * 64 - 8;  // rows of k would overlap
+  EXPECT_NE(message().find("k_stride"), std::string::npos) << message();
+  a.k_stride = 2 * 64 + 4;  // not a multiple of 8 elements (cp.async moves 16-byte chunks)
+  EXPECT_NE(message().find("multiples of 8"), std::string::npos) << message();
 }
 
 // ------------------------------------------------------------------------------------------------

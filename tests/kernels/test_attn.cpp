@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "attn_problem.hpp"
@@ -212,6 +213,78 @@ TEST(AttnThreads, BackwardRaceFree) {
       // reordering of fp32 additions only: a few ulps of the largest gradient
       EXPECT_LE(err, 1e-5 * mag) << threads << " threads";
     }
+  }
+}
+
+
+// Row strides: q, k, v, dout as views into wider rows (q inside a fused [S, (H_q + 2 H_kv) D + pad]
+// projection with k and v beside it, dout padded). The CPU kernel packs its inputs, so the strided
+// call is bit-identical to the packed one (one thread: the dQ additions in a fixed order); the
+// reference on the same strided buffers is identical to the reference on packed ones.
+TEST(AttnStrides, StridedViewsMatchPackedBitForBit) {
+  for (const Shape& s : {Shape{137, 137, 8, 2, 40, MaskKind::causal, Layout::diagonal, 0, true},
+                         Shape{96, 96, 4, 1, 64, MaskKind::window, Layout::diagonal, 30}}) {
+    SCOPED_TRACE(shape_name(s));
+    const Problem pr(s, 31);
+    const int64_t S = s.S_q, qw = int64_t(s.H_q) * s.D, kw = int64_t(s.H_kv) * s.D;
+    const int64_t ld = qw + 2 * kw + 8, dld = qw + 24;  // fused QKV row (+ padding), padded dout row
+    std::vector<float> fused(size_t(S * ld), NAN), dpad(size_t(S * dld), NAN);
+    for (int64_t i = 0; i < S; ++i) {
+      std::copy_n(pr.q.begin() + i * qw, qw, fused.begin() + i * ld);
+      std::copy_n(pr.k.begin() + i * kw, kw, fused.begin() + i * ld + qw);
+      std::copy_n(pr.v.begin() + i * kw, kw, fused.begin() + i * ld + qw + kw);
+      std::copy_n(pr.dout.begin() + i * qw, qw, dpad.begin() + i * dld);
+    }
+    AttnParams packed = pr.params(), strided = pr.params();
+    packed.threads = strided.threads = 1;
+    strided.q = fused.data();
+    strided.k = fused.data() + qw;
+    strided.v = fused.data() + qw + kw;
+    strided.dout = dpad.data();
+    strided.q_stride = strided.k_stride = strided.v_stride = ld;
+    strided.dout_stride = dld;
+    EXPECT_FALSE(strided.packed());
+    auto run = [&](AttnParams p) {
+      std::vector<float> out(pr.q.size() + size_t(S) * s.H_q + pr.q.size() + 2 * pr.k.size(), 0.f);
+      p.o = out.data();
+      p.lse = p.o + pr.q.size();
+      p.dq = p.lse + S * s.H_q;
+      p.dk = p.dq + pr.q.size();
+      p.dv = p.dk + pr.k.size();
+      attn_fwd(p);
+      attn_bwd(p);
+      return out;
+    };
+    const std::vector<float> a = run(packed), b = run(strided);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "strided call differs from packed";
+    // The reference honours the strides too.
+    std::vector<float> o1(pr.q.size()), l1(size_t(S) * s.H_q), o2(o1.size()), l2(l1.size());
+    ref::attn_fwd<float>(packed, pr.q.data(), pr.k.data(), pr.v.data(), o1.data(), l1.data());
+    ref::attn_fwd<float>(strided, fused.data(), fused.data() + qw, fused.data() + qw + kw, o2.data(), l2.data());
+    EXPECT_EQ(o1, o2);
+    EXPECT_EQ(l1, l2);
+    std::vector<float> g1(pr.q.size() + 2 * pr.k.size(), 0.f), g2(g1.size(), 0.f);
+    ref::attn_bwd<float>(packed, pr.q.data(), pr.k.data(), pr.v.data(), o1.data(), l1.data(), pr.dout.data(),
+                         g1.data(), g1.data() + pr.q.size(), g1.data() + pr.q.size() + pr.k.size());
+    ref::attn_bwd<float>(strided, fused.data(), fused.data() + qw, fused.data() + qw + kw, o1.data(), l1.data(),
+                         dpad.data(), g2.data(), g2.data() + pr.q.size(), g2.data() + pr.q.size() + pr.k.size());
+    EXPECT_EQ(g1, g2);
+  }
+}
+
+TEST(AttnStrides, OverlappingRowsAreRefused) {
+  const Problem pr({64, 64, 4, 2, 32, MaskKind::causal, Layout::diagonal}, 1);
+  std::vector<float> o(pr.q.size()), lse(size_t(64 * 4));
+  AttnParams p = pr.params();
+  p.o = o.data();
+  p.lse = lse.data();
+  p.k_stride = int64_t(2) * 32 - 1;  // narrower than one row of H_kv * D
+  try {
+    attn_fwd(p);
+    FAIL() << "a k_stride below H_kv * D was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("k_stride"), std::string::npos) << e.what();
   }
 }
 

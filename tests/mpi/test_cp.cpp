@@ -328,6 +328,23 @@ TEST(CpValidate, UlyssesHeadsMustSplitOrReplicate) {
   }
 }
 
+// The strategies copy whole rows of their inputs: strided views (a kernel-level feature) are
+// refused by every strategy's validate, naming what it takes.
+TEST(CpValidate, StridedInputsAreRefused) {
+  Topology& topo = topology(mesh_for("ring", world().size()));
+  std::vector<std::string> all = strategy_names();
+  for (const std::string& n : inference_strategy_names()) all.push_back(n);
+  for (const std::string& name : all) {
+    auto s = make_strategy(name, topo);
+    ASSERT_TRUE(s != nullptr) << name;
+    AttnParams g = shape(2 * world().size() * 8, 8, 2);  // ulysses: 8 query heads split over up to 8 ranks
+    EXPECT_EQ(s->validate(g, topo), "") << name;
+    g.k_stride = 3 * 2 * kHeadDim;  // k as a view into a wider row
+    const std::string e = s->validate(g, topo);
+    EXPECT_NE(e.find(name + ": takes packed q, k, v, dout"), std::string::npos) << e;
+  }
+}
+
 TEST(CpRegistry, NamesInConfigOrderAndUnknownIsNull) {
   const std::vector<std::string> want = {"allgather", "ulysses", "ring", "usp"};
   EXPECT_EQ(strategy_names(), want);
