@@ -41,9 +41,23 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 const char* blas_name();
 
 // Single-precision FMA peak of this CPU on `threads` threads (0 = OpenMP default), in GFLOP/s,
-// measured with a register-only FMA loop (~0.4 s): the clock the cores really run at times
-// 32 FLOP/cycle/core on AVX2+FMA machines with two FMA pipes (Zen3, Haswell and later).
-double fma_peak_gflops(int threads);
+// measured with a register-only FMA loop (~0.5 s) of the widest FMA the CPU has, chosen at run
+// time: the clock the cores really run at times their FLOP per cycle (32 per core with two
+// 256-bit FMA pipes: Zen 3, Zen 4, Haswell and later clients; 64 with two 512-bit pipes: Intel
+// server cores, Zen 5). `isa` picks a narrower loop (for comparison); asking for one the CPU
+// lacks throws std::invalid_argument.
+enum class FmaIsa : int { sse2 = 0, avx2 = 1, avx512 = 2 };
+struct FmaPeak {
+  double gflops = 0;
+  FmaIsa isa = FmaIsa::sse2;
+  const char* isa_name = "";  // "avx512f", "avx2+fma", "sse2 (mul+add)"
+  int vector_bits = 0;        // 512, 256, 128
+};
+FmaIsa fma_isa_available();  // the widest this CPU (and OS) supports
+const char* fma_isa_name(FmaIsa isa);
+FmaPeak fma_peak(int threads);
+FmaPeak fma_peak(int threads, FmaIsa isa);
+double fma_peak_gflops(int threads);  // fma_peak(threads).gflops
 
 }  // namespace ctxpar
 

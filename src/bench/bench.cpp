@@ -2,10 +2,13 @@
 
 #include <cstdio>
 #include <iomanip>
+#include <span>
 #include <sstream>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "dist/topology.hpp"
+#include "trace/trace.hpp"
 
 namespace ctxpar {
 
@@ -47,6 +50,15 @@ void BenchTable::print(bool csv) const {
     }
   }
   log0("%s", os.str().c_str());
+}
+
+FmaPeak measure_fma_peak(BenchContext& ctx, int threads, bool min_over_ranks) {
+  FmaPeak p = fma_peak(threads);
+  if (min_over_ranks) ctx.topo.world().all_reduce(std::span<double>(&p.gflops, 1), ReduceOp::min);
+  ctx.tracer.write_attr("/", "fma_peak_flops_per_rank", p.gflops * 1e9);
+  ctx.tracer.write_attr("/", "fma_isa", std::string(p.isa_name));
+  ctx.tracer.write_attr("/", "fma_vector_bits", int64_t(p.vector_bits));
+  return p;
 }
 
 void print_verdict(const std::string& what, int wrong, bool csv) {

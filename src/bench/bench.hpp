@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "ops.hpp"
+
 namespace ctxpar {
 
 class Comm;
@@ -56,5 +58,10 @@ int bench_infer(BenchContext& ctx);  // bench_infer.cpp: pass-KV vs pass-Q TTFT,
 
 // "VALID: ..." / "INVALID: N wrong" line on rank 0.
 void print_verdict(const std::string& what, int wrong, bool csv);
+
+// The FMA-loop peak of this rank's `threads` threads (kernels/ops.hpp: the widest FMA the CPU
+// has), recorded in the trace as root attributes fma_peak_flops_per_rank, fma_isa and
+// fma_vector_bits. `min_over_ranks`: every rank measures at once and all get the smallest.
+FmaPeak measure_fma_peak(BenchContext& ctx, int threads, bool min_over_ranks = false);
 
 }  // namespace ctxpar

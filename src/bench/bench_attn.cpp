@@ -542,7 +542,8 @@ int bench_attn(BenchContext& ctx) {
   rows.push_back({8192, 32, 8, 128, MaskKind::window, 1024});  // sliding window
   rows.push_back({8192, 32, 8, 128, MaskKind::causal, 0});   // headline
 
-  const double peak = fma_peak_gflops(threads);
+  const FmaPeak fp = measure_fma_peak(ctx, threads);
+  const double peak = fp.gflops;
   BenchTable table(
       "ctxpar bench attn — CPU flash attention (fp32, " + std::to_string(threads) + " threads per rank, " +
           std::to_string(world.size()) + " rank(s) running at once)",
@@ -553,8 +554,9 @@ int bench_attn(BenchContext& ctx) {
        {"bwd_vs_sgemm", "bwd/gemm", "", 9, 2}, {"sgemm_vs_peak", "gemm/pk", "", 8, 2},
        {"wrong", "#wrong", "", 7, 0}},
       {std::string("FLOP convention: ") + kFlopConvention,
-       "fma peak (measured, register-only FMA loop, " + std::to_string(threads) + " threads): " +
-           std::to_string(int(peak + 0.5)) + " GFLOP/s per rank",
+       "fma peak (measured, register-only " + std::string(fp.isa_name) + " FMA loop, " +
+           std::to_string(fp.vector_bits) + "-bit vectors, " + std::to_string(threads) +
+           " threads): " + std::to_string(int(peak + 0.5)) + " GFLOP/s per rank",
        std::string("sgemm: ") + blas_name() + ", 2048^3, best of 3, measured before each row",
        "time: mean of the timed iterations after one warm-up, max over ranks; window rows: window = 1024",
        "#wrong: failed checks against kernels/ref (sampled rows: O, LSE, dQ; all rows: dK, dV sums)"});

@@ -66,13 +66,16 @@ int bench_peak(BenchContext& ctx) {
       wrong += c[size_t(i * n + j)] != float(r);  // small integers: exact in fp32
     }
   const double sgemm_flops = measure_sgemm_peak_flops(ctx.topo.world());
-  const double fma = fma_peak_gflops(int(cfg.threads));
+  const FmaPeak fma = measure_fma_peak(ctx, int(cfg.threads));
   BenchTable t("ctxpar bench peak — per-rank single-precision peak (all ranks measuring at once)",
                {{"ranks", "ranks", "", 6, 0}, {"sgemm_gflops", "sgemm", "GFLOP/s", 10, 1},
-                {"fma_gflops", "FMA loop", "GFLOP/s", 10, 1}, {"blas", "library", "", 28, 0}, {"wrong", "#wrong", "", 7, 0}},
+                {"fma_gflops", "FMA loop", "GFLOP/s", 10, 1}, {"fma_isa", "ISA", "", 15, 0},
+                {"fma_bits", "vector", "bits", 7, 0}, {"sgemm_vs_fma", "sgemm/FMA", "", 10, 2},
+                {"blas", "library", "", 78, 0}, {"wrong", "#wrong", "", 7, 0}},
                {"sgemm: best of 4 products of 1024x1024 matrices, largest over ranks (MFU's denominator)",
-                "FMA loop: register-only FMAs on this rank's threads (the cores' ceiling)"});
-  t.add_row({std::to_string(ctx.topo.world().size()), t.cell(1, sgemm_flops / 1e9), t.cell(2, fma), blas_name(),
+                "FMA loop: register-only FMAs of the widest vectors the CPU has, on this rank's threads (the cores' ceiling)"});
+  t.add_row({std::to_string(ctx.topo.world().size()), t.cell(1, sgemm_flops / 1e9), t.cell(2, fma.gflops), fma.isa_name,
+             std::to_string(fma.vector_bits), t.cell(5, sgemm_flops / 1e9 / fma.gflops), blas_name(),
              std::to_string(wrong)});
   if (ctx.topo.world().rank() == 0) t.print(cfg.csv);
   print_verdict("bench peak", wrong, cfg.csv);

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 
+import h5py  # Debian's python3-h5py (CTXPAR_PYTHON is /usr/bin/python3)
+
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 tmp = tempfile.mkdtemp(prefix="ctxpar-bench-")
 SMALL = ["heads=4", "kv_heads=2", "head_dim=32", "bench_iters=3", "warmup=1"]
@@ -54,7 +56,7 @@ CASES = [
     ("cp", 2, ["seq=1K"], ["strategy", "wrong"]),
     ("train", 2, ["seq=512", "steps=2"] + MODEL, ["step_ms", "mfu_pct", "wrong"]),
     ("infer", 2, ["seq=512"] + MODEL, ["pass_kv_ms", "pass_q_ms", "wrong"]),
-    ("peak", 1, [], ["sgemm_gflops", "fma_gflops", "wrong"]),
+    ("peak", 1, [], ["sgemm_gflops", "fma_gflops", "fma_isa", "fma_bits", "wrong"]),
 ]
 for mode, np, extra, cols in CASES:
     name = f"bench {mode}"
@@ -69,6 +71,18 @@ for mode, np, extra, cols in CASES:
     expect(len(wrong) > 0 and all(w == "0" for w in wrong), f"{name}: every #wrong is 0 ({wrong})", text)
     rc, text = run(np, ["bench", mode] + SMALL + extra + ["out=" + os.path.join(tmp, mode + "-t.h5")])
     expect(rc == 0 and "VALID" in text and "INVALID" not in text, f"{name} text table ends VALID", text)
+
+# The FMA-loop peak is recorded with its ISA and vector width (the widest this CPU has).
+with h5py.File(os.path.join(tmp, "peak-t.h5"), "r") as f:
+    a = f.attrs
+    isa = a.get("fma_isa")
+    isa = isa.decode() if isinstance(isa, bytes) else isa
+    flags = open("/proc/cpuinfo").read().split()
+    want = "avx512f" if "avx512f" in flags else "avx2+fma" if "avx2" in flags and "fma" in flags else "sse2 (mul+add)"
+    expect(isa == want, f"trace fma_isa {isa!r} is the widest this CPU has ({want!r})")
+    expect(int(a.get("fma_vector_bits", 0)) == {"avx512f": 512, "avx2+fma": 256}.get(want, 128),
+           f"trace fma_vector_bits {a.get('fma_vector_bits')}")
+    expect(float(a.get("fma_peak_flops_per_rank", 0)) > 0, "trace fma_peak_flops_per_rank > 0")
 
 # bench calibrate writes the profile it is given, never the repository's inputs/hardware/local.toml.
 prof = os.path.join(tmp, "local.toml")

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <stdexcept>
 #include <string>
 
 #include "cpu/tile_ops.hpp"
@@ -77,6 +78,39 @@ void check_transpose(const cpu::TileOps& ops) {
         for (int64_t c = 0; c < cols; ++c)
           ASSERT_EQ(dst[c * ld_dst + r], src[r * ld_src + c]) << ops.isa << " " << rows << "x" << cols;
     }
+}
+
+// A BLIS older than the CPU falls back to its portable C kernels (5x slower than the CPU's own
+// on a Zen 5 core, kernels/cpu/gemm.cpp): ctxpar must have picked the ISA's kernels instead.
+TEST(Sgemm, BlisRunsVectorKernelsWhereTheCpuHasThem) {
+  const std::string name = blas_name();
+  if (name.rfind("BLIS", 0) != 0) GTEST_SKIP() << "not BLIS: " << name;
+  if (name.find("chosen by BLIS_ARCH_TYPE") != std::string::npos) GTEST_SKIP() << "the user chose: " << name;
+  __builtin_cpu_init();
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
+    GTEST_SKIP() << "this CPU has no AVX2+FMA, so generic kernels are right: " << name;
+  EXPECT_EQ(name.find("generic"), std::string::npos) << name;
+}
+
+// The FMA-loop peak uses the widest FMA the CPU has; each narrower loop runs too, and one the CPU
+// lacks is refused. (Speeds are for `ctxpar bench peak`, not for a test.)
+TEST(FmaPeak, WidestIsaChosenAndEachLoopRuns) {
+  __builtin_cpu_init();
+  const FmaIsa want = __builtin_cpu_supports("avx512f")                                   ? FmaIsa::avx512
+                      : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? FmaIsa::avx2
+                                                                                          : FmaIsa::sse2;
+  EXPECT_EQ(int(fma_isa_available()), int(want));
+  for (FmaIsa isa : {FmaIsa::sse2, FmaIsa::avx2, FmaIsa::avx512}) {
+    if (int(isa) > int(want)) {
+      EXPECT_THROW(fma_peak(1, isa), std::invalid_argument) << fma_isa_name(isa);
+      continue;
+    }
+    const FmaPeak p = fma_peak(1, isa);
+    EXPECT_GT(p.gflops, 0.0) << p.isa_name;
+    EXPECT_EQ(p.vector_bits, isa == FmaIsa::avx512 ? 512 : isa == FmaIsa::avx2 ? 256 : 128);
+  }
+  EXPECT_EQ(int(fma_peak(1).isa), int(want));
+  if (want != FmaIsa::avx512) GTEST_SKIP() << "this CPU has no AVX-512F: the 512-bit loop was not run";
 }
 
 TEST(TileOps, GemmAndTransposeScalarAndVector) {
