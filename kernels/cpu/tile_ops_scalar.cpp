@@ -87,10 +87,21 @@ namespace {
 const TileOps* g_forced = nullptr;
 }  // namespace
 
+bool avx2_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool avx512_supported() {
+  __builtin_cpu_init();
+  return avx2_supported() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
 const TileOps& tile_ops() {
   static const TileOps& best = []() -> const TileOps& {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return tile_ops_avx2();
+    if (avx512_supported()) return tile_ops_avx512();
+    if (avx2_supported()) return tile_ops_avx2();
     return tile_ops_scalar();
   }();
   return g_forced ? *g_forced : best;

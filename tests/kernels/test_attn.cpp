@@ -141,9 +141,18 @@ TEST_P(AttnShapes, BackwardMatchesReferenceAndAccumulates) {
 INSTANTIATE_TEST_SUITE_P(Kernels, AttnShapes, ::testing::ValuesIn(shapes()),
                          [](const auto& info) { return shape_name(info.param); });
 
-// The scalar fallback (what a CPU without AVX2/FMA runs) against the same reference.
-TEST(AttnScalarPath, ForwardAndBackwardMatchReference) {
-  cpu::force_tile_ops(&cpu::tile_ops_scalar());
+// Every tile-op set end to end against the same reference: the scalar fallback (a CPU without
+// AVX2/FMA), AVX2 + FMA, and AVX-512 (tile_ops() picks the widest; the others are forced here so
+// each runs on a machine that has it). A set this CPU lacks is reported Skipped.
+class AttnIsaPath : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(AttnIsaPath, ForwardAndBackwardMatchReference) {
+  const std::string isa = GetParam();
+  if (isa == "avx2" && !cpu::avx2_supported()) GTEST_SKIP() << "this CPU has no AVX2+FMA";
+  if (isa == "avx512" && !cpu::avx512_supported()) GTEST_SKIP() << "this CPU has no AVX-512 F/DQ/BW/VL";
+  cpu::force_tile_ops(isa == "scalar" ? &cpu::tile_ops_scalar()
+                      : isa == "avx2" ? &cpu::tile_ops_avx2()
+                                      : &cpu::tile_ops_avx512());
   for (const Shape& s : {Shape{137, 203, 4, 1, 40, MaskKind::causal, Layout::straddle, 0, true},
                          Shape{96, 96, 4, 2, 128, MaskKind::window, Layout::diagonal, 30}}) {
     SCOPED_TRACE(shape_name(s));
@@ -174,6 +183,9 @@ TEST(AttnScalarPath, ForwardAndBackwardMatchReference) {
   }
   cpu::force_tile_ops(nullptr);
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AttnIsaPath, ::testing::Values("scalar", "avx2", "avx512"),
+                         [](const auto& info) { return std::string(info.param); });
 
 // Forward tasks own their rows: the result is bit-identical for any thread count.
 TEST(AttnThreads, ForwardIsIndependentOfThreadCount) {

@@ -47,24 +47,31 @@ TEST(Sgemm, AllTransposesMatchDoubleLoop) {
 void check_tile_gemm(const cpu::TileOps& ops) {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  // C[M, N] += A^T-style access (a_rs = 1) and plain access, panels for B.
-  for (bool transposed_a : {false, true}) {
-    for (int64_t M : {1, 5, 6, 13, 96}) {
-      const int64_t N = 48, K = 37, ld = 64;
-      std::vector<float> A(128 * ld), B(K * N), C(M * N);
-      for (auto* x : {&A, &B, &C})
-        for (auto& e : *x) e = u(rng);
-      const auto C0 = C;
-      const int64_t a_rs = transposed_a ? 1 : ld, a_cs = transposed_a ? ld : 1;
-      ops.gemm(M, N, K, A.data(), a_rs, a_cs, B.data(), N, 16, C.data(), N, true);
-      for (int64_t r = 0; r < M; ++r)
-        for (int64_t c = 0; c < N; ++c) {
-          double acc = C0[r * N + c];
-          for (int64_t k = 0; k < K; ++k) acc += double(A[r * a_rs + k * a_cs]) * B[k * N + c];
-          ASSERT_NEAR(C[r * N + c], acc, 1e-5) << ops.isa << " M=" << M << " " << r << "," << c;
-        }
-    }
-  }
+  // C[M, N] (+)= A B with A plain or transposed (a_rs = 1), B as row-major rows or as 16-column
+  // panels (K x 16 each, one after another), row counts around every micro-kernel height (6 for
+  // AVX2, 12 for AVX-512) and panel counts odd and even.
+  for (bool transposed_a : {false, true})
+    for (bool panels : {false, true})
+      for (bool accumulate : {true, false})
+        for (int64_t N : {16, 48, 64})
+          for (int64_t M : {1, 5, 6, 11, 12, 13, 25, 96}) {
+            const int64_t K = 37, ld = 64;
+            std::vector<float> A(128 * ld), B(K * N), C(M * N);
+            for (auto* x : {&A, &B, &C})
+              for (auto& e : *x) e = u(rng);
+            const auto C0 = C;
+            const int64_t a_rs = transposed_a ? 1 : ld, a_cs = transposed_a ? ld : 1;
+            const int64_t b_rs = panels ? 16 : N, b_cs16 = panels ? K * 16 : 16;
+            auto b_at = [&](int64_t k, int64_t c) { return B[k * b_rs + (c / 16) * b_cs16 + c % 16]; };
+            ops.gemm(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs16, C.data(), N, accumulate);
+            for (int64_t r = 0; r < M; ++r)
+              for (int64_t c = 0; c < N; ++c) {
+                double acc = accumulate ? C0[r * N + c] : 0.0;
+                for (int64_t k = 0; k < K; ++k) acc += double(A[r * a_rs + k * a_cs]) * b_at(k, c);
+                ASSERT_NEAR(C[r * N + c], acc, 1e-5) << ops.isa << " M=" << M << " N=" << N << " panels=" << panels
+                                                     << " acc=" << accumulate << " at " << r << "," << c;
+              }
+          }
 }
 
 void check_transpose(const cpu::TileOps& ops) {
@@ -113,11 +120,26 @@ TEST(FmaPeak, WidestIsaChosenAndEachLoopRuns) {
   if (want != FmaIsa::avx512) GTEST_SKIP() << "this CPU has no AVX-512F: the 512-bit loop was not run";
 }
 
-TEST(TileOps, GemmAndTransposeScalarAndVector) {
+TEST(TileOps, GemmAndTransposeScalar) {
   check_tile_gemm(cpu::tile_ops_scalar());
-  check_tile_gemm(cpu::tile_ops());  // AVX2 on this machine
   check_transpose(cpu::tile_ops_scalar());
-  check_transpose(cpu::tile_ops());
+}
+
+TEST(TileOps, GemmAndTransposeAvx2) {
+  if (!cpu::avx2_supported()) GTEST_SKIP() << "this CPU has no AVX2+FMA";
+  check_tile_gemm(cpu::tile_ops_avx2());
+  check_transpose(cpu::tile_ops_avx2());
+}
+
+TEST(TileOps, GemmAndTransposeAvx512) {
+  if (!cpu::avx512_supported()) GTEST_SKIP() << "this CPU has no AVX-512 F/DQ/BW/VL";
+  check_tile_gemm(cpu::tile_ops_avx512());
+  check_transpose(cpu::tile_ops_avx512());
+}
+
+TEST(TileOps, WidestSetChosen) {
+  const std::string want = cpu::avx512_supported() ? "avx512" : cpu::avx2_supported() ? "avx2+fma" : "scalar";
+  EXPECT_EQ(std::string(cpu::tile_ops().isa), want);
 }
 
 }  // namespace
