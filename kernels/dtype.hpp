@@ -46,7 +46,7 @@ enum class Device : int32_t { cpu, cuda };
 using Stream = CUstream_st*;
 
 // dtype_of<T>(): the DType of a C++ element type. The 16-bit float types of the CUDA headers are
-// added by the headers that know them (dist/comm.hpp under CTXPAR_WITH_NCCL, kernels/cuda).
+// added by kernels/dtype_cuda.hpp (included by the CUDA-aware headers).
 template <class T> struct DTypeOf;
 template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
 template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };

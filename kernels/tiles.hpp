@@ -41,8 +41,8 @@ inline Range range_of(const int64_t* pos, const int32_t* doc, int64_t begin, int
 
 enum class Vis : int32_t { empty, full, partial };
 
-// The tile classification, one definition for every backend (the CUDA kernels call it on device)
-// and for visible_pairs(); must agree with pair_visible(): empty => no visible pair in the block;
+// The tile classification, one definition for every backend (the CUDA kernels call it on device,
+// the CPU kernels and the emulator on the host); must agree with pair_visible(): empty => no visible pair in the block;
 // full => every pair visible.
 CTXPAR_HD inline Vis classify(MaskKind mask, int64_t window, bool docs, const Range& q, const Range& k) {
   bool docs_uniform = true;

@@ -46,7 +46,7 @@ const char* device_description();
 // dtype bf16, asynchronous on p.stream. Requirements: D % 8 == 0 and D <= 256 (the kernels are
 // instantiated for padded head dims 32, 64, 128, 256: D = 64 / 128 / 256 run without padding,
 // other D on the next size up); H_q % H_kv == 0; every tensor pointer 16-byte aligned (cudaMalloc
-// gives 256). p.stats, when set (a HOST pointer), is filled like the CPU path's, counted on this
+// gives 256) and every input row stride (q_stride, k_stride, v_stride, dout_stride) a multiple of 8. p.stats, when set (a HOST pointer), is filled like the CPU path's, counted on this
 // backend's tiles (forward: 64 query rows x 64 keys, 32 keys for D > 128; backward: 32 or 64
 // query rows x 64 keys, 32 for D > 128; pairs summed over query heads), and synchronizes the
 // stream to do so.

@@ -469,8 +469,8 @@ int bench_attn_cuda(BenchContext& ctx) {
     a.dk = dk.get();
     a.dv = dv.get();
     a.q_pos = a.k_pos = dpos.get();
-    const double fwd_flops = attn_fwd_flops(double(visible_pairs(p)), row.H_q, row.D),
-                 bwd_flops = attn_bwd_flops(double(visible_pairs(p)), row.H_q, row.D);
+    const double pairs = double(visible_pairs(p));
+    const double fwd_flops = attn_fwd_flops(pairs, row.H_q, row.D), bwd_flops = attn_bwd_flops(pairs, row.H_q, row.D);
 
     world.barrier();
     double gemm = gemm_tflops(ga, gb, gc, kGemmN);
@@ -586,8 +586,8 @@ int bench_attn(BenchContext& ctx) {
     p.dk = dk.data();
     p.dv = dv.data();
     p.threads = threads;
-    const double fwd_flops = attn_fwd_flops(double(visible_pairs(p)), row.H_q, row.D),
-                 bwd_flops = attn_bwd_flops(double(visible_pairs(p)), row.H_q, row.D);
+    const double pairs = double(visible_pairs(p));
+    const double fwd_flops = attn_fwd_flops(pairs, row.H_q, row.D), bwd_flops = attn_bwd_flops(pairs, row.H_q, row.D);
 
     world.barrier();
     double gemm = sgemm_gflops();

@@ -9,8 +9,6 @@
 #include "cp/query_ring.hpp"
 #include "cp/strategy.hpp"
 #include "dist/topology.hpp"
-#include "model/flops.hpp"
-#include "ops.hpp"
 #include "trace/trace.hpp"
 
 namespace ctxpar {
@@ -45,7 +43,7 @@ class PassQ final : public cp::ForwardOnlyStrategy {
     const int64_t chunk = cp::progress_chunk_rows(n, kProgressParts);
     cp::pass_q_forward(comm_, L, local, n, kTagQ, tr, st, [&](std::byte* here, int, int s, Request& req, float* o) {
       const AttnParams p = cp::visiting_block(L, here, local, o, o + size_t(n) * local.H_q * local.D);
-      const double flops = attn_fwd_flops(double(visible_pairs(p)), p.H_q, p.D);
+      const double flops = cp::call_fwd_flops(p);
       const double t0 = tr ? tr->now_us() : 0;
       cp::fwd_chunked(p, chunk, false, nullptr, nullptr, [&] {
         if (req.pending()) comm_.test(req);

@@ -37,7 +37,7 @@ double ring_dkv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D) {
 void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   const int P = ring ? ring->size() : 1;
   if (P == 1) {
-    const double flops = attn_fwd_flops(double(visible_pairs(a)), a.H_q, a.D);
+    const double flops = call_fwd_flops(a);
     const double t0 = tr ? tr->now_us() : 0;
     attn_fwd(a);
     st.attn_flops += flops;
@@ -85,7 +85,7 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   if (P == 1) {
     std::fill_n(a.dk, kv_elems, 0.f);
     std::fill_n(a.dv, kv_elems, 0.f);
-    const double flops = attn_bwd_flops(double(visible_pairs(a)), a.H_q, a.D);
+    const double flops = call_bwd_flops(a);
     const double t0 = tr ? tr->now_us() : 0;
     attn_bwd(a);
     st.attn_flops += flops;

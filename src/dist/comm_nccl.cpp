@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "dist/comm_device_base.hpp"
 #include "dist/cuda_util.hpp"
 
 namespace ctxpar {
@@ -44,11 +45,11 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-class CommNccl final : public Comm {
+class CommNccl final : public dist_detail::DeviceBackendComm {
  public:
   CommNccl(Comm& boot, int device, const NcclOptions& opt)
-      : boot_(boot), rank_(boot.rank()), size_(boot.size()), name_(boot.name()), device_(device), opt_(opt),
-        host_(dist_detail::host_name()) {
+      : DeviceBackendComm(boot, device), rank_(boot.rank()), size_(boot.size()), name_(boot.name()), opt_(opt),
+        host_name_(dist_detail::host_name()) {
     int current = -1;
     CTXPAR_DIST_CUDA_CHECK(cudaGetDevice(&current));
     CTXPAR_CHECK(current == device, "make_nccl_comm: device " << device << " is not the current CUDA device ("
@@ -89,7 +90,7 @@ class CommNccl final : public Comm {
         clean = st == ncclSuccess;
         if (!clean)
           std::fprintf(stderr, "ctxpar: NCCL finalize of '%s' on rank %d (host %s, cuda:%d) did not complete (%s); aborting the communicator\n",
-                       name_.c_str(), rank_, host_.c_str(), device_, ncclGetErrorString(st));
+                       name_.c_str(), rank_, host_name_.c_str(), device_, ncclGetErrorString(st));
       }
       if (clean) ncclCommDestroy(comm_);
       else ncclCommAbort(comm_);
@@ -100,54 +101,12 @@ class CommNccl final : public Comm {
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string name() const override { return name_; }
   std::string backend() const override { return "nccl"; }
-  int device() const override { return device_; }
-  void set_compute_stream(Stream s) override { compute_ = s; }
-  Stream compute_stream() const override { return compute_; }
-  Stream comm_stream() const override { return comm_stream_; }
-  void barrier() override { boot_.barrier(); }
   [[noreturn]] void abort(int code) override {
     if (comm_ != nullptr) ncclCommAbort(comm_);
     comm_ = nullptr;
-    boot_.abort(code);
+    host_.abort(code);
     std::abort();  // not reached
-  }
-  double now() const override { return boot_.now(); }
-
-  bool test(Request& r) override {
-    if (!r.pending()) return true;
-    if (r.via()) return r.via()->test(r);
-    check_async("test");
-    for (int64_t id : r.ids()) {
-      const cudaError_t q = cudaEventQuery(events_[size_t(id)]);
-      if (q == cudaErrorNotReady) return false;
-      CTXPAR_DIST_CUDA_CHECK(q);
-    }
-    release(r);
-    return true;
-  }
-
-  void wait(Request& r) override {
-    if (!r.pending()) return;
-    if (r.via()) return r.via()->wait(r);
-    const Clock::time_point t0 = Clock::now();
-    // Polls instead of cudaEventSynchronize so that a failed peer surfaces as NCCL's async
-    // error (and op_timeout_s applies) instead of a silent hang.
-    while (!test(r)) {
-      check_timeout(t0, "wait for send_recv_async");
-      std::this_thread::yield();
-    }
-  }
-
-  void stream_wait(Request& r) override {
-    if (!r.pending()) return;
-    if (r.via()) return r.via()->wait(r);
-    // The wait captures the event's current record, so the slot can be reused right away.
-    for (int64_t id : r.ids()) CTXPAR_DIST_CUDA_CHECK(cudaStreamWaitEvent(compute_, events_[size_t(id)], 0));
-    release(r);
   }
 
   void synchronize() override {
@@ -166,12 +125,35 @@ class CommNccl final : public Comm {
   }
 
  protected:
-  Request send_recv_async_impl(Buf send, int to, Buf recv, int from, int tag) override {
-    CTXPAR_CHECK(send.type == recv.type, "send_recv_async: types differ");
-    if (on_host(send, recv, "send_recv_async")) {
-      Request hreq = forward_send_recv(boot_, send, to, recv, from, tag);
-      return Request(std::move(hreq.ids()), &boot_);
+  bool test_device(Request& r) override {
+    check_async("test");
+    for (int64_t id : r.ids()) {
+      const cudaError_t q = cudaEventQuery(events_[size_t(id)]);
+      if (q == cudaErrorNotReady) return false;
+      CTXPAR_DIST_CUDA_CHECK(q);
     }
+    release(r);
+    return true;
+  }
+
+  void wait_device(Request& r) override {
+    const Clock::time_point t0 = Clock::now();
+    // Polls instead of cudaEventSynchronize so that a failed peer surfaces as NCCL's async
+    // error (and op_timeout_s applies) instead of a silent hang.
+    while (!test_device(r)) {
+      check_timeout(t0, "wait for send_recv_async");
+      std::this_thread::yield();
+    }
+  }
+
+  void stream_wait_device(Request& r) override {
+    // The wait captures the event's current record, so the slot can be reused right away.
+    for (int64_t id : r.ids()) CTXPAR_DIST_CUDA_CHECK(cudaStreamWaitEvent(compute_, events_[size_t(id)], 0));
+    release(r);
+  }
+
+  Request send_recv_device(Buf send, int to, Buf recv, int from, int tag) override {
+    (void)tag;  // NCCL has no tags: it matches in issue order (comm.hpp)
     CTXPAR_CHECK(to >= 0 && to < size_ && from >= 0 && from < size_,
                  "send_recv_async: peer out of range (to " << to << ", from " << from << ", size " << size_ << ")");
     begin();
@@ -184,9 +166,7 @@ class CommNccl final : public Comm {
     return Request({id});
   }
 
-  void all_gather_impl(Buf send, Buf recv) override {
-    CTXPAR_CHECK(send.type == recv.type, "all_gather: types differ");
-    if (on_host(send, recv, "all_gather")) return forward_all_gather(boot_, send, recv);
+  void all_gather_device(Buf send, Buf recv) override {
     CTXPAR_CHECK(recv.count == send.count * size_t(size_), "all_gather: recv holds " << recv.count
                  << " elements, expected size*send = " << size_ << "*" << send.count);
     if (send.count == 0) return;
@@ -195,9 +175,7 @@ class CommNccl final : public Comm {
     end_collective();
   }
 
-  void all_to_all_impl(Buf send, Buf recv) override {
-    CTXPAR_CHECK(send.type == recv.type, "all_to_all: types differ");
-    if (on_host(send, recv, "all_to_all")) return forward_all_to_all(boot_, send, recv);
+  void all_to_all_device(Buf send, Buf recv) override {
     CTXPAR_CHECK(send.count == recv.count && send.count % size_t(size_) == 0,
                  "all_to_all: send " << send.count << " / recv " << recv.count
                                      << " elements must be equal and a multiple of " << size_);
@@ -216,9 +194,7 @@ class CommNccl final : public Comm {
     end_collective();
   }
 
-  void reduce_scatter_impl(Buf send, Buf recv, ReduceOp op) override {
-    CTXPAR_CHECK(send.type == recv.type, "reduce_scatter: types differ");
-    if (on_host(send, recv, "reduce_scatter")) return forward_reduce_scatter(boot_, send, recv, op);
+  void reduce_scatter_device(Buf send, Buf recv, ReduceOp op) override {
     CTXPAR_CHECK(send.type != DType::u8, "reduce_scatter: no reductions on u8 (same rule as the staged MPI backend)");
     CTXPAR_CHECK(send.count == recv.count * size_t(size_), "reduce_scatter: send holds " << send.count
                  << " elements, expected size*recv = " << size_ << "*" << recv.count);
@@ -229,8 +205,7 @@ class CommNccl final : public Comm {
     end_collective();
   }
 
-  void all_reduce_impl(Buf inout, ReduceOp op) override {
-    if (inout.where == Device::cpu) return forward_all_reduce(boot_, inout, op);
+  void all_reduce_device(Buf inout, ReduceOp op) override {
     CTXPAR_CHECK(inout.type != DType::u8, "all_reduce: no reductions on u8 (same rule as the staged MPI backend)");
     if (inout.count == 0) return;
     begin();
@@ -239,8 +214,7 @@ class CommNccl final : public Comm {
     end_collective();
   }
 
-  void broadcast_impl(Buf data, int root) override {
-    if (data.where == Device::cpu) return forward_broadcast(boot_, data, root);
+  void broadcast_device(Buf data, int root) override {
     CTXPAR_CHECK(root >= 0 && root < size_, "broadcast: root " << root << " out of range (size " << size_ << ")");
     if (data.count == 0) return;
     begin();
@@ -249,22 +223,12 @@ class CommNccl final : public Comm {
     end_collective();
   }
 
-  std::vector<int64_t> gather_counts(int64_t count, int root) override { return forward_gather_counts(boot_, count, root); }
-  void gather_v_impl(Buf send, Buf recv, const std::vector<int64_t>& counts, int root) override {
-    forward_gather_v(boot_, send, recv, counts, root);
-  }
-
  private:
-  // Both host buffers (forwarded to the bootstrap MPI Comm) or both device buffers (NCCL).
-  static bool on_host(const Buf& a, const Buf& b, const char* what) {
-    CTXPAR_CHECK(a.where == b.where, what << ": one buffer is on the host, the other on the device");
-    return a.where == Device::cpu;
-  }
 
   // Where: "[NCCL 'cp' rank 2/4, host gpu01, cuda:2]", for every message.
   std::string where() const {
     std::ostringstream os;
-    os << "NCCL communicator '" << name_ << "' rank " << rank_ << "/" << size_ << ", host " << host_ << ", cuda:" << device_;
+    os << "NCCL communicator '" << name_ << "' rank " << rank_ << "/" << size_ << ", host " << host_name_ << ", cuda:" << device_;
     return os.str();
   }
 
@@ -352,15 +316,11 @@ class CommNccl final : public Comm {
     r.ids().clear();
   }
 
-  Comm& boot_;  // host buffers, barrier, clock (not owned)
-  int rank_, size_;
+  int rank_, size_;  // of the bootstrap Comm (host_), which NCCL's ranks equal
   std::string name_;
-  int device_;
   NcclOptions opt_;
-  std::string host_;
+  std::string host_name_;
   ncclComm_t comm_ = nullptr;
-  cudaStream_t comm_stream_ = nullptr;
-  Stream compute_ = nullptr;  // legacy default stream until set_compute_stream
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   std::vector<cudaEvent_t> events_;  // Request ids index this pool
   std::vector<int64_t> free_;
@@ -373,7 +333,7 @@ class CommNccl final : public Comm {
     CTXPAR_DIST_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
     std::vector<uint8_t> mine(16 + kHost, 0), all(mine.size() * size_t(size_));
     std::memcpy(mine.data(), prop.uuid.bytes, 16);
-    std::strncpy(reinterpret_cast<char*>(mine.data() + 16), host_.c_str(), kHost - 1);
+    std::strncpy(reinterpret_cast<char*>(mine.data() + 16), host_name_.c_str(), kHost - 1);
     boot.all_gather(std::span<const uint8_t>(mine), std::span<uint8_t>(all));
     std::ostringstream dup;
     for (int a = 0; a < size_; ++a)

@@ -5,8 +5,9 @@
 #include <memory>
 #include <vector>
 
-#include "dist/cuda_util.hpp"
 #include "dist/comm_device.hpp"
+#include "dist/comm_device_base.hpp"
+#include "dist/cuda_util.hpp"
 
 namespace ctxpar {
 
@@ -59,9 +60,9 @@ template <class F> void with_host_span(DType t, void* p, size_t n, F&& f) {
 
 std::span<std::byte> bytes_of(void* p, size_t n) { return std::span<std::byte>(static_cast<std::byte*>(p), n); }
 
-class CommStaged final : public Comm {
+class CommStaged final : public dist_detail::DeviceBackendComm {
  public:
-  CommStaged(Comm& host, int device) : host_(host), device_(device) {
+  CommStaged(Comm& host, int device) : DeviceBackendComm(host, device) {
     int current = -1;
     CTXPAR_DIST_CUDA_CHECK(cudaGetDevice(&current));
     CTXPAR_CHECK(current == device, "make_staged_comm: device " << device << " is not the current CUDA device ("
@@ -88,39 +89,11 @@ class CommStaged final : public Comm {
     cudaStreamDestroy(comm_stream_);
   }
 
-  int rank() const override { return host_.rank(); }
-  int size() const override { return host_.size(); }
-  std::string name() const override { return host_.name(); }
   std::string backend() const override { return "mpi-staged"; }
-  int device() const override { return device_; }
-  void set_compute_stream(Stream s) override { compute_ = s; }
-  Stream compute_stream() const override { return compute_; }
-  Stream comm_stream() const override { return comm_stream_; }
-  void barrier() override { host_.barrier(); }
   [[noreturn]] void abort(int code) override {
     host_.abort(code);
     std::abort();  // not reached
   }
-  double now() const override { return host_.now(); }
-
-  bool test(Request& r) override {
-    if (!r.pending()) return true;
-    if (r.via()) return r.via()->test(r);
-    bool all = true;
-    for (int64_t id : r.ids()) all = advance(slots_[size_t(id)], false) && all;
-    if (all) release(r);
-    return all;
-  }
-
-  void wait(Request& r) override {
-    if (!r.pending()) return;
-    if (r.via()) return r.via()->wait(r);
-    for (int64_t id : r.ids()) advance(slots_[size_t(id)], true);
-    release(r);
-  }
-
-  // MPI completes on the host, so ordering a staged transfer before compute needs the host.
-  void stream_wait(Request& r) override { wait(r); }
 
   void synchronize() override {
     CTXPAR_DIST_CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
@@ -128,12 +101,23 @@ class CommStaged final : public Comm {
   }
 
  protected:
-  Request send_recv_async_impl(Buf send, int to, Buf recv, int from, int tag) override {
-    CTXPAR_CHECK(send.type == recv.type, "send_recv_async: types differ");
-    if (on_host(send, recv, "send_recv_async")) {
-      Request hreq = forward_send_recv(host_, send, to, recv, from, tag);
-      return Request(std::move(hreq.ids()), &host_);
-    }
+  bool test_device(Request& r) override {
+    bool all = true;
+    for (int64_t id : r.ids()) all = advance(slots_[size_t(id)], false) && all;
+    if (all) release(r);
+    return all;
+  }
+
+  void wait_device(Request& r) override {
+    for (int64_t id : r.ids()) advance(slots_[size_t(id)], true);
+    release(r);
+  }
+
+  // MPI completes on the host, so ordering a staged transfer before compute needs the host.
+  void stream_wait_device(Request& r) override { wait_device(r); }
+
+  Request send_recv_device(Buf send, int to, Buf recv, int from, int tag) override {
+    (void)tag;  // one tag for all staged traffic (kStagedTag)
     Pinned* s = acquire(send.bytes());
     Pinned* r = acquire(recv.bytes());
     to_host(send, s->ptr);
@@ -151,9 +135,7 @@ class CommStaged final : public Comm {
     return Request({id});
   }
 
-  void all_gather_impl(Buf send, Buf recv) override {
-    CTXPAR_CHECK(send.type == recv.type, "all_gather: types differ");
-    if (on_host(send, recv, "all_gather")) return forward_all_gather(host_, send, recv);
+  void all_gather_device(Buf send, Buf recv) override {
     CTXPAR_CHECK(recv.count == send.count * size_t(size()), "all_gather: recv holds " << recv.count
                  << " elements, expected size*send = " << size() << "*" << send.count);
     Scoped s(this, send.bytes()), r(this, recv.bytes());
@@ -163,9 +145,7 @@ class CommStaged final : public Comm {
     to_device(r.p->ptr, recv);
   }
 
-  void all_to_all_impl(Buf send, Buf recv) override {
-    CTXPAR_CHECK(send.type == recv.type, "all_to_all: types differ");
-    if (on_host(send, recv, "all_to_all")) return forward_all_to_all(host_, send, recv);
+  void all_to_all_device(Buf send, Buf recv) override {
     CTXPAR_CHECK(send.count == recv.count && send.count % size_t(size()) == 0,
                  "all_to_all: send " << send.count << " / recv " << recv.count
                                      << " elements must be equal and a multiple of " << size());
@@ -177,33 +157,30 @@ class CommStaged final : public Comm {
     to_device(r.p->ptr, recv);
   }
 
-  void reduce_scatter_impl(Buf send, Buf recv, ReduceOp op) override {
-    CTXPAR_CHECK(send.type == recv.type, "reduce_scatter: types differ");
-    if (on_host(send, recv, "reduce_scatter")) return forward_reduce_scatter(host_, send, recv, op);
+  void reduce_scatter_device(Buf send, Buf recv, ReduceOp op) override {
     CTXPAR_CHECK(send.type != DType::u8, "reduce_scatter: no reductions on u8 (MPI has no arithmetic on bytes)");
     CTXPAR_CHECK(send.count == recv.count * size_t(size()), "reduce_scatter: send holds " << send.count
                  << " elements, expected size*recv = " << size() << "*" << recv.count);
     Scoped s(this, send.bytes()), r(this, recv.bytes());
     to_host(send, s.p->ptr);
     host_ready();
-    const size_t n = recv.count, off = size_t(rank()) * n;
+    const size_t n = recv.count;
     if (is_float16(send.type)) {
       std::vector<float> wide(send.count), mine(n);
       widen(send.type, s.p->ptr, wide.data(), send.count);
-      reduce_scatter_host(std::span<float>(wide), std::span<float>(mine), off, op);
+      host_.reduce_scatter(std::span<const float>(wide), std::span<float>(mine), op);
       narrow(send.type, mine.data(), r.p->ptr, n);
     } else {
       // Same element type on both sides; the lambda is instantiated per type.
       with_host_span(send.type, s.p->ptr, send.count, [&](auto all) {
         using T = typename decltype(all)::element_type;
-        reduce_scatter_host(all, std::span<T>(static_cast<T*>(r.p->ptr), n), off, op);
+        host_.reduce_scatter(std::span<const T>(all), std::span<T>(static_cast<T*>(r.p->ptr), n), op);
       });
     }
     to_device(r.p->ptr, recv);
   }
 
-  void all_reduce_impl(Buf inout, ReduceOp op) override {
-    if (inout.where == Device::cpu) return forward_all_reduce(host_, inout, op);
+  void all_reduce_device(Buf inout, ReduceOp op) override {
     CTXPAR_CHECK(inout.type != DType::u8, "all_reduce: no reductions on u8 (MPI has no arithmetic on bytes)");
     Scoped s(this, inout.bytes());
     to_host(inout, s.p->ptr);
@@ -219,8 +196,7 @@ class CommStaged final : public Comm {
     to_device(s.p->ptr, inout);
   }
 
-  void broadcast_impl(Buf data, int root) override {
-    if (data.where == Device::cpu) return forward_broadcast(host_, data, root);
+  void broadcast_device(Buf data, int root) override {
     Scoped s(this, data.bytes());
     // Non-roots upload into `data` below, so they too must wait for earlier compute on it.
     if (rank() == root) to_host(data, s.p->ptr);
@@ -230,17 +206,7 @@ class CommStaged final : public Comm {
     to_device(s.p->ptr, data);
   }
 
-  std::vector<int64_t> gather_counts(int64_t count, int root) override { return forward_gather_counts(host_, count, root); }
-  void gather_v_impl(Buf send, Buf recv, const std::vector<int64_t>& counts, int root) override {
-    forward_gather_v(host_, send, recv, counts, root);
-  }
-
  private:
-  // Both host buffers (forwarded as they are) or both device buffers (staged); else an error.
-  static bool on_host(const Buf& a, const Buf& b, const char* what) {
-    CTXPAR_CHECK(a.where == b.where, what << ": one buffer is on the host, the other on the device");
-    return a.where == Device::cpu;
-  }
 
   // A send_recv_async in flight: MPI on pinned buffers, then the copy of the received bytes to
   // the device, then done.
@@ -271,12 +237,6 @@ class CommStaged final : public Comm {
     if (q == cudaErrorNotReady) return false;
     CTXPAR_DIST_CUDA_CHECK(q);
     return true;
-  }
-
-  // Host-side reduce_scatter (MPI_Reduce_scatter_block with any op).
-  template <class T> void reduce_scatter_host(std::span<T> all, std::span<T> mine, size_t off, ReduceOp op) {
-    (void)off;
-    host_.reduce_scatter(std::span<const T>(all), mine, op);
   }
 
   // The communication stream starts after everything already on the compute stream.
@@ -352,10 +312,6 @@ class CommStaged final : public Comm {
     r.ids().clear();
   }
 
-  Comm& host_;
-  int device_;
-  cudaStream_t comm_stream_ = nullptr;
-  Stream compute_ = nullptr;  // legacy default stream until set_compute_stream
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   std::vector<std::unique_ptr<Pinned>> pool_;
   std::vector<Slot> slots_;  // Request ids index this

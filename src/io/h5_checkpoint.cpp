@@ -45,12 +45,7 @@ H5TensorReader::~H5TensorReader() {
 bool H5TensorReader::has(const std::string& name) const { return h5::has_link(hid_t(file_), name); }
 
 std::pair<int64_t, int64_t> H5TensorReader::shape(const std::string& name) const {
-  if (!has(name)) return {-1, -1};
-  hid_t d = -1;
-  H5E_BEGIN_TRY { d = H5Dopen2(hid_t(file_), name.c_str(), H5P_DEFAULT); }
-  H5E_END_TRY;
-  if (d < 0) return {-1, -1};
-  H5Dclose(d);
+  if (!h5::is_dataset(hid_t(file_), name)) return {-1, -1};
   const std::vector<hsize_t> dims = fatal_on_error([&] { return h5::dims_of(hid_t(file_), name, path_); });
   if (dims.size() != 2) return {-1, -1};
   return {int64_t(dims[0]), int64_t(dims[1])};

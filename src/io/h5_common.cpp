@@ -79,6 +79,16 @@ bool has_link(hid_t file, const std::string& name) {
   return H5Lexists(file, name.c_str(), H5P_DEFAULT) > 0;
 }
 
+bool is_dataset(hid_t file, const std::string& name) {
+  if (!has_link(file, name)) return false;
+  hid_t d = -1;
+  H5E_BEGIN_TRY { d = H5Dopen2(file, name.c_str(), H5P_DEFAULT); }
+  H5E_END_TRY;
+  if (d < 0) return false;
+  H5Dclose(d);
+  return true;
+}
+
 hid_t vlen_string_type() {
   hid_t t = H5Tcopy(H5T_C_S1);
   H5Tset_size(t, H5T_VARIABLE);

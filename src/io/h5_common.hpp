@@ -58,6 +58,7 @@ void make_parents(hid_t file, const std::string& name, const std::string& fname)
 // The object at `obj`: an existing dataset or group, else a new group.
 hid_t open_object(hid_t file, const std::string& obj, const std::string& fname);
 bool has_link(hid_t file, const std::string& name);  // every parent group checked too
+bool is_dataset(hid_t file, const std::string& name);  // has_link, and not a group or a named type
 
 // String attributes: variable-length UTF-8 (the trace, read by h5py as str) or fixed-length
 // null-padded (tensor files and checkpoints, as h5py's numpy bytes).

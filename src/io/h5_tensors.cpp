@@ -36,18 +36,7 @@ TensorFileReader::~TensorFileReader() {
   if (file_ >= 0) H5Fclose(hid_t(file_));
 }
 
-bool TensorFileReader::has_dataset(const std::string& name) const {
-  htri_t e = -1;
-  H5E_BEGIN_TRY { e = H5Lexists(hid_t(file_), name.c_str(), H5P_DEFAULT); }
-  H5E_END_TRY;
-  if (e <= 0) return false;
-  hid_t d = -1;  // a group or a named type of that name is not a dataset
-  H5E_BEGIN_TRY { d = H5Dopen2(hid_t(file_), name.c_str(), H5P_DEFAULT); }
-  H5E_END_TRY;
-  if (d < 0) return false;
-  H5Dclose(d);
-  return true;
-}
+bool TensorFileReader::has_dataset(const std::string& name) const { return h5::is_dataset(hid_t(file_), name); }
 
 std::vector<int64_t> TensorFileReader::dims(const std::string& name) const {
   const std::vector<hsize_t> h = fatal_on_error([&] { return h5::dims_of(hid_t(file_), name, path_); });

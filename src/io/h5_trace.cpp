@@ -244,19 +244,7 @@ std::string hdf5_library_version() {
 
 namespace {
 
-template <class Row>
-std::vector<Row> read_table(hid_t file, const char* name, hid_t mem_t, const std::string& path) {
-  hid_t ds = check(H5Dopen2(file, name, H5P_DEFAULT), std::string("H5Dopen2 ") + name, path);
-  Handle cd(ds, H5Dclose);
-  hid_t sp = check(H5Dget_space(ds), "H5Dget_space", path);
-  Handle cs(sp, H5Sclose);
-  hsize_t n = 0;
-  H5Sget_simple_extent_dims(sp, &n, nullptr);
-  std::vector<Row> rows(n);
-  if (n) check_status(H5Dread(ds, mem_t, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()), "H5Dread", path);
-  return rows;
-}
-
+// Every element of dataset `name` (a table's rows, or a flattened array).
 template <class T>
 std::vector<T> read_flat(hid_t file, const char* name, hid_t mem_t, const std::string& path) {
   hid_t ds = check(H5Dopen2(file, name, H5P_DEFAULT), std::string("H5Dopen2 ") + name, path);
@@ -283,14 +271,9 @@ template <class T> T read_scalar_attr(hid_t file, const char* obj, const char* n
 }
 
 std::string read_string_attr(hid_t file, const char* obj, const char* name, const std::string& path) {
-  hid_t a = open_attr(file, obj, name, path);
-  Handle ca(a, H5Aclose);
-  hid_t t = h5::vlen_string_type();
-  Handle ct(t, H5Tclose);
-  char* p = nullptr;
-  check_status(H5Aread(a, t, &p), std::string("H5Aread ") + name, path);
-  std::string s = p ? p : "";
-  H5free_memory(p);
+  Handle o(check(H5Oopen(file, obj, H5P_DEFAULT), std::string("H5Oopen ") + obj, path), H5Oclose);
+  std::string s;
+  if (!h5::read_attr_string(o.get(), name, s)) h5::fail(std::string("H5Aread ") + obj + "@" + name, path);
   return s;
 }
 
@@ -305,13 +288,13 @@ TraceDigest read_trace_digest(const std::string& path) {
   d.steps_completed = read_scalar_attr<int64_t>(f, "/", "steps_completed", H5T_NATIVE_INT64, path);
   hid_t mt = -1, ft = -1;
   span_types(mt, ft);
-  d.spans = read_table<SpanRecord>(f, "/spans", mt, path);
+  d.spans = read_flat<SpanRecord>(f, "/spans", mt, path);
   H5Tclose(mt), H5Tclose(ft);
   step_types(mt, ft);
-  d.steps = read_table<StepRow>(f, "/steps", mt, path);
+  d.steps = read_flat<StepRow>(f, "/steps", mt, path);
   H5Tclose(mt), H5Tclose(ft);
   rank_step_types(mt, ft);
-  d.rank_steps = read_table<RankStepRow>(f, "/rank_steps", mt, path);
+  d.rank_steps = read_flat<RankStepRow>(f, "/rank_steps", mt, path);
   H5Tclose(mt), H5Tclose(ft);
   d.clock_offset_us = read_flat<double>(f, "/topology/clock_offset_us", H5T_NATIVE_DOUBLE, path);
   d.coords = read_flat<int32_t>(f, "/topology/coords", H5T_NATIVE_INT32, path);

@@ -15,6 +15,11 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 int32_t layer_of(const LayerRun& r) { return int32_t(r.layer); }
+// The residual connection: y += x over n elements.
+void add_residual(float* y, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
 }  // namespace
 
 void layer_gemm(const LayerRun& r, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
@@ -59,9 +64,7 @@ void attn_out_fwd(const LayerRun& r, const LayerView& w, int64_t n, const float*
   const int64_t dim = r.d.dim, qw = r.d.q_width();
   layer_gemm(r, false, false, n, dim, qw, o, qw, w.wo, dim, 0, x1, dim);
   layer_tp_all_reduce(r, x1, n * dim);
-  const int64_t e = n * dim;
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < e; ++i) x1[i] += x[i];
+  add_residual(x1, x, n * dim);
 }
 
 void mlp_fwd(const LayerRun& r, const LayerView& w, int64_t n, const float* x1, float* h2, float* rstd2, float* g,
@@ -80,9 +83,7 @@ void mlp_fwd(const LayerRun& r, const LayerView& w, int64_t n, const float* x1, 
   if (!x_out) return;
   layer_gemm(r, false, false, n, dim, F, m, F, w.w2, dim, 0, x_out, dim);
   layer_tp_all_reduce(r, x_out, n * dim);
-  const int64_t e = n * dim;
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < e; ++i) x_out[i] += x1[i];
+  add_residual(x_out, x1, n * dim);
 }
 
 }  // namespace ctxpar

@@ -39,13 +39,12 @@ double Transformer::activation_bytes(const ModelDims& d, Remat remat, int64_t S,
   return f * (stream + n_attn * attn + n_mlp * mlp + rope + final_ + scratch);
 }
 
-Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat, int64_t S,
+Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat,
                          const std::vector<int64_t>& pos, bool has_docs)
     : layout_(layout), d_(layout.dims()), topo_(topo), strat_(strategy), remat_(remat), has_docs_(has_docs),
       S_loc_(int64_t(pos.size())), pos_(pos) {
   call_ = attn_problem(S_loc_, d_.H_q_loc(), d_.H_kv_loc(), d_.D, MaskKind::causal, 0);
   call_.q_pos = call_.k_pos = pos_.data();
-  (void)S;
   const size_t n = size_t(S_loc_);
   const size_t dim = size_t(d_.dim), qw = size_t(d_.q_width()), kw = size_t(d_.kv_width()), F = size_t(d_.ffn_loc());
   std::vector<double> inv(size_t(d_.D / 2));

@@ -32,7 +32,7 @@ class Tracer;
 class Transformer {
  public:
   // `pos` / has_docs: the global positions of this rank's tokens (fixed for the run).
-  Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat, int64_t S,
+  Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat,
               const std::vector<int64_t>& pos, bool has_docs);
 
   // Overwrites `grads` (layout.local_elems()) with d(loss)/d(params) for loss = loss_scale *

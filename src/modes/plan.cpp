@@ -14,6 +14,13 @@
 
 namespace ctxpar {
 
+namespace {
+// "train", "bench cp", ...: the mode as typed, joined by `sep`.
+std::string mode_words(const Config& cfg, const char* sep) {
+  return std::string(name_of(cfg.mode)) + (cfg.mode == Mode::bench ? sep + std::string(name_of(cfg.bench)) : "");
+}
+}  // namespace
+
 std::string trace_path(const Config& cfg) {
   if (cfg.mode == Mode::attn) {
     // attn writes its tensors to `out`; the trace goes beside it.
@@ -22,7 +29,7 @@ std::string trace_path(const Config& cfg) {
     return base + ".trace.h5";
   }
   if (!cfg.out.empty()) return cfg.out;
-  return "out/" + (cfg.mode == Mode::bench ? "bench_" + std::string(name_of(cfg.bench)) : std::string(name_of(cfg.mode))) + ".h5";
+  return "out/" + mode_words(cfg, "_") + ".h5";
 }
 
 std::string check_output(const std::string& path, const char* field) {
@@ -49,8 +56,7 @@ std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row)
            "under /usr/local/cuda, CTXPAR_CUDA=AUTO or ON); valid here: device=cpu";
 #else
     if (!row.cuda)
-      return std::string("config: device = 'cuda' is built for `bench attn` only so far (mode ") + name_of(cfg.mode) +
-             (cfg.mode == Mode::bench ? std::string(" ") + name_of(cfg.bench) : std::string()) +
+      return "config: device = 'cuda' is built for `bench attn` only so far (mode " + mode_words(cfg, " ") +
              "); valid: device=cpu for this mode";
     if (cfg.head_dim % 8 != 0)
       return "config: head_dim = " + std::to_string(cfg.head_dim) + " with device = cuda: the GPU kernels load 16-byte "
@@ -78,8 +84,7 @@ std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row)
 std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row) {
   std::ostringstream os;
   const MeshSpec& m = topo.mesh();
-  os << "ctxpar dry run: mode " << name_of(cfg.mode) << (cfg.bench == Bench::none ? "" : std::string(" ") + name_of(cfg.bench))
-     << ", " << topo.world().size()
+  os << "ctxpar dry run: mode " << mode_words(cfg, " ") << ", " << topo.world().size()
      << " ranks, mesh dp:" << m.dp << ",tp:" << m.tp << ",ulysses:" << m.ulysses << ",ring:" << m.ring << "\n";
   os << "trace: " << trace_path(cfg) << "\n";
   const bool attention = row.attention_workload && cfg.strategy != StrategySetting::all;

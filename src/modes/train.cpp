@@ -141,7 +141,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   } else {
     layout.init(uint64_t(cfg.seed), params.data());
   }
-  Transformer model(layout, topo, *strat, remat, cfg.seq, pos, train_docs(cfg));
+  Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg));
   const std::unique_ptr<TokenSource> src = make_token_source(cfg);
 
   // Oracle dump: initial weights (before any update) and step-0 results.

@@ -26,6 +26,8 @@ double now_s() {
 
 bool fp32_profile(const HardwareProfile& hw) { return hw.default_precision == Precision::fp32 && hw.peak_fp32_flops > 0; }
 double peak_of(const HardwareProfile& hw) { return fp32_profile(hw) ? hw.peak_fp32_flops : hw.peak_bf16_flops; }
+// An attention-only profile's C: the rate at a 4K-key call (measure_hardware times that shape).
+double attention_rate(const HardwareProfile& hw) { return peak_of(hw) * hw.attn_eff.at(4096); }
 
 // The paper's closed-form rules (Eq. 1, Eq. 5, App. D) for one call, next to the model's choice.
 void paper_rules(const AttnCall& c, double C, double BW, double e, Prediction& pr) {
@@ -40,7 +42,7 @@ Prediction predict_attention_only(const AttnCall& c, const HardwareProfile& hw) 
   Prediction pr;
   const double N = double(c.N), e = fp32_profile(hw) ? 4.0 : 2.0;
   const double T = double(c.T), cached = double(c.cached), Hq = c.H_q, Hkv = c.H_kv, D = c.D;
-  const double C = peak_of(hw) * hw.attn_eff.at(4096), BW = hw.intra.bw_bytes_per_s, lat = hw.intra.latency_s;
+  const double C = attention_rate(hw), BW = hw.intra.bw_bytes_per_s, lat = hw.intra.latency_s;
   const double A = attn_fwd_flops(partial_prefill_pairs(c.T, c.cached), Hq, D) / N / C;
   const double m_kv = (T + cached) / N * (2 * Hkv * D * e + 8);
   const double m_q = T / N * (Hq * D * e + 8);
@@ -158,7 +160,7 @@ Prediction PrefillCostModel::predict(int64_t T, int64_t cached) const {
   return predict_prefill(c, shape_, hw_);
 }
 
-double PrefillCostModel::attn_flops_per_s() const { return peak_of(hw_) * hw_.attn_eff.at(4096); }
+double PrefillCostModel::attn_flops_per_s() const { return attention_rate(hw_); }
 
 std::string PrefillCostModel::describe() const {
   char b[320];

@@ -96,7 +96,7 @@ std::vector<float> reference_logits(Model& m, const std::vector<int32_t>& tokens
   std::unique_ptr<CpStrategy> strat = make_strategy("ring", topo);
   std::vector<int64_t> pos(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
-  Transformer tf(m.layout, topo, *strat, Remat::none, S, pos, false);
+  Transformer tf(m.layout, topo, *strat, Remat::none, pos, false);
   Batch b;
   b.S = S;
   b.tokens = tokens;
