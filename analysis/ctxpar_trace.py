@@ -28,7 +28,7 @@ except ImportError as e:  # give the one fix that works on this project's machin
     ) from e
 
 SUPPORTED_SCHEMA_VERSIONS = (1,)
-STATUSES = ("running", "complete", "truncated")
+STATUSES = ("running", "complete", "truncated", "failed")
 
 SPAN_FIELDS = ("step", "layer", "phase", "ring_step", "rank", "t_begin_us", "t_end_us", "flops", "bytes")
 STEP_FIELDS = ("step", "time_s", "tokens", "model_flops", "mfu", "tflops_per_rank", "exposed_comm_s",

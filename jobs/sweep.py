@@ -156,6 +156,17 @@ def finished(d: str) -> bool:
         return False
 
 
+def run_status(rc: int, d: str) -> str:
+    """ctxpar's exit codes: 0 complete, 2 bad input, 3 a fault (trace marked failed), 128 + N stopped
+    by signal N (trace truncated, every completed step kept)."""
+    if rc == 0:
+        return "ok"
+    if 128 < rc < 160:
+        return f"TRUNCATED by signal {rc - 128} (exit {rc}; the trace keeps the completed steps)"
+    what = {2: "bad input", 3: "failed"}.get(rc, "FAILED")
+    return f"{what} (exit {rc}; see {d}/job.out)"
+
+
 def run_local(args, runs: List[Dict]) -> int:
     failed = 0
     for i, r in enumerate(runs):
@@ -173,7 +184,7 @@ def run_local(args, runs: List[Dict]) -> int:
         t0 = time.time()
         proc = subprocess.run(["bash", SBATCH_SCRIPT["srun"]], env=env,
                               stdout=subprocess.DEVNULL if args.quiet else None, stderr=subprocess.STDOUT)
-        status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}; see {r['dir']}/job.out)"
+        status = run_status(proc.returncode, r["dir"])
         failed += proc.returncode != 0
         print(f"{tag}: {status}, {time.time() - t0:.1f} s", flush=True)
     print(f"sweep {args.out}: {len(runs) - failed} of {len(runs)} runs succeeded")

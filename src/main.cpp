@@ -1,13 +1,16 @@
 // ctxpar <mode> [--config F] [key=value | --key=value | --key value ...]
 // The only file that names MPI_COMM_WORLD. Order: MPI → parse (rank 0 reads the file, every
-// rank parses the same text) → validate on every rank before any allocation → mesh → mode.
-// Bad input: one message on rank 0, exit code 2 on every rank, no output file.
+// rank parses the same text) → validate on every rank before any allocation (settings, mesh,
+// mode, the run's files, memory) → lock the outputs → trace → mode.
+// Bad input: one message on rank 0 (stderr), exit code 2 on every rank, no file created or
+// changed. Exit codes: core/error.hpp (0 complete, 1 bug, 2 bad input, 3 fault, 128+N signal N).
 #include <mpi.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -20,7 +23,9 @@
 #include "core/log.hpp"
 #include "dist/comm_mpi.hpp"
 #include "dist/topology.hpp"
+#include "io/output_lock.hpp"
 #include "modes/modes.hpp"
+#include "modes/run_files.hpp"
 #include "trace/trace.hpp"
 
 using namespace ctxpar;
@@ -39,22 +44,22 @@ template <int (*Bench)(BenchContext&)> int run_bench(const Config& cfg, Topology
 }
 // The mode table: every `ctxpar <mode>` and `ctxpar bench <name>` is one row here, with its run,
 // its own checks and its --dry-run lines (modes/modes.hpp).
-//   mode, bench, run, validate, plan, needs_peak, attention_workload, cuda
+//   mode, bench, run, validate, plan, memory, needs_peak, attention_workload, cuda
 const ModeRow kModeTable[] = {
-    {Mode::run, Bench::none, run_default, nullptr, nullptr, false, true, false},
-    {Mode::attn, Bench::none, run_attn_mode, validate_attn_mode, nullptr, false, true, false},
-    {Mode::train, Bench::none, run_train, validate_train_mode, train_plan, true, false, false},
-    {Mode::prefill, Bench::none, run_infer, validate_infer_mode, nullptr, false, false, false},
-    {Mode::decode, Bench::none, run_infer, validate_infer_mode, nullptr, false, false, false},
-    {Mode::chat, Bench::none, run_infer, validate_infer_mode, nullptr, false, false, false},
-    {Mode::bench, Bench::comm, run_bench<bench_comm>, nullptr, nullptr, false, false, false},
-    {Mode::bench, Bench::attn, run_bench<bench_attn>, nullptr, nullptr, false, false, true},
-    {Mode::bench, Bench::cp, run_bench<bench_cp>, nullptr, nullptr, false, true, false},
-    {Mode::bench, Bench::train, run_bench<bench_train>, validate_train_mode, train_plan, true, false, false},
-    {Mode::bench, Bench::peak, run_bench<bench_peak>, nullptr, nullptr, false, false, false},
-    {Mode::bench, Bench::infer, run_bench<bench_infer>, validate_infer_mode, nullptr, false, false, false},
-    {Mode::predict, Bench::none, run_predict, validate_predict_mode, nullptr, false, false, false},
-    {Mode::bench, Bench::calibrate, run_bench<bench_calibrate>, validate_calibrate, nullptr, false, false, false},
+    {Mode::run, Bench::none, run_default, nullptr, nullptr, workload_memory, false, true, false},
+    {Mode::attn, Bench::none, run_attn_mode, validate_attn_mode, nullptr, workload_memory, false, true, false},
+    {Mode::train, Bench::none, run_train, validate_train_mode, train_plan, train_memory, true, false, false},
+    {Mode::prefill, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, false, false, false},
+    {Mode::decode, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, false, false, false},
+    {Mode::chat, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, false, false, false},
+    {Mode::bench, Bench::comm, run_bench<bench_comm>, nullptr, nullptr, bench_comm_memory, false, false, false},
+    {Mode::bench, Bench::attn, run_bench<bench_attn>, nullptr, nullptr, bench_attn_memory, false, false, true},
+    {Mode::bench, Bench::cp, run_bench<bench_cp>, nullptr, nullptr, workload_memory, false, true, false},
+    {Mode::bench, Bench::train, run_bench<bench_train>, validate_train_mode, train_plan, train_memory, true, false, false},
+    {Mode::bench, Bench::peak, run_bench<bench_peak>, nullptr, nullptr, nullptr, false, false, false},
+    {Mode::bench, Bench::infer, run_bench<bench_infer>, validate_infer_mode, infer_plan, infer_memory, false, false, false},
+    {Mode::predict, Bench::none, run_predict, validate_predict_mode, nullptr, nullptr, false, false, false},
+    {Mode::bench, Bench::calibrate, run_bench<bench_calibrate>, validate_calibrate, nullptr, nullptr, false, false, false},
 };
 
 // The row of `ctxpar <mode> [<bench>]` (names as typed), or null.
@@ -125,11 +130,18 @@ Cli parse_cli(int argc, char** argv) {
 std::string read_config_text(Comm& world, const std::string& path, std::string& error) {
   std::string text;
   if (world.rank() == 0 && !path.empty()) {
-    std::ifstream f(path);
-    if (!f) error = "config: cannot read --config file '" + path + "'; valid: a readable TOML file such as inputs/default.toml";
-    std::stringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
+    std::error_code ec;
+    std::ifstream f;
+    if (!std::filesystem::is_regular_file(path, ec))
+      error = "config: --config '" + path + "' is " + (std::filesystem::exists(path, ec) ? "not a regular file" : "missing") +
+              "; valid: a readable TOML file such as inputs/default.toml";
+    else if (f.open(path); !f)
+      error = "config: cannot read --config file '" + path + "'; valid: a readable TOML file such as inputs/default.toml";
+    else {
+      std::stringstream ss;
+      ss << f.rdbuf();
+      text = ss.str();
+    }
   }
   error = agree_on_error(world, error);
   int64_t n = int64_t(text.size());
@@ -144,6 +156,7 @@ int run(int argc, char** argv, Comm& world) {
   Config cfg;
   const ModeRow* row = nullptr;
   std::unique_ptr<Topology> topo;
+  std::vector<RunFile> files;
   // ---- parse and validate: identical on every rank; nothing allocated, nothing written -------
   try {
     std::string err;
@@ -168,9 +181,18 @@ int run(int argc, char** argv, Comm& world) {
     if (!err.empty()) throw UsageError(err);
     err = agree_on_error(world, validate_mode(cfg, *topo, *row));
     if (!err.empty()) throw UsageError(err);
+    // The files of the run (--print-config shows settings only; job scripts call it without the
+    // run's own out=).
+    files = run_files(cfg, cli.config_path);
+    err = agree_on_error(world, world.rank() == 0 && !cli.print_config ? check_run_files(files, cfg) : "");
+    if (!err.empty()) throw UsageError(err);
+    if (!cli.dry_run && !cli.print_config) {
+      err = agree_on_error(world, check_memory(cfg, *topo, *row));
+      if (!err.empty()) throw UsageError(err);
+    }
   } catch (const UsageError& e) {
-    log0("ctxpar: error: %s\n", e.what());
-    return 2;
+    err0("ctxpar: error: %s\n", e.what());
+    return kExitUsage;
   }
   // Threads per rank: the config, else OMP_NUM_THREADS, else this node's cores shared evenly by
   // its ranks (the OpenMP default would give every rank all cores and oversubscribe them).
@@ -179,7 +201,7 @@ int run(int argc, char** argv, Comm& world) {
   // A rank bound to fewer CPUs than its threads (mpirun binds to one core by default for small
   // jobs) runs them time-sliced: every rate then halves or worse. Say so rather than print it.
   if (omp_get_max_threads() > omp_get_num_procs())
-    log0("# warning: %d OpenMP threads per rank but rank 0 may run on only %d CPU(s) (its affinity); "
+    err0("# warning: %d OpenMP threads per rank but rank 0 may run on only %d CPU(s) (its affinity); "
          "use mpirun --bind-to none or --map-by slot:PE=%d\n",
          omp_get_max_threads(), omp_get_num_procs(), omp_get_max_threads());
   if (cli.print_config) {
@@ -191,10 +213,49 @@ int run(int argc, char** argv, Comm& world) {
     return 0;
   }
 
+  // Every output is locked before any file is created; a second job on one of them stops here.
+  OutputLocks locks;
+  {
+    std::string err;
+    if (world.rank() == 0) {
+      err = lock_run_outputs(files, cfg, locks);
+      if (err.empty()) err = check_run_files(files, cfg);  // again, now that no one else can change them
+    }
+    err = agree_on_error(world, err);
+    if (!err.empty()) {
+      err0("ctxpar: error: %s\n", err.c_str());
+      return kExitUsage;
+    }
+    for (const std::string& f : locks.unlocked())
+      err0("# warning: the file system of %s keeps no locks: a second job on it would not be stopped\n", f.c_str());
+  }
+
   install_stop_signals();
-  Tracer tracer(world, cfg, *topo, trace_path(cfg), row->needs_peak ? train_peak_flops_per_rank(cfg, *topo) : 0.0);
-  const int rc = row->run(cfg, *topo, tracer);
-  tracer.finish(stop_signal_seen());
+  int rc = 0;
+  // Anything a mode throws is a fault of the run, not of the input (validation is over): one
+  // message, the trace marked failed, exit 3 (core/error.hpp fail_run); never a backtrace.
+  try {
+    Tracer tracer(world, cfg, *topo, trace_path(cfg), row->needs_peak ? train_peak_flops_per_rank(cfg, *topo) : 0.0);
+    try {
+      rc = row->run(cfg, *topo, tracer);
+    } catch (const std::bad_alloc&) {
+      fail_run("out of memory (std::bad_alloc) in " + mode_words(cfg) + "; valid: a shorter seq, more ranks, or remat "
+               "(--dry-run shows the plan's memory per rank)");
+    } catch (const std::exception& e) {
+      fail_run(std::string("error in ") + mode_words(cfg) + ": " + e.what());
+    }
+    tracer.finish(false);
+    if (const int sig = tracer.stop_signal(); sig != 0 && rc == 0) {
+      rc = kExitSignalBase + sig;
+      err0("# TRUNCATED: %s on rank %d stopped the run after step %lld (%lld steps completed); the trace holds "
+           "every completed step (status truncated); exit code %d\n",
+           signal_name(sig), tracer.stop_rank(), (long long)tracer.stop_step(),
+           (long long)tracer.steps_completed(), rc);
+    }
+  } catch (const UsageError& e) {  // the trace's own checks (its output path)
+    err0("ctxpar: error: %s\n", e.what());
+    return kExitUsage;
+  }
   return rc;
 }
 

@@ -56,6 +56,10 @@ int bench_train(BenchContext& ctx);  // bench_train.cpp: training steps, MFU and
 int bench_peak(BenchContext& ctx);   // bench_train.cpp: the per-rank peak MFU is measured against
 int bench_infer(BenchContext& ctx);  // bench_infer.cpp: pass-KV vs pass-Q TTFT, decode TTIT vs CP size
 
+// Host bytes per rank of the benches' largest case (the memory check before a run, main.cpp).
+double bench_comm_memory(const Config& cfg, Topology& topo);
+double bench_attn_memory(const Config& cfg, Topology& topo);
+
 // "VALID: ..." / "INVALID: N wrong" line on rank 0.
 void print_verdict(const std::string& what, int wrong, bool csv);
 

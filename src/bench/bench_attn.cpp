@@ -423,6 +423,7 @@ int bench_attn_cuda(BenchContext& ctx) {
   int64_t step = 0;
   double goal_fwd = 0, goal_bwd = 0, goal_gemm = 0;
   for (const Row& row : rows) {
+    if (ctx.tracer.stop_signal() != 0) break;  // a stop signal: report the rows measured so far
     ctx.tracer.begin_step(step);
     const double t_step0 = ctx.tracer.now_us();
     const int64_t S = row.S, nq = S * row.H_q * row.D, nk = S * row.H_kv * row.D;
@@ -527,6 +528,15 @@ int bench_attn_cuda(BenchContext& ctx) {
 
 }  // namespace
 
+double bench_attn_memory(const Config& cfg, Topology&) {
+  // The largest row of the CPU bench: q, o, dout, dq [S, H_q, D] and lse; k, v, dk, dv [S, H_kv, D]
+  // and the checks' float and double scratch of k's size; the 2048^3 sgemm's three matrices.
+  const int64_t S = std::max<int64_t>(cfg.seq, 8192);
+  const double h_q = double(std::max<int64_t>(cfg.heads, 32)), h_kv = double(std::max<int64_t>(cfg.kv_heads, 8));
+  const double d = double(std::max<int64_t>(cfg.head_dim, 128));
+  return 4.0 * double(S) * (4 * h_q * d + h_q + 4 * h_kv * d) + 24.0 * double(S) * h_kv * d + 3.0 * 4 * 2048.0 * 2048.0;
+}
+
 int bench_attn(BenchContext& ctx) {
 #if defined(CTXPAR_WITH_CUDA)
   if (ctx.cfg.device == Device::cuda) return bench_attn_cuda(ctx);
@@ -564,6 +574,7 @@ int bench_attn(BenchContext& ctx) {
   int wrong_total = 0;
   int64_t step = 0;
   for (const Row& row : rows) {
+    if (ctx.tracer.stop_signal() != 0) break;  // a stop signal: report the rows measured so far
     ctx.tracer.begin_step(step);
     const double t_step0 = ctx.tracer.now_us();
     const int64_t S = row.S, nq = S * row.H_q * row.D, nk = S * row.H_kv * row.D;

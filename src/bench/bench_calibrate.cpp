@@ -40,6 +40,7 @@
 #include "core/memory.hpp"
 #include "dist/comm.hpp"
 #include "dist/topology.hpp"
+#include "io/atomic_file.hpp"
 #include "modes/modes.hpp"
 #include "ops.hpp"
 #include "model/model.hpp"
@@ -272,13 +273,13 @@ struct OptimizerBlock {
   }
 };
 
+}  // namespace
+
 std::string calibrate_path(const Config& cfg) {
   const std::string h = hardware_name(cfg, HardwareUse::plan);
   if (h.size() > 5 && h.compare(h.size() - 5, 5, ".toml") == 0) return h;
   return hardware_dir() + "/" + (h.empty() ? std::string("local") : h) + ".toml";
 }
-
-}  // namespace
 
 std::string validate_calibrate(const Config& cfg, Topology& topo) {
   if (topo.world().size() < 2)
@@ -553,12 +554,17 @@ int bench_calibrate(BenchContext& ctx) {
          {"rank_jitter", "spread of the ranks' times for one layer's GEMMs at 512 rows, run at once (61 repetitions)"},
          {"shared_core_eff", "the same GEMMs on twice as many threads as cores, against half a core each"},
          {"overlap_collectives", "the CPU training loop all-reduces gradients blocking"}});
-    std::ofstream f(path);
-    if (!f) {
-      log0("ctxpar: error: cannot write %s\n", path.c_str());
-      ++wrong;
-    } else {
+    // Written as PATH.partial and renamed when complete (io/atomic_file), as every output.
+    try {
+      AtomicFile out(path, /*keep_abandoned=*/false);
+      std::ofstream f(out.partial_path());
       f << text;
+      f.close();
+      if (!f) throw std::runtime_error("cannot write '" + out.partial_path() + "'");
+      out.commit();
+    } catch (const std::exception& e) {
+      err0("ctxpar: error: %s\n", e.what());
+      ++wrong;
     }
   }
   world.all_reduce(std::span<int32_t>(reinterpret_cast<int32_t*>(&wrong), 1), ReduceOp::max);

@@ -32,6 +32,11 @@ struct CommOp {
 
 }  // namespace
 
+double bench_comm_memory(const Config& cfg, Topology&) {
+  // The largest size: send and receive buffers of bench_max_bytes each (bench_comm below).
+  return 2.0 * double(cfg.bench_max_bytes);
+}
+
 int bench_comm(BenchContext& ctx) {
   const Config& cfg = ctx.cfg;
   std::vector<std::pair<std::string, Comm*>> groups;

@@ -185,6 +185,7 @@ int bench_cp(BenchContext& ctx) {
   for (const std::string& name : names) {
     std::unique_ptr<CpStrategy> strat = make_strategy(name, topo);
     for (int64_t S : lengths) {
+      if (ctx.tracer.stop_signal() != 0) break;  // a stop signal: report the rows measured so far
       Config c = cfg;
       c.seq = S;
       const AttnParams shape = attn_problem(c);
@@ -238,7 +239,7 @@ int bench_cp(BenchContext& ctx) {
         rec.model_flops = sum[0] + sum[1];
         rec.tflops_per_rank = rec.model_flops / (rec.time_s * world.size()) / 1e12;
         rec.exposed_comm_s = mx[3];
-        ctx.tracer.end_step(rec);
+        const bool stop = ctx.tracer.end_step(rec);
         if (it >= cfg.warmup) {
           fwd_s.push_back(mx[0]);
           fwd_cpu.push_back(sum[2]);
@@ -249,7 +250,9 @@ int bench_cp(BenchContext& ctx) {
           flops_fwd = sum[0];
           flops_bwd = sum[1];
         }
+        if (stop) break;  // a stop signal: this row keeps the iterations measured so far
       }
+      if (fwd_s.empty()) break;  // stopped before any measured iteration: no row
       const bool full = S <= kFullCheckSeq;
       int64_t wrong = check_rows(shape, in, seed, full);
       world.all_reduce(std::span<int64_t>(&wrong, 1), ReduceOp::sum);

@@ -105,6 +105,7 @@ int bench_infer(BenchContext& ctx) {
   std::vector<int> meas_kv, pred_kv;
   int idx = 0;
   for (double miss : misses) {
+    if (ctx.tracer.stop_signal() != 0) break;  // a stop signal: the rows measured so far (each row whole)
     const int64_t c2 = 2 * N;
     const int64_t T = std::max<int64_t>(c2, int64_t(miss * double(S)) / c2 * c2), cached = S - T;
     std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}};
@@ -213,6 +214,7 @@ int bench_infer(BenchContext& ctx) {
                  "#wrong: greedy tokens differing from the CP = 1 run"});
   std::vector<int32_t> ref_tokens;
   for (int c = 1; c <= world.size(); c *= 2) {
+    if (ctx.tracer.stop_signal() != 0) break;
     if (world.size() % c != 0 || S % (2 * c) != 0) continue;
     MeshSpec mesh;
     mesh.dp = world.size() / c;
@@ -226,6 +228,7 @@ int bench_infer(BenchContext& ctx) {
     const std::vector<int32_t> first = eng.prefill(prompt, CpAlgo::pass_kv, nullptr, st).next_tokens;
     const KvCache::Snapshot snap = eng.cache().snapshot();
     for (DecodeAlgo a : {DecodeAlgo::pass_q, DecodeAlgo::allgather}) {
+      if (ctx.tracer.stop_signal() != 0) break;
       eng.cache().restore(snap);
       std::vector<int32_t> last = first, toks;
       std::vector<double> ts, attn, exposed, sent;

@@ -1,6 +1,7 @@
 #include "core/config.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <iomanip>
@@ -42,9 +43,10 @@ std::string check_predict_mesh(const Config& c) {
 
 std::string check_docs(const Config& c) {
   if (c.docs == "none" || c.docs == "random") return "";
-  std::stringstream ss(c.docs);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  std::vector<std::string> items;
+  const std::string err = split_list(c.docs, ',', items);
+  if (!err.empty()) return "'none', 'random' or a comma list of document lengths ≥ 1 (e.g. docs=1K,3K); " + err;
+  for (const std::string& item : items) {
     int64_t n = 0;
     if (!parse_size(item, n) || n < 1)
       return "'none', 'random' or a comma list of document lengths ≥ 1 (e.g. docs=1K,3K); '" +
@@ -82,6 +84,7 @@ const std::vector<Field>& config_fields() {
       enum_field<&Config::device>("device", kDeviceNames, "cpu", "compute device: cpu, or cuda (GPU backend; so far bench attn only, needs a CUDA build)"),
       {"threads", &Config::threads, "0", "OpenMP threads per rank (0 = OMP_NUM_THREADS if set, else the node's cores / its ranks)", {}, 0, 1024},
       {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7},
+      {"mem_per_rank", &Config::mem_per_rank, "0", "host memory a rank may use, checked against the plan before anything is allocated (0 = this node's available memory, or its cgroup limit, shared by its ranks)", {}, 0, 9.2e18},
       {"csv", &Config::csv, "false", "bench: print CSV instead of a table", {}},
       // workload / attention
       {"seq", &Config::seq, "4K", "S: global sequence length in tokens (K/M suffixes)", {}, 1, 1ll << 40},
@@ -151,6 +154,7 @@ bool parse_size(std::string_view t, int64_t& out) {
   if (last == 'K' || last == 'k') mult = 1ll << 10;
   else if (last == 'M' || last == 'm') mult = 1ll << 20;
   else if (last == 'G' || last == 'g') mult = 1ll << 30;
+  else if (last == 'T' || last == 't') mult = 1ll << 40;
   if (mult != 1) t.remove_suffix(1);
   int64_t v = 0;
   auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
@@ -158,6 +162,28 @@ bool parse_size(std::string_view t, int64_t& out) {
   if (v != 0 && std::abs(v) > INT64_MAX / mult) return false;
   out = v * mult;
   return true;
+}
+
+std::string split_list(std::string_view text, char sep, std::vector<std::string>& items) {
+  items.clear();
+  const auto trim = [](std::string_view v) {
+    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
+    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
+    return v;
+  };
+  if (trim(text).empty()) return "the list is empty";
+  size_t b = 0;
+  for (;;) {
+    const size_t e = text.find(sep, b);
+    const std::string_view item = trim(text.substr(b, e == std::string_view::npos ? std::string_view::npos : e - b));
+    if (item.empty()) {
+      const char* where = b == 0 ? "leading" : e == std::string_view::npos ? "trailing" : "doubled";
+      return std::string("item ") + std::to_string(items.size() + 1) + " is empty (a " + where + " '" + sep + "')";
+    }
+    items.emplace_back(item);
+    if (e == std::string_view::npos) return "";
+    b = e + 1;
+  }
 }
 
 // Keys that were merged into another: refused with a message naming the one to use.
@@ -228,7 +254,7 @@ static void set_field(Config& c, const Field& f, const std::string& text, const 
         using T = typename MemberType<decltype(m)>::type;
         if constexpr (std::is_same_v<T, int64_t>) {
           int64_t v = 0;
-          if (!parse_size(text, v)) bad(range_text(f, true) + " (K/M/G suffixes allowed, e.g. 128K)");
+          if (!parse_size(text, v)) bad(range_text(f, true) + " (K/M/G/T suffixes allowed, e.g. 128K)");
           if (f.min <= f.max && (double(v) < f.min || double(v) > f.max)) bad(range_text(f, true));
           c.*m = v;
         } else if constexpr (std::is_same_v<T, double>) {
@@ -325,9 +351,11 @@ MeshSpec parse_mesh(const std::string& mesh, int world_size) {
     return m;
   }
   bool seen[4] = {false, false, false, false};
-  std::stringstream ss(mesh);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  std::vector<std::string> items;
+  const std::string err = split_list(mesh, ',', items);
+  if (!err.empty())
+    throw UsageError("config: mesh = '" + mesh + "': " + err + "; valid: axis:size items joined by ',' (e.g. mesh=ring:4,ulysses:2)");
+  for (const std::string& item : items) {
     const size_t colon = item.find(':');
     const std::string axis = item.substr(0, colon);
     int64_t n = 0;
@@ -368,6 +396,9 @@ void validate_config(const Config& c, int world_size) {
     throw UsageError("config: heads = " + std::to_string(c.heads) + " is not a multiple of kv_heads = " +
                      std::to_string(c.kv_heads) + "; valid: kv_heads dividing heads (e.g. kv_heads=" +
                      std::to_string(std::gcd(c.heads, c.kv_heads)) + ")");
+  if (c.bench_min_bytes > c.bench_max_bytes)
+    throw UsageError("config: bench_min_bytes = " + std::to_string(c.bench_min_bytes) + " is above bench_max_bytes = " +
+                     std::to_string(c.bench_max_bytes) + "; valid: bench_min_bytes <= bench_max_bytes");
   if (c.mask == MaskKind::window && c.window < 1)
     throw UsageError("config: mask = window needs window ≥ 1 (tokens), got window = " + std::to_string(c.window));
   if (c.mask != MaskKind::window && c.window != 0)

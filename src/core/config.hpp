@@ -29,6 +29,7 @@ struct Config {
   Device device;
   int64_t threads;           // OpenMP threads per rank; 0 = the OpenMP default
   double watchdog_s;
+  int64_t mem_per_rank;      // host bytes a rank may use; 0 = this node's available memory / its ranks
   bool csv;
   // workload / attention
   int64_t seq;               // S
@@ -133,8 +134,13 @@ std::string config_listing(const Config& cfg);
 // `ctxpar --help`.
 std::string help_text();
 
-// Integer with an optional binary K/M/G suffix ("128K" = 131072); false when not one.
+// Integer with an optional binary K/M/G/T suffix ("128K" = 131072); false when not one.
 bool parse_size(std::string_view text, int64_t& out);
+
+// The one list splitter of every list-valued setting (mesh, docs, schedule, sweep, ...): the
+// items of `text` separated by `sep`, each trimmed of spaces. Returns "" when every item is
+// non-empty, else what is wrong (an empty list, a doubled, leading or trailing separator).
+std::string split_list(std::string_view text, char sep, std::vector<std::string>& items);
 
 struct MeshSpec {
   int64_t dp = 1, tp = 1, ulysses = 1, ring = 1;

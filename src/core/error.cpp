@@ -16,17 +16,40 @@ static std::function<void(int)>& abort_hook() {
   return hook;
 }
 
-void set_abort_hook(std::function<void(int)> hook) { abort_hook() = std::move(hook); }
+static std::function<void(const std::string&)>& fault_hook() {
+  static std::function<void(const std::string&)> hook;
+  return hook;
+}
 
-void fatal(const char* file, int line, const char* expr, const std::string& msg) {
-  static std::mutex mu;  // the watchdog thread may race the main thread here
-  std::lock_guard<std::mutex> lock(mu);
-  const Identity& id = identity();
-  std::fprintf(stderr, "[rank %d/%d %s] %s:%d %s -> %s\n", id.rank, id.world, id.host.c_str(), file,
-               line, expr, msg.c_str());
+void set_abort_hook(std::function<void(int)> hook) { abort_hook() = std::move(hook); }
+void set_fault_hook(std::function<void(const std::string&)> hook) { fault_hook() = std::move(hook); }
+
+namespace {
+[[noreturn]] void end_job(const std::string& line, const std::string& msg, int code) {
+  // The monitor thread may race the main thread here; the first one ends the job.
+  static std::recursive_mutex mu;
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  static bool ending = false;
+  std::fprintf(stderr, "%s\n", line.c_str());
   std::fflush(stderr);
-  if (abort_hook()) abort_hook()(1);
+  if (!ending) {
+    ending = true;  // a fault inside the hook goes straight to the abort
+    if (fault_hook()) fault_hook()(msg);
+  }
+  if (abort_hook()) abort_hook()(code);
   std::abort();
 }
+std::string who() {
+  const Identity& id = identity();
+  return "[rank " + std::to_string(id.rank) + "/" + std::to_string(id.world) + " " + id.host + "] ";
+}
+}  // namespace
+
+void fatal(const char* file, int line, const char* expr, const std::string& msg) {
+  end_job(who() + file + ":" + std::to_string(line) + " " + expr + " -> " + msg,
+          std::string("internal error at ") + file + ":" + std::to_string(line) + ": " + msg, kExitBug);
+}
+
+void fail_run(const std::string& msg) { end_job(who() + "ctxpar: " + msg, msg, kExitFault); }
 
 }  // namespace ctxpar

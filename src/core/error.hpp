@@ -1,5 +1,10 @@
-// One fatal path for the whole program: "[rank r/P host] file:line expr -> message", then abort
-// the job (MPI_Abort once dist/ has installed its hook; std::abort before that).
+// One fatal path for the whole program, two entries:
+//  - fatal (CTXPAR_CHECK): a broken invariant, a bug: "[rank r/P host] file:line expr -> message",
+//    exit code 1;
+//  - fail_run: a fault of the run that is not the user's input (out of memory, a full disk, a
+//    stalled rank, a non-finite value met mid-run): "[rank r/P host] message", exit code 3.
+// Both call the fault hook first (the tracer's: rank 0 marks the trace failed, another rank tells
+// rank 0 why), then abort the job (MPI_Abort once dist/ has installed its hook; std::abort before).
 // Input errors are not fatal errors: they go through ctxpar::UsageError and exit code 2.
 #pragma once
 #include <functional>
@@ -19,8 +24,17 @@ Identity& identity();
 
 // Installed by dist/ so that a fatal error on one rank ends the whole job.
 void set_abort_hook(std::function<void(int code)> hook);
+// Installed by the tracer while it lives: called once with the message before the abort.
+void set_fault_hook(std::function<void(const std::string& msg)> hook);
+
+// Exit codes of the whole job (every rank alike; README "Exit codes").
+constexpr int kExitBug = 1;        // a broken invariant (fatal)
+constexpr int kExitUsage = 2;      // bad input, refused before anything is allocated or written
+constexpr int kExitFault = 3;      // a fault of the run (fail_run, the watchdog): trace marked failed
+constexpr int kExitSignalBase = 128;  // + N: stopped early by signal N, trace truncated
 
 [[noreturn]] void fatal(const char* file, int line, const char* expr, const std::string& msg);
+[[noreturn]] void fail_run(const std::string& msg);
 
 // A bad value in the user's input (config, command line, input files). Thrown during validation,
 // caught in main, printed once on rank 0; every rank exits with code 2.

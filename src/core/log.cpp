@@ -7,13 +7,27 @@
 
 namespace ctxpar {
 
-void log0(const char* fmt, ...) {
+namespace {
+void vprint0(std::FILE* f, const char* fmt, va_list ap) {
   if (identity().rank != 0) return;
+  std::fflush(stdout);  // keeps stdout and stderr in order on a terminal
+  std::vfprintf(f, fmt, ap);
+  std::fflush(f);
+}
+}  // namespace
+
+void log0(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  std::vfprintf(stdout, fmt, ap);
+  vprint0(stdout, fmt, ap);
   va_end(ap);
-  std::fflush(stdout);
+}
+
+void err0(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vprint0(stderr, fmt, ap);
+  va_end(ap);
 }
 
 static std::string scaled(double v, const char* const* units, int n, double base) {

@@ -5,12 +5,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <map>
 #include <mutex>
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace ctxpar {
 
@@ -103,8 +107,10 @@ void* tracked_alloc(size_t bytes) {
   } else {
     p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   }
-  CTXPAR_CHECK(p != nullptr, "out of memory allocating " << bytes << " bytes (current "
-                                                          << g_current.load() << " bytes)");
+  if (!p)
+    fail_run("out of memory: allocating " + fmt_bytes(double(bytes)) + " failed with " +
+             fmt_bytes(double(g_current.load())) + " already in use by this rank; valid: a shorter seq, more ranks, "
+             "or remat (--dry-run shows the plan's memory per rank)");
   const int64_t now = g_current.fetch_add(int64_t(bytes)) + int64_t(bytes);
   int64_t peak = g_peak.load();
   while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
@@ -125,6 +131,87 @@ void tracked_free(void* p, size_t bytes) {
     }
   }
   std::free(p);
+}
+
+}  // namespace ctxpar
+
+namespace ctxpar {
+
+namespace {
+
+// "MemAvailable:   23456789 kB" → bytes; -1 when absent.
+int64_t meminfo_bytes(const char* key) {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return -1;
+  char line[256];
+  int64_t out = -1;
+  const size_t n = std::strlen(key);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, key, n) == 0 && line[n] == ':') {
+      long long kb = 0;
+      if (std::sscanf(line + n + 1, "%lld", &kb) == 1) out = int64_t(kb) * 1024;
+      break;
+    }
+  std::fclose(f);
+  return out;
+}
+
+// One integer from a cgroup file; -1 for "max", absent or unreadable.
+int64_t read_cgroup_value(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return -1;
+  char buf[64] = {};
+  const bool ok = std::fgets(buf, sizeof buf, f) != nullptr;
+  std::fclose(f);
+  long long v = 0;
+  if (!ok || std::strncmp(buf, "max", 3) == 0 || std::sscanf(buf, "%lld", &v) != 1) return -1;
+  return int64_t(v);
+}
+
+// The least headroom (limit - usage) of this process's memory cgroup and its parents; -1: none.
+int64_t cgroup_headroom_bytes() {
+  std::FILE* f = std::fopen("/proc/self/cgroup", "r");
+  if (!f) return -1;
+  char line[1024];
+  std::string v2, v1;
+  while (std::fgets(line, sizeof line, f)) {
+    std::string s(line);
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    if (s.rfind("0::", 0) == 0) v2 = s.substr(3);
+    const size_t c = s.find(":memory:");
+    if (c != std::string::npos) v1 = s.substr(c + 8);
+  }
+  std::fclose(f);
+  int64_t best = -1;
+  const auto take = [&](int64_t limit, int64_t used) {
+    // Limits of "unlimited" cgroup v1 are huge page-rounded numbers: ignore beyond 2^60.
+    if (limit <= 0 || limit > (int64_t(1) << 60)) return;
+    const int64_t room = std::max<int64_t>(0, limit - std::max<int64_t>(used, 0));
+    best = best < 0 ? room : std::min(best, room);
+  };
+  for (std::string p = v2; !v2.empty(); p = p.substr(0, p.rfind('/'))) {
+    const std::string dir = "/sys/fs/cgroup" + (p == "/" ? std::string() : p);
+    take(read_cgroup_value(dir + "/memory.max"), read_cgroup_value(dir + "/memory.current"));
+    if (p.empty() || p == "/") break;
+  }
+  if (!v1.empty()) {
+    const std::string dir = "/sys/fs/cgroup/memory" + (v1 == "/" ? std::string() : v1);
+    take(read_cgroup_value(dir + "/memory.limit_in_bytes"), read_cgroup_value(dir + "/memory.usage_in_bytes"));
+  }
+  return best;
+}
+
+}  // namespace
+
+int64_t node_available_bytes(std::string* source) {
+  const int64_t avail = meminfo_bytes("MemAvailable");
+  const int64_t cg = cgroup_headroom_bytes();
+  if (cg >= 0 && (avail < 0 || cg < avail)) {
+    if (source) *source = "the memory cgroup's limit";
+    return cg;
+  }
+  if (source) *source = "MemAvailable";
+  return avail;
 }
 
 }  // namespace ctxpar

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 #include <utility>
 
 namespace ctxpar {
@@ -13,6 +14,11 @@ int64_t mem_current_bytes();
 int64_t mem_peak_bytes();
 void mem_reset_peak();            // peak := current
 int64_t mem_rss_peak_bytes();     // the process's peak resident set (getrusage)
+
+// Host memory this process may still use on its node: MemAvailable of /proc/meminfo, or less
+// when the process's cgroup (v2 memory.max, or v1 memory.limit_in_bytes) leaves less; `source`
+// says which. -1 when neither can be read.
+int64_t node_available_bytes(std::string* source = nullptr);
 
 // 64-byte aligned (page aligned from 64 KiB); fatal on failure. Blocks of 64 KiB and more are
 // recycled by size class (memory.cpp says why): freeing one keeps it for the next allocation of

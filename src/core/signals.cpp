@@ -10,7 +10,11 @@ namespace {
 // The handler may only touch a lock-free atomic (async-signal-safe).
 std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "signal flag must be lock-free");
-extern "C" void ctxpar_stop_handler(int) { g_stop_signal.store(1, std::memory_order_relaxed); }
+extern "C" void ctxpar_stop_handler(int signo) {
+  int none = 0;
+  g_stop_signal.compare_exchange_strong(none, signo, std::memory_order_relaxed);
+}
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
 }  // namespace
 
 void install_stop_signals() {
@@ -19,10 +23,22 @@ void install_stop_signals() {
   sa.sa_handler = ctxpar_stop_handler;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // blocking calls (MPI progress, file I/O) resume after the handler
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);
+  for (int s : kStopSignals) sigaction(s, &sa, nullptr);
 }
 bool stop_signal_seen() { return g_stop_signal.load(std::memory_order_relaxed) != 0; }
+int stop_signal_number() { return g_stop_signal.load(std::memory_order_relaxed); }
 void clear_stop_signal() { g_stop_signal.store(0, std::memory_order_relaxed); }
+
+const char* signal_name(int signo) {
+  switch (signo) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGKILL: return "SIGKILL";
+    case SIGHUP: return "SIGHUP";
+    default: return "a signal";
+  }
+}
 
 }  // namespace ctxpar

@@ -20,24 +20,26 @@ void Watchdog::heartbeat(int64_t step, int32_t layer, int32_t phase) {
   last_ns_.store(steady_ns(), std::memory_order_relaxed);
 }
 
-void Watchdog::start(double limit_s, int rank, std::function<const char*(int32_t)> phase_name,
-                     std::function<void(int)> abort) {
+void Watchdog::start(double limit_s, std::function<const char*(int32_t)> phase_name,
+                     std::function<void(const std::string&)> on_stall, std::function<void()> on_tick) {
   heartbeat(step_.load(), layer_.load(), phase_.load());
   // Check often enough that the abort comes within ~1 s (or a quarter of a short limit) of the
   // limit being reached.
-  const double interval_s = std::clamp(limit_s / 4, 0.01, 1.0);
-  thread_ = std::thread([this, limit_s, interval_s, rank, phase_name, abort] {
+  tick_s_ = limit_s > 0 ? std::clamp(limit_s / 4, 0.01, 1.0) : 1.0;
+  thread_ = std::thread([this, limit_s, phase_name, on_stall, on_tick] {
     std::unique_lock<std::mutex> lk(mu_);
     while (!stop_) {
-      cv_.wait_for(lk, std::chrono::duration<double>(interval_s));
+      cv_.wait_for(lk, std::chrono::duration<double>(tick_s_));
       if (stop_) break;
+      if (on_tick) on_tick();
       const double idle_s = double(steady_ns() - last_ns_.load()) * 1e-9;
-      if (idle_s > limit_s) {
-        std::fprintf(stderr,
-                     "[rank %d] watchdog: no progress for %.1f s at step %lld, layer %d, phase %s \u2014 aborting\n", rank,
-                     idle_s, static_cast<long long>(step_.load()), int(layer_.load()), phase_name(phase_.load()));
-        std::fflush(stderr);
-        abort(3);
+      if (limit_s > 0 && idle_s > limit_s) {
+        char line[256];
+        std::snprintf(line, sizeof line, "watchdog: no progress for %.1f s at step %lld, layer %d, phase %s", idle_s,
+                      static_cast<long long>(step_.load()), int(layer_.load()), phase_name(phase_.load()));
+        lk.unlock();  // stop() from the fault path must not deadlock on mu_
+        on_stall(line);
+        return;
       }
     }
   });
@@ -49,7 +51,7 @@ void Watchdog::stop() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
 }  // namespace ctxpar

@@ -1,10 +1,13 @@
 #include "dist/comm_mpi.hpp"
 
+#include <chrono>
 #include <climits>
+#include <thread>
 #include <mutex>
 #include <vector>
 
 #include "core/error.hpp"
+#include "dist/fault_channel.hpp"
 
 // Every MPI call goes through this: a failing call reports rank, host, file, line and the MPI
 // error string, then aborts the job.
@@ -210,6 +213,73 @@ MPI_Comm mpi_handle(Comm& c) {
   auto* m = dynamic_cast<CommMpi*>(&c);
   CTXPAR_CHECK(m != nullptr, "communicator '" << c.name() << "' is not an MPI communicator");
   return m->handle();
+}
+
+namespace {
+
+// The fault channel on MPI: rank 0 keeps one receive from any rank posted; a notice is a
+// null-terminated string of at most kNoticeBytes; the acknowledgement is one byte back.
+class FaultChannelMpi final : public FaultChannel {
+ public:
+  explicit FaultChannelMpi(MPI_Comm world) {
+    MPI_CHECK(MPI_Comm_dup(world, &comm_));
+    MPI_Comm_rank(comm_, &rank_);
+    if (rank_ == 0) post();
+  }
+  ~FaultChannelMpi() override {
+    if (pending_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&pending_);
+      MPI_Wait(&pending_, MPI_STATUS_IGNORE);
+    }
+    MPI_Comm_free(&comm_);
+  }
+  bool notify(const std::string& reason, double wait_s) override {
+    std::string msg = reason.substr(0, kNoticeBytes - 1);
+    msg.push_back('\0');
+    MPI_Request send = MPI_REQUEST_NULL, ack = MPI_REQUEST_NULL;
+    char got = 0;
+    if (MPI_Isend(msg.data(), int(msg.size()), MPI_CHAR, 0, kTagNotice, comm_, &send) != MPI_SUCCESS) return false;
+    if (MPI_Irecv(&got, 1, MPI_CHAR, 0, kTagAck, comm_, &ack) != MPI_SUCCESS) return false;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+    int done = 0;
+    while (!done && std::chrono::steady_clock::now() < until) {
+      MPI_Test(&ack, &done, MPI_STATUS_IGNORE);
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return done != 0;  // the job is about to be aborted: the requests go with it
+  }
+  bool poll(int& from, std::string& reason) override {
+    if (pending_ == MPI_REQUEST_NULL) return false;
+    int done = 0;
+    MPI_Status st;
+    if (MPI_Test(&pending_, &done, &st) != MPI_SUCCESS || !done) return false;
+    from = st.MPI_SOURCE;
+    buf_[kNoticeBytes - 1] = 0;
+    reason = buf_;
+    post();
+    return true;
+  }
+  void acknowledge(int rank) override {
+    static char one = 1;
+    MPI_Request r;
+    if (MPI_Isend(&one, 1, MPI_CHAR, rank, kTagAck, comm_, &r) == MPI_SUCCESS) MPI_Request_free(&r);
+  }
+
+ private:
+  static constexpr int kNoticeBytes = 2048, kTagNotice = 1, kTagAck = 2;
+  void post() { MPI_Irecv(buf_, kNoticeBytes, MPI_CHAR, MPI_ANY_SOURCE, kTagNotice, comm_, &pending_); }
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  MPI_Request pending_ = MPI_REQUEST_NULL;
+  char buf_[kNoticeBytes] = {};
+};
+
+}  // namespace
+
+std::unique_ptr<FaultChannel> make_fault_channel(Comm& world) {
+  auto* m = dynamic_cast<CommMpi*>(&world);
+  if (!m) return nullptr;
+  return std::make_unique<FaultChannelMpi>(m->handle());
 }
 
 std::string comm_library_version() {

@@ -10,9 +10,10 @@ std::string parse_schedule(const std::string& text, int N, std::vector<ScheduleP
   out.clear();
   const std::string valid = "valid: a comma list of prefill:T and decode:N starting with a prefill, e.g. "
                             "prefill:32K,decode:64,prefill:2K,decode:64";
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  std::vector<std::string> items;
+  const std::string err = split_list(text, ',', items);
+  if (!err.empty()) return "config: schedule = '" + text + "': " + err + "; " + valid;
+  for (const std::string& item : items) {
     const size_t colon = item.find(':');
     const std::string kind = item.substr(0, colon);
     int64_t n = 0;

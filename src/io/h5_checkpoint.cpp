@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "io/atomic_file.hpp"
 #include "io/h5_common.hpp"
+#include "io/io_lock.hpp"
 
 namespace ctxpar {
 
@@ -17,6 +18,7 @@ using h5::fatal_on_error;
 
 void h5_write_tensors(const std::string& path, const H5Attrs& attrs, const std::vector<H5Tensor>& tensors,
                       const std::vector<H5IntTensor>& ints) {
+  const IoLock lock = io_lock();
   fatal_on_error([&] {
     AtomicFile out(path, /*keep_abandoned=*/false);
     const std::string& tmp = out.partial_path();
@@ -70,6 +72,7 @@ bool H5TensorReader::attr_string(const std::string& name, std::string& out) cons
 }
 
 std::string h5_check_tokens(const std::string& path, int64_t& count) {
+  const IoLock lock = io_lock();
   hid_t f = -1;
   try {
     f = h5::open_read_only(path);
@@ -93,6 +96,7 @@ std::string h5_check_tokens(const std::string& path, int64_t& count) {
 }
 
 int64_t h5_token_count(const std::string& path) {
+  const IoLock lock = io_lock();
   int64_t n = 0;
   const std::string err = h5_check_tokens(path, n);
   CTXPAR_CHECK(err.empty(), path << ": " << err);
@@ -100,6 +104,7 @@ int64_t h5_token_count(const std::string& path) {
 }
 
 void h5_read_tokens(const std::string& path, int64_t first, int64_t count, int32_t* out) {
+  const IoLock lock = io_lock();
   fatal_on_error([&] {
     Handle f(h5::open_read_only(path), H5Fclose);
     // HDF5 converts any stored integer type to int32 (values beyond int32 would fail the vocab check).

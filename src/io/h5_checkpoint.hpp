@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "io/io_lock.hpp"
+
 namespace ctxpar {
 
 struct H5Tensor {
@@ -51,6 +53,7 @@ class H5TensorReader {
   bool attr_string(const std::string& name, std::string& out) const;
 
  private:
+  IoLock lock_ = io_lock();  // first: held while the file is open (io/io_lock.hpp)
   int64_t file_;
   std::string path_;
 };

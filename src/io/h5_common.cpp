@@ -1,13 +1,25 @@
 #include "io/h5_common.hpp"
 
+#include "io/io_lock.hpp"
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <stdexcept>
+
+namespace ctxpar {
+std::recursive_timed_mutex& io_mutex() {
+  static std::recursive_timed_mutex mu;
+  return mu;
+}
+}  // namespace ctxpar
 
 namespace ctxpar::h5 {
 
 void fail(const std::string& what, const std::string& file) {
-  throw std::runtime_error("HDF5: " + what + " failed (file " + file + ")");
+  // The one cause a user can act on, when the file driver left it in errno.
+  const std::string cause = errno == ENOSPC ? ": no space left on device" : errno == EDQUOT ? ": disk quota exceeded" : "";
+  throw std::runtime_error("HDF5: " + what + " failed (file " + file + ")" + cause);
 }
 hid_t check(hid_t id, const std::string& what, const std::string& file) {
   if (id < 0) fail(what, file);

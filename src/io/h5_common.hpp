@@ -42,13 +42,14 @@ bool is_hdf5_file(const std::string& path);
 // A file the user named: UsageError(prefix + "no such file" / "cannot open as an HDF5 file").
 hid_t open_user_file(const std::string& path, const std::string& prefix);
 
-// Runs f; an HDF5 failure (std::runtime_error) becomes the fatal path (core/error.hpp): for the
-// readers and writers whose inputs were validated before (a file changed since, a full disk).
+// Runs f; an HDF5 failure (std::runtime_error) ends the run as a fault (core/error.hpp fail_run,
+// exit 3): for the readers and writers whose inputs were validated before (a file changed since,
+// a full disk).
 template <class F> auto fatal_on_error(F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const std::runtime_error& e) {
-    CTXPAR_FATAL(e.what());
+    fail_run(std::string("I/O error: ") + e.what());
   }
 }
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "io/io_lock.hpp"
+
 namespace ctxpar {
 
 class AtomicFile;
@@ -35,6 +37,7 @@ class TensorFileReader {
   void read_rows(const std::string& name, int64_t begin, int64_t end, int32_t* out) const;
 
  private:
+  IoLock lock_ = io_lock();  // first: held while the file is open (io/io_lock.hpp)
   int64_t file_;
   std::string path_;
 };
@@ -56,6 +59,7 @@ class TensorFileWriter {
   void commit();
 
  private:
+  IoLock lock_ = io_lock();  // first: held while the file is open (io/io_lock.hpp)
   std::unique_ptr<AtomicFile> out_;
   int64_t file_ = -1;
 };

@@ -8,6 +8,7 @@
 
 #include "io/atomic_file.hpp"
 #include "io/h5_common.hpp"
+#include "io/io_lock.hpp"
 
 namespace ctxpar {
 
@@ -280,6 +281,7 @@ std::string read_string_attr(hid_t file, const char* obj, const char* name, cons
 }  // namespace
 
 TraceDigest read_trace_digest(const std::string& path) {
+  const IoLock lock = io_lock();
   const hid_t f = h5::open_read_only(path);
   Handle cf(f, H5Fclose);
   TraceDigest d;

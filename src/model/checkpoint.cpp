@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "dist/topology.hpp"
 #include "io/h5_checkpoint.hpp"
+#include "io/h5_probe.hpp"
 
 namespace ctxpar {
 
@@ -50,14 +51,15 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayo
     a.ints = {{"step", st.step}, {"next_sample", st.next_sample}, {"seed", cfg.seed}, {"layers", cfg.layers},
               {"dim", cfg.dim}, {"ffn_dim", cfg.ffn_dim}, {"vocab", cfg.vocab}, {"heads", cfg.heads},
               {"kv_heads", cfg.kv_heads}, {"head_dim", cfg.head_dim}, {"seq", cfg.seq}};
-    a.strings = {{"data", cfg.data}, {"docs", cfg.docs}};
+    a.strings = {{"ctxpar_file", "checkpoint"}, {"data", cfg.data}, {"docs", cfg.docs}};
     h5_write_tensors(path, a, t);
   }
   // Nobody goes on (e.g. to a job end that a test then inspects) before the file is in place.
   topo.world().barrier();
 }
 
-std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout) {
+std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, int rank, int nranks,
+                             int64_t* step) {
   try {
     H5TensorReader r(path);
     const std::pair<const char*, int64_t> must[] = {{"seed", cfg.seed}, {"layers", cfg.layers}, {"dim", cfg.dim},
@@ -75,12 +77,36 @@ std::string check_checkpoint(const std::string& path, const Config& cfg, const P
     if (r.attr_string("data", data) && data != cfg.data)
       return "config: resume = '" + path + "' was written with data = '" + data + "', this run has data = '" + cfg.data + "'";
     for (const ParamInfo& p : layout.tensors())
-      for (const char* g : {"params/", "adam_m/", "adam_v/"})
-        if (r.shape(g + p.name) != std::make_pair(p.rows, p.cols))
-          return "config: resume = '" + path + "': tensor " + g + p.name + " is missing or has the wrong shape";
+      for (const char* g : {"params/", "adam_m/", "adam_v/"}) {
+        const auto got = r.shape(g + p.name);
+        if (got != std::make_pair(p.rows, p.cols))
+          return "config: resume = '" + path + "': tensor " + g + p.name +
+                 (got.first < 0 ? std::string(" is missing or not 2-D")
+                                : " has shape [" + std::to_string(got.first) + ", " + std::to_string(got.second) + "]") +
+                 "; this model expects [" + std::to_string(p.rows) + ", " + std::to_string(p.cols) + "]";
+      }
+    int64_t s = 0;
+    if (!r.attr_int("step", s) || s < 0) return "config: resume = '" + path + "' has no valid step attribute";
+    if (step) *step = s;
   } catch (const UsageError& e) {
     return std::string("config: resume = ") + e.what();
   }
+  // Every value finite: a NaN loaded would train (or generate) on NaN. Rank `rank` reads its
+  // share of the tensors.
+  int64_t i = 0;
+  for (const ParamInfo& p : layout.tensors())
+    for (const char* g : {"params/", "adam_m/", "adam_v/"})
+      if (i++ % nranks == rank) {
+        std::string bad;
+        try {
+          bad = first_non_finite(path, g + p.name);
+        } catch (const std::exception& e) {
+          return std::string("config: resume = '") + path + "': tensor " + g + p.name + " cannot be read: " + e.what();
+        }
+        if (!bad.empty())
+          return "config: resume = '" + path + "': tensor " + g + p.name + " has " + bad +
+                 " ([row, col]); valid: a checkpoint with finite values (an earlier one, or a fresh start)";
+      }
   return "";
 }
 

@@ -26,8 +26,11 @@ struct TrainState {
 
 void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, const float* params,
                      const float* m, const float* v, const TrainState& st, Topology& topo);
-// "" when `path` is a checkpoint of this model shape and seed, else what is wrong.
-std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout);
+// "" when `path` is a checkpoint of this model shape and seed with finite values, else what is
+// wrong. Rank `rank` of `nranks` scans its share of the tensors for NaN/Inf (call on every rank,
+// agree on the result); `step` (when given) receives the checkpoint's step.
+std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, int rank = 0,
+                             int nranks = 1, int64_t* step = nullptr);
 TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, float* m, float* v);
 
 }  // namespace ctxpar

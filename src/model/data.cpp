@@ -56,7 +56,8 @@ class FileSource final : public TokenSource {
     hdf5_ = ends_with(path_, ".h5") || ends_with(path_, ".hdf5");
     n_tokens_ = hdf5_ ? h5_token_count(path_) : int64_t(std::filesystem::file_size(path_)) / (u32_ ? 4 : 2);
   }
-  void sample(int64_t index, int64_t S, int32_t* tokens, int32_t* doc_ids) const override {
+  // The raw token ids of sample `index`'s window; returns its first token's index in the file.
+  int64_t read(int64_t index, int64_t S, int32_t* tokens) const {
     const int64_t windows = n_tokens_ / S;
     const int64_t first = (index % windows) * S;
     if (hdf5_) {
@@ -75,6 +76,24 @@ class FileSource final : public TokenSource {
                          : int32_t(uint32_t(p[0]) | uint32_t(p[1]) << 8);
       }
     }
+    return first;
+  }
+  int64_t windows(int64_t S) const { return n_tokens_ / S; }
+  // "" when every token of sample `index`'s window is in [0, vocab), else the first that is not.
+  std::string check(int64_t index, int64_t S) const {
+    std::vector<int32_t> tokens(static_cast<size_t>(S));
+    const int64_t first = read(index, S, tokens.data());
+    for (int64_t t = 0; t < S; ++t)
+      if (tokens[size_t(t)] < 0 || tokens[size_t(t)] >= V_) {
+        const int64_t id = u32_ ? int64_t(uint32_t(tokens[size_t(t)])) : int64_t(tokens[size_t(t)]);
+        return "token id " + std::to_string(id) + " at token " + std::to_string(first + t) +
+               " is outside the vocabulary [0, " + std::to_string(V_) + "); valid: vocab > " + std::to_string(id) +
+               " (the model's), or a token file written for this vocabulary";
+      }
+    return "";
+  }
+  void sample(int64_t index, int64_t S, int32_t* tokens, int32_t* doc_ids) const override {
+    const int64_t first = read(index, S, tokens);
     int32_t d = 0;
     for (int64_t t = 0; t < S; ++t) {
       CTXPAR_CHECK(tokens[t] >= 0 && tokens[t] < V_, "token " << tokens[t] << " at index " << first + t << " of "
@@ -116,6 +135,18 @@ std::string validate_data(const Config& c) {
   if (n < c.seq)
     return "config: data = '" + c.data + "' has " + std::to_string(n) + " tokens, fewer than seq = " +
            std::to_string(c.seq) + "; valid: seq <= " + std::to_string(n);
+  return "";
+}
+
+std::string check_data_tokens(const Config& c, int64_t first_sample, int64_t n_samples, int rank, int nranks) {
+  if (synthetic_data(c) || n_samples <= 0) return "";
+  const FileSource src(c);
+  // Samples map onto windows modulo their count: at most every window once.
+  const int64_t n = std::min(n_samples, src.windows(c.seq));
+  for (int64_t i = rank; i < n; i += nranks) {
+    const std::string err = src.check(first_sample + i, c.seq);
+    if (!err.empty()) return "config: data = '" + c.data + "': " + err;
+  }
   return "";
 }
 

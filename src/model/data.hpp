@@ -28,6 +28,10 @@ class TokenSource {
 // dtype/dataset fit), else the message. Reads only the file's size / dataset shape.
 std::string validate_data(const Config& cfg);
 std::unique_ptr<TokenSource> make_token_source(const Config& cfg);
+// Token files, before a run: "" when every token of the samples [first_sample, first_sample +
+// n_samples) is inside [0, vocab), else the message naming the first id and where it is. Rank
+// `rank` of `nranks` reads its share of the windows (every rank calls it; agree on the result).
+std::string check_data_tokens(const Config& cfg, int64_t first_sample, int64_t n_samples, int rank, int nranks);
 
 // Synthetic rule (documented for the oracle and tests): each document starts at a random token;
 // each next token is succ(prev) = (prev * 5 + 3) mod V with probability 3/4, else a random token.

@@ -25,6 +25,7 @@
 #include "modes/workload.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
+#include "io/h5_probe.hpp"
 #include "io/h5_tensors.hpp"
 #include "trace/trace.hpp"
 
@@ -88,8 +89,6 @@ std::string inspect_input(const std::string& path, AttnParams& s, bool& has_docs
   }
 }
 
-std::string result_path(const Config& cfg) { return cfg.out.empty() ? "out/attn_result.h5" : cfg.out; }
-
 std::string mesh_text(const Topology& topo) {
   const MeshSpec& m = topo.mesh();
   return "dp:" + std::to_string(m.dp) + ",tp:" + std::to_string(m.tp) + ",ulysses:" + std::to_string(m.ulysses) +
@@ -111,6 +110,18 @@ std::string validate_attn_mode(const Config& cfg, Topology& topo) {
   if (!err.empty())
     return "in = '" + cfg.in + "' (S=" + std::to_string(s.S_q) + ", H_q=" + std::to_string(s.H_q) + ", H_kv=" +
            std::to_string(s.H_kv) + ", D=" + std::to_string(s.D) + ") on mesh " + mesh_text(topo) + ": " + err;
+  // Non-finite values are reported here, not absorbed: a NaN in a row would give that row O = 0
+  // and LSE = -inf (the kernels treat it as fully masked) and spread through the gradients.
+  for (const char* name : {"q", "k", "v", "do"}) {
+    try {
+      const std::string bad = first_non_finite(cfg.in, name);
+      if (!bad.empty())
+        return "in = '" + cfg.in + "': dataset '" + name + "' has " + bad + " ([token, head, dim]); valid: finite values " +
+               "within float32's range";
+    } catch (const std::exception& e) {
+      return "in = '" + cfg.in + "': dataset '" + name + "' cannot be read: " + e.what();
+    }
+  }
   return "";
 }
 
@@ -199,7 +210,7 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   const std::vector<float> dQ = gather_rows_global(cpc, part, dq.span(), wq);
   const std::vector<float> dK = gather_rows_global(cpc, part, dk.span(), wk);
   const std::vector<float> dV = gather_rows_global(cpc, part, dv.span(), wk);
-  const std::string path = result_path(cfg);
+  const std::string path = attn_result_path(cfg);
   if (world.rank() == 0) {
     TensorFileWriter w(path);
     w.write("o", {S, s.H_q, s.D}, O.data());
@@ -222,6 +233,7 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
       w.write("v", {S, s.H_kv, s.D}, x.data());
       if (!global_doc.empty()) w.write("doc_id", {S}, global_doc.data());
     }
+    w.attr("ctxpar_file", std::string("attn_result"));
     w.attr("causal", int64_t(s.mask == MaskKind::none ? 0 : 1));
     w.attr("window", int64_t(s.mask == MaskKind::window ? s.window : 0));
     w.attr("strategy", strat->name());

@@ -305,10 +305,45 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   if (!err.empty()) return err;
   if (!cfg.resume.empty()) {
     const ParamLayout layout(model_dims(cfg, 1, 0));
-    err = check_checkpoint(cfg.resume, cfg, layout);
+    err = check_checkpoint(cfg.resume, cfg, layout, topo.world().rank(), topo.world().size());
     if (!err.empty()) return err;
   }
   return "";
+}
+
+double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) {
+  const int N = topo.cp().size();
+  std::vector<SchedulePhase> sched;
+  if (!mode_schedule(cfg, N, sched).empty()) return 0;
+  const ModelDims d = model_dims(cfg, 1, 0);
+  const ParamLayout layout(d);
+  const double f = sizeof(float);
+  // Weights (and, while a checkpoint loads, its AdamW moments beside them).
+  const double weights = f * double(layout.local_elems()) * (cfg.resume.empty() ? 1 : 3);
+  // The KV cache: K and V of every layer for the batch, and positions (infer/kv_cache.hpp).
+  const int64_t cap = cache_capacity_tokens(sched, N);
+  const double cache = double(cfg.batch) * double(cap) * (2.0 * f * double(d.layers) * double(d.kv_width()) + 8.0);
+  // One call's rows on this rank (infer/engine.cpp ensure_rows) and its logits row; the pass-KV
+  // ring's transfer buffers (two blocks of K and V in flight).
+  int64_t rows = 1;
+  for (const SchedulePhase& ph : sched)
+    if (ph.kind == PhaseKind::prefill) rows = std::max(rows, (ph.count + N - 1) / N);
+  const double act = f * double(rows) *
+                     double(3 * d.dim + 2 * d.q_width() + d.H_q + 4 * d.kv_width() + 3 * d.ffn + d.D) +
+                     f * double(d.vocab);
+  const double total = weights + cache + act;
+  if (parts)
+    *parts = "weights " + fmt_bytes(weights) + ", KV cache " + fmt_bytes(cache) + " (" + s_(cap) + " tokens x batch " +
+             s_(cfg.batch) + "), activations " + fmt_bytes(act);
+  return total;
+}
+
+double infer_memory(const Config& cfg, Topology& topo) { return plan_infer_memory(cfg, topo); }
+
+std::string infer_plan(const Config& cfg, Topology& topo) {
+  std::string parts;
+  const double total = plan_infer_memory(cfg, topo, &parts);
+  return "memory estimate per rank: " + fmt_bytes(total) + " (" + parts + ")\n";
 }
 
 int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {

@@ -18,14 +18,28 @@ struct ModeRow {
   int (*run)(const Config&, Topology&, Tracer&);
   std::string (*validate)(const Config&, Topology&);  // the mode's checks before any allocation (null: none)
   std::string (*plan)(const Config&, Topology&);      // the mode's lines of --dry-run (null: none)
+  // Host bytes per rank at the plan's peak (null: a mode too small to matter); compared with
+  // what the node has before anything is allocated (check_memory).
+  double (*memory)(const Config&, Topology&);
   bool needs_peak;          // the trace's MFU needs this rank's peak FLOP/s
   bool attention_workload;  // runs the sharded attention workload (validated and planned by workload.hpp)
   bool cuda;                // built for device=cuda
 };
 
 // Validation before any allocation (same result on every rank); "" when valid: the device, the
-// attention workload (when the row has one), the row's own checks, the output path.
+// attention workload (when the row has one), the row's own checks. The files of the run are
+// checked by modes/run_files.hpp.
 std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row);
+// "" when the row's memory plan fits what each rank may use (mem_per_rank, else the node's
+// available memory shared by its ranks), else the message with the estimate, the budget and the
+// largest seq that would fit. Every rank checks its own node.
+std::string check_memory(const Config& cfg, Topology& topo, const ModeRow& row);
+// The memory plans of the rows: the attention workload (run, attn, bench cp), train, inference.
+double workload_memory(const Config& cfg, Topology& topo);
+double train_memory(const Config& cfg, Topology& topo);
+double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts = nullptr);
+double infer_memory(const Config& cfg, Topology& topo);
+std::string infer_plan(const Config& cfg, Topology& topo);  // the --dry-run lines of inference
 // The plan printed by --dry-run (mesh, each rank's coordinates and token ranges, memory
 // estimate, and the row's own lines).
 std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row);
@@ -34,6 +48,12 @@ std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row);
 std::string check_output(const std::string& path, const char* field);
 // Trace file of a run: cfg.out, or out/<mode>.h5 (attn: the results go to out, the trace beside).
 std::string trace_path(const Config& cfg);
+// attn's result tensors: cfg.out, or out/attn_result.h5.
+std::string attn_result_path(const Config& cfg);
+// The profile `bench calibrate` writes (inputs/hardware/local.toml, or hardware=FILE.toml).
+std::string calibrate_path(const Config& cfg);
+// "train", "bench cp", ...: the mode as typed, words joined by `sep`.
+std::string mode_words(const Config& cfg, const char* sep = " ");
 
 // attn mode's own checks (input file datasets and shapes); "" when valid. Implemented with the mode.
 std::string validate_attn_mode(const Config& cfg, Topology& topo);

@@ -7,6 +7,7 @@
 
 #include "core/config.hpp"
 #include "core/log.hpp"
+#include "core/memory.hpp"
 #include "cp/strategy.hpp"
 #include "dist/topology.hpp"
 #include "modes/modes.hpp"
@@ -14,17 +15,16 @@
 
 namespace ctxpar {
 
-namespace {
-// "train", "bench cp", ...: the mode as typed, joined by `sep`.
 std::string mode_words(const Config& cfg, const char* sep) {
   return std::string(name_of(cfg.mode)) + (cfg.mode == Mode::bench ? sep + std::string(name_of(cfg.bench)) : "");
 }
-}  // namespace
+
+std::string attn_result_path(const Config& cfg) { return cfg.out.empty() ? "out/attn_result.h5" : cfg.out; }
 
 std::string trace_path(const Config& cfg) {
   if (cfg.mode == Mode::attn) {
     // attn writes its tensors to `out`; the trace goes beside it.
-    std::string base = cfg.out.empty() ? "out/attn_result.h5" : cfg.out;
+    std::string base = attn_result_path(cfg);
     if (base.size() > 3 && base.compare(base.size() - 3, 3, ".h5") == 0) base.resize(base.size() - 3);
     return base + ".trace.h5";
   }
@@ -74,11 +74,84 @@ std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row)
     err = row.validate(cfg, topo);
     if (!err.empty()) return err;
   }
-  if (topo.world().rank() == 0) {
-    err = check_output(trace_path(cfg), "out");
-    if (err.empty() && cfg.mode == Mode::attn && !cfg.out.empty()) err = check_output(cfg.out, "out");
-  }
   return err;
+}
+
+double workload_memory(const Config& cfg, Topology& topo) {
+  // attn --in: the shape is the file's (validate_attn_mode reads it); not estimated here.
+  if (cfg.mode == Mode::attn && !cfg.in.empty()) return 0;
+  if (cfg.strategy != StrategySetting::all) return plan_workload(cfg, topo).bytes_per_rank;
+  double most = 0;  // bench cp strategy=all: the hungriest strategy that runs on this mesh
+  for (StrategySetting s : {StrategySetting::allgather, StrategySetting::ulysses, StrategySetting::ring, StrategySetting::usp}) {
+    Config c = cfg;
+    c.strategy = s;
+    if (validate_workload(c, topo).empty()) most = std::max(most, plan_workload(c, topo).bytes_per_rank);
+  }
+  return most;
+}
+
+namespace {
+
+struct MemoryBudget {
+  double bytes_per_rank = -1;  // < 0: unknown (nothing to check against)
+  std::string source;
+};
+
+MemoryBudget memory_budget(const Config& cfg, Topology& topo) {
+  MemoryBudget b;
+  if (cfg.mem_per_rank > 0) {
+    b.bytes_per_rank = double(cfg.mem_per_rank);
+    b.source = "mem_per_rank";
+    return b;
+  }
+  std::string src;
+  const int64_t avail = node_available_bytes(&src);
+  if (avail < 0) return b;
+  const int n = std::max(1, topo.local_size());
+  b.bytes_per_rank = double(avail) / n;
+  b.source = "this node (" + src + " " + fmt_bytes(double(avail)) + " shared by its " + std::to_string(n) + " rank" +
+             (n > 1 ? "s" : "") + ")";
+  return b;
+}
+
+// The largest seq (whole zigzag chunks of this mesh) whose plan fits `budget`; 0 when none does
+// or the plan does not follow seq (chat's schedule, explicit document lengths).
+int64_t largest_fitting_seq(const Config& cfg, Topology& topo, const ModeRow& row, double budget) {
+  if (cfg.mode == Mode::chat || (cfg.docs != "none" && cfg.docs != "random")) return 0;
+  const int64_t unit = 2 * int64_t(topo.cp().size());
+  const auto fits = [&](int64_t chunks) {
+    Config c = cfg;
+    c.seq = chunks * unit;
+    c.cached = 0;
+    return row.memory(c, topo) <= budget;
+  };
+  int64_t lo = 0, hi = cfg.seq / unit;  // fits(lo) (or lo = 0), !fits(hi)
+  if (hi < 1 || !fits(1)) return 0;
+  lo = 1;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo * unit;
+}
+
+}  // namespace
+
+std::string check_memory(const Config& cfg, Topology& topo, const ModeRow& row) {
+  if (!row.memory) return "";
+  const MemoryBudget b = memory_budget(cfg, topo);
+  if (b.bytes_per_rank < 0) return "";
+  const double need = row.memory(cfg, topo);
+  if (need <= b.bytes_per_rank) return "";
+  std::ostringstream os;
+  os << "config: this " << mode_words(cfg) << " plan needs about " << fmt_bytes(need)
+     << " of host memory per rank (--dry-run shows its parts), but " << b.source << " leaves "
+     << fmt_bytes(b.bytes_per_rank) << " per rank on " << topo.hosts()[size_t(topo.world().rank())] << "; valid: ";
+  const int64_t fit = largest_fitting_seq(cfg, topo, row, b.bytes_per_rank);
+  if (fit > 0) os << "seq <= " << fit << " on this mesh, ";
+  os << "more ranks or nodes" << (cfg.mode == Mode::train ? ", remat=full" : "")
+     << ", or mem_per_rank=SIZE when you know better";
+  return os.str();
 }
 
 std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row) {
@@ -118,6 +191,13 @@ std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row) 
     os << "memory estimate per rank: " << fmt_bytes(plan.bytes_per_rank) << " (" << plan.memory_note << ")\n";
   }
   if (row.plan) os << row.plan(cfg, topo);
+  if (row.memory) {
+    const double need = row.memory(cfg, topo);
+    const MemoryBudget b = memory_budget(cfg, topo);
+    if (need > 0 && b.bytes_per_rank >= 0)
+      os << "memory check: " << fmt_bytes(need) << " per rank against " << fmt_bytes(b.bytes_per_rank) << " per rank from "
+         << b.source << ": " << (need <= b.bytes_per_rank ? "fits" : "does NOT fit (a run would be refused)") << "\n";
+  }
   return os.str();
 }
 

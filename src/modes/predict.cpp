@@ -76,12 +76,12 @@ std::vector<std::pair<std::string, Config>> sweep_configs(const Config& cfg) {
   std::vector<std::string> base;
   for (const Field& f : config_fields())
     if (f.name != "sweep") base.push_back(std::string(f.name) + "=" + field_text(cfg, f));
-  std::stringstream ss(cfg.sweep.substr(eq + 1));
-  std::string v;
   // Values may themselves hold commas (predict_mesh=tp:8,ring:2): split on ';' when present.
   const char sep = cfg.sweep.find(';') != std::string::npos ? ';' : ',';
-  while (std::getline(ss, v, sep)) {
-    if (v.empty()) continue;
+  std::vector<std::string> values;
+  if (const std::string err = split_list(cfg.sweep.substr(eq + 1), sep, values); !err.empty())
+    throw UsageError("config: sweep = '" + cfg.sweep + "': " + err + "; expected KEY=V1,V2,... (e.g. sweep=seq=128K,256K,1M)");
+  for (const std::string& v : values) {
     std::vector<std::string> ov = base;
     ov.push_back(key + "=" + v);
     Config c = parse_config("", "sweep", ov);  // unknown key / bad value → UsageError naming it
@@ -127,8 +127,10 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
   for (const auto& [run, model_name] : names) {
     const std::string run_name = name_of(run);
     StrategyPrediction p = predict(m, hw, mesh, w, model_name);
+    // usp runs on any mesh (one axis of 1 makes it ulysses or ring, as the runs do); on such a
+    // mesh it is not a candidate of its own.
     if (run == StrategySetting::usp && (mesh.ulysses < 2 || mesh.ring < 2) && p.invalid.empty())
-      p.invalid = "usp needs ulysses >= 2 and ring >= 2 in the mesh";
+      p.invalid = std::string("the same as ") + (mesh.ulysses < 2 ? "ring" : "ulysses") + " on this mesh";
     p.strategy = run_name;
     preds.push_back(p);
   }
@@ -139,7 +141,8 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
      << "):";
   for (const StrategyPrediction& p : preds) {
     os << " " << p.strategy << " ";
-    if (!p.invalid.empty()) os << "invalid";
+    if (p.invalid.rfind("the same as", 0) == 0) os << "(" << p.invalid << ")";
+    else if (!p.invalid.empty()) os << "invalid";
     else os << p.time_s * 1e3 << " ms";
     os << (&p == &preds[size_t(best)] ? " (chosen)" : "") << ";";
   }
@@ -202,11 +205,16 @@ int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
       const StrategyPrediction& p = preds[i];
       const bool ok = p.invalid.empty();
       auto num = [&](size_t col, double v) { return ok ? t.cell(col, v) : std::string("-"); };
+      // usp runs on any mesh; with one of its axes of size 1 it is ring (pass-KV) or ulysses.
+      const bool alias = p.strategy == "usp" && (mesh.ulysses < 2 || mesh.ring < 2);
+      const std::string note = !ok ? "\"invalid: " + p.invalid + "\""
+                               : alias ? std::string("\"the same as ") + (mesh.ulysses < 2 ? "ring" : "ulysses") +
+                                             " on this mesh\""
+                                       : std::string();
       t.add_row({name_of(w.mode), hw.name, mesh_text(mesh), std::to_string(w.seq), std::to_string(w.cached), p.strategy,
                  num(6, p.time_s), num(7, 100 * p.mfu), num(8, p.gemm_s), num(9, p.attn_s), num(10, p.other_s),
                  num(11, p.comm_total_s), num(12, p.exposed_comm_s), num(13, p.mem_bytes / double(1ull << 30)),
-                 ok ? (p.fits ? "yes" : "no") : "-", int(i) == best ? "*" : "",
-                 ok ? "" : "\"invalid: " + p.invalid + "\""});
+                 ok ? (p.fits ? "yes" : "no") : "-", int(i) == best ? "*" : "", note});
     }
     std::ostringstream rec;
     rec << "# recommended" << (sweep_key.empty() ? "" : " for " + sweep_key + "=" + value) << ": ";

@@ -38,6 +38,31 @@ AttnParams local_attn_problem(const Config& cfg, int tp) {
   return attn_problem(cfg.seq, int32_t(cfg.heads / tp), int32_t(cfg.kv_heads / tp), int32_t(cfg.head_dim),
                       MaskKind::causal, 0);
 }
+// The message of a non-finite loss or gradient at step `s`: which, and the first parameter (in
+// layout order, over all ranks) whose gradient holds a NaN or Inf. Collective over `world`.
+std::string non_finite_message(int64_t s, double loss, const ParamLayout& layout, const float* grads, Comm& world,
+                               int64_t last_checkpoint, const std::string& checkpoint) {
+  const auto& info = layout.tensors();
+  int32_t first = int32_t(info.size());
+  for (size_t i = 0; i < info.size() && first == int32_t(info.size()); ++i)
+    for (int64_t j = 0; j < info[i].loc_elems(); ++j)
+      if (!std::isfinite(grads[info[i].offset + j])) {
+        first = int32_t(i);
+        break;
+      }
+  world.all_reduce(std::span<int32_t>(&first, 1), ReduceOp::min);
+  std::ostringstream os;
+  os << "step " << s << ": ";
+  if (!std::isfinite(loss)) os << "the loss is " << loss << (first < int32_t(info.size()) ? " and " : "");
+  if (first < int32_t(info.size())) os << "the gradient of " << info[size_t(first)].name << " holds a non-finite value";
+  else if (std::isfinite(loss)) os << "the gradient norm is not finite";
+  os << "; stopped before the update (the parameters stay those of step " << s - 1 << ")";
+  if (last_checkpoint >= 0) os << "; the last checkpoint is " << checkpoint << " at step " << last_checkpoint;
+  else os << "; this run wrote no checkpoint";
+  os << "; valid: a lower lr, grad_clip > 0, or resume from an earlier checkpoint";
+  return os.str();
+}
+
 // Packed documents: configured for synthetic data, or from eos_id in a token file.
 bool train_docs(const Config& cfg) { return packed_docs(cfg) || (!synthetic_data(cfg) && cfg.eos_id >= 0); }
 
@@ -68,16 +93,20 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   if (!err.empty()) return err;
   if (!cfg.dump_init.empty() && topo.size(Axis::dp) != 1)
     return "config: dump_init needs dp:1 (the dump holds one sequence); valid: a mesh without dp";
-  if (topo.world().rank() == 0) {
-    if (cfg.checkpoint_every > 0 && (err = check_output(cfg.checkpoint, "checkpoint")) != "") return err;
-    if (!cfg.dump_init.empty() && (err = check_output(cfg.dump_init, "dump_init")) != "") return err;
-  }
+  const Comm& world = topo.world();
+  int64_t first_step = 0;
   if (!cfg.resume.empty()) {
-    const ParamLayout layout(model_dims(cfg, tp, topo.coord(Axis::tp)));  // metadata only
-    err = check_checkpoint(cfg.resume, cfg, layout);
+    const ParamLayout layout(model_dims(cfg, 1, 0));  // the global tensors (metadata only)
+    err = check_checkpoint(cfg.resume, cfg, layout, world.rank(), world.size(), &first_step);
     if (!err.empty()) return err;
+    if (first_step >= cfg.warmup + cfg.steps)
+      return "config: resume = '" + cfg.resume + "' is at step " + std::to_string(first_step) + ", and this run ends at " +
+             "step warmup + steps = " + std::to_string(cfg.warmup + cfg.steps) + ": nothing left to run; valid: steps > " +
+             std::to_string(first_step - cfg.warmup);
   }
-  return "";
+  // Every token the run will read, inside the vocabulary (each rank reads a share).
+  const int64_t DP = topo.size(Axis::dp);
+  return check_data_tokens(cfg, first_step * DP, (cfg.warmup + cfg.steps - first_step) * DP, world.rank(), world.size());
 }
 
 TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
@@ -96,6 +125,8 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   p.total_bytes = p.state_bytes + p.activation_bytes + p.strategy_bytes;
   return p;
 }
+
+double train_memory(const Config& cfg, Topology& topo) { return plan_train_memory(cfg, topo).total_bytes; }
 
 std::string train_plan(const Config& cfg, Topology& topo) {
   const TrainMemoryPlan t = plan_train_memory(cfg, topo);
@@ -170,6 +201,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
 
   std::vector<double> times, tflops_v, mfus, tok_s, gemm_sh, attn_sh;
   double first_loss = NAN, last_loss = NAN;
+  int64_t last_checkpoint = -1;  // the step of the last checkpoint this run wrote
   for (int64_t s = state.step; s < total; ++s) {
     tracer.begin_step(s);
     world.barrier();
@@ -211,6 +243,18 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     {
       Tracer::Scope sc(&tracer, Phase::optimizer, -1, -1, 0, 0);
       norm = opt.grad_norm(grads.data(), tp > 1 ? &topo.axis(Axis::tp) : nullptr);
+    }
+    // A non-finite loss or gradient stops the run before the update: the parameters (and any
+    // checkpoint written) stay those of the last good step. The loss and the norm are the same
+    // on every rank, so every rank stops here.
+    if (!std::isfinite(loss) || !std::isfinite(norm)) {
+      const std::string msg = non_finite_message(s, loss, layout, grads.data(), world, last_checkpoint, cfg.checkpoint);
+      err0("ctxpar: %s\n", msg.c_str());
+      tracer.fail(msg);
+      return kExitFault;
+    }
+    {
+      Tracer::Scope sc(&tracer, Phase::optimizer, -1, -1, 0, 0);
       opt.update(params.data(), grads.data(), norm);
     }
     double dt = world.now() - t0;
@@ -256,6 +300,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     if (cfg.checkpoint_every > 0 && state.step % cfg.checkpoint_every == 0) {
       Tracer::Scope sc(&tracer, Phase::other, -1, -1, 0, 0);
       save_checkpoint(cfg.checkpoint, cfg, layout, params.data(), opt.m().data(), opt.v().data(), state, topo);
+      last_checkpoint = state.step;
       log0("# checkpoint: step %lld written to %s\n", (long long)state.step, cfg.checkpoint.c_str());
     }
     if (stop) {
@@ -287,6 +332,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
                    {"rope_low_freq_factor", cfg.rope_low_freq_factor}, {"rope_high_freq_factor", cfg.rope_high_freq_factor},
                    {"lr", cfg.lr}, {"weight_decay", cfg.weight_decay}, {"beta1", cfg.beta1}, {"beta2", cfg.beta2},
                    {"adam_eps", cfg.adam_eps}, {"grad_clip", cfg.grad_clip}};
+      a.strings = {{"ctxpar_file", "oracle_dump"}};
       h5_write_tensors(cfg.dump_init, a, t,
                        {{"tokens", n_steps * cfg.seq, tokens.data()}, {"doc_ids", n_steps * cfg.seq, doc.data()}});
     }
@@ -303,7 +349,11 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   log0("#   time in GEMMs      %10.1f %% (attention %.1f %%, other %.1f %%)\n", 100 * median(gemm_sh),
        100 * median(attn_sh), 100 * (1 - median(gemm_sh) - median(attn_sh)));
   const bool finite = std::isfinite(last_loss);
-  log0("# %s: %s training on %d ranks\n", finite ? "VALID" : "INVALID (non-finite loss)", name_of(cfg.strategy), P_world);
+  if (tracer.stop_signal() != 0)
+    log0("# TRUNCATED (%s after step %lld; the summary covers the completed steps): %s training on %d ranks\n",
+         signal_name(tracer.stop_signal()), (long long)tracer.stop_step(), name_of(cfg.strategy), P_world);
+  else
+    log0("# %s: %s training on %d ranks\n", finite ? "VALID" : "INVALID (non-finite loss)", name_of(cfg.strategy), P_world);
   sum.steps = int64_t(times.size());
   sum.step_s = tmed;
   sum.tokens_per_s = median(tok_s);

@@ -199,8 +199,6 @@ std::string check_mesh(const ModelShape& m, const PerfMesh& mesh, PerfStrategy s
     if (hq % U != 0) return "ulysses over " + s(U) + " ranks needs query heads per tp rank (" + s(hq) + ") divisible by " + s(U);
     if (hkv % U != 0 && U % hkv != 0)
       return "ulysses over " + s(U) + " ranks needs K/V heads per tp rank (" + s(hkv) + ") to divide or be divided by " + s(U);
-    if (strategy == PerfStrategy::usp && (mesh.ulysses < 2 || mesh.ring < 2))
-      return "usp needs ulysses ≥ 2 and ring ≥ 2 in predict_mesh (got ulysses:" + s(mesh.ulysses) + ",ring:" + s(mesh.ring) + ")";
   }
   const int64_t T = w.mode == PerfMode::decode ? 1 : w.T();
   if (w.mode != PerfMode::decode && T < 2 * N) return "fewer than 2 new tokens per CP rank (T = " + s(T) + ", CP " + s(N) + ")";

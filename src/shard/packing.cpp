@@ -6,6 +6,7 @@
 #include <limits>
 #include <sstream>
 
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/random.hpp"
 #include "shard/partition.hpp"
@@ -69,20 +70,14 @@ std::string parse_docs(const std::string& docs, int64_t S, int64_t mean, uint64_
   // A comma-separated list of positive lengths in tokens.
   std::vector<int64_t> lengths;
   int64_t sum = 0;
-  std::istringstream in(docs);
-  std::string item;
   const std::string valid = "valid: none, random, or positive lengths L1,L2,... summing to seq = " +
                             std::to_string(S);
-  if (docs.empty()) return "docs is empty; " + valid;
-  if (docs.back() == ',') return "docs '" + docs + "' ends with a comma; " + valid;
+  std::vector<std::string> items;
+  if (const std::string err = split_list(docs, ',', items); !err.empty()) return "docs = '" + docs + "': " + err + "; " + valid;
   constexpr int64_t kSumCap = int64_t(4) << 60;  // far above any S, far below INT64_MAX - 10^18
   size_t n_items = 0;
-  while (std::getline(in, item, ',')) {
+  for (const std::string& tok : items) {
     ++n_items;
-    size_t b = 0, e = item.size();
-    while (b < e && std::isspace(static_cast<unsigned char>(item[b]))) ++b;
-    while (e > b && std::isspace(static_cast<unsigned char>(item[e - 1]))) --e;
-    const std::string tok = item.substr(b, e - b);
     bool digits = !tok.empty() && tok.size() <= 18;  // 18 digits cannot overflow int64
     for (char c : tok) digits = digits && c >= '0' && c <= '9';
     if (!digits)

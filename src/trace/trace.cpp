@@ -23,9 +23,11 @@
 #include "core/version.hpp"
 #include "core/watchdog.hpp"
 #include "dist/comm.hpp"
+#include "dist/fault_channel.hpp"
 #include "dist/topology.hpp"
 #include "kernels/ops.hpp"
 #include "io/h5_trace.hpp"
+#include "io/io_lock.hpp"
 #include "trace/trace_detail.hpp"
 
 // Provenance: the lead's generated header gains CTXPAR_GIT_DIRTY (0/1); -1 records "unknown"
@@ -228,7 +230,14 @@ template <class... F> Overloaded(F...) -> Overloaded<F...>;
 struct Tracer::Impl {
   Impl(Comm& w, const Config& c, double peak) : world(w), cfg(c), peak_flops_per_rank(peak) {}
   // Also runs when the Tracer constructor throws (bad output path): the thread must not outlive us.
-  ~Impl() { stop_watchdog(); }
+  ~Impl() {
+    set_fault_hook(nullptr);
+    stop_watchdog();
+    if (writer) {
+      const IoLock lock = io_lock();
+      writer.reset();
+    }
+  }
 
   Comm& world;
   Config cfg;
@@ -242,32 +251,89 @@ struct Tracer::Impl {
   double step_begin_us = 0;
   int64_t steps_completed = 0;
   bool finished = false;
+  // Agreed at end_step: the signal that stops the run, the lowest rank that saw it, the step after
+  // which every rank stops.
+  int stop_signal = 0, stop_rank = -1;
+  int64_t stop_step = -1;
   std::mutex span_mu;  // add_span may be called from several threads
 
   // Rank 0 only.
   std::unique_ptr<H5TraceWriter> writer;
   std::vector<StepRow> rows;
+  std::atomic<bool> marked_failed{false};
 
-  Watchdog watchdog;  // core/watchdog.hpp
+  Watchdog watchdog;  // core/watchdog.hpp: stall check, and rank 0's poll of fault notices
+  std::unique_ptr<FaultChannel> faults;  // dist/fault_channel.hpp (null for non-MPI test doubles)
 
   void touch(int64_t step, Phase ph, int32_t layer) { watchdog.heartbeat(step, layer, int32_t(ph)); }
 
+  // The monitor thread of every rank: the stall check (when watchdog_s > 0), and on rank 0 the
+  // notices of ranks about to end the job.
   void start_watchdog(double limit_s) {
-    watchdog.start(limit_s, rank, [](int32_t ph) { return phase_name(Phase(ph)); },
-                   [this](int code) { world.abort(code); });
+    watchdog.start(
+        limit_s, [](int32_t ph) { return phase_name(Phase(ph)); },
+        [this](const std::string& line) {
+          // Rank 0 blocked in a collective usually waits on the rank that stalled first: give that
+          // rank's own report two checks to arrive, it names the real place.
+          if (rank == 0)
+            for (int i = 0; i < 20 && !marked_failed; ++i) {
+              poll_faults();
+              std::this_thread::sleep_for(std::chrono::duration<double>(watchdog.tick_s() / 10));
+            }
+          fail_run(line);
+        },
+        rank == 0 && faults ? std::function<void()>([this] { poll_faults(); }) : nullptr);
   }
 
   void stop_watchdog() { watchdog.stop(); }
+
+  // Rank 0: a rank that is ending the job told us why; record it, then let it abort.
+  void poll_faults() {
+    int from = -1;
+    std::string reason;
+    if (!faults || !faults->poll(from, reason)) return;
+    mark_failed(reason);
+    faults->acknowledge(from);
+  }
+
+  // The fault hook (core/error.hpp), on the rank that fails, before the job is aborted.
+  void on_fault(const std::string& msg) {
+    const Identity& id = identity();
+    const std::string reason = "rank " + std::to_string(id.rank) + " (" + id.host + "): " + msg;
+    if (rank == 0) mark_failed(reason);
+    else if (faults) faults->notify(reason, 10.0);
+  }
+
+  // Rank 0, any thread: status "failed" and the reason, flushed; the first reason wins. Bounded:
+  // when HDF5 stays busy (the main thread stuck in a write), the trace keeps status "running".
+  void mark_failed(const std::string& reason) {
+    if (!writer || marked_failed.exchange(true)) return;
+    IoLock lock(io_mutex(), std::defer_lock);
+    if (!lock.try_lock_for(std::chrono::seconds(5))) return;
+    try {
+      writer->attr("/", "status", "failed");
+      writer->attr("/", "failure", reason);
+      writer->attr("/", "end_time_utc", trace_detail::iso8601_utc(int64_t(std::time(nullptr))));
+      writer->flush();
+    } catch (const std::exception&) {
+      // A full disk or a broken file: the status stays what it was; the message went to stderr.
+    }
+  }
 
   // Rank 0: runs an HDF5 step; an I/O failure after the file was opened ends the job (the
   // other ranks are already past the collective and could not be told otherwise).
   template <class F> void on_writer(F&& f) {
     if (!writer) return;
-    try {
-      f(*writer);
-    } catch (const std::exception& e) {
-      CTXPAR_FATAL("trace writer: " << e.what());
+    std::string err;
+    {
+      const IoLock lock = io_lock();
+      try {
+        f(*writer);
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
     }
+    if (!err.empty()) fail_run("trace writer: " + err);
   }
 
   // Collective: gathers the spans of all ranks to rank 0 (rank order), as bytes.
@@ -288,6 +354,7 @@ struct Tracer::Impl {
   void write_header(const Topology& topo) {
     H5TraceWriter& w = *writer;
     const std::string R = "/";
+    w.attr(R, "ctxpar_file", "trace");
     w.attr(R, "schema_version", trace_detail::kSchemaVersion);
     w.attr(R, "ctxpar_version", CTXPAR_VERSION);
     w.attr(R, "git_sha", CTXPAR_GIT_SHA);
@@ -376,12 +443,14 @@ Tracer::Tracer(Comm& world, const Config& cfg, const Topology& topo, const std::
   I.size = world.size();
   I.touch(0, Phase::other, -1);
   install_stop_signals();
+  I.faults = make_fault_channel(world);  // collective
   // Started first, so that a rank that never reaches the collectives below cannot hang the job.
-  if (cfg.watchdog_s > 0) I.start_watchdog(cfg.watchdog_s);
+  I.start_watchdog(cfg.watchdog_s);
 
   // Open the file on rank 0; a bad output path is the user's error, reported alike on all ranks.
   std::string err;
   if (I.rank == 0) {
+    const IoLock lock = io_lock();
     try {
       I.writer = std::make_unique<H5TraceWriter>(path);
     } catch (const std::exception& e) {
@@ -390,6 +459,8 @@ Tracer::Tracer(Comm& world, const Config& cfg, const Topology& topo, const std::
   }
   err = agree_on_error(world, err);
   if (!err.empty()) throw UsageError("out=" + path + ": " + err);
+  // From here on a fault on any rank marks this trace failed before the job ends.
+  set_fault_hook([impl = impl_.get()](const std::string& msg) { impl->on_fault(msg); });
 
   // Clock offsets against rank 0, then every rank's shift onto rank 0's timeline.
   I.t0_local_s = world.now();
@@ -412,7 +483,8 @@ Tracer::Tracer(Comm& world, const Config& cfg, const Topology& topo, const std::
 
 Tracer::~Tracer() {
   // Not collective: an unfinished run (exception, early return) leaves NAME.h5.partial with
-  // status "running" and every flushed step.
+  // status "running" and every flushed step (Impl's destructor closes it).
+  set_fault_hook(nullptr);
   impl_->stop_watchdog();
 }
 
@@ -461,9 +533,18 @@ bool Tracer::end_step(const StepRecord& local) {
   const double time_s = local.time_s > 0 ? local.time_s : (t_end_us - I.step_begin_us) * 1e-6;
   const int64_t peak = local.peak_bytes > 0 ? local.peak_bytes : mem_peak_bytes();
 
-  // All ranks agree whether any rank saw SIGTERM/SIGUSR1, so they stop after the same step.
-  int32_t stop = stop_signal_seen() ? 1 : 0;
+  // All ranks agree whether any rank saw a stop signal, so they stop after the same step: the
+  // largest signal number seen, and the lowest rank that saw it (one all-reduce of max over
+  // signo * 2^20 + (2^20 - 1 - rank)).
+  constexpr int32_t kRankBits = 1 << 20;
+  const int my_sig = stop_signal_number();
+  int32_t stop = my_sig ? my_sig * kRankBits + (kRankBits - 1 - I.rank) : 0;
   I.world.all_reduce(std::span<int32_t>(&stop, 1), ReduceOp::max);
+  if (stop != 0 && I.stop_signal == 0) {
+    I.stop_signal = stop / kRankBits;
+    I.stop_rank = kRankBits - 1 - stop % kRankBits;
+    I.stop_step = step_;
+  }
 
   const double stats[trace_detail::kRankStatsDoubles] = {time_s, local.exposed_comm_s, double(peak),
                                                          double(mem_rss_peak_bytes())};
@@ -509,6 +590,7 @@ bool Tracer::end_step(const StepRecord& local) {
 void Tracer::finish(bool truncated) {
   Impl& I = *impl_;
   if (I.finished) return;
+  truncated = truncated || I.stop_signal != 0;
   I.touch(step_, Phase::other, -1);
   // Spans recorded after the last end_step (setup, teardown) are kept too.
   std::vector<SpanRecord> mine;
@@ -546,8 +628,12 @@ void Tracer::finish(bool truncated) {
       w.attr("/", "end_time_utc", trace_detail::iso8601_utc(int64_t(std::time(nullptr))));
       w.attr("/", "steps_completed", I.steps_completed);
       w.attr("/", "status", truncated ? "truncated" : "complete");
+      if (I.stop_signal != 0)
+        w.attr("/", "stop_reason", std::string(signal_name(I.stop_signal)) + " on rank " + std::to_string(I.stop_rank) +
+                                       ", after step " + std::to_string(I.stop_step));
       w.close_and_rename();
     });
+    const IoLock lock = io_lock();
     I.writer.reset();
   }
   I.finished = true;
@@ -555,6 +641,25 @@ void Tracer::finish(bool truncated) {
   I.world.barrier();
   I.stop_watchdog();
 }
+
+void Tracer::fail(const std::string& reason) {
+  Impl& I = *impl_;
+  if (I.finished) return;
+  I.touch(step_, Phase::other, -1);
+  if (I.rank == 0) {
+    I.mark_failed(reason);
+    const IoLock lock = io_lock();
+    I.writer.reset();  // closed as NAME.partial: an older NAME stays as it was
+  }
+  I.finished = true;
+  I.world.barrier();
+  I.stop_watchdog();
+}
+
+int Tracer::stop_signal() const { return impl_->stop_signal; }
+int Tracer::stop_rank() const { return impl_->stop_rank; }
+int64_t Tracer::stop_step() const { return impl_->stop_step; }
+int64_t Tracer::steps_completed() const { return impl_->steps_completed; }
 
 void Tracer::write_dataset(const std::string& path, const std::vector<int32_t>& data,
                            const std::vector<uint64_t>& dims) {

@@ -1,9 +1,14 @@
 // In-memory trace of one run: spans (step, layer, phase, ring_step, rank, begin/end µs, flops,
 // bytes), per-step records, peak memory; written to HDF5 by io/h5_trace (src/io, the module that
 // knows HDF5) on rank 0 after every step. Crash-safe: NAME.h5.partial is flushed every step and
-// renamed to NAME.h5 at a clean exit; SIGTERM/SIGUSR1 (core/signals.hpp) end the run after the
-// current step with status "truncated"; a watchdog (core/watchdog.hpp) aborts the job when no
-// progress is made for watchdog_s seconds.
+// renamed to NAME.h5 at a clean end. The status attribute says how the run ended:
+//   running    (in NAME.h5.partial) the job is running, or ended without a word (SIGKILL, a crash);
+//   complete   every step ran;
+//   truncated  a stop signal (core/signals.hpp) on any rank ended it after a step every rank
+//              agreed on; stop_reason names the signal, the rank and the step;
+//   failed     (in NAME.h5.partial) a fault ended it: the watchdog (no progress for watchdog_s
+//              seconds), out of memory, an I/O error, a non-finite loss; `failure` says which rank
+//              and why. A rank other than 0 tells rank 0 through the fault channel first.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -81,8 +86,18 @@ class Tracer {
   bool end_step(const StepRecord& local);
 
   // Collective: writes /summary and sets status ("complete" renames the file to its final name;
-  // "truncated" too — the run ended cleanly but early).
+  // "truncated" too — the run ended cleanly but early; truncated is implied when end_step agreed
+  // on a stop signal).
   void finish(bool truncated);
+  // Collective, instead of finish: a fault every rank knows of (a non-finite loss): status
+  // "failed" with `reason`; the file stays NAME.h5.partial, an older NAME.h5 untouched.
+  void fail(const std::string& reason);
+  // After end_step agreed on a stop: the signal's number and the lowest rank that saw it (0, -1
+  // when none).
+  int stop_signal() const;
+  int stop_rank() const;
+  int64_t stop_step() const;
+  int64_t steps_completed() const;
 
   // Extra objects of a mode, e.g. inference's /generated token ids [turn, step, batch] or a
   // bench's attributes. Rank 0 writes and flushes at once; on other ranks these do nothing.

@@ -90,7 +90,7 @@ def case_restart(tmp):
         bad.append("resumed losses are not bit-identical")
     # A checkpoint of another model shape is refused before anything runs.
     r = run(tmp, "bad_resume", 2, ["steps=6", "mesh=ring:2", f"resume={ck}", "dim=64"], expect_rc=2)
-    if "dim" not in r.stdout:
+    if "dim" not in r.stderr:
         bad.append("mismatched resume message does not name dim")
     return bad
 
@@ -116,7 +116,7 @@ def case_data(tmp):
     if np.array_equal(a["loss"], d["loss"]):
         bad.append("eos_id document boundaries had no effect")
     r = run(tmp, "short", 2, ["steps=1", "mesh=ring:2", "docs=none", f"data={tmp}/t16.bin", "seq=8K"], expect_rc=2)
-    if "fewer than seq" not in r.stdout:
+    if "fewer than seq" not in r.stderr:
         bad.append("short token file not reported")
     return bad
 
@@ -148,7 +148,7 @@ def case_memory(tmp):
 
 def case_errors(tmp):
     r = run(tmp, "tp4", 4, ["steps=1", "mesh=tp:4"], expect_rc=2)
-    return [] if "kv_heads" in r.stdout else ["tp:4 with kv_heads=2 message does not name kv_heads"]
+    return [] if "kv_heads" in r.stderr else ["tp:4 with kv_heads=2 message does not name kv_heads"]
 
 
 def main():

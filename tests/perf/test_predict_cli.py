@@ -25,7 +25,11 @@ r = run(*model, "predict_mesh=tp:8,ring:16", "seq=1M", "predict_mode=prefill")
 check(r.returncode == 0, "prefill table exits 0: %s" % r.stderr)
 rows = [l for l in r.stdout.splitlines() if l and not l.startswith("#")]
 check(len(rows) == 5, "prefill: one row per strategy (pass_kv, pass_q, allgather, ulysses, usp), got %d" % len(rows))
-check(sum("invalid" in l for l in rows) == 1, "prefill on tp:8,ring:16: usp invalid (no ulysses axis), the rest valid")
+check(sum("invalid" in l for l in rows) == 0, "prefill on tp:8,ring:16: every strategy valid (usp on any mesh)")
+usp = [l for l in rows if " usp " in l]
+kv = [l for l in rows if " pass_kv " in l]
+check(len(usp) == 1 and "the same as ring" in usp[0], "usp without a ulysses axis is noted as the ring")
+check(usp and kv and usp[0].split()[6] == kv[0].split()[6], "usp with ulysses:1 is priced as pass_kv")
 check(any("pass_kv" in l for l in rows) and any("pass_q" in l for l in rows), "prefill rows name pass_kv and pass_q")
 check("# recommended: pass_kv" in r.stdout, "1M prefill recommends pass_kv:\n" + r.stdout)
 
@@ -39,7 +43,8 @@ check([d["strategy"] for d in data] == ["allgather", "ulysses", "ring", "usp"], 
 check(sum(d["recommended"] == "*" for d in data) == 1, "exactly one recommended row")
 valid = [d for d in data if d["time_s"] != "-"]
 check(all(float(d["time_s"]) > 0 and 0 < float(d["mfu_pct"]) < 100 for d in valid), "times > 0 and MFU in (0, 100)")
-check(any("invalid" in d["note"] for d in data), "usp without a ulysses axis is marked invalid with a reason")
+check([d["note"] for d in data if d["strategy"] == "usp"] == ["the same as ring on this mesh"],
+      "usp without a ulysses axis is noted as the ring it is")
 
 r = run(*model, "predict_mesh=tp:8,ring:16", "predict_mode=prefill", "--csv", "--sweep", "seq=128K,256K,1M")
 data = list(csv.DictReader(io.StringIO(r.stdout)))

@@ -260,16 +260,19 @@ def case_watchdog(c: Ctx):
     elapsed = time.time() - t0
     text = r.stdout + r.stderr
     check(r.returncode != 0, "a stalled job exited 0")
-    m = re.search(r"\[rank (\d+)\] watchdog: no progress for ([0-9.]+) s at step (\d+), layer (-?\d+), phase (\w+)",
-                  text)
-    check(m is not None, f"no watchdog message in the output:\n{text}")
+    pattern = r"\[rank (\d+)/\d+ [^\]]*\] ctxpar: watchdog: no progress for ([0-9.]+) s at step (\d+), layer (-?\d+), phase (\w+)"
+    found = list(re.finditer(pattern, text))
+    check(found, f"no watchdog message in the output:\n{text}")
+    # The stalled rank's own report names where it stopped (the others report where they wait).
+    m = next((f for f in found if int(f.group(1)) == P - 1), found[0])
     check(int(m.group(3)) == at and int(m.group(4)) == 1 and m.group(5) == "attn_fwd",
           f"watchdog message names the wrong place: {m.group(0)}")
     check(1.0 <= float(m.group(2)) < 20.0, f"idle time {m.group(2)} s")  # loose: loaded CI machines
     check(elapsed < 90, f"job took {elapsed:.1f} s to abort (the stall lasts 120 s)")
-    # The flushed steps before the stall are in the .partial.
+    # The flushed steps before the stall are in the .partial, marked failed with the reason.
     t = c.ct.load(out)
-    check(t.partial and t.status == "running" and t.steps_completed == at, f"partial trace after abort: {t.status} {t.steps_completed}")
+    check(t.partial and t.status == "failed" and t.steps_completed == at, f"partial trace after abort: {t.status} {t.steps_completed}")
+    check("watchdog: no progress" in str(t.attrs.get("failure", "")), f"failure attribute: {t.attrs.get('failure')!r}")
 
 
 CASES = {"loader": case_loader, "crash": case_crash, "signal": case_signal, "watchdog": case_watchdog}

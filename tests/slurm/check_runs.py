@@ -5,7 +5,7 @@
     check_runs.py --ranks 2 --steps 3 --sweep 2 SWEEP_DIR                    # every run of a sweep
     check_runs.py --min-flushed 3 RUN_DIR        # exit 0 once the (running) trace has 3 steps
 
-Per run: args, exit_code 0, config.txt (the parsed configuration, mesh product = ranks), the
+Per run: args, exit_code (0, or --exit-code: 138 = 128 + SIGUSR1 for a run stopped by USR1), config.txt (the parsed configuration, mesh product = ranks), the
 launch command, and the trace read with analysis/ctxpar_trace.py: status, world size, one step
 row per completed step, numbered 0.., spans of every rank in every step, positive step times.
 Exit 0 when everything holds; otherwise every failure is printed and the exit code is 1.
@@ -46,7 +46,7 @@ def check_run(d: str, args) -> None:
     w = os.path.basename(d.rstrip("/"))
     check(read(os.path.join(d, "args")).strip() != "", w, "no args file")
     code = read(os.path.join(d, "exit_code")).strip()
-    if not check(code == "0", w, f"exit_code {code!r} (job.out tail: {read(os.path.join(d, 'job.out'))[-800:]!r})"):
+    if not check(code == str(args.exit_code), w, f"exit_code {code!r} (job.out tail: {read(os.path.join(d, 'job.out'))[-800:]!r})"):
         return
     config = read(os.path.join(d, "config.txt"))
     m = re.search(r"^\s*mesh\s*=\s*(\S+)", config, re.M)
@@ -90,6 +90,7 @@ def main() -> int:
     p.add_argument("--ranks", type=int)
     p.add_argument("--steps", type=int, help="expected steps_completed (warmup + steps)")
     p.add_argument("--status", default="complete")
+    p.add_argument("--exit-code", type=int, default=0, help="expected exit code (128 + N: stopped by signal N)")
     p.add_argument("--launcher", choices=("srun", "mpirun"))
     p.add_argument("--slurm", action="store_true", help="the run must have run inside a SLURM job")
     p.add_argument("--sweep", type=int, help="dirs are sweep directories with this many runs each")

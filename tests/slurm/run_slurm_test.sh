@@ -213,7 +213,8 @@ log "all jobs ended"
 "$PY" "$REPO/tests/slurm/check_runs.py" --ranks 2 --steps 3 --launcher mpirun --slurm "$J/mpirun2"
 "$PY" "$REPO/tests/slurm/check_runs.py" --ranks 2 --steps 3 --launcher srun --slurm --sweep 2 "$J/sweep"
 "$PY" "$REPO/tests/slurm/check_runs.py" --ranks 2 --steps 3 --launcher srun --slurm --sweep 2 "$J/sweep_array"
-"$PY" "$REPO/tests/slurm/check_runs.py" --ranks 2 --status truncated --launcher srun --slurm "$J/usr1"
+# A run stopped by a signal exits 128 + its number (ctxpar's exit codes; SIGUSR1 = 10).
+"$PY" "$REPO/tests/slurm/check_runs.py" --ranks 2 --status truncated --exit-code 138 --launcher srun --slurm "$J/usr1"
 [ -f "$J/plain/ctxpar-$JOB_PLAIN.out" ] || { echo "no $J/plain/ctxpar-$JOB_PLAIN.out (default --output)"; exit 1; }
 "$PY" "$REPO/tests/slurm/check_runs.py" --ranks 2 --steps 3 --launcher srun --slurm "$J/plain/runs/$JOB_PLAIN"
 echo "PASS: SLURM jobs, sweeps, job array and USR1 flush"

@@ -1,0 +1,118 @@
+#include "io/output_lock.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <system_error>
+
+namespace ctxpar {
+
+namespace fs = std::filesystem;
+
+std::string lock_path(const std::string& output) { return output + ".lock"; }
+
+OutputLocks::~OutputLocks() { release(); }
+
+OutputLocks::OutputLocks(OutputLocks&& o) noexcept : held_(std::move(o.held_)), unlocked_(std::move(o.unlocked_)) {
+  o.held_.clear();
+}
+
+OutputLocks& OutputLocks::operator=(OutputLocks&& o) noexcept {
+  if (this != &o) {
+    release();
+    held_ = std::move(o.held_);
+    unlocked_ = std::move(o.unlocked_);
+    o.held_.clear();
+  }
+  return *this;
+}
+
+namespace {
+
+std::string holder_text(int fd) {
+  char buf[512];
+  const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return "another process (it has not written its name yet)";
+  buf[n] = 0;
+  std::string s(buf);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+bool same_file(int fd, const std::string& path) {
+  struct stat a {}, b {};
+  if (fstat(fd, &a) != 0 || stat(path.c_str(), &b) != 0) return false;
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+}  // namespace
+
+std::string OutputLocks::add(const std::string& output, const std::string& label) {
+  const std::string lp = lock_path(output);
+  const fs::path parent = fs::path(lp).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) {
+    fs::create_directories(parent, ec);
+    if (ec) return "cannot create directory '" + parent.string() + "': " + ec.message();
+  }
+  // A holder that ends between our open and our lock unlinks the file we opened: lock the file
+  // that is at the path now, or try again.
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    const int fd = open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return "cannot create the lock file '" + lp + "': " + std::strerror(errno);
+    struct flock fl {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    if (fcntl(fd, F_SETLK, &fl) != 0) {
+      const int e = errno;
+      if (e == EACCES || e == EAGAIN) {
+        const std::string who = holder_text(fd);
+        close(fd);
+        return "another job is writing it (" + who + "; lock " + lp + ")";
+      }
+      // ENOLCK, EOPNOTSUPP, ...: this file system keeps no locks. Go on unlocked.
+      close(fd);
+      unlink(lp.c_str());
+      unlocked_.push_back(output);
+      return "";
+    }
+    if (!same_file(fd, lp)) {
+      close(fd);
+      continue;
+    }
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    char when[32];
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    const std::string who = "host " + std::string(host) + ", pid " + std::to_string(getpid()) + ", ctxpar " + label +
+                            ", since " + when + "\n";
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, who.data(), who.size(), 0) != ssize_t(who.size())) {
+      const int e = errno;
+      unlink(lp.c_str());
+      close(fd);
+      return "cannot write the lock file '" + lp + "': " + std::strerror(e);
+    }
+    held_.push_back({lp, fd});
+    return "";
+  }
+  return "the lock file '" + lp + "' keeps changing (another job is taking it)";
+}
+
+void OutputLocks::release() {
+  // Unlink while still locked: a job waiting on the old file finds it gone and makes a new one.
+  for (const Held& h : held_) {
+    unlink(h.path.c_str());
+    close(h.fd);
+  }
+  held_.clear();
+}
+
+}  // namespace ctxpar
