@@ -59,6 +59,7 @@ int bench_infer(BenchContext& ctx);  // bench_infer.cpp: pass-KV vs pass-Q TTFT,
 // Host bytes per rank of the benches' largest case (the memory check before a run, main.cpp).
 double bench_comm_memory(const Config& cfg, Topology& topo);
 double bench_attn_memory(const Config& cfg, Topology& topo);
+double bench_attn_device_memory(const Config& cfg);  // GPU bytes of device=cuda's largest row
 
 // "VALID: ..." / "INVALID: N wrong" line on rank 0.
 void print_verdict(const std::string& what, int wrong, bool csv);

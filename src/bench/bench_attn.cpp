@@ -537,6 +537,15 @@ double bench_attn_memory(const Config& cfg, Topology&) {
   return 4.0 * double(S) * (4 * h_q * d + h_q + 4 * h_kv * d) + 24.0 * double(S) * h_kv * d + 3.0 * 4 * 2048.0 * 2048.0;
 }
 
+double bench_attn_device_memory(const Config& cfg) {
+  // The CUDA bench's largest row (S up to max(seq, 16K); 32/8 heads, D = 128 in the fixed rows):
+  // bf16 q, k, v, dout; fp32 o, lse, dq, dk, dv; and the 8192^2 bf16 GEMM with its fp32 output.
+  const double S = double(std::max<int64_t>(cfg.seq, 16384));
+  const double h_q = double(std::max<int64_t>(cfg.heads, 32)), h_kv = double(std::max<int64_t>(cfg.kv_heads, 8));
+  const double d = double(std::max<int64_t>(cfg.head_dim, 128));
+  return S * (h_q * d * (2 * 2 + 4 * 2) + h_q * 4 + h_kv * d * (2 * 2 + 4 * 2)) + 8192.0 * 8192.0 * (2 + 2 + 4);
+}
+
 int bench_attn(BenchContext& ctx) {
 #if defined(CTXPAR_WITH_CUDA)
   if (ctx.cfg.device == Device::cuda) return bench_attn_cuda(ctx);

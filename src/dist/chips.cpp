@@ -45,6 +45,23 @@ DeviceCount cuda_device_count() {
   return d;
 }
 
+DeviceMemory cuda_device_memory(int device) {
+  DeviceMemory m;
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    return m;
+  }
+  size_t f = 0, t = 0;
+  if (cudaMemGetInfo(&f, &t) == cudaSuccess) {
+    m.free_bytes = int64_t(f);
+    m.total_bytes = int64_t(t);
+  }
+  cudaGetLastError();
+  cudaSetDevice(prev);
+  return m;
+}
+
 int select_device(int local_rank, int local_size) {
   const DeviceCount dc = cuda_device_count();
   CTXPAR_CHECK(dc.count > 0, "device=cuda but no CUDA device is usable on host " << dist_detail::host_name() << ": "

@@ -32,6 +32,11 @@ struct DeviceCount {
 };
 // Never fails: a machine without a driver or GPU reports 0 and why.
 DeviceCount cuda_device_count();
+// Free and total bytes of CUDA device `device` (cudaMemGetInfo); {-1, -1} when it cannot be read.
+struct DeviceMemory {
+  int64_t free_bytes = -1, total_bytes = -1;
+};
+DeviceMemory cuda_device_memory(int device);
 
 // Picks this rank's GPU by the policy and makes it current (cudaSetDevice); returns its index.
 // Ends the job with a clear message when no GPU is visible.

@@ -5,6 +5,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "bench/bench.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
@@ -12,6 +13,9 @@
 #include "dist/topology.hpp"
 #include "modes/modes.hpp"
 #include "modes/workload.hpp"
+#if defined(CTXPAR_WITH_CUDA)
+#include "dist/chips.hpp"
+#endif
 
 namespace ctxpar {
 
@@ -58,6 +62,10 @@ std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row)
     if (!row.cuda)
       return "config: device = 'cuda' is built for `bench attn` only so far (mode " + mode_words(cfg, " ") +
              "); valid: device=cpu for this mode";
+    // Every rank checks its own node, before anything touches the GPU.
+    if (const DeviceCount dc = cuda_device_count(); dc.count == 0)
+      return "config: device = 'cuda' but no GPU is usable on host " + topo.hosts()[size_t(topo.world().rank())] + " (" +
+             dc.why + "); valid: device=cpu, or a node with a GPU";
     if (cfg.head_dim % 8 != 0)
       return "config: head_dim = " + std::to_string(cfg.head_dim) + " with device = cuda: the GPU kernels load 16-byte "
              "rows, so head_dim must be a multiple of 8 (e.g. " + std::to_string((cfg.head_dim + 7) / 8 * 8) + ")";
@@ -138,6 +146,22 @@ int64_t largest_fitting_seq(const Config& cfg, Topology& topo, const ModeRow& ro
 }  // namespace
 
 std::string check_memory(const Config& cfg, Topology& topo, const ModeRow& row) {
+#if defined(CTXPAR_WITH_CUDA)
+  // device=cuda (bench attn so far): its largest row against the free memory of this rank's GPU,
+  // shared by the ranks on it.
+  if (cfg.device == Device::cuda) {
+    const DeviceCount dc = cuda_device_count();
+    const int dev = device_for_local_rank(topo.local_rank(), topo.local_size(), std::max(1, dc.count));
+    const DeviceMemory m = cuda_device_memory(dev);
+    const int sharing = std::max(1, (topo.local_size() + dc.count - 1) / std::max(1, dc.count));
+    const double need = bench_attn_device_memory(cfg);
+    if (m.free_bytes >= 0 && need > double(m.free_bytes) / sharing)
+      return "config: this " + mode_words(cfg) + " needs about " + fmt_bytes(need) + " of GPU memory per rank, but GPU " +
+             std::to_string(dev) + " on " + topo.hosts()[size_t(topo.world().rank())] + " has " +
+             fmt_bytes(double(m.free_bytes)) + " free for " + std::to_string(sharing) +
+             " rank(s); valid: a shorter seq, or fewer ranks per GPU";
+  }
+#endif
   if (!row.memory) return "";
   const MemoryBudget b = memory_budget(cfg, topo);
   if (b.bytes_per_rank < 0) return "";

@@ -73,7 +73,8 @@ std::string check_existing(const RunFile& out, const Config& cfg) {
     return "config: " + name(out) + " holds " + kind_text(f.kind) + "; this run would replace it with " +
            kind_text(out.kind) + valid;
   if (out.kind == "trace" && f.mode != mode_words(cfg)) {
-    const std::string own = "out/" + mode_words(cfg, "_") + ".h5";
+    std::string own = "out/" + mode_words(cfg, "_") + ".h5";
+    if (same_file(own, out.path)) own = "out/" + mode_words(cfg, "_") + "_2.h5";
     return "config: " + name(out) + " holds the trace of a `ctxpar " + f.mode + "` run" +
            (f.status.empty() ? "" : " (status " + f.status + ")") + "; this `ctxpar " + mode_words(cfg) +
            "` run would replace it; valid: another out= (e.g. out=" + own + "), or move that file away first";

@@ -42,6 +42,7 @@ AttnParams local_attn_problem(const Config& cfg, int tp) {
 // layout order, over all ranks) whose gradient holds a NaN or Inf. Collective over `world`.
 std::string non_finite_message(int64_t s, double loss, const ParamLayout& layout, const float* grads, Comm& world,
                                int64_t last_checkpoint, const std::string& checkpoint) {
+  // `checkpoint` at step `last_checkpoint`: the newest good one (written by this run, or resumed from).
   const auto& info = layout.tensors();
   int32_t first = int32_t(info.size());
   for (size_t i = 0; i < info.size() && first == int32_t(info.size()); ++i)
@@ -57,8 +58,8 @@ std::string non_finite_message(int64_t s, double loss, const ParamLayout& layout
   if (first < int32_t(info.size())) os << "the gradient of " << info[size_t(first)].name << " holds a non-finite value";
   else if (std::isfinite(loss)) os << "the gradient norm is not finite";
   os << "; stopped before the update (the parameters stay those of step " << s - 1 << ")";
-  if (last_checkpoint >= 0) os << "; the last checkpoint is " << checkpoint << " at step " << last_checkpoint;
-  else os << "; this run wrote no checkpoint";
+  if (last_checkpoint >= 0) os << "; the last good checkpoint is " << checkpoint << " (step " << last_checkpoint << ")";
+  else os << "; there is no checkpoint of this run (checkpoint_every = 0)";
   os << "; valid: a lower lr, grad_clip > 0, or resume from an earlier checkpoint";
   return os.str();
 }
@@ -201,7 +202,9 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
 
   std::vector<double> times, tflops_v, mfus, tok_s, gemm_sh, attn_sh;
   double first_loss = NAN, last_loss = NAN;
-  int64_t last_checkpoint = -1;  // the step of the last checkpoint this run wrote
+  // The newest good checkpoint: the one resumed from, then each one this run writes.
+  int64_t last_checkpoint = cfg.resume.empty() ? -1 : state.step;
+  std::string last_checkpoint_path = cfg.resume;
   for (int64_t s = state.step; s < total; ++s) {
     tracer.begin_step(s);
     world.barrier();
@@ -248,7 +251,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     // checkpoint written) stay those of the last good step. The loss and the norm are the same
     // on every rank, so every rank stops here.
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      const std::string msg = non_finite_message(s, loss, layout, grads.data(), world, last_checkpoint, cfg.checkpoint);
+      const std::string msg = non_finite_message(s, loss, layout, grads.data(), world, last_checkpoint, last_checkpoint_path);
       err0("ctxpar: %s\n", msg.c_str());
       tracer.fail(msg);
       return kExitFault;
@@ -301,6 +304,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
       Tracer::Scope sc(&tracer, Phase::other, -1, -1, 0, 0);
       save_checkpoint(cfg.checkpoint, cfg, layout, params.data(), opt.m().data(), opt.v().data(), state, topo);
       last_checkpoint = state.step;
+      last_checkpoint_path = cfg.checkpoint;
       log0("# checkpoint: step %lld written to %s\n", (long long)state.step, cfg.checkpoint.c_str());
     }
     if (stop) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Bad-input table: each case must print one clear message on rank 0 that names the field,
-exit with code 2 on every rank, finish within 30 s and leave no output file behind.
-Usage: test_bad_input.py CTXPAR_BINARY [--table]  (--table prints the cases and their messages)"""
+"""Bad-input table: each case must print one clear message on rank 0, on stderr, that names the
+field or value; exit with code 2 on every rank; finish within 30 s; and leave every file as it
+was: nothing created, nothing changed (inputs, existing outputs, other runs' traces).
+Usage: test_bad_input.py CTXPAR_BINARY REPO_ROOT [--table]  (--table prints the cases and messages)"""
 import os
 import shutil
 import subprocess
@@ -9,10 +10,15 @@ import sys
 import tempfile
 import time
 
+import h5py
+import numpy as np
+
 NP = 2
 TIMEOUT_S = 30
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 
-# (name, extra args, text the message must contain)
+# (name, arguments, text the message must contain). @X@ names a fixture file in the case's
+# directory (see make_fixtures); @TMP@ is that directory; @TINY@ the tiny model's config.
 CASES = [
     ("unknown key", ["run", "sequ=4K"], "sequ"),
     ("not an integer", ["run", "seq=abc"], "seq"),
@@ -23,69 +29,174 @@ CASES = [
     ("bad float", ["run", "watchdog_s=fast"], "watchdog_s"),
     ("mesh product != ranks", ["run", "mesh=ring:3"], "mesh"),
     ("unknown mesh axis", ["run", "mesh=torus:2"], "mesh"),
+    ("mesh with a trailing comma", ["run", "mesh=ring:2,"], "mesh"),
     ("heads not a multiple of kv_heads", ["run", "heads=6", "kv_heads=4"], "kv_heads"),
     ("window without mask=window", ["run", "window=64"], "window"),
     ("mask=window without window", ["run", "mask=window"], "window"),
     ("seq not divisible for zigzag", ["run", "seq=1001"], "seq"),
     ("document lengths do not sum to seq", ["run", "seq=4K", "docs=100,200"], "docs"),
+    ("document list with an empty item", ["run", "seq=4K", "docs=1K,,3K"], "docs"),
+    ("schedule with a trailing comma", ["chat", "schedule=prefill:1K,decode:4,"], "schedule"),
+    ("bench comm sizes reversed", ["bench", "comm", "bench_min_bytes=1M", "bench_max_bytes=4K"], "bench_min_bytes"),
     ("ulysses cannot split heads", ["run", "strategy=ulysses", "mesh=ulysses:2", "heads=3", "kv_heads=3"], "heads"),
     ("strategy=auto without a readable profile", ["train", "strategy=auto", "hardware=nope"], "hardware"),
     ("device=cuda for a mode not built for it", ["train", "device=cuda"], "device"),
     ("unknown mode", ["fly"], "mode"),
     ("unknown bench", ["bench", "warp"], "bench"),
     ("missing --config file", ["run", "--config", "does/not/exist.toml"], "config"),
+    ("--config names a directory", ["run", "--config", "@TMP@"], "config"),
     ("TOML syntax error", ["run", "--config", "@BADTOML@"], "bad.toml"),
     ("unknown key in TOML", ["run", "--config", "@UNKNOWNTOML@"], "colour"),
     ("out is a directory", ["run", "out=@TMP@"], "out"),
     ("attn input file missing", ["attn", "in=@TMP@/missing.h5", "out=@TMP@/res.h5"], "in"),
+    # Outputs that would overwrite an input or another output.
+    ("out is the --config file", ["run", "--config", "@GOODTOML@", "out=@GOODTOML@"], "out"),
+    ("attn results over their own input", ["attn", "in=@ATTN@", "out=@ATTN@"], "out"),
+    ("checkpoint and out the same file", ["train", "--config", "@TINY@", "checkpoint_every=1",
+                                          "checkpoint=@TMP@/x.h5", "out=@TMP@/x.h5"], "checkpoint"),
+    ("dump_init over the resume checkpoint", ["train", "--config", "@TINY@", "resume=@CK@", "steps=4",
+                                              "dump_init=@CK@"], "dump_init"),
+    ("out over the resume checkpoint", ["train", "--config", "@TINY@", "resume=@CK@", "steps=4", "out=@CK@"], "resume"),
+    # Existing files that are not this run's kind of output.
+    ("out holds another mode's trace", ["predict", "out=@TRAINTRACE@"], "train"),
+    ("out holds a checkpoint", ["run", "out=@CK@"], "checkpoint"),
+    ("out is a file ctxpar did not write", ["run", "out=@NOTES@"], "did not write"),
+    ("calibrate over a profile it did not write", ["bench", "calibrate", "hardware=@PROFILE@"], "hardware"),
+    # Memory: the plan against what a rank may use (mem_per_rank, or the node's).
+    ("plan beyond mem_per_rank", ["train", "--config", "@TINY@", "mem_per_rank=1M"], "mem_per_rank"),
+    ("plan beyond the node", ["train", "--config", "@TINY@", "seq=1G"], "seq <="),
+    # Non-finite values and out-of-range ids, found when the files are checked, not absorbed.
+    ("NaN in an attn input", ["attn", "in=@ATTNNAN@", "out=@TMP@/r.h5"], "nan at"),
+    ("Inf in a checkpoint", ["train", "--config", "@TINY@", "resume=@CKINF@", "steps=4"], "inf at"),
+    ("resume past the last step", ["train", "--config", "@TINY@", "resume=@CK@", "steps=1", "warmup=0"], "steps"),
+    ("checkpoint of another shape", ["train", "--config", "@TINY@", "resume=@CK@", "steps=4", "dim=64"], "dim"),
+    ("token id beyond the vocabulary", ["train", "--config", "@TINY@", "data=@BADTOK@", "data_dtype=uint16",
+                                        "docs=none"], "vocab"),
 ]
 
 
+def make_checkpoint(binary, root, work):
+    """One real checkpoint of the tiny model at step 2 (shared by the cases that copy it)."""
+    ck = os.path.join(work, "ck.h5")
+    cmd = ["mpirun", "-np", str(NP), "--oversubscribe", "--bind-to", "none", binary, "train", "--config",
+           os.path.join(root, "inputs", "tiny.toml"), "steps=2", "warmup=0", "checkpoint_every=2",
+           "checkpoint=" + ck, "out=" + os.path.join(work, "ck_run.h5")]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0 or not os.path.isfile(ck):
+        raise SystemExit(f"could not write the fixture checkpoint:\n{p.stdout}\n{p.stderr}")
+    return ck
+
+
+def make_fixtures(tmp, root, ck):
+    f = {"TMP": tmp, "TINY": os.path.join(root, "inputs", "tiny.toml")}
+    def path(name):
+        return os.path.join(tmp, name)
+    with open(path("bad.toml"), "w") as fh:
+        fh.write("seq = \n")
+    with open(path("unknown.toml"), "w") as fh:
+        fh.write("colour = \"red\"\n")
+    with open(path("good.toml"), "w") as fh:
+        fh.write("seq = 1024\n")
+    with open(path("notes.txt"), "w") as fh:
+        fh.write("a file of the user's\n")
+    with open(path("mine.toml"), "w") as fh:
+        fh.write("name = \"mine\"\n")
+    f.update(BADTOML=path("bad.toml"), UNKNOWNTOML=path("unknown.toml"), GOODTOML=path("good.toml"),
+             NOTES=path("notes.txt"), PROFILE=path("mine.toml"))
+    rng = np.random.default_rng(1)
+    for name, bad in (("attn.h5", False), ("attn_nan.h5", True)):
+        with h5py.File(path(name), "w") as h:
+            for d, heads in (("q", 2), ("k", 2), ("v", 2), ("do", 2)):
+                x = rng.standard_normal((64, heads, 16)).astype(np.float32)
+                if bad and d == "k":
+                    x[37, 1, 5] = np.nan
+                h[d] = x
+    f.update(ATTN=path("attn.h5"), ATTNNAN=path("attn_nan.h5"))
+    with h5py.File(path("train_trace.h5"), "w") as h:  # what a finished `ctxpar train` leaves
+        h.attrs.update({"ctxpar_file": "trace", "schema_version": 1, "mode": "train", "bench": "none",
+                        "status": "complete"})
+    f["TRAINTRACE"] = path("train_trace.h5")
+    shutil.copy(ck, path("ck.h5"))
+    shutil.copy(ck, path("ck_inf.h5"))
+    with h5py.File(path("ck_inf.h5"), "r+") as h:
+        x = h["adam_m/layers.1.w2"][...]
+        x[3, 5] = np.inf
+        h["adam_m/layers.1.w2"][...] = x
+    f.update(CK=path("ck.h5"), CKINF=path("ck_inf.h5"))
+    tok = (np.arange(8192) % 200).astype("<u2")
+    tok[100] = 9999  # beyond the tiny model's vocabulary, in the first sample a run reads
+    tok.tofile(path("tokens.bin"))
+    f["BADTOK"] = path("tokens.bin")
+    return f
+
+
+def snapshot(d):
+    """Every file and directory under d with its size and modification time."""
+    out = {}
+    for base, dirs, files in os.walk(d):
+        for n in dirs + files:
+            p = os.path.join(base, n)
+            st = os.lstat(p)
+            out[os.path.relpath(p, d)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
 def main():
-    binary = sys.argv[1]
+    binary, root = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     show = "--table" in sys.argv
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
     failures = []
     rows = []
+    work = tempfile.mkdtemp(prefix="ctxpar-bad-fixtures-")
+    ck = make_checkpoint(binary, root, work)
     for name, args, must in CASES:
         tmp = tempfile.mkdtemp(prefix="ctxpar-bad-")
-        with open(os.path.join(tmp, "bad.toml"), "w") as f:
-            f.write("seq = \n")
-        with open(os.path.join(tmp, "unknown.toml"), "w") as f:
-            f.write("colour = \"red\"\n")
-        args = [a.replace("@BADTOML@", os.path.join(tmp, "bad.toml"))
-                 .replace("@UNKNOWNTOML@", os.path.join(tmp, "unknown.toml"))
-                 .replace("@TMP@", tmp) for a in args]
-        out = os.path.join(tmp, "o", "run.h5")
+        fx = make_fixtures(tmp, root, ck)
+        for k, v in fx.items():
+            args = [a.replace("@" + k + "@", v) for a in args]
         if not any(a.startswith("out=") for a in args):
-            args = args + ["out=" + out]
-        before = set(os.listdir(tmp))
+            args = args + ["out=" + os.path.join(tmp, "o", "run.h5")]
+        before = snapshot(tmp)
+        time.sleep(0.01)  # a change within the same mtime tick would still differ in size or mtime
         cmd = ["mpirun", "-np", str(NP), "--oversubscribe", "--bind-to", "none", binary] + args
         t0 = time.time()
         try:
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-            rc, text = p.returncode, p.stdout + p.stderr
+            p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp)
+            rc, out, err = p.returncode, p.stdout, p.stderr
         except subprocess.TimeoutExpired:
-            rc, text = None, "(timed out)"
+            rc, out, err = None, "", "(timed out)"
         dt = time.time() - t0
-        after = set(os.listdir(tmp))
-        created = sorted(after - before)
-        msg_lines = [l for l in text.splitlines() if l.startswith("ctxpar: error:")]
+        after = snapshot(tmp)
+        text = out + err
+        msg_lines = [l for l in err.splitlines() if l.startswith("ctxpar: error:")]
         problems = []
         if rc != 2:
             problems.append(f"exit code {rc}, expected 2")
         if must not in text:
             problems.append(f"message does not name '{must}'")
         if len(msg_lines) != 1:
-            problems.append(f"{len(msg_lines)} error lines, expected exactly 1 (rank 0 only)")
+            problems.append(f"{len(msg_lines)} error lines on stderr, expected exactly 1 (rank 0 only)")
+        if any(l.startswith("ctxpar: error:") for l in out.splitlines()):
+            problems.append("an error line on stdout (errors belong on stderr)")
+        for bad in ("Signal:", "terminate called", "Backtrace", "[ 0]"):
+            if bad in text:
+                problems.append(f"'{bad}' in the output: a backtrace")
+        created = sorted(set(after) - set(before))
+        changed = sorted(k for k in before if k in after and before[k] != after[k])
+        removed = sorted(set(before) - set(after))
         if created:
-            problems.append(f"left files behind: {created}")
+            problems.append(f"created {created}")
+        if changed:
+            problems.append(f"changed {changed}")
+        if removed:
+            problems.append(f"removed {removed}")
         if dt > TIMEOUT_S:
             problems.append(f"took {dt:.1f} s")
-        rows.append((name, " ".join(args), rc, f"{dt:.1f}", msg_lines[0] if msg_lines else text.strip()[:200]))
+        rows.append((name, " ".join(a.replace(tmp, "$TMP").replace(root, "$REPO") for a in args), rc, f"{dt:.1f}",
+                     msg_lines[0].replace(tmp, "$TMP") if msg_lines else text.strip()[:200]))
         if problems:
             failures.append((name, problems, text))
         shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
     if show:
         print("| case | arguments | exit | s | message |")
         print("|---|---|---|---|---|")

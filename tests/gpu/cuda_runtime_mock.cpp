@@ -165,6 +165,11 @@ cudaError_t cudaFree(void* p) {
   std::free(p);
   return cudaSuccess;
 }
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  // A mock device as large as an H200 (the memory check's arithmetic, not a real figure).
+  *free_bytes = *total_bytes = size_t(141) << 30;
+  return cudaSuccess;
+}
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) { return cudaMalloc(p, bytes); }
 cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
 

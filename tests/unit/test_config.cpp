@@ -105,3 +105,23 @@ TEST(Config, HelpAndListingCoverEveryField) {
     EXPECT_NE(list.find(std::string(f.name)), std::string::npos) << f.name;
   }
 }
+
+// One list splitter for every list-valued setting: empty items (a doubled, leading or trailing
+// separator, an empty list) are refused with the item's position, never silently dropped.
+TEST(Config, ListsRefuseEmptyItems) {
+  std::vector<std::string> items;
+  EXPECT_EQ(split_list("prefill:1K, decode:4", ',', items), "");
+  EXPECT_EQ(items, (std::vector<std::string>{"prefill:1K", "decode:4"}));
+  EXPECT_NE(split_list("a,b,", ',', items).find("trailing"), std::string::npos);
+  EXPECT_NE(split_list(",a", ',', items).find("leading"), std::string::npos);
+  EXPECT_NE(split_list("a,,b", ',', items).find("item 2"), std::string::npos);
+  EXPECT_NE(split_list("  ", ',', items).find("empty"), std::string::npos);
+  EXPECT_NE(error_of("", {"mesh=ring:2,ring:2,"}).find("trailing"), std::string::npos);
+  EXPECT_NE(error_of("", {"docs=1K,,3K", "seq=4K"}).find("docs"), std::string::npos);
+}
+
+TEST(Config, BenchByteRangeMustBeOrdered) {
+  const std::string e = error_of("", {"bench_min_bytes=1M", "bench_max_bytes=4K"});
+  EXPECT_NE(e.find("bench_min_bytes"), std::string::npos) << e;
+  EXPECT_EQ(error_of("", {"bench_min_bytes=4K", "bench_max_bytes=4K"}), "");
+}
