@@ -101,6 +101,7 @@ Cli parse_cli(int argc, char** argv) {
       } else {
         c.config_path = a.substr(9);
       }
+      if (c.config_path.empty()) throw UsageError("--config needs a file name (e.g. --config inputs/default.toml); got an empty one");
       continue;
     }
     if (a.find('=') != std::string::npos) { c.overrides.push_back(a); continue; }
@@ -223,6 +224,7 @@ int run(int argc, char** argv, Comm& world) {
     }
     err = agree_on_error(world, err);
     if (!err.empty()) {
+      locks.abandon();  // nothing left behind, not even the directories the locks made
       err0("ctxpar: error: %s\n", err.c_str());
       return kExitUsage;
     }
@@ -238,6 +240,9 @@ int run(int argc, char** argv, Comm& world) {
     Tracer tracer(world, cfg, *topo, trace_path(cfg), row->needs_peak ? train_peak_flops_per_rank(cfg, *topo) : 0.0);
     try {
       rc = row->run(cfg, *topo, tracer);
+    } catch (const RunFailed& e) {  // every rank at once; the trace already says failed
+      err0("ctxpar: %s\n", e.what());
+      rc = kExitFault;
     } catch (const std::bad_alloc&) {
       fail_run("out of memory (std::bad_alloc) in " + mode_words(cfg) + "; valid: a shorter seq, more ranks, or remat "
                "(--dry-run shows the plan's memory per rank)");
@@ -253,6 +258,7 @@ int run(int argc, char** argv, Comm& world) {
            (long long)tracer.steps_completed(), rc);
     }
   } catch (const UsageError& e) {  // the trace's own checks (its output path)
+    locks.abandon();
     err0("ctxpar: error: %s\n", e.what());
     return kExitUsage;
   }

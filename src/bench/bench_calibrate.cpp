@@ -24,6 +24,7 @@
 //    shared-memory MPI it moves bytes slower than a point-to-point exchange).
 // The table lists every measured number; the profile's comments name each one's measurement.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -287,6 +288,15 @@ std::string validate_calibrate(const Config& cfg, Topology& topo) {
            "OMP_NUM_THREADS=1 mpirun -np 2 ctxpar bench calibrate";
   if (cfg.heads % cfg.kv_heads != 0) return "config: heads must be a multiple of kv_heads";
   try {
+    // The profile is a NAME (inputs/hardware/NAME.toml) or a PATH.toml, nothing else: a path
+    // without .toml would land inside inputs/hardware.
+    const std::string h = hardware_name(cfg, HardwareUse::plan);
+    const bool toml = h.size() > 5 && h.compare(h.size() - 5, 5, ".toml") == 0;
+    bool plain_name = !h.empty();
+    for (char ch : h) plain_name = plain_name && (std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_');
+    if (!toml && !plain_name)
+      return "config: hardware = '" + h + "': bench calibrate writes a TOML profile; valid: a name of letters, digits, "
+             "'-' and '_' (written to inputs/hardware/NAME.toml), or a path ending in .toml";
     (void)calibrate_path(cfg);
   } catch (const UsageError& e) {
     return std::string("config: ") + e.what();

@@ -34,7 +34,7 @@ std::string check_mesh(const Config& c) {
 std::string check_predict_mesh(const Config& c) {
   if (c.predict_mesh.empty()) return "";
   try {
-    parse_mesh(c.predict_mesh, 1 << 30);
+    parse_mesh(c.predict_mesh, 1 << 30, "predict_mesh");
   } catch (const UsageError& e) {
     return e.what();
   }
@@ -128,7 +128,11 @@ const std::vector<Field>& config_fields() {
       enum_field<&Config::data_dtype>("data_dtype", kTokenTypeNames, "uint16", "train: integer type of a raw .bin token file"),
       {"eos_id", &Config::eos_id, "-1", "train: token that ends a document in a token file (-1 = none)", {}, -1, 1ll << 31},
       {"dump_init", &Config::dump_init, "", "train: write initial weights, first batch and step-1 results to this HDF5 (oracle)", {}},
-      {"peak_tflops_per_rank", &Config::peak_tflops_per_rank, "0", "train: peak for MFU (0 = measured sgemm peak, as `bench peak`)", {}, 0, 1e6},
+      {"peak_tflops_per_rank", &Config::peak_tflops_per_rank, "0", "train: peak for MFU (0 = measured sgemm peak, as `bench peak`)", {}, 0, 1e6,
+       [](const Config& c) -> std::string {
+         return c.peak_tflops_per_rank == 0 || c.peak_tflops_per_rank >= 1e-4
+                    ? "" : "0 (measure it) or at least 1e-4 TFLOP/s (0.1 GFLOP/s): a smaller peak makes MFU meaningless";
+       }},
       // inference
       enum_field<&Config::cp_algo>("cp_algo", kCpAlgoNames, "auto", "infer: prefill attention (auto = chosen per call by the cost model)"),
       enum_field<&Config::decode_algo>("decode_algo", kDecodeAlgoNames, "pass_q", "infer: decode attention"),
@@ -309,7 +313,16 @@ Config parse_config(const std::string& toml_text, const std::string& toml_name,
       std::istringstream is(toml_text);
       root = toml::parse(is, toml_name);
     } catch (const std::exception& e) {
-      throw UsageError("config: cannot parse " + toml_name + ":\n" + e.what());
+      // toml11's report quotes the offending line: keep it printable and short (a binary file
+      // given as --config would otherwise echo raw bytes).
+      std::string why;
+      int lines = 0;
+      for (const char ch : std::string(e.what())) {
+        if (ch == '\n' && ++lines >= 8) break;
+        why += ch == '\n' || (static_cast<unsigned char>(ch) >= 0x20 && ch != 0x7f) ? ch : '?';
+      }
+      throw UsageError("config: cannot parse " + toml_name + " as TOML (valid: key = value lines, e.g. seq = 4096):\n" +
+                       why);
     }
     if (!root.is_table()) throw UsageError("config: " + toml_name + " is not a TOML table");
     for (const auto& [key, val] : root.as_table()) {
@@ -344,7 +357,7 @@ Config parse_config(const std::string& toml_text, const std::string& toml_name,
   return c;
 }
 
-MeshSpec parse_mesh(const std::string& mesh, int world_size) {
+MeshSpec parse_mesh(const std::string& mesh, int world_size, const char* field) {
   MeshSpec m;
   if (mesh.empty()) {
     m.ring = world_size;
@@ -354,7 +367,7 @@ MeshSpec parse_mesh(const std::string& mesh, int world_size) {
   std::vector<std::string> items;
   const std::string err = split_list(mesh, ',', items);
   if (!err.empty())
-    throw UsageError("config: mesh = '" + mesh + "': " + err + "; valid: axis:size items joined by ',' (e.g. mesh=ring:4,ulysses:2)");
+    throw UsageError(std::string("config: ") + field + " = '" + mesh + "': " + err + "; valid: axis:size items joined by ',' (e.g. mesh=ring:4,ulysses:2)");
   for (const std::string& item : items) {
     const size_t colon = item.find(':');
     const std::string axis = item.substr(0, colon);
@@ -364,12 +377,12 @@ MeshSpec parse_mesh(const std::string& mesh, int world_size) {
     for (int i = 0; i < 4; ++i)
       if (axis == names[i]) idx = i;
     if (idx < 0)
-      throw UsageError("config: mesh = '" + mesh + "': unknown axis '" + axis +
+      throw UsageError(std::string("config: ") + field + " = '" + mesh + "': unknown axis '" + axis +
                        "'; valid axes: dp, tp, ulysses, ring (e.g. mesh=ring:4,ulysses:2)");
-    if (colon == std::string::npos || !parse_size(item.substr(colon + 1), n) || n < 1)
-      throw UsageError("config: mesh = '" + mesh + "': axis '" + axis +
-                       "' needs a size ≥ 1, as " + axis + ":N (e.g. mesh=ring:4,ulysses:2)");
-    if (seen[idx]) throw UsageError("config: mesh = '" + mesh + "': axis '" + axis + "' is given twice");
+    if (colon == std::string::npos || !parse_size(item.substr(colon + 1), n) || n < 1 || n > MeshSpec::kMaxAxis)
+      throw UsageError(std::string("config: ") + field + " = '" + mesh + "': axis '" + axis + "' needs a size in [1, " +
+                       std::to_string(MeshSpec::kMaxAxis) + "], as " + axis + ":N (e.g. " + field + "=ring:4,ulysses:2)");
+    if (seen[idx]) throw UsageError(std::string("config: ") + field + " = '" + mesh + "': axis '" + axis + "' is given twice");
     seen[idx] = true;
     int64_t* dst[4] = {&m.dp, &m.tp, &m.ulysses, &m.ring};
     *dst[idx] = n;

@@ -144,6 +144,8 @@ std::string split_list(std::string_view text, char sep, std::vector<std::string>
 
 struct MeshSpec {
   int64_t dp = 1, tp = 1, ulysses = 1, ring = 1;
+  // Each axis is at most kMaxAxis (parse_mesh), so the product fits int64.
+  static constexpr int64_t kMaxAxis = int64_t(1) << 15;
   int64_t product() const { return dp * tp * ulysses * ring; }
 };
 // Parsed views of free-form settings: packed documents configured (docs != none); synthetic
@@ -151,7 +153,7 @@ struct MeshSpec {
 bool packed_docs(const Config& cfg);
 bool synthetic_data(const Config& cfg);
 
-// Parses cfg.mesh; "" means ring:world_size.
-MeshSpec parse_mesh(const std::string& mesh, int world_size);
+// Parses cfg.mesh (or another mesh setting, named `field` in messages); "" means ring:world_size.
+MeshSpec parse_mesh(const std::string& mesh, int world_size, const char* field = "mesh");
 
 }  // namespace ctxpar

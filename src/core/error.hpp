@@ -42,6 +42,13 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A fault every rank learned of at the same point (a collective agreed on it, e.g. the trace's
+// disk is full): the trace is already marked failed; thrown on every rank, caught in main, which
+// prints it once on rank 0; every rank exits with code 3 without aborting the job.
+struct RunFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace ctxpar
 
 #define CTXPAR_CHECK(cond, msg_expr)                                                        \

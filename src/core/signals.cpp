@@ -14,7 +14,7 @@ extern "C" void ctxpar_stop_handler(int signo) {
   int none = 0;
   g_stop_signal.compare_exchange_strong(none, signo, std::memory_order_relaxed);
 }
-constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP, SIGXCPU};
 }  // namespace
 
 void install_stop_signals() {
@@ -37,6 +37,7 @@ const char* signal_name(int signo) {
     case SIGUSR2: return "SIGUSR2";
     case SIGKILL: return "SIGKILL";
     case SIGHUP: return "SIGHUP";
+    case SIGXCPU: return "SIGXCPU";
     default: return "a signal";
   }
 }

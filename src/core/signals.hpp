@@ -1,6 +1,6 @@
-// Stop signals of a run: SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 (SLURM sends SIGTERM at the time
-// limit and any signal asked for with --signal; scancel sends SIGTERM) only record which signal
-// came; the tracer's end of step agrees over the ranks whether any rank saw one, and every rank
+// Stop signals of a run: SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP and SIGXCPU (SLURM sends
+// SIGTERM at the time limit and any signal asked for with --signal; scancel sends SIGTERM; a lost
+// terminal SIGHUP; a CPU-time limit SIGXCPU) only record which signal came; the tracer's end of step agrees over the ranks whether any rank saw one, and every rank
 // stops after that same step (trace/trace.hpp): the trace says "truncated", the job exits with
 // 128 + the signal's number.
 #pragma once

@@ -20,6 +20,13 @@ AtomicFile::AtomicFile(std::string final_path, bool keep_abandoned)
   }
   std::error_code ec;
   if (fs::is_directory(final_, ec)) throw std::runtime_error("output '" + final_ + "' is a directory");
+  // A NAME.partial left by an earlier run (the output lock says no running job owns it) is
+  // removed, not written through: were it a symlink or a hard link, writing it would overwrite
+  // the file it points at.
+  const fs::file_status st = fs::symlink_status(partial_, ec);
+  if (fs::is_directory(st)) throw std::runtime_error("'" + partial_ + "' is a directory");
+  if (fs::exists(st) && !fs::remove(partial_, ec))
+    throw std::runtime_error("cannot remove the stale '" + partial_ + "': " + ec.message());
 }
 
 AtomicFile::~AtomicFile() {

@@ -11,7 +11,8 @@ namespace ctxpar {
 
 class AtomicFile {
  public:
-  // Creates the parent directory of `final_path` when missing; throws std::runtime_error naming it.
+  // Creates the parent directory of `final_path` when missing and removes a stale
+  // `final_path`.partial (never writes through a link); throws std::runtime_error naming it.
   AtomicFile(std::string final_path, bool keep_abandoned);
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;

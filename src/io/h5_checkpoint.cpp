@@ -107,8 +107,17 @@ void h5_read_tokens(const std::string& path, int64_t first, int64_t count, int32
   const IoLock lock = io_lock();
   fatal_on_error([&] {
     Handle f(h5::open_read_only(path), H5Fclose);
-    // HDF5 converts any stored integer type to int32 (values beyond int32 would fail the vocab check).
+    // HDF5 converts any stored integer type to int32 (values beyond int32 clamp: the validation
+    // reads them as int64 first, h5_read_tokens_i64).
     h5::read_block(f.get(), "tokens", {hsize_t(first)}, {hsize_t(count)}, H5T_NATIVE_INT32, out, path);
+  });
+}
+
+void h5_read_tokens_i64(const std::string& path, int64_t first, int64_t count, int64_t* out) {
+  const IoLock lock = io_lock();
+  fatal_on_error([&] {
+    Handle f(h5::open_read_only(path), H5Fclose);
+    h5::read_block(f.get(), "tokens", {hsize_t(first)}, {hsize_t(count)}, H5T_NATIVE_INT64, out, path);
   });
 }
 

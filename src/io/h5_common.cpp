@@ -29,7 +29,18 @@ void check_status(herr_t st, const std::string& what, const std::string& file) {
   if (st < 0) fail(what, file);
 }
 
+void quiet_error_stack() {
+  // HDF5 prints its whole error stack (dozens of lines per failure) unless told not to; the
+  // messages of check()/fail() name the call, the file and the cause instead.
+  static const bool done = [] {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    return true;
+  }();
+  (void)done;
+}
+
 hid_t create_file(const std::string& path) {
+  quiet_error_stack();
   const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (f < 0) throw std::runtime_error("cannot create '" + path + "'");
   return f;
@@ -45,6 +56,7 @@ bool is_hdf5_file(const std::string& path) {
 }
 
 hid_t open_read_only(const std::string& path) {
+  quiet_error_stack();
   hid_t f = -1;
   if (is_hdf5_file(path)) {
     H5E_BEGIN_TRY { f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT); }
@@ -56,11 +68,16 @@ hid_t open_read_only(const std::string& path) {
 
 hid_t open_user_file(const std::string& path, const std::string& prefix) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) throw UsageError(prefix + "no such file");
+  namespace fs = std::filesystem;
+  if (!fs::is_regular_file(path, ec))
+    throw UsageError(prefix + (fs::is_directory(path, ec) ? "is a directory"
+                               : fs::exists(path, ec)     ? "is not a regular file"
+                                                          : "no such file") +
+                     "; valid: an HDF5 file");
   try {
     return open_read_only(path);
   } catch (const std::runtime_error&) {
-    throw UsageError(prefix + "cannot open as an HDF5 file");
+    throw UsageError(prefix + "cannot open as an HDF5 file; valid: an HDF5 file (h5dump -H shows its contents)");
   }
 }
 

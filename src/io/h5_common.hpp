@@ -34,6 +34,9 @@ class Handle {
   herr_t (*close_)(hid_t);
 };
 
+// HDF5's automatic error-stack printing off, once per process (create_file and open_read_only
+// call it; every file of src/io is opened through them).
+void quiet_error_stack();
 // Creates the file (truncating), or opens it read-only: a file that is not HDF5 (or absent)
 // throws std::runtime_error("... cannot open ...") without HDF5's error stack.
 hid_t create_file(const std::string& path);

@@ -2,6 +2,9 @@
 // attributes, small datasets; crash-safe through io/atomic_file.
 #include "io/h5_trace.hpp"
 
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
 #include <cstddef>
 #include <stdexcept>
 #include <type_traits>
@@ -227,6 +230,17 @@ void H5TraceWriter::append_rank_steps(const std::vector<RankStepRow>& rows) {
 }
 
 void H5TraceWriter::flush() { check_status(H5Fflush(file_, H5F_SCOPE_GLOBAL), "H5Fflush", partial_path()); }
+
+int64_t H5TraceWriter::file_bytes() const {
+  struct stat st {};
+  return stat(partial_path().c_str(), &st) == 0 ? int64_t(st.st_size) : -1;
+}
+
+int64_t H5TraceWriter::free_bytes() const {
+  struct statvfs s {};
+  if (statvfs(partial_path().c_str(), &s) != 0) return -1;
+  return int64_t(s.f_bavail) * int64_t(s.f_frsize);
+}
 
 void H5TraceWriter::close_and_rename() {
   if (file_ < 0) throw std::runtime_error("trace file '" + partial_path() + "' is already closed");

@@ -62,6 +62,9 @@ class H5TraceWriter {
 
   // Writes everything HDF5 holds in memory to the file (H5Fflush, global scope).
   void flush();
+  // Bytes of the file on disk now, and bytes free for it on its file system (-1: unknown).
+  int64_t file_bytes() const;
+  int64_t free_bytes() const;
   // Closes the file and renames NAME.h5.partial to NAME.h5 (replacing an older NAME.h5).
   void close_and_rename();
 

@@ -18,7 +18,8 @@ std::string lock_path(const std::string& output) { return output + ".lock"; }
 
 OutputLocks::~OutputLocks() { release(); }
 
-OutputLocks::OutputLocks(OutputLocks&& o) noexcept : held_(std::move(o.held_)), unlocked_(std::move(o.unlocked_)) {
+OutputLocks::OutputLocks(OutputLocks&& o) noexcept
+    : held_(std::move(o.held_)), unlocked_(std::move(o.unlocked_)), created_dirs_(std::move(o.created_dirs_)) {
   o.held_.clear();
 }
 
@@ -27,6 +28,7 @@ OutputLocks& OutputLocks::operator=(OutputLocks&& o) noexcept {
     release();
     held_ = std::move(o.held_);
     unlocked_ = std::move(o.unlocked_);
+    created_dirs_ = std::move(o.created_dirs_);
     o.held_.clear();
   }
   return *this;
@@ -57,14 +59,33 @@ std::string OutputLocks::add(const std::string& output, const std::string& label
   const fs::path parent = fs::path(lp).parent_path();
   std::error_code ec;
   if (!parent.empty()) {
+    // The directories this call creates, outermost first (abandon() removes them again).
+    std::vector<fs::path> missing;
+    for (fs::path p = parent; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) missing.insert(missing.begin(), p);
     fs::create_directories(parent, ec);
     if (ec) return "cannot create directory '" + parent.string() + "': " + ec.message();
+    for (const fs::path& p : missing) created_dirs_.push_back(p.string());
   }
   // A holder that ends between our open and our lock unlinks the file we opened: lock the file
-  // that is at the path now, or try again.
+  // that is at the path now, or try again. A symlink or a hard link at the lock's path is never
+  // written through (it would overwrite the file it points at): its name is removed first.
   for (int attempt = 0; attempt < 20; ++attempt) {
-    const int fd = open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    const int fd = open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 && errno == ELOOP) {
+      unlink(lp.c_str());
+      continue;
+    }
     if (fd < 0) return "cannot create the lock file '" + lp + "': " + std::strerror(errno);
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      close(fd);
+      return "the lock file '" + lp + "' is not a regular file";
+    }
+    if (st.st_nlink > 1) {
+      close(fd);
+      unlink(lp.c_str());
+      continue;
+    }
     struct flock fl {};
     fl.l_type = F_WRLCK;
     fl.l_whence = SEEK_SET;
@@ -104,6 +125,16 @@ std::string OutputLocks::add(const std::string& output, const std::string& label
     return "";
   }
   return "the lock file '" + lp + "' keeps changing (another job is taking it)";
+}
+
+void OutputLocks::abandon() {
+  release();
+  // Innermost first; fs::remove leaves a directory that is not empty.
+  for (auto it = created_dirs_.rbegin(); it != created_dirs_.rend(); ++it) {
+    std::error_code ec;
+    fs::remove(*it, ec);
+  }
+  created_dirs_.clear();
 }
 
 void OutputLocks::release() {

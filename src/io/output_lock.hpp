@@ -24,12 +24,16 @@ class OutputLocks {
   OutputLocks& operator=(OutputLocks&&) noexcept;
 
   // Locks `output` (its directory is created when missing). "" on success; otherwise the message
-  // for the user: the holder (host, pid, mode, since) when another job holds it, or why the lock
-  // file could not be made. `label` names the holder in the lock file (e.g. "train").
+  // for the user: the holder (host, pid, mode, since) when another job holds it ("another job
+  // ..."), or why the lock file could not be made. `label` names the holder in the lock file
+  // (e.g. "train").
   std::string add(const std::string& output, const std::string& label);
   // Outputs whose file system refused locking (the run goes on unlocked; the caller warns).
   const std::vector<std::string>& unlocked() const { return unlocked_; }
   void release();
+  // release(), and remove the directories add() created when they are still empty: a run refused
+  // after its locks leaves nothing behind.
+  void abandon();
 
  private:
   struct Held {
@@ -38,6 +42,7 @@ class OutputLocks {
   };
   std::vector<Held> held_;
   std::vector<std::string> unlocked_;
+  std::vector<std::string> created_dirs_;  // outermost first
 };
 
 // The lock file of `output` (OUTPUT.lock).

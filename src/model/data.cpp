@@ -81,11 +81,20 @@ class FileSource final : public TokenSource {
   int64_t windows(int64_t S) const { return n_tokens_ / S; }
   // "" when every token of sample `index`'s window is in [0, vocab), else the first that is not.
   std::string check(int64_t index, int64_t S) const {
-    std::vector<int32_t> tokens(static_cast<size_t>(S));
-    const int64_t first = read(index, S, tokens.data());
+    std::vector<int64_t> ids(static_cast<size_t>(S));
+    int64_t first = 0;
+    if (hdf5_) {  // as int64: an HDF5 id beyond int32 would clamp in the int32 read
+      first = (index % windows(S)) * S;
+      h5_read_tokens_i64(path_, first, S, ids.data());
+    } else {
+      std::vector<int32_t> tokens(static_cast<size_t>(S));
+      first = read(index, S, tokens.data());
+      for (int64_t t = 0; t < S; ++t)
+        ids[size_t(t)] = u32_ ? int64_t(uint32_t(tokens[size_t(t)])) : int64_t(tokens[size_t(t)]);
+    }
     for (int64_t t = 0; t < S; ++t)
-      if (tokens[size_t(t)] < 0 || tokens[size_t(t)] >= V_) {
-        const int64_t id = u32_ ? int64_t(uint32_t(tokens[size_t(t)])) : int64_t(tokens[size_t(t)]);
+      if (ids[size_t(t)] < 0 || ids[size_t(t)] >= V_) {
+        const int64_t id = ids[size_t(t)];
         return "token id " + std::to_string(id) + " at token " + std::to_string(first + t) +
                " is outside the vocabulary [0, " + std::to_string(V_) + "); valid: vocab > " + std::to_string(id) +
                " (the model's), or a token file written for this vocabulary";
@@ -116,6 +125,9 @@ class FileSource final : public TokenSource {
 
 std::string validate_data(const Config& c) {
   if (synthetic_data(c)) return "";
+  if (c.eos_id >= c.vocab)
+    return "config: eos_id = " + std::to_string(c.eos_id) + " is not a token of the vocabulary [0, " +
+           std::to_string(c.vocab) + "); valid: -1 (no document boundaries) or an id below vocab";
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_regular_file(c.data, ec))
@@ -132,6 +144,7 @@ std::string validate_data(const Config& c) {
              name_of(c.data_dtype) + " tokens; valid: data_dtype matching the file";
     n = bytes / w;
   }
+  if (n == 0) return "config: data = '" + c.data + "' holds no tokens; valid: a token file with at least seq tokens";
   if (n < c.seq)
     return "config: data = '" + c.data + "' has " + std::to_string(n) + " tokens, fewer than seq = " +
            std::to_string(c.seq) + "; valid: seq <= " + std::to_string(n);

@@ -171,10 +171,20 @@ std::string check_memory(const Config& cfg, Topology& topo, const ModeRow& row) 
   os << "config: this " << mode_words(cfg) << " plan needs about " << fmt_bytes(need)
      << " of host memory per rank (--dry-run shows its parts), but " << b.source << " leaves "
      << fmt_bytes(b.bytes_per_rank) << " per rank on " << topo.hosts()[size_t(topo.world().rank())] << "; valid: ";
-  const int64_t fit = largest_fitting_seq(cfg, topo, row, b.bytes_per_rank);
-  if (fit > 0) os << "seq <= " << fit << " on this mesh, ";
-  os << "more ranks or nodes" << (cfg.mode == Mode::train ? ", remat=full" : "")
-     << ", or mem_per_rank=SIZE when you know better";
+  // What the plan grows with, mode by mode: the setting to change first.
+  const bool train = cfg.mode == Mode::train || cfg.bench == Bench::train;
+  if (cfg.mode == Mode::bench && cfg.bench == Bench::comm) {
+    os << "bench_max_bytes <= " << int64_t(b.bytes_per_rank / 2) << ", or mem_per_rank=SIZE when you know better";
+    return os.str();
+  } else if (cfg.mode == Mode::chat) {
+    os << "a schedule with fewer tokens (schedule = '" << cfg.schedule << "'), "
+       << (cfg.batch > 1 ? "batch < " + std::to_string(cfg.batch) + ", " : "");
+  } else if (const int64_t fit = largest_fitting_seq(cfg, topo, row, b.bytes_per_rank); fit > 0) {
+    os << "seq <= " << fit << " on this mesh (seq = " << cfg.seq << "), ";
+  } else if (train || cfg.mode == Mode::prefill || cfg.mode == Mode::decode) {
+    os << "a smaller model (layers, dim, ffn_dim, vocab: even the shortest seq does not fit), ";
+  }
+  os << "more ranks or nodes" << (train ? ", remat=full" : "") << ", or mem_per_rank=SIZE when you know better";
   return os.str();
 }
 

@@ -60,6 +60,10 @@ bool calibrated_profile(const std::string& path) {
 std::string check_existing(const RunFile& out, const Config& cfg) {
   const std::string valid = "; valid: another " + out.field + "= (or move that file away first)";
   std::error_code ec;
+  for (const std::string& side : {out.path + ".partial", lock_path(out.path)})
+    if (fs::is_directory(fs::symlink_status(side, ec)))
+      return "config: " + name(out) + ": '" + side + "' is a directory, where this run keeps its " +
+             (side == lock_path(out.path) ? "lock" : "unfinished file") + valid;
   if (!fs::exists(out.path, ec)) return "";
   if (out.kind == "hardware_profile") {
     if (calibrated_profile(out.path)) return "";
@@ -110,6 +114,8 @@ std::string check_run_files(const std::vector<RunFile>& files, const Config& cfg
     const RunFile& o = files[i];
     if (!o.output) continue;
     if (o.path.empty()) return "config: " + o.field + " is empty; valid: a file name such as out/run.h5";
+    if (o.path.back() == '/')
+      return "config: " + name(o) + " names a directory; valid: a file name such as " + o.path + "run.h5";
     for (size_t j = 0; j < files.size(); ++j) {
       const RunFile& x = files[j];
       if (j == i || (x.output && j < i)) continue;  // each pair of outputs once
@@ -132,9 +138,11 @@ std::string lock_run_outputs(const std::vector<RunFile>& files, const Config& cf
   for (const RunFile& f : files) {
     if (!f.output) continue;
     const std::string err = locks.add(f.path, mode_words(cfg));
-    if (!err.empty())
+    if (err.rfind("another job", 0) == 0)
       return "config: " + name(f) + ": " + err + "; valid: wait for that job to end, or give this run another " +
              f.field + "=";
+    if (!err.empty())
+      return "config: " + name(f) + ": " + err + "; valid: a path in a writable directory, with a name its file system accepts";
   }
   return "";
 }

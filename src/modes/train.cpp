@@ -85,8 +85,7 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   }
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
   if (!err.empty()) return "config: " + err;
-  std::vector<int32_t> ids;
-  err = parse_docs(cfg.docs, cfg.seq, cfg.doc_mean, uint64_t(cfg.seed), ids);
+  err = check_docs(cfg.docs, cfg.seq, cfg.doc_mean);
   if (!err.empty()) return "config: docs = '" + cfg.docs + "': " + err;
   if (!synthetic_data(cfg) && packed_docs(cfg))
     return "config: docs = '" + cfg.docs + "' applies to synthetic data; a token file's documents come from eos_id; valid: docs=none";

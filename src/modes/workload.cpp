@@ -24,8 +24,7 @@ std::string validate_workload(const Config& cfg, Topology& topo) {
   if (!err.empty()) return err;
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
   if (!err.empty()) return "config: " + err;
-  std::vector<int32_t> ids;
-  err = parse_docs(cfg.docs, cfg.seq, cfg.doc_mean, uint64_t(cfg.seed), ids);
+  err = check_docs(cfg.docs, cfg.seq, cfg.doc_mean);
   if (!err.empty()) return "config: docs = '" + cfg.docs + "': " + err;
   return "";
 }

@@ -56,19 +56,16 @@ std::vector<int64_t> random_doc_lengths(int64_t S, int64_t mean, uint64_t seed) 
   return lengths;
 }
 
-std::string parse_docs(const std::string& docs, int64_t S, int64_t mean, uint64_t seed,
-                       std::vector<int32_t>& doc_ids) {
-  doc_ids.clear();
-  if (docs == "none") return "";  // empty ids: the whole sequence is one document
+namespace {
+// The checks of a docs setting, and for a list its lengths; no document ids are built (so a check
+// costs O(items), whatever seq).
+std::string docs_lengths(const std::string& docs, int64_t S, int64_t mean, std::vector<int64_t>& lengths) {
+  lengths.clear();
+  if (docs == "none") return "";
   if (S < 1) return "docs needs seq >= 1 (seq = " + std::to_string(S) + ")";
-  if (docs == "random") {
-    if (mean < 1)
-      return "docs = random with doc_mean = " + std::to_string(mean) + "; valid: doc_mean >= 1";
-    doc_ids = doc_ids_from_lengths(random_doc_lengths(S, mean, seed), S);
-    return "";
-  }
+  if (docs == "random")
+    return mean < 1 ? "docs = random with doc_mean = " + std::to_string(mean) + "; valid: doc_mean >= 1" : "";
   // A comma-separated list of positive lengths in tokens.
-  std::vector<int64_t> lengths;
   int64_t sum = 0;
   const std::string valid = "valid: none, random, or positive lengths L1,L2,... summing to seq = " +
                             std::to_string(S);
@@ -97,7 +94,22 @@ std::string parse_docs(const std::string& docs, int64_t S, int64_t mean, uint64_
       os << (sum > S ? " (over by " : " (short by ") << (sum > S ? sum - S : S - sum) << ")";
     return os.str();
   }
-  doc_ids = doc_ids_from_lengths(lengths, S);
+  return "";
+}
+}  // namespace
+
+std::string check_docs(const std::string& docs, int64_t S, int64_t mean) {
+  std::vector<int64_t> lengths;
+  return docs_lengths(docs, S, mean, lengths);
+}
+
+std::string parse_docs(const std::string& docs, int64_t S, int64_t mean, uint64_t seed,
+                       std::vector<int32_t>& doc_ids) {
+  doc_ids.clear();
+  std::vector<int64_t> lengths;
+  const std::string err = docs_lengths(docs, S, mean, lengths);
+  if (!err.empty() || docs == "none") return err;  // none: empty ids, the whole sequence is one document
+  doc_ids = doc_ids_from_lengths(docs == "random" ? random_doc_lengths(S, mean, seed) : lengths, S);
   return "";
 }
 

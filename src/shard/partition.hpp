@@ -80,6 +80,8 @@ std::vector<int64_t> random_doc_lengths(int64_t S, int64_t mean, uint64_t seed);
 //   "L1,L2,..."  → those lengths; they must be positive and sum to S
 std::string parse_docs(const std::string& docs, int64_t S, int64_t mean, uint64_t seed,
                        std::vector<int32_t>& doc_ids);
+// parse_docs' checks without building the ids: validation, in O(list items) for any seq.
+std::string check_docs(const std::string& docs, int64_t S, int64_t mean);
 
 // Next-token labels shifted globally before sharding: label[t] = token[t+1] when t+1 is in the
 // same document, else -1 (ignored by the loss). Empty doc_ids = one document. Shifting after sharding would be wrong at every

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <span>
 #include <type_traits>
@@ -18,6 +19,7 @@
 #include "core/stats.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "core/memory.hpp"
 #include "core/signals.hpp"
 #include "core/version.hpp"
@@ -261,6 +263,19 @@ struct Tracer::Impl {
   std::unique_ptr<H5TraceWriter> writer;
   std::vector<StepRow> rows;
   std::atomic<bool> marked_failed{false};
+  int64_t file_bytes = 0, step_growth = 0;  // the trace's size after the last flush, and what that step added
+
+  // Rank 0: "" when the trace's file system has room for the next step's write, else why not. A
+  // flush cut short by a full disk can leave the whole HDF5 file unreadable: the run stops as
+  // failed while the file is still whole. The margin: 1 MiB, or four steps' growth if more.
+  std::string disk_short(int64_t step) const {
+    const int64_t free = writer ? writer->free_bytes() : -1;
+    const int64_t need = std::max<int64_t>(int64_t(1) << 20, 4 * step_growth);
+    if (free < 0 || free >= need) return "";
+    return "the trace's file system is full: " + fmt_bytes(double(free)) + " left for " + writer->partial_path() +
+           ", below the " + fmt_bytes(double(need)) + " kept for the next writes; stopped before writing step " +
+           std::to_string(step) + " (every completed step is in the trace); valid: an out= on a file system with room";
+  }
 
   Watchdog watchdog;  // core/watchdog.hpp: stall check, and rank 0's poll of fault notices
   std::unique_ptr<FaultChannel> faults;  // dist/fault_channel.hpp (null for non-MPI test doubles)
@@ -537,9 +552,22 @@ bool Tracer::end_step(const StepRecord& local) {
   // largest signal number seen, and the lowest rank that saw it (one all-reduce of max over
   // signo * 2^20 + (2^20 - 1 - rank)).
   constexpr int32_t kRankBits = 1 << 20;
+  constexpr int32_t kDiskFull = std::numeric_limits<int32_t>::max();  // above any signal's value
   const int my_sig = stop_signal_number();
   int32_t stop = my_sig ? my_sig * kRankBits + (kRankBits - 1 - I.rank) : 0;
+  const std::string disk = I.rank == 0 ? I.disk_short(step_) : "";
+  if (!disk.empty()) stop = kDiskFull;
   I.world.all_reduce(std::span<int32_t>(&stop, 1), ReduceOp::max);
+  if (stop == kDiskFull) {  // every rank ends here, alike; main exits 3 on each
+    if (I.rank == 0) {
+      I.mark_failed(disk);
+      const IoLock lock = io_lock();
+      I.writer.reset();
+    }
+    I.finished = true;
+    I.stop_watchdog();
+    throw RunFailed(disk);
+  }
   if (stop != 0 && I.stop_signal == 0) {
     I.stop_signal = stop / kRankBits;
     I.stop_rank = kRankBits - 1 - stop % kRankBits;
@@ -581,6 +609,9 @@ bool Tracer::end_step(const StepRecord& local) {
       w.append_steps({row});
       w.attr("/", "steps_completed", I.steps_completed);
       w.flush();
+      const int64_t bytes = w.file_bytes();
+      I.step_growth = std::max<int64_t>(0, bytes - I.file_bytes);
+      I.file_bytes = bytes;
     });
   }
   I.touch(step_, Phase::other, -1);

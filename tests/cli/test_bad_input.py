@@ -30,6 +30,8 @@ CASES = [
     ("mesh product != ranks", ["run", "mesh=ring:3"], "mesh"),
     ("unknown mesh axis", ["run", "mesh=torus:2"], "mesh"),
     ("mesh with a trailing comma", ["run", "mesh=ring:2,"], "mesh"),
+    ("mesh axis beyond any machine", ["run", "mesh=dp:6,ring:3074457345618258603"], "mesh"),
+    ("predict_mesh axis of 0 names predict_mesh", ["predict", "predict_mesh=ring:0"], "predict_mesh ="),
     ("heads not a multiple of kv_heads", ["run", "heads=6", "kv_heads=4"], "kv_heads"),
     ("window without mask=window", ["run", "window=64"], "window"),
     ("mask=window without window", ["run", "mask=window"], "window"),
@@ -45,9 +47,16 @@ CASES = [
     ("unknown bench", ["bench", "warp"], "bench"),
     ("missing --config file", ["run", "--config", "does/not/exist.toml"], "config"),
     ("--config names a directory", ["run", "--config", "@TMP@"], "config"),
+    ("--config= with no file name", ["run", "--config="], "config"),
+    ("a binary file as --config", ["run", "--config", "@BINARY@"], "TOML"),
+    ("peak_tflops_per_rank too small to mean anything", ["train", "peak_tflops_per_rank=1e-300"], "peak_tflops_per_rank"),
     ("TOML syntax error", ["run", "--config", "@BADTOML@"], "bad.toml"),
     ("unknown key in TOML", ["run", "--config", "@UNKNOWNTOML@"], "colour"),
     ("out is a directory", ["run", "out=@TMP@"], "out"),
+    ("out ends with a slash", ["run", "out=@TMP@/newdir/"], "directory"),
+    ("a later output that cannot be made leaves no directory", ["train", "out=@TMP@/newdir/o.h5", "checkpoint_every=1",
+                                                             "checkpoint=/proc/ctxpar_ck.h5"], "checkpoint"),
+    ("NAME.partial is a directory", ["run", "out=@TMP@/p.h5"], "directory"),
     ("attn input file missing", ["attn", "in=@TMP@/missing.h5", "out=@TMP@/res.h5"], "in"),
     # Outputs that would overwrite an input or another output.
     ("out is the --config file", ["run", "--config", "@GOODTOML@", "out=@GOODTOML@"], "out"),
@@ -62,9 +71,13 @@ CASES = [
     ("out holds a checkpoint", ["run", "out=@CK@"], "checkpoint"),
     ("out is a file ctxpar did not write", ["run", "out=@NOTES@"], "did not write"),
     ("calibrate over a profile it did not write", ["bench", "calibrate", "hardware=@PROFILE@"], "hardware"),
+    ("calibrate to a path without .toml", ["bench", "calibrate", "hardware=@TMP@/prof"], "hardware"),
     # Memory: the plan against what a rank may use (mem_per_rank, or the node's).
     ("plan beyond mem_per_rank", ["train", "--config", "@TINY@", "mem_per_rank=1M"], "mem_per_rank"),
     ("plan beyond the node", ["train", "--config", "@TINY@", "seq=1G"], "seq <="),
+    ("random documents over a huge seq, refused in time", ["train", "--config", "@TINY@", "seq=1T"], "seq <="),
+    ("bench comm messages beyond mem_per_rank", ["bench", "comm", "bench_max_bytes=1G", "mem_per_rank=1G"],
+     "bench_max_bytes <="),
     # Non-finite values and out-of-range ids, found when the files are checked, not absorbed.
     ("NaN in an attn input", ["attn", "in=@ATTNNAN@", "out=@TMP@/r.h5"], "nan at"),
     ("Inf in a checkpoint", ["train", "--config", "@TINY@", "resume=@CKINF@", "steps=4"], "inf at"),
@@ -72,6 +85,8 @@ CASES = [
     ("checkpoint of another shape", ["train", "--config", "@TINY@", "resume=@CK@", "steps=4", "dim=64"], "dim"),
     ("token id beyond the vocabulary", ["train", "--config", "@TINY@", "data=@BADTOK@", "data_dtype=uint16",
                                         "docs=none"], "vocab"),
+    ("eos_id beyond the vocabulary", ["train", "--config", "@TINY@", "data=@GOODTOK@", "data_dtype=uint16",
+                                      "docs=none", "eos_id=256"], "eos_id"),
 ]
 
 
@@ -127,6 +142,12 @@ def make_fixtures(tmp, root, ck):
     tok[100] = 9999  # beyond the tiny model's vocabulary, in the first sample a run reads
     tok.tofile(path("tokens.bin"))
     f["BADTOK"] = path("tokens.bin")
+    (np.arange(8192) % 200).astype("<u2").tofile(path("good_tokens.bin"))
+    f["GOODTOK"] = path("good_tokens.bin")
+    with open(path("binary.toml"), "wb") as fh:
+        fh.write(bytes(range(256)) * 4)
+    f["BINARY"] = path("binary.toml")
+    os.mkdir(path("p.h5.partial"))
     return f
 
 

@@ -15,6 +15,10 @@ within its time limit, keeps every completed step readable and leaves the status
                   node): one message, exit 3, trace "failed", no backtrace
   disk_full       the checkpoint's file system fills up: exit 3, the trace (elsewhere) says "failed"
                   with the cause, the last complete checkpoint is still there and whole
+  trace_disk_full the trace's own file system fills up: the run stops while the file is whole
+                  (exit 3, "failed", every completed step readable)
+  side_links      NAME.partial and NAME.lock left as a symlink and a hard link to a user's files:
+                  the run completes and those files are untouched
 
 Usage: test_faults.py CTXPAR_BINARY REPO_ROOT --case NAME"""
 import argparse
@@ -253,13 +257,7 @@ def case_out_of_memory(c):
 
 
 def case_disk_full(c):
-    small = os.path.join(c.work, "small")
-    os.makedirs(small)
-    if os.geteuid() != 0:
-        raise Skip("mounting a small tmpfs needs root")
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", small], capture_output=True, text=True)
-    if m.returncode != 0:
-        raise Skip(f"cannot mount a tmpfs here: {m.stderr.strip()}")
+    small = mount_tmpfs(c, "8m")
     try:
         ck = os.path.join(small, "ck.h5")
         out = os.path.join(c.work, "full.h5")
@@ -279,6 +277,50 @@ def case_disk_full(c):
         print(f"disk full: {t.attrs['failure']}")
     finally:
         subprocess.run(["umount", small], capture_output=True)
+
+
+def mount_tmpfs(c, size):
+    d = os.path.join(c.work, "small")
+    os.makedirs(d)
+    if os.geteuid() != 0:
+        raise Skip("mounting a small tmpfs needs root")
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", d], capture_output=True, text=True)
+    if m.returncode != 0:
+        raise Skip(f"cannot mount a tmpfs here: {m.stderr.strip()}")
+    return d
+
+
+def case_trace_disk_full(c):
+    small = mount_tmpfs(c, "1600k")
+    try:
+        out = os.path.join(small, "full.h5")
+        r = c.run(2, ["train", "--config", c.tiny, "steps=100000", "warmup=0", "out=" + out], timeout=200)
+        check(r.returncode == 3, f"exit code {r.returncode}, expected 3:\n{r.stderr[-2000:]}")
+        check("file system is full" in r.stderr, f"no message naming the full file system:\n{r.stderr[-2000:]}")
+        t = c.ct.load(out)
+        check(t.partial and t.status == "failed" and "full" in str(t.attrs.get("failure")),
+              f"trace: {t.status}, {t.attrs.get('failure')!r}")
+        check(t.steps_completed >= 5 and len(t.steps) == t.steps_completed, f"{t.steps_completed} steps readable")
+        print(f"trace disk full: {t.steps_completed} steps readable; {t.attrs['failure']}")
+    finally:
+        subprocess.run(["umount", small], capture_output=True)
+
+
+def case_side_links(c):
+    notes, other = os.path.join(c.work, "notes.txt"), os.path.join(c.work, "other.txt")
+    for p in (notes, other):
+        with open(p, "w") as f:
+            f.write("a user's file\n")
+    out = os.path.join(c.work, "run.h5")
+    os.symlink(notes, out + ".partial")
+    os.link(other, out + ".lock")
+    r = c.run(2, ["train", "--config", c.tiny, "steps=2", "warmup=0", "out=" + out])
+    check(r.returncode == 0, f"exit code {r.returncode}:\n{r.stderr[-2000:]}")
+    for p in (notes, other):
+        check(open(p).read() == "a user's file\n", f"{p} was written through a link")
+    check(os.path.isfile(out) and not os.path.islink(out), "the trace is not a regular file")
+    check(c.ct.load(out).status == "complete", "the run did not complete")
+    print("stale links at NAME.partial and NAME.lock: removed, their targets untouched")
 
 
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
