@@ -233,8 +233,8 @@ struct Tracer::Impl {
   Impl(Comm& w, const Config& c, double peak) : world(w), cfg(c), peak_flops_per_rank(peak) {}
   // Also runs when the Tracer constructor throws (bad output path): the thread must not outlive us.
   ~Impl() {
+    stop_watchdog();  // first: the monitor thread may be calling the fault hook
     set_fault_hook(nullptr);
-    stop_watchdog();
     if (writer) {
       const IoLock lock = io_lock();
       writer.reset();
@@ -322,9 +322,10 @@ struct Tracer::Impl {
   // Rank 0, any thread: status "failed" and the reason, flushed; the first reason wins. Bounded:
   // when HDF5 stays busy (the main thread stuck in a write), the trace keeps status "running".
   void mark_failed(const std::string& reason) {
-    if (!writer || marked_failed.exchange(true)) return;
     IoLock lock(io_mutex(), std::defer_lock);
     if (!lock.try_lock_for(std::chrono::seconds(5))) return;
+    // Under the lock: the main thread closes the writer under it too (finish, fail).
+    if (!writer || marked_failed.exchange(true)) return;
     try {
       writer->attr("/", "status", "failed");
       writer->attr("/", "failure", reason);
@@ -499,8 +500,8 @@ Tracer::Tracer(Comm& world, const Config& cfg, const Topology& topo, const std::
 Tracer::~Tracer() {
   // Not collective: an unfinished run (exception, early return) leaves NAME.h5.partial with
   // status "running" and every flushed step (Impl's destructor closes it).
-  set_fault_hook(nullptr);
   impl_->stop_watchdog();
+  set_fault_hook(nullptr);
 }
 
 double Tracer::now_us() const { return (impl_->world.now() - impl_->t0_local_s) * 1e6; }
