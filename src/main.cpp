@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "core/error.hpp"
 #include "core/memory.hpp"
 #include "core/log.hpp"
+#include "core/watchdog.hpp"
 #include "dist/comm_mpi.hpp"
 #include "dist/topology.hpp"
 #include "io/output_lock.hpp"
@@ -44,22 +46,22 @@ template <int (*Bench)(BenchContext&)> int run_bench(const Config& cfg, Topology
 }
 // The mode table: every `ctxpar <mode>` and `ctxpar bench <name>` is one row here, with its run,
 // its own checks and its --dry-run lines (modes/modes.hpp).
-//   mode, bench, run, validate, plan, memory, needs_peak, attention_workload, cuda
+//   mode, bench, run, validate, plan, memory, scan, needs_peak, attention_workload, cuda
 const ModeRow kModeTable[] = {
-    {Mode::run, Bench::none, run_default, nullptr, nullptr, workload_memory, false, true, false},
-    {Mode::attn, Bench::none, run_attn_mode, validate_attn_mode, nullptr, workload_memory, false, true, false},
-    {Mode::train, Bench::none, run_train, validate_train_mode, train_plan, train_memory, true, false, false},
-    {Mode::prefill, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, false, false, false},
-    {Mode::decode, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, false, false, false},
-    {Mode::chat, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, false, false, false},
-    {Mode::bench, Bench::comm, run_bench<bench_comm>, nullptr, nullptr, bench_comm_memory, false, false, false},
-    {Mode::bench, Bench::attn, run_bench<bench_attn>, nullptr, nullptr, bench_attn_memory, false, false, true},
-    {Mode::bench, Bench::cp, run_bench<bench_cp>, nullptr, nullptr, workload_memory, false, true, false},
-    {Mode::bench, Bench::train, run_bench<bench_train>, validate_train_mode, train_plan, train_memory, true, false, false},
-    {Mode::bench, Bench::peak, run_bench<bench_peak>, nullptr, nullptr, nullptr, false, false, false},
-    {Mode::bench, Bench::infer, run_bench<bench_infer>, validate_infer_mode, infer_plan, infer_memory, false, false, false},
-    {Mode::predict, Bench::none, run_predict, validate_predict_mode, nullptr, nullptr, false, false, false},
-    {Mode::bench, Bench::calibrate, run_bench<bench_calibrate>, validate_calibrate, nullptr, nullptr, false, false, false},
+    {Mode::run, Bench::none, run_default, nullptr, nullptr, workload_memory, nullptr, false, true, false},
+    {Mode::attn, Bench::none, run_attn_mode, validate_attn_mode, nullptr, attn_memory, scan_attn_inputs, false, true, false},
+    {Mode::train, Bench::none, run_train, validate_train_mode, train_plan, train_memory, scan_train_inputs, true, false, false},
+    {Mode::prefill, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false, false},
+    {Mode::decode, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false, false},
+    {Mode::chat, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false, false},
+    {Mode::bench, Bench::comm, run_bench<bench_comm>, nullptr, nullptr, bench_comm_memory, nullptr, false, false, false},
+    {Mode::bench, Bench::attn, run_bench<bench_attn>, nullptr, nullptr, bench_attn_memory, nullptr, false, false, true},
+    {Mode::bench, Bench::cp, run_bench<bench_cp>, nullptr, nullptr, workload_memory, nullptr, false, true, false},
+    {Mode::bench, Bench::train, run_bench<bench_train>, validate_train_mode, train_plan, train_memory, scan_train_inputs, true, false, false},
+    {Mode::bench, Bench::peak, run_bench<bench_peak>, nullptr, nullptr, nullptr, nullptr, false, false, false},
+    {Mode::bench, Bench::infer, run_bench<bench_infer>, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false, false},
+    {Mode::predict, Bench::none, run_predict, validate_predict_mode, nullptr, nullptr, nullptr, false, false, false},
+    {Mode::bench, Bench::calibrate, run_bench<bench_calibrate>, validate_calibrate, nullptr, calibrate_memory, nullptr, false, false, false},
 };
 
 // The row of `ctxpar <mode> [<bench>]` (names as typed), or null.
@@ -152,7 +154,29 @@ std::string read_config_text(Comm& world, const std::string& path, std::string& 
   return text;
 }
 
-int run(int argc, char** argv, Comm& world) {
+// The start-up's watchdog, from before MPI_Init until the trace's own watchdog runs: a rank
+// stopped or stuck at start-up (MPI_Init, the validation's collectives) ends the job too, exit 3.
+// Its limit: watchdog_s of the command line until the configuration file is read, then the
+// configuration's (0: off).
+std::atomic<bool> g_mpi_ready{false};
+void start_startup_watchdog(Watchdog& w, int argc, char** argv) {
+  double limit = 600;
+  try {
+    limit = parse_config("", "(command line)", parse_cli(argc, argv).overrides).watchdog_s;
+  } catch (const UsageError&) {
+    // the real parse reports it, on rank 0
+  }
+  w.start(limit, [](int32_t) { return "start-up (MPI_Init, checking the settings and files)"; },
+          [](const std::string& line) {
+            if (g_mpi_ready) fail_run(line + "; a rank may be stopped, slow or stuck");
+            // Before MPI is up there is no MPI_Abort: leaving is what ends the job.
+            std::fprintf(stderr, "ctxpar: %s; a rank may be stopped, slow or stuck\n", line.c_str());
+            std::fflush(stderr);
+            std::_Exit(kExitFault);
+          });
+}
+
+int run(int argc, char** argv, Comm& world, Watchdog& startup) {
   Cli cli;
   Config cfg;
   const ModeRow* row = nullptr;
@@ -169,6 +193,8 @@ int run(int argc, char** argv, Comm& world) {
     const std::string text = read_config_text(world, cli.config_path, err);
     if (!err.empty()) throw UsageError(err);
     cfg = parse_config(text, cli.config_path.empty() ? "(none)" : cli.config_path, cli.overrides);
+    startup.set_limit(cfg.watchdog_s);
+    startup.heartbeat(0, -1, 0);
     row = find_mode(cli.mode, cli.bench);  // parse_cli checked it exists
     cfg.mode = row->mode;
     cfg.bench = row->bench;
@@ -182,6 +208,7 @@ int run(int argc, char** argv, Comm& world) {
     if (!err.empty()) throw UsageError(err);
     err = agree_on_error(world, validate_mode(cfg, *topo, *row));
     if (!err.empty()) throw UsageError(err);
+    startup.heartbeat(0, -1, 0);
     // The files of the run (--print-config shows settings only; job scripts call it without the
     // run's own out=).
     files = run_files(cfg, cli.config_path);
@@ -190,6 +217,11 @@ int run(int argc, char** argv, Comm& world) {
     if (!cli.dry_run && !cli.print_config) {
       err = agree_on_error(world, check_memory(cfg, *topo, *row));
       if (!err.empty()) throw UsageError(err);
+      startup.heartbeat(0, -1, 0);
+      // Last, as they may read gigabytes: the values of the input files (NaN/Inf, token ids).
+      err = agree_on_error(world, row->scan ? row->scan(cfg, *topo) : "");
+      if (!err.empty()) throw UsageError(err);
+      startup.heartbeat(0, -1, 0);
     }
   } catch (const UsageError& e) {
     err0("ctxpar: error: %s\n", e.what());
@@ -238,6 +270,7 @@ int run(int argc, char** argv, Comm& world) {
   // message, the trace marked failed, exit 3 (core/error.hpp fail_run); never a backtrace.
   try {
     Tracer tracer(world, cfg, *topo, trace_path(cfg), row->needs_peak ? train_peak_flops_per_rank(cfg, *topo) : 0.0);
+    startup.stop();  // the trace's watchdog has taken over
     try {
       rc = row->run(cfg, *topo, tracer);
     } catch (const RunFailed& e) {  // every rank at once; the trace already says failed
@@ -268,6 +301,8 @@ int run(int argc, char** argv, Comm& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Watchdog startup;
+  start_startup_watchdog(startup, argc, argv);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   Identity& id = identity();
@@ -278,16 +313,18 @@ int main(int argc, char** argv) {
   MPI_Get_processor_name(host, &n);
   id.host.assign(host, size_t(n));
   set_abort_hook([](int code) { MPI_Abort(MPI_COMM_WORLD, code); });
+  g_mpi_ready = true;
   CTXPAR_CHECK(provided >= MPI_THREAD_MULTIPLE,
                "MPI provides thread level " << provided << " < MPI_THREAD_MULTIPLE (the watchdog needs it)");
   int rc = 0;
   {
     std::unique_ptr<Comm> world = make_mpi_comm(MPI_COMM_WORLD, "world");
-    rc = run(argc, argv, *world);
+    rc = run(argc, argv, *world, startup);
     // Every rank returns the same code: usage errors are agreed, bench verdicts are per job.
     int32_t worst = rc;
     world->all_reduce(std::span<int32_t>(&worst, 1), ReduceOp::max);
     rc = worst;
+    startup.stop();
   }
   mem_release_cached();  // the buffers' reuse cache goes back to the C library before the exit
   MPI_Finalize();

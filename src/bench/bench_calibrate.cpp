@@ -282,6 +282,19 @@ std::string calibrate_path(const Config& cfg) {
   return hardware_dir() + "/" + (h.empty() ? std::string("local") : h) + ".toml";
 }
 
+double calibrate_memory(const Config& cfg, Topology& topo) {
+  // Its largest pieces are a training step's: the model's parameters with gradients and AdamW
+  // moments (the optimizer rate), one layer's GEMMs and the LM head at 2048 rows, attention up to
+  // 4096-token blocks: priced as training the configured model with 4096 tokens per rank.
+  Config c = cfg;
+  c.seq = 4096 * int64_t(topo.cp().size());
+  c.strategy = StrategySetting::ring;
+  c.remat = Remat::none;
+  c.checkpoint_every = 0;
+  c.dump_init.clear();
+  return train_memory(c, topo);
+}
+
 std::string validate_calibrate(const Config& cfg, Topology& topo) {
   if (topo.world().size() < 2)
     return "bench calibrate measures communication between ranks 0 and 1 and needs ≥ 2 ranks; run e.g. "

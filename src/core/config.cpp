@@ -168,6 +168,45 @@ bool parse_size(std::string_view t, int64_t& out) {
   return true;
 }
 
+std::string printable(std::string_view text, int lines) {
+  std::string out;
+  int n = 0;
+  for (const char ch : text) {
+    const unsigned char u = static_cast<unsigned char>(ch);
+    if (ch == '\n' && ++n >= lines) break;
+    out += ch == '\n' || (u >= 0x20 && u < 0x7f) ? ch : '?';
+  }
+  return out;
+}
+
+std::string toml_nesting_error(std::string_view text) {
+  constexpr int kMaxDepth = 32;
+  int depth = 0, most = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '#') {  // a comment, to the end of the line
+      while (i < text.size() && text[i] != '\n') ++i;
+    } else if (ch == '"' || ch == '\'') {  // a string: basic (escapes) or literal, single- or multi-line
+      const bool multi = text.substr(i, 3) == std::string(3, ch);
+      const std::string_view close = multi ? std::string_view(ch == '"' ? "\"\"\"" : "'''") : text.substr(i, 1);
+      i += multi ? 3 : 1;
+      while (i < text.size() && text.substr(i, close.size()) != close) {
+        if (ch == '"' && text[i] == '\\' && i + 1 < text.size()) ++i;
+        if (!multi && text[i] == '\n') break;
+        ++i;
+      }
+      i += close.size() - 1;
+    } else if (ch == '[' || ch == '{') {
+      most = std::max(most, ++depth);
+    } else if ((ch == ']' || ch == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return most > kMaxDepth ? "arrays or inline tables nested " + std::to_string(most) + " deep (at most " +
+                                std::to_string(kMaxDepth) + " are read)"
+                          : "";
+}
+
 std::string split_list(std::string_view text, char sep, std::vector<std::string>& items) {
   items.clear();
   const auto trim = [](std::string_view v) {
@@ -308,6 +347,8 @@ Config parse_config(const std::string& toml_text, const std::string& toml_name,
   Config c{};
   for (const Field& f : config_fields()) set_field(c, f, std::string(f.def), "default");
   if (!toml_text.empty()) {
+    if (const std::string nest = toml_nesting_error(toml_text); !nest.empty())
+      throw UsageError("config: " + toml_name + ": " + nest + "; valid: a flat TOML file of key = value lines");
     toml::value root;
     try {
       std::istringstream is(toml_text);
@@ -315,14 +356,8 @@ Config parse_config(const std::string& toml_text, const std::string& toml_name,
     } catch (const std::exception& e) {
       // toml11's report quotes the offending line: keep it printable and short (a binary file
       // given as --config would otherwise echo raw bytes).
-      std::string why;
-      int lines = 0;
-      for (const char ch : std::string(e.what())) {
-        if (ch == '\n' && ++lines >= 8) break;
-        why += ch == '\n' || (static_cast<unsigned char>(ch) >= 0x20 && ch != 0x7f) ? ch : '?';
-      }
       throw UsageError("config: cannot parse " + toml_name + " as TOML (valid: key = value lines, e.g. seq = 4096):\n" +
-                       why);
+                       printable(e.what()));
     }
     if (!root.is_table()) throw UsageError("config: " + toml_name + " is not a TOML table");
     for (const auto& [key, val] : root.as_table()) {

@@ -137,6 +137,13 @@ std::string help_text();
 // Integer with an optional binary K/M/G/T suffix ("128K" = 131072); false when not one.
 bool parse_size(std::string_view text, int64_t& out);
 
+// User bytes for a message: printable ASCII kept, every other byte (control, non-ASCII) '?', at
+// most `lines` lines (a binary file given as a TOML file must not reach the terminal raw).
+std::string printable(std::string_view text, int lines = 8);
+// "" when `text` nests arrays and inline tables at most 32 deep, else the message. toml11 recurses
+// once per level: a deeper file would overflow the stack instead of failing to parse.
+std::string toml_nesting_error(std::string_view text);
+
 // The one list splitter of every list-valued setting (mesh, docs, schedule, sweep, ...): the
 // items of `text` separated by `sep`, each trimmed of spaces. Returns "" when every item is
 // non-empty, else what is wrong (an empty list, a doubled, leading or trailing separator).

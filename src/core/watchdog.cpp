@@ -23,13 +23,15 @@ void Watchdog::heartbeat(int64_t step, int32_t layer, int32_t phase) {
 void Watchdog::start(double limit_s, std::function<const char*(int32_t)> phase_name,
                      std::function<void(const std::string&)> on_stall, std::function<void()> on_tick) {
   heartbeat(step_.load(), layer_.load(), phase_.load());
-  // Check often enough that the abort comes within ~1 s (or a quarter of a short limit) of the
-  // limit being reached.
-  tick_s_ = limit_s > 0 ? std::clamp(limit_s / 4, 0.01, 1.0) : 1.0;
-  thread_ = std::thread([this, limit_s, phase_name, on_stall, on_tick] {
+  limit_s_.store(limit_s);
+  thread_ = std::thread([this, phase_name, on_stall, on_tick] {
     std::unique_lock<std::mutex> lk(mu_);
     while (!stop_) {
-      cv_.wait_for(lk, std::chrono::duration<double>(tick_s_));
+      // Check often enough that the abort comes within ~1 s (or a quarter of a short limit) of
+      // the limit being reached.
+      const double limit_s = limit_s_.load();
+      tick_s_.store(limit_s > 0 ? std::clamp(limit_s / 4, 0.01, 1.0) : 1.0);
+      cv_.wait_for(lk, std::chrono::duration<double>(tick_s_.load()));
       if (stop_) break;
       if (on_tick) on_tick();
       const double idle_s = double(steady_ns() - last_ns_.load()) * 1e-9;

@@ -26,14 +26,16 @@ class Watchdog {
   void start(double limit_s, std::function<const char*(int32_t)> phase_name,
              std::function<void(const std::string&)> on_stall, std::function<void()> on_tick = nullptr);
   void heartbeat(int64_t step, int32_t layer, int32_t phase);
+  // A new limit for a running watchdog (0: no stall check from now on).
+  void set_limit(double limit_s) { limit_s_.store(limit_s); }
   // Seconds between two checks.
-  double tick_s() const { return tick_s_; }
+  double tick_s() const { return tick_s_.load(); }
   void stop();  // joins the thread (idempotent)
 
  private:
   std::atomic<int64_t> last_ns_{0}, step_{0};
   std::atomic<int32_t> layer_{-1}, phase_{0};
-  double tick_s_ = 1.0;
+  std::atomic<double> limit_s_{0}, tick_s_{1.0};
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -62,9 +62,7 @@ void H5TensorReader::read_block(const std::string& name, int64_t row0, int64_t r
 }
 
 bool H5TensorReader::attr_int(const std::string& name, int64_t& out) const {
-  if (H5Aexists(hid_t(file_), name.c_str()) <= 0) return false;
-  Handle a(H5Aopen(hid_t(file_), name.c_str(), H5P_DEFAULT), H5Aclose);
-  return H5Aread(a.get(), H5T_NATIVE_INT64, &out) >= 0;
+  return h5::read_attr_int(hid_t(file_), name, out).empty();
 }
 
 bool H5TensorReader::attr_string(const std::string& name, std::string& out) const {
@@ -115,10 +113,8 @@ void h5_read_tokens(const std::string& path, int64_t first, int64_t count, int32
 
 void h5_read_tokens_i64(const std::string& path, int64_t first, int64_t count, int64_t* out) {
   const IoLock lock = io_lock();
-  fatal_on_error([&] {
-    Handle f(h5::open_read_only(path), H5Fclose);
-    h5::read_block(f.get(), "tokens", {hsize_t(first)}, {hsize_t(count)}, H5T_NATIVE_INT64, out, path);
-  });
+  Handle f(h5::open_read_only(path), H5Fclose);
+  h5::read_block(f.get(), "tokens", {hsize_t(first)}, {hsize_t(count)}, H5T_NATIVE_INT64, out, path);
 }
 
 }  // namespace ctxpar

@@ -62,7 +62,8 @@ class H5TensorReader {
 std::string h5_check_tokens(const std::string& path, int64_t& count);
 int64_t h5_token_count(const std::string& path);
 void h5_read_tokens(const std::string& path, int64_t first, int64_t count, int32_t* out);
-// The same as int64 (ids beyond int32, unclamped, for the validation's vocabulary check).
+// The same as int64 (ids beyond int32, unclamped, for the validation's vocabulary check); throws
+// std::runtime_error when the tokens cannot be read (the validation reports it).
 void h5_read_tokens_i64(const std::string& path, int64_t first, int64_t count, int64_t* out);
 
 }  // namespace ctxpar

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <filesystem>
 #include <stdexcept>
 
@@ -163,6 +164,23 @@ void attr_i64(hid_t obj, const std::string& name, int64_t value, const std::stri
 void attr_f64(hid_t obj, const std::string& name, double value, const std::string& fname) {
   Handle s(H5Screate(H5S_SCALAR), H5Sclose);
   write_attr(obj, name, H5T_NATIVE_DOUBLE, s.get(), &value, fname);
+}
+
+std::string read_attr_int(hid_t obj, const std::string& name, int64_t& out) {
+  if (H5Aexists(obj, name.c_str()) <= 0) return "is missing";
+  Handle a(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
+  if (a.get() < 0) return "cannot be opened";
+  Handle sp(H5Aget_space(a.get()), H5Sclose);
+  if (H5Sget_simple_extent_npoints(sp.get()) != 1) return "is not a single value";
+  Handle t(H5Aget_type(a.get()), H5Tclose);
+  const H5T_class_t c = H5Tget_class(t.get());
+  if (c == H5T_INTEGER) return H5Aread(a.get(), H5T_NATIVE_INT64, &out) >= 0 ? "" : "cannot be read as an integer";
+  if (c != H5T_FLOAT) return "is not a number";
+  double x = 0;
+  if (H5Aread(a.get(), H5T_NATIVE_DOUBLE, &x) < 0) return "cannot be read as a number";
+  if (!std::isfinite(x) || x != std::floor(x) || std::fabs(x) > 9.0e18) return "is not a whole number (" + std::to_string(x) + ")";
+  out = int64_t(x);
+  return "";
 }
 
 bool read_attr_string(hid_t obj, const std::string& name, std::string& out) {

@@ -76,6 +76,10 @@ void attr_i64(hid_t obj, const std::string& name, int64_t value, const std::stri
 void attr_f64(hid_t obj, const std::string& name, double value, const std::string& fname);
 // Reads a string attribute of either encoding; false when absent or not a string.
 bool read_attr_string(hid_t obj, const std::string& name, std::string& out);
+// Reads an attribute that holds one whole number: an integer, or a float that is a finite whole
+// number within int64. "" and the value, else what is wrong with it (never reads past one value:
+// an array attribute is refused).
+std::string read_attr_int(hid_t obj, const std::string& name, int64_t& out);
 
 // A dataset at `path` (parents created; an existing one replaced), written whole.
 void write_dataset(hid_t file, const std::string& path, hid_t mem_t, hid_t file_t, const std::vector<hsize_t>& dims,

@@ -24,6 +24,7 @@ ExistingFile describe_file(const std::string& path) {
   try {
     id = h5::open_read_only(path);
   } catch (const std::runtime_error&) {
+    f.kind = "hdf5";  // an HDF5 signature, but not readable now (e.g. a live file another writer locks)
     return f;
   }
   Handle file(id, H5Fclose);

@@ -58,19 +58,10 @@ TensorType TensorFileReader::type(const std::string& name) const {
 bool TensorFileReader::has_attr(const std::string& name) const { return H5Aexists(hid_t(file_), name.c_str()) > 0; }
 
 int64_t TensorFileReader::attr_int(const std::string& name) const {
-  Handle a(H5Aopen(hid_t(file_), name.c_str(), H5P_DEFAULT), H5Aclose);
-  CTXPAR_CHECK(a.get() >= 0, "HDF5: cannot open attribute '" << name << "' of " << path_);
-  Handle t(H5Aget_type(a.get()), H5Tclose);
   int64_t v = 0;
-  herr_t rc;
-  if (H5Tget_class(t.get()) == H5T_FLOAT) {
-    double x = 0;
-    rc = H5Aread(a.get(), H5T_NATIVE_DOUBLE, &x);
-    v = int64_t(x);
-  } else {
-    rc = H5Aread(a.get(), H5T_NATIVE_INT64, &v);
-  }
-  if (rc < 0) throw UsageError("in = '" + path_ + "': attribute '" + name + "' is not a number");
+  const std::string why = h5::read_attr_int(hid_t(file_), name, v);
+  if (!why.empty())
+    throw UsageError("in = '" + path_ + "': attribute '" + name + "' " + why + "; valid: one whole number");
   return v;
 }
 

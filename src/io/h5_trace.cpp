@@ -280,6 +280,8 @@ template <class T> T read_scalar_attr(hid_t file, const char* obj, const char* n
                                       const std::string& path) {
   hid_t a = open_attr(file, obj, name, path);
   Handle ca(a, H5Aclose);
+  Handle sp(H5Aget_space(a), H5Sclose);
+  if (H5Sget_simple_extent_npoints(sp.get()) != 1) h5::fail(std::string("attribute ") + name + " is not one value", path);
   T v{};
   check_status(H5Aread(a, mem_t, &v), std::string("H5Aread ") + name, path);
   return v;

@@ -89,7 +89,14 @@ std::string OutputLocks::add(const std::string& output, const std::string& label
     struct flock fl {};
     fl.l_type = F_WRLCK;
     fl.l_whence = SEEK_SET;
-    if (fcntl(fd, F_SETLK, &fl) != 0) {
+    // Open-file-description locks where the kernel has them (Linux >= 3.15): a classic POSIX lock
+    // is dropped when the process closes ANY descriptor of the file, e.g. a later read of it.
+#ifdef F_OFD_SETLK
+    const int cmd = F_OFD_SETLK;
+#else
+    const int cmd = F_SETLK;
+#endif
+    if (fcntl(fd, cmd, &fl) != 0) {
       const int e = errno;
       if (e == EACCES || e == EAGAIN) {
         const std::string who = holder_text(fd);

@@ -2,8 +2,9 @@
 // truncates any of them, so a second job naming the same output stops at once (exit 2, naming
 // the holder) and the first job's files stay untouched. No HDF5 here.
 //
-// The lock of OUTPUT is an fcntl write lock on OUTPUT.lock, a small text file holding the
-// holder's host, pid, mode and start time. The kernel drops the lock when the process ends, even
+// The lock of OUTPUT is an fcntl write lock on OUTPUT.lock (an open-file-description lock where
+// Linux has them, so reading the file elsewhere in the process cannot drop it), a small text file
+// holding the holder's host, pid, mode and start time. The kernel drops the lock when the process ends, even
 // by SIGKILL, so a crash never leaves a stale lock, only a stale file (taken over by the next
 // job). fcntl locks work on local file systems and on NFS and Lustre mounted with locking; where
 // a file system refuses locks the run goes on unlocked and says so.

@@ -58,8 +58,7 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayo
   topo.world().barrier();
 }
 
-std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, int rank, int nranks,
-                             int64_t* step) {
+std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, int64_t* step) {
   try {
     H5TensorReader r(path);
     const std::pair<const char*, int64_t> must[] = {{"seed", cfg.seed}, {"layers", cfg.layers}, {"dim", cfg.dim},
@@ -85,12 +84,18 @@ std::string check_checkpoint(const std::string& path, const Config& cfg, const P
                                 : " has shape [" + std::to_string(got.first) + ", " + std::to_string(got.second) + "]") +
                  "; this model expects [" + std::to_string(p.rows) + ", " + std::to_string(p.cols) + "]";
       }
-    int64_t s = 0;
-    if (!r.attr_int("step", s) || s < 0) return "config: resume = '" + path + "' has no valid step attribute";
+    int64_t s = 0, next = 0;
+    if (!r.attr_int("step", s) || s < 0 || !r.attr_int("next_sample", next) || next < 0)
+      return "config: resume = '" + path + "' has no valid step and next_sample attributes (whole numbers >= 0); "
+             "valid: a checkpoint written by ctxpar train";
     if (step) *step = s;
   } catch (const UsageError& e) {
     return std::string("config: resume = ") + e.what();
   }
+  return "";
+}
+
+std::string scan_checkpoint(const std::string& path, const ParamLayout& layout, int rank, int nranks) {
   // Every value finite: a NaN loaded would train (or generate) on NaN. Rank `rank` reads its
   // share of the tensors.
   int64_t i = 0;

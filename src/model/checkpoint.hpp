@@ -26,11 +26,13 @@ struct TrainState {
 
 void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, const float* params,
                      const float* m, const float* v, const TrainState& st, Topology& topo);
-// "" when `path` is a checkpoint of this model shape and seed with finite values, else what is
-// wrong. Rank `rank` of `nranks` scans its share of the tensors for NaN/Inf (call on every rank,
-// agree on the result); `step` (when given) receives the checkpoint's step.
-std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, int rank = 0,
-                             int nranks = 1, int64_t* step = nullptr);
+// "" when `path` is a checkpoint of this model shape and seed (attributes and tensor shapes, no
+// values read), else what is wrong; `step` (when given) receives the checkpoint's step.
+std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout,
+                             int64_t* step = nullptr);
+// "" when every value of the checkpoint is finite, else the first NaN/Inf with its tensor and
+// index. Rank `rank` of `nranks` reads its share of the tensors (call on every rank, agree).
+std::string scan_checkpoint(const std::string& path, const ParamLayout& layout, int rank, int nranks);
 TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, float* m, float* v);
 
 }  // namespace ctxpar

@@ -56,6 +56,22 @@ class FileSource final : public TokenSource {
     hdf5_ = ends_with(path_, ".h5") || ends_with(path_, ".hdf5");
     n_tokens_ = hdf5_ ? h5_token_count(path_) : int64_t(std::filesystem::file_size(path_)) / (u32_ ? 4 : 2);
   }
+  // Raw token ids [first, first + count) of a raw file, as int64 (uint32 ids beyond int32 kept).
+  void read_raw(int64_t first, int64_t count, int64_t* out) const {
+    std::FILE* f = std::fopen(path_.c_str(), "rb");
+    CTXPAR_CHECK(f, "cannot open token file " << path_);
+    const size_t w = u32_ ? 4 : 2;
+    std::vector<unsigned char> raw(size_t(count) * w);
+    const bool ok = std::fseek(f, long(first * int64_t(w)), SEEK_SET) == 0 &&
+                    std::fread(raw.data(), w, size_t(count), f) == size_t(count);
+    std::fclose(f);
+    CTXPAR_CHECK(ok, "short read of " << count << " tokens at token " << first << " from " << path_);
+    for (int64_t t = 0; t < count; ++t) {
+      const unsigned char* p = raw.data() + size_t(t) * w;  // little-endian on disk
+      out[t] = u32_ ? int64_t(uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24)
+                    : int64_t(uint32_t(p[0]) | uint32_t(p[1]) << 8);
+    }
+  }
   // The raw token ids of sample `index`'s window; returns its first token's index in the file.
   int64_t read(int64_t index, int64_t S, int32_t* tokens) const {
     const int64_t windows = n_tokens_ / S;
@@ -63,36 +79,20 @@ class FileSource final : public TokenSource {
     if (hdf5_) {
       h5_read_tokens(path_, first, S, tokens);
     } else {
-      std::FILE* f = std::fopen(path_.c_str(), "rb");
-      CTXPAR_CHECK(f, "cannot open token file " << path_);
-      const size_t w = u32_ ? 4 : 2;
-      std::vector<unsigned char> raw(size_t(S) * w);
-      CTXPAR_CHECK(std::fseek(f, long(first * int64_t(w)), SEEK_SET) == 0 && std::fread(raw.data(), w, size_t(S), f) == size_t(S),
-                   "short read of " << S << " tokens at token " << first << " from " << path_);
-      std::fclose(f);
-      for (int64_t t = 0; t < S; ++t) {
-        const unsigned char* p = raw.data() + size_t(t) * w;  // little-endian on disk
-        tokens[t] = u32_ ? int32_t(uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24)
-                         : int32_t(uint32_t(p[0]) | uint32_t(p[1]) << 8);
-      }
+      std::vector<int64_t> ids(static_cast<size_t>(S));
+      read_raw(first, S, ids.data());
+      for (int64_t t = 0; t < S; ++t) tokens[t] = int32_t(ids[size_t(t)]);  // ids >= 2^31 fail the vocab check
     }
     return first;
   }
   int64_t windows(int64_t S) const { return n_tokens_ / S; }
-  // "" when every token of sample `index`'s window is in [0, vocab), else the first that is not.
-  std::string check(int64_t index, int64_t S) const {
-    std::vector<int64_t> ids(static_cast<size_t>(S));
-    int64_t first = 0;
-    if (hdf5_) {  // as int64: an HDF5 id beyond int32 would clamp in the int32 read
-      first = (index % windows(S)) * S;
-      h5_read_tokens_i64(path_, first, S, ids.data());
-    } else {
-      std::vector<int32_t> tokens(static_cast<size_t>(S));
-      first = read(index, S, tokens.data());
-      for (int64_t t = 0; t < S; ++t)
-        ids[size_t(t)] = u32_ ? int64_t(uint32_t(tokens[size_t(t)])) : int64_t(tokens[size_t(t)]);
-    }
-    for (int64_t t = 0; t < S; ++t)
+  // "" when every token id of [first, first + count) is in [0, vocab), else the first that is not.
+  // Read as int64 (an HDF5 id beyond int32 would clamp in the int32 read); throws on I/O errors.
+  std::string check_range(int64_t first, int64_t count) const {
+    std::vector<int64_t> ids(static_cast<size_t>(count));
+    if (hdf5_) h5_read_tokens_i64(path_, first, count, ids.data());
+    else read_raw(first, count, ids.data());
+    for (int64_t t = 0; t < count; ++t)
       if (ids[size_t(t)] < 0 || ids[size_t(t)] >= V_) {
         const int64_t id = ids[size_t(t)];
         return "token id " + std::to_string(id) + " at token " + std::to_string(first + t) +
@@ -154,11 +154,29 @@ std::string validate_data(const Config& c) {
 std::string check_data_tokens(const Config& c, int64_t first_sample, int64_t n_samples, int rank, int nranks) {
   if (synthetic_data(c) || n_samples <= 0) return "";
   const FileSource src(c);
-  // Samples map onto windows modulo their count: at most every window once.
-  const int64_t n = std::min(n_samples, src.windows(c.seq));
-  for (int64_t i = rank; i < n; i += nranks) {
-    const std::string err = src.check(first_sample + i, c.seq);
-    if (!err.empty()) return "config: data = '" + c.data + "': " + err;
+  // The windows the samples read (modulo their count): every window, or one or two contiguous
+  // ranges of them; read in blocks of 1M tokens, block k on rank k mod nranks.
+  const int64_t S = c.seq, W = src.windows(S);
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // tokens [begin, end)
+  if (n_samples >= W) {
+    ranges.push_back({0, W * S});
+  } else {
+    const int64_t a = first_sample % W, b = a + n_samples;
+    ranges.push_back({a * S, std::min(b, W) * S});
+    if (b > W) ranges.push_back({0, (b - W) * S});
+  }
+  constexpr int64_t kBlock = int64_t(1) << 20;
+  int64_t k = 0;
+  try {
+    for (const auto& [begin, end] : ranges)
+      for (int64_t t = begin; t < end; t += kBlock, ++k) {
+        if (k % nranks != rank) continue;
+        const std::string err = src.check_range(t, std::min(end, t + kBlock) - t);
+        if (!err.empty()) return "config: data = '" + c.data + "': " + err;
+      }
+  } catch (const std::exception& e) {  // e.g. an HDF5 filter this library lacks
+    return "config: data = '" + c.data + "': its tokens cannot be read (" + e.what() +
+           "); valid: a raw token file, or an HDF5 dataset 'tokens' stored plain or with gzip";
   }
   return "";
 }

@@ -110,19 +110,45 @@ std::string validate_attn_mode(const Config& cfg, Topology& topo) {
   if (!err.empty())
     return "in = '" + cfg.in + "' (S=" + std::to_string(s.S_q) + ", H_q=" + std::to_string(s.H_q) + ", H_kv=" +
            std::to_string(s.H_kv) + ", D=" + std::to_string(s.D) + ") on mesh " + mesh_text(topo) + ": " + err;
+  return "";
+}
+
+std::string scan_attn_inputs(const Config& cfg, Topology& topo) {
+  if (cfg.in.empty()) return "";
   // Non-finite values are reported here, not absorbed: a NaN in a row would give that row O = 0
   // and LSE = -inf (the kernels treat it as fully masked) and spread through the gradients.
-  for (const char* name : {"q", "k", "v", "do"}) {
+  // Dataset i is read by rank i mod P.
+  const char* names[] = {"q", "k", "v", "do"};
+  const Comm& world = topo.world();
+  for (int i = world.rank(); i < 4; i += world.size()) {
     try {
-      const std::string bad = first_non_finite(cfg.in, name);
+      const std::string bad = first_non_finite(cfg.in, names[i]);
       if (!bad.empty())
-        return "in = '" + cfg.in + "': dataset '" + name + "' has " + bad + " ([token, head, dim]); valid: finite values " +
-               "within float32's range";
+        return "in = '" + cfg.in + "': dataset '" + names[i] + "' has " + bad + " ([token, head, dim]); valid: finite " +
+               "values within float32's range";
     } catch (const std::exception& e) {
-      return "in = '" + cfg.in + "': dataset '" + name + "' cannot be read: " + e.what();
+      return "in = '" + cfg.in + "': dataset '" + names[i] + "' cannot be read: " + e.what();
     }
   }
   return "";
+}
+
+double attn_memory(const Config& cfg, Topology& topo) {
+  if (cfg.in.empty()) return workload_memory(cfg, topo);
+  // The file's shape (its header only; validate_attn_mode has checked it on rank 0).
+  AttnParams s;
+  bool docs = false;
+  if (!inspect_input(cfg.in, s, docs).empty()) return 0;
+  Config c = cfg;
+  c.in.clear();
+  c.seq = s.S_q;
+  c.heads = s.H_q;
+  c.kv_heads = s.H_kv;
+  c.head_dim = s.D;
+  c.mask = s.mask;
+  c.window = s.window;
+  c.docs = "none";
+  return workload_memory(c, topo);
 }
 
 int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {

@@ -305,10 +305,15 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   if (!err.empty()) return err;
   if (!cfg.resume.empty()) {
     const ParamLayout layout(model_dims(cfg, 1, 0));
-    err = check_checkpoint(cfg.resume, cfg, layout, topo.world().rank(), topo.world().size());
+    err = check_checkpoint(cfg.resume, cfg, layout);
     if (!err.empty()) return err;
   }
   return "";
+}
+
+std::string scan_infer_inputs(const Config& cfg, Topology& topo) {
+  if (cfg.resume.empty()) return "";
+  return scan_checkpoint(cfg.resume, ParamLayout(model_dims(cfg, 1, 0)), topo.world().rank(), topo.world().size());
 }
 
 double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) {

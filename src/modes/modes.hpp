@@ -21,6 +21,9 @@ struct ModeRow {
   // Host bytes per rank at the plan's peak (null: a mode too small to matter); compared with
   // what the node has before anything is allocated (check_memory).
   double (*memory)(const Config&, Topology&);
+  // The row's reads of its input files' values (NaN/Inf, token ids), every rank a share, after the
+  // memory check: they may read gigabytes (null: none). Not run by --dry-run.
+  std::string (*scan)(const Config&, Topology&);
   bool needs_peak;          // the trace's MFU needs this rank's peak FLOP/s
   bool attention_workload;  // runs the sharded attention workload (validated and planned by workload.hpp)
   bool cuda;                // built for device=cuda
@@ -57,6 +60,11 @@ std::string mode_words(const Config& cfg, const char* sep = " ");
 
 // attn mode's own checks (input file datasets and shapes); "" when valid. Implemented with the mode.
 std::string validate_attn_mode(const Config& cfg, Topology& topo);
+std::string scan_attn_inputs(const Config& cfg, Topology& topo);  // NaN/Inf in q, k, v, do
+double attn_memory(const Config& cfg, Topology& topo);            // the workload at the input file's shape
+std::string scan_train_inputs(const Config& cfg, Topology& topo); // resume values, token ids
+std::string scan_infer_inputs(const Config& cfg, Topology& topo); // resume values
+double calibrate_memory(const Config& cfg, Topology& topo);       // bench calibrate at its largest shapes
 
 // train mode's own checks (model shape vs tp, strategy with per-tp-rank heads, data file,
 // resume checkpoint, dump/checkpoint paths); "" when valid. Implemented in modes/train.cpp.
@@ -66,6 +74,7 @@ struct TrainMemoryPlan {
   double state_bytes = 0;       // params, grads, AdamW moments
   double activation_bytes = 0;  // saved activations (by remat) + backward scratch
   double strategy_bytes = 0;    // the CP strategy's transient buffers
+  double gather_bytes = 0;      // rank 0: whole tensors gathered for a checkpoint or the oracle dump
   double total_bytes = 0;
 };
 TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo);

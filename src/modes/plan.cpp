@@ -86,8 +86,6 @@ std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row)
 }
 
 double workload_memory(const Config& cfg, Topology& topo) {
-  // attn --in: the shape is the file's (validate_attn_mode reads it); not estimated here.
-  if (cfg.mode == Mode::attn && !cfg.in.empty()) return 0;
   if (cfg.strategy != StrategySetting::all) return plan_workload(cfg, topo).bytes_per_rank;
   double most = 0;  // bench cp strategy=all: the hungriest strategy that runs on this mesh
   for (StrategySetting s : {StrategySetting::allgather, StrategySetting::ulysses, StrategySetting::ring, StrategySetting::usp}) {
@@ -180,8 +178,9 @@ std::string check_memory(const Config& cfg, Topology& topo, const ModeRow& row) 
     os << "a schedule with fewer tokens (schedule = '" << cfg.schedule << "'), "
        << (cfg.batch > 1 ? "batch < " + std::to_string(cfg.batch) + ", " : "");
   } else if (const int64_t fit = largest_fitting_seq(cfg, topo, row, b.bytes_per_rank); fit > 0) {
-    os << "seq <= " << fit << " on this mesh (seq = " << cfg.seq << "), ";
-  } else if (train || cfg.mode == Mode::prefill || cfg.mode == Mode::decode) {
+    os << "seq <= " << fit << " on this mesh (seq = " << cfg.seq << "), "
+       << (cfg.batch > 1 && !train ? "batch < " + std::to_string(cfg.batch) + ", " : "");
+  } else if (train || cfg.mode == Mode::prefill || cfg.mode == Mode::decode || cfg.bench == Bench::calibrate) {
     os << "a smaller model (layers, dim, ffn_dim, vocab: even the shortest seq does not fit), ";
   }
   os << "more ranks or nodes" << (train ? ", remat=full" : "") << ", or mem_per_rank=SIZE when you know better";

@@ -152,10 +152,14 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
 }
 
 std::string validate_predict_mode(const Config& cfg, Topology& topo) {
-  (void)topo;
   try {
     for (const auto& [v, c] : sweep_configs(cfg)) {
-      (void)v;
+      // Each swept configuration passes the checks the same settings pass on the command line.
+      try {
+        validate_config(c, topo.world().size());
+      } catch (const UsageError& e) {
+        throw UsageError("sweep value '" + v + "': " + e.what());
+      }
       const HardwareProfile hw = load_hardware(hardware_name(c, HardwareUse::plan));
       const PerfWorkload w = workload_of(c, hw);
       if (w.precision == Precision::fp8_ffn && hw.peak_fp8_flops <= 0)

@@ -26,7 +26,8 @@ bool is_infer(const Config& c) {
 // existing) the same inode, which catches hard links too.
 bool same_file(const std::string& a, const std::string& b) {
   std::error_code ec1, ec2;
-  const fs::path ca = fs::weakly_canonical(a, ec1), cb = fs::weakly_canonical(b, ec2);
+  // Absolute first: weakly_canonical leaves a relative path with no existing prefix as it is.
+  const fs::path ca = fs::weakly_canonical(fs::absolute(a, ec1), ec1), cb = fs::weakly_canonical(fs::absolute(b, ec2), ec2);
   if (!ec1 && !ec2 && ca == cb) return true;
   struct stat sa {}, sb {};
   return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
@@ -56,14 +57,49 @@ bool calibrated_profile(const std::string& path) {
   return first.rfind("# Written by `ctxpar bench calibrate`", 0) == 0;
 }
 
+// A regular file with one name (not a link: links there are removed, never written through).
+bool plain_file(const std::string& path) {
+  struct stat st {};
+  return lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1;
+}
+
+// What a run of ctxpar leaves at NAME.lock: "host ..." (io/output_lock), or nothing yet.
+bool ctxpar_lock_file(const std::string& path) {
+  std::ifstream f(path);
+  std::string first;
+  std::getline(f, first);
+  return first.empty() || first.rfind("host ", 0) == 0;
+}
+
+// "" when the files a writer of `out` keeps beside it (NAME.partial, NAME.lock) may be replaced:
+// absent, links (removed, not followed), or left by an earlier ctxpar run; a file of the user's
+// under such a name is never removed.
+std::string check_side_files(const RunFile& out) {
+  const std::string valid = "; valid: another " + out.field + "= (or move that file away first)";
+  std::error_code ec;
+  const std::string partial = out.path + ".partial", lock = lock_path(out.path);
+  for (const std::string& side : {partial, lock})
+    if (fs::is_directory(fs::symlink_status(side, ec)))
+      return "config: " + name(out) + ": '" + side + "' is a directory, where this run keeps its " +
+             (side == lock ? "lock" : "unfinished file") + valid;
+  if (plain_file(lock) && !ctxpar_lock_file(lock))
+    return "config: " + name(out) + ": '" + lock + "' is a file ctxpar did not write, where this run keeps its lock" + valid;
+  if (plain_file(partial)) {
+    // Empty: a run killed right after creating it.
+    const bool ours = fs::file_size(partial, ec) == 0 ||
+                      (out.kind == "hardware_profile" ? calibrated_profile(partial) : !describe_file(partial).kind.empty());
+    if (!ours)
+      return "config: " + name(out) + ": '" + partial + "' is a file ctxpar did not write, where this run keeps its "
+             "unfinished output" + valid;
+  }
+  return "";
+}
+
 // "" when `out` may replace what is at its path now.
 std::string check_existing(const RunFile& out, const Config& cfg) {
   const std::string valid = "; valid: another " + out.field + "= (or move that file away first)";
   std::error_code ec;
-  for (const std::string& side : {out.path + ".partial", lock_path(out.path)})
-    if (fs::is_directory(fs::symlink_status(side, ec)))
-      return "config: " + name(out) + ": '" + side + "' is a directory, where this run keeps its " +
-             (side == lock_path(out.path) ? "lock" : "unfinished file") + valid;
+  if (const std::string side = check_side_files(out); !side.empty()) return side;
   if (!fs::exists(out.path, ec)) return "";
   if (out.kind == "hardware_profile") {
     if (calibrated_profile(out.path)) return "";
@@ -116,6 +152,19 @@ std::string check_run_files(const std::vector<RunFile>& files, const Config& cfg
     if (o.path.empty()) return "config: " + o.field + " is empty; valid: a file name such as out/run.h5";
     if (o.path.back() == '/')
       return "config: " + name(o) + " names a directory; valid: a file name such as " + o.path + "run.h5";
+    for (const char ch : o.path)
+      if (static_cast<unsigned char>(ch) < 0x20)
+        return "config: " + o.field + " = '" + printable(o.path, 1) + "' holds a control character; valid: a plain file name";
+    for (const char* reserved : {".partial", ".lock"}) {
+      const std::string r(reserved);
+      if (o.path.size() >= r.size() && o.path.compare(o.path.size() - r.size(), r.size(), r) == 0)
+        return "config: " + name(o) + " ends in " + r + ", the name ctxpar gives its own unfinished files and locks "
+               "(another run's live file could be replaced); valid: another name";
+    }
+    // NAME.partial and NAME.lock must fit the file system's name limit too.
+    if (fs::path(o.path).filename().string().size() + 8 > 255)
+      return "config: " + name(o) + ": the file name is " + std::to_string(fs::path(o.path).filename().string().size()) +
+             " characters; valid: at most 247 (ctxpar adds .partial beside it)";
     for (size_t j = 0; j < files.size(); ++j) {
       const RunFile& x = files[j];
       if (j == i || (x.output && j < i)) continue;  // each pair of outputs once

@@ -93,16 +93,27 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   if (!err.empty()) return err;
   if (!cfg.dump_init.empty() && topo.size(Axis::dp) != 1)
     return "config: dump_init needs dp:1 (the dump holds one sequence); valid: a mesh without dp";
-  const Comm& world = topo.world();
-  int64_t first_step = 0;
   if (!cfg.resume.empty()) {
+    int64_t first_step = 0;
     const ParamLayout layout(model_dims(cfg, 1, 0));  // the global tensors (metadata only)
-    err = check_checkpoint(cfg.resume, cfg, layout, world.rank(), world.size(), &first_step);
+    err = check_checkpoint(cfg.resume, cfg, layout, &first_step);
     if (!err.empty()) return err;
     if (first_step >= cfg.warmup + cfg.steps)
       return "config: resume = '" + cfg.resume + "' is at step " + std::to_string(first_step) + ", and this run ends at " +
              "step warmup + steps = " + std::to_string(cfg.warmup + cfg.steps) + ": nothing left to run; valid: steps > " +
              std::to_string(first_step - cfg.warmup);
+  }
+  return "";
+}
+
+std::string scan_train_inputs(const Config& cfg, Topology& topo) {
+  const Comm& world = topo.world();
+  const ParamLayout layout(model_dims(cfg, 1, 0));
+  int64_t first_step = 0;
+  if (!cfg.resume.empty()) {
+    check_checkpoint(cfg.resume, cfg, layout, &first_step);  // validated before: the step only
+    const std::string err = scan_checkpoint(cfg.resume, layout, world.rank(), world.size());
+    if (!err.empty()) return err;
   }
   // Every token the run will read, inside the vocabulary (each rank reads a share).
   const int64_t DP = topo.size(Axis::dp);
@@ -122,7 +133,12 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   // The strategy's transient buffers (gathered / in-flight K/V and their gradients): about three
   // forward messages' worth at once in the backward.
   p.strategy_bytes = 3.0 * strat->comm_volume_fwd(local_attn_problem(cfg, tp), train_docs(cfg), topo);
-  p.total_bytes = p.state_bytes + p.activation_bytes + p.strategy_bytes;
+  // Rank 0 gathers whole tensors to write them (model/checkpoint.cpp): params and both AdamW
+  // moments for a checkpoint; params, gradients and the logits for the oracle dump.
+  const double global = 4.0 * double(ParamLayout(model_dims(cfg, 1, 0)).local_elems());
+  if (cfg.checkpoint_every > 0) p.gather_bytes = std::max(p.gather_bytes, 3.0 * global);
+  if (!cfg.dump_init.empty()) p.gather_bytes = std::max(p.gather_bytes, 2.0 * global + 4.0 * double(cfg.seq * cfg.vocab));
+  p.total_bytes = p.state_bytes + p.activation_bytes + p.strategy_bytes + p.gather_bytes;
   return p;
 }
 
@@ -136,6 +152,7 @@ std::string train_plan(const Config& cfg, Topology& topo) {
      << name_of(cfg.strategy) << ", remat " << name_of(cfg.remat) << "\n";
   os << "memory estimate per rank: " << fmt_bytes(t.total_bytes) << " (params+grads+AdamW " << fmt_bytes(t.state_bytes)
      << ", activations+scratch " << fmt_bytes(t.activation_bytes) << ", strategy buffers " << fmt_bytes(t.strategy_bytes)
+     << (t.gather_bytes > 0 ? ", whole tensors gathered on rank 0 to write " + fmt_bytes(t.gather_bytes) : std::string())
      << ")\n";
   return os.str();
 }

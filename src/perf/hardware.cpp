@@ -1,6 +1,7 @@
 #include "perf/hardware.hpp"
 
 #include <algorithm>
+#include <fstream>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -88,11 +89,16 @@ struct Reader {
   [[noreturn]] void bad(const std::string& k, const std::string& what) const {
     throw UsageError("hardware: " + k + " in " + file + " " + what);
   }
+  // Every number of a profile is a rate, a size, a latency, a count or an efficiency: finite, >= 0.
+  double checked(const std::string& k, double x) const {
+    if (!std::isfinite(x) || x < 0) bad(k, "is " + std::to_string(x) + "; valid: a finite number >= 0");
+    return x;
+  }
   double num(const std::string& k, double def) const {
     if (!has(k)) return def;
     const toml::value& v = root.as_table().at(k);
-    if (v.is_integer()) return double(v.as_integer());
-    if (v.is_floating()) return v.as_floating();
+    if (v.is_integer()) return checked(k, double(v.as_integer()));
+    if (v.is_floating()) return checked(k, v.as_floating());
     bad(k, "must be a number");
   }
   std::vector<double> nums(const std::string& k) const {
@@ -101,8 +107,8 @@ struct Reader {
     const toml::value& v = root.as_table().at(k);
     if (!v.is_array()) bad(k, "must be an array of numbers");
     for (const toml::value& e : v.as_array()) {
-      if (e.is_integer()) out.push_back(double(e.as_integer()));
-      else if (e.is_floating()) out.push_back(e.as_floating());
+      if (e.is_integer()) out.push_back(checked(k, double(e.as_integer())));
+      else if (e.is_floating()) out.push_back(checked(k, e.as_floating()));
       else bad(k, "must be an array of numbers");
     }
     return out;
@@ -161,11 +167,22 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
   if (!fs::is_regular_file(file, ec))
     throw UsageError("hardware: no profile '" + name_or_path + "' (" + file + " not found); valid: " + join_names() +
                      ", or a path to a .toml profile (`ctxpar bench calibrate` writes inputs/hardware/local.toml)");
+  std::string text;
+  {
+    std::ifstream f(file, std::ios::binary);
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  }
+  if (const std::string nest = toml_nesting_error(text); !nest.empty())
+    throw UsageError("hardware: " + file + ": " + nest + "; valid: a profile of key = value lines");
   toml::value root;
   try {
-    root = toml::parse(file);
+    std::istringstream is(text);
+    root = toml::parse(is, file);
   } catch (const std::exception& e) {
-    throw UsageError("hardware: cannot parse " + file + ":\n" + e.what());
+    throw UsageError("hardware: cannot parse " + file + " as TOML (valid: a profile like inputs/hardware/h100-gtt.toml):\n" +
+                     printable(e.what()));
   }
   if (!root.is_table()) throw UsageError("hardware: " + file + " is not a TOML table");
   for (const auto& [k, v] : root.as_table()) {

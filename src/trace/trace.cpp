@@ -572,8 +572,8 @@ bool Tracer::end_step(const StepRecord& local) {
   if (stop != 0 && I.stop_signal == 0) {
     I.stop_signal = stop / kRankBits;
     I.stop_rank = kRankBits - 1 - stop % kRankBits;
-    I.stop_step = step_;
   }
+  if (stop != 0) I.stop_step = step_;  // the last step ends the run (bench infer finishes its row)
 
   const double stats[trace_detail::kRankStatsDoubles] = {time_s, local.exposed_comm_s, double(peak),
                                                          double(mem_rss_peak_bytes())};

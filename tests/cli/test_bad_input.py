@@ -51,9 +51,16 @@ CASES = [
     ("a binary file as --config", ["run", "--config", "@BINARY@"], "TOML"),
     ("peak_tflops_per_rank too small to mean anything", ["train", "peak_tflops_per_rank=1e-300"], "peak_tflops_per_rank"),
     ("TOML syntax error", ["run", "--config", "@BADTOML@"], "bad.toml"),
+    ("TOML nested too deep", ["run", "--config", "@NESTTOML@"], "nested"),
     ("unknown key in TOML", ["run", "--config", "@UNKNOWNTOML@"], "colour"),
     ("out is a directory", ["run", "out=@TMP@"], "out"),
     ("out ends with a slash", ["run", "out=@TMP@/newdir/"], "directory"),
+    ("out ends in .partial (another run's live file)", ["run", "out=@TMP@/x.h5.partial"], ".partial"),
+    ("out with a control character", ["run", "out=@TMP@/a\nb.h5"], "control character"),
+    ("out name too long for NAME.partial", ["run", "out=@TMP@/" + "a" * 250 + ".h5"], "characters"),
+    ("a user's file where the lock goes", ["run", "out=@TMP@/user.h5"], "user.h5.lock"),
+    ("two outputs spelled differently", ["train", "--config", "@TINY@", "checkpoint_every=1", "out=@TMP@/x1.h5",
+                                         "checkpoint=@TMP@/./x1.h5"], "same file"),
     ("a later output that cannot be made leaves no directory", ["train", "out=@TMP@/newdir/o.h5", "checkpoint_every=1",
                                                              "checkpoint=/proc/ctxpar_ck.h5"], "checkpoint"),
     ("NAME.partial is a directory", ["run", "out=@TMP@/p.h5"], "directory"),
@@ -72,6 +79,10 @@ CASES = [
     ("out is a file ctxpar did not write", ["run", "out=@NOTES@"], "did not write"),
     ("calibrate over a profile it did not write", ["bench", "calibrate", "hardware=@PROFILE@"], "hardware"),
     ("calibrate to a path without .toml", ["bench", "calibrate", "hardware=@TMP@/prof"], "hardware"),
+    ("calibrate a model beyond the node", ["bench", "calibrate", "hardware=@TMP@/cal.toml", "dim=1M", "ffn_dim=4M",
+                                           "vocab=1G"], "smaller model"),
+    ("NaN in a hardware profile", ["predict", "hardware=@HWNAN@"], "intra_latency_us"),
+    ("predict sweep value the command line refuses", ["predict", "sweep=window=5,6"], "window"),
     # Memory: the plan against what a rank may use (mem_per_rank, or the node's).
     ("plan beyond mem_per_rank", ["train", "--config", "@TINY@", "mem_per_rank=1M"], "mem_per_rank"),
     ("plan beyond the node", ["train", "--config", "@TINY@", "seq=1G"], "seq <="),
@@ -80,6 +91,10 @@ CASES = [
      "bench_max_bytes <="),
     # Non-finite values and out-of-range ids, found when the files are checked, not absorbed.
     ("NaN in an attn input", ["attn", "in=@ATTNNAN@", "out=@TMP@/r.h5"], "nan at"),
+    ("array attribute in an attn input", ["attn", "in=@ATTNARR@", "out=@TMP@/r.h5"], "single value"),
+    ("attn input beyond mem_per_rank, refused before its values are read",
+     ["attn", "in=@ATTNBIG@", "out=@TMP@/r.h5", "mem_per_rank=64M"], "attn plan needs"),
+    ("checkpoint without next_sample", ["train", "--config", "@TINY@", "resume=@CKNONEXT@", "steps=4"], "next_sample"),
     ("Inf in a checkpoint", ["train", "--config", "@TINY@", "resume=@CKINF@", "steps=4"], "inf at"),
     ("resume past the last step", ["train", "--config", "@TINY@", "resume=@CK@", "steps=1", "warmup=0"], "steps"),
     ("checkpoint of another shape", ["train", "--config", "@TINY@", "resume=@CK@", "steps=4", "dim=64"], "dim"),
@@ -127,6 +142,25 @@ def make_fixtures(tmp, root, ck):
                     x[37, 1, 5] = np.nan
                 h[d] = x
     f.update(ATTN=path("attn.h5"), ATTNNAN=path("attn_nan.h5"))
+    shutil.copy(path("attn.h5"), path("attn_arr.h5"))
+    with h5py.File(path("attn_arr.h5"), "r+") as h:
+        h.attrs["causal"] = np.ones(64, dtype=np.int64)  # an array where one number belongs
+    with h5py.File(path("attn_big.h5"), "w") as h:  # 16M tokens declared, no data stored (sparse)
+        for d in ("q", "k", "v", "do"):
+            h.create_dataset(d, shape=(1 << 24, 8, 64), dtype=np.float32)
+    f.update(ATTNARR=path("attn_arr.h5"), ATTNBIG=path("attn_big.h5"))
+    with open(path("nest.toml"), "w") as fh:
+        fh.write("seq = " + "[" * 100000 + "]" * 100000 + "\n")
+    f["NESTTOML"] = path("nest.toml")
+    with open(path("user.h5.lock"), "w") as fh:
+        fh.write("the user's own notes\n")
+    with open(os.path.join(root, "inputs", "hardware", "h100-gtt.toml")) as fh:
+        hw = fh.read()
+    import re
+    hw = re.sub(r"(?m)^intra_latency_us\s*=.*$", "intra_latency_us = nan", hw)
+    with open(path("hw_nan.toml"), "w") as fh:
+        fh.write(hw)
+    f["HWNAN"] = path("hw_nan.toml")
     with h5py.File(path("train_trace.h5"), "w") as h:  # what a finished `ctxpar train` leaves
         h.attrs.update({"ctxpar_file": "trace", "schema_version": 1, "mode": "train", "bench": "none",
                         "status": "complete"})
@@ -137,7 +171,10 @@ def make_fixtures(tmp, root, ck):
         x = h["adam_m/layers.1.w2"][...]
         x[3, 5] = np.inf
         h["adam_m/layers.1.w2"][...] = x
-    f.update(CK=path("ck.h5"), CKINF=path("ck_inf.h5"))
+    shutil.copy(ck, path("ck_nonext.h5"))
+    with h5py.File(path("ck_nonext.h5"), "r+") as h:
+        del h.attrs["next_sample"]
+    f.update(CK=path("ck.h5"), CKINF=path("ck_inf.h5"), CKNONEXT=path("ck_nonext.h5"))
     tok = (np.arange(8192) % 200).astype("<u2")
     tok[100] = 9999  # beyond the tiny model's vocabulary, in the first sample a run reads
     tok.tofile(path("tokens.bin"))

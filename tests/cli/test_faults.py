@@ -9,9 +9,11 @@ within its time limit, keeps every completed step readable and leaves the status
                   seconds and sends SIGKILL as long again later; with that set above a step's time
                   the run ends truncated (the step bound is mpirun's delay, not checked)
   concurrent      a second job on the same out= exits 2 at once naming the first (host, pid); the
-                  first job's files are untouched and it completes
+                  first job's files are untouched and it ends intact (stopped by SIGUSR1)
   stopped_rank    SIGSTOP to rank 1 of 3: the watchdog ends the job (exit 3), the trace is
                   NAME.h5.partial with status "failed" and the reason
+  stopped_at_startup  SIGSTOP to rank 1 as soon as it exists (MPI_Init, validation): the start-up
+                  watchdog ends the job (exit 3) within watchdog_s
   non_finite      a step whose gradient overflows stops before the update (exit 3), naming step and
                   tensor; the last good checkpoint is untouched
   out_of_memory   an allocation the node cannot give (an address-space limit stands for a small
@@ -168,7 +170,8 @@ def case_sigterm_mpirun(c):
 
 def case_concurrent(c):
     out = os.path.join(c.work, "shared.h5")
-    a = c.start(2, ["train", "--config", c.tiny, "out=" + out, "seq=4K", "steps=40", "warmup=0"])
+    # The first job runs until told to stop (a fixed step count could end before the second starts).
+    a = c.start(2, ["train", "--config", c.tiny, "out=" + out, "seq=4K", "steps=100000", "warmup=0"])
     c.wait_steps(a, out, 2)
     pid0 = rank_pids(a.pid).get(0)
     before = os.stat(out + ".partial").st_ino
@@ -182,10 +185,13 @@ def case_concurrent(c):
           f"the message does not name the first job (rank 0 pid {pid0}):\n{b.stderr}")
     check(os.path.exists(out + ".partial") and os.stat(out + ".partial").st_ino == before,
           "the first job's .partial was replaced")
+    n0 = c.steps_flushed(out)
+    os.kill(a.pid, signal.SIGUSR1)  # mpirun forwards it: the first job ends truncated, intact
     finish(a, 300)
-    check(a.returncode == 0, f"first job exit code {a.returncode}")
+    check(a.returncode == 128 + signal.SIGUSR1, f"first job exit code {a.returncode}")
     t = c.ct.load(out)
-    check(t.status == "complete" and t.steps_completed == 40, f"first job's trace: {t.status}, {t.steps_completed} steps")
+    check(t.status == "truncated" and t.steps_completed >= n0 and len(t.steps) == t.steps_completed,
+          f"first job's trace: {t.status}, {t.steps_completed} steps ({n0} flushed before)")
     check(not os.path.exists(out + ".lock"), "lock file left after the job ended")
     print(f"second job refused in {dt:.1f} s: {msg[0]}")
 
@@ -212,6 +218,31 @@ def case_stopped_rank(c):
     check("watchdog" in str(t.attrs.get("failure", "")), f"failure {t.attrs.get('failure')!r}")
     check(t.steps_completed >= 3 and len(t.steps) == t.steps_completed, "completed steps lost")
     print(f"stopped rank: job ended {dt:.1f} s after SIGSTOP; failure: {t.attrs['failure']}")
+
+
+def case_stopped_at_startup(c):
+    out = os.path.join(c.work, "startup.h5")
+    p = c.start(2, ["train", "--config", c.tiny, "out=" + out, "watchdog_s=3"])
+    victim, t0 = None, time.time()
+    while victim is None and time.time() - t0 < 30:
+        victim = rank_pids(p.pid).get(1)
+        if victim is None:
+            time.sleep(0.005)
+    check(victim is not None, "rank 1 never started")
+    os.kill(victim, signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        _, err = finish(p, 60)
+    finally:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    dt = time.time() - t0
+    check(p.returncode == 3, f"exit code {p.returncode}, expected 3:\n{err[-2000:]}")
+    check("watchdog: no progress" in err, f"no watchdog message:\n{err[-2000:]}")
+    check(dt < 30, f"the job took {dt:.1f} s to end (watchdog_s = 3)")
+    print(f"stopped at start-up: job ended {dt:.1f} s later, exit 3")
 
 
 def make_checkpoint(c, name, steps=2):

@@ -143,6 +143,10 @@ TEST(OutputLock, ASecondHolderIsRefusedWithTheFirstOnesName) {
     return WEXITSTATUS(st);
   };
   EXPECT_EQ(try_in_child(), 1);  // refused, naming this process and its mode
+  // Reading the lock file in this process (as the file checks do) must not drop the lock: a
+  // classic POSIX lock would go with the first close of any descriptor of the file.
+  { std::ifstream(lock_path(out)).get(); }
+  EXPECT_EQ(try_in_child(), 1);
   mine.release();
   EXPECT_FALSE(fs::exists(lock_path(out)));  // no stale lock file after a clean end
   EXPECT_EQ(try_in_child(), 0);  // free again
