@@ -8,16 +8,21 @@
 //   forward:  one task per (query head h, query tile); it owns its O rows and LSE, so no races
 //             and the result does not depend on the thread count.
 //   backward: one task per (kv head g, key tile); it owns dK/dV of its keys (summed over the
-//             query heads of group g, GQA) and adds its dQ contribution of each query tile under
-//             a per-(head, query tile) lock into a packed fp32 dQ accumulator, which is added to
-//             the caller's dq at the end. Only the order of those dQ additions depends on
-//             scheduling (rounding-level differences between runs).
+//             query heads of group g, GQA) and adds its dQ contribution of each query tile into
+//             a packed fp32 dQ accumulator, which is added to the caller's dq at the end. The
+//             contributions to one (head, query tile) are added in increasing key-tile order,
+//             whatever the schedule: a contribution goes in when the visible key tile before its
+//             own has added (a per-accumulator turn), so dQ has the same bits for any thread
+//             count. A contribution not yet at its turn waits in the thread's small reorder
+//             buffer while the thread computes on; the lowest task not yet all in always has its
+//             turns, so nothing deadlocks.
 //
 // Softmax in base 2: scores are multiplied by c = scale * log2(e) and exponentiated with 2^x;
 // LSE = ln 2 * (m + log2 l).
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +30,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu/ops_cpu.hpp"
@@ -262,8 +268,18 @@ void attn_bwd(const AttnParams& p) {
   Scratch qr(p.H_q * p.S_q * Dp), dor(p.H_q * p.S_q * Dp), kt(p.H_kv * n_panels * 16 * D),
       vt(p.H_kv * n_panels * 16 * D), kr(p.H_kv * S_k_pad * Dp), lse2(p.H_q * p.S_q),
       di(p.H_q * p.S_q), dq_acc(p.H_q * p.S_q * Dp, true);
-  std::vector<omp_lock_t> locks(p.H_q * n_qt);
-  for (auto& lk : locks) omp_init_lock(&lk);
+  // The turn of each dQ accumulator (h, query tile): the key tile whose contribution is next.
+  // Visibility does not depend on the head: first_visible[qi] and next_visible[qi * n_kt + ki]
+  // (n_kt = none after ki) come from the tile classification.
+  std::vector<int64_t> next_visible(size_t(n_qt * n_kt), n_kt), first_visible(size_t(n_qt), n_kt);
+  for (int64_t qi = 0; qi < n_qt; ++qi)
+    for (int64_t ki = n_kt - 1; ki >= 0; --ki) {
+      next_visible[size_t(qi * n_kt + ki)] = first_visible[size_t(qi)];
+      if (tiles::classify(p, q_ranges[qi], k_ranges[ki]) != tiles::Vis::empty) first_visible[size_t(qi)] = ki;
+    }
+  std::unique_ptr<std::atomic<int64_t>[]> turn(new std::atomic<int64_t>[size_t(p.H_q * n_qt)]);
+  for (int64_t h = 0; h < p.H_q; ++h)
+    for (int64_t qi = 0; qi < n_qt; ++qi) turn[size_t(h * n_qt + qi)].store(first_visible[size_t(qi)]);
 
 #pragma omp parallel num_threads(thread_count(p))
   {
@@ -284,14 +300,42 @@ void attn_bwd(const AttnParams& p) {
       di.get()[t] = acc;
     }  // implicit barrier: packing done
 
-    Scratch st(Bq * kBkBwd), dpt(Bq * kBkBwd), dql(Bq * Dp), dka(kBkBwd * Dp), dva(kBkBwd * Dp),
-        pt(kBkBwd * Bq), dst(kBkBwd * Bq);
+    Scratch st(Bq * kBkBwd), dpt(Bq * kBkBwd), dka(kBkBwd * Dp), dva(kBkBwd * Dp), pt(kBkBwd * Bq),
+        dst(kBkBwd * Bq);
     Counters cnt;
+    // dQ contributions not yet at their turn wait here (a reorder buffer of this thread), so the
+    // thread goes on computing instead of waiting; committed in turn, each to its accumulator.
+    struct Pending {
+      int64_t acc, qi, ki, elems;  // accumulator h * n_qt + qi, its key tile, Bq-row tile size
+      std::unique_ptr<Scratch> buf;
+    };
+    std::vector<Pending> pending;
+    std::vector<std::unique_ptr<Scratch>> spare;
+    const auto commit = [&](Pending& e) {
+      float* out = dq_acc.get() + (e.acc / n_qt * p.S_q + e.qi * Bq) * Dp;
+      for (int64_t x = 0; x < e.elems; ++x) out[x] += e.buf->get()[x];
+      turn[size_t(e.acc)].store(next_visible[size_t(e.qi * n_kt + e.ki)], std::memory_order_release);
+      spare.push_back(std::move(e.buf));
+    };
+    const auto ready = [&](const Pending& e) { return turn[size_t(e.acc)].load(std::memory_order_acquire) == e.ki; };
+    // Commits every pending contribution whose turn has come; with `all`, waits for the rest too.
+    constexpr size_t kMaxPending = 32;
+    const auto flush = [&](bool all) {
+      while (!pending.empty()) {
+        size_t kept = 0;
+        for (size_t i = 0; i < pending.size(); ++i)
+          if (ready(pending[i])) commit(pending[i]);
+          else pending[kept++] = std::move(pending[i]);
+        pending.resize(kept);
+        if (!all || pending.empty()) return;
+        std::this_thread::yield();
+      }
+    };
     // Task order: kv head outermost, then key tiles from the first (under a causal mask the
     // first key tiles are seen by the most queries: largest first). Threads on neighbouring
     // tasks then stream the same group's Q and dO tiles in the same order (shared through the
     // L3) instead of one group each.
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
     for (int64_t task = 0; task < n_kt * p.H_kv; ++task) {
       const int32_t g = static_cast<int32_t>(task / n_kt);
       const int64_t ki = task % n_kt;
@@ -322,14 +366,20 @@ void attn_bwd(const AttnParams& p) {
           ops.transpose(dpt.get(), kBkBwd, nq, nk, dst.get(), Bq);
           ops.gemm(nk, Dp, nq, pt.get(), Bq, 1, dot, Dp, 16, dva.get(), Dp, true);
           ops.gemm(nk, Dp, nq, dst.get(), Bq, 1, qt, Dp, 16, dka.get(), Dp, true);
-          // dQ (this tile's share) = dS K, added under the lock of (h, query tile)
+          // dQ (this tile's share) = dS K, added at this key tile's turn of (h, query tile)
+          Pending e{h * n_qt + qi, qi, ki, nq * Dp, nullptr};
+          if (spare.empty()) spare.push_back(std::make_unique<Scratch>(Bq * Dp));
+          e.buf = std::move(spare.back());
+          spare.pop_back();
           ops.gemm(nq, Dp, nk16, dpt.get(), kBkBwd, 1, kr.get() + (g * S_k_pad + j0) * Dp, Dp, 16,
-                   dql.get(), Dp, false);
-          omp_lock_t* lk = &locks[h * n_qt + qi];
-          omp_set_lock(lk);
-          float* dst = dq_acc.get() + (h * p.S_q + q0) * Dp;
-          for (int64_t x = 0; x < nq * Dp; ++x) dst[x] += dql.get()[x];
-          omp_unset_lock(lk);
+                   e.buf->get(), Dp, false);
+          flush(false);
+          if (ready(e)) commit(e);
+          else pending.push_back(std::move(e));
+          while (pending.size() >= kMaxPending) {  // a bounded buffer: wait for the oldest turns
+            std::this_thread::yield();
+            flush(false);
+          }
         }
       }
       for (int64_t r = 0; r < nk; ++r) {
@@ -341,6 +391,10 @@ void attn_bwd(const AttnParams& p) {
         }
       }
     }
+    // Contributions still pending (their turns belong to tasks other threads finish) go in before
+    // dQ is read. No deadlock: the lowest task not yet all in has every turn it needs.
+    flush(true);
+#pragma omp barrier
     cnt.add_to(p.stats);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < p.S_q * p.H_q; ++t) {
@@ -350,7 +404,6 @@ void attn_bwd(const AttnParams& p) {
       for (int32_t d = 0; d < D; ++d) dst[d] += src[d];
     }
   }
-  for (auto& lk : locks) omp_destroy_lock(&lk);
 }
 
 // The identity of kernels/ops.hpp, per (row, head), in fp32. The weights are formed from the
