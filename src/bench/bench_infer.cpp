@@ -106,9 +106,9 @@ int bench_infer(BenchContext& ctx) {
   int idx = 0;
   for (double miss : misses) {
     if (ctx.tracer.stop_signal() != 0) break;  // a stop signal: the rows measured so far (each row whole)
-    const int64_t c2 = 2 * N;
-    const int64_t T = std::max<int64_t>(c2, int64_t(miss * double(S)) / c2 * c2), cached = S - T;
-    std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}};
+    const int64_t T = std::clamp<int64_t>(std::llround(miss * double(S)), 1, S), cached = S - T;
+    std::vector<SchedulePhase> sched = {{PhaseKind::prefill, T}};  // the cache's prefill, then the measured one
+    if (cached > 0) sched.insert(sched.begin(), {PhaseKind::prefill, cached});
     Engine eng(layout, params.data(), topo, 1, cache_capacity_tokens(sched, N), name_of(cfg.strategy));
     CallStats st;
     if (cached > 0) eng.prefill({std::vector<int32_t>(seq_tokens.begin(), seq_tokens.begin() + cached)}, CpAlgo::pass_kv,
@@ -215,7 +215,7 @@ int bench_infer(BenchContext& ctx) {
   std::vector<int32_t> ref_tokens;
   for (int c = 1; c <= world.size(); c *= 2) {
     if (ctx.tracer.stop_signal() != 0) break;
-    if (world.size() % c != 0 || S % (2 * c) != 0) continue;
+    if (world.size() % c != 0) continue;
     MeshSpec mesh;
     mesh.dp = world.size() / c;
     mesh.ring = c;

@@ -130,6 +130,9 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAl
   if (want_all_logits) out.all_logits.resize(size_t(B));
   for (int64_t b = 0; b < B; ++b) {
     const int64_t T = int64_t(tokens[size_t(b)].size()), cached = cache_.seq_len(b);
+    // Any T on any N: the padding rows (the last positions, a suffix of each rank's rows) take
+    // token 0 at positions after the prompt, so no real query sees them; their K/V are written to
+    // the cache for this call and dropped at the commit.
     const Partition part(PartitionKind::zigzag, T, N);
     const std::vector<int64_t> idx = part.positions(r);
     const int64_t n = int64_t(idx.size());
@@ -137,7 +140,7 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAl
     std::vector<int32_t> tok(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       pos[size_t(i)] = cached + idx[size_t(i)];
-      tok[size_t(i)] = tokens[size_t(b)][size_t(idx[size_t(i)])];
+      tok[size_t(i)] = part.is_pad(idx[size_t(i)]) ? 0 : tokens[size_t(b)][size_t(idx[size_t(i)])];
     }
     const int64_t first = cache_.reserve(b, n, pos.data());
     // Padded block of pass-KV: every rank's block has the longest rank's rows.
@@ -180,7 +183,7 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAl
     Buffer<float> lg(size_t(std::max<int64_t>(int64_t(rows.size()), 1) * V), false);
     forward(n, tok.data(), pos.data(), attn, rows, lg.data());
     std::vector<int64_t> added(static_cast<size_t>(N));
-    for (int rr = 0; rr < N; ++rr) added[size_t(rr)] = part.local_size(rr);
+    for (int rr = 0; rr < N; ++rr) added[size_t(rr)] = part.real_size(rr);
     cache_.commit(b, added, false);
     Buffer<float> last(size_t(V), false);
     if (r == owner) {

@@ -36,8 +36,10 @@ int64_t KvCache::reserve(int64_t b, int64_t n, const int64_t* positions) {
 
 void KvCache::commit(int64_t b, const std::vector<int64_t>& added, bool decode) {
   CTXPAR_CHECK(int64_t(added.size()) == N_, "commit needs one count per rank");
-  CTXPAR_CHECK(added[size_t(rank_)] == pending_[size_t(b)],
+  CTXPAR_CHECK(added[size_t(rank_)] >= 0 && added[size_t(rank_)] <= pending_[size_t(b)],
                "commit of " << added[size_t(rank_)] << " tokens, " << pending_[size_t(b)] << " reserved");
+  const int64_t kept_end = len(b) + added[size_t(rank_)], reserved_end = len(b) + pending_[size_t(b)];
+  std::fill(pos_.data() + b * cap_ + kept_end, pos_.data() + b * cap_ + reserved_end, kNoPos);
   for (int r = 0; r < N_; ++r) len_[size_t(b * N_ + r)] += added[size_t(r)];
   pending_[size_t(b)] = 0;
   if (decode) decoded_[size_t(b)] += 1;

@@ -50,7 +50,9 @@ class KvCache {
   // len(b) + n rows from then on. Fatal when the capacity would be exceeded.
   int64_t reserve(int64_t b, int64_t n, const int64_t* positions);
   // Commits the reserved tokens: `added[r]` tokens of sequence b on every rank r (the same call
-  // on every rank); `decode` counts them as one decode token for the round-robin.
+  // on every rank); `decode` counts them as one decode token for the round-robin. This rank's
+  // reserved tokens past added[rank] (a prefill's padding rows, the last ones) are dropped: their
+  // slots get position kNoPos again.
   void commit(int64_t b, const std::vector<int64_t>& added, bool decode);
 
   // Empties every sequence (a fresh cache of the same capacity).

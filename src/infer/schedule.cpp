@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "core/config.hpp"
+#include "shard/partition.hpp"
 
 namespace ctxpar::infer {
 
@@ -20,11 +21,6 @@ std::string parse_schedule(const std::string& text, int N, std::vector<ScheduleP
     if (colon == std::string::npos || !parse_size(item.substr(colon + 1), n) || n < 1)
       return "config: schedule = '" + text + "': item '" + item + "' needs a count >= 1; " + valid;
     if (kind == "prefill") {
-      if (n % (2 * N) != 0)
-        return "config: schedule = '" + text + "': prefill:" + std::to_string(n) + " does not split into 2N = " +
-               std::to_string(2 * N) + " zigzag chunks on " + std::to_string(N) +
-               " CP ranks; valid: a multiple of " + std::to_string(2 * N) + " (e.g. " +
-               std::to_string((n + 2 * N - 1) / (2 * N) * (2 * N)) + ")";
       out.push_back({PhaseKind::prefill, n});
     } else if (kind == "decode") {
       out.push_back({PhaseKind::decode, n});
@@ -39,8 +35,9 @@ std::string parse_schedule(const std::string& text, int N, std::vector<ScheduleP
 
 int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N) {
   int64_t cap = 0;
-  for (const SchedulePhase& p : s)
-    cap += p.kind == PhaseKind::prefill ? p.count / N : (p.count + N - 1) / N + 1;
+  for (const SchedulePhase& p : s)  // a prefill's rows on each rank: its padded zigzag share
+    cap += p.kind == PhaseKind::prefill ? Partition::padded_length(PartitionKind::zigzag, p.count, N) / N
+                                        : (p.count + N - 1) / N + 1;
   return cap;
 }
 

@@ -17,11 +17,11 @@ struct SchedulePhase {
 };
 
 // Parses `text`; throws nothing: returns "" and fills `out`, or a message naming the bad item and
-// what would be valid. `N` is the CP size: every prefill must split into 2N zigzag chunks.
+// what would be valid. Any prefill length shards on any CP size `N` (shard/partition.hpp pads).
 std::string parse_schedule(const std::string& text, int N, std::vector<SchedulePhase>& out);
 
-// KV cache capacity per sequence and rank (tokens) that a schedule needs on N ranks: the zigzag
-// shares of every prefill plus a round-robin share of every decode token (the rounding of the
+// KV cache capacity per sequence and rank (tokens) that a schedule needs on N ranks: the padded
+// zigzag shares of every prefill (the padding rows are written, then dropped) plus a round-robin share of every decode token (the rounding of the
 // round-robin may put one extra token on a rank per phase).
 int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N);
 

@@ -187,6 +187,7 @@ std::unique_ptr<TokenSource> make_token_source(const Config& c) {
 }
 
 Batch make_batch(const TokenSource& src, int64_t index, int64_t S, const Partition& part, int r) {
+  CTXPAR_CHECK(S == part.S(), "make_batch: S = " << S << " for a partition of " << part.S() << " tokens");
   std::vector<int32_t> tokens(static_cast<size_t>(S)), doc(static_cast<size_t>(S));
   src.sample(index, S, tokens.data(), doc.data());
   const std::vector<int32_t> labels = shift_labels(std::span<const int32_t>(tokens), std::span<const int32_t>(doc));
@@ -199,6 +200,12 @@ Batch make_batch(const TokenSource& src, int64_t index, int64_t S, const Partiti
   b.doc.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const size_t g = size_t(b.pos[i]);
+    if (part.is_pad(b.pos[i])) {  // a padding row (shard/partition.hpp): no label, no document
+      b.tokens[i] = 0;
+      b.labels[i] = -1;
+      b.doc[i] = -1;
+      continue;
+    }
     b.tokens[i] = tokens[g];
     b.labels[i] = labels[g];
     b.doc[i] = doc[g];

@@ -130,6 +130,23 @@ std::string scan_attn_inputs(const Config& cfg, Topology& topo) {
       return "in = '" + cfg.in + "': dataset '" + names[i] + "' cannot be read: " + e.what();
     }
   }
+  // Document ids >= 0: -1 marks the padding rows of a seq the partition does not divide.
+  if (world.rank() == 4 % world.size()) {
+    try {
+      TensorFileReader f(cfg.in);
+      if (f.has_dataset("doc_id")) {
+        const int64_t S = f.dims("doc_id")[0];
+        std::vector<int32_t> ids(static_cast<size_t>(S));
+        f.read_rows("doc_id", 0, S, ids.data());
+        for (int64_t i = 0; i < S; ++i)
+          if (ids[size_t(i)] < 0)
+            return "in = '" + cfg.in + "': dataset 'doc_id' has " + std::to_string(ids[size_t(i)]) + " at token " +
+                   std::to_string(i) + "; valid: document ids >= 0";
+      }
+    } catch (const std::exception& e) {
+      return "in = '" + cfg.in + "': dataset 'doc_id' cannot be read: " + e.what();
+    }
+  }
   return "";
 }
 
@@ -177,17 +194,22 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   if (from_file) {
     // Each rank reads only its shard: the partition's token ranges, in local order.
     TensorFileReader f(cfg.in);
-    if (has_docs) doc.resize(size_t(S_loc));
+    std::vector<int32_t> file_doc;
+    if (has_docs) file_doc.resize(size_t(S_loc));
     int64_t row = 0;
     for (auto [b, e] : part.ranges(r)) {
       f.read_rows("q", b, e, q.data() + row * wq);
       f.read_rows("k", b, e, k.data() + row * wk);
       f.read_rows("v", b, e, v.data() + row * wk);
       f.read_rows("do", b, e, dout.data() + row * wq);
-      if (has_docs) f.read_rows("doc_id", b, e, doc.data() + row);
+      if (has_docs) f.read_rows("doc_id", b, e, file_doc.data() + row);
       row += e - b;
     }
-    CTXPAR_CHECK(row == S_loc, "partition ranges cover " << row << " rows, expected " << S_loc);
+    CTXPAR_CHECK(row == part.real_size(r), "partition ranges cover " << row << " rows, expected " << part.real_size(r));
+    if (has_docs || (part.padding() > 0 && s.mask == MaskKind::none)) {
+      doc.assign(size_t(S_loc), -1);  // padding rows: -1
+      for (int64_t i = 0; i < row; ++i) doc[size_t(i)] = has_docs ? file_doc[size_t(i)] : 0;
+    }
   } else {
     fill_rows(seed, kTensorQ, pos, wq, 1.0f, q.data());
     fill_rows(seed, kTensorK, pos, wk, 1.0f, k.data());
@@ -195,10 +217,11 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
     fill_rows(seed, kTensorDout, pos, wq, 1.0f, dout.data());
     const std::string err = parse_docs(cfg.docs, S, cfg.doc_mean, seed, global_doc);
     CTXPAR_CHECK(err.empty(), err);  // validated before
-    for (int64_t p : pos)
-      if (!global_doc.empty()) doc.push_back(global_doc[size_t(p)]);
+    doc = local_doc_ids(part, r, global_doc, s.mask);
     has_docs = !global_doc.empty();
   }
+  clear_padding_rows(part, r, {{q.data(), wq}, {k.data(), wk}, {v.data(), wk}, {dout.data(), wq}});
+  if (part.padding() > 0) log0("# %s\n", part.padding_note().c_str());
 
   AttnParams t = s;
   t.S_q = t.S_k = S_loc;
@@ -220,6 +243,15 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   double flops = fst.attn_flops + bst.attn_flops;
   world.all_reduce(std::span<double>(mx, 3), ReduceOp::max);
   world.all_reduce(std::span<double>(&flops, 1), ReduceOp::sum);
+  if (part.padding() > 0) {  // model FLOPs of the real tokens' pairs (the padding rows' are work, not model)
+    std::vector<int32_t> all_doc = global_doc;
+    if (from_file && has_docs) {
+      TensorFileReader f(cfg.in);
+      all_doc.resize(size_t(S));
+      f.read_rows("doc_id", 0, S, all_doc.data());
+    }
+    flops = attn_train_flops(double(problem_visible_pairs(s, all_doc)), s.H_q, s.D) * double(world.size() / P);
+  }
   StepRecord rec;
   rec.step = 0;
   rec.time_s = mx[0] + mx[1];

@@ -42,16 +42,15 @@ namespace {
 
 std::string s_(int64_t v) { return std::to_string(v); }
 
-// T and P of `ctxpar prefill`: cached P given, or T = miss_rate * seq rounded down to whole
-// zigzag chunks (at least one chunk per rank).
-void prefill_split(const Config& cfg, int N, int64_t& T, int64_t& cached) {
+// T and P of `ctxpar prefill`: cached P given, or T = miss_rate * seq rounded to the nearest token
+// (at least one; predict rounds the same way). Any T and P shard (the partition pads).
+void prefill_split(const Config& cfg, int64_t& T, int64_t& cached) {
   if (cfg.cached > 0) {
     cached = cfg.cached;
     T = cfg.seq - cached;
     return;
   }
-  const int64_t c = 2 * N;
-  T = std::max<int64_t>(c, int64_t(std::floor(cfg.miss_rate * double(cfg.seq) / double(c))) * c);
+  T = std::clamp<int64_t>(std::llround(cfg.miss_rate * double(cfg.seq)), 1, cfg.seq);
   cached = cfg.seq - T;
 }
 
@@ -62,7 +61,7 @@ std::string mode_schedule(const Config& cfg, int N, std::vector<SchedulePhase>& 
   s.clear();
   if (cfg.mode == Mode::prefill) {
     int64_t T, cached;
-    prefill_split(cfg, N, T, cached);
+    prefill_split(cfg, T, cached);
     if (cached > 0) s.push_back({PhaseKind::prefill, cached});
     s.push_back({PhaseKind::prefill, T});
   } else {
@@ -281,18 +280,13 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
     return "config: inference uses one causal document per sequence; valid: mask=causal, docs=none";
   const int N = topo.cp().size();
   std::vector<SchedulePhase> sched;
-  if (cfg.mode == Mode::prefill || cfg.mode == Mode::decode || cfg.mode == Mode::bench) {
-    if (cfg.seq % (2 * N) != 0)
-      return "config: seq = " + s_(cfg.seq) + " does not split into 2N = " + s_(2 * N) + " zigzag chunks on " + s_(N) +
-             " CP ranks; valid: a multiple of " + s_(2 * N);
-  }
   if (cfg.mode == Mode::prefill) {
     if (cfg.cached > 0 && cfg.miss_rate != 1)
       return "config: cached = " + s_(cfg.cached) + " and miss_rate = " + std::to_string(cfg.miss_rate) +
              " both set; valid: one of them";
-    if (cfg.cached > 0 && (cfg.cached >= cfg.seq || cfg.cached % (2 * N) != 0))
-      return "config: cached = " + s_(cfg.cached) + ": needs 0 < cached < seq = " + s_(cfg.seq) + " and a multiple of 2N = " +
-             s_(2 * N) + " (whole zigzag chunks for both prefills)";
+    if (cfg.cached > 0 && cfg.cached >= cfg.seq)
+      return "config: cached = " + s_(cfg.cached) + ": needs 0 < cached < seq = " + s_(cfg.seq) +
+             " (the partial prefill's new tokens are seq - cached)";
   }
   err = mode_schedule(cfg, N, sched);
   if (!err.empty()) return err;
@@ -332,7 +326,7 @@ double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) 
   // ring's transfer buffers (two blocks of K and V in flight).
   int64_t rows = 1;
   for (const SchedulePhase& ph : sched)
-    if (ph.kind == PhaseKind::prefill) rows = std::max(rows, (ph.count + N - 1) / N);
+    if (ph.kind == PhaseKind::prefill) rows = std::max(rows, Partition::padded_length(PartitionKind::zigzag, ph.count, N) / N);
   const double act = f * double(rows) *
                      double(3 * d.dim + 2 * d.q_width() + d.H_q + 4 * d.kv_width() + 3 * d.ffn + d.D) +
                      f * double(d.vocab);

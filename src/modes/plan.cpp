@@ -120,7 +120,7 @@ MemoryBudget memory_budget(const Config& cfg, Topology& topo) {
   return b;
 }
 
-// The largest seq (whole zigzag chunks of this mesh) whose plan fits `budget`; 0 when none does
+// The largest seq (a multiple of 2P: no padding) whose plan fits `budget`; 0 when none does
 // or the plan does not follow seq (chat's schedule, explicit document lengths).
 int64_t largest_fitting_seq(const Config& cfg, Topology& topo, const ModeRow& row, double budget) {
   if (cfg.mode == Mode::chat || (cfg.docs != "none" && cfg.docs != "random")) return 0;
@@ -200,6 +200,7 @@ std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row) 
     os << "workload: S=" << cfg.seq << " H_q=" << cfg.heads << " H_kv=" << cfg.kv_heads << " D=" << cfg.head_dim
        << " mask=" << name_of(cfg.mask) << (cfg.mask == MaskKind::window ? "(" + std::to_string(cfg.window) + ")" : "")
        << " docs=" << cfg.docs << ", strategy " << name_of(cfg.strategy) << ", partition " << plan.partition_name << "\n";
+  if (attention && plan.partition->padding() > 0) os << "padding: " << plan.partition->padding_note() << "\n";
   os << " rank  host            node   dp  tp  uly ring   cp_rank  tokens (global ranges)\n";
   const auto& coords = topo.all_coords();
   for (int r = 0; r < topo.world().size(); ++r) {

@@ -89,19 +89,12 @@ int run_default(const Config& cfg, Topology& topo, Tracer& tracer) {
   Workload w = make_workload(cfg, topo);
   const AttnParams t = w.local();
   // Model FLOPs of one step (the whole CP group): visible pairs of the global problem.
-  double flops_step = 0;
-  {
-    std::vector<int64_t> pos(static_cast<size_t>(cfg.seq));
-    for (int64_t i = 0; i < cfg.seq; ++i) pos[size_t(i)] = i;
-    AttnParams p = w.problem;
-    p.q_pos = p.k_pos = pos.data();
-    if (!w.global_doc.empty()) p.q_doc = p.k_doc = w.global_doc.data();
-    flops_step = attn_train_flops(double(visible_pairs(p)), cfg.heads, cfg.head_dim);
-  }
+  const double flops_step = attn_train_flops(double(problem_visible_pairs(w.problem, w.global_doc)), cfg.heads, cfg.head_dim);
   const int cp_ranks = topo.cp().size();
   log0("# attention workload: S=%lld H_q=%lld H_kv=%lld D=%lld mask=%s docs=%s, strategy %s over %d CP ranks\n",
        (long long)cfg.seq, (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim, name_of(cfg.mask),
        cfg.docs.c_str(), name_of(cfg.strategy), cp_ranks);
+  if (w.partition->padding() > 0) log0("# %s\n", w.partition->padding_note().c_str());
   log0("# FLOP convention: %s\n", kFlopConvention);
   log0("#  step  phase     time_ms  TFLOP/s/rank  exposed_comm_ms  sent_MiB  peak_MiB\n");
   std::vector<double> times, exposed;

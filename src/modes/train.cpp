@@ -125,7 +125,7 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   const ModelDims d = model_dims(cfg, tp, 0);
   const ParamLayout layout(d);
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
-  const int64_t S_loc = cfg.seq / topo.cp().size();
+  const int64_t S_loc = Partition::padded_length(strat->partition(), cfg.seq, topo.cp().size()) / topo.cp().size();
   TrainMemoryPlan p;
   p.state_bytes = 4.0 * 4.0 * double(layout.local_elems());  // params, grads, AdamW m and v
   p.activation_bytes = Transformer::activation_bytes(d, cfg.remat, S_loc,
@@ -150,6 +150,10 @@ std::string train_plan(const Config& cfg, Topology& topo) {
   os << "model: " << cfg.layers << " layers, dim " << cfg.dim << ", ffn " << cfg.ffn_dim << ", heads " << cfg.heads
      << "/" << cfg.kv_heads << " x " << cfg.head_dim << ", vocab " << cfg.vocab << "; S=" << cfg.seq << ", strategy "
      << name_of(cfg.strategy) << ", remat " << name_of(cfg.remat) << "\n";
+  if (std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo)) {
+    const Partition part(strat->partition(), cfg.seq, topo.cp().size());
+    if (part.padding() > 0) os << "padding: " << part.padding_note() << "\n";
+  }
   os << "memory estimate per rank: " << fmt_bytes(t.total_bytes) << " (params+grads+AdamW " << fmt_bytes(t.state_bytes)
      << ", activations+scratch " << fmt_bytes(t.activation_bytes) << ", strategy buffers " << fmt_bytes(t.strategy_bytes)
      << (t.gather_bytes > 0 ? ", whole tensors gathered on rank 0 to write " + fmt_bytes(t.gather_bytes) : std::string())
@@ -213,6 +217,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
        peak / 1e9, cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank" : "measured sgemm");
   log0("# FLOP convention: %s; attention on visible causal pairs (sum L_i(L_i+1)/2 per document); recompute not counted\n",
        kFlopConvention);
+  if (part.padding() > 0) log0("# %s\n", part.padding_note().c_str());
   if (state.step > 0) log0("# resumed from %s at step %lld\n", cfg.resume.c_str(), (long long)state.step);
   log0("#  step         loss  grad_norm   time_ms    tokens/s  TFLOP/s/rank    MFU%%  exposed_ms  peak_MiB\n");
 

@@ -1,5 +1,6 @@
 #include "modes/workload.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/config.hpp"
@@ -7,6 +8,7 @@
 #include "core/log.hpp"
 #include "core/random.hpp"
 #include "dist/topology.hpp"
+#include "ops.hpp"
 
 namespace ctxpar {
 
@@ -63,6 +65,28 @@ std::vector<float> gather_rows_global(Comm& cp, const Partition& part, std::span
   return global;
 }
 
+std::vector<int32_t> local_doc_ids(const Partition& part, int r, std::span<const int32_t> global_doc, MaskKind mask) {
+  std::vector<int32_t> doc;
+  if (global_doc.empty() && !(part.padding() > 0 && mask == MaskKind::none)) return doc;
+  for (int64_t p : part.positions(r)) doc.push_back(part.is_pad(p) ? -1 : global_doc.empty() ? 0 : global_doc[size_t(p)]);
+  return doc;
+}
+
+void clear_padding_rows(const Partition& part, int r, std::initializer_list<std::pair<float*, int64_t>> tensors) {
+  const int64_t real = part.real_size(r), n = part.local_size(r);
+  for (const auto& [data, width] : tensors) std::fill(data + real * width, data + n * width, 0.0f);
+}
+
+int64_t problem_visible_pairs(const AttnParams& shape, std::span<const int32_t> global_doc) {
+  AttnParams p = shape;
+  p.S_q = p.S_k = shape.S_q;
+  std::vector<int64_t> pos(static_cast<size_t>(shape.S_q));
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = int64_t(i);
+  p.q_pos = p.k_pos = pos.data();
+  p.q_doc = p.k_doc = global_doc.empty() ? nullptr : global_doc.data();
+  return visible_pairs(p);
+}
+
 AttnParams Workload::local() {
   AttnParams t = problem;
   t.S_q = t.S_k = int64_t(pos.size());
@@ -83,8 +107,7 @@ Workload make_workload(const Config& cfg, Topology& topo) {
   w.pos = w.partition->positions(r);
   const std::string err = parse_docs(cfg.docs, cfg.seq, cfg.doc_mean, uint64_t(cfg.seed), w.global_doc);
   CTXPAR_CHECK(err.empty(), err);  // validated before
-  if (!w.global_doc.empty())
-    for (int64_t p : w.pos) w.doc.push_back(w.global_doc[size_t(p)]);
+  w.doc = local_doc_ids(*w.partition, r, w.global_doc, cfg.mask);
   const int64_t S_loc = int64_t(w.pos.size()), Hq = cfg.heads, Hkv = cfg.kv_heads, D = cfg.head_dim;
   w.q.resize(size_t(S_loc * Hq * D), false);
   w.k.resize(size_t(S_loc * Hkv * D), false);
@@ -100,6 +123,8 @@ Workload make_workload(const Config& cfg, Topology& topo) {
   fill_rows(seed, kTensorK, w.pos, Hkv * D, 1.0f, w.k.data());
   fill_rows(seed, kTensorV, w.pos, Hkv * D, 1.0f, w.v.data());
   fill_rows(seed, kTensorDout, w.pos, Hq * D, 1.0f, w.dout.data());
+  clear_padding_rows(*w.partition, r, {{w.q.data(), Hq * D}, {w.k.data(), Hkv * D}, {w.v.data(), Hkv * D},
+                                       {w.dout.data(), Hq * D}});
   return w;
 }
 

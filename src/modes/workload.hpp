@@ -2,7 +2,9 @@
 // `bench cp`): synthetic Q, K, V, dO generated per global token from the seed, sharded with the
 // strategy's partition over the CP group; every dp/tp replica runs the same CP attention.
 #pragma once
+#include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +52,18 @@ Workload make_workload(const Config& cfg, Topology& topo);
 // Gathers a local [S_loc, width] tensor of every CP rank into global token order on CP rank 0
 // (empty elsewhere).
 std::vector<float> gather_rows_global(Comm& cp, const Partition& part, std::span<const float> local, int64_t width);
+
+// Padding rows (any seq on any P, shard/partition.hpp) made inert. Document ids of rank r's rows:
+// empty when neither documents nor the mask need them, else the global ids with -1 for the padding
+// rows (under mask=none nothing else hides them from the real queries; 0 for real rows when there
+// are no documents). clear_padding_rows zeroes the padding rows (a suffix of the local rows) of
+// each [S_loc, width] tensor: zero inputs and a zero dO add nothing to any real row's result.
+std::vector<int32_t> local_doc_ids(const Partition& part, int r, std::span<const int32_t> global_doc, MaskKind mask);
+void clear_padding_rows(const Partition& part, int r, std::initializer_list<std::pair<float*, int64_t>> tensors);
+
+// Visible pairs of the whole problem `shape` (positions 0..S-1, documents `global_doc` or none):
+// the count model FLOPs are stated in, without the pairs of a partition's padding rows.
+int64_t problem_visible_pairs(const AttnParams& shape, std::span<const int32_t> global_doc);
 
 // Synthetic tensor ids for fill_rows (core/random.hpp), shared by every mode and test.
 enum SyntheticTensor : uint64_t { kTensorQ = 1, kTensorK = 2, kTensorV = 3, kTensorDout = 4 };

@@ -7,6 +7,7 @@
 #include "model/flops.hpp"
 #include "model/model.hpp"
 #include "model/transformer.hpp"
+#include "shard/partition.hpp"
 
 namespace ctxpar {
 
@@ -201,7 +202,7 @@ std::string check_mesh(const ModelShape& m, const PerfMesh& mesh, PerfStrategy s
       return "ulysses over " + s(U) + " ranks needs K/V heads per tp rank (" + s(hkv) + ") to divide or be divided by " + s(U);
   }
   const int64_t T = w.mode == PerfMode::decode ? 1 : w.T();
-  if (w.mode != PerfMode::decode && T < 2 * N) return "fewer than 2 new tokens per CP rank (T = " + s(T) + ", CP " + s(N) + ")";
+  if (w.mode != PerfMode::decode && T < 1) return "no new tokens (T = " + s(T) + ")";
   return "";
 }
 
@@ -283,7 +284,10 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
   StrategyPrediction r;
   r.strategy = name_in(kPerfStrategyNames, st);
   const int64_t N = mesh.cp(), tp = mesh.tp, S = w.seq, B = w.batch;
-  const double S_loc = double(S) / double(N), L = double(m.layers), e = c.p.e;
+  // Rows per rank: S rounded up to the partition's unit (shard/partition.hpp pads any S): the
+  // padding rows cost GEMMs and attention like real ones.
+  const double S_loc = double(Partition::padded_length(w.partition, S, int(N))) / double(N), L = double(m.layers),
+               e = c.p.e;
   const ModelDims d = dims_of(m);
   // Model FLOPs (whole job: every dp replica, B sequences each).
   const double pairs = causal_visible_pairs({S});
@@ -390,7 +394,8 @@ StrategyPrediction predict_infer(const Ctx& c, PerfStrategy st) {
   const int64_t cached = decode ? w.seq : (w.mode == PerfMode::prefill ? 0 : w.cached);
   const int64_t T = decode ? 1 : w.seq - cached;
   const double L = double(m.layers), e = c.p.e, hkv = kv_heads_loc(m, tp), hq = double(m.H_q) / double(tp);
-  const double T_loc = double(T) * double(B) / double(N);  // new tokens per CP rank (decode: one token, on every rank)
+  // New tokens per CP rank (decode: one token, on every rank); a prefill's padded zigzag share.
+  const double T_loc = double(decode ? T : Partition::padded_length(PartitionKind::zigzag, T, int(N))) * double(B) / double(N);
   const double ctx_loc = double(cached + T) * double(B) / double(N);
   const int64_t k_tp = ranks_per_node(c.hw, tp, 1), k_cp = ranks_per_node(c.hw, N, tp);
   const double o = N > 1 ? c.hw.step_overhead_s : 0;

@@ -39,10 +39,12 @@ constexpr double kCpFactor = 4.0;
 constexpr double kFloorRel = 1e-7;
 
 constexpr int64_t kSeq = 128;  // divisible by 2P for P up to 8; several tiles per chunk at P = 1
+constexpr int64_t kOddSeq = 101;  // divisible by no 2P: the partition pads (1 to 11 rows at P = 1..8)
 constexpr int32_t kHeadDim = 16;
 constexpr int64_t kWindow = 24;  // spans zigzag chunk boundaries for every P
 // Documents of these lengths (sum kSeq): one shorter than a chunk, others crossing shards.
 const std::vector<int64_t> kDocLengths = {37, 5, 50, 36};
+const std::vector<int64_t> kOddDocLengths = {37, 5, 50, 9};
 
 struct Heads {
   const char* name;
@@ -59,11 +61,14 @@ struct Masking {
 const Masking kMasks[] = {{"causal", MaskKind::causal, 0, false},
                           {"docs", MaskKind::causal, 0, true},
                           {"window", MaskKind::window, kWindow, false}};
+// With padding rows, mask=none needs document ids to hide them (as modes/workload.cpp gives them).
+const Masking kNoMask = {"none", MaskKind::none, 0, false};
 
 struct Case {
   std::string strategy;
   Heads heads;
   Masking mask;
+  int64_t S = kSeq;
 };
 
 // The mesh a strategy runs on at P ranks: usp uses both axes where P allows (P = 1, 2 are its
@@ -90,7 +95,7 @@ Topology& topology(const MeshSpec& m) {
 
 // Global inputs and the fp64 / naive-fp32 references of one case (same on every rank).
 struct Global {
-  AttnParams shape;  // the problem: S = kSeq, heads, D, mask (no tensors)
+  AttnParams shape;  // the problem: S, heads, D, mask (no tensors)
   bool has_docs = false;
   std::vector<int32_t> doc;
   std::vector<int64_t> pos;
@@ -116,14 +121,15 @@ void run_ref(const Global& g, const AttnParams& p, std::vector<double>* o, std::
 
 Global make_global(const Case& c, uint64_t seed) {
   Global g;
-  g.shape = attn_problem(kSeq, c.heads.H_q, c.heads.H_kv, kHeadDim, c.mask.mask, c.mask.window);
+  const int64_t S = c.S;
+  g.shape = attn_problem(S, c.heads.H_q, c.heads.H_kv, kHeadDim, c.mask.mask, c.mask.window);
   const AttnParams& s = g.shape;
   g.has_docs = c.mask.docs;
-  g.pos.resize(kSeq);
-  for (int64_t i = 0; i < kSeq; ++i) g.pos[size_t(i)] = i;
-  if (g.has_docs) g.doc = doc_ids_from_lengths(kDocLengths, kSeq);
+  g.pos.resize(size_t(S));
+  for (int64_t i = 0; i < S; ++i) g.pos[size_t(i)] = i;
+  if (g.has_docs) g.doc = doc_ids_from_lengths(S == kSeq ? kDocLengths : kOddDocLengths, S);
   auto fill = [&](std::vector<float>& x, uint64_t id, int32_t H) {
-    x.resize(size_t(kSeq) * H * s.D);
+    x.resize(size_t(S) * H * s.D);
     fill_rows(seed, id, g.pos, int64_t(H) * s.D, 1.0f, x.data());
   };
   fill(g.q, 1, s.H_q);
@@ -131,7 +137,7 @@ Global make_global(const Case& c, uint64_t seed) {
   fill(g.v, 3, s.H_kv);
   fill(g.dout, 4, s.H_q);
   AttnParams p;
-  p.S_q = p.S_k = kSeq;
+  p.S_q = p.S_k = S;
   p.H_q = s.H_q;
   p.H_kv = s.H_kv;
   p.D = s.D;
@@ -145,11 +151,13 @@ Global make_global(const Case& c, uint64_t seed) {
 }
 
 // max |a - ref| over rows `pos` of a [S, width] reference; -inf must match exactly, NaN fails.
+// Padding rows (pos >= S) have no reference: skipped.
 double err_rows(const std::vector<float>& a, const std::vector<double>& ref, const std::vector<int64_t>& pos,
                 int64_t width) {
   double e = 0;
+  const int64_t S = int64_t(ref.size()) / width;
   for (size_t i = 0; i < pos.size(); ++i)
-    for (int64_t c = 0; c < width; ++c) {
+    for (int64_t c = 0; c < width && pos[i] < S; ++c) {
       const double x = a[i * width + c], r = ref[size_t(pos[i] * width + c)];
       if (std::isnan(x)) return std::numeric_limits<double>::infinity();
       if (std::isinf(r) || std::isinf(x)) {
@@ -189,7 +197,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   const std::string verr = strat->validate(g.shape, topo);
   ASSERT_EQ(verr, "") << "every case of this suite is valid at P = " << P;
 
-  const Partition part(strat->partition(), kSeq, topo.cp().size());
+  const Partition part(strat->partition(), c.S, topo.cp().size());
   const int r = topo.cp().rank();
   const std::vector<int64_t> pos = part.positions(r);
   const int64_t S_loc = int64_t(pos.size());
@@ -199,10 +207,13 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
     part.scatter_rows(std::span<const float>(x), w, r, std::span<float>(y));
     return y;
   };
+  // Padding rows (a seq no 2P divides): zero inputs and dO (scatter_rows), document id -1 where
+  // documents or mask=none need one; no result is read from them.
   const std::vector<float> q = shard(g.q, wq), k = shard(g.k, wk), v = shard(g.v, wk), dout = shard(g.dout, wq);
+  const bool need_docs = g.has_docs || (part.padding() > 0 && c.mask.mask == MaskKind::none);
   std::vector<int32_t> doc;
   for (int64_t p : pos)
-    if (g.has_docs) doc.push_back(g.doc[size_t(p)]);
+    if (need_docs) doc.push_back(part.is_pad(p) ? -1 : g.has_docs ? g.doc[size_t(p)] : 0);
   std::vector<float> o(q.size(), NAN), lse(size_t(S_loc) * g.shape.H_q, NAN), dq(q.size(), NAN),
       dk(k.size(), NAN), dv(v.size(), NAN);  // NaN: every element must be written
   AttnParams t = g.shape;
@@ -241,7 +252,9 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
 
   // Accounting: forward bytes match the strategy's own model; the ring posts one packed message
   // per hop (forward P-1; backward P-1 K/V hops + P dK/dV hops).
-  EXPECT_DOUBLE_EQ(fst.bytes_sent, strat->comm_volume_fwd(g.shape, g.has_docs, topo));
+  AttnParams padded = g.shape;  // the layout the strategy ran: S_padded() rows
+  padded.S_q = padded.S_k = part.S_padded();
+  EXPECT_DOUBLE_EQ(fst.bytes_sent, strat->comm_volume_fwd(padded, need_docs, topo));
   const int R = c.strategy == "ring" ? P : c.strategy == "usp" ? topo.size(Axis::ring) : 1;
   if (c.strategy == "ring" || c.strategy == "usp") {
     EXPECT_EQ(fst.messages, R - 1) << "forward: one message per hop";
@@ -249,14 +262,21 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   } else {
     EXPECT_EQ(fst.messages + bst.messages, 0) << "collective strategies post no point-to-point messages";
   }
-  // FLOPs summed over ranks equal the convention's count on the whole sequence.
+  // FLOPs summed over ranks equal the convention's count on the whole sequence as laid out
+  // (with padding: the pairs the padding queries compute too, counted as work).
+  std::vector<int64_t> all_pos(static_cast<size_t>(part.S_padded()));
+  std::vector<int32_t> all_doc;
+  for (int64_t i = 0; i < part.S_padded(); ++i) {
+    all_pos[size_t(i)] = i;
+    if (need_docs) all_doc.push_back(part.is_pad(i) ? -1 : g.has_docs ? g.doc[size_t(i)] : 0);
+  }
   AttnParams full;
-  full.S_q = full.S_k = kSeq;
+  full.S_q = full.S_k = part.S_padded();
   full.H_q = g.shape.H_q;
   full.H_kv = g.shape.H_kv;
   full.D = g.shape.D;
-  full.q_pos = full.k_pos = g.pos.data();
-  full.q_doc = full.k_doc = g.has_docs ? g.doc.data() : nullptr;
+  full.q_pos = full.k_pos = all_pos.data();
+  full.q_doc = full.k_doc = need_docs ? all_doc.data() : nullptr;
   full.mask = g.shape.mask;
   full.window = g.shape.window;
   double flops = fst.attn_flops;
@@ -271,27 +291,34 @@ std::vector<Case> all_cases() {
   for (const std::string& s : strategy_names())
     for (const Heads& h : kHeads)
       for (const Masking& m : kMasks) v.push_back({s, h, m});
+  // Any length on any P: a seq no 2P divides, every strategy, every mask (mask=none too: the
+  // padding rows then need document ids), GQA.
+  for (const std::string& s : strategy_names()) {
+    for (const Masking& m : kMasks) v.push_back({s, kHeads[1], m, kOddSeq});
+    v.push_back({s, kHeads[1], kNoMask, kOddSeq});
+  }
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cp, CpCase, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) {
-                           return i.param.strategy + "_" + i.param.heads.name + "_" + i.param.mask.name;
+                           return i.param.strategy + "_" + i.param.heads.name + "_" + i.param.mask.name +
+                                  (i.param.S == kSeq ? "" : "_S" + std::to_string(i.param.S));
                          });
 
 // ---- validate(): clear messages for shapes that cannot be laid on the mesh ----------------------
 
 AttnParams shape(int64_t S, int32_t H_q, int32_t H_kv) { return attn_problem(S, H_q, H_kv, 16, MaskKind::causal, 0); }
 
-TEST(CpValidate, SequenceMustSplitIntoZigzagChunks) {
+TEST(CpValidate, AnySequenceLengthIsValid) {
   const int P = world().size();
   for (const std::string& name : strategy_names()) {
     Topology& topo = topology(mesh_for(name, P));
     auto s = make_strategy(name, topo);
-    const std::string e = s->validate(shape(2 * P * 8 + P, 8, 8), topo);
+    for (int64_t S : {int64_t(1), int64_t(7), int64_t(2 * P * 8 + P), int64_t(2 * P * 8)}) EXPECT_EQ(s->validate(shape(S, 8, 8), topo), "") << S;
+    const std::string e = s->validate(shape(0, 8, 8), topo);
     EXPECT_NE(e.find(name + ": "), std::string::npos) << e;
-    EXPECT_NE(e.find("seq = " + std::to_string(2 * P * 8 + P)), std::string::npos) << e;
-    EXPECT_EQ(s->validate(shape(2 * P * 8, 8, 8), topo), "");
+    EXPECT_NE(e.find("seq = 0"), std::string::npos) << e;
   }
 }
 

@@ -20,10 +20,10 @@ out=$("$PY" "$REPO/jobs/sweep.py" --local --nodes 1 --ranks-per-node 2 --strateg
   --seq 512 --ctxpar "$CTXPAR" --out "$WORK/sweep" -- "${SMALL[@]}")
 [ "$(grep -c 'done before, kept' <<<"$out")" = 2 ] || fail "second call did not keep the 2 finished runs: $out"
 
-# seq=1001 cannot be split into 2P=4 zigzag chunks: ctxpar rejects it before running.
+# heads=6 over kv_heads=4 (GQA groups not whole): ctxpar rejects it before running.
 rc=0
 "$PY" "$REPO/jobs/sweep.py" --local --quiet --nodes 1 --ranks-per-node 2 --strategies ring \
-  --seq 1001 --ctxpar "$CTXPAR" --out "$WORK/bad" -- "${SMALL[@]}" || rc=$?
+  --seq 1001 --ctxpar "$CTXPAR" --out "$WORK/bad" -- "${SMALL[@]}" heads=6 || rc=$?
 [ $rc = 1 ] || fail "sweep with a rejected configuration returned $rc, expected 1"
 bad=$WORK/bad/run-ring-n1x2-s1001
 [ "$(cat "$bad/exit_code")" = 2 ] || fail "rejected run: exit_code $(cat "$bad/exit_code"), expected 2"

@@ -37,50 +37,44 @@ TEST(PartitionKind, UnknownNameIsUsageErrorListingValidNames) {
   EXPECT_THROW(partition_kind("Zigzag"), UsageError);  // names are case-sensitive config values
 }
 
-TEST(PartitionCheck, ValidShapesPass) {
-  EXPECT_EQ(Partition::check(PartitionKind::zigzag, 1008, 4), "");
-  EXPECT_EQ(Partition::check(PartitionKind::contiguous, 12, 3), "");
-  EXPECT_EQ(Partition::check(PartitionKind::striped, 12, 3), "");
-  EXPECT_EQ(Partition::check(PartitionKind::zigzag, 2, 1), "");
-  EXPECT_EQ(Partition::check(PartitionKind::contiguous, 1, 1), "");
+TEST(PartitionCheck, AnyPositiveSOnAnyPPasses) {
+  for (PartitionKind k : {PartitionKind::contiguous, PartitionKind::zigzag, PartitionKind::striped})
+    for (int64_t S : {1, 2, 7, 1000, 1004, 2049})
+      for (int P : {1, 2, 3, 4, 5, 6, 8}) EXPECT_EQ(Partition::check(k, S, P), "") << partition_name(k) << " S=" << S << " P=" << P;
 }
 
-TEST(PartitionCheck, ZigzagMessageNamesSPAndValidValues) {
-  const std::string msg = Partition::check(PartitionKind::zigzag, 1004, 4);
-  ASSERT_FALSE(msg.empty());
-  for (const char* part : {"seq = 1004", "2*P = 8", "zigzag", "P = 4", "multiples of 8", "1004 → 1008", "1000"})
-    EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in: " << msg;
-}
-
-TEST(PartitionCheck, ContiguousAndStripedNeedMultipleOfP) {
-  for (PartitionKind k : {PartitionKind::contiguous, PartitionKind::striped}) {
-    const std::string msg = Partition::check(k, 10, 3);
-    ASSERT_FALSE(msg.empty());
-    for (const std::string& part : {std::string("seq = 10"), std::string("P = 3"), std::string("12"),
-                                   std::string("9"), std::string(partition_name(k))})
-      EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in: " << msg;
-  }
-  // Odd S is fine for contiguous over one rank, not for zigzag (two chunks).
-  EXPECT_EQ(Partition::check(PartitionKind::contiguous, 7, 1), "");
-  EXPECT_NE(Partition::check(PartitionKind::zigzag, 7, 1), "");
+TEST(PartitionCheck, PaddedLengthIsTheNextMultipleOfTheUnit) {
+  EXPECT_EQ(Partition::padded_length(PartitionKind::zigzag, 1000, 3), 1002);
+  EXPECT_EQ(Partition::padded_length(PartitionKind::zigzag, 1008, 4), 1008);
+  EXPECT_EQ(Partition::padded_length(PartitionKind::zigzag, 1, 6), 12);
+  EXPECT_EQ(Partition::padded_length(PartitionKind::zigzag, 7, 1), 8);
+  EXPECT_EQ(Partition::padded_length(PartitionKind::contiguous, 7, 1), 7);
+  EXPECT_EQ(Partition::padded_length(PartitionKind::striped, 10, 3), 12);
+  const Partition p(PartitionKind::zigzag, 1000, 3);
+  EXPECT_EQ(p.S(), 1000);
+  EXPECT_EQ(p.S_padded(), 1002);
+  EXPECT_EQ(p.padding(), 2);
+  const std::string note = p.padding_note();
+  for (const char* part : {"seq = 1000", "1002 rows", "3 ranks", "2 padding rows"})
+    EXPECT_NE(note.find(part), std::string::npos) << "missing '" << part << "' in: " << note;
+  EXPECT_EQ(Partition(PartitionKind::zigzag, 1002, 3).padding_note(), "");
 }
 
 TEST(PartitionCheck, NonPositiveSOrPRejected) {
   EXPECT_NE(Partition::check(PartitionKind::contiguous, 0, 2), "");
   EXPECT_NE(Partition::check(PartitionKind::zigzag, -8, 2), "");
   EXPECT_NE(Partition::check(PartitionKind::striped, 8, 0), "");
-  // A message for S smaller than one granule must not suggest 0 as a valid S.
-  const std::string msg = Partition::check(PartitionKind::zigzag, 3, 4);
-  EXPECT_NE(msg.find("3 → 8"), std::string::npos) << msg;
-  EXPECT_EQ(msg.find(" or 0"), std::string::npos) << msg;
+  const std::string msg = Partition::check(PartitionKind::zigzag, 0, 4);
+  EXPECT_NE(msg.find("seq = 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("valid: seq >= 1"), std::string::npos) << msg;
 }
 
 TEST(PartitionCheck, ConstructorThrowsUsageErrorWithCheckMessage) {
   try {
-    Partition p(PartitionKind::zigzag, 1004, 4);
-    FAIL() << "no UsageError for seq = 1004 over zigzag P = 4";
+    Partition p(PartitionKind::zigzag, 0, 4);
+    FAIL() << "no UsageError for seq = 0";
   } catch (const UsageError& e) {
-    EXPECT_EQ(std::string(e.what()), Partition::check(PartitionKind::zigzag, 1004, 4));
+    EXPECT_EQ(std::string(e.what()), Partition::check(PartitionKind::zigzag, 0, 4));
   }
 }
 
@@ -93,9 +87,12 @@ class PartitionCases : public ::testing::TestWithParam<Case> {
   Partition part() const { return Partition(std::get<0>(GetParam()), std::get<1>(GetParam()), std::get<2>(GetParam())); }
 };
 
-// Independent statement of each layout (the definitions in docs/DESIGN.md §3), to check the
-// implementation's index math against.
-static std::vector<int64_t> expected_positions(PartitionKind k, int64_t S, int P, int r) {
+// Independent statement of each layout (the definitions in docs/DESIGN.md §3) over the padded
+// length (S rounded up to 2P for zigzag, P otherwise), to check the implementation's index math
+// against.
+static std::vector<int64_t> expected_positions(PartitionKind k, int64_t S_real, int P, int r) {
+  const int64_t unit = k == PartitionKind::zigzag ? 2 * P : P;
+  const int64_t S = (S_real + unit - 1) / unit * unit;
   std::vector<int64_t> pos;
   if (k == PartitionKind::contiguous) {
     for (int64_t t = 0; t < S; ++t)
@@ -124,12 +121,17 @@ TEST_P(PartitionCases, PositionsAreAPermutation) {
   for (int r = 0; r < p.P(); ++r) {
     const std::vector<int64_t> pos = p.positions(r);
     EXPECT_EQ(int64_t(pos.size()), p.local_size(r));
-    EXPECT_EQ(p.local_size(r), p.S() / p.P());  // equal S_loc on every rank
+    EXPECT_EQ(p.local_size(r), p.S_padded() / p.P());  // equal S_loc on every rank
     EXPECT_TRUE(std::is_sorted(pos.begin(), pos.end())) << "rank " << r;
+    // The padding rows are a suffix of every rank's rows, real_size() rows come first.
+    const int64_t real = std::count_if(pos.begin(), pos.end(), [&](int64_t g) { return g < p.S(); });
+    EXPECT_EQ(p.real_size(r), real) << "rank " << r;
+    for (int64_t i = 0; i < int64_t(pos.size()); ++i) EXPECT_EQ(p.is_pad(pos[size_t(i)]), i >= real) << "rank " << r;
     all.insert(all.end(), pos.begin(), pos.end());
   }
+  EXPECT_LT(p.padding(), p.kind() == PartitionKind::zigzag ? 2 * p.P() : p.P());
   std::sort(all.begin(), all.end());
-  std::vector<int64_t> iota(size_t(p.S()));
+  std::vector<int64_t> iota(size_t(p.S_padded()));
   std::iota(iota.begin(), iota.end(), 0);
   EXPECT_EQ(all, iota);
 }
@@ -144,7 +146,7 @@ TEST_P(PartitionCases, OwnerAndLocalIndexInvertPositions) {
       ASSERT_EQ(p.local_index(pos[size_t(r)][i]), int64_t(i));
     }
   }
-  for (int64_t g = 0; g < p.S(); ++g) {
+  for (int64_t g = 0; g < p.S_padded(); ++g) {
     const int r = p.owner(g);
     ASSERT_GE(r, 0);
     ASSERT_LT(r, p.P());
@@ -166,7 +168,9 @@ TEST_P(PartitionCases, RangesCoverExactlyThePositions) {
       prev_end = e;
       for (int64_t t = b; t < e; ++t) flat.push_back(t);
     }
-    EXPECT_EQ(flat, p.positions(r)) << "rank " << r;
+    std::vector<int64_t> real = p.positions(r);  // ranges() name the real tokens only
+    real.resize(size_t(p.real_size(r)));
+    EXPECT_EQ(flat, real) << "rank " << r;
   }
 }
 
@@ -181,8 +185,8 @@ TEST_P(PartitionCases, ScatterGatherRoundTrip) {
     p.scatter_rows<float>(global, width, r, local);
     const std::vector<int64_t> pos = p.positions(r);
     for (size_t i = 0; i < pos.size(); ++i)
-      for (int64_t c = 0; c < width; ++c)
-        ASSERT_EQ(local[i * width + size_t(c)], global[size_t(pos[i] * width + c)]);
+      for (int64_t c = 0; c < width; ++c)  // padding rows: zeros
+        ASSERT_EQ(local[i * width + size_t(c)], p.is_pad(pos[i]) ? 0.0f : global[size_t(pos[i] * width + c)]);
     p.gather_rows<float>(local, width, r, back);
   }
   EXPECT_EQ(back, global);
@@ -193,12 +197,12 @@ static std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          "_P" + std::to_string(std::get<2>(info.param));
 }
 
-// Every (kind, S, P) on this grid that the kind accepts: P = 1 and P = 8, S from one chunk per
-// rank up, odd P, and shapes where zigzag chunks are a single token.
+// Every (kind, S, P) on this grid: P = 1 and P = 8, S from one token up, odd P, shapes where
+// zigzag chunks are a single token, and S that no unit divides (padding rows, at most unit - 1).
 static std::vector<Case> valid_cases() {
   std::vector<Case> out;
   for (PartitionKind k : {PartitionKind::contiguous, PartitionKind::zigzag, PartitionKind::striped})
-    for (int64_t S : {2, 16, 48, 120, 240})
+    for (int64_t S : {1, 2, 7, 16, 48, 101, 120, 240})
       for (int P : {1, 2, 3, 4, 5, 8})
         if (Partition::check(k, S, P).empty()) out.emplace_back(k, S, P);
   return out;
