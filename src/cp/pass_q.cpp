@@ -30,16 +30,15 @@ class PassQ final : public cp::ForwardOnlyStrategy {
   }
 
   double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
-    (void)docs;  // inference has one document per sequence
-    const int N = topo.cp_size();
+    const int N = topo.cp_size();  // docs: a batched prefill's sequences travel with the queries
     const int64_t n = s.S_q / N;
-    const cp::QLayout L = cp::q_layout(n, s.H_q, s.H_kv, s.D, s.dtype, false);
+    const cp::QLayout L = cp::q_layout(n, s.H_q, s.H_kv, s.D, s.dtype, false, docs);
     return double(N - 1) * (double(L.bytes) + double(cp::partial_elems(n, s.H_q, s.D)) * sizeof(float));
   }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
     const int64_t n = local.S_q;
-    const cp::QLayout L = cp::q_layout(n, local.H_q, local.H_kv, local.D, local.dtype, false);
+    const cp::QLayout L = cp::q_layout(n, local.H_q, local.H_kv, local.D, local.dtype, false, local.docs());
     const int64_t chunk = cp::progress_chunk_rows(n, kProgressParts);
     cp::pass_q_forward(comm_, L, local, n, kTagQ, tr, st, [&](std::byte* here, int, int s, Request& req, float* o) {
       const AttnParams p = cp::visiting_block(L, here, local, o, o + size_t(n) * local.H_q * local.D);

@@ -18,13 +18,14 @@ namespace {
 template <class T> T* at(std::byte* base, size_t off) { return reinterpret_cast<T*>(base + off); }
 }  // namespace
 
-QLayout q_layout(int64_t n, int32_t H_q, int32_t H_kv, int32_t D, DType dtype, bool riders) {
+QLayout q_layout(int64_t n, int32_t H_q, int32_t H_kv, int32_t D, DType dtype, bool riders, bool docs) {
   QLayout L;
   L.n = n;
   L.H_q = H_q;
   L.H_kv = H_kv;
   L.D = D;
   L.riders = riders;
+  L.docs = docs;
   const size_t e = dtype_bytes(dtype);
   const size_t qb = align64(size_t(n) * H_q * D * e);
   const size_t kb = riders ? align64(size_t(n) * H_kv * D * e) : 0;
@@ -33,7 +34,8 @@ QLayout q_layout(int64_t n, int32_t H_q, int32_t H_kv, int32_t D, DType dtype, b
   L.v_off = qb + kb;
   L.pos_off = qb + 2 * kb;
   L.doc_off = L.pos_off + align64(size_t(n) * sizeof(int64_t));
-  L.bytes = L.doc_off + (riders ? align64(size_t(n) * sizeof(int64_t)) : 0);
+  L.qdoc_off = L.doc_off + (riders ? align64(size_t(n) * sizeof(int64_t)) : 0);
+  L.bytes = L.qdoc_off + (docs ? align64(size_t(n) * sizeof(int32_t)) : 0);
   return L;
 }
 
@@ -47,6 +49,7 @@ void pack_queries(const QLayout& L, const AttnParams& local, int64_t n_rows, std
   for (int64_t i = 0; i < L.n; ++i) {
     at<int64_t>(base, L.pos_off)[i] = i < n_rows ? local.q_pos[i] : -1;
     if (L.riders) at<int64_t>(base, L.doc_off)[i] = i < n_rows && local.q_doc ? local.q_doc[i] : -1;
+    if (L.docs) at<int32_t>(base, L.qdoc_off)[i] = i < n_rows ? local.q_doc[i] : -1;
   }
 }
 
@@ -55,7 +58,8 @@ AttnParams visiting_block(const QLayout& L, std::byte* base, const AttnParams& l
   p.S_q = L.n;
   p.q = base + L.q_off;
   p.q_pos = at<int64_t>(base, L.pos_off);
-  p.q_doc = nullptr;  // the riders' ids are int64 in the block (block_doc)
+  // The riders' ids are int64 in the block (block_doc); a batched prefill's are the queries' own.
+  p.q_doc = L.docs ? at<int32_t>(base, L.qdoc_off) : nullptr;
   p.k_new = L.riders ? base + L.k_off : nullptr;
   p.v_new = L.riders ? base + L.v_off : nullptr;
   p.o = o;

@@ -21,14 +21,16 @@ namespace cp {
 
 // One circulating query block of n rows: q [n, H_q, D], with the decode riders also the new
 // tokens' k_new, v_new [n, H_kv, D]; positions [n]; with the riders the document (sequence) ids
-// [n] as int64 (-1 = padding row). One byte buffer (one message per hop), 64-byte aligned sections.
+// [n] as int64 (-1 = padding row); with `docs` (a batched prefill: several sequences, each its
+// own document) the queries' document ids [n] as int32, matched against the keys' k_doc. One
+// byte buffer (one message per hop), 64-byte aligned sections.
 struct QLayout {
   int64_t n = 0;
   int32_t H_q = 0, H_kv = 0, D = 0;
-  bool riders = false;
-  size_t q_off = 0, k_off = 0, v_off = 0, pos_off = 0, doc_off = 0, bytes = 0;
+  bool riders = false, docs = false;
+  size_t q_off = 0, k_off = 0, v_off = 0, pos_off = 0, doc_off = 0, qdoc_off = 0, bytes = 0;
 };
-QLayout q_layout(int64_t n, int32_t H_q, int32_t H_kv, int32_t D, DType dtype, bool riders);
+QLayout q_layout(int64_t n, int32_t H_q, int32_t H_kv, int32_t D, DType dtype, bool riders, bool docs = false);
 
 // Packs the first n_rows local query rows (n_rows <= L.n; the rest are padding: tensors
 // untouched, position -1, document -1).

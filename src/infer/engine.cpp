@@ -17,6 +17,10 @@ namespace ctxpar::infer {
 
 namespace {
 
+// Position shift of sequence b in a packed prefill's attention calls: beyond any context length
+// (seq <= 2^40), and 65536 sequences of it stay below kNoPos (2^60).
+constexpr int64_t kSeqStride = int64_t(1) << 42;
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -119,92 +123,180 @@ void Engine::end_call(double t_start) {
 AttnParams Engine::call(int64_t n) const { return attn_problem(n, d_.H_q, d_.H_kv, d_.D, MaskKind::causal, 0); }
 
 StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo, Tracer* tr, CallStats& st,
-                           bool want_logits, bool want_all_logits) {
+                           bool want_logits, bool want_all_logits, PrefillBatching batching) {
   const double t_start = begin_call(tr, st);
-  const int N = cp_.size(), r = cp_.rank();
   const int64_t B = cache_.batch(), V = d_.vocab;
   CTXPAR_CHECK(int64_t(tokens.size()) == B, "prefill needs tokens of " << B << " sequences");
   StepOutput out;
   out.next_tokens.resize(size_t(B));
   if (want_logits) out.logits.resize(size_t(B * V));
   if (want_all_logits) out.all_logits.resize(size_t(B));
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t T = int64_t(tokens[size_t(b)].size()), cached = cache_.seq_len(b);
-    // Any T on any N: the padding rows (the last positions, a suffix of each rank's rows) take
-    // token 0 at positions after the prompt, so no real query sees them; their K/V are written to
-    // the cache for this call and dropped at the commit.
-    const Partition part(PartitionKind::zigzag, T, N);
-    const std::vector<int64_t> idx = part.positions(r);
-    const int64_t n = int64_t(idx.size());
-    std::vector<int64_t> pos(static_cast<size_t>(n));
-    std::vector<int32_t> tok(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      pos[size_t(i)] = cached + idx[size_t(i)];
-      tok[size_t(i)] = part.is_pad(idx[size_t(i)]) ? 0 : tokens[size_t(b)][size_t(idx[size_t(i)])];
-    }
-    const int64_t first = cache_.reserve(b, n, pos.data());
-    // Padded block of pass-KV: every rank's block has the longest rank's rows.
-    int64_t S_k_max = 0;
-    for (int rr = 0; rr < N; ++rr) S_k_max = std::max(S_k_max, cache_.len(b, rr) + part.local_size(rr));
-    const int64_t S_k_local = cache_.len(b) + n;
-    const int64_t kw = cache_.row_elems();
-    AttnFn attn = [&](int64_t l, float* q, float* k, float* v, float* o, float* lse) {
-      std::memcpy(cache_.k(b, l) + first * kw, k, size_t(n * kw) * sizeof(float));
-      std::memcpy(cache_.v(b, l) + first * kw, v, size_t(n * kw) * sizeof(float));
-      AttnParams t = call(n);
-      t.q = q;
-      t.q_pos = pos.data();
-      t.o = o;
-      t.lse = lse;
-      if (cached == 0 && algo == CpAlgo::pass_kv) {
-        // Full prefill: the configured CP strategy on the new tokens alone.
-        t.k = k;
-        t.v = v;
-        t.k_pos = pos.data();
-        full_strategy_->forward(t, tr_, st_->cp);
-        return;
-      }
-      // Over the cache: pass-Q against this rank's keys, or pass-KV with every rank's block
-      // padded to the longest one (a message has one size).
-      t.S_k = algo == CpAlgo::pass_q ? S_k_local : S_k_max;
-      t.k = cache_.k(b, l);
-      t.v = cache_.v(b, l);
-      t.k_pos = cache_.pos(b);
-      (algo == CpAlgo::pass_q ? *pass_q_ : *ring_).forward(t, tr_, st_->cp);
-    };
-    // Logits: the last prompt token's row (owner rank) or every local row (tests).
-    const int owner = part.owner(T - 1);
-    std::vector<int64_t> rows;
-    if (want_all_logits) {
-      for (int64_t i = 0; i < n; ++i) rows.push_back(i);
-    } else if (r == owner) {
-      rows.push_back(part.local_index(T - 1));
-    }
-    Buffer<float> lg(size_t(std::max<int64_t>(int64_t(rows.size()), 1) * V), false);
-    forward(n, tok.data(), pos.data(), attn, rows, lg.data());
-    std::vector<int64_t> added(static_cast<size_t>(N));
-    for (int rr = 0; rr < N; ++rr) added[size_t(rr)] = part.real_size(rr);
-    cache_.commit(b, added, false);
-    Buffer<float> last(size_t(V), false);
-    if (r == owner) {
-      const int64_t row = want_all_logits ? part.local_index(T - 1) : 0;
-      std::memcpy(last.data(), lg.data() + row * V, size_t(V) * sizeof(float));
-    }
-    cp_.broadcast(last.span(), owner);
-    out.next_tokens[size_t(b)] = greedy(last.data(), V);
-    if (want_logits) std::memcpy(out.logits.data() + b * V, last.data(), size_t(V) * sizeof(float));
-    if (want_all_logits) {
-      std::vector<float> all(static_cast<size_t>(n * V * N));
-      cp_.all_gather(std::span<const float>(lg.data(), size_t(n * V)), std::span<float>(all));
-      std::vector<float>& g = out.all_logits[size_t(b)];
-      g.resize(size_t(T * V));
-      for (int rr = 0; rr < N; ++rr)
-        part.gather_rows(std::span<const float>(all.data() + size_t(rr) * n * V, size_t(n * V)), V, rr,
-                         std::span<float>(g));
-    }
+  std::vector<int64_t> seqs;  // the sequences with new tokens
+  for (int64_t b = 0; b < B; ++b)
+    if (!tokens[size_t(b)].empty()) seqs.push_back(b);
+  if (batching == PrefillBatching::packed) {
+    prefill_seqs(seqs, tokens, algo, want_all_logits, out);
+  } else {
+    for (int64_t b : seqs) prefill_seqs({b}, tokens, algo, want_all_logits, out);
   }
+  // Sequences without new tokens keep their cache; their next token is not defined by this call.
+  for (int64_t b = 0; b < B; ++b)
+    if (tokens[size_t(b)].empty()) out.next_tokens[size_t(b)] = -1;
   end_call(t_start);
   return out;
+}
+
+void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens,
+                          CpAlgo algo, bool want_all_logits, StepOutput& out) {
+  if (seqs.empty()) return;
+  const int N = cp_.size(), r = cp_.rank();
+  const int64_t V = d_.vocab, kw = cache_.row_elems();
+  // Each sequence zigzag-sharded on its own (any T on any N: the padding rows, the last
+  // positions of a sequence and a suffix of its rows on each rank, take token 0 at positions
+  // after its prompt, so no real query sees them; their K/V are written to the cache for this call
+  // and dropped at the commit). This rank's rows: every sequence's share, one after the other;
+  // with several sequences each is its own document (id = its index), so one call of every layer
+  // serves the whole batch.
+  struct Seq {
+    int64_t b, T, cached, n, first, off, S_k, k_off;
+    Partition part;
+  };
+  std::vector<Seq> q;
+  std::vector<int64_t> pos, apos;  // positions (RoPE, the cache) and the attention's (below)
+  std::vector<int32_t> tok, doc;
+  bool full = algo == CpAlgo::pass_kv;  // every cache empty: the configured strategy on the new tokens
+  int64_t rows = 0, keys = 0;
+  for (int64_t b : seqs) {
+    const int64_t T = int64_t(tokens[size_t(b)].size()), cached = cache_.seq_len(b);
+    Seq s{b, T, cached, 0, 0, rows, 0, keys, Partition(PartitionKind::zigzag, T, N)};
+    const std::vector<int64_t> idx = s.part.positions(r);
+    s.n = int64_t(idx.size());
+    for (int64_t i : idx) {
+      pos.push_back(cached + i);
+      tok.push_back(s.part.is_pad(i) ? 0 : tokens[size_t(b)][size_t(i)]);
+      doc.push_back(int32_t(b));
+    }
+    s.first = cache_.reserve(b, s.n, pos.data() + rows);
+    // The attention's positions: sequence b's shifted by b * kSeqStride (the document ids keep
+    // the sequences apart; the shift keeps the positions of a tile that straddles two sequences
+    // in a narrow range, so the tile classification skips the other sequence's causal future).
+    for (int64_t i = 0; i < s.n; ++i) apos.push_back(pos[size_t(rows + i)] + int64_t(b) * kSeqStride);
+    // Keys over the cache: pass-Q this rank's own rows; pass-KV every rank's block padded to the
+    // longest rank's (a ring message has one size).
+    if (algo == CpAlgo::pass_q) {
+      s.S_k = cache_.len(b) + s.n;
+    } else {
+      for (int rr = 0; rr < N; ++rr) s.S_k = std::max(s.S_k, cache_.len(b, rr) + s.part.local_size(rr));
+    }
+    full = full && cached == 0;
+    rows += s.n;
+    keys += s.S_k;
+    q.push_back(std::move(s));
+  }
+  const bool docs = q.size() > 1;
+  // Several sequences over their caches: their key rows packed into one block per layer, with
+  // positions and document ids (the positions of the new rows were reserved above).
+  Buffer<float> kp, vp;
+  std::vector<int64_t> kpos;
+  std::vector<int32_t> kdoc;
+  if (docs && !full) {
+    kp.resize(size_t(keys * kw), false);
+    vp.resize(size_t(keys * kw), false);
+    for (const Seq& s : q) {
+      for (int64_t i = 0; i < s.S_k; ++i) {
+        const int64_t p = cache_.pos(s.b)[i];
+        kpos.push_back(p == kNoPos ? p : p + s.b * kSeqStride);
+      }
+      kdoc.insert(kdoc.end(), size_t(s.S_k), int32_t(s.b));
+    }
+  }
+  AttnFn attn = [&](int64_t l, float* qx, float* k, float* v, float* o, float* lse) {
+    for (const Seq& s : q) {
+      std::memcpy(cache_.k(s.b, l) + s.first * kw, k + s.off * kw, size_t(s.n * kw) * sizeof(float));
+      std::memcpy(cache_.v(s.b, l) + s.first * kw, v + s.off * kw, size_t(s.n * kw) * sizeof(float));
+    }
+    AttnParams t = call(rows);
+    t.q = qx;
+    t.q_pos = docs ? apos.data() : pos.data();
+    t.q_doc = docs ? doc.data() : nullptr;
+    t.o = o;
+    t.lse = lse;
+    if (full) {  // the configured CP strategy on the new tokens alone
+      t.k = k;
+      t.v = v;
+      t.k_pos = t.q_pos;
+      t.k_doc = t.q_doc;
+      full_strategy_->forward(t, tr_, st_->cp);
+      return;
+    }
+    if (docs) {
+      for (const Seq& s : q) {
+        std::memcpy(kp.data() + s.k_off * kw, cache_.k(s.b, l), size_t(s.S_k * kw) * sizeof(float));
+        std::memcpy(vp.data() + s.k_off * kw, cache_.v(s.b, l), size_t(s.S_k * kw) * sizeof(float));
+      }
+      t.k = kp.data();
+      t.v = vp.data();
+      t.k_pos = kpos.data();
+      t.k_doc = kdoc.data();
+    } else {
+      t.k = cache_.k(q[0].b, l);
+      t.v = cache_.v(q[0].b, l);
+      t.k_pos = cache_.pos(q[0].b);
+    }
+    t.S_k = keys;
+    (algo == CpAlgo::pass_q ? *pass_q_ : *ring_).forward(t, tr_, st_->cp);
+  };
+  // Logits: each sequence's last prompt token's row (on its owner rank), or every local row (tests).
+  std::vector<int64_t> logit_rows;
+  std::vector<int64_t> last_row(q.size(), -1);  // index into logit_rows, on the owner rank
+  for (size_t j = 0; j < q.size(); ++j) {
+    const Seq& s = q[j];
+    if (want_all_logits) {
+      for (int64_t i = 0; i < s.n; ++i) logit_rows.push_back(s.off + i);
+      if (s.part.owner(s.T - 1) == r) last_row[j] = s.off + s.part.local_index(s.T - 1);
+    } else if (s.part.owner(s.T - 1) == r) {
+      last_row[j] = int64_t(logit_rows.size());
+      logit_rows.push_back(s.off + s.part.local_index(s.T - 1));
+    }
+  }
+  Buffer<float> lg(size_t(std::max<int64_t>(int64_t(logit_rows.size()), 1) * V), false);
+  forward(rows, tok.data(), pos.data(), attn, logit_rows, lg.data());
+  std::vector<int64_t> added(static_cast<size_t>(N));
+  for (const Seq& s : q) {
+    for (int rr = 0; rr < N; ++rr) added[size_t(rr)] = s.part.real_size(rr);
+    cache_.commit(s.b, added, false);
+  }
+  // The last row of every sequence to every rank: one broadcast per owner rank.
+  Buffer<float> last(size_t(V) * q.size(), false);
+  for (int owner = 0; owner < N; ++owner) {
+    std::vector<size_t> mine;
+    for (size_t j = 0; j < q.size(); ++j)
+      if (q[j].part.owner(q[j].T - 1) == owner) mine.push_back(j);
+    if (mine.empty()) continue;
+    Buffer<float> msg(mine.size() * size_t(V), false);
+    if (r == owner)
+      for (size_t i = 0; i < mine.size(); ++i)
+        std::memcpy(msg.data() + i * V, lg.data() + last_row[mine[i]] * V, size_t(V) * sizeof(float));
+    cp_.broadcast(msg.span(), owner);
+    for (size_t i = 0; i < mine.size(); ++i)
+      std::memcpy(last.data() + mine[i] * V, msg.data() + i * V, size_t(V) * sizeof(float));
+  }
+  for (size_t j = 0; j < q.size(); ++j) {
+    const float* row = last.data() + j * V;
+    out.next_tokens[size_t(q[j].b)] = greedy(row, V);
+    if (!out.logits.empty()) std::memcpy(out.logits.data() + q[j].b * V, row, size_t(V) * sizeof(float));
+  }
+  if (want_all_logits) {  // every rank's rows (the same count on each), each sequence in global order
+    std::vector<float> all(static_cast<size_t>(rows * V * N));
+    cp_.all_gather(std::span<const float>(lg.data(), size_t(rows * V)), std::span<float>(all));
+    for (const Seq& s : q) {
+      std::vector<float>& g = out.all_logits[size_t(s.b)];
+      g.assign(size_t(s.T * V), 0.f);
+      for (int rr = 0; rr < N; ++rr)
+        s.part.gather_rows(std::span<const float>(all.data() + size_t((rr * rows + s.off) * V), size_t(s.n * V)), V, rr,
+                           std::span<float>(g));
+    }
+  }
 }
 
 StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, Tracer* tr, CallStats& st,

@@ -3,7 +3,8 @@
 // cache, and decode, on the N ranks of the CP group (topo.cp()).
 //
 //   full prefill     T prompt tokens, zigzag-sharded (2N chunks) so every rank has equal causal
-//                    work; attention by the configured CP strategy (ring = pass-KV by default;
+//                    work (a batch: one forward, each sequence sharded on its own, its own
+//                    document in the attention calls); attention by the configured CP strategy (ring = pass-KV by default;
 //                    allgather, ulysses, usp selectable) or by pass-Q; the K/V stay where computed.
 //   partial prefill  T new tokens after `cached` ones, zigzag-sharded over the ranks (positions
 //                    cached + zigzag index, so the causal mask comes from global positions):
@@ -39,6 +40,8 @@ class Comm;
 namespace ctxpar::infer {
 
 // DecodeAlgo: core/settings.hpp (an enumerated setting).
+// How a prefill of several sequences runs: one forward for the batch, or one per sequence.
+enum class PrefillBatching { packed, sequential };
 
 // Work of one call on this rank (seconds, bytes) and its communication counters.
 struct CallStats {
@@ -61,10 +64,15 @@ class Engine {
          const std::string& full_strategy);
   ~Engine();
 
-  // Prefill of T new tokens of every sequence (tokens[b] has T ids, the same on every rank).
-  // The cache of every sequence must hold the same number of tokens (`cached`); none: a full prefill.
+  // Prefill of the new tokens of every sequence: tokens[b] holds T_b ids (the same on every rank;
+  // any lengths, 0 = sequence b takes no part, its next token is -1), after the T_b' tokens its
+  // cache holds already (any, per sequence; all empty with pass-KV: a full prefill by the
+  // configured strategy). `packed` (the default) runs the whole batch as one forward, every
+  // sequence zigzag-balanced over the ranks on its own and its own document in one CP attention
+  // call per layer; `sequential` one forward per sequence (the comparison of bench infer).
   StepOutput prefill(const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo, Tracer* tr, CallStats& st,
-                     bool want_logits = false, bool want_all_logits = false);
+                     bool want_logits = false, bool want_all_logits = false,
+                     PrefillBatching batching = PrefillBatching::packed);
   // One decode step: tokens[b] is the last generated token of sequence b.
   StepOutput decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, Tracer* tr, CallStats& st,
                     bool want_logits = false);
@@ -84,6 +92,9 @@ class Engine {
   // `logits` [|logit_rows|, V].
   void forward(int64_t n, const int32_t* tokens, const int64_t* pos, const AttnFn& attn,
                const std::vector<int64_t>& logit_rows, float* logits);
+  // One forward of the sequences `seqs` (see prefill), results into `out`.
+  void prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo,
+                    bool want_all_logits, StepOutput& out);
   void ensure_rows(int64_t n);
   LayerRun run(int64_t l);
   // The attention call of n query rows of this model (causal; tensors set by the caller).

@@ -1,5 +1,6 @@
 #include "infer/schedule.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/config.hpp"
@@ -9,8 +10,8 @@ namespace ctxpar::infer {
 
 std::string parse_schedule(const std::string& text, int N, std::vector<SchedulePhase>& out) {
   out.clear();
-  const std::string valid = "valid: a comma list of prefill:T and decode:N starting with a prefill, e.g. "
-                            "prefill:32K,decode:64,prefill:2K,decode:64";
+  const std::string valid = "valid: a comma list of prefill:T (or prefill:T1/T2/..., one length per sequence) and "
+                            "decode:N starting with a prefill, e.g. prefill:32K,decode:64,prefill:2K,decode:64";
   std::vector<std::string> items;
   const std::string err = split_list(text, ',', items);
   if (!err.empty()) return "config: schedule = '" + text + "': " + err + "; " + valid;
@@ -18,10 +19,22 @@ std::string parse_schedule(const std::string& text, int N, std::vector<ScheduleP
     const size_t colon = item.find(':');
     const std::string kind = item.substr(0, colon);
     int64_t n = 0;
-    if (colon == std::string::npos || !parse_size(item.substr(colon + 1), n) || n < 1)
+    std::vector<int64_t> lengths;
+    if (kind == "prefill" && colon != std::string::npos && item.find('/') != std::string::npos) {
+      std::vector<std::string> parts;
+      const std::string perr = split_list(item.substr(colon + 1), '/', parts);
+      for (const std::string& part : parts) {
+        int64_t t = 0;
+        if (!perr.empty() || !parse_size(part, t) || t < 1)
+          return "config: schedule = '" + text + "': item '" + item + "' needs lengths >= 1 separated by '/'; " + valid;
+        lengths.push_back(t);
+        n = std::max(n, t);
+      }
+    } else if (colon == std::string::npos || !parse_size(item.substr(colon + 1), n) || n < 1) {
       return "config: schedule = '" + text + "': item '" + item + "' needs a count >= 1; " + valid;
+    }
     if (kind == "prefill") {
-      out.push_back({PhaseKind::prefill, n});
+      out.push_back({PhaseKind::prefill, n, lengths});
     } else if (kind == "decode") {
       out.push_back({PhaseKind::decode, n});
     } else {

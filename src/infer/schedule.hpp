@@ -1,6 +1,7 @@
 // Multi-turn chat schedule of `ctxpar chat`: a list of phases "prefill:T" (T new prompt tokens of
-// every sequence) and "decode:N" (N decode steps, one token per sequence each), e.g.
-// "prefill:32K,decode:64,prefill:2K,decode:64". A turn starts at each prefill; the first prefill
+// every sequence; "prefill:T1/T2/...": T_b for sequence b, one per sequence of the batch) and
+// "decode:N" (N decode steps, one token per sequence each), e.g.
+// "prefill:32K,decode:64,prefill:2K,decode:64" or "prefill:512/1K/2K/4K,decode:16" (batch = 4). A turn starts at each prefill; the first prefill
 // is a full prefill (empty KV cache), later ones are partial prefills over the cache.
 #pragma once
 #include <cstdint>
@@ -13,7 +14,11 @@ enum class PhaseKind { prefill, decode };
 
 struct SchedulePhase {
   PhaseKind kind;
-  int64_t count;  // prefill: new tokens T; decode: steps
+  int64_t count;  // prefill: new tokens T (the longest, with lengths); decode: steps
+  // prefill only: new tokens per sequence ("prefill:512/1K/2K/4K", one length per sequence of
+  // the batch); empty: `count` for every sequence.
+  std::vector<int64_t> lengths = {};
+  int64_t length(int64_t b) const { return lengths.empty() ? count : lengths[size_t(b)]; }
 };
 
 // Parses `text`; throws nothing: returns "" and fills `out`, or a message naming the bad item and
@@ -21,7 +26,8 @@ struct SchedulePhase {
 std::string parse_schedule(const std::string& text, int N, std::vector<SchedulePhase>& out);
 
 // KV cache capacity per sequence and rank (tokens) that a schedule needs on N ranks: the padded
-// zigzag shares of every prefill (the padding rows are written, then dropped) plus a round-robin share of every decode token (the rounding of the
+// zigzag shares of every prefill (its longest sequence's; the padding rows are written, then
+// dropped) plus a round-robin share of every decode token (the rounding of the
 // round-robin may put one extra token on a rank per phase).
 int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N);
 

@@ -131,31 +131,50 @@ class Session {
     return pred.choice;
   }
 
-  // One traced prefill of T new tokens of every sequence; `record`: a TTFT step (else the setup
-  // of a cache for `ctxpar prefill`, turn -1, no TTFT).
-  std::vector<int32_t> prefill(int64_t turn, int64_t T, bool record) {
-    const int64_t B = cfg_.batch, cached = engine_->cache().seq_len(0);
-    std::vector<std::vector<int32_t>> tok(static_cast<size_t>(B), std::vector<int32_t>(static_cast<size_t>(T)));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < T; ++i) tok[size_t(b)][size_t(i)] = prompt_token(uint64_t(cfg_.seed), b, cached + i, V());
+  // One traced prefill of ph.length(b) new tokens of every sequence b (one packed forward for the
+  // batch); `record`: a TTFT step (else the setup of a cache for `ctxpar prefill`, turn -1, no
+  // TTFT). The log, /infer/calls and cp_algo=auto use the batch's mean T and P (every sequence's
+  // own lengths are in /infer/call_lengths).
+  std::vector<int32_t> prefill(int64_t turn, const SchedulePhase& ph, bool record) {
+    const int64_t B = cfg_.batch;
+    std::vector<std::vector<int32_t>> tok(static_cast<size_t>(B));
+    int64_t T_sum = 0, cached_sum = 0;
+    double flops = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t T = ph.length(b), cached = engine_->cache().seq_len(b);
+      for (int64_t i = 0; i < T; ++i) tok[size_t(b)].push_back(prompt_token(uint64_t(cfg_.seed), b, cached + i, V()));
+      T_sum += T;
+      cached_sum += cached;
+      flops += engine_->prefill_flops(T, cached);
+      if (record) {
+        call_lengths_.push_back(double(T));
+        call_lengths_.push_back(double(cached));
+      }
+    }
+    const int64_t T = (T_sum + B / 2) / B, cached = (cached_sum + B / 2) / B;  // the batch's means
     Prediction pred;
-    const CpAlgo algo = choose(T, cached, pred);
+    const CpAlgo algo = choose(std::max<int64_t>(T, 1), cached, pred);
     CallStats st;
     double dt = 0;
     StepOutput out = timed_step([&] { return engine_->prefill(tok, algo, &tr_, st); }, dt);
-    const double flops = double(B) * engine_->prefill_flops(T, cached);
-    finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, cached, algo_name(algo), dt, B * T, flops, st);
+    finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, cached, algo_name(algo), dt, T_sum, flops, st);
     if (record) calls_.push_back({turn, T, cached, algo, pred, dt});
     return out.next_tokens;
   }
 
   std::vector<int32_t> decode(int64_t turn, const std::vector<int32_t>& last) {
-    const int64_t B = cfg_.batch, ctx = engine_->cache().seq_len(0);
+    const int64_t B = cfg_.batch;
+    int64_t ctx_sum = 0;
+    double flops = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      ctx_sum += engine_->cache().seq_len(b);
+      flops += engine_->decode_flops(engine_->cache().seq_len(b));
+    }
     const DecodeAlgo algo = cfg_.decode_algo == DecodeAlgo::allgather ? DecodeAlgo::allgather : DecodeAlgo::pass_q;
     CallStats st;
     double dt = 0;
     StepOutput out = timed_step([&] { return engine_->decode(last, algo, &tr_, st); }, dt);
-    finish_step(turn, StepKind::decode, 1, ctx, name_of(algo), dt, B, double(B) * engine_->decode_flops(ctx), st);
+    finish_step(turn, StepKind::decode, 1, (ctx_sum + B / 2) / B, name_of(algo), dt, B, flops, st);
     return out.next_tokens;
   }
 
@@ -180,6 +199,8 @@ class Session {
       c.insert(c.end(), std::begin(row), std::end(row));
     }
     if (!calls_.empty()) {
+      tr_.write_dataset("/infer/call_lengths", call_lengths_, {uint64_t(calls_.size()), uint64_t(B), 2});
+      tr_.write_attr("/infer/call_lengths", "columns", std::string("T,P"));
       tr_.write_dataset("/infer/calls", c, {uint64_t(calls_.size()), 11});
       tr_.write_attr("/infer/calls", "columns",
                      std::string("turn,T,P,algo(0=pass_kv;1=pass_q),pred_pass_kv_s,pred_pass_q_s,"
@@ -255,6 +276,7 @@ class Session {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<PrefillCostModel> cost_;
   std::vector<PrefillCall> calls_;
+  std::vector<double> call_lengths_;  // [call][b] new tokens T and cached P of every sequence
   std::vector<double> cache_bytes_;
   int64_t step_ = 0;
   bool stop_ = false;
@@ -290,6 +312,11 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   }
   err = mode_schedule(cfg, N, sched);
   if (!err.empty()) return err;
+  for (const SchedulePhase& ph : sched)
+    if (!ph.lengths.empty() && int64_t(ph.lengths.size()) != cfg.batch)
+      return "config: schedule = '" + cfg.schedule + "': a prefill with " + s_(int64_t(ph.lengths.size())) +
+             " lengths for batch = " + s_(cfg.batch) + "; valid: one length per sequence (batch = " +
+             s_(int64_t(ph.lengths.size())) + "), or one length for all";
   // The full prefill's CP strategy (first prefill of the schedule).
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
@@ -324,9 +351,13 @@ double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) 
   const double cache = double(cfg.batch) * double(cap) * (2.0 * f * double(d.layers) * double(d.kv_width()) + 8.0);
   // One call's rows on this rank (infer/engine.cpp ensure_rows) and its logits row; the pass-KV
   // ring's transfer buffers (two blocks of K and V in flight).
-  int64_t rows = 1;
-  for (const SchedulePhase& ph : sched)
-    if (ph.kind == PhaseKind::prefill) rows = std::max(rows, Partition::padded_length(PartitionKind::zigzag, ph.count, N) / N);
+  int64_t rows = 1;  // a prefill runs the whole batch as one forward (infer/engine.hpp)
+  for (const SchedulePhase& ph : sched) {
+    if (ph.kind != PhaseKind::prefill) continue;
+    int64_t n = 0;
+    for (int64_t b = 0; b < cfg.batch; ++b) n += Partition::padded_length(PartitionKind::zigzag, ph.length(b), N) / N;
+    rows = std::max(rows, n);
+  }
   const double act = f * double(rows) *
                      double(3 * d.dim + 2 * d.q_width() + d.H_q + 4 * d.kv_width() + 3 * d.ffn + d.D) +
                      f * double(d.vocab);
@@ -356,8 +387,8 @@ int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {
     // measured prefill of T tokens (turn = step).
     for (int64_t step = 0; step < cfg.warmup + cfg.steps && !s.stop(); ++step) {
       s.engine().cache().clear();
-      if (sched.size() == 2) s.prefill(-1, sched[0].count, false);
-      gen.push_back({s.prefill(step, sched.back().count, true)});
+      if (sched.size() == 2) s.prefill(-1, sched[0], false);
+      gen.push_back({s.prefill(step, sched.back(), true)});
     }
   } else {
     int64_t turn = -1;
@@ -365,7 +396,7 @@ int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {
     for (const SchedulePhase& ph : sched) {
       if (s.stop()) break;
       if (ph.kind == PhaseKind::prefill) {
-        last = s.prefill(++turn, ph.count, true);
+        last = s.prefill(++turn, ph, true);
         gen.push_back({last});
         continue;
       }

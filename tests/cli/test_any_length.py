@@ -3,7 +3,8 @@
 the padding rows): lengths that no 2P divides (1, 7, 101, 1000, 2049 tokens) at P = 3, 5 and 6,
 in `attn` (every strategy, causal, window, packed documents, no mask: against an fp64 numpy
 attention), `train` (losses of every step equal the 1-rank run's), `chat`, `prefill` and `decode`
-(greedy tokens equal the 1-rank run's), and `--dry-run` (names the padding). No run asks for a
+(greedy tokens equal the 1-rank run's; a batch of prompts of different lengths too), and
+`--dry-run` (names the padding). No run asks for a
 multiple of 2P.
 
 usage: test_any_length.py CTXPAR MPIRUN WORKDIR SOURCE_DIR
@@ -107,6 +108,8 @@ def generated(path):
 INFER = [  # (mode, args)
     ("chat", ["schedule=prefill:7,decode:3,prefill:13,decode:2", "batch=2", "cp_algo=pass_kv"]),
     ("chat", ["schedule=prefill:1,decode:4,prefill:1001,decode:2", "cp_algo=pass_q", "decode_algo=allgather"]),
+    # a batch of prompts of different lengths, one packed forward per prefill
+    ("chat", ["schedule=prefill:512/1K/100/7,decode:4,prefill:3/50/1/9,decode:2", "batch=4", "cp_algo=auto"]),
     ("prefill", ["seq=1001", "miss_rate=0.3", "cp_algo=pass_q", "steps=1", "warmup=0"]),
     ("decode", ["seq=7", "batch=3", "steps=3", "warmup=0"]),
 ]

@@ -63,6 +63,9 @@ for np_, algo, dec in [(1, "auto", "pass_q"), (2, "pass_kv", "pass_q"), (2, "pas
         cols = f["infer/calls"].attrs["columns"]
         cols = (cols.decode() if isinstance(cols, bytes) else cols).split(",")
         check(calls.shape == (2, 11), f"/infer/calls shape {calls.shape}")
+        lens = f["infer/call_lengths"][:]
+        check(lens.shape == (2, 3, 2) and (lens[:, :, 0] == [[128] * 3, [32] * 3]).all()
+              and (lens[:, :, 1] == [[0] * 3, [133] * 3]).all(), f"/infer/call_lengths {lens.tolist()}")
         check(list(calls[:, cols.index("T")]) == [128, 32] and list(calls[:, cols.index("P")]) == [0, 133],
               f"calls T/P {calls[:, 1:3]}")
         ia = cols.index("algo(0=pass_kv;1=pass_q)")
@@ -121,6 +124,8 @@ if rc == 0:
 # Bad input: exit 2, message, no trace.
 bad = [
     (["chat", "schedule=decode:2"], "must start with a prefill"),
+    (["chat", "batch=3", "schedule=prefill:4/5,decode:2"], "a prefill with 2 lengths for batch = 3"),
+    (["chat", "batch=2", "schedule=prefill:4/0,decode:2"], "needs lengths >= 1 separated by '/'"),
     (["prefill", "seq=512", "cached=256", "miss_rate=0.5"], "both set"),
     (["prefill", "seq=512", "cached=512"], "needs 0 < cached < seq = 512"),
     (["chat", "mesh=tp:2"], "inference runs on the CP axes only"),
