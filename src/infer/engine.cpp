@@ -38,9 +38,8 @@ int32_t greedy(const float* logits, int64_t V) {
 Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, int64_t batch, int64_t capacity_tokens,
                const std::string& full_strategy)
     : layout_(layout), d_(layout.dims()), w_(layout.view(const_cast<float*>(params))), topo_(topo), cp_(topo.cp()),
-      cache_(batch, layout.dims().layers, layout.dims().H_kv, layout.dims().D, topo.cp().size(), topo.cp().rank(),
+      cache_(batch, layout.dims().layers, layout.dims().H_kv_loc(), layout.dims().D, topo.cp().size(), topo.cp().rank(),
              capacity_tokens) {
-  CTXPAR_CHECK(d_.tp == 1, "inference runs with tp = 1");
   full_strategy_ = make_strategy(full_strategy, topo);
   CTXPAR_CHECK(full_strategy_ != nullptr, "unknown CP strategy " << full_strategy);
   ring_ = make_strategy("ring", topo);
@@ -64,7 +63,7 @@ void Engine::ensure_rows(int64_t n) {
   const size_t r = size_t(n), dim = size_t(d_.dim), qw = size_t(d_.q_width()), kw = size_t(d_.kv_width()),
                F = size_t(d_.ffn);
   x_.resize(r * dim, false); h_.resize(r * dim, false); x1_.resize(r * dim, false);
-  q_.resize(r * qw, false); o_.resize(r * qw, false); lse_.resize(r * size_t(d_.H_q), false); rstd_.resize(r, false);
+  q_.resize(r * qw, false); o_.resize(r * qw, false); lse_.resize(r * size_t(d_.H_q_loc()), false); rstd_.resize(r, false);
   k_.resize(r * kw, false); v_.resize(r * kw, false);
   g_.resize(r * F, false); u_.resize(r * F, false); m_.resize(r * F, false);
   cos_.resize(r * size_t(d_.D / 2), false); sin_.resize(r * size_t(d_.D / 2), false);
@@ -120,7 +119,10 @@ void Engine::end_call(double t_start) {
   st_->total_s += now_s() - t_start;
 }
 
-AttnParams Engine::call(int64_t n) const { return attn_problem(n, d_.H_q, d_.H_kv, d_.D, MaskKind::causal, 0); }
+// This tp rank's heads (tp splits the heads; the CP strategies run within the tp slice).
+AttnParams Engine::call(int64_t n) const {
+  return attn_problem(n, d_.H_q_loc(), d_.H_kv_loc(), d_.D, MaskKind::causal, 0);
+}
 
 StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo, Tracer* tr, CallStats& st,
                            bool want_logits, bool want_all_logits, PrefillBatching batching) {

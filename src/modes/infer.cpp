@@ -13,6 +13,7 @@
 // (columns in its attribute) with the choice and both predicted costs; /infer/cache_bytes
 // [step, rank] the KV cache bytes each rank holds after every step.
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <span>
 #include <vector>
@@ -86,7 +87,8 @@ struct PrefillCall {
 class Session {
  public:
   Session(const Config& cfg, Topology& topo, Tracer& tr, const std::vector<SchedulePhase>& sched)
-      : cfg_(cfg), topo_(topo), tr_(tr), cp_(topo.cp()), layout_(model_dims(cfg, 1, 0)),
+      : cfg_(cfg), topo_(topo), tr_(tr), cp_(topo.cp()),
+        layout_(model_dims(cfg, topo.size(Axis::tp), topo.coord(Axis::tp))),
         params_(size_t(layout_.local_elems())) {
     if (!cfg.resume.empty()) {
       // Trained weights of `ctxpar train` (the AdamW moments are read and dropped).
@@ -286,10 +288,14 @@ class Session {
 }  // namespace
 
 std::string validate_infer_mode(const Config& cfg, Topology& topo) {
-  if (topo.size(Axis::tp) != 1 || topo.size(Axis::dp) != 1)
-    return "config: mesh = '" + cfg.mesh + "': inference runs on the CP axes only; valid: ring and/or ulysses axes "
-           "(e.g. mesh=ring:" + s_(topo.world().size()) + ")";
-  std::string err = validate_model_shape(cfg, 1);
+  if (topo.size(Axis::dp) != 1)
+    return "config: mesh = '" + cfg.mesh + "': inference runs on the tp and CP axes (dp replicas are not served yet); "
+           "valid: tp, ring and/or ulysses axes (e.g. mesh=ring:" + s_(topo.world().size()) + ")";
+  const int tp = topo.size(Axis::tp);
+  if (cfg.mode == Mode::bench && tp > 1)
+    return "config: mesh = '" + cfg.mesh + "': bench infer runs on the CP axes only (its decode table forms its own "
+           "meshes); valid: ring and/or ulysses axes; measure tp x CP inference with chat or prefill";
+  std::string err = validate_model_shape(cfg, tp);
   if (!err.empty()) return err;
   if (hardware_name(cfg, HardwareUse::live_choice) != "measured") {
     try {
@@ -320,10 +326,13 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   // The full prefill's CP strategy (first prefill of the schedule).
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
-  err = strat->validate(attn_problem(sched.front().count, int32_t(cfg.heads), int32_t(cfg.kv_heads),
+  err = strat->validate(attn_problem(sched.front().count, int32_t(cfg.heads / tp), int32_t(cfg.kv_heads / tp),
                                      int32_t(cfg.head_dim), MaskKind::causal, 0),
                         topo);
-  if (!err.empty()) return err;
+  if (!err.empty())
+    return tp > 1 ? err + " (with tp:" + s_(tp) + ", each tp rank attends with heads/tp = " + s_(cfg.heads / tp) +
+                        " query and kv_heads/tp = " + s_(cfg.kv_heads / tp) + " K/V heads)"
+                  : err;
   if (!cfg.resume.empty()) {
     const ParamLayout layout(model_dims(cfg, 1, 0));
     err = check_checkpoint(cfg.resume, cfg, layout);
@@ -341,7 +350,7 @@ double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) 
   const int N = topo.cp().size();
   std::vector<SchedulePhase> sched;
   if (!mode_schedule(cfg, N, sched).empty()) return 0;
-  const ModelDims d = model_dims(cfg, 1, 0);
+  const ModelDims d = model_dims(cfg, topo.size(Axis::tp), 0);  // this rank's slice (heads, ffn over tp)
   const ParamLayout layout(d);
   const double f = sizeof(float);
   // Weights (and, while a checkpoint loads, its AdamW moments beside them).
@@ -412,8 +421,10 @@ int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {
   std::vector<double> ttft = s.ttft, ttit = s.ttit;
   if (cfg.mode == Mode::prefill && int64_t(ttft.size()) > cfg.warmup) ttft.erase(ttft.begin(), ttft.begin() + cfg.warmup);
   if (cfg.mode == Mode::decode && int64_t(ttit.size()) > cfg.warmup) ttit.erase(ttit.begin(), ttit.begin() + cfg.warmup);
-  log0("\n# summary: %zu prefills, TTFT median %.2f ms; %zu decode steps, TTIT median %.3f ms (batch %lld)\n",
-       ttft.size(), median(ttft) * 1e3, ttit.size(), median(ttit) * 1e3, (long long)cfg.batch);
+  char ttit_text[64] = "";
+  if (!ttit.empty()) std::snprintf(ttit_text, sizeof ttit_text, ", TTIT median %.3f ms", median(ttit) * 1e3);
+  log0("\n# summary: %zu prefills, TTFT median %.2f ms; %zu decode steps%s (batch %lld)\n", ttft.size(),
+       median(ttft) * 1e3, ttit.size(), ttit_text, (long long)cfg.batch);
   bool valid = true;
   for (const auto& t : gen)
     for (const auto& st : t)

@@ -81,6 +81,13 @@ for np_, algo, dec in [(1, "auto", "pass_q"), (2, "pass_kv", "pass_q"), (2, "pas
         check(abs(cb[-1].sum() - 3 * (128 + 5 + 32 + 3) * per_token) < 1e-6, f"total cache bytes {cb[-1].sum()}")
         check(cb[-1].max() - cb[-1].min() <= 3 * per_token, f"cache balanced over ranks: {cb[-1]}")
         check(f.attrs["status"] in ("complete", b"complete"), "status complete")
+# tensor parallel: heads and FFN over tp:2 (one CP rank), the same tokens as one rank.
+out = os.path.join(WORK, "chat_tp2.h5")
+rc, log = run(2, "chat", SCHED, "batch=3", "mesh=tp:2", f"out={out}")
+check(rc == 0 and "VALID" in log, f"chat mesh=tp:2: rc {rc}\n{log[-2000:]}")
+if rc == 0:
+    with h5py.File(out) as f:
+        gens[(2, "tp2", "pass_q")] = f["generated"][:]
 base = gens.get((1, "auto", "pass_q"))
 for k, g in gens.items():
     if base is not None:
@@ -128,7 +135,9 @@ bad = [
     (["chat", "batch=2", "schedule=prefill:4/0,decode:2"], "needs lengths >= 1 separated by '/'"),
     (["prefill", "seq=512", "cached=256", "miss_rate=0.5"], "both set"),
     (["prefill", "seq=512", "cached=512"], "needs 0 < cached < seq = 512"),
-    (["chat", "mesh=tp:2"], "inference runs on the CP axes only"),
+    (["chat", "mesh=dp:2"], "dp replicas are not served yet"),
+    (["chat", "mesh=tp:2", "heads=6", "kv_heads=3"], "tensor parallel tp:2 must divide heads = 6 and kv_heads = 3"),
+    (["bench", "infer", "mesh=tp:2"], "bench infer runs on the CP axes only"),
     (["chat", "cp_algo=ring"], "expected one of: auto, pass_kv, pass_q"),
     (["chat", "hardware=h100-xyz"], "hardware = 'h100-xyz': hardware: no profile 'h100-xyz'"),
     (["chat", "hw_profile=h100-gtt"], "hw_profile (command line) was merged into 'hardware'"),
