@@ -7,8 +7,8 @@
 //      choice, and the crossover (first miss rate at which pass-KV is faster) measured and predicted;
 //      the two variants alternate within each iteration, and a row counts as decided only where a
 //      paired sign test over the iterations says which is faster (otherwise `tie`).
-//   2. decode TTIT against CP size (Table 8): for every power-of-two CP size c dividing the job,
-//      the ranks form dp replicas of c-rank CP groups (all replicas run at once, so every
+//   2. decode TTIT against CP size (Table 8): for every power-of-two CP size c dividing the job
+//      (with the job's tp), the ranks form dp replicas of c-rank CP groups (all replicas run at once, so every
 //      configuration uses the same cores), prefill `seq` tokens and decode warmup + bench_iters
 //      steps with pass-Q and all-gather; medians.
 //   3. batched variable-length prefill: four prompts of seq/8 .. seq tokens as one packed forward
@@ -81,7 +81,9 @@ int bench_infer(BenchContext& ctx) {
   Comm& cp = topo.cp();
   const int N = cp.size();
   const int64_t S = cfg.seq, V = cfg.vocab, iters = cfg.bench_iters;
-  const ParamLayout layout(model_dims(cfg, 1, 0));
+  // With tp: this rank's slice of the heads and FFN (the CP strategies run within each tp slice).
+  const int tp = topo.size(Axis::tp);
+  const ParamLayout layout(model_dims(cfg, tp, topo.coord(Axis::tp)));
   Buffer<float> params(size_t(layout.local_elems()));
   layout.init(uint64_t(cfg.seed), params.data());
   const PrefillCostModel cost(cfg, cp);
@@ -92,7 +94,8 @@ int bench_infer(BenchContext& ctx) {
 
   // ---- 1. pass-KV vs pass-Q over miss rates ----------------------------------------------------
   BenchTable t1("ctxpar bench infer — partial prefill TTFT, pass-KV vs pass-Q (shape of Meta CP Table 4), " +
-                    std::to_string(N) + " CP ranks, context " + std::to_string(S) + ", batch 1",
+                    std::to_string(N) + " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) +
+                    ", context " + std::to_string(S) + ", batch 1",
                 {{"miss_pct", "miss", "%", 7, 2}, {"T", "T", "new", 7, 0}, {"P", "P", "cached", 9, 0},
                  {"pass_kv_ms", "pass-KV", "ms", 10, 2}, {"pass_q_ms", "pass-Q", "ms", 10, 2},
                  {"faster", "faster", "measured", 10, 0}, {"pred_kv_ms", "pred KV", "ms", 10, 2},
@@ -207,7 +210,8 @@ int bench_infer(BenchContext& ctx) {
 
   // ---- 2. decode TTIT against CP size ---------------------------------------------------------
   BenchTable t2("ctxpar bench infer — decode TTIT against CP size (shape of Meta CP Table 8), context " +
-                    std::to_string(S) + ", batch " + std::to_string(cfg.batch),
+                    std::to_string(S) + ", batch " + std::to_string(cfg.batch) +
+                    (tp > 1 ? ", every CP group x tp:" + std::to_string(tp) : std::string()),
                 {{"cp", "CP", "ranks", 6, 0}, {"replicas", "replicas", "dp", 9, 0}, {"algo", "algo", "", 10, 0},
                  {"ttit_ms", "TTIT", "ms", 9, 3}, {"attn_ms", "attn", "ms/step", 9, 3},
                  {"exposed_ms", "exposed", "ms/step", 9, 3}, {"sent_kb", "sent", "KB/step", 9, 1},
@@ -216,16 +220,21 @@ int bench_infer(BenchContext& ctx) {
                  "attn: attention incl. its communication; exposed: time blocked on transfers (max over ranks)",
                  "#wrong: greedy tokens differing from the CP = 1 run"});
   std::vector<int32_t> ref_tokens;
-  for (int c = 1; c <= world.size(); c *= 2) {
+  for (int c = 1; c * tp <= world.size(); c *= 2) {
     if (ctx.tracer.stop_signal() != 0) break;
-    if (world.size() % c != 0) continue;
+    if (world.size() % (c * tp) != 0) continue;
     MeshSpec mesh;
-    mesh.dp = world.size() / c;
+    mesh.dp = world.size() / (c * tp);
+    mesh.tp = tp;
     mesh.ring = c;
     std::unique_ptr<Topology> sub = Topology::create(world, mesh);
     Comm& ccp = sub->cp();
+    // A rank's tp coordinate depends on the mesh: its weight slice is made for this one.
+    const ParamLayout sub_layout(model_dims(cfg, tp, sub->coord(Axis::tp)));
+    Buffer<float> sub_params(size_t(sub_layout.local_elems()));
+    sub_layout.init(uint64_t(cfg.seed), sub_params.data());
     const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}, {PhaseKind::decode, iters + 1}};
-    Engine eng(layout, params.data(), *sub, cfg.batch, cache_capacity_tokens(sched, c), "ring");
+    Engine eng(sub_layout, sub_params.data(), *sub, cfg.batch, cache_capacity_tokens(sched, c), "ring");
     CallStats st;
     std::vector<std::vector<int32_t>> prompt(size_t(cfg.batch), seq_tokens);
     const std::vector<int32_t> first = eng.prefill(prompt, CpAlgo::pass_kv, nullptr, st).next_tokens;
@@ -290,7 +299,8 @@ int bench_infer(BenchContext& ctx) {
   }
   BenchTable t3("ctxpar bench infer — batched variable-length prefill (" + std::to_string(nb) + " prompts of " +
                     std::to_string(lens[0]) + ".." + std::to_string(lens.back()) + " tokens, " + std::to_string(total) +
-                    " in all), " + std::to_string(N) + " CP ranks, strategy " + ctxpar::name_of(cfg.strategy),
+                    " in all), " + std::to_string(N) + " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) +
+                    ", strategy " + ctxpar::name_of(cfg.strategy),
                 {{"mode", "prefill", "", 11, 0}, {"ttft_ms", "TTFT", "ms (batch)", 11, 2},
                  {"tok_s", "throughput", "tokens/s", 11, 0}, {"speedup", "speedup", "x seq.", 8, 2},
                  {"wrong", "#wrong", "", 7, 0}},

@@ -292,9 +292,6 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
     return "config: mesh = '" + cfg.mesh + "': inference runs on the tp and CP axes (dp replicas are not served yet); "
            "valid: tp, ring and/or ulysses axes (e.g. mesh=ring:" + s_(topo.world().size()) + ")";
   const int tp = topo.size(Axis::tp);
-  if (cfg.mode == Mode::bench && tp > 1)
-    return "config: mesh = '" + cfg.mesh + "': bench infer runs on the CP axes only (its decode table forms its own "
-           "meshes); valid: ring and/or ulysses axes; measure tp x CP inference with chat or prefill";
   std::string err = validate_model_shape(cfg, tp);
   if (!err.empty()) return err;
   if (hardware_name(cfg, HardwareUse::live_choice) != "measured") {

@@ -56,6 +56,7 @@ CASES = [
     ("cp", 2, ["seq=1K"], ["strategy", "wrong"]),
     ("train", 2, ["seq=512", "steps=2"] + MODEL, ["step_ms", "mfu_pct", "wrong"]),
     ("infer", 2, ["seq=512"] + MODEL, ["pass_kv_ms", "pass_q_ms", "wrong"]),
+    ("infer", 2, ["seq=256", "mesh=tp:2"] + MODEL, ["pass_kv_ms", "pass_q_ms", "ttit_ms", "tok_s", "wrong"]),
     ("peak", 1, [], ["sgemm_gflops", "fma_gflops", "fma_isa", "fma_bits", "wrong"]),
 ]
 for mode, np, extra, cols in CASES:

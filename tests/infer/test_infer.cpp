@@ -371,16 +371,15 @@ TEST(InferBatch, VariableLengthsMatchEachSequenceAlone) {
 
 // ---- tensor parallel x CP: heads and FFN over tp, the sequence over the ring -------------------
 
-// tp:2 x ring:N/2 (np 2 and 4): each tp rank holds its slice of the seeded weights (the training
+// tp:2 x ring:N/2 or ulysses:N/2 (np 2 and 4): each tp rank holds its slice of the seeded weights (the training
 // layout's), prefills a batch of two prompts of different lengths, decodes, partial-prefills
 // with pass-KV then pass-Q, decodes with all-gather: every logit against a single-rank
 // recompute by the training model with the whole weights.
-TEST(InferTp, Tp2TimesRingMatchesRecompute) {
+void tp_case(const std::string& name) {
   const int W = world().size();
-  if (W % 2 != 0) GTEST_SKIP() << "tp:2 needs an even rank count (this run: " << W << ")";
   MeshSpec mesh;
   mesh.tp = 2;
-  mesh.ring = W / 2;
+  (name == "ulysses" ? mesh.ulysses : mesh.ring) = W / 2;
   Topology& topo = topology(mesh);
   const int N = topo.cp().size();
   Model m(kHeads[1]);  // the whole weights: the reference
@@ -389,7 +388,7 @@ TEST(InferTp, Tp2TimesRingMatchesRecompute) {
   local.init(uint64_t(m.cfg.seed), params.data());
   const int64_t B = 2, V = m.cfg.vocab;
   const std::vector<int64_t> T1 = {37, 64}, T2 = {5, 12};
-  Engine eng(local, params.data(), topo, B, 2 * (64 / N + 2) + 16, "ring");
+  Engine eng(local, params.data(), topo, B, 2 * (64 / N + 2) + 16, name);
   std::vector<std::vector<int32_t>> hist(static_cast<size_t>(B));
   double err = 0;
   std::vector<std::pair<int64_t, std::vector<float>>> rows;  // (position, [B, V] logits) per call
@@ -442,10 +441,15 @@ TEST(InferTp, Tp2TimesRingMatchesRecompute) {
     }
   }
   err = max_over_ranks(err);
-  EXPECT_LE(err, kLogitTol) << "tp:2 x ring:" << N;
-  EXPECT_EQ(mismatches, 0);
+  EXPECT_LE(err, kLogitTol) << "tp:2 x " << N << " CP ranks, full prefill by " << name;
+  EXPECT_EQ(mismatches, 0) << name;
   // The KV cache holds this tp rank's K/V heads only.
   EXPECT_EQ(eng.cache().row_elems(), int64_t(m.cfg.kv_heads / 2) * m.cfg.head_dim);
+}
+
+TEST(InferTp, Tp2TimesCpMatchesRecompute) {
+  if (world().size() % 2 != 0) GTEST_SKIP() << "tp:2 needs an even rank count (this run: " << world().size() << ")";
+  for (const char* name : {"ring", "ulysses", "allgather"}) tp_case(name);  // the full prefill's strategy
 }
 
 // ---- full prefill with every CP strategy ----------------------------------------------------------

@@ -137,7 +137,6 @@ bad = [
     (["prefill", "seq=512", "cached=512"], "needs 0 < cached < seq = 512"),
     (["chat", "mesh=dp:2"], "dp replicas are not served yet"),
     (["chat", "mesh=tp:2", "heads=6", "kv_heads=3"], "tensor parallel tp:2 must divide heads = 6 and kv_heads = 3"),
-    (["bench", "infer", "mesh=tp:2"], "bench infer runs on the CP axes only"),
     (["chat", "cp_algo=ring"], "expected one of: auto, pass_kv, pass_q"),
     (["chat", "hardware=h100-xyz"], "hardware = 'h100-xyz': hardware: no profile 'h100-xyz'"),
     (["chat", "hw_profile=h100-gtt"], "hw_profile (command line) was merged into 'hardware'"),
