@@ -86,7 +86,7 @@ int bench_infer(BenchContext& ctx) {
   const ParamLayout layout(model_dims(cfg, tp, topo.coord(Axis::tp)));
   Buffer<float> params(size_t(layout.local_elems()));
   layout.init(uint64_t(cfg.seed), params.data());
-  const PrefillCostModel cost(cfg, cp);
+  const PrefillCostModel cost(cfg, cp, tp);
   std::vector<int32_t> seq_tokens(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) seq_tokens[size_t(i)] = token_at(uint64_t(cfg.seed), i, V);
   int wrong_total = 0;

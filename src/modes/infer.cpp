@@ -100,7 +100,7 @@ class Session {
     const int N = cp_.size();
     engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cfg.batch, cache_capacity_tokens(sched, N),
                                        name_of(cfg.strategy));
-    cost_ = std::make_unique<PrefillCostModel>(cfg, cp_);
+    cost_ = std::make_unique<PrefillCostModel>(cfg, cp_, topo.size(Axis::tp));
     const ModelDims& d = layout_.dims();
     log0("ctxpar %s: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); batch %lld, "
          "%d CP ranks (mesh %s), full-prefill strategy %s, cp_algo %s, decode_algo %s\n",

@@ -72,10 +72,12 @@ Prediction predict_prefill(const AttnCall& c, const ModelShape& m, const Hardwar
 HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D);
 
 // cp_algo=auto's model for one run, from the config: the profile `hardware` names for a live
-// choice (measured, by default; collective over `cp` then) and the config's model shape.
+// choice (measured, by default; collective over `cp` then) and the config's model shape. With
+// tensor parallel `tp` the model is one tp slice (heads and ffn_dim / tp: what each CP group
+// runs; the tp all-reduces are the same for both variants and not priced).
 class PrefillCostModel {
  public:
-  PrefillCostModel(const Config& cfg, Comm& cp);
+  PrefillCostModel(const Config& cfg, Comm& cp, int tp = 1);
   Prediction predict(int64_t T, int64_t cached) const;
   // One line for logs and bench headers: the profile and its rates.
   std::string describe() const;
