@@ -144,7 +144,9 @@ class Session {
     double flops = 0;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t T = ph.length(b), cached = engine_->cache().seq_len(b);
-      for (int64_t i = 0; i < T; ++i) tok[size_t(b)].push_back(prompt_token(uint64_t(cfg_.seed), b, cached + i, V()));
+      // Replica d (dp) serves its own stream: sequences d * batch + b.
+      const int64_t id = topo_.coord(Axis::dp) * B + b;
+      for (int64_t i = 0; i < T; ++i) tok[size_t(b)].push_back(prompt_token(uint64_t(cfg_.seed), id, cached + i, V()));
       T_sum += T;
       cached_sum += cached;
       flops += engine_->prefill_flops(T, cached);
@@ -182,16 +184,26 @@ class Session {
 
   bool stop() const { return stop_; }
 
-  // /generated [turn, step, batch] (-1 where a turn has fewer steps), /infer/calls, cache bytes.
+  // /generated [turn, step, dp * batch] (every replica's sequences, replica-major; -1 where a turn
+  // has fewer steps), /infer/calls, cache bytes (this rank's replica).
   void write_outputs(const std::vector<std::vector<std::vector<int32_t>>>& gen) {
-    const int64_t B = cfg_.batch;
+    const int64_t B = cfg_.batch, DP = topo_.size(Axis::dp);
     size_t steps = 0;
     for (const auto& t : gen) steps = std::max(steps, t.size());
     std::vector<int32_t> g(gen.size() * steps * size_t(B), -1);
     for (size_t t = 0; t < gen.size(); ++t)
       for (size_t s = 0; s < gen[t].size(); ++s)
         for (int64_t b = 0; b < B; ++b) g[(t * steps + s) * size_t(B) + size_t(b)] = gen[t][s][size_t(b)];
-    if (!g.empty()) tr_.write_dataset("/generated", g, {uint64_t(gen.size()), uint64_t(steps), uint64_t(B)});
+    if (DP > 1) {  // [replica][turn, step, b] -> [turn, step, replica * B + b]
+      std::vector<int32_t> all(g.size() * size_t(DP));
+      topo_.axis(Axis::dp).all_gather(std::span<const int32_t>(g), std::span<int32_t>(all));
+      g.assign(all.size(), -1);
+      for (int64_t d = 0; d < DP; ++d)
+        for (size_t ts = 0; ts < gen.size() * steps; ++ts)
+          for (int64_t b = 0; b < B; ++b)
+            g[ts * size_t(DP * B) + size_t(d * B + b)] = all[size_t(d) * gen.size() * steps * size_t(B) + ts * size_t(B) + size_t(b)];
+    }
+    if (!g.empty()) tr_.write_dataset("/generated", g, {uint64_t(gen.size()), uint64_t(steps), uint64_t(DP * B)});
     std::vector<double> c;
     for (const PrefillCall& k : calls_) {
       const double row[] = {double(k.turn), double(k.T), double(k.cached), k.algo == CpAlgo::pass_q ? 1.0 : 0.0,
@@ -228,13 +240,15 @@ class Session {
  private:
   // Opens the trace step and runs one prefill or decode call between a barrier and the slowest
   // rank's finish; dt = that wall time (max over the CP group).
+  // Every replica's call at once: the step time is the slowest rank's of the whole job.
   template <class Call> StepOutput timed_step(Call&& call, double& dt) {
+    Comm& world = topo_.world();
     tr_.begin_step(step_);
-    cp_.barrier();
-    const double t0 = cp_.now();
+    world.barrier();
+    const double t0 = world.now();
     StepOutput out = call();
-    dt = cp_.now() - t0;
-    cp_.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
+    dt = world.now() - t0;
+    world.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
     return out;
   }
 
@@ -244,6 +258,10 @@ class Session {
                    double flops, const CallStats& st) {
     const bool setup = kind == StepKind::setup, is_prefill = kind == StepKind::prefill;
     const char* kind_name = is_prefill ? "prefill" : setup ? "setup" : "decode";
+    // The whole job: every dp replica runs the same schedule on its own sequences.
+    const int64_t DP = topo_.size(Axis::dp);
+    tokens *= DP;
+    flops *= double(DP);
     StepRecord rec;
     rec.step = step_;
     rec.time_s = dt;
@@ -265,7 +283,7 @@ class Session {
     const double mx = *std::max_element(all.begin(), all.end());
     log0("  %5lld %4lld  %-7s %6lld %8lld  %-8s %9.2f  %10.1f  %12.4f  %10.2f  %14.2f\n", (long long)step_,
          (long long)turn, kind_name, (long long)T, (long long)cached, algo, dt * 1e3, double(tokens) / dt,
-         flops / dt / cp_.size() / 1e12, exposed * 1e3, mx / (1 << 20));
+         flops / dt / topo_.world().size() / 1e12, exposed * 1e3, mx / (1 << 20));
     ++step_;
   }
 
@@ -288,9 +306,9 @@ class Session {
 }  // namespace
 
 std::string validate_infer_mode(const Config& cfg, Topology& topo) {
-  if (topo.size(Axis::dp) != 1)
-    return "config: mesh = '" + cfg.mesh + "': inference runs on the tp and CP axes (dp replicas are not served yet); "
-           "valid: tp, ring and/or ulysses axes (e.g. mesh=ring:" + s_(topo.world().size()) + ")";
+  if (cfg.mode == Mode::bench && topo.size(Axis::dp) != 1)
+    return "config: mesh = '" + cfg.mesh + "': bench infer forms its own dp replicas (its decode table); valid: tp, "
+           "ring and/or ulysses axes (e.g. mesh=ring:" + s_(topo.world().size()) + ")";
   const int tp = topo.size(Axis::tp);
   std::string err = validate_model_shape(cfg, tp);
   if (!err.empty()) return err;
@@ -420,8 +438,9 @@ int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {
   if (cfg.mode == Mode::decode && int64_t(ttit.size()) > cfg.warmup) ttit.erase(ttit.begin(), ttit.begin() + cfg.warmup);
   char ttit_text[64] = "";
   if (!ttit.empty()) std::snprintf(ttit_text, sizeof ttit_text, ", TTIT median %.3f ms", median(ttit) * 1e3);
-  log0("\n# summary: %zu prefills, TTFT median %.2f ms; %zu decode steps%s (batch %lld)\n", ttft.size(),
-       median(ttft) * 1e3, ttit.size(), ttit_text, (long long)cfg.batch);
+  log0("\n# summary: %zu prefills, TTFT median %.2f ms; %zu decode steps%s (batch %lld%s)\n", ttft.size(),
+       median(ttft) * 1e3, ttit.size(), ttit_text, (long long)cfg.batch,
+       topo.size(Axis::dp) > 1 ? (" per replica, " + std::to_string(topo.size(Axis::dp)) + " dp replicas").c_str() : "");
   bool valid = true;
   for (const auto& t : gen)
     for (const auto& st : t)

@@ -88,6 +88,18 @@ check(rc == 0 and "VALID" in log, f"chat mesh=tp:2: rc {rc}\n{log[-2000:]}")
 if rc == 0:
     with h5py.File(out) as f:
         gens[(2, "tp2", "pass_q")] = f["generated"][:]
+# dp: two replicas, each serving its own batch of 2 (sequences 2d + b), equal one rank serving all 4.
+lens = "schedule=prefill:37/20,decode:3,prefill:5/9,decode:2"
+outs = [os.path.join(WORK, f"chat_dp{n}.h5") for n in (1, 2)]
+rc1, log1 = run(1, "chat", "batch=4", "schedule=prefill:37/20/37/20,decode:3,prefill:5/9/5/9,decode:2", f"out={outs[0]}")
+rc2, log2 = run(2, "chat", "batch=2", "mesh=dp:2", lens, f"out={outs[1]}")
+check(rc1 == 0 and rc2 == 0, f"chat dp: rc {rc1} {rc2}\n{log1[-1000:]}\n{log2[-1500:]}")
+if rc1 == 0 and rc2 == 0:
+    with h5py.File(outs[0]) as a, h5py.File(outs[1]) as b:
+        check(np.array_equal(a["generated"][:], b["generated"][:]),
+              f"dp:2 x batch 2 tokens {b['generated'][:].ravel()} equal 1 rank x batch 4 {a['generated'][:].ravel()}")
+        check(list(b["steps"]["tokens"]) == list(a["steps"]["tokens"]), f"dp tokens per step {list(b['steps']['tokens'])}")
+
 base = gens.get((1, "auto", "pass_q"))
 for k, g in gens.items():
     if base is not None:
@@ -135,7 +147,7 @@ bad = [
     (["chat", "batch=2", "schedule=prefill:4/0,decode:2"], "needs lengths >= 1 separated by '/'"),
     (["prefill", "seq=512", "cached=256", "miss_rate=0.5"], "both set"),
     (["prefill", "seq=512", "cached=512"], "needs 0 < cached < seq = 512"),
-    (["chat", "mesh=dp:2"], "dp replicas are not served yet"),
+    (["bench", "infer", "mesh=dp:2"], "bench infer forms its own dp replicas"),
     (["chat", "mesh=tp:2", "heads=6", "kv_heads=3"], "tensor parallel tp:2 must divide heads = 6 and kv_heads = 3"),
     (["chat", "cp_algo=ring"], "expected one of: auto, pass_kv, pass_q"),
     (["chat", "hardware=h100-xyz"], "hardware = 'h100-xyz': hardware: no profile 'h100-xyz'"),
