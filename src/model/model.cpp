@@ -33,11 +33,14 @@ int64_t ModelDims::param_count() const {
   return layers * per_layer + 2 * vocab * dim + dim;
 }
 
-std::string validate_model_shape(const Config& c, int tp) {
+std::string validate_model_shape(const Config& c, int tp, bool kv_replication) {
   auto s = [](int64_t v) { return std::to_string(v); };
   if (c.head_dim % 2 != 0)
     return "config: head_dim = " + s(c.head_dim) + " is odd; RoPE rotates pairs of dimensions, valid: an even head_dim";
-  if (c.heads % tp != 0 || c.kv_heads % tp != 0)
+  if (kv_replication && c.heads % tp == 0 && c.kv_heads % tp != 0 && tp % c.kv_heads != 0)
+    return "config: tensor parallel tp:" + s(tp) + " must divide heads = " + s(c.heads) + ", and divide or be a multiple of " +
+           "kv_heads = " + s(c.kv_heads) + " (K/V heads split over tp, or each replicated on tp/kv_heads ranks)";
+  if (c.heads % tp != 0 || (c.kv_heads % tp != 0 && !(kv_replication && tp % c.kv_heads == 0)))
     return "config: tensor parallel tp:" + s(tp) + " must divide heads = " + s(c.heads) + " and kv_heads = " +
            s(c.kv_heads) + " (whole heads per tp rank; K/V heads are not replicated over tp); valid: a tp size dividing " +
            s(std::gcd(c.heads, c.kv_heads));
@@ -55,7 +58,9 @@ ParamLayout::ParamLayout(const ModelDims& d) : d_(d) {
   // residual stream scaled by 1/sqrt(2L) so the stream's variance does not grow with depth.
   const float base = 0.02f * std::sqrt(3.0f);
   const float out_scale = base / std::sqrt(2.0f * float(d.layers));
-  auto add = [&](std::string name, int64_t rows, int64_t cols, Split split, bool decay, bool ones, float scale) {
+  // kv: a K/V projection, split by whole heads (one head replicated where tp exceeds H_kv).
+  auto add = [&](std::string name, int64_t rows, int64_t cols, Split split, bool decay, bool ones, float scale,
+                 bool kv = false) {
     ParamInfo p;
     p.name = std::move(name);
     p.rows = rows;
@@ -63,7 +68,10 @@ ParamLayout::ParamLayout(const ModelDims& d) : d_(d) {
     p.split = split;
     p.loc_rows = rows;
     p.loc_cols = cols;
-    if (split == Split::cols) {
+    if (kv) {
+      p.loc_cols = int64_t(d.H_kv_loc()) * d.D;
+      p.col0 = int64_t(d.kv_head0()) * d.D;
+    } else if (split == Split::cols) {
       p.loc_cols = cols / d.tp;
       p.col0 = p.loc_cols * d.tp_rank;
     } else if (split == Split::rows) {
@@ -85,8 +93,8 @@ ParamLayout::ParamLayout(const ModelDims& d) : d_(d) {
     const std::string p = "layers." + std::to_string(l) + ".";
     add(p + "attn_norm", 1, d.dim, Split::replicated, false, true, 0);
     add(p + "wq", d.dim, qw, Split::cols, true, false, base);
-    add(p + "wk", d.dim, kw, Split::cols, true, false, base);
-    add(p + "wv", d.dim, kw, Split::cols, true, false, base);
+    add(p + "wk", d.dim, kw, Split::cols, true, false, base, true);
+    add(p + "wv", d.dim, kw, Split::cols, true, false, base, true);
     add(p + "wo", qw, d.dim, Split::rows, true, false, out_scale);
     add(p + "mlp_norm", 1, d.dim, Split::replicated, false, true, 0);
     add(p + "w1", d.dim, d.ffn, Split::cols, true, false, base);

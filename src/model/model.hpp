@@ -28,7 +28,11 @@ struct ModelDims {
   double rope_theta = 5e5, rope_factor = 1, rope_low = 1, rope_high = 4, rope_orig_max = 8192;
   int tp = 1, tp_rank = 0;
   int32_t H_q_loc() const { return H_q / tp; }
-  int32_t H_kv_loc() const { return H_kv / tp; }
+  // K/V heads of this tp rank: H_kv / tp, or 1 (replicated) when tp is a multiple of H_kv
+  // (inference only: validate_model_shape's kv_replication).
+  int32_t H_kv_loc() const { return H_kv >= tp ? H_kv / tp : 1; }
+  // The first global K/V head of this tp rank.
+  int32_t kv_head0() const { return H_kv >= tp ? H_kv / tp * tp_rank : int32_t(int64_t(tp_rank) * H_kv / tp); }
   int64_t ffn_loc() const { return ffn / tp; }
   int64_t q_width() const { return int64_t(H_q_loc()) * D; }   // local Q / O columns
   int64_t kv_width() const { return int64_t(H_kv_loc()) * D; } // local K / V columns
@@ -38,8 +42,10 @@ struct ModelDims {
 ModelDims model_dims(const Config& cfg, int tp, int tp_rank);
 
 // "" when the model shape fits the mesh (tp divides heads, kv_heads and ffn_dim; head_dim even
-// for RoPE), else a message naming the value and what would be valid.
-std::string validate_model_shape(const Config& cfg, int tp);
+// for RoPE), else a message naming the value and what would be valid. `kv_replication`
+// (inference, no gradients): tp may also be a multiple of kv_heads, each K/V head then replicated
+// on the tp ranks whose query heads use it.
+std::string validate_model_shape(const Config& cfg, int tp, bool kv_replication = false);
 
 enum class Split : int32_t { replicated = 0, cols = 1, rows = 2 };
 

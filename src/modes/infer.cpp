@@ -310,7 +310,7 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
     return "config: mesh = '" + cfg.mesh + "': bench infer forms its own dp replicas (its decode table); valid: tp, "
            "ring and/or ulysses axes (e.g. mesh=ring:" + s_(topo.world().size()) + ")";
   const int tp = topo.size(Axis::tp);
-  std::string err = validate_model_shape(cfg, tp);
+  std::string err = validate_model_shape(cfg, tp, true);
   if (!err.empty()) return err;
   if (hardware_name(cfg, HardwareUse::live_choice) != "measured") {
     try {
@@ -341,12 +341,12 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   // The full prefill's CP strategy (first prefill of the schedule).
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
-  err = strat->validate(attn_problem(sched.front().count, int32_t(cfg.heads / tp), int32_t(cfg.kv_heads / tp),
+  err = strat->validate(attn_problem(sched.front().count, int32_t(cfg.heads / tp), std::max(1, int32_t(cfg.kv_heads / tp)),
                                      int32_t(cfg.head_dim), MaskKind::causal, 0),
                         topo);
   if (!err.empty())
     return tp > 1 ? err + " (with tp:" + s_(tp) + ", each tp rank attends with heads/tp = " + s_(cfg.heads / tp) +
-                        " query and kv_heads/tp = " + s_(cfg.kv_heads / tp) + " K/V heads)"
+                        " query and " + s_(std::max<int64_t>(1, cfg.kv_heads / tp)) + " K/V heads)"
                   : err;
   if (!cfg.resume.empty()) {
     const ParamLayout layout(model_dims(cfg, 1, 0));

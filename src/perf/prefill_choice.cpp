@@ -145,12 +145,12 @@ HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D)
 PrefillCostModel::PrefillCostModel(const Config& cfg, Comm& cp, int tp) {
   call_.N = cp.size();
   call_.H_q = int32_t(cfg.heads / tp);
-  call_.H_kv = int32_t(cfg.kv_heads / tp);
+  call_.H_kv = std::max(1, int32_t(cfg.kv_heads / tp));  // a replicated K/V head: one per rank
   call_.D = int32_t(cfg.head_dim);
   call_.layers = cfg.layers;
   shape_ = model_shape(cfg);
   shape_.H_q /= tp;
-  shape_.H_kv /= tp;
+  shape_.H_kv = std::max<int64_t>(1, shape_.H_kv / tp);
   shape_.ffn /= tp;
   const std::string name = hardware_name(cfg, HardwareUse::live_choice);
   hw_ = name == "measured" ? measure_hardware(cp, call_.H_q, call_.H_kv, call_.D) : load_hardware(name);

@@ -375,15 +375,15 @@ TEST(InferBatch, VariableLengthsMatchEachSequenceAlone) {
 // layout's), prefills a batch of two prompts of different lengths, decodes, partial-prefills
 // with pass-KV then pass-Q, decodes with all-gather: every logit against a single-rank
 // recompute by the training model with the whole weights.
-void tp_case(const std::string& name) {
+void tp_case(const std::string& name, const Heads& heads, int tp = 2) {
   const int W = world().size();
   MeshSpec mesh;
-  mesh.tp = 2;
-  (name == "ulysses" ? mesh.ulysses : mesh.ring) = W / 2;
+  mesh.tp = tp;
+  (name == "ulysses" ? mesh.ulysses : mesh.ring) = W / tp;
   Topology& topo = topology(mesh);
   const int N = topo.cp().size();
-  Model m(kHeads[1]);  // the whole weights: the reference
-  const ParamLayout local(model_dims(m.cfg, 2, topo.coord(Axis::tp)));
+  Model m(heads);  // the whole weights: the reference
+  const ParamLayout local(model_dims(m.cfg, tp, topo.coord(Axis::tp)));
   Buffer<float> params(size_t(local.local_elems()));
   local.init(uint64_t(m.cfg.seed), params.data());
   const int64_t B = 2, V = m.cfg.vocab;
@@ -441,15 +441,19 @@ void tp_case(const std::string& name) {
     }
   }
   err = max_over_ranks(err);
-  EXPECT_LE(err, kLogitTol) << "tp:2 x " << N << " CP ranks, full prefill by " << name;
-  EXPECT_EQ(mismatches, 0) << name;
-  // The KV cache holds this tp rank's K/V heads only.
-  EXPECT_EQ(eng.cache().row_elems(), int64_t(m.cfg.kv_heads / 2) * m.cfg.head_dim);
+  EXPECT_LE(err, kLogitTol) << "tp:" << tp << " x " << N << " CP ranks, full prefill by " << name << ", " << heads.name;
+  EXPECT_EQ(mismatches, 0) << name << ", " << heads.name;
+  // The KV cache holds this tp rank's K/V heads only (one, replicated, when tp > kv_heads).
+  EXPECT_EQ(eng.cache().row_elems(), std::max<int64_t>(1, m.cfg.kv_heads / tp) * m.cfg.head_dim);
 }
 
 TEST(InferTp, Tp2TimesCpMatchesRecompute) {
   if (world().size() % 2 != 0) GTEST_SKIP() << "tp:2 needs an even rank count (this run: " << world().size() << ")";
-  for (const char* name : {"ring", "ulysses", "allgather"}) tp_case(name);  // the full prefill's strategy
+  for (const char* name : {"ring", "ulysses", "allgather"}) tp_case(name, kHeads[1]);  // the full prefill's strategy
+  // MQA (one K/V head) over tp:2: the K/V head replicated on both tp ranks.
+  tp_case("ring", Heads{"mqa", 4, 1});
+  // tp:4 over 2 K/V heads (np 4): ranks 0, 1 hold K/V head 0, ranks 2, 3 head 1.
+  if (world().size() % 4 == 0) tp_case("ring", kHeads[1], 4);
 }
 
 // ---- full prefill with every CP strategy ----------------------------------------------------------

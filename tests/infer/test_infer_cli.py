@@ -148,7 +148,7 @@ bad = [
     (["prefill", "seq=512", "cached=256", "miss_rate=0.5"], "both set"),
     (["prefill", "seq=512", "cached=512"], "needs 0 < cached < seq = 512"),
     (["bench", "infer", "mesh=dp:2"], "bench infer forms its own dp replicas"),
-    (["chat", "mesh=tp:2", "heads=6", "kv_heads=3"], "tensor parallel tp:2 must divide heads = 6 and kv_heads = 3"),
+    (["chat", "mesh=tp:2", "heads=6", "kv_heads=3"], "tensor parallel tp:2 must divide heads = 6, and divide or be a multiple of kv_heads = 3"),
     (["chat", "cp_algo=ring"], "expected one of: auto, pass_kv, pass_q"),
     (["chat", "hardware=h100-xyz"], "hardware = 'h100-xyz': hardware: no profile 'h100-xyz'"),
     (["chat", "hw_profile=h100-gtt"], "hw_profile (command line) was merged into 'hardware'"),
