@@ -126,20 +126,29 @@ AttnParams Engine::call(int64_t n) const {
 
 StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo, Tracer* tr, CallStats& st,
                            bool want_logits, bool want_all_logits, PrefillBatching batching) {
+  return prefill(tokens, std::vector<CpAlgo>(tokens.size(), algo), tr, st, want_logits, want_all_logits, batching);
+}
+
+StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, const std::vector<CpAlgo>& algos,
+                           Tracer* tr, CallStats& st, bool want_logits, bool want_all_logits,
+                           PrefillBatching batching) {
   const double t_start = begin_call(tr, st);
   const int64_t B = cache_.batch(), V = d_.vocab;
-  CTXPAR_CHECK(int64_t(tokens.size()) == B, "prefill needs tokens of " << B << " sequences");
+  CTXPAR_CHECK(int64_t(tokens.size()) == B && int64_t(algos.size()) == B,
+               "prefill needs tokens and an algorithm of " << B << " sequences");
   StepOutput out;
   out.next_tokens.resize(size_t(B));
   if (want_logits) out.logits.resize(size_t(B * V));
   if (want_all_logits) out.all_logits.resize(size_t(B));
-  std::vector<int64_t> seqs;  // the sequences with new tokens
-  for (int64_t b = 0; b < B; ++b)
-    if (!tokens[size_t(b)].empty()) seqs.push_back(b);
-  if (batching == PrefillBatching::packed) {
-    prefill_seqs(seqs, tokens, algo, want_all_logits, out);
-  } else {
-    for (int64_t b : seqs) prefill_seqs({b}, tokens, algo, want_all_logits, out);
+  for (CpAlgo algo : {CpAlgo::pass_kv, CpAlgo::pass_q}) {
+    std::vector<int64_t> seqs;  // the sequences with new tokens and this algorithm
+    for (int64_t b = 0; b < B; ++b)
+      if (!tokens[size_t(b)].empty() && algos[size_t(b)] == algo) seqs.push_back(b);
+    if (batching == PrefillBatching::packed) {
+      prefill_seqs(seqs, tokens, algo, want_all_logits, out);
+    } else {
+      for (int64_t b : seqs) prefill_seqs({b}, tokens, algo, want_all_logits, out);
+    }
   }
   // Sequences without new tokens keep their cache; their next token is not defined by this call.
   for (int64_t b = 0; b < B; ++b)

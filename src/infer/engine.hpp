@@ -73,6 +73,11 @@ class Engine {
   StepOutput prefill(const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo, Tracer* tr, CallStats& st,
                      bool want_logits = false, bool want_all_logits = false,
                      PrefillBatching batching = PrefillBatching::packed);
+  // The same with an algorithm per sequence (cp_algo=auto per sequence): packed, the pass-KV
+  // sequences run as one forward and the pass-Q ones as another.
+  StepOutput prefill(const std::vector<std::vector<int32_t>>& tokens, const std::vector<CpAlgo>& algos, Tracer* tr,
+                     CallStats& st, bool want_logits = false, bool want_all_logits = false,
+                     PrefillBatching batching = PrefillBatching::packed);
   // One decode step: tokens[b] is the last generated token of sequence b.
   StepOutput decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, Tracer* tr, CallStats& st,
                     bool want_logits = false);

@@ -79,7 +79,8 @@ int32_t prompt_token(uint64_t seed, int64_t b, int64_t p, int64_t V) {
 
 struct PrefillCall {
   int64_t turn, T, cached;
-  CpAlgo algo;
+  CpAlgo algo;     // the choice on the batch's mean lengths
+  double q_share;  // the share of the batch's sequences that ran pass-Q
   Prediction pred;
   double ttft_s;
 };
@@ -135,12 +136,14 @@ class Session {
 
   // One traced prefill of ph.length(b) new tokens of every sequence b (one packed forward for the
   // batch); `record`: a TTFT step (else the setup of a cache for `ctxpar prefill`, turn -1, no
-  // TTFT). The log, /infer/calls and cp_algo=auto use the batch's mean T and P (every sequence's
-  // own lengths are in /infer/call_lengths).
+  // TTFT). cp_algo=auto chooses per sequence (pass-KV and pass-Q sequences then run as two packed
+  // forwards); the log and /infer/calls show the batch's mean T and P, the prediction on them and
+  // the share of sequences on pass-Q; /infer/call_lengths every sequence's T, P and algorithm.
   std::vector<int32_t> prefill(int64_t turn, const SchedulePhase& ph, bool record) {
     const int64_t B = cfg_.batch;
     std::vector<std::vector<int32_t>> tok(static_cast<size_t>(B));
-    int64_t T_sum = 0, cached_sum = 0;
+    std::vector<CpAlgo> algos(static_cast<size_t>(B));
+    int64_t T_sum = 0, cached_sum = 0, q_seqs = 0;
     double flops = 0;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t T = ph.length(b), cached = engine_->cache().seq_len(b);
@@ -150,19 +153,25 @@ class Session {
       T_sum += T;
       cached_sum += cached;
       flops += engine_->prefill_flops(T, cached);
+      Prediction own;
+      algos[size_t(b)] = choose(std::max<int64_t>(T, 1), cached, own);
+      q_seqs += algos[size_t(b)] == CpAlgo::pass_q;
       if (record) {
         call_lengths_.push_back(double(T));
         call_lengths_.push_back(double(cached));
+        call_lengths_.push_back(algos[size_t(b)] == CpAlgo::pass_q ? 1.0 : 0.0);
       }
     }
     const int64_t T = (T_sum + B / 2) / B, cached = (cached_sum + B / 2) / B;  // the batch's means
     Prediction pred;
     const CpAlgo algo = choose(std::max<int64_t>(T, 1), cached, pred);
+    const double q_share = double(q_seqs) / double(B);
+    const std::string algo_text = q_seqs == 0 ? "pass_kv" : q_seqs == B ? "pass_q" : "mixed";
     CallStats st;
     double dt = 0;
-    StepOutput out = timed_step([&] { return engine_->prefill(tok, algo, &tr_, st); }, dt);
-    finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, cached, algo_name(algo), dt, T_sum, flops, st);
-    if (record) calls_.push_back({turn, T, cached, algo, pred, dt});
+    StepOutput out = timed_step([&] { return engine_->prefill(tok, algos, &tr_, st); }, dt);
+    finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, cached, algo_text.c_str(), dt, T_sum, flops, st);
+    if (record) calls_.push_back({turn, T, cached, algo, q_share, pred, dt});
     return out.next_tokens;
   }
 
@@ -206,15 +215,15 @@ class Session {
     if (!g.empty()) tr_.write_dataset("/generated", g, {uint64_t(gen.size()), uint64_t(steps), uint64_t(DP * B)});
     std::vector<double> c;
     for (const PrefillCall& k : calls_) {
-      const double row[] = {double(k.turn), double(k.T), double(k.cached), k.algo == CpAlgo::pass_q ? 1.0 : 0.0,
+      const double row[] = {double(k.turn), double(k.T), double(k.cached), k.q_share,
                             k.pred.pass_kv_s, k.pred.pass_q_s,
                             k.pred.choice == CpAlgo::pass_q ? 1.0 : 0.0, k.pred.eq1_pass_kv ? 1.0 : 0.0,
                             k.pred.eq5_pass_q ? 1.0 : 0.0, k.pred.fitted_pass_kv ? 1.0 : 0.0, k.ttft_s};
       c.insert(c.end(), std::begin(row), std::end(row));
     }
     if (!calls_.empty()) {
-      tr_.write_dataset("/infer/call_lengths", call_lengths_, {uint64_t(calls_.size()), uint64_t(B), 2});
-      tr_.write_attr("/infer/call_lengths", "columns", std::string("T,P"));
+      tr_.write_dataset("/infer/call_lengths", call_lengths_, {uint64_t(calls_.size()), uint64_t(B), 3});
+      tr_.write_attr("/infer/call_lengths", "columns", std::string("T,P,algo(0=pass_kv;1=pass_q)"));
       tr_.write_dataset("/infer/calls", c, {uint64_t(calls_.size()), 11});
       tr_.write_attr("/infer/calls", "columns",
                      std::string("turn,T,P,algo(0=pass_kv;1=pass_q),pred_pass_kv_s,pred_pass_q_s,"
@@ -226,13 +235,18 @@ class Session {
   }
 
   // Log lines of the prefill decisions (rank 0).
+  // (The batch's mean T and P; with sequences of different lengths cp_algo=auto chose per sequence.)
   void log_calls() const {
-    for (const PrefillCall& k : calls_)
+    for (const PrefillCall& k : calls_) {
+      char ran[64];
+      if (k.q_share == 0 || k.q_share == 1) std::snprintf(ran, sizeof ran, "%s", k.q_share == 1 ? "pass_q" : "pass_kv");
+      else std::snprintf(ran, sizeof ran, "mixed (%.0f%% of the sequences pass_q)", 100 * k.q_share);
       log0("# turn %lld prefill T=%lld P=%lld (miss %.4f): %s; predicted pass_kv %.3f ms, pass_q %.3f ms; "
            "paper Eq.1 %s, Eq.5 %s, App.D %s\n",
-           (long long)k.turn, (long long)k.T, (long long)k.cached, double(k.T) / double(k.T + k.cached), algo_name(k.algo),
+           (long long)k.turn, (long long)k.T, (long long)k.cached, double(k.T) / double(k.T + k.cached), ran,
            k.pred.pass_kv_s * 1e3, k.pred.pass_q_s * 1e3, k.pred.eq1_pass_kv ? "pass_kv" : "pass_q",
            k.pred.eq5_pass_q ? "pass_q" : "pass_kv", k.pred.fitted_pass_kv ? "pass_kv" : "pass_q");
+    }
   }
 
   std::vector<double> ttft, ttit;

@@ -369,6 +369,37 @@ TEST(InferBatch, VariableLengthsMatchEachSequenceAlone) {
     }
 }
 
+// cp_algo=auto per sequence: a partial prefill whose sequences run pass-Q and pass-KV (two packed
+// forwards in one call); every logit against each sequence alone.
+TEST(InferBatch, MixedAlgorithmsPerSequence) {
+  const int N = world().size();
+  const std::vector<int64_t> T1 = {20, 33, 64}, T2 = {1, 40, 7};
+  const std::vector<CpAlgo> algos = {CpAlgo::pass_q, CpAlgo::pass_kv, CpAlgo::pass_q};
+  const int64_t B = 3;
+  Model m(kHeads[1]);
+  const int64_t V = m.cfg.vocab;
+  std::vector<std::vector<int32_t>> p1(static_cast<size_t>(B)), p2(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < T1[size_t(b)]; ++i) p1[size_t(b)].push_back(prompt(b, i));
+    for (int64_t i = 0; i < T2[size_t(b)]; ++i) p2[size_t(b)].push_back(prompt(b, 500 + i));
+  }
+  Engine eng(m.layout, m.params.data(), ring_topo(), B, 64 / N + 40 / N + 8, "ring");
+  CallStats st;
+  eng.prefill(p1, CpAlgo::pass_kv, nullptr, st);
+  const StepOutput out = eng.prefill(p2, algos, nullptr, st, true, true);
+  double err = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int32_t> all = p1[size_t(b)];
+    all.insert(all.end(), p2[size_t(b)].begin(), p2[size_t(b)].end());
+    const std::vector<float> ref = reference_logits(m, all);
+    for (int64_t i = 0; i < T2[size_t(b)]; ++i)
+      err = std::max(err, row_err(out.all_logits[size_t(b)].data() + i * V, ref, T1[size_t(b)] + i, V));
+    EXPECT_EQ(eng.cache().seq_len(b), T1[size_t(b)] + T2[size_t(b)]);
+  }
+  err = max_over_ranks(err);
+  EXPECT_LE(err, kLogitTol) << "mixed pass-Q / pass-KV at N = " << N;
+}
+
 // ---- tensor parallel x CP: heads and FFN over tp, the sequence over the ring -------------------
 
 // tp:2 x ring:N/2 or ulysses:N/2 (np 2 and 4): each tp rank holds its slice of the seeded weights (the training

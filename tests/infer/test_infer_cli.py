@@ -64,7 +64,8 @@ for np_, algo, dec in [(1, "auto", "pass_q"), (2, "pass_kv", "pass_q"), (2, "pas
         cols = (cols.decode() if isinstance(cols, bytes) else cols).split(",")
         check(calls.shape == (2, 11), f"/infer/calls shape {calls.shape}")
         lens = f["infer/call_lengths"][:]
-        check(lens.shape == (2, 3, 2) and (lens[:, :, 0] == [[128] * 3, [32] * 3]).all()
+        check(lens.shape == (2, 3, 3) and (lens[:, :, 0] == [[128] * 3, [32] * 3]).all()
+              and (lens[:, :, 2] == calls[:, cols.index("algo(0=pass_kv;1=pass_q)")][:, None]).all()
               and (lens[:, :, 1] == [[0] * 3, [133] * 3]).all(), f"/infer/call_lengths {lens.tolist()}")
         check(list(calls[:, cols.index("T")]) == [128, 32] and list(calls[:, cols.index("P")]) == [0, 133],
               f"calls T/P {calls[:, 1:3]}")
