@@ -162,6 +162,17 @@ class Session {
         call_lengths_.push_back(algos[size_t(b)] == CpAlgo::pass_q ? 1.0 : 0.0);
       }
     }
+    // One decision for the whole job: a measured profile differs between CP groups (tp slices, dp
+    // replicas), and the tp slices of a sequence must run the same forwards; world rank 0 decides.
+    std::vector<int32_t> a32(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) a32[size_t(b)] = algos[size_t(b)] == CpAlgo::pass_q ? 1 : 0;
+    topo_.world().broadcast(std::span<int32_t>(a32), 0);
+    q_seqs = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      algos[size_t(b)] = a32[size_t(b)] ? CpAlgo::pass_q : CpAlgo::pass_kv;
+      q_seqs += a32[size_t(b)];
+      if (record) call_lengths_[call_lengths_.size() - size_t(3 * (B - b)) + 2] = double(a32[size_t(b)]);
+    }
     const int64_t T = (T_sum + B / 2) / B, cached = (cached_sum + B / 2) / B;  // the batch's means
     Prediction pred;
     const CpAlgo algo = choose(std::max<int64_t>(T, 1), cached, pred);
