@@ -62,6 +62,16 @@ template <class F> double timed(Comm& c, Comm& all, F&& fn) {
   return dt;
 }
 
+// Do two logits rows of V differ (max |a - b| > 1e-4 max(1, max |ref|), or not finite)?
+bool logits_differ(const float* ref, const float* other, int64_t V) {
+  double err = 0, scale = 1;
+  for (int64_t j = 0; j < V; ++j) {
+    err = std::max(err, double(std::abs(ref[j] - other[j])));
+    scale = std::max(scale, double(std::abs(ref[j])));
+  }
+  return err / scale > 1e-4 || !std::isfinite(err);
+}
+
 // Paired two-sided sign test over the alternating samples (kv[i], q[i]): 1 when pass-KV is faster,
 // 0 when pass-Q is, -1 (tie) when the signs do not decide at the 10% level (with 5 pairs that
 // takes all 5 alike; with 7, all 7; with 10, 9 of 10; with 21, 15 of 21).
@@ -148,12 +158,7 @@ int bench_infer(BenchContext& ctx) {
       }
     }
     const double ms[2] = {med(ts[0]) * 1e3, med(ts[1]) * 1e3};
-    double err = 0, scale = 1;
-    for (int64_t j = 0; j < V; ++j) {
-      err = std::max(err, double(std::abs(logits[0][size_t(j)] - logits[1][size_t(j)])));
-      scale = std::max(scale, double(std::abs(logits[0][size_t(j)])));
-    }
-    const int wrong = (err / scale > 1e-4 || !std::isfinite(err)) + (next[0] != next[1]);
+    const int wrong = logits_differ(logits[0].data(), logits[1].data(), V) + (next[0] != next[1]);
     wrong_total += wrong;
     const Prediction pr = cost.predict(T, cached);
     const int kv_faster = faster_by_sign_test(ts[0], ts[1]);
@@ -335,14 +340,9 @@ int bench_infer(BenchContext& ctx) {
       }
     if (!ts[0].empty() && !ts[1].empty()) {
       int wrong = 0;
-      for (int64_t b = 0; b < nb; ++b) {
-        double err = 0, scale = 1;
-        for (int64_t j = 0; j < V; ++j) {
-          err = std::max(err, double(std::abs(outs[0].logits[size_t(b * V + j)] - outs[1].logits[size_t(b * V + j)])));
-          scale = std::max(scale, double(std::abs(outs[1].logits[size_t(b * V + j)])));
-        }
-        wrong += (err / scale > 1e-4 || !std::isfinite(err)) || outs[0].next_tokens[size_t(b)] != outs[1].next_tokens[size_t(b)];
-      }
+      for (int64_t b = 0; b < nb; ++b)
+        wrong += logits_differ(outs[1].logits.data() + b * V, outs[0].logits.data() + b * V, V) ||
+                 outs[0].next_tokens[size_t(b)] != outs[1].next_tokens[size_t(b)];
       wrong_total += wrong;
       const double tp[2] = {med(ts[0]), med(ts[1])};
       for (int k = 0; k < 2; ++k)

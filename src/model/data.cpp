@@ -186,8 +186,8 @@ std::unique_ptr<TokenSource> make_token_source(const Config& c) {
   return std::make_unique<FileSource>(c);
 }
 
-Batch make_batch(const TokenSource& src, int64_t index, int64_t S, const Partition& part, int r) {
-  CTXPAR_CHECK(S == part.S(), "make_batch: S = " << S << " for a partition of " << part.S() << " tokens");
+Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, int r) {
+  const int64_t S = part.S();  // the sequence's real tokens (the partition may add padding rows)
   std::vector<int32_t> tokens(static_cast<size_t>(S)), doc(static_cast<size_t>(S));
   src.sample(index, S, tokens.data(), doc.data());
   const std::vector<int32_t> labels = shift_labels(std::span<const int32_t>(tokens), std::span<const int32_t>(doc));

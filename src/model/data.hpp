@@ -50,6 +50,6 @@ struct Batch {
   std::vector<int64_t> doc_lengths;  // of the whole sequence (FLOP count: sum L_i^2)
 };
 // Reads sample `index`, shifts labels globally (shard/shift_labels) and keeps cp rank r's tokens.
-Batch make_batch(const TokenSource& src, int64_t index, int64_t S, const Partition& part, int r);
+Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, int r);
 
 }  // namespace ctxpar

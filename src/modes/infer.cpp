@@ -142,8 +142,8 @@ class Session {
   std::vector<int32_t> prefill(int64_t turn, const SchedulePhase& ph, bool record) {
     const int64_t B = cfg_.batch;
     std::vector<std::vector<int32_t>> tok(static_cast<size_t>(B));
-    std::vector<CpAlgo> algos(static_cast<size_t>(B));
-    int64_t T_sum = 0, cached_sum = 0, q_seqs = 0;
+    std::vector<int32_t> q_algo(static_cast<size_t>(B));  // 1: pass-Q (an int32 to broadcast)
+    int64_t T_sum = 0, cached_sum = 0;
     double flops = 0;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t T = ph.length(b), cached = engine_->cache().seq_len(b);
@@ -154,24 +154,19 @@ class Session {
       cached_sum += cached;
       flops += engine_->prefill_flops(T, cached);
       Prediction own;
-      algos[size_t(b)] = choose(std::max<int64_t>(T, 1), cached, own);
-      q_seqs += algos[size_t(b)] == CpAlgo::pass_q;
-      if (record) {
-        call_lengths_.push_back(double(T));
-        call_lengths_.push_back(double(cached));
-        call_lengths_.push_back(algos[size_t(b)] == CpAlgo::pass_q ? 1.0 : 0.0);
-      }
+      q_algo[size_t(b)] = choose(std::max<int64_t>(T, 1), cached, own) == CpAlgo::pass_q;
     }
     // One decision for the whole job: a measured profile differs between CP groups (tp slices, dp
     // replicas), and the tp slices of a sequence must run the same forwards; world rank 0 decides.
-    std::vector<int32_t> a32(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) a32[size_t(b)] = algos[size_t(b)] == CpAlgo::pass_q ? 1 : 0;
-    topo_.world().broadcast(std::span<int32_t>(a32), 0);
-    q_seqs = 0;
+    topo_.world().broadcast(std::span<int32_t>(q_algo), 0);
+    std::vector<CpAlgo> algos(static_cast<size_t>(B));
+    int64_t q_seqs = 0;
     for (int64_t b = 0; b < B; ++b) {
-      algos[size_t(b)] = a32[size_t(b)] ? CpAlgo::pass_q : CpAlgo::pass_kv;
-      q_seqs += a32[size_t(b)];
-      if (record) call_lengths_[call_lengths_.size() - size_t(3 * (B - b)) + 2] = double(a32[size_t(b)]);
+      algos[size_t(b)] = q_algo[size_t(b)] ? CpAlgo::pass_q : CpAlgo::pass_kv;
+      q_seqs += q_algo[size_t(b)];
+      if (record)
+        call_lengths_.insert(call_lengths_.end(), {double(ph.length(b)), double(engine_->cache().seq_len(b)),
+                                                   double(q_algo[size_t(b)])});
     }
     const int64_t T = (T_sum + B / 2) / B, cached = (cached_sum + B / 2) / B;  // the batch's means
     Prediction pred;

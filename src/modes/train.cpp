@@ -231,7 +231,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     world.barrier();
     const double t0 = world.now();
     const int64_t sample = s * DP + topo.coord(Axis::dp);
-    Batch b = make_batch(*src, sample, cfg.seq, part, cp.rank());
+    Batch b = make_batch(*src, sample, part, cp.rank());
     // Labelled tokens of the whole global batch: the loss is their mean.
     int64_t counts[2] = {b.labelled_tokens, 0};
     double pairs = causal_visible_pairs(b.doc_lengths);

@@ -287,7 +287,7 @@ TEST(Model, SyntheticStreamIsDeterministicAndLearnable) {
   const Partition part(PartitionKind::zigzag, 64, 2);
   int64_t labelled = 0;
   for (int r = 0; r < 2; ++r) {
-    Batch b = make_batch(*src, 5, 64, part, r);
+    Batch b = make_batch(*src, 5, part, r);
     for (size_t i = 0; i < b.pos.size(); ++i) {
       const int64_t g = b.pos[i];
       EXPECT_EQ(b.tokens[i], t1[size_t(g)]);
@@ -297,7 +297,7 @@ TEST(Model, SyntheticStreamIsDeterministicAndLearnable) {
     }
   }
   // labelled_tokens counts the whole sequence (both shards), the loss's denominator.
-  EXPECT_EQ(make_batch(*src, 5, 64, part, 0).labelled_tokens, labelled);
+  EXPECT_EQ(make_batch(*src, 5, part, 0).labelled_tokens, labelled);
 }
 
 }  // namespace
