@@ -61,6 +61,22 @@ struct AttnStats {
   int64_t pairs_computed = 0;
 };
 
+// Where a CPU kernel call's time went (`ctxpar bench attn`'s breakdown), in thread-seconds summed
+// over the call's threads, measured by the kernel itself (a steady-clock read at each boundary,
+// a few per tile). rest = total - the parts: task set-up, the epilogues (O /= l, the dK/dV/dQ
+// write-backs), allocation and scheduling.
+struct AttnProfile {
+  double total = 0;      // sum over threads of the time in the call's parallel region
+  double pack = 0;       // packing operands (K/V panels, Q/dO rows; backward: lse2 and D_i)
+  double gemm = 0;       // tile GEMMs (QK^T, PV; backward: S, dP, dV, dK, dQ)
+  double softmax = 0;    // online softmax and the O rescale; backward: P and dS from LSE
+  double mask = 0;       // per-element masks of partial tiles, padding columns
+  double transpose = 0;  // backward: P^T and dS^T for dV and dK
+  double dq_order = 0;   // backward: dQ contributions added in key-tile order (adds, waits for a turn)
+  double idle = 0;       // waiting for the other threads at the end (load imbalance)
+  double rest() const { return total - pack - gemm - softmax - mask - transpose - dq_order - idle; }
+};
+
 struct AttnParams {
   // forward inputs (element type `dtype`)
   const void* q = nullptr;
@@ -118,6 +134,8 @@ struct AttnParams {
   // When set (a host pointer), the call fills it (overwrites); on CUDA this synchronizes the
   // stream, so leave it null when timing.
   AttnStats* stats = nullptr;
+  // CPU only, when set: the call overwrites it with its time breakdown (costs ~0.5 % of the call).
+  AttnProfile* profile = nullptr;
 
   CTXPAR_HD bool docs() const { return q_doc != nullptr && k_doc != nullptr; }
   // Row strides in elements as used (the packed width when the field is 0).

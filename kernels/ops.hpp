@@ -58,6 +58,10 @@ const char* fma_isa_name(FmaIsa isa);
 FmaPeak fma_peak(int threads);
 FmaPeak fma_peak(int threads, FmaIsa isa);
 double fma_peak_gflops(int threads);  // fma_peak(threads).gflops
+// How much faster 512-bit FMAs run than 256-bit ones on one core: about 2 with two full-width
+// 512-bit FMA pipes (Intel server cores, Zen 5), about 1 with one pipe or split halves (Zen 4,
+// Intel parts with one 512-bit unit); 0 without AVX-512F. Measured once per process (~5 ms).
+double fma512_gain();
 
 }  // namespace ctxpar
 

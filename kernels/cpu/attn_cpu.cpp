@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -170,11 +171,46 @@ struct Counters {
   }
 };
 
+// Per-thread part timer for AttnParams::profile: lap(&AttnProfile::part) adds the time since the
+// previous lap to that part, rest() lets it go to the remainder; finish() adds the thread's
+// parts to the call's profile. Nothing is read from the clock when the call is not profiled.
+class Laps {
+ public:
+  explicit Laps(bool on) : on_(on), t0_(on ? now() : 0), t_(t0_) {}
+  void operator()(double AttnProfile::*part) {
+    if (!on_) return;
+    const double t = now();
+    mine_.*part += t - t_;
+    t_ = t;
+  }
+  void rest() {
+    if (on_) t_ = now();
+  }
+  void finish(AttnProfile* out) {
+    if (!on_ || !out) return;
+    mine_.total = now() - t0_;
+#pragma omp critical(ctxpar_attn_profile)
+    for (double AttnProfile::*f : {&AttnProfile::total, &AttnProfile::pack, &AttnProfile::gemm, &AttnProfile::softmax,
+                                   &AttnProfile::mask, &AttnProfile::transpose, &AttnProfile::dq_order,
+                                   &AttnProfile::idle})
+      out->*f += mine_.*f;
+  }
+
+ private:
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  bool on_;
+  double t0_, t_;
+  AttnProfile mine_;
+};
+
 }  // namespace
 
 void attn_fwd(const AttnParams& p) {
   check_params(p, false);
   if (p.stats) *p.stats = AttnStats{};
+  if (p.profile) *p.profile = AttnProfile{};
   const int32_t D = p.D, group = p.H_q / p.H_kv;
   if (p.S_q == 0) return;
   if (p.S_k == 0) {  // no keys at all: every row sees nothing
@@ -193,8 +229,10 @@ void attn_fwd(const AttnParams& p) {
   Scratch kt(p.H_kv * n_panels * 16 * D), vr(p.H_kv * S_k_pad * Dp);
 #pragma omp parallel num_threads(thread_count(p))
   {
+    Laps lap(p.profile != nullptr);
     pack_panels(p.k_as<float>(), p.k_ld(), p.S_k, p.H_kv, D, n_panels, kt.get());
     pack_rows(p.v_as<float>(), p.v_ld(), p.S_k, p.H_kv, D, S_k_pad, Dp, vr.get());  // omp for: implicit barrier
+    lap(&AttnProfile::pack);
 
     Scratch qt(Bq * Dp, true), ot(Bq * Dp), st(Bq * kBkFwd);
     std::vector<float> m(Bq), l(Bq), alpha(Bq);
@@ -205,8 +243,9 @@ void attn_fwd(const AttnParams& p) {
     // K/V tiles, and the working set is one kv head's K/V (H_kv times smaller than cycling over
     // all heads; measured 78 -> 138 GFLOP/s at S=4K, H_q=32, H_kv=8 where all heads' K/V
     // exceed the L3).
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
     for (int64_t task = 0; task < n_qt * p.H_q; ++task) {
+      lap.rest();
       const int32_t g = static_cast<int32_t>(task / (n_qt * group));
       const int64_t qi = n_qt - 1 - (task / group) % n_qt;
       const int32_t h = g * group + static_cast<int32_t>(task % group);
@@ -216,6 +255,7 @@ void attn_fwd(const AttnParams& p) {
       std::fill(ot.get(), ot.get() + nq * Dp, 0.f);
       std::fill(m.begin(), m.end(), -INFINITY);
       std::fill(l.begin(), l.end(), 0.f);
+      lap(&AttnProfile::pack);
       for (int64_t ki = 0; ki < n_kt; ++ki) {
         ++cnt.total;
         const tiles::Vis vis = tiles::classify(p, q_ranges[qi], k_ranges[ki]);
@@ -224,14 +264,19 @@ void attn_fwd(const AttnParams& p) {
         cnt.partial += vis == tiles::Vis::partial;
         cnt.pairs += nq * nk;
         // S = Q K^T over the 16-key panels of this tile
+        lap.rest();
         ops.gemm(nq, nk16, D, qt.get(), Dp, 1, kt.get() + (g * n_panels + j0 / 16) * D * 16, 16,
                  D * 16, st.get(), kBkFwd, false);
+        lap(&AttnProfile::gemm);
         mask_tile(p, st.get(), kBkFwd, q0, nq, j0, nk, nk16, vis == tiles::Vis::partial);
+        lap(&AttnProfile::mask);
         ops.softmax_tile(st.get(), nq, nk16, kBkFwd, c, m.data(), l.data(), alpha.data());
         ops.scale_rows(ot.get(), nq, Dp, Dp, alpha.data());
+        lap(&AttnProfile::softmax);
         // O += P V
         ops.gemm(nq, Dp, nk16, st.get(), kBkFwd, 1, vr.get() + (g * S_k_pad + j0) * Dp, Dp, 16,
                  ot.get(), Dp, true);
+        lap(&AttnProfile::gemm);
       }
       for (int64_t r = 0; r < nq; ++r) {
         float* o = p.o + ((q0 + r) * p.H_q + h) * D;
@@ -246,13 +291,18 @@ void attn_fwd(const AttnParams& p) {
         *lse = static_cast<float>(kLn2 * (static_cast<double>(m[r]) + std::log2(static_cast<double>(l[r]))));
       }
     }
+    lap.rest();
+#pragma omp barrier
+    lap(&AttnProfile::idle);
     cnt.add_to(p.stats);
+    lap.finish(p.profile);
   }
 }
 
 void attn_bwd(const AttnParams& p) {
   check_params(p, true);
   if (p.stats) *p.stats = AttnStats{};
+  if (p.profile) *p.profile = AttnProfile{};
   const int32_t D = p.D, group = p.H_q / p.H_kv;
   if (p.S_q == 0 || p.S_k == 0) return;
   const cpu::TileOps& ops = cpu::tile_ops();
@@ -283,6 +333,7 @@ void attn_bwd(const AttnParams& p) {
 
 #pragma omp parallel num_threads(thread_count(p))
   {
+    Laps lap(p.profile != nullptr);
     pack_rows(p.q_as<float>(), p.q_ld(), p.S_q, p.H_q, D, p.S_q, Dp, qr.get());
     pack_rows(p.dout_as<float>(), p.dout_ld(), p.S_q, p.H_q, D, p.S_q, Dp, dor.get());
     pack_panels(p.k_as<float>(), p.k_ld(), p.S_k, p.H_kv, D, n_panels, kt.get());
@@ -299,6 +350,7 @@ void attn_bwd(const AttnParams& p) {
       for (int32_t d = 0; d < D; ++d) acc += o[d] * d_o[d];
       di.get()[t] = acc;
     }  // implicit barrier: packing done
+    lap(&AttnProfile::pack);
 
     Scratch st(Bq * kBkBwd), dpt(Bq * kBkBwd), dka(kBkBwd * Dp), dva(kBkBwd * Dp), pt(kBkBwd * Bq),
         dst(kBkBwd * Bq);
@@ -354,25 +406,33 @@ void attn_bwd(const AttnParams& p) {
           cnt.pairs += nq * nk;
           const float* qt = qr.get() + (h * p.S_q + q0) * Dp;
           const float* dot = dor.get() + (h * p.S_q + q0) * Dp;
+          lap.rest();
           ops.gemm(nq, nk16, D, qt, Dp, 1, k_panel, 16, D * 16, st.get(), kBkBwd, false);    // S
           ops.gemm(nq, nk16, D, dot, Dp, 1, v_panel, 16, D * 16, dpt.get(), kBkBwd, false);  // dP
+          lap(&AttnProfile::gemm);
           mask_tile(p, st.get(), kBkBwd, q0, nq, j0, nk, nk16, vis == tiles::Vis::partial);
+          lap(&AttnProfile::mask);
           ops.bwd_p_ds(st.get(), dpt.get(), nq, nk16, kBkBwd, c, lse2.get() + h * p.S_q + q0,
                        di.get() + h * p.S_q + q0, scale);
+          lap(&AttnProfile::softmax);
           // dV += P^T dO, dK += dS^T Q, on explicitly transposed P and dS: the micro-kernel
           // then reads its A operand along rows (reading P down its columns instead was
           // measured ~10 % slower at 64 keys and ~30 % at 128; the transposes cost ~2 %).
           ops.transpose(st.get(), kBkBwd, nq, nk, pt.get(), Bq);
           ops.transpose(dpt.get(), kBkBwd, nq, nk, dst.get(), Bq);
+          lap(&AttnProfile::transpose);
           ops.gemm(nk, Dp, nq, pt.get(), Bq, 1, dot, Dp, 16, dva.get(), Dp, true);
           ops.gemm(nk, Dp, nq, dst.get(), Bq, 1, qt, Dp, 16, dka.get(), Dp, true);
+          lap(&AttnProfile::gemm);
           // dQ (this tile's share) = dS K, added at this key tile's turn of (h, query tile)
           Pending e{h * n_qt + qi, qi, ki, nq * Dp, nullptr};
           if (spare.empty()) spare.push_back(std::make_unique<Scratch>(Bq * Dp));
           e.buf = std::move(spare.back());
           spare.pop_back();
+          lap.rest();
           ops.gemm(nq, Dp, nk16, dpt.get(), kBkBwd, 1, kr.get() + (g * S_k_pad + j0) * Dp, Dp, 16,
                    e.buf->get(), Dp, false);
+          lap(&AttnProfile::gemm);
           flush(false);
           if (ready(e)) commit(e);
           else pending.push_back(std::move(e));
@@ -380,6 +440,7 @@ void attn_bwd(const AttnParams& p) {
             std::this_thread::yield();
             flush(false);
           }
+          lap(&AttnProfile::dq_order);
         }
       }
       for (int64_t r = 0; r < nk; ++r) {
@@ -393,8 +454,11 @@ void attn_bwd(const AttnParams& p) {
     }
     // Contributions still pending (their turns belong to tasks other threads finish) go in before
     // dQ is read. No deadlock: the lowest task not yet all in has every turn it needs.
+    lap.rest();
     flush(true);
+    lap(&AttnProfile::dq_order);
 #pragma omp barrier
+    lap(&AttnProfile::idle);
     cnt.add_to(p.stats);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < p.S_q * p.H_q; ++t) {
@@ -403,6 +467,7 @@ void attn_bwd(const AttnParams& p) {
       float* dst = p.dq + t * D;
       for (int32_t d = 0; d < D; ++d) dst[d] += src[d];
     }
+    lap.finish(p.profile);
   }
 }
 

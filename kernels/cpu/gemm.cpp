@@ -1,7 +1,8 @@
-// sgemm() for the model's large GEMMs: the BLAS library chosen at configure time
-// (CTXPAR_BLAS, see kernels/README.md for the measurement), on every OpenMP thread of the rank.
-// The thread count is set explicitly on each call, so full speed needs no environment variable
-// (BLIS alone would run single-threaded when BLIS_NUM_THREADS/OMP_NUM_THREADS are unset).
+// sgemm() for the model's large GEMMs: the GEMM library chosen at configure time (CTXPAR_BLAS:
+// oneDNN by default, BLIS or OpenBLAS; kernels/README.md has the measurement), on every OpenMP
+// thread of the rank. The thread count is set explicitly on each call, so full speed needs no
+// environment variable (BLIS alone would run single-threaded when BLIS_NUM_THREADS and
+// OMP_NUM_THREADS are unset).
 #include <omp.h>
 
 #include <cpuid.h>
@@ -16,12 +17,16 @@
 // blis.h trips -Wtype-limits in its own inline code; silence it for the include only.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wtype-limits"
-#if defined(CTXPAR_BLAS_BLIS)
+#if defined(CTXPAR_BLAS_ONEDNN)
+#include <dnnl.h>
+
+#include <stdexcept>
+#elif defined(CTXPAR_BLAS_BLIS)
 #include <blis.h>
 #elif defined(CTXPAR_BLAS_OPENBLAS)
 #include <cblas.h>
 #else
-#error "ctxpar_kernels needs CTXPAR_BLAS_BLIS or CTXPAR_BLAS_OPENBLAS (target ctxpar_blas)"
+#error "ctxpar_kernels needs CTXPAR_BLAS_ONEDNN, CTXPAR_BLAS_BLIS or CTXPAR_BLAS_OPENBLAS (target ctxpar_blas)"
 #endif
 #pragma GCC diagnostic pop
 
@@ -33,19 +38,35 @@ int gemm_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
 
 #if defined(CTXPAR_BLAS_BLIS)
 // BLIS picks its kernels ("sub-configuration") once, at its initialization, from CPUID tables of
-// the CPUs known at its release; Intel CPUs are matched by features, AMD ones by family. BLIS
-// before 2.0 (Debian 12 ships 0.9.0) knows AMD families up to 0x19 (Zen 3 / Zen 4) and falls
-// back to its portable C kernels ('generic') on Zen 5 (family 0x1A) and later: measured on a
-// Zen 5 core, generic reached 70 GFLOP/s against 337-383 for the skx (AVX-512) kernels, of a
-// 455 GFLOP/s FMA peak. When the user has not chosen (BLIS_ARCH_TYPE unset), such a CPU gets
-// the kernels of its ISA: skx with AVX-512 F/DQ/BW/VL, else zen3 with AVX2 + FMA. BLIS reads
-// BLIS_ARCH_TYPE (an index into its own list of configurations, looked up here by name) when it
-// initializes, so this runs before the first BLIS call. blas_name() says what BLIS chose.
-bool cpu_is_amd_family_at_least(unsigned family) {
+// the CPUs known at its release; Intel CPUs are matched by features and a guess of their FMA
+// units, AMD ones by family. Two cases get the wrong kernels from BLIS before 2.0 (Debian 12
+// ships 0.9.0):
+//  - AMD families after 0x19 (Zen 5 is 0x1A) run its portable C kernels ('generic'): measured on
+//    a Zen 5 core, generic 70 GFLOP/s against 337-383 for skx (AVX-512) of a 455 GFLOP/s peak;
+//  - Intel AVX-512 CPUs whose brand string BLIS cannot read its FMA-unit count from (virtual
+//    machines report "Intel(R) Xeon(R) Processor") run the AVX2 kernels ('haswell'): measured on
+//    such a 2-core VM with two 512-bit FMA pipes, haswell 95-141 GFLOP/s against 197-219 for skx,
+//    of a 330 GFLOP/s peak (kernels/README.md).
+// When the user has not chosen (BLIS_ARCH_TYPE unset), such a CPU gets the kernels of its ISA:
+// skx with AVX-512 F/DQ/BW/VL (on Intel only where 512-bit FMAs are measured to run at least
+// 1.5x as fast as 256-bit ones, fma512_gain(): with a single 512-bit unit BLIS's haswell choice
+// is right), else zen3 with AVX2 + FMA. BLIS reads BLIS_ARCH_TYPE (an index into its own list of
+// configurations, looked up here by name) when it initializes, so this runs before the first
+// BLIS call. blas_name() says what BLIS chose.
+bool cpu_vendor_is(const char* vendor12) {
   unsigned a, b, c, d;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-  const bool amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "AuthenticAMD"
-  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+  char v[13];
+  std::memcpy(v, &b, 4);
+  std::memcpy(v + 4, &d, 4);
+  std::memcpy(v + 8, &c, 4);
+  v[12] = 0;
+  return std::strcmp(v, vendor12) == 0;
+}
+
+bool cpu_is_amd_family_at_least(unsigned family) {
+  unsigned a, b, c, d;
+  if (!cpu_vendor_is("AuthenticAMD") || !__get_cpuid(1, &a, &b, &c, &d)) return false;
   unsigned fam = (a >> 8) & 0xf;
   if (fam == 0xf) fam += (a >> 20) & 0xff;
   return fam >= family;
@@ -61,19 +82,29 @@ void choose_blis_config_once() {
       return true;
     }
     const std::string version = bli_info_get_version_str();
-    if (version.empty() || version[0] >= '2' || !cpu_is_amd_family_at_least(0x1a)) return true;
+    if (version.empty() || version[0] >= '2') return true;
     __builtin_cpu_init();
     const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    const char* want = avx512 ? "skx" : avx2 ? "zen3" : nullptr;
-    if (!want) return true;
+    const char* want = nullptr;
+    if (cpu_is_amd_family_at_least(0x1a)) {
+      want = avx512 ? "skx" : avx2 ? "zen3" : nullptr;
+      blis_config_chooser = "ctxpar: CPU unknown to this BLIS";
+    } else if (cpu_vendor_is("GenuineIntel") && avx512 && fma512_gain() >= 1.5) {
+      want = "skx";
+      blis_config_chooser = "ctxpar: 512-bit FMA measured 2x 256-bit";
+    }
+    if (!want) {
+      blis_config_chooser = "";
+      return true;
+    }
     for (int id = 0; id < int(BLIS_NUM_ARCHS); ++id)
       if (std::strcmp(bli_arch_string(arch_t(id)), want) == 0) {
         setenv("BLIS_ARCH_TYPE", std::to_string(id).c_str(), 0);
-        blis_config_chooser = "ctxpar: CPU unknown to this BLIS";
-        break;
+        return true;
       }
+    blis_config_chooser = "";
     return true;
   }();
   (void)done;
@@ -84,7 +115,16 @@ void choose_blis_config_once() {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
-#if defined(CTXPAR_BLAS_BLIS)
+#if defined(CTXPAR_BLAS_ONEDNN)
+  // oneDNN's OpenMP runtime runs a GEMM on the caller's omp_get_max_threads(): all of the rank's
+  // threads outside a parallel region; inside one, this thread alone.
+  omp_set_num_threads(gemm_threads());  // a no-op outside a parallel region
+  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
+                                      beta, C, ldc);
+  if (st != dnnl_success)
+    throw std::runtime_error("sgemm: oneDNN dnnl_sgemm failed with status " + std::to_string(int(st)) + " (M=" +
+                             std::to_string(M) + ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")");
+#elif defined(CTXPAR_BLAS_BLIS)
   choose_blis_config_once();
   // The object-free typed API with a per-call runtime object: thread count local to this call.
   rntm_t rntm = BLIS_RNTM_INITIALIZER;
@@ -105,7 +145,21 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 
 const char* blas_name() {
   static const std::string name = [] {
-#if defined(CTXPAR_BLAS_BLIS)
+#if defined(CTXPAR_BLAS_ONEDNN)
+    const dnnl_version_t* v = dnnl_version();
+    const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    const char* isa_name = isa == dnnl_cpu_isa_avx512_core_amx    ? "avx512_core_amx"
+                           : isa == dnnl_cpu_isa_avx512_core_bf16 ? "avx512_core_bf16"
+                           : isa == dnnl_cpu_isa_avx512_core_vnni ? "avx512_core_vnni"
+                           : isa == dnnl_cpu_isa_avx512_core      ? "avx512_core"
+                           : isa == dnnl_cpu_isa_avx2_vnni        ? "avx2_vnni"
+                           : isa == dnnl_cpu_isa_avx2             ? "avx2"
+                           : isa == dnnl_cpu_isa_avx              ? "avx"
+                           : isa == dnnl_cpu_isa_sse41            ? "sse41"
+                                                                  : "other";
+    return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
+           " (OpenMP; " + isa_name + " kernels)";
+#elif defined(CTXPAR_BLAS_BLIS)
     choose_blis_config_once();
     bli_init();
     const char* config = bli_arch_string(bli_arch_query_id());

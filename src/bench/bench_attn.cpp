@@ -580,6 +580,22 @@ int bench_attn(BenchContext& ctx) {
        "time: mean of the timed iterations after one warm-up, max over ranks; window rows: window = 1024",
        "#wrong: failed checks against kernels/ref (sampled rows: O, LSE, dQ; all rows: dK, dV sums)"});
 
+  BenchTable breakdown(
+      "where the time goes — shares of the kernel's thread time in one more call per row (rank 0), "
+      "measured by the kernel itself (AttnProfile)",
+      {{"S", "S", "tokens", 7, 0}, {"H_q", "H_q", "", 5, 0}, {"H_kv", "H_kv", "", 5, 0}, {"D", "D", "", 5, 0},
+       {"mask", "mask", "", 8, 0}, {"pass", "pass", "", 5, 0}, {"gemm_pct", "gemm", "%", 6, 1},
+       {"softmax_pct", "softmax", "%", 8, 1}, {"mask_pct", "mask", "%", 6, 1}, {"transpose_pct", "transp", "%", 7, 1},
+       {"pack_pct", "pack", "%", 6, 1}, {"dq_order_pct", "dQ-order", "%", 9, 1}, {"idle_pct", "idle", "%", 6, 1},
+       {"rest_pct", "rest", "%", 6, 1}, {"tile_gemm_gflops", "in-gemm", "GFLOP/s", 9, 1},
+       {"tile_gemm_vs_peak", "gemm/pk", "", 8, 2}, {"overhead_pct", "overhead", "%", 9, 1}},
+      {"gemm: the tile GEMMs (fwd: S = QK^T, O += PV; bwd: S, dP, dV, dK, dQ); softmax: fwd online softmax and "
+       "O rescale, bwd P and dS from LSE; mask: per-element masks of partial tiles; transp: bwd P^T, dS^T; "
+       "pack: operand packing (bwd: with lse2, D_i); dQ-order: dQ added in key-tile order (adds and waits); "
+       "idle: waiting for other threads at the end; rest: task set-up, epilogues, scheduling",
+       "in-gemm: the tile GEMMs' FLOPs (2 D per computed pair per GEMM: tile area, padding columns excluded) "
+       "over their own time per thread: the micro-kernel's rate while it runs; gemm/pk against the FMA peak",
+       "overhead: the profiled call's time against the timed mean (noise included)"});
   int wrong_total = 0;
   int64_t step = 0;
   for (const Row& row : rows) {
@@ -636,15 +652,47 @@ int bench_attn(BenchContext& ctx) {
     double bwd_s = (seconds_now() - t0) / double(bwd_iters);
     ctx.tracer.add_span(Phase::attn_bwd, -1, -1, tb, ctx.tracer.now_us(), bwd_flops * double(bwd_iters));
 
+    // One more call of each with the kernel's own time breakdown (outside the timed mean; its
+    // time against the mean is the overhead column).
+    AttnProfile prof[2];
+    AttnStats work[2];
+    double prof_s[2];
+    for (int pass = 0; pass < 2; ++pass) {
+      p.profile = &prof[pass];
+      p.stats = &work[pass];
+      world.barrier();
+      t0 = seconds_now();
+      if (pass == 0) attn_fwd(p);
+      else attn_bwd(p);
+      prof_s[pass] = seconds_now() - t0;
+    }
+    p.profile = nullptr;
+    p.stats = nullptr;
+
     finish_row(ctx, step, S, fwd_flops, bwd_flops, fwd_s, bwd_s, gemm, wrong, t_step0);
     wrong_total += wrong;
+    for (int pass = 0; pass < 2; ++pass) {
+      const AttnProfile& f = prof[pass];
+      auto share = [&](double x) { return breakdown.cell(7, 100.0 * x / f.total); };
+      // tile-GEMM FLOPs actually run: 2 GEMMs of 2 D FLOP per computed pair forward, 5 backward
+      const double tile_flops = (pass == 0 ? 4.0 : 10.0) * double(work[pass].pairs_computed) * row.D;
+      const double tile_gf = tile_flops / (f.gemm / threads) / 1e9;
+      breakdown.add_row({std::to_string(S), std::to_string(row.H_q), std::to_string(row.H_kv), std::to_string(row.D),
+                         mask_name(row.mask), pass == 0 ? "fwd" : "bwd", share(f.gemm), share(f.softmax),
+                         share(f.mask), share(f.transpose), share(f.pack), share(f.dq_order), share(f.idle),
+                         share(f.rest()), breakdown.cell(14, tile_gf), breakdown.cell(15, tile_gf / peak),
+                         breakdown.cell(16, 100.0 * (prof_s[pass] / (pass == 0 ? fwd_s : bwd_s) - 1.0))});
+    }
     const double fwd_gf = fwd_flops / fwd_s / 1e9, bwd_gf = bwd_flops / bwd_s / 1e9;
     table.add_row({std::to_string(S), std::to_string(row.H_q), std::to_string(row.H_kv), std::to_string(row.D),
                    mask_name(row.mask), table.cell(5, fwd_s * 1e3), table.cell(6, bwd_s * 1e3),
                    table.cell(7, fwd_gf), table.cell(8, bwd_gf), table.cell(9, gemm), table.cell(10, fwd_gf / gemm),
                    table.cell(11, bwd_gf / gemm), table.cell(12, gemm / peak), std::to_string(wrong)});
   }
-  if (world.rank() == 0) table.print(cfg.csv);
+  if (world.rank() == 0) {
+    table.print(cfg.csv);
+    breakdown.print(cfg.csv);
+  }
   print_verdict("bench attn", wrong_total, cfg.csv);
   return wrong_total;
 }

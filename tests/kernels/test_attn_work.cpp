@@ -2,6 +2,8 @@
 // (counted through AttnStats), and skipping never changes a result.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "attn_problem.hpp"
 #include "ops.hpp"
 
@@ -162,4 +164,71 @@ TEST(TileSkipping, InvisibleKeysChangeNothing) {
 }
 
 }  // namespace
+
+// The kernel's own time breakdown (AttnProfile, bench attn's "where the time goes"): the parts
+// are non-negative, add up to no more than the total, the total is about threads x wall time,
+// the tile GEMMs take a real share, the backward's dQ ordering is timed, and a profiled call
+// gives the same bits as an unprofiled one.
+TEST(AttnProfile, PartsAddUpAndChangeNoResult) {
+  const int64_t S = 1024;
+  for (bool docs : {false, true}) {
+    const Problem pr({S, S, 4, 2, 64, MaskKind::causal, Layout::diagonal, 0, docs}, 5);
+    struct Out {
+      std::vector<float> o, lse, dq, dk, dv;
+    };
+    auto run = [&](AttnProfile* fwd_prof, AttnProfile* bwd_prof, double* wall) {
+      Out r{std::vector<float>(pr.q.size()), std::vector<float>(S * 4), std::vector<float>(pr.q.size()),
+            std::vector<float>(pr.k.size()), std::vector<float>(pr.v.size())};
+      AttnParams p = pr.params();
+      p.o = r.o.data();
+      p.lse = r.lse.data();
+      p.dq = r.dq.data();
+      p.dk = r.dk.data();
+      p.dv = r.dv.data();
+      p.threads = 2;
+      p.profile = fwd_prof;
+      const auto t0 = std::chrono::steady_clock::now();
+      attn_fwd(p);
+      const auto t1 = std::chrono::steady_clock::now();
+      p.profile = bwd_prof;
+      attn_bwd(p);
+      const auto t2 = std::chrono::steady_clock::now();
+      if (wall) {
+        wall[0] = std::chrono::duration<double>(t1 - t0).count();
+        wall[1] = std::chrono::duration<double>(t2 - t1).count();
+      }
+      return r;
+    };
+    AttnProfile f, b;
+    f.gemm = b.gemm = 123.0;  // overwritten by the call
+    double wall[2];
+    const Out plain = run(nullptr, nullptr, nullptr), prof = run(&f, &b, wall);
+    EXPECT_EQ(plain.o, prof.o);
+    EXPECT_EQ(plain.lse, prof.lse);
+    EXPECT_EQ(plain.dq, prof.dq);
+    EXPECT_EQ(plain.dk, prof.dk);
+    EXPECT_EQ(plain.dv, prof.dv);
+    int pass = 0;
+    for (const AttnProfile* x : {&f, &b}) {
+      SCOPED_TRACE(pass == 0 ? "forward" : "backward");
+      for (double part : {x->pack, x->gemm, x->softmax, x->mask, x->transpose, x->dq_order, x->idle})
+        EXPECT_GE(part, 0.0);
+      EXPECT_GE(x->rest(), 0.0);
+      EXPECT_GT(x->total, 0.0);
+      EXPECT_LE(x->total, 2.0 * wall[pass] * 1.001 + 1e-4);  // two threads inside the call
+      EXPECT_GT(x->gemm, 0.2 * x->total);                     // tile GEMMs are most of the work
+      EXPECT_GT(x->softmax, 0.0);
+      EXPECT_GT(x->pack, 0.0);
+      if (docs) {
+        EXPECT_GT(x->mask, 0.0);  // packed documents leave partial tiles
+      }
+      ++pass;
+    }
+    EXPECT_EQ(f.transpose, 0.0);  // forward has none
+    EXPECT_EQ(f.dq_order, 0.0);
+    EXPECT_GT(b.transpose, 0.0);
+    EXPECT_GT(b.dq_order, 0.0);
+  }
+}
+
 }  // namespace ctxpar::test
