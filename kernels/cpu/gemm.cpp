@@ -93,7 +93,7 @@ void choose_blis_config_once() {
       blis_config_chooser = "ctxpar: CPU unknown to this BLIS";
     } else if (cpu_vendor_is("GenuineIntel") && avx512 && fma512_gain() >= 1.5) {
       want = "skx";
-      blis_config_chooser = "ctxpar: 512-bit FMA measured 2x 256-bit";
+      blis_config_chooser = "ctxpar: 512-bit FMA 2x";
     }
     if (!want) {
       blis_config_chooser = "";
