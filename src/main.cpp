@@ -204,6 +204,7 @@ int run(int argc, char** argv, Comm& world, Watchdog& startup) {
     cfg.mesh = "dp:" + std::to_string(mesh.dp) + ",tp:" + std::to_string(mesh.tp) + ",ulysses:" +
                std::to_string(mesh.ulysses) + ",ring:" + std::to_string(mesh.ring);
     topo = Topology::create(world, mesh);
+    for (const std::string& w : placement_warnings(*topo)) err0("# warning: %s\n", w.c_str());
     err = agree_on_error(world, resolve_auto_strategy(cfg, *topo));
     if (!err.empty()) throw UsageError(err);
     err = agree_on_error(world, validate_mode(cfg, *topo, *row));

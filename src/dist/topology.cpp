@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sstream>
 
 #include "core/error.hpp"
 #include "dist/comm_mpi.hpp"
@@ -88,6 +89,40 @@ class TopologyMpi final : public Topology {
 };
 
 }  // namespace
+
+std::vector<std::string> placement_warnings(const Topology& topo) {
+  std::vector<std::string> out;
+  const auto& coords = topo.all_coords();
+  const auto& node = topo.node_of_rank();
+  const auto& hosts = topo.hosts();
+  // Two ranks of one group of axis a (equal coordinates on every other axis) on two hosts.
+  auto split = [&](Axis a) -> std::pair<size_t, size_t> {
+    for (size_t r = 0; r < coords.size(); ++r)
+      for (size_t q = r + 1; q < coords.size(); ++q) {
+        bool same_group = node[r] != node[q];
+        for (int b = 0; b < kNumAxes && same_group; ++b)
+          if (b != int(a) && coords[r][size_t(b)] != coords[q][size_t(b)]) same_group = false;
+        if (same_group) return {r, q};
+      }
+    return {0, 0};
+  };
+  for (Axis a : {Axis::tp, Axis::ulysses}) {
+    if (topo.size(a) <= 1) continue;
+    const auto [r, q] = split(a);
+    if (r == q) continue;
+    // tp groups are runs of tp consecutive ranks; whole ulysses groups lie in runs of tp x ulysses.
+    const int block = a == Axis::tp ? topo.size(Axis::tp) : topo.size(Axis::tp) * topo.size(Axis::ulysses);
+    std::ostringstream os;
+    os << "mesh: the " << axis_name(a) << " axis (size " << topo.size(a) << ") spans hosts: ranks " << r << " on "
+       << hosts[r] << " and " << q << " on " << hosts[q] << " are in one " << axis_name(a) << " group, so its "
+       << (a == Axis::tp ? "all-reduces" : "all-to-alls")
+       << " of every layer cross the host-to-host link; place consecutive ranks on one host (mpirun --map-by "
+          "slot, srun --distribution=block) with a multiple of "
+       << block << " ranks per host, and let the ring cross hosts";
+    out.push_back(os.str());
+  }
+  return out;
+}
 
 std::unique_ptr<Topology> Topology::create(Comm& world, const MeshSpec& mesh) {
   return std::make_unique<TopologyMpi>(world, mesh);

@@ -16,6 +16,13 @@ enum class Axis : int { dp = 0, ring = 1, ulysses = 2, tp = 3 };  // Cartesian d
 constexpr int kNumAxes = 4;
 const char* axis_name(Axis a);
 
+class Topology;
+
+// Placement problems of a mesh on its hosts, one line per axis (empty: none): a tp or ulysses
+// group whose ranks are on more than one host (their collectives run every layer and belong on
+// the fast links inside a host; the ring is the axis meant to cross hosts).
+std::vector<std::string> placement_warnings(const Topology& topo);
+
 class Topology {
  public:
   // Collective over `world`. The mesh product must equal world.size() (checked by

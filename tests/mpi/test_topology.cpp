@@ -60,3 +60,40 @@ TEST(Topology, EveryFactorizationHasConsistentAxes) {
     EXPECT_EQ(got, ((dp * m.ring + prev_ring) * m.ulysses + u) * m.tp + tp);
   }
 }
+
+// Placement warnings from hosts alone: a fake topology (no MPI) with the Cartesian coordinates
+// of a mesh and a given host per rank.
+namespace {
+class PlacedTopology : public Topology {
+ public:
+  PlacedTopology(const MeshSpec& m, const std::vector<int>& node) {
+    mesh_ = m;
+    dims_ = {int(m.dp), int(m.ring), int(m.ulysses), int(m.tp)};
+    for (int r = 0; r < int(node.size()); ++r) {
+      all_coords_.push_back({r / int(m.tp * m.ulysses * m.ring), (r / int(m.tp * m.ulysses)) % int(m.ring),
+                             (r / int(m.tp)) % int(m.ulysses), r % int(m.tp)});
+      node_of_rank_.push_back(node[size_t(r)]);
+      hosts_.push_back("h" + std::to_string(node[size_t(r)] + 1));
+    }
+  }
+};
+}  // namespace
+
+TEST(Topology, PlacementWarnsWhereTpOrUlyssesCrossHosts) {
+  // 2 hosts x 2 ranks, block placement: tp:2 inside each host, the ring across: no warning.
+  EXPECT_TRUE(placement_warnings(PlacedTopology(MeshSpec{1, 2, 1, 2}, {0, 0, 1, 1})).empty());
+  EXPECT_TRUE(placement_warnings(PlacedTopology(MeshSpec{1, 1, 2, 2}, {0, 0, 1, 1})).empty());
+  // the same mesh with ranks alternating over the hosts: tp crosses them
+  auto w = placement_warnings(PlacedTopology(MeshSpec{1, 2, 1, 2}, {0, 1, 0, 1}));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("the tp axis (size 2) spans hosts: ranks 0 on h1 and 1 on h2"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("multiple of 2 ranks per host"), std::string::npos) << w[0];
+  // 4 hosts x 1 rank: tp:2 x ulysses:2 both cross
+  w = placement_warnings(PlacedTopology(MeshSpec{1, 2, 2, 1}, {0, 1, 2, 3}));
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_NE(w[0].find("the tp axis"), std::string::npos) << w[0];
+  EXPECT_NE(w[1].find("the ulysses axis (size 2) spans hosts: ranks 0 on h1 and 2 on h3"), std::string::npos) << w[1];
+  EXPECT_NE(w[1].find("multiple of 4 ranks per host"), std::string::npos) << w[1];
+  // ring and dp may cross hosts freely
+  EXPECT_TRUE(placement_warnings(PlacedTopology(MeshSpec{2, 1, 1, 2}, {0, 1, 2, 3})).empty());
+}

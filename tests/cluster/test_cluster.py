@@ -1,0 +1,82 @@
+#!/usr/bin/python3
+"""Two hosts on this machine (tests/cluster/cluster.sh: network namespaces, shaped veth links,
+mpirun across them): a tp x ring training run on 2 hosts x 2 ranks records each rank's host in
+the trace (h1 h1 h2 h2), keeps tp inside the hosts (no placement warning) and gives the losses of
+the same mesh on one host; a mesh whose tp groups straddle the hosts gets a warning on rank 0
+naming the axis and the ranks. Skipped (77) where hosts cannot be made (not root, no ip netns).
+
+usage: test_cluster.py CTXPAR WORKDIR SOURCE_DIR
+"""
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+CTXPAR, WORK, SRC = sys.argv[1], sys.argv[2], sys.argv[3]
+CLUSTER = os.path.join(SRC, "tests", "cluster", "cluster.sh")
+os.makedirs(WORK, exist_ok=True)
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+TINY = os.path.join(SRC, "inputs", "tiny.toml")
+MODEL = ["layers=2", "dim=64", "ffn_dim=128", "vocab=101", "heads=4", "kv_heads=2", "head_dim=16", "threads=1",
+         "seq=256", "steps=2", "warmup=0"]
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def run(cmd, timeout=240):
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def strs(x):
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in x]
+
+
+rc, out = run(["bash", CLUSTER, "--hosts", "1", "--ranks-per-host", "1", "--", "true"], timeout=60)
+if rc == 77:
+    print(out.strip())
+    sys.exit(77)
+check(rc == 0, "cluster.sh with one host and `true` exits 0:\n" + out)
+
+# 2 hosts x 2 ranks, tp inside the hosts, the ring across them
+two = os.path.join(WORK, "two_hosts.h5")
+one = os.path.join(WORK, "one_host.h5")
+for f in (two, one):
+    if os.path.exists(f):
+        os.remove(f)
+args = [CTXPAR, "train", "--config", TINY, *MODEL, "mesh=tp:2,ring:2", "strategy=ring"]
+rc, out = run(["bash", CLUSTER, "--hosts", "2", "--ranks-per-host", "2", "--rate", "1gbit", "--", *args, "out=" + two])
+check(rc == 0 and "VALID" in out, "train on 2 hosts x 2 ranks:\n" + out[-3000:])
+check("warning: mesh" not in out, "no placement warning when tp stays inside the hosts:\n" + out[-2000:])
+rc1, out1 = run(["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none", *args, "out=" + one])
+check(rc1 == 0, "the same run on one host:\n" + out1[-2000:])
+if rc == 0 and rc1 == 0:
+    with h5py.File(two) as f2, h5py.File(one) as f1:
+        hosts = strs(f2["/topology/hosts"][()])
+        check(hosts == ["h1", "h1", "h2", "h2"], f"trace /topology/hosts = {hosts}, want h1 h1 h2 h2")
+        check(list(f2["/topology/node_id"][()]) == [0, 0, 1, 1], f"node_id = {list(f2['/topology/node_id'][()])}")
+        check(len(set(strs(f1["/topology/hosts"][()]))) == 1, "one-host run records one host")
+        check(f2.attrs["status"] in ("complete", b"complete"), f"2-host trace status {f2.attrs['status']}")
+        l2, l1 = np.array(f2["steps"][:]["loss"], float), np.array(f1["steps"][:]["loss"], float)
+        check(l2.shape == l1.shape and l2.size >= 2 and np.allclose(l2, l1, rtol=1e-6, atol=0),
+              f"losses on 2 hosts {l2} vs one host {l1}")
+
+# tp groups straddling the hosts: a warning naming the axis and the ranks (a dry run suffices)
+rc, out = run(["bash", CLUSTER, "--hosts", "2", "--ranks-per-host", "1", "--", CTXPAR, "train", "--config", TINY,
+               *MODEL, "mesh=tp:2", "--dry-run"])
+check(rc == 0, "dry run with tp across hosts runs:\n" + out[-2000:])
+check("warning: mesh: the tp axis (size 2) spans hosts: ranks 0 on h1 and 1 on h2" in out,
+      "tp across hosts is named in a warning:\n" + out[-2000:])
+check(out.count("warning: mesh") == 1, "the warning comes once (rank 0):\n" + out[-2000:])
+
+if failures:
+    print(f"{len(failures)} failure(s)")
+    sys.exit(1)
+print("cluster: all checks passed")
