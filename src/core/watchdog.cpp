@@ -27,10 +27,11 @@ void Watchdog::start(double limit_s, std::function<const char*(int32_t)> phase_n
   thread_ = std::thread([this, phase_name, on_stall, on_tick] {
     std::unique_lock<std::mutex> lk(mu_);
     while (!stop_) {
-      // Check often enough that the abort comes within ~1 s (or a quarter of a short limit) of
-      // the limit being reached.
+      // Check often enough that the abort comes within 0.25 s (or a quarter of a short limit) of
+      // the limit being reached, and that the ticks see a stop signal well within the second a
+      // launcher (mpirun's kill sequence) leaves between its SIGTERM and its SIGKILL.
       const double limit_s = limit_s_.load();
-      tick_s_.store(limit_s > 0 ? std::clamp(limit_s / 4, 0.01, 1.0) : 1.0);
+      tick_s_.store(limit_s > 0 ? std::clamp(limit_s / 4, 0.01, 0.25) : 0.25);
       cv_.wait_for(lk, std::chrono::duration<double>(tick_s_.load()));
       if (stop_) break;
       if (on_tick) on_tick();
@@ -45,6 +46,13 @@ void Watchdog::start(double limit_s, std::function<const char*(int32_t)> phase_n
       }
     }
   });
+}
+
+double Watchdog::idle_s(int64_t& step, int32_t& layer, int32_t& phase) const {
+  step = step_.load(std::memory_order_relaxed);
+  layer = layer_.load(std::memory_order_relaxed);
+  phase = phase_.load(std::memory_order_relaxed);
+  return double(steady_ns() - last_ns_.load(std::memory_order_relaxed)) * 1e-9;
 }
 
 void Watchdog::stop() {

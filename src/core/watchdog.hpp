@@ -22,7 +22,7 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // limit_s 0: no stall check (the ticks still run). Checks every min(1 s, limit_s / 4).
+  // limit_s 0: no stall check (the ticks still run). Checks every min(0.25 s, limit_s / 4).
   void start(double limit_s, std::function<const char*(int32_t)> phase_name,
              std::function<void(const std::string&)> on_stall, std::function<void()> on_tick = nullptr);
   void heartbeat(int64_t step, int32_t layer, int32_t phase);
@@ -30,6 +30,8 @@ class Watchdog {
   void set_limit(double limit_s) { limit_s_.store(limit_s); }
   // Seconds between two checks.
   double tick_s() const { return tick_s_.load(); }
+  // Seconds since the last heartbeat, and where it was.
+  double idle_s(int64_t& step, int32_t& layer, int32_t& phase) const;
   void stop();  // joins the thread (idempotent)
 
  private:

@@ -297,7 +297,43 @@ struct Tracer::Impl {
             }
           fail_run(line);
         },
-        rank == 0 && faults ? std::function<void()>([this] { poll_faults(); }) : nullptr);
+        rank == 0 ? std::function<void()>([this] {
+          poll_faults();
+          mark_stop_in_stuck_step();
+        })
+                  : nullptr);
+  }
+
+  // Rank 0, at each watchdog tick: a stop signal met a step that makes no progress (a peer lost
+  // with its host, a link down; the launcher's SIGKILL may follow within a second, as mpirun's
+  // kill sequence does). The trace is marked "truncated" at once, naming the step and phase, so
+  // its status is true even if the process is then killed; a step that still finishes ends the
+  // run as usual and its end rewrites the reason ("after step N").
+  std::atomic<bool> stop_marked_in_step{false};
+  void mark_stop_in_stuck_step() {
+    static constexpr double kStuck_s = 0.4;
+    const int sig = stop_signal_number();
+    if (sig == 0 || stop_marked_in_step || marked_failed) return;
+    int64_t step = 0;
+    int32_t layer = -1, ph = 0;
+    const double idle = watchdog.idle_s(step, layer, ph);
+    if (idle < kStuck_s) return;
+    IoLock lock(io_mutex(), std::defer_lock);
+    if (!lock.try_lock_for(std::chrono::milliseconds(200))) return;  // a write in progress: next tick
+    if (!writer || marked_failed || stop_marked_in_step.exchange(true)) return;
+    try {
+      char reason[256];
+      std::snprintf(reason, sizeof reason,
+                    "%s on rank 0 during step %lld (layer %d, phase %s; no progress for %.1f s): the steps before "
+                    "it are complete",
+                    signal_name(sig), static_cast<long long>(step), int(layer), phase_name(Phase(ph)), idle);
+      writer->attr("/", "status", "truncated");
+      writer->attr("/", "stop_reason", std::string(reason));
+      writer->attr("/", "end_time_utc", trace_detail::iso8601_utc(int64_t(std::time(nullptr))));
+      writer->flush();
+    } catch (const std::exception&) {
+      // as mark_failed: the status stays what it was
+    }
   }
 
   void stop_watchdog() { watchdog.stop(); }

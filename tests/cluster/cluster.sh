@@ -14,6 +14,8 @@
 #   --delay DELAY       one-way delay per link (tc syntax: 1ms), default none; needs the netem
 #                       qdisc, which some kernels lack: then this stops with a message
 #   --keep              print the commands to enter the hosts and wait (Ctrl-C tears down)
+#   --fault KIND:I@T    T seconds after the start, host I fails: KIND link-down (its link to the
+#                       bridge is set down) or kill (every process of the host gets SIGKILL)
 #
 # Prints `cluster: ...` lines on stderr; exits with the command's status, 77 (the ctest skip
 # code) where this machine cannot make hosts (not root, no `ip netns`, no `unshare`), 2 on bad
@@ -31,6 +33,7 @@ RPH=2
 RATE=1gbit
 DELAY=
 KEEP=0
+FAULT=
 usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,13 +42,20 @@ while [ $# -gt 0 ]; do
     --rate) RATE=${2:?}; shift 2 ;;
     --delay) DELAY=${2:?}; shift 2 ;;
     --keep) KEEP=1; shift ;;
+    --fault) FAULT=${2:?}; shift 2 ;;
     --) shift; break ;;
     -h|--help) usage ;;
-    *) echo "cluster: unknown argument '$1' (valid: --hosts, --ranks-per-host, --rate, --delay, --keep, -- PROGRAM)" >&2; exit 2 ;;
+    *) echo "cluster: unknown argument '$1' (valid: --hosts, --ranks-per-host, --rate, --delay, --keep, --fault, -- PROGRAM)" >&2; exit 2 ;;
   esac
 done
 [[ "$HOSTS" =~ ^[0-9]+$ && "$HOSTS" -ge 1 && "$HOSTS" -le 8 ]] || { echo "cluster: --hosts $HOSTS: valid 1..8" >&2; exit 2; }
 [[ "$RPH" =~ ^[0-9]+$ && "$RPH" -ge 1 && "$RPH" -le 64 ]] || { echo "cluster: --ranks-per-host $RPH: valid 1..64" >&2; exit 2; }
+if [ -n "$FAULT" ]; then
+  [[ "$FAULT" =~ ^(link-down|kill):([0-9]+)@([0-9]+(\.[0-9]+)?)$ ]] && [ "${BASH_REMATCH[2]}" -ge 1 ] &&
+    [ "${BASH_REMATCH[2]}" -le "$HOSTS" ] ||
+    { echo "cluster: --fault $FAULT: valid KIND:I@SECONDS with KIND link-down or kill, I in 1..$HOSTS" >&2; exit 2; }
+  FAULT_KIND=${BASH_REMATCH[1]} FAULT_HOST=${BASH_REMATCH[2]} FAULT_AT=${BASH_REMATCH[3]}
+fi
 [ $# -gt 0 ] || [ "$KEEP" = 1 ] || { echo "cluster: no program given (after --)" >&2; exit 2; }
 
 skip() { echo "cluster: skipped: $*" >&2; exit 77; }
@@ -64,7 +74,13 @@ ns() { echo "cp${ID}h$1"; }
 teardown() {
   local rc=$?
   trap - EXIT INT TERM
-  for i in $(seq 1 "$HOSTS"); do ip netns del "$(ns "$i")" 2>/dev/null || true; done
+  [ -z "${FAULT_PID:-}" ] || kill "$FAULT_PID" 2>/dev/null || true
+  # Processes keep a deleted namespace alive (an MPI daemon cut off by a link fault would
+  # outlive the run): kill what still runs in each host first.
+  for i in $(seq 1 "$HOSTS"); do
+    ip netns pids "$(ns "$i")" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$(ns "$i")" 2>/dev/null || true
+  done
   ip link del "$BR" 2>/dev/null || true
   rm -rf "$TMP"
   exit "$rc"
@@ -125,9 +141,28 @@ if [ "$KEEP" = 1 ]; then
   while true; do sleep 3600; done
 fi
 
+if [ -n "$FAULT" ]; then
+  (
+    sleep "$FAULT_AT"
+    if [ "$FAULT_KIND" = link-down ]; then
+      echo "cluster: fault at ${FAULT_AT}s: the link of h$FAULT_HOST goes down" >&2
+      ip link set "cpv${ID}x$FAULT_HOST" down 2>/dev/null || true
+    else
+      echo "cluster: fault at ${FAULT_AT}s: every process of h$FAULT_HOST killed" >&2
+      ip netns pids "$(ns "$FAULT_HOST")" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    fi
+  ) &
+  FAULT_PID=$!
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 set +e
+# TCP keepalive on mpirun's connections to its daemons: a daemon cut off by a link fault is
+# declared lost after ~10 s of silence instead of OpenMPI's default 8 minutes. When mpirun ends
+# a job it sends SIGTERM and then SIGKILL, each after odls_base_sigkill_timeout seconds (default
+# 1): 3 s give the ranks time to mark their trace even on a loaded machine.
 mpirun --mca plm_rsh_agent "$TMP/rsh" --mca oob_tcp_if_include "$NET.0/24" \
+  --mca oob_tcp_keepalive_time 4 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 \
+  --mca odls_base_sigkill_timeout 3 \
   --mca btl_tcp_if_include "$NET.0/24" --mca btl self,vader,tcp \
   --host "$(IFS=,; echo "${hostlist[*]}")" -np $(( HOSTS * RPH )) --bind-to none \
   -x OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "$@"

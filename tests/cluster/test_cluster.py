@@ -3,13 +3,17 @@
 mpirun across them): a tp x ring training run on 2 hosts x 2 ranks records each rank's host in
 the trace (h1 h1 h2 h2), keeps tp inside the hosts (no placement warning) and gives the losses of
 the same mesh on one host; a mesh whose tp groups straddle the hosts gets a warning on rank 0
-naming the axis and the ranks. Skipped (77) where hosts cannot be made (not root, no ip netns).
+naming the axis and the ranks; a host's link taken down, or all of a host's processes killed,
+in the middle of a run ends the job within 30 s with the trace truthful (truncated or failed,
+naming the step and phase) and every completed step readable. Skipped (77) where hosts cannot be made (not root, no ip netns).
 
 usage: test_cluster.py CTXPAR WORKDIR SOURCE_DIR
 """
 import os
+import re
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -75,6 +79,42 @@ check(rc == 0, "dry run with tp across hosts runs:\n" + out[-2000:])
 check("warning: mesh: the tp axis (size 2) spans hosts: ranks 0 on h1 and 1 on h2" in out,
       "tp across hosts is named in a warning:\n" + out[-2000:])
 check(out.count("warning: mesh") == 1, "the warning comes once (rank 0):\n" + out[-2000:])
+
+# Faults across hosts, in the middle of a long run: h2's link goes down, or every process of h2
+# is killed. The job must end well within the watchdog time (60 s here: the launcher notices the
+# lost host first), the trace must say truthfully how it ended and name the step, and every step
+# before it must be readable.
+for kind, limit_s in (("link-down", 30.0), ("kill", 30.0)):
+    path = os.path.join(WORK, f"fault_{kind}.h5")
+    for f in (path, path + ".partial", path + ".lock"):
+        if os.path.exists(f):
+            os.remove(f)
+    fault_at = 5
+    t0 = time.monotonic()
+    rc, out = run(["bash", CLUSTER, "--hosts", "2", "--ranks-per-host", "2", "--fault", f"{kind}:2@{fault_at}", "--",
+                   *args[:-2], "mesh=tp:2,ring:2", "strategy=ring", "steps=1000000", "watchdog_s=60", "out=" + path],
+                  timeout=200)
+    took = time.monotonic() - t0
+    check(rc != 0, f"{kind}: the job fails (rc {rc})")
+    check(took < fault_at + limit_s, f"{kind}: the job ended {took - fault_at:.1f} s after the fault (limit {limit_s} s)")
+    trace = path + ".partial"
+    check(os.path.exists(trace), f"{kind}: {trace} kept")
+    if os.path.exists(trace):
+        with h5py.File(trace) as f:
+            status = f.attrs["status"]
+            status = status.decode() if isinstance(status, bytes) else status
+            reason = f.attrs.get("stop_reason", f.attrs.get("failure", b""))
+            reason = reason.decode() if isinstance(reason, bytes) else str(reason)
+            steps = f["steps"][:]
+            print(f"{kind}: ended {took - fault_at:.1f} s after the fault; status {status}: {reason}; {len(steps)} steps")
+            check(status in ("truncated", "failed"), f"{kind}: status {status}, want truncated or failed")
+            m = re.search(r"step (\d+)", reason)
+            check(m is not None, f"{kind}: the reason names the step: {reason!r}")
+            check("phase" in reason, f"{kind}: the reason names the phase: {reason!r}")
+            check(len(steps) >= 1 and np.all(np.isfinite(steps["loss"])), f"{kind}: completed steps readable")
+            if m:
+                check(int(m.group(1)) == len(steps), f"{kind}: the step named ({m.group(1)}) follows the "
+                                                      f"{len(steps)} complete ones")
 
 if failures:
     print(f"{len(failures)} failure(s)")
