@@ -8,8 +8,8 @@ PKGS=(
   libhdf5-openmpi-dev hdf5-tools        # parallel HDF5 for traces and checkpoints
   libgtest-dev libgmock-dev             # GoogleTest
   libtoml11-dev                         # TOML configuration
-  libdnnl-dev                           # GEMM library, oneDNN (chosen by measurement: kernels/README.md)
-  libblis-openmp-dev                    # GEMM library option CTXPAR_BLAS=blis, and the comparison tool
+  libblis-openmp-dev                    # GEMM library (the default: kernels/README.md)
+  libdnnl-dev                           # GEMM library option CTXPAR_BLAS=onednn, and the comparison tool
   python3-h5py python3-numpy python3-matplotlib   # analysis/
   python3-torch                         # tests/oracle (PyTorch autograd reference)
 )

@@ -1,5 +1,5 @@
 // sgemm() for the model's large GEMMs: the GEMM library chosen at configure time (CTXPAR_BLAS:
-// oneDNN by default, BLIS or OpenBLAS; kernels/README.md has the measurement), on every OpenMP
+// BLIS by default, oneDNN or OpenBLAS; kernels/README.md has the measurement), on every OpenMP
 // thread of the rank. The thread count is set explicitly on each call, so full speed needs no
 // environment variable (BLIS alone would run single-threaded when BLIS_NUM_THREADS and
 // OMP_NUM_THREADS are unset).

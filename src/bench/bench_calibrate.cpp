@@ -459,27 +459,54 @@ int bench_calibrate(BenchContext& ctx) {
   });
   const double mem_bps = 3.0 * double(n) * sizeof(float) / t_triad;
 
-  // Communication between ranks 0 and 1 (both directions at once, as a ring hop does).
-  auto exchange = [&](size_t bytes, int reps) {
+  // Communication between rank 0 and a peer (both directions at once, as a ring hop does), once
+  // for each link level the job has: a peer on rank 0's host (inside a host) and a peer on
+  // another host (host to host). A job on one host measures the first only, a job of one rank
+  // per host the second only.
+  // The pair exchanges back to back after one exchange that absorbs how far apart the two left
+  // the barrier (across hosts that skew reaches milliseconds); mean time per exchange.
+  auto exchange = [&](int peer, size_t bytes, int reps) {
     std::vector<uint8_t> s(bytes, 1), r(bytes, 0);
     const int me = world.rank();
-    double best = 1e30;
-    for (int i = 0; i < reps + 1; ++i) {
-      world.barrier();
-      const double t0 = now_s();
-      if (me < 2) {
-        Request q = world.send_recv_async(std::span<uint8_t>(s), 1 - me, std::span<uint8_t>(r), 1 - me);
+    double per = 0;
+    world.barrier();
+    if (me == 0 || me == peer) {
+      const int other = me == 0 ? peer : 0;
+      auto once = [&] {
+        Request q = world.send_recv_async(std::span<uint8_t>(s), other, std::span<uint8_t>(r), other);
         world.wait(q);
-      }
-      if (i > 0) best = std::min(best, now_s() - t0);
+      };
+      once();
+      const double t0 = now_s();
+      for (int i = 0; i < reps; ++i) once();
+      per = (now_s() - t0) / reps;
     }
-    if (me >= 2) best = 0;
-    world.all_reduce(std::span<double>(&best, 1), ReduceOp::max);
-    return best;
+    world.all_reduce(std::span<double>(&per, 1), ReduceOp::max);
+    return per;
   };
-  const double lat_s = exchange(8, 20);
+  const std::vector<int>& node = ctx.topo.node_of_rank();
+  int intra_peer = -1, inter_peer = -1;
+  for (int r = 1; r < world.size(); ++r) {
+    if (node[size_t(r)] == node[0] && intra_peer < 0) intra_peer = r;
+    if (node[size_t(r)] != node[0] && inter_peer < 0) inter_peer = r;
+  }
   const size_t big = size_t(16) << 20;
-  const double bw_bps = double(big) / std::max(1e-9, exchange(big, 5) - lat_s);
+  struct Link {
+    double lat_s = 0, bw_bps = 0;
+  };
+  auto measure_link = [&](int peer) {
+    Link l;
+    l.lat_s = exchange(peer, 8, 20);
+    l.bw_bps = double(big) / std::max(1e-9, exchange(peer, big, 5) - l.lat_s);
+    return l;
+  };
+  const Link intra_link = intra_peer > 0 ? measure_link(intra_peer) : Link{};
+  const Link inter_link = inter_peer > 0 ? measure_link(inter_peer) : Link{};
+  // The level the job lacks takes the other's numbers (said in the profile's notes).
+  const Link& in_host = intra_peer > 0 ? intra_link : inter_link;
+  const Link& across = inter_peer > 0 ? inter_link : intra_link;
+  const double lat_s = in_host.lat_s, bw_bps = in_host.bw_bps;
+  const int hosts = *std::max_element(node.begin(), node.end()) + 1;
 
   // All-to-all over every rank, as Ulysses and pass-Q run it: 4 MiB per destination; rate =
   // bytes leaving a rank per second, the convention of the cost model's alltoall_s().
@@ -489,18 +516,21 @@ int bench_calibrate(BenchContext& ctx) {
   HardwareProfile h;
   h.name = "local";
   h.description = "this machine, measured by ctxpar bench calibrate (" + std::to_string(world.size()) +
-                  " ranks x " + std::to_string(threads > 0 ? threads : 0) + " threads; 0 = OpenMP default)";
+                  " ranks x " + std::to_string(threads > 0 ? threads : 0) + " threads; 0 = OpenMP default; " +
+                  std::to_string(hosts) + " host(s))";
   h.peak_fp32_flops = peak_used;
   h.peak_bf16_flops = 0;
   h.default_precision = Precision::fp32;
   h.hbm_bytes_per_s = mem_bps;
   h.hbm_eff = 1.0;  // measured achieved bandwidth
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  h.chips_per_node = 1024;  // every rank of a local run is on this node
+  // Ranks per host (block placement, as mpirun and srun place them by default); one host: every
+  // rank of the job is on it.
+  h.chips_per_node = hosts > 1 ? int64_t(world.size() / hosts) : 1024;
   h.compute_units_per_node = std::max<int64_t>(1, int64_t(cores) / std::max(1, threads));
-  h.intra = {bw_bps, lat_s};
+  h.intra = {in_host.bw_bps, in_host.lat_s};
   h.intra_alltoall_bytes_per_s = a2a_bps;
-  h.inter = h.intra;  // no second node here: across-node traffic is not measured
+  h.inter = {across.bw_bps, across.lat_s};
   h.gemm_eff.x = g_rows;
   h.gemm_eff.eff = g_eff;
   h.attn_eff.x = a_keys;
@@ -542,8 +572,14 @@ int bench_calibrate(BenchContext& ctx) {
   t.add_row({"loss_rate", t.cell(1, loss_bps / 1e9), "GB/s"});
   t.add_row({"optimizer_rate", t.cell(1, opt_bps / 1e9), "GB/s"});
   t.add_row({"triad_bandwidth_per_rank", t.cell(1, mem_bps / 1e9), "GB/s"});
-  t.add_row({"p2p_latency", t.cell(1, lat_s * 1e6), "us"});
-  t.add_row({"p2p_bandwidth_per_dir", t.cell(1, bw_bps / 1e9), "GB/s"});
+  if (intra_peer > 0) {
+    t.add_row({"p2p_latency (inside a host)", t.cell(1, intra_link.lat_s * 1e6), "us"});
+    t.add_row({"p2p_bandwidth_per_dir (inside a host)", t.cell(1, intra_link.bw_bps / 1e9), "GB/s"});
+  }
+  if (inter_peer > 0) {
+    t.add_row({"p2p_latency (host to host)", t.cell(1, inter_link.lat_s * 1e6), "us"});
+    t.add_row({"p2p_bandwidth_per_dir (host to host)", t.cell(1, inter_link.bw_bps / 1e9), "GB/s"});
+  }
   t.add_row({"alltoall_bandwidth_per_rank", t.cell(1, a2a_bps / 1e9), "GB/s"});
   int wrong = 0;
   for (double e : g_eff) wrong += !(e > 0 && std::isfinite(e));
@@ -563,10 +599,20 @@ int bench_calibrate(BenchContext& ctx) {
         {{"peak_tflops_fp32", "max(FMA loop min over ranks, best measured kernel rate)"},
          {"hbm_tb_s", "triad over 3 x 32 MiB, all ranks at once (per-rank share)"},
          {"hbm_gb", "MemTotal of /proc/meminfo"},
-         {"intra_gb_s", "16 MiB exchange between ranks 0 and 1, per direction"},
-         {"intra_latency_us", "8 B exchange between ranks 0 and 1"},
-         {"intra_alltoall_gb_s", "all-to-all of 4 MiB per destination over all " + std::to_string(P) + " ranks, bytes leaving a rank"},
-         {"inter_gb_s", "no second node: same as intra"},
+         {"intra_gb_s", intra_peer > 0 ? "16 MiB exchange between ranks 0 and " + std::to_string(intra_peer) +
+                                             " (one host), per direction"
+                                       : std::string("no two ranks on one host: same as inter")},
+         {"intra_latency_us", intra_peer > 0 ? "8 B exchange between ranks 0 and " + std::to_string(intra_peer)
+                                             : std::string("no two ranks on one host: same as inter")},
+         {"intra_alltoall_gb_s", "all-to-all of 4 MiB per destination over all " + std::to_string(P) +
+                                     " ranks, bytes leaving a rank" + (hosts > 1 ? " (across the hosts too)" : "")},
+         {"inter_gb_s", inter_peer > 0 ? "16 MiB exchange between ranks 0 (" + ctx.topo.hosts()[0] + ") and " +
+                                             std::to_string(inter_peer) + " (" +
+                                             ctx.topo.hosts()[size_t(inter_peer)] + "), per direction"
+                                       : std::string("no second host: same as intra")},
+         {"inter_latency_us", inter_peer > 0 ? "8 B exchange between ranks 0 and " + std::to_string(inter_peer)
+                                             : std::string("no second host: same as intra")},
+         {"chips_per_node", hosts > 1 ? std::to_string(hosts) + " hosts, ranks per host" : std::string("one host")},
          {"compute_units_per_node", "hardware threads / threads per rank"},
          {"gemm_eff_values", "one layer's projections (forward + backward) and the LM head at M rows, 7 interleaved rounds, median"},
          {"attn_eff_values", "attn_fwd+attn_bwd of 512 query rows x kappa keys, unmasked, 9 interleaved rounds, median"},

@@ -155,6 +155,11 @@ if [ -n "$FAULT" ]; then
   FAULT_PID=$!
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# All hosts share this machine's cores: with more ranks than cores, ranks waiting in MPI must
+# yield, or they take the cores of the ranks they wait for (mpirun cannot see this: every host
+# says it has --ranks-per-host slots).
+yield=()
+[ $(( HOSTS * RPH )) -le "$(nproc)" ] || yield=(--mca mpi_yield_when_idle 1)
 set +e
 # TCP keepalive on mpirun's connections to its daemons: a daemon cut off by a link fault is
 # declared lost after ~10 s of silence instead of OpenMPI's default 8 minutes. When mpirun ends
@@ -162,7 +167,7 @@ set +e
 # 1): 3 s give the ranks time to mark their trace even on a loaded machine.
 mpirun --mca plm_rsh_agent "$TMP/rsh" --mca oob_tcp_if_include "$NET.0/24" \
   --mca oob_tcp_keepalive_time 4 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 \
-  --mca odls_base_sigkill_timeout 3 \
+  --mca odls_base_sigkill_timeout 3 "${yield[@]}" \
   --mca btl_tcp_if_include "$NET.0/24" --mca btl self,vader,tcp \
   --host "$(IFS=,; echo "${hostlist[*]}")" -np $(( HOSTS * RPH )) --bind-to none \
   -x OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "$@"

@@ -3,7 +3,8 @@
 mpirun across them): a tp x ring training run on 2 hosts x 2 ranks records each rank's host in
 the trace (h1 h1 h2 h2), keeps tp inside the hosts (no placement warning) and gives the losses of
 the same mesh on one host; a mesh whose tp groups straddle the hosts gets a warning on rank 0
-naming the axis and the ranks; a host's link taken down, or all of a host's processes killed,
+naming the axis and the ranks; bench calibrate measures the inside-host and host-to-host links
+separately into the profile; a host's link taken down, or all of a host's processes killed,
 in the middle of a run ends the job within 30 s with the trace truthful (truncated or failed,
 naming the step and phase) and every completed step readable. Skipped (77) where hosts cannot be made (not root, no ip netns).
 
@@ -79,6 +80,29 @@ check(rc == 0, "dry run with tp across hosts runs:\n" + out[-2000:])
 check("warning: mesh: the tp axis (size 2) spans hosts: ranks 0 on h1 and 1 on h2" in out,
       "tp across hosts is named in a warning:\n" + out[-2000:])
 check(out.count("warning: mesh") == 1, "the warning comes once (rank 0):\n" + out[-2000:])
+
+# bench calibrate across the hosts measures both link levels into the profile: inside a host
+# (ranks 0 and 1, shared memory) and host to host (ranks 0 and 2, the 1 Gbit/s shaped link).
+prof = os.path.join(WORK, "two_hosts.toml")
+if os.path.exists(prof):
+    os.remove(prof)
+rc, out = run(["bash", CLUSTER, "--hosts", "2", "--ranks-per-host", "2", "--", CTXPAR, "bench", "calibrate",
+               "--config", TINY, *MODEL, "hardware=" + prof, "out=" + os.path.join(WORK, "cal.h5")], timeout=400)
+check(rc == 0 and os.path.exists(prof), "bench calibrate on 2 hosts x 2 ranks writes the profile:\n" + out[-3000:])
+if os.path.exists(prof):
+    vals = {}
+    for line in open(prof):
+        m = re.match(r"^(\w+) = ([0-9.eE+-]+)", line)
+        if m:
+            vals[m.group(1)] = float(m.group(2))
+    print(f"calibrate: intra {vals.get('intra_gb_s')} GB/s {vals.get('intra_latency_us')} us, "
+          f"inter {vals.get('inter_gb_s')} GB/s {vals.get('inter_latency_us')} us, chips_per_node {vals.get('chips_per_node')}")
+    check(vals.get("chips_per_node") == 2, f"chips_per_node = ranks per host = 2: {vals.get('chips_per_node')}")
+    check(0 < vals.get("inter_gb_s", 0) < 0.2, f"inter_gb_s is the shaped 1 Gbit/s link: {vals.get('inter_gb_s')}")
+    check(vals.get("intra_gb_s", 0) > 5 * vals.get("inter_gb_s", 1e9),
+          f"inside a host much faster than host to host: {vals.get('intra_gb_s')} vs {vals.get('inter_gb_s')}")
+    check(vals.get("inter_latency_us", 0) > vals.get("intra_latency_us", 1e9),
+          f"host-to-host latency above inside-host: {vals.get('inter_latency_us')} vs {vals.get('intra_latency_us')}")
 
 # Faults across hosts, in the middle of a long run: h2's link goes down, or every process of h2
 # is killed. The job must end well within the watchdog time (60 s here: the launcher notices the
