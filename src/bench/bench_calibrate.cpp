@@ -505,13 +505,12 @@ int bench_calibrate(BenchContext& ctx) {
   // The level the job lacks takes the other's numbers (said in the profile's notes).
   const Link& in_host = intra_peer > 0 ? intra_link : inter_link;
   const Link& across = inter_peer > 0 ? inter_link : intra_link;
-  const double lat_s = in_host.lat_s, bw_bps = in_host.bw_bps;
   const int hosts = *std::max_element(node.begin(), node.end()) + 1;
 
   // All-to-all over every rank, as Ulysses and pass-Q run it: 4 MiB per destination; rate =
   // bytes leaving a rank per second, the convention of the cost model's alltoall_s().
   const size_t P = size_t(world.size());
-  const double a2a_bps = measure_alltoall_rate(world, size_t(4) << 20, double(P - 1) * lat_s, 5);
+  const double a2a_bps = measure_alltoall_rate(world, size_t(4) << 20, double(P - 1) * in_host.lat_s, 5);
 
   HardwareProfile h;
   h.name = "local";
@@ -584,7 +583,7 @@ int bench_calibrate(BenchContext& ctx) {
   int wrong = 0;
   for (double e : g_eff) wrong += !(e > 0 && std::isfinite(e));
   for (double e : a_eff) wrong += !(e > 0 && std::isfinite(e));
-  wrong += !(mem_bps > 0 && bw_bps > 0 && a2a_bps > 0 && lat_s > 0);
+  wrong += !(mem_bps > 0 && in_host.bw_bps > 0 && a2a_bps > 0 && in_host.lat_s > 0);
   wrong += !(ew_bps > 0 && loss_bps > 0 && opt_bps > 0 && std::isfinite(diag_waste_keys) && std::isfinite(jitter));
   if (world.rank() == 0) {
     t.print(cfg.csv);

@@ -318,22 +318,14 @@ struct Tracer::Impl {
     int32_t layer = -1, ph = 0;
     const double idle = watchdog.idle_s(step, layer, ph);
     if (idle < kStuck_s) return;
-    IoLock lock(io_mutex(), std::defer_lock);
-    if (!lock.try_lock_for(std::chrono::milliseconds(200))) return;  // a write in progress: next tick
-    if (!writer || marked_failed || stop_marked_in_step.exchange(true)) return;
-    try {
-      char reason[256];
-      std::snprintf(reason, sizeof reason,
-                    "%s on rank 0 during step %lld (layer %d, phase %s; no progress for %.1f s): the steps before "
-                    "it are complete",
-                    signal_name(sig), static_cast<long long>(step), int(layer), phase_name(Phase(ph)), idle);
-      writer->attr("/", "status", "truncated");
-      writer->attr("/", "stop_reason", std::string(reason));
-      writer->attr("/", "end_time_utc", trace_detail::iso8601_utc(int64_t(std::time(nullptr))));
-      writer->flush();
-    } catch (const std::exception&) {
-      // as mark_failed: the status stays what it was
-    }
+    char reason[256];
+    std::snprintf(reason, sizeof reason,
+                  "%s on rank 0 during step %lld (layer %d, phase %s; no progress for %.1f s): the steps before it "
+                  "are complete",
+                  signal_name(sig), static_cast<long long>(step), int(layer), phase_name(Phase(ph)), idle);
+    // A write in progress holds the lock: the next tick tries again.
+    mark_status("truncated", "stop_reason", reason, std::chrono::milliseconds(200),
+                [this] { return !marked_failed && !stop_marked_in_step.exchange(true); });
   }
 
   void stop_watchdog() { watchdog.stop(); }
@@ -358,19 +350,28 @@ struct Tracer::Impl {
   // Rank 0, any thread: status "failed" and the reason, flushed; the first reason wins. Bounded:
   // when HDF5 stays busy (the main thread stuck in a write), the trace keeps status "running".
   void mark_failed(const std::string& reason) {
+    mark_status("failed", "failure", reason, std::chrono::seconds(5), [this] { return !marked_failed.exchange(true); });
+  }
+
+  // Rank 0, any thread: `status`, `key` = reason and the end time, flushed, when `claim` (run under
+  // the I/O lock, where the main thread closes the writer too) says this mark is the one to write.
+  // Gives up after `wait` when HDF5 stays busy; an I/O error leaves the status what it was.
+  template <class Claim>
+  void mark_status(const char* status, const char* key, const std::string& reason, std::chrono::milliseconds wait,
+                   Claim&& claim) {
     IoLock lock(io_mutex(), std::defer_lock);
-    if (!lock.try_lock_for(std::chrono::seconds(5))) return;
-    // Under the lock: the main thread closes the writer under it too (finish, fail).
-    if (!writer || marked_failed.exchange(true)) return;
+    if (!lock.try_lock_for(wait)) return;
+    if (!writer || !claim()) return;
     try {
-      writer->attr("/", "status", "failed");
-      writer->attr("/", "failure", reason);
+      writer->attr("/", "status", status);
+      writer->attr("/", key, reason);
       writer->attr("/", "end_time_utc", trace_detail::iso8601_utc(int64_t(std::time(nullptr))));
       writer->flush();
     } catch (const std::exception&) {
       // A full disk or a broken file: the status stays what it was; the message went to stderr.
     }
   }
+
 
   // Rank 0: runs an HDF5 step; an I/O failure after the file was opened ends the job (the
   // other ranks are already past the collective and could not be told otherwise).
