@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -54,6 +55,27 @@ namespace ctxpar {
 namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// How many of the job's hosts run on rank 0's machine: hosts that report the same kernel boot id
+// are network namespaces (or containers) of one machine and share its cores. 1 where the id
+// cannot be read.
+int hosts_sharing_this_machine(Comm& world, const std::vector<int>& node) {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  const uint64_t h = id.empty() ? uint64_t(world.rank()) + 1 : std::hash<std::string>{}(id);
+  // Two exact 32-bit halves per rank (a double holds them exactly); max-reduce fills every slot.
+  std::vector<double> ids(2 * size_t(world.size()), 0.0);
+  ids[2 * size_t(world.rank())] = double(h >> 32);
+  ids[2 * size_t(world.rank()) + 1] = double(h & 0xffffffffu);
+  world.all_reduce(std::span<double>(ids), ReduceOp::max);
+  std::vector<int> hosts_here;
+  for (size_t r = 0; r < size_t(world.size()); ++r)
+    if (ids[2 * r] == ids[0] && ids[2 * r + 1] == ids[1] &&
+        std::find(hosts_here.begin(), hosts_here.end(), node[r]) == hosts_here.end())
+      hosts_here.push_back(node[r]);
+  return std::max<int>(1, int(hosts_here.size()));
+}
 
 // Best-of-`reps` time of fn() on every rank at once; the slowest rank's time.
 template <class F>
@@ -506,6 +528,7 @@ int bench_calibrate(BenchContext& ctx) {
   const Link& in_host = intra_peer > 0 ? intra_link : inter_link;
   const Link& across = inter_peer > 0 ? inter_link : intra_link;
   const int hosts = *std::max_element(node.begin(), node.end()) + 1;
+  const int hosts_sharing = hosts_sharing_this_machine(world, node);
 
   // All-to-all over every rank, as Ulysses and pass-Q run it: 4 MiB per destination; rate =
   // bytes leaving a rank per second, the convention of the cost model's alltoall_s().
@@ -526,10 +549,80 @@ int bench_calibrate(BenchContext& ctx) {
   // Ranks per host (block placement, as mpirun and srun place them by default); one host: every
   // rank of the job is on it.
   h.chips_per_node = hosts > 1 ? int64_t(world.size() / hosts) : 1024;
-  h.compute_units_per_node = std::max<int64_t>(1, int64_t(cores) / std::max(1, threads));
+  // Hosts that are one machine (network namespaces of tests/cluster) share its cores.
+  h.compute_units_per_node =
+      double(std::max<int64_t>(1, int64_t(cores) / std::max(1, threads))) / double(hosts_sharing);
   h.intra = {in_host.bw_bps, in_host.lat_s};
   h.intra_alltoall_bytes_per_s = a2a_bps;
   h.inter = {across.bw_bps, across.lat_s};
+  // Across hosts, each collective as the strategies run it over every rank: its node-crossing
+  // rate is the one that makes the cost model's formula give the measured time (bisection in log
+  // space; the formulas fall as the rate grows). Over TCP, MPI's collectives reach their own
+  // fractions of a point-to-point stream (algorithm, one NIC shared by a node's ranks).
+  double allreduce_meas_s = 0, allgather_meas_s = 0, alltoall_meas_s = 0;
+  if (hosts > 1) {
+    auto fit = [&](double meas_s, double HardwareProfile::*rate, auto&& model) {
+      HardwareProfile probe = h;
+      auto at = [&](double bps) {
+        probe.*rate = bps;
+        return model(probe);
+      };
+      double lo = 1e5, hi = 1e13;
+      if (!(at(hi) < meas_s && at(lo) > meas_s)) return;  // outside what the rate can explain: default
+      for (int i = 0; i < 60; ++i) {
+        const double mid = std::sqrt(lo * hi);
+        (at(mid) > meas_s ? lo : hi) = mid;
+      }
+      h.*rate = std::sqrt(lo * hi);
+    };
+    const int64_t n = int64_t(P), k = h.chips_per_node;
+    const size_t n_el = size_t(1) << 20;  // 4 MiB of floats per rank
+    std::vector<float> grad(4 * n_el, 1.0f), part(n_el, 1.0f), whole(n_el * P, 0.0f);
+    allreduce_meas_s = timed(world, 3, [&] { world.all_reduce(std::span<float>(grad), ReduceOp::sum); });
+    fit(allreduce_meas_s, &HardwareProfile::inter_collective_bytes_per_s,
+        [&](const HardwareProfile& x) { return allreduce_s(x, n, k, double(grad.size()) * sizeof(float)); });
+    allgather_meas_s = timed(world, 3, [&] { world.all_gather(std::span<float>(part), std::span<float>(whole)); });
+    fit(allgather_meas_s, &HardwareProfile::inter_allgather_bytes_per_s,
+        [&](const HardwareProfile& x) { return allgather_s(x, n, k, double(whole.size()) * sizeof(float)); });
+    std::vector<float> a2a_in(n_el * P, 1.0f), a2a_out(n_el * P, 0.0f);
+    alltoall_meas_s = timed(world, 3, [&] { world.all_to_all(std::span<float>(a2a_in), std::span<float>(a2a_out)); });
+    fit(alltoall_meas_s, &HardwareProfile::inter_alltoall_bytes_per_s,
+        [&](const HardwareProfile& x) { return alltoall_s(x, n, k, double(a2a_in.size()) * sizeof(float)); });
+  }
+  // What a ring step's transfer costs the compute across hosts: every rank runs 16 blocks of one
+  // layer's GEMMs at 128 rows, alone and then with a message to the next rank and from the
+  // previous in flight (test() between blocks, as the ring progresses its transfers), in
+  // alternation, 9 pairs; loss = median over pairs of (slowest rank with) - (slowest alone), per
+  // byte sent + received. The message is sized so the link carries it in a third of the
+  // compute: what remains is the cost of moving it, not the wait for the wire.
+  double overlap_loss_s_per_byte = 0, overlap_msg_bytes = 0;
+  if (hosts > 1) {
+    LayerGemms work(d, 128);
+    const int me = world.rank(), next = (me + 1) % int(P), prev = (me + int(P) - 1) % int(P);
+    auto blocks = [&](Request* q) {
+      for (int b = 0; b < 16; ++b) {
+        work.run();
+        if (q && q->pending()) world.test(*q);
+      }
+      if (q) world.wait(*q);
+    };
+    const double t_alone0 = timed(world, 1, [&] { blocks(nullptr); });
+    const size_t msg = size_t(std::clamp(across.bw_bps * t_alone0 / 3.0, double(64 << 10), double(4 << 20)));
+    overlap_msg_bytes = double(msg);
+    std::vector<uint8_t> sb(msg, 1), rb(msg, 0);
+    std::vector<double> loss;
+    for (int rep = 0; rep < 10; ++rep) {
+      const double alone = timed(world, 1, [&] { blocks(nullptr); });
+      const double with = timed(world, 1, [&] {
+        Request q = world.send_recv_async(std::span<uint8_t>(sb), next, std::span<uint8_t>(rb), prev);
+        blocks(&q);
+      });
+      if (rep > 0) loss.push_back(with - alone);  // the first pair warms the connections
+    }
+    std::sort(loss.begin(), loss.end());
+    overlap_loss_s_per_byte = std::max(0.0, loss[loss.size() / 2]) / (2.0 * double(msg));
+  }
+  h.inter_overlap_loss_s_per_byte = overlap_loss_s_per_byte;
   h.gemm_eff.x = g_rows;
   h.gemm_eff.eff = g_eff;
   h.attn_eff.x = a_keys;
@@ -578,6 +671,13 @@ int bench_calibrate(BenchContext& ctx) {
   if (inter_peer > 0) {
     t.add_row({"p2p_latency (host to host)", t.cell(1, inter_link.lat_s * 1e6), "us"});
     t.add_row({"p2p_bandwidth_per_dir (host to host)", t.cell(1, inter_link.bw_bps / 1e9), "GB/s"});
+    t.add_row({"allreduce_16MiB (all ranks)", t.cell(1, allreduce_meas_s * 1e3), "ms"});
+    t.add_row({"allreduce_rate (host to host)", t.cell(1, h.inter_collective_bytes_per_s / 1e9), "GB/s"});
+    t.add_row({"allgather_4MiB_per_rank (all ranks)", t.cell(1, allgather_meas_s * 1e3), "ms"});
+    t.add_row({"allgather_rate (host to host)", t.cell(1, h.inter_allgather_bytes_per_s / 1e9), "GB/s"});
+    t.add_row({"alltoall_4MiB_per_dest (all ranks)", t.cell(1, alltoall_meas_s * 1e3), "ms"});
+    t.add_row({"alltoall_rate (host to host)", t.cell(1, h.inter_alltoall_bytes_per_s / 1e9), "GB/s"});
+    t.add_row({"ring_overlap_loss (host to host)", t.cell(1, overlap_loss_s_per_byte * 1e9), "ns/byte"});
   }
   t.add_row({"alltoall_bandwidth_per_rank", t.cell(1, a2a_bps / 1e9), "GB/s"});
   int wrong = 0;
@@ -611,8 +711,19 @@ int bench_calibrate(BenchContext& ctx) {
                                        : std::string("no second host: same as intra")},
          {"inter_latency_us", inter_peer > 0 ? "8 B exchange between ranks 0 and " + std::to_string(inter_peer)
                                              : std::string("no second host: same as intra")},
+         {"inter_collective_gb_s", "all-reduce of 16 MiB over all ranks: the node-crossing rate that makes the "
+                                   "cost model's all-reduce time match the measured one"},
+         {"inter_allgather_gb_s", "all-gather of 4 MiB per rank over all ranks, fitted as the all-reduce"},
+         {"inter_alltoall_gb_s", "all-to-all of 4 MiB per destination over all ranks, fitted as the all-reduce"},
+         {"inter_overlap_loss_ns_per_byte",
+          "ring of " + std::to_string(int64_t(overlap_msg_bytes) >> 10) +
+              " KiB messages (next/previous rank) while one layer's GEMMs run, test() between blocks, vs the "
+              "GEMMs alone: median extra time of the slowest rank per byte sent + received (9 pairs)"},
          {"chips_per_node", hosts > 1 ? std::to_string(hosts) + " hosts, ranks per host" : std::string("one host")},
-         {"compute_units_per_node", "hardware threads / threads per rank"},
+         {"compute_units_per_node", hosts_sharing > 1 ? "hardware threads / threads per rank / " +
+                                                              std::to_string(hosts_sharing) +
+                                                              " hosts on this machine (one kernel boot id)"
+                                                        : std::string("hardware threads / threads per rank")},
          {"gemm_eff_values", "one layer's projections (forward + backward) and the LM head at M rows, 7 interleaved rounds, median"},
          {"attn_eff_values", "attn_fwd+attn_bwd of 512 query rows x kappa keys, unmasked, 9 interleaved rounds, median"},
          {"attn_diag_waste_keys", "pairs the kernel computes on a causal 2048 block beyond the visible ones, per query row"},

@@ -55,9 +55,9 @@ double kv_heads_loc(const ModelShape& m, int64_t tp) { return std::max<double>(1
 // Compute slowdown of one rank: ranks outnumbering the node's compute units share them (CPU runs
 // with more ranks than cores), at shared_core_eff.
 double share_factor(const HardwareProfile& hw, const PerfMesh& mesh) {
-  const int64_t units = hw.compute_units_per_node > 0 ? hw.compute_units_per_node : hw.chips_per_node;
-  const int64_t on_node = std::min(mesh.chips(), hw.chips_per_node);
-  return on_node > units ? double(on_node) / double(units) / hw.shared_core_eff : 1.0;
+  const double units = hw.compute_units_per_node > 0 ? hw.compute_units_per_node : double(hw.chips_per_node);
+  const double on_node = double(std::min(mesh.chips(), hw.chips_per_node));
+  return on_node > units ? on_node / units / hw.shared_core_eff : 1.0;
 }
 
 double imbalance(PartitionKind partition, int64_t n) {
@@ -145,9 +145,9 @@ static double log2_steps(int64_t n) { return n > 1 ? std::ceil(std::log2(double(
 // leaves (a hierarchical reduce-scatter / all-reduce / all-gather would instead add the levels'
 // times). Bus factors as nccl-tests: all-reduce 2(n-1)/n, all-gather (n-1)/n.
 namespace {
-double ring_bw_s(const HardwareProfile& hw, int64_t n, int64_t k, double bus_bytes) {
+double ring_bw_s(const HardwareProfile& hw, int64_t n, int64_t k, double bus_bytes, double inter_bps) {
   if (n <= k) return bus_bytes / hw.intra_collective_bps();
-  return bus_bytes / double(k) * std::max(double(k - 1) / hw.intra_collective_bps(), 1.0 / hw.inter.bw_bytes_per_s);
+  return bus_bytes / double(k) * std::max(double(k - 1) / hw.intra_collective_bps(), 1.0 / inter_bps);
 }
 // Latency: log2 steps per level (small messages use tree / one-shot algorithms; for large ones
 // the bandwidth term dominates whatever the algorithm).
@@ -159,12 +159,12 @@ double ring_latency_s(const HardwareProfile& hw, int64_t n, int64_t k) {
 
 double allreduce_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes) {
   if (n <= 1) return 0;
-  return ring_bw_s(hw, n, k, 2.0 * double(n - 1) / double(n) * bytes) + 2.0 * ring_latency_s(hw, n, k);
+  return ring_bw_s(hw, n, k, 2.0 * double(n - 1) / double(n) * bytes, hw.inter_collective_bps()) + 2.0 * ring_latency_s(hw, n, k);
 }
 
 double allgather_s(const HardwareProfile& hw, int64_t n, int64_t k, double out_bytes) {
   if (n <= 1) return 0;
-  return ring_bw_s(hw, n, k, double(n - 1) / double(n) * out_bytes) + ring_latency_s(hw, n, k);
+  return ring_bw_s(hw, n, k, double(n - 1) / double(n) * out_bytes, hw.inter_allgather_bps()) + ring_latency_s(hw, n, k);
 }
 
 double alltoall_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes) {
@@ -172,8 +172,12 @@ double alltoall_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes)
   // Of the n equal parts a rank holds, k-1 go over the intra link and n-k over its NIC; both
   // links work at once.
   const double intra = double(k - 1) / double(n) * bytes / hw.intra_alltoall_bps() + (k > 1 ? hw.intra.latency_s * double(k - 1) : 0);
-  const double inter = double(n - k) / double(n) * bytes / hw.inter.bw_bytes_per_s + (n > k ? hw.inter.latency_s * double(n - k) : 0);
+  const double inter = double(n - k) / double(n) * bytes / hw.inter_alltoall_bps() + (n > k ? hw.inter.latency_s * double(n - k) : 0);
   return std::max(intra, inter);
+}
+
+double ring_step_loss_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes) {
+  return n > k ? bytes * hw.inter_overlap_loss_s_per_byte : 0.0;
 }
 
 double p2p_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes) {
@@ -337,11 +341,13 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
     const double msg = tokens * double(U) * 2.0 * hkv_u * double(m.D) * e;
     const int64_t k_r = ranks_per_node(c.hw, R, tp * U);
     const double m_f = p2p_s(c.hw, R, k_r, msg), m_b = p2p_s(c.hw, R, k_r, 2 * msg);
-    const double ring_f = ring_pipeline_s(R, cf, m_f, R > 1 ? o : 0), ring_b = ring_pipeline_s(R, cb, m_b, R > 1 ? o : 0);
+    // Per-step overhead: the fixed one and what the step's transfer costs the compute (send + receive).
+    const double of = R > 1 ? o + ring_step_loss_s(c.hw, R, k_r, 2 * msg) : 0;
+    const double ob = R > 1 ? o + ring_step_loss_s(c.hw, R, k_r, 4 * msg) : 0;
+    const double ring_f = ring_pipeline_s(R, cf, m_f, of), ring_b = ring_pipeline_s(R, cb, m_b, ob);
     attn_layer = ring_f * (1 + recompute) + ring_b + t_a2a;
     comm_layer = t_a2a + double(R - 1) * ((1 + recompute) * m_f + m_b);
-    exposed_layer = t_a2a + (ring_f - double(R) * (cf + (R > 1 ? o : 0))) * (1 + recompute) +
-                    (ring_b - double(R) * (cb + (R > 1 ? o : 0)));
+    exposed_layer = t_a2a + (ring_f - double(R) * (cf + of)) * (1 + recompute) + (ring_b - double(R) * (cb + ob));
     buf = 2.0 * a2a.max_bytes + 3.0 * msg;
   } else if (st == PerfStrategy::ring) {
     const int64_t k = ranks_per_node(c.hw, N, tp);
@@ -349,11 +355,12 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
     const double cf = attn_seconds(c, imb * at_fwd_rank, kappa, w_fwd) / double(N);
     const double cb = attn_seconds(c, imb * at_bwd_rank, kappa, w_bwd) / double(N);
     const double m_f = p2p_s(c.hw, N, k, kv_msg), m_b = p2p_s(c.hw, N, k, 2 * kv_msg);  // backward: K/V and dK/dV travel
-    const double oo = N > 1 ? o : 0;
-    const double ring_f = ring_pipeline_s(N, cf, m_f, oo), ring_b = ring_pipeline_s(N, cb, m_b, oo);
+    const double of = N > 1 ? o + ring_step_loss_s(c.hw, N, k, 2 * kv_msg) : 0;
+    const double ob = N > 1 ? o + ring_step_loss_s(c.hw, N, k, 4 * kv_msg) : 0;
+    const double ring_f = ring_pipeline_s(N, cf, m_f, of), ring_b = ring_pipeline_s(N, cb, m_b, ob);
     attn_layer = ring_f * (1 + recompute) + ring_b;
     comm_layer = double(N - 1) * ((1 + recompute) * m_f + m_b);
-    exposed_layer = (ring_f - double(N) * (cf + oo)) * (1 + recompute) + (ring_b - double(N) * (cb + oo));
+    exposed_layer = (ring_f - double(N) * (cf + of)) * (1 + recompute) + (ring_b - double(N) * (cb + ob));
     buf = 3.0 * kv_msg;
   }
   r.attn_s = attn_layer * L;
@@ -420,14 +427,16 @@ StrategyPrediction predict_infer(const Ctx& c, PerfStrategy st) {
       const double m_q = p2p_s(c.hw, N, k_cp, q_msg);
       const double a2a = alltoall_s(c.hw, N, k_cp, double(B) * hq * (double(m.D) + 1) * 4.0);
       // Each step reads the local cache against the visiting query.
-      attn_layer = ring_pipeline_s(N, c_step, m_q, o) + a2a;
+      const double os = o + ring_step_loss_s(c.hw, N, k_cp, 2 * q_msg);
+      attn_layer = ring_pipeline_s(N, c_step, m_q, os) + a2a;
       comm_layer = double(N - 1) * m_q + a2a;
-      exposed_layer = attn_layer - double(N) * (c_step + o);
+      exposed_layer = attn_layer - double(N) * (c_step + os);
     } else {
       const double m_kv = p2p_s(c.hw, N, k_cp, kv_bytes_rank);
-      attn_layer = ring_pipeline_s(N, c_step, m_kv, o);
+      const double os = o + ring_step_loss_s(c.hw, N, k_cp, 2 * kv_bytes_rank);
+      attn_layer = ring_pipeline_s(N, c_step, m_kv, os);
       comm_layer = double(N - 1) * m_kv;
-      exposed_layer = attn_layer - double(N) * (c_step + o);
+      exposed_layer = attn_layer - double(N) * (c_step + os);
     }
     r.attn_s = attn_layer * L;
     const double t_tp = 2.0 * L * allreduce_s(c.hw, tp, k_tp, double(B) * double(m.dim) * e);
@@ -447,19 +456,22 @@ StrategyPrediction predict_infer(const Ctx& c, PerfStrategy st) {
     const double c_all = attn_seconds(c, at_flops_rank, kappa_step, waste);
     if (st == PerfStrategy::pass_kv) {
       const double m_kv = p2p_s(c.hw, N, k_cp, kv_bytes_rank);
-      const double ring = ring_pipeline_s(N, c_all / double(N), m_kv, o);
+      const double os = o + ring_step_loss_s(c.hw, N, k_cp, 2 * kv_bytes_rank);
+      const double ring = ring_pipeline_s(N, c_all / double(N), m_kv, os);
       attn_layer = ring;
       comm_layer = double(N - 1) * m_kv;
-      exposed_layer = ring - c_all - double(N) * o;
+      exposed_layer = ring - c_all - double(N) * os;
       buf = 2.0 * kv_bytes_rank;
     } else if (st == PerfStrategy::pass_q) {
-      const double m_q = p2p_s(c.hw, N, k_cp, T_loc * hq * double(m.D) * e);
-      const double ring = ring_pipeline_s(N, c_all / double(N), m_q, o);
+      const double q_bytes = T_loc * hq * double(m.D) * e;
+      const double m_q = p2p_s(c.hw, N, k_cp, q_bytes);
+      const double os = o + ring_step_loss_s(c.hw, N, k_cp, 2 * q_bytes);
+      const double ring = ring_pipeline_s(N, c_all / double(N), m_q, os);
       // Partial outputs (fp32 O and LSE) of every visiting query block go home in one all-to-all.
       const double a2a = alltoall_s(c.hw, N, k_cp, T_loc * hq * (double(m.D) + 1) * 4.0);
       attn_layer = ring + a2a;
       comm_layer = double(N - 1) * m_q + a2a;
-      exposed_layer = ring - c_all - double(N) * o + a2a;
+      exposed_layer = ring - c_all - double(N) * os + a2a;
       buf = 2.0 * T_loc * hq * double(m.D) * (e + 4.0);
     } else if (st == PerfStrategy::ulysses || st == PerfStrategy::usp) {
       // Full prefill: all-to-all of Q, K, V in and O out (exposed), then a rank holds U*T_loc
@@ -471,7 +483,7 @@ StrategyPrediction predict_infer(const Ctx& c, PerfStrategy st) {
       const double kappa = pairs / double(R) / double(T);  // one step: U*T_loc rows of H/U heads vs one block
       const double cf = attn_seconds(c, at_flops_rank, kappa, waste) / double(R);
       const double msg = T_loc * double(U) * 2.0 * (std::max(hkv, double(U)) / double(U)) * double(m.D) * e;
-      const double oo = R > 1 ? c.hw.step_overhead_s : 0;
+      const double oo = R > 1 ? c.hw.step_overhead_s + ring_step_loss_s(c.hw, R, k_r, 2 * msg) : 0;
       const double m_f = p2p_s(c.hw, R, k_r, msg);
       const double ring = ring_pipeline_s(R, cf, m_f, oo);
       attn_layer = ring + t_a2a;

@@ -110,6 +110,9 @@ PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& h
 // Ring pipeline: (n-1) * max(c + o, m) + c + o.
 double ring_pipeline_s(int64_t n, double compute_step_s, double comm_step_s, double overhead_s);
 // Link-level collective times for an axis group of n ranks, k per node; bytes as named.
+// What a ring step's transfer of `bytes` (sent + received) costs the compute when it crosses
+// nodes (hw.inter_overlap_loss_s_per_byte); 0 inside a node (n <= k).
+double ring_step_loss_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);
 double allreduce_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);        // bytes per rank
 double allgather_s(const HardwareProfile& hw, int64_t n, int64_t k, double out_bytes);    // gathered size
 double alltoall_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);         // sent+kept per rank

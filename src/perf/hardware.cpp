@@ -70,7 +70,8 @@ std::string join_names() {
 const std::vector<std::string> kKeys = {
     "name", "description", "peak_tflops_bf16", "peak_tflops_fp8", "peak_tflops_fp32", "default_precision",
     "hbm_gb", "hbm_tb_s", "hbm_eff", "chips_per_node", "compute_units_per_node", "intra_gb_s",
-    "intra_latency_us", "intra_collective_gb_s", "intra_alltoall_gb_s", "inter_gb_s", "inter_latency_us", "gemm_eff", "gemm_eff_at_rows", "gemm_half_rows",
+    "intra_latency_us", "intra_collective_gb_s", "intra_alltoall_gb_s", "inter_gb_s", "inter_latency_us", "inter_collective_gb_s", "inter_allgather_gb_s", "inter_alltoall_gb_s",
+    "inter_overlap_loss_ns_per_byte", "gemm_eff", "gemm_eff_at_rows", "gemm_half_rows",
     "gemm_eff_rows", "gemm_eff_values", "attn_eff", "attn_eff_at_keys", "attn_half_keys",
     "attn_eff_keys", "attn_eff_values", "attn_diag_waste_keys", "attn_bwd_work", "elementwise_gb_s", "loss_gb_s", "optimizer_gb_s",
     "step_overhead_us", "rank_jitter", "shared_core_eff", "overlap_collectives"};
@@ -208,11 +209,15 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
   h.hbm_bytes_per_s = r.num("hbm_tb_s", 0) * 1e12;
   h.hbm_eff = r.num("hbm_eff", 0.8);
   h.chips_per_node = int64_t(r.num("chips_per_node", 8));
-  h.compute_units_per_node = int64_t(r.num("compute_units_per_node", 0));
+  h.compute_units_per_node = r.num("compute_units_per_node", 0);
   h.intra = {r.num("intra_gb_s", 0) * 1e9, r.num("intra_latency_us", 0) * 1e-6};
   h.inter = {r.num("inter_gb_s", 0) * 1e9, r.num("inter_latency_us", 0) * 1e-6};
   h.intra_collective_bytes_per_s = r.num("intra_collective_gb_s", 0) * 1e9;
   h.intra_alltoall_bytes_per_s = r.num("intra_alltoall_gb_s", 0) * 1e9;
+  h.inter_collective_bytes_per_s = r.num("inter_collective_gb_s", 0) * 1e9;
+  h.inter_allgather_bytes_per_s = r.num("inter_allgather_gb_s", 0) * 1e9;
+  h.inter_alltoall_bytes_per_s = r.num("inter_alltoall_gb_s", 0) * 1e9;
+  h.inter_overlap_loss_s_per_byte = r.num("inter_overlap_loss_ns_per_byte", 0) * 1e-9;
   h.gemm_eff = r.curve("gemm_eff", "rows", "gemm_eff_at_rows", "gemm_half_rows");
   h.attn_eff = r.curve("attn_eff", "keys", "attn_eff_at_keys", "attn_half_keys");
   h.attn_diag_waste_keys = r.num("attn_diag_waste_keys", 0);
@@ -236,6 +241,10 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
           std::string("must be > 0 (the peak of default_precision = ") + name_of(h.default_precision) + ")");
   if (h.hbm_bytes <= 0 || h.hbm_bytes_per_s <= 0) r.bad("hbm_gb", "and hbm_tb_s must be > 0");
   if (h.chips_per_node < 1) r.bad("chips_per_node", "must be ≥ 1");
+  if (h.inter_collective_bytes_per_s < 0 || h.inter_allgather_bytes_per_s < 0 || h.inter_alltoall_bytes_per_s < 0)
+    r.bad("inter_collective_gb_s", "inter_allgather_gb_s and inter_alltoall_gb_s must be ≥ 0 (0 = inter_gb_s)");
+  if (h.inter_overlap_loss_s_per_byte < 0) r.bad("inter_overlap_loss_ns_per_byte", "must be ≥ 0");
+  if (h.compute_units_per_node < 0) r.bad("compute_units_per_node", "must be ≥ 0 (0 = chips_per_node)");
   if (h.intra.bw_bytes_per_s <= 0 || h.inter.bw_bytes_per_s <= 0) r.bad("intra_gb_s", "and inter_gb_s must be > 0");
   if (!(h.hbm_eff > 0 && h.hbm_eff <= 1)) r.bad("hbm_eff", "must be in (0, 1]");
   return h;
@@ -272,13 +281,18 @@ std::string hardware_toml(const HardwareProfile& h, const std::vector<std::strin
   line("hbm_tb_s", num(h.hbm_bytes_per_s / 1e12));
   line("hbm_eff", num(h.hbm_eff));
   line("chips_per_node", std::to_string(h.chips_per_node));
-  line("compute_units_per_node", std::to_string(h.compute_units_per_node));
+  line("compute_units_per_node", num(h.compute_units_per_node));
   line("intra_gb_s", num(h.intra.bw_bytes_per_s / 1e9));
   line("intra_latency_us", num(h.intra.latency_s * 1e6));
   if (h.intra_collective_bytes_per_s > 0) line("intra_collective_gb_s", num(h.intra_collective_bytes_per_s / 1e9));
   if (h.intra_alltoall_bytes_per_s > 0) line("intra_alltoall_gb_s", num(h.intra_alltoall_bytes_per_s / 1e9));
   line("inter_gb_s", num(h.inter.bw_bytes_per_s / 1e9));
   line("inter_latency_us", num(h.inter.latency_s * 1e6));
+  if (h.inter_collective_bytes_per_s > 0) line("inter_collective_gb_s", num(h.inter_collective_bytes_per_s / 1e9));
+  if (h.inter_allgather_bytes_per_s > 0) line("inter_allgather_gb_s", num(h.inter_allgather_bytes_per_s / 1e9));
+  if (h.inter_alltoall_bytes_per_s > 0) line("inter_alltoall_gb_s", num(h.inter_alltoall_bytes_per_s / 1e9));
+  if (h.inter_overlap_loss_s_per_byte > 0)
+    line("inter_overlap_loss_ns_per_byte", num(h.inter_overlap_loss_s_per_byte * 1e9));
   if (!h.gemm_eff.x.empty()) {
     line("gemm_eff_rows", arr(h.gemm_eff.x));
     line("gemm_eff_values", arr(h.gemm_eff.eff));

@@ -38,7 +38,9 @@ struct HardwareProfile {
   double hbm_bytes_per_s = 0;              // peak memory bandwidth per chip
   double hbm_eff = 0.8;                    // achieved fraction for streaming kernels
   int64_t chips_per_node = 8;              // scale-up domain size (ranks sharing the fast link)
-  int64_t compute_units_per_node = 0;      // chips (or cores) that compute at once; 0 = chips_per_node
+  // Chips (or cores) of a node that compute at once; 0 = chips_per_node. Fractional where hosts
+  // share one machine's cores (the cluster tests/cluster makes on one machine: 2 cores, 4 hosts = 0.5).
+  double compute_units_per_node = 0;
   Link intra, inter;
   // Bandwidth per chip of a collective inside the node (0 = intra.bw): a torus collective
   // streams over several links at once while a ring hop uses one.
@@ -48,6 +50,20 @@ struct HardwareProfile {
   // Shared-memory MPI moves an all-to-all slower than a point-to-point exchange.
   double intra_alltoall_bytes_per_s = 0;
   double intra_alltoall_bps() const { return intra_alltoall_bytes_per_s > 0 ? intra_alltoall_bytes_per_s : intra_collective_bps(); }
+  // Node-crossing rates of the collectives (0 = inter.bw), each the rate that makes the cost
+  // model's formula give the time `bench calibrate` measured for that collective across hosts:
+  // over TCP, with one NIC shared by a node's ranks, MPI's all-reduce, all-gather and all-to-all
+  // each reach their own fraction of a point-to-point stream.
+  double inter_collective_bytes_per_s = 0;  // all-reduce, reduce-scatter
+  double inter_allgather_bytes_per_s = 0;   // all-gather (0 = the all-reduce's)
+  double inter_alltoall_bytes_per_s = 0;    // all-to-all, bytes leaving a rank across nodes
+  // Time a ring step loses per byte it sends and receives across nodes while it computes
+  // (0 where the transfer hides under compute: RDMA, NVLink, NCCL on its own SMs). Over TCP the
+  // transport runs on the computing cores, and MPI moves a large message only inside its calls.
+  double inter_overlap_loss_s_per_byte = 0;
+  double inter_collective_bps() const { return inter_collective_bytes_per_s > 0 ? inter_collective_bytes_per_s : inter.bw_bytes_per_s; }
+  double inter_allgather_bps() const { return inter_allgather_bytes_per_s > 0 ? inter_allgather_bytes_per_s : inter_collective_bps(); }
+  double inter_alltoall_bps() const { return inter_alltoall_bytes_per_s > 0 ? inter_alltoall_bytes_per_s : inter.bw_bytes_per_s; }
   EffCurve gemm_eff;  // vs rows (tokens) of the activation matrix
   // Attention efficiency of one kernel call vs kappa = visible keys per query row of the call
   // (the work each query row amortizes its fixed costs over: Q tile load, output normalization,

@@ -75,6 +75,7 @@ teardown() {
   local rc=$?
   trap - EXIT INT TERM
   [ -z "${FAULT_PID:-}" ] || kill "$FAULT_PID" 2>/dev/null || true
+  [ -z "$(jobs -p)" ] || kill $(jobs -p) 2>/dev/null || true  # --keep's sleep
   # Processes keep a deleted namespace alive (an MPI daemon cut off by a link fault would
   # outlive the run): kill what still runs in each host first.
   for i in $(seq 1 "$HOSTS"); do
@@ -105,8 +106,11 @@ shape() {  # shape NETNS_ARGS... DEV
       exit 2
     }
   else
-    # burst: at least one 64 KiB TCP segment train; latency bounds the queue
-    "${pre[@]}" tc qdisc add dev "$dev" root tbf rate "$RATE" burst 256kb latency 50ms
+    # burst: one 64 KiB GSO segment, no more: a larger bucket lets every message that follows an
+    # idle spell (a ring step after its compute) through at memory speed up to the bucket size, which
+    # no real NIC does (256 KiB doubled the apparent rate of 512 KiB ring messages); latency bounds
+    # the queue
+    "${pre[@]}" tc qdisc add dev "$dev" root tbf rate "$RATE" burst 64kb latency 50ms
   fi
 }
 hostlist=()
@@ -138,7 +142,8 @@ if [ "$KEEP" = 1 ]; then
   for i in $(seq 1 "$HOSTS"); do echo "cluster: enter h$i: ip netns exec $(ns "$i") bash" >&2; done
   echo "cluster: mpirun --mca plm_rsh_agent $TMP/rsh --mca oob_tcp_if_include $NET.0/24 --mca btl_tcp_if_include $NET.0/24 --host $(IFS=,; echo "${hostlist[*]}") ..." >&2
   echo "cluster: waiting; Ctrl-C tears the hosts down" >&2
-  while true; do sleep 3600; done
+  # wait on a background sleep: a trap runs at once (a foreground sleep would hold a SIGTERM back)
+  while true; do sleep 3600 & wait $!; done
 fi
 
 if [ -n "$FAULT" ]; then

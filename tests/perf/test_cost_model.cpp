@@ -224,6 +224,68 @@ TEST(CostModel, AllToAllUsesItsOwnRateWhenMeasured) {
   EXPECT_DOUBLE_EQ(load_hardware(f).intra_alltoall_bytes_per_s, 2.5e9);
 }
 
+// Across hosts: each collective at its own fitted node-crossing rate (bench calibrate on a
+// cluster), the ring's steps that cross hosts lose the measured time per byte to the transport,
+// and hosts that share one machine's cores have fractional compute units.
+TEST(CostModel, CrossHostRatesOverlapLossAndSharedMachines) {
+  HardwareProfile h = ideal();
+  h.inter.bw_bytes_per_s = 1e9;
+  const double ar = allreduce_s(h, 4, 1, 8e9), ag = allgather_s(h, 4, 1, 8e9), a2a = alltoall_s(h, 4, 1, 8e9);
+  h.inter_collective_bytes_per_s = 0.5e9;  // the all-reduce's rate; the all-gather follows it by default
+  EXPECT_NEAR(allreduce_s(h, 4, 1, 8e9), 2 * ar, 1e-9 * ar);
+  EXPECT_NEAR(allgather_s(h, 4, 1, 8e9), 2 * ag, 1e-9 * ag);
+  h.inter_allgather_bytes_per_s = 0.25e9;
+  EXPECT_NEAR(allgather_s(h, 4, 1, 8e9), 4 * ag, 1e-9 * ag);
+  EXPECT_NEAR(allreduce_s(h, 4, 1, 8e9), 2 * ar, 1e-9 * ar);
+  EXPECT_NEAR(alltoall_s(h, 4, 1, 8e9), a2a, 1e-12);  // the all-to-all keeps the link's rate ...
+  h.inter_alltoall_bytes_per_s = 0.5e9;               // ... until it has its own
+  EXPECT_NEAR(alltoall_s(h, 4, 1, 8e9), 3.0 / 4 * 8e9 / 0.5e9, 1e-12);
+  EXPECT_NEAR(allgather_s(h, 4, 4, 8e9), 3.0 / 4 * 8e9 / 10e9, 1e-12);  // inside a node: untouched
+
+  // The ring's overlap loss: only where the ring crosses nodes, per byte sent + received.
+  const ModelShape m = small();
+  HardwareProfile g = ideal();
+  g.chips_per_node = 1;
+  const PerfMesh mesh = ring_of(4);
+  PerfWorkload w = train_of(65536);  // long: each step compute-bound, the transfer hidden
+  w.mode = PerfMode::prefill;
+  const StrategyPrediction base = predict(m, g, mesh, w, "pass_kv");
+  EXPECT_DOUBLE_EQ(ring_step_loss_s(g, 4, 1, 1e6), 0.0);
+  g.inter_overlap_loss_s_per_byte = 1e-9;
+  EXPECT_DOUBLE_EQ(ring_step_loss_s(g, 4, 1, 1e6), 1e-3);
+  EXPECT_DOUBLE_EQ(ring_step_loss_s(g, 4, 4, 1e6), 0.0);  // inside a node
+  const StrategyPrediction lossy = predict(m, g, mesh, w, "pass_kv");
+  // A prefill ring of 4 steps per layer, each sending and receiving one rank's K/V (2 bytes).
+  const double kv = 65536.0 / 4 * 2 * m.H_kv * m.D * 2;
+  EXPECT_NEAR(lossy.time_s - base.time_s, double(m.layers) * 4 * 2 * kv * 1e-9, 1e-9);
+  g.chips_per_node = 8;  // the same ring inside one node: no loss
+  g.compute_units_per_node = 8;
+  EXPECT_NEAR(predict(m, g, mesh, w, "pass_kv").time_s, predict(m, ideal(), mesh, w, "pass_kv").time_s, 1e-12);
+
+  // Two hosts on one 2-core machine, 2 ranks each: one core per host, so each rank gets half.
+  HardwareProfile s = ideal();
+  s.chips_per_node = 2;
+  s.compute_units_per_node = 1;
+  PerfWorkload t = train_of(8192);
+  const StrategyPrediction shared = predict(m, s, ring_of(4), t, "ring");
+  s.compute_units_per_node = 2;
+  EXPECT_NEAR(shared.gemm_s, 2 * predict(m, s, ring_of(4), t, "ring").gemm_s, 1e-9 * shared.gemm_s);
+  s.compute_units_per_node = 0.5;  // 4 hosts of 1 rank on 2 cores
+  s.chips_per_node = 1;
+  EXPECT_NEAR(predict(m, s, ring_of(4), t, "ring").gemm_s, shared.gemm_s, 1e-9 * shared.gemm_s);
+  const std::string f = testing::TempDir() + "/cross_host_profile.toml";
+  h.peak_fp32_flops = s.peak_fp32_flops = 1e12;
+  h.compute_units_per_node = 0.5;
+  h.inter_overlap_loss_s_per_byte = 2e-9;
+  std::ofstream(f) << hardware_toml(h, {}, {});
+  const HardwareProfile r = load_hardware(f);
+  EXPECT_DOUBLE_EQ(r.compute_units_per_node, 0.5);
+  EXPECT_DOUBLE_EQ(r.inter_collective_bytes_per_s, 0.5e9);
+  EXPECT_DOUBLE_EQ(r.inter_allgather_bytes_per_s, 0.25e9);
+  EXPECT_DOUBLE_EQ(r.inter_alltoall_bytes_per_s, 0.5e9);
+  EXPECT_NEAR(r.inter_overlap_loss_s_per_byte, 2e-9, 1e-21);
+}
+
 TEST(CostModel, MemoryArithmetic) {
   const ModelShape m = llama405b();
   HardwareProfile h = ideal();
