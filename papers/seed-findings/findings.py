@@ -124,7 +124,6 @@ def ulysses_cap():
     heads, kv = 8, 2
     seq = 1024
     model = [a for a in MODEL if not a.startswith(("heads=", "kv_heads="))] + ["heads=%d" % heads, "kv_heads=%d" % kv]
-    D = 64
     rows = []
     for U in (1, 2, 4, 8, 16):
         path = "/tmp/ctxpar_find_uly_%d.h5" % U
@@ -134,24 +133,35 @@ def ulysses_cap():
             rc, out = mpirun(U, args + ["--dry-run"], ok=(0, 2))
             msg = next((l.strip() for l in out.splitlines() if "ulysses" in l.lower() and ("head" in l.lower())), out.strip()[-200:])
             rows.append([U, "-", "-", "-", "-", "-", "refused (exit %d): %s" % (rc, msg)])
+            print(rows[-1], flush=True)
             continue
         rc, out = mpirun(U, args)
         step = summary(path, "time_s_median")
         moved = span_bytes(path, "all_to_all") if U > 1 else 0.0
-        # Per layer a rank sends (U-1)/U of its S/U tokens' Q, K, V, O forward and dQ, dK, dV, dO
-        # backward (fp32); K and V count max(H_kv, U) heads: below U they are replicated.
-        kv_eff = max(kv, U)
-        ideal = lambda kvh: 2 * 2 * (U - 1) / U * (seq / U) * (2 * heads + 2 * kvh) * D * 4 * 2  # layers=2
-        rows.append([U, max(1, kv // U) if U <= kv else "%d (replicated x%d)" % (1, U // kv), "%.0f" % (moved / 1e3),
-                     "%.0f" % (ideal(kv_eff) / 1e3), "%.0f" % (ideal(kv) / 1e3), "%.3f" % step, "ran"])
+        rows.append([U, kv // U if U <= kv else "1 (each replicated on %d ranks)" % (U // kv), moved, step])
         print(rows[-1], flush=True)
-    header = ["U (ranks)", "KV heads per rank", "all-to-all KB/step (rank 0, measured)", "formula with replication KB",
-              "if K/V were not replicated KB", "step s", "status"]
+    # Expected bytes from the U = 2 point (no replication there): a rank sends (U-1)/U of its S/U
+    # tokens' rows, so bytes scale as (U-1)/U^2; Q-like tensors (Q, O, dO, dQ) are H_q wide, K-like
+    # (K, V, dK, dV) H_kv wide, or U wide once K/V heads are replicated to one per rank.
+    base = next(r for r in rows if r[0] == 2)[2]
+    for r in rows:
+        U = r[0]
+        if U > heads or U < 2:
+            if U == 1:
+                r[2:] = ["0", "0", "0", "%.3f" % r[3], "ran (no all-to-all)"]
+            continue
+        scale = ((U - 1) / U ** 2) / (1 / 4)
+        no_rep = base * scale
+        rep = no_rep * (2 * heads + 2 * max(kv, U)) / (2 * heads + 2 * kv)
+        r[2:] = ["%.0f" % (r[2] / 1e3), "%.0f" % (rep / 1e3), "%.0f" % (no_rep / 1e3), "%.3f" % r[3], "ran"]
+    header = ["U (ranks)", "KV heads per rank", "all-to-all KB/step (rank 0, measured)",
+              "expected with replication KB (from U=2)", "if K/V were not replicated KB", "step s", "status"]
     write_csv("ulysses_cap", header, rows)
     plt = plt_()
-    ran = [r for r in rows if r[-1] == "ran" and r[0] > 1]
+    ran = [r for r in rows if r[-1] == "ran"]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([r[0] for r in ran], [float(r[2]) for r in ran], "o-", label="measured (trace spans)")
+    ax.plot([r[0] for r in ran], [float(r[3]) for r in ran], "x:", label="expected with replication (from U=2)")
     ax.plot([r[0] for r in ran], [float(r[4]) for r in ran], "s--", label="without K/V replication")
     ax.axvline(kv, color="0.6", lw=0.8)
     ax.text(kv, ax.get_ylim()[1] * 0.95, " KV heads", fontsize=7)

@@ -35,6 +35,13 @@ class AllGather final : public CpStrategy {
         2.0 * s.H_kv * s.D * double(dtype_bytes(s.dtype)) + sizeof(int64_t) + (docs ? sizeof(int32_t) : 0);
     return (P - 1) * S_loc * per_token;
   }
+  // The whole sequence's K/V gathered, and its dK/dV (fp32) before the reduce-scatter: grows with
+  // S whatever P.
+  double buffer_bytes(const AttnParams& s, bool docs, const Topology& topo) const override {
+    if (topo.cp_size() <= 1) return 0;
+    return double(s.S_k) * (2.0 * s.H_kv * s.D * double(dtype_bytes(s.dtype)) + sizeof(int64_t) +
+                            (docs ? sizeof(int32_t) : 0) + 2.0 * s.H_kv * s.D * sizeof(float));
+  }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
     Gathered g = gather(local, tr, st);

@@ -25,6 +25,14 @@ class Ring final : public CpStrategy {
     const int P = topo.cp_size();
     return (P - 1) * cp::ring_kv_message_bytes(s.S_k / P, s.H_kv, s.D, s.dtype, docs);
   }
+  // The backward's (ring_core.cpp): the visiting K/V block and the next in flight, the dK/dV
+  // partial sums (fp32) being sent and being filled, and the one arriving: flat in P at a fixed S / P.
+  double buffer_bytes(const AttnParams& s, bool docs, const Topology& topo) const override {
+    const int P = topo.cp_size();
+    if (P <= 1) return 0;
+    return 2.0 * cp::ring_kv_message_bytes(s.S_k / P, s.H_kv, s.D, s.dtype, docs) +
+           3.0 * cp::ring_dkv_message_bytes(s.S_k / P, s.H_kv, s.D);
+  }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override { cp::ring_fwd(&comm_, local, tr, st); }
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override { cp::ring_bwd(&comm_, local, tr, st); }

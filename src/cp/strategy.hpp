@@ -54,6 +54,12 @@ class CpStrategy {
   // Bytes this rank sends in one forward of the problem `global` (for busbw and the cost model);
   // `docs`: document ids travel with the keys.
   virtual double comm_volume_fwd(const AttnParams& global, bool docs, const Topology& topo) const = 0;
+  // Peak bytes of the strategy's transient buffers on a rank during a training step (forward and
+  // backward), for the --dry-run memory plan. Default: three forward volumes, as if everything
+  // received were held at once; a strategy that streams (the ring) holds less.
+  virtual double buffer_bytes(const AttnParams& global, bool docs, const Topology& topo) const {
+    return 3.0 * comm_volume_fwd(global, docs, topo);
+  }
 };
 
 // The registry (registry.cpp), one table: strategy_names() are the training strategies in config

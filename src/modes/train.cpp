@@ -130,9 +130,8 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   p.state_bytes = 4.0 * 4.0 * double(layout.local_elems());  // params, grads, AdamW m and v
   p.activation_bytes = Transformer::activation_bytes(d, cfg.remat, S_loc,
                                                      Transformer::logits_chunk_rows(S_loc, d.vocab));
-  // The strategy's transient buffers (gathered / in-flight K/V and their gradients): about three
-  // forward messages' worth at once in the backward.
-  p.strategy_bytes = 3.0 * strat->comm_volume_fwd(local_attn_problem(cfg, tp), train_docs(cfg), topo);
+  // The strategy's transient buffers (gathered / in-flight K/V and their gradients).
+  p.strategy_bytes = strat->buffer_bytes(local_attn_problem(cfg, tp), train_docs(cfg), topo);
   // Rank 0 gathers whole tensors to write them (model/checkpoint.cpp): params and both AdamW
   // moments for a checkpoint; params, gradients and the logits for the oracle dump.
   const double global = 4.0 * double(ParamLayout(model_dims(cfg, 1, 0)).local_elems());

@@ -143,6 +143,26 @@ def case_memory(tmp):
         print(f"remat={remat}: estimate {est / 2**20:.2f} MiB, measured peak {peak / 2**20:.2f} MiB")
         if abs(peak - est) > 0.15 * peak:
             bad.append(f"remat={remat} estimate off by more than 15%")
+    # The strategies' buffers: the same model and mesh under allgather (the whole sequence's K/V
+    # and dK/dV) and ring (a visiting block and the next, both ways): everything else is equal,
+    # so the difference of the measured peaks is the difference of the buffers, and the plan's
+    # must match it (the ring's plan once counted its whole traffic as held at once).
+    est, peak = {}, {}
+    for st in ("allgather", "ring"):
+        args = ["steps=1", "mesh=ring:4", "seq=4K", "heads=4", "kv_heads=4", "head_dim=32", f"strategy={st}"]
+        cmd = [MPIRUN, "-np", "4", "--oversubscribe", "--bind-to", "none", CTXPAR, "train", "--config", CONFIG,
+               "--dry-run"] + BASE + args
+        r = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
+        m = re.search(r"memory estimate per rank: ([0-9.]+) (KiB|MiB|GiB)", r.stdout)
+        if not m:
+            print(r.stdout, r.stderr)
+            return ["no memory estimate in --dry-run (%s)" % st]
+        est[st] = float(m.group(1)) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)]
+        peak[st] = run(tmp, "mem_" + st, 4, args)["peak"].max()
+    d_est, d_peak = est["allgather"] - est["ring"], peak["allgather"] - peak["ring"]
+    print(f"allgather - ring: plan {d_est / 2**20:.2f} MiB, measured {d_peak / 2**20:.2f} MiB")
+    if not (d_peak > 0 and abs(d_est - d_peak) <= 0.25 * d_peak):
+        bad.append(f"allgather - ring buffers: plan {d_est / 2**20:.2f} MiB vs measured {d_peak / 2**20:.2f} MiB (> 25% apart)")
     return bad
 
 
