@@ -235,16 +235,15 @@ def bench_infer_cluster():
     cfg = os.path.join(pl.ROOT, "inputs", "chat-bench.toml")
     out = vh.cluster(4, 1, "1gbit", ["bench", "infer", "--config", cfg, "--csv", "bench_iters=%d" % (9 if QUICK else 21),
                                      "out=/tmp/ctxpar_find_infer.h5"])
+    open("/tmp/ctxpar_find_infer.txt", "w").write(out)
+    # --csv prints the three tables back to back, each with its header line.
     tables, cur = [], None
     for line in out.splitlines():
-        if not line.strip() or line.startswith(("#", "cluster:", "VALID", "INVALID")):
-            cur = None
-            continue
-        cells = line.split(",")
-        if cur is None:
+        cells = line.strip().split(",")
+        if cells[0] in ("miss_pct", "cp", "mode"):
             cur = {"header": cells, "rows": []}
             tables.append(cur)
-        else:
+        elif cur is not None and len(cells) == len(cur["header"]):
             cur["rows"].append(dict(zip(cur["header"], cells)))
     _INFER["tables"] = tables
     _INFER["text"] = out

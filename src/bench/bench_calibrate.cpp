@@ -597,10 +597,10 @@ int bench_calibrate(BenchContext& ctx) {
   // compute: what remains is the cost of moving it, not the wait for the wire.
   double overlap_loss_s_per_byte = 0, overlap_msg_bytes = 0;
   if (hosts > 1) {
-    LayerGemms work(d, 128);
+    LayerGemms work(d, 32);
     const int me = world.rank(), next = (me + 1) % int(P), prev = (me + int(P) - 1) % int(P);
     auto blocks = [&](Request* q) {
-      for (int b = 0; b < 16; ++b) {
+      for (int b = 0; b < 64; ++b) {
         work.run();
         if (q && q->pending()) world.test(*q);
       }
