@@ -559,7 +559,7 @@ int bench_calibrate(BenchContext& ctx) {
   // rate is the one that makes the cost model's formula give the measured time (bisection in log
   // space; the formulas fall as the rate grows). Over TCP, MPI's collectives reach their own
   // fractions of a point-to-point stream (algorithm, one NIC shared by a node's ranks).
-  double allreduce_meas_s = 0, allgather_meas_s = 0, alltoall_meas_s = 0;
+  double allreduce_meas_s = 0, allgather_meas_s = 0, alltoall_meas_s = 0, coll_mib = 0;
   if (hosts > 1) {
     auto fit = [&](double meas_s, double HardwareProfile::*rate, auto&& model) {
       HardwareProfile probe = h;
@@ -576,8 +576,11 @@ int bench_calibrate(BenchContext& ctx) {
       h.*rate = std::sqrt(lo * hi);
     };
     const int64_t n = int64_t(P), k = h.chips_per_node;
-    const size_t n_el = size_t(1) << 20;  // 4 MiB of floats per rank
-    std::vector<float> grad(4 * n_el, 1.0f), part(n_el, 1.0f), whole(n_el * P, 0.0f);
+    // 4 MiB of floats per rank (all-gather) or per destination (all-to-all), less on large jobs
+    // so the gathered buffers stay within 64 MiB.
+    const size_t n_el = std::clamp<size_t>((size_t(16) << 20) / P, size_t(16) << 10, size_t(1) << 20);
+    coll_mib = double(n_el * sizeof(float)) / double(1 << 20);
+    std::vector<float> grad(size_t(4) << 20, 1.0f), part(n_el, 1.0f), whole(n_el * P, 0.0f);
     allreduce_meas_s = timed(world, 3, [&] { world.all_reduce(std::span<float>(grad), ReduceOp::sum); });
     fit(allreduce_meas_s, &HardwareProfile::inter_collective_bytes_per_s,
         [&](const HardwareProfile& x) { return allreduce_s(x, n, k, double(grad.size()) * sizeof(float)); });
@@ -589,8 +592,8 @@ int bench_calibrate(BenchContext& ctx) {
     fit(alltoall_meas_s, &HardwareProfile::inter_alltoall_bytes_per_s,
         [&](const HardwareProfile& x) { return alltoall_s(x, n, k, double(a2a_in.size()) * sizeof(float)); });
   }
-  // What a ring step's transfer costs the compute across hosts: every rank runs 16 blocks of one
-  // layer's GEMMs at 128 rows, alone and then with a message to the next rank and from the
+  // What a ring step's transfer costs the compute across hosts: every rank runs 64 blocks of one
+  // layer's GEMMs at 32 rows, alone and then with a message to the next rank and from the
   // previous in flight (test() between blocks, as the ring progresses its transfers), in
   // alternation, 9 pairs; loss = median over pairs of (slowest rank with) - (slowest alone), per
   // byte sent + received. The message is sized so the link carries it in a third of the
@@ -673,9 +676,9 @@ int bench_calibrate(BenchContext& ctx) {
     t.add_row({"p2p_bandwidth_per_dir (host to host)", t.cell(1, inter_link.bw_bps / 1e9), "GB/s"});
     t.add_row({"allreduce_16MiB (all ranks)", t.cell(1, allreduce_meas_s * 1e3), "ms"});
     t.add_row({"allreduce_rate (host to host)", t.cell(1, h.inter_collective_bytes_per_s / 1e9), "GB/s"});
-    t.add_row({"allgather_4MiB_per_rank (all ranks)", t.cell(1, allgather_meas_s * 1e3), "ms"});
+    t.add_row({"allgather (all ranks)", t.cell(1, allgather_meas_s * 1e3), "ms"});
     t.add_row({"allgather_rate (host to host)", t.cell(1, h.inter_allgather_bytes_per_s / 1e9), "GB/s"});
-    t.add_row({"alltoall_4MiB_per_dest (all ranks)", t.cell(1, alltoall_meas_s * 1e3), "ms"});
+    t.add_row({"alltoall (all ranks)", t.cell(1, alltoall_meas_s * 1e3), "ms"});
     t.add_row({"alltoall_rate (host to host)", t.cell(1, h.inter_alltoall_bytes_per_s / 1e9), "GB/s"});
     t.add_row({"ring_overlap_loss (host to host)", t.cell(1, overlap_loss_s_per_byte * 1e9), "ns/byte"});
   }
@@ -713,12 +716,14 @@ int bench_calibrate(BenchContext& ctx) {
                                              : std::string("no second host: same as intra")},
          {"inter_collective_gb_s", "all-reduce of 16 MiB over all ranks: the node-crossing rate that makes the "
                                    "cost model's all-reduce time match the measured one"},
-         {"inter_allgather_gb_s", "all-gather of 4 MiB per rank over all ranks, fitted as the all-reduce"},
-         {"inter_alltoall_gb_s", "all-to-all of 4 MiB per destination over all ranks, fitted as the all-reduce"},
+         {"inter_allgather_gb_s", "all-gather of " + fmt_bytes(coll_mib * (1 << 20)) +
+                                      " per rank over all ranks, fitted as the all-reduce"},
+         {"inter_alltoall_gb_s", "all-to-all of " + fmt_bytes(coll_mib * (1 << 20)) +
+                                     " per destination over all ranks, fitted as the all-reduce"},
          {"inter_overlap_loss_ns_per_byte",
           "ring of " + std::to_string(int64_t(overlap_msg_bytes) >> 10) +
-              " KiB messages (next/previous rank) while one layer's GEMMs run, test() between blocks, vs the "
-              "GEMMs alone: median extra time of the slowest rank per byte sent + received (9 pairs)"},
+              " KiB messages (next/previous rank) while one layer's GEMMs run, test() between 64 blocks, vs "
+              "the GEMMs alone: median extra time of the slowest rank per byte sent + received (9 pairs)"},
          {"chips_per_node", hosts > 1 ? std::to_string(hosts) + " hosts, ranks per host" : std::string("one host")},
          {"compute_units_per_node", hosts_sharing > 1 ? "hardware threads / threads per rank / " +
                                                               std::to_string(hosts_sharing) +
