@@ -12,8 +12,10 @@ jobs on the machine change both the calibration and the measured runs.
 """
 import csv
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import h5py
 
@@ -89,6 +91,15 @@ def main():
     for i in range(passes):
         print("# pass %d of %d" % (i + 1, passes), flush=True)
         runs.append(sweep(quick))
+    report(runs, "points.csv", "predicted_vs_measured.png",
+           "ctxpar train / prefill on this machine: predicted (local profile) vs measured")
+
+
+def report(runs, csv_name, png_name, title):
+    """The passes' means per point: CSV_NAME and PNG_NAME in this folder, the README table (with
+    each pass's error) and the count within ±TOL on stdout. runs: one {point id: (measured,
+    predicted, meta)} per pass."""
+    passes = len(runs)
     points = []
     for pid in runs[0]:
         meas = sum(r[pid][0] for r in runs) / passes
@@ -97,9 +108,13 @@ def main():
         per_pass = " / ".join("%+.1f%%" % pl.error_pct(r[pid][1], r[pid][0]) for r in runs)
         points.append(dict(id=pid, metric=meta["metric"], unit="s", published=meas, predicted=pred, group=meta["group"],
                            within=abs(pl.error_pct(pred, meas)) <= TOL, command=meta["command"] + "; passes: " + per_pass))
-    pl.write_outputs(HERE, points, TOL, "ctxpar train / prefill on this machine: predicted (local profile) vs measured",
-                     "step time / TTFT", reference="measured")
-    os.replace(os.path.join(HERE, "predicted_vs_published.png"), os.path.join(HERE, "predicted_vs_measured.png"))
+    # write_outputs names its files points.csv and predicted_vs_published.png: written aside, then
+    # moved to this validation's names (the one-host and the cross-host files live side by side).
+    tmp = tempfile.mkdtemp(prefix="ctxpar_val_")
+    pl.write_outputs(tmp, points, TOL, title, "step time / TTFT", reference="measured")
+    shutil.move(os.path.join(tmp, "points.csv"), os.path.join(HERE, csv_name))
+    shutil.move(os.path.join(tmp, "predicted_vs_published.png"), os.path.join(HERE, png_name))
+    os.rmdir(tmp)
     table = pl.markdown_table(points).replace("published", "measured").split("\n")
     table[0] += " per pass |"
     table[1] += "---|"
@@ -110,7 +125,6 @@ def main():
     print("\nwithin ±%d%%: %d of %d (mean of %d passes, each with its own calibration; median |error| %.1f%%); "
           "load average at the end: %s" % (TOL, sum(p["within"] for p in points), len(points), passes, errs[len(errs) // 2],
                                             open("/proc/loadavg").read().split()[:3]))
-
 
 if __name__ == "__main__":
     main()

@@ -16,16 +16,14 @@ hosts_predicted_vs_measured.png beside this script and prints the README table.
 """
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import predict_lib as pl  # noqa: E402
-from validate import ENV, MODEL, PREFILL_NAME, TOL, measured_step_s, mpirun  # noqa: E402
+from validate import ENV, MODEL, PREFILL_NAME, measured_step_s, mpirun, report  # noqa: E402
 
 CLUSTER = os.path.join(pl.ROOT, "tests", "cluster", "cluster.sh")
 # (hosts, ranks per host): 2 x 2 puts two ranks on each host, 4 x 1 makes every hop cross a link.
@@ -141,33 +139,8 @@ def main():
     for i in range(passes):
         print("# pass %d of %d (host-to-host links %s)" % (i + 1, passes, rate), flush=True)
         runs.append(sweep(quick, rate))
-    points = []
-    for pid in runs[0]:
-        meas = sum(r[pid][0] for r in runs) / passes
-        pred = sum(r[pid][1] for r in runs) / passes
-        meta = runs[0][pid][2]
-        per_pass = " / ".join("%+.1f%%" % pl.error_pct(r[pid][1], r[pid][0]) for r in runs)
-        points.append(dict(id=pid, metric=meta["metric"], unit="s", published=meas, predicted=pred, group=meta["group"],
-                           within=abs(pl.error_pct(pred, meas)) <= TOL, command=meta["command"] + "; passes: " + per_pass))
-    # write_outputs names its files points.csv and predicted_vs_published.png: written aside so the
-    # one-host validation's files stay.
-    tmp = tempfile.mkdtemp(prefix="ctxpar_valh_")
-    pl.write_outputs(tmp, points, TOL, "ctxpar across hosts (links %s): predicted vs measured" % rate,
-                     "step time / TTFT", reference="measured")
-    shutil.move(os.path.join(tmp, "points.csv"), os.path.join(HERE, "hosts_points.csv"))
-    shutil.move(os.path.join(tmp, "predicted_vs_published.png"), os.path.join(HERE, "hosts_predicted_vs_measured.png"))
-    os.rmdir(tmp)
-    table = pl.markdown_table(points).replace("published", "measured").split("\n")
-    table[0] += " per pass |"
-    table[1] += "---|"
-    for i, p in enumerate(points):
-        table[i + 2] += " %s |" % p["command"].split("passes: ")[1]
-    print("\n".join(table))
-    errs = sorted(abs(pl.error_pct(p["predicted"], p["published"])) for p in points)
-    print("\nwithin ±%d%%: %d of %d (mean of %d passes, each with its own calibration; median |error| %.1f%%); "
-          "load average at the end: %s" % (TOL, sum(p["within"] for p in points), len(points), passes, errs[len(errs) // 2],
-                                            open("/proc/loadavg").read().split()[:3]))
-
+    report(runs, "hosts_points.csv", "hosts_predicted_vs_measured.png",
+           "ctxpar across hosts (links %s): predicted vs measured" % rate)
 
 if __name__ == "__main__":
     main()

@@ -127,18 +127,25 @@ def case_learn(tmp):
     return [] if loss[-1] < loss[0] - 1.0 else [f"loss fell only from {loss[0]:.3f} to {loss[-1]:.3f}"]
 
 
+def dry_run_estimate(np_, args):
+    """The --dry-run memory estimate per rank in bytes (None, with the output printed, if absent)."""
+    cmd = [MPIRUN, "-np", str(np_), "--oversubscribe", "--bind-to", "none", CTXPAR, "train", "--config", CONFIG,
+           "--dry-run"] + BASE + args
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
+    m = re.search(r"memory estimate per rank: ([0-9.]+) (KiB|MiB|GiB)", r.stdout)
+    if not m:
+        print(r.stdout, r.stderr)
+        return None
+    return float(m.group(1)) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)]
+
+
 def case_memory(tmp):
     bad = []
     for remat in ["none", "full"]:
         args = ["steps=1", "mesh=ring:2", "seq=1K", "dim=256", "ffn_dim=512", "vocab=1000", f"remat={remat}"]
-        cmd = [MPIRUN, "-np", "2", "--oversubscribe", "--bind-to", "none", CTXPAR, "train", "--config", CONFIG,
-               "--dry-run"] + BASE + args
-        r = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
-        m = re.search(r"memory estimate per rank: ([0-9.]+) (KiB|MiB|GiB)", r.stdout)
-        if not m:
-            print(r.stdout, r.stderr)
+        est = dry_run_estimate(2, args)
+        if est is None:
             return ["no memory estimate in --dry-run"]
-        est = float(m.group(1)) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)]
         peak = run(tmp, "mem_" + remat, 2, args)["peak"].max()
         print(f"remat={remat}: estimate {est / 2**20:.2f} MiB, measured peak {peak / 2**20:.2f} MiB")
         if abs(peak - est) > 0.15 * peak:
@@ -150,14 +157,9 @@ def case_memory(tmp):
     est, peak = {}, {}
     for st in ("allgather", "ring"):
         args = ["steps=1", "mesh=ring:4", "seq=4K", "heads=4", "kv_heads=4", "head_dim=32", f"strategy={st}"]
-        cmd = [MPIRUN, "-np", "4", "--oversubscribe", "--bind-to", "none", CTXPAR, "train", "--config", CONFIG,
-               "--dry-run"] + BASE + args
-        r = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
-        m = re.search(r"memory estimate per rank: ([0-9.]+) (KiB|MiB|GiB)", r.stdout)
-        if not m:
-            print(r.stdout, r.stderr)
+        est[st] = dry_run_estimate(4, args)
+        if est[st] is None:
             return ["no memory estimate in --dry-run (%s)" % st]
-        est[st] = float(m.group(1)) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)]
         peak[st] = run(tmp, "mem_" + st, 4, args)["peak"].max()
     d_est, d_peak = est["allgather"] - est["ring"], peak["allgather"] - peak["ring"]
     print(f"allgather - ring: plan {d_est / 2**20:.2f} MiB, measured {d_peak / 2**20:.2f} MiB")
