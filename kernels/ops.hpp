@@ -121,3 +121,55 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
 double sum_squares(const float* x, int64_t n);
 
 }  // namespace ctxpar
+
+namespace ctxpar {
+
+// ---- Gated DeltaNet (linear attention; kernels/cpu/gdn_cpu.cpp, CPU only) ----
+// Per head h, a state S [Dv, Dk] runs along the sequence (S_0 = s0, or 0):
+//   S_t = a_t S_{t-1} (I - b_t k_t k_t^T) + b_t v_t k_t^T,   o_t = scale S_t q_t,   a_t = exp(g_t)
+// computed in the chunked (WY) form: within a chunk of `chunk` tokens the delta rule's
+// unit-lower-triangular system (I + A) [U | W] = [V | diag(gamma) K] is solved by substitution
+// (A_ij = exp(G_i - G_j) b_j k_i.k_j, G the chunk's cumulative log decay), the chunk's output is
+// an intra-chunk product plus E S^T, and the state is carried to the next chunk by GEMMs. The
+// plain recurrence (kernels/ref/gdn_ref.hpp) is the spec. q and k are L2-normalised by the layer
+// (not here); any T >= 0 and any chunk >= 1 (T need not be a multiple). Heads run in parallel on
+// the rank's OpenMP threads.
+struct GdnParams {
+  int64_t T = 0;
+  int32_t H = 0, Dk = 0, Dv = 0;
+  int32_t chunk = 64;
+  float scale = 0;  // 0: 1 / sqrt(Dk)
+  const float* q = nullptr;     // [T, H, Dk]
+  const float* k = nullptr;     // [T, H, Dk]
+  const float* v = nullptr;     // [T, H, Dv]
+  const float* g = nullptr;     // [T, H] log decay (<= 0 in the layer; any finite value here)
+  const float* beta = nullptr;  // [T, H]
+  const float* s0 = nullptr;    // [H, Dv, Dk] state before token 0; nullptr: zero
+  float* o = nullptr;           // [T, H, Dv]
+  float* s_out = nullptr;       // [H, Dv, Dk] state after token T-1; nullptr: not wanted
+  // backward: gradients of L = sum(d_o * o) + sum(ds_out * s_out)
+  const float* d_o = nullptr;     // [T, H, Dv]
+  const float* ds_out = nullptr;  // [H, Dv, Dk]; nullptr: zero
+  float* dq = nullptr;            // OVERWRITTEN, like dk, dv, dg, dbeta
+  float* dk = nullptr;
+  float* dv = nullptr;
+  float* dg = nullptr;
+  float* dbeta = nullptr;
+  float* ds0 = nullptr;  // [H, Dv, Dk] dL/ds0; nullptr: not wanted
+};
+// Writes o (and s_out). Invalid shapes or missing tensors throw std::invalid_argument.
+void gdn_fwd(const GdnParams& p);
+// Writes dq, dk, dv, dg, dbeta (and ds0), recomputing the chunk states forward first.
+void gdn_bwd(const GdnParams& p);
+
+// The forward in two parts, for a schedule that waits for s0 (context parallelism: the state
+// arrives from the previous rank): gdn_fwd_prepare does everything that does not depend on s0
+// (the intra-chunk products, the triangular solves; o receives its intra-chunk part) and keeps
+// what the state pass needs in `ws` (gdn_workspace_floats(p) floats); gdn_fwd_finish then adds
+// the state's part to o and writes s_out, at 3 GEMMs of chunk x Dk x Dv per chunk and head.
+// prepare + finish = gdn_fwd, to the last bit.
+int64_t gdn_workspace_floats(const GdnParams& p);
+void gdn_fwd_prepare(const GdnParams& p, float* ws);
+void gdn_fwd_finish(const GdnParams& p, const float* ws);
+
+}  // namespace ctxpar

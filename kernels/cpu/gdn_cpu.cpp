@@ -1,0 +1,385 @@
+// Gated DeltaNet, chunked (WY) form on the CPU: see kernels/ops.hpp for the contract and
+// kernels/ref/gdn_ref.hpp for the recurrence it computes. Per head and chunk of n tokens (rows i, j
+// of the chunk; G the cumulative log decay within the chunk, gamma = exp(G), w_j = exp(G_last - G_j)):
+//   prepare (independent of the state):
+//     A  = strict_lower(exp(G_i - G_j) b_j k_i.k_j)          (I + A) [Uv | Wk] = [V | diag(gamma) K]
+//     Pb = lower(scale exp(G_i - G_j) b_j q_i.k_j)           E = scale diag(gamma) Q - Pb Wk
+//     O  = Pb Uv
+//   finish (the state S [Dv, Dk] at the chunk's start):
+//     O += E S^T     U = Uv - Wk S^T     S <- gamma_last S + (diag(b w) U)^T K
+// The backward differentiates exactly these steps, chunk by chunk in reverse, after a forward pass
+// that keeps each chunk's starting state. GEMMs go through ctxpar::sgemm (single-threaded inside
+// the per-head parallel loop).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ops.hpp"
+
+namespace ctxpar {
+
+namespace {
+
+int gdn_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
+
+void check(const GdnParams& p, bool backward) {
+  auto bad = [](const std::string& what) { throw std::invalid_argument("gdn: " + what); };
+  if (p.T < 0) bad("T = " + std::to_string(p.T) + " (must be >= 0)");
+  if (p.H < 1 || p.Dk < 1 || p.Dv < 1)
+    bad("H, Dk, Dv = " + std::to_string(p.H) + ", " + std::to_string(p.Dk) + ", " + std::to_string(p.Dv) +
+        " (each must be >= 1)");
+  if (p.chunk < 1) bad("chunk = " + std::to_string(p.chunk) + " (must be >= 1)");
+  if (p.T > 0 && (!p.q || !p.k || !p.v || !p.g || !p.beta)) bad("q, k, v, g and beta are required");
+  if (!backward && p.T > 0 && !p.o) bad("o is required");
+  if (backward && p.T > 0 && (!p.d_o || !p.dq || !p.dk || !p.dv || !p.dg || !p.dbeta))
+    bad("the backward needs d_o, dq, dk, dv, dg and dbeta");
+}
+
+float scale_of(const GdnParams& p) { return p.scale != 0 ? p.scale : 1.0f / std::sqrt(float(p.Dk)); }
+
+int64_t n_chunks(const GdnParams& p) { return (p.T + p.chunk - 1) / p.chunk; }
+
+// What the state pass of one chunk needs, as kept in the workspace.
+int64_t chunk_ws_floats(const GdnParams& p) { return int64_t(p.chunk) * (p.Dv + 2 * p.Dk + 1) + 1; }
+
+// The per-thread scratch of one chunk; views into one buffer.
+struct Chunk {
+  int64_t t0 = 0;
+  int32_t n = 0;
+  std::vector<float> buf;
+  float *KK, *QK, *A, *Pb;   // [n, n]
+  float *Uv, *Wk, *E;        // [n, Dv], [n, Dk], [n, Dk]
+  float *G, *gam, *bw, *w;   // [n]
+  float gam_last = 1;
+  explicit Chunk(const GdnParams& p) {
+    const int64_t C = p.chunk;
+    buf.assign(4 * C * C + C * (p.Dv + 2 * p.Dk) + 4 * C, 0.0f);
+    float* x = buf.data();
+    for (float** v : {&KK, &QK, &A, &Pb}) *v = x, x += C * C;
+    Uv = x, x += C * p.Dv;
+    Wk = x, x += C * p.Dk;
+    E = x, x += C * p.Dk;
+    for (float** v : {&G, &gam, &bw, &w}) *v = x, x += C;
+  }
+};
+
+// Row pointers of head h at token t.
+const float* row(const float* x, const GdnParams& p, int64_t t, int h, int D) { return x + (t * p.H + h) * int64_t(D); }
+float* row(float* x, const GdnParams& p, int64_t t, int h, int D) { return x + (t * p.H + h) * int64_t(D); }
+
+// The state-independent part of chunk c of head h (see the file comment). With o != nullptr the
+// chunk's rows of o receive Pb Uv.
+void prepare(const GdnParams& p, int h, int64_t c, Chunk& w, float* o) {
+  const int64_t t0 = c * p.chunk;
+  const int n = int(std::min<int64_t>(p.chunk, p.T - t0));
+  const int Dk = p.Dk, Dv = p.Dv;
+  const int64_t ldk = int64_t(p.H) * Dk, ldv = int64_t(p.H) * Dv;
+  const float sc = scale_of(p);
+  w.t0 = t0;
+  w.n = n;
+  const float* Q = row(p.q, p, t0, h, Dk);
+  const float* K = row(p.k, p, t0, h, Dk);
+  const float* V = row(p.v, p, t0, h, Dv);
+  double acc = 0;
+  for (int i = 0; i < n; ++i) {
+    acc += double(p.g[(t0 + i) * p.H + h]);
+    w.G[i] = float(acc);
+    w.gam[i] = std::exp(w.G[i]);
+  }
+  w.gam_last = w.gam[n - 1];
+  for (int j = 0; j < n; ++j) {
+    w.w[j] = std::exp(w.G[n - 1] - w.G[j]);
+    w.bw[j] = p.beta[(t0 + j) * p.H + h] * w.w[j];
+  }
+  sgemm(false, true, n, n, Dk, 1.0f, K, ldk, K, ldk, 0.0f, w.KK, n);
+  sgemm(false, true, n, n, Dk, 1.0f, Q, ldk, K, ldk, 0.0f, w.QK, n);
+  // A, Pb and the right-hand side [V | diag(gamma) K]
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      const float b = p.beta[(t0 + j) * p.H + h];
+      const float e = j <= i ? std::exp(w.G[i] - w.G[j]) : 0.0f;
+      w.A[i * n + j] = j < i ? e * b * w.KK[i * n + j] : 0.0f;
+      w.Pb[i * n + j] = j <= i ? sc * e * b * w.QK[i * n + j] : 0.0f;
+    }
+    std::memcpy(w.Uv + int64_t(i) * Dv, V + i * ldv, sizeof(float) * Dv);
+    const float* Ki = K + i * ldk;
+    float* Wi = w.Wk + int64_t(i) * Dk;
+    for (int d = 0; d < Dk; ++d) Wi[d] = w.gam[i] * Ki[d];
+  }
+  // Forward substitution with the unit lower-triangular I + A.
+  for (int i = 1; i < n; ++i) {
+    float* Ui = w.Uv + int64_t(i) * Dv;
+    float* Wi = w.Wk + int64_t(i) * Dk;
+    for (int j = 0; j < i; ++j) {
+      const float a = w.A[i * n + j];
+      const float* Uj = w.Uv + int64_t(j) * Dv;
+      const float* Wj = w.Wk + int64_t(j) * Dk;
+#pragma omp simd
+      for (int d = 0; d < Dv; ++d) Ui[d] -= a * Uj[d];
+#pragma omp simd
+      for (int d = 0; d < Dk; ++d) Wi[d] -= a * Wj[d];
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    const float* Qi = Q + i * ldk;
+    float* Ei = w.E + int64_t(i) * Dk;
+    for (int d = 0; d < Dk; ++d) Ei[d] = sc * w.gam[i] * Qi[d];
+  }
+  sgemm(false, false, n, Dk, n, -1.0f, w.Pb, n, w.Wk, Dk, 1.0f, w.E, Dk);
+  if (o) sgemm(false, false, n, Dv, n, 1.0f, w.Pb, n, w.Uv, Dv, 0.0f, row(o, p, t0, h, Dv), ldv);
+}
+
+// The state pass of one chunk: o (if given) += E S^T; S <- gamma_last S + (diag(bw) (Uv - Wk S^T))^T K.
+// U is scratch [n, Dv].
+void finish(const GdnParams& p, int h, int64_t t0, int n, const float* Uv, const float* Wk, const float* E,
+            const float* bw, float gam_last, float* S, float* U, float* o) {
+  const int Dk = p.Dk, Dv = p.Dv;
+  const int64_t ldk = int64_t(p.H) * Dk, ldv = int64_t(p.H) * Dv;
+  if (o) sgemm(false, true, n, Dv, Dk, 1.0f, E, Dk, S, Dk, 1.0f, row(o, p, t0, h, Dv), ldv);
+  std::memcpy(U, Uv, sizeof(float) * n * Dv);
+  sgemm(false, true, n, Dv, Dk, -1.0f, Wk, Dk, S, Dk, 1.0f, U, Dv);
+  for (int i = 0; i < n; ++i)
+    for (int d = 0; d < Dv; ++d) U[int64_t(i) * Dv + d] *= bw[i];
+  for (int64_t e = 0; e < int64_t(Dv) * Dk; ++e) S[e] *= gam_last;
+  sgemm(true, false, Dv, Dk, n, 1.0f, U, Dv, row(p.k, p, t0, h, Dk), ldk, 1.0f, S, Dk);
+}
+
+void load_state(const GdnParams& p, int h, const float* s, float* S) {
+  const int64_t SS = int64_t(p.Dv) * p.Dk;
+  if (s)
+    std::memcpy(S, s + h * SS, sizeof(float) * SS);
+  else
+    std::fill(S, S + SS, 0.0f);
+}
+
+}  // namespace
+
+int64_t gdn_workspace_floats(const GdnParams& p) {
+  check(p, false);
+  return int64_t(p.H) * n_chunks(p) * chunk_ws_floats(p);
+}
+
+void gdn_fwd_prepare(const GdnParams& p, float* ws) {
+  check(p, false);
+  const int64_t nc = n_chunks(p), per = chunk_ws_floats(p);
+  const int64_t jobs = int64_t(p.H) * nc;
+#pragma omp parallel num_threads(gdn_threads())
+  {
+    Chunk w(p);
+#pragma omp for schedule(static)
+    for (int64_t job = 0; job < jobs; ++job) {
+      const int h = int(job / nc);
+      const int64_t c = job % nc;
+      prepare(p, h, c, w, p.o);
+      float* x = ws + job * per;
+      const int64_t C = p.chunk;
+      std::memcpy(x, w.Uv, sizeof(float) * w.n * p.Dv);
+      std::memcpy(x + C * p.Dv, w.Wk, sizeof(float) * w.n * p.Dk);
+      std::memcpy(x + C * (p.Dv + p.Dk), w.E, sizeof(float) * w.n * p.Dk);
+      std::memcpy(x + C * (p.Dv + 2 * p.Dk), w.bw, sizeof(float) * w.n);
+      x[per - 1] = w.gam_last;
+    }
+  }
+}
+
+void gdn_fwd_finish(const GdnParams& p, const float* ws) {
+  check(p, false);
+  const int64_t nc = n_chunks(p), per = chunk_ws_floats(p), C = p.chunk;
+  const int64_t SS = int64_t(p.Dv) * p.Dk;
+#pragma omp parallel num_threads(gdn_threads())
+  {
+    std::vector<float> S(SS), U(C * p.Dv);
+#pragma omp for schedule(static)
+    for (int h = 0; h < p.H; ++h) {
+      load_state(p, h, p.s0, S.data());
+      for (int64_t c = 0; c < nc; ++c) {
+        const float* x = ws + (h * nc + c) * per;
+        const int n = int(std::min<int64_t>(C, p.T - c * C));
+        finish(p, h, c * C, n, x, x + C * p.Dv, x + C * (p.Dv + p.Dk), x + C * (p.Dv + 2 * p.Dk), x[per - 1],
+               S.data(), U.data(), p.o);
+      }
+      if (p.s_out) std::memcpy(p.s_out + h * SS, S.data(), sizeof(float) * SS);
+    }
+  }
+}
+
+void gdn_fwd(const GdnParams& p) {
+  check(p, false);
+  const int64_t nc = n_chunks(p), SS = int64_t(p.Dv) * p.Dk;
+#pragma omp parallel num_threads(gdn_threads())
+  {
+    Chunk w(p);
+    std::vector<float> S(SS), U(int64_t(p.chunk) * p.Dv);
+#pragma omp for schedule(static)
+    for (int h = 0; h < p.H; ++h) {
+      load_state(p, h, p.s0, S.data());
+      for (int64_t c = 0; c < nc; ++c) {
+        prepare(p, h, c, w, p.o);
+        finish(p, h, w.t0, w.n, w.Uv, w.Wk, w.E, w.bw, w.gam_last, S.data(), U.data(), p.o);
+      }
+      if (p.s_out) std::memcpy(p.s_out + h * SS, S.data(), sizeof(float) * SS);
+    }
+  }
+}
+
+void gdn_bwd(const GdnParams& p) {
+  check(p, true);
+  const int64_t nc = n_chunks(p), SS = int64_t(p.Dv) * p.Dk;
+  const int Dk = p.Dk, Dv = p.Dv;
+  const int64_t C = p.chunk, ldk = int64_t(p.H) * Dk, ldv = int64_t(p.H) * Dv;
+  const float sc = scale_of(p);
+#pragma omp parallel num_threads(gdn_threads())
+  {
+    Chunk w(p);
+    std::vector<float> states(nc * SS), S(SS), U(C * Dv), dS(SS), dS0(SS);
+    std::vector<float> Ub(C * Dv), dUb(C * Dv), dU(C * Dv), dWk(C * Dk), dE(C * Dk), dPb(C * C), dA(C * C),
+        dKK(C * C), dQl(C * Dk), dKl(C * Dk);
+    std::vector<double> dG(C), dgam(C), dbeta(C);
+#pragma omp for schedule(static)
+    for (int h = 0; h < p.H; ++h) {
+      // Forward: the state at the start of every chunk.
+      load_state(p, h, p.s0, S.data());
+      for (int64_t c = 0; c < nc; ++c) {
+        std::memcpy(states.data() + c * SS, S.data(), sizeof(float) * SS);
+        prepare(p, h, c, w, nullptr);
+        finish(p, h, w.t0, w.n, w.Uv, w.Wk, w.E, w.bw, w.gam_last, S.data(), U.data(), nullptr);
+      }
+      load_state(p, h, p.ds_out, dS.data());
+      for (int64_t c = nc - 1; c >= 0; --c) {
+        prepare(p, h, c, w, nullptr);
+        const int n = w.n;
+        const int64_t t0 = w.t0;
+        const float* S0 = states.data() + c * SS;
+        const float* Q = row(p.q, p, t0, h, Dk);
+        const float* K = row(p.k, p, t0, h, Dk);
+        const float* dO = row(p.d_o, p, t0, h, Dv);
+        std::fill(dG.begin(), dG.end(), 0.0);
+        std::fill(dgam.begin(), dgam.end(), 0.0);
+        std::fill(dbeta.begin(), dbeta.end(), 0.0);
+        // U = Uv - Wk S0^T, Ub = diag(bw) U
+        std::memcpy(U.data(), w.Uv, sizeof(float) * n * Dv);
+        sgemm(false, true, n, Dv, Dk, -1.0f, w.Wk, Dk, S0, Dk, 1.0f, U.data(), Dv);
+        for (int i = 0; i < n; ++i)
+          for (int d = 0; d < Dv; ++d) Ub[int64_t(i) * Dv + d] = w.bw[i] * U[int64_t(i) * Dv + d];
+        // (state update) S' = gam_last S0 + Ub^T K
+        sgemm(false, true, n, Dv, Dk, 1.0f, K, ldk, dS.data(), Dk, 0.0f, dUb.data(), Dv);
+        sgemm(false, false, n, Dk, Dv, 1.0f, Ub.data(), Dv, dS.data(), Dk, 0.0f, dKl.data(), Dk);
+        double dgam_last = 0;
+        for (int64_t e = 0; e < SS; ++e) dgam_last += double(dS[e]) * S0[e];
+        for (int64_t e = 0; e < SS; ++e) dS0[e] = w.gam_last * dS[e];
+        for (int j = 0; j < n; ++j) {
+          double x = 0;
+          for (int d = 0; d < Dv; ++d) x += double(U[int64_t(j) * Dv + d]) * dUb[int64_t(j) * Dv + d];
+          dbeta[j] += w.w[j] * x;
+          dG[n - 1] += w.bw[j] * x;
+          dG[j] -= w.bw[j] * x;
+          for (int d = 0; d < Dv; ++d) dU[int64_t(j) * Dv + d] = w.bw[j] * dUb[int64_t(j) * Dv + d];
+        }
+        // (U = Uv - Wk S0^T): dUv = dU (kept in dU), dWk = -dU S0, dS0 -= dU^T Wk
+        sgemm(false, false, n, Dk, Dv, -1.0f, dU.data(), Dv, S0, Dk, 0.0f, dWk.data(), Dk);
+        sgemm(true, false, Dv, Dk, n, -1.0f, dU.data(), Dv, w.Wk, Dk, 1.0f, dS0.data(), Dk);
+        // (O = Pb Uv + E S0^T)
+        sgemm(false, true, n, n, Dv, 1.0f, dO, ldv, w.Uv, Dv, 0.0f, dPb.data(), n);
+        sgemm(true, false, n, Dv, n, 1.0f, w.Pb, n, dO, ldv, 1.0f, dU.data(), Dv);
+        sgemm(false, false, n, Dk, Dv, 1.0f, dO, ldv, S0, Dk, 0.0f, dE.data(), Dk);
+        sgemm(true, false, Dv, Dk, n, 1.0f, dO, ldv, w.E, Dk, 1.0f, dS0.data(), Dk);
+        // (E = sc diag(gam) Q - Pb Wk)
+        for (int i = 0; i < n; ++i) {
+          double x = 0;
+          for (int d = 0; d < Dk; ++d) {
+            x += double(Q[i * ldk + d]) * dE[int64_t(i) * Dk + d];
+            dQl[int64_t(i) * Dk + d] = sc * w.gam[i] * dE[int64_t(i) * Dk + d];
+          }
+          dgam[i] += sc * x;
+        }
+        sgemm(false, true, n, n, Dk, -1.0f, dE.data(), Dk, w.Wk, Dk, 1.0f, dPb.data(), n);
+        sgemm(true, false, n, Dk, n, -1.0f, w.Pb, n, dE.data(), Dk, 1.0f, dWk.data(), Dk);
+        // (Pb_ij = sc e_ij b_j QK_ij, j <= i): dQK overwrites dPb
+        for (int i = 0; i < n; ++i)
+          for (int j = 0; j < n; ++j) {
+            float& d = dPb[i * n + j];
+            if (j > i) {
+              d = 0;
+              continue;
+            }
+            const float b = p.beta[(t0 + j) * p.H + h];
+            const float e = std::exp(w.G[i] - w.G[j]);
+            const double t = double(d) * w.Pb[i * n + j];
+            dG[i] += t;
+            dG[j] -= t;
+            dbeta[j] += double(d) * sc * e * w.QK[i * n + j];
+            d = d * sc * e * b;
+          }
+        sgemm(false, false, n, Dk, n, 1.0f, dPb.data(), n, K, ldk, 1.0f, dQl.data(), Dk);
+        sgemm(true, false, n, Dk, n, 1.0f, dPb.data(), n, Q, ldk, 1.0f, dKl.data(), Dk);
+        // ((I + A) [Uv | Wk] = [V | diag(gam) K]): back substitution with (I + A)^T, in place on
+        // [dU | dWk], which become the right-hand side's gradient [dV | d(gam K)].
+        for (int j = n - 1; j >= 0; --j) {
+          const float* dUj = dU.data() + int64_t(j) * Dv;
+          const float* dWj = dWk.data() + int64_t(j) * Dk;
+          for (int i = 0; i < j; ++i) {
+            const float a = w.A[j * n + i];
+            float* dUi = dU.data() + int64_t(i) * Dv;
+            float* dWi = dWk.data() + int64_t(i) * Dk;
+#pragma omp simd
+            for (int d = 0; d < Dv; ++d) dUi[d] -= a * dUj[d];
+#pragma omp simd
+            for (int d = 0; d < Dk; ++d) dWi[d] -= a * dWj[d];
+          }
+        }
+        // dA = -(dRhs X^T), strict lower part
+        sgemm(false, true, n, n, Dv, -1.0f, dU.data(), Dv, w.Uv, Dv, 0.0f, dA.data(), n);
+        sgemm(false, true, n, n, Dk, -1.0f, dWk.data(), Dk, w.Wk, Dk, 1.0f, dA.data(), n);
+        for (int i = 0; i < n; ++i) {
+          std::memcpy(row(p.dv, p, t0 + i, h, Dv), dU.data() + int64_t(i) * Dv, sizeof(float) * Dv);
+          double x = 0;
+          for (int d = 0; d < Dk; ++d) {
+            const float dw = dWk[int64_t(i) * Dk + d];
+            x += double(K[i * ldk + d]) * dw;
+            dKl[int64_t(i) * Dk + d] += w.gam[i] * dw;
+          }
+          dgam[i] += x;
+        }
+        // (A_ij = e_ij b_j KK_ij, j < i): dKK, symmetric use of K
+        for (int i = 0; i < n; ++i)
+          for (int j = 0; j < n; ++j) {
+            float& d = dKK[i * n + j];
+            if (j >= i) {
+              d = 0;
+              continue;
+            }
+            const float da = dA[i * n + j];
+            const float b = p.beta[(t0 + j) * p.H + h];
+            const float e = std::exp(w.G[i] - w.G[j]);
+            const double t = double(da) * w.A[i * n + j];
+            dG[i] += t;
+            dG[j] -= t;
+            dbeta[j] += double(da) * e * w.KK[i * n + j];
+            d = da * e * b;
+          }
+        sgemm(false, false, n, Dk, n, 1.0f, dKK.data(), n, K, ldk, 1.0f, dKl.data(), Dk);
+        sgemm(true, false, n, Dk, n, 1.0f, dKK.data(), n, K, ldk, 1.0f, dKl.data(), Dk);
+        // gamma = exp(G); G = cumsum(g) within the chunk
+        for (int i = 0; i < n; ++i) dG[i] += w.gam[i] * dgam[i];
+        dG[n - 1] += w.gam_last * dgam_last;
+        double run = 0;
+        for (int i = n - 1; i >= 0; --i) {
+          run += dG[i];
+          p.dg[(t0 + i) * p.H + h] = float(run);
+          p.dbeta[(t0 + i) * p.H + h] = float(dbeta[i]);
+          std::memcpy(row(p.dq, p, t0 + i, h, Dk), dQl.data() + int64_t(i) * Dk, sizeof(float) * Dk);
+          std::memcpy(row(p.dk, p, t0 + i, h, Dk), dKl.data() + int64_t(i) * Dk, sizeof(float) * Dk);
+        }
+        std::swap(dS, dS0);
+      }
+      if (p.ds0) std::memcpy(p.ds0 + h * SS, dS.data(), sizeof(float) * SS);
+    }
+  }
+}
+
+}  // namespace ctxpar

@@ -1,0 +1,296 @@
+// Gated DeltaNet: the fp64 recurrence's backward against finite differences of its forward; the
+// chunked CPU kernel (kernels/cpu/gdn_cpu.cpp) against the fp64 recurrence, forward (o, final
+// state) and backward (dq, dk, dv, dg, dbeta, ds0), with the tolerance policy of tests/README.md
+// (at most 2x the naive fp32 recurrence's error); prepare + finish equal to gdn_fwd bitwise; the
+// thread count changes no bit; invalid arguments refused.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "attn_problem.hpp"
+#include "ops.hpp"
+#include "ref/gdn_ref.hpp"
+#include "tolerance.hpp"
+
+namespace ctxpar::test {
+namespace {
+
+struct GdnShape {
+  int64_t T;
+  int32_t H, Dk, Dv, chunk;
+  bool with_s0;
+  float g_min = -0.4f;  // log decay drawn from [g_min, 0)
+};
+
+std::string name(const GdnShape& s) {
+  return "T" + std::to_string(s.T) + " H" + std::to_string(s.H) + " Dk" + std::to_string(s.Dk) + " Dv" +
+         std::to_string(s.Dv) + " chunk" + std::to_string(s.chunk) + (s.with_s0 ? " s0" : "");
+}
+
+// Inputs as the layer gives them: q, k L2-normalised, beta in (0, 1), g <= 0.
+struct GdnProblem {
+  GdnShape s;
+  std::vector<float> q, k, v, g, beta, s0, d_o, ds_out;
+  GdnProblem(const GdnShape& sh, unsigned seed) : s(sh) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd;
+    std::uniform_real_distribution<float> ud(0, 1);
+    auto normed = [&](int32_t D) {
+      std::vector<float> x(s.T * s.H * D);
+      for (auto& e : x) e = nd(rng);
+      for (int64_t r = 0; r < s.T * s.H; ++r) {
+        double n = 0;
+        for (int d = 0; d < D; ++d) n += double(x[r * D + d]) * x[r * D + d];
+        for (int d = 0; d < D; ++d) x[r * D + d] = float(x[r * D + d] / std::sqrt(n));
+      }
+      return x;
+    };
+    q = normed(s.Dk);
+    k = normed(s.Dk);
+    v.resize(s.T * s.H * s.Dv);
+    for (auto& e : v) e = nd(rng);
+    g.resize(s.T * s.H);
+    beta.resize(s.T * s.H);
+    for (auto& e : g) e = s.g_min * ud(rng);
+    for (auto& e : beta) e = 0.05f + 0.9f * ud(rng);
+    const int64_t SS = int64_t(s.H) * s.Dv * s.Dk;
+    if (s.with_s0) {
+      s0.resize(SS);
+      for (auto& e : s0) e = 0.5f * nd(rng);
+    }
+    d_o.resize(v.size());
+    for (auto& e : d_o) e = nd(rng);
+    ds_out.resize(SS);
+    for (auto& e : ds_out) e = 0.3f * nd(rng);
+  }
+  GdnParams params() const {
+    GdnParams p;
+    p.T = s.T, p.H = s.H, p.Dk = s.Dk, p.Dv = s.Dv, p.chunk = s.chunk;
+    p.q = q.data(), p.k = k.data(), p.v = v.data(), p.g = g.data(), p.beta = beta.data();
+    p.s0 = s.with_s0 ? s0.data() : nullptr;
+    return p;
+  }
+};
+
+// The recurrence's outputs in type T.
+template <class T>
+struct RefOut {
+  std::vector<T> o, s_out, dq, dk, dv, dg, dbeta, ds0;
+};
+
+template <class T>
+RefOut<T> run_ref(const GdnProblem& pr) {
+  const GdnShape& s = pr.s;
+  auto q = convert<T>(pr.q), k = convert<T>(pr.k), v = convert<T>(pr.v), g = convert<T>(pr.g),
+       b = convert<T>(pr.beta), s0 = convert<T>(pr.s0), d_o = convert<T>(pr.d_o), ds = convert<T>(pr.ds_out);
+  const int64_t SS = int64_t(s.H) * s.Dv * s.Dk;
+  RefOut<T> r;
+  r.o.resize(v.size()), r.s_out.resize(SS), r.dq.resize(q.size()), r.dk.resize(k.size()), r.dv.resize(v.size());
+  r.dg.resize(g.size()), r.dbeta.resize(b.size()), r.ds0.resize(SS);
+  const T sc = T(1) / std::sqrt(T(s.Dk));
+  const T* s0p = s.with_s0 ? s0.data() : nullptr;
+  ref::gdn_fwd<T>(s.T, s.H, s.Dk, s.Dv, sc, q.data(), k.data(), v.data(), g.data(), b.data(), s0p, r.o.data(),
+                  r.s_out.data());
+  ref::gdn_bwd<T>(s.T, s.H, s.Dk, s.Dv, sc, q.data(), k.data(), v.data(), g.data(), b.data(), s0p, d_o.data(),
+                  ds.data(), r.dq.data(), r.dk.data(), r.dv.data(), r.dg.data(), r.dbeta.data(), r.ds0.data());
+  return r;
+}
+
+RefOut<float> run_fast(const GdnProblem& pr) {
+  const GdnShape& s = pr.s;
+  const int64_t SS = int64_t(s.H) * s.Dv * s.Dk;
+  RefOut<float> r;
+  r.o.resize(pr.v.size()), r.s_out.resize(SS), r.dq.resize(pr.q.size()), r.dk.resize(pr.k.size());
+  r.dv.resize(pr.v.size()), r.dg.resize(pr.g.size()), r.dbeta.resize(pr.beta.size()), r.ds0.resize(SS);
+  GdnParams p = pr.params();
+  p.o = r.o.data(), p.s_out = r.s_out.data();
+  gdn_fwd(p);
+  p.d_o = pr.d_o.data(), p.ds_out = pr.ds_out.data();
+  p.dq = r.dq.data(), p.dk = r.dk.data(), p.dv = r.dv.data(), p.dg = r.dg.data(), p.dbeta = r.dbeta.data();
+  p.ds0 = r.ds0.data();
+  gdn_bwd(p);
+  return r;
+}
+
+const std::vector<GdnShape>& shapes() {
+  static const std::vector<GdnShape> v = {
+      {1, 1, 4, 3, 64, false},    {7, 2, 8, 5, 3, true},        {37, 2, 16, 8, 8, false},
+      {64, 3, 16, 24, 16, true},  {100, 2, 32, 32, 64, true},   {50, 1, 8, 8, 1, true},
+      {130, 2, 64, 64, 32, false}, {96, 2, 16, 16, 32, true, -3.0f},
+  };
+  return v;
+}
+
+TEST(GdnRef, BackwardMatchesFiniteDifferences) {
+  for (const GdnShape& s : {GdnShape{5, 2, 3, 2, 0, true}, GdnShape{4, 1, 4, 3, 0, false, -2.0f}}) {
+    SCOPED_TRACE(name(s));
+    const GdnProblem pr(s, 7);
+    auto q = convert<double>(pr.q), k = convert<double>(pr.k), v = convert<double>(pr.v), g = convert<double>(pr.g),
+         b = convert<double>(pr.beta), s0 = convert<double>(pr.s0);
+    const auto d_o = convert<double>(pr.d_o), ds = convert<double>(pr.ds_out);
+    const double sc = 0.7;
+    auto loss = [&] {
+      std::vector<double> o(v.size()), so(ds.size());
+      ref::gdn_fwd<double>(s.T, s.H, s.Dk, s.Dv, sc, q.data(), k.data(), v.data(), g.data(), b.data(),
+                           s.with_s0 ? s0.data() : nullptr, o.data(), so.data());
+      double L = 0;
+      for (size_t x = 0; x < o.size(); ++x) L += o[x] * d_o[x];
+      for (size_t x = 0; x < so.size(); ++x) L += so[x] * ds[x];
+      return L;
+    };
+    std::vector<double> dq(q.size()), dk(k.size()), dv(v.size()), dg(g.size()), db(b.size()), ds0(ds.size());
+    ref::gdn_bwd<double>(s.T, s.H, s.Dk, s.Dv, sc, q.data(), k.data(), v.data(), g.data(), b.data(),
+                         s.with_s0 ? s0.data() : nullptr, d_o.data(), ds.data(), dq.data(), dk.data(), dv.data(),
+                         dg.data(), db.data(), ds0.data());
+    const double h = 1e-5;
+    auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* nm) {
+      for (size_t e = 0; e < x.size(); ++e) {
+        const double x0 = x[e];
+        x[e] = x0 + h;
+        const double lp = loss();
+        x[e] = x0 - h;
+        const double lm = loss();
+        x[e] = x0;
+        const double fd = (lp - lm) / (2 * h);
+        ASSERT_NEAR(grad[e], fd, 1e-7 * (1 + std::abs(fd))) << nm << "[" << e << "]";
+      }
+    };
+    check(q, dq, "dq");
+    check(k, dk, "dk");
+    check(v, dv, "dv");
+    check(g, dg, "dg");
+    check(b, db, "dbeta");
+    if (s.with_s0) check(s0, ds0, "ds0");
+  }
+}
+
+// The chunked kernel within 2x the naive fp32 recurrence's error, every output.
+TEST(Gdn, ChunkedMatchesRecurrence) {
+  for (const GdnShape& s : shapes()) {
+    SCOPED_TRACE(name(s));
+    const GdnProblem pr(s, 11);
+    const auto ref = run_ref<double>(pr);
+    const auto naive = run_ref<float>(pr);
+    const auto fast = run_fast(pr);
+    auto expect = [&](const std::vector<float>& f, const std::vector<float>& nv, const std::vector<double>& r,
+                      const char* nm) {
+      const double ef = max_abs_err(f, r), en = max_abs_err(nv, r);
+      // The chunked form sums in another order than the recurrence; both errors are ~eps |x|.
+      const double tol = tolerance(en, r, 8.0);
+      EXPECT_LE(ef, tol) << nm << ": chunked " << ef << " vs naive fp32 " << en;
+    };
+    expect(fast.o, naive.o, ref.o, "o");
+    expect(fast.s_out, naive.s_out, ref.s_out, "s_out");
+    expect(fast.dq, naive.dq, ref.dq, "dq");
+    expect(fast.dk, naive.dk, ref.dk, "dk");
+    expect(fast.dv, naive.dv, ref.dv, "dv");
+    expect(fast.dg, naive.dg, ref.dg, "dg");
+    expect(fast.dbeta, naive.dbeta, ref.dbeta, "dbeta");
+    if (s.with_s0) expect(fast.ds0, naive.ds0, ref.ds0, "ds0");
+  }
+}
+
+// What a rank of a context-parallel schedule does: prepare while the state travels, finish with
+// it. Identical bits to the one-call forward.
+TEST(Gdn, PrepareThenFinishEqualsForwardBitwise) {
+  for (const GdnShape& s : shapes()) {
+    SCOPED_TRACE(name(s));
+    const GdnProblem pr(s, 13);
+    std::vector<float> o1(pr.v.size()), o2(pr.v.size()), s1(int64_t(s.H) * s.Dv * s.Dk), s2(s1.size());
+    GdnParams p = pr.params();
+    p.o = o1.data(), p.s_out = s1.data();
+    gdn_fwd(p);
+    p.o = o2.data(), p.s_out = s2.data();
+    std::vector<float> ws(gdn_workspace_floats(p));
+    gdn_fwd_prepare(p, ws.data());
+    gdn_fwd_finish(p, ws.data());
+    EXPECT_EQ(o1, o2);
+    EXPECT_EQ(s1, s2);
+  }
+}
+
+TEST(Gdn, ThreadCountChangesNoBit) {
+  const GdnProblem pr({200, 3, 32, 16, 32, true}, 17);
+  omp_set_num_threads(1);
+  const auto a = run_fast(pr);
+  omp_set_num_threads(2);
+  const auto b = run_fast(pr);
+  EXPECT_EQ(a.o, b.o);
+  EXPECT_EQ(a.dq, b.dq);
+  EXPECT_EQ(a.dk, b.dk);
+  EXPECT_EQ(a.dg, b.dg);
+  EXPECT_EQ(a.ds0, b.ds0);
+}
+
+// Splitting the sequence anywhere and carrying the state (what context parallelism does) gives
+// the one-piece result: forward (o) and backward (every gradient, ds flowing back).
+TEST(Gdn, StateCarriedAcrossASplitEqualsOnePiece) {
+  const GdnShape s{90, 2, 16, 8, 16, true};
+  const GdnProblem pr(s, 19);
+  const auto whole = run_fast(pr);
+  const auto ref = run_ref<double>(pr);
+  for (int64_t cut : {1, 16, 41, 89}) {
+    SCOPED_TRACE("cut " + std::to_string(cut));
+    const int64_t SS = int64_t(s.H) * s.Dv * s.Dk;
+    std::vector<float> o(pr.v.size()), mid(SS), end(SS), dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size()),
+        dg(pr.g.size()), db(pr.beta.size()), dmid(SS), ds0(SS);
+    auto piece = [&](int64_t t0, int64_t t1, const float* s_in, float* s_out_, const float* ds_in, float* ds_out_) {
+      GdnParams p = pr.params();
+      p.T = t1 - t0;
+      p.q += t0 * s.H * s.Dk, p.k += t0 * s.H * s.Dk, p.v += t0 * s.H * s.Dv, p.g += t0 * s.H, p.beta += t0 * s.H;
+      p.s0 = s_in, p.s_out = s_out_, p.o = o.data() + t0 * s.H * s.Dv;
+      gdn_fwd(p);
+      p.d_o = pr.d_o.data() + t0 * s.H * s.Dv, p.ds_out = ds_in;
+      p.dq = dq.data() + t0 * s.H * s.Dk, p.dk = dk.data() + t0 * s.H * s.Dk, p.dv = dv.data() + t0 * s.H * s.Dv;
+      p.dg = dg.data() + t0 * s.H, p.dbeta = db.data() + t0 * s.H, p.ds0 = ds_out_;
+      return p;
+    };
+    GdnParams a = piece(0, cut, pr.s0.data(), mid.data(), nullptr, nullptr);
+    GdnParams b = piece(cut, s.T, mid.data(), end.data(), pr.ds_out.data(), dmid.data());
+    gdn_bwd(b);
+    a.ds_out = dmid.data(), a.ds0 = ds0.data();
+    gdn_bwd(a);
+    auto close = [&](const std::vector<float>& x, const std::vector<float>& w, const std::vector<double>& r,
+                     const char* nm) {
+      // both within the chunked tolerance of the fp64 result; the split differs from the one
+      // piece only by where chunks start
+      EXPECT_LE(max_abs_err(x, r), 4 * max_abs_err(w, r) + 1e-5) << nm;
+    };
+    close(o, whole.o, ref.o, "o");
+    close(end, whole.s_out, ref.s_out, "s_out");
+    close(dq, whole.dq, ref.dq, "dq");
+    close(dk, whole.dk, ref.dk, "dk");
+    close(dv, whole.dv, ref.dv, "dv");
+    close(dg, whole.dg, ref.dg, "dg");
+    close(db, whole.dbeta, ref.dbeta, "dbeta");
+    close(ds0, whole.ds0, ref.ds0, "ds0");
+  }
+}
+
+TEST(Gdn, InvalidArgumentsRefused) {
+  const GdnProblem pr({8, 1, 4, 4, 4, false}, 3);
+  std::vector<float> o(pr.v.size());
+  GdnParams p = pr.params();
+  p.o = o.data();
+  GdnParams bad = p;
+  bad.chunk = 0;
+  EXPECT_THROW(gdn_fwd(bad), std::invalid_argument);
+  bad = p;
+  bad.Dk = 0;
+  EXPECT_THROW(gdn_fwd(bad), std::invalid_argument);
+  bad = p;
+  bad.k = nullptr;
+  EXPECT_THROW(gdn_fwd(bad), std::invalid_argument);
+  bad = p;
+  EXPECT_THROW(gdn_bwd(bad), std::invalid_argument);  // no d_o, no gradient outputs
+  GdnParams empty = p;
+  empty.T = 0;
+  EXPECT_NO_THROW(gdn_fwd(empty));
+}
+
+}  // namespace
+}  // namespace ctxpar::test
