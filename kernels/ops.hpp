@@ -148,7 +148,7 @@ struct GdnParams {
   float* o = nullptr;           // [T, H, Dv]
   float* s_out = nullptr;       // [H, Dv, Dk] state after token T-1; nullptr: not wanted
   // backward: gradients of L = sum(d_o * o) + sum(ds_out * s_out)
-  const float* d_o = nullptr;     // [T, H, Dv]
+  const float* d_o = nullptr;     // [T, H, Dv]; nullptr: zero
   const float* ds_out = nullptr;  // [H, Dv, Dk]; nullptr: zero
   float* dq = nullptr;            // OVERWRITTEN, like dk, dv, dg, dbeta
   float* dk = nullptr;
@@ -171,5 +171,11 @@ void gdn_bwd(const GdnParams& p);
 int64_t gdn_workspace_floats(const GdnParams& p);
 void gdn_fwd_prepare(const GdnParams& p, float* ws);
 void gdn_fwd_finish(const GdnParams& p, const float* ws);
+// The state's part alone (the zero-input map S -> S T of the whole sequence, T = prod_t a_t (I -
+// b_t k_t k_t^T)), from a prepared `ws`: X [H, m, Dk] becomes X T, in place; with add_to_o (m =
+// Dv) o also receives the part of the output that a start state X contributes. For a schedule
+// that finishes with a zero start state and corrects once the real one is known (finish is linear
+// in the start state), and for T itself (X = I, m = Dk).
+void gdn_state_apply(const GdnParams& p, const float* ws, float* X, int32_t m, bool add_to_o);
 
 }  // namespace ctxpar

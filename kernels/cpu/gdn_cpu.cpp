@@ -36,8 +36,8 @@ void check(const GdnParams& p, bool backward) {
   if (p.chunk < 1) bad("chunk = " + std::to_string(p.chunk) + " (must be >= 1)");
   if (p.T > 0 && (!p.q || !p.k || !p.v || !p.g || !p.beta)) bad("q, k, v, g and beta are required");
   if (!backward && p.T > 0 && !p.o) bad("o is required");
-  if (backward && p.T > 0 && (!p.d_o || !p.dq || !p.dk || !p.dv || !p.dg || !p.dbeta))
-    bad("the backward needs d_o, dq, dk, dv, dg and dbeta");
+  if (backward && p.T > 0 && (!p.dq || !p.dk || !p.dv || !p.dg || !p.dbeta))
+    bad("the backward needs dq, dk, dv, dg and dbeta");
 }
 
 float scale_of(const GdnParams& p) { return p.scale != 0 ? p.scale : 1.0f / std::sqrt(float(p.Dk)); }
@@ -135,18 +135,19 @@ void prepare(const GdnParams& p, int h, int64_t c, Chunk& w, float* o) {
 }
 
 // The state pass of one chunk: o (if given) += E S^T; S <- gamma_last S + (diag(bw) (Uv - Wk S^T))^T K.
-// U is scratch [n, Dv].
+// S has m rows (Dv for the state; any m for the homogeneous map, where Uv == nullptr stands for
+// zero). U is scratch [n, m].
 void finish(const GdnParams& p, int h, int64_t t0, int n, const float* Uv, const float* Wk, const float* E,
-            const float* bw, float gam_last, float* S, float* U, float* o) {
+            const float* bw, float gam_last, float* S, int m, float* U, float* o) {
   const int Dk = p.Dk, Dv = p.Dv;
   const int64_t ldk = int64_t(p.H) * Dk, ldv = int64_t(p.H) * Dv;
   if (o) sgemm(false, true, n, Dv, Dk, 1.0f, E, Dk, S, Dk, 1.0f, row(o, p, t0, h, Dv), ldv);
-  std::memcpy(U, Uv, sizeof(float) * n * Dv);
-  sgemm(false, true, n, Dv, Dk, -1.0f, Wk, Dk, S, Dk, 1.0f, U, Dv);
+  if (Uv) std::memcpy(U, Uv, sizeof(float) * n * m);
+  sgemm(false, true, n, m, Dk, -1.0f, Wk, Dk, S, Dk, Uv ? 1.0f : 0.0f, U, m);
   for (int i = 0; i < n; ++i)
-    for (int d = 0; d < Dv; ++d) U[int64_t(i) * Dv + d] *= bw[i];
-  for (int64_t e = 0; e < int64_t(Dv) * Dk; ++e) S[e] *= gam_last;
-  sgemm(true, false, Dv, Dk, n, 1.0f, U, Dv, row(p.k, p, t0, h, Dk), ldk, 1.0f, S, Dk);
+    for (int d = 0; d < m; ++d) U[int64_t(i) * m + d] *= bw[i];
+  for (int64_t e = 0; e < int64_t(m) * Dk; ++e) S[e] *= gam_last;
+  sgemm(true, false, m, Dk, n, 1.0f, U, m, row(p.k, p, t0, h, Dk), ldk, 1.0f, S, Dk);
 }
 
 void load_state(const GdnParams& p, int h, const float* s, float* S) {
@@ -201,9 +202,31 @@ void gdn_fwd_finish(const GdnParams& p, const float* ws) {
         const float* x = ws + (h * nc + c) * per;
         const int n = int(std::min<int64_t>(C, p.T - c * C));
         finish(p, h, c * C, n, x, x + C * p.Dv, x + C * (p.Dv + p.Dk), x + C * (p.Dv + 2 * p.Dk), x[per - 1],
-               S.data(), U.data(), p.o);
+               S.data(), p.Dv, U.data(), p.o);
       }
       if (p.s_out) std::memcpy(p.s_out + h * SS, S.data(), sizeof(float) * SS);
+    }
+  }
+}
+
+void gdn_state_apply(const GdnParams& p, const float* ws, float* X, int32_t m, bool add_to_o) {
+  check(p, false);
+  if (m < 1 || (add_to_o && m != p.Dv))
+    throw std::invalid_argument("gdn_state_apply: m = " + std::to_string(m) + " (>= 1, and = Dv = " +
+                                std::to_string(p.Dv) + " when adding to o)");
+  const int64_t nc = n_chunks(p), per = chunk_ws_floats(p), C = p.chunk;
+#pragma omp parallel num_threads(gdn_threads())
+  {
+    std::vector<float> U(C * m);
+#pragma omp for schedule(static)
+    for (int h = 0; h < p.H; ++h) {
+      float* Xh = X + int64_t(h) * m * p.Dk;
+      for (int64_t c = 0; c < nc; ++c) {
+        const float* x = ws + (h * nc + c) * per;
+        const int n = int(std::min<int64_t>(C, p.T - c * C));
+        finish(p, h, c * C, n, nullptr, x + C * p.Dv, x + C * (p.Dv + p.Dk), x + C * (p.Dv + 2 * p.Dk), x[per - 1],
+               Xh, m, U.data(), add_to_o ? p.o : nullptr);
+      }
     }
   }
 }
@@ -220,7 +243,7 @@ void gdn_fwd(const GdnParams& p) {
       load_state(p, h, p.s0, S.data());
       for (int64_t c = 0; c < nc; ++c) {
         prepare(p, h, c, w, p.o);
-        finish(p, h, w.t0, w.n, w.Uv, w.Wk, w.E, w.bw, w.gam_last, S.data(), U.data(), p.o);
+        finish(p, h, w.t0, w.n, w.Uv, w.Wk, w.E, w.bw, w.gam_last, S.data(), p.Dv, U.data(), p.o);
       }
       if (p.s_out) std::memcpy(p.s_out + h * SS, S.data(), sizeof(float) * SS);
     }
@@ -247,7 +270,7 @@ void gdn_bwd(const GdnParams& p) {
       for (int64_t c = 0; c < nc; ++c) {
         std::memcpy(states.data() + c * SS, S.data(), sizeof(float) * SS);
         prepare(p, h, c, w, nullptr);
-        finish(p, h, w.t0, w.n, w.Uv, w.Wk, w.E, w.bw, w.gam_last, S.data(), U.data(), nullptr);
+        finish(p, h, w.t0, w.n, w.Uv, w.Wk, w.E, w.bw, w.gam_last, S.data(), p.Dv, U.data(), nullptr);
       }
       load_state(p, h, p.ds_out, dS.data());
       for (int64_t c = nc - 1; c >= 0; --c) {
@@ -257,7 +280,7 @@ void gdn_bwd(const GdnParams& p) {
         const float* S0 = states.data() + c * SS;
         const float* Q = row(p.q, p, t0, h, Dk);
         const float* K = row(p.k, p, t0, h, Dk);
-        const float* dO = row(p.d_o, p, t0, h, Dv);
+        const float* dO = p.d_o ? row(p.d_o, p, t0, h, Dv) : nullptr;
         std::fill(dG.begin(), dG.end(), 0.0);
         std::fill(dgam.begin(), dgam.end(), 0.0);
         std::fill(dbeta.begin(), dbeta.end(), 0.0);
@@ -283,11 +306,16 @@ void gdn_bwd(const GdnParams& p) {
         // (U = Uv - Wk S0^T): dUv = dU (kept in dU), dWk = -dU S0, dS0 -= dU^T Wk
         sgemm(false, false, n, Dk, Dv, -1.0f, dU.data(), Dv, S0, Dk, 0.0f, dWk.data(), Dk);
         sgemm(true, false, Dv, Dk, n, -1.0f, dU.data(), Dv, w.Wk, Dk, 1.0f, dS0.data(), Dk);
-        // (O = Pb Uv + E S0^T)
-        sgemm(false, true, n, n, Dv, 1.0f, dO, ldv, w.Uv, Dv, 0.0f, dPb.data(), n);
-        sgemm(true, false, n, Dv, n, 1.0f, w.Pb, n, dO, ldv, 1.0f, dU.data(), Dv);
-        sgemm(false, false, n, Dk, Dv, 1.0f, dO, ldv, S0, Dk, 0.0f, dE.data(), Dk);
-        sgemm(true, false, Dv, Dk, n, 1.0f, dO, ldv, w.E, Dk, 1.0f, dS0.data(), Dk);
+        // (O = Pb Uv + E S0^T); d_o == nullptr: o's gradient is zero (a schedule's correction pass)
+        if (dO) {
+          sgemm(false, true, n, n, Dv, 1.0f, dO, ldv, w.Uv, Dv, 0.0f, dPb.data(), n);
+          sgemm(true, false, n, Dv, n, 1.0f, w.Pb, n, dO, ldv, 1.0f, dU.data(), Dv);
+          sgemm(false, false, n, Dk, Dv, 1.0f, dO, ldv, S0, Dk, 0.0f, dE.data(), Dk);
+          sgemm(true, false, Dv, Dk, n, 1.0f, dO, ldv, w.E, Dk, 1.0f, dS0.data(), Dk);
+        } else {
+          std::fill(dPb.begin(), dPb.end(), 0.0f);
+          std::fill(dE.begin(), dE.end(), 0.0f);
+        }
         // (E = sc diag(gam) Q - Pb Wk)
         for (int i = 0; i < n; ++i) {
           double x = 0;
@@ -297,8 +325,10 @@ void gdn_bwd(const GdnParams& p) {
           }
           dgam[i] += sc * x;
         }
-        sgemm(false, true, n, n, Dk, -1.0f, dE.data(), Dk, w.Wk, Dk, 1.0f, dPb.data(), n);
-        sgemm(true, false, n, Dk, n, -1.0f, w.Pb, n, dE.data(), Dk, 1.0f, dWk.data(), Dk);
+        if (dO) {
+          sgemm(false, true, n, n, Dk, -1.0f, dE.data(), Dk, w.Wk, Dk, 1.0f, dPb.data(), n);
+          sgemm(true, false, n, Dk, n, -1.0f, w.Pb, n, dE.data(), Dk, 1.0f, dWk.data(), Dk);
+        }
         // (Pb_ij = sc e_ij b_j QK_ij, j <= i): dQK overwrites dPb
         for (int i = 0; i < n; ++i)
           for (int j = 0; j < n; ++j) {

@@ -2,6 +2,7 @@
 #include <utility>
 
 #include "cp/common.hpp"
+#include "cp/gdn_cp.hpp"
 #include "cp/strategy.hpp"
 
 namespace ctxpar {
@@ -45,6 +46,17 @@ const std::vector<std::string>& inference_strategy_names() {
 std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo) {
   for (const Entry& e : kStrategies)
     if (name == e.name) return e.make(topo);
+  return nullptr;
+}
+
+const std::vector<std::string>& gdn_cp_names() {
+  static const std::vector<std::string> names = {"ring", "scan"};
+  return names;
+}
+
+std::unique_ptr<GdnCp> make_gdn_cp(const std::string& schedule) {
+  if (schedule == "ring") return make_gdn_ring();
+  if (schedule == "scan") return make_gdn_scan();
   return nullptr;
 }
 

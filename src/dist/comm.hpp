@@ -100,10 +100,12 @@ class Comm {
   virtual std::string name() const = 0;     // "world", "ring", "ulysses", "cp", ...
   virtual std::string backend() const = 0;  // "mpi", "mpi-staged", "nccl"
   virtual int device() const { return -1; }  // CUDA device of its device buffers (-1: host only)
+  static constexpr int kNone = -1;             // "no peer" for send_recv_async
 
   // Typed front-end (counts in elements); S and R are std::span<T> or DeviceSpan<T>.
   // Posts a receive from `from` into `recv` and a send of `send` to `to` (tag separates MPI
-  // streams; NCCL matches in issue order).
+  // streams; NCCL matches in issue order). to = kNone posts no send, from = kNone no receive (a
+  // chain's ends).
   template <class S, class R> Request send_recv_async(S send, int to, R recv, int from, int tag = 0) {
     same_type<S, R>();
     return send_recv_async_impl(buf(send), to, buf(recv), from, tag);

@@ -107,8 +107,11 @@ class CommMpi final : public Comm {
     host_only(send, "send_recv_async");
     host_only(recv, "send_recv_async");
     MPI_Request rr, sr;
-    MPI_CHECK(MPI_Irecv(recv.ptr, as_int(recv.count, "recv"), mpi_type(recv.type), from, tag, comm_, &rr));
-    MPI_CHECK(MPI_Isend(send.ptr, as_int(send.count, "send"), mpi_type(send.type), to, tag, comm_, &sr));
+    // kNone: MPI_PROC_NULL, whose operations complete at once
+    MPI_CHECK(MPI_Irecv(recv.ptr, as_int(recv.count, "recv"), mpi_type(recv.type), from == kNone ? MPI_PROC_NULL : from,
+                        tag, comm_, &rr));
+    MPI_CHECK(MPI_Isend(send.ptr, as_int(send.count, "send"), mpi_type(send.type), to == kNone ? MPI_PROC_NULL : to,
+                        tag, comm_, &sr));
     return Request({put(rr), put(sr)});
   }
   void all_gather_impl(Buf send, Buf recv) override {

@@ -154,12 +154,14 @@ class CommNccl final : public dist_detail::DeviceBackendComm {
 
   Request send_recv_device(Buf send, int to, Buf recv, int from, int tag) override {
     (void)tag;  // NCCL has no tags: it matches in issue order (comm.hpp)
-    CTXPAR_CHECK(to >= 0 && to < size_ && from >= 0 && from < size_,
+    CTXPAR_CHECK((to == kNone || (to >= 0 && to < size_)) && (from == kNone || (from >= 0 && from < size_)),
                  "send_recv_async: peer out of range (to " << to << ", from " << from << ", size " << size_ << ")");
     begin();
     group_start();
-    if (send.count > 0) check(ncclSend(send.ptr, send.count, nccl_type(send.type), to, comm_, comm_stream_), "ncclSend");
-    if (recv.count > 0) check(ncclRecv(recv.ptr, recv.count, nccl_type(recv.type), from, comm_, comm_stream_), "ncclRecv");
+    if (send.count > 0 && to != kNone)
+      check(ncclSend(send.ptr, send.count, nccl_type(send.type), to, comm_, comm_stream_), "ncclSend");
+    if (recv.count > 0 && from != kNone)
+      check(ncclRecv(recv.ptr, recv.count, nccl_type(recv.type), from, comm_, comm_stream_), "ncclRecv");
     group_end("send_recv_async (grouped ncclSend/ncclRecv)");
     const int64_t id = acquire_event();
     CTXPAR_DIST_CUDA_CHECK(cudaEventRecord(events_[size_t(id)], comm_stream_));
