@@ -76,7 +76,9 @@ void run_case(const std::string& schedule, const Case& c) {
     const double rounds = std::ceil(std::log2(double(P)));
     EXPECT_LE(st.bytes_sent, 2 * rounds * s.H * s.Dk * (s.Dk + s.Dv) * 4.0) << "scan bytes per rank";
   }
-  if (schedule == "ring") EXPECT_EQ(st.bytes_sent, ((r + 1 < P) + (r > 0)) * SS * 4.0);
+  if (schedule == "ring") {
+    EXPECT_EQ(st.bytes_sent, ((r + 1 < P) + (r > 0)) * SS * 4.0);
+  }
   EXPECT_TRUE(all_ok(!::testing::Test::HasFailure()));
 }
 
