@@ -1,16 +1,17 @@
 // GdnCp: context parallelism for Gated DeltaNet layers (the op: kernels/ops.hpp, gdn_*). A rank
-// holds one contiguous piece of the sequence (a linear-time layer costs the same per token
-// wherever the token sits, so zigzag sharding brings it no balance); the only thing that crosses
-// a rank border is the state, H x Dv x Dk floats, forward, and its gradient, backward. Two
-// schedules, one file each:
-//   ring (gdn_ring.cpp): the state travels rank to rank, P - 1 sequential hops; each rank does
-//     the state-independent work of its chunks (gdn_fwd_prepare) while it waits.
-//   scan (gdn_scan.cpp): every rank runs its piece from a zero state and, where needed, forms its
-//     piece's transition S -> S T + B (T [Dk, Dk] per head); an exclusive scan of these affine
-//     maps over the ranks (log2 P exchange rounds) gives each rank its true start state, and a
+// holds contiguous pieces of the sequence (its partition's runs: one under contiguous sharding,
+// two under zigzag); the only thing that crosses a piece border is the state, H x Dv x Dk floats,
+// forward, and its gradient, backward. A linear-time layer costs the same per token wherever the
+// token sits, so zigzag brings it no balance; it serves the attention layers of a hybrid model and
+// costs the GDN layers a chain twice as long. Two schedules, one file each:
+//   ring (gdn_ring.cpp): the state travels piece to piece along the chain, Q - 1 sequential hops;
+//     each rank does the state-independent work of its pieces (gdn_fwd_prepare) while it waits.
+//   scan (gdn_scan.cpp): every piece runs from a zero state and, where needed, forms its
+//     transition S -> S T + B (T [Dk, Dk] per head); an exclusive scan of these affine maps along
+//     the chain (ceil(log2 Q) exchange rounds) gives each piece its true start state, and a
 //     correction pass (gdn_state_apply) adds what that state contributes. The backward does the
-//     same with the transposed maps in reverse rank order. No rank waits for P - 1 others; the
-//     price is the transition and the correction passes.
+//     same with the transposed maps in reverse order. No piece waits for Q - 1 others; the price
+//     is the transition and the correction passes.
 // Both are exact rewritings of the single-rank computation (results equal to rounding).
 #pragma once
 #include <memory>
@@ -23,23 +24,38 @@
 
 namespace ctxpar {
 
-// What a forward keeps for its backward.
+// The global sequence as a chain of Q pieces in order; piece q is held by rank owner[q]. Every
+// rank builds the same chain from the partition (contiguous: one piece per rank; zigzag: 2P
+// pieces, rank r holding pieces r and 2P-1-r).
+struct GdnChain {
+  static constexpr int kMaxPieces = 7999;  // the schedules tag messages by piece (MPI: tags <= 32767)
+  std::vector<int> owner;
+  static GdnChain contiguous(int P);  // std::invalid_argument beyond kMaxPieces
+  static GdnChain zigzag(int P);
+  int size() const { return int(owner.size()); }
+  std::vector<int> positions_of(int rank) const;  // ascending
+};
+
+// What a forward keeps for its backward, per piece of this rank.
 struct GdnCpContext {
-  std::vector<float> s_start;  // [H, Dv, Dk] this rank's start state
-  std::vector<float> T;        // [H, Dk, Dk] this rank's transition (scan, where it was needed)
+  std::vector<std::vector<float>> s_start;  // [H, Dv, Dk] the piece's start state
+  std::vector<std::vector<float>> T;        // [H, Dk, Dk] the piece's transition (scan, where needed)
 };
 
 class GdnCp {
  public:
   virtual ~GdnCp() = default;
   virtual std::string name() const = 0;
-  // p describes this rank's tokens (p.T may differ between ranks, 0 included; H, Dk, Dv and the
-  // chunk must agree). p.s0 is the whole sequence's initial state (read on rank 0; nullptr: zero)
-  // and p.s_out its final state (written on the last rank only). Writes p.o.
-  virtual void forward(Comm& comm, const GdnParams& p, GdnCpContext& ctx, CpStats* stats) = 0;
-  // After forward with the same p and ctx: p.ds_out is read on the last rank, p.ds0 written on
-  // rank 0; dq, dk, dv, dg, dbeta of the local tokens are OVERWRITTEN (p.d_o required).
-  virtual void backward(Comm& comm, const GdnParams& p, GdnCpContext& ctx, CpStats* stats) = 0;
+  // pieces[j] describes this rank's j-th piece (chain.positions_of(rank)[j]); T may differ between
+  // pieces, 0 included; H, Dk, Dv and the chunk agree everywhere. The s0 of the piece at position 0
+  // is the sequence's initial state (nullptr: zero); the piece at position Q-1 writes s_out (if
+  // set); no other piece reads s0 or writes s_out. Writes every piece's o.
+  virtual void forward(Comm& comm, const GdnChain& chain, const std::vector<GdnParams>& pieces, GdnCpContext& ctx,
+                       CpStats* stats) = 0;
+  // After forward with the same pieces and ctx: the piece at position Q-1 reads ds_out, the piece
+  // at position 0 writes ds0; dq, dk, dv, dg, dbeta of every piece are OVERWRITTEN (d_o required).
+  virtual void backward(Comm& comm, const GdnChain& chain, const std::vector<GdnParams>& pieces, GdnCpContext& ctx,
+                        CpStats* stats) = 0;
 };
 
 std::unique_ptr<GdnCp> make_gdn_ring();

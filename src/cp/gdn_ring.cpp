@@ -1,8 +1,9 @@
-// GDN under CP, ring schedule (gdn_cp.hpp): the state is handed from rank r to rank r + 1.
-// Forward: post the receive, prepare every chunk (independent of the state), wait, finish with the
-// received state, hand the end state on. Backward: the end state's gradient comes from rank r + 1,
-// the whole backward of the piece runs with it, the start state's gradient goes to rank r - 1
-// (sequential: the backward has no state-independent part split off yet).
+// GDN under CP, ring schedule (gdn_cp.hpp): the state is handed from piece q to piece q + 1 of the
+// chain. Forward: post the receives of every piece whose predecessor is on another rank, prepare
+// every piece (independent of the state), then piece by piece in chain order: wait for the state
+// (or take it from this rank's previous piece), finish, hand the end state on. Backward: the same
+// in reverse with the end state's gradient; the whole backward of a piece runs once its gradient
+// is in (sequential: the backward has no state-independent part split off yet).
 #include <span>
 
 #include "cp/gdn_cp.hpp"
@@ -10,67 +11,104 @@
 namespace ctxpar {
 namespace {
 
-constexpr int kTagFwd = 701, kTagBwd = 702;
+// Tags: one per receiving piece (MPI matches by source and tag; chains up to 7999 pieces).
+constexpr int kTagFwd = 1000, kTagBwd = 9000;
 
 class GdnRing final : public GdnCp {
  public:
   std::string name() const override { return "ring"; }
 
-  void forward(Comm& comm, const GdnParams& p0, GdnCpContext& ctx, CpStats* st) override {
-    const int r = comm.rank(), P = comm.size();
-    const int64_t SS = gdn_state_floats(p0);
-    ctx.s_start.assign(size_t(SS), 0.0f);
-    ctx.T.clear();
-    Request in;
-    if (r > 0) in = comm.send_recv_async(std::span<const float>(), Comm::kNone, std::span<float>(ctx.s_start), r - 1, kTagFwd);
-    GdnParams p = p0;
-    p.s0 = nullptr;
-    p.s_out = nullptr;
-    std::vector<float> ws(size_t(gdn_workspace_floats(p)));
-    gdn_fwd_prepare(p, ws.data());
-    if (r > 0) {
-      const double t = comm.now();
-      comm.wait(in);
-      if (st) st->exposed_comm_s += comm.now() - t;
-    } else if (p0.s0) {
-      ctx.s_start.assign(p0.s0, p0.s0 + SS);
+  void forward(Comm& comm, const GdnChain& chain, const std::vector<GdnParams>& pieces, GdnCpContext& ctx,
+               CpStats* st) override {
+    const int r = comm.rank(), Q = chain.size();
+    const std::vector<int> mine = chain.positions_of(r);
+    const size_t J = mine.size();
+    if (J == 0) return;
+    const int64_t SS = gdn_state_floats(pieces[0]);
+    ctx.s_start.assign(J, std::vector<float>(static_cast<size_t>(SS), 0.0f));
+    ctx.T.assign(J, {});
+    std::vector<Request> in(J);
+    for (size_t j = 0; j < J; ++j) {
+      const int q = mine[j];
+      if (q > 0 && chain.owner[size_t(q - 1)] != r)
+        in[j] = comm.send_recv_async(std::span<const float>(), Comm::kNone, std::span<float>(ctx.s_start[j]),
+                                     chain.owner[size_t(q - 1)], kTagFwd + q);
+    }
+    std::vector<std::vector<float>> ws(J);
+    for (size_t j = 0; j < J; ++j) {
+      GdnParams p = pieces[j];
+      p.s0 = nullptr;
+      p.s_out = nullptr;
+      ws[j].resize(size_t(gdn_workspace_floats(p)));
+      gdn_fwd_prepare(p, ws[j].data());
     }
     std::vector<float> s_end(static_cast<size_t>(SS));
-    p.s0 = ctx.s_start.data();
-    p.s_out = s_end.data();
-    gdn_fwd_finish(p, ws.data());
-    if (r + 1 < P) {
-      Request out = comm.send_recv_async(std::span<const float>(s_end), r + 1, std::span<float>(), Comm::kNone, kTagFwd);
-      comm.wait(out);
-      if (st) st->bytes_sent += double(SS) * sizeof(float), st->messages += 1;
-    } else if (p0.s_out) {
-      std::copy(s_end.begin(), s_end.end(), p0.s_out);
+    for (size_t j = 0; j < J; ++j) {
+      const int q = mine[j];
+      if (q == 0) {
+        if (pieces[j].s0) ctx.s_start[j].assign(pieces[j].s0, pieces[j].s0 + SS);
+      } else if (chain.owner[size_t(q - 1)] == r) {
+        ctx.s_start[j] = s_end;  // this rank's previous piece
+      } else {
+        const double t = comm.now();
+        comm.wait(in[j]);
+        if (st) st->exposed_comm_s += comm.now() - t;
+      }
+      GdnParams p = pieces[j];
+      p.s0 = ctx.s_start[j].data();
+      p.s_out = s_end.data();
+      gdn_fwd_finish(p, ws[j].data());
+      if (q + 1 == Q) {
+        if (pieces[j].s_out) std::copy(s_end.begin(), s_end.end(), pieces[j].s_out);
+      } else if (chain.owner[size_t(q + 1)] != r) {
+        Request out = comm.send_recv_async(std::span<const float>(s_end), chain.owner[size_t(q + 1)],
+                                           std::span<float>(), Comm::kNone, kTagFwd + q + 1);
+        comm.wait(out);
+        if (st) st->bytes_sent += double(SS) * sizeof(float), st->messages += 1;
+      }
     }
   }
 
-  void backward(Comm& comm, const GdnParams& p0, GdnCpContext& ctx, CpStats* st) override {
-    const int r = comm.rank(), P = comm.size();
-    const int64_t SS = gdn_state_floats(p0);
-    std::vector<float> ds_end(size_t(SS), 0.0f), ds_start(static_cast<size_t>(SS));
-    if (r + 1 < P) {
-      Request in = comm.send_recv_async(std::span<const float>(), Comm::kNone, std::span<float>(ds_end), r + 1, kTagBwd);
-      const double t = comm.now();
-      comm.wait(in);
-      if (st) st->exposed_comm_s += comm.now() - t;
-    } else if (p0.ds_out) {
-      ds_end.assign(p0.ds_out, p0.ds_out + SS);
+  void backward(Comm& comm, const GdnChain& chain, const std::vector<GdnParams>& pieces, GdnCpContext& ctx,
+                CpStats* st) override {
+    const int r = comm.rank(), Q = chain.size();
+    const std::vector<int> mine = chain.positions_of(r);
+    const size_t J = mine.size();
+    if (J == 0) return;
+    const int64_t SS = gdn_state_floats(pieces[0]);
+    std::vector<std::vector<float>> ds_end(J, std::vector<float>(static_cast<size_t>(SS), 0.0f));
+    std::vector<Request> in(J);
+    for (size_t j = 0; j < J; ++j) {
+      const int q = mine[j];
+      if (q + 1 < Q && chain.owner[size_t(q + 1)] != r)
+        in[j] = comm.send_recv_async(std::span<const float>(), Comm::kNone, std::span<float>(ds_end[j]),
+                                     chain.owner[size_t(q + 1)], kTagBwd + q);
     }
-    GdnParams p = p0;
-    p.s0 = ctx.s_start.data();
-    p.ds_out = ds_end.data();
-    p.ds0 = ds_start.data();
-    gdn_bwd(p);
-    if (r > 0) {
-      Request out = comm.send_recv_async(std::span<const float>(ds_start), r - 1, std::span<float>(), Comm::kNone, kTagBwd);
-      comm.wait(out);
-      if (st) st->bytes_sent += double(SS) * sizeof(float), st->messages += 1;
-    } else if (p0.ds0) {
-      std::copy(ds_start.begin(), ds_start.end(), p0.ds0);
+    std::vector<float> ds_start(static_cast<size_t>(SS));
+    for (size_t jj = J; jj-- > 0;) {
+      const int q = mine[jj];
+      if (q + 1 == Q) {
+        if (pieces[jj].ds_out) ds_end[jj].assign(pieces[jj].ds_out, pieces[jj].ds_out + SS);
+      } else if (chain.owner[size_t(q + 1)] == r) {
+        ds_end[jj] = ds_start;  // from this rank's next piece
+      } else {
+        const double t = comm.now();
+        comm.wait(in[jj]);
+        if (st) st->exposed_comm_s += comm.now() - t;
+      }
+      GdnParams p = pieces[jj];
+      p.s0 = ctx.s_start[jj].data();
+      p.ds_out = ds_end[jj].data();
+      p.ds0 = ds_start.data();
+      gdn_bwd(p);
+      if (q == 0) {
+        if (pieces[jj].ds0) std::copy(ds_start.begin(), ds_start.end(), pieces[jj].ds0);
+      } else if (chain.owner[size_t(q - 1)] != r) {
+        Request out = comm.send_recv_async(std::span<const float>(ds_start), chain.owner[size_t(q - 1)],
+                                           std::span<float>(), Comm::kNone, kTagBwd + q - 1);
+        comm.wait(out);
+        if (st) st->bytes_sent += double(SS) * sizeof(float), st->messages += 1;
+      }
     }
   }
 };

@@ -11,6 +11,7 @@ set(CTXPAR_CP_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/pass_q.cpp
   ${CMAKE_CURRENT_LIST_DIR}/decode_pass_q.cpp
   ${CMAKE_CURRENT_LIST_DIR}/decode_allgather.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gdn_chain.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gdn_ring.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gdn_scan.cpp
 )

@@ -1,9 +1,11 @@
-// GDN under context parallelism (src/cp/gdn_cp.hpp): both schedules against the one-rank result,
-// forward (o, the final state) and backward (every gradient, the initial state's), with pieces of
-// unequal length and ranks with no token at all; the scan's bytes within its bound.
+// GDN under context parallelism (src/cp/gdn_cp.hpp): both schedules on contiguous and zigzag
+// chains against the one-rank result, forward (o, the final state) and backward (every gradient,
+// the initial state's), with pieces of unequal length and pieces with no token at all; the bytes
+// each schedule sends (the ring: one state per remote border; the scan: within its bound).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "cp/gdn_cp.hpp"
@@ -25,59 +27,78 @@ struct Case {
   const char* what;
 };
 
-void run_case(const std::string& schedule, const Case& c) {
+void run_case(const std::string& schedule, const GdnChain& chain, const char* chain_name, const Case& c) {
   Comm& comm = world();
-  const int r = comm.rank(), P = comm.size();
+  const int r = comm.rank(), P = comm.size(), Q = chain.size();
   const GdnShape& s = c.s;
-  SCOPED_TRACE(schedule + " " + c.what + " " + name(s) + " P" + std::to_string(P));
+  SCOPED_TRACE(schedule + " " + chain_name + " " + c.what + " " + name(s) + " P" + std::to_string(P));
   const GdnProblem pr(s, 23);  // same seed on every rank: the same whole sequence
   const auto ref = run_ref<double>(pr);
   const auto whole = run_fast(pr);
-  const auto [t0, t1] = piece(s.T, r, P);
-  const int64_t n = t1 - t0, SS = int64_t(s.H) * s.Dv * s.Dk;
-  std::vector<float> o(n * s.H * s.Dv), s_out(SS, -7.0f), dq(n * s.H * s.Dk), dk(dq.size()), dv(o.size()),
-      dg(n * s.H), db(n * s.H), ds0(SS, -7.0f);
-  GdnParams p = pr.params();
-  p.T = n;
-  p.q += t0 * s.H * s.Dk, p.k += t0 * s.H * s.Dk, p.v += t0 * s.H * s.Dv, p.g += t0 * s.H, p.beta += t0 * s.H;
-  p.o = o.data(), p.s_out = s_out.data();
-  p.d_o = pr.d_o.data() + t0 * s.H * s.Dv, p.ds_out = pr.ds_out.data();
-  p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data(), p.dg = dg.data(), p.dbeta = db.data(), p.ds0 = ds0.data();
+  const int64_t SS = int64_t(s.H) * s.Dv * s.Dk;
+  // Full-size outputs; this rank fills the rows of its pieces.
+  std::vector<float> o(pr.v.size()), s_out(SS, -7.0f), dq(pr.q.size()), dk(dq.size()), dv(o.size()), dg(pr.g.size()),
+      db(dg.size()), ds0(SS, -7.0f);
+  std::vector<GdnParams> pieces;
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  for (int q : chain.positions_of(r)) {
+    const auto [t0, t1] = piece(s.T, q, Q);
+    rows.emplace_back(t0, t1);
+    GdnParams p = pr.params();
+    p.T = t1 - t0;
+    p.q += t0 * s.H * s.Dk, p.k += t0 * s.H * s.Dk, p.v += t0 * s.H * s.Dv, p.g += t0 * s.H, p.beta += t0 * s.H;
+    p.s0 = q == 0 ? p.s0 : nullptr;
+    p.o = o.data() + t0 * s.H * s.Dv, p.s_out = q + 1 == Q ? s_out.data() : nullptr;
+    p.d_o = pr.d_o.data() + t0 * s.H * s.Dv, p.ds_out = q + 1 == Q ? pr.ds_out.data() : nullptr;
+    p.dq = dq.data() + t0 * s.H * s.Dk, p.dk = dk.data() + t0 * s.H * s.Dk, p.dv = dv.data() + t0 * s.H * s.Dv;
+    p.dg = dg.data() + t0 * s.H, p.dbeta = db.data() + t0 * s.H, p.ds0 = q == 0 ? ds0.data() : nullptr;
+    pieces.push_back(p);
+  }
   auto cp = make_gdn_cp(schedule);
   ASSERT_TRUE(cp);
   GdnCpContext ctx;
   CpStats st;
-  cp->forward(comm, p, ctx, &st);
-  cp->backward(comm, p, ctx, &st);
-  // Each local slice within 4x the one-rank chunked kernel's error against fp64 (+ a floor).
-  auto close = [&](const std::vector<float>& got, int64_t off, const std::vector<float>& one,
+  cp->forward(comm, chain, pieces, ctx, &st);
+  cp->backward(comm, chain, pieces, ctx, &st);
+  // This rank's rows within 4x the one-rank chunked kernel's error against fp64 (+ a floor).
+  auto close = [&](const std::vector<float>& got, int width, const std::vector<float>& one,
                    const std::vector<double>& r64, const char* nm) {
-    const std::vector<double> rs(r64.begin() + off, r64.begin() + off + int64_t(got.size()));
-    const double e = max_abs_err(got, rs), e1 = max_abs_err(one, r64);
+    std::vector<float> g;
+    std::vector<double> rs;
+    for (auto [t0, t1] : rows)
+      for (int64_t e = t0 * width; e < t1 * width; ++e) g.push_back(got[e]), rs.push_back(r64[e]);
+    const double e = max_abs_err(g, rs), e1 = max_abs_err(one, r64);
     EXPECT_LE(e, 4 * e1 + 1e-5) << nm << " (one rank's error " << e1 << ")";
   };
-  close(o, t0 * s.H * s.Dv, whole.o, ref.o, "o");
-  close(dq, t0 * s.H * s.Dk, whole.dq, ref.dq, "dq");
-  close(dk, t0 * s.H * s.Dk, whole.dk, ref.dk, "dk");
-  close(dv, t0 * s.H * s.Dv, whole.dv, ref.dv, "dv");
-  close(dg, t0 * s.H, whole.dg, ref.dg, "dg");
-  close(db, t0 * s.H, whole.dbeta, ref.dbeta, "dbeta");
-  if (r + 1 == P) {
-    close(s_out, 0, whole.s_out, ref.s_out, "s_out");
-  } else {
-    EXPECT_EQ(s_out[0], -7.0f) << "s_out written on a rank that is not the last";
-  }
-  if (r == 0) {
-    close(ds0, 0, whole.ds0, ref.ds0, "ds0");
-  } else {
-    EXPECT_EQ(ds0[0], -7.0f) << "ds0 written on a rank other than 0";
-  }
-  if (schedule == "scan" && P > 1) {
-    const double rounds = std::ceil(std::log2(double(P)));
-    EXPECT_LE(st.bytes_sent, 2 * rounds * s.H * s.Dk * (s.Dk + s.Dv) * 4.0) << "scan bytes per rank";
+  close(o, s.H * s.Dv, whole.o, ref.o, "o");
+  close(dq, s.H * s.Dk, whole.dq, ref.dq, "dq");
+  close(dk, s.H * s.Dk, whole.dk, ref.dk, "dk");
+  close(dv, s.H * s.Dv, whole.dv, ref.dv, "dv");
+  close(dg, s.H, whole.dg, ref.dg, "dg");
+  close(db, s.H, whole.dbeta, ref.dbeta, "dbeta");
+  auto whole_state = [&](const std::vector<float>& x, const std::vector<float>& one, const std::vector<double>& r64,
+                         bool mine, const char* nm) {
+    if (mine) {
+      EXPECT_LE(max_abs_err(x, r64), 4 * max_abs_err(one, r64) + 1e-5) << nm;
+    } else {
+      EXPECT_EQ(x[0], -7.0f) << nm << " written by a rank that does not hold that end of the chain";
+    }
+  };
+  whole_state(s_out, whole.s_out, ref.s_out, chain.owner[size_t(Q - 1)] == r, "s_out");
+  whole_state(ds0, whole.ds0, ref.ds0, chain.owner[0] == r, "ds0");
+  if (schedule == "scan" && Q > 1) {
+    // per piece and direction: at most ceil(log2 Q) messages of B and T
+    const double rounds = std::ceil(std::log2(double(Q)));
+    EXPECT_LE(st.bytes_sent, 2 * double(rows.size()) * rounds * s.H * s.Dk * (s.Dk + s.Dv) * 4.0)
+        << "scan bytes per rank";
   }
   if (schedule == "ring") {
-    EXPECT_EQ(st.bytes_sent, ((r + 1 < P) + (r > 0)) * SS * 4.0);
+    int hops = 0;  // piece borders this rank sends across, forward and backward
+    for (int q : chain.positions_of(r)) {
+      hops += q + 1 < Q && chain.owner[size_t(q + 1)] != r;
+      hops += q > 0 && chain.owner[size_t(q - 1)] != r;
+    }
+    EXPECT_EQ(st.bytes_sent, hops * SS * 4.0);
   }
   EXPECT_TRUE(all_ok(!::testing::Test::HasFailure()));
 }
@@ -90,16 +111,26 @@ const Case kCases[] = {
 };
 
 TEST(GdnCp, RingEqualsOneRank) {
-  for (const Case& c : kCases) run_case("ring", c);
+  const int P = world().size();
+  for (const Case& c : kCases) {
+    run_case("ring", GdnChain::contiguous(P), "contiguous", c);
+    run_case("ring", GdnChain::zigzag(P), "zigzag", c);
+  }
 }
 
 TEST(GdnCp, ScanEqualsOneRank) {
-  for (const Case& c : kCases) run_case("scan", c);
+  const int P = world().size();
+  for (const Case& c : kCases) {
+    run_case("scan", GdnChain::contiguous(P), "contiguous", c);
+    run_case("scan", GdnChain::zigzag(P), "zigzag", c);
+  }
 }
 
 TEST(GdnCp, UnknownScheduleIsNull) {
   EXPECT_EQ(make_gdn_cp("zigzag"), nullptr);
   EXPECT_EQ(gdn_cp_names().size(), 2u);
+  EXPECT_THROW(GdnChain::zigzag(GdnChain::kMaxPieces), std::invalid_argument);
+  EXPECT_EQ(GdnChain::zigzag(3).positions_of(1), (std::vector<int>{1, 4}));
 }
 
 }  // namespace
