@@ -144,6 +144,10 @@ struct GdnParams {
   const float* v = nullptr;     // [T, H, Dv]
   const float* g = nullptr;     // [T, H] log decay (<= 0 in the layer; any finite value here)
   const float* beta = nullptr;  // [T, H]
+  const int32_t* doc = nullptr; // [T] document ids (packed documents): the state restarts from zero where
+                                // the id changes (s0 reaches only the first); nullptr: one document
+  bool reset_at_0 = false;      // token 0 starts a document: s0 is not used (ds0 = 0); a piece of a
+                                // packed sequence whose first token begins a new document
   const float* s0 = nullptr;    // [H, Dv, Dk] state before token 0; nullptr: zero
   float* o = nullptr;           // [T, H, Dv]
   float* s_out = nullptr;       // [H, Dv, Dk] state after token T-1; nullptr: not wanted

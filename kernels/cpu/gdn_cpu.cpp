@@ -42,7 +42,28 @@ void check(const GdnParams& p, bool backward) {
 
 float scale_of(const GdnParams& p) { return p.scale != 0 ? p.scale : 1.0f / std::sqrt(float(p.Dk)); }
 
-int64_t n_chunks(const GdnParams& p) { return (p.T + p.chunk - 1) / p.chunk; }
+// The chunks of a call: each document (a run of equal p.doc ids; the whole sequence without
+// p.doc) cut into pieces of at most p.chunk tokens; `reset`: the chunk starts a document after
+// the first (or the first, with p.reset_at_0), so the state restarts from zero there.
+struct Span {
+  int64_t t0;
+  int n;
+  bool reset;
+};
+std::vector<Span> chunk_table(const GdnParams& p) {
+  std::vector<Span> v;
+  int64_t a = 0;
+  while (a < p.T) {
+    int64_t b = a + 1;
+    if (p.doc)
+      while (b < p.T && p.doc[b] == p.doc[a]) ++b;
+    else
+      b = p.T;
+    for (int64_t t = a; t < b; t += p.chunk) v.push_back({t, int(std::min<int64_t>(p.chunk, b - t)), t == a && (a > 0 || p.reset_at_0)});
+    a = b;
+  }
+  return v;
+}
 
 // What the state pass of one chunk needs, as kept in the workspace.
 int64_t chunk_ws_floats(const GdnParams& p) { return int64_t(p.chunk) * (p.Dv + 2 * p.Dk + 1) + 1; }
@@ -74,9 +95,9 @@ float* row(float* x, const GdnParams& p, int64_t t, int h, int D) { return x + (
 
 // The state-independent part of chunk c of head h (see the file comment). With o != nullptr the
 // chunk's rows of o receive Pb Uv.
-void prepare(const GdnParams& p, int h, int64_t c, Chunk& w, float* o) {
-  const int64_t t0 = c * p.chunk;
-  const int n = int(std::min<int64_t>(p.chunk, p.T - t0));
+void prepare(const GdnParams& p, int h, const Span& sp, Chunk& w, float* o) {
+  const int64_t t0 = sp.t0;
+  const int n = sp.n;
   const int Dk = p.Dk, Dv = p.Dv;
   const int64_t ldk = int64_t(p.H) * Dk, ldv = int64_t(p.H) * Dv;
   const float sc = scale_of(p);
@@ -162,12 +183,13 @@ void load_state(const GdnParams& p, int h, const float* s, float* S) {
 
 int64_t gdn_workspace_floats(const GdnParams& p) {
   check(p, false);
-  return int64_t(p.H) * n_chunks(p) * chunk_ws_floats(p);
+  return int64_t(p.H) * int64_t(chunk_table(p).size()) * chunk_ws_floats(p);
 }
 
 void gdn_fwd_prepare(const GdnParams& p, float* ws) {
   check(p, false);
-  const int64_t nc = n_chunks(p), per = chunk_ws_floats(p);
+  const std::vector<Span> spans = chunk_table(p);
+  const int64_t nc = int64_t(spans.size()), per = chunk_ws_floats(p);
   const int64_t jobs = int64_t(p.H) * nc;
 #pragma omp parallel num_threads(gdn_threads())
   {
@@ -176,7 +198,7 @@ void gdn_fwd_prepare(const GdnParams& p, float* ws) {
     for (int64_t job = 0; job < jobs; ++job) {
       const int h = int(job / nc);
       const int64_t c = job % nc;
-      prepare(p, h, c, w, p.o);
+      prepare(p, h, spans[size_t(c)], w, p.o);
       float* x = ws + job * per;
       const int64_t C = p.chunk;
       std::memcpy(x, w.Uv, sizeof(float) * w.n * p.Dv);
@@ -190,7 +212,8 @@ void gdn_fwd_prepare(const GdnParams& p, float* ws) {
 
 void gdn_fwd_finish(const GdnParams& p, const float* ws) {
   check(p, false);
-  const int64_t nc = n_chunks(p), per = chunk_ws_floats(p), C = p.chunk;
+  const std::vector<Span> spans = chunk_table(p);
+  const int64_t nc = int64_t(spans.size()), per = chunk_ws_floats(p), C = p.chunk;
   const int64_t SS = int64_t(p.Dv) * p.Dk;
 #pragma omp parallel num_threads(gdn_threads())
   {
@@ -200,8 +223,9 @@ void gdn_fwd_finish(const GdnParams& p, const float* ws) {
       load_state(p, h, p.s0, S.data());
       for (int64_t c = 0; c < nc; ++c) {
         const float* x = ws + (h * nc + c) * per;
-        const int n = int(std::min<int64_t>(C, p.T - c * C));
-        finish(p, h, c * C, n, x, x + C * p.Dv, x + C * (p.Dv + p.Dk), x + C * (p.Dv + 2 * p.Dk), x[per - 1],
+        const Span& sp = spans[size_t(c)];
+        if (sp.reset) std::fill(S.begin(), S.end(), 0.0f);
+        finish(p, h, sp.t0, sp.n, x, x + C * p.Dv, x + C * (p.Dv + p.Dk), x + C * (p.Dv + 2 * p.Dk), x[per - 1],
                S.data(), p.Dv, U.data(), p.o);
       }
       if (p.s_out) std::memcpy(p.s_out + h * SS, S.data(), sizeof(float) * SS);
@@ -214,7 +238,8 @@ void gdn_state_apply(const GdnParams& p, const float* ws, float* X, int32_t m, b
   if (m < 1 || (add_to_o && m != p.Dv))
     throw std::invalid_argument("gdn_state_apply: m = " + std::to_string(m) + " (>= 1, and = Dv = " +
                                 std::to_string(p.Dv) + " when adding to o)");
-  const int64_t nc = n_chunks(p), per = chunk_ws_floats(p), C = p.chunk;
+  const std::vector<Span> spans = chunk_table(p);
+  const int64_t nc = int64_t(spans.size()), per = chunk_ws_floats(p), C = p.chunk;
 #pragma omp parallel num_threads(gdn_threads())
   {
     std::vector<float> U(C * m);
@@ -223,8 +248,12 @@ void gdn_state_apply(const GdnParams& p, const float* ws, float* X, int32_t m, b
       float* Xh = X + int64_t(h) * m * p.Dk;
       for (int64_t c = 0; c < nc; ++c) {
         const float* x = ws + (h * nc + c) * per;
-        const int n = int(std::min<int64_t>(C, p.T - c * C));
-        finish(p, h, c * C, n, nullptr, x + C * p.Dv, x + C * (p.Dv + p.Dk), x + C * (p.Dv + 2 * p.Dk), x[per - 1],
+        const Span& sp = spans[size_t(c)];
+        if (sp.reset) {  // the start state reaches no further than the first document
+          std::fill(Xh, Xh + int64_t(m) * p.Dk, 0.0f);
+          break;
+        }
+        finish(p, h, sp.t0, sp.n, nullptr, x + C * p.Dv, x + C * (p.Dv + p.Dk), x + C * (p.Dv + 2 * p.Dk), x[per - 1],
                Xh, m, U.data(), add_to_o ? p.o : nullptr);
       }
     }
@@ -233,7 +262,8 @@ void gdn_state_apply(const GdnParams& p, const float* ws, float* X, int32_t m, b
 
 void gdn_fwd(const GdnParams& p) {
   check(p, false);
-  const int64_t nc = n_chunks(p), SS = int64_t(p.Dv) * p.Dk;
+  const std::vector<Span> spans = chunk_table(p);
+  const int64_t SS = int64_t(p.Dv) * p.Dk;
 #pragma omp parallel num_threads(gdn_threads())
   {
     Chunk w(p);
@@ -241,8 +271,9 @@ void gdn_fwd(const GdnParams& p) {
 #pragma omp for schedule(static)
     for (int h = 0; h < p.H; ++h) {
       load_state(p, h, p.s0, S.data());
-      for (int64_t c = 0; c < nc; ++c) {
-        prepare(p, h, c, w, p.o);
+      for (const Span& sp : spans) {
+        if (sp.reset) std::fill(S.begin(), S.end(), 0.0f);
+        prepare(p, h, sp, w, p.o);
         finish(p, h, w.t0, w.n, w.Uv, w.Wk, w.E, w.bw, w.gam_last, S.data(), p.Dv, U.data(), p.o);
       }
       if (p.s_out) std::memcpy(p.s_out + h * SS, S.data(), sizeof(float) * SS);
@@ -252,7 +283,8 @@ void gdn_fwd(const GdnParams& p) {
 
 void gdn_bwd(const GdnParams& p) {
   check(p, true);
-  const int64_t nc = n_chunks(p), SS = int64_t(p.Dv) * p.Dk;
+  const std::vector<Span> spans = chunk_table(p);
+  const int64_t nc = int64_t(spans.size()), SS = int64_t(p.Dv) * p.Dk;
   const int Dk = p.Dk, Dv = p.Dv;
   const int64_t C = p.chunk, ldk = int64_t(p.H) * Dk, ldv = int64_t(p.H) * Dv;
   const float sc = scale_of(p);
@@ -268,13 +300,14 @@ void gdn_bwd(const GdnParams& p) {
       // Forward: the state at the start of every chunk.
       load_state(p, h, p.s0, S.data());
       for (int64_t c = 0; c < nc; ++c) {
+        if (spans[size_t(c)].reset) std::fill(S.begin(), S.end(), 0.0f);
         std::memcpy(states.data() + c * SS, S.data(), sizeof(float) * SS);
-        prepare(p, h, c, w, nullptr);
+        prepare(p, h, spans[size_t(c)], w, nullptr);
         finish(p, h, w.t0, w.n, w.Uv, w.Wk, w.E, w.bw, w.gam_last, S.data(), p.Dv, U.data(), nullptr);
       }
       load_state(p, h, p.ds_out, dS.data());
       for (int64_t c = nc - 1; c >= 0; --c) {
-        prepare(p, h, c, w, nullptr);
+        prepare(p, h, spans[size_t(c)], w, nullptr);
         const int n = w.n;
         const int64_t t0 = w.t0;
         const float* S0 = states.data() + c * SS;
@@ -406,6 +439,7 @@ void gdn_bwd(const GdnParams& p) {
           std::memcpy(row(p.dk, p, t0 + i, h, Dk), dKl.data() + int64_t(i) * Dk, sizeof(float) * Dk);
         }
         std::swap(dS, dS0);
+        if (spans[size_t(c)].reset) std::fill(dS.begin(), dS.end(), 0.0f);  // the state before a reset is unused
       }
       if (p.ds0) std::memcpy(p.ds0 + h * SS, dS.data(), sizeof(float) * SS);
     }

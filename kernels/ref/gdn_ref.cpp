@@ -1,6 +1,7 @@
 // Plain recurrence of Gated DeltaNet and its reverse-mode derivative (see gdn_ref.hpp).
 #include "ref/gdn_ref.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -24,7 +25,7 @@ void step(T* S, const T* kt, const T* vt, T a, T b, int32_t Dk, int32_t Dv, T* u
 
 template <class T>
 void gdn_fwd(int64_t Tn, int32_t H, int32_t Dk, int32_t Dv, T scale, const T* q, const T* k, const T* v,
-             const T* g, const T* beta, const T* s0, T* o, T* s_out) {
+             const T* g, const T* beta, const int32_t* doc, const T* s0, T* o, T* s_out) {
   const int64_t SS = int64_t(Dv) * Dk;
   std::vector<T> S(SS), u(Dv);
   for (int32_t h = 0; h < H; ++h) {
@@ -32,6 +33,7 @@ void gdn_fwd(int64_t Tn, int32_t H, int32_t Dk, int32_t Dv, T scale, const T* q,
     for (int64_t t = 0; t < Tn; ++t) {
       const T* qt = q + (t * H + h) * Dk;
       const T* kt = k + (t * H + h) * Dk;
+      if (doc && t > 0 && doc[t] != doc[t - 1]) std::fill(S.begin(), S.end(), T(0));
       step<T>(S.data(), kt, v + (t * H + h) * Dv, std::exp(g[t * H + h]), beta[t * H + h], Dk, Dv, u.data());
       for (int32_t i = 0; i < Dv; ++i) {
         T acc = 0;
@@ -46,16 +48,17 @@ void gdn_fwd(int64_t Tn, int32_t H, int32_t Dk, int32_t Dv, T scale, const T* q,
 
 template <class T>
 void gdn_bwd(int64_t Tn, int32_t H, int32_t Dk, int32_t Dv, T scale, const T* q, const T* k, const T* v,
-             const T* g, const T* beta, const T* s0, const T* d_o, const T* ds_out, T* dq, T* dk, T* dv, T* dg,
-             T* dbeta, T* ds0) {
+             const T* g, const T* beta, const int32_t* doc, const T* s0, const T* d_o, const T* ds_out, T* dq, T* dk,
+             T* dv, T* dg, T* dbeta, T* ds0) {
   const int64_t SS = int64_t(Dv) * Dk;
-  std::vector<T> states((Tn + 1) * SS), U(Tn * Dv), dS(SS), du(Dv), sk(Dv);
+  std::vector<T> states((Tn + 1) * SS), U(Tn * Dv), dS(SS), du(Dv), sk(Dv), zero(SS, T(0));
   for (int32_t h = 0; h < H; ++h) {
     // Forward again, keeping every state S_0..S_T and every u_t.
     for (int64_t e = 0; e < SS; ++e) states[e] = s0 ? s0[h * SS + e] : T(0);
     for (int64_t t = 0; t < Tn; ++t) {
       T* S = states.data() + (t + 1) * SS;
-      for (int64_t e = 0; e < SS; ++e) S[e] = states[t * SS + e];
+      const bool reset = doc && t > 0 && doc[t] != doc[t - 1];
+      for (int64_t e = 0; e < SS; ++e) S[e] = reset ? T(0) : states[t * SS + e];
       step<T>(S, k + (t * H + h) * Dk, v + (t * H + h) * Dv, std::exp(g[t * H + h]), beta[t * H + h], Dk, Dv,
               U.data() + t * Dv);
     }
@@ -65,7 +68,8 @@ void gdn_bwd(int64_t Tn, int32_t H, int32_t Dk, int32_t Dv, T scale, const T* q,
       const T* kt = k + (t * H + h) * Dk;
       const T* dot = d_o + (t * H + h) * Dv;
       const T* St = states.data() + (t + 1) * SS;
-      const T* Sp = states.data() + t * SS;
+      const bool reset = doc && t > 0 && doc[t] != doc[t - 1];
+      const T* Sp = reset ? zero.data() : states.data() + t * SS;
       const T* ut = U.data() + t * Dv;
       const T a = std::exp(g[t * H + h]), b = beta[t * H + h];
       T* dqt = dq + (t * H + h) * Dk;
@@ -109,6 +113,7 @@ void gdn_bwd(int64_t Tn, int32_t H, int32_t Dk, int32_t Dv, T scale, const T* q,
         for (int32_t j = 0; j < Dk; ++j) dS[i * Dk + j] = a * dS[i * Dk + j] - a * du[i] * kt[j];
       dg[t * H + h] = da * a;
       dbeta[t * H + h] = db;
+      if (reset) std::fill(dS.begin(), dS.end(), T(0));  // the state before a reset is unused
     }
     if (ds0)
       for (int64_t e = 0; e < SS; ++e) ds0[h * SS + e] = dS[e];
@@ -117,9 +122,9 @@ void gdn_bwd(int64_t Tn, int32_t H, int32_t Dk, int32_t Dv, T scale, const T* q,
 
 #define CTXPAR_GDN_REF(T)                                                                                   \
   template void gdn_fwd<T>(int64_t, int32_t, int32_t, int32_t, T, const T*, const T*, const T*, const T*,    \
-                           const T*, const T*, T*, T*);                                                      \
+                           const T*, const int32_t*, const T*, T*, T*);                                      \
   template void gdn_bwd<T>(int64_t, int32_t, int32_t, int32_t, T, const T*, const T*, const T*, const T*,    \
-                           const T*, const T*, const T*, const T*, T*, T*, T*, T*, T*, T*);
+                           const T*, const int32_t*, const T*, const T*, const T*, T*, T*, T*, T*, T*, T*);
 CTXPAR_GDN_REF(double)
 CTXPAR_GDN_REF(float)
 #undef CTXPAR_GDN_REF

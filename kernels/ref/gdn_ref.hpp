@@ -10,16 +10,18 @@
 
 namespace ctxpar::ref {
 
-// s0 may be null (zero state), s_out may be null.
+// s0 may be null (zero state), s_out may be null. doc [T] (may be null: one document): where the id
+// changes, the state restarts from zero (packed documents).
 template <class T>
 void gdn_fwd(int64_t Tn, int32_t H, int32_t Dk, int32_t Dv, T scale, const T* q, const T* k, const T* v,
-             const T* g, const T* beta, const T* s0, T* o, T* s_out);
+             const T* g, const T* beta, const int32_t* doc, const T* s0, T* o, T* s_out);
 
 // Gradients of L = sum(d_o * o) + sum(ds_out * s_out) (ds_out may be null: 0). dq, dk, dv, dg,
 // dbeta are OVERWRITTEN; ds0 (may be null) receives dL/ds0. Recomputes the states forward.
 template <class T>
 void gdn_bwd(int64_t Tn, int32_t H, int32_t Dk, int32_t Dv, T scale, const T* q, const T* k, const T* v,
-             const T* g, const T* beta, const T* s0, const T* d_o, const T* ds_out, T* dq, T* dk, T* dv, T* dg,
+             const T* g, const T* beta, const int32_t* doc, const T* s0, const T* d_o, const T* ds_out, T* dq, T* dk,
+             T* dv, T* dg,
              T* dbeta, T* ds0);
 
 }  // namespace ctxpar::ref

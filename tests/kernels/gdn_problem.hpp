@@ -1,6 +1,7 @@
 // A Gated DeltaNet problem for the tests (kernels and CP): inputs as the layer gives them, the
 // fp64/fp32 recurrence's outputs and gradients, the chunked kernel's.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -17,19 +18,33 @@ struct GdnShape {
   int32_t H, Dk, Dv, chunk;
   bool with_s0;
   float g_min = -0.4f;  // log decay drawn from [g_min, 0)
+  int docs = 1;         // packed documents (random boundaries; 1: one document, no doc ids)
 };
 
 inline std::string name(const GdnShape& s) {
   return "T" + std::to_string(s.T) + " H" + std::to_string(s.H) + " Dk" + std::to_string(s.Dk) + " Dv" +
-         std::to_string(s.Dv) + " chunk" + std::to_string(s.chunk) + (s.with_s0 ? " s0" : "");
+         std::to_string(s.Dv) + " chunk" + std::to_string(s.chunk) + (s.with_s0 ? " s0" : "") +
+         (s.docs > 1 ? " docs" + std::to_string(s.docs) : "");
 }
 
 // Inputs as the layer gives them: q, k L2-normalised, beta in (0, 1), g <= 0.
 struct GdnProblem {
   GdnShape s;
   std::vector<float> q, k, v, g, beta, s0, d_o, ds_out;
+  std::vector<int32_t> doc;  // empty: one document
   GdnProblem(const GdnShape& sh, unsigned seed) : s(sh) {
     std::mt19937 rng(seed);
+    if (s.docs > 1) {  // docs - 1 distinct boundaries in (0, T)
+      doc.assign(size_t(s.T), 0);
+      std::vector<int64_t> cut;
+      std::uniform_int_distribution<int64_t> at(1, s.T - 1);
+      while (int(cut.size()) < std::min<int64_t>(s.docs - 1, s.T - 1)) {
+        const int64_t c = at(rng);
+        if (std::find(cut.begin(), cut.end(), c) == cut.end()) cut.push_back(c);
+      }
+      for (int64_t c : cut)
+        for (int64_t t = c; t < s.T; ++t) doc[size_t(t)] += 1;
+    }
     std::normal_distribution<float> nd;
     std::uniform_real_distribution<float> ud(0, 1);
     auto normed = [&](int32_t D) {
@@ -65,6 +80,7 @@ struct GdnProblem {
     p.T = s.T, p.H = s.H, p.Dk = s.Dk, p.Dv = s.Dv, p.chunk = s.chunk;
     p.q = q.data(), p.k = k.data(), p.v = v.data(), p.g = g.data(), p.beta = beta.data();
     p.s0 = s.with_s0 ? s0.data() : nullptr;
+    p.doc = doc.empty() ? nullptr : doc.data();
     return p;
   }
 };
@@ -86,9 +102,10 @@ RefOut<T> run_ref(const GdnProblem& pr) {
   r.dg.resize(g.size()), r.dbeta.resize(b.size()), r.ds0.resize(SS);
   const T sc = T(1) / std::sqrt(T(s.Dk));
   const T* s0p = s.with_s0 ? s0.data() : nullptr;
-  ref::gdn_fwd<T>(s.T, s.H, s.Dk, s.Dv, sc, q.data(), k.data(), v.data(), g.data(), b.data(), s0p, r.o.data(),
+  const int32_t* doc = pr.doc.empty() ? nullptr : pr.doc.data();
+  ref::gdn_fwd<T>(s.T, s.H, s.Dk, s.Dv, sc, q.data(), k.data(), v.data(), g.data(), b.data(), doc, s0p, r.o.data(),
                   r.s_out.data());
-  ref::gdn_bwd<T>(s.T, s.H, s.Dk, s.Dv, sc, q.data(), k.data(), v.data(), g.data(), b.data(), s0p, d_o.data(),
+  ref::gdn_bwd<T>(s.T, s.H, s.Dk, s.Dv, sc, q.data(), k.data(), v.data(), g.data(), b.data(), doc, s0p, d_o.data(),
                   ds.data(), r.dq.data(), r.dk.data(), r.dv.data(), r.dg.data(), r.dbeta.data(), r.ds0.data());
   return r;
 }

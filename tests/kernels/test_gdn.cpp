@@ -21,21 +21,24 @@ const std::vector<GdnShape>& shapes() {
       {1, 1, 4, 3, 64, false},    {7, 2, 8, 5, 3, true},        {37, 2, 16, 8, 8, false},
       {64, 3, 16, 24, 16, true},  {100, 2, 32, 32, 64, true},   {50, 1, 8, 8, 1, true},
       {130, 2, 64, 64, 32, false}, {96, 2, 16, 16, 32, true, -3.0f},
+      {90, 2, 16, 8, 16, true, -0.4f, 5},  {40, 1, 8, 8, 64, true, -0.4f, 40},
   };
   return v;
 }
 
 TEST(GdnRef, BackwardMatchesFiniteDifferences) {
-  for (const GdnShape& s : {GdnShape{5, 2, 3, 2, 0, true}, GdnShape{4, 1, 4, 3, 0, false, -2.0f}}) {
+  for (const GdnShape& s : {GdnShape{5, 2, 3, 2, 0, true}, GdnShape{4, 1, 4, 3, 0, false, -2.0f},
+                            GdnShape{6, 1, 3, 2, 0, true, -0.4f, 3}}) {
     SCOPED_TRACE(name(s));
     const GdnProblem pr(s, 7);
     auto q = convert<double>(pr.q), k = convert<double>(pr.k), v = convert<double>(pr.v), g = convert<double>(pr.g),
          b = convert<double>(pr.beta), s0 = convert<double>(pr.s0);
     const auto d_o = convert<double>(pr.d_o), ds = convert<double>(pr.ds_out);
     const double sc = 0.7;
+    const int32_t* doc = pr.doc.empty() ? nullptr : pr.doc.data();
     auto loss = [&] {
       std::vector<double> o(v.size()), so(ds.size());
-      ref::gdn_fwd<double>(s.T, s.H, s.Dk, s.Dv, sc, q.data(), k.data(), v.data(), g.data(), b.data(),
+      ref::gdn_fwd<double>(s.T, s.H, s.Dk, s.Dv, sc, q.data(), k.data(), v.data(), g.data(), b.data(), doc,
                            s.with_s0 ? s0.data() : nullptr, o.data(), so.data());
       double L = 0;
       for (size_t x = 0; x < o.size(); ++x) L += o[x] * d_o[x];
@@ -43,7 +46,7 @@ TEST(GdnRef, BackwardMatchesFiniteDifferences) {
       return L;
     };
     std::vector<double> dq(q.size()), dk(k.size()), dv(v.size()), dg(g.size()), db(b.size()), ds0(ds.size());
-    ref::gdn_bwd<double>(s.T, s.H, s.Dk, s.Dv, sc, q.data(), k.data(), v.data(), g.data(), b.data(),
+    ref::gdn_bwd<double>(s.T, s.H, s.Dk, s.Dv, sc, q.data(), k.data(), v.data(), g.data(), b.data(), doc,
                          s.with_s0 ? s0.data() : nullptr, d_o.data(), ds.data(), dq.data(), dk.data(), dv.data(),
                          dg.data(), db.data(), ds0.data());
     const double h = 1e-5;
@@ -126,14 +129,22 @@ TEST(Gdn, ThreadCountChangesNoBit) {
   EXPECT_EQ(a.ds0, b.ds0);
 }
 
+// Where the second document begins (a cut on a document boundary), or the middle.
+int64_t first_doc_end(const GdnProblem& pr) {
+  for (size_t t = 1; t < pr.doc.size(); ++t)
+    if (pr.doc[t] != pr.doc[t - 1]) return int64_t(t);
+  return pr.s.T / 2;
+}
+
 // Splitting the sequence anywhere and carrying the state (what context parallelism does) gives
 // the one-piece result: forward (o) and backward (every gradient, ds flowing back).
 TEST(Gdn, StateCarriedAcrossASplitEqualsOnePiece) {
-  const GdnShape s{90, 2, 16, 8, 16, true};
+  for (const GdnShape& s : {GdnShape{90, 2, 16, 8, 16, true}, GdnShape{90, 2, 16, 8, 16, true, -0.4f, 4}}) {
+  SCOPED_TRACE(name(s));
   const GdnProblem pr(s, 19);
   const auto whole = run_fast(pr);
   const auto ref = run_ref<double>(pr);
-  for (int64_t cut : {1, 16, 41, 89}) {
+  for (int64_t cut : {int64_t(1), int64_t(16), int64_t(41), int64_t(89), first_doc_end(pr)}) {
     SCOPED_TRACE("cut " + std::to_string(cut));
     const int64_t SS = int64_t(s.H) * s.Dv * s.Dk;
     std::vector<float> o(pr.v.size()), mid(SS), end(SS), dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size()),
@@ -142,6 +153,7 @@ TEST(Gdn, StateCarriedAcrossASplitEqualsOnePiece) {
       GdnParams p = pr.params();
       p.T = t1 - t0;
       p.q += t0 * s.H * s.Dk, p.k += t0 * s.H * s.Dk, p.v += t0 * s.H * s.Dv, p.g += t0 * s.H, p.beta += t0 * s.H;
+      if (p.doc) p.doc += t0, p.reset_at_0 = t0 > 0 && pr.doc[size_t(t0)] != pr.doc[size_t(t0 - 1)];
       p.s0 = s_in, p.s_out = s_out_, p.o = o.data() + t0 * s.H * s.Dv;
       gdn_fwd(p);
       p.d_o = pr.d_o.data() + t0 * s.H * s.Dv, p.ds_out = ds_in;
@@ -168,6 +180,7 @@ TEST(Gdn, StateCarriedAcrossASplitEqualsOnePiece) {
     close(dg, whole.dg, ref.dg, "dg");
     close(db, whole.dbeta, ref.dbeta, "dbeta");
     close(ds0, whole.ds0, ref.ds0, "ds0");
+  }
   }
 }
 

@@ -47,6 +47,7 @@ void run_case(const std::string& schedule, const GdnChain& chain, const char* ch
     GdnParams p = pr.params();
     p.T = t1 - t0;
     p.q += t0 * s.H * s.Dk, p.k += t0 * s.H * s.Dk, p.v += t0 * s.H * s.Dv, p.g += t0 * s.H, p.beta += t0 * s.H;
+    if (p.doc) p.doc += t0, p.reset_at_0 = t0 > 0 && pr.doc[size_t(t0)] != pr.doc[size_t(t0 - 1)];
     p.s0 = q == 0 ? p.s0 : nullptr;
     p.o = o.data() + t0 * s.H * s.Dv, p.s_out = q + 1 == Q ? s_out.data() : nullptr;
     p.d_o = pr.d_o.data() + t0 * s.H * s.Dv, p.ds_out = q + 1 == Q ? pr.ds_out.data() : nullptr;
@@ -108,6 +109,7 @@ const Case kCases[] = {
     {{37, 3, 8, 12, 5, true}, "uneven pieces, chunk not dividing them"},
     {{3, 1, 4, 4, 2, true}, "fewer tokens than ranks"},
     {{160, 2, 32, 32, 32, false, -2.0f}, "fast decay, zero initial state"},
+    {{120, 2, 16, 8, 8, true, -0.4f, 6}, "packed documents"},
 };
 
 TEST(GdnCp, RingEqualsOneRank) {
