@@ -114,6 +114,23 @@ const std::vector<Field>& config_fields() {
       {"rope_low_freq_factor", &Config::rope_low_freq_factor, "1", "train: Llama 3 RoPE low_freq_factor", {}, 1e-6, 1e6},
       {"rope_high_freq_factor", &Config::rope_high_freq_factor, "4", "train: Llama 3 RoPE high_freq_factor", {}, 1e-6, 1e6},
       {"rope_original_max_pos", &Config::rope_original_max_pos, "8K", "train: Llama 3 RoPE original context length", {}, 1, 1ll << 40},
+      {"layer_pattern", &Config::layer_pattern, "G", "train: token mixer of each layer, the pattern repeated over the layers: G full attention (the strategy), D Gated DeltaNet (e.g. DDDG: three GDN layers, then one attention)", {}, 0, -1,
+       [](const Config& c) -> std::string {
+         if (c.layer_pattern.empty()) return "the pattern is empty; valid: letters G (attention) and D (Gated DeltaNet), e.g. G or DDDG";
+         for (char ch : c.layer_pattern)
+           if (ch != 'G' && ch != 'D')
+             return std::string("letter '") + ch + "' is not a layer kind; valid: G (full attention) and D (Gated DeltaNet), e.g. DDDG";
+         return "";
+       }},
+      {"gdn_heads", &Config::gdn_heads, "0", "train: Gated DeltaNet heads (0 = heads)", {}, 0, 65536},
+      {"gdn_head_dim_k", &Config::gdn_head_dim_k, "0", "train: Gated DeltaNet query/key head dimension (0 = head_dim)", {}, 0, 1024},
+      {"gdn_head_dim_v", &Config::gdn_head_dim_v, "0", "train: Gated DeltaNet value head dimension (0 = head_dim)", {}, 0, 1024},
+      {"gdn_conv", &Config::gdn_conv, "4", "train: Gated DeltaNet short causal convolution taps (1 = none)", {}, 1, 64},
+      {"gdn_chunk", &Config::gdn_chunk, "64", "train: Gated DeltaNet chunk length of the chunked form", {}, 1, 4096},
+      {"gdn_schedule", &Config::gdn_schedule, "scan", "train: Gated DeltaNet under CP: scan (log P exchange of the pieces' state maps) or ring (the state handed rank to rank)", {}, 0, -1,
+       [](const Config& c) -> std::string {
+         return c.gdn_schedule == "scan" || c.gdn_schedule == "ring" ? "" : "valid: scan or ring";
+       }},
       {"lr", &Config::lr, "3e-4", "train: AdamW learning rate (constant)", {}, 0, 10},
       {"weight_decay", &Config::weight_decay, "0.1", "train: AdamW decoupled weight decay (matrices only)", {}, 0, 10},
       {"beta1", &Config::beta1, "0.9", "train: AdamW beta1", {}, 0, 0.999999},

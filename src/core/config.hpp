@@ -59,6 +59,13 @@ struct Config {
   double rope_low_freq_factor;
   double rope_high_freq_factor;
   int64_t rope_original_max_pos;
+  std::string layer_pattern; // token mixer per layer, repeated over the layers: G attention, D Gated DeltaNet
+  int64_t gdn_heads;         // GDN heads (0 = heads)
+  int64_t gdn_head_dim_k;    // GDN key/query head dim (0 = head_dim)
+  int64_t gdn_head_dim_v;    // GDN value head dim (0 = head_dim)
+  int64_t gdn_conv;          // GDN short causal convolution taps
+  int64_t gdn_chunk;         // GDN chunk length of the chunked (WY) form
+  std::string gdn_schedule;  // GDN under CP: "scan" or "ring"
   double lr;
   double weight_decay;
   double beta1;

@@ -68,3 +68,18 @@ const std::vector<std::string>& gdn_cp_names();
 inline int64_t gdn_state_floats(const GdnParams& p) { return int64_t(p.H) * p.Dv * p.Dk; }
 
 }  // namespace ctxpar
+
+namespace ctxpar {
+
+// The short causal convolution's halo along a chain: each piece needs the last `rows` rows
+// ([rows, width] floats) of the piece before it (zeros for the chain's head); every piece holds at
+// least `rows` rows. Forward: tail[j] points at the first of the last `rows` rows of this rank's
+// piece j (ascending chain position), halo[j] receives its predecessor's. Backward: dhalo[j], the
+// gradient of piece j's halo, is added to the predecessor's last rows (dtail). A predecessor on
+// the same rank is served by a copy.
+void chain_halo_fwd(Comm& comm, const GdnChain& chain, const std::vector<const float*>& tail, int64_t rows,
+                    int64_t width, std::vector<std::vector<float>>& halo, CpStats* stats);
+void chain_halo_bwd(Comm& comm, const GdnChain& chain, const std::vector<float*>& dtail, int64_t rows, int64_t width,
+                    const std::vector<std::vector<float>>& dhalo, CpStats* stats);
+
+}  // namespace ctxpar

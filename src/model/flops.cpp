@@ -21,13 +21,23 @@ double partial_prefill_pairs(int64_t T, int64_t cached) { return double(T) * dou
 
 double train_matmul_flops(const ModelDims& d, int64_t S) {
   const double qw = double(d.H_q) * d.D, kw = double(d.H_kv) * d.D, dim = double(d.dim);
-  const double per_token_layer = 2 * dim * (qw + 2 * kw) + 2 * qw * dim + 3 * 2 * dim * double(d.ffn);
-  const double fwd = double(S) * (double(d.layers) * per_token_layer + 2 * dim * double(d.vocab));
+  const double mlp = 3 * 2 * dim * double(d.ffn);
+  const double attn_layer = 2 * dim * (qw + 2 * kw) + 2 * qw * dim + mlp;
+  const double gq = double(d.gdn_qk_width()), gv = double(d.gdn_v_width()), H = d.gdn_H;
+  const double gdn_layer = 2 * dim * (2 * gq + 2 * gv + 2 * H) + 2 * gv * dim + mlp;  // q k v g, a b; o
+  const double G = double(d.gdn_layers());
+  const double fwd = double(S) * ((double(d.layers) - G) * attn_layer + G * gdn_layer + 2 * dim * double(d.vocab));
   return 3 * fwd;  // backward: two products of the forward's size (dX and dW)
 }
 
 double train_attn_flops(const ModelDims& d, double pairs) {
-  return attn_train_flops(pairs, d.H_q, d.D) * double(d.layers);
+  return attn_train_flops(pairs, d.H_q, d.D) * double(d.layers - d.gdn_layers());
+}
+
+double train_gdn_flops(const ModelDims& d, int64_t S) {
+  const double per_layer = 3 * gdn_fwd_flops(double(S), d.gdn_H, d.gdn_Dk, d.gdn_Dv, d.gdn_chunk) +
+                           3 * 2 * double(d.gdn_conv) * double(d.gdn_conv_width()) * double(S);
+  return per_layer * double(d.gdn_layers());
 }
 
 double prefill_flops(const ModelDims& d, int64_t T, int64_t cached) {

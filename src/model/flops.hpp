@@ -13,7 +13,8 @@
 namespace ctxpar {
 
 constexpr const char* kFlopConvention =
-    "attn fwd = 4*H_q*D per visible (q,k) pair; attn bwd = 2.5 x fwd; matmul = 2*m*n*k";
+    "attn fwd = 4*H_q*D per visible (q,k) pair; attn bwd = 2.5 x fwd; matmul = 2*m*n*k; "
+    "GDN fwd = chunked-form GEMMs, bwd = 2 x fwd";
 constexpr double kAttnBwdFactor = 2.5;
 
 inline double attn_fwd_flops(double pairs, double H_q, double D) { return 4.0 * pairs * H_q * D; }
@@ -21,6 +22,12 @@ inline double attn_bwd_flops(double pairs, double H_q, double D) { return kAttnB
 // Forward + backward of one attention: (1 + 2.5) x forward.
 inline double attn_train_flops(double pairs, double H_q, double D) { return (1.0 + kAttnBwdFactor) * attn_fwd_flops(pairs, H_q, D); }
 inline double matmul_flops(double m, double n, double k) { return 2.0 * m * n * k; }
+// Gated DeltaNet forward (kernels/ops.hpp gdn_fwd), the GEMMs of its chunked form per token and head
+// with chunk C: K K^T and Q K^T (2 C Dk each), the triangular solve (C (Dk + Dv)), Pb Wk (2 C Dk),
+// Pb Uv (2 C Dv) and the state pass (3 x 2 Dk Dv). The backward counts 2 x the forward.
+inline double gdn_fwd_flops(double T, double H, double Dk, double Dv, double C) {
+  return T * H * (C * (7 * Dk + 3 * Dv) + 6 * Dk * Dv);
+}
 
 // Closed forms of the visible-pair count of causal attention on contiguous positions:
 //   packed documents of lengths L_i: sum_i L_i (L_i + 1) / 2;
@@ -36,6 +43,10 @@ class Comm;
 // of the attention of `visible_pairs` pairs in every layer.
 double train_matmul_flops(const ModelDims& d, int64_t S);
 double train_attn_flops(const ModelDims& d, double visible_pairs);
+// The token mixers of the GDN layers of a hybrid model (model/gdn_layer.hpp), forward+backward of
+// S tokens: the recurrence (3 x gdn_fwd_flops) and the short convolutions (3 x 2 conv C per token);
+// their projections are in train_matmul_flops.
+double train_gdn_flops(const ModelDims& d, int64_t S);
 // Inference: a prefill of T new tokens after `cached` ones, for one sequence (the projections and
 // MLP of T tokens, the attention of partial_prefill_pairs(T, cached) pairs, one LM-head row); a decode
 // token at context length `ctx` (before it) is prefill_flops(d, 1, ctx).

@@ -1,5 +1,6 @@
 #include "model/model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -25,12 +26,28 @@ ModelDims model_dims(const Config& c, int tp, int tp_rank) {
   d.rope_orig_max = double(c.rope_original_max_pos);
   d.tp = tp;
   d.tp_rank = tp_rank;
+  if (c.layer_pattern.find('D') != std::string::npos) {
+    for (int64_t l = 0; l < c.layers; ++l) d.kinds += c.layer_pattern[size_t(l) % c.layer_pattern.size()];
+    d.gdn_H = int32_t(c.gdn_heads > 0 ? c.gdn_heads : c.heads);
+    d.gdn_Dk = int32_t(c.gdn_head_dim_k > 0 ? c.gdn_head_dim_k : c.head_dim);
+    d.gdn_Dv = int32_t(c.gdn_head_dim_v > 0 ? c.gdn_head_dim_v : c.head_dim);
+    d.gdn_conv = int32_t(c.gdn_conv);
+    d.gdn_chunk = int32_t(c.gdn_chunk);
+    d.gdn_schedule = c.gdn_schedule;
+  }
   return d;
 }
 
+int64_t ModelDims::gdn_layers() const { return int64_t(std::count(kinds.begin(), kinds.end(), 'D')); }
+
 int64_t ModelDims::param_count() const {
-  const int64_t per_layer = 2 * dim + dim * int64_t(H_q) * D * 2 + dim * int64_t(H_kv) * D * 2 + 3 * dim * ffn;
-  return layers * per_layer + 2 * vocab * dim + dim;
+  const int64_t mlp = dim + 3 * dim * ffn;
+  const int64_t attn = dim + dim * int64_t(H_q) * D * 2 + dim * int64_t(H_kv) * D * 2;
+  const int64_t qk = gdn_qk_width(), v = gdn_v_width();
+  const int64_t gdn = dim + dim * (2 * qk + v) + int64_t(gdn_conv) * (2 * qk + v) + 2 * dim * gdn_H + 2 * gdn_H +
+                      dim * v + gdn_Dv + v * dim;
+  const int64_t G = gdn_layers();
+  return (layers - G) * (attn + mlp) + G * (gdn + mlp) + 2 * vocab * dim + dim;
 }
 
 std::string validate_model_shape(const Config& c, int tp, bool kv_replication) {
@@ -47,6 +64,14 @@ std::string validate_model_shape(const Config& c, int tp, bool kv_replication) {
   if (c.ffn_dim % tp != 0)
     return "config: tensor parallel tp:" + s(tp) + " must divide ffn_dim = " + s(c.ffn_dim) +
            "; valid: an ffn_dim that is a multiple of " + s(tp);
+  if (c.layer_pattern.find('D') != std::string::npos) {
+    if (kv_replication)
+      return "config: layer_pattern = '" + c.layer_pattern + "' has Gated DeltaNet layers (D), which the inference "
+             "modes do not serve yet (training does); valid: layer_pattern=G for prefill, decode and chat";
+    if (tp > 1)
+      return "config: layer_pattern = '" + c.layer_pattern + "' has Gated DeltaNet layers (D), which run without "
+             "tensor parallelism so far; valid: tp:1 (context and data parallelism serve them)";
+  }
   if (c.rope_high_freq_factor < c.rope_low_freq_factor)
     return "config: rope_high_freq_factor = " + std::to_string(c.rope_high_freq_factor) + " < rope_low_freq_factor = " +
            std::to_string(c.rope_low_freq_factor) + "; valid: high >= low (Llama 3: low 1, high 4)";
@@ -60,7 +85,7 @@ ParamLayout::ParamLayout(const ModelDims& d) : d_(d) {
   const float out_scale = base / std::sqrt(2.0f * float(d.layers));
   // kv: a K/V projection, split by whole heads (one head replicated where tp exceeds H_kv).
   auto add = [&](std::string name, int64_t rows, int64_t cols, Split split, bool decay, bool ones, float scale,
-                 bool kv = false) {
+                 float center = 0, bool kv = false) {
     ParamInfo p;
     p.name = std::move(name);
     p.rows = rows;
@@ -83,6 +108,7 @@ ParamLayout::ParamLayout(const ModelDims& d) : d_(d) {
     p.decay = decay;
     p.ones = ones;
     p.init_scale = scale;
+    p.init_center = center;
     // 16-float (64-byte) alignment of every tensor keeps the GEMM operands aligned.
     total_ += (p.loc_elems() + 15) / 16 * 16;
     t_.push_back(std::move(p));
@@ -91,10 +117,34 @@ ParamLayout::ParamLayout(const ModelDims& d) : d_(d) {
   add("emb", d.vocab, d.dim, Split::replicated, true, false, base);
   for (int64_t l = 0; l < d.layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
+    if (d.is_gdn(l)) {  // model/gdn_layer.hpp (tp = 1: the mesh check refuses tp > 1 with GDN layers)
+      const int64_t gq = d.gdn_qk_width(), gv = d.gdn_v_width(), H = d.gdn_H;
+      const float conv_scale = 1.0f / std::sqrt(float(d.gdn_conv));  // PyTorch's Conv1d default
+      add(p + "attn_norm", 1, d.dim, Split::replicated, false, true, 0);
+      add(p + "wq", d.dim, gq, Split::cols, true, false, base);
+      add(p + "wk", d.dim, gq, Split::cols, true, false, base);
+      add(p + "wv", d.dim, gv, Split::cols, true, false, base);
+      add(p + "conv_q", d.gdn_conv, gq, Split::cols, true, false, conv_scale);
+      add(p + "conv_k", d.gdn_conv, gq, Split::cols, true, false, conv_scale);
+      add(p + "conv_v", d.gdn_conv, gv, Split::cols, true, false, conv_scale);
+      add(p + "wa", d.dim, H, Split::cols, true, false, base);
+      add(p + "wb", d.dim, H, Split::cols, true, false, base);
+      // A = exp(a_log) in [1, 16], dt = softplus(dt_bias) in about [1e-3, 0.1] (the published init's ranges)
+      add(p + "a_log", 1, H, Split::cols, false, false, 0.5f * std::log(16.0f), 0.5f * std::log(16.0f));
+      add(p + "dt_bias", 1, H, Split::cols, false, false, 2.3f, -4.6f);
+      add(p + "wg", d.dim, gv, Split::cols, true, false, base);
+      add(p + "o_norm", 1, d.gdn_Dv, Split::replicated, false, true, 0);
+      add(p + "wo", gv, d.dim, Split::rows, true, false, out_scale);
+      add(p + "mlp_norm", 1, d.dim, Split::replicated, false, true, 0);
+      add(p + "w1", d.dim, d.ffn, Split::cols, true, false, base);
+      add(p + "w3", d.dim, d.ffn, Split::cols, true, false, base);
+      add(p + "w2", d.ffn, d.dim, Split::rows, true, false, out_scale);
+      continue;
+    }
     add(p + "attn_norm", 1, d.dim, Split::replicated, false, true, 0);
     add(p + "wq", d.dim, qw, Split::cols, true, false, base);
-    add(p + "wk", d.dim, kw, Split::cols, true, false, base, true);
-    add(p + "wv", d.dim, kw, Split::cols, true, false, base, true);
+    add(p + "wk", d.dim, kw, Split::cols, true, false, base, 0, true);
+    add(p + "wv", d.dim, kw, Split::cols, true, false, base, 0, true);
     add(p + "wo", qw, d.dim, Split::rows, true, false, out_scale);
     add(p + "mlp_norm", 1, d.dim, Split::replicated, false, true, 0);
     add(p + "w1", d.dim, d.ffn, Split::cols, true, false, base);
@@ -110,7 +160,14 @@ ModelView ParamLayout::view(float* b) const {
   size_t i = 0;
   v.emb = b + t_[i++].offset;
   v.layers.resize(size_t(d_.layers));
-  for (LayerView& l : v.layers) {
+  for (size_t li = 0; li < v.layers.size(); ++li) {
+    LayerView& l = v.layers[li];
+    if (d_.is_gdn(int64_t(li))) {  // the order of the constructor
+      for (float** f : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.conv_q, &l.conv_k, &l.conv_v, &l.wa, &l.wb, &l.a_log,
+                        &l.dt_bias, &l.wg, &l.o_norm, &l.wo, &l.mlp_norm, &l.w1, &l.w3, &l.w2})
+        *f = b + t_[i++].offset;
+      continue;
+    }
     l.attn_norm = b + t_[i++].offset;
     l.wq = b + t_[i++].offset;
     l.wk = b + t_[i++].offset;
@@ -140,7 +197,7 @@ void ParamLayout::init(uint64_t seed, float* b) const {
     for (int64_t r = 0; r < p.loc_rows; ++r)
       for (int64_t c = 0; c < p.loc_cols; ++c) {
         const uint64_t g = uint64_t(p.row0 + r) * uint64_t(p.cols) + uint64_t(p.col0 + c);
-        out[r * p.loc_cols + c] = p.init_scale * uniform_pm1(key0 ^ g * 0x9e3779b97f4a7c15ull);
+        out[r * p.loc_cols + c] = p.init_center + p.init_scale * uniform_pm1(key0 ^ g * 0x9e3779b97f4a7c15ull);
       }
   }
 }

@@ -27,6 +27,17 @@ struct ModelDims {
   float norm_eps = 1e-5f;
   double rope_theta = 5e5, rope_factor = 1, rope_low = 1, rope_high = 4, rope_orig_max = 8192;
   int tp = 1, tp_rank = 0;
+  // Hybrid models: one letter per layer, 'G' full attention, 'D' Gated DeltaNet (model/gdn_layer.hpp);
+  // empty = every layer attention.
+  std::string kinds;
+  int32_t gdn_H = 0, gdn_Dk = 0, gdn_Dv = 0, gdn_conv = 4, gdn_chunk = 64;
+  std::string gdn_schedule = "scan";  // under CP: scan or ring (src/cp/gdn_cp.hpp)
+  bool is_gdn(int64_t l) const { return !kinds.empty() && kinds[size_t(l)] == 'D'; }
+  bool has_gdn() const { return kinds.find('D') != std::string::npos; }
+  int64_t gdn_layers() const;
+  int64_t gdn_qk_width() const { return int64_t(gdn_H) * gdn_Dk; }
+  int64_t gdn_v_width() const { return int64_t(gdn_H) * gdn_Dv; }
+  int64_t gdn_conv_width() const { return 2 * gdn_qk_width() + gdn_v_width(); }  // q | k | v channels
   int32_t H_q_loc() const { return H_q / tp; }
   // K/V heads of this tp rank: H_kv / tp, or 1 (replicated) when tp is a multiple of H_kv
   // (inference only: validate_model_shape's kv_replication).
@@ -60,12 +71,20 @@ struct ParamInfo {
   uint64_t tensor_id = 0; // for the seeded initialization
   bool decay = false;     // weight decay applies (matrices, not norm weights)
   bool ones = false;      // initialized to 1 (norm weights)
-  float init_scale = 0;   // uniform in [-init_scale, init_scale)
+  float init_scale = 0;   // uniform in [init_center - init_scale, init_center + init_scale)
+  float init_center = 0;
   int64_t loc_elems() const { return loc_rows * loc_cols; }
 };
 
+// One layer's tensors. attn_norm, wq, wk, wv, wo and the MLP's serve both kinds of layer (for a
+// GDN layer wq/wk/wv are its query/key/value projections, wo its output projection); the GDN-only
+// tensors are null in an attention layer.
 struct LayerView {
   float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *w1, *w3, *w2;
+  float *conv_q = nullptr, *conv_k = nullptr, *conv_v = nullptr;  // [conv, H*Dk], [conv, H*Dk], [conv, H*Dv]
+  float *wa = nullptr, *wb = nullptr;                              // [dim, H]: decay and beta inputs
+  float *a_log = nullptr, *dt_bias = nullptr;                      // [1, H]
+  float *wg = nullptr, *o_norm = nullptr;                          // [dim, H*Dv] output gate, [1, Dv]
 };
 struct ModelView {
   float* emb;         // [V, dim]

@@ -9,6 +9,7 @@
 #include "dist/topology.hpp"
 #include "model/layer.hpp"
 #include "ops.hpp"
+#include "shard/partition.hpp"
 #include "trace/trace.hpp"
 
 namespace ctxpar {
@@ -30,13 +31,14 @@ double Transformer::activation_bytes(const ModelDims& d, Remat remat, int64_t S,
   const double qw = double(d.q_width()), kw = double(d.kv_width()), F = double(d.ffn_loc()), dim = double(d.dim);
   const double attn = S * (dim + 1 + 2 * qw + 2 * kw + d.H_q_loc());    // h, rstd, q, k, v, o, lse
   const double mlp = S * (2 * dim + 1 + 3 * F);                          // x1, h2, rstd, g, u, m
-  const double L = double(d.layers);
-  const double n_attn = remat == Remat::none ? L : 1, n_mlp = remat == Remat::full ? 1 : L;
+  const double L = double(d.layers), G = double(d.gdn_layers());
+  const double n_attn = remat == Remat::none ? L - G : (L > G ? 1 : 0), n_mlp = remat == Remat::full ? 1 : L;
+  const double gdn = G > 0 ? G * GdnMixer::acts_bytes(d, S) + GdnMixer::scratch_bytes(d, S) : 0;
   const double stream = (L + 1) * S * dim;
   const double rope = S * d.D;                                           // cos + sin [S, D/2]
   const double final_ = S * (2 * dim + 1) + double(logits_rows) * d.vocab;  // hf, dhf, rstd, logits
   const double scratch = S * (2 * dim + 2 * qw + 2 * kw + 3 * F);        // dx, dh, dq, do, dk, dv, dm, dg, du
-  return f * (stream + n_attn * attn + n_mlp * mlp + rope + final_ + scratch);
+  return f * (stream + n_attn * attn + n_mlp * mlp + rope + final_ + scratch) + gdn;
 }
 
 Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat,
@@ -54,8 +56,12 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
   rope_table(pos_.data(), S_loc_, d_.D, inv.data(), cos_.data(), sin_.data());
   x_.resize(size_t(d_.layers + 1));
   for (auto& b : x_) b.resize(n * dim, false);
+  const int64_t n_gdn = d_.gdn_layers();
   attn_.resize(remat_ == Remat::none ? size_t(d_.layers) : 1);
-  for (AttnActs& a : attn_) {
+  for (size_t l = 0; l < attn_.size(); ++l) {
+    AttnActs& a = attn_[l];
+    // no buffers for a GDN layer (remat none) nor, when every layer is one, for the shared set
+    if (attn_.size() > 1 ? d_.is_gdn(int64_t(l)) : n_gdn == d_.layers) continue;
     a.h.resize(n * dim, false); a.rstd.resize(n, false);
     a.q.resize(n * qw, false); a.k.resize(n * kw, false); a.v.resize(n * kw, false);
     a.o.resize(n * qw, false); a.lse.resize(n * size_t(d_.H_q_loc()), false);
@@ -70,6 +76,17 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
   dx_.resize(n * dim, false); dh_.resize(n * dim, false);
   dq_.resize(n * qw, false); do_.resize(n * qw, false); dk_.resize(n * kw, false); dv_.resize(n * kw, false);
   dm_.resize(n * F, false); dg_.resize(n * F, false); du_.resize(n * F, false);
+  if (n_gdn > 0) {
+    Comm& cp = topo_.cp();
+    const PartitionKind kind = strat_.partition();
+    CTXPAR_CHECK(kind == PartitionKind::contiguous || kind == PartitionKind::zigzag,
+                 "GDN layers need contiguous or zigzag sharding; the strategy shards " << partition_name(kind));
+    GdnChain chain = kind == PartitionKind::zigzag ? GdnChain::zigzag(cp.size()) : GdnChain::contiguous(cp.size());
+    gdn_ = std::make_unique<GdnMixer>(d_, cp, std::move(chain), d_.gdn_schedule, S_loc_);
+    gdn_acts_.resize(size_t(n_gdn));
+    for (GdnActs& a : gdn_acts_) gdn_->alloc(a);
+    for (int64_t l = 0, k = 0; l < d_.layers; ++l) gdn_index_.push_back(d_.is_gdn(l) ? k++ : -1);
+  }
 }
 
 LayerRun Transformer::run(int64_t l) { return LayerRun{d_, topo_, tr_, *times_, *st_, l}; }
@@ -94,18 +111,8 @@ void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, A
   times_->attn_s += now_s() - t0;
 }
 
-// dx holds d(loss)/d(output of layer l) on entry and d(loss)/d(input of layer l) on exit.
-void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const Batch& b, float* dx) {
-  const int64_t S = S_loc_, dim = d_.dim, qw = d_.q_width(), kw = d_.kv_width(), F = d_.ffn_loc();
-  const float* x = x_[size_t(l)].data();
-  AttnActs& a = attn_of(l);
-  MlpActs& m = mlp_of(l);
-  // Recompute what remat dropped (not counted as model FLOPs).
-  if (remat_ != Remat::none) attn_part_fwd(l, w, x, a, b);
-  if (remat_ == Remat::full) {
-    attn_out_fwd(run(l), w, S, x, a.o.data(), m.x1.data());
-    mlp_fwd(run(l), w, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(), nullptr);
-  }
+void Transformer::mlp_bwd(int64_t l, const LayerView& w, LayerView& gw, MlpActs& m, float* dx) {
+  const int64_t S = S_loc_, dim = d_.dim, F = d_.ffn_loc();
   // ---- MLP: x_out = x1 + (swiglu(h2 W1, h2 W3)) W2
   layer_gemm(run(l), false, true, S, F, dim, dx, dim, w.w2, dim, 0, dm_.data(), F);       // dm = dx W2^T
   layer_gemm(run(l), true, false, F, dim, S, m.m.data(), F, dx, dim, 1, gw.w2, dim);      // dW2 += m^T dx
@@ -122,6 +129,31 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
     Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
     rmsnorm_bwd(dh_.data(), m.x1.data(), w.mlp_norm, m.rstd.data(), dx, gw.mlp_norm, S, dim);  // dx = d x1
   }
+}
+
+// dx holds d(loss)/d(output of layer l) on entry and d(loss)/d(input of layer l) on exit.
+void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const Batch& b, float* dx) {
+  const int64_t S = S_loc_, dim = d_.dim, qw = d_.q_width(), kw = d_.kv_width();
+  const float* x = x_[size_t(l)].data();
+  MlpActs& m = mlp_of(l);
+  if (d_.is_gdn(l)) {
+    GdnActs& g = gdn_of(l);
+    if (remat_ == Remat::full) {  // the MLP's input and activations (not counted as model FLOPs)
+      gdn_->output(run(l), w, x, g, m.x1.data());
+      mlp_fwd(run(l), w, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(), nullptr);
+    }
+    mlp_bwd(l, w, gw, m, dx);
+    gdn_->backward(run(l), w, gw, b, x, g, dx);
+    return;
+  }
+  AttnActs& a = attn_of(l);
+  // Recompute what remat dropped (not counted as model FLOPs).
+  if (remat_ != Remat::none) attn_part_fwd(l, w, x, a, b);
+  if (remat_ == Remat::full) {
+    attn_out_fwd(run(l), w, S, x, a.o.data(), m.x1.data());
+    mlp_fwd(run(l), w, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(), nullptr);
+  }
+  mlp_bwd(l, w, gw, m, dx);
   // ---- attention: x1 = x + attn(rope(h Wq), rope(h Wk), h Wv) Wo
   layer_gemm(run(l), false, true, S, qw, dim, dx, dim, w.wo, dim, 0, do_.data(), qw);      // dO = dx1 Wo^T
   layer_gemm(run(l), true, false, qw, dim, S, a.o.data(), qw, dx, dim, 1, gw.wo, dim);     // dWo += O^T dx1
@@ -170,10 +202,14 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   }
   for (int64_t l = 0; l < d_.layers; ++l) {
     const LayerView& lw = w.layers[size_t(l)];
-    AttnActs& a = attn_of(l);
     MlpActs& m = mlp_of(l);
-    attn_part_fwd(l, lw, x_[size_t(l)].data(), a, b);
-    attn_out_fwd(run(l), lw, S, x_[size_t(l)].data(), a.o.data(), m.x1.data());
+    if (d_.is_gdn(l)) {
+      gdn_->forward(run(l), lw, b, x_[size_t(l)].data(), gdn_of(l), m.x1.data());
+    } else {
+      AttnActs& a = attn_of(l);
+      attn_part_fwd(l, lw, x_[size_t(l)].data(), a, b);
+      attn_out_fwd(run(l), lw, S, x_[size_t(l)].data(), a.o.data(), m.x1.data());
+    }
     mlp_fwd(run(l), lw, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(),
             x_[size_t(l + 1)].data());
   }

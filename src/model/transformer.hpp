@@ -11,14 +11,19 @@
 // Activation recompute (remat): none keeps every activation of every layer; attention keeps the
 // layer input and the MLP activations and recomputes norm, Q/K/V, RoPE and the CP attention
 // forward in the backward; full keeps only each layer's input and recomputes the whole layer.
+//
+// Hybrid models (layer_pattern with 'D'): a GDN layer's token mixer is model/gdn_layer.hpp's in
+// place of the attention; it keeps its activations under every remat (full recomputes its MLP).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/memory.hpp"
 #include "cp/strategy.hpp"
 #include "model/data.hpp"
+#include "model/gdn_layer.hpp"
 #include "model/layer.hpp"
 #include "model/model.hpp"
 
@@ -50,6 +55,9 @@ class Transformer {
   struct AttnActs { Buffer<float> h, rstd, q, k, v, o, lse; };
   struct MlpActs { Buffer<float> x1, h2, rstd, g, u, m; };
   AttnActs& attn_of(int64_t l) { return attn_.size() == 1 ? attn_[0] : attn_[size_t(l)]; }
+  GdnActs& gdn_of(int64_t l) { return gdn_acts_[size_t(gdn_index_[size_t(l)])]; }
+  // MLP backward of layer l: dx holds d(loss)/d(layer output) on entry, d(loss)/d(x1) on exit.
+  void mlp_bwd(int64_t l, const LayerView& w, LayerView& gw, MlpActs& m, float* dx);
   MlpActs& mlp_of(int64_t l) { return mlp_.size() == 1 ? mlp_[0] : mlp_[size_t(l)]; }
 
   AttnParams local_attn(AttnActs& a, const Batch& b);
@@ -72,6 +80,9 @@ class Transformer {
   std::vector<Buffer<float>> x_;  // residual stream: input of layer l, l = 0..L (x_[L] = final)
   std::vector<AttnActs> attn_;
   std::vector<MlpActs> mlp_;
+  std::unique_ptr<GdnMixer> gdn_;     // hybrid models: the GDN layers' mixer (null without 'D' layers)
+  std::vector<GdnActs> gdn_acts_;     // one per GDN layer, always kept (remat recomputes attention layers)
+  std::vector<int64_t> gdn_index_;    // layer -> its GdnActs (-1: an attention layer)
   Buffer<float> hf_, rstd_f_, logits_, dhf_, dx_, dh_, dq_, dk_, dv_, do_, dm_, dg_, du_;
   // per-call state
   Tracer* tr_ = nullptr;

@@ -85,6 +85,21 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   }
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
   if (!err.empty()) return "config: " + err;
+  if (model_dims(cfg, tp, 0).has_gdn()) {
+    const PartitionKind kind = strat->partition();
+    if (kind != PartitionKind::contiguous && kind != PartitionKind::zigzag)
+      return std::string("config: layer_pattern = '") + cfg.layer_pattern + "': Gated DeltaNet layers pass their state " +
+             "along contiguous pieces of the sequence, and strategy " + name_of(cfg.strategy) + " shards " +
+             partition_name(kind) + "; valid: a strategy with contiguous or zigzag sharding (ring, allgather, ulysses, usp)";
+    const int P = topo.cp().size();
+    const int64_t pieces = kind == PartitionKind::zigzag ? 2 * P : P;
+    const int64_t piece = Partition::padded_length(kind, cfg.seq, P) / pieces;
+    if (piece < cfg.gdn_conv - 1)
+      return "config: seq = " + std::to_string(cfg.seq) + " over " + std::to_string(P) + " CP ranks (" +
+             partition_name(kind) + ") gives pieces of " + std::to_string(piece) + " tokens, shorter than the GDN " +
+             "convolution's halo gdn_conv - 1 = " + std::to_string(cfg.gdn_conv - 1) + "; valid: seq >= " +
+             std::to_string(pieces * (cfg.gdn_conv - 1)) + ", or a smaller gdn_conv";
+  }
   err = check_docs(cfg.docs, cfg.seq, cfg.doc_mean);
   if (!err.empty()) return "config: docs = '" + cfg.docs + "': " + err;
   if (!synthetic_data(cfg) && packed_docs(cfg))
@@ -290,7 +305,8 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     world.all_reduce(std::span<double>(&exposed, 1), ReduceOp::max);
     // Whole job: every dp replica's projections, and the visible pairs summed over dp above.
     const ModelDims dg = model_dims(cfg, 1, 0);
-    const double step_flops = double(DP) * train_matmul_flops(dg, cfg.seq) + train_attn_flops(dg, pairs);
+    const double step_flops =
+        double(DP) * (train_matmul_flops(dg, cfg.seq) + train_gdn_flops(dg, cfg.seq)) + train_attn_flops(dg, pairs);
     StepRecord rec;
     rec.step = s;
     rec.time_s = dt;
@@ -351,12 +367,14 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
       H5Attrs a;
       a.ints = {{"layers", cfg.layers}, {"dim", cfg.dim}, {"ffn_dim", cfg.ffn_dim}, {"vocab", cfg.vocab},
                 {"heads", cfg.heads}, {"kv_heads", cfg.kv_heads}, {"head_dim", cfg.head_dim}, {"seq", cfg.seq},
-                {"rope_original_max_pos", cfg.rope_original_max_pos}};
+                {"rope_original_max_pos", cfg.rope_original_max_pos}, {"gdn_heads", cfg.gdn_heads},
+                {"gdn_head_dim_k", cfg.gdn_head_dim_k}, {"gdn_head_dim_v", cfg.gdn_head_dim_v}, {"gdn_conv", cfg.gdn_conv},
+                {"gdn_chunk", cfg.gdn_chunk}};
       a.doubles = {{"norm_eps", cfg.norm_eps}, {"rope_theta", cfg.rope_theta}, {"rope_scale_factor", cfg.rope_scale_factor},
                    {"rope_low_freq_factor", cfg.rope_low_freq_factor}, {"rope_high_freq_factor", cfg.rope_high_freq_factor},
                    {"lr", cfg.lr}, {"weight_decay", cfg.weight_decay}, {"beta1", cfg.beta1}, {"beta2", cfg.beta2},
                    {"adam_eps", cfg.adam_eps}, {"grad_clip", cfg.grad_clip}};
-      a.strings = {{"ctxpar_file", "oracle_dump"}};
+      a.strings = {{"ctxpar_file", "oracle_dump"}, {"layer_pattern", cfg.layer_pattern}};
       h5_write_tensors(cfg.dump_init, a, t,
                        {{"tokens", n_steps * cfg.seq, tokens.data()}, {"doc_ids", n_steps * cfg.seq, doc.data()}});
     }

@@ -5,6 +5,11 @@ weights stored [in, out] (y = x @ W), RMSNorm, rotate-half RoPE at global positi
 Llama 3 frequency scaling, GQA by repeating K/V heads, causal + same-document mask, SwiGLU,
 cross-entropy over labels shifted within documents (-1 = ignored), AdamW with decoupled weight
 decay on matrices only and global-norm clipping (torch.nn.utils.clip_grad_norm_).
+
+Hybrid models (layer_pattern with D): a D layer's token mixer is Gated DeltaNet as published
+(short causal depthwise convolutions with silu, L2-normalised q and k, beta = sigmoid, decay
+g = -exp(A_log) softplus(a + dt_bias), the gated delta rule run token by token as its plain
+recurrence, a gated RMSNorm over each head's output), nothing crossing a document boundary.
 """
 import math
 
@@ -13,12 +18,26 @@ import numpy as np
 import torch
 
 LAYER_TENSORS = ["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w1", "w3", "w2"]
+GDN_TENSORS = ["attn_norm", "wq", "wk", "wv", "conv_q", "conv_k", "conv_v", "wa", "wb", "a_log", "dt_bias", "wg",
+               "o_norm", "wo", "mlp_norm", "w1", "w3", "w2"]
+NO_DECAY = ("norm", "a_log", "dt_bias")
+
+
+def layer_kinds(cfg):
+    pattern = cfg.get("layer_pattern", "G")
+    if isinstance(pattern, bytes):
+        pattern = pattern.decode()
+    return [pattern[l % len(pattern)] for l in range(cfg["layers"])]
 
 
 def load_dump(path):
     f = h5py.File(path, "r")
     cfg = {k: f.attrs[k].item() for k in f.attrs}
-    names = ["emb"] + [f"layers.{l}.{t}" for l in range(cfg["layers"]) for t in LAYER_TENSORS] + ["final_norm", "lm_head"]
+    cfg = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in cfg.items()}
+    names = ["emb"]
+    for l, kind in enumerate(layer_kinds(cfg)):
+        names += [f"layers.{l}.{t}" for t in (GDN_TENSORS if kind == "D" else LAYER_TENSORS)]
+    names += ["final_norm", "lm_head"]
     params = {n: np.array(f["params/" + n]) for n in names}
     grads = {n: np.array(f["grads/" + n]) for n in names}
     out = dict(cfg=cfg, names=names, params=params, grads=grads, logits=np.array(f["logits"]),
@@ -72,6 +91,7 @@ class Model:
         doc = torch.tensor(doc_ids.astype(np.int64))
         causal = torch.arange(S)[None, :] <= torch.arange(S)[:, None]
         self.mask = causal & (doc[None, :] == doc[:, None])
+        self.doc = doc
         self.tokens = torch.tensor(tokens.astype(np.int64))
         self.labels = torch.tensor(labels_of(tokens, doc_ids))
 
@@ -84,11 +104,61 @@ class Model:
         c, s = self.cos[:, None, :], self.sin[:, None, :]
         return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
 
+    def conv(self, z, wc):
+        """Causal depthwise convolution within documents: out[t] = sum_i wc[i] z[t - K + 1 + i]."""
+        S, K = z.shape[0], wc.shape[0]
+        out = torch.zeros_like(z)
+        for i in range(K):
+            shift = K - 1 - i
+            zs = torch.cat([torch.zeros(shift, z.shape[1], dtype=z.dtype), z[:S - shift]])
+            same = torch.ones(S, dtype=torch.bool)
+            same[shift:] = self.doc[shift:] == self.doc[:S - shift]
+            same[:shift] = False
+            out = out + wc[i] * zs * same[:, None].to(z.dtype)
+        return out
+
+    def gdn(self, x, w):
+        """One Gated DeltaNet token mixer: x + y Wo."""
+        c = self.cfg
+        S = c["seq"]
+        H = c["gdn_heads"] or c["heads"]
+        Dk = c["gdn_head_dim_k"] or c["head_dim"]
+        Dv = c["gdn_head_dim_v"] or c["head_dim"]
+        silu = torch.nn.functional.silu
+        h = self.rms(x, w["attn_norm"])
+        q = silu(self.conv(h @ w["wq"], w["conv_q"])).reshape(S, H, Dk)
+        k = silu(self.conv(h @ w["wk"], w["conv_k"])).reshape(S, H, Dk)
+        v = silu(self.conv(h @ w["wv"], w["conv_v"])).reshape(S, H, Dv)
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        beta = torch.sigmoid(h @ w["wb"])
+        g = -torch.exp(w["a_log"].reshape(-1)) * torch.nn.functional.softplus(h @ w["wa"] + w["dt_bias"].reshape(-1))
+        state = torch.zeros(H, Dv, Dk, dtype=x.dtype)
+        outs = []
+        for t in range(S):
+            if t > 0 and self.doc[t] != self.doc[t - 1]:
+                state = torch.zeros(H, Dv, Dk, dtype=x.dtype)
+            a = torch.exp(g[t])[:, None]
+            u = v[t] - a * torch.einsum("hvk,hk->hv", state, k[t])
+            state = a[:, :, None] * state + beta[t][:, None, None] * torch.einsum("hv,hk->hvk", u, k[t])
+            outs.append(torch.einsum("hvk,hk->hv", state, q[t]) / math.sqrt(Dk))
+        o = torch.stack(outs)  # [S, H, Dv]
+        on = o * torch.rsqrt((o * o).mean(-1, keepdim=True) + c["norm_eps"]) * w["o_norm"].reshape(-1)
+        y = (on * silu(h @ w["wg"]).reshape(S, H, Dv)).reshape(S, H * Dv)
+        return x + y @ w["wo"]
+
     def forward(self):
         c, p = self.cfg, self.p
         S, H, Hkv, D = c["seq"], c["heads"], c["kv_heads"], c["head_dim"]
         x = p["emb"][self.tokens]
-        for l in range(c["layers"]):
+        for l, kind in enumerate(layer_kinds(c)):
+            if kind == "D":
+                w = {t: p[f"layers.{l}.{t}"] for t in GDN_TENSORS}
+                x = self.gdn(x, w)
+                h2 = self.rms(x, w["mlp_norm"])
+                g, u = h2 @ w["w1"], h2 @ w["w3"]
+                x = x + (torch.nn.functional.silu(g) * u) @ w["w2"]
+                continue
             w = {t: p[f"layers.{l}.{t}"] for t in LAYER_TENSORS}
             h = self.rms(x, w["attn_norm"])
             q = self.rope((h @ w["wq"]).reshape(S, H, D))
@@ -109,8 +179,8 @@ class Model:
 
     def optimizer(self):
         c = self.cfg
-        decay = [self.p[n] for n in self.names if not n.endswith("norm")]
-        no_decay = [self.p[n] for n in self.names if n.endswith("norm")]
+        decay = [self.p[n] for n in self.names if not n.endswith(NO_DECAY)]
+        no_decay = [self.p[n] for n in self.names if n.endswith(NO_DECAY)]
         return torch.optim.AdamW([{"params": decay, "weight_decay": c["weight_decay"]},
                                   {"params": no_decay, "weight_decay": 0.0}],
                                  lr=c["lr"], betas=(c["beta1"], c["beta2"]), eps=c["adam_eps"])
