@@ -73,21 +73,100 @@ struct Chunk {
   int64_t t0 = 0;
   int32_t n = 0;
   std::vector<float> buf;
-  float *KK, *QK, *A, *Pb;   // [n, n]
-  float *Uv, *Wk, *E;        // [n, Dv], [n, Dk], [n, Dk]
-  float *G, *gam, *bw, *w;   // [n]
+  // [n, n]: D_ij = exp(G_i - G_j) for j <= i (the decay from j to i); Tinv = (I + A)^-1
+  float *KK, *QK, *A, *Pb, *D, *Tinv;
+  float *Uv, *Wk, *E, *Rk;    // [n, Dv], [n, Dk], [n, Dk], [n, Dk] (diag(gamma) K)
+  float *G, *gam, *bw, *w, *b;  // [n]
   float gam_last = 1;
+  std::vector<double> rowd;  // one row of D in double while it is built
+  // The views point into buf: no copies (a move keeps buf's storage, and with it the views).
+  Chunk(const Chunk&) = delete;
+  Chunk& operator=(const Chunk&) = delete;
+  Chunk(Chunk&&) = default;
   explicit Chunk(const GdnParams& p) {
     const int64_t C = p.chunk;
-    buf.assign(4 * C * C + C * (p.Dv + 2 * p.Dk) + 4 * C, 0.0f);
+    buf.assign(6 * C * C + C * (p.Dv + 3 * p.Dk) + 5 * C, 0.0f);
+    rowd.assign(size_t(C), 0.0);
     float* x = buf.data();
-    for (float** v : {&KK, &QK, &A, &Pb}) *v = x, x += C * C;
+    for (float** v : {&KK, &QK, &A, &Pb, &D, &Tinv}) *v = x, x += C * C;
     Uv = x, x += C * p.Dv;
     Wk = x, x += C * p.Dk;
     E = x, x += C * p.Dk;
-    for (float** v : {&G, &gam, &bw, &w}) *v = x, x += C;
+    Rk = x, x += C * p.Dk;
+    for (float** v : {&G, &gam, &bw, &w, &b}) *v = x, x += C;
   }
 };
+
+// The loops outside the GEMMs, compiled for AVX-512, AVX2 and baseline x86-64 and chosen at load
+// time (GCC function multiversioning), so the portable binary vectorizes them at full width.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define GDN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define GDN_CLONES
+#endif
+
+// Tinv = (I + A)^-1 for A strictly lower triangular [n, n], by substitution row by row.
+GDN_CLONES void unit_lower_inverse(const float* A, int n, float* Tinv) {
+  for (int i = 0; i < n; ++i) {
+    float* ri = Tinv + int64_t(i) * n;
+    for (int c = 0; c < n; ++c) ri[c] = c == i ? 1.0f : 0.0f;
+    for (int j = 0; j < i; ++j) {
+      const float a = A[int64_t(i) * n + j];
+      const float* rj = Tinv + int64_t(j) * n;
+#pragma omp simd
+      for (int c = 0; c <= j; ++c) ri[c] -= a * rj[c];
+    }
+  }
+}
+
+// A_ij = D_ij b_j KK_ij (j < i), Pb_ij = sc D_ij b_j QK_ij (j <= i); zero elsewhere.
+GDN_CLONES void decay_mats(int n, const float* D, const float* b, const float* KK, const float* QK, float sc, float* A,
+                           float* Pb) {
+  for (int i = 0; i < n; ++i) {
+    const int64_t o = int64_t(i) * n;
+#pragma omp simd
+    for (int j = 0; j < n; ++j) {
+      const float e = D[o + j] * b[j];
+      A[o + j] = j < i ? e * KK[o + j] : 0.0f;
+      Pb[o + j] = sc * e * QK[o + j];
+    }
+  }
+}
+
+// y[i] = a * x[i] over n (strided source rows copied into contiguous ones).
+GDN_CLONES void scale_copy(float* y, const float* x, float a, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = a * x[i];
+}
+
+GDN_CLONES void scale_inplace(float* y, float a, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] *= a;
+}
+
+GDN_CLONES double dot(const float* x, const float* y, int64_t n) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(y[i]);
+  return s;
+}
+
+// One row i of a decay-weighted product's backward: for j in [0, jn), with t_j = d_j M_j:
+// dG_i += sum t, dG_j -= t_j, dbeta_j += d_j e_j R_j (e_j = D_ij, R the raw product), and d_j
+// becomes d_j f e_j b_j (the raw product's gradient). jn = i + 1 for Pb, i for A; f = sc or 1.
+GDN_CLONES void decay_row_bwd(int jn, float* d, const float* M, const float* e, const float* R, const float* b, float f,
+                              double* dGi, double* dG, double* dbeta) {
+  double acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int j = 0; j < jn; ++j) {
+    const double t = double(d[j]) * M[j];
+    acc += t;
+    dG[j] -= t;
+    dbeta[j] += double(d[j]) * f * e[j] * R[j];
+    d[j] = d[j] * f * e[j] * b[j];
+  }
+  *dGi += acc;
+}
 
 // Row pointers of head h at token t.
 const float* row(const float* x, const GdnParams& p, int64_t t, int h, int D) { return x + (t * p.H + h) * int64_t(D); }
@@ -117,40 +196,27 @@ void prepare(const GdnParams& p, int h, const Span& sp, Chunk& w, float* o) {
     w.w[j] = std::exp(w.G[n - 1] - w.G[j]);
     w.bw[j] = p.beta[(t0 + j) * p.H + h] * w.w[j];
   }
+  for (int j = 0; j < n; ++j) w.b[j] = p.beta[(t0 + j) * p.H + h];
   sgemm(false, true, n, n, Dk, 1.0f, K, ldk, K, ldk, 0.0f, w.KK, n);
   sgemm(false, true, n, n, Dk, 1.0f, Q, ldk, K, ldk, 0.0f, w.QK, n);
-  // A, Pb and the right-hand side [V | diag(gamma) K]
+  // D row by row: D_ij = D_(i-1)j a_i (one exp per token, products in double), which is
+  // exp(G_i - G_j) up to the rounding of the products.
   for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < n; ++j) {
-      const float b = p.beta[(t0 + j) * p.H + h];
-      const float e = j <= i ? std::exp(w.G[i] - w.G[j]) : 0.0f;
-      w.A[i * n + j] = j < i ? e * b * w.KK[i * n + j] : 0.0f;
-      w.Pb[i * n + j] = j <= i ? sc * e * b * w.QK[i * n + j] : 0.0f;
-    }
-    std::memcpy(w.Uv + int64_t(i) * Dv, V + i * ldv, sizeof(float) * Dv);
-    const float* Ki = K + i * ldk;
-    float* Wi = w.Wk + int64_t(i) * Dk;
-    for (int d = 0; d < Dk; ++d) Wi[d] = w.gam[i] * Ki[d];
+    const double a = std::exp(double(p.g[(t0 + i) * p.H + h]));
+    for (int j = 0; j < i; ++j) w.rowd[size_t(j)] *= a;
+    w.rowd[size_t(i)] = 1.0;
+    for (int j = 0; j <= i; ++j) w.D[i * n + j] = float(w.rowd[size_t(j)]);
+    for (int j = i + 1; j < n; ++j) w.D[i * n + j] = 0.0f;
   }
-  // Forward substitution with the unit lower-triangular I + A.
-  for (int i = 1; i < n; ++i) {
-    float* Ui = w.Uv + int64_t(i) * Dv;
-    float* Wi = w.Wk + int64_t(i) * Dk;
-    for (int j = 0; j < i; ++j) {
-      const float a = w.A[i * n + j];
-      const float* Uj = w.Uv + int64_t(j) * Dv;
-      const float* Wj = w.Wk + int64_t(j) * Dk;
-#pragma omp simd
-      for (int d = 0; d < Dv; ++d) Ui[d] -= a * Uj[d];
-#pragma omp simd
-      for (int d = 0; d < Dk; ++d) Wi[d] -= a * Wj[d];
-    }
-  }
+  decay_mats(n, w.D, w.b, w.KK, w.QK, sc, w.A, w.Pb);
+  // [Uv | Wk] = (I + A)^-1 [V | diag(gamma) K]: the unit lower-triangular inverse, then GEMMs
+  unit_lower_inverse(w.A, n, w.Tinv);
   for (int i = 0; i < n; ++i) {
-    const float* Qi = Q + i * ldk;
-    float* Ei = w.E + int64_t(i) * Dk;
-    for (int d = 0; d < Dk; ++d) Ei[d] = sc * w.gam[i] * Qi[d];
+    scale_copy(w.Rk + int64_t(i) * Dk, K + i * ldk, w.gam[i], Dk);
+    scale_copy(w.E + int64_t(i) * Dk, Q + i * ldk, sc * w.gam[i], Dk);
   }
+  sgemm(false, false, n, Dv, n, 1.0f, w.Tinv, n, V, ldv, 0.0f, w.Uv, Dv);
+  sgemm(false, false, n, Dk, n, 1.0f, w.Tinv, n, w.Rk, Dk, 0.0f, w.Wk, Dk);
   sgemm(false, false, n, Dk, n, -1.0f, w.Pb, n, w.Wk, Dk, 1.0f, w.E, Dk);
   if (o) sgemm(false, false, n, Dv, n, 1.0f, w.Pb, n, w.Uv, Dv, 0.0f, row(o, p, t0, h, Dv), ldv);
 }
@@ -165,9 +231,8 @@ void finish(const GdnParams& p, int h, int64_t t0, int n, const float* Uv, const
   if (o) sgemm(false, true, n, Dv, Dk, 1.0f, E, Dk, S, Dk, 1.0f, row(o, p, t0, h, Dv), ldv);
   if (Uv) std::memcpy(U, Uv, sizeof(float) * n * m);
   sgemm(false, true, n, m, Dk, -1.0f, Wk, Dk, S, Dk, Uv ? 1.0f : 0.0f, U, m);
-  for (int i = 0; i < n; ++i)
-    for (int d = 0; d < m; ++d) U[int64_t(i) * m + d] *= bw[i];
-  for (int64_t e = 0; e < int64_t(m) * Dk; ++e) S[e] *= gam_last;
+  for (int i = 0; i < n; ++i) scale_inplace(U + int64_t(i) * m, bw[i], m);
+  scale_inplace(S, gam_last, int64_t(m) * Dk);
   sgemm(true, false, m, Dk, n, 1.0f, U, m, row(p.k, p, t0, h, Dk), ldk, 1.0f, S, Dk);
 }
 
@@ -290,24 +355,28 @@ void gdn_bwd(const GdnParams& p) {
   const float sc = scale_of(p);
 #pragma omp parallel num_threads(gdn_threads())
   {
-    Chunk w(p);
+    // One head at a time per thread: every chunk's prepared state kept from the forward pass.
+    std::vector<Chunk> chunks;
+    chunks.reserve(size_t(nc));
+    for (int64_t c = 0; c < nc; ++c) chunks.emplace_back(p);
     std::vector<float> states(nc * SS), S(SS), U(C * Dv), dS(SS), dS0(SS);
     std::vector<float> Ub(C * Dv), dUb(C * Dv), dU(C * Dv), dWk(C * Dk), dE(C * Dk), dPb(C * C), dA(C * C),
-        dKK(C * C), dQl(C * Dk), dKl(C * Dk);
+        dKK(C * C), dQl(C * Dk), dKl(C * Dk), dRv(C * Dv), dRk(C * Dk);
     std::vector<double> dG(C), dgam(C), dbeta(C);
 #pragma omp for schedule(static)
     for (int h = 0; h < p.H; ++h) {
-      // Forward: the state at the start of every chunk.
+      // Forward: every chunk prepared, and the state at its start.
       load_state(p, h, p.s0, S.data());
       for (int64_t c = 0; c < nc; ++c) {
         if (spans[size_t(c)].reset) std::fill(S.begin(), S.end(), 0.0f);
         std::memcpy(states.data() + c * SS, S.data(), sizeof(float) * SS);
+        Chunk& w = chunks[size_t(c)];
         prepare(p, h, spans[size_t(c)], w, nullptr);
         finish(p, h, w.t0, w.n, w.Uv, w.Wk, w.E, w.bw, w.gam_last, S.data(), p.Dv, U.data(), nullptr);
       }
       load_state(p, h, p.ds_out, dS.data());
       for (int64_t c = nc - 1; c >= 0; --c) {
-        prepare(p, h, spans[size_t(c)], w, nullptr);
+        const Chunk& w = chunks[size_t(c)];
         const int n = w.n;
         const int64_t t0 = w.t0;
         const float* S0 = states.data() + c * SS;
@@ -320,21 +389,18 @@ void gdn_bwd(const GdnParams& p) {
         // U = Uv - Wk S0^T, Ub = diag(bw) U
         std::memcpy(U.data(), w.Uv, sizeof(float) * n * Dv);
         sgemm(false, true, n, Dv, Dk, -1.0f, w.Wk, Dk, S0, Dk, 1.0f, U.data(), Dv);
-        for (int i = 0; i < n; ++i)
-          for (int d = 0; d < Dv; ++d) Ub[int64_t(i) * Dv + d] = w.bw[i] * U[int64_t(i) * Dv + d];
+        for (int i = 0; i < n; ++i) scale_copy(Ub.data() + int64_t(i) * Dv, U.data() + int64_t(i) * Dv, w.bw[i], Dv);
         // (state update) S' = gam_last S0 + Ub^T K
         sgemm(false, true, n, Dv, Dk, 1.0f, K, ldk, dS.data(), Dk, 0.0f, dUb.data(), Dv);
         sgemm(false, false, n, Dk, Dv, 1.0f, Ub.data(), Dv, dS.data(), Dk, 0.0f, dKl.data(), Dk);
-        double dgam_last = 0;
-        for (int64_t e = 0; e < SS; ++e) dgam_last += double(dS[e]) * S0[e];
-        for (int64_t e = 0; e < SS; ++e) dS0[e] = w.gam_last * dS[e];
+        const double dgam_last = dot(dS.data(), S0, SS);
+        scale_copy(dS0.data(), dS.data(), w.gam_last, SS);
         for (int j = 0; j < n; ++j) {
-          double x = 0;
-          for (int d = 0; d < Dv; ++d) x += double(U[int64_t(j) * Dv + d]) * dUb[int64_t(j) * Dv + d];
+          const double x = dot(U.data() + int64_t(j) * Dv, dUb.data() + int64_t(j) * Dv, Dv);
           dbeta[j] += w.w[j] * x;
           dG[n - 1] += w.bw[j] * x;
           dG[j] -= w.bw[j] * x;
-          for (int d = 0; d < Dv; ++d) dU[int64_t(j) * Dv + d] = w.bw[j] * dUb[int64_t(j) * Dv + d];
+          scale_copy(dU.data() + int64_t(j) * Dv, dUb.data() + int64_t(j) * Dv, w.bw[j], Dv);
         }
         // (U = Uv - Wk S0^T): dUv = dU (kept in dU), dWk = -dU S0, dS0 -= dU^T Wk
         sgemm(false, false, n, Dk, Dv, -1.0f, dU.data(), Dv, S0, Dk, 0.0f, dWk.data(), Dk);
@@ -345,86 +411,44 @@ void gdn_bwd(const GdnParams& p) {
           sgemm(true, false, n, Dv, n, 1.0f, w.Pb, n, dO, ldv, 1.0f, dU.data(), Dv);
           sgemm(false, false, n, Dk, Dv, 1.0f, dO, ldv, S0, Dk, 0.0f, dE.data(), Dk);
           sgemm(true, false, Dv, Dk, n, 1.0f, dO, ldv, w.E, Dk, 1.0f, dS0.data(), Dk);
-        } else {
-          std::fill(dPb.begin(), dPb.end(), 0.0f);
-          std::fill(dE.begin(), dE.end(), 0.0f);
-        }
-        // (E = sc diag(gam) Q - Pb Wk)
-        for (int i = 0; i < n; ++i) {
-          double x = 0;
-          for (int d = 0; d < Dk; ++d) {
-            x += double(Q[i * ldk + d]) * dE[int64_t(i) * Dk + d];
-            dQl[int64_t(i) * Dk + d] = sc * w.gam[i] * dE[int64_t(i) * Dk + d];
+          // (E = sc diag(gam) Q - Pb Wk)
+          for (int i = 0; i < n; ++i) {
+            dgam[i] += sc * dot(Q + i * ldk, dE.data() + int64_t(i) * Dk, Dk);
+            scale_copy(dQl.data() + int64_t(i) * Dk, dE.data() + int64_t(i) * Dk, sc * w.gam[i], Dk);
           }
-          dgam[i] += sc * x;
-        }
-        if (dO) {
           sgemm(false, true, n, n, Dk, -1.0f, dE.data(), Dk, w.Wk, Dk, 1.0f, dPb.data(), n);
           sgemm(true, false, n, Dk, n, -1.0f, w.Pb, n, dE.data(), Dk, 1.0f, dWk.data(), Dk);
-        }
-        // (Pb_ij = sc e_ij b_j QK_ij, j <= i): dQK overwrites dPb
-        for (int i = 0; i < n; ++i)
-          for (int j = 0; j < n; ++j) {
-            float& d = dPb[i * n + j];
-            if (j > i) {
-              d = 0;
-              continue;
-            }
-            const float b = p.beta[(t0 + j) * p.H + h];
-            const float e = std::exp(w.G[i] - w.G[j]);
-            const double t = double(d) * w.Pb[i * n + j];
-            dG[i] += t;
-            dG[j] -= t;
-            dbeta[j] += double(d) * sc * e * w.QK[i * n + j];
-            d = d * sc * e * b;
+          // (Pb_ij = sc e_ij b_j QK_ij, j <= i): dQK overwrites dPb
+          for (int i = 0; i < n; ++i) {
+            float* d = dPb.data() + int64_t(i) * n;
+            decay_row_bwd(i + 1, d, w.Pb + int64_t(i) * n, w.D + int64_t(i) * n, w.QK + int64_t(i) * n, w.b, sc,
+                          &dG[i], dG.data(), dbeta.data());
+            std::fill(d + i + 1, d + n, 0.0f);
           }
-        sgemm(false, false, n, Dk, n, 1.0f, dPb.data(), n, K, ldk, 1.0f, dQl.data(), Dk);
-        sgemm(true, false, n, Dk, n, 1.0f, dPb.data(), n, Q, ldk, 1.0f, dKl.data(), Dk);
-        // ((I + A) [Uv | Wk] = [V | diag(gam) K]): back substitution with (I + A)^T, in place on
-        // [dU | dWk], which become the right-hand side's gradient [dV | d(gam K)].
-        for (int j = n - 1; j >= 0; --j) {
-          const float* dUj = dU.data() + int64_t(j) * Dv;
-          const float* dWj = dWk.data() + int64_t(j) * Dk;
-          for (int i = 0; i < j; ++i) {
-            const float a = w.A[j * n + i];
-            float* dUi = dU.data() + int64_t(i) * Dv;
-            float* dWi = dWk.data() + int64_t(i) * Dk;
-#pragma omp simd
-            for (int d = 0; d < Dv; ++d) dUi[d] -= a * dUj[d];
-#pragma omp simd
-            for (int d = 0; d < Dk; ++d) dWi[d] -= a * dWj[d];
-          }
+          sgemm(false, false, n, Dk, n, 1.0f, dPb.data(), n, K, ldk, 1.0f, dQl.data(), Dk);
+          sgemm(true, false, n, Dk, n, 1.0f, dPb.data(), n, Q, ldk, 1.0f, dKl.data(), Dk);
+        } else {
+          std::fill(dQl.begin(), dQl.end(), 0.0f);
         }
-        // dA = -(dRhs X^T), strict lower part
-        sgemm(false, true, n, n, Dv, -1.0f, dU.data(), Dv, w.Uv, Dv, 0.0f, dA.data(), n);
-        sgemm(false, true, n, n, Dk, -1.0f, dWk.data(), Dk, w.Wk, Dk, 1.0f, dA.data(), n);
+        // ([Uv | Wk] = Tinv [V | diag(gam) K]): the right-hand side's gradient Tinv^T [dUv | dWk]
+        sgemm(true, false, n, Dv, n, 1.0f, w.Tinv, n, dU.data(), Dv, 0.0f, dRv.data(), Dv);
+        sgemm(true, false, n, Dk, n, 1.0f, w.Tinv, n, dWk.data(), Dk, 0.0f, dRk.data(), Dk);
+        // dA = -(dRhs X^T) (its strict lower part is used)
+        sgemm(false, true, n, n, Dv, -1.0f, dRv.data(), Dv, w.Uv, Dv, 0.0f, dA.data(), n);
+        sgemm(false, true, n, n, Dk, -1.0f, dRk.data(), Dk, w.Wk, Dk, 1.0f, dA.data(), n);
         for (int i = 0; i < n; ++i) {
-          std::memcpy(row(p.dv, p, t0 + i, h, Dv), dU.data() + int64_t(i) * Dv, sizeof(float) * Dv);
-          double x = 0;
-          for (int d = 0; d < Dk; ++d) {
-            const float dw = dWk[int64_t(i) * Dk + d];
-            x += double(K[i * ldk + d]) * dw;
-            dKl[int64_t(i) * Dk + d] += w.gam[i] * dw;
-          }
-          dgam[i] += x;
+          std::memcpy(row(p.dv, p, t0 + i, h, Dv), dRv.data() + int64_t(i) * Dv, sizeof(float) * Dv);
+          dgam[i] += dot(K + i * ldk, dRk.data() + int64_t(i) * Dk, Dk);
+          scale_inplace(dRk.data() + int64_t(i) * Dk, w.gam[i], Dk);
         }
         // (A_ij = e_ij b_j KK_ij, j < i): dKK, symmetric use of K
-        for (int i = 0; i < n; ++i)
-          for (int j = 0; j < n; ++j) {
-            float& d = dKK[i * n + j];
-            if (j >= i) {
-              d = 0;
-              continue;
-            }
-            const float da = dA[i * n + j];
-            const float b = p.beta[(t0 + j) * p.H + h];
-            const float e = std::exp(w.G[i] - w.G[j]);
-            const double t = double(da) * w.A[i * n + j];
-            dG[i] += t;
-            dG[j] -= t;
-            dbeta[j] += double(da) * e * w.KK[i * n + j];
-            d = da * e * b;
-          }
+        for (int i = 0; i < n; ++i) {
+          float* d = dKK.data() + int64_t(i) * n;
+          std::memcpy(d, dA.data() + int64_t(i) * n, sizeof(float) * size_t(i));
+          decay_row_bwd(i, d, w.A + int64_t(i) * n, w.D + int64_t(i) * n, w.KK + int64_t(i) * n, w.b, 1.0f, &dG[i],
+                        dG.data(), dbeta.data());
+          std::fill(d + i, d + n, 0.0f);
+        }
         sgemm(false, false, n, Dk, n, 1.0f, dKK.data(), n, K, ldk, 1.0f, dKl.data(), Dk);
         sgemm(true, false, n, Dk, n, 1.0f, dKK.data(), n, K, ldk, 1.0f, dKl.data(), Dk);
         // gamma = exp(G); G = cumsum(g) within the chunk
@@ -436,7 +460,10 @@ void gdn_bwd(const GdnParams& p) {
           p.dg[(t0 + i) * p.H + h] = float(run);
           p.dbeta[(t0 + i) * p.H + h] = float(dbeta[i]);
           std::memcpy(row(p.dq, p, t0 + i, h, Dk), dQl.data() + int64_t(i) * Dk, sizeof(float) * Dk);
-          std::memcpy(row(p.dk, p, t0 + i, h, Dk), dKl.data() + int64_t(i) * Dk, sizeof(float) * Dk);
+          float* dk_row = row(p.dk, p, t0 + i, h, Dk);
+          const float* a1 = dKl.data() + int64_t(i) * Dk;
+          const float* a2 = dRk.data() + int64_t(i) * Dk;
+          for (int e = 0; e < Dk; ++e) dk_row[e] = a1[e] + a2[e];
         }
         std::swap(dS, dS0);
         if (spans[size_t(c)].reset) std::fill(dS.begin(), dS.end(), 0.0f);  // the state before a reset is unused

@@ -52,6 +52,9 @@ struct BenchContext {
 int bench_comm(BenchContext& ctx);
 int bench_attn(BenchContext& ctx);
 int bench_cp(BenchContext& ctx);
+// bench_cp_gdn.cpp: the Gated DeltaNet rows of bench cp (layer_pattern with D); returns the
+// number of wrong elements over all rows (summed over ranks).
+int64_t bench_cp_gdn(BenchContext& ctx, const std::vector<int64_t>& lengths);
 int bench_train(BenchContext& ctx);  // bench_train.cpp: training steps, MFU and time shares
 int bench_peak(BenchContext& ctx);   // bench_train.cpp: the per-rank peak MFU is measured against
 int bench_infer(BenchContext& ctx);  // bench_infer.cpp: pass-KV vs pass-Q TTFT, decode TTIT vs CP size

@@ -1,6 +1,8 @@
 // `ctxpar bench cp`: per CP strategy and sequence length, one attention forward and backward on
 // the mesh's CP group: times, bytes moved, exposed communication, bandwidth, throughput and a
-// correctness column against the single-rank kernel on the same global inputs.
+// correctness column against the single-rank kernel on the same global inputs. With D layers in
+// layer_pattern, a second table for the Gated DeltaNet op per GDN schedule (bench_cp_gdn.cpp);
+// layer_pattern=D alone skips the attention table.
 //
 // Strategies: cfg.strategy, or every registered one for strategy=all; a strategy invalid for the
 // shape on this mesh gets a "skipped" row and its reason. Lengths: seq/4, seq/2, seq (those the
@@ -182,6 +184,9 @@ int bench_cp(BenchContext& ctx) {
   int64_t wrong_total = 0;
   int64_t step = 0;
   std::vector<std::string> skipped;
+  // layer_pattern chooses the tables: attention rows for G, Gated DeltaNet rows for D.
+  const bool attn_rows = cfg.layer_pattern.find('G') != std::string::npos;
+  if (!attn_rows) names.clear();
   for (const std::string& name : names) {
     std::unique_ptr<CpStrategy> strat = make_strategy(name, topo);
     for (int64_t S : lengths) {
@@ -273,9 +278,15 @@ int bench_cp(BenchContext& ctx) {
                      std::to_string(wrong), full ? "full" : "sample"});
     }
   }
-  if (world.rank() == 0) table.print(cfg.csv);
+  if (attn_rows && world.rank() == 0) table.print(cfg.csv);
   if (!cfg.csv)
     for (const std::string& m : skipped) log0("# skipped %s\n", m.c_str());
+  if (cfg.layer_pattern.find('D') != std::string::npos) {
+    std::vector<int64_t> gdn_lengths;
+    for (int64_t S : {cfg.seq / 4, cfg.seq / 2, cfg.seq})
+      if (S >= P) gdn_lengths.push_back(S);
+    wrong_total += bench_cp_gdn(ctx, gdn_lengths);
+  }
   print_verdict("bench cp", int(std::min<int64_t>(wrong_total, 1 << 30)), cfg.csv);
   return wrong_total == 0 ? 0 : 1;
 }
