@@ -31,7 +31,9 @@ int bench_train(BenchContext& ctx) {
                 {"attn_pct", "attn", "% of step", 10, 1}, {"other_pct", "other", "% of step", 10, 1},
                 {"wrong", "#wrong", "", 7, 0}},
                {std::string("FLOP convention: ") + kFlopConvention, "peak: sgemm measured on every rank at once (bench peak)",
-                "attn = CP attention incl. its communication; other = norms, RoPE, SwiGLU, loss, embedding, optimizer, all-reduces"});
+                "attn = the token mixers (CP attention; Gated DeltaNet's recurrence for D layers) incl. their communication; "
+                "other = norms, RoPE, SwiGLU, GDN convolutions and gates, loss, embedding, optimizer, all-reduces",
+                "layer_pattern = " + cfg.layer_pattern + " (G attention, D Gated DeltaNet)"});
   const double other = 1 - s.gemm_share - s.attn_share;
   t.add_row({std::to_string(cfg.layers), std::to_string(cfg.dim), std::to_string(cfg.seq),
              std::to_string(ctx.topo.world().size()), t.cell(4, s.step_s * 1e3), t.cell(5, s.tokens_per_s),

@@ -116,10 +116,11 @@ const std::vector<Field>& config_fields() {
       {"rope_original_max_pos", &Config::rope_original_max_pos, "8K", "train: Llama 3 RoPE original context length", {}, 1, 1ll << 40},
       {"layer_pattern", &Config::layer_pattern, "G", "train: token mixer of each layer, the pattern repeated over the layers: G full attention (the strategy), D Gated DeltaNet (e.g. DDDG: three GDN layers, then one attention)", {}, 0, -1,
        [](const Config& c) -> std::string {
-         if (c.layer_pattern.empty()) return "the pattern is empty; valid: letters G (attention) and D (Gated DeltaNet), e.g. G or DDDG";
+         if (c.layer_pattern.empty()) return "at least one letter: G (full attention) or D (Gated DeltaNet), e.g. G or DDDG";
          for (char ch : c.layer_pattern)
            if (ch != 'G' && ch != 'D')
-             return std::string("letter '") + ch + "' is not a layer kind; valid: G (full attention) and D (Gated DeltaNet), e.g. DDDG";
+             return std::string("letters G (full attention) and D (Gated DeltaNet) only, e.g. DDDG; '") + ch +
+                    "' is not a layer kind";
          return "";
        }},
       {"gdn_heads", &Config::gdn_heads, "0", "train: Gated DeltaNet heads (0 = heads)", {}, 0, 65536},
@@ -129,7 +130,7 @@ const std::vector<Field>& config_fields() {
       {"gdn_chunk", &Config::gdn_chunk, "64", "train: Gated DeltaNet chunk length of the chunked form", {}, 1, 4096},
       {"gdn_schedule", &Config::gdn_schedule, "scan", "train: Gated DeltaNet under CP: scan (log P exchange of the pieces' state maps) or ring (the state handed rank to rank)", {}, 0, -1,
        [](const Config& c) -> std::string {
-         return c.gdn_schedule == "scan" || c.gdn_schedule == "ring" ? "" : "valid: scan or ring";
+         return c.gdn_schedule == "scan" || c.gdn_schedule == "ring" ? "" : "scan or ring";
        }},
       {"lr", &Config::lr, "3e-4", "train: AdamW learning rate (constant)", {}, 0, 10},
       {"weight_decay", &Config::weight_decay, "0.1", "train: AdamW decoupled weight decay (matrices only)", {}, 0, 10},
