@@ -165,6 +165,9 @@ std::string validate_predict_mode(const Config& cfg, Topology& topo) {
       if (w.precision == Precision::fp8_ffn && hw.peak_fp8_flops <= 0)
         return "config: predict_precision = fp8_ffn but hardware " + hw.name + " has no FP8 peak; valid: bf16 or fp32";
       if (c.heads % c.kv_heads != 0) return "config: heads must be a multiple of kv_heads";
+      if (w.mode != PerfMode::train && c.layer_pattern.find('D') != std::string::npos)
+        return "config: layer_pattern = '" + c.layer_pattern + "' has Gated DeltaNet layers (D): predict prices them in " +
+               "training (predict_mode=train); the inference modes do not serve them yet";
       if (w.mode == PerfMode::partial_prefill && (w.cached <= 0 || w.cached >= w.seq))
         return "config: predict_mode = partial_prefill needs 0 < cached < seq (cached = " + std::to_string(w.cached) +
                ", seq = " + std::to_string(w.seq) + "); set cached=P or miss_rate below 1";

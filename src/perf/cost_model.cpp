@@ -24,6 +24,10 @@ ModelDims dims_of(const ModelShape& m, int tp = 1) {
   d.H_kv = int32_t(m.H_kv);
   d.D = int32_t(m.D);
   d.tp = tp;
+  d.kinds = m.kinds;
+  d.gdn_H = int32_t(m.gdn_H), d.gdn_Dk = int32_t(m.gdn_Dk), d.gdn_Dv = int32_t(m.gdn_Dv);
+  d.gdn_conv = int32_t(m.gdn_conv), d.gdn_chunk = int32_t(m.gdn_chunk);
+  d.gdn_schedule = m.gdn_schedule;
   return d;
 }
 
@@ -101,8 +105,12 @@ double elementwise_bytes(const ModelShape& m, int64_t tp, double tokens, bool ba
 double loss_bytes(const ModelShape& m, double tokens, double e) { return tokens * 3.0 * double(m.vocab) * e; }
 double optimizer_bytes(double params) { return params * 28.0; }
 
+int64_t ModelShape::gdn_layers() const { return int64_t(std::count(kinds.begin(), kinds.end(), 'D')); }
+
 double ModelShape::params_total() const {
-  return double(layers) * (attn_params_per_layer() + ffn_params_per_layer() + 2.0 * dim) + 2.0 * double(vocab) * dim + dim;
+  const double gdn_extra = double(gdn_conv) * double(2 * gdn_H * gdn_Dk + gdn_H * gdn_Dv) + 2.0 * gdn_H + gdn_Dv;
+  return double(attn_layers()) * attn_params_per_layer() + double(gdn_layers()) * (gdn_proj_params_per_layer() + gdn_extra) +
+         double(layers) * (ffn_params_per_layer() + 2.0 * dim) + 2.0 * double(vocab) * dim + dim;
 }
 
 ModelShape model_shape(const Config& c) {
@@ -114,6 +122,10 @@ ModelShape model_shape(const Config& c) {
   m.H_q = c.heads;
   m.H_kv = c.kv_heads;
   m.D = c.head_dim;
+  const ModelDims d = model_dims(c, 1, 0);  // the layer kinds and GDN shapes, as train builds them
+  m.kinds = d.kinds;
+  m.gdn_H = d.gdn_H, m.gdn_Dk = d.gdn_Dk, m.gdn_Dv = d.gdn_Dv, m.gdn_conv = d.gdn_conv, m.gdn_chunk = d.gdn_chunk;
+  m.gdn_schedule = d.gdn_schedule;
   return m;
 }
 
@@ -227,7 +239,10 @@ struct Ctx {
 double gemm_seconds(const Ctx& c, double tokens, double mult, bool lm_head) {
   const double tp = double(c.mesh.tp);
   const double eff = c.hw.gemm_eff.at(tokens);
-  const double attn = 2.0 * c.m.attn_params_per_layer() * double(c.m.layers) * tokens / tp * mult;
+  const double attn = 2.0 *
+                      (c.m.attn_params_per_layer() * double(c.m.attn_layers()) +
+                       c.m.gdn_proj_params_per_layer() * double(c.m.gdn_layers())) *
+                      tokens / tp * mult;
   const double ffn = 2.0 * c.m.ffn_params_per_layer() * double(c.m.layers) * tokens / tp * mult;
   const double head = lm_head ? 2.0 * double(c.m.dim) * double(c.m.vocab) * tokens * mult : 0;  // replicated over tp
   return c.share * ((attn + head) / (c.p.peak * eff) + ffn / (c.p.peak_ffn * eff));
@@ -281,6 +296,60 @@ void finish(StrategyPrediction& r, const Ctx& c) {
   r.fits = r.mem_bytes <= c.hw.hbm_bytes;
 }
 
+// One Gated DeltaNet layer's token mixer on a rank of `tokens` tokens, forward + backward, as
+// src/cp/gdn_*.cpp run it. The recurrence's FLOPs (model/flops.hpp: gdn_fwd_flops, the backward
+// 2x) run as GEMMs of chunk rows; the kernel executes more than the convention counts (the
+// forward's (I+A)^-1 products, the backward's recompute and full triangular products):
+// kGdnFwdWork and kGdnBwdWork, the ratios of executed to counted multiply-adds per chunk at
+// chunk = head dim (kernels/cpu/gdn_cpu.cpp). Under CP (Q pieces: P contiguous, 2P zigzag):
+//   scan: every rank runs its pieces from a zero state, ranks past the first add the transition
+//     (4 Dk^2 FLOPs per token and head) and the correction (6 Dk Dv forward, ~0.75 of a backward);
+//     ceil(log2 Q) exchange rounds of H Dk (Dk + Dv) fp32 values each way (latency exposed);
+//   ring: the state-independent part in parallel, the state pass (share phi of the forward) and
+//     the whole backward one piece after another along the chain, Q - 1 hops each way.
+// Both: the convolution's halo, (conv - 1) rows of the q|k|v projections, each way, exposed.
+struct GdnLayerCost {
+  double time_s = 0, comm_s = 0, exposed_s = 0;
+};
+constexpr double kGdnFwdWork = 9.2 / 8.0, kGdnBwdWork = 26.0 / 16.0;
+
+GdnLayerCost gdn_layer_cost(const Ctx& c, double tokens) {
+  const ModelShape& m = c.m;
+  const int64_t N = c.mesh.cp(), tp = c.mesh.tp;
+  const double H = double(m.gdn_H) / double(tp), Dk = double(m.gdn_Dk), Dv = double(m.gdn_Dv), C = double(m.gdn_chunk);
+  const double eff = c.hw.gemm_eff.at(C);
+  const double rate = c.p.peak * eff / c.share;
+  const double f_flops = gdn_fwd_flops(tokens, H, Dk, Dv, C);
+  const double fw = f_flops * kGdnFwdWork / rate, bw = 2 * f_flops * kGdnBwdWork / rate;
+  const double conv = 3 * 2 * double(m.gdn_conv) * double(2 * m.gdn_H * m.gdn_Dk + m.gdn_H * m.gdn_Dv) / double(tp) * tokens /
+                      c.rate(c.hw.elementwise_bytes_per_s) * c.p.e;  // memory bound: about 1 byte per FLOP
+  GdnLayerCost g;
+  g.time_s = fw + bw + conv;
+  if (N <= 1) return g;
+  const int64_t Q = c.w.partition == PartitionKind::zigzag ? 2 * N : N;
+  const int64_t k = ranks_per_node(c.hw, N, tp);
+  const double state_bytes = H * Dk * Dv * 4.0;
+  const double halo = p2p_s(c.hw, N, k, double(m.gdn_conv - 1) * double(2 * m.gdn_H * m.gdn_Dk + m.gdn_H * m.gdn_Dv) /
+                                            double(tp) * c.p.e);
+  if (m.gdn_schedule == "ring") {
+    const double phi = 6 * Dk * Dv / (C * (7 * Dk + 3 * Dv) + 6 * Dk * Dv);
+    const double hop = p2p_s(c.hw, N, k, state_bytes);
+    const double fwd = fw * (1 - phi) + double(N) * fw * phi + double(Q - 1) * hop;
+    const double bwd = double(N) * bw + double(Q - 1) * hop;
+    g.comm_s = 2 * double(Q - 1) * hop / double(N) + 2 * halo;
+    g.exposed_s = (fwd - fw) + (bwd - bw) + 2 * halo;
+    g.time_s = fwd + bwd + conv + 2 * halo;
+  } else {
+    const double rounds = log2_steps(Q);
+    const double msg = p2p_s(c.hw, N, k, H * Dk * (Dk + Dv) * 4.0);
+    const double extra = (4 * Dk * Dk + 6 * Dk * Dv) * H * tokens * kGdnFwdWork / rate + 0.75 * bw;
+    g.comm_s = 2 * rounds * msg + 2 * halo;
+    g.exposed_s = g.comm_s;
+    g.time_s = fw + bw + extra + conv + g.comm_s;
+  }
+  return g;
+}
+
 StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
   const ModelShape& m = c.m;
   const PerfMesh& mesh = c.mesh;
@@ -295,7 +364,8 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
   const ModelDims d = dims_of(m);
   // Model FLOPs (whole job: every dp replica, B sequences each).
   const double pairs = causal_visible_pairs({S});
-  const double mm_flops = train_matmul_flops(d, S) * double(B), at_flops = train_attn_flops(d, pairs) * double(B);
+  const double mm_flops = (train_matmul_flops(d, S) + train_gdn_flops(d, S)) * double(B),
+               at_flops = train_attn_flops(d, pairs) * double(B);
   r.model_flops = (mm_flops + at_flops) * double(mesh.dp);
 
   // Matmuls: split evenly over cp and tp (the LM head is replicated over tp: counted per rank).
@@ -363,7 +433,9 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
     exposed_layer = (ring_f - double(N) * (cf + of)) * (1 + recompute) + (ring_b - double(N) * (cb + ob));
     buf = 3.0 * kv_msg;
   }
-  r.attn_s = attn_layer * L;
+  const double L_attn = double(m.attn_layers()), G = double(m.gdn_layers());
+  const GdnLayerCost g = G > 0 ? gdn_layer_cost(c, tokens) : GdnLayerCost{};
+  r.attn_s = attn_layer * L_attn + g.time_s * G;
   // Tensor-parallel all-reduces: 2 forward + 2 backward per layer of [tokens, dim] (exposed).
   const double t_tp = 4.0 * L * allreduce_s(c.hw, tp, k_tp, tokens * double(m.dim) * e) * (1 + (remat_full ? 0.5 : 0));
   // Gradient all-reduce over every replica holding other tokens (cp) or other sequences (dp).
@@ -375,17 +447,18 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
   r.other_s = c.share * (elementwise_bytes(m, tp, tokens, true, e) / c.rate(c.hw.elementwise_bytes_per_s) +
                          loss_bytes(m, tokens, e) / c.rate(c.hw.loss_bytes_per_s) +
                          optimizer_bytes(params_rank) / c.rate(c.hw.optimizer_bytes_per_s));
-  r.comm_total_s = comm_layer * L + t_tp + t_grad;
-  r.exposed_comm_s = exposed_layer * L + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
+  r.comm_total_s = comm_layer * L_attn + g.comm_s * G + t_tp + t_grad;
+  const double exposed_layers = exposed_layer * L_attn + g.exposed_s * G;
+  r.exposed_comm_s = exposed_layers + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
   r.time_s = r.gemm_s + r.attn_s + r.other_s + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
-  add_sync_wait(r, c, r.gemm_s + r.attn_s - exposed_layer * L + r.other_s);
+  add_sync_wait(r, c, r.gemm_s + r.attn_s - exposed_layers + r.other_s);
   // Memory: params + grads + AdamW m, v (16 bytes per parameter in mixed precision and in fp32),
   // saved activations (the model's own formula, scaled to the element size), strategy buffers.
   r.mem_state_bytes = 16.0 * params_rank;
   const ModelDims dl = dims_of(m, int(tp));
   const int64_t tok = int64_t(tokens);
   r.mem_act_bytes = Transformer::activation_bytes(dl, w.remat, tok, Transformer::logits_chunk_rows(tok, m.vocab)) * e / 4.0;
-  r.mem_buf_bytes = buf;
+  r.mem_buf_bytes = L_attn > 0 ? buf : 0;
   finish(r, c);
   return r;
 }

@@ -42,9 +42,19 @@ struct Config;
 struct ModelShape {
   int64_t layers = 0, dim = 0, ffn = 0, vocab = 0;
   int64_t H_q = 0, H_kv = 0, D = 0;
+  // Hybrid models: one letter per layer, 'G' attention, 'D' Gated DeltaNet (empty: all attention).
+  std::string kinds;
+  int64_t gdn_H = 0, gdn_Dk = 0, gdn_Dv = 0, gdn_conv = 4, gdn_chunk = 64;
+  std::string gdn_schedule = "scan";
+  int64_t gdn_layers() const;
+  int64_t attn_layers() const { return layers - gdn_layers(); }
   // Parameters of one decoder layer (attention projections, SwiGLU FFN, two norms).
   double attn_params_per_layer() const { return double(dim) * double((H_q + 2 * H_kv) * D) + double(H_q * D) * dim; }
   double ffn_params_per_layer() const { return 3.0 * double(dim) * double(ffn); }
+  // A GDN layer's projection parameters (q, k, v, gate, a, b in; o out): the GEMMs per token.
+  double gdn_proj_params_per_layer() const {
+    return double(dim) * double(2 * gdn_H * gdn_Dk + 2 * gdn_H * gdn_Dv + 2 * gdn_H) + double(gdn_H * gdn_Dv) * dim;
+  }
   double params_total() const;  // incl. embedding and LM head (untied)
 };
 ModelShape model_shape(const Config& cfg);
