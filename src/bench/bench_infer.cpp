@@ -321,7 +321,7 @@ int bench_infer(BenchContext& ctx) {
     StepOutput outs[2];
     for (int64_t it = 0; it < iters + 1 && ctx.tracer.stop_signal() == 0; ++it)
       for (PrefillBatching mode : {PrefillBatching::packed, PrefillBatching::sequential}) {
-        eng.cache().clear();
+        eng.clear();
         CallStats cs;
         ctx.tracer.begin_step(step);
         const int k = mode == PrefillBatching::packed ? 0 : 1;

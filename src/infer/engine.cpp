@@ -46,6 +46,7 @@ Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, i
   pass_q_ = make_strategy("pass_q", topo);
   decode_pass_q_ = make_strategy("decode_pass_q", topo);
   decode_allgather_ = make_strategy("decode_allgather", topo);
+  if (d_.has_gdn()) gdn_ = std::make_unique<GdnInfer>(d_, topo.cp(), batch);
   inv_freq_.resize(size_t(d_.D / 2));
   rope_inv_freq(d_.D, d_.rope_theta, d_.rope_factor, d_.rope_low, d_.rope_high, d_.rope_orig_max, inv_freq_.data());
 }
@@ -53,6 +54,11 @@ Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, i
 Engine::~Engine() = default;
 
 int Engine::N() const { return cp_.size(); }
+
+void Engine::clear() {
+  cache_.clear();
+  if (gdn_) gdn_->clear();
+}
 
 double Engine::prefill_flops(int64_t T, int64_t cached) const { return ctxpar::prefill_flops(d_, T, cached); }
 
@@ -72,7 +78,7 @@ void Engine::ensure_rows(int64_t n) {
 
 LayerRun Engine::run(int64_t l) { return LayerRun{d_, topo_, tr_, times_, st_->cp, l}; }
 
-void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const AttnFn& attn,
+void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const AttnFn& attn, const GdnFn& gdn,
                      const std::vector<int64_t>& logit_rows, float* logits) {
   ensure_rows(std::max<int64_t>(n, 1));
   const int64_t dim = d_.dim;
@@ -85,10 +91,17 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const
   }
   // The training model's layer code (model/layer.hpp) around the CP attention; a rank without
   // rows (decode with fewer sequences than ranks) still takes part in the attention's collectives.
-  for (int64_t l = 0; l < d_.layers; ++l) {
+  for (int64_t l = 0, gl = 0; l < d_.layers; ++l) {
     const LayerView& w = w_.layers[size_t(l)];
     const LayerRun r = run(l);
     if (tr_) tr_->set_layer(int32_t(l));
+    if (d_.is_gdn(l)) {
+      const double t0 = now_s();
+      gdn(l, gl++, x, x1);
+      st_->attn_s += now_s() - t0;
+      if (n > 0) mlp_fwd(r, w, n, x1, h, rstd_.data(), g_.data(), u_.data(), m_.data(), x);
+      continue;
+    }
     if (n > 0) attn_in_fwd(r, w, n, x, cos_.data(), sin_.data(), h, rstd_.data(), q_.data(), k_.data(), v_.data());
     const double t0 = now_s();
     attn(l, q_.data(), k_.data(), v_.data(), o_.data(), lse_.data());
@@ -257,6 +270,11 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     t.S_k = keys;
     (algo == CpAlgo::pass_q ? *pass_q_ : *ring_).forward(t, tr_, st_->cp);
   };
+  GdnFn gdn = [&](int64_t l, int64_t gl, const float* x, float* x1) {
+    const int64_t dim = d_.dim;
+    for (const Seq& s : q)
+      gdn_->prefill(run(l), w_.layers[size_t(l)], gl, s.b, s.cached, s.part, s.n, x + s.off * dim, x1 + s.off * dim);
+  };
   // Logits: each sequence's last prompt token's row (on its owner rank), or every local row (tests).
   std::vector<int64_t> logit_rows;
   std::vector<int64_t> last_row(q.size(), -1);  // index into logit_rows, on the owner rank
@@ -271,7 +289,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     }
   }
   Buffer<float> lg(size_t(std::max<int64_t>(int64_t(logit_rows.size()), 1) * V), false);
-  forward(rows, tok.data(), pos.data(), attn, logit_rows, lg.data());
+  forward(rows, tok.data(), pos.data(), attn, gdn, logit_rows, lg.data());
   std::vector<int64_t> added(static_cast<size_t>(N));
   for (const Seq& s : q) {
     for (int rr = 0; rr < N; ++rr) added[size_t(rr)] = s.part.real_size(rr);
@@ -355,10 +373,15 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
     t.lse = lse;
     strategy.forward(t, tr_, st_->cp);
   };
+  std::vector<int64_t> row_seqs(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) row_seqs[size_t(i)] = b0 + i;  // their GDN states live here (home)
+  GdnFn gdn = [&](int64_t l, int64_t gl, const float* x, float* x1) {
+    gdn_->decode(run(l), w_.layers[size_t(l)], gl, row_seqs, n, x, x1);
+  };
   std::vector<int64_t> rows(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) rows[size_t(i)] = i;
   Buffer<float> lg(size_t(Bq * V), true);
-  forward(n, tok.data(), pos.data(), attn, rows, lg.data());
+  forward(n, tok.data(), pos.data(), attn, gdn, rows, lg.data());
   for (int64_t b = 0; b < B; ++b) {
     std::vector<int64_t> added(size_t(N), 0);
     added[size_t(cache_.decode_target(b))] = 1;

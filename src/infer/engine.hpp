@@ -27,6 +27,7 @@
 #include "core/memory.hpp"
 #include "cp/strategy.hpp"
 #include "perf/prefill_choice.hpp"
+#include "infer/gdn_infer.hpp"
 #include "infer/kv_cache.hpp"
 #include "model/layer.hpp"
 #include "model/model.hpp"
@@ -83,6 +84,8 @@ class Engine {
                     bool want_logits = false);
 
   KvCache& cache() { return cache_; }
+  // Empties every sequence: the KV cache and, in a hybrid model, the GDN layers' states.
+  void clear();
   int N() const;
   // Model FLOPs of a prefill of T tokens after `cached` ones, per sequence (model/flops.hpp:
   // 2 m n k matmuls incl. one LM-head row, attention 4 H_q D per visible pair), and of a decode
@@ -92,10 +95,13 @@ class Engine {
 
  private:
   using AttnFn = std::function<void(int64_t l, float* q, float* k, float* v, float* o, float* lse)>;
+  // A GDN layer's token mixer: x1 = x + mixer(x) on this rank's rows (gl: the layer's number
+  // among the GDN layers); called on every rank, rows or not.
+  using GdnFn = std::function<void(int64_t l, int64_t gl, const float* x, float* x1)>;
   // Embedding → L layers (the training model's layer code, model/layer.hpp, with the attention
-  // by `attn`, a CP strategy of src/cp) → final norm; logits of the local rows `logit_rows` into
-  // `logits` [|logit_rows|, V].
-  void forward(int64_t n, const int32_t* tokens, const int64_t* pos, const AttnFn& attn,
+  // by `attn`, a CP strategy of src/cp, or a GDN layer's mixer by `gdn`) → final norm; logits of
+  // the local rows `logit_rows` into `logits` [|logit_rows|, V].
+  void forward(int64_t n, const int32_t* tokens, const int64_t* pos, const AttnFn& attn, const GdnFn& gdn,
                const std::vector<int64_t>& logit_rows, float* logits);
   // One forward of the sequences `seqs` (see prefill), results into `out`.
   void prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo,
@@ -117,6 +123,7 @@ class Engine {
   // The CP strategies of src/cp: the configured one for full prefills, ring (pass-KV over the
   // cache), pass_q, and the two decode strategies.
   std::unique_ptr<CpStrategy> full_strategy_, ring_, pass_q_, decode_pass_q_, decode_allgather_;
+  std::unique_ptr<GdnInfer> gdn_;  // hybrid models: the GDN layers' states (null without 'D' layers)
   int64_t rows_cap_ = 0;
   Buffer<float> x_, h_, rstd_, q_, k_, v_, o_, lse_, x1_, g_, u_, m_, cos_, sin_;
   std::vector<double> inv_freq_;

@@ -42,8 +42,15 @@ double train_gdn_flops(const ModelDims& d, int64_t S) {
 
 double prefill_flops(const ModelDims& d, int64_t T, int64_t cached) {
   const double dim = double(d.dim), qw = double(d.H_q) * d.D, kw = double(d.H_kv) * d.D, F = double(d.ffn);
-  const double per_token = matmul_flops(1, dim, qw + 2 * kw) + matmul_flops(1, qw, dim) + 3 * matmul_flops(1, dim, F);
-  return double(d.layers) * (double(T) * per_token + attn_fwd_flops(partial_prefill_pairs(T, cached), d.H_q, d.D)) +
+  const double mlp = 3 * matmul_flops(1, dim, F);
+  const double per_token = matmul_flops(1, dim, qw + 2 * kw) + matmul_flops(1, qw, dim) + mlp;
+  const double G = double(d.gdn_layers()), L = double(d.layers) - G;
+  const double gq = double(d.gdn_qk_width()), gv = double(d.gdn_v_width()), H = d.gdn_H;
+  // A GDN layer: its projections (q k v g, a b; o), the recurrence, the short convolution.
+  const double gdn = double(T) * (matmul_flops(1, dim, 2 * gq + 2 * gv + 2 * H) + matmul_flops(1, gv, dim) + mlp +
+                                  2 * double(d.gdn_conv) * double(d.gdn_conv_width())) +
+                     gdn_fwd_flops(double(T), H, d.gdn_Dk, d.gdn_Dv, d.gdn_chunk);
+  return L * (double(T) * per_token + attn_fwd_flops(partial_prefill_pairs(T, cached), d.H_q, d.D)) + G * gdn +
          matmul_flops(1, dim, double(d.vocab));
 }
 

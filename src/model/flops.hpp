@@ -48,8 +48,9 @@ double train_attn_flops(const ModelDims& d, double visible_pairs);
 // their projections are in train_matmul_flops.
 double train_gdn_flops(const ModelDims& d, int64_t S);
 // Inference: a prefill of T new tokens after `cached` ones, for one sequence (the projections and
-// MLP of T tokens, the attention of partial_prefill_pairs(T, cached) pairs, one LM-head row); a decode
-// token at context length `ctx` (before it) is prefill_flops(d, 1, ctx).
+// MLP of T tokens, the attention of partial_prefill_pairs(T, cached) pairs, one LM-head row; a GDN
+// layer's projections, recurrence (gdn_fwd_flops) and convolution instead of the attention); a
+// decode token at context length `ctx` (before it) is prefill_flops(d, 1, ctx).
 double prefill_flops(const ModelDims& d, int64_t T, int64_t cached);
 
 // Peak FLOP/s one rank reaches on large sgemm calls while every rank of `world` runs the same

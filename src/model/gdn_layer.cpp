@@ -40,10 +40,14 @@ GdnMixer::GdnMixer(const ModelDims& d, Comm& cp, GdnChain chain, const std::stri
     : d_(d), comm_(cp), chain_(std::move(chain)), sched_(make_gdn_cp(schedule)), n_(n_rows) {
   CTXPAR_CHECK(sched_, "gdn_schedule = '" << schedule << "' is not a GDN schedule (scan, ring)");
   mine_ = chain_.positions_of(comm_.rank());
-  CTXPAR_CHECK(!mine_.empty() && n_ % int64_t(mine_.size()) == 0,
-               "GDN: " << n_ << " rows do not split into this rank's " << mine_.size() << " pieces");
-  piece_rows_ = n_ / int64_t(mine_.size());
-  CTXPAR_CHECK(piece_rows_ >= d_.gdn_conv - 1, "GDN: pieces of " << piece_rows_ << " rows are shorter than the "
+  CTXPAR_CHECK(!mine_.empty(), "GDN: this rank holds no piece of the chain");
+  // The rows split into this rank's pieces in order (equal under a padded partition; a one-rank
+  // zigzag of odd length splits them floor / ceil, which changes nothing: the pieces are adjacent).
+  const int64_t J = int64_t(mine_.size());
+  for (int64_t j = 0; j <= J; ++j) piece_begin_.push_back(n_ * j / J);
+  int64_t shortest = n_;
+  for (int64_t j = 0; j < J; ++j) shortest = std::min(shortest, piece_begin_[size_t(j + 1)] - piece_begin_[size_t(j)]);
+  CTXPAR_CHECK(shortest >= d_.gdn_conv - 1, "GDN: pieces of " << shortest << " rows are shorter than the "
                                                                   << "convolution's halo of " << d_.gdn_conv - 1);
   C_ = d_.gdn_conv_width();
   const size_t n = size_t(n_), H = size_t(d_.gdn_H), qk = size_t(d_.gdn_qk_width()), v = size_t(d_.gdn_v_width());
@@ -104,13 +108,13 @@ std::vector<GdnParams> GdnMixer::pieces(const Batch& b, GdnActs& a, bool backwar
   std::vector<GdnParams> ps;
   const int64_t H = d_.gdn_H, Dk = d_.gdn_Dk, Dv = d_.gdn_Dv, K = d_.gdn_conv;
   for (size_t j = 0; j < mine_.size(); ++j) {
-    const int64_t r0 = int64_t(j) * piece_rows_, p0 = b.pos[size_t(r0)];
+    const int64_t r0 = piece_begin_[j], p0 = b.pos[size_t(r0)];
     halo_doc_[j].assign(size_t(K - 1), -1);
     for (int64_t i = 0; i < K - 1; ++i)
       if (p0 - (K - 1) + i >= 0) halo_doc_[j][size_t(i)] = doc_of(starts, p0 - (K - 1) + i);
     reset_[j] = p0 > 0 && doc_of(starts, p0 - 1) != doc_[size_t(r0)];
     GdnParams p;
-    p.T = piece_rows_;
+    p.T = piece_begin_[j + 1] - r0;
     p.H = int32_t(H), p.Dk = int32_t(Dk), p.Dv = int32_t(Dv), p.chunk = d_.gdn_chunk;
     p.q = a.q.data() + r0 * H * Dk, p.k = a.k.data() + r0 * H * Dk, p.v = a.v.data() + r0 * H * Dv;
     p.g = a.g.data() + r0 * H, p.beta = a.beta.data() + r0 * H;
@@ -136,8 +140,8 @@ void GdnMixer::conv_fwd(const LayerView& w, const Batch& b, GdnActs& a) {
   const int64_t col0[3] = {0, qk, 2 * qk}, width[3] = {qk, qk, d_.gdn_v_width()};
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < n_; ++r) {
-    const size_t j = size_t(r / piece_rows_);
-    const int64_t t = r - int64_t(j) * piece_rows_;
+    const size_t j = piece_of(r);
+    const int64_t t = r - piece_begin_[j];
     float* out = a.pre.data() + r * C;
     std::fill(out, out + C, 0.0f);
     for (int64_t i = 0; i < K; ++i) {
@@ -173,8 +177,8 @@ void GdnMixer::conv_bwd(const LayerView& w, LayerView& gw, const Batch& b, GdnAc
   for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
     const int64_t c1 = std::min(C, c0 + kBlock);
     for (int64_t r = 0; r < n_; ++r) {
-      const size_t j = size_t(r / piece_rows_);
-      const int64_t t = r - int64_t(j) * piece_rows_;
+      const size_t j = piece_of(r);
+      const int64_t t = r - piece_begin_[j];
       for (int64_t i = 0; i < K; ++i) {
         const int64_t src = t - (K - 1) + i;
         const int32_t doc = src >= 0 ? doc_[size_t(r - t + src)] : halo_doc_[j][size_t(K - 1 + src)];
@@ -190,80 +194,100 @@ void GdnMixer::conv_bwd(const LayerView& w, LayerView& gw, const Batch& b, GdnAc
     }
   }
   std::vector<float*> dtail;
-  for (size_t j = 0; j < mine_.size(); ++j) dtail.push_back(dproj_.data() + ((int64_t(j) + 1) * piece_rows_ - (K - 1)) * C);
+  for (size_t j = 0; j < mine_.size(); ++j) dtail.push_back(dproj_.data() + (piece_begin_[j + 1] - (K - 1)) * C);
   if (K > 1) chain_halo_bwd(comm_, chain_, dtail, K - 1, C, dhalo, nullptr);
 }
 
 void GdnMixer::forward(const LayerRun& r, const LayerView& w, const Batch& b, const float* x, GdnActs& a, float* x1) {
   const int64_t n = n_, dim = d_.dim, H = d_.gdn_H, Dk = d_.gdn_Dk, Dv = d_.gdn_Dv, K = d_.gdn_conv;
-  const int64_t qk = d_.gdn_qk_width(), vw = d_.gdn_v_width(), C = C_;
+  const int64_t C = C_;
   const int32_t layer = int32_t(r.layer);
   {
     Tracer::Scope sc(r.tr, Phase::norm, layer, -1, 0, 0);
     rmsnorm_fwd(x, w.attn_norm, a.h.data(), a.rstd.data(), n, dim, d_.norm_eps);
   }
-  const float* h = a.h.data();
-  layer_gemm(r, false, false, n, qk, dim, h, dim, w.wq, qk, 0, a.proj.data(), C);
-  layer_gemm(r, false, false, n, qk, dim, h, dim, w.wk, qk, 0, a.proj.data() + qk, C);
-  layer_gemm(r, false, false, n, vw, dim, h, dim, w.wv, vw, 0, a.proj.data() + 2 * qk, C);
-  layer_gemm(r, false, false, n, H, dim, h, dim, w.wa, H, 0, a.ab.data(), 2 * H);
-  layer_gemm(r, false, false, n, H, dim, h, dim, w.wb, H, 0, a.ab.data() + H, 2 * H);
-  layer_gemm(r, false, false, n, vw, dim, h, dim, w.wg, vw, 0, a.z.data(), vw);
+  gdn_in_proj(r, w, n, a.h.data(), a.proj.data(), a.ab.data(), a.z.data());
   const std::vector<GdnParams> ps = pieces(b, a, false);
   const double t0 = now_s();
   {
     Tracer::Scope sc(r.tr, Phase::shard, layer, -1, 0, double(mine_.size()) * double((K - 1) * C) * 4);
     std::vector<const float*> tail;
-    for (size_t j = 0; j < mine_.size(); ++j) tail.push_back(a.proj.data() + ((int64_t(j) + 1) * piece_rows_ - (K - 1)) * C);
+    for (size_t j = 0; j < mine_.size(); ++j) tail.push_back(a.proj.data() + (piece_begin_[j + 1] - (K - 1)) * C);
     if (K > 1) chain_halo_fwd(comm_, chain_, tail, K - 1, C, a.halo, &r.st);
     else a.halo.assign(mine_.size(), {});
   }
   {
     Tracer::Scope sc(r.tr, Phase::mlp, layer, -1, 0, 0);
     conv_fwd(w, b, a);
-    // silu; q, k normalised per head; the gates
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < n; ++t) {
-      const float* pr = a.pre.data() + t * C;
-      for (int m = 0; m < 2; ++m) {
-        float* dst = (m == 0 ? a.q.data() : a.k.data()) + t * qk;
-        float* inv = (m == 0 ? a.qinv.data() : a.kinv.data()) + t * H;
-        for (int64_t hh = 0; hh < H; ++hh) {
-          double ss = 0;
-          for (int64_t e = 0; e < Dk; ++e) {
-            const float s = silu(pr[m * qk + hh * Dk + e]);
-            dst[hh * Dk + e] = s;
-            ss += double(s) * s;
-          }
-          const float ri = 1.0f / std::sqrt(float(ss) + kL2Eps);
-          inv[hh] = ri;
-          for (int64_t e = 0; e < Dk; ++e) dst[hh * Dk + e] *= ri;
-        }
-      }
-      for (int64_t e = 0; e < vw; ++e) a.v[size_t(t * vw + e)] = silu(pr[2 * qk + e]);
-      for (int64_t hh = 0; hh < H; ++hh) {
-        a.beta[size_t(t * H + hh)] = sigmoid(a.ab[size_t(t * 2 * H + H + hh)]);
-        a.g[size_t(t * H + hh)] = -std::exp(w.a_log[hh]) * softplus(a.ab[size_t(t * 2 * H + hh)] + w.dt_bias[hh]);
-      }
-    }
+    gdn_activate(d_, w, n, a.pre.data(), a.ab.data(), a.q.data(), a.k.data(), a.v.data(), a.qinv.data(), a.kinv.data(),
+                 a.g.data(), a.beta.data());
   }
   {
     Tracer::Scope sc(r.tr, Phase::attn_fwd, layer, -1, gdn_fwd_flops(double(n), H, Dk, Dv, d_.gdn_chunk), 0);
     sched_->forward(comm_, chain_, ps, a.cp, &r.st);
   }
   r.times.attn_s += now_s() - t0;
-  {
-    Tracer::Scope sc(r.tr, Phase::norm, layer, -1, 0, 0);
-    rmsnorm_fwd(a.o.data(), w.o_norm, a.on.data(), a.orstd.data(), n * H, Dv, d_.norm_eps);
-  }
-  output(r, w, x, a, x1);
+  gdn_out(r, w, n, a.o.data(), a.z.data(), a.on.data(), a.orstd.data(), tmp_.data(), x, x1);
 }
 
 void GdnMixer::output(const LayerRun& r, const LayerView& w, const float* x, GdnActs& a, float* x1) {
-  const int64_t n = n_, dim = d_.dim, vw = d_.gdn_v_width();
-  float* y = tmp_.data();
+  gdn_out_proj(r, w, n_, a.on.data(), a.z.data(), tmp_.data(), x, x1);
+}
+
+void gdn_in_proj(const LayerRun& r, const LayerView& w, int64_t n, const float* h, float* proj, float* ab, float* z) {
+  const ModelDims& d = r.d;
+  const int64_t dim = d.dim, H = d.gdn_H, qk = d.gdn_qk_width(), vw = d.gdn_v_width(), C = d.gdn_conv_width();
+  layer_gemm(r, false, false, n, qk, dim, h, dim, w.wq, qk, 0, proj, C);
+  layer_gemm(r, false, false, n, qk, dim, h, dim, w.wk, qk, 0, proj + qk, C);
+  layer_gemm(r, false, false, n, vw, dim, h, dim, w.wv, vw, 0, proj + 2 * qk, C);
+  layer_gemm(r, false, false, n, H, dim, h, dim, w.wa, H, 0, ab, 2 * H);
+  layer_gemm(r, false, false, n, H, dim, h, dim, w.wb, H, 0, ab + H, 2 * H);
+  layer_gemm(r, false, false, n, vw, dim, h, dim, w.wg, vw, 0, z, vw);
+}
+
+void gdn_activate(const ModelDims& d, const LayerView& w, int64_t n, const float* pre, const float* ab, float* q,
+                  float* k, float* v, float* qinv, float* kinv, float* g, float* beta) {
+  const int64_t H = d.gdn_H, Dk = d.gdn_Dk, qk = d.gdn_qk_width(), vw = d.gdn_v_width(), C = d.gdn_conv_width();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n; ++t) {
+    const float* pr = pre + t * C;
+    for (int m = 0; m < 2; ++m) {
+      float* dst = (m == 0 ? q : k) + t * qk;
+      float* inv = (m == 0 ? qinv : kinv) + t * H;
+      for (int64_t hh = 0; hh < H; ++hh) {
+        double ss = 0;
+        for (int64_t e = 0; e < Dk; ++e) {
+          const float s = silu(pr[m * qk + hh * Dk + e]);
+          dst[hh * Dk + e] = s;
+          ss += double(s) * s;
+        }
+        const float ri = 1.0f / std::sqrt(float(ss) + kL2Eps);
+        inv[hh] = ri;
+        for (int64_t e = 0; e < Dk; ++e) dst[hh * Dk + e] *= ri;
+      }
+    }
+    for (int64_t e = 0; e < vw; ++e) v[t * vw + e] = silu(pr[2 * qk + e]);
+    for (int64_t hh = 0; hh < H; ++hh) {
+      beta[t * H + hh] = sigmoid(ab[t * 2 * H + H + hh]);
+      g[t * H + hh] = -std::exp(w.a_log[hh]) * softplus(ab[t * 2 * H + hh] + w.dt_bias[hh]);
+    }
+  }
+}
+
+void gdn_out(const LayerRun& r, const LayerView& w, int64_t n, const float* o, const float* z, float* on, float* orstd,
+             float* y, const float* x, float* x1) {
+  {
+    Tracer::Scope sc(r.tr, Phase::norm, int32_t(r.layer), -1, 0, 0);
+    rmsnorm_fwd(o, w.o_norm, on, orstd, n * r.d.gdn_H, r.d.gdn_Dv, r.d.norm_eps);
+  }
+  gdn_out_proj(r, w, n, on, z, y, x, x1);
+}
+
+void gdn_out_proj(const LayerRun& r, const LayerView& w, int64_t n, const float* on, const float* z, float* y,
+                  const float* x, float* x1) {
+  const int64_t dim = r.d.dim, vw = r.d.gdn_v_width();
 #pragma omp parallel for simd schedule(static)
-  for (int64_t e = 0; e < n * vw; ++e) y[e] = a.on[size_t(e)] * silu(a.z[size_t(e)]);
+  for (int64_t e = 0; e < n * vw; ++e) y[e] = on[e] * silu(z[e]);
   layer_gemm(r, false, false, n, dim, vw, y, vw, w.wo, dim, 0, x1, dim);
 #pragma omp parallel for simd schedule(static)
   for (int64_t e = 0; e < n * dim; ++e) x1[e] += x[e];

@@ -13,6 +13,7 @@
 // convolution takes the last conv-1 rows of the previous piece (chain_halo_*), the recurrence its
 // state (GdnCp: the `gdn_schedule`). tp = 1 (the mesh check refuses tp > 1 with GDN layers).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -39,6 +40,20 @@ struct GdnActs {
   std::vector<std::vector<float>> halo;  // per piece [conv-1, C]: the previous piece's last projections
   GdnCpContext cp;
 };
+
+// The layer's per-row steps, shared by training (GdnMixer) and inference (infer/gdn_infer.*):
+// h Wq | h Wk | h Wv into proj [n, C], h Wa | h Wb into ab [n, 2H], h Wg into z [n, H Dv].
+void gdn_in_proj(const LayerRun& r, const LayerView& w, int64_t n, const float* h, float* proj, float* ab, float* z);
+// From the convolution outputs pre [n, C] and ab: q, k (silu, then L2-normalised; their inverse
+// norms), v (silu), g and beta.
+void gdn_activate(const ModelDims& d, const LayerView& w, int64_t n, const float* pre, const float* ab, float* q,
+                  float* k, float* v, float* qinv, float* kinv, float* g, float* beta);
+// on = RMSNorm per head (o) * o_norm (orstd kept), then gdn_out_proj.
+void gdn_out(const LayerRun& r, const LayerView& w, int64_t n, const float* o, const float* z, float* on, float* orstd,
+             float* y, const float* x, float* x1);
+// y = on * silu(z) (scratch [n, H Dv]), x1 = x + y Wo.
+void gdn_out_proj(const LayerRun& r, const LayerView& w, int64_t n, const float* on, const float* z, float* y,
+                  const float* x, float* x1);
 
 class GdnMixer {
  public:
@@ -69,7 +84,11 @@ class GdnMixer {
   Comm& comm_;
   GdnChain chain_;
   std::unique_ptr<GdnCp> sched_;
-  int64_t n_, piece_rows_;
+  int64_t n_;
+  std::vector<int64_t> piece_begin_;  // this rank's pieces: rows [piece_begin_[j], piece_begin_[j+1])
+  size_t piece_of(int64_t row) const {
+    return size_t(std::upper_bound(piece_begin_.begin(), piece_begin_.end(), row) - piece_begin_.begin()) - 1;
+  }
   int64_t C_;
   std::vector<int> mine_;  // this rank's chain positions
   // scratch

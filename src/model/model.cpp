@@ -65,9 +65,6 @@ std::string validate_model_shape(const Config& c, int tp, bool kv_replication) {
     return "config: tensor parallel tp:" + s(tp) + " must divide ffn_dim = " + s(c.ffn_dim) +
            "; valid: an ffn_dim that is a multiple of " + s(tp);
   if (c.layer_pattern.find('D') != std::string::npos) {
-    if (kv_replication)
-      return "config: layer_pattern = '" + c.layer_pattern + "' has Gated DeltaNet layers (D), which the inference "
-             "modes do not serve yet (training does); valid: layer_pattern=G for prefill, decode and chat";
     if (tp > 1)
       return "config: layer_pattern = '" + c.layer_pattern + "' has Gated DeltaNet layers (D), which run without "
              "tensor parallelism so far; valid: tp:1 (context and data parallelism serve them)";

@@ -332,6 +332,10 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   const int tp = topo.size(Axis::tp);
   std::string err = validate_model_shape(cfg, tp, true);
   if (!err.empty()) return err;
+  if (cfg.mode == Mode::bench && cfg.layer_pattern.find('D') != std::string::npos)
+    return "config: layer_pattern = '" + cfg.layer_pattern + "': bench infer repeats its calls on a saved KV cache, " +
+           "which does not save the Gated DeltaNet layers' states yet; valid: layer_pattern=G (prefill, decode and " +
+           "chat serve D layers)";
   if (hardware_name(cfg, HardwareUse::live_choice) != "measured") {
     try {
       (void)load_hardware(cfg.hardware);
@@ -430,7 +434,7 @@ int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {
     // Every step on a fresh cache: the setup prefill of P tokens (traced, turn -1), then the
     // measured prefill of T tokens (turn = step).
     for (int64_t step = 0; step < cfg.warmup + cfg.steps && !s.stop(); ++step) {
-      s.engine().cache().clear();
+      s.engine().clear();
       if (sched.size() == 2) s.prefill(-1, sched[0], false);
       gen.push_back({s.prefill(step, sched.back(), true)});
     }

@@ -56,10 +56,12 @@ struct Heads {
 };
 const Heads kHeads[] = {{"mha", 4, 4}, {"gqa", 4, 2}};
 
-Config tiny_config(const Heads& h) {
+// pattern: layer_pattern (G attention, D Gated DeltaNet); schedule: gdn_schedule.
+Config tiny_config(const Heads& h, const std::string& pattern = "G", const std::string& schedule = "scan") {
   return parse_config("", "(test)",
                       {"layers=2", "dim=64", "ffn_dim=128", "vocab=97", "heads=" + std::to_string(h.H_q),
-                       "kv_heads=" + std::to_string(h.H_kv), "head_dim=16", "seed=7"});
+                       "kv_heads=" + std::to_string(h.H_kv), "head_dim=16", "seed=7", "layer_pattern=" + pattern,
+                       "gdn_schedule=" + schedule, "gdn_chunk=16"});
 }
 
 Topology& topology(const MeshSpec& m) {
@@ -84,7 +86,8 @@ struct Model {
   Config cfg;
   ParamLayout layout;
   Buffer<float> params;
-  explicit Model(const Heads& h) : cfg(tiny_config(h)), layout(model_dims(cfg, 1, 0)), params(size_t(layout.local_elems())) {
+  explicit Model(const Heads& h, const std::string& pattern = "G", const std::string& schedule = "scan")
+      : cfg(tiny_config(h, pattern, schedule)), layout(model_dims(cfg, 1, 0)), params(size_t(layout.local_elems())) {
     layout.init(uint64_t(cfg.seed), params.data());
   }
 };
@@ -143,6 +146,10 @@ struct ChatCase {
   DecodeAlgo decode;
   Heads heads;
   bool odd = false;  // prompt lengths no 2N divides (the partition pads)
+  // Hybrid models: Gated DeltaNet layers (their states and convolution tails carried from the
+  // prefill through the decode steps into the second prefill, on each sequence's home rank).
+  const char* pattern = "G";
+  const char* gdn_schedule = "scan";
 };
 
 class InferChat : public ::testing::TestWithParam<ChatCase> {};
@@ -150,7 +157,7 @@ class InferChat : public ::testing::TestWithParam<ChatCase> {};
 TEST_P(InferChat, EveryStepMatchesSingleRankRecompute) {
   const ChatCase& c = GetParam();
   const int N = world().size();
-  Model m(c.heads);
+  Model m(c.heads, c.pattern, c.gdn_schedule);
   const int64_t B = 3, V = m.cfg.vocab, T1 = c.odd ? 47 : 48, D1 = 33, T2 = c.odd ? 7 : 24, D2 = 8;
   const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, T1}, {PhaseKind::decode, D1},
                                             {PhaseKind::prefill, T2}, {PhaseKind::decode, D2}};
@@ -238,12 +245,20 @@ std::vector<ChatCase> chat_cases() {
     for (DecodeAlgo d : {DecodeAlgo::pass_q, DecodeAlgo::allgather})
       for (const Heads& h : kHeads) v.push_back({a, d, h});
   for (CpAlgo a : {CpAlgo::pass_kv, CpAlgo::pass_q}) v.push_back({a, DecodeAlgo::pass_q, kHeads[1], true});
+  // Hybrid: GDN then attention (DG), and GDN only (D) with the ring schedule; the odd lengths
+  // give pieces shorter than the convolution's halo at N = 4 (the second prompt: 7 tokens).
+  v.push_back({CpAlgo::pass_kv, DecodeAlgo::pass_q, kHeads[1], false, "DG", "scan"});
+  v.push_back({CpAlgo::pass_q, DecodeAlgo::allgather, kHeads[0], true, "DG", "scan"});
+  v.push_back({CpAlgo::pass_kv, DecodeAlgo::pass_q, kHeads[1], true, "D", "ring"});
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Infer, InferChat, ::testing::ValuesIn(chat_cases()),
                          [](const ::testing::TestParamInfo<ChatCase>& i) {
                            return std::string(algo_name(i.param.prefill)) + "_decode_" +
-                                  name_of(i.param.decode) + "_" + i.param.heads.name + (i.param.odd ? "_odd" : "");
+                                  name_of(i.param.decode) + "_" + i.param.heads.name + (i.param.odd ? "_odd" : "") +
+                                  (std::string(i.param.pattern) == "G"
+                                       ? ""
+                                       : std::string("_") + i.param.pattern + "_" + i.param.gdn_schedule);
                          });
 
 // ---- partial prefill at miss rates 1 %, 10 %, 50 %, 100 % ---------------------------------------
