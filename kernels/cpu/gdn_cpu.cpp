@@ -13,12 +13,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "cpu/tile_ops.hpp"
 #include "ops.hpp"
 
 namespace ctxpar {
@@ -168,6 +170,44 @@ GDN_CLONES void decay_row_bwd(int jn, float* d, const float* M, const float* e, 
   *dGi += acc;
 }
 
+// C = alpha op(A) op(B) + beta C for the chunk-sized products (alpha = +-1, beta = 0 or 1): the
+// attention tiles' micro-kernel (cpu/tile_ops.hpp, no packing) where N is a multiple of 16, else
+// sgemm. On one AVX-512 core, for 64..128 x 128 products, BLIS ran at 86-147 GFLOP/s and the
+// micro-kernel at 181-202 (packing dominates BLIS at these sizes). op(B) = B^T is transposed into
+// per-thread scratch first.
+void gemm_small(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (N % 16 != 0 || K == 0 || (alpha != 1.0f && alpha != -1.0f) || (beta != 0.0f && beta != 1.0f))
+    return sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  const cpu::TileOps& to = cpu::tile_ops();
+  thread_local std::vector<float> bt, ct;
+  const float* Bp = B;
+  int64_t b_rs = ldb;
+  if (tb) {
+    if (bt.size() < size_t(K * N)) bt.resize(size_t(K * N));
+    to.transpose(B, ldb, N, K, bt.data(), N);
+    Bp = bt.data();
+    b_rs = N;
+  }
+  const int64_t a_rs = ta ? 1 : lda, a_cs = ta ? lda : 1;
+  if (alpha == 1.0f) {
+    to.gemm(M, N, K, A, a_rs, a_cs, Bp, b_rs, 16, C, ldc, beta != 0.0f);
+    return;
+  }
+  if (ct.size() < size_t(M * N)) ct.resize(size_t(M * N));
+  to.gemm(M, N, K, A, a_rs, a_cs, Bp, b_rs, 16, ct.data(), N, false);
+  for (int64_t i = 0; i < M; ++i) {
+    float* c = C + i * ldc;
+    const float* t = ct.data() + i * N;
+    if (beta != 0.0f) {
+      for (int64_t j = 0; j < N; ++j) c[j] -= t[j];
+    } else {
+      for (int64_t j = 0; j < N; ++j) c[j] = -t[j];
+    }
+  }
+}
+
 // Row pointers of head h at token t.
 const float* row(const float* x, const GdnParams& p, int64_t t, int h, int D) { return x + (t * p.H + h) * int64_t(D); }
 float* row(float* x, const GdnParams& p, int64_t t, int h, int D) { return x + (t * p.H + h) * int64_t(D); }
@@ -197,8 +237,8 @@ void prepare(const GdnParams& p, int h, const Span& sp, Chunk& w, float* o) {
     w.bw[j] = p.beta[(t0 + j) * p.H + h] * w.w[j];
   }
   for (int j = 0; j < n; ++j) w.b[j] = p.beta[(t0 + j) * p.H + h];
-  sgemm(false, true, n, n, Dk, 1.0f, K, ldk, K, ldk, 0.0f, w.KK, n);
-  sgemm(false, true, n, n, Dk, 1.0f, Q, ldk, K, ldk, 0.0f, w.QK, n);
+  gemm_small(false, true, n, n, Dk, 1.0f, K, ldk, K, ldk, 0.0f, w.KK, n);
+  gemm_small(false, true, n, n, Dk, 1.0f, Q, ldk, K, ldk, 0.0f, w.QK, n);
   // D row by row: D_ij = D_(i-1)j a_i (one exp per token, products in double), which is
   // exp(G_i - G_j) up to the rounding of the products.
   for (int i = 0; i < n; ++i) {
@@ -215,10 +255,10 @@ void prepare(const GdnParams& p, int h, const Span& sp, Chunk& w, float* o) {
     scale_copy(w.Rk + int64_t(i) * Dk, K + i * ldk, w.gam[i], Dk);
     scale_copy(w.E + int64_t(i) * Dk, Q + i * ldk, sc * w.gam[i], Dk);
   }
-  sgemm(false, false, n, Dv, n, 1.0f, w.Tinv, n, V, ldv, 0.0f, w.Uv, Dv);
-  sgemm(false, false, n, Dk, n, 1.0f, w.Tinv, n, w.Rk, Dk, 0.0f, w.Wk, Dk);
-  sgemm(false, false, n, Dk, n, -1.0f, w.Pb, n, w.Wk, Dk, 1.0f, w.E, Dk);
-  if (o) sgemm(false, false, n, Dv, n, 1.0f, w.Pb, n, w.Uv, Dv, 0.0f, row(o, p, t0, h, Dv), ldv);
+  gemm_small(false, false, n, Dv, n, 1.0f, w.Tinv, n, V, ldv, 0.0f, w.Uv, Dv);
+  gemm_small(false, false, n, Dk, n, 1.0f, w.Tinv, n, w.Rk, Dk, 0.0f, w.Wk, Dk);
+  gemm_small(false, false, n, Dk, n, -1.0f, w.Pb, n, w.Wk, Dk, 1.0f, w.E, Dk);
+  if (o) gemm_small(false, false, n, Dv, n, 1.0f, w.Pb, n, w.Uv, Dv, 0.0f, row(o, p, t0, h, Dv), ldv);
 }
 
 // The state pass of one chunk: o (if given) += E S^T; S <- gamma_last S + (diag(bw) (Uv - Wk S^T))^T K.
@@ -228,12 +268,12 @@ void finish(const GdnParams& p, int h, int64_t t0, int n, const float* Uv, const
             const float* bw, float gam_last, float* S, int m, float* U, float* o) {
   const int Dk = p.Dk, Dv = p.Dv;
   const int64_t ldk = int64_t(p.H) * Dk, ldv = int64_t(p.H) * Dv;
-  if (o) sgemm(false, true, n, Dv, Dk, 1.0f, E, Dk, S, Dk, 1.0f, row(o, p, t0, h, Dv), ldv);
+  if (o) gemm_small(false, true, n, Dv, Dk, 1.0f, E, Dk, S, Dk, 1.0f, row(o, p, t0, h, Dv), ldv);
   if (Uv) std::memcpy(U, Uv, sizeof(float) * n * m);
-  sgemm(false, true, n, m, Dk, -1.0f, Wk, Dk, S, Dk, Uv ? 1.0f : 0.0f, U, m);
+  gemm_small(false, true, n, m, Dk, -1.0f, Wk, Dk, S, Dk, Uv ? 1.0f : 0.0f, U, m);
   for (int i = 0; i < n; ++i) scale_inplace(U + int64_t(i) * m, bw[i], m);
   scale_inplace(S, gam_last, int64_t(m) * Dk);
-  sgemm(true, false, m, Dk, n, 1.0f, U, m, row(p.k, p, t0, h, Dk), ldk, 1.0f, S, Dk);
+  gemm_small(true, false, m, Dk, n, 1.0f, U, m, row(p.k, p, t0, h, Dk), ldk, 1.0f, S, Dk);
 }
 
 void load_state(const GdnParams& p, int h, const float* s, float* S) {
@@ -356,10 +396,15 @@ void gdn_bwd(const GdnParams& p) {
 #pragma omp parallel num_threads(gdn_threads())
   {
     // One head at a time per thread: every chunk's prepared state kept from the forward pass.
-    std::vector<Chunk> chunks;
-    chunks.reserve(size_t(nc));
-    for (int64_t c = 0; c < nc; ++c) chunks.emplace_back(p);
-    std::vector<float> states(nc * SS), S(SS), U(C * Dv), dS(SS), dS0(SS);
+    // Kept per thread across calls (grow-only, for one shape at a time): a training step calls
+    // the backward once per GDN layer, and fresh pages cost more than the chunks' work at long T.
+    thread_local std::vector<Chunk> chunks;
+    thread_local std::vector<float> states;
+    thread_local std::array<int64_t, 3> shape{-1, -1, -1};
+    if (shape != std::array<int64_t, 3>{C, Dk, Dv}) chunks.clear(), shape = {C, Dk, Dv};
+    while (int64_t(chunks.size()) < nc) chunks.emplace_back(p);
+    if (int64_t(states.size()) < nc * SS) states.resize(size_t(nc * SS));
+    std::vector<float> S(SS), U(C * Dv), dS(SS), dS0(SS);
     std::vector<float> Ub(C * Dv), dUb(C * Dv), dU(C * Dv), dWk(C * Dk), dE(C * Dk), dPb(C * C), dA(C * C),
         dKK(C * C), dQl(C * Dk), dKl(C * Dk), dRv(C * Dv), dRk(C * Dk);
     std::vector<double> dG(C), dgam(C), dbeta(C);
@@ -388,11 +433,11 @@ void gdn_bwd(const GdnParams& p) {
         std::fill(dbeta.begin(), dbeta.end(), 0.0);
         // U = Uv - Wk S0^T, Ub = diag(bw) U
         std::memcpy(U.data(), w.Uv, sizeof(float) * n * Dv);
-        sgemm(false, true, n, Dv, Dk, -1.0f, w.Wk, Dk, S0, Dk, 1.0f, U.data(), Dv);
+        gemm_small(false, true, n, Dv, Dk, -1.0f, w.Wk, Dk, S0, Dk, 1.0f, U.data(), Dv);
         for (int i = 0; i < n; ++i) scale_copy(Ub.data() + int64_t(i) * Dv, U.data() + int64_t(i) * Dv, w.bw[i], Dv);
         // (state update) S' = gam_last S0 + Ub^T K
-        sgemm(false, true, n, Dv, Dk, 1.0f, K, ldk, dS.data(), Dk, 0.0f, dUb.data(), Dv);
-        sgemm(false, false, n, Dk, Dv, 1.0f, Ub.data(), Dv, dS.data(), Dk, 0.0f, dKl.data(), Dk);
+        gemm_small(false, true, n, Dv, Dk, 1.0f, K, ldk, dS.data(), Dk, 0.0f, dUb.data(), Dv);
+        gemm_small(false, false, n, Dk, Dv, 1.0f, Ub.data(), Dv, dS.data(), Dk, 0.0f, dKl.data(), Dk);
         const double dgam_last = dot(dS.data(), S0, SS);
         scale_copy(dS0.data(), dS.data(), w.gam_last, SS);
         for (int j = 0; j < n; ++j) {
@@ -403,21 +448,21 @@ void gdn_bwd(const GdnParams& p) {
           scale_copy(dU.data() + int64_t(j) * Dv, dUb.data() + int64_t(j) * Dv, w.bw[j], Dv);
         }
         // (U = Uv - Wk S0^T): dUv = dU (kept in dU), dWk = -dU S0, dS0 -= dU^T Wk
-        sgemm(false, false, n, Dk, Dv, -1.0f, dU.data(), Dv, S0, Dk, 0.0f, dWk.data(), Dk);
-        sgemm(true, false, Dv, Dk, n, -1.0f, dU.data(), Dv, w.Wk, Dk, 1.0f, dS0.data(), Dk);
+        gemm_small(false, false, n, Dk, Dv, -1.0f, dU.data(), Dv, S0, Dk, 0.0f, dWk.data(), Dk);
+        gemm_small(true, false, Dv, Dk, n, -1.0f, dU.data(), Dv, w.Wk, Dk, 1.0f, dS0.data(), Dk);
         // (O = Pb Uv + E S0^T); d_o == nullptr: o's gradient is zero (a schedule's correction pass)
         if (dO) {
-          sgemm(false, true, n, n, Dv, 1.0f, dO, ldv, w.Uv, Dv, 0.0f, dPb.data(), n);
-          sgemm(true, false, n, Dv, n, 1.0f, w.Pb, n, dO, ldv, 1.0f, dU.data(), Dv);
-          sgemm(false, false, n, Dk, Dv, 1.0f, dO, ldv, S0, Dk, 0.0f, dE.data(), Dk);
-          sgemm(true, false, Dv, Dk, n, 1.0f, dO, ldv, w.E, Dk, 1.0f, dS0.data(), Dk);
+          gemm_small(false, true, n, n, Dv, 1.0f, dO, ldv, w.Uv, Dv, 0.0f, dPb.data(), n);
+          gemm_small(true, false, n, Dv, n, 1.0f, w.Pb, n, dO, ldv, 1.0f, dU.data(), Dv);
+          gemm_small(false, false, n, Dk, Dv, 1.0f, dO, ldv, S0, Dk, 0.0f, dE.data(), Dk);
+          gemm_small(true, false, Dv, Dk, n, 1.0f, dO, ldv, w.E, Dk, 1.0f, dS0.data(), Dk);
           // (E = sc diag(gam) Q - Pb Wk)
           for (int i = 0; i < n; ++i) {
             dgam[i] += sc * dot(Q + i * ldk, dE.data() + int64_t(i) * Dk, Dk);
             scale_copy(dQl.data() + int64_t(i) * Dk, dE.data() + int64_t(i) * Dk, sc * w.gam[i], Dk);
           }
-          sgemm(false, true, n, n, Dk, -1.0f, dE.data(), Dk, w.Wk, Dk, 1.0f, dPb.data(), n);
-          sgemm(true, false, n, Dk, n, -1.0f, w.Pb, n, dE.data(), Dk, 1.0f, dWk.data(), Dk);
+          gemm_small(false, true, n, n, Dk, -1.0f, dE.data(), Dk, w.Wk, Dk, 1.0f, dPb.data(), n);
+          gemm_small(true, false, n, Dk, n, -1.0f, w.Pb, n, dE.data(), Dk, 1.0f, dWk.data(), Dk);
           // (Pb_ij = sc e_ij b_j QK_ij, j <= i): dQK overwrites dPb
           for (int i = 0; i < n; ++i) {
             float* d = dPb.data() + int64_t(i) * n;
@@ -425,17 +470,17 @@ void gdn_bwd(const GdnParams& p) {
                           &dG[i], dG.data(), dbeta.data());
             std::fill(d + i + 1, d + n, 0.0f);
           }
-          sgemm(false, false, n, Dk, n, 1.0f, dPb.data(), n, K, ldk, 1.0f, dQl.data(), Dk);
-          sgemm(true, false, n, Dk, n, 1.0f, dPb.data(), n, Q, ldk, 1.0f, dKl.data(), Dk);
+          gemm_small(false, false, n, Dk, n, 1.0f, dPb.data(), n, K, ldk, 1.0f, dQl.data(), Dk);
+          gemm_small(true, false, n, Dk, n, 1.0f, dPb.data(), n, Q, ldk, 1.0f, dKl.data(), Dk);
         } else {
           std::fill(dQl.begin(), dQl.end(), 0.0f);
         }
         // ([Uv | Wk] = Tinv [V | diag(gam) K]): the right-hand side's gradient Tinv^T [dUv | dWk]
-        sgemm(true, false, n, Dv, n, 1.0f, w.Tinv, n, dU.data(), Dv, 0.0f, dRv.data(), Dv);
-        sgemm(true, false, n, Dk, n, 1.0f, w.Tinv, n, dWk.data(), Dk, 0.0f, dRk.data(), Dk);
+        gemm_small(true, false, n, Dv, n, 1.0f, w.Tinv, n, dU.data(), Dv, 0.0f, dRv.data(), Dv);
+        gemm_small(true, false, n, Dk, n, 1.0f, w.Tinv, n, dWk.data(), Dk, 0.0f, dRk.data(), Dk);
         // dA = -(dRhs X^T) (its strict lower part is used)
-        sgemm(false, true, n, n, Dv, -1.0f, dRv.data(), Dv, w.Uv, Dv, 0.0f, dA.data(), n);
-        sgemm(false, true, n, n, Dk, -1.0f, dRk.data(), Dk, w.Wk, Dk, 1.0f, dA.data(), n);
+        gemm_small(false, true, n, n, Dv, -1.0f, dRv.data(), Dv, w.Uv, Dv, 0.0f, dA.data(), n);
+        gemm_small(false, true, n, n, Dk, -1.0f, dRk.data(), Dk, w.Wk, Dk, 1.0f, dA.data(), n);
         for (int i = 0; i < n; ++i) {
           std::memcpy(row(p.dv, p, t0 + i, h, Dv), dRv.data() + int64_t(i) * Dv, sizeof(float) * Dv);
           dgam[i] += dot(K + i * ldk, dRk.data() + int64_t(i) * Dk, Dk);
@@ -449,8 +494,8 @@ void gdn_bwd(const GdnParams& p) {
                         dG.data(), dbeta.data());
           std::fill(d + i, d + n, 0.0f);
         }
-        sgemm(false, false, n, Dk, n, 1.0f, dKK.data(), n, K, ldk, 1.0f, dKl.data(), Dk);
-        sgemm(true, false, n, Dk, n, 1.0f, dKK.data(), n, K, ldk, 1.0f, dKl.data(), Dk);
+        gemm_small(false, false, n, Dk, n, 1.0f, dKK.data(), n, K, ldk, 1.0f, dKl.data(), Dk);
+        gemm_small(true, false, n, Dk, n, 1.0f, dKK.data(), n, K, ldk, 1.0f, dKl.data(), Dk);
         // gamma = exp(G); G = cumsum(g) within the chunk
         for (int i = 0; i < n; ++i) dG[i] += w.gam[i] * dgam[i];
         dG[n - 1] += w.gam_last * dgam_last;

@@ -34,8 +34,11 @@ class GdnRing final : public GdnCp {
         in[j] = comm.send_recv_async(std::span<const float>(), Comm::kNone, std::span<float>(ctx.s_start[j]),
                                      chain.owner[size_t(q - 1)], kTagFwd + q);
     }
+    // Pieces that wait for a state prepare first; the chain's head (its state is at hand) runs
+    // in one call below, without the workspace.
     std::vector<std::vector<float>> ws(J);
     for (size_t j = 0; j < J; ++j) {
+      if (mine[j] == 0) continue;
       GdnParams p = pieces[j];
       p.s0 = nullptr;
       p.s_out = nullptr;
@@ -57,7 +60,11 @@ class GdnRing final : public GdnCp {
       GdnParams p = pieces[j];
       p.s0 = ctx.s_start[j].data();
       p.s_out = s_end.data();
-      gdn_fwd_finish(p, ws[j].data());
+      if (q == 0) {
+        gdn_fwd(p);
+      } else {
+        gdn_fwd_finish(p, ws[j].data());
+      }
       if (q + 1 == Q) {
         if (pieces[j].s_out) std::copy(s_end.begin(), s_end.end(), pieces[j].s_out);
       } else if (chain.owner[size_t(q + 1)] != r) {

@@ -124,9 +124,13 @@ class GdnScan final : public GdnCp {
       p.s0 = q == 0 ? pieces[j].s0 : nullptr;
       maps[j].B.assign(static_cast<size_t>(SS), 0.0f);
       p.s_out = maps[j].B.data();
+      if (q == 0) {  // the chain's head: its start is known, nothing to correct later
+        gdn_fwd(p);
+        continue;
+      }
       ws[j].resize(size_t(gdn_workspace_floats(p)));
       gdn_fwd_prepare(p, ws[j].data());
-      gdn_fwd_finish(p, ws[j].data());  // o and the end state from the piece's own start (zero for q > 0)
+      gdn_fwd_finish(p, ws[j].data());  // o and the end state from a zero start
       if (q >= 1 && q + 1 < Q) {
         identity_maps(maps[j].T, p);
         gdn_state_apply(p, ws[j].data(), maps[j].T.data(), p.Dk, false);

@@ -30,7 +30,7 @@ struct ModelDims {
   // Hybrid models: one letter per layer, 'G' full attention, 'D' Gated DeltaNet (model/gdn_layer.hpp);
   // empty = every layer attention.
   std::string kinds;
-  int32_t gdn_H = 0, gdn_Dk = 0, gdn_Dv = 0, gdn_conv = 4, gdn_chunk = 64;
+  int32_t gdn_H = 0, gdn_Dk = 0, gdn_Dv = 0, gdn_conv = 4, gdn_chunk = 128;
   std::string gdn_schedule = "scan";  // under CP: scan or ring (src/cp/gdn_cp.hpp)
   bool is_gdn(int64_t l) const { return !kinds.empty() && kinds[size_t(l)] == 'D'; }
   bool has_gdn() const { return kinds.find('D') != std::string::npos; }
