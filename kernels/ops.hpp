@@ -139,6 +139,9 @@ struct GdnParams {
   int32_t H = 0, Dk = 0, Dv = 0;
   int32_t chunk = 64;
   float scale = 0;  // 0: 1 / sqrt(Dk)
+  // Only heads [head_begin, head_end) are computed (head_end 0: H); tensors keep their full
+  // layout and the others are left as they are (a schedule that pipelines heads across ranks).
+  int32_t head_begin = 0, head_end = 0;
   const float* q = nullptr;     // [T, H, Dk]
   const float* k = nullptr;     // [T, H, Dk]
   const float* v = nullptr;     // [T, H, Dv]

@@ -36,11 +36,17 @@ void check(const GdnParams& p, bool backward) {
     bad("H, Dk, Dv = " + std::to_string(p.H) + ", " + std::to_string(p.Dk) + ", " + std::to_string(p.Dv) +
         " (each must be >= 1)");
   if (p.chunk < 1) bad("chunk = " + std::to_string(p.chunk) + " (must be >= 1)");
+  if (p.head_begin < 0 || (p.head_end != 0 && (p.head_end <= p.head_begin || p.head_end > p.H)))
+    bad("heads [" + std::to_string(p.head_begin) + ", " + std::to_string(p.head_end) + ") of H = " + std::to_string(p.H) +
+        " (0 <= head_begin < head_end <= H; head_end 0 = H)");
   if (p.T > 0 && (!p.q || !p.k || !p.v || !p.g || !p.beta)) bad("q, k, v, g and beta are required");
   if (!backward && p.T > 0 && !p.o) bad("o is required");
   if (backward && p.T > 0 && (!p.dq || !p.dk || !p.dv || !p.dg || !p.dbeta))
     bad("the backward needs dq, dk, dv, dg and dbeta");
 }
+
+int head_begin(const GdnParams& p) { return p.head_begin; }
+int head_end(const GdnParams& p) { return p.head_end > 0 ? p.head_end : p.H; }
 
 float scale_of(const GdnParams& p) { return p.scale != 0 ? p.scale : 1.0f / std::sqrt(float(p.Dk)); }
 
@@ -295,16 +301,17 @@ void gdn_fwd_prepare(const GdnParams& p, float* ws) {
   check(p, false);
   const std::vector<Span> spans = chunk_table(p);
   const int64_t nc = int64_t(spans.size()), per = chunk_ws_floats(p);
-  const int64_t jobs = int64_t(p.H) * nc;
+  const int h0 = head_begin(p);
+  const int64_t jobs = int64_t(head_end(p) - h0) * nc;
 #pragma omp parallel num_threads(gdn_threads())
   {
     Chunk w(p);
 #pragma omp for schedule(static)
     for (int64_t job = 0; job < jobs; ++job) {
-      const int h = int(job / nc);
+      const int h = h0 + int(job / nc);
       const int64_t c = job % nc;
       prepare(p, h, spans[size_t(c)], w, p.o);
-      float* x = ws + job * per;
+      float* x = ws + (h * nc + c) * per;
       const int64_t C = p.chunk;
       std::memcpy(x, w.Uv, sizeof(float) * w.n * p.Dv);
       std::memcpy(x + C * p.Dv, w.Wk, sizeof(float) * w.n * p.Dk);
@@ -324,7 +331,7 @@ void gdn_fwd_finish(const GdnParams& p, const float* ws) {
   {
     std::vector<float> S(SS), U(C * p.Dv);
 #pragma omp for schedule(static)
-    for (int h = 0; h < p.H; ++h) {
+    for (int h = head_begin(p); h < head_end(p); ++h) {
       load_state(p, h, p.s0, S.data());
       for (int64_t c = 0; c < nc; ++c) {
         const float* x = ws + (h * nc + c) * per;
@@ -349,7 +356,7 @@ void gdn_state_apply(const GdnParams& p, const float* ws, float* X, int32_t m, b
   {
     std::vector<float> U(C * m);
 #pragma omp for schedule(static)
-    for (int h = 0; h < p.H; ++h) {
+    for (int h = head_begin(p); h < head_end(p); ++h) {
       float* Xh = X + int64_t(h) * m * p.Dk;
       for (int64_t c = 0; c < nc; ++c) {
         const float* x = ws + (h * nc + c) * per;
@@ -374,7 +381,7 @@ void gdn_fwd(const GdnParams& p) {
     Chunk w(p);
     std::vector<float> S(SS), U(int64_t(p.chunk) * p.Dv);
 #pragma omp for schedule(static)
-    for (int h = 0; h < p.H; ++h) {
+    for (int h = head_begin(p); h < head_end(p); ++h) {
       load_state(p, h, p.s0, S.data());
       for (const Span& sp : spans) {
         if (sp.reset) std::fill(S.begin(), S.end(), 0.0f);
@@ -409,7 +416,7 @@ void gdn_bwd(const GdnParams& p) {
         dKK(C * C), dQl(C * Dk), dKl(C * Dk), dRv(C * Dv), dRk(C * Dk);
     std::vector<double> dG(C), dgam(C), dbeta(C);
 #pragma omp for schedule(static)
-    for (int h = 0; h < p.H; ++h) {
+    for (int h = head_begin(p); h < head_end(p); ++h) {
       // Forward: every chunk prepared, and the state at its start.
       load_state(p, h, p.s0, S.data());
       for (int64_t c = 0; c < nc; ++c) {

@@ -4,8 +4,9 @@
 // forward, and its gradient, backward. A linear-time layer costs the same per token wherever the
 // token sits, so zigzag brings it no balance; it serves the attention layers of a hybrid model and
 // costs the GDN layers a chain twice as long. Two schedules, one file each:
-//   ring (gdn_ring.cpp): the state travels piece to piece along the chain, Q - 1 sequential hops;
-//     each rank does the state-independent work of its pieces (gdn_fwd_prepare) while it waits.
+//   ring (gdn_ring.cpp): the state travels piece to piece along the chain, one group of heads at
+//     a time, so the pieces work as a pipeline ((J G + Q - 1) group steps for G groups and J
+//     pieces per rank, against J G alone).
 //   scan (gdn_scan.cpp): every piece runs from a zero state and, where needed, forms its
 //     transition S -> S T + B (T [Dk, Dk] per head); an exclusive scan of these affine maps along
 //     the chain (ceil(log2 Q) exchange rounds) gives each piece its true start state, and a

@@ -31,7 +31,7 @@ struct ModelDims {
   // empty = every layer attention.
   std::string kinds;
   int32_t gdn_H = 0, gdn_Dk = 0, gdn_Dv = 0, gdn_conv = 4, gdn_chunk = 128;
-  std::string gdn_schedule = "scan";  // under CP: scan or ring (src/cp/gdn_cp.hpp)
+  std::string gdn_schedule = "ring";  // under CP: ring or scan (src/cp/gdn_cp.hpp)
   bool is_gdn(int64_t l) const { return !kinds.empty() && kinds[size_t(l)] == 'D'; }
   bool has_gdn() const { return kinds.find('D') != std::string::npos; }
   int64_t gdn_layers() const;

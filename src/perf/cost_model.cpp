@@ -305,8 +305,9 @@ void finish(StrategyPrediction& r, const Ctx& c) {
 //   scan: every rank runs its pieces from a zero state, ranks past the first add the transition
 //     (4 Dk^2 FLOPs per token and head) and the correction (6 Dk Dv forward, ~0.75 of a backward);
 //     ceil(log2 Q) exchange rounds of H Dk (Dk + Dv) fp32 values each way (latency exposed);
-//   ring: the state-independent part in parallel, the state pass (share phi of the forward) and
-//     the whole backward one piece after another along the chain, Q - 1 hops each way.
+//   ring: the pieces pass the state on one group of heads at a time, a pipeline: with J pieces
+//     per rank and G groups (priced as one head per group: G = H per tp rank) the chain takes
+//     (J G + Q - 1) group steps of a piece's work / G, forward and backward alike; Q - 1 hops.
 // Both: the convolution's halo, (conv - 1) rows of the q|k|v projections, each way, exposed.
 struct GdnLayerCost {
   double time_s = 0, comm_s = 0, exposed_s = 0;
@@ -332,11 +333,11 @@ GdnLayerCost gdn_layer_cost(const Ctx& c, double tokens) {
   const double halo = p2p_s(c.hw, N, k, double(m.gdn_conv - 1) * double(2 * m.gdn_H * m.gdn_Dk + m.gdn_H * m.gdn_Dv) /
                                             double(tp) * c.p.e);
   if (m.gdn_schedule == "ring") {
-    const double phi = 6 * Dk * Dv / (C * (7 * Dk + 3 * Dv) + 6 * Dk * Dv);
-    const double hop = p2p_s(c.hw, N, k, state_bytes);
-    const double fwd = fw * (1 - phi) + double(N) * fw * phi + double(Q - 1) * hop;
-    const double bwd = double(N) * bw + double(Q - 1) * hop;
-    g.comm_s = 2 * double(Q - 1) * hop / double(N) + 2 * halo;
+    const double J = double(Q) / double(N), Gs = std::max(1.0, H);
+    const double fill = (J * Gs + double(Q - 1)) / (J * Gs);  // pipeline fill over the chain
+    const double hop = p2p_s(c.hw, N, k, state_bytes / Gs);
+    const double fwd = fw * fill + double(Q - 1) * hop, bwd = bw * fill + double(Q - 1) * hop;
+    g.comm_s = 2 * double(Q - 1) * Gs * hop / double(N) + 2 * halo;
     g.exposed_s = (fwd - fw) + (bwd - bw) + 2 * halo;
     g.time_s = fwd + bwd + conv + 2 * halo;
   } else {

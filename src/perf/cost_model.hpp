@@ -45,7 +45,7 @@ struct ModelShape {
   // Hybrid models: one letter per layer, 'G' attention, 'D' Gated DeltaNet (empty: all attention).
   std::string kinds;
   int64_t gdn_H = 0, gdn_Dk = 0, gdn_Dv = 0, gdn_conv = 4, gdn_chunk = 64;
-  std::string gdn_schedule = "scan";
+  std::string gdn_schedule = "ring";
   int64_t gdn_layers() const;
   int64_t attn_layers() const { return layers - gdn_layers(); }
   // Parameters of one decoder layer (attention projections, SwiGLU FFN, two norms).

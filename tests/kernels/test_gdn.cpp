@@ -116,6 +116,42 @@ TEST(Gdn, PrepareThenFinishEqualsForwardBitwise) {
   }
 }
 
+// Heads computed in ranges (what the ring schedule pipelines) equal one call, bit for bit, and
+// leave the other heads untouched.
+TEST(Gdn, HeadRangesEqualOneCallBitwise) {
+  const GdnShape s{70, 5, 16, 8, 16, true, -0.4f, 3};
+  const GdnProblem pr(s, 29);
+  const auto whole = run_fast(pr);
+  RefOut<float> parts;
+  const int64_t SS = int64_t(s.H) * s.Dv * s.Dk;
+  parts.o.assign(pr.v.size(), -1), parts.s_out.assign(SS, -1), parts.dq.assign(pr.q.size(), -1);
+  parts.dk.assign(pr.k.size(), -1), parts.dv.assign(pr.v.size(), -1), parts.dg.assign(pr.g.size(), -1);
+  parts.dbeta.assign(pr.beta.size(), -1), parts.ds0.assign(SS, -1);
+  for (auto [h0, h1] : {std::pair{0, 2}, std::pair{2, 3}, std::pair{3, 5}}) {
+    GdnParams p = pr.params();
+    p.head_begin = h0, p.head_end = h1;
+    p.o = parts.o.data(), p.s_out = parts.s_out.data();
+    gdn_fwd(p);
+    p.d_o = pr.d_o.data(), p.ds_out = pr.ds_out.data();
+    p.dq = parts.dq.data(), p.dk = parts.dk.data(), p.dv = parts.dv.data(), p.dg = parts.dg.data();
+    p.dbeta = parts.dbeta.data(), p.ds0 = parts.ds0.data();
+    gdn_bwd(p);
+  }
+  EXPECT_EQ(parts.o, whole.o);
+  EXPECT_EQ(parts.s_out, whole.s_out);
+  EXPECT_EQ(parts.dq, whole.dq);
+  EXPECT_EQ(parts.dk, whole.dk);
+  EXPECT_EQ(parts.dv, whole.dv);
+  EXPECT_EQ(parts.dg, whole.dg);
+  EXPECT_EQ(parts.dbeta, whole.dbeta);
+  EXPECT_EQ(parts.ds0, whole.ds0);
+  GdnParams bad = pr.params();
+  std::vector<float> o(pr.v.size());
+  bad.o = o.data();
+  bad.head_begin = 3, bad.head_end = 2;
+  EXPECT_THROW(gdn_fwd(bad), std::invalid_argument);
+}
+
 TEST(Gdn, ThreadCountChangesNoBit) {
   const GdnProblem pr({200, 3, 32, 16, 32, true}, 17);
   omp_set_num_threads(1);
