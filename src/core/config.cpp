@@ -132,6 +132,10 @@ const std::vector<Field>& config_fields() {
        [](const Config& c) -> std::string {
          return c.gdn_schedule == "scan" || c.gdn_schedule == "ring" ? "" : "scan or ring";
        }},
+      {"gdn_state", &Config::gdn_state, "owner", "infer: where a sequence's Gated DeltaNet states live: owner (its decode rank; the measured default) or replicated (every CP rank, each decode step applied everywhere)", {}, 0, -1,
+       [](const Config& c) -> std::string {
+         return c.gdn_state == "owner" || c.gdn_state == "replicated" ? "" : "owner or replicated";
+       }},
       {"lr", &Config::lr, "3e-4", "train: AdamW learning rate (constant)", {}, 0, 10},
       {"weight_decay", &Config::weight_decay, "0.1", "train: AdamW decoupled weight decay (matrices only)", {}, 0, 10},
       {"beta1", &Config::beta1, "0.9", "train: AdamW beta1", {}, 0, 0.999999},

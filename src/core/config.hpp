@@ -66,6 +66,7 @@ struct Config {
   int64_t gdn_conv;          // GDN short causal convolution taps
   int64_t gdn_chunk;         // GDN chunk length of the chunked (WY) form
   std::string gdn_schedule;  // GDN under CP: "scan" or "ring"
+  std::string gdn_state;     // inference: a sequence's GDN state on its "owner" rank, or "replicated" on every CP rank
   double lr;
   double weight_decay;
   double beta1;

@@ -79,7 +79,8 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
   const bool continues = cached > 0;
   std::vector<float>& S_home = state(b, gl);
   std::vector<float>& tail_home = tail(b, gl);
-  if (rank == home_rank && continues) {
+  const bool holds = rank == home_rank || d_.gdn_replicated;  // this rank keeps the sequence's context
+  if (holds && continues) {
     CTXPAR_CHECK(int64_t(S_home.size()) == SS && int64_t(tail_home.size()) == R * C,
                  "GDN prefill: sequence " << b << " continues without a stored state");
   }
@@ -154,7 +155,7 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
   // The stored state to the chain's head (rank 0, position 0); the state after the last real
   // token from the chain's end (rank 0, position 2N-1) home.
   std::vector<float> s0(static_cast<size_t>(SS), 0.0f), s_end(static_cast<size_t>(SS), 0.0f);
-  if (continues && home_rank != 0) {
+  if (continues && home_rank != 0 && !d_.gdn_replicated) {
     if (rank == home_rank || rank == 0) {
       Request rq = cp_.send_recv_async(std::span<const float>(rank == home_rank ? S_home.data() : nullptr,
                                                               rank == home_rank ? size_t(SS) : 0),
@@ -184,7 +185,10 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
     Tracer::Scope sc(r.tr, Phase::attn_fwd, layer, -1, gdn_fwd_flops(double(n), H, Dk, Dv, d_.gdn_chunk), 0);
     sched_->forward(cp_, chain, pieces, ctx, &r.st);
   }
-  if (home_rank != 0) {
+  if (d_.gdn_replicated) {  // the state after the prompt to every rank
+    cp_.broadcast(std::span<float>(s_end), 0);
+    S_home = s_end;
+  } else if (home_rank != 0) {
     if (rank == home_rank || rank == 0) {
       if (rank == home_rank) S_home.resize(size_t(SS));
       Request rq = cp_.send_recv_async(std::span<const float>(rank == 0 ? s_end.data() : nullptr, rank == 0 ? size_t(SS) : 0),
@@ -197,7 +201,7 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
   } else if (rank == 0) {
     S_home = s_end;
   }
-  if (rank == home_rank) {  // the tail after the last real token
+  if (holds) {  // the tail after the last real token
     tail_home.assign(size_t(R * C), 0.0f);
     if (R > 0) rows_before(2 * N, tail_home.data());
   }
@@ -206,9 +210,9 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
 
 void GdnInfer::decode(const LayerRun& r, const LayerView& w, int64_t gl, const std::vector<int64_t>& seqs, int64_t n,
                       const float* x, float* x1) {
+  if (d_.gdn_replicated) return decode_replicated(r, w, gl, n, x, x1);
   if (n == 0) return;  // no collective in a GDN decode
-  const int64_t dim = d_.dim, H = d_.gdn_H, Dk = d_.gdn_Dk, Dv = d_.gdn_Dv, K = d_.gdn_conv, R = K - 1, C = C_;
-  const int64_t SS = H * Dv * Dk, qk = d_.gdn_qk_width();
+  const int64_t dim = d_.dim;
   ensure(n);
   const int32_t layer = int32_t(r.layer);
   {
@@ -217,60 +221,104 @@ void GdnInfer::decode(const LayerRun& r, const LayerView& w, int64_t gl, const s
   }
   gdn_in_proj(r, w, n, h_.data(), proj_.data(), ab_.data(), z_.data());
   {
-    Tracer::Scope sc(r.tr, Phase::mlp, layer, -1, 0, 0);
-    const float* wts[3] = {w.conv_q, w.conv_k, w.conv_v};
-    const int64_t col0[3] = {0, qk, 2 * qk}, width[3] = {qk, qk, d_.gdn_v_width()};
-    for (int64_t i = 0; i < n; ++i) {
-      std::vector<float>& tl = tail(seqs[size_t(i)], gl);
-      if (tl.empty()) tl.assign(size_t(R * C), 0.0f);
-      float* out = pre_.data() + i * C;
-      const float* cur = proj_.data() + i * C;
-      std::fill(out, out + C, 0.0f);
-      for (int64_t t = 0; t < K; ++t) {
-        const float* in = t < R ? tl.data() + t * C : cur;
-        for (int m = 0; m < 3; ++m) {
-          const float* wi = wts[m] + t * width[m];
-          for (int64_t c = 0; c < width[m]; ++c) out[col0[m] + c] += wi[c] * in[col0[m] + c];
-        }
-      }
-      if (R > 0) {  // the tail moves on by one token
-        std::memmove(tl.data(), tl.data() + C, sizeof(float) * size_t((R - 1) * C));
-        std::memcpy(tl.data() + (R - 1) * C, cur, sizeof(float) * size_t(C));
-      }
-    }
-    gdn_activate(d_, w, n, pre_.data(), ab_.data(), q_.data(), k_.data(), v_.data(), qinv_.data(), kinv_.data(),
-                 g_.data(), beta_.data());
-  }
-  {
     Tracer::Scope sc(r.tr, Phase::attn_fwd, layer, -1, 0, 0);
-    const float scale = 1.0f / std::sqrt(float(Dk));
-    for (int64_t i = 0; i < n; ++i) {
-      std::vector<float>& S = state(seqs[size_t(i)], gl);
-      if (S.empty()) S.assign(size_t(SS), 0.0f);
-#pragma omp parallel for schedule(static)
-      for (int64_t hh = 0; hh < H; ++hh) {  // one step of the recurrence (kernels/ref/gdn_ref.hpp)
-        float* Sh = S.data() + hh * Dv * Dk;
-        const float* kt = k_.data() + (i * H + hh) * Dk;
-        const float* qt = q_.data() + (i * H + hh) * Dk;
-        const float* vt = v_.data() + (i * H + hh) * Dv;
-        const float a = std::exp(g_[size_t(i * H + hh)]), bt = beta_[size_t(i * H + hh)];
-        float* ot = o_.data() + (i * H + hh) * Dv;
-        for (int64_t vv = 0; vv < Dv; ++vv) {
-          float* row = Sh + vv * Dk;
-          float sk = 0;
-          for (int64_t e = 0; e < Dk; ++e) sk += row[e] * kt[e];
-          const float u = vt[vv] - a * sk;
-          float acc = 0;
-          for (int64_t e = 0; e < Dk; ++e) {
-            row[e] = a * row[e] + bt * u * kt[e];
-            acc += row[e] * qt[e];
-          }
-          ot[vv] = scale * acc;
-        }
-      }
-    }
+    step_rows(w, gl, seqs, n, proj_.data(), ab_.data(), o_.data());
   }
   gdn_out(r, w, n, o_.data(), z_.data(), on_.data(), orstd_.data(), y_.data(), x, x1);
+}
+
+void GdnInfer::step_rows(const LayerView& w, int64_t gl, const std::vector<int64_t>& seqs, int64_t n,
+                         const float* proj, const float* ab, float* o) {
+  const int64_t H = d_.gdn_H, Dk = d_.gdn_Dk, Dv = d_.gdn_Dv, K = d_.gdn_conv, R = K - 1, C = C_;
+  const int64_t SS = H * Dv * Dk, qk = d_.gdn_qk_width();
+  const float* wts[3] = {w.conv_q, w.conv_k, w.conv_v};
+  const int64_t col0[3] = {0, qk, 2 * qk}, width[3] = {qk, qk, d_.gdn_v_width()};
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<float>& tl = tail(seqs[size_t(i)], gl);
+    if (tl.empty()) tl.assign(size_t(R * C), 0.0f);
+    float* out = pre_.data() + i * C;
+    const float* cur = proj + i * C;
+    std::fill(out, out + C, 0.0f);
+    for (int64_t t = 0; t < K; ++t) {
+      const float* in = t < R ? tl.data() + t * C : cur;
+      for (int m = 0; m < 3; ++m) {
+        const float* wi = wts[m] + t * width[m];
+        for (int64_t c = 0; c < width[m]; ++c) out[col0[m] + c] += wi[c] * in[col0[m] + c];
+      }
+    }
+    if (R > 0) {  // the tail moves on by one token
+      std::memmove(tl.data(), tl.data() + C, sizeof(float) * size_t((R - 1) * C));
+      std::memcpy(tl.data() + (R - 1) * C, cur, sizeof(float) * size_t(C));
+    }
+  }
+  gdn_activate(d_, w, n, pre_.data(), ab, q_.data(), k_.data(), v_.data(), qinv_.data(), kinv_.data(), g_.data(),
+               beta_.data());
+  const float scale = 1.0f / std::sqrt(float(Dk));
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<float>& S = state(seqs[size_t(i)], gl);
+    if (S.empty()) S.assign(size_t(SS), 0.0f);
+#pragma omp parallel for schedule(static)
+    for (int64_t hh = 0; hh < H; ++hh) {  // one step of the recurrence (kernels/ref/gdn_ref.hpp)
+      float* Sh = S.data() + hh * Dv * Dk;
+      const float* kt = k_.data() + (i * H + hh) * Dk;
+      const float* qt = q_.data() + (i * H + hh) * Dk;
+      const float* vt = v_.data() + (i * H + hh) * Dv;
+      const float a = std::exp(g_[size_t(i * H + hh)]), bt = beta_[size_t(i * H + hh)];
+      float* ot = o + (i * H + hh) * Dv;
+      for (int64_t vv = 0; vv < Dv; ++vv) {
+        float* row = Sh + vv * Dk;
+        float sk = 0;
+        for (int64_t e = 0; e < Dk; ++e) sk += row[e] * kt[e];
+        const float u = vt[vv] - a * sk;
+        float acc = 0;
+        for (int64_t e = 0; e < Dk; ++e) {
+          row[e] = a * row[e] + bt * u * kt[e];
+          acc += row[e] * qt[e];
+        }
+        ot[vv] = scale * acc;
+      }
+    }
+  }
+}
+
+// Every rank keeps every sequence's context: the owners' new projections to every rank (one
+// all-gather of ceil(B/N) rows of C + 2H floats per rank), every rank steps every sequence, the
+// owners finish their rows.
+void GdnInfer::decode_replicated(const LayerRun& r, const LayerView& w, int64_t gl, int64_t n, const float* x,
+                                 float* x1) {
+  const int N = cp_.size(), rank = cp_.rank();
+  const int64_t dim = d_.dim, H = d_.gdn_H, C = C_, width = C + 2 * H;
+  ensure(std::max<int64_t>(B_, 1));
+  std::vector<float> mine(static_cast<size_t>(Bq_ * width), 0.0f), all(static_cast<size_t>(Bq_ * width * N));
+  if (n > 0) {
+    {
+      Tracer::Scope sc(r.tr, Phase::norm, int32_t(r.layer), -1, 0, 0);
+      rmsnorm_fwd(x, w.attn_norm, h_.data(), rstd_.data(), n, dim, d_.norm_eps);
+    }
+    gdn_in_proj(r, w, n, h_.data(), proj_.data(), ab_.data(), z_.data());
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(mine.data() + i * width, proj_.data() + i * C, sizeof(float) * size_t(C));
+      std::memcpy(mine.data() + i * width + C, ab_.data() + i * 2 * H, sizeof(float) * size_t(2 * H));
+    }
+  }
+  {
+    Tracer::Scope sc(r.tr, Phase::all_gather, int32_t(r.layer), -1, 0, double(mine.size()) * 4);
+    cp_.all_gather(std::span<const float>(mine), std::span<float>(all));
+  }
+  std::vector<float> P(static_cast<size_t>(B_ * C)), AB(static_cast<size_t>(B_ * 2 * H)),
+      O(static_cast<size_t>(B_ * d_.gdn_v_width()));
+  std::vector<int64_t> every(static_cast<size_t>(B_));
+  for (int64_t b = 0; b < B_; ++b) {  // sequence b is row b % Bq of rank b / Bq's block
+    every[size_t(b)] = b;
+    std::memcpy(P.data() + b * C, all.data() + b * width, sizeof(float) * size_t(C));
+    std::memcpy(AB.data() + b * 2 * H, all.data() + b * width + C, sizeof(float) * size_t(2 * H));
+  }
+  {
+    Tracer::Scope sc(r.tr, Phase::attn_fwd, int32_t(r.layer), -1, 0, 0);
+    step_rows(w, gl, every, B_, P.data(), AB.data(), O.data());
+  }
+  if (n > 0)
+    gdn_out(r, w, n, O.data() + rank * Bq_ * d_.gdn_v_width(), z_.data(), on_.data(), orstd_.data(), y_.data(), x, x1);
 }
 
 }  // namespace ctxpar::infer

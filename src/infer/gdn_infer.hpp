@@ -50,6 +50,11 @@ class GdnInfer {
 
  private:
   void ensure(int64_t n);
+  // The convolution over each row's tail (moved on by the row), the gates and one recurrence step
+  // of sequences seqs[i] from their projections proj [n, C] and ab [n, 2H]; outputs o [n, H Dv].
+  void step_rows(const LayerView& w, int64_t gl, const std::vector<int64_t>& seqs, int64_t n, const float* proj,
+                 const float* ab, float* o);
+  void decode_replicated(const LayerRun& r, const LayerView& w, int64_t gl, int64_t n, const float* x, float* x1);
   std::vector<float>& state(int64_t b, int64_t gl) { return S_[size_t(b * G_ + gl)]; }
   std::vector<float>& tail(int64_t b, int64_t gl) { return tail_[size_t(b * G_ + gl)]; }
 

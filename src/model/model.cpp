@@ -34,6 +34,7 @@ ModelDims model_dims(const Config& c, int tp, int tp_rank) {
     d.gdn_conv = int32_t(c.gdn_conv);
     d.gdn_chunk = int32_t(c.gdn_chunk);
     d.gdn_schedule = c.gdn_schedule;
+    d.gdn_replicated = c.gdn_state == "replicated";
   }
   return d;
 }

@@ -32,6 +32,7 @@ struct ModelDims {
   std::string kinds;
   int32_t gdn_H = 0, gdn_Dk = 0, gdn_Dv = 0, gdn_conv = 4, gdn_chunk = 128;
   std::string gdn_schedule = "ring";  // under CP: ring or scan (src/cp/gdn_cp.hpp)
+  bool gdn_replicated = false;        // inference: GDN states on every CP rank (infer/gdn_infer.hpp)
   bool is_gdn(int64_t l) const { return !kinds.empty() && kinds[size_t(l)] == 'D'; }
   bool has_gdn() const { return kinds.find('D') != std::string::npos; }
   int64_t gdn_layers() const;

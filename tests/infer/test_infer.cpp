@@ -57,11 +57,12 @@ struct Heads {
 const Heads kHeads[] = {{"mha", 4, 4}, {"gqa", 4, 2}};
 
 // pattern: layer_pattern (G attention, D Gated DeltaNet); schedule: gdn_schedule.
-Config tiny_config(const Heads& h, const std::string& pattern = "G", const std::string& schedule = "scan") {
+Config tiny_config(const Heads& h, const std::string& pattern = "G", const std::string& schedule = "scan",
+                   const std::string& state = "owner") {
   return parse_config("", "(test)",
                       {"layers=2", "dim=64", "ffn_dim=128", "vocab=97", "heads=" + std::to_string(h.H_q),
                        "kv_heads=" + std::to_string(h.H_kv), "head_dim=16", "seed=7", "layer_pattern=" + pattern,
-                       "gdn_schedule=" + schedule, "gdn_chunk=16"});
+                       "gdn_schedule=" + schedule, "gdn_chunk=16", "gdn_state=" + state});
 }
 
 Topology& topology(const MeshSpec& m) {
@@ -86,8 +87,9 @@ struct Model {
   Config cfg;
   ParamLayout layout;
   Buffer<float> params;
-  explicit Model(const Heads& h, const std::string& pattern = "G", const std::string& schedule = "scan")
-      : cfg(tiny_config(h, pattern, schedule)), layout(model_dims(cfg, 1, 0)), params(size_t(layout.local_elems())) {
+  explicit Model(const Heads& h, const std::string& pattern = "G", const std::string& schedule = "scan",
+                 const std::string& state = "owner")
+      : cfg(tiny_config(h, pattern, schedule, state)), layout(model_dims(cfg, 1, 0)), params(size_t(layout.local_elems())) {
     layout.init(uint64_t(cfg.seed), params.data());
   }
 };
@@ -150,6 +152,7 @@ struct ChatCase {
   // prefill through the decode steps into the second prefill, on each sequence's home rank).
   const char* pattern = "G";
   const char* gdn_schedule = "scan";
+  const char* gdn_state = "owner";
 };
 
 class InferChat : public ::testing::TestWithParam<ChatCase> {};
@@ -157,7 +160,7 @@ class InferChat : public ::testing::TestWithParam<ChatCase> {};
 TEST_P(InferChat, EveryStepMatchesSingleRankRecompute) {
   const ChatCase& c = GetParam();
   const int N = world().size();
-  Model m(c.heads, c.pattern, c.gdn_schedule);
+  Model m(c.heads, c.pattern, c.gdn_schedule, c.gdn_state);
   const int64_t B = 3, V = m.cfg.vocab, T1 = c.odd ? 47 : 48, D1 = 33, T2 = c.odd ? 7 : 24, D2 = 8;
   const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, T1}, {PhaseKind::decode, D1},
                                             {PhaseKind::prefill, T2}, {PhaseKind::decode, D2}};
@@ -250,6 +253,7 @@ std::vector<ChatCase> chat_cases() {
   v.push_back({CpAlgo::pass_kv, DecodeAlgo::pass_q, kHeads[1], false, "DG", "scan"});
   v.push_back({CpAlgo::pass_q, DecodeAlgo::allgather, kHeads[0], true, "DG", "scan"});
   v.push_back({CpAlgo::pass_kv, DecodeAlgo::pass_q, kHeads[1], true, "D", "ring"});
+  v.push_back({CpAlgo::pass_q, DecodeAlgo::pass_q, kHeads[1], true, "DG", "ring", "replicated"});
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Infer, InferChat, ::testing::ValuesIn(chat_cases()),
@@ -258,7 +262,8 @@ INSTANTIATE_TEST_SUITE_P(Infer, InferChat, ::testing::ValuesIn(chat_cases()),
                                   name_of(i.param.decode) + "_" + i.param.heads.name + (i.param.odd ? "_odd" : "") +
                                   (std::string(i.param.pattern) == "G"
                                        ? ""
-                                       : std::string("_") + i.param.pattern + "_" + i.param.gdn_schedule);
+                                       : std::string("_") + i.param.pattern + "_" + i.param.gdn_schedule + "_" +
+                                             i.param.gdn_state);
                          });
 
 // ---- partial prefill at miss rates 1 %, 10 %, 50 %, 100 % ---------------------------------------
