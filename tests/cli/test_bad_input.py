@@ -46,6 +46,8 @@ CASES = [
     ("unknown layer kind in layer_pattern", ["train", "layer_pattern=DXG"], "layer_pattern"),
     ("empty layer_pattern", ["train", "layer_pattern="], "layer_pattern"),
     ("unknown GDN schedule", ["train", "layer_pattern=D", "gdn_schedule=tree"], "gdn_schedule"),
+    ("GDN head dimension out of range", ["train", "layer_pattern=D", "gdn_head_dim_k=4096"], "gdn_head_dim_k"),
+    ("unknown GDN state placement", ["chat", "layer_pattern=DG", "gdn_state=shared"], "gdn_state"),
     ("GDN layers with tensor parallelism", ["train", "mesh=tp:2", "layer_pattern=DG"], "layer_pattern"),
     ("GDN pieces shorter than the convolution's halo", ["train", "layer_pattern=D", "seq=8"], "gdn_conv"),
     ("GDN layers in bench infer (its saved cache holds no GDN state)", ["bench", "infer", "layer_pattern=DG"], "layer_pattern"),

@@ -54,6 +54,10 @@ def tables(text):
 CASES = [
     ("comm", 2, ["bench_max_bytes=64K"], ["op", "size_bytes", "busbw_gbs", "wrong"]),
     ("cp", 2, ["seq=1K"], ["strategy", "wrong"]),
+    # attention and Gated DeltaNet tables (layer_pattern with G and D), both GDN schedules
+    ("cp", 2, ["seq=512", "layer_pattern=DG", "gdn_heads=2", "gdn_head_dim_k=32", "gdn_head_dim_v=16"],
+     ["strategy", "schedule", "bytes_kb", "bound_kb", "pct_sgemm", "wrong"]),
+    ("train", 2, ["seq=512", "steps=2", "layer_pattern=DG"] + MODEL, ["step_ms", "mfu_pct", "wrong"]),
     ("train", 2, ["seq=512", "steps=2"] + MODEL, ["step_ms", "mfu_pct", "wrong"]),
     ("infer", 2, ["seq=512"] + MODEL, ["pass_kv_ms", "pass_q_ms", "wrong"]),
     ("infer", 2, ["seq=256", "mesh=tp:2"] + MODEL, ["pass_kv_ms", "pass_q_ms", "ttit_ms", "tok_s", "wrong"]),
