@@ -29,7 +29,7 @@ namespace ctxpar {
 // rank builds the same chain from the partition (contiguous: one piece per rank; zigzag: 2P
 // pieces, rank r holding pieces r and 2P-1-r).
 struct GdnChain {
-  static constexpr int kMaxPieces = 7999;  // the schedules tag messages by piece (MPI: tags <= 32767)
+  static constexpr int kMaxPieces = 7700;  // the schedules tag messages by piece (MPI: tags <= 32767)
   std::vector<int> owner;
   static GdnChain contiguous(int P);  // std::invalid_argument beyond kMaxPieces
   static GdnChain zigzag(int P);

@@ -15,7 +15,7 @@
 namespace ctxpar {
 namespace {
 
-// + the sending position; MPI guarantees tags up to 32767, so chains up to 7999 pieces
+// + the sending position; MPI guarantees tags up to 32767, so chains up to 7700 pieces (25000 + 7700 < 32767)
 constexpr int kTagFwd = 17000, kTagBwd = 25000;
 
 // x -> x T + B per head; x and B [H, Dv, Dk], T [H, Dk, Dk]. `constant`: composed from the
