@@ -39,7 +39,7 @@ Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, i
                const std::string& full_strategy)
     : layout_(layout), d_(layout.dims()), w_(layout.view(const_cast<float*>(params))), topo_(topo), cp_(topo.cp()),
       cache_(batch, layout.dims().layers, layout.dims().H_kv_loc(), layout.dims().D, topo.cp().size(), topo.cp().rank(),
-             capacity_tokens) {
+             capacity_tokens, layout.dims().kinds) {
   full_strategy_ = make_strategy(full_strategy, topo);
   CTXPAR_CHECK(full_strategy_ != nullptr, "unknown CP strategy " << full_strategy);
   ring_ = make_strategy("ring", topo);

@@ -6,12 +6,14 @@
 
 namespace ctxpar::infer {
 
-KvCache::KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, int rank, int64_t capacity_tokens)
+KvCache::KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, int rank, int64_t capacity_tokens,
+                 const std::string& kinds)
     : B_(batch), L_(layers), H_kv_(H_kv), D_(D), N_(N), rank_(rank), cap_(capacity_tokens),
       len_(size_t(batch * N), 0), decoded_(size_t(batch), 0), pending_(size_t(batch), 0) {
   k_.resize(size_t(L_));
   v_.resize(size_t(L_));
   for (int64_t l = 0; l < L_; ++l) {  // zeros: padded rows stay finite
+    if (!kinds.empty() && kinds[size_t(l)] == 'D') continue;  // a GDN layer keeps a state instead
     k_[size_t(l)].resize(size_t(B_) * slot_elems(), true);
     v_[size_t(l)].resize(size_t(B_) * slot_elems(), true);
   }

@@ -12,6 +12,7 @@
 // block padded up to the longest rank's length adds no visible pair.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/memory.hpp"
@@ -23,7 +24,10 @@ constexpr int64_t kNoPos = int64_t(1) << 60;
 
 class KvCache {
  public:
-  KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, int rank, int64_t capacity_tokens);
+  // `kinds` (model/model.hpp ModelDims::kinds): layers marked 'D' (Gated DeltaNet) hold no K/V and
+  // get no arrays; empty = every layer attention.
+  KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, int rank, int64_t capacity_tokens,
+          const std::string& kinds = "");
 
   int64_t batch() const { return B_; }
   int64_t capacity() const { return cap_; }

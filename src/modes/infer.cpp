@@ -394,9 +394,17 @@ double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) 
   const double f = sizeof(float);
   // Weights (and, while a checkpoint loads, its AdamW moments beside them).
   const double weights = f * double(layout.local_elems()) * (cfg.resume.empty() ? 1 : 3);
-  // The KV cache: K and V of every layer for the batch, and positions (infer/kv_cache.hpp).
+  // The KV cache: K and V of every attention layer for the batch, and positions (infer/kv_cache.hpp).
   const int64_t cap = cache_capacity_tokens(sched, N);
-  const double cache = double(cfg.batch) * double(cap) * (2.0 * f * double(d.layers) * double(d.kv_width()) + 8.0);
+  const double attn_layers = double(d.layers - d.gdn_layers());
+  double cache = double(cfg.batch) * double(cap) * (2.0 * f * attn_layers * double(d.kv_width()) + 8.0);
+  // Hybrid models: per sequence and GDN layer its state and convolution tail (infer/gdn_infer.hpp),
+  // on its owner (ceil(batch / N) sequences) or, replicated, every sequence on every rank.
+  if (d.has_gdn()) {
+    const double held = d.gdn_replicated ? double(cfg.batch) : double((cfg.batch + N - 1) / N);
+    cache += held * double(d.gdn_layers()) * f *
+             (double(d.gdn_H) * d.gdn_Dv * d.gdn_Dk + double(d.gdn_conv - 1) * double(d.gdn_conv_width()));
+  }
   // One call's rows on this rank (infer/engine.cpp ensure_rows) and its logits row; the pass-KV
   // ring's transfer buffers (two blocks of K and V in flight).
   int64_t rows = 1;  // a prefill runs the whole batch as one forward (infer/engine.hpp)
