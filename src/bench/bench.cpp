@@ -1,5 +1,7 @@
 #include "bench/bench.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iomanip>
 #include <span>
@@ -65,6 +67,18 @@ void print_verdict(const std::string& what, int wrong, bool csv) {
   if (csv) return;  // CSV output stays machine-readable; the exit code carries the verdict
   if (wrong == 0) log0("# VALID: %s — every checked result within tolerance\n\n", what.c_str());
   else log0("# INVALID: %s — %d wrong result(s)\n\n", what.c_str(), wrong);
+}
+
+int64_t count_wrong(const float* got, const float* want, size_t n, double rel) {
+  float m = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (std::isfinite(want[i])) m = std::max(m, std::abs(want[i]));
+  int64_t wrong = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const bool same_inf = std::isinf(want[i]) && got[i] == want[i];
+    if (!same_inf && !(std::abs(got[i] - want[i]) <= rel * m)) ++wrong;
+  }
+  return wrong;
 }
 
 }  // namespace ctxpar

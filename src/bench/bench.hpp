@@ -51,6 +51,9 @@ struct BenchContext {
 // Each bench returns the number of wrong results (0 = VALID); the verdict line says which.
 int bench_comm(BenchContext& ctx);
 int bench_attn(BenchContext& ctx);
+// Elements of `got` off the reference `want` by more than rel x max |finite want| (a correctness
+// column: a CP result against the single-rank one); infinities must match exactly.
+int64_t count_wrong(const float* got, const float* want, size_t n, double rel);
 int bench_cp(BenchContext& ctx);
 // bench_cp_gdn.cpp: the Gated DeltaNet rows of bench cp (layer_pattern with D); returns the
 // number of wrong elements over all rows (summed over ranks).

@@ -61,19 +61,6 @@ struct Inputs {
   }
 };
 
-// Counts elements of `got` (rows of this rank) off the single-rank result `want`.
-int64_t count_wrong(const float* got, const float* want, size_t n) {
-  float m = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (std::isfinite(want[i])) m = std::max(m, std::abs(want[i]));
-  int64_t wrong = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const bool same_inf = std::isinf(want[i]) && got[i] == want[i];
-    if (!same_inf && !(std::abs(got[i] - want[i]) <= kWrongRel * m)) ++wrong;
-  }
-  return wrong;
-}
-
 // Single-rank kernel on the global inputs for this rank's rows (all, or the sampled ones).
 int64_t check_rows(const AttnParams& s, Inputs& in, uint64_t seed, bool full) {
   const int64_t S = s.S_q, wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
@@ -120,7 +107,7 @@ int64_t check_rows(const AttnParams& s, Inputs& in, uint64_t seed, bool full) {
     return y;
   };
   auto both = [&](const float* mine, const float* ref, int64_t w) {
-    return count_wrong(pick(mine, w, rows).data(), pick(ref, w, ref_row).data(), n * size_t(w));
+    return count_wrong(pick(mine, w, rows).data(), pick(ref, w, ref_row).data(), n * size_t(w), kWrongRel);
   };
   int64_t wrong = both(in.o.data(), O.data(), wq) + both(in.lse.data(), L.data(), s.H_q) + both(in.dq.data(), dQ.data(), wq);
   if (full) wrong += both(in.dk.data(), dK.data(), wk) + both(in.dv.data(), dV.data(), wk);

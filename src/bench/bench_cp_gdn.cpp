@@ -68,15 +68,6 @@ struct GdnInputs {
   }
 };
 
-int64_t count_wrong(const float* got, const float* want, size_t n) {
-  float m = 0;
-  for (size_t i = 0; i < n; ++i) m = std::max(m, std::abs(want[i]));
-  int64_t wrong = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (!(std::abs(got[i] - want[i]) <= kWrongRel * m)) ++wrong;
-  return wrong;
-}
-
 }  // namespace
 
 int64_t bench_cp_gdn(BenchContext& ctx, const std::vector<int64_t>& lengths) {
@@ -154,7 +145,7 @@ int64_t bench_cp_gdn(BenchContext& ctx, const std::vector<int64_t>& lengths) {
       gdn_bwd(rp);
       int64_t wrong = 0;
       auto cmp = [&](const Buffer<float>& mine, const Buffer<float>& whole, int64_t w) {
-        wrong += count_wrong(mine.data(), whole.data() + t0 * w, size_t(n * w));
+        wrong += count_wrong(mine.data(), whole.data() + t0 * w, size_t(n * w), kWrongRel);
       };
       cmp(in.o, ref.o, int64_t(H) * Dv);
       cmp(in.dq, ref.dq, int64_t(H) * Dk);

@@ -63,6 +63,18 @@ void GdnInfer::ensure(int64_t n) {
   cap_ = n;
 }
 
+void GdnInfer::move_state(int from, int to, const std::vector<float>& src, std::vector<float>& dst, int tag) {
+  const int rank = cp_.rank();
+  if (from == to) {
+    if (rank == from) dst = src;
+    return;
+  }
+  if (rank != from && rank != to) return;
+  Request rq = rank == from ? cp_.send_recv_async(std::span<const float>(src), to, std::span<float>(), Comm::kNone, tag)
+                            : cp_.send_recv_async(std::span<const float>(), Comm::kNone, std::span<float>(dst), from, tag);
+  cp_.wait(rq);
+}
+
 void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_t b, int64_t cached,
                        const Partition& part, int64_t n, const float* x, float* x1) {
   const int N = cp_.size(), rank = cp_.rank(), home_rank = home(b);
@@ -121,9 +133,6 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
   {
     Tracer::Scope sc(r.tr, Phase::mlp, layer, -1, 0, 0);
     std::vector<float> halo(static_cast<size_t>(std::max<int64_t>(R, 1) * C));
-    const int64_t qk = d_.gdn_qk_width();
-    const float* wts[3] = {w.conv_q, w.conv_k, w.conv_v};
-    const int64_t col0[3] = {0, qk, 2 * qk}, width[3] = {qk, qk, d_.gdn_v_width()};
     for (int j = 0; j < 2; ++j) {
       const int64_t q = j == 0 ? rank : 2 * N - 1 - rank;
       if (R > 0) rows_before(q, halo.data());
@@ -132,11 +141,7 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
         std::fill(out, out + C, 0.0f);
         for (int64_t i = 0; i < K; ++i) {
           const int64_t src = t - R + i;
-          const float* in = src >= 0 ? proj_.data() + (j * cs + src) * C : halo.data() + (R + src) * C;
-          for (int m = 0; m < 3; ++m) {
-            const float* wi = wts[m] + i * width[m];
-            for (int64_t c = 0; c < width[m]; ++c) out[col0[m] + c] += wi[c] * in[col0[m] + c];
-          }
+          gdn_conv_tap(d_, w, i, src >= 0 ? proj_.data() + (j * cs + src) * C : halo.data() + (R + src) * C, out);
         }
       }
     }
@@ -155,18 +160,8 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
   // The stored state to the chain's head (rank 0, position 0); the state after the last real
   // token from the chain's end (rank 0, position 2N-1) home.
   std::vector<float> s0(static_cast<size_t>(SS), 0.0f), s_end(static_cast<size_t>(SS), 0.0f);
-  if (continues && home_rank != 0 && !d_.gdn_replicated) {
-    if (rank == home_rank || rank == 0) {
-      Request rq = cp_.send_recv_async(std::span<const float>(rank == home_rank ? S_home.data() : nullptr,
-                                                              rank == home_rank ? size_t(SS) : 0),
-                                       rank == home_rank ? 0 : Comm::kNone,
-                                       std::span<float>(rank == 0 ? s0.data() : nullptr, rank == 0 ? size_t(SS) : 0),
-                                       rank == 0 ? home_rank : Comm::kNone, kTagState);
-      cp_.wait(rq);
-    }
-  } else if (continues && rank == 0) {
-    s0 = S_home;
-  }
+  if (continues && !d_.gdn_replicated) move_state(home_rank, 0, S_home, s0, kTagState);
+  if (continues && d_.gdn_replicated && rank == 0) s0 = S_home;
   const GdnChain chain = GdnChain::zigzag(N);
   std::vector<GdnParams> pieces(2);
   for (int j = 0; j < 2; ++j) {
@@ -188,18 +183,9 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
   if (d_.gdn_replicated) {  // the state after the prompt to every rank
     cp_.broadcast(std::span<float>(s_end), 0);
     S_home = s_end;
-  } else if (home_rank != 0) {
-    if (rank == home_rank || rank == 0) {
-      if (rank == home_rank) S_home.resize(size_t(SS));
-      Request rq = cp_.send_recv_async(std::span<const float>(rank == 0 ? s_end.data() : nullptr, rank == 0 ? size_t(SS) : 0),
-                                       rank == 0 ? home_rank : Comm::kNone,
-                                       std::span<float>(rank == home_rank ? S_home.data() : nullptr,
-                                                        rank == home_rank ? size_t(SS) : 0),
-                                       rank == home_rank ? 0 : Comm::kNone, kTagState + 1);
-      cp_.wait(rq);
-    }
-  } else if (rank == 0) {
-    S_home = s_end;
+  } else {
+    if (rank == home_rank) S_home.resize(size_t(SS));
+    move_state(0, home_rank, s_end, S_home, kTagState + 1);
   }
   if (holds) {  // the tail after the last real token
     tail_home.assign(size_t(R * C), 0.0f);
@@ -230,22 +216,14 @@ void GdnInfer::decode(const LayerRun& r, const LayerView& w, int64_t gl, const s
 void GdnInfer::step_rows(const LayerView& w, int64_t gl, const std::vector<int64_t>& seqs, int64_t n,
                          const float* proj, const float* ab, float* o) {
   const int64_t H = d_.gdn_H, Dk = d_.gdn_Dk, Dv = d_.gdn_Dv, K = d_.gdn_conv, R = K - 1, C = C_;
-  const int64_t SS = H * Dv * Dk, qk = d_.gdn_qk_width();
-  const float* wts[3] = {w.conv_q, w.conv_k, w.conv_v};
-  const int64_t col0[3] = {0, qk, 2 * qk}, width[3] = {qk, qk, d_.gdn_v_width()};
+  const int64_t SS = H * Dv * Dk;
   for (int64_t i = 0; i < n; ++i) {
     std::vector<float>& tl = tail(seqs[size_t(i)], gl);
     if (tl.empty()) tl.assign(size_t(R * C), 0.0f);
     float* out = pre_.data() + i * C;
     const float* cur = proj + i * C;
     std::fill(out, out + C, 0.0f);
-    for (int64_t t = 0; t < K; ++t) {
-      const float* in = t < R ? tl.data() + t * C : cur;
-      for (int m = 0; m < 3; ++m) {
-        const float* wi = wts[m] + t * width[m];
-        for (int64_t c = 0; c < width[m]; ++c) out[col0[m] + c] += wi[c] * in[col0[m] + c];
-      }
-    }
+    for (int64_t t = 0; t < K; ++t) gdn_conv_tap(d_, w, t, t < R ? tl.data() + t * C : cur, out);
     if (R > 0) {  // the tail moves on by one token
       std::memmove(tl.data(), tl.data() + C, sizeof(float) * size_t((R - 1) * C));
       std::memcpy(tl.data() + (R - 1) * C, cur, sizeof(float) * size_t(C));

@@ -50,6 +50,8 @@ class GdnInfer {
 
  private:
   void ensure(int64_t n);
+  // src (on rank `from`) into dst (on rank `to`, sized already): a copy when they are one rank.
+  void move_state(int from, int to, const std::vector<float>& src, std::vector<float>& dst, int tag);
   // The convolution over each row's tail (moved on by the row), the gates and one recurrence step
   // of sequences seqs[i] from their projections proj [n, C] and ab [n, 2H]; outputs o [n, H Dv].
   void step_rows(const LayerView& w, int64_t gl, const std::vector<int64_t>& seqs, int64_t n, const float* proj,

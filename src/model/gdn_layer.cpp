@@ -95,7 +95,7 @@ double GdnMixer::acts_bytes(const ModelDims& d, int64_t n) {
 
 double GdnMixer::scratch_bytes(const ModelDims& d, int64_t n) {
   const double H = d.gdn_H, qk = double(d.gdn_qk_width()), v = double(d.gdn_v_width()), C = double(d.gdn_conv_width());
-  const double chunk_ws = double(d.gdn_chunk) * (v + 2 * qk + 1) / double(d.gdn_chunk) * H;  // gdn workspace per row
+  const double chunk_ws = (v + 2 * qk + 1) * H;  // the op's workspace per row (gdn_fwd_prepare)
   return 4.0 * double(n) * (C + double(d.dim) + 2 * qk + v + 2 * H + 2 * H + 3 * v + std::max(C, double(d.dim)) + chunk_ws);
 }
 
@@ -135,9 +135,7 @@ std::vector<GdnParams> GdnMixer::pieces(const Batch& b, GdnActs& a, bool backwar
 // the piece's projections, or its halo before the piece's first row.
 void GdnMixer::conv_fwd(const LayerView& w, const Batch& b, GdnActs& a) {
   (void)b;
-  const int64_t K = d_.gdn_conv, C = C_, qk = d_.gdn_qk_width();
-  const float* wts[3] = {w.conv_q, w.conv_k, w.conv_v};
-  const int64_t col0[3] = {0, qk, 2 * qk}, width[3] = {qk, qk, d_.gdn_v_width()};
+  const int64_t K = d_.gdn_conv, C = C_;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < n_; ++r) {
     const size_t j = piece_of(r);
@@ -148,12 +146,7 @@ void GdnMixer::conv_fwd(const LayerView& w, const Batch& b, GdnActs& a) {
       const int64_t src = t - (K - 1) + i;  // row within the piece; < 0: the halo
       const int32_t doc = src >= 0 ? doc_[size_t(r - t + src)] : halo_doc_[j][size_t(K - 1 + src)];
       if (doc != doc_[size_t(r)]) continue;
-      const float* in = src >= 0 ? a.proj.data() + (r - t + src) * C : a.halo[j].data() + (K - 1 + src) * C;
-      for (int m = 0; m < 3; ++m) {
-        const float* wi = wts[m] + i * width[m];
-#pragma omp simd
-        for (int64_t c = 0; c < width[m]; ++c) out[col0[m] + c] += wi[c] * in[col0[m] + c];
-      }
+      gdn_conv_tap(d_, w, i, src >= 0 ? a.proj.data() + (r - t + src) * C : a.halo[j].data() + (K - 1 + src) * C, out);
     }
   }
 }
@@ -232,6 +225,19 @@ void GdnMixer::forward(const LayerRun& r, const LayerView& w, const Batch& b, co
 
 void GdnMixer::output(const LayerRun& r, const LayerView& w, const float* x, GdnActs& a, float* x1) {
   gdn_out_proj(r, w, n_, a.on.data(), a.z.data(), tmp_.data(), x, x1);
+}
+
+void gdn_conv_tap(const ModelDims& d, const LayerView& w, int64_t tap, const float* in, float* out) {
+  const int64_t qk = d.gdn_qk_width(), vw = d.gdn_v_width();
+  const float* wq = w.conv_q + tap * qk;
+  const float* wk = w.conv_k + tap * qk;
+  const float* wv = w.conv_v + tap * vw;
+#pragma omp simd
+  for (int64_t c = 0; c < qk; ++c) out[c] += wq[c] * in[c];
+#pragma omp simd
+  for (int64_t c = 0; c < qk; ++c) out[qk + c] += wk[c] * in[qk + c];
+#pragma omp simd
+  for (int64_t c = 0; c < vw; ++c) out[2 * qk + c] += wv[c] * in[2 * qk + c];
 }
 
 void gdn_in_proj(const LayerRun& r, const LayerView& w, int64_t n, const float* h, float* proj, float* ab, float* z) {

@@ -44,6 +44,8 @@ struct GdnActs {
 // The layer's per-row steps, shared by training (GdnMixer) and inference (infer/gdn_infer.*):
 // h Wq | h Wk | h Wv into proj [n, C], h Wa | h Wb into ab [n, 2H], h Wg into z [n, H Dv].
 void gdn_in_proj(const LayerRun& r, const LayerView& w, int64_t n, const float* h, float* proj, float* ab, float* z);
+// out[c] += w[tap, c] in[c] over one row's q | k | v channels: one tap of the short convolution.
+void gdn_conv_tap(const ModelDims& d, const LayerView& w, int64_t tap, const float* in, float* out);
 // From the convolution outputs pre [n, C] and ab: q, k (silu, then L2-normalised; their inverse
 // norms), v (silu), g and beta.
 void gdn_activate(const ModelDims& d, const LayerView& w, int64_t n, const float* pre, const float* ab, float* q,
