@@ -22,6 +22,7 @@ std::unique_ptr<CpStrategy> make_allgather_strategy(Topology& topo);
 std::unique_ptr<CpStrategy> make_ulysses_strategy(Topology& topo);
 std::unique_ptr<CpStrategy> make_ring_strategy(Topology& topo);
 std::unique_ptr<CpStrategy> make_usp_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_halo_strategy(Topology& topo);
 std::unique_ptr<CpStrategy> make_pass_q_strategy(Topology& topo);
 std::unique_ptr<CpStrategy> make_decode_pass_q_strategy(Topology& topo);
 std::unique_ptr<CpStrategy> make_decode_allgather_strategy(Topology& topo);

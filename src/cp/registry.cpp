@@ -9,37 +9,50 @@ namespace ctxpar {
 namespace {
 
 using Factory = std::unique_ptr<CpStrategy> (*)(Topology&);
+// training: has a backward, a value of `strategy`; inference: forward only, the engine's;
+// local: sliding-window layers only, a value of `local_strategy` (with the training ones).
+enum class Use { training, inference, local };
 struct Entry {
   const char* name;
   Factory make;
-  bool training;  // has a backward; a value of the `strategy` setting
+  Use use;
 };
 const Entry kStrategies[] = {
-    {"allgather", make_allgather_strategy, true},
-    {"ulysses", make_ulysses_strategy, true},
-    {"ring", make_ring_strategy, true},
-    {"usp", make_usp_strategy, true},
-    {"pass_q", make_pass_q_strategy, false},
-    {"decode_pass_q", make_decode_pass_q_strategy, false},
-    {"decode_allgather", make_decode_allgather_strategy, false},
+    {"allgather", make_allgather_strategy, Use::training},
+    {"ulysses", make_ulysses_strategy, Use::training},
+    {"ring", make_ring_strategy, Use::training},
+    {"usp", make_usp_strategy, Use::training},
+    {"halo", make_halo_strategy, Use::local},
+    {"pass_q", make_pass_q_strategy, Use::inference},
+    {"decode_pass_q", make_decode_pass_q_strategy, Use::inference},
+    {"decode_allgather", make_decode_allgather_strategy, Use::inference},
 };
 
-std::vector<std::string> names_where(bool training) {
+std::vector<std::string> names_where(Use use) {
   std::vector<std::string> n;
   for (const Entry& e : kStrategies)
-    if (e.training == training) n.emplace_back(e.name);
+    if (e.use == use) n.emplace_back(e.name);
   return n;
 }
 
 }  // namespace
 
 const std::vector<std::string>& strategy_names() {
-  static const std::vector<std::string> names = names_where(true);
+  static const std::vector<std::string> names = names_where(Use::training);
   return names;
 }
 
 const std::vector<std::string>& inference_strategy_names() {
-  static const std::vector<std::string> names = names_where(false);
+  static const std::vector<std::string> names = names_where(Use::inference);
+  return names;
+}
+
+const std::vector<std::string>& local_strategy_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n = names_where(Use::local);
+    for (const std::string& t : names_where(Use::training)) n.push_back(t);
+    return n;
+  }();
   return names;
 }
 

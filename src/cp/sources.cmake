@@ -7,6 +7,7 @@ set(CTXPAR_CP_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/ulysses.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ring.cpp
   ${CMAKE_CURRENT_LIST_DIR}/usp.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/halo.cpp
   ${CMAKE_CURRENT_LIST_DIR}/query_ring.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pass_q.cpp
   ${CMAKE_CURRENT_LIST_DIR}/decode_pass_q.cpp

@@ -64,9 +64,12 @@ class CpStrategy {
 
 // The registry (registry.cpp), one table: strategy_names() are the training strategies in config
 // order (the values of `strategy`), inference_strategy_names() the forward-only ones of the
-// inference engine; make_strategy builds either and returns null for an unknown name.
+// inference engine, local_strategy_names() the values of `local_strategy` (a model's
+// sliding-window layers: halo, which serves only those, then the training ones); make_strategy
+// builds any of them and returns null for an unknown name.
 const std::vector<std::string>& strategy_names();
 const std::vector<std::string>& inference_strategy_names();
+const std::vector<std::string>& local_strategy_names();
 std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo);
 // The configured training strategy (null for auto and all, which are resolved before).
 std::unique_ptr<CpStrategy> make_strategy(StrategySetting s, Topology& topo);

@@ -63,6 +63,12 @@ const Masking kMasks[] = {{"causal", MaskKind::causal, 0, false},
                           {"window", MaskKind::window, kWindow, false}};
 // With padding rows, mask=none needs document ids to hide them (as modes/workload.cpp gives them).
 const Masking kNoMask = {"none", MaskKind::none, 0, false};
+// halo (sliding-window layers only): windows within one chunk, across several chunks and
+// longer than the sequence (every earlier row is halo), and windows over packed documents.
+const Masking kHaloMasks[] = {{"window", MaskKind::window, kWindow, false},
+                              {"window_docs", MaskKind::window, kWindow, true},
+                              {"window3", MaskKind::window, 3, false},
+                              {"window200", MaskKind::window, 200, false}};
 
 struct Case {
   std::string strategy;
@@ -259,6 +265,19 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   if (c.strategy == "ring" || c.strategy == "usp") {
     EXPECT_EQ(fst.messages, R - 1) << "forward: one message per hop";
     EXPECT_EQ(bst.messages, R > 1 ? 2 * R - 1 : 0) << "backward: K/V hops and dK/dV hops";
+  } else if (c.strategy == "halo") {
+    // One message per peer that needs rows of this rank; the backward sends them again and
+    // returns one dK/dV message per peer this rank received from. A window within one chunk
+    // reaches the neighbouring chunk only: at most 2 peers each way.
+    int64_t recv_from = bst.messages - fst.messages;
+    world().all_reduce(std::span<int64_t>(&recv_from, 1));
+    int64_t sent = fst.messages;
+    world().all_reduce(std::span<int64_t>(&sent, 1));
+    EXPECT_EQ(recv_from, sent) << "every halo message received is answered by one dK/dV message";
+    if (c.mask.window <= part.S_padded() / (2 * P) + 1) EXPECT_LE(fst.messages, 2);
+    // The halo moves window-proportional bytes: at most 2 (window - 1) rows of K and V per rank.
+    const double row = 2.0 * g.shape.H_kv * g.shape.D * sizeof(float);
+    EXPECT_LE(fst.bytes_sent, 2.0 * double(c.mask.window - 1) * row + 4096.0 * fst.messages);
   } else {
     EXPECT_EQ(fst.messages + bst.messages, 0) << "collective strategies post no point-to-point messages";
   }
@@ -297,6 +316,9 @@ std::vector<Case> all_cases() {
     for (const Masking& m : kMasks) v.push_back({s, kHeads[1], m, kOddSeq});
     v.push_back({s, kHeads[1], kNoMask, kOddSeq});
   }
+  for (const Heads& h : kHeads)
+    for (const Masking& m : kHaloMasks) v.push_back({"halo", h, m});
+  for (const Masking& m : kHaloMasks) v.push_back({"halo", kHeads[1], m, kOddSeq});
   return v;
 }
 
@@ -378,6 +400,21 @@ TEST(CpRegistry, NamesInConfigOrderAndUnknownIsNull) {
   Topology& topo = topology(mesh_for("ring", world().size()));
   for (const std::string& n : want) EXPECT_EQ(make_strategy(n, topo)->name(), n);
   EXPECT_EQ(make_strategy("bogus", topo), nullptr);
+  const std::vector<std::string> local = {"halo", "allgather", "ulysses", "ring", "usp"};
+  EXPECT_EQ(local_strategy_names(), local);
+}
+
+// halo serves sliding-window layers only: a causal or unmasked call is refused, naming why and
+// what serves it.
+TEST(CpValidate, HaloNeedsAWindow) {
+  Topology& topo = topology(mesh_for("halo", world().size()));
+  auto s = make_strategy("halo", topo);
+  for (MaskKind m : {MaskKind::causal, MaskKind::none}) {
+    const std::string e = s->validate(attn_problem(64, 8, 8, 16, m, 0), topo);
+    EXPECT_NE(e.find("halo: serves sliding-window (local) layers only"), std::string::npos) << e;
+    EXPECT_NE(e.find("valid for it: allgather, ulysses, ring or usp"), std::string::npos) << e;
+  }
+  EXPECT_EQ(s->validate(attn_problem(64, 8, 8, 16, MaskKind::window, 5), topo), "");
 }
 
 // ---- inference strategies: pass_q and the decode strategies against the reference ---------------
