@@ -94,7 +94,7 @@ const std::vector<Field>& config_fields() {
       enum_field<&Config::strategy>("strategy", kStrategyNames, "ring", "CP attention strategy (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)"),
       enum_field<&Config::partition>("partition", kPartitionNames, "zigzag", "token partition assumed by predict (the executed strategies always shard zigzag)"),
       enum_field<&Config::mask>("mask", kMaskNames, "causal", "attention mask"),
-      {"window", &Config::window, "0", "sliding window in tokens for mask=window", {}, 0, 1ll << 40},
+      {"window", &Config::window, "0", "sliding window in tokens: of mask=window, and of the local (L) layers of layer_pattern", {}, 0, 1ll << 40},
       {"docs", &Config::docs, "none", "packed documents: none, random, or lengths L1,L2,... summing to seq", {}, 0, -1, check_docs},
       {"doc_mean", &Config::doc_mean, "1K", "mean document length for docs=random", {}, 1, 1ll << 40},
       // bench
@@ -114,14 +114,20 @@ const std::vector<Field>& config_fields() {
       {"rope_low_freq_factor", &Config::rope_low_freq_factor, "1", "train: Llama 3 RoPE low_freq_factor", {}, 1e-6, 1e6},
       {"rope_high_freq_factor", &Config::rope_high_freq_factor, "4", "train: Llama 3 RoPE high_freq_factor", {}, 1e-6, 1e6},
       {"rope_original_max_pos", &Config::rope_original_max_pos, "8K", "train: Llama 3 RoPE original context length", {}, 1, 1ll << 40},
-      {"layer_pattern", &Config::layer_pattern, "G", "train: token mixer of each layer, the pattern repeated over the layers: G full attention (the strategy), D Gated DeltaNet (e.g. DDDG: three GDN layers, then one attention)", {}, 0, -1,
+      {"layer_pattern", &Config::layer_pattern, "G", "train: token mixer of each layer, the pattern repeated over the layers: G global (full causal) attention with `strategy`, L local (sliding-window) attention over `window` tokens with `local_strategy`, D Gated DeltaNet (e.g. LLLLLG as Gemma 3, DDDG)", {}, 0, -1,
        [](const Config& c) -> std::string {
-         if (c.layer_pattern.empty()) return "at least one letter: G (full attention) or D (Gated DeltaNet), e.g. G or DDDG";
+         if (c.layer_pattern.empty()) return "at least one letter: G (global attention), L (local attention) or D (Gated DeltaNet), e.g. G, LLLLLG or DDDG";
          for (char ch : c.layer_pattern)
-           if (ch != 'G' && ch != 'D')
-             return std::string("letters G (full attention) and D (Gated DeltaNet) only, e.g. DDDG; '") + ch +
+           if (ch != 'G' && ch != 'D' && ch != 'L')
+             return std::string("letters G (global attention), L (local, sliding-window attention) and D (Gated DeltaNet) only, e.g. LLLLLG; '") + ch +
                     "' is not a layer kind";
          return "";
+       }},
+      {"local_strategy", &Config::local_strategy, "halo", "train: CP strategy of the local (L) layers: halo (fetches only the window's keys from the neighbouring chunks) or allgather, ulysses, ring, usp", {}, 0, -1,
+       [](const Config& c) -> std::string {
+         for (const char* n : {"halo", "allgather", "ulysses", "ring", "usp"})
+           if (c.local_strategy == n) return "";
+         return "halo, allgather, ulysses, ring or usp";
        }},
       {"gdn_heads", &Config::gdn_heads, "0", "train: Gated DeltaNet heads (0 = heads)", {}, 0, 65536},
       {"gdn_head_dim_k", &Config::gdn_head_dim_k, "0", "train: Gated DeltaNet query/key head dimension (0 = head_dim)", {}, 0, 1024},
@@ -471,9 +477,14 @@ void validate_config(const Config& c, int world_size) {
                      std::to_string(c.bench_max_bytes) + "; valid: bench_min_bytes <= bench_max_bytes");
   if (c.mask == MaskKind::window && c.window < 1)
     throw UsageError("config: mask = window needs window ≥ 1 (tokens), got window = " + std::to_string(c.window));
-  if (c.mask != MaskKind::window && c.window != 0)
+  const bool local_layers = c.layer_pattern.find('L') != std::string::npos;
+  if (local_layers && c.window < 1)
+    throw UsageError("config: layer_pattern = '" + c.layer_pattern + "' has local layers (L), which need window ≥ 1 " +
+                     "(their sliding window in tokens, e.g. window=1024), got window = " + std::to_string(c.window));
+  if (c.mask != MaskKind::window && c.window != 0 && !local_layers)
     throw UsageError("config: window = " + std::to_string(c.window) + " is set but mask = " + name_of(c.mask) +
-                     "; valid: mask=window with window ≥ 1, or window=0");
+                     " and layer_pattern = '" + c.layer_pattern + "' has no local layers (L); valid: mask=window " +
+                     "or a layer_pattern with L layers, with window ≥ 1, or window=0");
 }
 
 std::string field_text(const Config& c, const Field& f) {

@@ -59,7 +59,8 @@ struct Config {
   double rope_low_freq_factor;
   double rope_high_freq_factor;
   int64_t rope_original_max_pos;
-  std::string layer_pattern; // token mixer per layer, repeated over the layers: G attention, D Gated DeltaNet
+  std::string layer_pattern; // token mixer per layer, repeated over the layers: G global attention, L local (window), D Gated DeltaNet
+  std::string local_strategy; // CP strategy of the L layers: halo, or a training strategy
   int64_t gdn_heads;         // GDN heads (0 = heads)
   int64_t gdn_head_dim_k;    // GDN key/query head dim (0 = head_dim)
   int64_t gdn_head_dim_v;    // GDN value head dim (0 = head_dim)

@@ -19,6 +19,24 @@ double causal_visible_pairs(const std::vector<int64_t>& doc_lengths) {
 
 double partial_prefill_pairs(int64_t T, int64_t cached) { return double(T) * double(cached) + 0.5 * double(T) * double(T + 1); }
 
+namespace {
+// Visible pairs of the first n positions of a document under a window W.
+double window_prefix_pairs(int64_t n, int64_t W) {
+  if (n <= W) return 0.5 * double(n) * double(n + 1);
+  return 0.5 * double(W) * double(W + 1) + double(n - W) * double(W);
+}
+}  // namespace
+
+double window_visible_pairs(const std::vector<int64_t>& doc_lengths, int64_t W) {
+  double p = 0;
+  for (int64_t L : doc_lengths) p += window_prefix_pairs(L, W);
+  return p;
+}
+
+double window_prefill_pairs(int64_t T, int64_t cached, int64_t W) {
+  return window_prefix_pairs(cached + T, W) - window_prefix_pairs(cached, W);
+}
+
 double train_matmul_flops(const ModelDims& d, int64_t S) {
   const double qw = double(d.H_q) * d.D, kw = double(d.H_kv) * d.D, dim = double(d.dim);
   const double mlp = 3 * 2 * dim * double(d.ffn);
@@ -30,8 +48,10 @@ double train_matmul_flops(const ModelDims& d, int64_t S) {
   return 3 * fwd;  // backward: two products of the forward's size (dX and dW)
 }
 
-double train_attn_flops(const ModelDims& d, double pairs) {
-  return attn_train_flops(pairs, d.H_q, d.D) * double(d.layers - d.gdn_layers());
+double train_attn_flops(const ModelDims& d, double causal_pairs, double window_pairs) {
+  const double local = double(std::count(d.kinds.begin(), d.kinds.end(), 'L'));
+  const double global = double(d.layers - d.gdn_layers()) - local;
+  return attn_train_flops(causal_pairs, d.H_q, d.D) * global + attn_train_flops(window_pairs, d.H_q, d.D) * local;
 }
 
 double train_gdn_flops(const ModelDims& d, int64_t S) {
@@ -44,13 +64,17 @@ double prefill_flops(const ModelDims& d, int64_t T, int64_t cached) {
   const double dim = double(d.dim), qw = double(d.H_q) * d.D, kw = double(d.H_kv) * d.D, F = double(d.ffn);
   const double mlp = 3 * matmul_flops(1, dim, F);
   const double per_token = matmul_flops(1, dim, qw + 2 * kw) + matmul_flops(1, qw, dim) + mlp;
-  const double G = double(d.gdn_layers()), L = double(d.layers) - G;
+  const double G = double(d.gdn_layers()), W = double(std::count(d.kinds.begin(), d.kinds.end(), 'L'));
+  const double L = double(d.layers) - G - W;
   const double gq = double(d.gdn_qk_width()), gv = double(d.gdn_v_width()), H = d.gdn_H;
   // A GDN layer: its projections (q k v g, a b; o), the recurrence, the short convolution.
   const double gdn = double(T) * (matmul_flops(1, dim, 2 * gq + 2 * gv + 2 * H) + matmul_flops(1, gv, dim) + mlp +
                                   2 * double(d.gdn_conv) * double(d.gdn_conv_width())) +
                      gdn_fwd_flops(double(T), H, d.gdn_Dk, d.gdn_Dv, d.gdn_chunk);
-  return L * (double(T) * per_token + attn_fwd_flops(partial_prefill_pairs(T, cached), d.H_q, d.D)) + G * gdn +
+  const double local = W > 0 ? W * (double(T) * per_token +
+                                     attn_fwd_flops(window_prefill_pairs(T, cached, d.window), d.H_q, d.D))
+                             : 0;
+  return L * (double(T) * per_token + attn_fwd_flops(partial_prefill_pairs(T, cached), d.H_q, d.D)) + local + G * gdn +
          matmul_flops(1, dim, double(d.vocab));
 }
 

@@ -34,21 +34,28 @@ inline double gdn_fwd_flops(double T, double H, double Dk, double Dv, double C) 
 //   T new tokens after `cached` ones (a partial prefill): T * cached + T (T + 1) / 2.
 double causal_visible_pairs(const std::vector<int64_t>& doc_lengths);
 double partial_prefill_pairs(int64_t T, int64_t cached);
+// The same under a sliding window of W tokens (a query sees min(its position + 1, W) keys of its
+// document): sum_i f(L_i), f(n) = n (n + 1) / 2 for n <= W, W (W + 1) / 2 + (n - W) W above;
+// a prefill: f(cached + T) - f(cached).
+double window_visible_pairs(const std::vector<int64_t>& doc_lengths, int64_t W);
+double window_prefill_pairs(int64_t T, int64_t cached, int64_t W);
 
 struct ModelDims;
 class Comm;
 
 // Model FLOPs of the Llama-style decoder (model/model.hpp), every tp slice together:
 // forward+backward of the projections, MLP and LM head of S tokens (3 x forward: dX and dW);
-// of the attention of `visible_pairs` pairs in every layer.
+// of the attention: `causal_pairs` visible pairs in every global attention layer, `window_pairs`
+// in every local (sliding-window) one.
 double train_matmul_flops(const ModelDims& d, int64_t S);
-double train_attn_flops(const ModelDims& d, double visible_pairs);
+double train_attn_flops(const ModelDims& d, double causal_pairs, double window_pairs);
 // The token mixers of the GDN layers of a hybrid model (model/gdn_layer.hpp), forward+backward of
 // S tokens: the recurrence (3 x gdn_fwd_flops) and the short convolutions (3 x 2 conv C per token);
 // their projections are in train_matmul_flops.
 double train_gdn_flops(const ModelDims& d, int64_t S);
 // Inference: a prefill of T new tokens after `cached` ones, for one sequence (the projections and
-// MLP of T tokens, the attention of partial_prefill_pairs(T, cached) pairs, one LM-head row; a GDN
+// MLP of T tokens, the attention of partial_prefill_pairs(T, cached) pairs (a local layer's
+// window_prefill_pairs), one LM-head row; a GDN
 // layer's projections, recurrence (gdn_fwd_flops) and convolution instead of the attention); a
 // decode token at context length `ctx` (before it) is prefill_flops(d, 1, ctx).
 double prefill_flops(const ModelDims& d, int64_t T, int64_t cached);

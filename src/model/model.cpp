@@ -26,8 +26,11 @@ ModelDims model_dims(const Config& c, int tp, int tp_rank) {
   d.rope_orig_max = double(c.rope_original_max_pos);
   d.tp = tp;
   d.tp_rank = tp_rank;
-  if (c.layer_pattern.find('D') != std::string::npos) {
+  if (c.layer_pattern.find_first_of("DL") != std::string::npos) {
     for (int64_t l = 0; l < c.layers; ++l) d.kinds += c.layer_pattern[size_t(l) % c.layer_pattern.size()];
+    if (d.has_local()) d.window = c.window;
+  }
+  if (c.layer_pattern.find('D') != std::string::npos) {
     d.gdn_H = int32_t(c.gdn_heads > 0 ? c.gdn_heads : c.heads);
     d.gdn_Dk = int32_t(c.gdn_head_dim_k > 0 ? c.gdn_head_dim_k : c.head_dim);
     d.gdn_Dv = int32_t(c.gdn_head_dim_v > 0 ? c.gdn_head_dim_v : c.head_dim);

@@ -27,9 +27,13 @@ struct ModelDims {
   float norm_eps = 1e-5f;
   double rope_theta = 5e5, rope_factor = 1, rope_low = 1, rope_high = 4, rope_orig_max = 8192;
   int tp = 1, tp_rank = 0;
-  // Hybrid models: one letter per layer, 'G' full attention, 'D' Gated DeltaNet (model/gdn_layer.hpp);
-  // empty = every layer attention.
+  // One letter per layer: 'G' global (full causal) attention, 'L' local attention over `window`
+  // tokens (sliding window, as Gemma's), 'D' Gated DeltaNet (model/gdn_layer.hpp); empty = every
+  // layer global attention.
   std::string kinds;
+  int64_t window = 0;  // of the 'L' layers
+  bool is_local(int64_t l) const { return !kinds.empty() && kinds[size_t(l)] == 'L'; }
+  bool has_local() const { return kinds.find('L') != std::string::npos; }
   int32_t gdn_H = 0, gdn_Dk = 0, gdn_Dv = 0, gdn_conv = 4, gdn_chunk = 128;
   std::string gdn_schedule = "ring";  // under CP: ring or scan (src/cp/gdn_cp.hpp)
   bool gdn_replicated = false;        // inference: GDN states on every CP rank (infer/gdn_infer.hpp)

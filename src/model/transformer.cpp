@@ -42,9 +42,10 @@ double Transformer::activation_bytes(const ModelDims& d, Remat remat, int64_t S,
 }
 
 Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat,
-                         const std::vector<int64_t>& pos, bool has_docs)
-    : layout_(layout), d_(layout.dims()), topo_(topo), strat_(strategy), remat_(remat), has_docs_(has_docs),
-      S_loc_(int64_t(pos.size())), pos_(pos) {
+                         const std::vector<int64_t>& pos, bool has_docs, CpStrategy* local_strategy)
+    : layout_(layout), d_(layout.dims()), topo_(topo), strat_(strategy), local_(local_strategy), remat_(remat),
+      has_docs_(has_docs), S_loc_(int64_t(pos.size())), pos_(pos) {
+  CTXPAR_CHECK(!d_.has_local() || local_, "a model with local (L) layers needs their strategy");
   call_ = attn_problem(S_loc_, d_.H_q_loc(), d_.H_kv_loc(), d_.D, MaskKind::causal, 0);
   call_.q_pos = call_.k_pos = pos_.data();
   const size_t n = size_t(S_loc_);
@@ -92,8 +93,12 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
 LayerRun Transformer::run(int64_t l) { return LayerRun{d_, topo_, tr_, *times_, *st_, l}; }
 
 // The strategy's call on one layer's local attention tensors (forward inputs and outputs).
-AttnParams Transformer::local_attn(AttnActs& a, const Batch& b) {
+AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
   AttnParams t = call_;
+  if (d_.is_local(l)) {
+    t.mask = MaskKind::window;
+    t.window = d_.window;
+  }
   t.q_doc = t.k_doc = has_docs_ ? b.doc.data() : nullptr;  // follows the run's flag (strategy message layout)
   t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
   t.o = a.o.data(); t.lse = a.lse.data();
@@ -105,9 +110,9 @@ AttnParams Transformer::local_attn(AttnActs& a, const Batch& b) {
 void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b) {
   attn_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), a.q.data(), a.k.data(),
               a.v.data());
-  const AttnParams t = local_attn(a, b);
+  const AttnParams t = local_attn(l, a, b);
   const double t0 = now_s();
-  strat_.forward(t, tr_, *st_);
+  strategy_of(l).forward(t, tr_, *st_);
   times_->attn_s += now_s() - t0;
 }
 
@@ -157,11 +162,11 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   // ---- attention: x1 = x + attn(rope(h Wq), rope(h Wk), h Wv) Wo
   layer_gemm(run(l), false, true, S, qw, dim, dx, dim, w.wo, dim, 0, do_.data(), qw);      // dO = dx1 Wo^T
   layer_gemm(run(l), true, false, qw, dim, S, a.o.data(), qw, dx, dim, 1, gw.wo, dim);     // dWo += O^T dx1
-  AttnParams t = local_attn(a, b);
+  AttnParams t = local_attn(l, a, b);
   t.dout = do_.data();
   t.dq = dq_.data(); t.dk = dk_.data(); t.dv = dv_.data();
   const double t0 = now_s();
-  strat_.backward(t, tr_, *st_);
+  strategy_of(l).backward(t, tr_, *st_);
   times_->attn_s += now_s() - t0;
   {
     Tracer::Scope sc(tr_, Phase::rope, int32_t(l), -1, 0, 0);

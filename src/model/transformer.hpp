@@ -14,6 +14,8 @@
 //
 // Hybrid models (layer_pattern with 'D'): a GDN layer's token mixer is model/gdn_layer.hpp's in
 // place of the attention; it keeps its activations under every remat (full recomputes its MLP).
+// Local layers ('L'): the same layer with a sliding-window mask, through the local strategy
+// (halo by default).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -37,8 +39,10 @@ class Tracer;
 class Transformer {
  public:
   // `pos` / has_docs: the global positions of this rank's tokens (fixed for the run).
+  // `local_strategy`: the CP attention of the local ('L', sliding-window) layers; needed when the
+  // layout has any (it may be the same object as `strategy`).
   Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat,
-              const std::vector<int64_t>& pos, bool has_docs);
+              const std::vector<int64_t>& pos, bool has_docs, CpStrategy* local_strategy = nullptr);
 
   // Overwrites `grads` (layout.local_elems()) with d(loss)/d(params) for loss = loss_scale *
   // sum of token losses, and returns this rank's unscaled sum of token losses. `logits_out`
@@ -60,7 +64,8 @@ class Transformer {
   void mlp_bwd(int64_t l, const LayerView& w, LayerView& gw, MlpActs& m, float* dx);
   MlpActs& mlp_of(int64_t l) { return mlp_.size() == 1 ? mlp_[0] : mlp_[size_t(l)]; }
 
-  AttnParams local_attn(AttnActs& a, const Batch& b);
+  AttnParams local_attn(int64_t l, AttnActs& a, const Batch& b);
+  CpStrategy& strategy_of(int64_t l) { return d_.is_local(l) ? *local_ : strat_; }
   // The layer code's context for layer l (model/layer.hpp) in the current call.
   LayerRun run(int64_t l);
   // attn_in_fwd (model/layer.hpp) and the CP attention, into `a`.
@@ -71,6 +76,7 @@ class Transformer {
   ModelDims d_;
   Topology& topo_;
   CpStrategy& strat_;
+  CpStrategy* local_;  // the L layers' (null without any)
   Remat remat_;
   AttnParams call_;  // the strategy's call on this rank's shard (tensors set per layer)
   bool has_docs_;

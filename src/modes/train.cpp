@@ -34,9 +34,14 @@ namespace {
 int tp_size(const Topology& t) { return t.size(Axis::tp); }
 
 // The attention problem of one tp rank (heads / tp of each kind), causal.
-AttnParams local_attn_problem(const Config& cfg, int tp) {
+AttnParams local_attn_problem(const Config& cfg, int tp, bool local_layer = false) {
   return attn_problem(cfg.seq, int32_t(cfg.heads / tp), int32_t(cfg.kv_heads / tp), int32_t(cfg.head_dim),
-                      MaskKind::causal, 0);
+                      local_layer ? MaskKind::window : MaskKind::causal, local_layer ? cfg.window : 0);
+}
+// The strategy of the local (L) layers; null without any.
+std::unique_ptr<CpStrategy> make_local_strategy(const Config& cfg, Topology& topo) {
+  if (cfg.layer_pattern.find('L') == std::string::npos) return nullptr;
+  return make_strategy(cfg.local_strategy, topo);
 }
 // The message of a non-finite loss or gradient at step `s`: which, and the first parameter (in
 // layout order, over all ranks) whose gradient holds a NaN or Inf. Collective over `world`.
@@ -85,6 +90,14 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   }
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
   if (!err.empty()) return "config: " + err;
+  if (std::unique_ptr<CpStrategy> local = make_local_strategy(cfg, topo)) {
+    err = local->validate(local_attn_problem(cfg, tp, true), topo);
+    if (!err.empty()) return "config: local_strategy = " + cfg.local_strategy + " (the L layers): " + err;
+    if (local->partition() != strat->partition())  // every strategy shards zigzag today
+      return "config: local_strategy = " + cfg.local_strategy + " shards " + partition_name(local->partition()) +
+             " and strategy = " + name_of(cfg.strategy) + " " + partition_name(strat->partition()) +
+             "; the layers share one sharding; valid: strategies of the same sharding";
+  }
   if (model_dims(cfg, tp, 0).has_gdn()) {
     const PartitionKind kind = strat->partition();
     if (kind != PartitionKind::contiguous && kind != PartitionKind::zigzag)
@@ -147,6 +160,8 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
                                                      Transformer::logits_chunk_rows(S_loc, d.vocab));
   // The strategy's transient buffers (gathered / in-flight K/V and their gradients).
   p.strategy_bytes = strat->buffer_bytes(local_attn_problem(cfg, tp), train_docs(cfg), topo);
+  if (std::unique_ptr<CpStrategy> local = make_local_strategy(cfg, topo))  // one layer's at a time
+    p.strategy_bytes = std::max(p.strategy_bytes, local->buffer_bytes(local_attn_problem(cfg, tp, true), train_docs(cfg), topo));
   // Rank 0 gathers whole tensors to write them (model/checkpoint.cpp): params and both AdamW
   // moments for a checkpoint; params, gradients and the logits for the oracle dump.
   const double global = 4.0 * double(ParamLayout(model_dims(cfg, 1, 0)).local_elems());
@@ -164,6 +179,12 @@ std::string train_plan(const Config& cfg, Topology& topo) {
   os << "model: " << cfg.layers << " layers, dim " << cfg.dim << ", ffn " << cfg.ffn_dim << ", heads " << cfg.heads
      << "/" << cfg.kv_heads << " x " << cfg.head_dim << ", vocab " << cfg.vocab << "; S=" << cfg.seq << ", strategy "
      << name_of(cfg.strategy) << ", remat " << name_of(cfg.remat) << "\n";
+  if (cfg.layer_pattern != "G") {
+    os << "layers: pattern " << cfg.layer_pattern;
+    if (cfg.layer_pattern.find('L') != std::string::npos)
+      os << "; local (L) layers: window " << cfg.window << ", local_strategy " << cfg.local_strategy;
+    os << "\n";
+  }
   if (std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo)) {
     const Partition part(strat->partition(), cfg.seq, topo.cp().size());
     if (part.padding() > 0) os << "padding: " << part.padding_note() << "\n";
@@ -207,7 +228,8 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   } else {
     layout.init(uint64_t(cfg.seed), params.data());
   }
-  Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg));
+  std::unique_ptr<CpStrategy> local_strat = make_local_strategy(cfg, topo);
+  Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg), local_strat.get());
   const std::unique_ptr<TokenSource> src = make_token_source(cfg);
 
   // Oracle dump: initial weights (before any update) and step-0 results.
@@ -229,8 +251,11 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
        name_of(cfg.remat));
   log0("# data: %s; trace %s; peak %.1f GFLOP/s per rank (%s)\n", src->describe().c_str(), tracer.path().c_str(),
        peak / 1e9, cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank" : "measured sgemm");
-  log0("# FLOP convention: %s; attention on visible causal pairs (sum L_i(L_i+1)/2 per document); recompute not counted\n",
+  log0("# FLOP convention: %s; attention on visible causal pairs (sum L_i(L_i+1)/2 per document; local layers the window's); recompute not counted\n",
        kFlopConvention);
+  if (cfg.layer_pattern != "G")
+    log0("# layers: pattern %s (G global attention, L local over window %lld with local_strategy %s, D Gated DeltaNet): %s\n",
+         cfg.layer_pattern.c_str(), (long long)cfg.window, cfg.local_strategy.c_str(), d.kinds.c_str());
   if (part.padding() > 0) log0("# %s\n", part.padding_note().c_str());
   if (state.step > 0) log0("# resumed from %s at step %lld\n", cfg.resume.c_str(), (long long)state.step);
   log0("#  step         loss  grad_norm   time_ms    tokens/s  TFLOP/s/rank    MFU%%  exposed_ms  peak_MiB\n");
@@ -248,10 +273,11 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     Batch b = make_batch(*src, sample, part, cp.rank());
     // Labelled tokens of the whole global batch: the loss is their mean.
     int64_t counts[2] = {b.labelled_tokens, 0};
-    double pairs = causal_visible_pairs(b.doc_lengths);
+    double pairs[2] = {causal_visible_pairs(b.doc_lengths),
+                       d.has_local() ? window_visible_pairs(b.doc_lengths, d.window) : 0.0};
     if (DP > 1) {
       dp.all_reduce(std::span<int64_t>(counts, 1));
-      dp.all_reduce(std::span<double>(&pairs, 1));
+      dp.all_reduce(std::span<double>(pairs, 2));
     }
     const int64_t N = std::max<int64_t>(counts[0], 1);
     CpStats st;
@@ -306,7 +332,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     // Whole job: every dp replica's projections, and the visible pairs summed over dp above.
     const ModelDims dg = model_dims(cfg, 1, 0);
     const double step_flops =
-        double(DP) * (train_matmul_flops(dg, cfg.seq) + train_gdn_flops(dg, cfg.seq)) + train_attn_flops(dg, pairs);
+        double(DP) * (train_matmul_flops(dg, cfg.seq) + train_gdn_flops(dg, cfg.seq)) + train_attn_flops(dg, pairs[0], pairs[1]);
     StepRecord rec;
     rec.step = s;
     rec.time_s = dt;
@@ -369,7 +395,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
                 {"heads", cfg.heads}, {"kv_heads", cfg.kv_heads}, {"head_dim", cfg.head_dim}, {"seq", cfg.seq},
                 {"rope_original_max_pos", cfg.rope_original_max_pos}, {"gdn_heads", cfg.gdn_heads},
                 {"gdn_head_dim_k", cfg.gdn_head_dim_k}, {"gdn_head_dim_v", cfg.gdn_head_dim_v}, {"gdn_conv", cfg.gdn_conv},
-                {"gdn_chunk", cfg.gdn_chunk}};
+                {"gdn_chunk", cfg.gdn_chunk}, {"window", cfg.window}};
       a.doubles = {{"norm_eps", cfg.norm_eps}, {"rope_theta", cfg.rope_theta}, {"rope_scale_factor", cfg.rope_scale_factor},
                    {"rope_low_freq_factor", cfg.rope_low_freq_factor}, {"rope_high_freq_factor", cfg.rope_high_freq_factor},
                    {"lr", cfg.lr}, {"weight_decay", cfg.weight_decay}, {"beta1", cfg.beta1}, {"beta2", cfg.beta2},

@@ -366,7 +366,7 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
   // Model FLOPs (whole job: every dp replica, B sequences each).
   const double pairs = causal_visible_pairs({S});
   const double mm_flops = (train_matmul_flops(d, S) + train_gdn_flops(d, S)) * double(B),
-               at_flops = train_attn_flops(d, pairs) * double(B);
+               at_flops = train_attn_flops(d, pairs, 0) * double(B);
   r.model_flops = (mm_flops + at_flops) * double(mesh.dp);
 
   // Matmuls: split evenly over cp and tp (the LM head is replicated over tp: counted per rank).

@@ -6,6 +6,9 @@ Llama 3 frequency scaling, GQA by repeating K/V heads, causal + same-document ma
 cross-entropy over labels shifted within documents (-1 = ignored), AdamW with decoupled weight
 decay on matrices only and global-norm clipping (torch.nn.utils.clip_grad_norm_).
 
+Local layers (layer_pattern with L, as Gemma's sliding-window layers): the attention mask also
+keeps q_pos - k_pos < window.
+
 Hybrid models (layer_pattern with D): a D layer's token mixer is Gated DeltaNet as published
 (short causal depthwise convolutions with silu, L2-normalised q and k, beta = sigmoid, decay
 g = -exp(A_log) softplus(a + dt_bias), the gated delta rule run token by token as its plain
@@ -91,6 +94,9 @@ class Model:
         doc = torch.tensor(doc_ids.astype(np.int64))
         causal = torch.arange(S)[None, :] <= torch.arange(S)[:, None]
         self.mask = causal & (doc[None, :] == doc[:, None])
+        # Local (L) layers: also within the window, q_pos - k_pos < window.
+        near = torch.arange(S)[:, None] - torch.arange(S)[None, :] < max(int(self.cfg.get("window", 0)), 1)
+        self.local_mask = self.mask & near
         self.doc = doc
         self.tokens = torch.tensor(tokens.astype(np.int64))
         self.labels = torch.tensor(labels_of(tokens, doc_ids))
@@ -167,7 +173,7 @@ class Model:
             k = k.repeat_interleave(H // Hkv, dim=1)
             v = v.repeat_interleave(H // Hkv, dim=1)
             sc = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(D)
-            sc = sc.masked_fill(~self.mask[None], float("-inf"))
+            sc = sc.masked_fill(~(self.local_mask if kind == "L" else self.mask)[None], float("-inf"))
             o = torch.einsum("hij,jhd->ihd", torch.softmax(sc, dim=-1), v).reshape(S, H * D)
             x = x + o @ w["wo"]
             h2 = self.rms(x, w["mlp_norm"])

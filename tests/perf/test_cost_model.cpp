@@ -67,7 +67,7 @@ TEST(CostModel, TrainFlopsEqualModelFlops) {
   const StrategyPrediction p = predict(m, h, mesh, w, "ring");
   ModelDims d;
   d.layers = m.layers, d.dim = m.dim, d.ffn = m.ffn, d.vocab = m.vocab, d.H_q = 8, d.H_kv = 2, d.D = 128;
-  const double want = train_matmul_flops(d, 8192) + train_attn_flops(d, causal_visible_pairs({8192}));
+  const double want = train_matmul_flops(d, 8192) + train_attn_flops(d, causal_visible_pairs({8192}), 0);
   EXPECT_NEAR(p.model_flops, want, 1e-9 * want);
   // Matmul time on the ideal chip is exactly the per-rank matmul FLOPs / peak.
   EXPECT_NEAR(p.gemm_s, train_matmul_flops(d, 8192) / 4 / 100e12, 1e-9);

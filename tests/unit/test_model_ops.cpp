@@ -255,10 +255,38 @@ TEST(Model, FlopFormulas) {
   const ModelDims d = model_dims(c, 1, 0);
   EXPECT_EQ(causal_visible_pairs({4}), 10.0);           // 4 + 3 + 2 + 1
   EXPECT_EQ(causal_visible_pairs({2, 3}), 3.0 + 6.0);   // per document
+  // Sliding window W: a query sees min(position + 1, W) keys of its document.
+  EXPECT_EQ(window_visible_pairs({4}, 2), 1.0 + 2 + 2 + 2);
+  EXPECT_EQ(window_visible_pairs({2, 5}, 3), 3.0 + (1 + 2 + 3 + 3 + 3));
+  EXPECT_EQ(window_visible_pairs({7}, 100), causal_visible_pairs({7}));
+  EXPECT_EQ(window_prefill_pairs(3, 2, 3), 3.0 + 3 + 3);  // positions 2, 3, 4
+  EXPECT_EQ(window_prefill_pairs(3, 2, 1000), partial_prefill_pairs(3, 2));
+  {  // against the one counter (kernels/ops.hpp visible_pairs) on packed documents
+    const std::vector<int64_t> lengths = {5, 17, 1, 40};
+    std::vector<int64_t> pos;
+    std::vector<int32_t> doc;
+    for (size_t i = 0; i < lengths.size(); ++i)
+      for (int64_t j = 0; j < lengths[i]; ++j) {
+        pos.push_back(int64_t(pos.size()));
+        doc.push_back(int32_t(i));
+      }
+    AttnParams p;
+    p.S_q = p.S_k = int64_t(pos.size());
+    p.H_q = p.H_kv = 1;
+    p.D = 2;
+    p.q_pos = p.k_pos = pos.data();
+    p.q_doc = p.k_doc = doc.data();
+    p.mask = MaskKind::window;
+    p.window = 6;
+    EXPECT_EQ(window_visible_pairs(lengths, 6), double(visible_pairs(p)));
+  }
   // Projections: per token per layer 2*dim*(H_q D + 2 H_kv D) + 2 H_q D dim + 6 dim F; head 2 dim V.
   const double fwd = 64.0 * (2 * (2 * 32 * (32 + 2 * 16) + 2 * 32 * 32 + 6 * 32 * 48) + 2 * 32 * 40);
   EXPECT_DOUBLE_EQ(train_matmul_flops(d, 64), 3 * fwd);
-  EXPECT_DOUBLE_EQ(train_attn_flops(d, 100), 3.5 * 4 * 4 * 8 * 100 * 2);
+  EXPECT_DOUBLE_EQ(train_attn_flops(d, 100, 0), 3.5 * 4 * 4 * 8 * 100 * 2);
+  ModelDims dl = d;  // one global and one local layer: each at its own pairs
+  dl.kinds = "GL";
+  EXPECT_DOUBLE_EQ(train_attn_flops(dl, 100, 30), 3.5 * 4 * 4 * 8 * (100 + 30));
   EXPECT_EQ(d.param_count(), 2 * (2 * 32 + 32 * 32 * 2 + 32 * 16 * 2 + 3 * 32 * 48) + 2 * 40 * 32 + 32);
 }
 
