@@ -133,8 +133,11 @@ void Engine::end_call(double t_start) {
 }
 
 // This tp rank's heads (tp splits the heads; the CP strategies run within the tp slice).
-AttnParams Engine::call(int64_t n) const {
-  return attn_problem(n, d_.H_q_loc(), d_.H_kv_loc(), d_.D, MaskKind::causal, 0);
+// A local (L) layer attends within its sliding window.
+AttnParams Engine::call(int64_t n, int64_t l) const {
+  const bool local = d_.is_local(l);
+  return attn_problem(n, d_.H_q_loc(), d_.H_kv_loc(), d_.D, local ? MaskKind::window : MaskKind::causal,
+                      local ? d_.window : 0);
 }
 
 StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo, Tracer* tr, CallStats& st,
@@ -239,7 +242,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
       std::memcpy(cache_.k(s.b, l) + s.first * kw, k + s.off * kw, size_t(s.n * kw) * sizeof(float));
       std::memcpy(cache_.v(s.b, l) + s.first * kw, v + s.off * kw, size_t(s.n * kw) * sizeof(float));
     }
-    AttnParams t = call(rows);
+    AttnParams t = call(rows, l);
     t.q = qx;
     t.q_pos = docs ? apos.data() : pos.data();
     t.q_doc = docs ? doc.data() : nullptr;
@@ -356,7 +359,7 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
   }
   CpStrategy& strategy = algo == DecodeAlgo::allgather ? *decode_allgather_ : *decode_pass_q_;
   AttnFn attn = [&](int64_t l, float* q, float* k, float* v, float* o, float* lse) {
-    AttnParams t = call(Bq);
+    AttnParams t = call(Bq, l);
     t.q = q;
     t.q_pos = pos.data();
     t.q_doc = seq.data();

@@ -109,7 +109,7 @@ class Engine {
   void ensure_rows(int64_t n);
   LayerRun run(int64_t l);
   // The attention call of n query rows of this model (causal; tensors set by the caller).
-  AttnParams call(int64_t n) const;
+  AttnParams call(int64_t n, int64_t l) const;  // layer l's attention of n query rows
   // Per-call state: the tracer, the counters (returns the start time); and their closing.
   double begin_call(Tracer* tr, CallStats& st);
   void end_call(double t_start);

@@ -56,13 +56,17 @@ struct Heads {
 };
 const Heads kHeads[] = {{"mha", 4, 4}, {"gqa", 4, 2}};
 
-// pattern: layer_pattern (G attention, D Gated DeltaNet); schedule: gdn_schedule.
+// pattern: layer_pattern (G global attention, L local attention over kLocalWindow tokens, D Gated
+// DeltaNet); schedule: gdn_schedule.
+constexpr int64_t kLocalWindow = 20;
 Config tiny_config(const Heads& h, const std::string& pattern = "G", const std::string& schedule = "scan",
                    const std::string& state = "owner") {
+  const bool local = pattern.find('L') != std::string::npos;
   return parse_config("", "(test)",
-                      {"layers=2", "dim=64", "ffn_dim=128", "vocab=97", "heads=" + std::to_string(h.H_q),
-                       "kv_heads=" + std::to_string(h.H_kv), "head_dim=16", "seed=7", "layer_pattern=" + pattern,
-                       "gdn_schedule=" + schedule, "gdn_chunk=16", "gdn_state=" + state});
+                      {"layers=" + std::to_string(std::max<size_t>(2, pattern.size())), "dim=64", "ffn_dim=128",
+                       "vocab=97", "heads=" + std::to_string(h.H_q), "kv_heads=" + std::to_string(h.H_kv),
+                       "head_dim=16", "seed=7", "layer_pattern=" + pattern, "gdn_schedule=" + schedule,
+                       "gdn_chunk=16", "gdn_state=" + state, "window=" + std::to_string(local ? kLocalWindow : 0)});
 }
 
 Topology& topology(const MeshSpec& m) {
@@ -101,7 +105,7 @@ std::vector<float> reference_logits(Model& m, const std::vector<int32_t>& tokens
   std::unique_ptr<CpStrategy> strat = make_strategy("ring", topo);
   std::vector<int64_t> pos(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
-  Transformer tf(m.layout, topo, *strat, Remat::none, pos, false);
+  Transformer tf(m.layout, topo, *strat, Remat::none, pos, false, strat.get());  // local layers: the window mask
   Batch b;
   b.S = S;
   b.tokens = tokens;
@@ -254,16 +258,21 @@ std::vector<ChatCase> chat_cases() {
   v.push_back({CpAlgo::pass_q, DecodeAlgo::allgather, kHeads[0], true, "DG", "scan"});
   v.push_back({CpAlgo::pass_kv, DecodeAlgo::pass_q, kHeads[1], true, "D", "ring"});
   v.push_back({CpAlgo::pass_q, DecodeAlgo::pass_q, kHeads[1], true, "DG", "ring", "replicated"});
+  // Local (sliding-window) layers beside global ones, and all three kinds: the window (20) is
+  // shorter than the prompts, so the decode steps and the second prefill drop keys.
+  v.push_back({CpAlgo::pass_kv, DecodeAlgo::pass_q, kHeads[1], false, "LG"});
+  v.push_back({CpAlgo::pass_q, DecodeAlgo::allgather, kHeads[0], true, "LG"});
+  v.push_back({CpAlgo::pass_kv, DecodeAlgo::allgather, kHeads[1], true, "LDG", "ring"});
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Infer, InferChat, ::testing::ValuesIn(chat_cases()),
                          [](const ::testing::TestParamInfo<ChatCase>& i) {
                            return std::string(algo_name(i.param.prefill)) + "_decode_" +
                                   name_of(i.param.decode) + "_" + i.param.heads.name + (i.param.odd ? "_odd" : "") +
-                                  (std::string(i.param.pattern) == "G"
+                                  (std::string(i.param.pattern) == "G" ? "" : std::string("_") + i.param.pattern) +
+                                  (std::string(i.param.pattern).find('D') == std::string::npos
                                        ? ""
-                                       : std::string("_") + i.param.pattern + "_" + i.param.gdn_schedule + "_" +
-                                             i.param.gdn_state);
+                                       : std::string("_") + i.param.gdn_schedule + "_" + i.param.gdn_state);
                          });
 
 // ---- partial prefill at miss rates 1 %, 10 %, 50 %, 100 % ---------------------------------------
