@@ -178,6 +178,19 @@ struct AttnParams {
     if (q_doc) c.q_doc = q_doc + a;
     return c;
   }
+  // The sub-call on key rows [a, a + n): k, v, dk, dv, k_pos, k_doc offset; queries unchanged.
+  AttnParams key_rows(int64_t a, int64_t n) const {
+    AttnParams c = *this;
+    const int64_t row = int64_t(H_kv) * D, e = int64_t(dtype_bytes(dtype));
+    c.S_k = n;
+    if (k) c.k = static_cast<const char*>(k) + a * k_ld() * e;
+    if (v) c.v = static_cast<const char*>(v) + a * v_ld() * e;
+    if (dk) c.dk = dk + a * row;
+    if (dv) c.dv = dv + a * row;
+    if (k_pos) c.k_pos = k_pos + a;
+    if (k_doc) c.k_doc = k_doc + a;
+    return c;
+  }
   template <class T> CTXPAR_HD const T* q_as() const { return static_cast<const T*>(q); }
   template <class T> CTXPAR_HD const T* k_as() const { return static_cast<const T*>(k); }
   template <class T> CTXPAR_HD const T* v_as() const { return static_cast<const T*>(v); }

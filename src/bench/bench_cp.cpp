@@ -4,7 +4,8 @@
 // layer_pattern, a second table for the Gated DeltaNet op per GDN schedule (bench_cp_gdn.cpp);
 // layer_pattern=D alone skips the attention table.
 //
-// Strategies: cfg.strategy, or every registered one for strategy=all; a strategy invalid for the
+// Strategies: cfg.strategy, or every registered one for strategy=all, and with mask=window the
+// halo exchange of local layers (cp/halo.cpp) first; a strategy invalid for the
 // shape on this mesh gets a "skipped" row and its reason. Lengths: seq/4, seq/2, seq (those the
 // zigzag partition accepts). Inputs: the synthetic tensors of `ctxpar run` (seeded per global
 // token), documents from cfg.docs. Times: per step the max over ranks; the table shows the
@@ -139,6 +140,9 @@ int bench_cp(BenchContext& ctx) {
   // the configured one: at long S one strategy's forward + backward takes minutes on a CPU.
   std::vector<std::string> names = {name_of(cfg.strategy)};
   if (cfg.strategy == StrategySetting::all) names = strategy_names();
+  // A sliding window (a local layer's attention): the halo exchange first, beside the configured
+  // strategies (the ring by default), which move every block past every rank.
+  if (cfg.mask == MaskKind::window) names.insert(names.begin(), "halo");
   std::vector<int64_t> lengths;
   for (int64_t S : {cfg.seq / 4, cfg.seq / 2, cfg.seq})
     if (S >= 2 * P) lengths.push_back(S);

@@ -154,7 +154,10 @@ class Halo final : public CpStrategy {
     Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false), lse_tmp(size_t(chunk) * a.H_q, false);
     // Own keys first (initializes o and lse), while the halo travels.
     timed_call(tr, st, Phase::attn_fwd, 0, a, [&](const AttnParams& p) {
-      cp::fwd_chunked(p, chunk, false, nullptr, nullptr, [&] { x.progress(comm_); });
+      for_near_keys(p, chunk, [&](const AttnParams& q) {
+        attn_fwd(q);
+        x.progress(comm_);
+      });
     });
     for (size_t i = 0; i < x.plan.peers.size(); ++i) {
       const Plan::Peer& peer = x.plan.peers[i];
@@ -191,7 +194,12 @@ class Halo final : public CpStrategy {
       for (Request& r : back_req)
         if (r.pending()) comm_.test(r);
     };
-    timed_call(tr, st, Phase::attn_bwd, 0, a, [&](const AttnParams& p) { cp::bwd_chunked(p, chunk, progress); });
+    timed_call(tr, st, Phase::attn_bwd, 0, a, [&](const AttnParams& p) {
+      for_near_keys(p, chunk, [&](const AttnParams& q) {
+        attn_bwd(q);
+        progress();
+      });
+    });
     for (size_t i = 0; i < n; ++i) {
       const Plan::Peer& peer = x.plan.peers[i];
       if (peer.recv_rows == 0) continue;
@@ -302,6 +310,21 @@ class Halo final : public CpStrategy {
       }
     }
     return x;
+  }
+
+  // Calls f on consecutive blocks of `chunk` query rows of `p` (the rank's own keys), each with
+  // only the keys its window reaches: positions [first - window + 1, last] of the block, a
+  // contiguous run of the ascending local rows. The kernel packs the keys of a call, so a block
+  // against all local keys would cost S_loc per block instead of chunk + window.
+  template <class F> static void for_near_keys(const AttnParams& p, int64_t chunk, F&& f) {
+    const int64_t* kp = p.k_pos;
+    for (int64_t a0 = 0; a0 < p.S_q; a0 += chunk) {
+      const int64_t n = std::min(chunk, p.S_q - a0);
+      const AttnParams q = p.query_rows(a0, n);
+      const int64_t k0 = std::lower_bound(kp, kp + p.S_k, q.q_pos[0] - (p.window - 1)) - kp;
+      const int64_t k1 = std::upper_bound(kp, kp + p.S_k, q.q_pos[n - 1]) - kp;
+      f(q.key_rows(k0, k1 - k0));
+    }
   }
 
   template <class F> static void timed_call(Tracer* tr, CpStats& st, Phase ph, int32_t step, const AttnParams& p, F&& f) {

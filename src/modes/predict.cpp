@@ -193,12 +193,20 @@ int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
       {"exposed_comm_s", "exposed", "s", 10, 4}, {"mem_gib", "mem/chip", "GiB", 10, 2},
       {"fits", "fits", "", 5, 0},         {"recommended", "best", "", 5, 0},
       {"note", "note", "", 3, 0}};
-  BenchTable t("ctxpar predict — cost model per strategy (src/perf/cost_model.hpp states the overlap rules)",
-               cols,
-               {std::string("FLOP convention: ") + kFlopConvention +
-                    "; MFU = model FLOPs / (time * chips * peak of the profile's dense precision)",
-                "time: train = one step; prefill / partial_prefill = TTFT; decode = TTIT (one token)",
-                "attn includes the ring's hidden communication; exposed = communication on the critical path"});
+  std::vector<std::string> notes = {
+      std::string("FLOP convention: ") + kFlopConvention +
+          "; MFU = model FLOPs / (time * chips * peak of the profile's dense precision)",
+      "time: train = one step; prefill / partial_prefill = TTFT; decode = TTIT (one token)",
+      "attn includes the ring's hidden communication; exposed = communication on the critical path"};
+  if (cfg.layer_pattern.find('L') != std::string::npos)
+    notes.push_back(cfg.predict_mode == PerfMode::train
+                        ? "layers " + cfg.layer_pattern + ": the strategy column is the global (G) layers'; the local (L) " +
+                              "layers, window " + std::to_string(cfg.window) + ", are priced with local_strategy " +
+                              cfg.local_strategy + " in every row"
+                        : "layers " + cfg.layer_pattern + ": inference rows price the local (L) layers as global ones " +
+                              "(their window is not priced yet: an upper bound)");
+  BenchTable t("ctxpar predict — cost model per strategy (src/perf/cost_model.hpp states the overlap rules)", cols,
+               notes);
   std::vector<std::string> recs;
   for (const auto& [value, c] : configs) {
     const HardwareProfile hw = load_hardware(hardware_name(c, HardwareUse::plan));

@@ -28,6 +28,7 @@ ModelDims dims_of(const ModelShape& m, int tp = 1) {
   d.gdn_H = int32_t(m.gdn_H), d.gdn_Dk = int32_t(m.gdn_Dk), d.gdn_Dv = int32_t(m.gdn_Dv);
   d.gdn_conv = int32_t(m.gdn_conv), d.gdn_chunk = int32_t(m.gdn_chunk);
   d.gdn_schedule = m.gdn_schedule;
+  d.window = m.window;
   return d;
 }
 
@@ -106,6 +107,7 @@ double loss_bytes(const ModelShape& m, double tokens, double e) { return tokens 
 double optimizer_bytes(double params) { return params * 28.0; }
 
 int64_t ModelShape::gdn_layers() const { return int64_t(std::count(kinds.begin(), kinds.end(), 'D')); }
+int64_t ModelShape::local_layers() const { return int64_t(std::count(kinds.begin(), kinds.end(), 'L')); }
 
 double ModelShape::params_total() const {
   const double gdn_extra = double(gdn_conv) * double(2 * gdn_H * gdn_Dk + gdn_H * gdn_Dv) + 2.0 * gdn_H + gdn_Dv;
@@ -126,6 +128,8 @@ ModelShape model_shape(const Config& c) {
   m.kinds = d.kinds;
   m.gdn_H = d.gdn_H, m.gdn_Dk = d.gdn_Dk, m.gdn_Dv = d.gdn_Dv, m.gdn_conv = d.gdn_conv, m.gdn_chunk = d.gdn_chunk;
   m.gdn_schedule = d.gdn_schedule;
+  m.window = d.window;
+  m.local_strategy = c.local_strategy;
   return m;
 }
 
@@ -351,36 +355,26 @@ GdnLayerCost gdn_layer_cost(const Ctx& c, double tokens) {
   return g;
 }
 
-StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
+// One attention layer's forward + backward on a rank under strategy `st`, `pairs` visible pairs
+// per sequence (causal, or a local layer's window): time (compute and exposed communication),
+// all communication, the exposed part, the strategy's buffers.
+struct AttnLayerCost {
+  double time_s = 0, comm_s = 0, exposed_s = 0, buf = 0;
+};
+
+AttnLayerCost attn_layer_cost(const Ctx& c, PerfStrategy st, double pairs) {
   const ModelShape& m = c.m;
   const PerfMesh& mesh = c.mesh;
   const PerfWorkload& w = c.w;
-  StrategyPrediction r;
-  r.strategy = name_in(kPerfStrategyNames, st);
   const int64_t N = mesh.cp(), tp = mesh.tp, S = w.seq, B = w.batch;
-  // Rows per rank: S rounded up to the partition's unit (shard/partition.hpp pads any S): the
-  // padding rows cost GEMMs and attention like real ones.
-  const double S_loc = double(Partition::padded_length(w.partition, S, int(N))) / double(N), L = double(m.layers),
-               e = c.p.e;
-  const ModelDims d = dims_of(m);
-  // Model FLOPs (whole job: every dp replica, B sequences each).
-  const double pairs = causal_visible_pairs({S});
-  const double mm_flops = (train_matmul_flops(d, S) + train_gdn_flops(d, S)) * double(B),
-               at_flops = train_attn_flops(d, pairs, 0) * double(B);
-  r.model_flops = (mm_flops + at_flops) * double(mesh.dp);
-
-  // Matmuls: split evenly over cp and tp (the LM head is replicated over tp: counted per rank).
+  const double S_loc = double(Partition::padded_length(w.partition, S, int(N))) / double(N), e = c.p.e;
   const double tokens = S_loc * double(B);
-  r.gemm_s = gemm_seconds(c, tokens, 3.0, true);
-  const bool remat_full = w.remat == Remat::full, remat_attn = w.remat == Remat::attention || remat_full;
-  if (remat_full) r.gemm_s += gemm_seconds(c, tokens, 1.0, false);  // recomputed forward projections
-
+  const bool remat_attn = w.remat == Remat::attention || w.remat == Remat::full;
   // Attention per layer: forward and backward FLOPs per rank (balanced or not); kappa = visible
   // keys per query row of one kernel call; the diagonal's waste once per layer.
   const double at_fwd_rank = attn_fwd_flops(pairs, double(m.H_q), double(m.D)) * double(B) / double(N * tp);
   const double at_bwd_rank = c.hw.attn_bwd_work * at_fwd_rank;  // the kernel's work (the convention's 2.5 is for FLOPs)
   const double hkv = kv_heads_loc(m, tp), hq = double(m.H_q) / double(tp);
-  const int64_t k_tp = ranks_per_node(c.hw, tp, 1);
   const double o = c.hw.step_overhead_s;
   const double kv_msg = tokens * 2.0 * hkv * double(m.D) * e;  // one rank's K and V (per layer)
   double attn_layer = 0, comm_layer = 0, exposed_layer = 0, buf = 0;
@@ -434,9 +428,76 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
     exposed_layer = (ring_f - double(N) * (cf + of)) * (1 + recompute) + (ring_b - double(N) * (cb + ob));
     buf = 3.0 * kv_msg;
   }
-  const double L_attn = double(m.attn_layers()), G = double(m.gdn_layers());
+  return {attn_layer, comm_layer, exposed_layer, buf};
+}
+
+// A local (sliding-window) layer under the halo exchange (src/cp/halo.cpp): each rank receives
+// the window - 1 rows before each of its two zigzag chunks (at most the rest of the sequence),
+// while it attends its own keys; the backward fetches them again and returns their dK/dV (fp32)
+// at the end (exposed). Compute: the window's pairs, balanced over the ranks.
+AttnLayerCost halo_layer_cost(const Ctx& c, double pairs) {
+  const ModelShape& m = c.m;
+  const int64_t N = c.mesh.cp(), tp = c.mesh.tp, S = c.w.seq, B = c.w.batch;
+  const double S_loc = double(Partition::padded_length(c.w.partition, S, int(N))) / double(N);
+  const double tokens = S_loc * double(B), recompute = c.w.remat == Remat::none ? 0.0 : 1.0;
+  const double at_fwd_rank = attn_fwd_flops(pairs, double(m.H_q), double(m.D)) * double(B) / double(N * tp);
+  const double kappa = pairs / double(std::max<int64_t>(S, 1));  // visible keys per query
+  const double cf = attn_seconds(c, at_fwd_rank, kappa, diag_waste_flops(c, tokens, 1.0));
+  const double cb = attn_seconds(c, c.hw.attn_bwd_work * at_fwd_rank, kappa, diag_waste_flops(c, tokens, c.hw.attn_bwd_work));
+  AttnLayerCost a;
+  a.time_s = cf * (1 + recompute) + cb;
+  if (N <= 1) return a;
+  const double rows = double(B) * std::min(2.0 * double(std::max<int64_t>(m.window - 1, 0)), double(S) - S_loc);
+  const double row = 2.0 * kv_heads_loc(m, tp) * double(m.D);  // K and V elements per row
+  const int64_t k = ranks_per_node(c.hw, N, tp);
+  const double t_kv = p2p_s(c.hw, N, k, rows * row * c.p.e), t_back = p2p_s(c.hw, N, k, rows * row * 4.0);
+  const double exp_f = std::max(0.0, t_kv - cf), exp_b = std::max(0.0, t_kv - cb) + t_back;
+  a.comm_s = (2 + recompute) * t_kv + t_back;
+  a.exposed_s = exp_f * (1 + recompute) + exp_b;
+  a.time_s += a.exposed_s;
+  a.buf = rows * row * (2.0 * c.p.e + 2.0 * 4.0);
+  return a;
+}
+
+StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
+  const ModelShape& m = c.m;
+  const PerfMesh& mesh = c.mesh;
+  const PerfWorkload& w = c.w;
+  StrategyPrediction r;
+  r.strategy = name_in(kPerfStrategyNames, st);
+  const int64_t N = mesh.cp(), tp = mesh.tp, S = w.seq, B = w.batch;
+  // Rows per rank: S rounded up to the partition's unit (shard/partition.hpp pads any S): the
+  // padding rows cost GEMMs and attention like real ones.
+  const double S_loc = double(Partition::padded_length(w.partition, S, int(N))) / double(N), L = double(m.layers),
+               e = c.p.e;
+  const ModelDims d = dims_of(m);
+  // Model FLOPs (whole job: every dp replica, B sequences each).
+  const double pairs = causal_visible_pairs({S});
+  const double window_pairs = m.local_layers() > 0 ? window_visible_pairs({S}, m.window) : 0.0;
+  const double mm_flops = (train_matmul_flops(d, S) + train_gdn_flops(d, S)) * double(B),
+               at_flops = train_attn_flops(d, pairs, window_pairs) * double(B);
+  r.model_flops = (mm_flops + at_flops) * double(mesh.dp);
+
+  // Matmuls: split evenly over cp and tp (the LM head is replicated over tp: counted per rank).
+  const double tokens = S_loc * double(B);
+  r.gemm_s = gemm_seconds(c, tokens, 3.0, true);
+  const bool remat_full = w.remat == Remat::full;
+  if (remat_full) r.gemm_s += gemm_seconds(c, tokens, 1.0, false);  // recomputed forward projections
+
+  // Global attention layers under `st`; local ones under the configured local strategy (halo,
+  // or a training strategy on the window's pairs); GDN layers their own.
+  const int64_t k_tp = ranks_per_node(c.hw, tp, 1);
+  const AttnLayerCost ga = attn_layer_cost(c, st, pairs);
+  AttnLayerCost la;
+  if (m.local_layers() > 0) {
+    PerfStrategy ls = PerfStrategy::ring;
+    for (const auto& [v, n] : kPerfStrategyNames)
+      if (m.local_strategy == n) ls = v;
+    la = m.local_strategy == "halo" ? halo_layer_cost(c, window_pairs) : attn_layer_cost(c, ls, window_pairs);
+  }
+  const double L_loc = double(m.local_layers()), L_glob = double(m.attn_layers()) - L_loc, G = double(m.gdn_layers());
   const GdnLayerCost g = G > 0 ? gdn_layer_cost(c, tokens) : GdnLayerCost{};
-  r.attn_s = attn_layer * L_attn + g.time_s * G;
+  r.attn_s = ga.time_s * L_glob + la.time_s * L_loc + g.time_s * G;
   // Tensor-parallel all-reduces: 2 forward + 2 backward per layer of [tokens, dim] (exposed).
   const double t_tp = 4.0 * L * allreduce_s(c.hw, tp, k_tp, tokens * double(m.dim) * e) * (1 + (remat_full ? 0.5 : 0));
   // Gradient all-reduce over every replica holding other tokens (cp) or other sequences (dp).
@@ -448,8 +509,8 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
   r.other_s = c.share * (elementwise_bytes(m, tp, tokens, true, e) / c.rate(c.hw.elementwise_bytes_per_s) +
                          loss_bytes(m, tokens, e) / c.rate(c.hw.loss_bytes_per_s) +
                          optimizer_bytes(params_rank) / c.rate(c.hw.optimizer_bytes_per_s));
-  r.comm_total_s = comm_layer * L_attn + g.comm_s * G + t_tp + t_grad;
-  const double exposed_layers = exposed_layer * L_attn + g.exposed_s * G;
+  r.comm_total_s = ga.comm_s * L_glob + la.comm_s * L_loc + g.comm_s * G + t_tp + t_grad;
+  const double exposed_layers = ga.exposed_s * L_glob + la.exposed_s * L_loc + g.exposed_s * G;
   r.exposed_comm_s = exposed_layers + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
   r.time_s = r.gemm_s + r.attn_s + r.other_s + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
   add_sync_wait(r, c, r.gemm_s + r.attn_s - exposed_layers + r.other_s);
@@ -459,7 +520,7 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
   const ModelDims dl = dims_of(m, int(tp));
   const int64_t tok = int64_t(tokens);
   r.mem_act_bytes = Transformer::activation_bytes(dl, w.remat, tok, Transformer::logits_chunk_rows(tok, m.vocab)) * e / 4.0;
-  r.mem_buf_bytes = L_attn > 0 ? buf : 0;
+  r.mem_buf_bytes = std::max(L_glob > 0 ? ga.buf : 0.0, L_loc > 0 ? la.buf : 0.0);
   finish(r, c);
   return r;
 }

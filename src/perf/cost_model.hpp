@@ -42,8 +42,12 @@ struct Config;
 struct ModelShape {
   int64_t layers = 0, dim = 0, ffn = 0, vocab = 0;
   int64_t H_q = 0, H_kv = 0, D = 0;
-  // Hybrid models: one letter per layer, 'G' attention, 'D' Gated DeltaNet (empty: all attention).
+  // One letter per layer: 'G' global attention, 'L' local (sliding-window) attention, 'D' Gated
+  // DeltaNet (empty: all global attention).
   std::string kinds;
+  int64_t window = 0;                  // of the L layers
+  std::string local_strategy = "halo";  // of the L layers: halo or a training strategy
+  int64_t local_layers() const;
   int64_t gdn_H = 0, gdn_Dk = 0, gdn_Dv = 0, gdn_conv = 4, gdn_chunk = 64;
   std::string gdn_schedule = "ring";
   int64_t gdn_layers() const;

@@ -9,6 +9,9 @@ quantity's magnitude. FACTOR = 4, not 2: two fp32 stacks with different reductio
 (blocked BLIS GEMMs and flash attention here, PyTorch's GEMMs there) each carry their own
 rounding; one realization of the naive error underestimates the spread between them.
 Per-tensor errors are max-abs errors over the tensor divided by max |reference|.
+Losses over the AdamW steps: a trajectory carries every earlier step's rounding forward (Adam
+divides by sqrt(v), which amplifies a difference where v is small), so step s is held to the
+naive fp32 run's largest error over steps 0..s; one realization can land close again by chance.
 
 usage: test_train_oracle.py CTXPAR MPIRUN NP CONFIG [key=value ...]
 """
@@ -77,8 +80,18 @@ def main():
     # Losses over the AdamW steps (each step its own sample), fp64 and fp32 PyTorch runs.
     l64 = llama_torch.Model(d, torch.float64).train(steps)
     l32 = llama_torch.Model(d, torch.float32).train(steps)
+    def check_traj(what, mine, r64, naive_err):
+        e = rel_err(mine, r64)
+        tol = FACTOR * naive_err + FLOOR
+        ok = e <= tol
+        if not ok:
+            failures.append(what)
+        results[what] = (e, naive_err, tol, ok)
+
+    naive_max = 0.0
     for s in range(steps):
-        check(f"loss step {s}", [d["losses"][s]], [l64[s]], [l32[s]])
+        naive_max = max(naive_max, rel_err([l32[s]], [l64[s]]))
+        check_traj(f"loss step {s}", [d["losses"][s]], [l64[s]], naive_max)
 
     print(f"{'quantity':32s} {'err vs fp64':>12s} {'naive fp32':>12s} {'tolerance':>12s}")
     for k, (e, en, tol, ok) in results.items():

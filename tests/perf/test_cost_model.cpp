@@ -73,6 +73,50 @@ TEST(CostModel, TrainFlopsEqualModelFlops) {
   EXPECT_NEAR(p.gemm_s, train_matmul_flops(d, 8192) / 4 / 100e12, 1e-9);
 }
 
+// Local (sliding-window) layers: model FLOPs count the window's pairs; the halo exchange moves
+// 2 (window - 1) rows of K and V per rank each way (forward, backward again, dK/dV back), the ring
+// every block past every rank: priced so, the halo's communication is the window's, not the
+// sequence's, and grows with the window.
+TEST(CostModel, LocalLayersPriceTheHaloByTheWindow) {
+  ModelShape m = small();
+  m.layers = 6;
+  m.kinds = "LLLLLG";
+  m.window = 1024;
+  HardwareProfile h = ideal();
+  const PerfMesh mesh = ring_of(4);
+  const PerfWorkload w = train_of(32768);
+  ModelDims d;
+  d.layers = m.layers, d.dim = m.dim, d.ffn = m.ffn, d.vocab = m.vocab, d.H_q = 8, d.H_kv = 2, d.D = 128;
+  d.kinds = m.kinds;
+  d.window = m.window;
+  const double want =
+      train_matmul_flops(d, 32768) + train_attn_flops(d, causal_visible_pairs({32768}), window_visible_pairs({32768}, 1024));
+  m.local_strategy = "halo";
+  const StrategyPrediction halo = predict(m, h, mesh, w, "ring");
+  EXPECT_NEAR(halo.model_flops, want, 1e-9 * want);
+  m.local_strategy = "ring";
+  const StrategyPrediction ring = predict(m, h, mesh, w, "ring");
+  EXPECT_DOUBLE_EQ(ring.model_flops, halo.model_flops);
+  EXPECT_LE(halo.time_s, ring.time_s);
+  // Per local layer: the ring moves 3 hops of 8K rows per pass (+ dK/dV), the halo 2 x 1023
+  // rows (+ dK/dV): more than 8x less. All-local models; window = 1 has no halo, which leaves
+  // the gradient all-reduce alone.
+  ModelShape a = m;
+  a.kinds = "LLLLLL";
+  a.local_strategy = "halo";
+  a.window = 1;
+  const double t_grad = predict(a, h, mesh, w, "ring").comm_total_s;
+  a.window = 1024;
+  const double halo_layer = (predict(a, h, mesh, w, "ring").comm_total_s - t_grad) / 6.0;
+  a.local_strategy = "ring";
+  const double ring_layer = (predict(a, h, mesh, w, "ring").comm_total_s - t_grad) / 6.0;
+  EXPECT_GT(halo_layer, 0);
+  EXPECT_LT(halo_layer * 8.0, ring_layer);
+  m.local_strategy = "halo";
+  m.window = 4096;
+  EXPECT_GT(predict(m, h, mesh, w, "ring").comm_total_s, halo.comm_total_s) << "a longer window moves more";
+}
+
 TEST(CostModel, RingOverlapIsMaxOfComputeAndComm) {
   EXPECT_DOUBLE_EQ(ring_pipeline_s(4, 2.0, 1.0, 0.0), 3 * 2.0 + 2.0);    // compute bound: comm hidden
   EXPECT_DOUBLE_EQ(ring_pipeline_s(4, 1.0, 3.0, 0.0), 3 * 3.0 + 1.0);    // comm bound: fill + last step
