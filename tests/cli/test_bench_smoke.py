@@ -77,6 +77,17 @@ for mode, np, extra, cols in CASES:
     rc, text = run(np, ["bench", mode] + SMALL + extra + ["out=" + os.path.join(tmp, mode + "-t.h5")])
     expect(rc == 0 and "VALID" in text and "INVALID" not in text, f"{name} text table ends VALID", text)
 
+# A sliding window (local layers): a halo row first, moving fewer bytes than the ring beside it.
+rc, text = run(2, ["bench", "cp"] + SMALL + ["seq=1K", "mask=window", "window=64", "--csv",
+                                             "out=" + os.path.join(tmp, "cp-window.h5")])
+rows = [r for t in tables(text) for r in t if "strategy" in r]
+by = {r["strategy"]: r for r in rows if r.get("seq") == "1024"}
+expect(rc == 0 and "halo" in by and "ring" in by, "bench cp mask=window has halo and ring rows at seq 1024", text)
+if "halo" in by and "ring" in by:
+    expect(float(by["halo"]["bytes_mb"]) < float(by["ring"]["bytes_mb"]) / 4,
+           f"halo moves under a quarter of the ring's bytes ({by['halo']['bytes_mb']} vs {by['ring']['bytes_mb']} MB)")
+    expect(by["halo"]["wrong"] == "0", "halo row: #wrong is 0", text)
+
 # The FMA-loop peak is recorded with its ISA and vector width (the widest this CPU has).
 with h5py.File(os.path.join(tmp, "peak-t.h5"), "r") as f:
     a = f.attrs
