@@ -129,6 +129,13 @@ const std::vector<Field>& config_fields() {
            if (c.local_strategy == n) return "";
          return "halo, allgather, ulysses, ring or usp";
        }},
+      {"attention", &Config::attention, "mha", "train: attention layers: mha (Q, K, V projections; GQA by kv_heads) or mla (DeepSeek-V2/V3 multi-head latent attention: q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; head_dim and kv_heads unused)", {}, 0, -1,
+       [](const Config& c) -> std::string { return c.attention == "mha" || c.attention == "mla" ? "" : "mha or mla"; }},
+      {"q_lora_rank", &Config::q_lora_rank, "0", "train, attention=mla: query latent width (0 = queries projected directly)", {}, 0, 1 << 20},
+      {"kv_lora_rank", &Config::kv_lora_rank, "512", "train, attention=mla: K/V latent width (c_kv)", {}, 1, 1 << 20},
+      {"qk_nope_head_dim", &Config::qk_nope_head_dim, "128", "train, attention=mla: per-head query/key dims without RoPE", {}, 0, 1024},
+      {"qk_rope_head_dim", &Config::qk_rope_head_dim, "64", "train, attention=mla: decoupled RoPE dims (one key part shared by the heads; even)", {}, 2, 1024},
+      {"v_head_dim", &Config::v_head_dim, "128", "train, attention=mla: per-head value dims (at most qk_nope_head_dim + qk_rope_head_dim)", {}, 1, 1024},
       {"gdn_heads", &Config::gdn_heads, "0", "train: Gated DeltaNet heads (0 = heads)", {}, 0, 65536},
       {"gdn_head_dim_k", &Config::gdn_head_dim_k, "0", "train: Gated DeltaNet query/key head dimension (0 = head_dim)", {}, 0, 1024},
       {"gdn_head_dim_v", &Config::gdn_head_dim_v, "0", "train: Gated DeltaNet value head dimension (0 = head_dim)", {}, 0, 1024},
@@ -468,7 +475,7 @@ void validate_config(const Config& c, int world_size) {
        << "; valid: axis sizes whose product is " << world_size << " (e.g. mesh=ring:" << world_size << ")";
     throw UsageError(os.str());
   }
-  if (c.heads % c.kv_heads != 0)
+  if (c.heads % c.kv_heads != 0 && c.attention != "mla")  // MLA: every head its own K and V (kv_heads unused)
     throw UsageError("config: heads = " + std::to_string(c.heads) + " is not a multiple of kv_heads = " +
                      std::to_string(c.kv_heads) + "; valid: kv_heads dividing heads (e.g. kv_heads=" +
                      std::to_string(std::gcd(c.heads, c.kv_heads)) + ")");

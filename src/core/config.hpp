@@ -61,6 +61,12 @@ struct Config {
   int64_t rope_original_max_pos;
   std::string layer_pattern; // token mixer per layer, repeated over the layers: G global attention, L local (window), D Gated DeltaNet
   std::string local_strategy; // CP strategy of the L layers: halo, or a training strategy
+  std::string attention;     // attention layers: mha (Q/K/V projections, GQA) or mla (DeepSeek's latent attention)
+  int64_t q_lora_rank;       // mla: query latent width (0 = no query compression)
+  int64_t kv_lora_rank;      // mla: K/V latent width (c_kv)
+  int64_t qk_nope_head_dim;  // mla: per-head query/key dims without RoPE
+  int64_t qk_rope_head_dim;  // mla: the decoupled RoPE dims (one key shared by every head)
+  int64_t v_head_dim;        // mla: per-head value dims
   int64_t gdn_heads;         // GDN heads (0 = heads)
   int64_t gdn_head_dim_k;    // GDN key/query head dim (0 = head_dim)
   int64_t gdn_head_dim_v;    // GDN value head dim (0 = head_dim)

@@ -37,10 +37,23 @@ double window_prefill_pairs(int64_t T, int64_t cached, int64_t W) {
   return window_prefix_pairs(cached + T, W) - window_prefix_pairs(cached, W);
 }
 
-double train_matmul_flops(const ModelDims& d, int64_t S) {
+namespace {
+// Projection FLOPs per token of one attention layer (forward): Q, K, V, O, or MLA's latent ones.
+double attn_proj_flops(const ModelDims& d) {
   const double qw = double(d.H_q) * d.D, kw = double(d.H_kv) * d.D, dim = double(d.dim);
+  if (!d.mla) return 2 * dim * (qw + 2 * kw) + 2 * qw * dim;
+  const double H = d.H_q, q = d.q_lora > 0 ? 2 * dim * d.q_lora + 2 * double(d.q_lora) * qw : 2 * dim * qw;
+  return q + 2 * dim * (d.kv_lora + d.rope) + 2 * double(d.kv_lora) * H * (d.nope + d.v_dim) + 2 * H * d.v_dim * dim;
+}
+// The head dim of the FLOP convention's 4 H D per pair: MLA's products are Q K^T over D = nope +
+// rope and P V over v_dim (the kernel's zero padding of V to D is work, not model FLOPs).
+double attn_conv_dim(const ModelDims& d) { return d.mla ? 0.5 * (double(d.D) + d.v_dim) : double(d.D); }
+}  // namespace
+
+double train_matmul_flops(const ModelDims& d, int64_t S) {
+  const double dim = double(d.dim);
   const double mlp = 3 * 2 * dim * double(d.ffn);
-  const double attn_layer = 2 * dim * (qw + 2 * kw) + 2 * qw * dim + mlp;
+  const double attn_layer = attn_proj_flops(d) + mlp;
   const double gq = double(d.gdn_qk_width()), gv = double(d.gdn_v_width()), H = d.gdn_H;
   const double gdn_layer = 2 * dim * (2 * gq + 2 * gv + 2 * H) + 2 * gv * dim + mlp;  // q k v g, a b; o
   const double G = double(d.gdn_layers());
@@ -51,7 +64,8 @@ double train_matmul_flops(const ModelDims& d, int64_t S) {
 double train_attn_flops(const ModelDims& d, double causal_pairs, double window_pairs) {
   const double local = double(std::count(d.kinds.begin(), d.kinds.end(), 'L'));
   const double global = double(d.layers - d.gdn_layers()) - local;
-  return attn_train_flops(causal_pairs, d.H_q, d.D) * global + attn_train_flops(window_pairs, d.H_q, d.D) * local;
+  const double D = attn_conv_dim(d);
+  return attn_train_flops(causal_pairs, d.H_q, D) * global + attn_train_flops(window_pairs, d.H_q, D) * local;
 }
 
 double train_gdn_flops(const ModelDims& d, int64_t S) {
@@ -61,9 +75,9 @@ double train_gdn_flops(const ModelDims& d, int64_t S) {
 }
 
 double prefill_flops(const ModelDims& d, int64_t T, int64_t cached) {
-  const double dim = double(d.dim), qw = double(d.H_q) * d.D, kw = double(d.H_kv) * d.D, F = double(d.ffn);
+  const double dim = double(d.dim), F = double(d.ffn);
   const double mlp = 3 * matmul_flops(1, dim, F);
-  const double per_token = matmul_flops(1, dim, qw + 2 * kw) + matmul_flops(1, qw, dim) + mlp;
+  const double per_token = attn_proj_flops(d) + mlp;
   const double G = double(d.gdn_layers()), W = double(std::count(d.kinds.begin(), d.kinds.end(), 'L'));
   const double L = double(d.layers) - G - W;
   const double gq = double(d.gdn_qk_width()), gv = double(d.gdn_v_width()), H = d.gdn_H;
@@ -72,9 +86,9 @@ double prefill_flops(const ModelDims& d, int64_t T, int64_t cached) {
                                   2 * double(d.gdn_conv) * double(d.gdn_conv_width())) +
                      gdn_fwd_flops(double(T), H, d.gdn_Dk, d.gdn_Dv, d.gdn_chunk);
   const double local = W > 0 ? W * (double(T) * per_token +
-                                     attn_fwd_flops(window_prefill_pairs(T, cached, d.window), d.H_q, d.D))
+                                     attn_fwd_flops(window_prefill_pairs(T, cached, d.window), d.H_q, attn_conv_dim(d)))
                              : 0;
-  return L * (double(T) * per_token + attn_fwd_flops(partial_prefill_pairs(T, cached), d.H_q, d.D)) + local + G * gdn +
+  return L * (double(T) * per_token + attn_fwd_flops(partial_prefill_pairs(T, cached), d.H_q, attn_conv_dim(d))) + local + G * gdn +
          matmul_flops(1, dim, double(d.vocab));
 }
 

@@ -13,7 +13,7 @@
 namespace ctxpar {
 
 constexpr const char* kFlopConvention =
-    "attn fwd = 4*H_q*D per visible (q,k) pair; attn bwd = 2.5 x fwd; matmul = 2*m*n*k; "
+    "attn fwd = 4*H_q*D per visible (q,k) pair (MLA: 2*H*(Dqk+Dv)); attn bwd = 2.5 x fwd; matmul = 2*m*n*k; "
     "GDN fwd = chunked-form GEMMs, bwd = 2 x fwd";
 constexpr double kAttnBwdFactor = 2.5;
 

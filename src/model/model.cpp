@@ -26,6 +26,16 @@ ModelDims model_dims(const Config& c, int tp, int tp_rank) {
   d.rope_orig_max = double(c.rope_original_max_pos);
   d.tp = tp;
   d.tp_rank = tp_rank;
+  if (c.attention == "mla") {
+    d.mla = true;
+    d.q_lora = int32_t(c.q_lora_rank);
+    d.kv_lora = int32_t(c.kv_lora_rank);
+    d.nope = int32_t(c.qk_nope_head_dim);
+    d.rope = int32_t(c.qk_rope_head_dim);
+    d.v_dim = int32_t(c.v_head_dim);
+    d.D = d.nope + d.rope;
+    d.H_kv = d.H_q;
+  }
   if (c.layer_pattern.find_first_of("DL") != std::string::npos) {
     for (int64_t l = 0; l < c.layers; ++l) d.kinds += c.layer_pattern[size_t(l) % c.layer_pattern.size()];
     if (d.has_local()) d.window = c.window;
@@ -46,7 +56,10 @@ int64_t ModelDims::gdn_layers() const { return int64_t(std::count(kinds.begin(),
 
 int64_t ModelDims::param_count() const {
   const int64_t mlp = dim + 3 * dim * ffn;
-  const int64_t attn = dim + dim * int64_t(H_q) * D * 2 + dim * int64_t(H_kv) * D * 2;
+  const int64_t H = H_q, qd = H * D;
+  const int64_t attn = mla ? dim + (q_lora > 0 ? dim * q_lora + q_lora + int64_t(q_lora) * qd : dim * qd) +
+                                 dim * (kv_lora + rope) + kv_lora + int64_t(kv_lora) * H * (nope + v_dim) + H * v_dim * dim
+                           : dim + dim * int64_t(H_q) * D * 2 + dim * int64_t(H_kv) * D * 2;
   const int64_t qk = gdn_qk_width(), v = gdn_v_width();
   const int64_t gdn = dim + dim * (2 * qk + v) + int64_t(gdn_conv) * (2 * qk + v) + 2 * dim * gdn_H + 2 * gdn_H +
                       dim * v + gdn_Dv + v * dim;
@@ -72,6 +85,20 @@ std::string validate_model_shape(const Config& c, int tp, bool kv_replication) {
     if (tp > 1)
       return "config: layer_pattern = '" + c.layer_pattern + "' has Gated DeltaNet layers (D), which run without "
              "tensor parallelism so far; valid: tp:1 (context and data parallelism serve them)";
+  }
+  if (c.attention == "mla") {
+    const int64_t D = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    if (tp > 1)
+      return "config: attention = mla runs without tensor parallelism so far (its latent projections are shared "
+             "by the heads); valid: tp:1 (context and data parallelism serve it)";
+    if (D > 256)
+      return "config: attention = mla: qk_nope_head_dim + qk_rope_head_dim = " + s(D) + " is the attention's head "
+             "dim, above the kernels' 256; valid: a sum of at most 256 (DeepSeek-V2/V3: 128 + 64)";
+    if (c.qk_rope_head_dim % 2 != 0)
+      return "config: qk_rope_head_dim = " + s(c.qk_rope_head_dim) + " is odd; RoPE rotates pairs, valid: an even value";
+    if (c.v_head_dim > D)
+      return "config: v_head_dim = " + s(c.v_head_dim) + " is above qk_nope_head_dim + qk_rope_head_dim = " + s(D) +
+             " (values are padded to the key's head dim for the attention kernel); valid: v_head_dim <= " + s(D);
   }
   if (c.rope_high_freq_factor < c.rope_low_freq_factor)
     return "config: rope_high_freq_factor = " + std::to_string(c.rope_high_freq_factor) + " < rope_low_freq_factor = " +
@@ -142,6 +169,26 @@ ParamLayout::ParamLayout(const ModelDims& d) : d_(d) {
       add(p + "w2", d.ffn, d.dim, Split::rows, true, false, out_scale);
       continue;
     }
+    if (d.mla) {  // model/mla_layer.hpp (tp = 1: validate_model_shape refuses tp > 1 with MLA)
+      const int64_t H = d.H_q;
+      add(p + "attn_norm", 1, d.dim, Split::replicated, false, true, 0);
+      if (d.q_lora > 0) {
+        add(p + "wq_a", d.dim, d.q_lora, Split::replicated, true, false, base);
+        add(p + "q_norm", 1, d.q_lora, Split::replicated, false, true, 0);
+        add(p + "wq_b", d.q_lora, qw, Split::replicated, true, false, base);
+      } else {
+        add(p + "wq", d.dim, qw, Split::replicated, true, false, base);
+      }
+      add(p + "wkv_a", d.dim, d.kv_lora + d.rope, Split::replicated, true, false, base);
+      add(p + "kv_norm", 1, d.kv_lora, Split::replicated, false, true, 0);
+      add(p + "wkv_b", d.kv_lora, H * (d.nope + d.v_dim), Split::replicated, true, false, base);
+      add(p + "wo", H * d.v_dim, d.dim, Split::replicated, true, false, out_scale);
+      add(p + "mlp_norm", 1, d.dim, Split::replicated, false, true, 0);
+      add(p + "w1", d.dim, d.ffn, Split::cols, true, false, base);
+      add(p + "w3", d.dim, d.ffn, Split::cols, true, false, base);
+      add(p + "w2", d.ffn, d.dim, Split::rows, true, false, out_scale);
+      continue;
+    }
     add(p + "attn_norm", 1, d.dim, Split::replicated, false, true, 0);
     add(p + "wq", d.dim, qw, Split::cols, true, false, base);
     add(p + "wk", d.dim, kw, Split::cols, true, false, base, 0, true);
@@ -167,6 +214,16 @@ ModelView ParamLayout::view(float* b) const {
       for (float** f : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.conv_q, &l.conv_k, &l.conv_v, &l.wa, &l.wb, &l.a_log,
                         &l.dt_bias, &l.wg, &l.o_norm, &l.wo, &l.mlp_norm, &l.w1, &l.w3, &l.w2})
         *f = b + t_[i++].offset;
+      continue;
+    }
+    if (d_.mla) {  // the order of the constructor
+      l.attn_norm = b + t_[i++].offset;
+      if (d_.q_lora > 0) {
+        for (float** f : {&l.wq_a, &l.q_norm, &l.wq_b}) *f = b + t_[i++].offset;
+      } else {
+        l.wq = b + t_[i++].offset;
+      }
+      for (float** f : {&l.wkv_a, &l.kv_norm, &l.wkv_b, &l.wo, &l.mlp_norm, &l.w1, &l.w3, &l.w2}) *f = b + t_[i++].offset;
       continue;
     }
     l.attn_norm = b + t_[i++].offset;

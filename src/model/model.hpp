@@ -43,6 +43,12 @@ struct ModelDims {
   int64_t gdn_qk_width() const { return int64_t(gdn_H) * gdn_Dk; }
   int64_t gdn_v_width() const { return int64_t(gdn_H) * gdn_Dv; }
   int64_t gdn_conv_width() const { return 2 * gdn_qk_width() + gdn_v_width(); }  // q | k | v channels
+  // attention = mla (DeepSeek-V2/V3, model/mla_layer.hpp): D = nope + rope is the attention's
+  // query/key head dim, H_kv = H_q, values padded from v_dim to D for the attention kernel.
+  bool mla = false;
+  int32_t q_lora = 0, kv_lora = 0, nope = 0, rope = 0, v_dim = 0;
+  int32_t rope_dim() const { return mla ? rope : D; }  // dims RoPE rotates per head
+  int64_t o_width() const { return mla ? int64_t(H_q_loc()) * v_dim : q_width(); }  // the output projection's input
   int32_t H_q_loc() const { return H_q / tp; }
   // K/V heads of this tp rank: H_kv / tp, or 1 (replicated) when tp is a multiple of H_kv
   // (inference only: validate_model_shape's kv_replication).
@@ -86,6 +92,10 @@ struct ParamInfo {
 // tensors are null in an attention layer.
 struct LayerView {
   float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *w1, *w3, *w2;
+  // MLA (wq when q_lora = 0; wk, wv unused): query latent [dim, q_lora], its norm [1, q_lora], its
+  // up-projection [q_lora, H*D]; K/V latent + RoPE key [dim, kv_lora + rope], its norm
+  // [1, kv_lora], its up-projection [kv_lora, H*(nope + v)].
+  float *wq_a = nullptr, *q_norm = nullptr, *wq_b = nullptr, *wkv_a = nullptr, *kv_norm = nullptr, *wkv_b = nullptr;
   float *conv_q = nullptr, *conv_k = nullptr, *conv_v = nullptr;  // [conv, H*Dk], [conv, H*Dk], [conv, H*Dv]
   float *wa = nullptr, *wb = nullptr;                              // [dim, H]: decay and beta inputs
   float *a_log = nullptr, *dt_bias = nullptr;                      // [1, H]

@@ -34,11 +34,12 @@ double Transformer::activation_bytes(const ModelDims& d, Remat remat, int64_t S,
   const double L = double(d.layers), G = double(d.gdn_layers());
   const double n_attn = remat == Remat::none ? L - G : (L > G ? 1 : 0), n_mlp = remat == Remat::full ? 1 : L;
   const double gdn = G > 0 ? G * GdnMixer::acts_bytes(d, S) + GdnMixer::scratch_bytes(d, S) : 0;
+  const double mla = d.mla ? n_attn * mla_acts_bytes(d, S) + mla_scratch_bytes(d, S) : 0;
   const double stream = (L + 1) * S * dim;
   const double rope = S * d.D;                                           // cos + sin [S, D/2]
   const double final_ = S * (2 * dim + 1) + double(logits_rows) * d.vocab;  // hf, dhf, rstd, logits
   const double scratch = S * (2 * dim + 2 * qw + 2 * kw + 3 * F);        // dx, dh, dq, do, dk, dv, dm, dg, du
-  return f * (stream + n_attn * attn + n_mlp * mlp + rope + final_ + scratch) + gdn;
+  return f * (stream + n_attn * attn + n_mlp * mlp + rope + final_ + scratch) + gdn + mla;
 }
 
 Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat,
@@ -50,11 +51,12 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
   call_.q_pos = call_.k_pos = pos_.data();
   const size_t n = size_t(S_loc_);
   const size_t dim = size_t(d_.dim), qw = size_t(d_.q_width()), kw = size_t(d_.kv_width()), F = size_t(d_.ffn_loc());
-  std::vector<double> inv(size_t(d_.D / 2));
-  rope_inv_freq(d_.D, d_.rope_theta, d_.rope_factor, d_.rope_low, d_.rope_high, d_.rope_orig_max, inv.data());
-  cos_.resize(n * size_t(d_.D / 2), false);
-  sin_.resize(n * size_t(d_.D / 2), false);
-  rope_table(pos_.data(), S_loc_, d_.D, inv.data(), cos_.data(), sin_.data());
+  const int32_t RD = d_.rope_dim();  // the dims RoPE rotates (MLA: the decoupled rope dims)
+  std::vector<double> inv(size_t(RD / 2));
+  rope_inv_freq(RD, d_.rope_theta, d_.rope_factor, d_.rope_low, d_.rope_high, d_.rope_orig_max, inv.data());
+  cos_.resize(n * size_t(RD / 2), false);
+  sin_.resize(n * size_t(RD / 2), false);
+  rope_table(pos_.data(), S_loc_, RD, inv.data(), cos_.data(), sin_.data());
   x_.resize(size_t(d_.layers + 1));
   for (auto& b : x_) b.resize(n * dim, false);
   const int64_t n_gdn = d_.gdn_layers();
@@ -66,6 +68,12 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
     a.h.resize(n * dim, false); a.rstd.resize(n, false);
     a.q.resize(n * qw, false); a.k.resize(n * kw, false); a.v.resize(n * kw, false);
     a.o.resize(n * qw, false); a.lse.resize(n * size_t(d_.H_q_loc()), false);
+  }
+  if (d_.mla) {
+    mla_.resize(attn_.size());
+    for (size_t l = 0; l < mla_.size(); ++l)
+      if (!(mla_.size() > 1 ? d_.is_gdn(int64_t(l)) : n_gdn == d_.layers)) mla_alloc(d_, S_loc_, mla_[l]);
+    mla_alloc(d_, S_loc_, mla_s_);
   }
   mlp_.resize(remat_ == Remat::full ? 1 : size_t(d_.layers));
   for (MlpActs& m : mlp_) {
@@ -92,6 +100,11 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
 
 LayerRun Transformer::run(int64_t l) { return LayerRun{d_, topo_, tr_, *times_, *st_, l}; }
 
+void Transformer::attn_or_mla_out_fwd(int64_t l, const LayerView& w, const float* x, const float* o, float* x1) {
+  if (d_.mla) mla_out_fwd(run(l), w, S_loc_, x, o, mla_s_, x1);
+  else attn_out_fwd(run(l), w, S_loc_, x, o, x1);
+}
+
 // The strategy's call on one layer's local attention tensors (forward inputs and outputs).
 AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
   AttnParams t = call_;
@@ -108,8 +121,12 @@ AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
 // RMSNorm → Q, K, V → RoPE → CP attention, into `a`.
 
 void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b) {
-  attn_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), a.q.data(), a.k.data(),
-              a.v.data());
+  if (d_.mla)
+    mla_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), mla_of(l), mla_s_, a.q.data(),
+               a.k.data(), a.v.data());
+  else
+    attn_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), a.q.data(), a.k.data(),
+                a.v.data());
   const AttnParams t = local_attn(l, a, b);
   const double t0 = now_s();
   strategy_of(l).forward(t, tr_, *st_);
@@ -155,19 +172,30 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   // Recompute what remat dropped (not counted as model FLOPs).
   if (remat_ != Remat::none) attn_part_fwd(l, w, x, a, b);
   if (remat_ == Remat::full) {
-    attn_out_fwd(run(l), w, S, x, a.o.data(), m.x1.data());
+    attn_or_mla_out_fwd(l, w, x, a.o.data(), m.x1.data());
     mlp_fwd(run(l), w, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(), nullptr);
   }
   mlp_bwd(l, w, gw, m, dx);
   // ---- attention: x1 = x + attn(rope(h Wq), rope(h Wk), h Wv) Wo
-  layer_gemm(run(l), false, true, S, qw, dim, dx, dim, w.wo, dim, 0, do_.data(), qw);      // dO = dx1 Wo^T
-  layer_gemm(run(l), true, false, qw, dim, S, a.o.data(), qw, dx, dim, 1, gw.wo, dim);     // dWo += O^T dx1
+  if (d_.mla) {
+    mla_out_bwd(run(l), w, gw, S, a.o.data(), dx, mla_s_, do_.data());
+  } else {
+    layer_gemm(run(l), false, true, S, qw, dim, dx, dim, w.wo, dim, 0, do_.data(), qw);    // dO = dx1 Wo^T
+    layer_gemm(run(l), true, false, qw, dim, S, a.o.data(), qw, dx, dim, 1, gw.wo, dim);   // dWo += O^T dx1
+  }
   AttnParams t = local_attn(l, a, b);
   t.dout = do_.data();
   t.dq = dq_.data(); t.dk = dk_.data(); t.dv = dv_.data();
   const double t0 = now_s();
   strategy_of(l).backward(t, tr_, *st_);
   times_->attn_s += now_s() - t0;
+  if (d_.mla) {
+    mla_in_bwd(run(l), w, gw, S, a.h.data(), mla_of(l), mla_s_, cos_.data(), sin_.data(), dq_.data(), dk_.data(),
+               dv_.data(), dh_.data());
+    Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
+    rmsnorm_bwd(dh_.data(), x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm, S, dim);  // dx = d x
+    return;
+  }
   {
     Tracer::Scope sc(tr_, Phase::rope, int32_t(l), -1, 0, 0);
     rope_apply(dq_.data(), S, d_.H_q_loc(), d_.D, cos_.data(), sin_.data(), true);
@@ -213,7 +241,7 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     } else {
       AttnActs& a = attn_of(l);
       attn_part_fwd(l, lw, x_[size_t(l)].data(), a, b);
-      attn_out_fwd(run(l), lw, S, x_[size_t(l)].data(), a.o.data(), m.x1.data());
+      attn_or_mla_out_fwd(l, lw, x_[size_t(l)].data(), a.o.data(), m.x1.data());
     }
     mlp_fwd(run(l), lw, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(),
             x_[size_t(l + 1)].data());

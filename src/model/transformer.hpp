@@ -27,6 +27,7 @@
 #include "model/data.hpp"
 #include "model/gdn_layer.hpp"
 #include "model/layer.hpp"
+#include "model/mla_layer.hpp"
 #include "model/model.hpp"
 
 namespace ctxpar {
@@ -71,6 +72,8 @@ class Transformer {
   // attn_in_fwd (model/layer.hpp) and the CP attention, into `a`.
   void attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b);
   void layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const Batch& b, float* dx);
+  // x1 = x + attention output projection (model/layer.hpp's, or MLA's).
+  void attn_or_mla_out_fwd(int64_t l, const LayerView& w, const float* x, const float* o, float* x1);
 
   const ParamLayout& layout_;
   ModelDims d_;
@@ -85,6 +88,9 @@ class Transformer {
   Buffer<float> cos_, sin_;  // RoPE tables [S_loc, D/2]
   std::vector<Buffer<float>> x_;  // residual stream: input of layer l, l = 0..L (x_[L] = final)
   std::vector<AttnActs> attn_;
+  std::vector<MlaActs> mla_;  // attention = mla: the latents, alongside attn_ (same indexing)
+  MlaScratch mla_s_;
+  MlaActs& mla_of(int64_t l) { return mla_.size() == 1 ? mla_[0] : mla_[size_t(l)]; }
   std::vector<MlpActs> mlp_;
   std::unique_ptr<GdnMixer> gdn_;     // hybrid models: the GDN layers' mixer (null without 'D' layers)
   std::vector<GdnActs> gdn_acts_;     // one per GDN layer, always kept (remat recomputes attention layers)

@@ -332,6 +332,9 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   const int tp = topo.size(Axis::tp);
   std::string err = validate_model_shape(cfg, tp, true);
   if (!err.empty()) return err;
+  if (cfg.attention == "mla")
+    return "config: attention = mla is trained so far (train, bench train); inference with its latent KV cache and "
+           "absorbed projections is not built yet; valid here: attention=mha";
   if (cfg.mode == Mode::bench && cfg.layer_pattern.find('D') != std::string::npos)
     return "config: layer_pattern = '" + cfg.layer_pattern + "': bench infer repeats its calls on a saved KV cache, " +
            "which does not save the Gated DeltaNet layers' states yet; valid: layer_pattern=G (prefill, decode and " +

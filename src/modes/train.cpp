@@ -35,8 +35,16 @@ int tp_size(const Topology& t) { return t.size(Axis::tp); }
 
 // The attention problem of one tp rank (heads / tp of each kind), causal.
 AttnParams local_attn_problem(const Config& cfg, int tp, bool local_layer = false) {
-  return attn_problem(cfg.seq, int32_t(cfg.heads / tp), int32_t(cfg.kv_heads / tp), int32_t(cfg.head_dim),
-                      local_layer ? MaskKind::window : MaskKind::causal, local_layer ? cfg.window : 0);
+  const ModelDims d = model_dims(cfg, tp, 0);  // MLA: H_kv = H_q heads of nope + rope
+  return attn_problem(cfg.seq, d.H_q_loc(), d.H_kv_loc(), d.D, local_layer ? MaskKind::window : MaskKind::causal,
+                      local_layer ? cfg.window : 0);
+}
+// attention = mla: its shapes, one line (kv_heads and head_dim do not apply).
+std::string mla_line(const Config& c) {
+  return "attention: mla (latent attention; kv_heads, head_dim unused): q_lora_rank " + std::to_string(c.q_lora_rank) +
+         ", kv_lora_rank " + std::to_string(c.kv_lora_rank) + ", heads " + std::to_string(c.heads) + " of " +
+         std::to_string(c.qk_nope_head_dim) + " + " + std::to_string(c.qk_rope_head_dim) + " (rope) query/key and " +
+         std::to_string(c.v_head_dim) + " value dims";
 }
 // The strategy of the local (L) layers; null without any.
 std::unique_ptr<CpStrategy> make_local_strategy(const Config& cfg, Topology& topo) {
@@ -179,6 +187,7 @@ std::string train_plan(const Config& cfg, Topology& topo) {
   os << "model: " << cfg.layers << " layers, dim " << cfg.dim << ", ffn " << cfg.ffn_dim << ", heads " << cfg.heads
      << "/" << cfg.kv_heads << " x " << cfg.head_dim << ", vocab " << cfg.vocab << "; S=" << cfg.seq << ", strategy "
      << name_of(cfg.strategy) << ", remat " << name_of(cfg.remat) << "\n";
+  if (cfg.attention == "mla") os << mla_line(cfg) << "\n";
   if (cfg.layer_pattern != "G") {
     os << "layers: pattern " << cfg.layer_pattern;
     if (cfg.layer_pattern.find('L') != std::string::npos)
@@ -249,6 +258,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
        (long long)cfg.head_dim, (long long)d.vocab, double(d.param_count()) / 1e6, (long long)cfg.seq, P_world,
        (long long)m.dp, (long long)m.tp, (long long)m.ulysses, (long long)m.ring, name_of(cfg.strategy),
        name_of(cfg.remat));
+  if (cfg.attention == "mla") log0("# %s\n", mla_line(cfg).c_str());
   log0("# data: %s; trace %s; peak %.1f GFLOP/s per rank (%s)\n", src->describe().c_str(), tracer.path().c_str(),
        peak / 1e9, cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank" : "measured sgemm");
   log0("# FLOP convention: %s; attention on visible causal pairs (sum L_i(L_i+1)/2 per document; local layers the window's); recompute not counted\n",
@@ -395,12 +405,14 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
                 {"heads", cfg.heads}, {"kv_heads", cfg.kv_heads}, {"head_dim", cfg.head_dim}, {"seq", cfg.seq},
                 {"rope_original_max_pos", cfg.rope_original_max_pos}, {"gdn_heads", cfg.gdn_heads},
                 {"gdn_head_dim_k", cfg.gdn_head_dim_k}, {"gdn_head_dim_v", cfg.gdn_head_dim_v}, {"gdn_conv", cfg.gdn_conv},
-                {"gdn_chunk", cfg.gdn_chunk}, {"window", cfg.window}};
+                {"gdn_chunk", cfg.gdn_chunk}, {"window", cfg.window}, {"q_lora_rank", cfg.q_lora_rank},
+                {"kv_lora_rank", cfg.kv_lora_rank}, {"qk_nope_head_dim", cfg.qk_nope_head_dim},
+                {"qk_rope_head_dim", cfg.qk_rope_head_dim}, {"v_head_dim", cfg.v_head_dim}};
       a.doubles = {{"norm_eps", cfg.norm_eps}, {"rope_theta", cfg.rope_theta}, {"rope_scale_factor", cfg.rope_scale_factor},
                    {"rope_low_freq_factor", cfg.rope_low_freq_factor}, {"rope_high_freq_factor", cfg.rope_high_freq_factor},
                    {"lr", cfg.lr}, {"weight_decay", cfg.weight_decay}, {"beta1", cfg.beta1}, {"beta2", cfg.beta2},
                    {"adam_eps", cfg.adam_eps}, {"grad_clip", cfg.grad_clip}};
-      a.strings = {{"ctxpar_file", "oracle_dump"}, {"layer_pattern", cfg.layer_pattern}};
+      a.strings = {{"ctxpar_file", "oracle_dump"}, {"layer_pattern", cfg.layer_pattern}, {"attention", cfg.attention}};
       h5_write_tensors(cfg.dump_init, a, t,
                        {{"tokens", n_steps * cfg.seq, tokens.data()}, {"doc_ids", n_steps * cfg.seq, doc.data()}});
     }

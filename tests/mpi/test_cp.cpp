@@ -274,7 +274,9 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
     int64_t sent = fst.messages;
     world().all_reduce(std::span<int64_t>(&sent, 1));
     EXPECT_EQ(recv_from, sent) << "every halo message received is answered by one dK/dV message";
-    if (c.mask.window <= part.S_padded() / (2 * P) + 1) EXPECT_LE(fst.messages, 2);
+    if (c.mask.window <= part.S_padded() / (2 * P) + 1) {
+      EXPECT_LE(fst.messages, 2);
+    }
     // The halo moves window-proportional bytes: at most 2 (window - 1) rows of K and V per rank.
     const double row = 2.0 * g.shape.H_kv * g.shape.D * sizeof(float);
     EXPECT_LE(fst.bytes_sent, 2.0 * double(c.mask.window - 1) * row + 4096.0 * fst.messages);

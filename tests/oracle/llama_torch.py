@@ -13,6 +13,12 @@ Hybrid models (layer_pattern with D): a D layer's token mixer is Gated DeltaNet 
 (short causal depthwise convolutions with silu, L2-normalised q and k, beta = sigmoid, decay
 g = -exp(A_log) softplus(a + dt_bias), the gated delta rule run token by token as its plain
 recurrence, a gated RMSNorm over each head's output), nothing crossing a document boundary.
+
+Multi-head Latent Attention (attention = "mla", DeepSeek V2/V3 style) replaces the G and L layers'
+attention: q from a RMS-normed low-rank latent (or directly when q_lora_rank = 0), K/V from a
+RMS-normed kv_lora_rank latent expanded per head, each head's q/k being [nope | rope] with RoPE
+(its own tables, over qk_rope_head_dim dims) on the rope part and one rope key shared by all heads,
+scores scaled by 1/sqrt(nope + rope), v_head_dim values per head; same masks as mha.
 """
 import math
 
@@ -23,7 +29,9 @@ import torch
 LAYER_TENSORS = ["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w1", "w3", "w2"]
 GDN_TENSORS = ["attn_norm", "wq", "wk", "wv", "conv_q", "conv_k", "conv_v", "wa", "wb", "a_log", "dt_bias", "wg",
                "o_norm", "wo", "mlp_norm", "w1", "w3", "w2"]
-NO_DECAY = ("norm", "a_log", "dt_bias")
+MLA_TENSORS = ["attn_norm", "wq_a", "q_norm", "wq_b", "wkv_a", "kv_norm", "wkv_b", "wo", "mlp_norm", "w1", "w3", "w2"]
+MLA_TENSORS_NO_Q_LORA = ["attn_norm", "wq", "wkv_a", "kv_norm", "wkv_b", "wo", "mlp_norm", "w1", "w3", "w2"]
+NO_DECAY = ("norm", "a_log", "dt_bias")  # by name suffix: covers attn_norm, mlp_norm, o_norm, q_norm, kv_norm
 
 
 def layer_kinds(cfg):
@@ -33,13 +41,28 @@ def layer_kinds(cfg):
     return [pattern[l % len(pattern)] for l in range(cfg["layers"])]
 
 
+def attention_kind(cfg):
+    """ "mha" or "mla"; dumps older than MLA carry no "attention" attribute (= "mha")."""
+    a = cfg.get("attention", "mha")
+    return a.decode() if isinstance(a, bytes) else a
+
+
+def layer_tensors(cfg, kind):
+    """The parameter names of one layer of the given kind ('G', 'L' or 'D'), in dump order."""
+    if kind == "D":
+        return GDN_TENSORS
+    if attention_kind(cfg) == "mla":
+        return MLA_TENSORS if cfg["q_lora_rank"] > 0 else MLA_TENSORS_NO_Q_LORA
+    return LAYER_TENSORS
+
+
 def load_dump(path):
     f = h5py.File(path, "r")
-    cfg = {k: f.attrs[k].item() for k in f.attrs}
+    cfg = {k: (f.attrs[k].item() if hasattr(f.attrs[k], "item") else f.attrs[k]) for k in f.attrs}
     cfg = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in cfg.items()}
     names = ["emb"]
     for l, kind in enumerate(layer_kinds(cfg)):
-        names += [f"layers.{l}.{t}" for t in (GDN_TENSORS if kind == "D" else LAYER_TENSORS)]
+        names += [f"layers.{l}.{t}" for t in layer_tensors(cfg, kind)]
     names += ["final_norm", "lm_head"]
     params = {n: np.array(f["params/" + n]) for n in names}
     grads = {n: np.array(f["grads/" + n]) for n in names}
@@ -50,8 +73,10 @@ def load_dump(path):
     return out
 
 
-def rope_inv_freq(cfg):
-    D = cfg["head_dim"]
+def rope_inv_freq(cfg, D=None):
+    """Llama 3 scaled inverse frequencies over D rotary dims (default head_dim)."""
+    if D is None:
+        D = cfg["head_dim"]
     theta, factor = cfg["rope_theta"], cfg["rope_scale_factor"]
     low, high, orig = cfg["rope_low_freq_factor"], cfg["rope_high_freq_factor"], cfg["rope_original_max_pos"]
     out = []
@@ -85,6 +110,10 @@ class Model:
         ang = np.outer(pos, rope_inv_freq(self.cfg))  # angles in float64, as ctxpar's rope_table
         self.cos = torch.tensor(np.cos(ang), dtype=dtype)
         self.sin = torch.tensor(np.sin(ang), dtype=dtype)
+        if attention_kind(self.cfg) == "mla":  # MLA's rope part: its own tables over qk_rope_head_dim dims
+            ang_r = np.outer(pos, rope_inv_freq(self.cfg, self.cfg["qk_rope_head_dim"]))
+            self.cos_r = torch.tensor(np.cos(ang_r), dtype=dtype)
+            self.sin_r = torch.tensor(np.sin(ang_r), dtype=dtype)
         self.dump = dump
         self.set_batch(0)
 
@@ -104,11 +133,36 @@ class Model:
     def rms(self, x, w):
         return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.cfg["norm_eps"]) * w.reshape(-1)
 
-    def rope(self, x):  # x [S, H, D], rotate half
+    def rope(self, x, cos=None, sin=None):  # x [S, H, D], rotate half; tables [S, D/2] (default self.cos/sin)
         h = x.shape[-1] // 2
         a, b = x[..., :h], x[..., h:]
-        c, s = self.cos[:, None, :], self.sin[:, None, :]
+        cos = self.cos if cos is None else cos
+        sin = self.sin if sin is None else sin
+        c, s = cos[:, None, :], sin[:, None, :]
         return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+
+    def mla(self, x, w, mask):
+        """One Multi-head Latent Attention token mixer: x + o Wo."""
+        c = self.cfg
+        S, H = c["seq"], c["heads"]
+        nope, R, V, kl = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
+        h = self.rms(x, w["attn_norm"])
+        if c["q_lora_rank"] > 0:
+            qf = self.rms(h @ w["wq_a"], w["q_norm"]) @ w["wq_b"]
+        else:
+            qf = h @ w["wq"]
+        qf = qf.reshape(S, H, nope + R)
+        q_pe = self.rope(qf[..., nope:], self.cos_r, self.sin_r)
+        ckv = h @ w["wkv_a"]  # [S, kv_lora_rank + rope]
+        lat = self.rms(ckv[:, :kl], w["kv_norm"])
+        k_pe = self.rope(ckv[:, kl:][:, None, :], self.cos_r, self.sin_r)  # [S, 1, rope], shared by all heads
+        kv = (lat @ w["wkv_b"]).reshape(S, H, nope + V)
+        q = torch.cat([qf[..., :nope], q_pe], dim=-1)
+        k = torch.cat([kv[..., :nope], k_pe.expand(S, H, R)], dim=-1)
+        sc = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(nope + R)
+        sc = sc.masked_fill(~mask[None], float("-inf"))
+        o = torch.einsum("hij,jhd->ihd", torch.softmax(sc, dim=-1), kv[..., nope:]).reshape(S, H * V)
+        return x + o @ w["wo"]
 
     def conv(self, z, wc):
         """Causal depthwise convolution within documents: out[t] = sum_i wc[i] z[t - K + 1 + i]."""
@@ -161,6 +215,13 @@ class Model:
             if kind == "D":
                 w = {t: p[f"layers.{l}.{t}"] for t in GDN_TENSORS}
                 x = self.gdn(x, w)
+                h2 = self.rms(x, w["mlp_norm"])
+                g, u = h2 @ w["w1"], h2 @ w["w3"]
+                x = x + (torch.nn.functional.silu(g) * u) @ w["w2"]
+                continue
+            if attention_kind(c) == "mla":
+                w = {t: p[f"layers.{l}.{t}"] for t in layer_tensors(c, kind)}
+                x = self.mla(x, w, self.local_mask if kind == "L" else self.mask)
                 h2 = self.rms(x, w["mlp_norm"])
                 g, u = h2 @ w["w1"], h2 @ w["w3"]
                 x = x + (torch.nn.functional.silu(g) * u) @ w["w2"]
