@@ -21,6 +21,16 @@ void rope_tail(const ModelDims& d, float* x, int64_t S, float* buf, const float*
   for (int64_t i = 0; i < S * H; ++i) std::memcpy(x + i * D + nope, buf + i * R, size_t(R) * sizeof(float));
 }
 
+// o_v [S, H*v_dim]: the first v_dim columns of each head of the attention output o [S, H*D]
+// (the rest is the padding of V), packed into the scratch.
+const float* value_columns(const ModelDims& d, const float* o, int64_t S, MlaScratch& s) {
+  const int64_t H = d.H_q, D = d.D, V = d.v_dim;
+  float* ov = s.ov.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < S * H; ++i) std::memcpy(ov + i * V, o + i * D, size_t(V) * sizeof(float));
+  return ov;
+}
+
 }  // namespace
 
 void mla_alloc(const ModelDims& d, int64_t S, MlaActs& a) {
@@ -109,10 +119,8 @@ void mla_in_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x
 void mla_out_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* o, MlaScratch& s,
                  float* x1) {
   const ModelDims& d = r.d;
-  const int64_t dim = d.dim, H = d.H_q, D = d.D, V = d.v_dim, ow = H * V;
-  float* ov = s.ov.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < S * H; ++i) std::memcpy(ov + i * V, o + i * D, size_t(V) * sizeof(float));
+  const int64_t dim = d.dim, H = d.H_q, V = d.v_dim, ow = H * V;
+  const float* ov = value_columns(d, o, S, s);
   layer_gemm(r, false, false, S, dim, ow, ov, ow, w.wo, dim, 0, x1, dim);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < S * dim; ++i) x1[i] += x[i];
@@ -122,9 +130,7 @@ void mla_out_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S
                  MlaScratch& s, float* dO) {
   const ModelDims& d = r.d;
   const int64_t dim = d.dim, H = d.H_q, D = d.D, V = d.v_dim, ow = H * V;
-  float* ov = s.ov.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < S * H; ++i) std::memcpy(ov + i * V, o + i * D, size_t(V) * sizeof(float));
+  const float* ov = value_columns(d, o, S, s);
   layer_gemm(r, true, false, ow, dim, S, ov, ow, dx1, dim, 1, gw.wo, dim);  // dWo += o_v^T dx1
   float* dov = s.dkv.data();  // [S, H*V] fits in the dkv scratch ([S, H*(nope+V)])
   layer_gemm(r, false, true, S, ow, dim, dx1, dim, w.wo, dim, 0, dov, ow);  // dO_v = dx1 Wo^T
