@@ -36,6 +36,8 @@
 
 namespace ctxpar {
 
+class KvExpander;  // src/cp/strategy.hpp
+
 enum class MaskKind : int32_t {
   none = 0,    // every pair visible (subject to documents)
   causal = 1,  // key visible when k_pos <= q_pos
@@ -126,6 +128,18 @@ struct AttnParams {
   const int64_t* k_new_slot = nullptr;
   void* k_cache = nullptr;
   void* v_cache = nullptr;
+
+  // ---- MLA's latent K/V (read by the CP strategies; a kernel call ignores these). With
+  // `expander` set, this rank's K and V rows are expanded from per-token latent rows `latent`
+  // [S_k, latent_width] (fp32; model/mla_layer.hpp: the K/V latent and the shared RoPE key). A
+  // strategy that moves the latent (CpStrategy::moves_latent) sends those rows instead of K and V,
+  // expands each block it receives, and its backward writes `dlatent` [S_k, latent_width] (the
+  // latent's gradient summed over the group; overwritten) instead of dk and dv. In a shape-only
+  // descriptor latent_width alone says that K/V come from a latent of that width.
+  int32_t latent_width = 0;
+  const float* latent = nullptr;
+  float* dlatent = nullptr;
+  KvExpander* expander = nullptr;
 
   DType dtype = DType::f32;       // of q, k, v, dout
   Device device = Device::cpu;

@@ -49,12 +49,12 @@
 #include "model/transformer.hpp"
 #include "perf/cost_model.hpp"
 #include "perf/hardware.hpp"
+#include "core/clock.hpp"
 
 namespace ctxpar {
 
 namespace {
 
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // How many of the job's hosts run on rank 0's machine: hosts that report the same kernel boot id
 // are network namespaces (or containers) of one machine and share its cores. 1 where the id

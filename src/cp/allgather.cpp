@@ -5,7 +5,11 @@
 // backward's dK/dV come out in the same rank-block order, which is exactly what reduce_scatter
 // hands back to the owners. K/V of grouped-query attention are gathered with H_kv heads only.
 // The same forward serves a pass-KV prefill over a KV cache (S_k equal on every rank).
+// MLA (moves_latent): the latent rows are gathered instead of K and V, the other ranks' blocks
+// expanded here; the backward turns the gathered dK/dV into the latent's gradient (the
+// expansion's weight gradient accumulates on this rank) and reduce-scatters that.
 #include <algorithm>
+#include <cstring>
 #include <span>
 
 #include "core/memory.hpp"
@@ -28,19 +32,20 @@ class AllGather final : public CpStrategy {
     return cp::check_common(name(), s, topo.cp_size());
   }
 
+  bool moves_latent() const override { return true; }
+
   double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
     const int P = topo.cp_size();
     const double S_loc = double(s.S_k) / P;
-    const double per_token =
-        2.0 * s.H_kv * s.D * double(dtype_bytes(s.dtype)) + sizeof(int64_t) + (docs ? sizeof(int32_t) : 0);
-    return (P - 1) * S_loc * per_token;
+    return (P - 1) * S_loc * (key_bytes(s) + sizeof(int64_t) + (docs ? sizeof(int32_t) : 0));
   }
   // The whole sequence's K/V gathered, and its dK/dV (fp32) before the reduce-scatter: grows with
-  // S whatever P.
+  // S whatever P. MLA: the gathered latent and its gradient besides.
   double buffer_bytes(const AttnParams& s, bool docs, const Topology& topo) const override {
     if (topo.cp_size() <= 1) return 0;
-    return double(s.S_k) * (2.0 * s.H_kv * s.D * double(dtype_bytes(s.dtype)) + sizeof(int64_t) +
-                            (docs ? sizeof(int32_t) : 0) + 2.0 * s.H_kv * s.D * sizeof(float));
+    const double kv = 2.0 * s.H_kv * s.D;
+    return double(s.S_k) * (kv * double(dtype_bytes(s.dtype)) + sizeof(int64_t) + (docs ? sizeof(int32_t) : 0) +
+                            kv * sizeof(float) + 2.0 * s.latent_width * sizeof(float));
   }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
@@ -73,6 +78,16 @@ class AllGather final : public CpStrategy {
     if (tr) tr->add_span(Phase::attn_bwd, -1, -1, t0, tr->now_us(), flops, 0);
     // Block j of the gathered keys belongs to rank j: reduce-scatter sums every rank's
     // contribution and leaves each owner its own rows.
+    if (local.expander) {  // MLA: the latent's gradient instead of dK/dV
+      const size_t lat = size_t(local.S_k) * local.latent_width;
+      Buffer<float> dlat_all(lat * P);
+      local.expander->backward(g.latent.data(), p.S_k, dk_all.data(), dv_all.data(), dlat_all.data());
+      if (tr) tr->progress(Phase::reduce_scatter);
+      cp::timed_collective(comm_, st, tr, Phase::reduce_scatter, double((P - 1) * lat * sizeof(float)), [&] {
+        comm_.reduce_scatter(dlat_all.span(), std::span<float>(local.dlatent, lat));
+      });
+      return;
+    }
     const double bytes = double((P - 1) * loc * sizeof(float));
     if (tr) tr->progress(Phase::reduce_scatter);
     cp::timed_collective(comm_, st, tr, Phase::reduce_scatter, bytes,
@@ -86,10 +101,16 @@ class AllGather final : public CpStrategy {
     Buffer<std::byte> k, v;
     Buffer<int64_t> pos;
     Buffer<int32_t> doc;
+    Buffer<float> latent;  // MLA
   };
 
+  // Bytes per token of what is gathered for the keys: K and V, or the latent.
+  static double key_bytes(const AttnParams& s) {
+    return s.latent_width > 0 ? double(s.latent_width) * sizeof(float) : 2.0 * s.H_kv * s.D * double(dtype_bytes(s.dtype));
+  }
+
   Gathered gather(const AttnParams& t, Tracer* tr, CpStats& st) {
-    const int P = comm_.size();
+    const int P = comm_.size(), r = comm_.rank();
     const size_t n = size_t(t.S_k), loc = n * t.H_kv * t.D * dtype_bytes(t.dtype);
     Gathered g;
     g.k.resize(loc * P, false);
@@ -98,8 +119,26 @@ class AllGather final : public CpStrategy {
     if (tr) tr->progress(Phase::all_gather);
     const double kv_bytes = double((P - 1) * loc);
     const auto bytes_of = [&](const void* x) { return std::span<const std::byte>(static_cast<const std::byte*>(x), loc); };
-    cp::timed_collective(comm_, st, tr, Phase::all_gather, kv_bytes, [&] { comm_.all_gather(bytes_of(t.k), g.k.span()); });
-    cp::timed_collective(comm_, st, tr, Phase::all_gather, kv_bytes, [&] { comm_.all_gather(bytes_of(t.v), g.v.span()); });
+    if (t.expander) {  // MLA: gather the latent, expand the other ranks' blocks, copy the own
+      const size_t lat = n * t.latent_width;
+      g.latent.resize(lat * P, false);
+      cp::timed_collective(comm_, st, tr, Phase::all_gather, double((P - 1) * lat * sizeof(float)),
+                           [&] { comm_.all_gather(std::span<const float>(t.latent, lat), g.latent.span()); });
+      for (int j = 0; j < P; ++j) {
+        std::byte* k = g.k.data() + size_t(j) * loc;
+        std::byte* v = g.v.data() + size_t(j) * loc;
+        if (j == r) {
+          std::memcpy(k, t.k, loc);
+          std::memcpy(v, t.v, loc);
+        } else {
+          t.expander->expand(g.latent.data() + size_t(j) * lat, t.S_k, reinterpret_cast<float*>(k),
+                             reinterpret_cast<float*>(v));
+        }
+      }
+    } else {
+      cp::timed_collective(comm_, st, tr, Phase::all_gather, kv_bytes, [&] { comm_.all_gather(bytes_of(t.k), g.k.span()); });
+      cp::timed_collective(comm_, st, tr, Phase::all_gather, kv_bytes, [&] { comm_.all_gather(bytes_of(t.v), g.v.span()); });
+    }
     cp::timed_collective(comm_, st, tr, Phase::all_gather, double((P - 1) * n * sizeof(int64_t)),
                          [&] { comm_.all_gather(std::span<const int64_t>(t.k_pos, n), g.pos.span()); });
     if (t.k_doc) {

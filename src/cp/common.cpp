@@ -27,6 +27,14 @@ std::string check_common(const std::string& strategy, const AttnParams& s, int P
   return "";
 }
 
+std::string refuse_latent(const std::string& strategy, const AttnParams& s) {
+  if (s.latent_width <= 0) return "";
+  return strategy + ": attention = mla: every head's K and V are expanded from one latent shared by all heads (" +
+         std::to_string(s.latent_width) + " values per token), so a split of the heads over ranks would have to move " +
+         "the expanded K and V (" + std::to_string(2 * int64_t(s.H_kv) * s.D) + " values per token) instead; valid: " +
+         "ring or allgather, which move the latent" + (s.mask == MaskKind::window ? ", or halo" : "");
+}
+
 double call_fwd_flops(const AttnParams& p) { return attn_fwd_flops(double(visible_pairs(p)), p.H_q, p.D); }
 double call_bwd_flops(const AttnParams& p) { return attn_bwd_flops(double(visible_pairs(p)), p.H_q, p.D); }
 
@@ -65,17 +73,40 @@ KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_d
   return L;
 }
 
+KvLayout latent_layout(int64_t S_k, int32_t latent_width, bool has_doc) {
+  KvLayout L;
+  L.S_k = S_k;
+  L.has_doc = has_doc;
+  L.latent_width = latent_width;
+  L.k_off = L.v_off = 0;
+  L.pos_off = align64(L.latent_bytes());
+  L.doc_off = L.pos_off + align64(size_t(S_k) * sizeof(int64_t));
+  L.bytes = L.doc_off + (has_doc ? align64(size_t(S_k) * sizeof(int32_t)) : 0);
+  return L;
+}
+
+KvLayout key_layout(const AttnParams& a) {
+  if (a.expander) return latent_layout(a.S_k, a.latent_width, a.k_doc != nullptr);
+  return kv_layout(a.S_k, a.H_kv, a.D, a.dtype, a.k_doc != nullptr);
+}
+
 void point_keys_at(const KvLayout& L, std::byte* base, AttnParams& p) {
   p.S_k = L.S_k;
-  p.k = base + L.k_off;
-  p.v = base + L.v_off;
+  if (L.latent_width == 0) {
+    p.k = base + L.k_off;
+    p.v = base + L.v_off;
+  }
   p.k_pos = reinterpret_cast<const int64_t*>(base + L.pos_off);
   p.k_doc = L.has_doc ? reinterpret_cast<const int32_t*>(base + L.doc_off) : nullptr;
 }
 
 void pack_kv(const KvLayout& L, const AttnParams& p, std::byte* base) {
-  std::memcpy(base + L.k_off, p.k, L.kv_bytes());
-  std::memcpy(base + L.v_off, p.v, L.kv_bytes());
+  if (L.latent_width > 0) {
+    std::memcpy(base + L.k_off, p.latent, L.latent_bytes());
+  } else {
+    std::memcpy(base + L.k_off, p.k, L.kv_bytes());
+    std::memcpy(base + L.v_off, p.v, L.kv_bytes());
+  }
   std::memcpy(base + L.pos_off, p.k_pos, size_t(L.S_k) * sizeof(int64_t));
   if (L.has_doc) std::memcpy(base + L.doc_off, p.k_doc, size_t(L.S_k) * sizeof(int32_t));
 }

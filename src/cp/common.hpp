@@ -33,6 +33,9 @@ namespace cp {
 // are packed, else a message naming the value and what would be valid. Shared by every
 // strategy's validate().
 std::string check_common(const std::string& strategy, const AttnParams& global, int P);
+// "" unless K/V come from an MLA latent (s.latent_width > 0), which a strategy that splits the
+// heads over ranks (ulysses, usp) cannot move: the message says why and what would be valid.
+std::string refuse_latent(const std::string& strategy, const AttnParams& s);
 // The strategies copy and send whole rows of q, k, v and dout: they take packed tensors.
 inline constexpr const char* kPackedOnly =
     "takes packed q, k, v, dout (row strides 0); strided views are for single kernel calls (attn_fwd, attn_bwd)";
@@ -56,19 +59,30 @@ constexpr size_t align64(size_t x) { return (x + 63) & ~size_t(63); }
 // The packed message of a ring hop: the K and V rows of one block (element type `dtype`), their
 // positions and (optionally) document ids, in one byte buffer (one message per hop). Sections
 // start on 64-byte boundaries so the typed views are aligned.
+// MLA (latent_width > 0): the message holds the block's latent rows [S_k, latent_width] (fp32)
+// at k_off instead of K and V (AttnParams::expander).
 struct KvLayout {
   int64_t S_k = 0;
   int32_t H_kv = 0, D = 0;
   DType dtype = DType::f32;
   bool has_doc = false;
+  int32_t latent_width = 0;
   size_t k_off = 0, v_off = 0, pos_off = 0, doc_off = 0, bytes = 0;
   size_t kv_bytes() const { return size_t(S_k) * size_t(H_kv) * size_t(D) * dtype_bytes(dtype); }
+  size_t latent_bytes() const { return size_t(S_k) * size_t(latent_width) * sizeof(float); }
 };
 KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc);
+KvLayout latent_layout(int64_t S_k, int32_t latent_width, bool has_doc);
+// The message layout of the key side of the call `a`: the latent's when it has an expander.
+KvLayout key_layout(const AttnParams& a);
 
-// The key side of `p` pointed at a packed block at `base` (k, v, k_pos, k_doc, S_k).
+// The key side of `p` pointed at a packed block at `base` (k_pos, k_doc, S_k; k and v unless the
+// block is a latent, whose rows latent_at() gives).
 void point_keys_at(const KvLayout& L, std::byte* base, AttnParams& p);
-// Packs the key side of `p` (k, v, k_pos, k_doc of L.S_k rows) into `base`.
+inline const float* latent_at(const KvLayout& L, const std::byte* base) {
+  return reinterpret_cast<const float*>(base + L.k_off);
+}
+// Packs the key side of `p` (k, v or the latent; k_pos, k_doc of L.S_k rows) into `base`.
 void pack_kv(const KvLayout& L, const AttnParams& p, std::byte* base);
 
 // Query rows per kernel call while a transfer is in flight: OpenMPI moves a large message only

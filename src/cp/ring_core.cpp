@@ -33,6 +33,44 @@ double ring_kv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, 
 double ring_dkv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D) {
   return 2.0 * double(S_k) * H_kv * D * sizeof(float);
 }
+double ring_latent_message_bytes(int64_t S_k, int32_t latent_width, bool has_doc) {
+  return double(latent_layout(S_k, latent_width, has_doc).bytes);
+}
+
+namespace {
+
+// Scratch K and V of a visiting latent block (MLA), expanded on arrival; empty otherwise.
+struct Expanded {
+  Buffer<float> k, v;
+  explicit Expanded(const AttnParams& a) {
+    if (!a.expander) return;
+    const size_t n = size_t(a.S_k) * a.H_kv * a.D;
+    k.resize(n, false);
+    v.resize(n, false);
+  }
+};
+
+// Points `p`'s key side at the block of step s in `msg`: at step 0 the caller's own rows (K/V as
+// given: a latent block's are expanded already), later the message's; a latent block is expanded
+// into `x`. Returns the block's latent rows (null without an expander).
+const float* bring_block(const KvLayout& L, std::byte* msg, const AttnParams& a, int s, Expanded& x, AttnParams& p) {
+  if (!a.expander) {
+    point_keys_at(L, msg, p);
+    return nullptr;
+  }
+  if (s == 0) {
+    p.k = a.k; p.v = a.v; p.k_pos = a.k_pos; p.k_doc = a.k_doc;
+    return a.latent;
+  }
+  point_keys_at(L, msg, p);
+  const float* lat = latent_at(L, msg);
+  a.expander->expand(lat, a.S_k, x.k.data(), x.v.data());
+  p.k = x.k.data();
+  p.v = x.v.data();
+  return lat;
+}
+
+}  // namespace
 
 void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   const int P = ring ? ring->size() : 1;
@@ -45,9 +83,10 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
     return;
   }
   const int r = ring->rank(), next = (r + 1) % P, prev = (r + P - 1) % P;
-  const KvLayout L = kv_layout(a.S_k, a.H_kv, a.D, a.dtype, a.k_doc != nullptr);
+  const KvLayout L = key_layout(a);
   Buffer<std::byte> kv[2] = {Buffer<std::byte>(L.bytes, false), Buffer<std::byte>(L.bytes, false)};
   pack_kv(L, a, kv[0].data());
+  Expanded x(a);
   const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts);
   Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false), lse_tmp(size_t(chunk) * a.H_q, false);
   AttnParams p = a;
@@ -61,7 +100,7 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
       st.messages += 1;
       st.bytes_sent += double(L.bytes);
     }
-    point_keys_at(L, kv[cur].data(), p);
+    bring_block(L, kv[cur].data(), a, s, x, p);
     const int64_t pairs = visible_pairs(p);
     const double flops = attn_fwd_flops(double(pairs), a.H_q, a.D);
     const double t0 = tr ? tr->now_us() : 0;
@@ -82,27 +121,43 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   const size_t q_elems = size_t(a.S_q) * a.H_q * a.D;
   const size_t kv_elems = size_t(a.S_k) * a.H_kv * a.D;
   std::fill_n(a.dq, q_elems, 0.f);
+  // MLA: a block's dK/dV are computed into dkx/dvx and turned into the latent's gradient, which
+  // is what travels (and what the caller gets, in a.dlatent).
+  const bool lat = a.expander != nullptr;
+  const size_t lat_elems = lat ? size_t(a.S_k) * a.latent_width : 0;
+  Buffer<float> dkx(lat ? kv_elems : 0, false), dvx(lat ? kv_elems : 0, false);
   if (P == 1) {
-    std::fill_n(a.dk, kv_elems, 0.f);
-    std::fill_n(a.dv, kv_elems, 0.f);
+    AttnParams p = a;
+    if (lat) {
+      p.dk = dkx.data();
+      p.dv = dvx.data();
+    }
+    std::fill_n(p.dk, kv_elems, 0.f);
+    std::fill_n(p.dv, kv_elems, 0.f);
     const double flops = call_bwd_flops(a);
     const double t0 = tr ? tr->now_us() : 0;
-    attn_bwd(a);
+    attn_bwd(p);
     st.attn_flops += flops;
     if (tr) tr->add_span(Phase::attn_bwd, -1, 0, t0, tr->now_us(), flops, 0);
+    if (lat) {
+      std::fill_n(a.dlatent, lat_elems, 0.f);
+      a.expander->backward(a.latent, a.S_k, dkx.data(), dvx.data(), a.dlatent);
+    }
     return;
   }
   AttnParams p = a;
   const int r = ring->rank(), next = (r + 1) % P, prev = (r + P - 1) % P;
-  const KvLayout L = kv_layout(a.S_k, a.H_kv, a.D, a.dtype, a.k_doc != nullptr);
+  const KvLayout L = key_layout(a);
   Buffer<std::byte> kv[2] = {Buffer<std::byte>(L.bytes, false), Buffer<std::byte>(L.bytes, false)};
   pack_kv(L, a, kv[0].data());
-  // dK and dV of one block, packed [dK | dV] so that a hop is one message. part[s % 2] is this
-  // rank's contribution at step s (plus what came before); two of them because the previous
-  // step's send may still be in flight while the next is computed.
-  Buffer<float> part[2] = {Buffer<float>(2 * kv_elems, false), Buffer<float>(2 * kv_elems, false)};
-  Buffer<float> incoming(2 * kv_elems, false);
-  const double dkv_bytes = ring_dkv_message_bytes(a.S_k, a.H_kv, a.D);
+  Expanded x(a);
+  // dK and dV of one block, packed [dK | dV] so that a hop is one message (MLA: the latent's
+  // gradient). part[s % 2] is this rank's contribution at step s (plus what came before); two of
+  // them because the previous step's send may still be in flight while the next is computed.
+  const size_t part_elems = lat ? lat_elems : 2 * kv_elems;
+  Buffer<float> part[2] = {Buffer<float>(part_elems, false), Buffer<float>(part_elems, false)};
+  Buffer<float> incoming(part_elems, false);
+  const double dkv_bytes = double(part_elems * sizeof(float));
   const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts);
   Request kv_req, dkv_req;
 
@@ -115,9 +170,16 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
       st.bytes_sent += double(L.bytes);
     }
     part[cur].zero();
-    point_keys_at(L, kv[cur].data(), p);
-    p.dk = part[cur].data();
-    p.dv = part[cur].data() + kv_elems;
+    const float* block_latent = bring_block(L, kv[cur].data(), a, s, x, p);
+    if (lat) {
+      dkx.zero();
+      dvx.zero();
+      p.dk = dkx.data();
+      p.dv = dvx.data();
+    } else {
+      p.dk = part[cur].data();
+      p.dv = part[cur].data() + kv_elems;
+    }
     const int64_t pairs = visible_pairs(p);
     const double flops = attn_bwd_flops(double(pairs), a.H_q, a.D);
     const double t0 = tr ? tr->now_us() : 0;
@@ -128,12 +190,13 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
       });
     st.attn_flops += flops;
     if (tr) tr->add_span(Phase::attn_bwd, -1, s, t0, tr->now_us(), flops, 0);
+    if (lat && pairs > 0) a.expander->backward(block_latent, a.S_k, dkx.data(), dvx.data(), part[cur].data());
     // The partial sum of the ranks that held this block before (posted by prev at step s - 1).
     if (s > 0) {
       timed_wait(*ring, dkv_req, st, tr, s, dkv_bytes);
       float* dst = part[cur].data();
       const float* src = incoming.data();
-      for (size_t i = 0; i < 2 * kv_elems; ++i) dst[i] += src[i];
+      for (size_t i = 0; i < part_elems; ++i) dst[i] += src[i];
     }
     // After the last step the sum goes home: rank r + 1 receives its own block's dK/dV.
     dkv_req = ring->send_recv_async(whole(part[cur]), next, whole(incoming), prev, kTagDkv);
@@ -142,6 +205,10 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
     timed_wait(*ring, kv_req, st, tr, s, double(L.bytes));
   }
   timed_wait(*ring, dkv_req, st, tr, P, dkv_bytes);
+  if (lat) {
+    std::copy_n(incoming.data(), lat_elems, a.dlatent);
+    return;
+  }
   std::copy_n(incoming.data(), kv_elems, a.dk);
   std::copy_n(incoming.data() + kv_elems, kv_elems, a.dv);
 }

@@ -19,6 +19,9 @@ namespace cp {
 double ring_kv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc);
 // Bytes of one hop's dK/dV message in backward (fp32).
 double ring_dkv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D);
+// MLA: one hop's latent message (latent rows fp32, positions, document ids); its backward
+// message is the latent's gradient, S_k * latent_width fp32.
+double ring_latent_message_bytes(int64_t S_k, int32_t latent_width, bool has_doc);
 
 // Forward: P steps; at step s the block of rank (r - s) mod P is here. The next hop is posted
 // before the block is computed (double buffer); the block's compute is split into row chunks
@@ -32,6 +35,12 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st);
 // arrival it is added and the sum is sent on, so after P hops every block's dK/dV is home. dQ
 // accumulates locally. dq, dk, dv are overwritten. Messages posted: (P - 1) K/V + P dK/dV (none
 // when P = 1).
+//
+// MLA (a.expander set, both directions): the latent rows travel instead of K and V (per token
+// latent_width values instead of 2 H_kv D); a visiting block is expanded before it is computed
+// (the own block's K/V are the caller's); each block's dK/dV become the latent's gradient on the
+// rank that computed them (the expansion's weight gradient accumulates there), and that partial
+// sum is what travels home, into a.dlatent (dk, dv unused).
 void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st);
 
 }  // namespace cp

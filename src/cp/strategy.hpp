@@ -29,6 +29,19 @@ namespace ctxpar {
 class Topology;
 class Tracer;
 
+// MLA (AttnParams::expander): turns latent rows into K and V rows and back. The owner (the model's
+// layer) holds the expansion's weights and accumulates their gradient, so a strategy can expand
+// any block it receives and return the latent's gradient instead of dK/dV.
+class KvExpander {
+ public:
+  virtual ~KvExpander() = default;
+  // k, v [rows, H_kv * D] (overwritten) from latent rows [rows, latent_width].
+  virtual void expand(const float* latent, int64_t rows, float* k, float* v) = 0;
+  // dlatent [rows, latent_width] += the gradient through the expansion of dk, dv [rows, H_kv * D];
+  // the expansion's weight gradient accumulates in the owner (from every block this rank saw).
+  virtual void backward(const float* latent, int64_t rows, const float* dk, const float* dv, float* dlatent) = 0;
+};
+
 // Counters of one call, for bench tables and traces.
 struct CpStats {
   double bytes_sent = 0;      // bytes this rank sent
@@ -51,6 +64,9 @@ class CpStrategy {
   // Training strategies only (has_backward()); inference strategies refuse.
   virtual void backward(const AttnParams& local, Tracer* tr, CpStats& st) = 0;
   virtual bool has_backward() const { return true; }
+  // Does the strategy move an MLA latent (AttnParams::expander) instead of K and V? A caller
+  // passes the latent only to one that does; the others get expanded K/V and return dk, dv.
+  virtual bool moves_latent() const { return false; }
   // Bytes this rank sends in one forward of the problem `global` (for busbw and the cost model);
   // `docs`: document ids travel with the keys.
   virtual double comm_volume_fwd(const AttnParams& global, bool docs, const Topology& topo) const = 0;

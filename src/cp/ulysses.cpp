@@ -20,6 +20,7 @@ class Ulysses final : public CpStrategy {
   std::string validate(const AttnParams& s, const Topology& topo) const override {
     const int U = topo.cp_size();
     std::string e = cp::check_common(name(), s, U);
+    if (e.empty()) e = cp::refuse_latent(name(), s);
     if (e.empty()) e = cp::check_heads(name(), s.H_q, s.H_kv, U);
     return e;
   }

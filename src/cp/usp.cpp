@@ -21,6 +21,7 @@ class Usp final : public CpStrategy {
   std::string validate(const AttnParams& s, const Topology& topo) const override {
     const int U = topo.size(Axis::ulysses), R = topo.size(Axis::ring);
     std::string e = cp::check_common(name(), s, U * R);
+    if (e.empty()) e = cp::refuse_latent(name(), s);
     if (e.empty()) e = cp::check_heads(name(), s.H_q, s.H_kv, U);
     return e;
   }

@@ -12,6 +12,7 @@
 #include "ops.hpp"
 #include "shard/partition.hpp"
 #include "trace/trace.hpp"
+#include "core/clock.hpp"
 
 namespace ctxpar::infer {
 
@@ -21,9 +22,6 @@ namespace {
 // (seq <= 2^40), and 65536 sequences of it stay below kNoPos (2^60).
 constexpr int64_t kSeqStride = int64_t(1) << 42;
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 

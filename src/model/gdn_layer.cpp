@@ -10,6 +10,7 @@
 #include "model/flops.hpp"
 #include "ops.hpp"
 #include "trace/trace.hpp"
+#include "core/clock.hpp"
 
 namespace ctxpar {
 
@@ -17,9 +18,6 @@ namespace {
 
 constexpr float kL2Eps = 1e-6f;  // q, k L2 norm: x / sqrt(sum x^2 + eps), as flash-linear-attention
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 float silu(float x) { return x * sigmoid(x); }

@@ -7,13 +7,11 @@
 #include "model/flops.hpp"
 #include "ops.hpp"
 #include "trace/trace.hpp"
+#include "core/clock.hpp"
 
 namespace ctxpar {
 
 namespace {
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 int32_t layer_of(const LayerRun& r) { return int32_t(r.layer); }
 // The residual connection: y += x over n elements.
 void add_residual(float* y, const float* x, int64_t n) {

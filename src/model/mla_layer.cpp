@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/clock.hpp"
+#include "model/flops.hpp"
 #include "ops.hpp"
 #include "trace/trace.hpp"
 
@@ -42,20 +44,20 @@ void mla_alloc(const ModelDims& d, int64_t S, MlaActs& a) {
   }
   a.c_raw.resize(n * size_t(d.kv_lora), false);
   a.c_rstd.resize(n, false);
-  a.c.resize(n * size_t(d.kv_lora), false);
+  a.lat.resize(n * size_t(d.kv_lora + d.rope), false);
 }
 
 double mla_acts_bytes(const ModelDims& d, int64_t S) {
-  return 4.0 * double(S) * (2.0 * d.q_lora + (d.q_lora > 0 ? 1 : 0) + 2.0 * d.kv_lora + 1);
+  return 4.0 * double(S) * (2.0 * d.q_lora + (d.q_lora > 0 ? 1 : 0) + 2.0 * d.kv_lora + d.rope + 1);
 }
 
 void mla_alloc(const ModelDims& d, int64_t S, MlaScratch& s) {
-  const size_t n = size_t(S), H = size_t(d.H_q), kvb = H * size_t(d.nope + d.v_dim);
-  s.kvb.resize(n * kvb, false);
+  const size_t n = size_t(S), H = size_t(d.H_q), W = size_t(d.kv_lora + d.rope);
   s.kpe.resize(n * size_t(d.rope), false);
   s.rope.resize(n * H * size_t(d.rope), false);
   s.ov.resize(n * H * size_t(d.v_dim), false);
-  s.dkv.resize(n * kvb, false);
+  s.dov.resize(n * H * size_t(d.v_dim), false);
+  s.dlat.resize(n * W, false);
   s.dc.resize(n * size_t(d.kv_lora), false);
   s.dc_raw.resize(n * size_t(d.kv_lora), false);
   s.dkpe.resize(n * size_t(d.rope), false);
@@ -65,16 +67,68 @@ void mla_alloc(const ModelDims& d, int64_t S, MlaScratch& s) {
   }
 }
 
+// With the expander's [S, H (nope + v)] for the own rows (a strategy's visiting blocks are its own).
 double mla_scratch_bytes(const ModelDims& d, int64_t S) {
-  const double H = d.H_q, kvb = H * (d.nope + d.v_dim);
-  return 4.0 * double(S) * (2 * kvb + 2.0 * d.rope + H * d.rope + H * d.v_dim + 2.0 * d.kv_lora + 2.0 * d.q_lora);
+  const double H = d.H_q, W = d.kv_lora + d.rope;
+  return 4.0 * double(S) *
+         (2.0 * d.rope + H * d.rope + 2.0 * H * d.v_dim + W + 2.0 * d.kv_lora + 2.0 * d.q_lora + H * (d.nope + d.v_dim));
+}
+
+void MlaExpander::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                       int64_t ldb, float beta, float* C, int64_t ldc) const {
+  const double t0 = now_s();
+  {
+    Tracer::Scope sc(tr_, Phase::gemm, int32_t(layer_), -1, matmul_flops(double(M), double(N), double(K)), 0);
+    sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  }
+  if (times_) times_->gemm_s += now_s() - t0;
+}
+
+void MlaExpander::expand(const float* lat, int64_t rows, float* k, float* v) {
+  const int64_t H = d_.H_q, D = d_.D, kl = d_.kv_lora, R = d_.rope, W = kl + R;
+  const int64_t nope = d_.nope, V = d_.v_dim, kvb = H * (nope + V);
+  if (kvb_.size() < size_t(rows * kvb)) kvb_.resize(size_t(rows * kvb), false);
+  gemm(false, false, rows, kvb, kl, lat, W, w_->wkv_b, kvb, 0, kvb_.data(), kvb);  // [k_nope | v] = c Wkv_b
+  const float* kv = kvb_.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t hh = 0; hh < H; ++hh) {
+      const float* src = kv + (t * H + hh) * (nope + V);
+      float* kr = k + (t * H + hh) * D;
+      float* vr = v + (t * H + hh) * D;
+      std::memcpy(kr, src, size_t(nope) * sizeof(float));
+      std::memcpy(kr + nope, lat + t * W + kl, size_t(R) * sizeof(float));
+      std::memcpy(vr, src + nope, size_t(V) * sizeof(float));
+      std::fill(vr + V, vr + D, 0.0f);
+    }
+}
+
+void MlaExpander::backward(const float* lat, int64_t rows, const float* dk, const float* dv, float* dlat) {
+  const int64_t H = d_.H_q, D = d_.D, kl = d_.kv_lora, R = d_.rope, W = kl + R;
+  const int64_t nope = d_.nope, V = d_.v_dim, kvb = H * (nope + V);
+  if (kvb_.size() < size_t(rows * kvb)) kvb_.resize(size_t(rows * kvb), false);
+  float* dkv = kvb_.data();
+  // [dk_nope | dv] per head; the shared rope key's gradient sums over the heads.
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; ++t) {
+    float* kp = dlat + t * W + kl;
+    for (int64_t hh = 0; hh < H; ++hh) {
+      const float* kr = dk + (t * H + hh) * D;
+      float* dst = dkv + (t * H + hh) * (nope + V);
+      std::memcpy(dst, kr, size_t(nope) * sizeof(float));
+      std::memcpy(dst + nope, dv + (t * H + hh) * D, size_t(V) * sizeof(float));
+      for (int64_t j = 0; j < R; ++j) kp[j] += kr[nope + j];
+    }
+  }
+  gemm(true, false, kl, kvb, rows, lat, W, dkv, kvb, 1, gw_->wkv_b, kvb);   // dWkv_b += c^T dkv
+  gemm(false, true, rows, kl, kvb, dkv, kvb, w_->wkv_b, kvb, 1, dlat, W);  // dc += dkv Wkv_b^T
 }
 
 void mla_in_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* cos_t,
-                const float* sin_t, float* h, float* rstd, MlaActs& a, MlaScratch& s, float* q, float* k, float* v) {
+                const float* sin_t, float* h, float* rstd, MlaActs& a, MlaScratch& s, MlaExpander& ex, float* q,
+                float* k, float* v) {
   const ModelDims& d = r.d;
   const int64_t dim = d.dim, H = d.H_q, D = d.D, qw = H * D, kl = d.kv_lora, R = d.rope, kva = kl + R;
-  const int64_t nope = d.nope, V = d.v_dim, kvb = H * (nope + V);
   {
     Tracer::Scope sc(r.tr, Phase::norm, int32_t(r.layer), -1, 0, 0);
     rmsnorm_fwd(x, w.attn_norm, h, rstd, S, dim, d.norm_eps);
@@ -90,30 +144,29 @@ void mla_in_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x
   } else {
     layer_gemm(r, false, false, S, qw, dim, h, dim, w.wq, qw, 0, q, qw);
   }
-  // The K/V latent and the shared rope key: two column blocks of Wkv_a.
+  // The K/V latent and the shared rope key: two column blocks of Wkv_a, into lat = [c | k_pe].
   layer_gemm(r, false, false, S, kl, dim, h, dim, w.wkv_a, kva, 0, a.c_raw.data(), kl);
   layer_gemm(r, false, false, S, R, dim, h, dim, w.wkv_a + kl, kva, 0, s.kpe.data(), R);
+  float* c = s.dc.data();  // the normed latent, packed (dc is the backward's)
   {
     Tracer::Scope sc(r.tr, Phase::norm, int32_t(r.layer), -1, 0, 0);
-    rmsnorm_fwd(a.c_raw.data(), w.kv_norm, a.c.data(), a.c_rstd.data(), S, kl, d.norm_eps);
+    rmsnorm_fwd(a.c_raw.data(), w.kv_norm, c, a.c_rstd.data(), S, kl, d.norm_eps);
   }
-  layer_gemm(r, false, false, S, kvb, kl, a.c.data(), kl, w.wkv_b, kvb, 0, s.kvb.data(), kvb);
-  Tracer::Scope sc(r.tr, Phase::rope, int32_t(r.layer), -1, 0, 0);
-  rope_apply(s.kpe.data(), S, 1, int32_t(R), cos_t, sin_t, false);
-  rope_tail(d, q, S, s.rope.data(), cos_t, sin_t, false);
-  const float* kv = s.kvb.data();
+  {
+    Tracer::Scope sc(r.tr, Phase::rope, int32_t(r.layer), -1, 0, 0);
+    rope_apply(s.kpe.data(), S, 1, int32_t(R), cos_t, sin_t, false);
+    rope_tail(d, q, S, s.rope.data(), cos_t, sin_t, false);
+  }
+  float* lat = a.lat.data();
   const float* kpe = s.kpe.data();
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < S; ++t)
-    for (int64_t hh = 0; hh < H; ++hh) {
-      const float* src = kv + (t * H + hh) * (nope + V);
-      float* kr = k + (t * H + hh) * D;
-      float* vr = v + (t * H + hh) * D;
-      std::memcpy(kr, src, size_t(nope) * sizeof(float));
-      std::memcpy(kr + nope, kpe + t * R, size_t(R) * sizeof(float));
-      std::memcpy(vr, src + nope, size_t(V) * sizeof(float));
-      std::fill(vr + V, vr + D, 0.0f);
-    }
+  for (int64_t t = 0; t < S; ++t) {
+    std::memcpy(lat + t * kva, c + t * kl, size_t(kl) * sizeof(float));
+    std::memcpy(lat + t * kva + kl, kpe + t * R, size_t(R) * sizeof(float));
+  }
+  ex.time_into(&r.times);
+  ex.expand(lat, S, k, v);
+  ex.time_into(nullptr);
 }
 
 void mla_out_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* o, MlaScratch& s,
@@ -132,7 +185,7 @@ void mla_out_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S
   const int64_t dim = d.dim, H = d.H_q, D = d.D, V = d.v_dim, ow = H * V;
   const float* ov = value_columns(d, o, S, s);
   layer_gemm(r, true, false, ow, dim, S, ov, ow, dx1, dim, 1, gw.wo, dim);  // dWo += o_v^T dx1
-  float* dov = s.dkv.data();  // [S, H*V] fits in the dkv scratch ([S, H*(nope+V)])
+  float* dov = s.dov.data();
   layer_gemm(r, false, true, S, ow, dim, dx1, dim, w.wo, dim, 0, dov, ow);  // dO_v = dx1 Wo^T
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < S * H; ++i) {
@@ -142,33 +195,21 @@ void mla_out_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S
 }
 
 void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S, const float* h, const MlaActs& a,
-                MlaScratch& s, const float* cos_t, const float* sin_t, float* dq, const float* dk, const float* dv,
-                float* dh) {
+                MlaScratch& s, const float* cos_t, const float* sin_t, float* dq, const float* dlat, float* dh) {
   const ModelDims& d = r.d;
   const int64_t dim = d.dim, H = d.H_q, D = d.D, qw = H * D, kl = d.kv_lora, R = d.rope, kva = kl + R;
-  const int64_t nope = d.nope, V = d.v_dim, kvb = H * (nope + V);
-  float *dkv = s.dkv.data(), *dkpe = s.dkpe.data(), *dc = s.dc.data(), *dc_raw = s.dc_raw.data();
+  float *dkpe = s.dkpe.data(), *dc = s.dc.data(), *dc_raw = s.dc_raw.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < S; ++t) {
+    std::memcpy(dc + t * kl, dlat + t * kva, size_t(kl) * sizeof(float));
+    std::memcpy(dkpe + t * R, dlat + t * kva + kl, size_t(R) * sizeof(float));
+  }
   {
     Tracer::Scope sc(r.tr, Phase::rope, int32_t(r.layer), -1, 0, 0);
-    // [dk_nope | dv] per head; the shared rope key's gradient sums over the heads.
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < S; ++t) {
-      float* kp = dkpe + t * R;
-      std::fill(kp, kp + R, 0.0f);
-      for (int64_t hh = 0; hh < H; ++hh) {
-        const float* kr = dk + (t * H + hh) * D;
-        float* dst = dkv + (t * H + hh) * (nope + V);
-        std::memcpy(dst, kr, size_t(nope) * sizeof(float));
-        std::memcpy(dst + nope, dv + (t * H + hh) * D, size_t(V) * sizeof(float));
-        for (int64_t j = 0; j < R; ++j) kp[j] += kr[nope + j];
-      }
-    }
     rope_apply(dkpe, S, 1, int32_t(R), cos_t, sin_t, true);
     rope_tail(d, dq, S, s.rope.data(), cos_t, sin_t, true);
   }
-  // K/V: Wkv_b, the latent's norm, Wkv_a's two column blocks.
-  layer_gemm(r, true, false, kl, kvb, S, a.c.data(), kl, dkv, kvb, 1, gw.wkv_b, kvb);  // dWkv_b += c^T dkv
-  layer_gemm(r, false, true, S, kl, kvb, dkv, kvb, w.wkv_b, kvb, 0, dc, kl);          // dc = dkv Wkv_b^T
+  // K/V: the latent's norm, Wkv_a's two column blocks (Wkv_b's gradient came with dlat).
   std::memset(dc_raw, 0, size_t(S * kl) * sizeof(float));
   {
     Tracer::Scope sc(r.tr, Phase::norm, int32_t(r.layer), -1, 0, 0);

@@ -10,45 +10,83 @@
 //   x1 = x + o_v Wo, o_v the first v_dim columns of each head's output
 //
 // RoPE is ctxpar's (rotate-half, Llama 3 frequency scaling over `rope` dims), not DeepSeek's YaRN.
-// The attention call is the ordinary one (H_kv = H_q heads of D), so every CP strategy serves it;
-// the strategies move the expanded K and V (not the latent) so far.
+// The attention call is the ordinary one (H_kv = H_q heads of D). Under CP a strategy that moves
+// the latent (ring, allgather: CpStrategy::moves_latent) gets the latent rows lat = [c | k_pe]
+// (kv_lora + rope values per token, k_pe after RoPE) and the layer's MlaExpander, and sends the
+// latent instead of K and V; the others (halo) move the expanded K and V, whose gradient the
+// expander then turns into the latent's here. Either way the backward starts from d lat.
 #pragma once
 #include <cstdint>
 
 #include "core/memory.hpp"
+#include "cp/strategy.hpp"
 #include "model/layer.hpp"
 #include "model/model.hpp"
 
 namespace ctxpar {
 
-// What one layer keeps for its backward: the query latent before and after its norm (q_lora > 0)
-// and the K/V latent before and after its norm, with the norms' rstd.
+// What one layer keeps for its backward: the query latent before and after its norm (q_lora > 0),
+// the K/V latent before its norm with the norm's rstd, and the latent rows lat [S, kv_lora + rope]
+// = [c | RoPE(k_pe)] the keys and values are expanded from.
 struct MlaActs {
-  Buffer<float> cq_raw, cq_rstd, cq, c_raw, c_rstd, c;
+  Buffer<float> cq_raw, cq_rstd, cq, c_raw, c_rstd, lat;
 };
 // Scratch of the layer's forward and backward (one set per model).
 struct MlaScratch {
-  Buffer<float> kvb, kpe, rope, ov, dkv, dc, dc_raw, dkpe, dcq, dcq_raw;
+  Buffer<float> kpe, rope, ov, dov, dlat, dc, dc_raw, dkpe, dcq, dcq_raw;
+};
+
+// K/V from the latent and back for one layer (cp/strategy.hpp KvExpander): K = [c Wkv_b's k_nope
+// columns | k_pe] per head, V = c Wkv_b's value columns (zero-padded to D); the backward adds
+// c^T [dk_nope | dv] to the layer's dWkv_b. Bound to a layer before each of its attention calls.
+// Its GEMMs are traced (phase gemm); their time goes to `times` when set (time_into), else it is
+// part of the attention call that runs them (a strategy expanding a visiting block).
+class MlaExpander final : public KvExpander {
+ public:
+  explicit MlaExpander(const ModelDims& d) : d_(d) {}
+  void bind(Tracer* tr, int64_t layer, const LayerView& w, LayerView* gw) {
+    tr_ = tr;
+    layer_ = layer;
+    w_ = &w;
+    gw_ = gw;
+  }
+  void time_into(StepTimes* times) { times_ = times; }
+  void expand(const float* latent, int64_t rows, float* k, float* v) override;
+  void backward(const float* latent, int64_t rows, const float* dk, const float* dv, float* dlatent) override;
+  int32_t width() const { return int32_t(d_.kv_lora + d_.rope); }
+
+ private:
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+            float beta, float* C, int64_t ldc) const;
+  const ModelDims& d_;
+  Tracer* tr_ = nullptr;
+  int64_t layer_ = -1;
+  const LayerView* w_ = nullptr;
+  LayerView* gw_ = nullptr;
+  StepTimes* times_ = nullptr;
+  Buffer<float> kvb_;  // [rows, H (nope + v)], grown to the largest block
 };
 void mla_alloc(const ModelDims& d, int64_t S, MlaActs& a);
 void mla_alloc(const ModelDims& d, int64_t S, MlaScratch& s);
 double mla_acts_bytes(const ModelDims& d, int64_t S);
 double mla_scratch_bytes(const ModelDims& d, int64_t S);
 
-// RMSNorm, the latents, q, k, v of the attention call ([S, H*D] each, v zero-padded), RoPE on the
-// rope dims (cos/sin tables [S, rope/2]).
+// RMSNorm, the latents, q, k, v of the attention call ([S, H*D] each, v zero-padded; k and v by
+// `ex`, bound to this layer), RoPE on the rope dims (cos/sin tables [S, rope/2]).
 void mla_in_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* cos_t,
-                const float* sin_t, float* h, float* rstd, MlaActs& a, MlaScratch& s, float* q, float* k, float* v);
+                const float* sin_t, float* h, float* rstd, MlaActs& a, MlaScratch& s, MlaExpander& ex, float* q,
+                float* k, float* v);
 // x1 = x + o_v Wo (o [S, H*D]).
 void mla_out_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* o, MlaScratch& s,
                  float* x1);
 // The output projection's backward: dO [S, H*D] (padded columns zero) from dx1, dWo += o_v^T dx1.
 void mla_out_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S, const float* o, const float* dx1,
                  MlaScratch& s, float* dO);
-// The input side's backward from the attention's dq, dk, dv ([S, H*D]; dq is rotated back in
-// place): dh (overwritten) and the gradients of Wq / Wq_a, q_norm, Wq_b, Wkv_a, kv_norm, Wkv_b.
+// The input side's backward from the attention's dq ([S, H*D]; rotated back in place) and the
+// latent's gradient dlat [S, kv_lora + rope] (from a strategy that moves the latent, or from
+// dK/dV through MlaExpander::backward, which also took Wkv_b's gradient): dh (overwritten) and
+// the gradients of Wq / Wq_a, q_norm, Wq_b, Wkv_a, kv_norm.
 void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S, const float* h, const MlaActs& a,
-                MlaScratch& s, const float* cos_t, const float* sin_t, float* dq, const float* dk, const float* dv,
-                float* dh);
+                MlaScratch& s, const float* cos_t, const float* sin_t, float* dq, const float* dlat, float* dh);
 
 }  // namespace ctxpar

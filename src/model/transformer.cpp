@@ -11,14 +11,9 @@
 #include "ops.hpp"
 #include "shard/partition.hpp"
 #include "trace/trace.hpp"
+#include "core/clock.hpp"
 
 namespace ctxpar {
-
-namespace {
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 int64_t Transformer::logits_chunk_rows(int64_t S_loc, int64_t V) {
   // About 32 MiB of logits per chunk, at least 64 rows (GEMM efficiency), at most S_loc.
@@ -74,6 +69,7 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
     for (size_t l = 0; l < mla_.size(); ++l)
       if (!(mla_.size() > 1 ? d_.is_gdn(int64_t(l)) : n_gdn == d_.layers)) mla_alloc(d_, S_loc_, mla_[l]);
     mla_alloc(d_, S_loc_, mla_s_);
+    mla_x_ = std::make_unique<MlaExpander>(d_);
   }
   mlp_.resize(remat_ == Remat::full ? 1 : size_t(d_.layers));
   for (MlpActs& m : mlp_) {
@@ -115,16 +111,22 @@ AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
   t.q_doc = t.k_doc = has_docs_ ? b.doc.data() : nullptr;  // follows the run's flag (strategy message layout)
   t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
   t.o = a.o.data(); t.lse = a.lse.data();
+  if (d_.mla && strategy_of(l).moves_latent()) {  // the latent travels instead of K/V
+    t.latent_width = mla_x_->width();
+    t.latent = mla_of(l).lat.data();
+    t.expander = mla_x_.get();
+  }
   return t;
 }
 
 // RMSNorm → Q, K, V → RoPE → CP attention, into `a`.
 
 void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b) {
-  if (d_.mla)
-    mla_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), mla_of(l), mla_s_, a.q.data(),
-               a.k.data(), a.v.data());
-  else
+  if (d_.mla) {
+    mla_x_->bind(tr_, l, w, nullptr);
+    mla_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), mla_of(l), mla_s_, *mla_x_,
+               a.q.data(), a.k.data(), a.v.data());
+  } else
     attn_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), a.q.data(), a.k.data(),
                 a.v.data());
   const AttnParams t = local_attn(l, a, b);
@@ -186,12 +188,23 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   AttnParams t = local_attn(l, a, b);
   t.dout = do_.data();
   t.dq = dq_.data(); t.dk = dk_.data(); t.dv = dv_.data();
+  if (d_.mla) {
+    mla_x_->bind(tr_, l, w, &gw);
+    t.dlatent = mla_s_.dlat.data();
+  }
   const double t0 = now_s();
   strategy_of(l).backward(t, tr_, *st_);
   times_->attn_s += now_s() - t0;
   if (d_.mla) {
-    mla_in_bwd(run(l), w, gw, S, a.h.data(), mla_of(l), mla_s_, cos_.data(), sin_.data(), dq_.data(), dk_.data(),
-               dv_.data(), dh_.data());
+    float* dlat = mla_s_.dlat.data();
+    if (!t.expander) {  // the strategy moved K/V and returned dK/dV: the latent's gradient from them here
+      std::fill_n(dlat, size_t(S) * size_t(mla_x_->width()), 0.0f);
+      mla_x_->time_into(times_);
+      mla_x_->backward(mla_of(l).lat.data(), S, dk_.data(), dv_.data(), dlat);
+      mla_x_->time_into(nullptr);
+    }
+    mla_in_bwd(run(l), w, gw, S, a.h.data(), mla_of(l), mla_s_, cos_.data(), sin_.data(), dq_.data(), dlat,
+               dh_.data());
     Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
     rmsnorm_bwd(dh_.data(), x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm, S, dim);  // dx = d x
     return;

@@ -90,6 +90,7 @@ class Transformer {
   std::vector<AttnActs> attn_;
   std::vector<MlaActs> mla_;  // attention = mla: the latents, alongside attn_ (same indexing)
   MlaScratch mla_s_;
+  std::unique_ptr<MlaExpander> mla_x_;  // attention = mla: K/V from the latent and back, bound per layer
   MlaActs& mla_of(int64_t l) { return mla_.size() == 1 ? mla_[0] : mla_[size_t(l)]; }
   std::vector<MlpActs> mlp_;
   std::unique_ptr<GdnMixer> gdn_;     // hybrid models: the GDN layers' mixer (null without 'D' layers)

@@ -36,8 +36,10 @@ int tp_size(const Topology& t) { return t.size(Axis::tp); }
 // The attention problem of one tp rank (heads / tp of each kind), causal.
 AttnParams local_attn_problem(const Config& cfg, int tp, bool local_layer = false) {
   const ModelDims d = model_dims(cfg, tp, 0);  // MLA: H_kv = H_q heads of nope + rope
-  return attn_problem(cfg.seq, d.H_q_loc(), d.H_kv_loc(), d.D, local_layer ? MaskKind::window : MaskKind::causal,
-                      local_layer ? cfg.window : 0);
+  AttnParams p = attn_problem(cfg.seq, d.H_q_loc(), d.H_kv_loc(), d.D, local_layer ? MaskKind::window : MaskKind::causal,
+                              local_layer ? cfg.window : 0);
+  if (d.mla) p.latent_width = int32_t(d.kv_lora + d.rope);  // K/V come from the latent
+  return p;
 }
 // attention = mla: its shapes, one line (kv_heads and head_dim do not apply).
 std::string mla_line(const Config& c) {

@@ -13,16 +13,13 @@
 #include "dist/comm.hpp"
 #include "model/flops.hpp"
 #include "ops.hpp"
+#include "core/clock.hpp"
 
 namespace ctxpar {
 
 const char* algo_name(CpAlgo a) { return a == CpAlgo::pass_kv ? "pass_kv" : "pass_q"; }
 
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 bool fp32_profile(const HardwareProfile& hw) { return hw.default_precision == Precision::fp32 && hw.peak_fp32_flops > 0; }
 double peak_of(const HardwareProfile& hw) { return fp32_profile(hw) ? hw.peak_fp32_flops : hw.peak_bf16_flops; }

@@ -419,6 +419,176 @@ TEST(CpValidate, HaloNeedsAWindow) {
   EXPECT_EQ(s->validate(attn_problem(64, 8, 8, 16, MaskKind::window, 5), topo), "");
 }
 
+// ---- MLA: strategies that move a latent instead of K and V ------------------------------------
+
+// K = X A_k, V = X A_v from latent rows X [rows, W] (a linear expansion as MLA's, fixed loop
+// order, so K/V expanded on any rank are the same floats); the backward accumulates
+// dX += dK A_k^T + dV A_v^T and the "weight" gradients dA_k += X^T dK, dA_v += X^T dV.
+class LinearExpander final : public KvExpander {
+ public:
+  LinearExpander(int32_t W, int64_t KW, uint64_t seed) : W_(W), KW_(KW), ak_(size_t(W * KW)), av_(size_t(W * KW)),
+                                                         dak_(ak_.size(), 0.0), dav_(av_.size(), 0.0) {
+    std::vector<int64_t> idx(static_cast<size_t>(W));
+    for (int32_t i = 0; i < W; ++i) idx[size_t(i)] = i;
+    fill_rows(seed, 7, idx, KW, 0.5f, ak_.data());
+    fill_rows(seed, 8, idx, KW, 0.5f, av_.data());
+  }
+  void expand(const float* x, int64_t rows, float* k, float* v) override {
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t j = 0; j < KW_; ++j) {
+        float sk = 0, sv = 0;
+        for (int32_t w = 0; w < W_; ++w) {
+          sk += x[t * W_ + w] * ak_[size_t(w * KW_ + j)];
+          sv += x[t * W_ + w] * av_[size_t(w * KW_ + j)];
+        }
+        k[t * KW_ + j] = sk;
+        v[t * KW_ + j] = sv;
+      }
+    expanded_rows += rows;
+  }
+  void backward(const float* x, int64_t rows, const float* dk, const float* dv, float* dx) override {
+    for (int64_t t = 0; t < rows; ++t)
+      for (int32_t w = 0; w < W_; ++w) {
+        double s = 0;
+        for (int64_t j = 0; j < KW_; ++j) {
+          s += double(dk[t * KW_ + j]) * ak_[size_t(w * KW_ + j)] + double(dv[t * KW_ + j]) * av_[size_t(w * KW_ + j)];
+          dak_[size_t(w * KW_ + j)] += double(x[t * W_ + w]) * dk[t * KW_ + j];
+          dav_[size_t(w * KW_ + j)] += double(x[t * W_ + w]) * dv[t * KW_ + j];
+        }
+        dx[t * W_ + w] += float(s);
+      }
+  }
+  // The latent gradient of rows with dK, dV, in fp64 (the reference).
+  std::vector<double> project(const std::vector<double>& dk, const std::vector<double>& dv) const {
+    const int64_t rows = int64_t(dk.size()) / KW_;
+    std::vector<double> dx(size_t(rows * W_), 0.0);
+    for (int64_t t = 0; t < rows; ++t)
+      for (int32_t w = 0; w < W_; ++w)
+        for (int64_t j = 0; j < KW_; ++j)
+          dx[size_t(t * W_ + w)] += dk[size_t(t * KW_ + j)] * ak_[size_t(w * KW_ + j)] +
+                                    dv[size_t(t * KW_ + j)] * av_[size_t(w * KW_ + j)];
+    return dx;
+  }
+  int32_t W_;
+  int64_t KW_;
+  std::vector<float> ak_, av_;
+  std::vector<double> dak_, dav_;
+  int64_t expanded_rows = 0;
+};
+
+// ring and allgather with a latent (AttnParams::expander) against the same strategy on the
+// expanded K/V: O and dQ the same floats (the same K/V rows meet the same kernel), the latent's
+// gradient and the expansion's weight gradient (summed over ranks) equal to the projection of
+// the reference dK/dV within the suite's bound; bytes as the strategy's model, the latent's
+// width per token instead of 2 H_kv D; ulysses and usp refuse a latent, saying why.
+TEST(CpLatent, RingAndAllgatherMoveTheLatent) {
+  const int P = world().size();
+  constexpr int32_t kW = 12;  // latent width, well under 2 H_kv D = 2 * 2 * 16
+  for (const char* name : {"ring", "allgather"})
+    for (const Masking& m : {kMasks[0], kMasks[1]}) {
+      SCOPED_TRACE(std::string(name) + " " + m.name);
+      Topology& topo = topology(mesh_for(name, P));
+      std::unique_ptr<CpStrategy> strat = make_strategy(name, topo);
+      ASSERT_TRUE(strat->moves_latent());
+      const Case c{name, kHeads[0], m};
+      Global g = make_global(c, 99);  // q, dout and positions; K/V from the latent below
+      const int64_t S = c.S, KW = int64_t(g.shape.H_kv) * g.shape.D, wq = int64_t(g.shape.H_q) * g.shape.D;
+      LinearExpander ex(kW, KW, 4321);
+      std::vector<float> X(size_t(S * kW));
+      fill_rows(77, 9, g.pos, kW, 1.0f, X.data());
+      ex.expand(X.data(), S, g.k.data(), g.v.data());
+      // The references on the expanded inputs: attention in fp64, then through the expansion.
+      AttnParams full = g.shape;
+      full.S_q = full.S_k = S;
+      full.q_pos = full.k_pos = g.pos.data();
+      full.q_doc = full.k_doc = g.has_docs ? g.doc.data() : nullptr;
+      run_ref<double>(g, full, &g.o[0], &g.lse[0], &g.dq[0], &g.dk[0], &g.dv[0]);
+      run_ref<float>(g, full, &g.o[1], &g.lse[1], &g.dq[1], &g.dk[1], &g.dv[1]);
+      const std::vector<double> dX[2] = {ex.project(g.dk[0], g.dv[0]), ex.project(g.dk[1], g.dv[1])};
+      std::vector<double> dA[2];
+      for (int i = 0; i < 2; ++i) {
+        dA[i].assign(size_t(kW * KW), 0.0);
+        for (int64_t t = 0; t < S; ++t)
+          for (int32_t w = 0; w < kW; ++w)
+            for (int64_t j = 0; j < KW; ++j) dA[i][size_t(w * KW + j)] += X[size_t(t * kW + w)] * g.dk[i][size_t(t * KW + j)];
+      }
+
+      const Partition part(strat->partition(), S, topo.cp().size());
+      const int r = topo.cp().rank();
+      const std::vector<int64_t> pos = part.positions(r);
+      const int64_t n = int64_t(pos.size());
+      auto shard = [&](const std::vector<float>& x, int64_t w) {
+        std::vector<float> y(size_t(n * w));
+        part.scatter_rows(std::span<const float>(x), w, r, std::span<float>(y));
+        return y;
+      };
+      const std::vector<float> q = shard(g.q, wq), k = shard(g.k, KW), v = shard(g.v, KW), dout = shard(g.dout, wq),
+                               x = shard(X, kW);
+      std::vector<int32_t> doc;
+      if (g.has_docs)
+        for (int64_t p : pos) doc.push_back(g.doc[size_t(p)]);
+      AttnParams t = g.shape;
+      t.S_q = t.S_k = n;
+      t.q_pos = t.k_pos = pos.data();
+      t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();
+      t.q = q.data(); t.k = k.data(); t.v = v.data(); t.dout = dout.data();
+      // Plain: K/V move.
+      std::vector<float> o0(q.size()), lse0(size_t(n) * g.shape.H_q), dq0(q.size()), dk0(k.size()), dv0(v.size());
+      AttnParams a = t;
+      a.o = o0.data(); a.lse = lse0.data(); a.dq = dq0.data(); a.dk = dk0.data(); a.dv = dv0.data();
+      CpStats f0, b0;
+      strat->forward(a, nullptr, f0);
+      strat->backward(a, nullptr, b0);
+      // Latent: X moves; dk, dv must stay untouched.
+      std::vector<float> o1(q.size(), NAN), lse1(lse0.size(), NAN), dq1(q.size(), NAN), dx(x.size(), NAN);
+      std::vector<float> untouched(k.size(), 7.0f), untouched_v(k.size(), 7.0f);
+      AttnParams b = t;
+      b.o = o1.data(); b.lse = lse1.data(); b.dq = dq1.data(); b.dk = untouched.data(); b.dv = untouched_v.data();
+      b.latent_width = kW;
+      b.latent = x.data();
+      b.dlatent = dx.data();
+      b.expander = &ex;
+      CpStats f1, b1;
+      strat->forward(b, nullptr, f1);
+      strat->backward(b, nullptr, b1);
+
+      EXPECT_EQ(o1, o0) << "the same K/V rows: the same output";
+      EXPECT_EQ(lse1, lse0);
+      EXPECT_EQ(dq1, dq0);
+      EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float f) { return f == 7.0f; }));
+      EXPECT_TRUE(std::all_of(untouched_v.begin(), untouched_v.end(), [](float f) { return f == 7.0f; }));
+      const double ex_err = max_over_ranks(err_rows(dx, dX[0], pos, kW));
+      EXPECT_LE(ex_err, kCpFactor * err_all(dX[1], dX[0]) + kFloorRel * max_abs(dX[0])) << "dlatent";
+      std::vector<double> dak = ex.dak_;  // this rank's blocks' part; the sum over ranks is the whole
+      world().all_reduce(std::span<double>(dak.data(), dak.size()));
+      EXPECT_LE(err_all(dak, dA[0]), kCpFactor * err_all(dA[1], dA[0]) + kFloorRel * max_abs(dA[0])) << "dA_k";
+
+      // Bytes: the model's, with the latent's width; per token kW * 4 instead of 2 H_kv D * 4.
+      AttnParams shape_lat = g.shape;  // as laid out: S_padded() rows
+      shape_lat.S_q = shape_lat.S_k = part.S_padded();
+      shape_lat.latent_width = kW;
+      EXPECT_DOUBLE_EQ(f1.bytes_sent, strat->comm_volume_fwd(shape_lat, g.has_docs, topo));
+      EXPECT_EQ(f1.messages, f0.messages);
+      EXPECT_EQ(b1.messages, b0.messages);
+      if (P > 1) {
+        const double per_token_lat = kW * 4.0, per_token_kv = 2.0 * KW * 4.0, meta = 8.0 + (g.has_docs ? 4.0 : 0.0);
+        EXPECT_LE(f1.bytes_sent / f0.bytes_sent, (per_token_lat + meta) / (per_token_kv + meta) * 1.05);
+        EXPECT_LT(b1.bytes_sent, b0.bytes_sent);
+      }
+    }
+  // Head-splitting strategies refuse a latent.
+  for (const char* name : {"ulysses", "usp"}) {
+    Topology& topo = topology(mesh_for(name, P));
+    AttnParams s = shape(2 * P * 8, 8, 8);
+    s.latent_width = 576;
+    const std::string e = make_strategy(name, topo)->validate(s, topo);
+    EXPECT_NE(e.find(std::string(name) + ": attention = mla: every head's K and V are expanded from one latent"),
+              std::string::npos) << e;
+    EXPECT_NE(e.find("valid: ring or allgather, which move the latent"), std::string::npos) << e;
+    EXPECT_FALSE(make_strategy(name, topo)->moves_latent());
+  }
+}
+
 // ---- inference strategies: pass_q and the decode strategies against the reference ---------------
 
 // The error bound of the suite (kCpFactor x the naive fp32 error + kFloorRel x max|ref|).
