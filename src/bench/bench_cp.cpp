@@ -10,6 +10,12 @@
 // zigzag partition accepts). Inputs: the synthetic tensors of `ctxpar run` (seeded per global
 // token), documents from cfg.docs. Times: per step the max over ranks; the table shows the
 // median over cfg.steps measured steps after cfg.warmup unmeasured ones.
+// attention=mla (DeepSeek latent attention): the problem is MLA's (H_q = H_kv = heads of
+// qk_nope + qk_rope dims), K/V expanded from seeded latent rows through random Wkv_b weights
+// (model/mla_layer.hpp MlaExpander); a strategy that moves the latent (ring, allgather) gets two
+// rows: its own (the latent moves, visiting blocks are expanded on arrival) and `<name>:kv`, the
+// same strategy moving the expanded K and V (the equivalent MHA step); a note gives the measured
+// bytes of one forward ring step of each and their ratio against (kv_lora + rope) / (2 H D).
 // Check: each rank recomputes its own rows with the single-rank kernel on the global inputs:
 // every row of O, LSE, dQ, dK, dV when S <= kFullCheckSeq, else O, LSE, dQ of kSampleRows rows
 // spread over the sequence (dK/dV need every query, too costly at long S). An element is wrong
@@ -19,6 +25,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +40,8 @@
 #include "cp/strategy.hpp"
 #include "dist/topology.hpp"
 #include "model/flops.hpp"
+#include "model/mla_layer.hpp"
+#include "model/model.hpp"
 #include "modes/workload.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
@@ -50,26 +60,69 @@ struct Inputs {
   std::vector<int32_t> doc;         // local ids (empty: no documents)
   std::vector<int32_t> global_doc;  // every token's id (empty: no documents)
   Buffer<float> q, k, v, dout, o, lse, dq, dk, dv;
-  // This rank's shard of the problem `s`, as the strategy's call.
-  AttnParams local(const AttnParams& s) {
+  Buffer<float> latent, dlatent;    // attention=mla
+  // This rank's shard of the problem `s`, as the strategy's call (with the latent when `ex`).
+  AttnParams local(const AttnParams& s, KvExpander* ex) {
     AttnParams t = s;
     t.S_q = t.S_k = int64_t(pos.size());
     t.q_pos = t.k_pos = pos.data();
     t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();
     t.q = q.data(); t.k = k.data(); t.v = v.data(); t.dout = dout.data();
     t.o = o.data(); t.lse = lse.data(); t.dq = dq.data(); t.dk = dk.data(); t.dv = dv.data();
+    if (ex) {
+      t.latent = latent.data();
+      t.dlatent = dlatent.data();
+      t.expander = ex;
+    } else {
+      t.latent_width = 0;
+    }
     return t;
   }
 };
 
-// Single-rank kernel on the global inputs for this rank's rows (all, or the sampled ones).
-int64_t check_rows(const AttnParams& s, Inputs& in, uint64_t seed, bool full) {
+// attention=mla: the latent's expansion with seeded Wkv_b weights (scaled as the model's init).
+struct MlaBench {
+  ModelDims d;
+  Buffer<float> wkv_b, gwkv_b;
+  LayerView w{}, gw{};
+  std::unique_ptr<MlaExpander> ex;
+  MlaBench(const Config& cfg, uint64_t seed, Tracer* tr) : d(model_dims(cfg, 1, 0)) {
+    const int64_t kl = d.kv_lora, cols = int64_t(d.H_q) * (d.nope + d.v_dim);
+    std::vector<int64_t> rows(static_cast<size_t>(kl));
+    for (int64_t i = 0; i < kl; ++i) rows[size_t(i)] = i;
+    wkv_b.resize(size_t(kl * cols), false);
+    gwkv_b.resize(size_t(kl * cols));
+    fill_rows(seed, 101, rows, cols, float(1.0 / std::sqrt(double(kl))), wkv_b.data());
+    w.wkv_b = wkv_b.data();
+    gw.wkv_b = gwkv_b.data();
+    ex = std::make_unique<MlaExpander>(d);
+    ex->bind(tr, -1, w, &gw);
+  }
+  int32_t width() const { return ex->width(); }
+  // The problem: H_q = H_kv = heads of nope + rope dims; the latent's width (shape only).
+  AttnParams problem(const Config& c) const {
+    AttnParams p = attn_problem(c.seq, d.H_q, d.H_q, d.D, c.mask, c.window);
+    p.latent_width = width();
+    return p;
+  }
+};
+
+// Single-rank kernel on the global inputs for this rank's rows (all, or the sampled ones). With
+// `mla`, K/V are the expansion of the global latent rows, and `latent_row` compares the latent's
+// gradient (the reference dK/dV through the expansion) where the full check compares dK/dV.
+int64_t check_rows(const AttnParams& s, Inputs& in, uint64_t seed, bool full, MlaBench* mla, bool latent_row) {
   const int64_t S = s.S_q, wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
   std::vector<int64_t> all(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) all[size_t(i)] = i;
-  Buffer<float> K(size_t(S * wk), false), V(size_t(S * wk), false);
-  fill_rows(seed, kTensorK, all, wk, 1.0f, K.data());
-  fill_rows(seed, kTensorV, all, wk, 1.0f, V.data());
+  Buffer<float> K(size_t(S * wk), false), V(size_t(S * wk), false), X;
+  if (mla) {
+    X.resize(size_t(S) * mla->width(), false);
+    fill_rows(seed, kTensorK, all, mla->width(), 1.0f, X.data());
+    mla->ex->expand(X.data(), S, K.data(), V.data());
+  } else {
+    fill_rows(seed, kTensorK, all, wk, 1.0f, K.data());
+    fill_rows(seed, kTensorV, all, wk, 1.0f, V.data());
+  }
   // Query rows of the reference: every token (full: dK/dV need every query), else the sampled
   // local rows. ref_row[i] = row of the reference that local row rows[i] is.
   std::vector<int64_t> rows, ref_row, qpos;
@@ -111,7 +164,13 @@ int64_t check_rows(const AttnParams& s, Inputs& in, uint64_t seed, bool full) {
     return count_wrong(pick(mine, w, rows).data(), pick(ref, w, ref_row).data(), n * size_t(w), kWrongRel);
   };
   int64_t wrong = both(in.o.data(), O.data(), wq) + both(in.lse.data(), L.data(), s.H_q) + both(in.dq.data(), dQ.data(), wq);
-  if (full) wrong += both(in.dk.data(), dK.data(), wk) + both(in.dv.data(), dV.data(), wk);
+  if (full && latent_row) {
+    Buffer<float> dX(X.size());
+    mla->ex->backward(X.data(), S, dK.data(), dV.data(), dX.data());
+    wrong += both(in.dlatent.data(), dX.data(), mla->width());
+  } else if (full) {
+    wrong += both(in.dk.data(), dK.data(), wk) + both(in.dv.data(), dV.data(), wk);
+  }
   return wrong;
 }
 
@@ -146,12 +205,31 @@ int bench_cp(BenchContext& ctx) {
   std::vector<int64_t> lengths;
   for (int64_t S : {cfg.seq / 4, cfg.seq / 2, cfg.seq})
     if (S >= 2 * P) lengths.push_back(S);
+  // attention=mla: the latent rows of a strategy that moves it, and its K/V baseline `<name>:kv`.
+  std::unique_ptr<MlaBench> mla;
+  if (cfg.attention == "mla") mla = std::make_unique<MlaBench>(cfg, seed, &ctx.tracer);
+  struct RowKind {
+    std::string label, strategy;
+    bool latent;
+  };
+  std::vector<RowKind> rows;
+  for (const std::string& name : names) {
+    const bool moves = mla && make_strategy(name, topo)->moves_latent();
+    rows.push_back({name, name, moves});
+    if (moves) rows.push_back({name + ":kv", name, false});
+  }
+  std::map<std::string, double> step_bytes;  // MLA: label -> bytes of one forward ring step
 
   std::vector<std::string> notes = {
       "mesh ulysses:" + std::to_string(U) + ",ring:" + std::to_string(R) + " (P = " + std::to_string(P) + "), H_q=" +
           std::to_string(cfg.heads) + " H_kv=" + std::to_string(cfg.kv_heads) + " D=" + std::to_string(cfg.head_dim) +
           " mask=" + name_of(cfg.mask) + (cfg.mask == MaskKind::window ? "(" + std::to_string(cfg.window) + ")" : "") +
-          " docs=" + cfg.docs + ", " + std::to_string(cfg.threads) + " threads/rank (0 = OpenMP default)",
+          " docs=" + cfg.docs + ", " + std::to_string(cfg.threads) + " threads/rank (0 = OpenMP default)" +
+          (mla ? "; attention=mla: H_q = H_kv = " + std::to_string(mla->d.H_q) + " heads of D = " +
+                     std::to_string(mla->d.D) + " (values " + std::to_string(mla->d.v_dim) + ", zero-padded to D), latent " +
+                     std::to_string(mla->width()) + " = kv_lora_rank " + std::to_string(mla->d.kv_lora) + " + rope " +
+                     std::to_string(mla->d.rope) + "; <name>:kv rows move the expanded K/V"
+               : std::string()),
       std::string("FLOP convention: ") + kFlopConvention + "; TFLOP/s per rank = model FLOPs / (time * ranks)",
       "time: median over " + std::to_string(cfg.steps) + " steps (after " + std::to_string(cfg.warmup) +
           " warmup) of the max over ranks",
@@ -177,15 +255,18 @@ int bench_cp(BenchContext& ctx) {
   std::vector<std::string> skipped;
   // layer_pattern chooses the tables: attention rows for G, Gated DeltaNet rows for D.
   const bool attn_rows = cfg.layer_pattern.find('G') != std::string::npos;
-  if (!attn_rows) names.clear();
-  for (const std::string& name : names) {
-    std::unique_ptr<CpStrategy> strat = make_strategy(name, topo);
+  if (!attn_rows) rows.clear();
+  for (const RowKind& row : rows) {
+    const std::string& name = row.label;
+    std::unique_ptr<CpStrategy> strat = make_strategy(row.strategy, topo);
+    KvExpander* ex = row.latent ? mla->ex.get() : nullptr;
     for (int64_t S : lengths) {
       if (ctx.tracer.stop_signal() != 0) break;  // a stop signal: report the rows measured so far
       Config c = cfg;
       c.seq = S;
-      const AttnParams shape = attn_problem(c);
-      const std::string err = strat->validate(shape, topo);
+      AttnParams shape = mla ? mla->problem(c) : attn_problem(c);
+      const std::string err = strat->validate(shape, topo);  // with the latent: ulysses, usp refuse
+      if (!row.latent) shape.latent_width = 0;
       Inputs in;
       std::string derr;
       if (err.empty()) derr = parse_docs(cfg.docs, S, cfg.doc_mean, seed, in.global_doc);
@@ -202,12 +283,21 @@ int bench_cp(BenchContext& ctx) {
       in.k.resize(n * wk, false); in.v.resize(n * wk, false); in.dk.resize(n * wk); in.dv.resize(n * wk);
       in.lse.resize(n * shape.H_q);
       fill_rows(seed, kTensorQ, in.pos, int64_t(wq), 1.0f, in.q.data());
-      fill_rows(seed, kTensorK, in.pos, int64_t(wk), 1.0f, in.k.data());
-      fill_rows(seed, kTensorV, in.pos, int64_t(wk), 1.0f, in.v.data());
+      if (mla) {  // K/V from the latent rows, as the layer computes them
+        const int64_t W = mla->width();
+        in.latent.resize(n * size_t(W), false);
+        in.dlatent.resize(n * size_t(W));
+        fill_rows(seed, kTensorK, in.pos, W, 1.0f, in.latent.data());
+        clear_padding_rows(part, r, {{in.latent.data(), W}});
+        mla->ex->expand(in.latent.data(), int64_t(n), in.k.data(), in.v.data());
+      } else {
+        fill_rows(seed, kTensorK, in.pos, int64_t(wk), 1.0f, in.k.data());
+        fill_rows(seed, kTensorV, in.pos, int64_t(wk), 1.0f, in.v.data());
+      }
       fill_rows(seed, kTensorDout, in.pos, int64_t(wq), 1.0f, in.dout.data());
       clear_padding_rows(part, r, {{in.q.data(), int64_t(wq)}, {in.k.data(), int64_t(wk)}, {in.v.data(), int64_t(wk)},
                                    {in.dout.data(), int64_t(wq)}});
-      const AttnParams t = in.local(shape);
+      const AttnParams t = in.local(shape, ex);
       const double real_pairs =
           part.padding() > 0 ? double(problem_visible_pairs(shape, in.global_doc)) * double(world.size() / P) : -1;
 
@@ -252,12 +342,13 @@ int bench_cp(BenchContext& ctx) {
           exposed.push_back(mx[3]);
           flops_fwd = sum[0];
           flops_bwd = sum[1];
+          if (mla && fst.messages > 0) step_bytes[name] = fst.bytes_sent / double(fst.messages);
         }
         if (stop) break;  // a stop signal: this row keeps the iterations measured so far
       }
       if (fwd_s.empty()) break;  // stopped before any measured iteration: no row
       const bool full = S <= kFullCheckSeq;
-      int64_t wrong = check_rows(shape, in, seed, full);
+      int64_t wrong = check_rows(shape, in, seed, full, mla.get(), row.latent);
       world.all_reduce(std::span<int64_t>(&wrong, 1), ReduceOp::sum);
       wrong_total += wrong;
       const double tf = median(fwd_s), tb = median(bwd_s), ex = median(exposed), by = median(bytes);
@@ -270,6 +361,15 @@ int bench_cp(BenchContext& ctx) {
     }
   }
   if (attn_rows && world.rank() == 0) table.print(cfg.csv);
+  if (mla && !cfg.csv)  // one forward ring step's message (rank 0's, last length), latent vs K/V
+    for (const auto& [label, bytes] : step_bytes) {
+      const auto kv = step_bytes.find(label + ":kv");
+      if (kv == step_bytes.end()) continue;
+      const double goal = double(mla->width()) / (2.0 * mla->d.H_q * mla->d.D);
+      log0("# MLA %s step: %.0f bytes with the latent vs %.0f with K/V: ratio %.5f (latent / (2 H D) = %.5f; the "
+           "positions%s travel in both)\n",
+           label.c_str(), bytes, kv->second, bytes / kv->second, goal, has_docs(cfg) ? " and document ids" : "");
+    }
   if (!cfg.csv)
     for (const std::string& m : skipped) log0("# skipped %s\n", m.c_str());
   if (cfg.layer_pattern.find('D') != std::string::npos) {
