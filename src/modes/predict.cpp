@@ -101,9 +101,6 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
   if (cfg.mode == Mode::bench && cfg.bench != Bench::cp && cfg.bench != Bench::train && cfg.bench != Bench::infer)
     return "config: strategy = auto applies to modes that run a CP strategy (run, attn, train, prefill, decode, chat, "
            "bench cp/train/infer); valid here: allgather, ulysses, ring, usp";
-  if (cfg.attention == "mla")
-    return "config: strategy = auto: the cost model does not price latent attention (attention = mla) yet; valid: "
-           "allgather, ulysses, ring, usp";
   HardwareProfile hw;
   try {
     hw = load_hardware(hardware_name(cfg, HardwareUse::plan));
@@ -167,9 +164,10 @@ std::string validate_predict_mode(const Config& cfg, Topology& topo) {
       const PerfWorkload w = workload_of(c, hw);
       if (w.precision == Precision::fp8_ffn && hw.peak_fp8_flops <= 0)
         return "config: predict_precision = fp8_ffn but hardware " + hw.name + " has no FP8 peak; valid: bf16 or fp32";
-      if (c.heads % c.kv_heads != 0) return "config: heads must be a multiple of kv_heads";
-      if (c.attention == "mla")
-        return "config: attention = mla: the cost model does not price latent attention yet; valid: attention=mha";
+      if (c.heads % c.kv_heads != 0 && c.attention != "mla") return "config: heads must be a multiple of kv_heads";
+      if (c.attention == "mla" && w.mode != PerfMode::train)
+        return "config: attention = mla: predict prices it in training (predict_mode=train); inference with the latent "
+               "KV cache is not built yet";
       if (w.mode != PerfMode::train && c.layer_pattern.find('D') != std::string::npos)
         return "config: layer_pattern = '" + c.layer_pattern + "' has Gated DeltaNet layers (D): predict prices them in " +
                "training (predict_mode=train); the inference modes do not serve them yet";

@@ -186,8 +186,10 @@ double train_memory(const Config& cfg, Topology& topo) { return plan_train_memor
 std::string train_plan(const Config& cfg, Topology& topo) {
   const TrainMemoryPlan t = plan_train_memory(cfg, topo);
   std::ostringstream os;
-  os << "model: " << cfg.layers << " layers, dim " << cfg.dim << ", ffn " << cfg.ffn_dim << ", heads " << cfg.heads
-     << "/" << cfg.kv_heads << " x " << cfg.head_dim << ", vocab " << cfg.vocab << "; S=" << cfg.seq << ", strategy "
+  os << "model: " << cfg.layers << " layers, dim " << cfg.dim << ", ffn " << cfg.ffn_dim << ", heads " << cfg.heads;
+  if (cfg.attention == "mla") os << " (mla)";
+  else os << "/" << cfg.kv_heads << " x " << cfg.head_dim;
+  os << ", vocab " << cfg.vocab << "; S=" << cfg.seq << ", strategy "
      << name_of(cfg.strategy) << ", remat " << name_of(cfg.remat) << "\n";
   if (cfg.attention == "mla") os << mla_line(cfg) << "\n";
   if (cfg.layer_pattern != "G") {

@@ -29,6 +29,11 @@ ModelDims dims_of(const ModelShape& m, int tp = 1) {
   d.gdn_conv = int32_t(m.gdn_conv), d.gdn_chunk = int32_t(m.gdn_chunk);
   d.gdn_schedule = m.gdn_schedule;
   d.window = m.window;
+  if (m.mla) {
+    d.mla = true;
+    d.q_lora = int32_t(m.q_lora), d.kv_lora = int32_t(m.kv_lora), d.nope = int32_t(m.nope), d.rope = int32_t(m.rope);
+    d.v_dim = int32_t(m.v_dim);
+  }
   return d;
 }
 
@@ -130,6 +135,12 @@ ModelShape model_shape(const Config& c) {
   m.gdn_schedule = d.gdn_schedule;
   m.window = d.window;
   m.local_strategy = c.local_strategy;
+  if (d.mla) {
+    m.mla = true;
+    m.H_kv = d.H_kv;
+    m.D = d.D;
+    m.q_lora = d.q_lora, m.kv_lora = d.kv_lora, m.nope = d.nope, m.rope = d.rope, m.v_dim = d.v_dim;
+  }
   return m;
 }
 
@@ -212,6 +223,10 @@ std::string check_mesh(const ModelShape& m, const PerfMesh& mesh, PerfStrategy s
   if (m.ffn % mesh.tp != 0) return "tp:" + s(mesh.tp) + " does not divide ffn_dim = " + s(m.ffn);
   const int64_t N = mesh.cp();
   const bool uly = strategy == PerfStrategy::ulysses || strategy == PerfStrategy::usp;
+  if (m.mla && mesh.tp > 1) return "attention = mla runs without tensor parallelism so far (tp:" + s(mesh.tp) + ")";
+  if (m.mla && uly)
+    return std::string(name_in(kPerfStrategyNames, strategy)) + " splits the heads, and MLA's K/V latent is shared by " +
+           "every head (ring and allgather move the latent)";
   if (uly && w.mode != PerfMode::train && w.mode != PerfMode::prefill)
     return std::string(name_in(kPerfStrategyNames, strategy)) + " runs the full prefill only (the partial prefill and decode circulate K/V or Q: pass_kv, pass_q)";
   if (uly) {
@@ -376,7 +391,13 @@ AttnLayerCost attn_layer_cost(const Ctx& c, PerfStrategy st, double pairs) {
   const double at_bwd_rank = c.hw.attn_bwd_work * at_fwd_rank;  // the kernel's work (the convention's 2.5 is for FLOPs)
   const double hkv = kv_heads_loc(m, tp), hq = double(m.H_q) / double(tp);
   const double o = c.hw.step_overhead_s;
-  const double kv_msg = tokens * 2.0 * hkv * double(m.D) * e;  // one rank's K and V (per layer)
+  // One rank's K and V (per layer); MLA: its latent rows, which the receiver expands (xs seconds
+  // per block, `c Wkv_b`; its backward two products of that size: dWkv_b and the latent's gradient).
+  const double kv_msg = m.mla ? tokens * double(m.latent_width()) * e : tokens * 2.0 * hkv * double(m.D) * e;
+  const double xs = m.mla ? c.share * matmul_flops(tokens, double(m.kv_lora), double(m.H_q * (m.nope + m.v_dim))) /
+                                (c.p.peak * c.hw.gemm_eff.at(tokens))
+                          : 0.0;
+  const double remote = double(N - 1) / double(N);  // blocks of other ranks per block step
   double attn_layer = 0, comm_layer = 0, exposed_layer = 0, buf = 0;
   const double recompute = remat_attn ? 1.0 : 0.0;  // attention forward run again in the backward
   const double w_fwd = diag_waste_flops(c, tokens, 1.0), w_bwd = diag_waste_flops(c, tokens, c.hw.attn_bwd_work);
@@ -389,8 +410,10 @@ AttnLayerCost attn_layer_cost(const Ctx& c, PerfStrategy st, double pairs) {
     comm_layer = (2 + recompute) * t_c;
     exposed_layer = comm_layer;
     attn_layer = attn_seconds(c, imb * at_fwd_rank, kappa, w_fwd) * (1 + recompute) +
-                 attn_seconds(c, imb * at_bwd_rank, kappa, w_bwd) + exposed_layer;
+                 attn_seconds(c, imb * at_bwd_rank, kappa, w_bwd) + exposed_layer +
+                 double(N - 1) * xs * (2 + recompute + 2);  // MLA: expanded in both gathers, two products back
     buf = 2.0 * kv_msg * double(N);  // gathered K/V and dK/dV
+    if (m.mla) buf += 2.0 * tokens * 2.0 * hkv * double(m.D) * e * double(N);  // the expanded K/V and dK/dV
   } else if (st == PerfStrategy::ulysses || st == PerfStrategy::usp) {
     const int64_t U = st == PerfStrategy::usp ? mesh.ulysses : N, R = st == PerfStrategy::usp ? mesh.ring : 1;
     const int64_t k_u = ranks_per_node(c.hw, U, tp);
@@ -417,8 +440,10 @@ AttnLayerCost attn_layer_cost(const Ctx& c, PerfStrategy st, double pairs) {
   } else if (st == PerfStrategy::ring) {
     const int64_t k = ranks_per_node(c.hw, N, tp);
     const double imb = imbalance(w.partition, N), kappa = imb * per_seq / double(N) / S_loc;  // one call per step
-    const double cf = attn_seconds(c, imb * at_fwd_rank, kappa, w_fwd) / double(N);
-    const double cb = attn_seconds(c, imb * at_bwd_rank, kappa, w_bwd) / double(N);
+    // MLA: a visiting block is expanded before its compute (forward), and again with the two
+    // products of its gradient (backward).
+    const double cf = attn_seconds(c, imb * at_fwd_rank, kappa, w_fwd) / double(N) + remote * xs;
+    const double cb = attn_seconds(c, imb * at_bwd_rank, kappa, w_bwd) / double(N) + remote * 3.0 * xs;
     const double m_f = p2p_s(c.hw, N, k, kv_msg), m_b = p2p_s(c.hw, N, k, 2 * kv_msg);  // backward: K/V and dK/dV travel
     const double of = N > 1 ? o + ring_step_loss_s(c.hw, N, k, 2 * kv_msg) : 0;
     const double ob = N > 1 ? o + ring_step_loss_s(c.hw, N, k, 4 * kv_msg) : 0;
@@ -427,6 +452,7 @@ AttnLayerCost attn_layer_cost(const Ctx& c, PerfStrategy st, double pairs) {
     comm_layer = double(N - 1) * ((1 + recompute) * m_f + m_b);
     exposed_layer = (ring_f - double(N) * (cf + of)) * (1 + recompute) + (ring_b - double(N) * (cb + ob));
     buf = 3.0 * kv_msg;
+    if (m.mla) buf += 4.0 * tokens * hkv * double(m.D) * e;  // the visiting block expanded, its dK/dV
   }
   return {attn_layer, comm_layer, exposed_layer, buf};
 }

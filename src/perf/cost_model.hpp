@@ -52,8 +52,18 @@ struct ModelShape {
   std::string gdn_schedule = "ring";
   int64_t gdn_layers() const;
   int64_t attn_layers() const { return layers - gdn_layers(); }
-  // Parameters of one decoder layer (attention projections, SwiGLU FFN, two norms).
-  double attn_params_per_layer() const { return double(dim) * double((H_q + 2 * H_kv) * D) + double(H_q * D) * dim; }
+  // DeepSeek latent attention (attention = mla; model/mla_layer.hpp): H_kv = H_q, D = nope + rope;
+  // ring and allgather move the latent (kv_lora + rope values per token) and expand each block.
+  bool mla = false;
+  int64_t q_lora = 0, kv_lora = 0, nope = 0, rope = 0, v_dim = 0;
+  int64_t latent_width() const { return kv_lora + rope; }
+  // Parameters of one attention layer's projections (the GEMMs per token).
+  double attn_params_per_layer() const {
+    if (mla)
+      return double(dim) * double(q_lora > 0 ? q_lora + q_lora * H_q * D : H_q * D) + double(dim) * double(kv_lora + rope) +
+             double(kv_lora) * double(H_q * (nope + v_dim)) + double(H_q * v_dim) * double(dim);
+    return double(dim) * double((H_q + 2 * H_kv) * D) + double(H_q * D) * dim;
+  }
   double ffn_params_per_layer() const { return 3.0 * double(dim) * double(ffn); }
   // A GDN layer's projection parameters (q, k, v, gate, a, b in; o out): the GEMMs per token.
   double gdn_proj_params_per_layer() const {

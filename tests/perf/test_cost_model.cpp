@@ -117,6 +117,54 @@ TEST(CostModel, LocalLayersPriceTheHaloByTheWindow) {
   EXPECT_GT(predict(m, h, mesh, w, "ring").comm_total_s, halo.comm_total_s) << "a longer window moves more";
 }
 
+// DeepSeek latent attention: model FLOPs are model/flops.hpp's for the MLA dims; the ring moves
+// the latent (kv_lora + rope values per token) instead of K and V of every head, so its
+// communication is that fraction of the same shape's MHA ring (the gradient all-reduce aside)
+// and it pays the expansion of every visiting block; ulysses, usp and tp > 1 are invalid.
+TEST(CostModel, MlaRingMovesTheLatent) {
+  ModelShape m = small();
+  m.mla = true;
+  m.H_q = m.H_kv = 16;
+  m.q_lora = 0, m.kv_lora = 512, m.nope = 128, m.rope = 64, m.v_dim = 128;
+  m.D = m.nope + m.rope;
+  HardwareProfile h = ideal();
+  const PerfMesh mesh = ring_of(8);
+  const PerfWorkload w = train_of(65536);
+  ModelDims d;
+  d.layers = m.layers, d.dim = m.dim, d.ffn = m.ffn, d.vocab = m.vocab, d.H_q = d.H_kv = 16, d.D = 192;
+  d.mla = true, d.kv_lora = 512, d.nope = 128, d.rope = 64, d.v_dim = 128;
+  const double want = train_matmul_flops(d, 65536) + train_attn_flops(d, causal_visible_pairs({65536}), 0);
+  const StrategyPrediction ring = predict(m, h, mesh, w, "ring");
+  ASSERT_EQ(ring.invalid, "");
+  EXPECT_NEAR(ring.model_flops, want, 1e-9 * want);
+  // The same heads moving K and V (an MHA model of H_kv = 16 heads of 192): the ring's
+  // communication grows with S by bytes per token, the gradient all-reduce does not (zero link
+  // latency here), so the growth from S to 2S compares the two.
+  ModelShape mha = m;
+  mha.mla = false;
+  auto growth = [&](const ModelShape& x) {
+    return predict(x, h, mesh, train_of(131072), "ring").comm_total_s - predict(x, h, mesh, w, "ring").comm_total_s;
+  };
+  EXPECT_NEAR(growth(m) / growth(mha), 576.0 / (2.0 * 16 * 192), 1e-9);
+  // With links too fast to matter, the latent ring is slower by the expansion of the 7 visiting
+  // blocks (forward once, backward three products of that size).
+  HardwareProfile fast = h;
+  fast.intra = fast.inter = {1e18, 0};
+  const double extra = predict(m, fast, mesh, w, "ring").attn_s - predict(mha, fast, mesh, w, "ring").attn_s;
+  const double xs = matmul_flops(65536.0 / 8, 512, 16 * 256) / 100e12;
+  EXPECT_NEAR(extra, double(m.layers) * 4 * 7 * xs, 1e-6 * extra);  // per layer: 7 blocks, 1 + 3 products
+  for (const char* st : {"ulysses", "usp"}) {
+    PerfMesh u = mesh;
+    if (std::string(st) == "usp") u.ulysses = 2, u.ring = 4;
+    const std::string e = predict(m, h, u, w, st).invalid;
+    EXPECT_NE(e.find("MLA's K/V latent is shared by every head"), std::string::npos) << e;
+  }
+  PerfMesh tp = mesh;
+  tp.tp = 2;
+  EXPECT_NE(predict(m, h, tp, w, "ring").invalid.find("attention = mla runs without tensor parallelism"), std::string::npos);
+  EXPECT_EQ(predict(m, h, mesh, w, "allgather").invalid, "");
+}
+
 TEST(CostModel, RingOverlapIsMaxOfComputeAndComm) {
   EXPECT_DOUBLE_EQ(ring_pipeline_s(4, 2.0, 1.0, 0.0), 3 * 2.0 + 2.0);    // compute bound: comm hidden
   EXPECT_DOUBLE_EQ(ring_pipeline_s(4, 1.0, 3.0, 0.0), 3 * 3.0 + 1.0);    // comm bound: fill + last step
