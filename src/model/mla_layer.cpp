@@ -15,7 +15,7 @@ namespace {
 // RoPE on the last `rope` dims of each head of x [S, H, D] (in place), through a packed copy.
 void rope_tail(const ModelDims& d, float* x, int64_t S, float* buf, const float* cos_t, const float* sin_t,
                bool inverse) {
-  const int64_t H = d.H_q, D = d.D, R = d.rope, nope = d.nope;
+  const int64_t H = d.H_q_loc(), D = d.D, R = d.rope, nope = d.nope;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < S * H; ++i) std::memcpy(buf + i * R, x + i * D + nope, size_t(R) * sizeof(float));
   rope_apply(buf, S, int32_t(H), int32_t(R), cos_t, sin_t, inverse);
@@ -26,7 +26,7 @@ void rope_tail(const ModelDims& d, float* x, int64_t S, float* buf, const float*
 // o_v [S, H*v_dim]: the first v_dim columns of each head of the attention output o [S, H*D]
 // (the rest is the padding of V), packed into the scratch.
 const float* value_columns(const ModelDims& d, const float* o, int64_t S, MlaScratch& s) {
-  const int64_t H = d.H_q, D = d.D, V = d.v_dim;
+  const int64_t H = d.H_q_loc(), D = d.D, V = d.v_dim;
   float* ov = s.ov.data();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < S * H; ++i) std::memcpy(ov + i * V, o + i * D, size_t(V) * sizeof(float));
@@ -52,7 +52,7 @@ double mla_acts_bytes(const ModelDims& d, int64_t S) {
 }
 
 void mla_alloc(const ModelDims& d, int64_t S, MlaScratch& s) {
-  const size_t n = size_t(S), H = size_t(d.H_q), W = size_t(d.kv_lora + d.rope);
+  const size_t n = size_t(S), H = size_t(d.H_q_loc()), W = size_t(d.kv_lora + d.rope);
   s.kpe.resize(n * size_t(d.rope), false);
   s.rope.resize(n * H * size_t(d.rope), false);
   s.ov.resize(n * H * size_t(d.v_dim), false);
@@ -69,7 +69,7 @@ void mla_alloc(const ModelDims& d, int64_t S, MlaScratch& s) {
 
 // With the expander's [S, H (nope + v)] for the own rows (a strategy's visiting blocks are its own).
 double mla_scratch_bytes(const ModelDims& d, int64_t S) {
-  const double H = d.H_q, W = d.kv_lora + d.rope;
+  const double H = d.H_q_loc(), W = d.kv_lora + d.rope;
   return 4.0 * double(S) *
          (2.0 * d.rope + H * d.rope + 2.0 * H * d.v_dim + W + 2.0 * d.kv_lora + 2.0 * d.q_lora + H * (d.nope + d.v_dim));
 }
@@ -85,7 +85,7 @@ void MlaExpander::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const 
 }
 
 void MlaExpander::expand(const float* lat, int64_t rows, float* k, float* v) {
-  const int64_t H = d_.H_q, D = d_.D, kl = d_.kv_lora, R = d_.rope, W = kl + R;
+  const int64_t H = d_.H_q_loc(), D = d_.D, kl = d_.kv_lora, R = d_.rope, W = kl + R;
   const int64_t nope = d_.nope, V = d_.v_dim, kvb = H * (nope + V);
   if (kvb_.size() < size_t(rows * kvb)) kvb_.resize(size_t(rows * kvb), false);
   gemm(false, false, rows, kvb, kl, lat, W, w_->wkv_b, kvb, 0, kvb_.data(), kvb);  // [k_nope | v] = c Wkv_b
@@ -104,7 +104,7 @@ void MlaExpander::expand(const float* lat, int64_t rows, float* k, float* v) {
 }
 
 void MlaExpander::backward(const float* lat, int64_t rows, const float* dk, const float* dv, float* dlat) {
-  const int64_t H = d_.H_q, D = d_.D, kl = d_.kv_lora, R = d_.rope, W = kl + R;
+  const int64_t H = d_.H_q_loc(), D = d_.D, kl = d_.kv_lora, R = d_.rope, W = kl + R;
   const int64_t nope = d_.nope, V = d_.v_dim, kvb = H * (nope + V);
   if (kvb_.size() < size_t(rows * kvb)) kvb_.resize(size_t(rows * kvb), false);
   float* dkv = kvb_.data();
@@ -128,7 +128,7 @@ void mla_in_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x
                 const float* sin_t, float* h, float* rstd, MlaActs& a, MlaScratch& s, MlaExpander& ex, float* q,
                 float* k, float* v) {
   const ModelDims& d = r.d;
-  const int64_t dim = d.dim, H = d.H_q, D = d.D, qw = H * D, kl = d.kv_lora, R = d.rope, kva = kl + R;
+  const int64_t dim = d.dim, H = d.H_q_loc(), D = d.D, qw = H * D, kl = d.kv_lora, R = d.rope, kva = kl + R;
   {
     Tracer::Scope sc(r.tr, Phase::norm, int32_t(r.layer), -1, 0, 0);
     rmsnorm_fwd(x, w.attn_norm, h, rstd, S, dim, d.norm_eps);
@@ -172,9 +172,10 @@ void mla_in_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x
 void mla_out_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* o, MlaScratch& s,
                  float* x1) {
   const ModelDims& d = r.d;
-  const int64_t dim = d.dim, H = d.H_q, V = d.v_dim, ow = H * V;
+  const int64_t dim = d.dim, H = d.H_q_loc(), V = d.v_dim, ow = H * V;
   const float* ov = value_columns(d, o, S, s);
   layer_gemm(r, false, false, S, dim, ow, ov, ow, w.wo, dim, 0, x1, dim);
+  layer_tp_all_reduce(r, x1, S * dim);  // each tp rank holds the part from its heads
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < S * dim; ++i) x1[i] += x[i];
 }
@@ -182,7 +183,7 @@ void mla_out_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* 
 void mla_out_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S, const float* o, const float* dx1,
                  MlaScratch& s, float* dO) {
   const ModelDims& d = r.d;
-  const int64_t dim = d.dim, H = d.H_q, D = d.D, V = d.v_dim, ow = H * V;
+  const int64_t dim = d.dim, H = d.H_q_loc(), D = d.D, V = d.v_dim, ow = H * V;
   const float* ov = value_columns(d, o, S, s);
   layer_gemm(r, true, false, ow, dim, S, ov, ow, dx1, dim, 1, gw.wo, dim);  // dWo += o_v^T dx1
   float* dov = s.dov.data();
@@ -195,10 +196,13 @@ void mla_out_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S
 }
 
 void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S, const float* h, const MlaActs& a,
-                MlaScratch& s, const float* cos_t, const float* sin_t, float* dq, const float* dlat, float* dh) {
+                MlaScratch& s, const float* cos_t, const float* sin_t, float* dq, float* dlat, float* dh) {
   const ModelDims& d = r.d;
-  const int64_t dim = d.dim, H = d.H_q, D = d.D, qw = H * D, kl = d.kv_lora, R = d.rope, kva = kl + R;
+  const int64_t dim = d.dim, H = d.H_q_loc(), D = d.D, qw = H * D, kl = d.kv_lora, R = d.rope, kva = kl + R;
   float *dkpe = s.dkpe.data(), *dc = s.dc.data(), *dc_raw = s.dc_raw.data();
+  // Under tp each rank's latent gradient is its heads' part; the sum makes everything below the
+  // latent (replicated weights and their gradients) the same on every tp rank.
+  layer_tp_all_reduce(r, dlat, S * kva);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < S; ++t) {
     std::memcpy(dc + t * kl, dlat + t * kva, size_t(kl) * sizeof(float));
@@ -217,7 +221,14 @@ void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S,
   }
   layer_gemm(r, true, false, dim, kl, S, h, dim, dc_raw, kl, 1, gw.wkv_a, kva);
   layer_gemm(r, true, false, dim, R, S, h, dim, dkpe, R, 1, gw.wkv_a + kl, kva);
-  layer_gemm(r, false, true, S, dim, kl, dc_raw, kl, w.wkv_a, kva, 0, dh, dim);
+  // Queries first: without the query latent, dh's query part comes from this rank's heads only
+  // and is summed over tp before the (complete) K/V part is added.
+  if (d.q_lora == 0) {
+    layer_gemm(r, true, false, dim, qw, S, h, dim, dq, qw, 1, gw.wq, qw);
+    layer_gemm(r, false, true, S, dim, qw, dq, qw, w.wq, qw, 0, dh, dim);
+    layer_tp_all_reduce(r, dh, S * dim);
+  }
+  layer_gemm(r, false, true, S, dim, kl, dc_raw, kl, w.wkv_a, kva, d.q_lora == 0 ? 1 : 0, dh, dim);
   layer_gemm(r, false, true, S, dim, R, dkpe, R, w.wkv_a + kl, kva, 1, dh, dim);
   // Queries.
   if (d.q_lora > 0) {
@@ -225,6 +236,7 @@ void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S,
     float *dcq = s.dcq.data(), *dcq_raw = s.dcq_raw.data();
     layer_gemm(r, true, false, ql, qw, S, a.cq.data(), ql, dq, qw, 1, gw.wq_b, qw);  // dWq_b += cq^T dq
     layer_gemm(r, false, true, S, ql, qw, dq, qw, w.wq_b, qw, 0, dcq, ql);          // dcq = dq Wq_b^T
+    layer_tp_all_reduce(r, dcq, S * ql);  // this rank's heads' part, summed as the latent's above
     std::memset(dcq_raw, 0, size_t(S * ql) * sizeof(float));
     {
       Tracer::Scope sc(r.tr, Phase::norm, int32_t(r.layer), -1, 0, 0);
@@ -232,9 +244,6 @@ void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S,
     }
     layer_gemm(r, true, false, dim, ql, S, h, dim, dcq_raw, ql, 1, gw.wq_a, ql);
     layer_gemm(r, false, true, S, dim, ql, dcq_raw, ql, w.wq_a, ql, 1, dh, dim);
-  } else {
-    layer_gemm(r, true, false, dim, qw, S, h, dim, dq, qw, 1, gw.wq, qw);
-    layer_gemm(r, false, true, S, dim, qw, dq, qw, w.wq, qw, 1, dh, dim);
   }
 }
 

@@ -84,9 +84,14 @@ void mla_out_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S
                  MlaScratch& s, float* dO);
 // The input side's backward from the attention's dq ([S, H*D]; rotated back in place) and the
 // latent's gradient dlat [S, kv_lora + rope] (from a strategy that moves the latent, or from
-// dK/dV through MlaExpander::backward, which also took Wkv_b's gradient): dh (overwritten) and
-// the gradients of Wq / Wq_a, q_norm, Wq_b, Wkv_a, kv_norm.
+// dK/dV through MlaExpander::backward, which also took Wkv_b's gradient; summed over tp in place):
+// dh (overwritten, complete on every tp rank) and the gradients of Wq / Wq_a, q_norm, Wq_b,
+// Wkv_a, kv_norm.
+//
+// Tensor parallelism: the heads are split (Wq / Wq_b and Wkv_b by columns, Wo by rows); the
+// latent projections Wq_a, q_norm, Wkv_a, kv_norm are replicated and compute the same on every
+// tp rank; the output projection's forward and the latents' gradients are summed over tp.
 void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S, const float* h, const MlaActs& a,
-                MlaScratch& s, const float* cos_t, const float* sin_t, float* dq, const float* dlat, float* dh);
+                MlaScratch& s, const float* cos_t, const float* sin_t, float* dq, float* dlat, float* dh);
 
 }  // namespace ctxpar

@@ -71,10 +71,11 @@ std::string validate_model_shape(const Config& c, int tp, bool kv_replication) {
   auto s = [](int64_t v) { return std::to_string(v); };
   if (c.head_dim % 2 != 0)
     return "config: head_dim = " + s(c.head_dim) + " is odd; RoPE rotates pairs of dimensions, valid: an even head_dim";
-  if (kv_replication && c.heads % tp == 0 && c.kv_heads % tp != 0 && tp % c.kv_heads != 0)
+  const bool mla = c.attention == "mla";  // kv_heads unused: checked below
+  if (!mla && kv_replication && c.heads % tp == 0 && c.kv_heads % tp != 0 && tp % c.kv_heads != 0)
     return "config: tensor parallel tp:" + s(tp) + " must divide heads = " + s(c.heads) + ", and divide or be a multiple of " +
            "kv_heads = " + s(c.kv_heads) + " (K/V heads split over tp, or each replicated on tp/kv_heads ranks)";
-  if (c.heads % tp != 0 || (c.kv_heads % tp != 0 && !(kv_replication && tp % c.kv_heads == 0)))
+  if (!mla && (c.heads % tp != 0 || (c.kv_heads % tp != 0 && !(kv_replication && tp % c.kv_heads == 0))))
     return "config: tensor parallel tp:" + s(tp) + " must divide heads = " + s(c.heads) + " and kv_heads = " +
            s(c.kv_heads) + " (whole heads per tp rank; K/V heads are not replicated over tp); valid: a tp size dividing " +
            s(std::gcd(c.heads, c.kv_heads));
@@ -88,9 +89,9 @@ std::string validate_model_shape(const Config& c, int tp, bool kv_replication) {
   }
   if (c.attention == "mla") {
     const int64_t D = c.qk_nope_head_dim + c.qk_rope_head_dim;
-    if (tp > 1)
-      return "config: attention = mla runs without tensor parallelism so far (its latent projections are shared "
-             "by the heads); valid: tp:1 (context and data parallelism serve it)";
+    if (c.heads % tp != 0)
+      return "config: attention = mla: tp:" + s(tp) + " does not divide heads = " + s(c.heads) +
+             " (MLA's heads are split over tp, its latent projections replicated); valid: a tp dividing " + s(c.heads);
     if (D > 256)
       return "config: attention = mla: qk_nope_head_dim + qk_rope_head_dim = " + s(D) + " is the attention's head "
              "dim, above the kernels' 256; valid: a sum of at most 256 (DeepSeek-V2/V3: 128 + 64)";
@@ -169,20 +170,20 @@ ParamLayout::ParamLayout(const ModelDims& d) : d_(d) {
       add(p + "w2", d.ffn, d.dim, Split::rows, true, false, out_scale);
       continue;
     }
-    if (d.mla) {  // model/mla_layer.hpp (tp = 1: validate_model_shape refuses tp > 1 with MLA)
+    if (d.mla) {  // model/mla_layer.hpp: heads split over tp (whole heads), the latent projections replicated
       const int64_t H = d.H_q;
       add(p + "attn_norm", 1, d.dim, Split::replicated, false, true, 0);
       if (d.q_lora > 0) {
         add(p + "wq_a", d.dim, d.q_lora, Split::replicated, true, false, base);
         add(p + "q_norm", 1, d.q_lora, Split::replicated, false, true, 0);
-        add(p + "wq_b", d.q_lora, qw, Split::replicated, true, false, base);
+        add(p + "wq_b", d.q_lora, qw, Split::cols, true, false, base);
       } else {
-        add(p + "wq", d.dim, qw, Split::replicated, true, false, base);
+        add(p + "wq", d.dim, qw, Split::cols, true, false, base);
       }
       add(p + "wkv_a", d.dim, d.kv_lora + d.rope, Split::replicated, true, false, base);
       add(p + "kv_norm", 1, d.kv_lora, Split::replicated, false, true, 0);
-      add(p + "wkv_b", d.kv_lora, H * (d.nope + d.v_dim), Split::replicated, true, false, base);
-      add(p + "wo", H * d.v_dim, d.dim, Split::replicated, true, false, out_scale);
+      add(p + "wkv_b", d.kv_lora, H * (d.nope + d.v_dim), Split::cols, true, false, base);
+      add(p + "wo", H * d.v_dim, d.dim, Split::rows, true, false, out_scale);
       add(p + "mlp_norm", 1, d.dim, Split::replicated, false, true, 0);
       add(p + "w1", d.dim, d.ffn, Split::cols, true, false, base);
       add(p + "w3", d.dim, d.ffn, Split::cols, true, false, base);

@@ -223,7 +223,6 @@ std::string check_mesh(const ModelShape& m, const PerfMesh& mesh, PerfStrategy s
   if (m.ffn % mesh.tp != 0) return "tp:" + s(mesh.tp) + " does not divide ffn_dim = " + s(m.ffn);
   const int64_t N = mesh.cp();
   const bool uly = strategy == PerfStrategy::ulysses || strategy == PerfStrategy::usp;
-  if (m.mla && mesh.tp > 1) return "attention = mla runs without tensor parallelism so far (tp:" + s(mesh.tp) + ")";
   if (m.mla && uly)
     return std::string(name_in(kPerfStrategyNames, strategy)) + " splits the heads, and MLA's K/V latent is shared by " +
            "every head (ring and allgather move the latent)";
@@ -258,10 +257,12 @@ struct Ctx {
 double gemm_seconds(const Ctx& c, double tokens, double mult, bool lm_head) {
   const double tp = double(c.mesh.tp);
   const double eff = c.hw.gemm_eff.at(tokens);
+  // MLA's latent projections are replicated over tp: every tp rank computes them whole.
+  const double rep = c.m.attn_replicated_params_per_layer() * double(c.m.attn_layers());
   const double attn = 2.0 *
-                      (c.m.attn_params_per_layer() * double(c.m.attn_layers()) +
-                       c.m.gdn_proj_params_per_layer() * double(c.m.gdn_layers())) *
-                      tokens / tp * mult;
+                      ((c.m.attn_params_per_layer() * double(c.m.attn_layers()) - rep +
+                        c.m.gdn_proj_params_per_layer() * double(c.m.gdn_layers())) / tp + rep) *
+                      tokens * mult;
   const double ffn = 2.0 * c.m.ffn_params_per_layer() * double(c.m.layers) * tokens / tp * mult;
   const double head = lm_head ? 2.0 * double(c.m.dim) * double(c.m.vocab) * tokens * mult : 0;  // replicated over tp
   return c.share * ((attn + head) / (c.p.peak * eff) + ffn / (c.p.peak_ffn * eff));
@@ -394,7 +395,8 @@ AttnLayerCost attn_layer_cost(const Ctx& c, PerfStrategy st, double pairs) {
   // One rank's K and V (per layer); MLA: its latent rows, which the receiver expands (xs seconds
   // per block, `c Wkv_b`; its backward two products of that size: dWkv_b and the latent's gradient).
   const double kv_msg = m.mla ? tokens * double(m.latent_width()) * e : tokens * 2.0 * hkv * double(m.D) * e;
-  const double xs = m.mla ? c.share * matmul_flops(tokens, double(m.kv_lora), double(m.H_q * (m.nope + m.v_dim))) /
+  // Under tp every tp rank moves the whole latent (it is replicated) and expands its own heads.
+  const double xs = m.mla ? c.share * matmul_flops(tokens, double(m.kv_lora), hq * double(m.nope + m.v_dim)) /
                                 (c.p.peak * c.hw.gemm_eff.at(tokens))
                           : 0.0;
   const double remote = double(N - 1) / double(N);  // blocks of other ranks per block step
@@ -525,7 +527,9 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
   const GdnLayerCost g = G > 0 ? gdn_layer_cost(c, tokens) : GdnLayerCost{};
   r.attn_s = ga.time_s * L_glob + la.time_s * L_loc + g.time_s * G;
   // Tensor-parallel all-reduces: 2 forward + 2 backward per layer of [tokens, dim] (exposed).
-  const double t_tp = 4.0 * L * allreduce_s(c.hw, tp, k_tp, tokens * double(m.dim) * e) * (1 + (remat_full ? 0.5 : 0));
+  double t_tp = 4.0 * L * allreduce_s(c.hw, tp, k_tp, tokens * double(m.dim) * e) * (1 + (remat_full ? 0.5 : 0));
+  if (m.mla)  // the latents' gradients, summed over tp in each attention layer's backward
+    t_tp += double(m.attn_layers()) * allreduce_s(c.hw, tp, k_tp, tokens * double(m.latent_width() + m.q_lora) * e);
   // Gradient all-reduce over every replica holding other tokens (cp) or other sequences (dp).
   const int64_t n_grad = mesh.dp * N;
   const double grad_bytes = m.params_total() / double(tp) * 4.0;

@@ -57,6 +57,10 @@ struct ModelShape {
   bool mla = false;
   int64_t q_lora = 0, kv_lora = 0, nope = 0, rope = 0, v_dim = 0;
   int64_t latent_width() const { return kv_lora + rope; }
+  // MLA: the latent projections (Wq_a, Wkv_a), replicated over tp.
+  double attn_replicated_params_per_layer() const {
+    return mla ? double(dim) * double(q_lora + kv_lora + rope) : 0.0;
+  }
   // Parameters of one attention layer's projections (the GEMMs per token).
   double attn_params_per_layer() const {
     if (mla)

@@ -58,7 +58,7 @@ CASES = [
     ("unknown attention kind", ["train", "attention=gqa"], "attention"),
     ("MLA head dim above the kernels' 256", ["train", "attention=mla", "qk_nope_head_dim=224", "qk_rope_head_dim=64"], "256"),
     ("MLA value dim above the key's", ["train", "attention=mla", "qk_nope_head_dim=16", "qk_rope_head_dim=8", "v_head_dim=32"], "v_head_dim"),
-    ("MLA with tensor parallelism", ["train", "attention=mla", "mesh=tp:2"], "attention = mla"),
+    ("MLA heads not split by tp", ["train", "attention=mla", "mesh=tp:2", "heads=3"], "tp:2 does not divide heads = 3"),
     ("MLA under ulysses (heads split, the latent is shared)", ["train", "attention=mla", "strategy=ulysses"],
      "ulysses: attention = mla"),
     ("MLA's local layers under usp", ["train", "attention=mla", "layer_pattern=LG", "window=8", "local_strategy=usp"],

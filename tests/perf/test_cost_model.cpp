@@ -120,7 +120,7 @@ TEST(CostModel, LocalLayersPriceTheHaloByTheWindow) {
 // DeepSeek latent attention: model FLOPs are model/flops.hpp's for the MLA dims; the ring moves
 // the latent (kv_lora + rope values per token) instead of K and V of every head, so its
 // communication is that fraction of the same shape's MHA ring (the gradient all-reduce aside)
-// and it pays the expansion of every visiting block; ulysses, usp and tp > 1 are invalid.
+// and it pays the expansion of every visiting block; ulysses and usp are invalid; tp splits the heads only.
 TEST(CostModel, MlaRingMovesTheLatent) {
   ModelShape m = small();
   m.mla = true;
@@ -159,10 +159,16 @@ TEST(CostModel, MlaRingMovesTheLatent) {
     const std::string e = predict(m, h, u, w, st).invalid;
     EXPECT_NE(e.find("MLA's K/V latent is shared by every head"), std::string::npos) << e;
   }
+  EXPECT_EQ(predict(m, h, mesh, w, "allgather").invalid, "");
+  // tp:2 splits the heads but not the latent: the ring moves the same bytes per tp rank, and
+  // the projections cost half, plus the replicated latent projections' other half.
   PerfMesh tp = mesh;
   tp.tp = 2;
-  EXPECT_NE(predict(m, h, tp, w, "ring").invalid.find("attention = mla runs without tensor parallelism"), std::string::npos);
-  EXPECT_EQ(predict(m, h, mesh, w, "allgather").invalid, "");
+  const StrategyPrediction t2 = predict(m, h, tp, w, "ring");
+  ASSERT_EQ(t2.invalid, "");
+  const double rep = 2.0 * m.dim * (512 + 64) * (65536.0 / 8) * 3 * m.layers / 100e12;
+  const double head = 2.0 * m.dim * m.vocab * (65536.0 / 8) * 3 / 100e12;  // the LM head, replicated over tp
+  EXPECT_NEAR(t2.gemm_s - head, (ring.gemm_s - head - rep) / 2 + rep, 1e-9);
 }
 
 TEST(CostModel, RingOverlapIsMaxOfComputeAndComm) {
