@@ -13,6 +13,7 @@
 #include "shard/partition.hpp"
 #include "trace/trace.hpp"
 #include "core/clock.hpp"
+#include "model/mla_layer.hpp"
 
 namespace ctxpar::infer {
 
@@ -36,8 +37,8 @@ int32_t greedy(const float* logits, int64_t V) {
 Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, int64_t batch, int64_t capacity_tokens,
                const std::string& full_strategy)
     : layout_(layout), d_(layout.dims()), w_(layout.view(const_cast<float*>(params))), topo_(topo), cp_(topo.cp()),
-      cache_(batch, layout.dims().layers, layout.dims().H_kv_loc(), layout.dims().D, topo.cp().size(), topo.cp().rank(),
-             capacity_tokens, layout.dims().kinds) {
+      cache_(batch, layout.dims().layers, layout.dims().cache_heads(), layout.dims().cache_dim(), topo.cp().size(),
+             topo.cp().rank(), capacity_tokens, layout.dims().kinds) {
   full_strategy_ = make_strategy(full_strategy, topo);
   CTXPAR_CHECK(full_strategy_ != nullptr, "unknown CP strategy " << full_strategy);
   ring_ = make_strategy("ring", topo);
@@ -45,8 +46,9 @@ Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, i
   decode_pass_q_ = make_strategy("decode_pass_q", topo);
   decode_allgather_ = make_strategy("decode_allgather", topo);
   if (d_.has_gdn()) gdn_ = std::make_unique<GdnInfer>(d_, topo.cp(), batch);
-  inv_freq_.resize(size_t(d_.D / 2));
-  rope_inv_freq(d_.D, d_.rope_theta, d_.rope_factor, d_.rope_low, d_.rope_high, d_.rope_orig_max, inv_freq_.data());
+  const int32_t RD = d_.rope_dim();  // MLA: the decoupled rope dims
+  inv_freq_.resize(size_t(RD / 2));
+  rope_inv_freq(RD, d_.rope_theta, d_.rope_factor, d_.rope_low, d_.rope_high, d_.rope_orig_max, inv_freq_.data());
 }
 
 Engine::~Engine() = default;
@@ -64,13 +66,19 @@ double Engine::decode_flops(int64_t ctx) const { return ctxpar::prefill_flops(d_
 
 void Engine::ensure_rows(int64_t n) {
   if (n <= rows_cap_) return;
+  // The attention's query/output width: MLA's absorbed queries are H heads of the latent's width.
   const size_t r = size_t(n), dim = size_t(d_.dim), qw = size_t(d_.q_width()), kw = size_t(d_.kv_width()),
-               F = size_t(d_.ffn);
+               F = size_t(d_.ffn), aw = size_t(d_.H_q_loc()) * size_t(d_.cache_dim());
   x_.resize(r * dim, false); h_.resize(r * dim, false); x1_.resize(r * dim, false);
-  q_.resize(r * qw, false); o_.resize(r * qw, false); lse_.resize(r * size_t(d_.H_q_loc()), false); rstd_.resize(r, false);
+  q_.resize(r * qw, false); o_.resize(r * aw, false); lse_.resize(r * size_t(d_.H_q_loc()), false); rstd_.resize(r, false);
   k_.resize(r * kw, false); v_.resize(r * kw, false);
   g_.resize(r * F, false); u_.resize(r * F, false); m_.resize(r * F, false);
-  cos_.resize(r * size_t(d_.D / 2), false); sin_.resize(r * size_t(d_.D / 2), false);
+  cos_.resize(r * size_t(d_.rope_dim() / 2), false); sin_.resize(r * size_t(d_.rope_dim() / 2), false);
+  if (d_.mla) {
+    qa_.resize(r * aw, false);
+    mla_alloc(d_, n, mla_a_);
+    mla_alloc(d_, n, mla_s_);
+  }
   rows_cap_ = n;
 }
 
@@ -85,7 +93,7 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const
     Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(x + i * dim, w_.emb + int64_t(tokens[i]) * dim, size_t(dim) * sizeof(float));
-    rope_table(pos, n, d_.D, inv_freq_.data(), cos_.data(), sin_.data());
+    rope_table(pos, n, d_.rope_dim(), inv_freq_.data(), cos_.data(), sin_.data());
   }
   // The training model's layer code (model/layer.hpp) around the CP attention; a rank without
   // rows (decode with fewer sequences than ranks) still takes part in the attention's collectives.
@@ -98,6 +106,20 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const
       gdn(l, gl++, x, x1);
       st_->attn_s += now_s() - t0;
       if (n > 0) mlp_fwd(r, w, n, x1, h, rstd_.data(), g_.data(), u_.data(), m_.data(), x);
+      continue;
+    }
+    if (d_.mla) {  // the absorbed form over the latent rows (model/mla_layer.hpp): keys = values = latent
+      if (n > 0) {
+        mla_q_latent(r, w, n, x, cos_.data(), sin_.data(), h, rstd_.data(), mla_a_, mla_s_, q_.data());
+        mla_absorb_queries(r, w, n, q_.data(), qa_.data());
+      }
+      float* lat = mla_a_.lat.data();
+      const double t0 = now_s();
+      attn(l, qa_.data(), lat, lat, o_.data(), lse_.data());
+      st_->attn_s += now_s() - t0;
+      if (n == 0) continue;
+      mla_absorbed_out(r, w, n, x, o_.data(), mla_s_, x1);
+      mlp_fwd(r, w, n, x1, h, rstd_.data(), g_.data(), u_.data(), m_.data(), x);
       continue;
     }
     if (n > 0) attn_in_fwd(r, w, n, x, cos_.data(), sin_.data(), h, rstd_.data(), q_.data(), k_.data(), v_.data());
@@ -132,10 +154,14 @@ void Engine::end_call(double t_start) {
 
 // This tp rank's heads (tp splits the heads; the CP strategies run within the tp slice).
 // A local (L) layer attends within its sliding window.
+// MLA: the absorbed form, multi-query over the latent (cache_heads, cache_dim), its softmax scale
+// that of the expanded heads' nope + rope dims.
 AttnParams Engine::call(int64_t n, int64_t l) const {
   const bool local = d_.is_local(l);
-  return attn_problem(n, d_.H_q_loc(), d_.H_kv_loc(), d_.D, local ? MaskKind::window : MaskKind::causal,
-                      local ? d_.window : 0);
+  AttnParams p = attn_problem(n, d_.H_q_loc(), d_.cache_heads(), d_.cache_dim(),
+                              local ? MaskKind::window : MaskKind::causal, local ? d_.window : 0);
+  if (d_.mla) p.scale = 1.0f / std::sqrt(float(d_.D));
+  return p;
 }
 
 StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo, Tracer* tr, CallStats& st,

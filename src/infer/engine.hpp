@@ -30,6 +30,7 @@
 #include "infer/gdn_infer.hpp"
 #include "infer/kv_cache.hpp"
 #include "model/layer.hpp"
+#include "model/mla_layer.hpp"
 #include "model/model.hpp"
 
 namespace ctxpar {
@@ -126,6 +127,9 @@ class Engine {
   std::unique_ptr<GdnInfer> gdn_;  // hybrid models: the GDN layers' states (null without 'D' layers)
   int64_t rows_cap_ = 0;
   Buffer<float> x_, h_, rstd_, q_, k_, v_, o_, lse_, x1_, g_, u_, m_, cos_, sin_;
+  Buffer<float> qa_;     // MLA: the absorbed queries [rows, H, kv_lora + rope]
+  MlaActs mla_a_;        // MLA: the latent rows of the call (and the latents' scratch)
+  MlaScratch mla_s_;
   std::vector<double> inv_freq_;
   // per-call state
   Tracer* tr_ = nullptr;

@@ -33,6 +33,15 @@ const float* value_columns(const ModelDims& d, const float* o, int64_t S, MlaScr
   return ov;
 }
 
+// x1 = x + o_v Wo from the value columns o_v [S, H*v_dim] (summed over tp: each rank's heads).
+void out_projection(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* ov, float* x1) {
+  const int64_t dim = r.d.dim, ow = r.d.o_width();
+  layer_gemm(r, false, false, S, dim, ow, ov, ow, w.wo, dim, 0, x1, dim);
+  layer_tp_all_reduce(r, x1, S * dim);
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < S * dim; ++i) x1[i] += x[i];
+}
+
 }  // namespace
 
 void mla_alloc(const ModelDims& d, int64_t S, MlaActs& a) {
@@ -127,6 +136,14 @@ void MlaExpander::backward(const float* lat, int64_t rows, const float* dk, cons
 void mla_in_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* cos_t,
                 const float* sin_t, float* h, float* rstd, MlaActs& a, MlaScratch& s, MlaExpander& ex, float* q,
                 float* k, float* v) {
+  mla_q_latent(r, w, S, x, cos_t, sin_t, h, rstd, a, s, q);
+  ex.time_into(&r.times);
+  ex.expand(a.lat.data(), S, k, v);
+  ex.time_into(nullptr);
+}
+
+void mla_q_latent(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* cos_t,
+                  const float* sin_t, float* h, float* rstd, MlaActs& a, MlaScratch& s, float* q) {
   const ModelDims& d = r.d;
   const int64_t dim = d.dim, H = d.H_q_loc(), D = d.D, qw = H * D, kl = d.kv_lora, R = d.rope, kva = kl + R;
   {
@@ -164,20 +181,32 @@ void mla_in_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x
     std::memcpy(lat + t * kva, c + t * kl, size_t(kl) * sizeof(float));
     std::memcpy(lat + t * kva + kl, kpe + t * R, size_t(R) * sizeof(float));
   }
-  ex.time_into(&r.times);
-  ex.expand(lat, S, k, v);
-  ex.time_into(nullptr);
+}
+
+void mla_absorb_queries(const LayerRun& r, const LayerView& w, int64_t S, const float* q, float* qa) {
+  const ModelDims& d = r.d;
+  const int64_t H = d.H_q_loc(), D = d.D, kl = d.kv_lora, R = d.rope, W = kl + R, nope = d.nope, V = d.v_dim;
+  const int64_t kvb = H * (nope + V);
+  for (int64_t hh = 0; hh < H; ++hh)  // qa_h[:, :kl] = q_nope_h Wuk_h^T
+    layer_gemm(r, false, true, S, kl, nope, q + hh * D, H * D, w.wkv_b + hh * (nope + V), kvb, 0, qa + hh * W, H * W);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < S * H; ++i) std::memcpy(qa + i * W + kl, q + i * D + nope, size_t(R) * sizeof(float));
+}
+
+void mla_absorbed_out(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* o, MlaScratch& s,
+                      float* x1) {
+  const ModelDims& d = r.d;
+  const int64_t H = d.H_q_loc(), kl = d.kv_lora, W = kl + d.rope, nope = d.nope, V = d.v_dim;
+  const int64_t kvb = H * (nope + V), ow = H * V;
+  float* ov = s.ov.data();
+  for (int64_t hh = 0; hh < H; ++hh)  // o_v_h = o_lat_h Wuv_h
+    layer_gemm(r, false, false, S, V, kl, o + hh * W, H * W, w.wkv_b + hh * (nope + V) + nope, kvb, 0, ov + hh * V, ow);
+  out_projection(r, w, S, x, ov, x1);
 }
 
 void mla_out_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* o, MlaScratch& s,
                  float* x1) {
-  const ModelDims& d = r.d;
-  const int64_t dim = d.dim, H = d.H_q_loc(), V = d.v_dim, ow = H * V;
-  const float* ov = value_columns(d, o, S, s);
-  layer_gemm(r, false, false, S, dim, ow, ov, ow, w.wo, dim, 0, x1, dim);
-  layer_tp_all_reduce(r, x1, S * dim);  // each tp rank holds the part from its heads
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < S * dim; ++i) x1[i] += x[i];
+  out_projection(r, w, S, x, value_columns(r.d, o, S, s), x1);
 }
 
 void mla_out_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S, const float* o, const float* dx1,

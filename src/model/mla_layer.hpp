@@ -76,6 +76,20 @@ double mla_scratch_bytes(const ModelDims& d, int64_t S);
 void mla_in_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* cos_t,
                 const float* sin_t, float* h, float* rstd, MlaActs& a, MlaScratch& s, MlaExpander& ex, float* q,
                 float* k, float* v);
+// mla_in_fwd's first part: RMSNorm, q [S, H*D] with RoPE on its rope dims, and the latent rows
+// a.lat [S, kv_lora + rope] (what inference caches).
+void mla_q_latent(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* cos_t,
+                  const float* sin_t, float* h, float* rstd, MlaActs& a, MlaScratch& s, float* q);
+// Inference: the absorbed form (DeepSeek-V2 §2.1.2). Each head's query moves into the latent
+// space, qa [S, H, W] = [q_nope Wuk_h^T | q_rope] (W = kv_lora + rope; Wuk_h: the head's k_nope
+// columns of Wkv_b), so the attention is multi-query over the latent rows themselves: keys
+// [c | k_pe] and values the same rows, whose first kv_lora output columns are o_lat = P c
+// (the last rope columns are dropped); scale 1/sqrt(nope + rope). Per pair it costs 2 H (W + W)
+// instead of the expanded 2 H (D + v) FLOPs, and it needs no expanded K/V of the context.
+void mla_absorb_queries(const LayerRun& r, const LayerView& w, int64_t S, const float* q, float* qa);
+// x1 = x + (o_lat Wuv_h per head) Wo, o [S, H, W] of the absorbed attention.
+void mla_absorbed_out(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* o, MlaScratch& s,
+                      float* x1);
 // x1 = x + o_v Wo (o [S, H*D]).
 void mla_out_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* o, MlaScratch& s,
                  float* x1);

@@ -58,6 +58,12 @@ struct ModelDims {
   int64_t ffn_loc() const { return ffn / tp; }
   int64_t q_width() const { return int64_t(H_q_loc()) * D; }   // local Q / O columns
   int64_t kv_width() const { return int64_t(H_kv_loc()) * D; } // local K / V columns
+  // Inference's attention over the KV cache: its K/V heads and head dim. MLA attends in the
+  // absorbed form (model/mla_layer.hpp): one K/V "head" of the latent [c | k_pe], kv_lora + rope
+  // wide, shared by every query head; otherwise this tp rank's K/V heads of D.
+  int32_t cache_heads() const { return mla ? 1 : H_kv_loc(); }
+  int32_t cache_dim() const { return mla ? kv_lora + rope : D; }
+  int64_t cache_width() const { return int64_t(cache_heads()) * cache_dim(); }
   // Parameters of the whole model (every tp slice once).
   int64_t param_count() const;
 };

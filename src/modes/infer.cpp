@@ -28,6 +28,7 @@
 #include "infer/schedule.hpp"
 #include "model/checkpoint.hpp"
 #include "model/flops.hpp"
+#include "model/mla_layer.hpp"
 #include "model/model.hpp"
 #include "modes/modes.hpp"
 #include "perf/prefill_choice.hpp"
@@ -332,9 +333,10 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   const int tp = topo.size(Axis::tp);
   std::string err = validate_model_shape(cfg, tp, true);
   if (!err.empty()) return err;
-  if (cfg.attention == "mla")
-    return "config: attention = mla is trained so far (train, bench train); inference with its latent KV cache and "
-           "absorbed projections is not built yet; valid here: attention=mha";
+  if (cfg.attention == "mla" && cfg.cp_algo == CpAlgoSetting::automatic && hardware_name(cfg, HardwareUse::live_choice) != "measured")
+    return "config: attention = mla with cp_algo = auto and hardware = " + cfg.hardware + ": the cost model prices " +
+           "MLA's absorbed inference from this job's measured rates only; valid: hardware=measured (the default), or " +
+           "cp_algo=pass_kv / pass_q";
   if (cfg.mode == Mode::bench && cfg.layer_pattern.find('D') != std::string::npos)
     return "config: layer_pattern = '" + cfg.layer_pattern + "': bench infer repeats its calls on a saved KV cache, " +
            "which does not save the Gated DeltaNet layers' states yet; valid: layer_pattern=G (prefill, decode and " +
@@ -368,12 +370,12 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   // The full prefill's CP strategy (first prefill of the schedule).
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
-  err = strat->validate(attn_problem(sched.front().count, int32_t(cfg.heads / tp), std::max(1, int32_t(cfg.kv_heads / tp)),
-                                     int32_t(cfg.head_dim), MaskKind::causal, 0),
+  const ModelDims dt = model_dims(cfg, tp, 0);  // the attention call of one tp rank (MLA: multi-query over the latent)
+  err = strat->validate(attn_problem(sched.front().count, dt.H_q_loc(), dt.cache_heads(), dt.cache_dim(), MaskKind::causal, 0),
                         topo);
   if (!err.empty())
-    return tp > 1 ? err + " (with tp:" + s_(tp) + ", each tp rank attends with heads/tp = " + s_(cfg.heads / tp) +
-                        " query and " + s_(std::max<int64_t>(1, cfg.kv_heads / tp)) + " K/V heads)"
+    return tp > 1 ? err + " (with tp:" + s_(tp) + ", each tp rank attends with heads/tp = " + s_(dt.H_q_loc()) +
+                        " query and " + s_(dt.cache_heads()) + " K/V heads)"
                   : err;
   if (!cfg.resume.empty()) {
     const ParamLayout layout(model_dims(cfg, 1, 0));
@@ -400,7 +402,7 @@ double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) 
   // The KV cache: K and V of every attention layer for the batch, and positions (infer/kv_cache.hpp).
   const int64_t cap = cache_capacity_tokens(sched, N);
   const double attn_layers = double(d.layers - d.gdn_layers());
-  double cache = double(cfg.batch) * double(cap) * (2.0 * f * attn_layers * double(d.kv_width()) + 8.0);
+  double cache = double(cfg.batch) * double(cap) * (2.0 * f * attn_layers * double(d.cache_width()) + 8.0);
   // Hybrid models: per sequence and GDN layer its state and convolution tail (infer/gdn_infer.hpp),
   // on its owner (ceil(batch / N) sequences) or, replicated, every sequence on every rank.
   if (d.has_gdn()) {
@@ -417,9 +419,11 @@ double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) 
     for (int64_t b = 0; b < cfg.batch; ++b) n += Partition::padded_length(PartitionKind::zigzag, ph.length(b), N) / N;
     rows = std::max(rows, n);
   }
-  const double act = f * double(rows) *
-                     double(3 * d.dim + 2 * d.q_width() + d.H_q + 4 * d.kv_width() + 3 * d.ffn + d.D) +
-                     f * double(d.vocab);
+  double act = f * double(rows) * double(3 * d.dim + 2 * d.q_width() + d.H_q + 4 * d.kv_width() + 3 * d.ffn + d.D) +
+               f * double(d.vocab);
+  if (d.mla)  // the absorbed queries and outputs, the latents and their scratch
+    act += f * double(rows) * 2.0 * double(d.H_q_loc()) * d.cache_dim() + mla_acts_bytes(d, rows) +
+           mla_scratch_bytes(d, rows);
   const double total = weights + cache + act;
   if (parts)
     *parts = "weights " + fmt_bytes(weights) + ", KV cache " + fmt_bytes(cache) + " (" + s_(cap) + " tokens x batch " +

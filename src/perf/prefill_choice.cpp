@@ -12,6 +12,7 @@
 #include "core/random.hpp"
 #include "dist/comm.hpp"
 #include "model/flops.hpp"
+#include "model/model.hpp"
 #include "ops.hpp"
 #include "core/clock.hpp"
 
@@ -142,8 +143,9 @@ HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D)
 PrefillCostModel::PrefillCostModel(const Config& cfg, Comm& cp, int tp) {
   call_.N = cp.size();
   call_.H_q = int32_t(cfg.heads / tp);
-  call_.H_kv = std::max(1, int32_t(cfg.kv_heads / tp));  // a replicated K/V head: one per rank
-  call_.D = int32_t(cfg.head_dim);
+  const ModelDims d = model_dims(cfg, tp, 0);  // MLA: the absorbed call, multi-query over the latent
+  call_.H_kv = d.cache_heads();  // a replicated K/V head: one per rank
+  call_.D = d.cache_dim();
   call_.layers = cfg.layers;
   shape_ = model_shape(cfg);
   shape_.H_q /= tp;

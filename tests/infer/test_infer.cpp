@@ -59,14 +59,20 @@ const Heads kHeads[] = {{"mha", 4, 4}, {"gqa", 4, 2}};
 // pattern: layer_pattern (G global attention, L local attention over kLocalWindow tokens, D Gated
 // DeltaNet); schedule: gdn_schedule.
 constexpr int64_t kLocalWindow = 20;
+// attention: mha, or mla (DeepSeek latent attention: a 16-wide query latent, a 24-wide K/V latent,
+// 8 + 8 rope query/key dims, 8 value dims; inference in the absorbed form over the latent cache).
 Config tiny_config(const Heads& h, const std::string& pattern = "G", const std::string& schedule = "scan",
-                   const std::string& state = "owner") {
+                   const std::string& state = "owner", const std::string& attention = "mha") {
   const bool local = pattern.find('L') != std::string::npos;
-  return parse_config("", "(test)",
-                      {"layers=" + std::to_string(std::max<size_t>(2, pattern.size())), "dim=64", "ffn_dim=128",
-                       "vocab=97", "heads=" + std::to_string(h.H_q), "kv_heads=" + std::to_string(h.H_kv),
-                       "head_dim=16", "seed=7", "layer_pattern=" + pattern, "gdn_schedule=" + schedule,
-                       "gdn_chunk=16", "gdn_state=" + state, "window=" + std::to_string(local ? kLocalWindow : 0)});
+  std::vector<std::string> kv = {"layers=" + std::to_string(std::max<size_t>(2, pattern.size())), "dim=64", "ffn_dim=128",
+                                 "vocab=97", "heads=" + std::to_string(h.H_q), "kv_heads=" + std::to_string(h.H_kv),
+                                 "head_dim=16", "seed=7", "layer_pattern=" + pattern, "gdn_schedule=" + schedule,
+                                 "gdn_chunk=16", "gdn_state=" + state, "window=" + std::to_string(local ? kLocalWindow : 0),
+                                 "attention=" + attention};
+  if (attention == "mla")
+    for (const char* x : {"q_lora_rank=16", "kv_lora_rank=24", "qk_nope_head_dim=8", "qk_rope_head_dim=8", "v_head_dim=8"})
+      kv.push_back(x);
+  return parse_config("", "(test)", kv);
 }
 
 Topology& topology(const MeshSpec& m) {
@@ -92,8 +98,9 @@ struct Model {
   ParamLayout layout;
   Buffer<float> params;
   explicit Model(const Heads& h, const std::string& pattern = "G", const std::string& schedule = "scan",
-                 const std::string& state = "owner")
-      : cfg(tiny_config(h, pattern, schedule, state)), layout(model_dims(cfg, 1, 0)), params(size_t(layout.local_elems())) {
+                 const std::string& state = "owner", const std::string& attention = "mha")
+      : cfg(tiny_config(h, pattern, schedule, state, attention)), layout(model_dims(cfg, 1, 0)),
+        params(size_t(layout.local_elems())) {
     layout.init(uint64_t(cfg.seed), params.data());
   }
 };
@@ -157,6 +164,7 @@ struct ChatCase {
   const char* pattern = "G";
   const char* gdn_schedule = "scan";
   const char* gdn_state = "owner";
+  const char* attention = "mha";
 };
 
 class InferChat : public ::testing::TestWithParam<ChatCase> {};
@@ -164,7 +172,7 @@ class InferChat : public ::testing::TestWithParam<ChatCase> {};
 TEST_P(InferChat, EveryStepMatchesSingleRankRecompute) {
   const ChatCase& c = GetParam();
   const int N = world().size();
-  Model m(c.heads, c.pattern, c.gdn_schedule, c.gdn_state);
+  Model m(c.heads, c.pattern, c.gdn_schedule, c.gdn_state, c.attention);
   const int64_t B = 3, V = m.cfg.vocab, T1 = c.odd ? 47 : 48, D1 = 33, T2 = c.odd ? 7 : 24, D2 = 8;
   const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, T1}, {PhaseKind::decode, D1},
                                             {PhaseKind::prefill, T2}, {PhaseKind::decode, D2}};
@@ -263,6 +271,11 @@ std::vector<ChatCase> chat_cases() {
   v.push_back({CpAlgo::pass_kv, DecodeAlgo::pass_q, kHeads[1], false, "LG"});
   v.push_back({CpAlgo::pass_q, DecodeAlgo::allgather, kHeads[0], true, "LG"});
   v.push_back({CpAlgo::pass_kv, DecodeAlgo::allgather, kHeads[1], true, "LDG", "ring"});
+  // MLA in the absorbed form over the latent cache, against the training model's expanded
+  // forward: both prefill and decode algorithms, and local + global MLA layers.
+  v.push_back({CpAlgo::pass_kv, DecodeAlgo::pass_q, kHeads[0], false, "G", "scan", "owner", "mla"});
+  v.push_back({CpAlgo::pass_q, DecodeAlgo::allgather, kHeads[0], true, "G", "scan", "owner", "mla"});
+  v.push_back({CpAlgo::pass_kv, DecodeAlgo::allgather, kHeads[0], true, "LG", "scan", "owner", "mla"});
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Infer, InferChat, ::testing::ValuesIn(chat_cases()),
@@ -272,7 +285,8 @@ INSTANTIATE_TEST_SUITE_P(Infer, InferChat, ::testing::ValuesIn(chat_cases()),
                                   (std::string(i.param.pattern) == "G" ? "" : std::string("_") + i.param.pattern) +
                                   (std::string(i.param.pattern).find('D') == std::string::npos
                                        ? ""
-                                       : std::string("_") + i.param.gdn_schedule + "_" + i.param.gdn_state);
+                                       : std::string("_") + i.param.gdn_schedule + "_" + i.param.gdn_state) +
+                                  (std::string(i.param.attention) == "mha" ? "" : std::string("_") + i.param.attention);
                          });
 
 // ---- partial prefill at miss rates 1 %, 10 %, 50 %, 100 % ---------------------------------------
@@ -435,14 +449,14 @@ TEST(InferBatch, MixedAlgorithmsPerSequence) {
 // layout's), prefills a batch of two prompts of different lengths, decodes, partial-prefills
 // with pass-KV then pass-Q, decodes with all-gather: every logit against a single-rank
 // recompute by the training model with the whole weights.
-void tp_case(const std::string& name, const Heads& heads, int tp = 2) {
+void tp_case(const std::string& name, const Heads& heads, int tp = 2, const std::string& attention = "mha") {
   const int W = world().size();
   MeshSpec mesh;
   mesh.tp = tp;
   (name == "ulysses" ? mesh.ulysses : mesh.ring) = W / tp;
   Topology& topo = topology(mesh);
   const int N = topo.cp().size();
-  Model m(heads);  // the whole weights: the reference
+  Model m(heads, "G", "scan", "owner", attention);  // the whole weights: the reference
   const ParamLayout local(model_dims(m.cfg, tp, topo.coord(Axis::tp)));
   Buffer<float> params(size_t(local.local_elems()));
   local.init(uint64_t(m.cfg.seed), params.data());
@@ -501,10 +515,13 @@ void tp_case(const std::string& name, const Heads& heads, int tp = 2) {
     }
   }
   err = max_over_ranks(err);
-  EXPECT_LE(err, kLogitTol) << "tp:" << tp << " x " << N << " CP ranks, full prefill by " << name << ", " << heads.name;
-  EXPECT_EQ(mismatches, 0) << name << ", " << heads.name;
-  // The KV cache holds this tp rank's K/V heads only (one, replicated, when tp > kv_heads).
-  EXPECT_EQ(eng.cache().row_elems(), std::max<int64_t>(1, m.cfg.kv_heads / tp) * m.cfg.head_dim);
+  EXPECT_LE(err, kLogitTol) << "tp:" << tp << " x " << N << " CP ranks, full prefill by " << name << ", " << heads.name
+                            << ", " << attention;
+  EXPECT_EQ(mismatches, 0) << name << ", " << heads.name << ", " << attention;
+  // The KV cache holds this tp rank's K/V heads only (one, replicated, when tp > kv_heads); MLA
+  // the latent rows (kv_lora + rope = 32), replicated on every tp rank.
+  EXPECT_EQ(eng.cache().row_elems(),
+            attention == "mla" ? 32 : std::max<int64_t>(1, m.cfg.kv_heads / tp) * m.cfg.head_dim);
 }
 
 TEST(InferTp, Tp2TimesCpMatchesRecompute) {
@@ -514,19 +531,23 @@ TEST(InferTp, Tp2TimesCpMatchesRecompute) {
   tp_case("ring", Heads{"mqa", 4, 1});
   // tp:4 over 2 K/V heads (np 4): ranks 0, 1 hold K/V head 0, ranks 2, 3 head 1.
   if (world().size() % 4 == 0) tp_case("ring", kHeads[1], 4);
+  // MLA: heads over tp, the latent cache replicated; the ring and ulysses full prefills.
+  for (const char* name : {"ring", "ulysses"}) tp_case(name, kHeads[0], 2, "mla");
 }
 
 // ---- full prefill with every CP strategy ----------------------------------------------------------
 
 TEST(InferFull, EveryStrategyMatchesRecompute) {
   const int N = world().size();
+  for (const char* attention : {"mha", "mla"})  // mla: the absorbed form, multi-query over the latent
   for (const Heads& h : kHeads)
     for (const std::string& name : strategy_names()) {
+      if (std::string(attention) == "mla" && h.H_kv != h.H_q) continue;  // kv_heads unused by MLA
       MeshSpec mesh;
       if (name == "ulysses") mesh.ulysses = N;
       else if (name == "usp") { mesh.ulysses = N >= 4 ? 2 : 1; mesh.ring = N / mesh.ulysses; }
       else mesh.ring = N;
-      Model m(h);
+      Model m(h, "G", "scan", "owner", attention);
       const int64_t T = 64, V = m.cfg.vocab;
       std::vector<int32_t> tok(static_cast<size_t>(T));
       for (int64_t i = 0; i < T; ++i) tok[size_t(i)] = prompt(5, i);
@@ -537,7 +558,7 @@ TEST(InferFull, EveryStrategyMatchesRecompute) {
       double err = 0;
       for (int64_t i = 0; i < T; ++i) err = std::max(err, row_err(out.all_logits[0].data() + i * V, ref, i, V));
       err = max_over_ranks(err);
-      EXPECT_LE(err, kLogitTol) << name << " " << h.name;
+      EXPECT_LE(err, kLogitTol) << name << " " << h.name << " " << attention;
     }
 }
 
