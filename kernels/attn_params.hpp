@@ -129,6 +129,12 @@ struct AttnParams {
   void* k_cache = nullptr;
   void* v_cache = nullptr;
 
+  // ---- Derivable key positions (read by the ring; a kernel call ignores this). When > 0: every
+  // rank of the strategy's group holds, as its keys, its own zigzag shard of one sequence of
+  // k_pos_zigzag tokens (shard/partition.hpp: Partition(zigzag, k_pos_zigzag, P).positions(rank),
+  // padding rows included), so another rank's key positions can be computed instead of sent.
+  int64_t k_pos_zigzag = 0;
+
   // ---- MLA's latent K/V (read by the CP strategies; a kernel call ignores these). With
   // `expander` set, this rank's K and V rows are expanded from per-token latent rows `latent`
   // [S_k, latent_width] (fp32; model/mla_layer.hpp: the K/V latent and the shared RoPE key). A

@@ -297,7 +297,9 @@ int bench_cp(BenchContext& ctx) {
       fill_rows(seed, kTensorDout, in.pos, int64_t(wq), 1.0f, in.dout.data());
       clear_padding_rows(part, r, {{in.q.data(), int64_t(wq)}, {in.k.data(), int64_t(wk)}, {in.v.data(), int64_t(wk)},
                                    {in.dout.data(), int64_t(wq)}});
-      const AttnParams t = in.local(shape, ex);
+      AttnParams t = in.local(shape, ex);
+      // As in training: every rank's keys are its zigzag shard, so the ring derives positions.
+      if (strat->partition() == PartitionKind::zigzag) t.k_pos_zigzag = S;
       const double real_pairs =
           part.padding() > 0 ? double(problem_visible_pairs(shape, in.global_doc)) * double(world.size() / P) : -1;
 
@@ -366,9 +368,10 @@ int bench_cp(BenchContext& ctx) {
       const auto kv = step_bytes.find(label + ":kv");
       if (kv == step_bytes.end()) continue;
       const double goal = double(mla->width()) / (2.0 * mla->d.H_q * mla->d.D);
-      log0("# MLA %s step: %.0f bytes with the latent vs %.0f with K/V: ratio %.5f (latent / (2 H D) = %.5f; the "
-           "positions%s travel in both)\n",
-           label.c_str(), bytes, kv->second, bytes / kv->second, goal, has_docs(cfg) ? " and document ids" : "");
+      log0("# MLA %s step: %.0f bytes with the latent vs %.0f with K/V: ratio %.5f (latent / (2 H D) = %.5f; "
+           "positions derived on arrival%s)\n",
+           label.c_str(), bytes, kv->second, bytes / kv->second, goal,
+           has_docs(cfg) ? ", document ids travel in both" : "");
     }
   if (!cfg.csv)
     for (const std::string& m : skipped) log0("# skipped %s\n", m.c_str());

@@ -57,37 +57,56 @@ void timed_collective(Comm& c, CpStats& st, Tracer* tr, Phase ph, double bytes_s
   if (tr) tr->add_span(ph, -1, -1, tb, tr->now_us(), 0, bytes_sent);
 }
 
-KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc) {
+namespace {
+// The positions and document ids after the payload (`payload_end`), each section 64-byte aligned.
+void place_meta(KvLayout& L, size_t payload_end) {
+  L.pos_off = payload_end;
+  L.doc_off = L.pos_off + (L.has_pos ? align64(size_t(L.S_k) * sizeof(int64_t)) : 0);
+  L.bytes = L.doc_off + (L.has_doc ? align64(size_t(L.S_k) * sizeof(int32_t)) : 0);
+}
+}  // namespace
+
+KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc, bool has_pos) {
   KvLayout L;
   L.S_k = S_k;
   L.H_kv = H_kv;
   L.D = D;
   L.dtype = dtype;
   L.has_doc = has_doc;
+  L.has_pos = has_pos;
   const size_t kv_bytes = L.kv_bytes();
   L.k_off = 0;
   L.v_off = align64(kv_bytes);
-  L.pos_off = L.v_off + align64(kv_bytes);
-  L.doc_off = L.pos_off + align64(size_t(S_k) * sizeof(int64_t));
-  L.bytes = L.doc_off + (has_doc ? align64(size_t(S_k) * sizeof(int32_t)) : 0);
+  place_meta(L, L.v_off + align64(kv_bytes));
   return L;
 }
 
-KvLayout latent_layout(int64_t S_k, int32_t latent_width, bool has_doc) {
+KvLayout latent_layout(int64_t S_k, int32_t latent_width, bool has_doc, bool has_pos) {
   KvLayout L;
   L.S_k = S_k;
   L.has_doc = has_doc;
+  L.has_pos = has_pos;
   L.latent_width = latent_width;
   L.k_off = L.v_off = 0;
-  L.pos_off = align64(L.latent_bytes());
-  L.doc_off = L.pos_off + align64(size_t(S_k) * sizeof(int64_t));
-  L.bytes = L.doc_off + (has_doc ? align64(size_t(S_k) * sizeof(int32_t)) : 0);
+  place_meta(L, align64(L.latent_bytes()));
   return L;
 }
 
 KvLayout key_layout(const AttnParams& a) {
-  if (a.expander) return latent_layout(a.S_k, a.latent_width, a.k_doc != nullptr);
-  return kv_layout(a.S_k, a.H_kv, a.D, a.dtype, a.k_doc != nullptr);
+  const bool pos = a.k_pos_zigzag <= 0;
+  if (a.expander) return latent_layout(a.S_k, a.latent_width, a.k_doc != nullptr, pos);
+  return kv_layout(a.S_k, a.H_kv, a.D, a.dtype, a.k_doc != nullptr, pos);
+}
+
+std::vector<std::vector<int64_t>> derived_key_positions(const AttnParams& a, int P, int rank) {
+  std::vector<std::vector<int64_t>> all;
+  if (a.k_pos_zigzag <= 0) return all;
+  const Partition part(PartitionKind::zigzag, a.k_pos_zigzag, P);
+  for (int j = 0; j < P; ++j) all.push_back(part.positions(j));
+  const std::vector<int64_t>& mine = all[size_t(rank)];
+  CTXPAR_CHECK(int64_t(mine.size()) == a.S_k && std::equal(mine.begin(), mine.end(), a.k_pos),
+               "k_pos_zigzag = " << a.k_pos_zigzag << " but this rank's key positions are not its zigzag shard");
+  return all;
 }
 
 void point_keys_at(const KvLayout& L, std::byte* base, AttnParams& p) {
@@ -96,7 +115,7 @@ void point_keys_at(const KvLayout& L, std::byte* base, AttnParams& p) {
     p.k = base + L.k_off;
     p.v = base + L.v_off;
   }
-  p.k_pos = reinterpret_cast<const int64_t*>(base + L.pos_off);
+  if (L.has_pos) p.k_pos = reinterpret_cast<const int64_t*>(base + L.pos_off);
   p.k_doc = L.has_doc ? reinterpret_cast<const int32_t*>(base + L.doc_off) : nullptr;
 }
 
@@ -107,7 +126,7 @@ void pack_kv(const KvLayout& L, const AttnParams& p, std::byte* base) {
     std::memcpy(base + L.k_off, p.k, L.kv_bytes());
     std::memcpy(base + L.v_off, p.v, L.kv_bytes());
   }
-  std::memcpy(base + L.pos_off, p.k_pos, size_t(L.S_k) * sizeof(int64_t));
+  if (L.has_pos) std::memcpy(base + L.pos_off, p.k_pos, size_t(L.S_k) * sizeof(int64_t));
   if (L.has_doc) std::memcpy(base + L.doc_off, p.k_doc, size_t(L.S_k) * sizeof(int32_t));
 }
 

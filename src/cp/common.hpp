@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attn_params.hpp"
 #include "cp/strategy.hpp"
@@ -66,18 +67,23 @@ struct KvLayout {
   int32_t H_kv = 0, D = 0;
   DType dtype = DType::f32;
   bool has_doc = false;
+  bool has_pos = true;  // false: the receiver derives them (AttnParams::k_pos_zigzag)
   int32_t latent_width = 0;
   size_t k_off = 0, v_off = 0, pos_off = 0, doc_off = 0, bytes = 0;
   size_t kv_bytes() const { return size_t(S_k) * size_t(H_kv) * size_t(D) * dtype_bytes(dtype); }
   size_t latent_bytes() const { return size_t(S_k) * size_t(latent_width) * sizeof(float); }
 };
-KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc);
-KvLayout latent_layout(int64_t S_k, int32_t latent_width, bool has_doc);
-// The message layout of the key side of the call `a`: the latent's when it has an expander.
+KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc, bool has_pos = true);
+KvLayout latent_layout(int64_t S_k, int32_t latent_width, bool has_doc, bool has_pos = true);
+// The message layout of the key side of the call `a`: the latent's when it has an expander;
+// without positions when they are derivable (k_pos_zigzag).
 KvLayout key_layout(const AttnParams& a);
+// The key positions of every rank of a group of P when `a` says they are derivable
+// (k_pos_zigzag > 0; checked against this rank's own), else empty.
+std::vector<std::vector<int64_t>> derived_key_positions(const AttnParams& a, int P, int rank);
 
-// The key side of `p` pointed at a packed block at `base` (k_pos, k_doc, S_k; k and v unless the
-// block is a latent, whose rows latent_at() gives).
+// The key side of `p` pointed at a packed block at `base` (k_pos unless derived, k_doc, S_k; k and v
+// unless the block is a latent, whose rows latent_at() gives).
 void point_keys_at(const KvLayout& L, std::byte* base, AttnParams& p);
 inline const float* latent_at(const KvLayout& L, const std::byte* base) {
   return reinterpret_cast<const float*>(base + L.k_off);

@@ -46,8 +46,9 @@ class Ring final : public CpStrategy {
 
  private:
   static double message_bytes(const AttnParams& s, bool docs, int P) {
-    return s.latent_width > 0 ? cp::ring_latent_message_bytes(s.S_k / P, s.latent_width, docs)
-                              : cp::ring_kv_message_bytes(s.S_k / P, s.H_kv, s.D, s.dtype, docs);
+    const bool pos = s.k_pos_zigzag <= 0;  // derivable positions do not travel
+    return s.latent_width > 0 ? cp::ring_latent_message_bytes(s.S_k / P, s.latent_width, docs, pos)
+                              : cp::ring_kv_message_bytes(s.S_k / P, s.H_kv, s.D, s.dtype, docs, pos);
   }
   Comm& comm_;
 };

@@ -27,14 +27,14 @@ template <class T> std::span<T> whole(Buffer<T>& b) { return b.span(); }
 
 }  // namespace
 
-double ring_kv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc) {
-  return double(kv_layout(S_k, H_kv, D, dtype, has_doc).bytes);
+double ring_kv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc, bool has_pos) {
+  return double(kv_layout(S_k, H_kv, D, dtype, has_doc, has_pos).bytes);
 }
 double ring_dkv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D) {
   return 2.0 * double(S_k) * H_kv * D * sizeof(float);
 }
-double ring_latent_message_bytes(int64_t S_k, int32_t latent_width, bool has_doc) {
-  return double(latent_layout(S_k, latent_width, has_doc).bytes);
+double ring_latent_message_bytes(int64_t S_k, int32_t latent_width, bool has_doc, bool has_pos) {
+  return double(latent_layout(S_k, latent_width, has_doc, has_pos).bytes);
 }
 
 namespace {
@@ -52,8 +52,11 @@ struct Expanded {
 
 // Points `p`'s key side at the block of step s in `msg`: at step 0 the caller's own rows (K/V as
 // given: a latent block's are expanded already), later the message's; a latent block is expanded
-// into `x`. Returns the block's latent rows (null without an expander).
-const float* bring_block(const KvLayout& L, std::byte* msg, const AttnParams& a, int s, Expanded& x, AttnParams& p) {
+// into `x`. Positions the message does not carry are the block's owner's, from `derived`.
+// Returns the block's latent rows (null without an expander).
+const float* bring_block(const KvLayout& L, std::byte* msg, const AttnParams& a, int s, Expanded& x,
+                         const std::vector<std::vector<int64_t>>& derived, int owner, AttnParams& p) {
+  if (!L.has_pos) p.k_pos = derived[size_t(owner)].data();
   if (!a.expander) {
     point_keys_at(L, msg, p);
     return nullptr;
@@ -87,6 +90,7 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   Buffer<std::byte> kv[2] = {Buffer<std::byte>(L.bytes, false), Buffer<std::byte>(L.bytes, false)};
   pack_kv(L, a, kv[0].data());
   Expanded x(a);
+  const std::vector<std::vector<int64_t>> derived = derived_key_positions(a, P, r);
   const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts);
   Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false), lse_tmp(size_t(chunk) * a.H_q, false);
   AttnParams p = a;
@@ -100,7 +104,7 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
       st.messages += 1;
       st.bytes_sent += double(L.bytes);
     }
-    bring_block(L, kv[cur].data(), a, s, x, p);
+    bring_block(L, kv[cur].data(), a, s, x, derived, (r - s + P) % P, p);
     const int64_t pairs = visible_pairs(p);
     const double flops = attn_fwd_flops(double(pairs), a.H_q, a.D);
     const double t0 = tr ? tr->now_us() : 0;
@@ -151,6 +155,7 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   Buffer<std::byte> kv[2] = {Buffer<std::byte>(L.bytes, false), Buffer<std::byte>(L.bytes, false)};
   pack_kv(L, a, kv[0].data());
   Expanded x(a);
+  const std::vector<std::vector<int64_t>> derived = derived_key_positions(a, P, r);
   // dK and dV of one block, packed [dK | dV] so that a hop is one message (MLA: the latent's
   // gradient). part[s % 2] is this rank's contribution at step s (plus what came before); two of
   // them because the previous step's send may still be in flight while the next is computed.
@@ -170,7 +175,7 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
       st.bytes_sent += double(L.bytes);
     }
     part[cur].zero();
-    const float* block_latent = bring_block(L, kv[cur].data(), a, s, x, p);
+    const float* block_latent = bring_block(L, kv[cur].data(), a, s, x, derived, (r - s + P) % P, p);
     if (lat) {
       dkx.zero();
       dvx.zero();

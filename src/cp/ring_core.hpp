@@ -15,14 +15,17 @@ namespace ctxpar {
 class Tracer;
 namespace cp {
 
-// Packed size of one hop's K/V message (K, V, positions, document ids).
-double ring_kv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc);
+// Packed size of one hop's K/V message (K, V, positions unless derivable, document ids).
+double ring_kv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc, bool has_pos = true);
 // Bytes of one hop's dK/dV message in backward (fp32).
 double ring_dkv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D);
 // MLA: one hop's latent message (latent rows fp32, positions, document ids); its backward
 // message is the latent's gradient, S_k * latent_width fp32.
-double ring_latent_message_bytes(int64_t S_k, int32_t latent_width, bool has_doc);
+double ring_latent_message_bytes(int64_t S_k, int32_t latent_width, bool has_doc, bool has_pos = true);
 
+// With a.k_pos_zigzag set (training: every rank's keys are its zigzag shard) the messages carry
+// no positions: each rank derives the visiting block's from its owner's rank.
+//
 // Forward: P steps; at step s the block of rank (r - s) mod P is here. The next hop is posted
 // before the block is computed (double buffer); the block's compute is split into row chunks
 // with test() between them so the transfer progresses; the wait after the compute is the

@@ -149,6 +149,7 @@ TokenMeta gather_meta(Comm& c, const AttnParams& t, CpStats& st, Tracer* tr) {
 // The call on the U * S_loc gathered tokens with H_loc heads (buffers set by the caller).
 AttnParams gathered_call(const AttnParams& t, const HeadSplit& hq, const HeadSplit& hk, const TokenMeta& m) {
   AttnParams a = t;
+  a.k_pos_zigzag = 0;  // the gathered rows of U ranks are no rank's zigzag shard: positions travel
   a.S_q = a.S_k = int64_t(m.pos.size());
   a.H_q = hq.H_loc;
   a.H_kv = hk.H_loc;

@@ -109,6 +109,13 @@ AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
     t.window = d_.window;
   }
   t.q_doc = t.k_doc = has_docs_ ? b.doc.data() : nullptr;  // follows the run's flag (strategy message layout)
+  // Every rank's keys are its zigzag shard of the batch's sequence: the ring derives the
+  // positions of a visiting block instead of moving them (checked once against this rank's).
+  if (zigzag_S_ < 0) {
+    const Partition part(PartitionKind::zigzag, b.S, topo_.cp().size());
+    zigzag_S_ = part.positions(topo_.cp().rank()) == pos_ ? b.S : 0;
+  }
+  t.k_pos_zigzag = zigzag_S_;
   t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
   t.o = a.o.data(); t.lse = a.lse.data();
   if (d_.mla && strategy_of(l).moves_latent()) {  // the latent travels instead of K/V

@@ -85,6 +85,7 @@ class Transformer {
   bool has_docs_;
   int64_t S_loc_;
   std::vector<int64_t> pos_;
+  int64_t zigzag_S_ = -1;  // the sequence length whose zigzag shard pos_ is (0: not one; -1: not known yet)
   Buffer<float> cos_, sin_;  // RoPE tables [S_loc, D/2]
   std::vector<Buffer<float>> x_;  // residual stream: input of layer l, l = 0..L (x_[L] = final)
   std::vector<AttnActs> attn_;

@@ -419,6 +419,69 @@ TEST(CpValidate, HaloNeedsAWindow) {
   EXPECT_EQ(s->validate(attn_problem(64, 8, 8, 16, MaskKind::window, 5), topo), "");
 }
 
+// ---- training rings: key positions derived, not sent --------------------------------------------
+
+// With k_pos_zigzag (every rank's keys are its zigzag shard, as in training) the ring's messages
+// drop the positions: results bit-identical to the ring that sends them, bytes as the model's
+// with the flag and smaller by exactly the positions' sections; with documents, a padded length,
+// and inside usp (whose ring runs over gathered rows: positions travel there).
+TEST(CpRing, DerivedPositionsDoNotTravel) {
+  const int P = world().size();
+  for (const char* name : {"ring", "usp"})
+    for (const Case& c : {Case{name, kHeads[1], kMasks[0]}, Case{name, kHeads[1], kMasks[1], kOddSeq}}) {
+      SCOPED_TRACE(std::string(name) + " " + c.mask.name + " S=" + std::to_string(c.S));
+      Topology& topo = topology(mesh_for(name, P));
+      std::unique_ptr<CpStrategy> strat = make_strategy(name, topo);
+      const Global g = make_global(c, 5);
+      const Partition part(PartitionKind::zigzag, c.S, topo.cp().size());
+      const int r = topo.cp().rank();
+      const std::vector<int64_t> pos = part.positions(r);
+      const int64_t n = int64_t(pos.size()), wq = int64_t(g.shape.H_q) * g.shape.D, wk = int64_t(g.shape.H_kv) * g.shape.D;
+      auto shard = [&](const std::vector<float>& x, int64_t w) {
+        std::vector<float> y(size_t(n * w));
+        part.scatter_rows(std::span<const float>(x), w, r, std::span<float>(y));
+        return y;
+      };
+      const std::vector<float> q = shard(g.q, wq), k = shard(g.k, wk), v = shard(g.v, wk), dout = shard(g.dout, wq);
+      std::vector<int32_t> doc;
+      if (g.has_docs)
+        for (int64_t p : pos) doc.push_back(part.is_pad(p) ? -1 : g.doc[size_t(p)]);
+      struct Out {
+        std::vector<float> o, lse, dq, dk, dv;
+        CpStats f, b;
+      } run[2];
+      for (int derive = 0; derive < 2; ++derive) {
+        Out& x = run[derive];
+        x.o.resize(q.size()); x.lse.resize(size_t(n) * g.shape.H_q); x.dq.resize(q.size());
+        x.dk.resize(k.size()); x.dv.resize(v.size());
+        AttnParams t = g.shape;
+        t.S_q = t.S_k = n;
+        t.q_pos = t.k_pos = pos.data();
+        t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();
+        t.q = q.data(); t.k = k.data(); t.v = v.data(); t.dout = dout.data();
+        t.o = x.o.data(); t.lse = x.lse.data(); t.dq = x.dq.data(); t.dk = x.dk.data(); t.dv = x.dv.data();
+        t.k_pos_zigzag = derive ? c.S : 0;
+        strat->forward(t, nullptr, x.f);
+        strat->backward(t, nullptr, x.b);
+      }
+      EXPECT_EQ(run[1].o, run[0].o);
+      EXPECT_EQ(run[1].lse, run[0].lse);
+      EXPECT_EQ(run[1].dq, run[0].dq);
+      EXPECT_EQ(run[1].dk, run[0].dk);
+      EXPECT_EQ(run[1].dv, run[0].dv);
+      AttnParams shape = g.shape;
+      shape.S_q = shape.S_k = part.S_padded();
+      shape.k_pos_zigzag = c.S;
+      EXPECT_DOUBLE_EQ(run[1].f.bytes_sent, strat->comm_volume_fwd(shape, g.has_docs, topo));
+      if (std::string(name) == "ring") {
+        const double pos_section = double(cp::align64(size_t(n) * sizeof(int64_t)));
+        EXPECT_DOUBLE_EQ(run[0].f.bytes_sent - run[1].f.bytes_sent, double(P - 1) * pos_section);
+      } else {
+        EXPECT_DOUBLE_EQ(run[1].f.bytes_sent, run[0].f.bytes_sent) << "usp's ring moves gathered rows: positions travel";
+      }
+    }
+}
+
 // ---- MLA: strategies that move a latent instead of K and V ------------------------------------
 
 // K = X A_k, V = X A_v from latent rows X [rows, W] (a linear expansion as MLA's, fixed loop
