@@ -88,6 +88,22 @@ if "halo" in by and "ring" in by:
            f"halo moves under a quarter of the ring's bytes ({by['halo']['bytes_mb']} vs {by['ring']['bytes_mb']} MB)")
     expect(by["halo"]["wrong"] == "0", "halo row: #wrong is 0", text)
 
+# MLA: the latent ring beside the ring moving expanded K/V; its bytes are the latent's share,
+# (kv_lora + rope) / (2 H (nope + rope)) = 40 / (2 * 4 * 24) here, plus the fp32 latent gradient
+# against fp32 dK/dV in the backward (the same share): about 0.21 with the metadata.
+rc, text = run(2, ["bench", "cp", "attention=mla", "heads=4", "kv_lora_rank=32", "qk_nope_head_dim=16",
+                   "qk_rope_head_dim=8", "v_head_dim=16", "seq=2K", "strategy=all", "bench_iters=2", "warmup=0",
+                   "--csv", "out=" + os.path.join(tmp, "cp-mla.h5")])
+rows = [r for t in tables(text) for r in t if "strategy" in r]
+by = {r["strategy"]: r for r in rows if r.get("seq") == "2048"}
+expect(rc == 0 and all(k in by for k in ("ring", "ring:kv", "allgather", "allgather:kv")),
+       "bench cp attention=mla has ring, ring:kv, allgather, allgather:kv rows at seq 2048", text)
+if "ring" in by and "ring:kv" in by:
+    ratio = float(by["ring"]["bytes_mb"]) / float(by["ring:kv"]["bytes_mb"])
+    expect(ratio < 0.3, f"the latent ring moves about 0.21 of the K/V ring's bytes (ratio {ratio:.3f})", text)
+    expect(all(by[k]["wrong"] == "0" for k in ("ring", "ring:kv", "allgather", "allgather:kv")), "MLA rows: #wrong 0", text)
+expect("ulysses" in by and by["ulysses"]["check"] == "skipped", "ulysses is skipped for MLA", text)
+
 # The FMA-loop peak is recorded with its ISA and vector width (the widest this CPU has).
 with h5py.File(os.path.join(tmp, "peak-t.h5"), "r") as f:
     a = f.attrs
