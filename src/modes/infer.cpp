@@ -335,7 +335,7 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   if (!err.empty()) return err;
   if (cfg.attention == "mla" && cfg.cp_algo == CpAlgoSetting::automatic && hardware_name(cfg, HardwareUse::live_choice) != "measured")
     return "config: attention = mla with cp_algo = auto and hardware = " + cfg.hardware + ": the cost model prices " +
-           "MLA's absorbed inference from this job's measured rates only; valid: hardware=measured (the default), or " +
+           "MLA's absorbed inference from this job's measured rates only; valid: hardware=auto (the default) or measured, or " +
            "cp_algo=pass_kv / pass_q";
   if (cfg.mode == Mode::bench && cfg.layer_pattern.find('D') != std::string::npos)
     return "config: layer_pattern = '" + cfg.layer_pattern + "': bench infer repeats its calls on a saved KV cache, " +

@@ -109,6 +109,9 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
   }
   const bool infer = cfg.mode == Mode::prefill || cfg.mode == Mode::decode || cfg.mode == Mode::chat ||
                      (cfg.mode == Mode::bench && cfg.bench == Bench::infer);
+  if (infer && cfg.attention == "mla")
+    return "config: strategy = auto: the cost model prices attention = mla in training only (inference attends in "
+           "the absorbed form, which it does not price yet); valid: allgather, ulysses, ring, usp";
   const PerfMesh mesh{topo.size(Axis::dp), topo.size(Axis::tp), topo.size(Axis::ulysses), topo.size(Axis::ring)};
   PerfWorkload w;
   w.mode = infer ? PerfMode::prefill : PerfMode::train;  // inference: the full prefill runs the strategy
