@@ -23,7 +23,6 @@ namespace {
 // (seq <= 2^40), and 65536 sequences of it stay below kNoPos (2^60).
 constexpr int64_t kSeqStride = int64_t(1) << 42;
 
-
 }  // namespace
 
 

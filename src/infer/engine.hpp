@@ -15,7 +15,9 @@
 //                    LM head) runs on rank b / ceil(B/N); its query, with its new K/V, goes to
 //                    every rank by decode_pass_q (ring) or decode_allgather (cp/decode_*.cpp);
 //                    the KV cache's round-robin target rank stores the K/V on the visit.
-// Every attention is a CP strategy of src/cp; the layers are the training model's code.
+// Every attention is a CP strategy of src/cp; the layers are the training model's code. MLA
+// models (attention = mla) attend in the absorbed form (model/mla_layer.hpp): the cache holds the
+// latent rows, and every call is multi-query attention over them.
 // Every call ends with the greedy next token of every sequence on every rank.
 #pragma once
 #include <cstdint>
