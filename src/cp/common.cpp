@@ -66,7 +66,7 @@ void place_meta(KvLayout& L, size_t payload_end) {
 }
 }  // namespace
 
-KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc, bool has_pos) {
+KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc, bool has_pos, bool shared_kv) {
   KvLayout L;
   L.S_k = S_k;
   L.H_kv = H_kv;
@@ -74,9 +74,10 @@ KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_d
   L.dtype = dtype;
   L.has_doc = has_doc;
   L.has_pos = has_pos;
+  L.shared_kv = shared_kv;
   const size_t kv_bytes = L.kv_bytes();
   L.k_off = 0;
-  L.v_off = align64(kv_bytes);
+  L.v_off = shared_kv ? 0 : align64(kv_bytes);
   place_meta(L, L.v_off + align64(kv_bytes));
   return L;
 }
@@ -95,7 +96,7 @@ KvLayout latent_layout(int64_t S_k, int32_t latent_width, bool has_doc, bool has
 KvLayout key_layout(const AttnParams& a) {
   const bool pos = a.k_pos_zigzag <= 0;
   if (a.expander) return latent_layout(a.S_k, a.latent_width, a.k_doc != nullptr, pos);
-  return kv_layout(a.S_k, a.H_kv, a.D, a.dtype, a.k_doc != nullptr, pos);
+  return kv_layout(a.S_k, a.H_kv, a.D, a.dtype, a.k_doc != nullptr, pos, a.k == a.v);
 }
 
 std::vector<std::vector<int64_t>> derived_key_positions(const AttnParams& a, int P, int rank) {
@@ -124,7 +125,7 @@ void pack_kv(const KvLayout& L, const AttnParams& p, std::byte* base) {
     std::memcpy(base + L.k_off, p.latent, L.latent_bytes());
   } else {
     std::memcpy(base + L.k_off, p.k, L.kv_bytes());
-    std::memcpy(base + L.v_off, p.v, L.kv_bytes());
+    if (!L.shared_kv) std::memcpy(base + L.v_off, p.v, L.kv_bytes());
   }
   if (L.has_pos) std::memcpy(base + L.pos_off, p.k_pos, size_t(L.S_k) * sizeof(int64_t));
   if (L.has_doc) std::memcpy(base + L.doc_off, p.k_doc, size_t(L.S_k) * sizeof(int32_t));

@@ -68,15 +68,17 @@ struct KvLayout {
   DType dtype = DType::f32;
   bool has_doc = false;
   bool has_pos = true;  // false: the receiver derives them (AttnParams::k_pos_zigzag)
+  bool shared_kv = false;  // keys and values are the same rows (k == v: MLA's latent cache): sent once
   int32_t latent_width = 0;
   size_t k_off = 0, v_off = 0, pos_off = 0, doc_off = 0, bytes = 0;
   size_t kv_bytes() const { return size_t(S_k) * size_t(H_kv) * size_t(D) * dtype_bytes(dtype); }
   size_t latent_bytes() const { return size_t(S_k) * size_t(latent_width) * sizeof(float); }
 };
-KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc, bool has_pos = true);
+KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc, bool has_pos = true,
+                   bool shared_kv = false);
 KvLayout latent_layout(int64_t S_k, int32_t latent_width, bool has_doc, bool has_pos = true);
 // The message layout of the key side of the call `a`: the latent's when it has an expander;
-// without positions when they are derivable (k_pos_zigzag).
+// without positions when they are derivable (k_pos_zigzag); K once when v is the same memory.
 KvLayout key_layout(const AttnParams& a);
 // The key positions of every rank of a group of P when `a` says they are derivable
 // (k_pos_zigzag > 0; checked against this rank's own), else empty.

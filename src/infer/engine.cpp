@@ -37,7 +37,7 @@ Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, i
                const std::string& full_strategy)
     : layout_(layout), d_(layout.dims()), w_(layout.view(const_cast<float*>(params))), topo_(topo), cp_(topo.cp()),
       cache_(batch, layout.dims().layers, layout.dims().cache_heads(), layout.dims().cache_dim(), topo.cp().size(),
-             topo.cp().rank(), capacity_tokens, layout.dims().kinds) {
+             topo.cp().rank(), capacity_tokens, layout.dims().kinds, /*shared_kv=*/layout.dims().mla) {
   full_strategy_ = make_strategy(full_strategy, topo);
   CTXPAR_CHECK(full_strategy_ != nullptr, "unknown CP strategy " << full_strategy);
   ring_ = make_strategy("ring", topo);
@@ -251,7 +251,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   std::vector<int32_t> kdoc;
   if (docs && !full) {
     kp.resize(size_t(keys * kw), false);
-    vp.resize(size_t(keys * kw), false);
+    if (!d_.mla) vp.resize(size_t(keys * kw), false);  // MLA: values are the keys' rows (the latent)
     for (const Seq& s : q) {
       for (int64_t i = 0; i < s.S_k; ++i) {
         const int64_t p = cache_.pos(s.b)[i];
@@ -263,7 +263,8 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   AttnFn attn = [&](int64_t l, float* qx, float* k, float* v, float* o, float* lse) {
     for (const Seq& s : q) {
       std::memcpy(cache_.k(s.b, l) + s.first * kw, k + s.off * kw, size_t(s.n * kw) * sizeof(float));
-      std::memcpy(cache_.v(s.b, l) + s.first * kw, v + s.off * kw, size_t(s.n * kw) * sizeof(float));
+      if (cache_.v(s.b, l) != cache_.k(s.b, l))  // MLA: one array, written above
+        std::memcpy(cache_.v(s.b, l) + s.first * kw, v + s.off * kw, size_t(s.n * kw) * sizeof(float));
     }
     AttnParams t = call(rows, l);
     t.q = qx;
@@ -282,10 +283,10 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     if (docs) {
       for (const Seq& s : q) {
         std::memcpy(kp.data() + s.k_off * kw, cache_.k(s.b, l), size_t(s.S_k * kw) * sizeof(float));
-        std::memcpy(vp.data() + s.k_off * kw, cache_.v(s.b, l), size_t(s.S_k * kw) * sizeof(float));
+        if (!d_.mla) std::memcpy(vp.data() + s.k_off * kw, cache_.v(s.b, l), size_t(s.S_k * kw) * sizeof(float));
       }
       t.k = kp.data();
-      t.v = vp.data();
+      t.v = d_.mla ? kp.data() : vp.data();
       t.k_pos = kpos.data();
       t.k_doc = kdoc.data();
     } else {

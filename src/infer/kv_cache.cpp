@@ -7,15 +7,16 @@
 namespace ctxpar::infer {
 
 KvCache::KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, int rank, int64_t capacity_tokens,
-                 const std::string& kinds)
-    : B_(batch), L_(layers), H_kv_(H_kv), D_(D), N_(N), rank_(rank), cap_(capacity_tokens),
+                 const std::string& kinds, bool shared_kv)
+    : B_(batch), L_(layers), shared_(shared_kv), H_kv_(H_kv), D_(D), N_(N), rank_(rank), cap_(capacity_tokens),
       len_(size_t(batch * N), 0), decoded_(size_t(batch), 0), pending_(size_t(batch), 0) {
   k_.resize(size_t(L_));
   v_.resize(size_t(L_));
   for (int64_t l = 0; l < L_; ++l) {  // zeros: padded rows stay finite
     if (!kinds.empty() && kinds[size_t(l)] == 'D') continue;  // a GDN layer keeps a state instead
+    ++attn_layers_;
     k_[size_t(l)].resize(size_t(B_) * slot_elems(), true);
-    v_[size_t(l)].resize(size_t(B_) * slot_elems(), true);
+    if (!shared_) v_[size_t(l)].resize(size_t(B_) * slot_elems(), true);
   }
   pos_.resize(size_t(B_ * cap_), false);
   std::fill_n(pos_.data(), B_ * cap_, kNoPos);
@@ -66,11 +67,13 @@ void KvCache::restore(const Snapshot& s) {
 double KvCache::used_bytes() const {
   double tokens = 0;
   for (int64_t b = 0; b < B_; ++b) tokens += double(len(b));
-  return tokens * (2.0 * double(L_) * double(row_elems()) * sizeof(float) + sizeof(int64_t));
+  return tokens * token_bytes();
 }
 
-double KvCache::allocated_bytes() const {
-  return double(B_) * double(cap_) * (2.0 * double(L_) * double(row_elems()) * sizeof(float) + sizeof(int64_t));
+double KvCache::allocated_bytes() const { return double(B_) * double(cap_) * token_bytes(); }
+
+double KvCache::token_bytes() const {
+  return (shared_ ? 1.0 : 2.0) * double(attn_layers_) * double(row_elems()) * sizeof(float) + sizeof(int64_t);
 }
 
 }  // namespace ctxpar::infer

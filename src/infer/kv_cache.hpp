@@ -5,7 +5,7 @@
 // ranks (how many tokens each holds of each sequence): it is a deterministic function of the
 // schedule, so no communication is needed to know the padded block sizes of pass-KV.
 //
-// Layout per layer l: K and V [batch][capacity][H_kv][D] (post-RoPE keys; sequence b's slab
+// Layout per layer l: K and V [batch][capacity][H_kv][D] (one array when shared: MLA's latent) (post-RoPE keys; sequence b's slab
 // starts at row b * capacity), positions [batch][capacity] shared by all layers: one array per
 // layer, so a decode call describes every sequence's keys at once (AttnParams' k_doc_begin /
 // k_doc_len). Unused slots hold K = V = 0 and position kNoPos, which no causal query sees, so a
@@ -26,8 +26,10 @@ class KvCache {
  public:
   // `kinds` (model/model.hpp ModelDims::kinds): layers marked 'D' (Gated DeltaNet) hold no K/V and
   // get no arrays; empty = every layer attention.
+  // `shared_kv`: keys and values are the same rows (MLA's latent, model/mla_layer.hpp): one array
+  // per layer, v() the same memory as k().
   KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, int rank, int64_t capacity_tokens,
-          const std::string& kinds = "");
+          const std::string& kinds = "", bool shared_kv = false);
 
   int64_t batch() const { return B_; }
   int64_t capacity() const { return cap_; }
@@ -40,11 +42,11 @@ class KvCache {
   int decode_target(int64_t b) const { return int((decoded_[size_t(b)] + b) % N_); }
 
   float* k(int64_t b, int64_t l) { return k_[size_t(l)].data() + size_t(b) * slot_elems(); }
-  float* v(int64_t b, int64_t l) { return v_[size_t(l)].data() + size_t(b) * slot_elems(); }
+  float* v(int64_t b, int64_t l) { return (shared_ ? k_ : v_)[size_t(l)].data() + size_t(b) * slot_elems(); }
   const int64_t* pos(int64_t b) const { return pos_.data() + b * cap_; }
   // The whole cache of layer l ([batch * capacity] rows) and every sequence's positions.
   float* k_layer(int64_t l) { return k_[size_t(l)].data(); }
-  float* v_layer(int64_t l) { return v_[size_t(l)].data(); }
+  float* v_layer(int64_t l) { return (shared_ ? k_ : v_)[size_t(l)].data(); }
   const int64_t* pos_all() const { return pos_.data(); }
   int64_t first_row(int64_t b) const { return b * cap_; }  // sequence b's slab in the layer arrays
   int64_t row_elems() const { return int64_t(H_kv_) * D_; }
@@ -72,10 +74,13 @@ class KvCache {
   // Bytes of committed K/V (+ positions) on this rank, and bytes allocated.
   double used_bytes() const;
   double allocated_bytes() const;
+  double token_bytes() const;  // per token: K and V (once when shared) of every attention layer, its position
 
  private:
   size_t slot_elems() const { return size_t(cap_) * size_t(H_kv_) * size_t(D_); }
   int64_t B_, L_;
+  int64_t attn_layers_ = 0;  // layers with K/V (not Gated DeltaNet)
+  bool shared_ = false;
   int32_t H_kv_, D_;
   int N_, rank_;
   int64_t cap_;

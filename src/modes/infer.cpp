@@ -399,10 +399,11 @@ double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) 
   const double f = sizeof(float);
   // Weights (and, while a checkpoint loads, its AdamW moments beside them).
   const double weights = f * double(layout.local_elems()) * (cfg.resume.empty() ? 1 : 3);
-  // The KV cache: K and V of every attention layer for the batch, and positions (infer/kv_cache.hpp).
+  // The KV cache: K and V of every attention layer for the batch (MLA: the latent rows once), and
+  // positions (infer/kv_cache.hpp).
   const int64_t cap = cache_capacity_tokens(sched, N);
   const double attn_layers = double(d.layers - d.gdn_layers());
-  double cache = double(cfg.batch) * double(cap) * (2.0 * f * attn_layers * double(d.cache_width()) + 8.0);
+  double cache = double(cfg.batch) * double(cap) * ((d.mla ? 1.0 : 2.0) * f * attn_layers * double(d.cache_width()) + 8.0);
   // Hybrid models: per sequence and GDN layer its state and convolution tail (infer/gdn_infer.hpp),
   // on its owner (ceil(batch / N) sequences) or, replicated, every sequence on every rank.
   if (d.has_gdn()) {

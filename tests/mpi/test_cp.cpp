@@ -482,6 +482,40 @@ TEST(CpRing, DerivedPositionsDoNotTravel) {
     }
 }
 
+// Keys and values that are the same rows (MLA's absorbed inference: the latent is both) travel
+// once: the ring's forward gives the same floats as with a separate copy of V, and sends one
+// K/V section less per hop.
+TEST(CpRing, SharedKeysAndValuesTravelOnce) {
+  const int P = world().size();
+  Topology& topo = topology(mesh_for("ring", P));
+  std::unique_ptr<CpStrategy> strat = make_strategy("ring", topo);
+  const Case c{"ring", kHeads[2], kMasks[0]};
+  const Global g = make_global(c, 11);
+  const Partition part(PartitionKind::zigzag, c.S, P);
+  const int r = topo.cp().rank();
+  const std::vector<int64_t> pos = part.positions(r);
+  const int64_t n = int64_t(pos.size()), wq = int64_t(g.shape.H_q) * g.shape.D, wk = int64_t(g.shape.H_kv) * g.shape.D;
+  std::vector<float> q(size_t(n * wq)), k(size_t(n * wk));
+  part.scatter_rows(std::span<const float>(g.q), wq, r, std::span<float>(q));
+  part.scatter_rows(std::span<const float>(g.k), wk, r, std::span<float>(k));
+  const std::vector<float> v_copy = k;
+  std::vector<float> o[2], lse[2];
+  CpStats st[2];
+  for (int shared = 0; shared < 2; ++shared) {
+    o[shared].resize(q.size());
+    lse[shared].resize(size_t(n) * g.shape.H_q);
+    AttnParams t = g.shape;
+    t.S_q = t.S_k = n;
+    t.q_pos = t.k_pos = pos.data();
+    t.q = q.data(); t.k = k.data(); t.v = shared ? k.data() : v_copy.data();
+    t.o = o[shared].data(); t.lse = lse[shared].data();
+    strat->forward(t, nullptr, st[shared]);
+  }
+  EXPECT_EQ(o[1], o[0]);
+  EXPECT_EQ(lse[1], lse[0]);
+  EXPECT_DOUBLE_EQ(st[0].bytes_sent - st[1].bytes_sent, double(P - 1) * double(cp::align64(size_t(n * wk) * sizeof(float))));
+}
+
 // ---- MLA: strategies that move a latent instead of K and V ------------------------------------
 
 // K = X A_k, V = X A_v from latent rows X [rows, W] (a linear expansion as MLA's, fixed loop
