@@ -13,6 +13,8 @@
 //      steps with pass-Q and all-gather; medians.
 //   3. batched variable-length prefill: four prompts of seq/8 .. seq tokens as one packed forward
 //      against one forward per prompt (tokens/s, the same run).
+//   4. full-prefill TTFT against length (seq/8 .. seq), pass-KV against pass-Q (run it with
+//      mesh=tp:2,ring:2 for TP x CP).
 // Correctness column: prefill — both variants' last logits agree (scaled error <= 1e-4) and
 // give the same greedy token; decode — the greedy tokens of every step equal the CP = 1 run's.
 #include <algorithm>
@@ -82,6 +84,43 @@ int faster_by_sign_test(const std::vector<double>& kv, const std::vector<double>
   if (sign_test_p(kv_wins, n) > 0.10) return -1;
   return 2 * kv_wins > n ? 1 : 0;
 }
+// One pass-KV / pass-Q comparison: iters + 1 iterations (the first an untimed warmup), each
+// prefilling `tokens` with pass-KV then pass-Q after `reset()` (a rolled-back or emptied cache),
+// so that a slow spell of a shared machine lands on both alike. Every call is a trace step
+// (`turn`); the timed ones go to ts[algo]; the last call's logits and greedy token to the rest.
+struct PairRun {
+  std::vector<double> ts[2];
+  std::vector<float> logits[2];
+  int32_t next[2] = {0, 0};
+};
+template <class Reset>
+PairRun run_pair(BenchContext& ctx, Engine& eng, Comm& cp, const std::vector<int32_t>& tokens, int64_t cached, int32_t turn,
+                 int64_t iters, int64_t& step, Reset&& reset) {
+  PairRun r;
+  const int64_t T = int64_t(tokens.size());
+  for (int64_t it = 0; it < iters + 1; ++it) {
+    for (CpAlgo a : {CpAlgo::pass_kv, CpAlgo::pass_q}) {
+      reset();
+      StepOutput out;
+      ctx.tracer.begin_step(step);
+      CallStats cs;
+      const double dt = timed(cp, ctx.topo.world(), [&] { out = eng.prefill({tokens}, a, &ctx.tracer, cs, true); });
+      StepRecord rec;
+      rec.step = step++;
+      rec.time_s = dt;
+      rec.tokens = T;
+      rec.turn = turn;
+      rec.ttft_s = dt;
+      rec.exposed_comm_s = cs.cp.exposed_comm_s;
+      rec.model_flops = eng.prefill_flops(T, cached);
+      ctx.tracer.end_step(rec);
+      if (it > 0) r.ts[int(a)].push_back(dt);
+      r.logits[int(a)] = out.logits;
+      r.next[int(a)] = out.next_tokens[0];
+    }
+  }
+  return r;
+}
 }  // namespace
 
 int bench_infer(BenchContext& ctx) {
@@ -131,34 +170,11 @@ int bench_infer(BenchContext& ctx) {
                            nullptr, st);
     const KvCache::Snapshot snap = eng.cache().snapshot();
     const std::vector<int32_t> new_tok(seq_tokens.begin() + cached, seq_tokens.end());
-    std::vector<float> logits[2];
-    int32_t next[2];
-    // The two variants alternate within each iteration (KV, Q, KV, Q, ...) so that a slow spell
-    // of a shared machine lands on both alike instead of on one variant's whole series.
-    std::vector<double> ts[2];
-    for (int64_t it = 0; it < iters + 1; ++it) {  // iteration 0 is an untimed warmup of each
-      for (CpAlgo a : {CpAlgo::pass_kv, CpAlgo::pass_q}) {
-        eng.cache().restore(snap);
-        StepOutput out;
-        ctx.tracer.begin_step(step);
-        CallStats cs;
-        const double dt = timed(cp, world, [&] { out = eng.prefill({new_tok}, a, &ctx.tracer, cs, true); });
-        StepRecord rec;
-        rec.step = step++;
-        rec.time_s = dt;
-        rec.tokens = T;
-        rec.turn = int32_t(idx);
-        rec.ttft_s = dt;
-        rec.exposed_comm_s = cs.cp.exposed_comm_s;
-        rec.model_flops = eng.prefill_flops(T, cached);
-        ctx.tracer.end_step(rec);
-        if (it > 0) ts[int(a)].push_back(dt);
-        logits[int(a)] = out.logits;
-        next[int(a)] = out.next_tokens[0];
-      }
-    }
+    const PairRun pr_run = run_pair(ctx, eng, cp, new_tok, cached, int32_t(idx), iters, step,
+                                    [&] { eng.cache().restore(snap); });
+    const std::vector<double>* ts = pr_run.ts;
     const double ms[2] = {med(ts[0]) * 1e3, med(ts[1]) * 1e3};
-    const int wrong = logits_differ(logits[0].data(), logits[1].data(), V) + (next[0] != next[1]);
+    const int wrong = logits_differ(pr_run.logits[0].data(), pr_run.logits[1].data(), V) + (pr_run.next[0] != pr_run.next[1]);
     wrong_total += wrong;
     const Prediction pr = cost.predict(T, cached);
     const int kv_faster = faster_by_sign_test(ts[0], ts[1]);
@@ -351,6 +367,35 @@ int bench_infer(BenchContext& ctx) {
     }
   }
   if (world.rank() == 0) t3.print(cfg.csv);
+
+  // ---- 4. full-prefill TTFT against length, pass-KV vs pass-Q ---------------------------------
+  // One prompt of seq/8, seq/4, seq/2 and seq tokens on an empty cache: pass-KV (the configured
+  // full-prefill strategy) against pass-Q (queries circulate over each rank's own new keys),
+  // alternating within each iteration; with mesh=tp:2,ring:2 the TTFT-vs-length sweep.
+  BenchTable t4("ctxpar bench infer — full prefill TTFT against length, pass-KV vs pass-Q, " + std::to_string(N) +
+                    " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) + ", strategy " +
+                    ctxpar::name_of(cfg.strategy) + ", batch 1",
+                {{"T", "T", "tokens", 8, 0}, {"pass_kv_ms", "pass-KV", "ms", 10, 2}, {"pass_q_ms", "pass-Q", "ms", 10, 2},
+                 {"kv_tok_s", "pass-KV", "tokens/s", 11, 0}, {"q_tok_s", "pass-Q", "tokens/s", 11, 0},
+                 {"faster", "faster", "measured", 10, 0}, {"wrong", "#wrong", "", 7, 0}},
+                {"TTFT: median of bench_iters prefills (after 1 warmup) of the max over ranks; the two variants "
+                 "alternate within each iteration; faster: a paired sign test decides, else tie",
+                 "#wrong: the two variants' last logits differ (scaled error > 1e-4) or their greedy tokens"});
+  for (int64_t T : lens) {
+    if (ctx.tracer.stop_signal() != 0) break;
+    Engine eng(layout, params.data(), topo, 1, Partition::padded_length(PartitionKind::zigzag, T, N) / N,
+               ctxpar::name_of(cfg.strategy));
+    const std::vector<int32_t> tok(seq_tokens.begin(), seq_tokens.begin() + T);
+    const PairRun r = run_pair(ctx, eng, cp, tok, 0, int32_t(200 + T), iters, step, [&] { eng.clear(); });
+    const int wrong = logits_differ(r.logits[0].data(), r.logits[1].data(), V) + (r.next[0] != r.next[1]);
+    wrong_total += wrong;
+    const double sec[2] = {med(r.ts[0]), med(r.ts[1])};
+    const int kv_faster = faster_by_sign_test(r.ts[0], r.ts[1]);
+    t4.add_row({std::to_string(T), t4.cell(1, sec[0] * 1e3), t4.cell(2, sec[1] * 1e3), t4.cell(3, double(T) / sec[0]),
+                t4.cell(4, double(T) / sec[1]), kv_faster < 0 ? "tie" : kv_faster ? "pass_kv" : "pass_q",
+                std::to_string(wrong)});
+  }
+  if (world.rank() == 0) t4.print(cfg.csv);
   print_verdict("bench infer", wrong_total, cfg.csv);
   return wrong_total;
 }

@@ -177,6 +177,7 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, cons
                "prefill needs tokens and an algorithm of " << B << " sequences");
   StepOutput out;
   out.next_tokens.resize(size_t(B));
+  out.ready_s.assign(size_t(B), 0.0);
   if (want_logits) out.logits.resize(size_t(B * V));
   if (want_all_logits) out.all_logits.resize(size_t(B));
   for (CpAlgo algo : {CpAlgo::pass_kv, CpAlgo::pass_q}) {
@@ -185,8 +186,12 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, cons
       if (!tokens[size_t(b)].empty() && algos[size_t(b)] == algo) seqs.push_back(b);
     if (batching == PrefillBatching::packed) {
       prefill_seqs(seqs, tokens, algo, want_all_logits, out);
+      for (int64_t b : seqs) out.ready_s[size_t(b)] = now_s() - t_start;
     } else {
-      for (int64_t b : seqs) prefill_seqs({b}, tokens, algo, want_all_logits, out);
+      for (int64_t b : seqs) {
+        prefill_seqs({b}, tokens, algo, want_all_logits, out);
+        out.ready_s[size_t(b)] = now_s() - t_start;
+      }
     }
   }
   // Sequences without new tokens keep their cache; their next token is not defined by this call.

@@ -58,6 +58,11 @@ struct StepOutput {
   std::vector<float> logits;         // [B, V] of the last position, every rank (when requested)
   // Tests: logits of every new position of every sequence, [B][T * V] in global order.
   std::vector<std::vector<float>> all_logits;
+  // Prefill: per sequence, seconds from the call's start until the forward that gave its next
+  // token ended on this rank (its time to first token within the call: a packed batch's
+  // sequences finish together, the pass-Q group of a mixed batch after the pass-KV one, each
+  // sequence of a sequential batch after its own forward); 0 without new tokens.
+  std::vector<double> ready_s;
 };
 
 class Engine {

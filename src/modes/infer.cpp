@@ -139,11 +139,13 @@ class Session {
   // batch); `record`: a TTFT step (else the setup of a cache for `ctxpar prefill`, turn -1, no
   // TTFT). cp_algo=auto chooses per sequence (pass-KV and pass-Q sequences then run as two packed
   // forwards); the log and /infer/calls show the batch's mean T and P, the prediction on them and
-  // the share of sequences on pass-Q; /infer/call_lengths every sequence's T, P and algorithm.
+  // the share of sequences on pass-Q; /infer/call_lengths every sequence's T, P, algorithm, TTFT,
+  // predictions and the paper's verdicts.
   std::vector<int32_t> prefill(int64_t turn, const SchedulePhase& ph, bool record) {
     const int64_t B = cfg_.batch;
     std::vector<std::vector<int32_t>> tok(static_cast<size_t>(B));
     std::vector<int32_t> q_algo(static_cast<size_t>(B));  // 1: pass-Q (an int32 to broadcast)
+    std::vector<Prediction> own(static_cast<size_t>(B));    // each sequence's prediction and the paper's rules
     int64_t T_sum = 0, cached_sum = 0;
     double flops = 0;
     for (int64_t b = 0; b < B; ++b) {
@@ -154,20 +156,21 @@ class Session {
       T_sum += T;
       cached_sum += cached;
       flops += engine_->prefill_flops(T, cached);
-      Prediction own;
-      q_algo[size_t(b)] = choose(std::max<int64_t>(T, 1), cached, own) == CpAlgo::pass_q;
+      q_algo[size_t(b)] = choose(std::max<int64_t>(T, 1), cached, own[size_t(b)]) == CpAlgo::pass_q;
     }
     // One decision for the whole job: a measured profile differs between CP groups (tp slices, dp
     // replicas), and the tp slices of a sequence must run the same forwards; world rank 0 decides.
     topo_.world().broadcast(std::span<int32_t>(q_algo), 0);
     std::vector<CpAlgo> algos(static_cast<size_t>(B));
     int64_t q_seqs = 0;
+    std::vector<double> seq_row;  // per sequence: the columns of /infer/call_lengths but its TTFT (below)
     for (int64_t b = 0; b < B; ++b) {
       algos[size_t(b)] = q_algo[size_t(b)] ? CpAlgo::pass_q : CpAlgo::pass_kv;
       q_seqs += q_algo[size_t(b)];
-      if (record)
-        call_lengths_.insert(call_lengths_.end(), {double(ph.length(b)), double(engine_->cache().seq_len(b)),
-                                                   double(q_algo[size_t(b)])});
+      const Prediction& p = own[size_t(b)];
+      seq_row.insert(seq_row.end(), {double(ph.length(b)), double(engine_->cache().seq_len(b)), double(q_algo[size_t(b)]),
+                                     0.0, p.pass_kv_s, p.pass_q_s, p.eq1_pass_kv ? 1.0 : 0.0, p.eq5_pass_q ? 1.0 : 0.0,
+                                     p.fitted_pass_kv ? 1.0 : 0.0});
     }
     const int64_t T = (T_sum + B / 2) / B, cached = (cached_sum + B / 2) / B;  // the batch's means
     Prediction pred;
@@ -178,7 +181,13 @@ class Session {
     double dt = 0;
     StepOutput out = timed_step([&] { return engine_->prefill(tok, algos, &tr_, st); }, dt);
     finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, cached, algo_text.c_str(), dt, T_sum, flops, st);
-    if (record) calls_.push_back({turn, T, cached, algo, q_share, pred, dt});
+    if (record) {
+      // Each sequence's TTFT: when its forward ended on the job's slowest rank.
+      topo_.world().all_reduce(std::span<double>(out.ready_s), ReduceOp::max);
+      for (int64_t b = 0; b < B; ++b) seq_row[size_t(b) * kSeqColumns + 3] = out.ready_s[size_t(b)];
+      call_lengths_.insert(call_lengths_.end(), seq_row.begin(), seq_row.end());
+      calls_.push_back({turn, T, cached, algo, q_share, pred, dt});
+    }
     return out.next_tokens;
   }
 
@@ -229,8 +238,10 @@ class Session {
       c.insert(c.end(), std::begin(row), std::end(row));
     }
     if (!calls_.empty()) {
-      tr_.write_dataset("/infer/call_lengths", call_lengths_, {uint64_t(calls_.size()), uint64_t(B), 3});
-      tr_.write_attr("/infer/call_lengths", "columns", std::string("T,P,algo(0=pass_kv;1=pass_q)"));
+      tr_.write_dataset("/infer/call_lengths", call_lengths_, {uint64_t(calls_.size()), uint64_t(B), kSeqColumns});
+      tr_.write_attr("/infer/call_lengths", "columns",
+                     std::string("T,P,algo(0=pass_kv;1=pass_q),ttft_s,pred_pass_kv_s,pred_pass_q_s,eq1_pass_kv,"
+                                 "eq5_pass_q,fitted_pass_kv"));
       tr_.write_dataset("/infer/calls", c, {uint64_t(calls_.size()), 11});
       tr_.write_attr("/infer/calls", "columns",
                      std::string("turn,T,P,algo(0=pass_kv;1=pass_q),pred_pass_kv_s,pred_pass_q_s,"
@@ -241,10 +252,12 @@ class Session {
                         {uint64_t(cache_bytes_.size() / size_t(cp_.size())), uint64_t(cp_.size())});
   }
 
-  // Log lines of the prefill decisions (rank 0).
-  // (The batch's mean T and P; with sequences of different lengths cp_algo=auto chose per sequence.)
+  // Log lines of the prefill decisions (rank 0): the batch's mean T and P, and with sequences of
+  // different lengths a line per sequence (cp_algo=auto chose per sequence).
   void log_calls() const {
-    for (const PrefillCall& k : calls_) {
+    const int64_t B = cfg_.batch;
+    for (size_t c = 0; c < calls_.size(); ++c) {
+      const PrefillCall& k = calls_[c];
       char ran[64];
       if (k.q_share == 0 || k.q_share == 1) std::snprintf(ran, sizeof ran, "%s", k.q_share == 1 ? "pass_q" : "pass_kv");
       else std::snprintf(ran, sizeof ran, "mixed (%.0f%% of the sequences pass_q)", 100 * k.q_share);
@@ -253,6 +266,18 @@ class Session {
            (long long)k.turn, (long long)k.T, (long long)k.cached, double(k.T) / double(k.T + k.cached), ran,
            k.pred.pass_kv_s * 1e3, k.pred.pass_q_s * 1e3, k.pred.eq1_pass_kv ? "pass_kv" : "pass_q",
            k.pred.eq5_pass_q ? "pass_q" : "pass_kv", k.pred.fitted_pass_kv ? "pass_kv" : "pass_q");
+      const double* rows = call_lengths_.data() + c * size_t(B) * kSeqColumns;
+      bool same = true;
+      for (int64_t b = 1; b < B; ++b)
+        same = same && rows[b * kSeqColumns] == rows[0] && rows[b * kSeqColumns + 1] == rows[1];
+      if (same) continue;
+      for (int64_t b = 0; b < B; ++b) {
+        const double* x = rows + b * kSeqColumns;
+        log0("#   sequence %lld: T=%.0f P=%.0f: %s, TTFT %.3f ms; predicted pass_kv %.3f ms, pass_q %.3f ms; paper Eq.1 "
+             "%s, Eq.5 %s, App.D %s\n",
+             (long long)b, x[0], x[1], x[2] != 0 ? "pass_q" : "pass_kv", x[3] * 1e3, x[4] * 1e3, x[5] * 1e3,
+             x[6] != 0 ? "pass_kv" : "pass_q", x[7] != 0 ? "pass_q" : "pass_kv", x[8] != 0 ? "pass_kv" : "pass_q");
+      }
     }
   }
 
@@ -317,7 +342,9 @@ class Session {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<PrefillCostModel> cost_;
   std::vector<PrefillCall> calls_;
-  std::vector<double> call_lengths_;  // [call][b] new tokens T and cached P of every sequence
+  // [call][b][kSeqColumns]: every sequence's T, P, algorithm, TTFT, predictions and the paper's rules
+  static constexpr uint64_t kSeqColumns = 9;
+  std::vector<double> call_lengths_;
   std::vector<double> cache_bytes_;
   int64_t step_ = 0;
   bool stop_ = false;

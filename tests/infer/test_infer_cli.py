@@ -64,9 +64,18 @@ for np_, algo, dec in [(1, "auto", "pass_q"), (2, "pass_kv", "pass_q"), (2, "pas
         cols = (cols.decode() if isinstance(cols, bytes) else cols).split(",")
         check(calls.shape == (2, 11), f"/infer/calls shape {calls.shape}")
         lens = f["infer/call_lengths"][:]
-        check(lens.shape == (2, 3, 3) and (lens[:, :, 0] == [[128] * 3, [32] * 3]).all()
+        lcols = f["infer/call_lengths"].attrs["columns"]
+        lcols = (lcols.decode() if isinstance(lcols, bytes) else lcols).split(",")
+        check(lens.shape == (2, 3, 9) and (lens[:, :, 0] == [[128] * 3, [32] * 3]).all()
               and (lens[:, :, 2] == calls[:, cols.index("algo(0=pass_kv;1=pass_q)")][:, None]).all()
               and (lens[:, :, 1] == [[0] * 3, [133] * 3]).all(), f"/infer/call_lengths {lens.tolist()}")
+        # Each sequence's TTFT: positive, at most the call's (a packed batch's sequences finish
+        # together, within the call's closing exchange of the last logits).
+        ttft_seq = lens[:, :, lcols.index("ttft_s")]
+        ttft_call = calls[:, cols.index("ttft_s")]
+        check((ttft_seq > 0).all() and (ttft_seq <= ttft_call[:, None] * 1.001 + 1e-4).all(),
+              f"per-sequence TTFT {ttft_seq.tolist()} within the call's {ttft_call.tolist()}")
+        check(lcols[:3] == ["T", "P", "algo(0=pass_kv;1=pass_q)"] and "eq1_pass_kv" in lcols, f"columns {lcols}")
         check(list(calls[:, cols.index("T")]) == [128, 32] and list(calls[:, cols.index("P")]) == [0, 133],
               f"calls T/P {calls[:, 1:3]}")
         ia = cols.index("algo(0=pass_kv;1=pass_q)")
