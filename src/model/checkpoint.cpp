@@ -24,7 +24,8 @@ std::vector<std::vector<float>> gather_global_tensors(const ParamLayout& layout,
     for (int t = 0; t < T; ++t) {
       const float* src = all.data() + t * n_loc + p.offset;
       const int64_t r0 = p.split == Split::rows ? t * p.loc_rows : 0;
-      const int64_t c0 = p.split == Split::cols ? t * p.loc_cols : 0;
+      const int64_t c0 = p.kv ? int64_t(layout.dims().kv_head0_of(t)) * layout.dims().D
+                              : p.split == Split::cols ? t * p.loc_cols : 0;  // a replicated K/V head: its copies agree
       for (int64_t r = 0; r < p.loc_rows; ++r)
         for (int64_t c = 0; c < p.loc_cols; ++c) g[size_t((r0 + r) * p.cols + c0 + c)] = src[r * p.loc_cols + c];
       if (p.split == Split::replicated) break;

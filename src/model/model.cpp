@@ -123,6 +123,8 @@ ParamLayout::ParamLayout(const ModelDims& d) : d_(d) {
     p.loc_rows = rows;
     p.loc_cols = cols;
     if (kv) {
+      p.kv = true;
+      p.copies = d.H_kv >= d.tp ? 1 : d.tp / d.H_kv;
       p.loc_cols = int64_t(d.H_kv_loc()) * d.D;
       p.col0 = int64_t(d.kv_head0()) * d.D;
     } else if (split == Split::cols) {

@@ -51,10 +51,11 @@ struct ModelDims {
   int64_t o_width() const { return mla ? int64_t(H_q_loc()) * v_dim : q_width(); }  // the output projection's input
   int32_t H_q_loc() const { return H_q / tp; }
   // K/V heads of this tp rank: H_kv / tp, or 1 (replicated) when tp is a multiple of H_kv
-  // (inference only: validate_model_shape's kv_replication).
+  // (validate_model_shape's kv_replication; training sums the copies' gradients).
   int32_t H_kv_loc() const { return H_kv >= tp ? H_kv / tp : 1; }
-  // The first global K/V head of this tp rank.
-  int32_t kv_head0() const { return H_kv >= tp ? H_kv / tp * tp_rank : int32_t(int64_t(tp_rank) * H_kv / tp); }
+  // The first global K/V head of this tp rank (of tp rank `t`).
+  int32_t kv_head0() const { return kv_head0_of(tp_rank); }
+  int32_t kv_head0_of(int t) const { return H_kv >= tp ? H_kv / tp * t : int32_t(int64_t(t) * H_kv / tp); }
   int64_t ffn_loc() const { return ffn / tp; }
   int64_t q_width() const { return int64_t(H_q_loc()) * D; }   // local Q / O columns
   int64_t kv_width() const { return int64_t(H_kv_loc()) * D; } // local K / V columns
@@ -71,8 +72,8 @@ ModelDims model_dims(const Config& cfg, int tp, int tp_rank);
 
 // "" when the model shape fits the mesh (tp divides heads, kv_heads and ffn_dim; head_dim even
 // for RoPE), else a message naming the value and what would be valid. `kv_replication`
-// (inference, no gradients): tp may also be a multiple of kv_heads, each K/V head then replicated
-// on the tp ranks whose query heads use it.
+// (training and inference): tp may also be a multiple of kv_heads, each K/V head then replicated
+// on the tp ranks whose query heads use it (training: reduce_replicated_kv_grads).
 std::string validate_model_shape(const Config& cfg, int tp, bool kv_replication = false);
 
 enum class Split : int32_t { replicated = 0, cols = 1, rows = 2 };
@@ -90,6 +91,11 @@ struct ParamInfo {
   bool ones = false;      // initialized to 1 (norm weights)
   float init_scale = 0;   // uniform in [init_center - init_scale, init_center + init_scale)
   float init_center = 0;
+  // A K/V projection split by whole heads: with fewer K/V heads than tp, each head's columns are
+  // held by `copies` = tp / H_kv consecutive tp ranks (their gradients summed among them,
+  // reduce_replicated_kv_grads; counted once in the gradient norm).
+  bool kv = false;
+  int32_t copies = 1;
   int64_t loc_elems() const { return loc_rows * loc_cols; }
 };
 

@@ -1,7 +1,9 @@
 #include "model/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <span>
+#include <vector>
 
 #include "dist/comm.hpp"
 
@@ -12,10 +14,25 @@ AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& c)
 
 double AdamW::grad_norm(const float* g, Comm* tp) const {
   double sq[2] = {0, 0};  // sharded, replicated
-  for (const ParamInfo& p : layout_.tensors())
-    sq[p.split == Split::replicated ? 1 : 0] += sum_squares(g + p.offset, p.loc_elems());
+  for (const ParamInfo& p : layout_.tensors())  // a K/V head held by `copies` tp ranks: once
+    sq[p.split == Split::replicated ? 1 : 0] += sum_squares(g + p.offset, p.loc_elems()) / double(p.copies);
   if (tp) tp->all_reduce(std::span<double>(sq, 1));
   return std::sqrt(sq[0] + sq[1]);
+}
+
+void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& tp) {
+  for (const ParamInfo& p : layout.tensors()) {
+    if (!p.kv || p.copies <= 1) continue;
+    // Every tp rank writes its head's columns into the whole tensor's place (zeros elsewhere);
+    // the sum over tp leaves each head's columns summed over its copies.
+    std::vector<float> all(size_t(p.rows * p.cols), 0.0f);
+    float* g = grads + p.offset;
+    for (int64_t r = 0; r < p.rows; ++r)
+      std::copy_n(g + r * p.loc_cols, p.loc_cols, all.data() + r * p.cols + p.col0);
+    tp.all_reduce(std::span<float>(all));
+    for (int64_t r = 0; r < p.rows; ++r)
+      std::copy_n(all.data() + r * p.cols + p.col0, p.loc_cols, g + r * p.loc_cols);
+  }
 }
 
 void AdamW::update(float* params, const float* grads, double norm) {

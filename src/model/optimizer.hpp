@@ -15,6 +15,11 @@ struct AdamWConfig {
   double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
 };
 
+// Training with fewer K/V heads than tp: each K/V head's projection columns live on tp / H_kv
+// tp ranks, each of which computed the gradient from its own query heads; sums those copies (a
+// collective over tp, in place; a no-op without replicated heads).
+void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& tp);
+
 class AdamW {
  public:
   AdamW(const ParamLayout& layout, const AdamWConfig& c);

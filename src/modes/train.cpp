@@ -86,7 +86,7 @@ bool train_docs(const Config& cfg) { return packed_docs(cfg) || (!synthetic_data
 
 std::string validate_train_mode(const Config& cfg, Topology& topo) {
   const int tp = tp_size(topo);
-  std::string err = validate_model_shape(cfg, tp);
+  std::string err = validate_model_shape(cfg, tp, /*kv_replication=*/true);
   if (!err.empty()) return err;
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
@@ -307,6 +307,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
       std::span<float> g(grads.data(), grads.size());
       if (cp.size() > 1) cp.all_reduce(g);
       if (DP > 1) dp.all_reduce(g);
+      if (tp > 1) reduce_replicated_kv_grads(layout, grads.data(), topo.axis(Axis::tp));  // K/V heads on several tp ranks
       if (cp.size() > 1) cp.all_reduce(std::span<double>(&loss_sum, 1));
       if (DP > 1) dp.all_reduce(std::span<double>(&loss_sum, 1));
       st.exposed_comm_s += world.now() - tc;
