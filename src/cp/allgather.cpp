@@ -4,7 +4,8 @@
 // order: the mask comes from their global positions, so no reordering copy is needed, and the
 // backward's dK/dV come out in the same rank-block order, which is exactly what reduce_scatter
 // hands back to the owners. K/V of grouped-query attention are gathered with H_kv heads only.
-// The same forward serves a pass-KV prefill over a KV cache (S_k equal on every rank).
+// The same forward serves a pass-KV prefill over a KV cache (S_k equal on every rank); keys and
+// values that are the same memory (MLA's absorbed inference) are gathered once.
 // MLA (moves_latent): the latent rows are gathered instead of K and V, the other ranks' blocks
 // expanded here; the backward turns the gathered dK/dV into the latent's gradient (the
 // expansion's weight gradient accumulates on this rank) and reduce-scatters that.
@@ -102,6 +103,7 @@ class AllGather final : public CpStrategy {
     Buffer<int64_t> pos;
     Buffer<int32_t> doc;
     Buffer<float> latent;  // MLA
+    bool shared_kv = false;  // v is k's rows (g.v unused)
   };
 
   // Bytes per token of what is gathered for the keys: K and V, or the latent.
@@ -114,7 +116,7 @@ class AllGather final : public CpStrategy {
     const size_t n = size_t(t.S_k), loc = n * t.H_kv * t.D * dtype_bytes(t.dtype);
     Gathered g;
     g.k.resize(loc * P, false);
-    g.v.resize(loc * P, false);
+    if (t.k != t.v || t.expander) g.v.resize(loc * P, false);
     g.pos.resize(n * P, false);
     if (tr) tr->progress(Phase::all_gather);
     const double kv_bytes = double((P - 1) * loc);
@@ -137,7 +139,9 @@ class AllGather final : public CpStrategy {
       }
     } else {
       cp::timed_collective(comm_, st, tr, Phase::all_gather, kv_bytes, [&] { comm_.all_gather(bytes_of(t.k), g.k.span()); });
-      cp::timed_collective(comm_, st, tr, Phase::all_gather, kv_bytes, [&] { comm_.all_gather(bytes_of(t.v), g.v.span()); });
+      g.shared_kv = t.k == t.v;  // the same rows (MLA's absorbed inference: the latent): gathered once
+      if (!g.shared_kv)
+        cp::timed_collective(comm_, st, tr, Phase::all_gather, kv_bytes, [&] { comm_.all_gather(bytes_of(t.v), g.v.span()); });
     }
     cp::timed_collective(comm_, st, tr, Phase::all_gather, double((P - 1) * n * sizeof(int64_t)),
                          [&] { comm_.all_gather(std::span<const int64_t>(t.k_pos, n), g.pos.span()); });
@@ -153,7 +157,7 @@ class AllGather final : public CpStrategy {
   static AttnParams with_gathered_keys(const AttnParams& local, const Gathered& g) {
     AttnParams p = local;
     p.k = g.k.data();
-    p.v = g.v.data();
+    p.v = g.shared_kv ? g.k.data() : g.v.data();
     p.S_k = int64_t(g.pos.size());
     p.k_pos = g.pos.data();
     p.k_doc = local.k_doc ? g.doc.data() : nullptr;
