@@ -8,11 +8,18 @@
 #include "core/log.hpp"
 #include "core/random.hpp"
 #include "dist/topology.hpp"
+#include "model/model.hpp"
 #include "ops.hpp"
 
 namespace ctxpar {
 
 AttnParams attn_problem(const Config& cfg) {
+  if (cfg.attention == "mla") {  // bench cp's MLA rows: every head of nope + rope, K/V from the latent
+    const ModelDims d = model_dims(cfg, 1, 0);
+    AttnParams p = attn_problem(cfg.seq, d.H_q, d.H_kv, d.D, cfg.mask, cfg.window);
+    p.latent_width = d.kv_lora + d.rope;
+    return p;
+  }
   return attn_problem(cfg.seq, int32_t(cfg.heads), int32_t(cfg.kv_heads), int32_t(cfg.head_dim), cfg.mask,
                       cfg.window);
 }
@@ -20,6 +27,9 @@ AttnParams attn_problem(const Config& cfg) {
 bool has_docs(const Config& cfg) { return packed_docs(cfg); }
 
 std::string validate_workload(const Config& cfg, Topology& topo) {
+  if (cfg.attention == "mla" && !(cfg.mode == Mode::bench && cfg.bench == Bench::cp))
+    return std::string("config: attention = mla applies to train, bench train, bench cp and inference (its projections "
+                       "make K and V); `") + name_of(cfg.mode) + "` runs attention on synthetic Q, K, V; valid here: attention=mha";
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
   std::string err = strat->validate(attn_problem(cfg), topo);
@@ -41,7 +51,9 @@ WorkloadPlan plan_workload(const Config& cfg, Topology& topo) {
   // Local tensors: q, o, dout, dq [S_loc, H_q, D]; k, v, dk, dv [S_loc, H_kv, D]; lse [S_loc, H_q];
   // plus the strategy's transfer buffers (twice one forward message, for double buffering).
   const double f = sizeof(float);
-  const double local = double(p.S_loc_max) * (4.0 * cfg.heads * cfg.head_dim + 4.0 * cfg.kv_heads * cfg.head_dim + cfg.heads) * f;
+  const AttnParams shape = attn_problem(cfg);  // MLA: heads of nope + rope, the latent besides
+  const double local = double(p.S_loc_max) *
+                       (4.0 * shape.H_q * shape.D + 4.0 * shape.H_kv * shape.D + shape.H_q + 2.0 * shape.latent_width) * f;
   const double comm = 2.0 * strat->comm_volume_fwd(attn_problem(cfg), has_docs(cfg), topo);
   p.bytes_per_rank = local + comm;
   std::ostringstream os;

@@ -61,6 +61,7 @@ CASES = [
     ("MLA heads not split by tp", ["train", "attention=mla", "mesh=tp:2", "heads=3"], "tp:2 does not divide heads = 3"),
     ("MLA under ulysses (heads split, the latent is shared)", ["train", "attention=mla", "strategy=ulysses"],
      "ulysses: attention = mla"),
+    ("MLA in an attention-only mode", ["run", "attention=mla"], "attention = mla applies to"),
     ("MLA inference with strategy=auto", ["chat", "attention=mla", "strategy=auto"], "absorbed form"),
     ("MLA's local layers under usp", ["train", "attention=mla", "layer_pattern=LG", "window=8", "local_strategy=usp"],
      "local_strategy = usp"),
