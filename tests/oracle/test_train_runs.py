@@ -169,8 +169,10 @@ def case_memory(tmp):
 
 
 def case_errors(tmp):
-    r = run(tmp, "tp4", 4, ["steps=1", "mesh=tp:4"], expect_rc=2)
-    return [] if "kv_heads" in r.stderr else ["tp:4 with kv_heads=2 message does not name kv_heads"]
+    # tp:4 over 2 K/V heads trains (each head on two tp ranks: oracle_train_tp4_kv_replicated);
+    # tp:3 divides neither the 8 query heads nor the 2 K/V heads.
+    r = run(tmp, "tp3", 3, ["steps=1", "mesh=tp:3"], expect_rc=2)
+    return [] if "tp:3" in r.stderr and "heads = 8" in r.stderr else [f"tp:3 message does not name tp and heads: {r.stderr}"]
 
 
 def main():
