@@ -99,12 +99,6 @@ struct MlaBench {
     ex->bind(tr, -1, w, &gw);
   }
   int32_t width() const { return ex->width(); }
-  // The problem: H_q = H_kv = heads of nope + rope dims; the latent's width (shape only).
-  AttnParams problem(const Config& c) const {
-    AttnParams p = attn_problem(c.seq, d.H_q, d.H_q, d.D, c.mask, c.window);
-    p.latent_width = width();
-    return p;
-  }
 };
 
 // Single-rank kernel on the global inputs for this rank's rows (all, or the sampled ones). With
@@ -264,7 +258,7 @@ int bench_cp(BenchContext& ctx) {
       if (ctx.tracer.stop_signal() != 0) break;  // a stop signal: report the rows measured so far
       Config c = cfg;
       c.seq = S;
-      AttnParams shape = mla ? mla->problem(c) : attn_problem(c);
+      AttnParams shape = attn_problem(c);  // MLA: heads of nope + rope and the latent's width (modes/workload.hpp)
       const std::string err = strat->validate(shape, topo);  // with the latent: ulysses, usp refuse
       if (!row.latent) shape.latent_width = 0;
       Inputs in;

@@ -19,7 +19,8 @@ class Topology;
 class Comm;
 
 // The configured attention problem: its shape (seq, heads, kv_heads, head_dim, mask, window),
-// no tensors; `docs` says whether packed documents are configured.
+// no tensors; `docs` says whether packed documents are configured. attention=mla (bench cp): every
+// head of qk_nope + qk_rope dims, K/V from a latent of kv_lora + rope (latent_width).
 AttnParams attn_problem(const Config& cfg);
 bool has_docs(const Config& cfg);
 
