@@ -134,6 +134,10 @@ struct AttnParams {
   // k_pos_zigzag tokens (shard/partition.hpp: Partition(zigzag, k_pos_zigzag, P).positions(rank),
   // padding rows included), so another rank's key positions can be computed instead of sent.
   int64_t k_pos_zigzag = 0;
+  // Frugal transfers (read by the all-gather; a kernel call ignores this): when set and the
+  // queries are the keys' rows (training), a rank receives only the key rows some query of its
+  // can see.
+  bool visible_only = false;
 
   // ---- MLA's latent K/V (read by the CP strategies; a kernel call ignores these). With
   // `expander` set, this rank's K and V rows are expanded from per-token latent rows `latent`

@@ -294,6 +294,7 @@ int bench_cp(BenchContext& ctx) {
       AttnParams t = in.local(shape, ex);
       // As in training: every rank's keys are its zigzag shard, so the ring derives positions.
       if (strat->partition() == PartitionKind::zigzag) t.k_pos_zigzag = S;
+      t.visible_only = cfg.frugal;  // the all-gather moves only visible rows
       const double real_pairs =
           part.padding() > 0 ? double(problem_visible_pairs(shape, in.global_doc)) * double(world.size() / P) : -1;
 

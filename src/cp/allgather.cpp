@@ -6,7 +6,8 @@
 // hands back to the owners. K/V of grouped-query attention are gathered with H_kv heads only.
 // The same forward serves a pass-KV prefill over a KV cache (S_k equal on every rank); keys and
 // values that are the same memory (MLA's absorbed inference) are gathered once.
-// MLA (moves_latent): the latent rows are gathered instead of K and V, the other ranks' blocks
+// With AttnParams::visible_only (config frugal=true) a rank receives only the key rows some query
+// of its can see (below). MLA (moves_latent): the latent rows are gathered instead of K and V, the other ranks' blocks
 // expanded here; the backward turns the gathered dK/dV into the latent's gradient (the
 // expansion's weight gradient accumulates on this rank) and reduce-scatters that.
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "core/memory.hpp"
 #include "cp/common.hpp"
 #include "cp/strategy.hpp"
+#include "cp/visible.hpp"
 #include "dist/topology.hpp"
 #include "ops.hpp"
 #include "trace/trace.hpp"
@@ -50,6 +52,7 @@ class AllGather final : public CpStrategy {
   }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    if (frugal(local)) return forward_visible(local, tr, st);
     Gathered g = gather(local, tr, st);
     const AttnParams p = with_gathered_keys(local, g);
     const double flops = cp::call_fwd_flops(p);
@@ -63,6 +66,7 @@ class AllGather final : public CpStrategy {
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
     // K/V are gathered again rather than kept from forward: the strategy holds no state between
     // calls (a model with L layers calls forward L times before the first backward).
+    if (frugal(local)) return backward_visible(local, tr, st);
     Gathered g = gather(local, tr, st);
     const int P = comm_.size();
     const size_t loc = size_t(local.S_k) * local.H_kv * local.D;
@@ -98,6 +102,154 @@ class AllGather final : public CpStrategy {
   }
 
  private:
+  // ---- frugal (AttnParams::visible_only, training's calls): only the rows a rank can see -------
+  // Every rank's positions and document ids are all-gathered (12 bytes per token); from them
+  // every rank computes the same plan (cp/visible.hpp); each rank then receives, from every
+  // other, only the K/V rows some query of its can see (one point-to-point message per pair), and
+  // attends to its own rows and those, in rank order. The backward returns the received rows'
+  // dK/dV (fp32) the same way; each owner adds them to its own, in rank order.
+  static constexpr int kTagVisible = 121, kTagVisibleBack = 122;
+  static bool frugal(const AttnParams& t) {
+    return t.visible_only && !t.expander && t.q_pos == t.k_pos && t.q_doc == t.k_doc && t.S_q == t.S_k;
+  }
+  struct Compact {
+    cp::VisiblePlan plan;
+    Buffer<std::byte> k, v;
+    std::vector<int64_t> pos;
+    std::vector<int32_t> doc;
+    std::vector<int64_t> off;  // [P + 1]: the first compact row of each rank's segment
+    AttnParams call(const AttnParams& local) const {
+      AttnParams p = local;
+      p.k = k.data();
+      p.v = v.data();
+      p.S_k = off.back();
+      p.k_pos = pos.data();
+      p.k_doc = local.k_doc ? doc.data() : nullptr;
+      return p;
+    }
+  };
+
+  // One round per distance d = 1 .. P-1: send `out[(r + sign d) mod P]`, receive `in[(r - sign d) mod P]`
+  // (sign -1 reverses the direction, for the backward); waits for all; counts bytes and messages.
+  void exchange(std::vector<Buffer<std::byte>>& out, std::vector<Buffer<std::byte>>& in, int sign, int tag, Tracer* tr,
+                CpStats& st) {
+    const int P = comm_.size(), r = comm_.rank();
+    std::vector<Request> reqs;
+    for (int d = 1; d < P; ++d) {
+      const int to = (r + sign * d + P) % P, from = (r - sign * d + P) % P;
+      reqs.push_back(comm_.send_recv_async(out[size_t(to)].span(), to, in[size_t(from)].span(), from, tag));
+      st.bytes_sent += double(out[size_t(to)].size());
+      st.messages += out[size_t(to)].size() > 0 ? 1 : 0;
+    }
+    for (Request& q : reqs) cp::timed_wait(comm_, q, st, tr, -1, 0);
+  }
+
+  Compact exchange_visible(const AttnParams& t, Tracer* tr, CpStats& st) {
+    const int P = comm_.size(), r = comm_.rank();
+    const int64_t n = t.S_k;
+    const size_t row = size_t(t.H_kv) * t.D * dtype_bytes(t.dtype);
+    std::vector<int64_t> pos(size_t(n * P));
+    std::vector<int32_t> doc(t.k_doc ? size_t(n * P) : 0);
+    if (tr) tr->progress(Phase::all_gather);
+    cp::timed_collective(comm_, st, tr, Phase::all_gather, double((P - 1) * n * sizeof(int64_t)),
+                         [&] { comm_.all_gather(std::span<const int64_t>(t.k_pos, size_t(n)), std::span<int64_t>(pos)); });
+    if (t.k_doc)
+      cp::timed_collective(comm_, st, tr, Phase::all_gather, double((P - 1) * n * sizeof(int32_t)),
+                           [&] { comm_.all_gather(std::span<const int32_t>(t.k_doc, size_t(n)), std::span<int32_t>(doc)); });
+    Compact c;
+    c.plan = cp::visible_plan(pos.data(), t.k_doc ? doc.data() : nullptr, n, P, r, t.mask, t.window);
+    c.off.assign(size_t(P + 1), 0);
+    for (int i = 0; i < P; ++i) c.off[size_t(i + 1)] = c.off[size_t(i)] + (i == r ? n : int64_t(c.plan.recv[size_t(i)].size()));
+    const int64_t rows = c.off.back();
+    c.k.resize(size_t(rows) * row, false);
+    c.v.resize(size_t(rows) * row, false);
+    c.pos.resize(size_t(rows));
+    if (t.k_doc) c.doc.resize(size_t(rows));
+    // The rows of segment i: all of this rank's, the visible ones of the others.
+    for (int i = 0; i < P; ++i)
+      for (int64_t m = 0; m < c.off[size_t(i + 1)] - c.off[size_t(i)]; ++m) {
+        const int64_t src = i * n + (i == r ? m : int64_t(c.plan.recv[size_t(i)][size_t(m)]));
+        c.pos[size_t(c.off[size_t(i)] + m)] = pos[size_t(src)];
+        if (t.k_doc) c.doc[size_t(c.off[size_t(i)] + m)] = doc[size_t(src)];
+      }
+    std::memcpy(c.k.data() + size_t(c.off[size_t(r)]) * row, t.k, size_t(n) * row);
+    std::memcpy(c.v.data() + size_t(c.off[size_t(r)]) * row, t.v, size_t(n) * row);
+    // [K rows | V rows] per pair.
+    std::vector<Buffer<std::byte>> out(static_cast<size_t>(P)), in(static_cast<size_t>(P));
+    for (int j = 0; j < P; ++j) {
+      if (j == r) continue;
+      const std::vector<int32_t>& s_rows = c.plan.send[size_t(j)];
+      out[size_t(j)].resize(2 * s_rows.size() * row, false);
+      for (size_t m = 0; m < s_rows.size(); ++m) {
+        std::memcpy(out[size_t(j)].data() + m * row, static_cast<const std::byte*>(t.k) + size_t(s_rows[m]) * row, row);
+        std::memcpy(out[size_t(j)].data() + (s_rows.size() + m) * row, static_cast<const std::byte*>(t.v) + size_t(s_rows[m]) * row,
+                    row);
+      }
+      in[size_t(j)].resize(2 * c.plan.recv[size_t(j)].size() * row, false);
+    }
+    exchange(out, in, +1, kTagVisible, tr, st);
+    for (int i = 0; i < P; ++i) {
+      if (i == r) continue;
+      const size_t m = c.plan.recv[size_t(i)].size();
+      std::memcpy(c.k.data() + size_t(c.off[size_t(i)]) * row, in[size_t(i)].data(), m * row);
+      std::memcpy(c.v.data() + size_t(c.off[size_t(i)]) * row, in[size_t(i)].data() + m * row, m * row);
+    }
+    return c;
+  }
+
+  void forward_visible(const AttnParams& local, Tracer* tr, CpStats& st) {
+    const Compact c = exchange_visible(local, tr, st);
+    const AttnParams p = c.call(local);
+    const double flops = cp::call_fwd_flops(p);
+    const double t0 = tr ? tr->now_us() : 0;
+    if (tr) tr->progress(Phase::attn_fwd);
+    attn_fwd(p);
+    st.attn_flops += flops;
+    if (tr) tr->add_span(Phase::attn_fwd, -1, -1, t0, tr->now_us(), flops, 0);
+  }
+
+  void backward_visible(const AttnParams& local, Tracer* tr, CpStats& st) {
+    const Compact c = exchange_visible(local, tr, st);
+    const int P = comm_.size(), r = comm_.rank();
+    const int64_t n = local.S_k, w = int64_t(local.H_kv) * local.D;
+    Buffer<float> dk(size_t(c.off.back() * w)), dv(size_t(c.off.back() * w));  // zeroed: the kernel accumulates
+    std::fill_n(local.dq, size_t(local.S_q) * local.H_q * local.D, 0.f);
+    AttnParams p = c.call(local);
+    p.dk = dk.data();
+    p.dv = dv.data();
+    const double flops = cp::call_bwd_flops(p);
+    const double t0 = tr ? tr->now_us() : 0;
+    if (tr) tr->progress(Phase::attn_bwd);
+    attn_bwd(p);
+    st.attn_flops += flops;
+    if (tr) tr->add_span(Phase::attn_bwd, -1, -1, t0, tr->now_us(), flops, 0);
+    std::copy_n(dk.data() + c.off[size_t(r)] * w, n * w, local.dk);
+    std::copy_n(dv.data() + c.off[size_t(r)] * w, n * w, local.dv);
+    // The received rows' dK/dV go home: [dK | dV] of segment i to rank i; rank j returns those of
+    // this rank's rows it saw (plan.send[j]), added in rank order.
+    const size_t row = size_t(w) * sizeof(float);
+    std::vector<Buffer<std::byte>> out(static_cast<size_t>(P)), in(static_cast<size_t>(P));
+    for (int i = 0; i < P; ++i) {
+      if (i == r) continue;
+      const size_t m = c.plan.recv[size_t(i)].size();
+      out[size_t(i)].resize(2 * m * row, false);
+      std::memcpy(out[size_t(i)].data(), dk.data() + c.off[size_t(i)] * w, m * row);
+      std::memcpy(out[size_t(i)].data() + m * row, dv.data() + c.off[size_t(i)] * w, m * row);
+      in[size_t(i)].resize(2 * c.plan.send[size_t(i)].size() * row, false);
+    }
+    exchange(out, in, -1, kTagVisibleBack, tr, st);
+    for (int j = 0; j < P; ++j) {
+      if (j == r) continue;
+      const std::vector<int32_t>& s_rows = c.plan.send[size_t(j)];
+      const float* g = reinterpret_cast<const float*>(in[size_t(j)].data());
+      for (size_t m = 0; m < s_rows.size(); ++m)
+        for (int64_t e = 0; e < w; ++e) {
+          local.dk[size_t(s_rows[m]) * size_t(w) + size_t(e)] += g[m * size_t(w) + size_t(e)];
+          local.dv[size_t(s_rows[m]) * size_t(w) + size_t(e)] += g[(s_rows.size() + m) * size_t(w) + size_t(e)];
+        }
+    }
+  }
+
   struct Gathered {
     Buffer<std::byte> k, v;
     Buffer<int64_t> pos;

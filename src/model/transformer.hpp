@@ -52,6 +52,9 @@ class Transformer {
                           CpStats& st, StepTimes& times, float* logits_out = nullptr);
 
   int64_t S_loc() const { return S_loc_; }
+  // Frugal transfers (config frugal): the strategies move only the key rows a rank can see
+  // (AttnParams::visible_only; the all-gather so far).
+  void set_visible_only(bool v) { call_.visible_only = v; }
   // Bytes of activations and scratch this object holds (for the dry-run estimate check).
   static double activation_bytes(const ModelDims& d, Remat remat, int64_t S_loc, int64_t logits_rows);
   static int64_t logits_chunk_rows(int64_t S_loc, int64_t V);

@@ -91,6 +91,9 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
   if (cfg.mask != MaskKind::causal) return std::string("config: mask = ") + name_of(cfg.mask) + ": train uses causal attention; valid: mask=causal";
+  if (cfg.frugal && cfg.strategy != StrategySetting::allgather)
+    return std::string("config: frugal = true: only the all-gather moves just the visible key rows so far (strategy = ") +
+           name_of(cfg.strategy) + "); valid: strategy=allgather, or frugal=false";
   const AttnParams shape = local_attn_problem(cfg, tp);
   err = strat->validate(shape, topo);
   if (!err.empty()) {
@@ -243,6 +246,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   }
   std::unique_ptr<CpStrategy> local_strat = make_local_strategy(cfg, topo);
   Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg), local_strat.get());
+  model.set_visible_only(cfg.frugal);
   const std::unique_ptr<TokenSource> src = make_token_source(cfg);
 
   // Oracle dump: initial weights (before any update) and step-0 results.

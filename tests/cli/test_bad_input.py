@@ -62,6 +62,7 @@ CASES = [
     ("MLA under ulysses (heads split, the latent is shared)", ["train", "attention=mla", "strategy=ulysses"],
      "ulysses: attention = mla"),
     ("MLA in an attention-only mode", ["run", "attention=mla"], "attention = mla applies to"),
+    ("frugal with the ring", ["train", "frugal=true", "strategy=ring"], "frugal = true"),
     ("MLA inference with strategy=auto", ["chat", "attention=mla", "strategy=auto"], "absorbed form"),
     ("MLA's local layers under usp", ["train", "attention=mla", "layer_pattern=LG", "window=8", "local_strategy=usp"],
      "local_strategy = usp"),

@@ -75,6 +75,7 @@ struct Case {
   Heads heads;
   Masking mask;
   int64_t S = kSeq;
+  bool frugal = false;  // AttnParams::visible_only: only the key rows a rank can see move (allgather)
 };
 
 // The mesh a strategy runs on at P ranks: usp uses both axes where P allows (P = 1, 2 are its
@@ -235,6 +236,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   t.dq = dq.data();
   t.dk = dk.data();
   t.dv = dv.data();
+  t.visible_only = c.frugal;
 
   CpStats fst, bst;
   strat->forward(t, nullptr, fst);
@@ -260,7 +262,43 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   // per hop (forward P-1; backward P-1 K/V hops + P dK/dV hops).
   AttnParams padded = g.shape;  // the layout the strategy ran: S_padded() rows
   padded.S_q = padded.S_k = part.S_padded();
-  EXPECT_DOUBLE_EQ(fst.bytes_sent, strat->comm_volume_fwd(padded, need_docs, topo));
+  if (c.frugal) {
+    // Positions and document ids all-gathered, then exactly the K/V rows of this rank that some
+    // query of each other rank can see (counted here pair by pair), each way.
+    AttnParams vis = g.shape;
+    std::vector<int32_t> all_doc_ids;
+    std::vector<int64_t> all_p;
+    for (int64_t i = 0; i < part.S_padded(); ++i) {
+      all_p.push_back(i);
+      all_doc_ids.push_back(part.is_pad(i) ? -1 : g.has_docs ? g.doc[size_t(i)] : 0);
+    }
+    vis.q_pos = vis.k_pos = all_p.data();
+    vis.q_doc = vis.k_doc = need_docs ? all_doc_ids.data() : nullptr;
+    int64_t rows_out = 0, rows_in = 0;  // this rank's rows another can see; the others' rows this one can
+    for (int j = 0; j < topo.cp().size(); ++j) {
+      if (j == r) continue;
+      const std::vector<int64_t> other = part.positions(j);
+      for (int64_t kp : pos) {
+        bool seen = false;
+        for (int64_t qp : other) seen = seen || vis.visible(qp, kp);
+        rows_out += seen;
+      }
+      for (int64_t kp : other) {
+        bool seen = false;
+        for (int64_t qp : pos) seen = seen || vis.visible(qp, kp);
+        rows_in += seen;
+      }
+    }
+    const int64_t P_cp = topo.cp().size(), n_loc = int64_t(pos.size());
+    const double meta = double(P_cp - 1) * double(n_loc) * (8.0 + (need_docs ? 4.0 : 0.0));
+    const double row_bytes = 2.0 * double(wk) * sizeof(float);
+    EXPECT_DOUBLE_EQ(fst.bytes_sent, meta + double(rows_out) * row_bytes);
+    EXPECT_DOUBLE_EQ(bst.bytes_sent, meta + double(rows_out + rows_in) * row_bytes)
+        << "the backward sends its rows again and returns the received rows' dK/dV (fp32)";
+    EXPECT_LE(fst.bytes_sent, strat->comm_volume_fwd(padded, need_docs, topo));
+  } else {
+    EXPECT_DOUBLE_EQ(fst.bytes_sent, strat->comm_volume_fwd(padded, need_docs, topo));
+  }
   const int R = c.strategy == "ring" ? P : c.strategy == "usp" ? topo.size(Axis::ring) : 1;
   if (c.strategy == "ring" || c.strategy == "usp") {
     EXPECT_EQ(fst.messages, R - 1) << "forward: one message per hop";
@@ -280,7 +318,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
     // The halo moves window-proportional bytes: at most 2 (window - 1) rows of K and V per rank.
     const double row = 2.0 * g.shape.H_kv * g.shape.D * sizeof(float);
     EXPECT_LE(fst.bytes_sent, 2.0 * double(c.mask.window - 1) * row + 4096.0 * fst.messages);
-  } else {
+  } else if (!c.frugal) {
     EXPECT_EQ(fst.messages + bst.messages, 0) << "collective strategies post no point-to-point messages";
   }
   // FLOPs summed over ranks equal the convention's count on the whole sequence as laid out
@@ -321,13 +359,17 @@ std::vector<Case> all_cases() {
   for (const Heads& h : kHeads)
     for (const Masking& m : kHaloMasks) v.push_back({"halo", h, m});
   for (const Masking& m : kHaloMasks) v.push_back({"halo", kHeads[1], m, kOddSeq});
+  // The frugal all-gather: every mask, a padded length, windows within and beyond the chunks.
+  for (const Masking& m : kMasks) v.push_back({"allgather", kHeads[1], m, kSeq, true});
+  for (const Masking& m : {kMasks[0], kMasks[1], kNoMask}) v.push_back({"allgather", kHeads[1], m, kOddSeq, true});
+  for (const Masking& m : {kHaloMasks[2], kHaloMasks[3]}) v.push_back({"allgather", kHeads[0], m, kSeq, true});
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cp, CpCase, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) {
-                           return i.param.strategy + "_" + i.param.heads.name + "_" + i.param.mask.name +
-                                  (i.param.S == kSeq ? "" : "_S" + std::to_string(i.param.S));
+                           return i.param.strategy + (i.param.frugal ? "_frugal" : "") + "_" + i.param.heads.name +
+                                  "_" + i.param.mask.name + (i.param.S == kSeq ? "" : "_S" + std::to_string(i.param.S));
                          });
 
 // ---- validate(): clear messages for shapes that cannot be laid on the mesh ----------------------
