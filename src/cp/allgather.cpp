@@ -7,9 +7,9 @@
 // The same forward serves a pass-KV prefill over a KV cache (S_k equal on every rank); keys and
 // values that are the same memory (MLA's absorbed inference) are gathered once.
 // With AttnParams::visible_only (config frugal=true) a rank receives only the key rows some query
-// of its can see (below). MLA (moves_latent): the latent rows are gathered instead of K and V, the other ranks' blocks
-// expanded here; the backward turns the gathered dK/dV into the latent's gradient (the
-// expansion's weight gradient accumulates on this rank) and reduce-scatters that.
+// of its can see (below). MLA (moves_latent): the latent rows are gathered instead of K and V,
+// the other ranks' blocks expanded here; the backward turns the gathered dK/dV into the latent's
+// gradient (the expansion's weight gradient accumulates on this rank) and reduce-scatters that.
 #include <algorithm>
 #include <cstring>
 #include <span>

@@ -94,6 +94,8 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   if (cfg.frugal && cfg.strategy != StrategySetting::allgather)
     return std::string("config: frugal = true: only the all-gather moves just the visible key rows so far (strategy = ") +
            name_of(cfg.strategy) + "); valid: strategy=allgather, or frugal=false";
+  if (cfg.frugal && cfg.attention == "mla")
+    return "config: frugal = true with attention = mla: the latent all-gather moves every row so far; valid: frugal=false";
   const AttnParams shape = local_attn_problem(cfg, tp);
   err = strat->validate(shape, topo);
   if (!err.empty()) {

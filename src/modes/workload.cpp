@@ -30,8 +30,9 @@ std::string validate_workload(const Config& cfg, Topology& topo) {
   if (cfg.attention == "mla" && !(cfg.mode == Mode::bench && cfg.bench == Bench::cp))
     return std::string("config: attention = mla applies to train, bench train, bench cp and inference (its projections "
                        "make K and V); `") + name_of(cfg.mode) + "` runs attention on synthetic Q, K, V; valid here: attention=mha";
-  if (cfg.frugal && !(cfg.mode == Mode::bench && cfg.bench == Bench::cp))
-    return std::string("config: frugal = true applies to train and bench cp; valid here: frugal=false");
+  if (cfg.frugal && (!(cfg.mode == Mode::bench && cfg.bench == Bench::cp) || cfg.attention == "mla"))
+    return std::string("config: frugal = true applies to train and bench cp, and not yet to attention = mla's latent "
+                       "all-gather; valid here: frugal=false");
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
   std::string err = strat->validate(attn_problem(cfg), topo);
