@@ -55,12 +55,8 @@ class AllGather final : public CpStrategy {
     if (frugal(local)) return forward_visible(local, tr, st);
     Gathered g = gather(local, tr, st);
     const AttnParams p = with_gathered_keys(local, g);
-    const double flops = cp::call_fwd_flops(p);
-    const double t0 = tr ? tr->now_us() : 0;
     if (tr) tr->progress(Phase::attn_fwd);
-    attn_fwd(p);
-    st.attn_flops += flops;
-    if (tr) tr->add_span(Phase::attn_fwd, -1, -1, t0, tr->now_us(), flops, 0);
+    cp::counted_fwd(p, tr, st, -1);
   }
 
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
@@ -75,12 +71,8 @@ class AllGather final : public CpStrategy {
     AttnParams p = with_gathered_keys(local, g);
     p.dk = dk_all.data();
     p.dv = dv_all.data();
-    const double flops = cp::call_bwd_flops(p);
-    const double t0 = tr ? tr->now_us() : 0;
     if (tr) tr->progress(Phase::attn_bwd);
-    attn_bwd(p);
-    st.attn_flops += flops;
-    if (tr) tr->add_span(Phase::attn_bwd, -1, -1, t0, tr->now_us(), flops, 0);
+    cp::counted_bwd(p, tr, st, -1);
     // Block j of the gathered keys belongs to rank j: reduce-scatter sums every rank's
     // contribution and leaves each owner its own rows.
     if (local.expander) {  // MLA: the latent's gradient instead of dK/dV
@@ -200,12 +192,8 @@ class AllGather final : public CpStrategy {
   void forward_visible(const AttnParams& local, Tracer* tr, CpStats& st) {
     const Compact c = exchange_visible(local, tr, st);
     const AttnParams p = c.call(local);
-    const double flops = cp::call_fwd_flops(p);
-    const double t0 = tr ? tr->now_us() : 0;
     if (tr) tr->progress(Phase::attn_fwd);
-    attn_fwd(p);
-    st.attn_flops += flops;
-    if (tr) tr->add_span(Phase::attn_fwd, -1, -1, t0, tr->now_us(), flops, 0);
+    cp::counted_fwd(p, tr, st, -1);
   }
 
   void backward_visible(const AttnParams& local, Tracer* tr, CpStats& st) {
@@ -217,12 +205,8 @@ class AllGather final : public CpStrategy {
     AttnParams p = c.call(local);
     p.dk = dk.data();
     p.dv = dv.data();
-    const double flops = cp::call_bwd_flops(p);
-    const double t0 = tr ? tr->now_us() : 0;
     if (tr) tr->progress(Phase::attn_bwd);
-    attn_bwd(p);
-    st.attn_flops += flops;
-    if (tr) tr->add_span(Phase::attn_bwd, -1, -1, t0, tr->now_us(), flops, 0);
+    cp::counted_bwd(p, tr, st, -1);
     std::copy_n(dk.data() + c.off[size_t(r)] * w, n * w, local.dk);
     std::copy_n(dv.data() + c.off[size_t(r)] * w, n * w, local.dv);
     // The received rows' dK/dV go home: [dK | dV] of segment i to rank i; rank j returns those of

@@ -38,6 +38,22 @@ std::string refuse_latent(const std::string& strategy, const AttnParams& s) {
 double call_fwd_flops(const AttnParams& p) { return attn_fwd_flops(double(visible_pairs(p)), p.H_q, p.D); }
 double call_bwd_flops(const AttnParams& p) { return attn_bwd_flops(double(visible_pairs(p)), p.H_q, p.D); }
 
+void counted_fwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step) {
+  const double flops = call_fwd_flops(p);
+  const double t0 = tr ? tr->now_us() : 0;
+  attn_fwd(p);
+  st.attn_flops += flops;
+  if (tr) tr->add_span(Phase::attn_fwd, -1, step, t0, tr->now_us(), flops, 0);
+}
+
+void counted_bwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step) {
+  const double flops = call_bwd_flops(p);
+  const double t0 = tr ? tr->now_us() : 0;
+  attn_bwd(p);
+  st.attn_flops += flops;
+  if (tr) tr->add_span(Phase::attn_bwd, -1, step, t0, tr->now_us(), flops, 0);
+}
+
 void timed_wait(Comm& c, Request& r, CpStats& st, Tracer* tr, int32_t ring_step, double bytes) {
   if (!r.pending()) return;
   const double tb = tr ? tr->now_us() : 0;

@@ -78,11 +78,7 @@ const float* bring_block(const KvLayout& L, std::byte* msg, const AttnParams& a,
 void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   const int P = ring ? ring->size() : 1;
   if (P == 1) {
-    const double flops = call_fwd_flops(a);
-    const double t0 = tr ? tr->now_us() : 0;
-    attn_fwd(a);
-    st.attn_flops += flops;
-    if (tr) tr->add_span(Phase::attn_fwd, -1, 0, t0, tr->now_us(), flops, 0);
+    counted_fwd(a, tr, st, 0);
     return;
   }
   const int r = ring->rank(), next = (r + 1) % P, prev = (r + P - 1) % P;
@@ -138,11 +134,7 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
     }
     std::fill_n(p.dk, kv_elems, 0.f);
     std::fill_n(p.dv, kv_elems, 0.f);
-    const double flops = call_bwd_flops(a);
-    const double t0 = tr ? tr->now_us() : 0;
-    attn_bwd(p);
-    st.attn_flops += flops;
-    if (tr) tr->add_span(Phase::attn_bwd, -1, 0, t0, tr->now_us(), flops, 0);
+    counted_bwd(p, tr, st, 0);
     if (lat) {
       std::fill_n(a.dlatent, lat_elems, 0.f);
       a.expander->backward(a.latent, a.S_k, dkx.data(), dvx.data(), a.dlatent);
