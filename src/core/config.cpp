@@ -86,7 +86,7 @@ const std::vector<Field>& config_fields() {
       {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7},
       {"mem_per_rank", &Config::mem_per_rank, "0", "host memory a rank may use, checked against the plan before anything is allocated (0 = this node's available memory, or its cgroup limit, shared by its ranks)", {}, 0, 9.2e18},
       {"csv", &Config::csv, "false", "bench: print CSV instead of a table", {}},
-      {"frugal", &Config::frugal, "false", "train, bench cp: the all-gather sends a rank only the key/value rows some query there can see (the causal future, other documents and rows beyond a window stay home; dK/dV return the same way); the ring does not yet", {}},
+      {"frugal", &Config::frugal, "false", "train, bench cp: the all-gather and the ring send a rank only the key/value rows some query there can see (the causal future, other documents and rows beyond a window stay home; dK/dV return the same way); other strategies refuse it", {}},
       // workload / attention
       {"seq", &Config::seq, "4K", "S: global sequence length in tokens (K/M suffixes)", {}, 1, 1ll << 40},
       {"heads", &Config::heads, "8", "H_q: query heads", {}, 1, 65536},

@@ -37,7 +37,7 @@ struct Config {
   int64_t kv_heads;          // H_kv
   int64_t head_dim;          // D
   StrategySetting strategy;
-  bool frugal;               // the all-gather moves only the key/value rows a receiving rank can see
+  bool frugal;               // the all-gather and the ring move only the key/value rows a receiving rank can see
   PartitionKind partition;
   MaskKind mask;
   int64_t window;

@@ -36,6 +36,7 @@ class AllGather final : public CpStrategy {
   }
 
   bool moves_latent() const override { return true; }
+  bool moves_visible_only() const override { return true; }
 
   double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
     const int P = topo.cp_size();
@@ -52,7 +53,7 @@ class AllGather final : public CpStrategy {
   }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    if (frugal(local)) return forward_visible(local, tr, st);
+    if (cp::frugal_call(local)) return forward_visible(local, tr, st);
     Gathered g = gather(local, tr, st);
     const AttnParams p = with_gathered_keys(local, g);
     if (tr) tr->progress(Phase::attn_fwd);
@@ -62,7 +63,7 @@ class AllGather final : public CpStrategy {
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
     // K/V are gathered again rather than kept from forward: the strategy holds no state between
     // calls (a model with L layers calls forward L times before the first backward).
-    if (frugal(local)) return backward_visible(local, tr, st);
+    if (cp::frugal_call(local)) return backward_visible(local, tr, st);
     Gathered g = gather(local, tr, st);
     const int P = comm_.size();
     const size_t loc = size_t(local.S_k) * local.H_kv * local.D;
@@ -95,17 +96,14 @@ class AllGather final : public CpStrategy {
 
  private:
   // ---- frugal (AttnParams::visible_only, training's calls): only the rows a rank can see -------
-  // Every rank's positions and document ids are all-gathered (12 bytes per token); from them
-  // every rank computes the same plan (cp/visible.hpp); each rank then receives, from every
-  // other, only the K/V rows some query of its can see (one point-to-point message per pair), and
+  // Every rank's document ids (and positions unless derivable) are all-gathered; from them every
+  // rank computes the same plan (cp/visible.hpp); each rank then receives, from every other,
+  // only the K/V rows some query of its can see (one point-to-point message per pair), and
   // attends to its own rows and those, in rank order. The backward returns the received rows'
   // dK/dV (fp32) the same way; each owner adds them to its own, in rank order.
   static constexpr int kTagVisible = 121, kTagVisibleBack = 122;
-  static bool frugal(const AttnParams& t) {
-    return t.visible_only && !t.expander && t.q_pos == t.k_pos && t.q_doc == t.k_doc && t.S_q == t.S_k;
-  }
   struct Compact {
-    cp::VisiblePlan plan;
+    cp::VisibleKeys keys;
     Buffer<std::byte> k, v;
     std::vector<int64_t> pos;
     std::vector<int32_t> doc;
@@ -139,50 +137,35 @@ class AllGather final : public CpStrategy {
   Compact exchange_visible(const AttnParams& t, Tracer* tr, CpStats& st) {
     const int P = comm_.size(), r = comm_.rank();
     const int64_t n = t.S_k;
-    const size_t row = size_t(t.H_kv) * t.D * dtype_bytes(t.dtype);
-    std::vector<int64_t> pos(size_t(n * P));
-    std::vector<int32_t> doc(t.k_doc ? size_t(n * P) : 0);
-    if (tr) tr->progress(Phase::all_gather);
-    cp::timed_collective(comm_, st, tr, Phase::all_gather, double((P - 1) * n * sizeof(int64_t)),
-                         [&] { comm_.all_gather(std::span<const int64_t>(t.k_pos, size_t(n)), std::span<int64_t>(pos)); });
-    if (t.k_doc)
-      cp::timed_collective(comm_, st, tr, Phase::all_gather, double((P - 1) * n * sizeof(int32_t)),
-                           [&] { comm_.all_gather(std::span<const int32_t>(t.k_doc, size_t(n)), std::span<int32_t>(doc)); });
+    const size_t row = cp::kv_row_bytes(t);
     Compact c;
-    c.plan = cp::visible_plan(pos.data(), t.k_doc ? doc.data() : nullptr, n, P, r, t.mask, t.window);
+    c.keys = cp::gather_visible(comm_, t, tr, st);
+    const cp::VisiblePlan& plan = c.keys.plan;
     c.off.assign(size_t(P + 1), 0);
-    for (int i = 0; i < P; ++i) c.off[size_t(i + 1)] = c.off[size_t(i)] + (i == r ? n : int64_t(c.plan.recv[size_t(i)].size()));
+    for (int i = 0; i < P; ++i) c.off[size_t(i + 1)] = c.off[size_t(i)] + (i == r ? n : int64_t(plan.recv[size_t(i)].size()));
     const int64_t rows = c.off.back();
     c.k.resize(size_t(rows) * row, false);
     c.v.resize(size_t(rows) * row, false);
-    c.pos.resize(size_t(rows));
-    if (t.k_doc) c.doc.resize(size_t(rows));
-    // The rows of segment i: all of this rank's, the visible ones of the others.
-    for (int i = 0; i < P; ++i)
-      for (int64_t m = 0; m < c.off[size_t(i + 1)] - c.off[size_t(i)]; ++m) {
-        const int64_t src = i * n + (i == r ? m : int64_t(c.plan.recv[size_t(i)][size_t(m)]));
-        c.pos[size_t(c.off[size_t(i)] + m)] = pos[size_t(src)];
-        if (t.k_doc) c.doc[size_t(c.off[size_t(i)] + m)] = doc[size_t(src)];
-      }
+    for (int i = 0; i < P; ++i) {  // the rows of segment i: all of this rank's, the visible ones of the others
+      const std::vector<int64_t> p = i == r ? std::vector<int64_t>(t.k_pos, t.k_pos + n) : c.keys.recv_pos(i);
+      c.pos.insert(c.pos.end(), p.begin(), p.end());
+      if (!t.k_doc) continue;
+      const std::vector<int32_t> d = i == r ? std::vector<int32_t>(t.k_doc, t.k_doc + n) : c.keys.recv_doc(i);
+      c.doc.insert(c.doc.end(), d.begin(), d.end());
+    }
     std::memcpy(c.k.data() + size_t(c.off[size_t(r)]) * row, t.k, size_t(n) * row);
     std::memcpy(c.v.data() + size_t(c.off[size_t(r)]) * row, t.v, size_t(n) * row);
-    // [K rows | V rows] per pair.
     std::vector<Buffer<std::byte>> out(static_cast<size_t>(P)), in(static_cast<size_t>(P));
     for (int j = 0; j < P; ++j) {
       if (j == r) continue;
-      const std::vector<int32_t>& s_rows = c.plan.send[size_t(j)];
-      out[size_t(j)].resize(2 * s_rows.size() * row, false);
-      for (size_t m = 0; m < s_rows.size(); ++m) {
-        std::memcpy(out[size_t(j)].data() + m * row, static_cast<const std::byte*>(t.k) + size_t(s_rows[m]) * row, row);
-        std::memcpy(out[size_t(j)].data() + (s_rows.size() + m) * row, static_cast<const std::byte*>(t.v) + size_t(s_rows[m]) * row,
-                    row);
-      }
-      in[size_t(j)].resize(2 * c.plan.recv[size_t(j)].size() * row, false);
+      out[size_t(j)].resize(2 * plan.send[size_t(j)].size() * row, false);
+      cp::pack_visible_rows(t, plan.send[size_t(j)], out[size_t(j)].data());
+      in[size_t(j)].resize(2 * plan.recv[size_t(j)].size() * row, false);
     }
     exchange(out, in, +1, kTagVisible, tr, st);
     for (int i = 0; i < P; ++i) {
       if (i == r) continue;
-      const size_t m = c.plan.recv[size_t(i)].size();
+      const size_t m = plan.recv[size_t(i)].size();
       std::memcpy(c.k.data() + size_t(c.off[size_t(i)]) * row, in[size_t(i)].data(), m * row);
       std::memcpy(c.v.data() + size_t(c.off[size_t(i)]) * row, in[size_t(i)].data() + m * row, m * row);
     }
@@ -198,6 +181,7 @@ class AllGather final : public CpStrategy {
 
   void backward_visible(const AttnParams& local, Tracer* tr, CpStats& st) {
     const Compact c = exchange_visible(local, tr, st);
+    const cp::VisiblePlan& plan = c.keys.plan;
     const int P = comm_.size(), r = comm_.rank();
     const int64_t n = local.S_k, w = int64_t(local.H_kv) * local.D;
     Buffer<float> dk(size_t(c.off.back() * w)), dv(size_t(c.off.back() * w));  // zeroed: the kernel accumulates
@@ -211,27 +195,19 @@ class AllGather final : public CpStrategy {
     std::copy_n(dv.data() + c.off[size_t(r)] * w, n * w, local.dv);
     // The received rows' dK/dV go home: [dK | dV] of segment i to rank i; rank j returns those of
     // this rank's rows it saw (plan.send[j]), added in rank order.
-    const size_t row = size_t(w) * sizeof(float);
+    const size_t row = cp::grad_row_bytes(local);
     std::vector<Buffer<std::byte>> out(static_cast<size_t>(P)), in(static_cast<size_t>(P));
     for (int i = 0; i < P; ++i) {
       if (i == r) continue;
-      const size_t m = c.plan.recv[size_t(i)].size();
+      const size_t m = plan.recv[size_t(i)].size();
       out[size_t(i)].resize(2 * m * row, false);
       std::memcpy(out[size_t(i)].data(), dk.data() + c.off[size_t(i)] * w, m * row);
       std::memcpy(out[size_t(i)].data() + m * row, dv.data() + c.off[size_t(i)] * w, m * row);
-      in[size_t(i)].resize(2 * c.plan.send[size_t(i)].size() * row, false);
+      in[size_t(i)].resize(2 * plan.send[size_t(i)].size() * row, false);
     }
     exchange(out, in, -1, kTagVisibleBack, tr, st);
-    for (int j = 0; j < P; ++j) {
-      if (j == r) continue;
-      const std::vector<int32_t>& s_rows = c.plan.send[size_t(j)];
-      const float* g = reinterpret_cast<const float*>(in[size_t(j)].data());
-      for (size_t m = 0; m < s_rows.size(); ++m)
-        for (int64_t e = 0; e < w; ++e) {
-          local.dk[size_t(s_rows[m]) * size_t(w) + size_t(e)] += g[m * size_t(w) + size_t(e)];
-          local.dv[size_t(s_rows[m]) * size_t(w) + size_t(e)] += g[(s_rows.size() + m) * size_t(w) + size_t(e)];
-        }
-    }
+    for (int j = 0; j < P; ++j)
+      if (j != r) cp::add_visible_grads(local, plan.send[size_t(j)], reinterpret_cast<const float*>(in[size_t(j)].data()));
   }
 
   struct Gathered {

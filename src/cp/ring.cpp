@@ -3,10 +3,13 @@
 // computed; zigzag sharding gives every step the same causal work. See cp/ring_core.hpp for the
 // step structure of forward and backward and for how transfers are kept moving. The same
 // forward serves the pass-KV prefill over a KV cache (keys = a rank's cache, S_k >= S_q). With
-// MLA the ring moves the latent and expands each visiting block (moves_latent).
+// MLA the ring moves the latent and expands each visiting block (moves_latent). With frugal=true
+// (AttnParams::visible_only) blocks go straight from owner to receiver, only their visible rows
+// (ring_core.hpp: ring_fwd_visible).
 #include "cp/common.hpp"
 #include "cp/ring_core.hpp"
 #include "cp/strategy.hpp"
+#include "cp/visible.hpp"
 #include "dist/topology.hpp"
 
 namespace ctxpar {
@@ -23,6 +26,7 @@ class Ring final : public CpStrategy {
   }
 
   bool moves_latent() const override { return true; }
+  bool moves_visible_only() const override { return true; }
 
   double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
     const int P = topo.cp_size();
@@ -41,8 +45,14 @@ class Ring final : public CpStrategy {
     return 2.0 * message_bytes(s, docs, P) + 3.0 * cp::ring_dkv_message_bytes(n, s.H_kv, s.D);
   }
 
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override { cp::ring_fwd(&comm_, local, tr, st); }
-  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override { cp::ring_bwd(&comm_, local, tr, st); }
+  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    if (cp::frugal_call(local)) return cp::ring_fwd_visible(comm_, local, tr, st);
+    cp::ring_fwd(&comm_, local, tr, st);
+  }
+  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    if (cp::frugal_call(local)) return cp::ring_bwd_visible(comm_, local, tr, st);
+    cp::ring_bwd(&comm_, local, tr, st);
+  }
 
  private:
   static double message_bytes(const AttnParams& s, bool docs, int P) {

@@ -3,6 +3,7 @@ set(CTXPAR_CP_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/common.cpp
   ${CMAKE_CURRENT_LIST_DIR}/visible.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ring_core.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ring_visible.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ulysses_core.cpp
   ${CMAKE_CURRENT_LIST_DIR}/allgather.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ulysses.cpp

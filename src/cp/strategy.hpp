@@ -67,6 +67,9 @@ class CpStrategy {
   // Does the strategy move an MLA latent (AttnParams::expander) instead of K and V? A caller
   // passes the latent only to one that does; the others get expanded K/V and return dk, dv.
   virtual bool moves_latent() const { return false; }
+  // Does the strategy honour AttnParams::visible_only (config frugal=true): only the key rows some
+  // query of the receiving rank can see move (cp/visible.hpp)? The others move every row.
+  virtual bool moves_visible_only() const { return false; }
   // Bytes this rank sends in one forward of the problem `global` (for busbw and the cost model);
   // `docs`: document ids travel with the keys.
   virtual double comm_volume_fwd(const AttnParams& global, bool docs, const Topology& topo) const = 0;

@@ -1,8 +1,13 @@
 #include "cp/visible.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
+#include <span>
 #include <utility>
+
+#include "cp/common.hpp"
+#include "trace/trace.hpp"
 
 namespace ctxpar::cp {
 
@@ -63,6 +68,70 @@ VisiblePlan visible_plan(const int64_t* pos, const int32_t* doc, int64_t n, int 
     plan.recv[size_t(j)] = rows_seen(mine, pos, doc, n, j, mask, window);
   }
   return plan;
+}
+
+std::vector<int64_t> VisibleKeys::recv_pos(int i) const {
+  std::vector<int64_t> out;
+  for (int32_t m : plan.recv[size_t(i)]) out.push_back(pos[size_t(i * n + m)]);
+  return out;
+}
+std::vector<int32_t> VisibleKeys::recv_doc(int i) const {
+  std::vector<int32_t> out;
+  if (!doc.empty())
+    for (int32_t m : plan.recv[size_t(i)]) out.push_back(doc[size_t(i * n + m)]);
+  return out;
+}
+
+bool frugal_call(const AttnParams& t) {
+  return t.visible_only && !t.expander && t.q_pos == t.k_pos && t.q_doc == t.k_doc && t.S_q == t.S_k;
+}
+
+VisibleKeys gather_visible(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) {
+  const int P = c.size(), r = c.rank();
+  VisibleKeys v;
+  v.n = t.S_k;
+  const size_t n = size_t(t.S_k);
+  if (tr) tr->progress(Phase::all_gather);
+  const std::vector<std::vector<int64_t>> derived = derived_key_positions(t, P, r);
+  if (!derived.empty()) {  // the zigzag shards: known here, nothing travels
+    for (const auto& d : derived) v.pos.insert(v.pos.end(), d.begin(), d.end());
+  } else {
+    v.pos.resize(n * P);
+    timed_collective(c, st, tr, Phase::all_gather, double((P - 1) * n * sizeof(int64_t)),
+                     [&] { c.all_gather(std::span<const int64_t>(t.k_pos, n), std::span<int64_t>(v.pos)); });
+  }
+  if (t.k_doc) {
+    v.doc.resize(n * P);
+    timed_collective(c, st, tr, Phase::all_gather, double((P - 1) * n * sizeof(int32_t)),
+                     [&] { c.all_gather(std::span<const int32_t>(t.k_doc, n), std::span<int32_t>(v.doc)); });
+  }
+  v.plan = visible_plan(v.pos.data(), t.k_doc ? v.doc.data() : nullptr, t.S_k, P, r, t.mask, t.window);
+  return v;
+}
+
+size_t kv_row_bytes(const AttnParams& t) { return size_t(t.H_kv) * size_t(t.D) * dtype_bytes(t.dtype); }
+size_t grad_row_bytes(const AttnParams& t) { return size_t(t.H_kv) * size_t(t.D) * sizeof(float); }
+
+void pack_visible_rows(const AttnParams& t, const std::vector<int32_t>& rows, std::byte* out) {
+  const size_t row = kv_row_bytes(t), m = rows.size();
+  for (size_t i = 0; i < m; ++i) {
+    std::memcpy(out + i * row, static_cast<const std::byte*>(t.k) + size_t(rows[i]) * row, row);
+    std::memcpy(out + (m + i) * row, static_cast<const std::byte*>(t.v) + size_t(rows[i]) * row, row);
+  }
+}
+
+void add_visible_grads(const AttnParams& t, const std::vector<int32_t>& rows, const float* in) {
+  const size_t w = size_t(t.H_kv) * size_t(t.D), m = rows.size();
+  for (size_t i = 0; i < m; ++i) {
+    float* dk = t.dk + size_t(rows[i]) * w;
+    float* dv = t.dv + size_t(rows[i]) * w;
+    const float* gk = in + i * w;
+    const float* gv = in + (m + i) * w;
+    for (size_t e = 0; e < w; ++e) {
+      dk[e] += gk[e];
+      dv[e] += gv[e];
+    }
+  }
 }
 
 }  // namespace ctxpar::cp

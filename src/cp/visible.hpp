@@ -1,16 +1,22 @@
-// Which key rows a rank's queries can see: the plan of frugal transfers (issue: only visible keys
-// move). Every rank of a group holds n rows, which are both its queries and its keys (training);
-// from every rank's positions and document ids, gathered once, each rank computes the same
-// answer: the rows of rank i that some query of rank j can see under the mask (same document,
-// and the key in the query's causal past, within `window` for a window mask; any row of the
-// query's document without a mask).
+// Which key rows a rank's queries can see: the plan of frugal transfers (config frugal=true,
+// AttnParams::visible_only; the all-gather and the ring). Every rank of a group holds n rows,
+// which are both its queries and its keys (training); from every rank's positions and document
+// ids, gathered once per call (positions derived instead where AttnParams::k_pos_zigzag says
+// the keys are the zigzag shards), each rank computes the same answer: the rows of rank i that
+// some query of rank j can see under the mask (same document, and the key in the query's causal
+// past, within `window` for a window mask; any row of the query's document without a mask).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "attn_params.hpp"
+#include "cp/strategy.hpp"
+#include "dist/comm.hpp"
 
-namespace ctxpar::cp {
+namespace ctxpar {
+class Tracer;
+namespace cp {
 
 struct VisiblePlan {
   std::vector<std::vector<int32_t>> send;  // [j]: this rank's rows that rank j can see (empty for j = rank)
@@ -23,4 +29,32 @@ struct VisiblePlan {
 VisiblePlan visible_plan(const int64_t* pos, const int32_t* doc, int64_t n, int P, int rank, MaskKind mask,
                          int64_t window);
 
-}  // namespace ctxpar::cp
+// A call's frugal view of its group: every rank's key positions and document ids and the plan.
+struct VisibleKeys {
+  int64_t n = 0;             // rows per rank (t.S_k)
+  std::vector<int64_t> pos;  // [P * n]
+  std::vector<int32_t> doc;  // [P * n], empty without documents
+  VisiblePlan plan;
+  // The positions and document ids of rank i's rows this rank receives (plan.recv[i]).
+  std::vector<int64_t> recv_pos(int i) const;
+  std::vector<int32_t> recv_doc(int i) const;
+};
+
+// Whether `t` is a call the frugal schedules serve: visible_only, K/V rows that are the queries'
+// own (training's self-attention: same positions and documents, S_q = S_k), no MLA latent.
+bool frugal_call(const AttnParams& t);
+
+// All-gathers document ids (and positions unless derivable) over `c` (blocking, booked as
+// all_gather) and computes the plan: identical on every rank.
+VisibleKeys gather_visible(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st);
+
+// Bytes of one K or V row of `t` (H_kv * D elements of t.dtype); of one fp32 gradient row.
+size_t kv_row_bytes(const AttnParams& t);
+size_t grad_row_bytes(const AttnParams& t);
+// Packs rows `rows` of t.k, then the same rows of t.v, at `out` ([K rows | V rows]).
+void pack_visible_rows(const AttnParams& t, const std::vector<int32_t>& rows, std::byte* out);
+// Adds the fp32 gradients [dK rows | dV rows] at `in` to rows `rows` of t.dk and t.dv.
+void add_visible_grads(const AttnParams& t, const std::vector<int32_t>& rows, const float* in);
+
+}  // namespace cp
+}  // namespace ctxpar

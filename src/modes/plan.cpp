@@ -91,6 +91,7 @@ double workload_memory(const Config& cfg, Topology& topo) {
   for (StrategySetting s : {StrategySetting::allgather, StrategySetting::ulysses, StrategySetting::ring, StrategySetting::usp}) {
     Config c = cfg;
     c.strategy = s;
+    c.frugal = false;  // strategy=all runs every strategy's plain row (and the frugal ones beside)
     if (validate_workload(c, topo).empty()) most = std::max(most, plan_workload(c, topo).bytes_per_rank);
   }
   return most;

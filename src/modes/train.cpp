@@ -91,11 +91,12 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
   if (cfg.mask != MaskKind::causal) return std::string("config: mask = ") + name_of(cfg.mask) + ": train uses causal attention; valid: mask=causal";
-  if (cfg.frugal && cfg.strategy != StrategySetting::allgather)
-    return std::string("config: frugal = true: only the all-gather moves just the visible key rows so far (strategy = ") +
-           name_of(cfg.strategy) + "); valid: strategy=allgather, or frugal=false";
+  if (cfg.frugal && !strat->moves_visible_only())
+    return std::string("config: frugal = true: strategy = ") + name_of(cfg.strategy) +
+           " moves every key row (it splits heads or queries, not key rows); valid: strategy=allgather or strategy=ring, "
+           "or frugal=false";
   if (cfg.frugal && cfg.attention == "mla")
-    return "config: frugal = true with attention = mla: the latent all-gather moves every row so far; valid: frugal=false";
+    return "config: frugal = true with attention = mla: the latent ring and all-gather move every row so far; valid: frugal=false";
   const AttnParams shape = local_attn_problem(cfg, tp);
   err = strat->validate(shape, topo);
   if (!err.empty()) {

@@ -32,9 +32,13 @@ std::string validate_workload(const Config& cfg, Topology& topo) {
                        "make K and V); `") + name_of(cfg.mode) + "` runs attention on synthetic Q, K, V; valid here: attention=mha";
   if (cfg.frugal && (!(cfg.mode == Mode::bench && cfg.bench == Bench::cp) || cfg.attention == "mla"))
     return std::string("config: frugal = true applies to train and bench cp, and not yet to attention = mla's latent "
-                       "all-gather; valid here: frugal=false");
+                       "ring and all-gather; valid here: frugal=false");
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
+  if (cfg.frugal && !strat->moves_visible_only())
+    return std::string("config: frugal = true: strategy = ") + name_of(cfg.strategy) +
+           " moves every key row; valid: strategy=allgather, ring or all (all: the frugal rows of those two beside "
+           "every plain row), or frugal=false";
   std::string err = strat->validate(attn_problem(cfg), topo);
   if (!err.empty()) return err;
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
