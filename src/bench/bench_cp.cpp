@@ -38,6 +38,7 @@
 #include "core/random.hpp"
 #include "cp/common.hpp"
 #include "cp/strategy.hpp"
+#include "cp/visible.hpp"
 #include "dist/topology.hpp"
 #include "model/flops.hpp"
 #include "model/mla_layer.hpp"
@@ -168,6 +169,28 @@ int64_t check_rows(const AttnParams& s, Inputs& in, uint64_t seed, bool full, Ml
   return wrong;
 }
 
+// The least a pass-KV schedule must move for this rank's keys (config frugal=true's `min` column):
+// each of its rows some query of another rank can see goes there once per pass (forward: K and V;
+// backward: K and V again, the strategies keeping nothing between calls), and each row of another
+// rank it sees returns that row's dK and dV (fp32). No positions or document ids.
+double visible_minimum_bytes(const AttnParams& shape, const Partition& part, const std::vector<int32_t>& global_doc,
+                             int r) {
+  const int P = part.P();
+  const int64_t n = part.local_size(r);
+  std::vector<int64_t> pos;
+  std::vector<int32_t> doc;
+  for (int j = 0; j < P; ++j) {
+    const std::vector<int64_t> p = part.positions(j);
+    pos.insert(pos.end(), p.begin(), p.end());
+    const std::vector<int32_t> d = local_doc_ids(part, j, global_doc, shape.mask);
+    doc.insert(doc.end(), d.begin(), d.end());
+  }
+  const cp::VisiblePlan plan =
+      cp::visible_plan(pos.data(), doc.empty() ? nullptr : doc.data(), n, P, r, shape.mask, shape.window);
+  const double kv = 2.0 * double(cp::kv_row_bytes(shape)), grad = 2.0 * double(cp::grad_row_bytes(shape));
+  return double(plan.send_rows()) * 2.0 * kv + double(plan.recv_rows()) * grad;
+}
+
 // CPU seconds (user + system, every thread) this process has used: with other jobs on the cores,
 // FLOPs per CPU-second measure a configuration's efficiency independently of how much of the
 // machine it got; wall-time throughput does not.
@@ -205,13 +228,17 @@ int bench_cp(BenchContext& ctx) {
   struct RowKind {
     std::string label, strategy;
     bool latent;
+    bool frugal = false;  // AttnParams::visible_only (config frugal=true): the row `<name>:frugal`
   };
   std::vector<RowKind> rows;
   for (const std::string& name : names) {
-    const bool moves = mla && make_strategy(name, topo)->moves_latent();
+    const std::unique_ptr<CpStrategy> s = make_strategy(name, topo);
+    const bool moves = mla && s->moves_latent();
     rows.push_back({name, name, moves});
     if (moves) rows.push_back({name + ":kv", name, false});
+    if (cfg.frugal && s->moves_visible_only()) rows.push_back({name + ":frugal", name, false, true});
   }
+  std::map<int64_t, double> plain_bytes;  // frugal: seq -> bytes of the plain row of the same strategy (last seen)
   std::map<std::string, double> step_bytes;  // MLA: label -> bytes of one forward ring step
 
   std::vector<std::string> notes = {
@@ -234,16 +261,26 @@ int bench_cp(BenchContext& ctx) {
       "#wrong: elements off the single-rank kernel by > 1e-4 * max|tensor|; check: full = all rows of O, LSE, dQ, "
       "dK, dV; sample = O, LSE, dQ of ~" + std::to_string(kSampleRows) + " rows"};
   if (P == 1) notes.push_back("P = 1: every strategy is one kernel call (the single-rank baseline)");
+  if (cfg.frugal)
+    notes.push_back(
+        "frugal=true: <name>:frugal rows move only the key/value rows some query of the receiver can see (cp/visible.hpp); "
+        "min: the visible rows' bytes, each moved once per pass (forward K/V; backward K/V and their dK/dV in fp32), "
+        "no metadata, max over ranks; x_min = bytes / min; x_plain = bytes / the plain row's bytes");
 
-  BenchTable table("ctxpar bench cp — context-parallel attention forward + backward",
-                   {{"strategy", "strategy", "", 10, 0}, {"seq", "seq", "tokens", 9, 0},
-                    {"fwd_ms", "fwd", "ms", 11, 1}, {"bwd_ms", "bwd", "ms", 11, 1},
-                    {"bytes_mb", "bytes", "MB", 10, 1}, {"exposed_ms", "exposed", "ms", 10, 2},
-                    {"exposed_pct", "exposed", "%", 9, 2}, {"busbw_gbs", "busbw", "GB/s", 8, 3},
-                    {"fwd_tflops", "fwd", "TFLOP/s", 10, 4}, {"bwd_tflops", "bwd", "TFLOP/s", 10, 4},
-                    {"fwd_gflops_cpu", "fwd/cpu", "GFLOP/cs", 10, 2}, {"bwd_gflops_cpu", "bwd/cpu", "GFLOP/cs", 10, 2},
-                    {"wrong", "#wrong", "", 8, 0}, {"check", "check", "", 8, 0}},
-                   notes);
+  std::vector<BenchColumn> cols = {
+      {"strategy", "strategy", "", cfg.frugal ? 17 : 10, 0}, {"seq", "seq", "tokens", 9, 0},
+      {"fwd_ms", "fwd", "ms", 11, 1}, {"bwd_ms", "bwd", "ms", 11, 1},
+      {"bytes_mb", "bytes", "MB", 10, 1}, {"exposed_ms", "exposed", "ms", 10, 2},
+      {"exposed_pct", "exposed", "%", 9, 2}, {"busbw_gbs", "busbw", "GB/s", 8, 3},
+      {"fwd_tflops", "fwd", "TFLOP/s", 10, 4}, {"bwd_tflops", "bwd", "TFLOP/s", 10, 4},
+      {"fwd_gflops_cpu", "fwd/cpu", "GFLOP/cs", 10, 2}, {"bwd_gflops_cpu", "bwd/cpu", "GFLOP/cs", 10, 2},
+      {"wrong", "#wrong", "", 8, 0}, {"check", "check", "", 8, 0}};
+  if (cfg.frugal) {
+    cols.push_back({"min_mb", "min", "MB", 10, 2});
+    cols.push_back({"x_min", "x_min", "", 7, 3});
+    cols.push_back({"x_plain", "x_plain", "", 8, 3});
+  }
+  BenchTable table("ctxpar bench cp — context-parallel attention forward + backward", cols, notes);
   int64_t wrong_total = 0;
   int64_t step = 0;
   std::vector<std::string> skipped;
@@ -265,7 +302,9 @@ int bench_cp(BenchContext& ctx) {
       std::string derr;
       if (err.empty()) derr = parse_docs(cfg.docs, S, cfg.doc_mean, seed, in.global_doc);
       if (!err.empty() || !derr.empty()) {
-        table.add_row({name, std::to_string(S), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped"});
+        std::vector<std::string> cells = {name, std::to_string(S), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped"};
+        if (cfg.frugal) cells.insert(cells.end(), {"-", "-", "-"});
+        table.add_row(cells);
         skipped.push_back(name + " at seq " + std::to_string(S) + ": " + (err.empty() ? derr : err));
         continue;
       }
@@ -294,7 +333,7 @@ int bench_cp(BenchContext& ctx) {
       AttnParams t = in.local(shape, ex);
       // As in training: every rank's keys are its zigzag shard, so the ring derives positions.
       if (strat->partition() == PartitionKind::zigzag) t.k_pos_zigzag = S;
-      t.visible_only = cfg.frugal;  // the all-gather moves only visible rows
+      t.visible_only = row.frugal;  // only the visible rows move
       const double real_pairs =
           part.padding() > 0 ? double(problem_visible_pairs(shape, in.global_doc)) * double(world.size() / P) : -1;
 
@@ -350,11 +389,22 @@ int bench_cp(BenchContext& ctx) {
       wrong_total += wrong;
       const double tf = median(fwd_s), tb = median(bwd_s), ex = median(exposed), by = median(bytes);
       const double ranks = world.size();
-      table.add_row({name, std::to_string(S), table.cell(2, tf * 1e3), table.cell(3, tb * 1e3), table.cell(4, by / 1e6),
-                     table.cell(5, ex * 1e3), table.cell(6, 100.0 * ex / (tf + tb)), table.cell(7, by / (tf + tb) / 1e9),
-                     table.cell(8, flops_fwd / (tf * ranks) / 1e12), table.cell(9, flops_bwd / (tb * ranks) / 1e12),
-                     table.cell(10, flops_fwd / median(fwd_cpu) / 1e9), table.cell(11, flops_bwd / median(bwd_cpu) / 1e9),
-                     std::to_string(wrong), full ? "full" : "sample"});
+      std::vector<std::string> cells = {
+          name, std::to_string(S), table.cell(2, tf * 1e3), table.cell(3, tb * 1e3), table.cell(4, by / 1e6),
+          table.cell(5, ex * 1e3), table.cell(6, 100.0 * ex / (tf + tb)), table.cell(7, by / (tf + tb) / 1e9),
+          table.cell(8, flops_fwd / (tf * ranks) / 1e12), table.cell(9, flops_bwd / (tb * ranks) / 1e12),
+          table.cell(10, flops_fwd / median(fwd_cpu) / 1e9), table.cell(11, flops_bwd / median(bwd_cpu) / 1e9),
+          std::to_string(wrong), full ? "full" : "sample"};
+      if (cfg.frugal) {
+        double least = visible_minimum_bytes(shape, part, in.global_doc, r);
+        world.all_reduce(std::span<double>(&least, 1), ReduceOp::max);
+        if (!row.frugal) plain_bytes[S] = by;
+        const auto plain = plain_bytes.find(S);
+        cells.push_back(table.cell(14, least / 1e6));
+        cells.push_back(least > 0 ? table.cell(15, by / least) : "-");
+        cells.push_back(row.frugal && plain != plain_bytes.end() ? table.cell(16, by / plain->second) : "-");
+      }
+      table.add_row(cells);
     }
   }
   if (attn_rows && world.rank() == 0) table.print(cfg.csv);
