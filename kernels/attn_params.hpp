@@ -93,6 +93,15 @@ struct AttnParams {
   float* dq = nullptr;
   float* dk = nullptr;
   float* dv = nullptr;
+  // Exact dK/dV (config deterministic=true; CPU): when set, attn_bwd adds each contribution of one
+  // query tile (attn_query_block(D) rows, a whole aligned block of positions) and one query head
+  // to dK and dV as fixed-point integers, value * 2^kFixedShift truncated (ops.hpp), into these
+  // [S_k, H_kv, D] sums instead of accumulating fp32 into dk and dv (left untouched). Integer sums
+  // do not depend on their order, so dK/dV summed over any split of the queries (ranks, threads,
+  // strategies) have the same bits. Needs every query tile to be one aligned block of consecutive
+  // positions (the caller pads the layout: shard/partition.hpp's block).
+  int64_t* dk_fixed = nullptr;
+  int64_t* dv_fixed = nullptr;
 
   int64_t S_q = 0, S_k = 0;
   int32_t H_q = 0, H_kv = 0, D = 0;
@@ -138,6 +147,10 @@ struct AttnParams {
   // queries are the keys' rows (training), a rank receives only the key rows some query of its
   // can see.
   bool visible_only = false;
+  // Deterministic schedule (read by the CP strategies; a kernel call ignores this): the results'
+  // bits do not depend on P or the strategy — every rank attends its queries to all keys in
+  // position order in one call, and dK/dV are summed exactly (dk_fixed) across the ranks.
+  bool deterministic = false;
 
   // ---- MLA's latent K/V (read by the CP strategies; a kernel call ignores these). With
   // `expander` set, this rank's K and V rows are expanded from per-token latent rows `latent`

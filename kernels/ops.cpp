@@ -1,6 +1,7 @@
 // The attention ops of kernels/ops.hpp: one entry point each, dispatched on the descriptor's
 // device to the CPU kernels (cpu/attn_cpu.cpp) or the CUDA kernels (cuda/, in builds with
 // CTXPAR_WITH_CUDA). The only file that chooses a backend.
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -30,8 +31,17 @@ void attn_fwd(const AttnParams& p) {
 #endif
 }
 
+int64_t attn_query_block(int32_t D) { return cpu::attn_query_block(D); }
+
+void fixed_to_float(const int64_t* fixed, float* x, int64_t n) {
+  const double unit = std::ldexp(1.0, -kFixedShift);
+  for (int64_t i = 0; i < n; ++i) x[i] = float(double(fixed[i]) * unit);
+}
+
 void attn_bwd(const AttnParams& p) {
   if (p.device == Device::cpu) return cpu::attn_bwd(p);
+  if (p.dk_fixed || p.dv_fixed)
+    throw std::invalid_argument("attn_bwd: exact dK/dV sums (dk_fixed, deterministic=true) are CPU only so far");
 #if defined(CTXPAR_WITH_CUDA)
   cuda::attn_bwd(p);
 #else

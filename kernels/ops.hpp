@@ -19,6 +19,16 @@ void attn_fwd(const AttnParams& p);
 // FlashAttention-2). Under GQA dK/dV sum over the query heads of a group.
 void attn_bwd(const AttnParams& p);
 
+// Exact sums (AttnParams::dk_fixed): the fixed-point grid is 2^-kFixedShift (about 1.5e-11), its
+// range |x| < 2^(63 - kFixedShift) (about 1.3e8); conversion truncates toward zero.
+inline constexpr int kFixedShift = 36;
+// The rows of the CPU kernel's query tile for head dimension D: the block of positions an exact
+// dK/dV sum groups by (a layout for deterministic=true pads each rank's chunks to a multiple).
+int64_t attn_query_block(int32_t D);
+// x[i] = fixed[i] * 2^-kFixedShift, rounded to fp32 (one function of the integer: the same bits
+// wherever it runs).
+void fixed_to_float(const int64_t* fixed, float* x, int64_t n);
+
 // Merges a partial result (o_b, lse_b) over a disjoint key set into (o, lse), in place:
 //   lse = m + log(exp(lse - m) + exp(lse_b - m)),  o = exp(lse_a - lse) o + exp(lse_b - lse) o_b
 // with m = max(lse, lse_b); exact for -inf rows (never NaN). o, o_b [rows, H, D]; lse [rows, H];

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "cpu/ops_cpu.hpp"
+#include "ops.hpp"
 #include "cpu/tile_ops.hpp"
 #include "tiles.hpp"
 
@@ -50,6 +51,18 @@ namespace {
 // Q, O and score tiles plus one K and one V tile stay within a 512 KiB L2.
 constexpr int64_t kBkFwd = 128, kBkBwd = 64;
 int64_t query_tile_rows(int32_t D) { return D <= 128 ? 96 : 48; }
+
+// Exact dK/dV (AttnParams::dk_fixed): out[r, d] += src[r, d] * 2^kFixedShift (truncated), for nk
+// rows of D; multiversioned so the conversion runs in 512-bit lanes where the CPU has them.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void add_fixed_rows(const float* src, int64_t ld_src, int64_t nk, int32_t D, int64_t* out, int64_t ld_out) {
+  const float unit = std::ldexp(1.0f, kFixedShift);
+  for (int64_t r = 0; r < nk; ++r) {
+    const float* a = src + r * ld_src;
+    int64_t* o = out + r * ld_out;
+    for (int32_t d = 0; d < D; ++d) o[d] += static_cast<int64_t>(a[d] * unit);
+  }
+}
 int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr double kLn2 = 0.69314718055994530942;
@@ -81,7 +94,8 @@ void check_params(const AttnParams& p, bool backward) {
   if (p.dtype != DType::f32) fail("the CPU kernels take fp32 q, k, v, dout (dtype f32)");
   if (p.mask != MaskKind::none && (!p.q_pos || !p.k_pos)) fail("causal/window masks need q_pos and k_pos");
   if (!p.q || !p.k || !p.v || !p.o || !p.lse) fail("q, k, v, o, lse must be set");
-  if (backward && (!p.dout || !p.dq || !p.dk || !p.dv)) fail("backward needs dout, dq, dk, dv");
+  if (backward && (!p.dout || !p.dq || !((p.dk && p.dv) || (p.dk_fixed && p.dv_fixed))))
+    fail("backward needs dout, dq, and dk, dv (or dk_fixed, dv_fixed)");
   if (*p.stride_error()) fail(p.stride_error());
 }
 
@@ -299,6 +313,8 @@ void attn_fwd(const AttnParams& p) {
   }
 }
 
+int64_t attn_query_block(int32_t D) { return query_tile_rows(D); }
+
 void attn_bwd(const AttnParams& p) {
   check_params(p, true);
   if (p.stats) *p.stats = AttnStats{};
@@ -312,6 +328,20 @@ void attn_bwd(const AttnParams& p) {
   const float scale = p.softmax_scale(), c = scale * kLog2e;
   const auto q_ranges = tile_ranges(p.q_pos, p.q_doc, p.S_q, Bq);
   const auto k_ranges = tile_ranges(p.k_pos, p.k_doc, p.S_k, kBkBwd);
+  const bool exact = p.dk_fixed != nullptr;
+  if (exact) {  // each query tile one aligned block of consecutive positions: the same on any split
+    if (!p.dv_fixed || !p.q_pos) throw std::invalid_argument("attn_bwd: dk_fixed needs dv_fixed and q_pos");
+    for (int64_t q0 = 0; q0 < p.S_q; q0 += Bq) {
+      const int64_t nq = std::min(Bq, p.S_q - q0);
+      bool ok = p.q_pos[q0] % Bq == 0 && nq == Bq;
+      for (int64_t i = 1; i < nq && ok; ++i) ok = p.q_pos[q0 + i] == p.q_pos[q0] + i;
+      if (!ok)
+        throw std::invalid_argument("attn_bwd: exact dK/dV sums need every " + std::to_string(Bq) +
+                                    "-row query tile to hold one aligned block of consecutive positions (tile at row " +
+                                    std::to_string(q0) + ", position " + std::to_string(p.q_pos[q0]) +
+                                    "); pad the layout to whole blocks (deterministic=true)");
+    }
+  }
 
   // Packed operands: Q and dO head-major rows (B operands of dK and dV, A of S and dP), K^T and
   // V^T panels (B of S and dP), K rows (B of dQ); per-row lse in base 2 and D_i = dO_i . O_i.
@@ -421,9 +451,15 @@ void attn_bwd(const AttnParams& p) {
           ops.transpose(st.get(), kBkBwd, nq, nk, pt.get(), Bq);
           ops.transpose(dpt.get(), kBkBwd, nq, nk, dst.get(), Bq);
           lap(&AttnProfile::transpose);
-          ops.gemm(nk, Dp, nq, pt.get(), Bq, 1, dot, Dp, 16, dva.get(), Dp, true);
-          ops.gemm(nk, Dp, nq, dst.get(), Bq, 1, qt, Dp, 16, dka.get(), Dp, true);
+          // Exact sums: this tile's and head's contribution alone (not accumulated), added as integers.
+          ops.gemm(nk, Dp, nq, pt.get(), Bq, 1, dot, Dp, 16, dva.get(), Dp, !exact);
+          ops.gemm(nk, Dp, nq, dst.get(), Bq, 1, qt, Dp, 16, dka.get(), Dp, !exact);
           lap(&AttnProfile::gemm);
+          if (exact) {
+            add_fixed_rows(dka.get(), Dp, nk, D, p.dk_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D);
+            add_fixed_rows(dva.get(), Dp, nk, D, p.dv_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D);
+            lap.rest();  // the conversion counts as rest
+          }
           // dQ (this tile's share) = dS K, added at this key tile's turn of (h, query tile)
           Pending e{h * n_qt + qi, qi, ki, nq * Dp, nullptr};
           if (spare.empty()) spare.push_back(std::make_unique<Scratch>(Bq * Dp));
@@ -443,7 +479,7 @@ void attn_bwd(const AttnParams& p) {
           lap(&AttnProfile::dq_order);
         }
       }
-      for (int64_t r = 0; r < nk; ++r) {
+      for (int64_t r = 0; r < nk && !exact; ++r) {
         float* dk = p.dk + ((j0 + r) * p.H_kv + g) * D;
         float* dv = p.dv + ((j0 + r) * p.H_kv + g) * D;
         for (int32_t d = 0; d < D; ++d) {

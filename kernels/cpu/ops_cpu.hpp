@@ -9,6 +9,7 @@ namespace ctxpar::cpu {
 
 void attn_fwd(const AttnParams& p);
 void attn_bwd(const AttnParams& p);
+int64_t attn_query_block(int32_t D);  // the backward's query tile rows (ops.hpp)
 void lse_merge(float* o, float* lse, const float* o_b, const float* lse_b, int64_t rows, int32_t H, int32_t D);
 
 }  // namespace ctxpar::cpu

@@ -299,5 +299,123 @@ TEST(AttnStrides, OverlappingRowsAreRefused) {
   }
 }
 
+// Exact dK/dV (AttnParams::dk_fixed, deterministic=true): a rank's queries are two zigzag chunks
+// of whole query tiles; attending them alone to every key (in position order) gives the same
+// bits of O, LSE and dQ as the whole sequence's call, and the integer dK/dV sums of the ranks
+// add up to exactly the whole call's, at any thread count. The converted sums agree with the
+// fp32 kernel within the usual tolerance.
+TEST(AttnExact, AnySplitOfTheQueriesGivesTheSameBits) {
+  const Shape shapes[] = {{0, 0, 4, 2, 64, MaskKind::causal, Layout::diagonal},
+                          {0, 0, 4, 1, 32, MaskKind::causal, Layout::diagonal, 0, true},
+                          {0, 0, 2, 2, 160, MaskKind::window, Layout::diagonal, 70}};
+  for (Shape sh : shapes) {
+    const int64_t B = attn_query_block(sh.D);
+    sh.S_q = sh.S_k = 12 * B;  // splits into 2P chunks of whole blocks for P = 1, 2, 3, 6
+    Problem pr(sh, 17);
+    for (int64_t i = 0; i < sh.S_q; ++i) pr.q_pos[size_t(i)] = pr.k_pos[size_t(i)] = i;  // aligned blocks
+    const int64_t wq = int64_t(sh.H_q) * sh.D, wk = int64_t(sh.H_kv) * sh.D, S = sh.S_q;
+    struct Out {
+      std::vector<float> o, lse, dq;
+      std::vector<int64_t> dk, dv;
+    };
+    // The call for the query rows `rows` (ascending positions) against every key.
+    auto call = [&](const std::vector<int64_t>& rows, int threads) {
+      const int64_t n = int64_t(rows.size());
+      std::vector<float> q(size_t(n * wq)), dout(size_t(n * wq));
+      std::vector<int32_t> doc;
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy_n(pr.q.data() + rows[size_t(i)] * wq, wq, q.data() + i * wq);
+        std::copy_n(pr.dout.data() + rows[size_t(i)] * wq, wq, dout.data() + i * wq);
+        if (sh.docs) doc.push_back(pr.q_doc[size_t(rows[size_t(i)])]);
+      }
+      Out r{std::vector<float>(q.size()), std::vector<float>(size_t(n) * sh.H_q), std::vector<float>(q.size()),
+            std::vector<int64_t>(pr.k.size()), std::vector<int64_t>(pr.k.size())};
+      AttnParams p = pr.params();
+      p.S_q = n;
+      p.q = q.data();
+      p.dout = dout.data();
+      p.q_pos = rows.data();
+      p.q_doc = sh.docs ? doc.data() : nullptr;
+      p.o = r.o.data();
+      p.lse = r.lse.data();
+      p.dq = r.dq.data();
+      p.dk_fixed = r.dk.data();
+      p.dv_fixed = r.dv.data();
+      p.threads = threads;
+      attn_fwd(p);
+      attn_bwd(p);
+      return r;
+    };
+    std::vector<int64_t> all(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) all[size_t(i)] = i;
+    const Out whole = call(all, 2);
+    // The sums are right: converted, they match the fp32 kernel's dK within the tolerance.
+    {
+      std::vector<float> dk(pr.k.size()), dk32(pr.k.size()), dq(pr.q.size()), dv(pr.k.size());
+      fixed_to_float(whole.dk.data(), dk.data(), int64_t(dk.size()));
+      AttnParams p = pr.params();
+      p.o = const_cast<float*>(whole.o.data());
+      p.lse = const_cast<float*>(whole.lse.data());
+      p.dq = dq.data();
+      p.dk = dk32.data();
+      p.dv = dv.data();
+      attn_bwd(p);
+      double err = 0, big = 0;
+      for (size_t i = 0; i < dk.size(); ++i) {
+        err = std::max(err, double(std::abs(dk[i] - dk32[i])));
+        big = std::max(big, double(std::abs(dk32[i])));
+      }
+      EXPECT_LE(err, 1e-5 * big) << shape_name(sh);
+    }
+    for (int P : {2, 3, 6}) {
+      const int64_t c = S / (2 * P);
+      std::vector<int64_t> dk(pr.k.size()), dv(pr.k.size());
+      for (int r = 0; r < P; ++r) {
+        std::vector<int64_t> rows;
+        for (int64_t chunk : {int64_t(r), int64_t(2 * P - 1 - r)})
+          for (int64_t i = chunk * c; i < (chunk + 1) * c; ++i) rows.push_back(i);
+        const Out part = call(rows, r % 2 + 1);
+        for (size_t i = 0; i < rows.size(); ++i) {
+          const int64_t g = rows[i];
+          ASSERT_EQ(0, std::memcmp(part.o.data() + i * wq, whole.o.data() + g * wq, wq * sizeof(float)))
+              << shape_name(sh) << " P " << P << " O row " << g;
+          ASSERT_EQ(0, std::memcmp(part.lse.data() + i * sh.H_q, whole.lse.data() + g * sh.H_q, sh.H_q * sizeof(float)))
+              << shape_name(sh) << " P " << P << " LSE row " << g;
+          ASSERT_EQ(0, std::memcmp(part.dq.data() + i * wq, whole.dq.data() + g * wq, wq * sizeof(float)))
+              << shape_name(sh) << " P " << P << " dQ row " << g;
+        }
+        for (size_t i = 0; i < dk.size(); ++i) {
+          dk[i] += part.dk[i];
+          dv[i] += part.dv[i];
+        }
+      }
+      EXPECT_EQ(dk, whole.dk) << shape_name(sh) << " P " << P;
+      EXPECT_EQ(dv, whole.dv) << shape_name(sh) << " P " << P;
+    }
+    (void)wk;
+  }
+}
+
+TEST(AttnExact, QueryTilesMustBeAlignedBlocks) {
+  Shape sh{0, 0, 2, 2, 64, MaskKind::causal, Layout::diagonal};
+  sh.S_q = sh.S_k = attn_query_block(sh.D) + 5;
+  Problem pr(sh, 3);
+  std::vector<float> o(pr.q.size()), lse(size_t(sh.S_q) * sh.H_q), dq(pr.q.size());
+  std::vector<int64_t> dk(pr.k.size()), dv(pr.k.size());
+  AttnParams p = pr.params();  // positions 1000 + i: not a multiple of the block
+  p.o = o.data();
+  p.lse = lse.data();
+  p.dq = dq.data();
+  p.dk_fixed = dk.data();
+  p.dv_fixed = dv.data();
+  attn_fwd(p);
+  try {
+    attn_bwd(p);
+    ADD_FAILURE() << "an unaligned query tile was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("aligned block"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace ctxpar::test
