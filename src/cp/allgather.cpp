@@ -10,12 +10,15 @@
 // of its can see (below). MLA (moves_latent): the latent rows are gathered instead of K and V,
 // the other ranks' blocks expanded here; the backward turns the gathered dK/dV into the latent's
 // gradient (the expansion's weight gradient accumulates on this rank) and reduce-scatters that.
+// With deterministic=true: the canonical schedule of cp/deterministic.hpp (keys in position
+// order, dK/dV summed exactly).
 #include <algorithm>
 #include <cstring>
 #include <span>
 
 #include "core/memory.hpp"
 #include "cp/common.hpp"
+#include "cp/deterministic.hpp"
 #include "cp/strategy.hpp"
 #include "cp/visible.hpp"
 #include "dist/topology.hpp"
@@ -37,6 +40,7 @@ class AllGather final : public CpStrategy {
 
   bool moves_latent() const override { return true; }
   bool moves_visible_only() const override { return true; }
+  bool serves_deterministic() const override { return true; }
 
   double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
     const int P = topo.cp_size();
@@ -53,6 +57,7 @@ class AllGather final : public CpStrategy {
   }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    if (local.deterministic) return cp::canonical_fwd(comm_, local, /*ring_hops=*/false, tr, st);
     if (cp::frugal_call(local)) return forward_visible(local, tr, st);
     Gathered g = gather(local, tr, st);
     const AttnParams p = with_gathered_keys(local, g);
@@ -63,6 +68,7 @@ class AllGather final : public CpStrategy {
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
     // K/V are gathered again rather than kept from forward: the strategy holds no state between
     // calls (a model with L layers calls forward L times before the first backward).
+    if (local.deterministic) return cp::canonical_bwd(comm_, local, /*ring_hops=*/false, tr, st);
     if (cp::frugal_call(local)) return backward_visible(local, tr, st);
     Gathered g = gather(local, tr, st);
     const int P = comm_.size();

@@ -2,6 +2,7 @@ set(CTXPAR_CP_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/registry.cpp
   ${CMAKE_CURRENT_LIST_DIR}/common.cpp
   ${CMAKE_CURRENT_LIST_DIR}/visible.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/deterministic.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ring_core.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ring_visible.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ulysses_core.cpp

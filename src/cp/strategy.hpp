@@ -70,6 +70,9 @@ class CpStrategy {
   // Does the strategy honour AttnParams::visible_only (config frugal=true): only the key rows some
   // query of the receiving rank can see move (cp/visible.hpp)? The others move every row.
   virtual bool moves_visible_only() const { return false; }
+  // Does it honour AttnParams::deterministic (config deterministic=true: results with the same
+  // bits on any mesh, cp/deterministic.hpp)?
+  virtual bool serves_deterministic() const { return false; }
   // Bytes this rank sends in one forward of the problem `global` (for busbw and the cost model);
   // `docs`: document ids travel with the keys.
   virtual double comm_volume_fwd(const AttnParams& global, bool docs, const Topology& topo) const = 0;

@@ -37,17 +37,18 @@ std::string Partition::check(PartitionKind kind, int64_t S, int P) {
   return "";
 }
 
-int64_t Partition::padded_length(PartitionKind kind, int64_t S, int P) {
-  const int64_t g = granule(kind, P);
+int64_t Partition::padded_length(PartitionKind kind, int64_t S, int P, int64_t block) {
+  const int64_t g = granule(kind, P) * std::max<int64_t>(block, 1);
   return (S + g - 1) / g * g;
 }
 
-Partition::Partition(PartitionKind kind, int64_t S, int P) : kind_(kind), S_(S), S_pad_(0), P_(P) {
+Partition::Partition(PartitionKind kind, int64_t S, int P, int64_t block)
+    : kind_(kind), S_(S), S_pad_(0), P_(P), block_(std::max<int64_t>(block, 1)) {
   // The same S and P reach every rank, so a bad value throws on all of them alike; config
   // validation normally reports it earlier through check().
   const std::string err = check(kind, S, P);
   if (!err.empty()) throw UsageError(err);
-  S_pad_ = padded_length(kind, S, P);
+  S_pad_ = padded_length(kind, S, P, block_);
 }
 
 std::string Partition::padding_note() const {
@@ -55,6 +56,7 @@ std::string Partition::padding_note() const {
   std::ostringstream os;
   os << "seq = " << S_ << " runs as " << S_pad_ << " rows over " << P_ << " rank" << (P_ > 1 ? "s" : "") << " ("
      << partition_name(kind_) << ": " << granule(kind_, P_) << " equal " << (kind_ == PartitionKind::zigzag ? "chunks" : "shards")
+     << (block_ > 1 ? " of whole " + std::to_string(block_) + "-position blocks" : std::string())
      << "): " << padding()
      << " padding row" << (padding() > 1 ? "s" : "") << " after the last token, which no query sees and no result shows";
   return os.str();

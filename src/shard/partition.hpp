@@ -30,7 +30,9 @@ const char* partition_name(PartitionKind k);
 class Partition {
  public:
   // Throws UsageError with check()'s message when S < 1 or P < 1.
-  Partition(PartitionKind kind, int64_t S, int P);
+  // block > 1 (deterministic=true): every chunk (shard) a whole number of blocks of positions,
+  // S rounded up to the kind's unit times block (cp/deterministic.hpp).
+  Partition(PartitionKind kind, int64_t S, int P, int64_t block = 1);
   PartitionKind kind() const { return kind_; }
   int64_t S() const { return S_; }                 // real tokens
   int64_t S_padded() const { return S_pad_; }      // tokens of the layout (S + padding())
@@ -57,13 +59,14 @@ class Partition {
   // Requirement on S and P ("" when fine): P >= 1 and S >= 1; any S shards (with padding).
   static std::string check(PartitionKind kind, int64_t S, int P);
   // The layout's length for S tokens: S rounded up to 2P (zigzag) or P (contiguous, striped).
-  static int64_t padded_length(PartitionKind kind, int64_t S, int P);
+  static int64_t padded_length(PartitionKind kind, int64_t S, int P, int64_t block = 1);
 
  private:
   std::vector<std::pair<int64_t, int64_t>> layout_ranges(int r) const;  // padding included
   PartitionKind kind_;
   int64_t S_, S_pad_;
   int P_;
+  int64_t block_ = 1;
 };
 
 template <class T>

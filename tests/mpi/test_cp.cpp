@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
@@ -76,6 +77,7 @@ struct Case {
   Masking mask;
   int64_t S = kSeq;
   bool frugal = false;  // AttnParams::visible_only: only the key rows a rank can see move (allgather, ring)
+  bool exact = false;   // AttnParams::deterministic: the bits of one rank's canonical call, on any mesh
 };
 
 // The mesh a strategy runs on at P ranks: usp uses both axes where P allows (P = 1, 2 are its
@@ -204,7 +206,9 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   const std::string verr = strat->validate(g.shape, topo);
   ASSERT_EQ(verr, "") << "every case of this suite is valid at P = " << P;
 
-  const Partition part(strat->partition(), c.S, topo.cp().size());
+  // deterministic: every chunk whole blocks of the kernel's query tile (the layout pads to them)
+  const int64_t block = c.exact ? attn_query_block(g.shape.D) : 1;
+  const Partition part(strat->partition(), c.S, topo.cp().size(), block);
   const int r = topo.cp().rank();
   const std::vector<int64_t> pos = part.positions(r);
   const int64_t S_loc = int64_t(pos.size());
@@ -241,6 +245,8 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   // plan all-gathers document ids only; the all-gather's cases gather positions too.
   const bool derive = c.frugal && c.strategy == "ring";
   if (derive) t.k_pos_zigzag = c.S;
+  t.deterministic = c.exact;
+  t.threads = 1 + r % 2;  // deterministic: the bits do not depend on the thread count either
 
   CpStats fst, bst;
   strat->forward(t, nullptr, fst);
@@ -262,11 +268,63 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
                           << " (ratio " << err / std::max(naive, 1e-300) << ", P = " << P << ")";
   }
 
+  if (c.exact) {
+    // Bit for bit the single-rank canonical result (one call over the whole sequence in position
+    // order, its own padding, 2 threads), on every real row of O, LSE, dQ, dK and dV.
+    const Partition one(PartitionKind::zigzag, c.S, 1, block);
+    const int64_t S1 = one.S_padded();
+    std::vector<int64_t> p1 = one.positions(0);
+    auto pad = [&](const std::vector<float>& x, int64_t w) {
+      std::vector<float> y(size_t(S1 * w));
+      one.scatter_rows(std::span<const float>(x), w, 0, std::span<float>(y));
+      return y;
+    };
+    const std::vector<float> Q = pad(g.q, wq), K = pad(g.k, wk), V = pad(g.v, wk), dO = pad(g.dout, wq);
+    std::vector<int32_t> D1;
+    for (int64_t p : p1)
+      if (need_docs || (one.padding() > 0 && c.mask.mask == MaskKind::none))
+        D1.push_back(one.is_pad(p) ? -1 : g.has_docs ? g.doc[size_t(p)] : 0);
+    std::vector<float> O1(Q.size()), L1(size_t(S1) * g.shape.H_q), dQ1(Q.size()), dK1(K.size()), dV1(K.size());
+    std::vector<int64_t> fk(K.size()), fv(K.size());
+    AttnParams a = g.shape;
+    a.S_q = a.S_k = S1;
+    a.q_pos = a.k_pos = p1.data();
+    a.q_doc = a.k_doc = D1.empty() ? nullptr : D1.data();
+    a.q = Q.data(); a.k = K.data(); a.v = V.data(); a.dout = dO.data();
+    a.o = O1.data(); a.lse = L1.data(); a.dq = dQ1.data();
+    a.dk_fixed = fk.data(); a.dv_fixed = fv.data();
+    a.threads = 2;
+    attn_fwd(a);
+    attn_bwd(a);
+    fixed_to_float(fk.data(), dK1.data(), int64_t(fk.size()));
+    fixed_to_float(fv.data(), dV1.data(), int64_t(fv.size()));
+    int64_t differ = 0;
+    auto bits = [&](const std::vector<float>& mine, const std::vector<float>& ref, int64_t w) {
+      for (size_t i = 0; i < pos.size(); ++i)
+        if (!part.is_pad(pos[i])) differ += std::memcmp(mine.data() + i * w, ref.data() + pos[i] * w, w * sizeof(float)) != 0;
+    };
+    bits(o, O1, wq);
+    bits(lse, L1, g.shape.H_q);
+    bits(dq, dQ1, wq);
+    bits(dk, dK1, wk);
+    bits(dv, dV1, wk);
+    EXPECT_EQ(differ, 0) << "rows whose bits differ from the single-rank canonical result (P = " << P << ")";
+    // Bytes: the packed [K | V | pos | doc] blocks gathered (P - 1 of them), and in the backward
+    // again, with dK/dV reduce-scattered as 8-byte integers.
+    const int64_t P_cp = topo.cp().size();
+    const double blockb = cp::kv_layout(S_loc, g.shape.H_kv, g.shape.D, DType::f32, need_docs, true).bytes;
+    EXPECT_DOUBLE_EQ(fst.bytes_sent, double(P_cp - 1) * blockb);
+    EXPECT_DOUBLE_EQ(bst.bytes_sent, double(P_cp - 1) * (blockb + 2.0 * double(S_loc * wk) * 8.0));
+    EXPECT_EQ(fst.messages, c.strategy == "ring" ? P_cp - 1 : 0);
+  }
+
   // Accounting: forward bytes match the strategy's own model; the ring posts one packed message
   // per hop (forward P-1; backward P-1 K/V hops + P dK/dV hops).
   AttnParams padded = g.shape;  // the layout the strategy ran: S_padded() rows
   padded.S_q = padded.S_k = part.S_padded();
-  if (c.frugal) {
+  if (c.exact) {
+    // counted above
+  } else if (c.frugal) {
     // Positions and document ids all-gathered, then exactly the K/V rows of this rank that some
     // query of each other rank can see (counted here pair by pair), each way.
     AttnParams vis = g.shape;
@@ -313,7 +371,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
     EXPECT_DOUBLE_EQ(fst.bytes_sent, strat->comm_volume_fwd(padded, need_docs, topo));
   }
   const int R = c.strategy == "ring" ? P : c.strategy == "usp" ? topo.size(Axis::ring) : 1;
-  if (c.frugal) {
+  if (c.frugal || c.exact) {
     // counted above
   } else if (c.strategy == "ring" || c.strategy == "usp") {
     EXPECT_EQ(fst.messages, R - 1) << "forward: one message per hop";
@@ -375,6 +433,12 @@ std::vector<Case> all_cases() {
     for (const Masking& m : kHaloMasks) v.push_back({"halo", h, m});
   for (const Masking& m : kHaloMasks) v.push_back({"halo", kHeads[1], m, kOddSeq});
   // The frugal all-gather and ring: every mask, a padded length, windows within and beyond the chunks.
+  // deterministic=true: every mask, MHA and GQA, a padded length, windows within and beyond chunks.
+  for (const std::string s : {"allgather", "ring"}) {
+    for (const Masking& m : kMasks) v.push_back({s, kHeads[1], m, kSeq, false, true});
+    for (const Masking& m : {kMasks[1], kNoMask}) v.push_back({s, kHeads[0], m, kOddSeq, false, true});
+    v.push_back({s, kHeads[2], kHaloMasks[3], kSeq, false, true});
+  }
   for (const std::string s : {"allgather", "ring"}) {
     for (const Masking& m : kMasks) v.push_back({s, kHeads[1], m, kSeq, true});
     for (const Masking& m : {kMasks[0], kMasks[1], kNoMask}) v.push_back({s, kHeads[1], m, kOddSeq, true});
@@ -385,7 +449,8 @@ std::vector<Case> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cp, CpCase, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) {
-                           return i.param.strategy + (i.param.frugal ? "_frugal" : "") + "_" + i.param.heads.name +
+                           return i.param.strategy + (i.param.frugal ? "_frugal" : "") + (i.param.exact ? "_exact" : "") +
+                                  "_" + i.param.heads.name +
                                   "_" + i.param.mask.name + (i.param.S == kSeq ? "" : "_S" + std::to_string(i.param.S));
                          });
 

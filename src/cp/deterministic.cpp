@@ -1,0 +1,148 @@
+#include "cp/deterministic.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <span>
+
+#include "core/error.hpp"
+#include "core/memory.hpp"
+#include "cp/common.hpp"
+#include "model/flops.hpp"
+#include "ops.hpp"
+#include "trace/trace.hpp"
+
+namespace ctxpar::cp {
+
+namespace {
+
+constexpr int kTagHop = 131;
+
+// The group's key rows in position order, and where each came from.
+struct Canon {
+  int64_t n = 0;                // rows per rank
+  Buffer<std::byte> k, v;       // [P n] rows, position order
+  std::vector<int64_t> pos;     // [P n], ascending
+  std::vector<int32_t> doc;     // [P n] or empty
+  std::vector<int64_t> origin;  // [P n]: the row's index in rank-block order (rank * n + local row)
+  AttnParams call(const AttnParams& t) const {
+    AttnParams p = t;
+    p.k = k.data();
+    p.v = v.data();
+    p.S_k = int64_t(pos.size());
+    p.k_pos = pos.data();
+    p.k_doc = t.k_doc ? doc.data() : nullptr;
+    return p;
+  }
+};
+
+// Every rank's packed [K | V | pos | doc] block, in rank order: one all-gather, or P - 1 hops.
+Buffer<std::byte> gather_blocks(Comm& c, const KvLayout& L, const AttnParams& t, bool ring_hops, Tracer* tr,
+                                CpStats& st) {
+  const int P = c.size(), r = c.rank();
+  Buffer<std::byte> all(L.bytes * size_t(P), false);
+  Buffer<std::byte> mine(L.bytes, false);
+  pack_kv(L, t, mine.data());
+  if (!ring_hops) {
+    if (tr) tr->progress(Phase::all_gather);
+    timed_collective(c, st, tr, Phase::all_gather, double((P - 1) * L.bytes),
+                     [&] { c.all_gather(mine.span(), all.span()); });
+    return all;
+  }
+  std::memcpy(all.data() + size_t(r) * L.bytes, mine.data(), L.bytes);
+  for (int s = 1; s < P; ++s) {  // hop s: the block of rank r - s arrives, the one of r - s + 1 goes on
+    const int have = (r - s + 1 + P) % P, get = (r - s + P) % P;
+    if (tr) tr->progress(Phase::attn_fwd);
+    Request q = c.send_recv_async(std::span<std::byte>(all.data() + size_t(have) * L.bytes, L.bytes), (r + 1) % P,
+                                  std::span<std::byte>(all.data() + size_t(get) * L.bytes, L.bytes), (r - 1 + P) % P,
+                                  kTagHop);
+    st.messages += 1;
+    st.bytes_sent += double(L.bytes);
+    timed_wait(c, q, st, tr, s, double(L.bytes));
+  }
+  return all;
+}
+
+Canon gather_canonical(Comm& c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
+  const int P = c.size();
+  const KvLayout L = kv_layout(t.S_k, t.H_kv, t.D, t.dtype, t.k_doc != nullptr, /*has_pos=*/true);
+  Buffer<std::byte> blocks = gather_blocks(c, L, t, ring_hops, tr, st);
+  Canon g;
+  g.n = t.S_k;
+  const int64_t total = g.n * P;
+  std::vector<int64_t> pos(static_cast<size_t>(total));
+  std::vector<int32_t> doc(t.k_doc ? size_t(total) : 0);
+  for (int j = 0; j < P; ++j) {
+    AttnParams b = t;
+    point_keys_at(L, blocks.data() + size_t(j) * L.bytes, b);
+    std::copy_n(b.k_pos, g.n, pos.data() + j * g.n);
+    if (t.k_doc) std::copy_n(b.k_doc, g.n, doc.data() + j * g.n);
+  }
+  g.origin.resize(size_t(total));
+  std::iota(g.origin.begin(), g.origin.end(), int64_t(0));
+  std::stable_sort(g.origin.begin(), g.origin.end(), [&](int64_t a, int64_t b) { return pos[size_t(a)] < pos[size_t(b)]; });
+  const size_t row = size_t(t.H_kv) * t.D * dtype_bytes(t.dtype);
+  g.k.resize(size_t(total) * row, false);
+  g.v.resize(size_t(total) * row, false);
+  g.pos.resize(size_t(total));
+  if (t.k_doc) g.doc.resize(size_t(total));
+  for (int64_t m = 0; m < total; ++m) {
+    const int64_t src = g.origin[size_t(m)], j = src / g.n, i = src % g.n;
+    const std::byte* base = blocks.data() + size_t(j) * L.bytes;
+    std::memcpy(g.k.data() + size_t(m) * row, base + L.k_off + size_t(i) * row, row);
+    std::memcpy(g.v.data() + size_t(m) * row, base + L.v_off + size_t(i) * row, row);
+    g.pos[size_t(m)] = pos[size_t(src)];
+    if (t.k_doc) g.doc[size_t(m)] = doc[size_t(src)];
+  }
+  return g;
+}
+
+}  // namespace
+
+std::string check_deterministic(const AttnParams& t) {
+  if (t.q_pos != t.k_pos || t.q_doc != t.k_doc || t.S_q != t.S_k)
+    return "deterministic = true serves training's self-attention calls (queries are the keys' rows)";
+  if (t.expander) return "deterministic = true does not yet serve MLA's latent K/V";
+  if (t.device != Device::cpu) return "deterministic = true runs on the CPU only so far";
+  return "";
+}
+
+void canonical_fwd(Comm& c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
+  const std::string err = check_deterministic(t);
+  CTXPAR_CHECK(err.empty(), err);
+  const Canon g = gather_canonical(c, t, ring_hops, tr, st);
+  if (tr) tr->progress(Phase::attn_fwd);
+  counted_fwd(g.call(t), tr, st, -1);
+}
+
+void canonical_bwd(Comm& c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
+  const std::string err = check_deterministic(t);
+  CTXPAR_CHECK(err.empty(), err);
+  const Canon g = gather_canonical(c, t, ring_hops, tr, st);
+  const int P = c.size();
+  const size_t w = size_t(t.H_kv) * t.D, total = g.origin.size(), own = size_t(t.S_k) * w;
+  Buffer<int64_t> dk(total * w), dv(total * w);  // zeroed: the kernel adds
+  std::fill_n(t.dq, size_t(t.S_q) * t.H_q * t.D, 0.f);
+  AttnParams p = g.call(t);
+  p.dk = p.dv = nullptr;
+  p.dk_fixed = dk.data();
+  p.dv_fixed = dv.data();
+  if (tr) tr->progress(Phase::attn_bwd);
+  counted_bwd(p, tr, st, -1);
+  // Back to rank-block order, then every owner gets the exact sum of its rows over the group.
+  Buffer<int64_t> blocks(2 * total * w, false);  // [rank][dK rows | dV rows]
+  for (size_t m = 0; m < total; ++m) {
+    const int64_t src = g.origin[m], j = src / g.n, i = src % g.n;
+    int64_t* dst = blocks.data() + size_t(j) * 2 * own;
+    std::copy_n(dk.data() + m * w, w, dst + size_t(i) * w);
+    std::copy_n(dv.data() + m * w, w, dst + own + size_t(i) * w);
+  }
+  Buffer<int64_t> mine(2 * own, false);
+  if (tr) tr->progress(Phase::reduce_scatter);
+  timed_collective(c, st, tr, Phase::reduce_scatter, double(size_t(P - 1) * 2 * own * sizeof(int64_t)),
+                   [&] { c.reduce_scatter(blocks.span(), mine.span()); });
+  fixed_to_float(mine.data(), t.dk, int64_t(own));
+  fixed_to_float(mine.data() + own, t.dv, int64_t(own));
+}
+
+}  // namespace ctxpar::cp

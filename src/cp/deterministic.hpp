@@ -1,0 +1,31 @@
+// The canonical schedule of deterministic=true (AttnParams::deterministic), used by the
+// all-gather and the ring: results whose bits do not depend on the number of ranks, the strategy
+// or the thread count. Every rank gathers the whole group's K/V rows (all-gather, or the ring's
+// P - 1 hops), puts them in position order, and attends its own queries to all of them in one
+// kernel call, so each query row meets the same keys in the same key tiles on any mesh (the CPU
+// kernel's rows do not depend on the other rows of the call). The backward sums dK/dV exactly
+// (AttnParams::dk_fixed: integers per aligned query block and head) and adds the ranks' sums with
+// an integer reduce-scatter, which has one result whatever the order.
+//
+// The layout must give every rank's chunks whole blocks of attn_query_block(D) positions
+// (Partition's block: the caller pads), and the call must be training's self-attention
+// (the queries are the keys' rows). Costs: the memory of the all-gather (the ring loses its
+// O(S/P) buffers and its overlap), and dK/dV travel as 8-byte integers.
+#pragma once
+#include "attn_params.hpp"
+#include "cp/strategy.hpp"
+#include "dist/comm.hpp"
+
+namespace ctxpar {
+class Tracer;
+namespace cp {
+
+// "" when `t` can run the canonical schedule, else why not.
+std::string check_deterministic(const AttnParams& t);
+
+// ring_hops: gather by P - 1 ring hops (ring) instead of one all-gather (allgather).
+void canonical_fwd(Comm& c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st);
+void canonical_bwd(Comm& c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st);
+
+}  // namespace cp
+}  // namespace ctxpar
