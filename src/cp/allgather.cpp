@@ -57,7 +57,7 @@ class AllGather final : public CpStrategy {
   }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    if (local.deterministic) return cp::canonical_fwd(comm_, local, /*ring_hops=*/false, tr, st);
+    if (local.deterministic) return cp::canonical_fwd(&comm_, local, /*ring_hops=*/false, tr, st);
     if (cp::frugal_call(local)) return forward_visible(local, tr, st);
     Gathered g = gather(local, tr, st);
     const AttnParams p = with_gathered_keys(local, g);
@@ -68,7 +68,7 @@ class AllGather final : public CpStrategy {
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
     // K/V are gathered again rather than kept from forward: the strategy holds no state between
     // calls (a model with L layers calls forward L times before the first backward).
-    if (local.deterministic) return cp::canonical_bwd(comm_, local, /*ring_hops=*/false, tr, st);
+    if (local.deterministic) return cp::canonical_bwd(&comm_, local, /*ring_hops=*/false, tr, st);
     if (cp::frugal_call(local)) return backward_visible(local, tr, st);
     Gathered g = gather(local, tr, st);
     const int P = comm_.size();

@@ -37,12 +37,14 @@ struct Canon {
 };
 
 // Every rank's packed [K | V | pos | doc] block, in rank order: one all-gather, or P - 1 hops.
-Buffer<std::byte> gather_blocks(Comm& c, const KvLayout& L, const AttnParams& t, bool ring_hops, Tracer* tr,
+Buffer<std::byte> gather_blocks(Comm* cp, const KvLayout& L, const AttnParams& t, bool ring_hops, Tracer* tr,
                                 CpStats& st) {
-  const int P = c.size(), r = c.rank();
+  const int P = cp ? cp->size() : 1, r = cp ? cp->rank() : 0;
   Buffer<std::byte> all(L.bytes * size_t(P), false);
   Buffer<std::byte> mine(L.bytes, false);
   pack_kv(L, t, mine.data());
+  if (P == 1) return mine;
+  Comm& c = *cp;
   if (!ring_hops) {
     if (tr) tr->progress(Phase::all_gather);
     timed_collective(c, st, tr, Phase::all_gather, double((P - 1) * L.bytes),
@@ -63,8 +65,8 @@ Buffer<std::byte> gather_blocks(Comm& c, const KvLayout& L, const AttnParams& t,
   return all;
 }
 
-Canon gather_canonical(Comm& c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
-  const int P = c.size();
+Canon gather_canonical(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
+  const int P = c ? c->size() : 1;
   const KvLayout L = kv_layout(t.S_k, t.H_kv, t.D, t.dtype, t.k_doc != nullptr, /*has_pos=*/true);
   Buffer<std::byte> blocks = gather_blocks(c, L, t, ring_hops, tr, st);
   Canon g;
@@ -107,7 +109,7 @@ std::string check_deterministic(const AttnParams& t) {
   return "";
 }
 
-void canonical_fwd(Comm& c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
+void canonical_fwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
   const std::string err = check_deterministic(t);
   CTXPAR_CHECK(err.empty(), err);
   const Canon g = gather_canonical(c, t, ring_hops, tr, st);
@@ -115,11 +117,11 @@ void canonical_fwd(Comm& c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
   counted_fwd(g.call(t), tr, st, -1);
 }
 
-void canonical_bwd(Comm& c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
+void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
   const std::string err = check_deterministic(t);
   CTXPAR_CHECK(err.empty(), err);
   const Canon g = gather_canonical(c, t, ring_hops, tr, st);
-  const int P = c.size();
+  const int P = c ? c->size() : 1;
   const size_t w = size_t(t.H_kv) * t.D, total = g.origin.size(), own = size_t(t.S_k) * w;
   Buffer<int64_t> dk(total * w), dv(total * w);  // zeroed: the kernel adds
   std::fill_n(t.dq, size_t(t.S_q) * t.H_q * t.D, 0.f);
@@ -137,10 +139,14 @@ void canonical_bwd(Comm& c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
     std::copy_n(dk.data() + m * w, w, dst + size_t(i) * w);
     std::copy_n(dv.data() + m * w, w, dst + own + size_t(i) * w);
   }
-  Buffer<int64_t> mine(2 * own, false);
-  if (tr) tr->progress(Phase::reduce_scatter);
-  timed_collective(c, st, tr, Phase::reduce_scatter, double(size_t(P - 1) * 2 * own * sizeof(int64_t)),
-                   [&] { c.reduce_scatter(blocks.span(), mine.span()); });
+  Buffer<int64_t> mine(P > 1 ? 2 * own : 0, false);
+  if (P > 1) {
+    if (tr) tr->progress(Phase::reduce_scatter);
+    timed_collective(*c, st, tr, Phase::reduce_scatter, double(size_t(P - 1) * 2 * own * sizeof(int64_t)),
+                     [&] { c->reduce_scatter(blocks.span(), mine.span()); });
+  } else {
+    mine = std::move(blocks);
+  }
   fixed_to_float(mine.data(), t.dk, int64_t(own));
   fixed_to_float(mine.data() + own, t.dv, int64_t(own));
 }

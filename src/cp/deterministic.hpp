@@ -1,5 +1,5 @@
 // The canonical schedule of deterministic=true (AttnParams::deterministic), used by the
-// all-gather and the ring: results whose bits do not depend on the number of ranks, the strategy
+// all-gather, the ring, ulysses and usp (around their all-to-all): results whose bits do not depend on the number of ranks, the strategy
 // or the thread count. Every rank gathers the whole group's K/V rows (all-gather, or the ring's
 // P - 1 hops), puts them in position order, and attends its own queries to all of them in one
 // kernel call, so each query row meets the same keys in the same key tiles on any mesh (the CPU
@@ -9,7 +9,8 @@
 //
 // The layout must give every rank's chunks whole blocks of attn_query_block(D) positions
 // (Partition's block: the caller pads), and the call must be training's self-attention
-// (the queries are the keys' rows). Costs: the memory of the all-gather (the ring loses its
+// (the queries are the keys' rows); ulysses and usp need heads that split without replication
+// (a replicated K/V head's gradient would be summed in fp32 after the all-to-all). Costs: the memory of the all-gather (the ring loses its
 // O(S/P) buffers and its overlap), and dK/dV travel as 8-byte integers.
 #pragma once
 #include "attn_params.hpp"
@@ -23,9 +24,10 @@ namespace cp {
 // "" when `t` can run the canonical schedule, else why not.
 std::string check_deterministic(const AttnParams& t);
 
-// ring_hops: gather by P - 1 ring hops (ring) instead of one all-gather (allgather).
-void canonical_fwd(Comm& c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st);
-void canonical_bwd(Comm& c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st);
+// ring_hops: gather by P - 1 ring hops (ring) instead of one all-gather (allgather). A null
+// communicator: this rank's rows are all the keys (ulysses, after its all-to-all; one rank).
+void canonical_fwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st);
+void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st);
 
 }  // namespace cp
 }  // namespace ctxpar

@@ -49,12 +49,12 @@ class Ring final : public CpStrategy {
   }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    if (local.deterministic) return cp::canonical_fwd(comm_, local, /*ring_hops=*/true, tr, st);
+    if (local.deterministic) return cp::canonical_fwd(&comm_, local, /*ring_hops=*/true, tr, st);
     if (cp::frugal_call(local)) return cp::ring_fwd_visible(comm_, local, tr, st);
     cp::ring_fwd(&comm_, local, tr, st);
   }
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    if (local.deterministic) return cp::canonical_bwd(comm_, local, /*ring_hops=*/true, tr, st);
+    if (local.deterministic) return cp::canonical_bwd(&comm_, local, /*ring_hops=*/true, tr, st);
     if (cp::frugal_call(local)) return cp::ring_bwd_visible(comm_, local, tr, st);
     cp::ring_bwd(&comm_, local, tr, st);
   }

@@ -16,12 +16,13 @@ class Ulysses final : public CpStrategy {
   explicit Ulysses(Topology& topo) : comm_(topo.cp()) {}
   std::string name() const override { return "ulysses"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
+  bool serves_deterministic() const override { return true; }
 
   std::string validate(const AttnParams& s, const Topology& topo) const override {
     const int U = topo.cp_size();
     std::string e = cp::check_common(name(), s, U);
     if (e.empty()) e = cp::refuse_latent(name(), s);
-    if (e.empty()) e = cp::check_heads(name(), s.H_q, s.H_kv, U);
+    if (e.empty()) e = cp::check_heads(name(), s, U);
     return e;
   }
 

@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "core/memory.hpp"
 #include "cp/common.hpp"
+#include "cp/deterministic.hpp"
 #include "cp/ring_core.hpp"
 #include "trace/trace.hpp"
 
@@ -34,6 +35,15 @@ std::string check_heads(const std::string& strategy, int32_t H_q, int32_t H_kv, 
            std::to_string(U) + " (need H_q % U == 0)" + tail;
   return strategy + ": kv_heads H_kv=" + std::to_string(H_kv) + " can be neither split over nor replicated on U=" +
          std::to_string(U) + " ranks (need H_kv % U == 0 or U % H_kv == 0)" + tail;
+}
+
+std::string check_heads(const std::string& strategy, const AttnParams& s, int U) {
+  std::string e = check_heads(strategy, s.H_q, s.H_kv, U);
+  if (e.empty() && s.deterministic && U > 1 && s.H_kv % U != 0)
+    e = strategy + ": deterministic = true with kv_heads H_kv=" + std::to_string(s.H_kv) + " replicated on U=" +
+        std::to_string(U) + " ranks: a replicated K/V head's gradient would be summed in fp32 after the all-to-all; "
+        "valid: a ulysses degree dividing H_kv, or strategy=allgather or ring";
+  return e;
 }
 
 namespace {
@@ -188,7 +198,8 @@ void ulysses_fwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& 
   a.v = v.data();
   a.o = o.data();
   a.lse = lse.data();
-  ring_fwd(ring, a, tr, st);
+  if (t.deterministic) canonical_fwd(ring, a, /*ring_hops=*/true, tr, st);  // cp/deterministic.hpp
+  else ring_fwd(ring, a, tr, st);
 
   gather_heads(u, {{hq, D, o.data(), t.o}, {hq, 1, lse.data(), t.lse}}, t.S_q, st, tr);
 }
@@ -218,7 +229,8 @@ void ulysses_bwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& 
   a.dq = dq.data();
   a.dk = dk.data();
   a.dv = dv.data();
-  ring_bwd(ring, a, tr, st);
+  if (t.deterministic) canonical_bwd(ring, a, /*ring_hops=*/true, tr, st);
+  else ring_bwd(ring, a, tr, st);
 
   gather_heads(u, {{hq, D, dq.data(), t.dq}, {hk, D, dk.data(), t.dk}, {hk, D, dv.data(), t.dv}}, t.S_q, st, tr);
 }

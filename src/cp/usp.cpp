@@ -17,12 +17,13 @@ class Usp final : public CpStrategy {
   explicit Usp(Topology& topo) : ulysses_(topo.axis(Axis::ulysses)), ring_(topo.axis(Axis::ring)) {}
   std::string name() const override { return "usp"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
+  bool serves_deterministic() const override { return true; }
 
   std::string validate(const AttnParams& s, const Topology& topo) const override {
     const int U = topo.size(Axis::ulysses), R = topo.size(Axis::ring);
     std::string e = cp::check_common(name(), s, U * R);
     if (e.empty()) e = cp::refuse_latent(name(), s);
-    if (e.empty()) e = cp::check_heads(name(), s.H_q, s.H_kv, U);
+    if (e.empty()) e = cp::check_heads(name(), s, U);
     return e;
   }
 
