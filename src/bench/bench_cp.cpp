@@ -229,6 +229,7 @@ int bench_cp(BenchContext& ctx) {
     std::string label, strategy;
     bool latent;
     bool frugal = false;  // AttnParams::visible_only (config frugal=true): the row `<name>:frugal`
+    bool det = false;     // AttnParams::deterministic (config deterministic=true): the row `<name>:det`
   };
   std::vector<RowKind> rows;
   for (const std::string& name : names) {
@@ -237,6 +238,7 @@ int bench_cp(BenchContext& ctx) {
     rows.push_back({name, name, moves});
     if (moves) rows.push_back({name + ":kv", name, false});
     if (cfg.frugal && s->moves_visible_only()) rows.push_back({name + ":frugal", name, false, true});
+    if (cfg.deterministic && s->serves_deterministic()) rows.push_back({name + ":det", name, false, false, true});
   }
   std::map<int64_t, double> plain_bytes;  // frugal: seq -> bytes of the plain row of the same strategy (last seen)
   std::map<std::string, double> step_bytes;  // MLA: label -> bytes of one forward ring step
@@ -261,6 +263,11 @@ int bench_cp(BenchContext& ctx) {
       "#wrong: elements off the single-rank kernel by > 1e-4 * max|tensor|; check: full = all rows of O, LSE, dQ, "
       "dK, dV; sample = O, LSE, dQ of ~" + std::to_string(kSampleRows) + " rows"};
   if (P == 1) notes.push_back("P = 1: every strategy is one kernel call (the single-rank baseline)");
+  if (cfg.deterministic)
+    notes.push_back("deterministic=true: <name>:det rows run the canonical schedule (cp/deterministic.hpp: every rank "
+                    "attends to all keys in position order, dK/dV summed exactly as integers, the layout padded to "
+                    "whole " + std::to_string(attn_query_block(int32_t(cfg.head_dim))) +
+                    "-token query tiles per chunk): bits independent of P, strategy and threads (tests/mpi/test_cp.cpp)");
   if (cfg.frugal)
     notes.push_back(
         "frugal=true: <name>:frugal rows move only the key/value rows some query of the receiver can see (cp/visible.hpp); "
@@ -268,7 +275,7 @@ int bench_cp(BenchContext& ctx) {
         "no metadata, max over ranks; x_min = bytes / min; x_plain = bytes / the plain row's bytes");
 
   std::vector<BenchColumn> cols = {
-      {"strategy", "strategy", "", cfg.frugal ? 17 : 10, 0}, {"seq", "seq", "tokens", 9, 0},
+      {"strategy", "strategy", "", cfg.frugal || cfg.deterministic ? 17 : 10, 0}, {"seq", "seq", "tokens", 9, 0},
       {"fwd_ms", "fwd", "ms", 11, 1}, {"bwd_ms", "bwd", "ms", 11, 1},
       {"bytes_mb", "bytes", "MB", 10, 1}, {"exposed_ms", "exposed", "ms", 10, 2},
       {"exposed_pct", "exposed", "%", 9, 2}, {"busbw_gbs", "busbw", "GB/s", 8, 3},
@@ -296,6 +303,7 @@ int bench_cp(BenchContext& ctx) {
       Config c = cfg;
       c.seq = S;
       AttnParams shape = attn_problem(c);  // MLA: heads of nope + rope and the latent's width (modes/workload.hpp)
+      shape.deterministic = row.det;
       const std::string err = strat->validate(shape, topo);  // with the latent: ulysses, usp refuse
       if (!row.latent) shape.latent_width = 0;
       Inputs in;
@@ -308,7 +316,7 @@ int bench_cp(BenchContext& ctx) {
         skipped.push_back(name + " at seq " + std::to_string(S) + ": " + (err.empty() ? derr : err));
         continue;
       }
-      const Partition part(strat->partition(), S, P);
+      const Partition part(strat->partition(), S, P, row.det ? attn_query_block(shape.D) : 1);
       in.pos = part.positions(r);
       in.doc = local_doc_ids(part, r, in.global_doc, shape.mask);
       const size_t n = in.pos.size(), wq = size_t(shape.H_q) * shape.D, wk = size_t(shape.H_kv) * shape.D;
@@ -332,7 +340,7 @@ int bench_cp(BenchContext& ctx) {
                                    {in.dout.data(), int64_t(wq)}});
       AttnParams t = in.local(shape, ex);
       // As in training: every rank's keys are its zigzag shard, so the ring derives positions.
-      if (strat->partition() == PartitionKind::zigzag) t.k_pos_zigzag = S;
+      if (strat->partition() == PartitionKind::zigzag && !row.det) t.k_pos_zigzag = S;
       t.visible_only = row.frugal;  // only the visible rows move
       const double real_pairs =
           part.padding() > 0 ? double(problem_visible_pairs(shape, in.global_doc)) * double(world.size() / P) : -1;

@@ -87,6 +87,7 @@ const std::vector<Field>& config_fields() {
       {"mem_per_rank", &Config::mem_per_rank, "0", "host memory a rank may use, checked against the plan before anything is allocated (0 = this node's available memory, or its cgroup limit, shared by its ranks)", {}, 0, 9.2e18},
       {"csv", &Config::csv, "false", "bench: print CSV instead of a table", {}},
       {"frugal", &Config::frugal, "false", "train, bench cp: the all-gather and the ring send a rank only the key/value rows some query there can see (the causal future, other documents and rows beyond a window stay home; dK/dV return the same way); other strategies refuse it", {}},
+      {"deterministic", &Config::deterministic, "false", "bench cp: attention whose bits do not depend on the number of ranks, the strategy or the threads (every rank attends to all keys in position order, dK/dV summed exactly; the layout padded to whole query tiles); rows <name>:det beside the plain ones. Not yet train or inference", {}},
       // workload / attention
       {"seq", &Config::seq, "4K", "S: global sequence length in tokens (K/M suffixes)", {}, 1, 1ll << 40},
       {"heads", &Config::heads, "8", "H_q: query heads", {}, 1, 65536},
@@ -465,6 +466,14 @@ void validate_config(const Config& c, int world_size) {
   const bool bench_cp = c.mode == Mode::bench && c.bench == Bench::cp;
   if (c.strategy == StrategySetting::all && !bench_cp && c.mode != Mode::predict)
     throw UsageError("config: strategy = all is only for `ctxpar bench cp` (and predict); valid here: allgather, ulysses, ring, usp, auto");
+  if (c.deterministic && !bench_cp)
+    throw UsageError(std::string("config: deterministic = true applies to `ctxpar bench cp` so far (the attention is "
+                                 "bit-identical on any mesh; the model's GEMMs and reductions in train and inference are "
+                                 "not yet); valid here: deterministic=false"));
+  if (c.deterministic && (c.frugal || c.attention == "mla" || c.device != Device::cpu))
+    throw UsageError(std::string("config: deterministic = true with ") +
+                     (c.frugal ? "frugal = true" : c.attention == "mla" ? "attention = mla" : "device = cuda") +
+                     ": not served yet (the canonical schedule gathers every K/V row, on the CPU); valid: deterministic=false");
   if (c.partition != PartitionKind::zigzag && c.mode != Mode::predict)
     throw UsageError(std::string("config: partition = ") + name_of(c.partition) + " is an input of `ctxpar predict` only; the executed strategies "
                      "shard zigzag (equal causal work per rank and ring step); valid here: partition=zigzag");

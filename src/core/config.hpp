@@ -38,6 +38,7 @@ struct Config {
   int64_t head_dim;          // D
   StrategySetting strategy;
   bool frugal;               // the all-gather and the ring move only the key/value rows a receiving rank can see
+  bool deterministic;        // bench cp: attention with the same bits on any mesh (cp/deterministic.hpp)
   PartitionKind partition;
   MaskKind mask;
   int64_t window;

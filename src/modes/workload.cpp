@@ -39,7 +39,12 @@ std::string validate_workload(const Config& cfg, Topology& topo) {
     return std::string("config: frugal = true: strategy = ") + name_of(cfg.strategy) +
            " moves every key row; valid: strategy=allgather, ring or all (all: the frugal rows of those two beside "
            "every plain row), or frugal=false";
-  std::string err = strat->validate(attn_problem(cfg), topo);
+  AttnParams shape = attn_problem(cfg);
+  shape.deterministic = cfg.deterministic;
+  if (cfg.deterministic && !strat->serves_deterministic())
+    return std::string("config: deterministic = true: strategy = ") + name_of(cfg.strategy) +
+           " has no canonical schedule; valid: strategy=allgather, ulysses, ring, usp or all, or deterministic=false";
+  std::string err = strat->validate(shape, topo);
   if (!err.empty()) return err;
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
   if (!err.empty()) return "config: " + err;
@@ -62,10 +67,19 @@ WorkloadPlan plan_workload(const Config& cfg, Topology& topo) {
   const double local = double(p.S_loc_max) *
                        (4.0 * shape.H_q * shape.D + 4.0 * shape.H_kv * shape.D + shape.H_q + 2.0 * shape.latent_width) * f;
   const double comm = 2.0 * strat->comm_volume_fwd(attn_problem(cfg), has_docs(cfg), topo);
-  p.bytes_per_rank = local + comm;
+  // deterministic rows (cp/deterministic.hpp): every K/V row gathered twice over (the packed
+  // blocks and the position-ordered copy), the exact dK/dV of every key as 8-byte integers twice
+  // (the kernel's sums and the blocks reduce-scattered), on the layout padded to whole tiles.
+  const double canon =
+      cfg.deterministic
+          ? double(Partition::padded_length(strat->partition(), cfg.seq, P, attn_query_block(shape.D))) * shape.H_kv *
+                shape.D * (2.0 * 2.0 * f + 2.0 * 2.0 * sizeof(int64_t))
+          : 0.0;
+  p.bytes_per_rank = local + std::max(comm, canon);
   std::ostringstream os;
-  os << "local tensors " << fmt_bytes(local) << " + transfer buffers " << fmt_bytes(comm)
-     << "; attention working set of the kernel not included";
+  os << "local tensors " << fmt_bytes(local) << " + transfer buffers " << fmt_bytes(comm);
+  if (canon > 0) os << " (deterministic rows: " << fmt_bytes(canon) << " of gathered keys and exact sums)";
+  os << "; attention working set of the kernel not included";
   p.memory_note = os.str();
   return p;
 }
