@@ -147,6 +147,9 @@ struct AttnParams {
   // queries are the keys' rows (training), a rank receives only the key rows some query of its
   // can see.
   bool visible_only = false;
+  // The batch a frugal call belongs to (> 0), the same on every rank: a strategy computes the
+  // plan once per batch and mask and reuses it for the other layers and the backward (0: no reuse).
+  int64_t batch_id = 0;
   // Deterministic schedule (read by the CP strategies; a kernel call ignores this): the results'
   // bits do not depend on P or the strategy — every rank attends its queries to all keys in
   // position order in one call, and dK/dV are summed exactly (dk_fixed) across the ranks.

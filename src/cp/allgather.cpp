@@ -109,7 +109,7 @@ class AllGather final : public CpStrategy {
   // dK/dV (fp32) the same way; each owner adds them to its own, in rank order.
   static constexpr int kTagVisible = 121, kTagVisibleBack = 122;
   struct Compact {
-    cp::VisibleKeys keys;
+    const cp::VisibleKeys* keys = nullptr;
     Buffer<std::byte> k, v;
     std::vector<int64_t> pos;
     std::vector<int32_t> doc;
@@ -145,18 +145,18 @@ class AllGather final : public CpStrategy {
     const int64_t n = t.S_k;
     const size_t row = cp::kv_row_bytes(t);
     Compact c;
-    c.keys = cp::gather_visible(comm_, t, tr, st);
-    const cp::VisiblePlan& plan = c.keys.plan;
+    c.keys = &visible_.get(comm_, t, tr, st);
+    const cp::VisiblePlan& plan = c.keys->plan;
     c.off.assign(size_t(P + 1), 0);
     for (int i = 0; i < P; ++i) c.off[size_t(i + 1)] = c.off[size_t(i)] + (i == r ? n : int64_t(plan.recv[size_t(i)].size()));
     const int64_t rows = c.off.back();
     c.k.resize(size_t(rows) * row, false);
     c.v.resize(size_t(rows) * row, false);
     for (int i = 0; i < P; ++i) {  // the rows of segment i: all of this rank's, the visible ones of the others
-      const std::vector<int64_t> p = i == r ? std::vector<int64_t>(t.k_pos, t.k_pos + n) : c.keys.recv_pos(i);
+      const std::vector<int64_t> p = i == r ? std::vector<int64_t>(t.k_pos, t.k_pos + n) : c.keys->recv_pos(i);
       c.pos.insert(c.pos.end(), p.begin(), p.end());
       if (!t.k_doc) continue;
-      const std::vector<int32_t> d = i == r ? std::vector<int32_t>(t.k_doc, t.k_doc + n) : c.keys.recv_doc(i);
+      const std::vector<int32_t> d = i == r ? std::vector<int32_t>(t.k_doc, t.k_doc + n) : c.keys->recv_doc(i);
       c.doc.insert(c.doc.end(), d.begin(), d.end());
     }
     std::memcpy(c.k.data() + size_t(c.off[size_t(r)]) * row, t.k, size_t(n) * row);
@@ -187,7 +187,7 @@ class AllGather final : public CpStrategy {
 
   void backward_visible(const AttnParams& local, Tracer* tr, CpStats& st) {
     const Compact c = exchange_visible(local, tr, st);
-    const cp::VisiblePlan& plan = c.keys.plan;
+    const cp::VisiblePlan& plan = c.keys->plan;
     const int P = comm_.size(), r = comm_.rank();
     const int64_t n = local.S_k, w = int64_t(local.H_kv) * local.D;
     Buffer<float> dk(size_t(c.off.back() * w)), dv(size_t(c.off.back() * w));  // zeroed: the kernel accumulates
@@ -283,6 +283,7 @@ class AllGather final : public CpStrategy {
   }
 
   Comm& comm_;
+  cp::VisibleCache visible_;  // frugal plans of the current batch
 };
 
 }  // namespace

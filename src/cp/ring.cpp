@@ -50,12 +50,12 @@ class Ring final : public CpStrategy {
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
     if (local.deterministic) return cp::canonical_fwd(&comm_, local, /*ring_hops=*/true, tr, st);
-    if (cp::frugal_call(local)) return cp::ring_fwd_visible(comm_, local, tr, st);
+    if (cp::frugal_call(local)) return cp::ring_fwd_visible(comm_, local, visible_.get(comm_, local, tr, st), tr, st);
     cp::ring_fwd(&comm_, local, tr, st);
   }
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
     if (local.deterministic) return cp::canonical_bwd(&comm_, local, /*ring_hops=*/true, tr, st);
-    if (cp::frugal_call(local)) return cp::ring_bwd_visible(comm_, local, tr, st);
+    if (cp::frugal_call(local)) return cp::ring_bwd_visible(comm_, local, visible_.get(comm_, local, tr, st), tr, st);
     cp::ring_bwd(&comm_, local, tr, st);
   }
 
@@ -66,6 +66,7 @@ class Ring final : public CpStrategy {
                               : cp::ring_kv_message_bytes(s.S_k / P, s.H_kv, s.D, s.dtype, docs, pos);
   }
   Comm& comm_;
+  cp::VisibleCache visible_;  // frugal plans of the current batch
 };
 
 }  // namespace

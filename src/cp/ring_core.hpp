@@ -14,6 +14,7 @@
 namespace ctxpar {
 class Tracer;
 namespace cp {
+struct VisibleKeys;
 
 // Packed size of one hop's K/V message (K, V, positions unless derivable, document ids).
 double ring_kv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc, bool has_pos = true);
@@ -53,8 +54,9 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st);
 // ring. Backward: the same K/V flow; a block's dK/dV (fp32, just the received rows) go straight
 // back to their owner, which adds them in distance order. Bytes: the rows some query of the
 // receiver can see, and the plan's document ids (positions too unless derivable).
-void ring_fwd_visible(Comm& ring, const AttnParams& a, Tracer* tr, CpStats& st);
-void ring_bwd_visible(Comm& ring, const AttnParams& a, Tracer* tr, CpStats& st);
+// `keys`: the call's plan (cp/visible.hpp; the strategy's VisibleCache).
+void ring_fwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, Tracer* tr, CpStats& st);
+void ring_bwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, Tracer* tr, CpStats& st);
 
 }  // namespace cp
 }  // namespace ctxpar

@@ -24,8 +24,8 @@ constexpr int kProgressParts = 8;  // row chunks per block while a transfer is i
 // The schedule of one call: the plan, and per distance d the peers and the visiting block's keys.
 class VisibleRing {
  public:
-  VisibleRing(Comm& c, const AttnParams& a, Tracer* tr, CpStats& st)
-      : c_(c), a_(a), P_(c.size()), r_(c.rank()), keys_(gather_visible(c, a, tr, st)), row_(kv_row_bytes(a)) {
+  VisibleRing(Comm& c, const AttnParams& a, const VisibleKeys& keys)
+      : c_(c), a_(a), P_(c.size()), r_(c.rank()), keys_(keys), row_(kv_row_bytes(a)) {
     pos_.resize(size_t(P_));
     doc_.resize(size_t(P_));
     for (int i = 0; i < P_; ++i)
@@ -79,7 +79,7 @@ class VisibleRing {
   Comm& c_;
   const AttnParams& a_;
   const int P_, r_;
-  const VisibleKeys keys_;
+  const VisibleKeys& keys_;
   const size_t row_;
   std::vector<std::vector<int64_t>> pos_;
   std::vector<std::vector<int32_t>> doc_;
@@ -87,8 +87,8 @@ class VisibleRing {
 
 }  // namespace
 
-void ring_fwd_visible(Comm& ring, const AttnParams& a, Tracer* tr, CpStats& st) {
-  VisibleRing vr(ring, a, tr, st);
+void ring_fwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, Tracer* tr, CpStats& st) {
+  VisibleRing vr(ring, a, keys);
   const int P = ring.size();
   const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts);
   Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false), lse_tmp(size_t(chunk) * a.H_q, false);
@@ -117,8 +117,8 @@ void ring_fwd_visible(Comm& ring, const AttnParams& a, Tracer* tr, CpStats& st) 
   }
 }
 
-void ring_bwd_visible(Comm& ring, const AttnParams& a, Tracer* tr, CpStats& st) {
-  VisibleRing vr(ring, a, tr, st);
+void ring_bwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, Tracer* tr, CpStats& st) {
+  VisibleRing vr(ring, a, keys);
   const int P = ring.size();
   const size_t w = size_t(a.H_kv) * a.D;
   std::fill_n(a.dq, size_t(a.S_q) * a.H_q * a.D, 0.f);

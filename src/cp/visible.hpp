@@ -48,6 +48,24 @@ bool frugal_call(const AttnParams& t);
 // all_gather) and computes the plan: identical on every rank.
 VisibleKeys gather_visible(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st);
 
+// The plans of one batch (AttnParams::batch_id), one per mask (a model's global and local layers
+// differ): a strategy keeps one and asks it for each frugal call, so the metadata is gathered and
+// the plan computed once per batch and mask, not per layer and pass. Without a batch id (0) every
+// call computes its own. The id is the same on every rank, so they all hit or all miss.
+class VisibleCache {
+ public:
+  const VisibleKeys& get(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st);
+
+ private:
+  struct Entry {
+    int64_t batch = 0, n = 0, window = 0;
+    MaskKind mask = MaskKind::causal;
+    VisibleKeys keys;
+  };
+  std::vector<Entry> entries_;
+  VisibleKeys scratch_;
+};
+
 // Bytes of one K or V row of `t` (H_kv * D elements of t.dtype); of one fp32 gradient row.
 size_t kv_row_bytes(const AttnParams& t);
 size_t grad_row_bytes(const AttnParams& t);

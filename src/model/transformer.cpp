@@ -116,6 +116,7 @@ AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
     zigzag_S_ = part.positions(topo_.cp().rank()) == pos_ ? b.S : 0;
   }
   t.k_pos_zigzag = zigzag_S_;
+  t.batch_id = batch_serial_;  // a frugal strategy plans once per batch (cp/visible.hpp)
   t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
   t.o = a.o.data(); t.lse = a.lse.data();
   if (d_.mla && strategy_of(l).moves_latent()) {  // the latent travels instead of K/V
@@ -241,6 +242,7 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   tr_ = tr;
   st_ = &st;
   times_ = &times;
+  ++batch_serial_;  // a new batch: its own frugal plans
   const double t_start = now_s();
   const int64_t S = S_loc_, dim = d_.dim, V = d_.vocab;
   const ModelView w = layout_.view(const_cast<float*>(params));

@@ -85,6 +85,7 @@ class Transformer {
   CpStrategy* local_;  // the L layers' (null without any)
   Remat remat_;
   AttnParams call_;  // the strategy's call on this rank's shard (tensors set per layer)
+  int64_t batch_serial_ = 0;  // forward_backward calls so far: AttnParams::batch_id
   bool has_docs_;
   int64_t S_loc_;
   std::vector<int64_t> pos_;
