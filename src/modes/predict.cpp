@@ -13,6 +13,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "cp/strategy.hpp"
 #include "dist/topology.hpp"
 #include "model/flops.hpp"
 #include "modes/modes.hpp"
@@ -134,6 +135,10 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
     // mesh it is not a candidate of its own.
     if (run == StrategySetting::usp && (mesh.ulysses < 2 || mesh.ring < 2) && p.invalid.empty())
       p.invalid = std::string("the same as ") + (mesh.ulysses < 2 ? "ring" : "ulysses") + " on this mesh";
+    // frugal=true: only the strategies that move just the visible rows (priced as the plain ones,
+    // an upper bound) are candidates.
+    if (cfg.frugal && p.invalid.empty() && !make_strategy(run, topo)->moves_visible_only())
+      p.invalid = "moves every key row (frugal = true)";
     p.strategy = run_name;
     preds.push_back(p);
   }
