@@ -19,14 +19,16 @@ void attn_fwd(const AttnParams& p);
 // FlashAttention-2). Under GQA dK/dV sum over the query heads of a group.
 void attn_bwd(const AttnParams& p);
 
-// Exact sums (AttnParams::dk_fixed): the fixed-point grid is 2^-kFixedShift (about 1.5e-11), its
-// range |x| < 2^(63 - kFixedShift) (about 1.3e8); conversion truncates toward zero.
+// Exact sums (AttnParams::dk_fixed): each contribution is rounded to the grid 2^-kFixedShift
+// (about 1.5e-11) on entry, so a sum of n contributions is off by at most n * 2^-(kFixedShift+1)
+// absolute (plus the final rounding to fp32); attn_bwd refuses a contribution of magnitude 2^16 or
+// more (the sums then stay far inside int64).
 inline constexpr int kFixedShift = 36;
 // The rows of the CPU kernel's query tile for head dimension D: the block of positions an exact
 // dK/dV sum groups by (a layout for deterministic=true pads each rank's chunks to a multiple).
 int64_t attn_query_block(int32_t D);
-// x[i] = fixed[i] * 2^-kFixedShift, rounded to fp32 (one function of the integer: the same bits
-// wherever it runs).
+// x[i] = fixed[i] * 2^-kFixedShift, rounded to fp32 (int64 -> double -> float: one function of the
+// integer, the same bits wherever it runs).
 void fixed_to_float(const int64_t* fixed, float* x, int64_t n);
 
 // Merges a partial result (o_b, lse_b) over a disjoint key set into (o, lse), in place:

@@ -51,17 +51,34 @@ namespace {
 // Q, O and score tiles plus one K and one V tile stay within a 512 KiB L2.
 constexpr int64_t kBkFwd = 128, kBkBwd = 64;
 int64_t query_tile_rows(int32_t D) { return D <= 128 ? 96 : 48; }
+// Exact sums: one tile's contribution at most 2^16 in magnitude, so that 2^10 of them (any
+// sequence up to ~100K queries per kv head at 96-row tiles, x heads per group) stay below 2^62.
+constexpr float kFixedTileLimit = 65536.f;
+static_assert(kFixedShift + 16 + 10 <= 62, "the exact sums' headroom");
 
-// Exact dK/dV (AttnParams::dk_fixed): out[r, d] += src[r, d] * 2^kFixedShift (truncated), for nk
-// rows of D; multiversioned so the conversion runs in 512-bit lanes where the CPU has them.
+// Exact dK/dV (AttnParams::dk_fixed): out[r, d] += src[r, d] * 2^kFixedShift rounded to the
+// nearest integer, for nk rows of D; multiversioned so the conversion runs in 512-bit lanes where
+// the CPU has them. Returns the largest |src| seen (NaN when one is NaN), which the caller checks
+// against the fixed-point range before any sum could have overflowed.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void add_fixed_rows(const float* src, int64_t ld_src, int64_t nk, int32_t D, int64_t* out, int64_t ld_out) {
-  const float unit = std::ldexp(1.0f, kFixedShift);
+float add_fixed_rows(const float* src, int64_t ld_src, int64_t nk, int32_t D, int64_t* out, int64_t ld_out) {
+  const float unit = std::ldexp(1.0f, kFixedShift), limit = std::ldexp(1.0f, 62 - kFixedShift - 10);
+  float big = 0.f;
+  int nan = 0;
   for (int64_t r = 0; r < nk; ++r) {
     const float* a = src + r * ld_src;
     int64_t* o = out + r * ld_out;
-    for (int32_t d = 0; d < D; ++d) o[d] += static_cast<int64_t>(a[d] * unit);
+    for (int32_t d = 0; d < D; ++d) {
+      const float x = a[d];
+      big = std::max(big, std::abs(x));
+      nan |= x != x;
+      // clamped (and NaN made 0) before the conversion, so the cast is always defined; the caller
+      // fails the call when a value was out of range
+      const float y = x != x ? 0.f : std::clamp(x, -limit, limit);
+      o[d] += static_cast<int64_t>(std::nearbyint(y * unit));
+    }
   }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : big;
 }
 int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
 constexpr float kLog2e = 1.4426950408889634f;
@@ -361,6 +378,8 @@ void attn_bwd(const AttnParams& p) {
   for (int64_t h = 0; h < p.H_q; ++h)
     for (int64_t qi = 0; qi < n_qt; ++qi) turn[size_t(h * n_qt + qi)].store(first_visible[size_t(qi)]);
 
+  // Exact sums: a tile value beyond the fixed-point range (or NaN) fails the call below.
+  std::atomic<bool> fixed_overflow{false};
 #pragma omp parallel num_threads(thread_count(p))
   {
     Laps lap(p.profile != nullptr);
@@ -456,8 +475,10 @@ void attn_bwd(const AttnParams& p) {
           ops.gemm(nk, Dp, nq, dst.get(), Bq, 1, qt, Dp, 16, dka.get(), Dp, !exact);
           lap(&AttnProfile::gemm);
           if (exact) {
-            add_fixed_rows(dka.get(), Dp, nk, D, p.dk_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D);
-            add_fixed_rows(dva.get(), Dp, nk, D, p.dv_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D);
+            const float big =
+                std::max(add_fixed_rows(dka.get(), Dp, nk, D, p.dk_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D),
+                         add_fixed_rows(dva.get(), Dp, nk, D, p.dv_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D));
+            if (!(big < kFixedTileLimit)) fixed_overflow.store(true, std::memory_order_relaxed);
             lap.rest();  // the conversion counts as rest
           }
           // dQ (this tile's share) = dS K, added at this key tile's turn of (h, query tile)
@@ -505,6 +526,9 @@ void attn_bwd(const AttnParams& p) {
     }
     lap.finish(p.profile);
   }
+  if (fixed_overflow.load())
+    throw std::invalid_argument("attn_bwd: a dK/dV contribution beyond the exact sums' range (|x| >= " +
+                                std::to_string(kFixedTileLimit) + ", or NaN): deterministic=true cannot represent it");
 }
 
 // The identity of kernels/ops.hpp, per (row, head), in fp32. The weights are formed from the

@@ -114,11 +114,11 @@ const VisibleKeys& VisibleCache::get(Comm& c, const AttnParams& t, Tracer* tr, C
     scratch_ = gather_visible(c, t, tr, st);
     return scratch_;
   }
-  for (Entry& e : entries_)
-    if (e.batch == t.batch_id && e.n == t.S_k && e.mask == t.mask && e.window == t.window) return e.keys;
-  std::erase_if(entries_, [&](const Entry& e) { return e.batch != t.batch_id; });  // an older batch's
-  entries_.push_back(Entry{t.batch_id, t.S_k, t.window, t.mask, gather_visible(c, t, tr, st)});
-  return entries_.back().keys;
+  for (const auto& e : entries_)
+    if (e->batch == t.batch_id && e->n == t.S_k && e->mask == t.mask && e->window == t.window) return e->keys;
+  std::erase_if(entries_, [&](const auto& e) { return e->batch != t.batch_id; });  // an older batch's
+  entries_.push_back(std::make_unique<Entry>(Entry{t.batch_id, t.S_k, t.window, t.mask, gather_visible(c, t, tr, st)}));
+  return entries_.back()->keys;
 }
 
 size_t kv_row_bytes(const AttnParams& t) { return size_t(t.H_kv) * size_t(t.D) * dtype_bytes(t.dtype); }

@@ -1,13 +1,14 @@
 // Which key rows a rank's queries can see: the plan of frugal transfers (config frugal=true,
 // AttnParams::visible_only; the all-gather and the ring). Every rank of a group holds n rows,
 // which are both its queries and its keys (training); from every rank's positions and document
-// ids, gathered once per call (positions derived instead where AttnParams::k_pos_zigzag says
-// the keys are the zigzag shards), each rank computes the same answer: the rows of rank i that
-// some query of rank j can see under the mask (same document, and the key in the query's causal
+// ids, gathered once per batch and mask (VisibleCache; positions derived instead where
+// AttnParams::k_pos_zigzag says the keys are the zigzag shards), each rank computes the same
+// answer: the rows of rank i that some query of rank j can see under the mask (same document, and the key in the query's causal
 // past, within `window` for a window mask; any row of the query's document without a mask).
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "attn_params.hpp"
@@ -62,7 +63,7 @@ class VisibleCache {
     MaskKind mask = MaskKind::causal;
     VisibleKeys keys;
   };
-  std::vector<Entry> entries_;
+  std::vector<std::unique_ptr<Entry>> entries_;  // stable addresses: get()'s result stays valid for the batch
   VisibleKeys scratch_;
 };
 

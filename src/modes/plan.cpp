@@ -91,7 +91,10 @@ double workload_memory(const Config& cfg, Topology& topo) {
   for (StrategySetting s : {StrategySetting::allgather, StrategySetting::ulysses, StrategySetting::ring, StrategySetting::usp}) {
     Config c = cfg;
     c.strategy = s;
-    c.frugal = false;  // strategy=all runs every strategy's plain row (and the frugal ones beside)
+    c.frugal = false;  // strategy=all runs every strategy's plain row (and the frugal / :det ones beside)
+    c.deterministic = false;
+    if (validate_workload(c, topo).empty()) most = std::max(most, plan_workload(c, topo).bytes_per_rank);
+    c.deterministic = cfg.deterministic;
     if (validate_workload(c, topo).empty()) most = std::max(most, plan_workload(c, topo).bytes_per_rank);
   }
   return most;

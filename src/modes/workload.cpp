@@ -57,7 +57,9 @@ WorkloadPlan plan_workload(const Config& cfg, Topology& topo) {
   WorkloadPlan p;
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   const int P = topo.cp().size();
-  p.partition = std::make_unique<Partition>(strat->partition(), cfg.seq, P);
+  // deterministic rows run on a layout padded to whole query tiles: the larger one is planned
+  const int64_t block = cfg.deterministic ? attn_query_block(attn_problem(cfg).D) : 1;
+  p.partition = std::make_unique<Partition>(strat->partition(), cfg.seq, P, block);
   p.partition_name = partition_name(strat->partition());
   for (int r = 0; r < P; ++r) p.S_loc_max = std::max(p.S_loc_max, p.partition->local_size(r));
   // Local tensors: q, o, dout, dq [S_loc, H_q, D]; k, v, dk, dv [S_loc, H_kv, D]; lse [S_loc, H_q];

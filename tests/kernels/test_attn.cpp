@@ -396,6 +396,33 @@ TEST(AttnExact, AnySplitOfTheQueriesGivesTheSameBits) {
   }
 }
 
+// A contribution beyond the fixed-point range (or NaN) stops the call with a message instead of
+// overflowing the integer sums.
+TEST(AttnExact, OutOfRangeContributionsAreRefused) {
+  Shape sh{0, 0, 2, 2, 64, MaskKind::causal, Layout::diagonal};
+  sh.S_q = sh.S_k = attn_query_block(sh.D);
+  for (float bad : {1e7f, std::numeric_limits<float>::quiet_NaN()}) {
+    Problem pr(sh, 5);
+    for (int64_t i = 0; i < sh.S_q; ++i) pr.q_pos[size_t(i)] = pr.k_pos[size_t(i)] = i;
+    std::vector<float> o(pr.q.size()), lse(size_t(sh.S_q) * sh.H_q), dq(pr.q.size());
+    std::vector<int64_t> dk(pr.k.size()), dv(pr.k.size());
+    AttnParams p = pr.params();
+    p.o = o.data();
+    p.lse = lse.data();
+    p.dq = dq.data();
+    p.dk_fixed = dk.data();
+    p.dv_fixed = dv.data();
+    attn_fwd(p);
+    pr.dout[3] = bad;  // dV of the keys row 3 sees: bad * P
+    try {
+      attn_bwd(p);
+      ADD_FAILURE() << "a contribution of " << bad << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("range"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(AttnExact, QueryTilesMustBeAlignedBlocks) {
   Shape sh{0, 0, 2, 2, 64, MaskKind::causal, Layout::diagonal};
   sh.S_q = sh.S_k = attn_query_block(sh.D) + 5;
