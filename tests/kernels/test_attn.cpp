@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <random>
 
@@ -396,6 +397,27 @@ TEST(AttnExact, AnySplitOfTheQueriesGivesTheSameBits) {
   }
 }
 
+// Forward, then a backward with exact dK/dV that must be refused with a message containing `why`
+// (`spoil` changes the problem between the two).
+void expect_exact_bwd_refused(Problem& pr, const std::function<void(Problem&)>& spoil, const std::string& why) {
+  std::vector<float> o(pr.q.size()), lse(size_t(pr.shape.S_q) * pr.shape.H_q), dq(pr.q.size());
+  std::vector<int64_t> dk(pr.k.size()), dv(pr.k.size());
+  AttnParams p = pr.params();
+  p.o = o.data();
+  p.lse = lse.data();
+  p.dq = dq.data();
+  p.dk_fixed = dk.data();
+  p.dv_fixed = dv.data();
+  attn_fwd(p);
+  spoil(pr);
+  try {
+    attn_bwd(p);
+    ADD_FAILURE() << "accepted; expected a refusal naming '" << why << "'";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+}
+
 // A contribution beyond the fixed-point range (or NaN) stops the call with a message instead of
 // overflowing the integer sums.
 TEST(AttnExact, OutOfRangeContributionsAreRefused) {
@@ -404,44 +426,15 @@ TEST(AttnExact, OutOfRangeContributionsAreRefused) {
   for (float bad : {1e7f, std::numeric_limits<float>::quiet_NaN()}) {
     Problem pr(sh, 5);
     for (int64_t i = 0; i < sh.S_q; ++i) pr.q_pos[size_t(i)] = pr.k_pos[size_t(i)] = i;
-    std::vector<float> o(pr.q.size()), lse(size_t(sh.S_q) * sh.H_q), dq(pr.q.size());
-    std::vector<int64_t> dk(pr.k.size()), dv(pr.k.size());
-    AttnParams p = pr.params();
-    p.o = o.data();
-    p.lse = lse.data();
-    p.dq = dq.data();
-    p.dk_fixed = dk.data();
-    p.dv_fixed = dv.data();
-    attn_fwd(p);
-    pr.dout[3] = bad;  // dV of the keys row 3 sees: bad * P
-    try {
-      attn_bwd(p);
-      ADD_FAILURE() << "a contribution of " << bad << " was accepted";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("range"), std::string::npos) << e.what();
-    }
+    expect_exact_bwd_refused(pr, [&](Problem& x) { x.dout[3] = bad; }, "range");  // dV of key 0 gets bad * 1
   }
 }
 
 TEST(AttnExact, QueryTilesMustBeAlignedBlocks) {
   Shape sh{0, 0, 2, 2, 64, MaskKind::causal, Layout::diagonal};
   sh.S_q = sh.S_k = attn_query_block(sh.D) + 5;
-  Problem pr(sh, 3);
-  std::vector<float> o(pr.q.size()), lse(size_t(sh.S_q) * sh.H_q), dq(pr.q.size());
-  std::vector<int64_t> dk(pr.k.size()), dv(pr.k.size());
-  AttnParams p = pr.params();  // positions 1000 + i: not a multiple of the block
-  p.o = o.data();
-  p.lse = lse.data();
-  p.dq = dq.data();
-  p.dk_fixed = dk.data();
-  p.dv_fixed = dv.data();
-  attn_fwd(p);
-  try {
-    attn_bwd(p);
-    ADD_FAILURE() << "an unaligned query tile was accepted";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("aligned block"), std::string::npos) << e.what();
-  }
+  Problem pr(sh, 3);  // positions 1000 + i: not a multiple of the block
+  expect_exact_bwd_refused(pr, [](Problem&) {}, "aligned block");
 }
 
 }  // namespace
