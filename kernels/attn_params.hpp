@@ -94,8 +94,9 @@ struct AttnParams {
   float* dk = nullptr;
   float* dv = nullptr;
   // Exact dK/dV (config deterministic=true; CPU): when set, attn_bwd adds each contribution of one
-  // query tile (attn_query_block(D) rows, a whole aligned block of positions) and one query head
-  // to dK and dV as fixed-point integers, value * 2^kFixedShift rounded (ops.hpp), into these
+  // query tile (attn_query_block(D) rows, a whole aligned block of positions; the K/V group's query
+  // heads summed in fp32 in head order first) to dK and dV as fixed-point integers,
+  // value * 2^kFixedShift rounded (ops.hpp), into these
   // [S_k, H_kv, D] sums instead of accumulating fp32 into dk and dv (left untouched). Integer sums
   // do not depend on their order, so dK/dV summed over any split of the queries (ranks, threads,
   // strategies) have the same bits. Needs every query tile to be one aligned block of consecutive

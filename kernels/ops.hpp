@@ -21,8 +21,8 @@ void attn_bwd(const AttnParams& p);
 
 // Exact sums (AttnParams::dk_fixed): each contribution is rounded to the grid 2^-kFixedShift
 // (about 1.5e-11) on entry, so a sum of n contributions is off by at most n * 2^-(kFixedShift+1)
-// absolute (plus the final rounding to fp32); attn_bwd refuses a contribution of magnitude 2^16 or
-// more (the sums then stay far inside int64).
+// absolute (plus the final rounding to fp32); attn_bwd refuses a contribution of magnitude 2^10 or
+// more (the sums of up to 2^16 query tiles then stay inside int64).
 inline constexpr int kFixedShift = 36;
 // The rows of the CPU kernel's query tile for head dimension D: the block of positions an exact
 // dK/dV sum groups by (a layout for deterministic=true pads each rank's chunks to a multiple).

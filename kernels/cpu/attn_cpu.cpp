@@ -51,10 +51,10 @@ namespace {
 // Q, O and score tiles plus one K and one V tile stay within a 512 KiB L2.
 constexpr int64_t kBkFwd = 128, kBkBwd = 64;
 int64_t query_tile_rows(int32_t D) { return D <= 128 ? 96 : 48; }
-// Exact sums: one tile's contribution at most 2^16 in magnitude, so that 2^10 of them (any
-// sequence up to ~100K queries per kv head at 96-row tiles, x heads per group) stay below 2^62.
-constexpr float kFixedTileLimit = 65536.f;
-static_assert(kFixedShift + 16 + 10 <= 62, "the exact sums' headroom");
+// Exact sums: one query tile's contribution at most 2^10 in magnitude, so that the 2^16 of them
+// a key can receive (6.3M queries at 96-row tiles) stay below 2^62.
+constexpr float kFixedTileLimit = 1024.f;
+static_assert(kFixedShift + 10 + 16 <= 62, "the exact sums' headroom");
 
 // Exact dK/dV (AttnParams::dk_fixed): out[r, d] += src[r, d] * 2^kFixedShift rounded to the
 // nearest integer, for nk rows of D; multiversioned so the conversion runs in 512-bit lanes where
@@ -445,12 +445,23 @@ void attn_bwd(const AttnParams& p) {
       std::fill(dva.get(), dva.get() + kBkBwd * Dp, 0.f);
       const float* k_panel = kt.get() + (g * n_panels + j0 / 16) * D * 16;
       const float* v_panel = vt.get() + (g * n_panels + j0 / 16) * D * 16;
-      for (int32_t h = g * group; h < (g + 1) * group; ++h) {
-        for (int64_t qi = 0; qi < n_qt; ++qi) {
-          ++cnt.total;
-          const tiles::Vis vis = tiles::classify(p, q_ranges[qi], k_ranges[ki]);
-          if (vis == tiles::Vis::empty) { ++cnt.skipped; continue; }
-          const int64_t q0 = qi * Bq, nq = std::min(Bq, p.S_q - q0);
+      // Every (head of the group, query tile): heads outer (measured faster: each head's Q and dO
+      // rows stream in order). With exact sums query tiles go outer instead: the group's heads'
+      // contributions to one (query tile, key tile) are summed in fp32 in head order (the same on
+      // every mesh, whose ranks hold whole groups) and converted to integers once per query tile.
+      for (int64_t it = 0; it < n_qt * group; ++it) {
+        const int64_t qi = exact ? it / group : it % n_qt;
+        const int32_t h = g * group + static_cast<int32_t>(exact ? it % group : it / n_qt);
+        const bool last_head = exact && h == (g + 1) * group - 1;  // the tile's sum is complete
+        ++cnt.total;
+        const tiles::Vis vis = tiles::classify(p, q_ranges[qi], k_ranges[ki]);
+        if (vis == tiles::Vis::empty) { ++cnt.skipped; continue; }
+        const int64_t q0 = qi * Bq, nq = std::min(Bq, p.S_q - q0);
+        if (exact && h == g * group) {
+          std::fill(dka.get(), dka.get() + nk * Dp, 0.f);
+          std::fill(dva.get(), dva.get() + nk * Dp, 0.f);
+        }
+        {
           cnt.partial += vis == tiles::Vis::partial;
           cnt.pairs += nq * nk;
           const float* qt = qr.get() + (h * p.S_q + q0) * Dp;
@@ -470,17 +481,9 @@ void attn_bwd(const AttnParams& p) {
           ops.transpose(st.get(), kBkBwd, nq, nk, pt.get(), Bq);
           ops.transpose(dpt.get(), kBkBwd, nq, nk, dst.get(), Bq);
           lap(&AttnProfile::transpose);
-          // Exact sums: this tile's and head's contribution alone (not accumulated), added as integers.
-          ops.gemm(nk, Dp, nq, pt.get(), Bq, 1, dot, Dp, 16, dva.get(), Dp, !exact);
-          ops.gemm(nk, Dp, nq, dst.get(), Bq, 1, qt, Dp, 16, dka.get(), Dp, !exact);
+          ops.gemm(nk, Dp, nq, pt.get(), Bq, 1, dot, Dp, 16, dva.get(), Dp, true);
+          ops.gemm(nk, Dp, nq, dst.get(), Bq, 1, qt, Dp, 16, dka.get(), Dp, true);
           lap(&AttnProfile::gemm);
-          if (exact) {
-            const float big =
-                std::max(add_fixed_rows(dka.get(), Dp, nk, D, p.dk_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D),
-                         add_fixed_rows(dva.get(), Dp, nk, D, p.dv_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D));
-            if (!(big < kFixedTileLimit)) fixed_overflow.store(true, std::memory_order_relaxed);
-            lap.rest();  // the conversion counts as rest
-          }
           // dQ (this tile's share) = dS K, added at this key tile's turn of (h, query tile)
           Pending e{h * n_qt + qi, qi, ki, nq * Dp, nullptr};
           if (spare.empty()) spare.push_back(std::make_unique<Scratch>(Bq * Dp));
@@ -498,6 +501,13 @@ void attn_bwd(const AttnParams& p) {
             flush(false);
           }
           lap(&AttnProfile::dq_order);
+        }
+        if (last_head) {  // this query tile's contribution (its group's heads), added as integers
+          const float big =
+              std::max(add_fixed_rows(dka.get(), Dp, nk, D, p.dk_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D),
+                       add_fixed_rows(dva.get(), Dp, nk, D, p.dv_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D));
+          if (!(big < kFixedTileLimit)) fixed_overflow.store(true, std::memory_order_relaxed);
+          lap.rest();  // the conversion counts as rest
         }
       }
       for (int64_t r = 0; r < nk && !exact; ++r) {
