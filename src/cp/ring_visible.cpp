@@ -9,7 +9,6 @@
 #include "cp/common.hpp"
 #include "cp/ring_core.hpp"
 #include "cp/visible.hpp"
-#include "model/flops.hpp"
 #include "ops.hpp"
 #include "trace/trace.hpp"
 
@@ -55,6 +54,15 @@ class VisibleRing {
     return post(g, from(d), back, to(d), kTagVisibleDkv, st);
   }
 
+  // Step d (> 0), whose block arrives in in[d % 2]: posts step d + 1 (in flight while this block is
+  // computed), then waits for step d's transfer `req`, which afterwards holds step d + 1's.
+  void arrive(int d, Buffer<std::byte> (&out)[2], Buffer<std::byte> (&in)[2], Request& req, Tracer* tr, CpStats& st) {
+    Request next;
+    if (d + 1 < P_) next = post_kv(d + 1, out[(d + 1) % 2], in[(d + 1) % 2], st);
+    timed_wait(c_, req, st, tr, d, double(in[d % 2].size()));
+    req = std::move(next);
+  }
+
   // `p`'s key side pointed at distance d's block, received in `in`.
   void point(int d, const Buffer<std::byte>& in, AttnParams& p) const {
     const size_t m = in_rows(d).size();
@@ -98,16 +106,13 @@ void ring_fwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, 
   AttnParams p = a;
   for (int d = 0; d < P; ++d) {
     if (tr) tr->progress(Phase::attn_fwd);
-    Request next;
     if (d > 0) {
-      if (d + 1 < P) next = vr.post_kv(d + 1, out[(d + 1) % 2], in[(d + 1) % 2], st);
-      timed_wait(ring, req, st, tr, d, double(in[d % 2].size()));
-      req = std::move(next);
+      vr.arrive(d, out, in, req, tr, st);
       if (vr.in_rows(d).empty()) continue;  // nothing of from(d) is visible here: no step
       vr.point(d, in[d % 2], p);
     }
     // Step 0 (the own block) initializes (o, lse) even when nothing is visible.
-    const double flops = attn_fwd_flops(double(visible_pairs(p)), a.H_q, a.D);
+    const double flops = call_fwd_flops(p);
     const double t0 = tr ? tr->now_us() : 0;
     fwd_chunked(p, chunk, /*merge=*/d > 0, o_tmp.data(), lse_tmp.data(), [&] {
       if (req.pending()) ring.test(req);
@@ -139,11 +144,8 @@ void ring_bwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, 
   AttnParams p = a;
   for (int d = 0; d < P; ++d) {
     if (tr) tr->progress(Phase::attn_bwd);
-    Request next;
     if (d > 0) {
-      if (d + 1 < P) next = vr.post_kv(d + 1, out[(d + 1) % 2], in[(d + 1) % 2], st);
-      timed_wait(ring, kv_req, st, tr, d, double(in[d % 2].size()));
-      kv_req = std::move(next);
+      vr.arrive(d, out, in, kv_req, tr, st);
       Buffer<float>& g = grads[d % 2];
       g.resize(2 * vr.in_rows(d).size() * w);  // zeroed: the kernel accumulates
       if (!vr.in_rows(d).empty()) {
@@ -153,7 +155,7 @@ void ring_bwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, 
       }
     }
     if (d == 0 || !vr.in_rows(d).empty()) {
-      const double flops = attn_bwd_flops(double(visible_pairs(p)), a.H_q, a.D);
+      const double flops = call_bwd_flops(p);
       const double t0 = tr ? tr->now_us() : 0;
       bwd_chunked(p, chunk, [&] {
         if (kv_req.pending()) ring.test(kv_req);
