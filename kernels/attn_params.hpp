@@ -113,6 +113,13 @@ struct AttnParams {
   // document ids (optional: null = one document); a pair is visible only within one document
   const int32_t* q_doc = nullptr;
   const int32_t* k_doc = nullptr;
+  // Host copies of the four arrays above, for a call whose device is not the CPU: a CP strategy
+  // plans and counts visible pairs (visible_pairs, ops.hpp) on the host, the kernels read the
+  // device arrays. Null where the device array is null; ignored by Device::cpu calls.
+  const int64_t* q_pos_host = nullptr;
+  const int64_t* k_pos_host = nullptr;
+  const int32_t* q_doc_host = nullptr;
+  const int32_t* k_doc_host = nullptr;
 
   // input row strides in elements (0 = packed: H_q * D for q and dout, H_kv * D for k and v)
   int64_t q_stride = 0, k_stride = 0, v_stride = 0, dout_stride = 0;
@@ -198,6 +205,18 @@ struct AttnParams {
       return "k_stride and v_stride must be 0 or at least H_kv * D (rows must not overlap)";
     return "";
   }
+  // The same call with the host copies of positions and document ids in the arrays' places (a
+  // Device::cpu call: itself), for host-side counting and planning; tensors keep their pointers.
+  AttnParams host_rows() const {
+    if (device == Device::cpu) return *this;
+    AttnParams c = *this;
+    c.q_pos = q_pos_host;
+    c.k_pos = k_pos_host;
+    c.q_doc = q_doc_host;
+    c.k_doc = k_doc_host;
+    c.device = Device::cpu;
+    return c;
+  }
   // Is the pair (query row i, key row j) visible? (host-side arrays)
   bool visible(int64_t i, int64_t j) const {
     return pair_visible(mask, window, !docs() || q_doc[i] == k_doc[j],
@@ -217,6 +236,8 @@ struct AttnParams {
     if (lse) c.lse = lse + a * H_q;
     if (q_pos) c.q_pos = q_pos + a;
     if (q_doc) c.q_doc = q_doc + a;
+    if (q_pos_host) c.q_pos_host = q_pos_host + a;
+    if (q_doc_host) c.q_doc_host = q_doc_host + a;
     return c;
   }
   // The sub-call on key rows [a, a + n): k, v, dk, dv, k_pos, k_doc offset; queries unchanged.
@@ -230,6 +251,8 @@ struct AttnParams {
     if (dv) c.dv = dv + a * row;
     if (k_pos) c.k_pos = k_pos + a;
     if (k_doc) c.k_doc = k_doc + a;
+    if (k_pos_host) c.k_pos_host = k_pos_host + a;
+    if (k_doc_host) c.k_doc_host = k_doc_host + a;
     return c;
   }
   template <class T> CTXPAR_HD const T* q_as() const { return static_cast<const T*>(q); }

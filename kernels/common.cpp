@@ -1,5 +1,6 @@
 // The visible-pair counter of kernels/ops.hpp (backend independent; host arrays).
 #include <algorithm>
+#include <stdexcept>
 #include <vector>
 
 #include "ops.hpp"
@@ -8,6 +9,13 @@ namespace ctxpar {
 
 int64_t visible_pairs(const AttnParams& p) {
   if (p.S_q == 0 || p.S_k == 0) return 0;
+  if (p.device != Device::cpu) {  // counted on the host copies of positions and document ids
+    const bool by_pos = p.mask != MaskKind::none;
+    if ((by_pos && (!p.q_pos_host || !p.k_pos_host)) || (p.q_doc && !p.q_doc_host) || (p.k_doc && !p.k_doc_host))
+      throw std::invalid_argument("visible_pairs: a device call needs the host copies of its positions and document "
+                                  "ids (AttnParams::q_pos_host, k_pos_host, q_doc_host, k_doc_host)");
+    return visible_pairs(p.host_rows());
+  }
   // A document id only matters when both sides carry one; positions only under a mask.
   const bool docs = p.docs(), by_pos = p.mask != MaskKind::none;
   struct Key { int32_t doc; int64_t pos; };

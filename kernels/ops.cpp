@@ -2,6 +2,9 @@
 // device to the CPU kernels (cpu/attn_cpu.cpp) or the CUDA kernels (cuda/, in builds with
 // CTXPAR_WITH_CUDA). The only file that chooses a backend.
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -59,5 +62,63 @@ void lse_merge(float* o, float* lse, const float* o_b, const float* lse_b, int64
   no_cuda("lse_merge");
 #endif
 }
+
+// ---- memory ----
+#if defined(CTXPAR_WITH_CUDA)
+#define CTXPAR_ON_CUDA(op, call) return cuda::call
+#else
+#define CTXPAR_ON_CUDA(op, call) no_cuda(op)
+#endif
+
+void* device_alloc(size_t bytes, Device device, Stream stream) {
+  if (bytes == 0) return nullptr;
+  if (device == Device::cpu) {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  CTXPAR_ON_CUDA("device_alloc", device_alloc(bytes, stream));
+}
+
+void device_free(void* p, Device device, Stream stream) {
+  if (!p) return;
+  if (device == Device::cpu) return std::free(p);
+  CTXPAR_ON_CUDA("device_free", device_free(p, stream));
+}
+
+void device_copy(void* dst, const void* src, size_t bytes, Device device, Stream stream) {
+  if (device == Device::cpu) {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return;
+  }
+  CTXPAR_ON_CUDA("device_copy", device_copy(dst, src, bytes, stream));
+}
+
+void copy_to_device(void* dst, const void* host_src, size_t bytes, Device device, Stream stream) {
+  if (device == Device::cpu) return device_copy(dst, host_src, bytes, device, stream);
+  CTXPAR_ON_CUDA("copy_to_device", copy_to_device(dst, host_src, bytes, stream));
+}
+
+void copy_to_host(void* host_dst, const void* src, size_t bytes, Device device, Stream stream) {
+  if (device == Device::cpu) return device_copy(host_dst, src, bytes, device, stream);
+  CTXPAR_ON_CUDA("copy_to_host", copy_to_host(host_dst, src, bytes, stream));
+}
+
+void device_zero(void* p, size_t bytes, Device device, Stream stream) {
+  if (device == Device::cpu) {
+    if (bytes) std::memset(p, 0, bytes);
+    return;
+  }
+  CTXPAR_ON_CUDA("device_zero", device_zero(p, bytes, stream));
+}
+
+void add_f32(float* dst, const float* src, int64_t n, Device device, Stream stream) {
+  if (device == Device::cpu) {
+    for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+    return;
+  }
+  CTXPAR_ON_CUDA("add_f32", add_f32(dst, src, n, stream));
+}
+#undef CTXPAR_ON_CUDA
 
 }  // namespace ctxpar

@@ -3,6 +3,7 @@
 // GPU path. The attention ops dispatch on the descriptor's device (ops.cpp, library ctxpar_ops);
 // tests judge every backend against the reference.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "attn_params.hpp"
@@ -43,6 +44,24 @@ void lse_merge(float* o, float* lse, const float* o_b, const float* lse_b, int64
 // document labelling, in O((S_q + S_k) log S_k): keys sorted by (document, position) make the
 // keys one query sees a contiguous range. Host arrays (positions and document ids).
 int64_t visible_pairs(const AttnParams& p);
+
+// ---- memory of a call's device (the CP strategies' messages and scratch) ----
+// The same operations on either backend, so that one strategy serves both: Device::cpu is host
+// memory (synchronous); Device::cuda is device memory, every operation ordered on `stream`
+// (allocation and release too: cudaMallocAsync / cudaFreeAsync, no host synchronization) and
+// asynchronous, except copy_to_host, which returns when the host may read `host_dst`.
+// device_alloc(0) returns null; device_free(null) does nothing.
+void* device_alloc(size_t bytes, Device device, Stream stream = nullptr);
+void device_free(void* p, Device device, Stream stream = nullptr);
+// dst = src, both on `device` (may not overlap).
+void device_copy(void* dst, const void* src, size_t bytes, Device device, Stream stream = nullptr);
+// dst (on `device`) = host_src; the caller may reuse or release host_src when the call returns.
+void copy_to_device(void* dst, const void* host_src, size_t bytes, Device device, Stream stream = nullptr);
+// host_dst = src (on `device`), complete on return.
+void copy_to_host(void* host_dst, const void* src, size_t bytes, Device device, Stream stream = nullptr);
+void device_zero(void* p, size_t bytes, Device device, Stream stream = nullptr);
+// dst[i] += src[i] for i < n, fp32 on `device`.
+void add_f32(float* dst, const float* src, int64_t n, Device device, Stream stream = nullptr);
 
 // Row-major single-precision GEMM: C = alpha * op(A) op(B) + beta * C, op = transpose when
 // trans_*; A is [M,K] (or [K,M]), B is [K,N] (or [N,K]); leading dimensions in elements.

@@ -33,7 +33,7 @@ namespace ctxpar::cuda::detail {
 // (`auto kern = k<A, B>;`) because of the commas.
 #if defined(CTXPAR_CUDA_EMU)
 #define CTXPAR_LAUNCH(kernel, grid, block, smem_bytes, stream, ...) \
-  ::ctxpar::cuda::emu::launch(kernel, dim3(grid), dim3(block), size_t(smem_bytes), __VA_ARGS__)
+  ::ctxpar::cuda::emu::launch((stream), kernel, dim3(grid), dim3(block), size_t(smem_bytes), __VA_ARGS__)
 #define CTXPAR_DYNAMIC_SMEM(name) unsigned char* name = ::ctxpar::cuda::emu::dynamic_smem()
 #else
 #define CTXPAR_LAUNCH(kernel, grid, block, smem_bytes, stream, ...) \

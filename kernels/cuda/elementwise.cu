@@ -240,6 +240,13 @@ __global__ void bf16_to_f32_kernel(const bf16* x, float* y, int64_t n) {
     y[i] = __bfloat162float(x[i]);
 }
 
+// ---- memory ----
+
+__global__ void add_f32_kernel(float* dst, const float* src, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] += src[i];
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -358,6 +365,45 @@ void f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream) {
 void bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   CTXPAR_LAUNCH(bf16_to_f32_kernel, grid_for(n), kThreads, 0, stream, x, y, n);
+  CTXPAR_CUDA_LAUNCH_CHECK();
+}
+
+// ---- memory (ops.hpp "memory of a call's device") ----
+
+void* device_alloc(size_t bytes, cudaStream_t stream) {
+  void* p = nullptr;
+  if (bytes == 0) return nullptr;
+  CTXPAR_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
+  return p;
+}
+
+void device_free(void* p, cudaStream_t stream) {
+  if (p) CTXPAR_CUDA_CHECK(cudaFreeAsync(p, stream));
+}
+
+void device_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes) CTXPAR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+}
+
+void copy_to_device(void* dst, const void* host_src, size_t bytes, cudaStream_t stream) {
+  // From pageable host memory the runtime stages the source before it returns, so the caller may
+  // release it at once (the contract of ops.hpp).
+  if (bytes) CTXPAR_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream));
+}
+
+void copy_to_host(void* host_dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (!bytes) return;
+  CTXPAR_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+  CTXPAR_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void device_zero(void* p, size_t bytes, cudaStream_t stream) {
+  if (bytes) CTXPAR_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
+}
+
+void add_f32(float* dst, const float* src, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  CTXPAR_LAUNCH(add_f32_kernel, grid_for(n), kThreads, 0, stream, dst, src, n);
   CTXPAR_CUDA_LAUNCH_CHECK();
 }
 

@@ -150,4 +150,15 @@ inline float round_bf16_host(float x) {
 void f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream = nullptr);
 void bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t stream = nullptr);
 
+// ---- memory (the CUDA backend of ops.hpp's "memory of a call's device") ----
+// Stream-ordered: device_alloc / device_free are cudaMallocAsync / cudaFreeAsync on `stream`;
+// copies, zeroing and add_f32 are asynchronous on it, except copy_to_host, which synchronizes it.
+void* device_alloc(size_t bytes, cudaStream_t stream);
+void device_free(void* p, cudaStream_t stream);
+void device_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+void copy_to_device(void* dst, const void* host_src, size_t bytes, cudaStream_t stream);
+void copy_to_host(void* host_dst, const void* src, size_t bytes, cudaStream_t stream);
+void device_zero(void* p, size_t bytes, cudaStream_t stream);
+void add_f32(float* dst, const float* src, int64_t n, cudaStream_t stream);
+
 }  // namespace ctxpar::cuda

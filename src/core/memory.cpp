@@ -15,11 +15,31 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "ops.hpp"  // device_alloc (the device side of Buffer)
 
 namespace ctxpar {
 
 static std::atomic<int64_t> g_current{0};
 static std::atomic<int64_t> g_peak{0};
+
+static std::atomic<int64_t> g_device_current{0};
+static std::atomic<int64_t> g_device_peak{0};
+
+void* device_tracked_alloc(size_t bytes, Device device, Stream stream) {
+  void* p = device_alloc(bytes, device, stream);
+  const int64_t now = g_device_current.fetch_add(int64_t(bytes)) + int64_t(bytes);
+  int64_t peak = g_device_peak.load();
+  while (now > peak && !g_device_peak.compare_exchange_weak(peak, now)) {
+  }
+  return p;
+}
+void device_tracked_free(void* p, size_t bytes, Device device, Stream stream) {
+  device_free(p, device, stream);
+  g_device_current.fetch_sub(int64_t(bytes));
+}
+void device_tracked_zero(void* p, size_t bytes, Device device, Stream stream) { device_zero(p, bytes, device, stream); }
+int64_t device_mem_current_bytes() { return g_device_current.load(); }
+int64_t device_mem_peak_bytes() { return g_device_peak.load(); }
 
 int64_t mem_current_bytes() { return g_current.load(); }
 int64_t mem_peak_bytes() { return g_peak.load(); }

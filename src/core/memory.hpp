@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "dtype.hpp"  // Device, Stream
+
 namespace ctxpar {
 
 int64_t mem_current_bytes();
@@ -29,24 +31,52 @@ int64_t mem_cached_bytes();   // freed blocks held for reuse
 void mem_release_cached();    // hands them back to the C library
 bool mem_cache_enabled();     // false in AddressSanitizer builds (every free stays visible to it)
 
+// Memory on a device other than the CPU (Buffer below; kernels/ops.hpp's device_alloc, ordered on
+// `stream`), counted apart from the host's: the device's bytes in use and their peak.
+void* device_tracked_alloc(size_t bytes, Device device, Stream stream);
+void device_tracked_free(void* p, size_t bytes, Device device, Stream stream);
+void device_tracked_zero(void* p, size_t bytes, Device device, Stream stream);
+int64_t device_mem_current_bytes();
+int64_t device_mem_peak_bytes();
+
+// An array on the host (the default) or on a device: Buffer(n, zero, device, stream) lives in
+// that device's memory, allocated, zeroed and released in order on `stream` (Device::cuda), and
+// only its pointer is usable on the host (operator[], span() and begin() are for host buffers).
 template <class T> class Buffer {
  public:
   Buffer() = default;
   explicit Buffer(size_t n, bool zero = true) { resize(n, zero); }
+  Buffer(size_t n, bool zero, Device device, Stream stream) : device_(device), stream_(stream) { resize(n, zero); }
   ~Buffer() { release(); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  Buffer(Buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  Buffer(Buffer&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), device_(o.device_), stream_(o.stream_) {}
   Buffer& operator=(Buffer&& o) noexcept {
-    if (this != &o) { release(); p_ = std::exchange(o.p_, nullptr); n_ = std::exchange(o.n_, 0); }
+    if (this != &o) {
+      release();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+      device_ = o.device_;
+      stream_ = o.stream_;
+    }
     return *this;
   }
   void resize(size_t n, bool zero = true) {
     release();
-    if (n) { p_ = static_cast<T*>(tracked_alloc(n * sizeof(T))); n_ = n; }
-    if (zero && n) std::memset(static_cast<void*>(p_), 0, n * sizeof(T));
+    if (!n) return;
+    p_ = static_cast<T*>(on_host() ? tracked_alloc(n * sizeof(T)) : device_tracked_alloc(n * sizeof(T), device_, stream_));
+    n_ = n;
+    if (zero) this->zero();
   }
-  void zero() { if (n_) std::memset(static_cast<void*>(p_), 0, n_ * sizeof(T)); }
+  void zero() {
+    if (!n_) return;
+    if (on_host()) std::memset(static_cast<void*>(p_), 0, n_ * sizeof(T));
+    else device_tracked_zero(p_, n_ * sizeof(T), device_, stream_);
+  }
+  Device device() const { return device_; }
+  Stream stream() const { return stream_; }
+  bool on_host() const { return device_ == Device::cpu; }
   T* data() { return p_; }
   const T* data() const { return p_; }
   size_t size() const { return n_; }
@@ -58,9 +88,18 @@ template <class T> class Buffer {
   T* end() { return p_ + n_; }
 
  private:
-  void release() { if (p_) tracked_free(p_, n_ * sizeof(T)); p_ = nullptr; n_ = 0; }
+  void release() {
+    if (p_) {
+      if (on_host()) tracked_free(p_, n_ * sizeof(T));
+      else device_tracked_free(p_, n_ * sizeof(T), device_, stream_);
+    }
+    p_ = nullptr;
+    n_ = 0;
+  }
   T* p_ = nullptr;
   size_t n_ = 0;
+  Device device_ = Device::cpu;
+  Stream stream_ = nullptr;
 };
 
 }  // namespace ctxpar

@@ -73,8 +73,10 @@ class AllGather final : public CpStrategy {
     Gathered g = gather(local, tr, st);
     const int P = comm_.size();
     const size_t loc = size_t(local.S_k) * local.H_kv * local.D;
-    Buffer<float> dk_all(loc * P), dv_all(loc * P);  // zeroed: the kernel accumulates
-    std::fill_n(local.dq, size_t(local.S_q) * local.H_q * local.D, 0.f);
+    const Device dev = local.device;
+    // zeroed: the kernel accumulates
+    Buffer<float> dk_all(loc * P, true, dev, local.stream), dv_all(loc * P, true, dev, local.stream);
+    device_zero(local.dq, size_t(local.S_q) * local.H_q * local.D * sizeof(float), dev, local.stream);
     AttnParams p = with_gathered_keys(local, g);
     p.dk = dk_all.data();
     p.dv = dv_all.data();
@@ -95,9 +97,9 @@ class AllGather final : public CpStrategy {
     const double bytes = double((P - 1) * loc * sizeof(float));
     if (tr) tr->progress(Phase::reduce_scatter);
     cp::timed_collective(comm_, st, tr, Phase::reduce_scatter, bytes,
-                         [&] { comm_.reduce_scatter(dk_all.span(), std::span<float>(local.dk, loc)); });
+                         [&] { comm_.reduce_scatter(buf(dk_all), buf_at(local.dk, loc, dev)); });
     cp::timed_collective(comm_, st, tr, Phase::reduce_scatter, bytes,
-                         [&] { comm_.reduce_scatter(dv_all.span(), std::span<float>(local.dv, loc)); });
+                         [&] { comm_.reduce_scatter(buf(dv_all), buf_at(local.dv, loc, dev)); });
   }
 
  private:
@@ -222,6 +224,9 @@ class AllGather final : public CpStrategy {
     Buffer<int32_t> doc;
     Buffer<float> latent;  // MLA
     bool shared_kv = false;  // v is k's rows (g.v unused)
+    cp::GroupKeyRows rows;   // a device call's positions and document ids (pos, doc unused)
+    bool device = false;
+    int ranks = 0;
   };
 
   // Bytes per token of what is gathered for the keys: K and V, or the latent.
@@ -233,6 +238,7 @@ class AllGather final : public CpStrategy {
     const int P = comm_.size(), r = comm_.rank();
     const size_t n = size_t(t.S_k), loc = n * t.H_kv * t.D * dtype_bytes(t.dtype);
     Gathered g;
+    if (t.device != Device::cpu) return gather_on_device(t, tr, st);
     g.k.resize(loc * P, false);
     if (t.k != t.v || t.expander) g.v.resize(loc * P, false);
     g.pos.resize(n * P, false);
@@ -271,11 +277,42 @@ class AllGather final : public CpStrategy {
     return g;
   }
 
+  // A device call: K and V gathered on the device (one all-gather each, or one for shared rows),
+  // every rank's positions and document ids gathered on the host and uploaded once
+  // (cp::group_key_rows; derived where they are the zigzag shards).
+  Gathered gather_on_device(const AttnParams& t, Tracer* tr, CpStats& st) {
+    cp::check_device_call(name(), comm_, t);
+    const int P = comm_.size();
+    const size_t loc = size_t(t.S_k) * t.H_kv * t.D * dtype_bytes(t.dtype);
+    Gathered g;
+    g.device = true;
+    g.ranks = P;
+    if (tr) tr->progress(Phase::all_gather);
+    g.k = Buffer<std::byte>(loc * P, false, t.device, t.stream);
+    g.shared_kv = t.k == t.v;
+    const double kv_bytes = double((P - 1) * loc);
+    const auto gather_rows = [&](const void* x, Buffer<std::byte>& into) {
+      cp::timed_collective(comm_, st, tr, Phase::all_gather, kv_bytes,
+                           [&] { comm_.all_gather(buf_at(static_cast<const std::byte*>(x), loc, t.device), buf(into)); });
+    };
+    gather_rows(t.k, g.k);
+    if (!g.shared_kv) {
+      g.v = Buffer<std::byte>(loc * P, false, t.device, t.stream);
+      gather_rows(t.v, g.v);
+    }
+    g.rows = cp::group_key_rows(comm_, t, tr, st);
+    return g;
+  }
+
   // The local queries against every rank's keys.
   static AttnParams with_gathered_keys(const AttnParams& local, const Gathered& g) {
     AttnParams p = local;
     p.k = g.k.data();
     p.v = g.shared_kv ? g.k.data() : g.v.data();
+    if (g.device) {
+      g.rows.point(p, 0, g.ranks);
+      return p;
+    }
     p.S_k = int64_t(g.pos.size());
     p.k_pos = g.pos.data();
     p.k_doc = local.k_doc ? g.doc.data() : nullptr;

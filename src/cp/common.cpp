@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
+#include <stdexcept>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "model/flops.hpp"
@@ -58,7 +61,7 @@ void timed_wait(Comm& c, Request& r, CpStats& st, Tracer* tr, int32_t ring_step,
   if (!r.pending()) return;
   const double tb = tr ? tr->now_us() : 0;
   const double t0 = c.now();
-  c.wait(r);
+  c.stream_wait(r);  // host buffers: wait(); device buffers: later compute-stream work is ordered after it
   st.exposed_comm_s += c.now() - t0;
   if (tr) tr->add_span(Phase::comm_wait, -1, ring_step, tb, tr->now_us(), 0, bytes);
 }
@@ -137,14 +140,74 @@ void point_keys_at(const KvLayout& L, std::byte* base, AttnParams& p) {
 }
 
 void pack_kv(const KvLayout& L, const AttnParams& p, std::byte* base) {
+  const auto copy = [&](size_t off, const void* src, size_t bytes) { device_copy(base + off, src, bytes, p.device, p.stream); };
   if (L.latent_width > 0) {
-    std::memcpy(base + L.k_off, p.latent, L.latent_bytes());
+    copy(L.k_off, p.latent, L.latent_bytes());
   } else {
-    std::memcpy(base + L.k_off, p.k, L.kv_bytes());
-    if (!L.shared_kv) std::memcpy(base + L.v_off, p.v, L.kv_bytes());
+    copy(L.k_off, p.k, L.kv_bytes());
+    if (!L.shared_kv) copy(L.v_off, p.v, L.kv_bytes());
   }
-  if (L.has_pos) std::memcpy(base + L.pos_off, p.k_pos, size_t(L.S_k) * sizeof(int64_t));
-  if (L.has_doc) std::memcpy(base + L.doc_off, p.k_doc, size_t(L.S_k) * sizeof(int32_t));
+  if (L.has_pos) copy(L.pos_off, p.k_pos, size_t(L.S_k) * sizeof(int64_t));
+  if (L.has_doc) copy(L.doc_off, p.k_doc, size_t(L.S_k) * sizeof(int32_t));
+}
+
+std::string device_call_error(const std::string& strategy, const Comm& c, const AttnParams& a) {
+  const std::string pre = strategy + " on device = " + name_of(a.device) + ": ";
+  if (c.size() > 1 && c.device() < 0)
+    return pre + "the communicator '" + c.name() + "' (" + c.backend() + ") moves host buffers only; a device call " +
+           "needs a device backend (nccl or mpi-staged: Topology::use_device_comms)";
+  if (c.size() > 1 && c.compute_stream() != a.stream)
+    return pre + "the call's stream is not the communicator's compute stream (Comm::set_compute_stream)";
+  if (a.expander) return pre + "MLA's latent K/V (attention = mla) is CPU only so far";
+  if (a.visible_only) return pre + "frugal = true is CPU only so far";
+  if (a.deterministic) return pre + "deterministic = true is CPU only so far";
+  const bool by_pos = a.mask != MaskKind::none;
+  if ((by_pos && (!a.q_pos_host || !a.k_pos_host)) || (a.q_doc && !a.q_doc_host) || (a.k_doc && !a.k_doc_host))
+    return pre + "the host copies of the positions and document ids are missing (AttnParams::q_pos_host, k_pos_host, "
+                 "q_doc_host, k_doc_host)";
+  return "";
+}
+
+void check_device_call(const std::string& strategy, const Comm& c, const AttnParams& a) {
+  const std::string e = device_call_error(strategy, c, a);
+  if (!e.empty()) throw std::invalid_argument(e);
+}
+
+void GroupKeyRows::point(AttnParams& p, int j0, int j1) const {
+  const size_t at = size_t(j0) * size_t(S_k);
+  p.S_k = int64_t(j1 - j0) * S_k;
+  p.k_pos = pos.empty() ? nullptr : pos_dev.data() + at;
+  p.k_pos_host = pos.empty() ? nullptr : pos.data() + at;
+  p.k_doc = doc.empty() ? nullptr : doc_dev.data() + at;
+  p.k_doc_host = doc.empty() ? nullptr : doc.data() + at;
+}
+
+GroupKeyRows group_key_rows(Comm& c, const AttnParams& a, Tracer* tr, CpStats& st) {
+  const int P = c.size(), r = c.rank();
+  const size_t n = size_t(a.S_k);
+  const AttnParams h = a.host_rows();
+  GroupKeyRows g;
+  g.S_k = a.S_k;
+  if (a.k_pos_zigzag > 0) {
+    for (const std::vector<int64_t>& x : derived_key_positions(h, P, r)) g.pos.insert(g.pos.end(), x.begin(), x.end());
+  } else if (h.k_pos) {
+    g.pos.resize(n * size_t(P));
+    timed_collective(c, st, tr, Phase::all_gather, double((P - 1) * n * sizeof(int64_t)),
+                     [&] { c.all_gather(std::span<const int64_t>(h.k_pos, n), std::span<int64_t>(g.pos)); });
+  }
+  if (h.k_doc) {
+    g.doc.resize(n * size_t(P));
+    timed_collective(c, st, tr, Phase::all_gather, double((P - 1) * n * sizeof(int32_t)),
+                     [&] { c.all_gather(std::span<const int32_t>(h.k_doc, n), std::span<int32_t>(g.doc)); });
+  }
+  const auto upload = [&](auto& dev, const auto& host) {
+    using T = typename std::decay_t<decltype(host)>::value_type;
+    dev = Buffer<T>(host.size(), false, a.device, a.stream);
+    copy_to_device(dev.data(), host.data(), host.size() * sizeof(T), a.device, a.stream);
+  };
+  upload(g.pos_dev, g.pos);
+  upload(g.doc_dev, g.doc);
+  return g;
 }
 
 int64_t progress_chunk_rows(int64_t S_q, int parts) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attn_params.hpp"
+#include "core/memory.hpp"
 #include "cp/strategy.hpp"
 #include "dist/comm.hpp"
 #include "trace/trace.hpp"
@@ -95,8 +96,34 @@ void point_keys_at(const KvLayout& L, std::byte* base, AttnParams& p);
 inline const float* latent_at(const KvLayout& L, const std::byte* base) {
   return reinterpret_cast<const float*>(base + L.k_off);
 }
-// Packs the key side of `p` (k, v or the latent; k_pos, k_doc of L.S_k rows) into `base`.
+// Packs the key side of `p` (k, v or the latent; k_pos, k_doc of L.S_k rows) into `base`, on the
+// call's device.
 void pack_kv(const KvLayout& L, const AttnParams& p, std::byte* base);
+
+// ---- calls on a device (AttnParams::device other than the CPU) ----
+// "" when the strategy `strategy` can run the call `a` on its device over `c`, else what is wrong:
+// the communicator must move device buffers (a device backend, Topology::use_device_comms) with
+// the call's stream as its compute stream, the host copies of positions and document ids must be
+// given (AttnParams::q_pos_host ...), and MLA's latent, frugal and deterministic schedules are CPU
+// only so far.
+std::string device_call_error(const std::string& strategy, const Comm& c, const AttnParams& a);
+// Throws std::invalid_argument with device_call_error's message, if any.
+void check_device_call(const std::string& strategy, const Comm& c, const AttnParams& a);
+
+// Every rank's key positions and document ids, on the host (to count and plan) and on the call's
+// device (for the kernels), so that a device call's messages carry K and V only: positions derived
+// where a.k_pos_zigzag says they are the zigzag shards, else all-gathered on the host with the
+// document ids (a device backend hands host buffers to its host communicator), then one upload.
+struct GroupKeyRows {
+  int64_t S_k = 0;            // rows per rank
+  std::vector<int64_t> pos;   // [P * S_k] (host)
+  std::vector<int32_t> doc;   // [P * S_k] (host); empty without document ids
+  Buffer<int64_t> pos_dev;    // the same on the call's device
+  Buffer<int32_t> doc_dev;
+  // Points the key side's positions and document ids of `p` (device and host) at ranks [j0, j1).
+  void point(AttnParams& p, int j0, int j1) const;
+};
+GroupKeyRows group_key_rows(Comm& c, const AttnParams& a, Tracer* tr, CpStats& st);
 
 // Query rows per kernel call while a transfer is in flight: OpenMPI moves a large message only
 // inside MPI calls, so the block's compute is split into row chunks and the pending requests

@@ -23,8 +23,6 @@ constexpr int kTagDkv = 102;
 // overhead of the kernel stays negligible.
 constexpr int kProgressParts = 8;
 
-template <class T> std::span<T> whole(Buffer<T>& b) { return b.span(); }
-
 }  // namespace
 
 double ring_kv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc, bool has_pos) {
@@ -50,13 +48,37 @@ struct Expanded {
   }
 };
 
+// Where the blocks' positions and document ids come from when the message does not carry them:
+// derived on the host (CPU calls with k_pos_zigzag), or every rank's, host and device (device calls,
+// whose messages carry K and V only).
+struct BlockRows {
+  std::vector<std::vector<int64_t>> derived;
+  GroupKeyRows group;
+  bool device = false;
+  BlockRows(Comm& ring, const AttnParams& a, Tracer* tr, CpStats& st) : device(a.device != Device::cpu) {
+    if (device) group = group_key_rows(ring, a, tr, st);
+    else derived = derived_key_positions(a, ring.size(), ring.rank());
+  }
+};
+
+// The message layout of a call: key_layout(a), or K and V alone for a device call.
+KvLayout ring_layout(const AttnParams& a) {
+  if (a.device == Device::cpu) return key_layout(a);
+  return kv_layout(a.S_k, a.H_kv, a.D, a.dtype, /*has_doc=*/false, /*has_pos=*/false, a.k == a.v);
+}
+
 // Points `p`'s key side at the block of step s in `msg`: at step 0 the caller's own rows (K/V as
 // given: a latent block's are expanded already), later the message's; a latent block is expanded
-// into `x`. Positions the message does not carry are the block's owner's, from `derived`.
+// into `x`. Positions the message does not carry are the block's owner's, from `rows`.
 // Returns the block's latent rows (null without an expander).
 const float* bring_block(const KvLayout& L, std::byte* msg, const AttnParams& a, int s, Expanded& x,
-                         const std::vector<std::vector<int64_t>>& derived, int owner, AttnParams& p) {
-  if (!L.has_pos) p.k_pos = derived[size_t(owner)].data();
+                         const BlockRows& rows, int owner, AttnParams& p) {
+  if (rows.device) {
+    point_keys_at(L, msg, p);
+    rows.group.point(p, owner, owner + 1);
+    return nullptr;
+  }
+  if (!L.has_pos) p.k_pos = rows.derived[size_t(owner)].data();
   if (!a.expander) {
     point_keys_at(L, msg, p);
     return nullptr;
@@ -82,13 +104,16 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
     return;
   }
   const int r = ring->rank(), next = (r + 1) % P, prev = (r + P - 1) % P;
-  const KvLayout L = key_layout(a);
-  Buffer<std::byte> kv[2] = {Buffer<std::byte>(L.bytes, false), Buffer<std::byte>(L.bytes, false)};
+  if (a.device != Device::cpu) check_device_call("ring", *ring, a);
+  const KvLayout L = ring_layout(a);
+  Buffer<std::byte> kv[2] = {Buffer<std::byte>(L.bytes, false, a.device, a.stream),
+                             Buffer<std::byte>(L.bytes, false, a.device, a.stream)};
   pack_kv(L, a, kv[0].data());
   Expanded x(a);
-  const std::vector<std::vector<int64_t>> derived = derived_key_positions(a, P, r);
+  const BlockRows rows(*ring, a, tr, st);
   const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts);
-  Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false), lse_tmp(size_t(chunk) * a.H_q, false);
+  Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false, a.device, a.stream),
+      lse_tmp(size_t(chunk) * a.H_q, false, a.device, a.stream);
   AttnParams p = a;
 
   for (int s = 0; s < P; ++s) {
@@ -96,11 +121,11 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
     if (tr) tr->progress(Phase::attn_fwd);
     Request req;
     if (s < P - 1) {  // post the next hop before computing this block
-      req = ring->send_recv_async(whole(kv[cur]), next, whole(kv[1 - cur]), prev, kTagKv);
+      req = ring->send_recv_async(buf(kv[cur]), next, buf(kv[1 - cur]), prev, kTagKv);
       st.messages += 1;
       st.bytes_sent += double(L.bytes);
     }
-    bring_block(L, kv[cur].data(), a, s, x, derived, (r - s + P) % P, p);
+    bring_block(L, kv[cur].data(), a, s, x, rows, (r - s + P) % P, p);
     const int64_t pairs = visible_pairs(p);
     const double flops = attn_fwd_flops(double(pairs), a.H_q, a.D);
     const double t0 = tr ? tr->now_us() : 0;
@@ -120,7 +145,8 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   const int P = ring ? ring->size() : 1;
   const size_t q_elems = size_t(a.S_q) * a.H_q * a.D;
   const size_t kv_elems = size_t(a.S_k) * a.H_kv * a.D;
-  std::fill_n(a.dq, q_elems, 0.f);
+  if (a.device != Device::cpu && ring) check_device_call("ring", *ring, a);
+  device_zero(a.dq, q_elems * sizeof(float), a.device, a.stream);
   // MLA: a block's dK/dV are computed into dkx/dvx and turned into the latent's gradient, which
   // is what travels (and what the caller gets, in a.dlatent).
   const bool lat = a.expander != nullptr;
@@ -132,8 +158,8 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
       p.dk = dkx.data();
       p.dv = dvx.data();
     }
-    std::fill_n(p.dk, kv_elems, 0.f);
-    std::fill_n(p.dv, kv_elems, 0.f);
+    device_zero(p.dk, kv_elems * sizeof(float), a.device, a.stream);
+    device_zero(p.dv, kv_elems * sizeof(float), a.device, a.stream);
     counted_bwd(p, tr, st, 0);
     if (lat) {
       std::fill_n(a.dlatent, lat_elems, 0.f);
@@ -143,17 +169,19 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   }
   AttnParams p = a;
   const int r = ring->rank(), next = (r + 1) % P, prev = (r + P - 1) % P;
-  const KvLayout L = key_layout(a);
-  Buffer<std::byte> kv[2] = {Buffer<std::byte>(L.bytes, false), Buffer<std::byte>(L.bytes, false)};
+  const KvLayout L = ring_layout(a);
+  Buffer<std::byte> kv[2] = {Buffer<std::byte>(L.bytes, false, a.device, a.stream),
+                             Buffer<std::byte>(L.bytes, false, a.device, a.stream)};
   pack_kv(L, a, kv[0].data());
   Expanded x(a);
-  const std::vector<std::vector<int64_t>> derived = derived_key_positions(a, P, r);
+  const BlockRows rows(*ring, a, tr, st);
   // dK and dV of one block, packed [dK | dV] so that a hop is one message (MLA: the latent's
   // gradient). part[s % 2] is this rank's contribution at step s (plus what came before); two of
   // them because the previous step's send may still be in flight while the next is computed.
   const size_t part_elems = lat ? lat_elems : 2 * kv_elems;
-  Buffer<float> part[2] = {Buffer<float>(part_elems, false), Buffer<float>(part_elems, false)};
-  Buffer<float> incoming(part_elems, false);
+  Buffer<float> part[2] = {Buffer<float>(part_elems, false, a.device, a.stream),
+                           Buffer<float>(part_elems, false, a.device, a.stream)};
+  Buffer<float> incoming(part_elems, false, a.device, a.stream);
   const double dkv_bytes = double(part_elems * sizeof(float));
   const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts);
   Request kv_req, dkv_req;
@@ -162,12 +190,12 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
     const int cur = s % 2;
     if (tr) tr->progress(Phase::attn_bwd);
     if (s < P - 1) {
-      kv_req = ring->send_recv_async(whole(kv[cur]), next, whole(kv[1 - cur]), prev, kTagKv);
+      kv_req = ring->send_recv_async(buf(kv[cur]), next, buf(kv[1 - cur]), prev, kTagKv);
       st.messages += 1;
       st.bytes_sent += double(L.bytes);
     }
     part[cur].zero();
-    const float* block_latent = bring_block(L, kv[cur].data(), a, s, x, derived, (r - s + P) % P, p);
+    const float* block_latent = bring_block(L, kv[cur].data(), a, s, x, rows, (r - s + P) % P, p);
     if (lat) {
       dkx.zero();
       dvx.zero();
@@ -191,12 +219,10 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
     // The partial sum of the ranks that held this block before (posted by prev at step s - 1).
     if (s > 0) {
       timed_wait(*ring, dkv_req, st, tr, s, dkv_bytes);
-      float* dst = part[cur].data();
-      const float* src = incoming.data();
-      for (size_t i = 0; i < part_elems; ++i) dst[i] += src[i];
+      add_f32(part[cur].data(), incoming.data(), int64_t(part_elems), a.device, a.stream);
     }
     // After the last step the sum goes home: rank r + 1 receives its own block's dK/dV.
-    dkv_req = ring->send_recv_async(whole(part[cur]), next, whole(incoming), prev, kTagDkv);
+    dkv_req = ring->send_recv_async(buf(part[cur]), next, buf(incoming), prev, kTagDkv);
     st.messages += 1;
     st.bytes_sent += dkv_bytes;
     timed_wait(*ring, kv_req, st, tr, s, double(L.bytes));
@@ -206,8 +232,8 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
     std::copy_n(incoming.data(), lat_elems, a.dlatent);
     return;
   }
-  std::copy_n(incoming.data(), kv_elems, a.dk);
-  std::copy_n(incoming.data() + kv_elems, kv_elems, a.dv);
+  device_copy(a.dk, incoming.data(), kv_elems * sizeof(float), a.device, a.stream);
+  device_copy(a.dv, incoming.data() + kv_elems, kv_elems * sizeof(float), a.device, a.stream);
 }
 
 }  // namespace ctxpar::cp

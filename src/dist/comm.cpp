@@ -2,10 +2,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
+#include <string>
 
 #include "core/memory.hpp"
 
 namespace ctxpar {
+
+void Comm::same_type(const Buf& send, const Buf& recv) {
+  if (send.type != recv.type)
+    throw std::invalid_argument(std::string("send and receive element types differ (") + dtype_name(send.type) +
+                                " and " + dtype_name(recv.type) + ")");
+}
 
 std::string agree_on_error(Comm& comm, const std::string& my_error) {
   // Lowest rank with an error wins; then that rank broadcasts its message.

@@ -36,6 +36,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/memory.hpp"
 #include "dtype.hpp"
 
 namespace ctxpar {
@@ -69,6 +70,13 @@ template <class T> Buf buf(std::span<T> s) {
 template <class T> Buf buf(DeviceSpan<T> s) {
   return Buf{const_cast<std::remove_cv_t<T>*>(s.ptr), s.elems, dtype_of<T>(), Device::cuda};
 }
+
+// Elements of type T at `p` on `where` (a host or device pointer, as `where` says).
+template <class T> Buf buf_at(T* p, size_t n, Device where) {
+  return Buf{const_cast<std::remove_cv_t<T>*>(p), n, dtype_of<std::remove_cv_t<T>>(), where};
+}
+// A Buffer (core/memory.hpp) as a communication buffer, on the device it lives on.
+template <class T> Buf buf(Buffer<T>& b) { return buf_at(b.data(), b.size(), b.device()); }
 
 enum class ReduceOp : int32_t { sum, max, min };
 
@@ -139,6 +147,24 @@ class Comm {
     gather_v_impl(buf(send), Buf{recv.data(), recv.size(), dtype_of<T>(), Device::cpu}, counts, root);
   }
 
+  // The same operations on type-erased buffers (Buf: host or device memory, e.g. a Buffer's
+  // buf(), so one strategy serves both); send and receive of one element type.
+  Request send_recv_async(Buf send, int to, Buf recv, int from, int tag = 0) {
+    same_type(send, recv);
+    return send_recv_async_impl(send, to, recv, from, tag);
+  }
+  void all_gather(Buf send, Buf recv) {
+    same_type(send, recv);
+    all_gather_impl(send, recv);
+  }
+  void all_to_all(Buf send, Buf recv) {
+    same_type(send, recv);
+    all_to_all_impl(send, recv);
+  }
+  void reduce_scatter(Buf send, Buf recv, ReduceOp op = ReduceOp::sum) {
+    same_type(send, recv);
+    reduce_scatter_impl(send, recv, op);
+  }
   virtual void wait(Request& r) = 0;
   // Lets pending transfers progress (OpenMPI moves large messages only inside MPI calls);
   // returns true when every operation of `r` has completed.
@@ -184,6 +210,7 @@ class Comm {
   }
 
  private:
+  static void same_type(const Buf& send, const Buf& recv);  // throws std::invalid_argument
   template <class S, class R> static constexpr void same_type() {
     static_assert(std::is_same_v<std::remove_cv_t<typename S::element_type>, std::remove_cv_t<typename R::element_type>>,
                   "send and receive element types differ");

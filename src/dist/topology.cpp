@@ -128,4 +128,14 @@ std::unique_ptr<Topology> Topology::create(Comm& world, const MeshSpec& mesh) {
   return std::make_unique<TopologyMpi>(world, mesh);
 }
 
+void Topology::use_device_comms(const std::function<std::unique_ptr<Comm>(Comm& host)>& make) {
+  CTXPAR_CHECK(!host_cp_, "use_device_comms called twice");
+  for (int a = 0; a < kNumAxes; ++a) {
+    host_axes_[size_t(a)] = std::move(axes_[size_t(a)]);
+    axes_[size_t(a)] = make(*host_axes_[size_t(a)]);
+  }
+  host_cp_ = std::move(cp_);
+  cp_ = make(*host_cp_);
+}
+
 }  // namespace ctxpar

@@ -3,6 +3,7 @@
 // node-local rank and device index.
 #pragma once
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,15 @@ class Topology {
   static std::unique_ptr<Topology> create(Comm& world, const MeshSpec& mesh);
   virtual ~Topology() = default;
 
+  // Device buffers (device=cuda): each axis and the CP group get a device backend made by
+  // `make(host_comm)` (dist/comm_device.hpp: make_nccl_comm or make_staged_comm), which moves
+  // device buffers and hands host buffers to the host communicator it was made from (kept here).
+  // Collective over every axis; call before strategies are made (they bind to cp() and axis()).
+  void use_device_comms(const std::function<std::unique_ptr<Comm>(Comm& host)>& make);
+  // The host (MPI) communicators, whichever backend axis() and cp() use.
+  Comm& host_axis(Axis a) { return host_axes_[int(a)] ? *host_axes_[int(a)] : axis(a); }
+  Comm& host_cp() { return host_cp_ ? *host_cp_ : cp(); }
+
   Comm& world() { return *world_; }
   Comm& axis(Axis a) { return *axes_[int(a)]; }
   Comm& cp() { return *cp_; }   // ulysses x ring; rank = ring_rank * U + ulysses_rank
@@ -48,6 +58,9 @@ class Topology {
  protected:
   Topology() = default;
   Comm* world_ = nullptr;
+  // Set by use_device_comms; declared first so that they outlive the device comms made from them.
+  std::array<std::unique_ptr<Comm>, kNumAxes> host_axes_;
+  std::unique_ptr<Comm> host_cp_;
   std::array<std::unique_ptr<Comm>, kNumAxes> axes_;
   std::unique_ptr<Comm> cp_;
   MeshSpec mesh_;

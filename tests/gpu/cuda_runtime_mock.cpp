@@ -14,7 +14,10 @@
 //
 // Semantics kept from the CUDA runtime documentation: an event never recorded is complete;
 // cudaStreamWaitEvent waits for the record current at the time of the call (re-recording later
-// does not change it); cudaFree and cudaDeviceSynchronize finish all work. Not modelled: kernels,
+// does not change it); cudaFree and cudaDeviceSynchronize finish all work; pageable host memory
+// is staged as CUDA does (cudaMemcpyAsync). Kernels are not modelled here: the emulated kernels
+// of kernels/cuda, built with CTXPAR_CUDA_EMU_STREAMS (emu.hpp), enqueue themselves through
+// cudaLaunchHostFunc and so run in stream order like every other task. Not modelled:
 // the legacy default stream's implicit synchronization with blocking streams (ctxpar creates only
 // non-blocking streams), several devices' separate memories.
 // CTXPAR_CUDA_MOCK_DEVICES (default 1) sets the device count.
@@ -25,6 +28,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -102,6 +106,18 @@ void drain_all(const char* what) {
   for (auto& s : streams()) drain_until(*s, [&] { return s->q.empty(); }, what);
 }
 
+// Pinned host allocations (cudaHostAlloc): start -> bytes.
+std::map<const void*, size_t>& pinned() {
+  static std::map<const void*, size_t> m;
+  return m;
+}
+bool is_pinned(const void* p) {
+  auto it = pinned().upper_bound(p);
+  if (it == pinned().begin()) return false;
+  --it;
+  return static_cast<const unsigned char*>(p) < static_cast<const unsigned char*>(it->first) + it->second;
+}
+
 void enqueue(cudaStream_t s, std::function<void()> f) { of(s).q.push_back(Task{std::move(f), nullptr, nullptr}); }
 
 cudaError_t ret(cudaError_t e) {
@@ -170,8 +186,25 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   *free_bytes = *total_bytes = size_t(141) << 30;
   return cudaSuccess;
 }
-cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) { return cudaMalloc(p, bytes); }
-cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+  const cudaError_t e = cudaMalloc(p, bytes);
+  if (e == cudaSuccess) pinned()[*p] = bytes;
+  return e;
+}
+cudaError_t cudaFreeHost(void* p) {
+  pinned().erase(p);
+  return cudaFree(p);
+}
+// Stream-ordered allocation: the memory exists at once (nothing can use it before the stream
+// reaches later work anyway); the release waits for the stream's earlier work, as CUDA's does.
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
+  *p = std::malloc(bytes == 0 ? 1 : bytes);
+  return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  enqueue(s, [=] { std::free(p); });
+  return cudaSuccess;
+}
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   streams().push_back(std::make_unique<MockStream>());
@@ -234,12 +267,26 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
+// As CUDA with pageable host memory (anything not from cudaHostAlloc): a copy from it is staged
+// when the call is made (the caller may reuse the source at once), a copy into it returns only
+// when complete. Copies from and to pinned memory and between device buffers are deferred.
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  if (kind == cudaMemcpyHostToDevice && !is_pinned(src)) {
+    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                               static_cast<const unsigned char*>(src) + bytes);
+    enqueue(s, [=] { std::memcpy(dst, staged->data(), bytes); });
+    return cudaSuccess;
+  }
   enqueue(s, [=] { std::memcpy(dst, src, bytes); });
+  if (kind == cudaMemcpyDeviceToHost && !is_pinned(dst)) drain_until(of(s), [&] { return of(s).q.empty(); }, "cudaMemcpyAsync");
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   enqueue(nullptr, [=] { std::memset(p, value, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+  enqueue(s, [=] { std::memset(p, value, bytes); });
   return cudaSuccess;
 }
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* user) {

@@ -331,8 +331,9 @@ inline void run_block(const uint3 bid) {
   }
 }
 
-template <class... P, class... A>
-void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, A&&... args) {
+// The launch's configuration, checked when it is made (a GPU reports these at the launch too).
+template <class... P>
+void check_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes) {
   Machine& m = machine();
   if (m.current >= 0) fail("kernel launched from inside a kernel");
   if (block.y != 1 || block.z != 1) fail("only 1-D blocks are emulated");
@@ -344,12 +345,17 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, A&&.
   const int limit = it == m.max_dyn_smem.end() ? kDefaultDynSmem : it->second;
   if (smem_bytes > size_t(limit))
     fail("launch with %zu bytes of dynamic shared memory; the kernel allows %d (cudaFuncSetAttribute)", smem_bytes, limit);
+}
+
+// Runs every block of a checked launch, one after another.
+template <class... P, class Tuple>
+void run_grid(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, Tuple& params) {
+  Machine& m = machine();
   if (smem_bytes > m.dyn_smem_cap) {
     std::free(m.dyn_smem);
     m.dyn_smem = static_cast<unsigned char*>(std::aligned_alloc(128, (smem_bytes + 127) / 128 * 128));
     m.dyn_smem_cap = (smem_bytes + 127) / 128 * 128;
   }
-  std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
   m.body = [&] { std::apply(kernel, params); };
   m.grid = grid;
   m.block = block;
@@ -357,6 +363,38 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, A&&.
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) run_block(uint3{x, y, z});
   m.body = nullptr;
+}
+
+// CTXPAR_LAUNCH. By default the kernel runs at once (streams are not modelled). With
+// CTXPAR_CUDA_EMU_STREAMS the runtime is a test double with streams (tests/gpu/cuda_runtime_mock.cpp,
+// linked instead of libcudart, which this header then leaves unmapped): the launch is checked
+// now and enqueued on `stream` through cudaLaunchHostFunc, so it runs in stream order, after the
+// copies and event waits enqueued before it, as on a GPU.
+template <class... P, class... A>
+void launch(cudaStream_t stream, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, A&&... args) {
+  check_launch(kernel, grid, block, smem_bytes);
+#if defined(CTXPAR_CUDA_EMU_STREAMS)
+  struct Deferred {
+    std::function<void()> run;
+  };
+  auto* d = new Deferred{[kernel, grid, block, smem_bytes,
+                          params = std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)]() mutable {
+    run_grid(kernel, grid, block, smem_bytes, params);
+  }};
+  const cudaError_t e = cudaLaunchHostFunc(
+      stream,
+      [](void* u) {
+        auto* dd = static_cast<Deferred*>(u);
+        dd->run();
+        delete dd;
+      },
+      d);
+  if (e != cudaSuccess) fail("cudaLaunchHostFunc failed for an emulated kernel");
+#else
+  (void)stream;
+  std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+  run_grid(kernel, grid, block, smem_bytes, params);
+#endif
 }
 
 // ---- runtime API on host memory ----
@@ -445,6 +483,10 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
 }
 
 // ---- runtime API ----
+// (With CTXPAR_CUDA_EMU_STREAMS these come from the runtime test double instead; only the shared
+// memory limit stays the emulator's.)
+#define cudaFuncSetAttribute(...) ::ctxpar::cuda::emu::rt_func_set_attribute(__VA_ARGS__)
+#if !defined(CTXPAR_CUDA_EMU_STREAMS)
 #define cudaMalloc(...) ::ctxpar::cuda::emu::rt_malloc(__VA_ARGS__)
 #define cudaMallocAsync(...) ::ctxpar::cuda::emu::rt_malloc_async(__VA_ARGS__)
 #define cudaFree(...) ::ctxpar::cuda::emu::rt_free(__VA_ARGS__)
@@ -459,6 +501,6 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
 #define cudaGetDeviceCount(...) ::ctxpar::cuda::emu::rt_get_device_count(__VA_ARGS__)
 #define cudaGetDevice(...) ::ctxpar::cuda::emu::rt_get_device(__VA_ARGS__)
 #define cudaGetDeviceProperties(...) ::ctxpar::cuda::emu::rt_get_device_properties(__VA_ARGS__)
-#define cudaFuncSetAttribute(...) ::ctxpar::cuda::emu::rt_func_set_attribute(__VA_ARGS__)
 #define cudaGetErrorName(e) ::ctxpar::cuda::emu::rt_error_name(e)
 #define cudaGetErrorString(e) ::ctxpar::cuda::emu::rt_error_name(e)
+#endif

@@ -1,0 +1,297 @@
+// The CP strategies on device buffers (issue 15, "every strategy on device buffers"), without a
+// GPU: the CUDA kernels of kernels/cuda run under the CPU emulator, enqueued on the streams of the
+// CUDA runtime test double (tests/gpu/cuda_runtime_mock.cpp: work runs late unless an event
+// orders it), and the ranks talk through the staged MPI backend on the same double, one rank per
+// process sharing the one mock GPU. Every pointer of the call is "device" memory allocated and
+// filled through kernels/ops.hpp's memory operations, as the strategies' own scratch is.
+//
+// Each case runs one strategy's forward and backward at the ctest rank count on bf16 inputs and
+// holds every rank's O, LSE, dQ, dK and dV to the bf16 policy of tests/gpu/test_cuda_ops.cpp:
+// max error against kernels/ref in fp64 (on the fp32 inputs) at most twice that of the naive bf16
+// computation (kernels/ref in fp32 on the bf16-rounded inputs), plus the floor of tolerance.hpp.
+// The strategies' fp32 LSE merges and partial dK/dV sums add errors far below bf16's.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "cp/common.hpp"
+#include "cp/strategy.hpp"
+#include "dist/comm_device.hpp"
+#include "dist/topology.hpp"
+#include "mpi_test_env.hpp"
+#include "ops.hpp"
+#include "ref/attn_ref.hpp"
+#include "shard/partition.hpp"
+#include "tolerance.hpp"
+
+using namespace ctxpar;
+using ctxpar::test::world;
+
+namespace {
+
+constexpr int64_t kSeq = 192;  // 2P zigzag chunks for P = 1, 2, 4; several 64-row kernel tiles
+constexpr int32_t kHeadDim = 32;
+const std::vector<int64_t> kDocLengths = {50, 7, 90, 45};
+
+struct Case {
+  std::string strategy;
+  int32_t H_q, H_kv;
+  MaskKind mask;
+  int64_t window;
+  bool docs;
+  bool derive;  // AttnParams::k_pos_zigzag: key positions derived, not gathered
+  std::string name() const {
+    return strategy + "/" + std::to_string(H_q) + ":" + std::to_string(H_kv) +
+           (mask == MaskKind::window ? "/window" : docs ? "/docs" : "/causal") + (derive ? "/derived" : "");
+  }
+};
+
+// bf16 rounding (nearest, ties to even) of finite floats, as the device stores them.
+float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+uint16_t bf16_bits(float rounded) {
+  uint32_t u;
+  std::memcpy(&u, &rounded, 4);
+  return uint16_t(u >> 16);
+}
+
+// The one device stream of the test (the compute stream of every device communicator).
+Stream stream() {
+  static cudaStream_t s = [] {
+    cudaStream_t x = nullptr;
+    if (cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("stream");
+    return x;
+  }();
+  return s;
+}
+
+// A ring mesh of all ranks whose communicators move device buffers (staged MPI, one mock GPU).
+Topology& device_topology() {
+  static std::unique_ptr<Topology> t = [] {
+    MeshSpec m;
+    m.ring = world().size();
+    std::unique_ptr<Topology> x = Topology::create(world(), m);
+    x->use_device_comms([](Comm& host) { return make_staged_comm(host, 0); });
+    x->cp().set_compute_stream(stream());
+    for (int a = 0; a < kNumAxes; ++a) x->axis(Axis(a)).set_compute_stream(stream());
+    return x;
+  }();
+  return *t;
+}
+// The same mesh on host communicators only (for the refusal).
+Topology& host_topology() {
+  static std::unique_ptr<Topology> t = [] {
+    MeshSpec m;
+    m.ring = world().size();
+    return Topology::create(world(), m);
+  }();
+  return *t;
+}
+
+// A host vector on the device (through ops.hpp, as the strategies allocate).
+template <class T> Buffer<T> on_device(const std::vector<T>& h) {
+  Buffer<T> d(h.size(), false, Device::cuda, stream());
+  copy_to_device(d.data(), h.data(), h.size() * sizeof(T), Device::cuda, stream());
+  return d;
+}
+template <class T> std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> h(n);
+  copy_to_host(h.data(), d, n * sizeof(T), Device::cuda, stream());
+  return h;
+}
+
+struct Errors {
+  double fast = 0, naive = 0;
+};
+
+// Max |x - ref| over this rank's rows (x local, `rows` global indices of width w) and over every
+// rank; the naive error is over the whole tensor (the same on every rank).
+double rank_max_err(const std::vector<float>& x, const std::vector<double>& ref, const std::vector<int64_t>& rows,
+                    int64_t w) {
+  double e = 0;
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (int64_t j = 0; j < w; ++j) {
+      const double r = ref[size_t(rows[i] * w + j)], v = x[i * size_t(w) + size_t(j)];
+      if (std::isinf(r) && v == r) continue;
+      e = std::max(e, std::abs(v - r));
+    }
+  world().all_reduce(std::span<double>(&e, 1), ReduceOp::max);
+  return e;
+}
+double max_err(const std::vector<float>& x, const std::vector<double>& ref) {
+  double e = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!(std::isinf(ref[i]) && double(x[i]) == ref[i])) e = std::max(e, std::abs(double(x[i]) - ref[i]));
+  return e;
+}
+
+void run_case(const Case& c) {
+  SCOPED_TRACE(c.name());
+  const int P = world().size(), r = world().rank();
+  const int64_t S = kSeq;
+  const int32_t D = kHeadDim;
+  // Global inputs, the same on every rank.
+  std::mt19937_64 rng(1234 + uint64_t(c.H_q) * 7 + uint64_t(c.mask) * 3 + (c.docs ? 1 : 0));
+  std::uniform_real_distribution<float> U(-1.f, 1.f);
+  const auto draw = [&](int32_t H) {
+    std::vector<float> x(size_t(S) * H * D);
+    for (float& e : x) e = U(rng);
+    return x;
+  };
+  const std::vector<float> q = draw(c.H_q), k = draw(c.H_kv), v = draw(c.H_kv), dout = draw(c.H_q);
+  std::vector<int64_t> pos(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+  const std::vector<int32_t> doc = c.docs ? doc_ids_from_lengths(kDocLengths, S) : std::vector<int32_t>{};
+
+  AttnParams g = attn_problem(S, c.H_q, c.H_kv, D, c.mask, c.window);
+  g.q_pos = g.k_pos = pos.data();
+  if (c.docs) g.q_doc = g.k_doc = doc.data();
+
+  // References: fp64 on the fp32 inputs; naive bf16 = fp32 on the bf16-rounded inputs.
+  const size_t nq = q.size(), nk = k.size(), nl = size_t(S) * c.H_q;
+  std::vector<double> o64(nq), l64(nl), dq64(nq, 0), dk64(nk, 0), dv64(nk, 0);
+  {
+    const auto d = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+    const std::vector<double> Q = d(q), K = d(k), V = d(v), dO = d(dout);
+    ref::attn_fwd<double>(g, Q.data(), K.data(), V.data(), o64.data(), l64.data());
+    ref::attn_bwd<double>(g, Q.data(), K.data(), V.data(), o64.data(), l64.data(), dO.data(), dq64.data(), dk64.data(),
+                          dv64.data());
+  }
+  const auto rounded = [](std::vector<float> x) {
+    for (float& e : x) e = round_bf16(e);
+    return x;
+  };
+  const std::vector<float> qr = rounded(q), kr = rounded(k), vr = rounded(v), dor = rounded(dout);
+  std::vector<float> on(nq), ln(nl), dqn(nq, 0), dkn(nk, 0), dvn(nk, 0);
+  ref::attn_fwd<float>(g, qr.data(), kr.data(), vr.data(), on.data(), ln.data());
+  ref::attn_bwd<float>(g, qr.data(), kr.data(), vr.data(), on.data(), ln.data(), dor.data(), dqn.data(), dkn.data(),
+                       dvn.data());
+
+  // This rank's zigzag shard, as bf16 bits on the device.
+  const std::vector<int64_t> rows = Partition(PartitionKind::zigzag, S, P).positions(r);
+  const auto shard = [&](const std::vector<float>& x, int32_t H) {
+    std::vector<uint16_t> b;
+    for (int64_t i : rows)
+      for (int64_t j = 0; j < int64_t(H) * D; ++j) b.push_back(bf16_bits(x[size_t(i * H * D + j)]));
+    return b;
+  };
+  std::vector<int32_t> doc_loc;
+  for (int64_t i : rows)
+    if (c.docs) doc_loc.push_back(doc[size_t(i)]);
+  const int64_t n = int64_t(rows.size());
+  Buffer<uint16_t> dq_in = on_device(shard(qr, c.H_q)), dk_in = on_device(shard(kr, c.H_kv)),
+                   dv_in = on_device(shard(vr, c.H_kv)), ddo = on_device(shard(dor, c.H_q));
+  Buffer<int64_t> dpos = on_device(rows);
+  Buffer<int32_t> ddoc = on_device(doc_loc);
+  Buffer<float> o(size_t(n) * c.H_q * D, false, Device::cuda, stream()), lse(size_t(n) * c.H_q, false, Device::cuda, stream()),
+      dq(size_t(n) * c.H_q * D, false, Device::cuda, stream()), dk(size_t(n) * c.H_kv * D, false, Device::cuda, stream()),
+      dv(size_t(n) * c.H_kv * D, false, Device::cuda, stream());
+
+  AttnParams a = g;
+  a.device = Device::cuda;
+  a.stream = stream();
+  a.dtype = DType::bf16;
+  a.S_q = a.S_k = n;
+  a.q = dq_in.data();
+  a.k = dk_in.data();
+  a.v = dv_in.data();
+  a.dout = ddo.data();
+  a.o = o.data();
+  a.lse = lse.data();
+  a.dq = dq.data();
+  a.dk = dk.data();
+  a.dv = dv.data();
+  a.q_pos = a.k_pos = dpos.data();
+  a.q_pos_host = a.k_pos_host = rows.data();
+  a.q_doc = a.k_doc = c.docs ? ddoc.data() : nullptr;
+  a.q_doc_host = a.k_doc_host = c.docs ? doc_loc.data() : nullptr;
+  a.k_pos_zigzag = c.derive ? S : 0;
+
+  Topology& topo = device_topology();
+  std::unique_ptr<CpStrategy> s = make_strategy(c.strategy, topo);
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->validate(g, topo), "");
+  CpStats fwd, bwd;
+  s->forward(a, nullptr, fwd);
+  s->backward(a, nullptr, bwd);
+  if (c.strategy == "ring") {
+    EXPECT_EQ(fwd.messages, P - 1);        // one K/V message per hop
+    EXPECT_EQ(bwd.messages, P == 1 ? 0 : 2 * P - 1);  // K/V hops and dK/dV hops
+  }
+  const double pairs = double(visible_pairs(g));
+  double flops = fwd.attn_flops;
+  world().all_reduce(std::span<double>(&flops, 1), ReduceOp::sum);
+  EXPECT_DOUBLE_EQ(flops, 4.0 * pairs * c.H_q * D) << "forward FLOPs = 4 x visible pairs x H_q x D over the group";
+
+  const std::vector<float> O = to_host(o.data(), o.size()), L = to_host(lse.data(), lse.size()),
+                           dQ = to_host(dq.data(), dq.size()), dK = to_host(dk.data(), dk.size()),
+                           dV = to_host(dv.data(), dv.size());
+  const auto expect = [&](const char* what, const std::vector<float>& x, const std::vector<double>& ref,
+                          const std::vector<float>& naive, int64_t w, double floor_factor) {
+    const double e = rank_max_err(x, ref, rows, w), en = max_err(naive, ref);
+    EXPECT_LE(e, test::tolerance(en, ref, floor_factor)) << what << ": device error " << e << ", naive bf16 " << en;
+    if (getenv("SHOWERR") && world().rank() == 0) printf("%s %s %.3g %.3g\n", c.name().c_str(), what, e, en);
+  };
+  expect("O", O, o64, on, int64_t(c.H_q) * D, 1.0);
+  expect("LSE", L, l64, ln, c.H_q, 1.0);
+  expect("dQ", dQ, dq64, dqn, int64_t(c.H_q) * D, test::kBwdCancellation);
+  expect("dK", dK, dk64, dkn, int64_t(c.H_kv) * D, test::kBwdCancellation);
+  expect("dV", dV, dv64, dvn, int64_t(c.H_kv) * D, 1.0);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (const char* s : {"ring", "allgather"}) {
+    v.push_back({s, 4, 2, MaskKind::causal, 0, false, false});
+    v.push_back({s, 4, 2, MaskKind::causal, 0, false, true});
+    v.push_back({s, 2, 2, MaskKind::causal, 0, true, true});
+    v.push_back({s, 4, 1, MaskKind::window, 40, false, false});
+  }
+  return v;
+}
+
+TEST(CpDevice, StrategiesOnDeviceBuffersMatchTheReference) {
+  for (const Case& c : cases()) run_case(c);
+  EXPECT_EQ(device_mem_current_bytes(), 0) << "every device buffer released";
+  EXPECT_GT(device_mem_peak_bytes(), 0);
+}
+
+// A device call over communicators that move host buffers only, or without the host copies of
+// its positions, is refused with a message (on every rank alike), before anything moves.
+TEST(CpDevice, RefusesWhatItCannotRun) {
+  AttnParams a = attn_problem(kSeq / world().size(), 4, 2, kHeadDim, MaskKind::causal, 0);
+  a.device = Device::cuda;
+  a.stream = stream();
+  std::vector<int64_t> pos(size_t(a.S_q));
+  a.q_pos = a.k_pos = pos.data();  // (never read: refused first)
+  const std::string missing = cp::device_call_error("ring", device_topology().cp(), a);
+  EXPECT_NE(missing.find("host copies"), std::string::npos) << missing;
+  a.q_pos_host = a.k_pos_host = pos.data();
+  EXPECT_EQ(cp::device_call_error("ring", device_topology().cp(), a), "");
+  a.deterministic = true;
+  EXPECT_NE(cp::device_call_error("ring", device_topology().cp(), a).find("CPU only"), std::string::npos);
+  a.deterministic = false;
+  if (world().size() > 1) {
+    const std::string host = cp::device_call_error("ring", host_topology().cp(), a);
+    EXPECT_NE(host.find("moves host buffers only"), std::string::npos) << host;
+    std::unique_ptr<CpStrategy> s = make_strategy("ring", host_topology());
+    CpStats st;
+    EXPECT_THROW(s->forward(a, nullptr, st), std::invalid_argument);
+  }
+}
+
+}  // namespace
