@@ -112,6 +112,26 @@ void device_zero(void* p, size_t bytes, Device device, Stream stream) {
   CTXPAR_ON_CUDA("device_zero", device_zero(p, bytes, stream));
 }
 
+void device_copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
+                    Device device, Stream stream) {
+  if (device == Device::cpu) {
+    for (size_t i = 0; i < rows; ++i)
+      if (width) std::memcpy(static_cast<char*>(dst) + i * dst_pitch, static_cast<const char*>(src) + i * src_pitch, width);
+    return;
+  }
+  CTXPAR_ON_CUDA("device_copy_2d", device_copy_2d(dst, dst_pitch, src, src_pitch, width, rows, stream));
+}
+
+void add_f32_2d(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t width, int64_t rows,
+                Device device, Stream stream) {
+  if (device == Device::cpu) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < width; ++c) dst[r * dst_ld + c] += src[r * src_ld + c];
+    return;
+  }
+  CTXPAR_ON_CUDA("add_f32_2d", add_f32_2d(dst, dst_ld, src, src_ld, width, rows, stream));
+}
+
 void add_f32(float* dst, const float* src, int64_t n, Device device, Stream stream) {
   if (device == Device::cpu) {
     for (int64_t i = 0; i < n; ++i) dst[i] += src[i];

@@ -60,8 +60,15 @@ void copy_to_device(void* dst, const void* host_src, size_t bytes, Device device
 // host_dst = src (on `device`), complete on return.
 void copy_to_host(void* host_dst, const void* src, size_t bytes, Device device, Stream stream = nullptr);
 void device_zero(void* p, size_t bytes, Device device, Stream stream = nullptr);
+// `rows` rows of `width` bytes: row i from src + i * src_pitch to dst + i * dst_pitch (bytes), both
+// on `device` (a head slice of token-major tensors: the ulysses all-to-all's packing).
+void device_copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
+                    Device device, Stream stream = nullptr);
 // dst[i] += src[i] for i < n, fp32 on `device`.
 void add_f32(float* dst, const float* src, int64_t n, Device device, Stream stream = nullptr);
+// The same over `rows` rows of `width` elements: dst[r * dst_ld + c] += src[r * src_ld + c].
+void add_f32_2d(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t width, int64_t rows,
+                Device device, Stream stream = nullptr);
 
 // Row-major single-precision GEMM: C = alpha * op(A) op(B) + beta * C, op = transpose when
 // trans_*; A is [M,K] (or [K,M]), B is [K,N] (or [N,K]); leading dimensions in elements.

@@ -247,6 +247,14 @@ __global__ void add_f32_kernel(float* dst, const float* src, int64_t n) {
     dst[i] += src[i];
 }
 
+__global__ void add_f32_2d_kernel(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t width,
+                                  int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width, c = i - r * width;
+    dst[r * dst_ld + c] += src[r * src_ld + c];
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -399,6 +407,20 @@ void copy_to_host(void* host_dst, const void* src, size_t bytes, cudaStream_t st
 
 void device_zero(void* p, size_t bytes, cudaStream_t stream) {
   if (bytes) CTXPAR_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
+}
+
+void device_copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
+                    cudaStream_t stream) {
+  if (width && rows)
+    CTXPAR_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, stream));
+}
+
+void add_f32_2d(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t width, int64_t rows,
+                cudaStream_t stream) {
+  const int64_t n = width * rows;
+  if (n <= 0) return;
+  CTXPAR_LAUNCH(add_f32_2d_kernel, grid_for(n), kThreads, 0, stream, dst, dst_ld, src, src_ld, width, n);
+  CTXPAR_CUDA_LAUNCH_CHECK();
 }
 
 void add_f32(float* dst, const float* src, int64_t n, cudaStream_t stream) {

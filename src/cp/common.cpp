@@ -4,7 +4,6 @@
 #include <cstring>
 #include <span>
 #include <stdexcept>
-#include <type_traits>
 
 #include "core/error.hpp"
 #include "model/flops.hpp"
@@ -200,13 +199,8 @@ GroupKeyRows group_key_rows(Comm& c, const AttnParams& a, Tracer* tr, CpStats& s
     timed_collective(c, st, tr, Phase::all_gather, double((P - 1) * n * sizeof(int32_t)),
                      [&] { c.all_gather(std::span<const int32_t>(h.k_doc, n), std::span<int32_t>(g.doc)); });
   }
-  const auto upload = [&](auto& dev, const auto& host) {
-    using T = typename std::decay_t<decltype(host)>::value_type;
-    dev = Buffer<T>(host.size(), false, a.device, a.stream);
-    copy_to_device(dev.data(), host.data(), host.size() * sizeof(T), a.device, a.stream);
-  };
-  upload(g.pos_dev, g.pos);
-  upload(g.doc_dev, g.doc);
+  g.pos_dev = to_device(g.pos, a.device, a.stream);
+  g.doc_dev = to_device(g.doc, a.device, a.stream);
   return g;
 }
 

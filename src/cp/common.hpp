@@ -13,6 +13,7 @@
 #include "core/memory.hpp"
 #include "cp/strategy.hpp"
 #include "dist/comm.hpp"
+#include "ops.hpp"
 #include "trace/trace.hpp"
 
 namespace ctxpar {
@@ -109,6 +110,13 @@ void pack_kv(const KvLayout& L, const AttnParams& p, std::byte* base);
 std::string device_call_error(const std::string& strategy, const Comm& c, const AttnParams& a);
 // Throws std::invalid_argument with device_call_error's message, if any.
 void check_device_call(const std::string& strategy, const Comm& c, const AttnParams& a);
+
+// A host vector's copy on `device` (ordered on `stream`; the vector may be released at once).
+template <class T> Buffer<T> to_device(const std::vector<T>& host, Device device, Stream stream) {
+  Buffer<T> d(host.size(), false, device, stream);
+  copy_to_device(d.data(), host.data(), host.size() * sizeof(T), device, stream);
+  return d;
+}
 
 // Every rank's key positions and document ids, on the host (to count and plan) and on the call's
 // device (for the kernels), so that a device call's messages carry K and V only: positions derived

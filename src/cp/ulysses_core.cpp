@@ -8,6 +8,7 @@
 #include "cp/common.hpp"
 #include "cp/deterministic.hpp"
 #include "cp/ring_core.hpp"
+#include "ops.hpp"
 #include "trace/trace.hpp"
 
 namespace ctxpar::cp {
@@ -48,110 +49,131 @@ std::string check_heads(const std::string& strategy, const AttnParams& s, int U)
 
 namespace {
 
-template <class T> std::span<T> sp(T* p, size_t n) { return {p, n}; }
-
 // One tensor of a head <-> token all-to-all between x [S_loc, H, W] on every rank and
 // y [U * S_loc, H_loc, W] (rank j holds heads [first(j), first(j) + H_loc) of every rank's
-// tokens, blocks in rank order). scatter_heads reads `from` = x and writes `to` = y;
-// gather_heads reads `from` = y and writes `to` = x.
+// tokens, blocks in rank order), elements of `elem` bytes on the call's device. scatter_heads
+// reads `from` = x and writes `to` = y; gather_heads reads `from` = y and writes `to` = x.
 struct HeadTensor {
   const HeadSplit& hs;
   int32_t W;
-  const float* from;
-  float* to;
-  size_t block(int64_t S_loc) const { return size_t(S_loc) * hs.H_loc * W; }  // y-rows of one rank
+  size_t elem;
+  const void* from;
+  void* to;
+  size_t x_row() const { return size_t(hs.H) * W * elem; }
+  size_t y_row() const { return size_t(hs.H_loc) * W * elem; }
+  size_t head_offset(int j) const { return size_t(hs.first(j)) * W * elem; }
+  size_t block(int64_t S_loc) const { return size_t(S_loc) * y_row(); }  // bytes of one rank's y rows
+  const std::byte* src() const { return static_cast<const std::byte*>(from); }
+  std::byte* dst() const { return static_cast<std::byte*>(to); }
 };
+HeadTensor tensor(const HeadSplit& hs, int32_t W, DType t, const void* from, void* to) {
+  return HeadTensor{hs, W, dtype_bytes(t), from, to};
+}
 
-// Floats each rank sends to one destination for `ts`.
+// Bytes each rank sends to one destination for `ts`.
 size_t per_rank(std::initializer_list<HeadTensor> ts, int64_t S_loc) {
   size_t n = 0;
   for (const HeadTensor& t : ts) n += t.block(S_loc);
   return n;
 }
 
+// Where the tensors live and the stream that orders them (a device call's).
+struct On {
+  Device device;
+  Stream stream;
+  explicit On(const AttnParams& a) : device(a.device), stream(a.stream) {}
+};
+
 // x → y for every tensor of `ts` in ONE all-to-all (fewer synchronisations than one per tensor):
 // the part for rank j packs each tensor's heads of rank j, tensor after tensor.
-void scatter_heads(Comm& c, std::initializer_list<HeadTensor> ts, int64_t S_loc, CpStats& st, Tracer* tr) {
+void scatter_heads(Comm& c, std::initializer_list<HeadTensor> ts, int64_t S_loc, On on, CpStats& st, Tracer* tr) {
   const int U = c.size();
   if (U == 1) {
-    for (const HeadTensor& t : ts) std::copy_n(t.from, t.block(S_loc), t.to);
+    for (const HeadTensor& t : ts) device_copy(t.to, t.from, t.block(S_loc), on.device, on.stream);
     return;
   }
   const size_t per = per_rank(ts, S_loc);
-  Buffer<float> send(per * U, false), recv(per * U, false);
+  Buffer<std::byte> send(per * U, false, on.device, on.stream), recv(per * U, false, on.device, on.stream);
   for (int j = 0; j < U; ++j) {
-    float* out = send.data() + size_t(j) * per;
+    std::byte* out = send.data() + size_t(j) * per;
     for (const HeadTensor& t : ts) {
-      const size_t row = size_t(t.hs.H_loc) * t.W;
-      for (int64_t tok = 0; tok < S_loc; ++tok, out += row)
-        std::copy_n(t.from + (size_t(tok) * t.hs.H + t.hs.first(j)) * t.W, row, out);
+      device_copy_2d(out, t.y_row(), t.src() + t.head_offset(j), t.x_row(), t.y_row(), size_t(S_loc), on.device,
+                     on.stream);
+      out += t.block(S_loc);
     }
   }
-  timed_collective(c, st, tr, Phase::all_to_all, double(per * (U - 1) * sizeof(float)),
-                   [&] { c.all_to_all(send.span(), recv.span()); });
+  timed_collective(c, st, tr, Phase::all_to_all, double(per * (U - 1)), [&] { c.all_to_all(buf(send), buf(recv)); });
   for (int j = 0; j < U; ++j) {
-    const float* in = recv.data() + size_t(j) * per;
+    const std::byte* in = recv.data() + size_t(j) * per;
     for (const HeadTensor& t : ts) {
-      std::copy_n(in, t.block(S_loc), t.to + size_t(j) * t.block(S_loc));
+      device_copy(t.dst() + size_t(j) * t.block(S_loc), in, t.block(S_loc), on.device, on.stream);
       in += t.block(S_loc);
     }
   }
 }
 
 // The reverse, y → x, in one all-to-all. Replicated heads (H < U) come back from U / H ranks
-// each; their values are summed, which is what the gradients need (each replica saw a different
-// subset of the query heads).
-void gather_heads(Comm& c, std::initializer_list<HeadTensor> ts, int64_t S_loc, CpStats& st, Tracer* tr) {
+// each; their values are summed (fp32 tensors: the gradients need it, each replica saw a
+// different subset of the query heads).
+void gather_heads(Comm& c, std::initializer_list<HeadTensor> ts, int64_t S_loc, On on, CpStats& st, Tracer* tr) {
   const int U = c.size();
   if (U == 1) {
-    for (const HeadTensor& t : ts) std::copy_n(t.from, t.block(S_loc), t.to);
+    for (const HeadTensor& t : ts) device_copy(t.to, t.from, t.block(S_loc), on.device, on.stream);
     return;
   }
   const size_t per = per_rank(ts, S_loc);
-  Buffer<float> send(per * U, false), recv(per * U, false);
+  Buffer<std::byte> send(per * U, false, on.device, on.stream), recv(per * U, false, on.device, on.stream);
   for (int j = 0; j < U; ++j) {
-    float* out = send.data() + size_t(j) * per;
+    std::byte* out = send.data() + size_t(j) * per;
     for (const HeadTensor& t : ts) {
-      std::copy_n(t.from + size_t(j) * t.block(S_loc), t.block(S_loc), out);
+      device_copy(out, t.src() + size_t(j) * t.block(S_loc), t.block(S_loc), on.device, on.stream);
       out += t.block(S_loc);
     }
   }
-  timed_collective(c, st, tr, Phase::all_to_all, double(per * (U - 1) * sizeof(float)),
-                   [&] { c.all_to_all(send.span(), recv.span()); });
+  timed_collective(c, st, tr, Phase::all_to_all, double(per * (U - 1)), [&] { c.all_to_all(buf(send), buf(recv)); });
   for (const HeadTensor& t : ts)
-    if (t.hs.replicated()) std::fill_n(t.to, size_t(S_loc) * t.hs.H * t.W, 0.f);
+    if (t.hs.replicated()) device_zero(t.to, size_t(S_loc) * t.x_row(), on.device, on.stream);
   for (int j = 0; j < U; ++j) {
-    const float* in = recv.data() + size_t(j) * per;
+    const std::byte* in = recv.data() + size_t(j) * per;
     for (const HeadTensor& t : ts) {
-      const size_t row = size_t(t.hs.H_loc) * t.W;
-      for (int64_t tok = 0; tok < S_loc; ++tok, in += row) {
-        float* dst = t.to + (size_t(tok) * t.hs.H + t.hs.first(j)) * t.W;
-        if (t.hs.replicated())
-          for (size_t e = 0; e < row; ++e) dst[e] += in[e];
-        else
-          std::copy_n(in, row, dst);
+      std::byte* dst = t.dst() + t.head_offset(j);
+      if (t.hs.replicated()) {
+        CTXPAR_CHECK(t.elem == sizeof(float), "replicated heads are summed in fp32");
+        const int64_t w = int64_t(t.y_row() / sizeof(float));
+        add_f32_2d(reinterpret_cast<float*>(dst), int64_t(t.x_row() / sizeof(float)), reinterpret_cast<const float*>(in),
+                   w, w, S_loc, on.device, on.stream);
+      } else {
+        device_copy_2d(dst, t.x_row(), in, t.y_row(), t.y_row(), size_t(S_loc), on.device, on.stream);
       }
+      in += t.block(S_loc);
     }
   }
 }
 
-// Positions and document ids of the U * S_loc gathered tokens, in the all-to-all's order.
+// Positions and document ids of the U * S_loc gathered tokens, in the all-to-all's order: on the
+// host (gathered from the host copies), and for a device call uploaded once.
 struct TokenMeta {
-  Buffer<int64_t> pos;
-  Buffer<int32_t> doc;
-  const int32_t* doc_ptr() const { return doc.size() ? doc.data() : nullptr; }
+  std::vector<int64_t> pos;
+  std::vector<int32_t> doc;
+  Buffer<int64_t> pos_dev;
+  Buffer<int32_t> doc_dev;
 };
 TokenMeta gather_meta(Comm& c, const AttnParams& t, CpStats& st, Tracer* tr) {
   const int U = c.size();
   const size_t n = size_t(t.S_q);
+  const AttnParams h = t.host_rows();
   TokenMeta m;
-  m.pos.resize(n * U, false);
+  m.pos.resize(n * U);
   timed_collective(c, st, tr, Phase::all_gather, double(n * (U - 1) * sizeof(int64_t)),
-                   [&] { c.all_gather(sp(t.q_pos, n), m.pos.span()); });
-  if (t.q_doc) {
-    m.doc.resize(n * U, false);
+                   [&] { c.all_gather(std::span<const int64_t>(h.q_pos, n), std::span<int64_t>(m.pos)); });
+  if (h.q_doc) {
+    m.doc.resize(n * U);
     timed_collective(c, st, tr, Phase::all_gather, double(n * (U - 1) * sizeof(int32_t)),
-                     [&] { c.all_gather(sp(t.q_doc, n), m.doc.span()); });
+                     [&] { c.all_gather(std::span<const int32_t>(h.q_doc, n), std::span<int32_t>(m.doc)); });
+  }
+  if (t.device != Device::cpu) {
+    m.pos_dev = to_device(m.pos, t.device, t.stream);
+    m.doc_dev = to_device(m.doc, t.device, t.stream);
   }
   return m;
 }
@@ -163,8 +185,12 @@ AttnParams gathered_call(const AttnParams& t, const HeadSplit& hq, const HeadSpl
   a.S_q = a.S_k = int64_t(m.pos.size());
   a.H_q = hq.H_loc;
   a.H_kv = hk.H_loc;
-  a.q_pos = a.k_pos = m.pos.data();
-  a.q_doc = a.k_doc = m.doc_ptr();
+  const bool dev = t.device != Device::cpu;
+  const int32_t* doc = m.doc.empty() ? nullptr : m.doc.data();
+  a.q_pos = a.k_pos = dev ? m.pos_dev.data() : m.pos.data();
+  a.q_doc = a.k_doc = doc && dev ? m.doc_dev.data() : doc;
+  a.q_pos_host = a.k_pos_host = m.pos.data();
+  a.q_doc_host = a.k_doc_host = doc;
   return a;
 }
 
@@ -173,8 +199,8 @@ AttnParams gathered_call(const AttnParams& t, const HeadSplit& hq, const HeadSpl
 double ulysses_fwd_bytes(const AttnParams& s, bool docs, int64_t S_loc, int U) {
   if (U == 1) return 0;
   const HeadSplit hq = head_split(s.H_q, U), hk = head_split(s.H_kv, U);
-  const double f = sizeof(float), n = double(S_loc) * (U - 1);
-  const double q = n * hq.H_loc * s.D * f, kv = 2 * n * hk.H_loc * s.D * f;
+  const double f = sizeof(float), e = double(dtype_bytes(s.dtype)), n = double(S_loc) * (U - 1);
+  const double q = n * hq.H_loc * s.D * e, kv = 2 * n * hk.H_loc * s.D * e;
   const double o = q, lse = n * hq.H_loc * f;
   const double meta = n * (sizeof(int64_t) + (docs ? sizeof(int32_t) : 0));
   return q + kv + o + lse + meta;
@@ -182,14 +208,19 @@ double ulysses_fwd_bytes(const AttnParams& s, bool docs, int64_t S_loc, int U) {
 
 void ulysses_fwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& st) {
   const int U = u.size();
+  if (t.device != Device::cpu) check_device_call("ulysses", u, t);
   const HeadSplit hq = head_split(t.H_q, U), hk = head_split(t.H_kv, U);
   const size_t N = size_t(t.S_q) * U;
   const int32_t D = t.D;
-  Buffer<float> q(N * hq.H_loc * D, false), k(N * hk.H_loc * D, false), v(N * hk.H_loc * D, false);
-  Buffer<float> o(N * hq.H_loc * D, false), lse(N * hq.H_loc, false);
+  const On on(t);
+  const size_t e = dtype_bytes(t.dtype);
+  Buffer<std::byte> q(N * hq.H_loc * D * e, false, on.device, on.stream), k(N * hk.H_loc * D * e, false, on.device, on.stream),
+      v(N * hk.H_loc * D * e, false, on.device, on.stream);
+  Buffer<float> o(N * hq.H_loc * D, false, on.device, on.stream), lse(N * hq.H_loc, false, on.device, on.stream);
   if (tr) tr->progress(Phase::all_to_all);
-  scatter_heads(u, {{hq, D, t.q_as<float>(), q.data()}, {hk, D, t.k_as<float>(), k.data()}, {hk, D, t.v_as<float>(), v.data()}},
-                t.S_q, st, tr);
+  scatter_heads(u, {tensor(hq, D, t.dtype, t.q, q.data()), tensor(hk, D, t.dtype, t.k, k.data()),
+                    tensor(hk, D, t.dtype, t.v, v.data())},
+                t.S_q, on, st, tr);
   const TokenMeta m = gather_meta(u, t, st, tr);
 
   AttnParams a = gathered_call(t, hq, hk, m);
@@ -201,22 +232,28 @@ void ulysses_fwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& 
   if (t.deterministic) canonical_fwd(ring, a, /*ring_hops=*/true, tr, st);  // cp/deterministic.hpp
   else ring_fwd(ring, a, tr, st);
 
-  gather_heads(u, {{hq, D, o.data(), t.o}, {hq, 1, lse.data(), t.lse}}, t.S_q, st, tr);
+  gather_heads(u, {tensor(hq, D, DType::f32, o.data(), t.o), tensor(hq, 1, DType::f32, lse.data(), t.lse)}, t.S_q, on,
+               st, tr);
 }
 
 void ulysses_bwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& st) {
   const int U = u.size();
+  if (t.device != Device::cpu) check_device_call("ulysses", u, t);
   const HeadSplit hq = head_split(t.H_q, U), hk = head_split(t.H_kv, U);
   const size_t N = size_t(t.S_q) * U;
   const int32_t D = t.D;
-  const size_t nq = N * hq.H_loc * D, nk = N * hk.H_loc * D;
-  Buffer<float> q(nq, false), k(nk, false), v(nk, false), o(nq, false), dout(nq, false), lse(N * hq.H_loc, false);
-  Buffer<float> dq(nq, false), dk(nk, false), dv(nk, false);
+  const On on(t);
+  const size_t nq = N * hq.H_loc * D, nk = N * hk.H_loc * D, e = dtype_bytes(t.dtype);
+  const auto bytes = [&](size_t n) { return Buffer<std::byte>(n, false, on.device, on.stream); };
+  const auto floats = [&](size_t n) { return Buffer<float>(n, false, on.device, on.stream); };
+  Buffer<std::byte> q = bytes(nq * e), k = bytes(nk * e), v = bytes(nk * e), dout = bytes(nq * e);
+  Buffer<float> o = floats(nq), lse = floats(N * hq.H_loc), dq = floats(nq), dk = floats(nk), dv = floats(nk);
   if (tr) tr->progress(Phase::all_to_all);
   scatter_heads(u,
-                {{hq, D, t.q_as<float>(), q.data()}, {hk, D, t.k_as<float>(), k.data()}, {hk, D, t.v_as<float>(), v.data()},
-                 {hq, D, t.o, o.data()}, {hq, D, t.dout_as<float>(), dout.data()}, {hq, 1, t.lse, lse.data()}},
-                t.S_q, st, tr);
+                {tensor(hq, D, t.dtype, t.q, q.data()), tensor(hk, D, t.dtype, t.k, k.data()),
+                 tensor(hk, D, t.dtype, t.v, v.data()), tensor(hq, D, DType::f32, t.o, o.data()),
+                 tensor(hq, D, t.dtype, t.dout, dout.data()), tensor(hq, 1, DType::f32, t.lse, lse.data())},
+                t.S_q, on, st, tr);
   const TokenMeta m = gather_meta(u, t, st, tr);
 
   AttnParams a = gathered_call(t, hq, hk, m);
@@ -232,7 +269,9 @@ void ulysses_bwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& 
   if (t.deterministic) canonical_bwd(ring, a, /*ring_hops=*/true, tr, st);
   else ring_bwd(ring, a, tr, st);
 
-  gather_heads(u, {{hq, D, dq.data(), t.dq}, {hk, D, dk.data(), t.dk}, {hk, D, dv.data(), t.dv}}, t.S_q, st, tr);
+  gather_heads(u, {tensor(hq, D, DType::f32, dq.data(), t.dq), tensor(hk, D, DType::f32, dk.data(), t.dk),
+                   tensor(hk, D, DType::f32, dv.data(), t.dv)},
+               t.S_q, on, st, tr);
 }
 
 }  // namespace ctxpar::cp

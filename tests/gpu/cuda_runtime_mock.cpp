@@ -281,6 +281,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (kind == cudaMemcpyDeviceToHost && !is_pinned(dst)) drain_until(of(s), [&] { return of(s).q.empty(); }, "cudaMemcpyAsync");
   return cudaSuccess;
 }
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t s) {
+  if (kind != cudaMemcpyDeviceToDevice) return ret(cudaErrorInvalidValue);  // what ctxpar uses; the rest unmodelled
+  enqueue(s, [=] {
+    for (size_t i = 0; i < height; ++i)
+      std::memcpy(static_cast<char*>(dst) + i * dpitch, static_cast<const char*>(src) + i * spitch, width);
+  });
+  return cudaSuccess;
+}
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   enqueue(nullptr, [=] { std::memset(p, value, bytes); });
   return cudaSuccess;

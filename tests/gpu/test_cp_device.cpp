@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -79,19 +81,33 @@ Stream stream() {
   return s;
 }
 
-// A ring mesh of all ranks whose communicators move device buffers (staged MPI, one mock GPU).
-Topology& device_topology() {
-  static std::unique_ptr<Topology> t = [] {
-    MeshSpec m;
-    m.ring = world().size();
-    std::unique_ptr<Topology> x = Topology::create(world(), m);
-    x->use_device_comms([](Comm& host) { return make_staged_comm(host, 0); });
-    x->cp().set_compute_stream(stream());
-    for (int a = 0; a < kNumAxes; ++a) x->axis(Axis(a)).set_compute_stream(stream());
-    return x;
-  }();
+// The mesh a strategy runs on at P ranks (as test_cp): usp on both axes where P allows, ulysses
+// on its own axis, the others on the ring axis; its communicators move device buffers (staged
+// MPI, every rank on the one mock GPU) with the test's stream as their compute stream.
+MeshSpec mesh_for(const std::string& strategy, int P) {
+  MeshSpec m;
+  if (strategy == "usp") {
+    m.ulysses = P >= 4 ? 2 : 1;
+    m.ring = P / m.ulysses;
+  } else if (strategy == "ulysses") {
+    m.ulysses = P;
+  } else {
+    m.ring = P;
+  }
+  return m;
+}
+Topology& device_topology(const MeshSpec& m) {
+  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Topology>> cache;
+  std::unique_ptr<Topology>& t = cache[{m.ulysses, m.ring}];
+  if (!t) {
+    t = Topology::create(world(), m);
+    t->use_device_comms([](Comm& host) { return make_staged_comm(host, 0); });
+    t->cp().set_compute_stream(stream());
+    for (int a = 0; a < kNumAxes; ++a) t->axis(Axis(a)).set_compute_stream(stream());
+  }
   return *t;
 }
+Topology& device_topology() { return device_topology(mesh_for("ring", world().size())); }
 // The same mesh on host communicators only (for the refusal).
 Topology& host_topology() {
   static std::unique_ptr<Topology> t = [] {
@@ -221,7 +237,7 @@ void run_case(const Case& c) {
   a.q_doc_host = a.k_doc_host = c.docs ? doc_loc.data() : nullptr;
   a.k_pos_zigzag = c.derive ? S : 0;
 
-  Topology& topo = device_topology();
+  Topology& topo = device_topology(mesh_for(c.strategy, P));
   std::unique_ptr<CpStrategy> s = make_strategy(c.strategy, topo);
   ASSERT_TRUE(s);
   ASSERT_EQ(s->validate(g, topo), "");
@@ -259,6 +275,13 @@ std::vector<Case> cases() {
     v.push_back({s, 4, 2, MaskKind::causal, 0, false, false});
     v.push_back({s, 4, 2, MaskKind::causal, 0, false, true});
     v.push_back({s, 2, 2, MaskKind::causal, 0, true, true});
+    v.push_back({s, 4, 1, MaskKind::window, 40, false, false});
+  }
+  // Heads split over U <= 4 ranks: H_q = 4; K/V heads split (4), or replicated and their
+  // gradients summed (2, 1 at U = 4).
+  for (const char* s : {"ulysses", "usp"}) {
+    v.push_back({s, 4, 2, MaskKind::causal, 0, false, true});
+    v.push_back({s, 4, 4, MaskKind::causal, 0, true, true});
     v.push_back({s, 4, 1, MaskKind::window, 40, false, false});
   }
   return v;

@@ -419,6 +419,12 @@ inline cudaError_t rt_memcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
 inline cudaError_t rt_memcpy_async(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t = nullptr) {
   return rt_memcpy(d, s, n, k);
 }
+inline cudaError_t rt_memcpy_2d_async(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t h, cudaMemcpyKind,
+                                      cudaStream_t = nullptr) {
+  for (size_t i = 0; i < h; ++i)
+    if (w) std::memmove(static_cast<char*>(d) + i * dp, static_cast<const char*>(s) + i * sp, w);
+  return cudaSuccess;
+}
 inline cudaError_t rt_memset(void* d, int v, size_t n) {
   if (n) std::memset(d, v, n);
   return cudaSuccess;
@@ -493,6 +499,7 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
 #define cudaFreeAsync(...) ::ctxpar::cuda::emu::rt_free_async(__VA_ARGS__)
 #define cudaMemcpy(...) ::ctxpar::cuda::emu::rt_memcpy(__VA_ARGS__)
 #define cudaMemcpyAsync(...) ::ctxpar::cuda::emu::rt_memcpy_async(__VA_ARGS__)
+#define cudaMemcpy2DAsync(...) ::ctxpar::cuda::emu::rt_memcpy_2d_async(__VA_ARGS__)
 #define cudaMemset(...) ::ctxpar::cuda::emu::rt_memset(__VA_ARGS__)
 #define cudaMemsetAsync(...) ::ctxpar::cuda::emu::rt_memset_async(__VA_ARGS__)
 #define cudaStreamSynchronize(...) ::ctxpar::cuda::emu::rt_ok(__VA_ARGS__)
