@@ -132,6 +132,14 @@ void add_f32_2d(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, in
   CTXPAR_ON_CUDA("add_f32_2d", add_f32_2d(dst, dst_ld, src, src_ld, width, rows, stream));
 }
 
+void fill_f32(float* x, float value, int64_t n, Device device, Stream stream) {
+  if (device == Device::cpu) {
+    for (int64_t i = 0; i < n; ++i) x[i] = value;
+    return;
+  }
+  CTXPAR_ON_CUDA("fill_f32", fill_f32(x, value, n, stream));
+}
+
 void add_f32(float* dst, const float* src, int64_t n, Device device, Stream stream) {
   if (device == Device::cpu) {
     for (int64_t i = 0; i < n; ++i) dst[i] += src[i];

@@ -64,6 +64,8 @@ void device_zero(void* p, size_t bytes, Device device, Stream stream = nullptr);
 // on `device` (a head slice of token-major tensors: the ulysses all-to-all's packing).
 void device_copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
                     Device device, Stream stream = nullptr);
+// x[i] = value for i < n, fp32 on `device`.
+void fill_f32(float* x, float value, int64_t n, Device device, Stream stream = nullptr);
 // dst[i] += src[i] for i < n, fp32 on `device`.
 void add_f32(float* dst, const float* src, int64_t n, Device device, Stream stream = nullptr);
 // The same over `rows` rows of `width` elements: dst[r * dst_ld + c] += src[r * src_ld + c].

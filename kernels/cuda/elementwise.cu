@@ -247,6 +247,11 @@ __global__ void add_f32_kernel(float* dst, const float* src, int64_t n) {
     dst[i] += src[i];
 }
 
+__global__ void fill_f32_kernel(float* x, float value, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = value;
+}
+
 __global__ void add_f32_2d_kernel(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t width,
                                   int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -420,6 +425,12 @@ void add_f32_2d(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, in
   const int64_t n = width * rows;
   if (n <= 0) return;
   CTXPAR_LAUNCH(add_f32_2d_kernel, grid_for(n), kThreads, 0, stream, dst, dst_ld, src, src_ld, width, n);
+  CTXPAR_CUDA_LAUNCH_CHECK();
+}
+
+void fill_f32(float* x, float value, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  CTXPAR_LAUNCH(fill_f32_kernel, grid_for(n), kThreads, 0, stream, x, value, n);
   CTXPAR_CUDA_LAUNCH_CHECK();
 }
 

@@ -161,6 +161,7 @@ void copy_to_host(void* host_dst, const void* src, size_t bytes, cudaStream_t st
 void device_zero(void* p, size_t bytes, cudaStream_t stream);
 void device_copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
                     cudaStream_t stream);
+void fill_f32(float* x, float value, int64_t n, cudaStream_t stream);
 void add_f32(float* dst, const float* src, int64_t n, cudaStream_t stream);
 void add_f32_2d(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t width, int64_t rows,
                 cudaStream_t stream);

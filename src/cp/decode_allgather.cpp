@@ -21,21 +21,26 @@ class DecodeAllGather final : public cp::DecodeStrategy {
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
     const int N = comm_.size();
+    const Device dev = local.device;
+    if (dev != Device::cpu) cp::check_device_call(name(), comm_, local);
     const int64_t Bq = local.S_q, n = local_rows(local);
     const cp::QLayout L = cp::q_layout(Bq, local.H_q, local.H_kv, local.D, local.dtype, true);
-    Buffer<std::byte> blk(L.bytes * size_t(N), true);
-    cp::pack_queries(L, local, n, blk.data());
+    Buffer<std::byte> blk(L.bytes * size_t(N), true, dev, local.stream);
     const size_t pe = cp::partial_elems(Bq, local.H_q, local.D);
-    Buffer<float> part(pe * size_t(N), false);
-    if (N > 1) {
-      Buffer<std::byte> mine(L.bytes, false);
-      std::memcpy(mine.data(), blk.data(), L.bytes);
+    Buffer<float> part(pe * size_t(N), false, dev, local.stream);
+    Buffer<std::byte> mine(N > 1 ? L.bytes : 0, true, dev, local.stream);
+    const std::vector<std::byte> meta_mine = cp::pack_queries(L, local, n, N > 1 ? mine.data() : blk.data());
+    if (N > 1)
       cp::timed_collective(comm_, st, tr, Phase::all_gather, double(L.bytes) * (N - 1),
-                           [&] { comm_.all_gather(mine.span(), blk.span()); });
+                           [&] { comm_.all_gather(buf(mine), buf(blk)); });
+    // A device call reads the blocks' metadata from a host copy of every rank's.
+    const cp::BlockMeta meta = dev != Device::cpu ? cp::gather_block_meta(comm_, L, meta_mine, tr, st) : cp::BlockMeta{};
+    for (int j = 0; j < N; ++j) {
+      std::byte* b = blk.data() + size_t(j) * L.bytes;
+      cp::decode_visit_traced(L, b, dev != Device::cpu ? meta.of(j) : b + L.pos_off, local,
+                              part.data() + size_t(j) * pe, j, tr, st);
     }
-    for (int j = 0; j < N; ++j)
-      cp::decode_visit_traced(L, blk.data() + size_t(j) * L.bytes, local, part.data() + size_t(j) * pe, j, tr, st);
-    cp::return_and_merge(comm_, part, Bq, n, local.H_q, local.D, local.o, local.lse, tr, st);
+    cp::return_and_merge(comm_, part, Bq, n, local, tr, st);
   }
 
  private:

@@ -26,9 +26,11 @@ class DecodePassQ final : public cp::DecodeStrategy {
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
     const int64_t Bq = local.S_q, n = local_rows(local);
     const cp::QLayout L = cp::q_layout(Bq, local.H_q, local.H_kv, local.D, local.dtype, true);
-    cp::pass_q_forward(comm_, L, local, n, kTagQ, tr, st, [&](std::byte* here, int, int s, Request&, float* part) {
-      cp::decode_visit_traced(L, here, local, part, s, tr, st);
-    });
+    if (local.device != Device::cpu) cp::check_device_call(name(), comm_, local);
+    cp::pass_q_forward(comm_, L, local, n, kTagQ, tr, st,
+                       [&](std::byte* here, const std::byte* meta, int, int s, Request&, float* part) {
+                         cp::decode_visit_traced(L, here, meta, local, part, s, tr, st);
+                       });
   }
 
  private:

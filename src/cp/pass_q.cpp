@@ -40,8 +40,10 @@ class PassQ final : public cp::ForwardOnlyStrategy {
     const int64_t n = local.S_q;
     const cp::QLayout L = cp::q_layout(n, local.H_q, local.H_kv, local.D, local.dtype, false, local.docs());
     const int64_t chunk = cp::progress_chunk_rows(n, kProgressParts);
-    cp::pass_q_forward(comm_, L, local, n, kTagQ, tr, st, [&](std::byte* here, int, int s, Request& req, float* o) {
-      const AttnParams p = cp::visiting_block(L, here, local, o, o + size_t(n) * local.H_q * local.D);
+    if (local.device != Device::cpu) cp::check_device_call(name(), comm_, local);
+    cp::pass_q_forward(comm_, L, local, n, kTagQ, tr, st,
+                       [&](std::byte* here, const std::byte* meta, int, int s, Request& req, float* o) {
+      const AttnParams p = cp::visiting_block(L, here, meta, local, o, o + size_t(n) * local.H_q * local.D);
       const double flops = cp::call_fwd_flops(p);
       const double t0 = tr ? tr->now_us() : 0;
       cp::fwd_chunked(p, chunk, false, nullptr, nullptr, [&] {

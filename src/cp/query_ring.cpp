@@ -39,27 +39,44 @@ QLayout q_layout(int64_t n, int32_t H_q, int32_t H_kv, int32_t D, DType dtype, b
   return L;
 }
 
-void pack_queries(const QLayout& L, const AttnParams& local, int64_t n_rows, std::byte* base) {
+std::vector<std::byte> pack_queries(const QLayout& L, const AttnParams& local, int64_t n_rows, std::byte* base) {
   const size_t e = dtype_bytes(local.dtype), n = size_t(n_rows);
-  std::memcpy(base + L.q_off, local.q, n * L.H_q * L.D * e);
+  device_copy(base + L.q_off, local.q, n * L.H_q * L.D * e, local.device, local.stream);
   if (L.riders) {
-    std::memcpy(base + L.k_off, local.k_new, n * L.H_kv * L.D * e);
-    std::memcpy(base + L.v_off, local.v_new, n * L.H_kv * L.D * e);
+    device_copy(base + L.k_off, local.k_new, n * L.H_kv * L.D * e, local.device, local.stream);
+    device_copy(base + L.v_off, local.v_new, n * L.H_kv * L.D * e, local.device, local.stream);
   }
+  const AttnParams h = local.host_rows();
+  std::vector<std::byte> meta(meta_bytes(L));
+  const auto sec = [&](size_t off) { return meta.data() + (off - L.pos_off); };  // a section of the block, on the host
   for (int64_t i = 0; i < L.n; ++i) {
-    at<int64_t>(base, L.pos_off)[i] = i < n_rows ? local.q_pos[i] : -1;
-    if (L.riders) at<int64_t>(base, L.doc_off)[i] = i < n_rows && local.q_doc ? local.q_doc[i] : -1;
-    if (L.docs) at<int32_t>(base, L.qdoc_off)[i] = i < n_rows ? local.q_doc[i] : -1;
+    reinterpret_cast<int64_t*>(sec(L.pos_off))[i] = i < n_rows ? h.q_pos[i] : -1;
+    if (L.riders) reinterpret_cast<int64_t*>(sec(L.doc_off))[i] = i < n_rows && h.q_doc ? h.q_doc[i] : -1;
+    if (L.docs) reinterpret_cast<int32_t*>(sec(L.qdoc_off))[i] = i < n_rows ? h.q_doc[i] : -1;
   }
+  copy_to_device(base + L.pos_off, meta.data(), meta.size(), local.device, local.stream);
+  return meta;
 }
 
-AttnParams visiting_block(const QLayout& L, std::byte* base, const AttnParams& local, float* o, float* lse) {
+BlockMeta gather_block_meta(Comm& c, const QLayout& L, const std::vector<std::byte>& mine, Tracer* tr, CpStats& st) {
+  BlockMeta b;
+  b.bytes = meta_bytes(L);
+  b.all.resize(b.bytes * size_t(c.size()));
+  timed_collective(c, st, tr, Phase::all_gather, double(b.bytes) * (c.size() - 1),
+                   [&] { c.all_gather(std::span<const std::byte>(mine), std::span<std::byte>(b.all)); });
+  return b;
+}
+
+AttnParams visiting_block(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* o,
+                          float* lse) {
   AttnParams p = local;
   p.S_q = L.n;
   p.q = base + L.q_off;
   p.q_pos = at<int64_t>(base, L.pos_off);
+  p.q_pos_host = reinterpret_cast<const int64_t*>(meta);
   // The riders' ids are int64 in the block (block_doc); a batched prefill's are the queries' own.
   p.q_doc = L.docs ? at<int32_t>(base, L.qdoc_off) : nullptr;
+  p.q_doc_host = L.docs ? reinterpret_cast<const int32_t*>(meta + (L.qdoc_off - L.pos_off)) : nullptr;
   p.k_new = L.riders ? base + L.k_off : nullptr;
   p.v_new = L.riders ? base + L.v_off : nullptr;
   p.o = o;
@@ -67,35 +84,43 @@ AttnParams visiting_block(const QLayout& L, std::byte* base, const AttnParams& l
   return p;
 }
 
-int64_t block_doc(const QLayout& L, const std::byte* base, int64_t i) {
-  return reinterpret_cast<const int64_t*>(base + L.doc_off)[i];
+int64_t block_doc(const QLayout& L, const std::byte* meta, int64_t i) {
+  return reinterpret_cast<const int64_t*>(meta + (L.doc_off - L.pos_off))[i];
 }
 
-double decode_visit(const QLayout& L, std::byte* base, const AttnParams& local, float* o, float* lse) {
+double decode_visit(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* o,
+                    float* lse) {
   const int32_t Hq = local.H_q, D = local.D;
   const size_t e = dtype_bytes(local.dtype), kw = size_t(local.H_kv) * D, qw = size_t(Hq) * D;
+  const Device dev = local.device;
+  const int64_t* pos_host = reinterpret_cast<const int64_t*>(meta);
   double flops = 0;
   for (int64_t i = 0; i < L.n; ++i) {
-    const int64_t b = block_doc(L, base, i);
+    const int64_t b = block_doc(L, meta, i);
     const int64_t slot = b < 0 ? -1 : local.k_new_slot[b];
     const int64_t S_k = b < 0 ? 0 : local.k_doc_len[b] + (slot >= 0 ? 1 : 0);
     if (slot >= 0) {
-      std::memcpy(static_cast<std::byte*>(local.k_cache) + size_t(slot) * kw * e, base + L.k_off + size_t(i) * kw * e, kw * e);
-      std::memcpy(static_cast<std::byte*>(local.v_cache) + size_t(slot) * kw * e, base + L.v_off + size_t(i) * kw * e, kw * e);
+      device_copy(static_cast<std::byte*>(local.k_cache) + size_t(slot) * kw * e, base + L.k_off + size_t(i) * kw * e,
+                  kw * e, dev, local.stream);
+      device_copy(static_cast<std::byte*>(local.v_cache) + size_t(slot) * kw * e, base + L.v_off + size_t(i) * kw * e,
+                  kw * e, dev, local.stream);
     }
     if (S_k == 0) {  // nothing of this sequence here (or a padding row): o = 0, lse = -inf
-      std::fill_n(o + i * qw, qw, 0.f);
-      std::fill_n(lse + i * Hq, Hq, -INFINITY);
+      device_zero(o + i * qw, qw * sizeof(float), dev, local.stream);
+      fill_f32(lse + i * Hq, -INFINITY, Hq, dev, local.stream);
       continue;
     }
     const size_t first = size_t(local.k_doc_begin[b]);
     AttnParams p = local;
     p.q = base + L.q_off + size_t(i) * qw * e;
-    p.q_pos = reinterpret_cast<const int64_t*>(base + L.pos_off) + i;
+    p.q_pos = at<int64_t>(base, L.pos_off) + i;
+    p.q_pos_host = pos_host + i;
     p.q_doc = p.k_doc = nullptr;
+    p.q_doc_host = p.k_doc_host = nullptr;
     p.k = static_cast<const std::byte*>(local.k) + first * kw * e;
     p.v = static_cast<const std::byte*>(local.v) + first * kw * e;
     p.k_pos = local.k_pos + first;
+    if (local.k_pos_host) p.k_pos_host = local.k_pos_host + first;
     p.S_q = 1;
     p.S_k = S_k;
     p.o = o + i * qw;
@@ -106,10 +131,10 @@ double decode_visit(const QLayout& L, std::byte* base, const AttnParams& local, 
   return flops;
 }
 
-void decode_visit_traced(const QLayout& L, std::byte* base, const AttnParams& local, float* part, int step, Tracer* tr,
-                         CpStats& st) {
+void decode_visit_traced(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* part,
+                         int step, Tracer* tr, CpStats& st) {
   const double t0 = tr ? tr->now_us() : 0;
-  const double flops = decode_visit(L, base, local, part, part + size_t(L.n) * local.H_q * local.D);
+  const double flops = decode_visit(L, base, meta, local, part, part + size_t(L.n) * local.H_q * local.D);
   st.attn_flops += flops;
   if (tr) tr->add_span(Phase::attn_fwd, -1, step, t0, tr->now_us(), flops, 0);
 }
@@ -117,26 +142,28 @@ void decode_visit_traced(const QLayout& L, std::byte* base, const AttnParams& lo
 void pass_q_forward(Comm& c, const QLayout& L, const AttnParams& local, int64_t n_rows, int tag, Tracer* tr,
                     CpStats& st, const QueryVisit& visit) {
   const int N = c.size(), r = c.rank(), next = (r + 1) % N, prev = (r + N - 1) % N;
-  Buffer<std::byte> blk(L.bytes * 2, true);
-  pack_queries(L, local, n_rows, blk.data());
+  const bool dev = local.device != Device::cpu;
+  Buffer<std::byte> blk(L.bytes * 2, true, local.device, local.stream);
+  const std::vector<std::byte> mine = pack_queries(L, local, n_rows, blk.data());
+  const BlockMeta meta = dev ? gather_block_meta(c, L, mine, tr, st) : BlockMeta{};
   std::byte* blocks[2] = {blk.data(), blk.data() + L.bytes};
   const size_t pe = partial_elems(L.n, local.H_q, local.D);
-  Buffer<float> part(pe * size_t(N), false);
+  Buffer<float> part(pe * size_t(N), false, local.device, local.stream);
   for (int s = 0; s < N; ++s) {
     std::byte* here = blocks[s % 2];
     if (tr) tr->progress(Phase::attn_fwd);
     Request req;
     if (s < N - 1) {  // post the next hop before computing on this block
-      req = c.send_recv_async(std::span<std::byte>(here, L.bytes), next, std::span<std::byte>(blocks[1 - s % 2], L.bytes),
+      req = c.send_recv_async(buf_at(here, L.bytes, local.device), next, buf_at(blocks[1 - s % 2], L.bytes, local.device),
                               prev, tag);
       st.messages += 1;
       st.bytes_sent += double(L.bytes);
     }
     const int origin = (r - s + N) % N;
-    visit(here, origin, s, req, part.data() + size_t(origin) * pe);
+    visit(here, dev ? meta.of(origin) : here + L.pos_off, origin, s, req, part.data() + size_t(origin) * pe);
     timed_wait(c, req, st, tr, s, double(L.bytes));
   }
-  return_and_merge(c, part, L.n, n_rows, local.H_q, local.D, local.o, local.lse, tr, st);
+  return_and_merge(c, part, L.n, n_rows, local, tr, st);
 }
 
 void ForwardOnlyStrategy::backward(const AttnParams&, Tracer*, CpStats&) {
@@ -157,32 +184,34 @@ double DecodeStrategy::comm_volume_fwd(const AttnParams& s, bool docs, const Top
 }
 
 int64_t DecodeStrategy::local_rows(const AttnParams& p) {
+  const int32_t* doc = p.host_rows().q_doc;
   int64_t n = 0;
-  while (n < p.S_q && p.q_doc[n] >= 0) ++n;
+  while (n < p.S_q && doc[n] >= 0) ++n;
   return n;
 }
 
 size_t partial_elems(int64_t n, int32_t H_q, int32_t D) { return size_t(n) * H_q * (size_t(D) + 1); }
 
-void return_and_merge(Comm& c, Buffer<float>& part, int64_t n_block, int64_t n_rows, int32_t H_q, int32_t D,
-                      float* o, float* lse, Tracer* tr, CpStats& st) {
+void return_and_merge(Comm& c, Buffer<float>& part, int64_t n_block, int64_t n_rows, const AttnParams& local,
+                      Tracer* tr, CpStats& st) {
   const int N = c.size();
+  const int32_t H_q = local.H_q, D = local.D;
   const size_t pe = partial_elems(n_block, H_q, D), ow = size_t(n_block) * H_q * D;
-  Buffer<float> back(pe * size_t(N), false);
+  Buffer<float> back(pe * size_t(N), false, local.device, local.stream);
   if (N > 1) {
     timed_collective(c, st, tr, Phase::all_to_all, double(pe) * sizeof(float) * (N - 1),
-                     [&] { c.all_to_all(part.span(), back.span()); });
+                     [&] { c.all_to_all(buf(part), buf(back)); });
   } else {
-    std::memcpy(back.data(), part.data(), pe * sizeof(float));
+    device_copy(back.data(), part.data(), pe * sizeof(float), local.device, local.stream);
   }
   if (n_rows == 0) return;
   // Merge in rank order (a fixed order: the result does not depend on arrival times).
   Tracer::Scope sc(tr, Phase::attn_fwd, -1, N, 0, 0);
-  std::memcpy(o, back.data(), size_t(n_rows) * H_q * D * sizeof(float));
-  std::memcpy(lse, back.data() + ow, size_t(n_rows) * H_q * sizeof(float));
+  device_copy(local.o, back.data(), size_t(n_rows) * H_q * D * sizeof(float), local.device, local.stream);
+  device_copy(local.lse, back.data() + ow, size_t(n_rows) * H_q * sizeof(float), local.device, local.stream);
   for (int j = 1; j < N; ++j) {
     const float* bo = back.data() + size_t(j) * pe;
-    lse_merge(o, lse, bo, bo + ow, n_rows, H_q, D);
+    lse_merge(local.o, local.lse, bo, bo + ow, n_rows, H_q, D, local.device, local.stream);
   }
 }
 

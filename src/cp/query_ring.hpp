@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "attn_params.hpp"
 #include "core/memory.hpp"
@@ -33,28 +34,44 @@ struct QLayout {
 QLayout q_layout(int64_t n, int32_t H_q, int32_t H_kv, int32_t D, DType dtype, bool riders, bool docs = false);
 
 // Packs the first n_rows local query rows (n_rows <= L.n; the rest are padding: tensors
-// untouched, position -1, document -1).
-void pack_queries(const QLayout& L, const AttnParams& local, int64_t n_rows, std::byte* base);
-// The call of the block at `base` (origin rank's queries) against this rank's keys of `local`,
-// its outputs at `o`, `lse` (n rows).
-AttnParams visiting_block(const QLayout& L, std::byte* base, const AttnParams& local, float* o, float* lse);
-// The document id of row i of the block (riders only).
-int64_t block_doc(const QLayout& L, const std::byte* base, int64_t i);
+// untouched, position -1, document -1) at `base` on the call's device; returns the metadata
+// sections as written (host bytes, meta_bytes(L)). A block lives on the call's device
+// (AttnParams::device); its metadata sections (positions and document ids, from pos_off to the
+// end) are also read on the host, from `meta`: the block's own bytes on the CPU, a host copy of
+// every rank's (BlockMeta) for a device call.
+inline size_t meta_bytes(const QLayout& L) { return L.bytes - L.pos_off; }
+std::vector<std::byte> pack_queries(const QLayout& L, const AttnParams& local, int64_t n_rows, std::byte* base);
+// The host metadata of every rank's block of a device call: all-gathered once (host buffers, on
+// the device backend's host communicator), so that no ring step reads device memory on the host.
+struct BlockMeta {
+  size_t bytes = 0;
+  std::vector<std::byte> all;  // [N][bytes]
+  const std::byte* of(int j) const { return all.data() + size_t(j) * bytes; }
+};
+BlockMeta gather_block_meta(Comm& c, const QLayout& L, const std::vector<std::byte>& mine, Tracer* tr, CpStats& st);
+// The call of the block at `base` (origin rank's queries; `meta` its host metadata) against this
+// rank's keys of `local`, its outputs at `o`, `lse` (n rows).
+AttnParams visiting_block(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* o,
+                          float* lse);
+// The document id of row i of the block (riders only), from its host metadata.
+int64_t block_doc(const QLayout& L, const std::byte* meta, int64_t i);
 
 // Decode: the partials of a visiting block of new tokens (riders) against this rank's KV cache
-// (`local`'s k_doc_begin / k_doc_len / k_new_slot): a row whose sequence is stored here first
-// appends its own K/V (so it also sees itself); a row with nothing here (or a padding row) gets
-// o = 0, lse = -inf. One kernel call per row. Returns the attention FLOPs (every cached key).
-double decode_visit(const QLayout& L, std::byte* base, const AttnParams& local, float* o, float* lse);
+// (`local`'s k_doc_begin / k_doc_len / k_new_slot, host arrays): a row whose sequence is stored here
+// first appends its own K/V (so it also sees itself); a row with nothing here (or a padding row)
+// gets o = 0, lse = -inf. One kernel call per row. Returns the attention FLOPs (every cached key).
+double decode_visit(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* o,
+                    float* lse);
 // decode_visit into `part` (one block's partial_elems(L.n) floats: o, then lse), counted in `st`
 // and traced as an attn_fwd span at ring step `step`.
-void decode_visit_traced(const QLayout& L, std::byte* base, const AttnParams& local, float* part, int step, Tracer* tr,
-                         CpStats& st);
+void decode_visit_traced(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* part,
+                         int step, Tracer* tr, CpStats& st);
 
-// What a visit computes: the partials of the block at `block` (rank `origin`'s queries, at ring
-// step `step`) against this rank's keys, into `part` (partial_elems(L.n) floats: o, then lse).
-// It may test() `req`, the next hop in flight, so the transfer progresses during compute.
-using QueryVisit = std::function<void(std::byte* block, int origin, int step, Request& req, float* part)>;
+// What a visit computes: the partials of the block at `block` (rank `origin`'s queries, `meta` its
+// host metadata, at ring step `step`) against this rank's keys, into `part` (partial_elems(L.n)
+// floats: o, then lse). It may test() `req`, the next hop in flight, so the transfer progresses.
+using QueryVisit =
+    std::function<void(std::byte* block, const std::byte* meta, int origin, int step, Request& req, float* part)>;
 
 // One pass-Q forward: this rank's first n_rows rows of `local` packed into a block of L (L.n
 // rows, the rest padding), N ring steps (at step s the block of rank (r - s) mod N is here; the
@@ -88,9 +105,9 @@ size_t partial_elems(int64_t n, int32_t H_q, int32_t D);
 
 // `part` holds, block j, rank j's queries against this rank's keys (partial_elems(n_block) each).
 // One all-to-all sends every block home; the first n_rows rows of every returned block are
-// lse-merged in rank order into o [n_rows, H_q, D], lse [n_rows, H_q].
-void return_and_merge(Comm& c, Buffer<float>& part, int64_t n_block, int64_t n_rows, int32_t H_q, int32_t D,
-                      float* o, float* lse, Tracer* tr, CpStats& st);
+// lse-merged in rank order into local.o [n_rows, H_q, D], local.lse [n_rows, H_q] (on its device).
+void return_and_merge(Comm& c, Buffer<float>& part, int64_t n_block, int64_t n_rows, const AttnParams& local,
+                      Tracer* tr, CpStats& st);
 
 }  // namespace cp
 }  // namespace ctxpar

@@ -5,8 +5,8 @@
 // process sharing the one mock GPU. Every pointer of the call is "device" memory allocated and
 // filled through kernels/ops.hpp's memory operations, as the strategies' own scratch is.
 //
-// Each case runs one strategy's forward and backward at the ctest rank count on bf16 inputs and
-// holds every rank's O, LSE, dQ, dK and dV to the bf16 policy of tests/gpu/test_cuda_ops.cpp:
+// Each case runs one strategy's forward and backward (pass_q: forward) at the ctest rank count on
+// bf16 inputs and holds every rank's O, LSE, dQ, dK and dV to the bf16 policy of test_cuda_ops.cpp:
 // max error against kernels/ref in fp64 (on the fp32 inputs) at most twice that of the naive bf16
 // computation (kernels/ref in fp32 on the bf16-rounded inputs), plus the floor of tolerance.hpp.
 // The strategies' fp32 LSE merges and partial dK/dV sums add errors far below bf16's.
@@ -21,6 +21,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/memory.hpp"
@@ -243,7 +244,8 @@ void run_case(const Case& c) {
   ASSERT_EQ(s->validate(g, topo), "");
   CpStats fwd, bwd;
   s->forward(a, nullptr, fwd);
-  s->backward(a, nullptr, bwd);
+  const bool train = s->has_backward();
+  if (train) s->backward(a, nullptr, bwd);
   if (c.strategy == "ring") {
     EXPECT_EQ(fwd.messages, P - 1);        // one K/V message per hop
     EXPECT_EQ(bwd.messages, P == 1 ? 0 : 2 * P - 1);  // K/V hops and dK/dV hops
@@ -260,10 +262,10 @@ void run_case(const Case& c) {
                           const std::vector<float>& naive, int64_t w, double floor_factor) {
     const double e = rank_max_err(x, ref, rows, w), en = max_err(naive, ref);
     EXPECT_LE(e, test::tolerance(en, ref, floor_factor)) << what << ": device error " << e << ", naive bf16 " << en;
-    if (getenv("SHOWERR") && world().rank() == 0) printf("%s %s %.3g %.3g\n", c.name().c_str(), what, e, en);
   };
   expect("O", O, o64, on, int64_t(c.H_q) * D, 1.0);
   expect("LSE", L, l64, ln, c.H_q, 1.0);
+  if (!train) return;
   expect("dQ", dQ, dq64, dqn, int64_t(c.H_q) * D, test::kBwdCancellation);
   expect("dK", dK, dk64, dkn, int64_t(c.H_kv) * D, test::kBwdCancellation);
   expect("dV", dV, dv64, dvn, int64_t(c.H_kv) * D, 1.0);
@@ -284,6 +286,10 @@ std::vector<Case> cases() {
     v.push_back({s, 4, 4, MaskKind::causal, 0, true, true});
     v.push_back({s, 4, 1, MaskKind::window, 40, false, false});
   }
+  // pass-Q (forward only): queries travel; a batched prefill's sequences as documents.
+  v.push_back({"pass_q", 4, 2, MaskKind::causal, 0, false, false});
+  v.push_back({"pass_q", 2, 2, MaskKind::causal, 0, true, false});
+  v.push_back({"pass_q", 4, 1, MaskKind::window, 40, false, false});
   return v;
 }
 
@@ -291,6 +297,151 @@ TEST(CpDevice, StrategiesOnDeviceBuffersMatchTheReference) {
   for (const Case& c : cases()) run_case(c);
   EXPECT_EQ(device_mem_current_bytes(), 0) << "every device buffer released";
   EXPECT_GT(device_mem_peak_bytes(), 0);
+}
+
+// A deterministic value in [-1, 1) for (tensor, sequence, token, element): the same K/V rows
+// whichever rank holds them.
+float value(uint64_t tensor, uint64_t b, uint64_t tok, uint64_t j) {
+  uint64_t x = (tensor * 1000003u + b) * 0x9E3779B97F4A7C15ull ^ (tok * 131071u + j) * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  return round_bf16(float(double(x >> 11) / double(1ull << 53) * 2.0 - 1.0));
+}
+
+// The decode strategies on device buffers: B sequences with caches spread over the ranks (token i
+// of sequence b on rank (i + b) % P), one new token each, owned by rank b / ceil(B/P), stored by
+// rank b % P (as test_cp's DecodeStrategiesMatchReference, here with bf16 values on the device).
+// Each query's O and LSE against kernels/ref over its sequence's keys and itself, and the new
+// token's K/V in the target's device cache after the call.
+TEST(CpDevice, DecodeStrategiesOnDeviceBuffers) {
+  const int P = world().size(), r = world().rank();
+  Topology& topo = device_topology();
+  constexpr int64_t B = 3;
+  constexpr int32_t Hq = 4, Hkv = 2, D = kHeadDim;
+  const int64_t wq = int64_t(Hq) * D, wk = int64_t(Hkv) * D;
+  const int64_t Bq = (B + P - 1) / P, b0 = r * Bq, n = std::max<int64_t>(0, std::min(Bq, B - b0));
+  std::vector<int64_t> len(B);
+  for (int64_t b = 0; b < B; ++b) len[size_t(b)] = 40 + 29 * b;
+  const int64_t cap = len[B - 1] + 1;
+  const auto rows_of = [&](uint64_t tensor, uint64_t b, const std::vector<int64_t>& toks, int64_t w) {
+    std::vector<uint16_t> x;
+    for (int64_t t : toks)
+      for (int64_t j = 0; j < w; ++j) x.push_back(bf16_bits(value(tensor, b, uint64_t(t), uint64_t(j))));
+    return x;
+  };
+  for (const char* name : {"decode_pass_q", "decode_allgather"}) {
+    SCOPED_TRACE(name);
+    std::vector<uint16_t> kc(size_t(B * cap * wk), 0), vc(size_t(B * cap * wk), 0);
+    std::vector<int64_t> kpos(size_t(B * cap), int64_t(1) << 60), begin(B), here(B), slot(B, -1);
+    for (int64_t b = 0; b < B; ++b) {
+      begin[size_t(b)] = b * cap;
+      std::vector<int64_t> mine;
+      for (int64_t i = 0; i < len[size_t(b)]; ++i)
+        if ((i + b) % P == r) mine.push_back(i);
+      here[size_t(b)] = int64_t(mine.size());
+      const std::vector<uint16_t> k = rows_of(1, uint64_t(b), mine, wk), v = rows_of(2, uint64_t(b), mine, wk);
+      std::copy(k.begin(), k.end(), kc.begin() + b * cap * wk);
+      std::copy(v.begin(), v.end(), vc.begin() + b * cap * wk);
+      for (size_t j = 0; j < mine.size(); ++j) kpos[size_t(b * cap) + j] = mine[j];
+      if (b % P == r) {
+        slot[size_t(b)] = b * cap + here[size_t(b)];
+        kpos[size_t(slot[size_t(b)])] = len[size_t(b)];
+      }
+    }
+    std::vector<uint16_t> q, kn, vn;
+    std::vector<int64_t> qpos(size_t(std::max<int64_t>(n, 1)));
+    std::vector<int32_t> qdoc(size_t(Bq), -1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t b = b0 + i;
+      qpos[size_t(i)] = len[size_t(b)];
+      qdoc[size_t(i)] = int32_t(b);
+      const std::vector<int64_t> at = {len[size_t(b)]};
+      for (auto [dst, t, w] : {std::tuple{&q, 3, wq}, std::tuple{&kn, 1, wk}, std::tuple{&vn, 2, wk}}) {
+        const std::vector<uint16_t> x = rows_of(uint64_t(t), uint64_t(b), at, w);
+        dst->insert(dst->end(), x.begin(), x.end());
+      }
+    }
+    for (auto* x : {&q, &kn, &vn}) x->resize(std::max<size_t>(x->size(), 8), 0);
+    Buffer<uint16_t> dq = on_device(q), dkn = on_device(kn), dvn = on_device(vn), dkc = on_device(kc), dvc = on_device(vc);
+    Buffer<int64_t> dqpos = on_device(qpos), dkpos = on_device(kpos);
+    Buffer<int32_t> dqdoc = on_device(qdoc);
+    const size_t no = size_t(std::max<int64_t>(Bq, 1));
+    Buffer<float> o(no * wq, false, Device::cuda, stream()), lse(no * Hq, false, Device::cuda, stream());
+    AttnParams t = attn_problem(Bq, Hq, Hkv, D, MaskKind::causal, 0);
+    t.device = Device::cuda;
+    t.stream = stream();
+    t.dtype = DType::bf16;
+    t.q = dq.data();
+    t.q_pos = dqpos.data();
+    t.q_pos_host = qpos.data();
+    t.q_doc = dqdoc.data();
+    t.q_doc_host = qdoc.data();
+    t.k_new = dkn.data();
+    t.v_new = dvn.data();
+    t.k = t.k_cache = dkc.data();
+    t.v = t.v_cache = dvc.data();
+    t.k_pos = dkpos.data();
+    t.k_pos_host = kpos.data();
+    t.S_k = B * cap;
+    t.k_doc_begin = begin.data();
+    t.k_doc_len = here.data();
+    t.k_new_slot = slot.data();
+    t.o = o.data();
+    t.lse = lse.data();
+    std::unique_ptr<CpStrategy> s = make_strategy(name, topo);
+    CpStats st;
+    s->forward(t, nullptr, st);
+    const std::vector<float> O = to_host(o.data(), o.size()), L = to_host(lse.data(), lse.size());
+    double err_o = 0, err_l = 0, tol_o = 0, tol_l = 0;
+    for (int64_t i = 0; i < n; ++i) {  // each owned query against its sequence's len + 1 keys
+      const int64_t b = b0 + i, Lk = len[size_t(b)] + 1;
+      std::vector<int64_t> all(static_cast<size_t>(Lk));
+      for (int64_t j = 0; j < Lk; ++j) all[size_t(j)] = j;
+      const auto as_float = [](const std::vector<uint16_t>& x) {
+        std::vector<double> y(x.size());
+        for (size_t j = 0; j < x.size(); ++j) {
+          const uint32_t u = uint32_t(x[j]) << 16;
+          float f;
+          std::memcpy(&f, &u, 4);
+          y[j] = f;
+        }
+        return y;
+      };
+      const std::vector<double> Q = as_float(rows_of(3, uint64_t(b), {len[size_t(b)]}, wq)),
+                                K = as_float(rows_of(1, uint64_t(b), all, wk)), V = as_float(rows_of(2, uint64_t(b), all, wk));
+      AttnParams rp = attn_problem(1, Hq, Hkv, D, MaskKind::causal, 0);
+      rp.S_k = Lk;
+      rp.q_pos = &qpos[size_t(i)];
+      rp.k_pos = all.data();
+      std::vector<double> o64(static_cast<size_t>(wq)), l64(static_cast<size_t>(Hq));
+      ref::attn_fwd<double>(rp, Q.data(), K.data(), V.data(), o64.data(), l64.data());
+      const std::vector<float> Qf(Q.begin(), Q.end()), Kf(K.begin(), K.end()), Vf(V.begin(), V.end());
+      std::vector<float> o32(static_cast<size_t>(wq)), l32(static_cast<size_t>(Hq));
+      ref::attn_fwd<float>(rp, Qf.data(), Kf.data(), Vf.data(), o32.data(), l32.data());
+      // The inputs are bf16 values already, so the naive bf16 computation is ref<float> on them;
+      // the kernel also rounds the probabilities P to bf16 before P V (FlashAttention-2), which
+      // moves O by at most u * max|V| (u = 2^-9, bf16's unit roundoff; |V| < 1 here).
+      const std::vector<float> oi(O.begin() + i * wq, O.begin() + (i + 1) * wq), li(L.begin() + i * Hq, L.begin() + (i + 1) * Hq);
+      err_o = std::max(err_o, max_err(oi, o64));
+      err_l = std::max(err_l, max_err(li, l64));
+      tol_o = std::max(tol_o, test::tolerance(max_err(o32, o64), o64) + 0x1p-9);
+      tol_l = std::max(tol_l, test::tolerance(max_err(l32, l64), l64));
+    }
+    world().all_reduce(std::span<double>(&err_o, 1), ReduceOp::max);
+    world().all_reduce(std::span<double>(&err_l, 1), ReduceOp::max);
+    world().all_reduce(std::span<double>(&tol_o, 1), ReduceOp::max);
+    world().all_reduce(std::span<double>(&tol_l, 1), ReduceOp::max);
+    EXPECT_LE(err_o, tol_o) << "O";
+    EXPECT_LE(err_l, tol_l) << "LSE";
+    // The target rank stored each new token's K/V at its slot (on the device).
+    const std::vector<uint16_t> kc_after = to_host(dkc.data(), dkc.size());
+    for (int64_t b = 0; b < B; ++b) {
+      if (slot[size_t(b)] < 0) continue;
+      const std::vector<uint16_t> want = rows_of(1, uint64_t(b), {len[size_t(b)]}, wk);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), kc_after.begin() + slot[size_t(b)] * wk)) << "sequence " << b;
+    }
+  }
 }
 
 // A device call over communicators that move host buffers only, or without the host copies of
