@@ -4,11 +4,13 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 // The CUDA runtime's stream handle is `CUstream_st*`; naming the struct here lets host-only code
 // carry a stream without the CUDA headers.
 struct CUstream_st;
+struct CUevent_st;
 
 namespace ctxpar {
 
@@ -40,10 +42,20 @@ constexpr const char* dtype_name(DType t) {
   return "?";
 }
 
+// The bf16 bits of x rounded to nearest, ties to even (finite x; the upper 16 bits of the fp32
+// pattern after rounding), for host code that builds bf16 tensors.
+inline uint16_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
 // Where a buffer lives and where a call runs. A CUDA stream goes with Device::cuda (null = the
 // legacy default stream).
 enum class Device : int32_t { cpu, cuda };
 using Stream = CUstream_st*;
+using Event = CUevent_st*;  // a CUDA event (cudaEvent_t)
 
 // dtype_of<T>(): the DType of a C++ element type. The 16-bit float types of the CUDA headers are
 // added by kernels/dtype_cuda.hpp (included by the CUDA-aware headers).

@@ -80,6 +80,36 @@ void* device_alloc(size_t bytes, Device device, Stream stream) {
   CTXPAR_ON_CUDA("device_alloc", device_alloc(bytes, stream));
 }
 
+Stream stream_create(Device device) {
+  if (device == Device::cpu) return nullptr;
+  CTXPAR_ON_CUDA("stream_create", stream_create());
+}
+
+void stream_destroy(Stream stream, Device device) {
+  if (device == Device::cpu) return;
+  CTXPAR_ON_CUDA("stream_destroy", stream_destroy(stream));
+}
+
+void stream_synchronize(Stream stream, Device device) {
+  if (device == Device::cpu) return;
+  CTXPAR_ON_CUDA("stream_synchronize", stream_synchronize(stream));
+}
+
+Event event_record(Stream stream, Device device) {
+  if (device == Device::cpu) return nullptr;
+  CTXPAR_ON_CUDA("event_record", event_record(stream));
+}
+
+double event_seconds(Event start, Event end, Device device) {
+  if (device == Device::cpu) return 0;
+  CTXPAR_ON_CUDA("event_seconds", event_seconds(start, end));
+}
+
+void event_destroy(Event e, Device device) {
+  if (device == Device::cpu || !e) return;
+  CTXPAR_ON_CUDA("event_destroy", event_destroy(e));
+}
+
 void device_free(void* p, Device device, Stream stream) {
   if (!p) return;
   if (device == Device::cpu) return std::free(p);

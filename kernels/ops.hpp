@@ -52,6 +52,16 @@ int64_t visible_pairs(const AttnParams& p);
 // asynchronous, except copy_to_host, which returns when the host may read `host_dst`.
 // device_alloc(0) returns null; device_free(null) does nothing.
 void* device_alloc(size_t bytes, Device device, Stream stream = nullptr);
+// A stream of `device` that does not synchronize with the legacy default stream (Device::cpu:
+// null); destroyed after the work on it; synchronize: the host waits for its work.
+Stream stream_create(Device device);
+void stream_destroy(Stream stream, Device device);
+void stream_synchronize(Stream stream, Device device);
+// A timing event recorded on `stream` now (Device::cuda; null on the CPU); the seconds between two
+// of them once both are complete (event_seconds synchronizes on `end`); destroy when done.
+Event event_record(Stream stream, Device device);
+double event_seconds(Event start, Event end, Device device);
+void event_destroy(Event e, Device device);
 void device_free(void* p, Device device, Stream stream = nullptr);
 // dst = src, both on `device` (may not overlap).
 void device_copy(void* dst, const void* src, size_t bytes, Device device, Stream stream = nullptr);

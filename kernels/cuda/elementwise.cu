@@ -383,6 +383,34 @@ void bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t stream) {
 
 // ---- memory (ops.hpp "memory of a call's device") ----
 
+cudaStream_t stream_create() {
+  cudaStream_t s = nullptr;
+  CTXPAR_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+void stream_destroy(cudaStream_t stream) {
+  if (stream) CTXPAR_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+void stream_synchronize(cudaStream_t stream) { CTXPAR_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+
+cudaEvent_t event_record(cudaStream_t stream) {
+  cudaEvent_t e = nullptr;
+  CTXPAR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+  CTXPAR_CUDA_CHECK(cudaEventRecord(e, stream));
+  return e;
+}
+
+double event_seconds(cudaEvent_t start, cudaEvent_t end) {
+  CTXPAR_CUDA_CHECK(cudaEventSynchronize(end));
+  float ms = 0;
+  CTXPAR_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
+  return double(ms) * 1e-3;
+}
+
+void event_destroy(cudaEvent_t e) { cudaEventDestroy(e); }
+
 void* device_alloc(size_t bytes, cudaStream_t stream) {
   void* p = nullptr;
   if (bytes == 0) return nullptr;

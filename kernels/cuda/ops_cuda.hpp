@@ -153,6 +153,12 @@ void bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t stream = nullp
 // ---- memory (the CUDA backend of ops.hpp's "memory of a call's device") ----
 // Stream-ordered: device_alloc / device_free are cudaMallocAsync / cudaFreeAsync on `stream`;
 // copies, zeroing and add_f32 are asynchronous on it, except copy_to_host, which synchronizes it.
+cudaStream_t stream_create();  // cudaStreamNonBlocking
+void stream_destroy(cudaStream_t stream);
+void stream_synchronize(cudaStream_t stream);
+cudaEvent_t event_record(cudaStream_t stream);  // a new timing event, recorded
+double event_seconds(cudaEvent_t start, cudaEvent_t end);
+void event_destroy(cudaEvent_t e);
 void* device_alloc(size_t bytes, cudaStream_t stream);
 void device_free(void* p, cudaStream_t stream);
 void device_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream);

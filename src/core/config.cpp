@@ -81,12 +81,13 @@ const std::vector<Field>& config_fields() {
       {"steps", &Config::steps, "5", "measured steps (after warmup)", {}, 1, 1e6},
       {"warmup", &Config::warmup, "1", "warmup steps (run, traced, excluded from the summary)", {}, 0, 1e6},
       {"seed", &Config::seed, "1234", "random seed for data and weights", {}, 0, 9.2e18},
-      enum_field<&Config::device>("device", kDeviceNames, "cpu", "compute device: cpu, or cuda (GPU backend; so far bench attn only, needs a CUDA build)"),
+      enum_field<&Config::device>("device", kDeviceNames, "cpu", "compute device: cpu, or cuda (GPU backend; so far bench attn and attn, needs a CUDA build)"),
       {"threads", &Config::threads, "0", "OpenMP threads per rank (0 = OMP_NUM_THREADS if set, else the node's cores / its ranks)", {}, 0, 1024},
       {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7},
       {"mem_per_rank", &Config::mem_per_rank, "0", "host memory a rank may use, checked against the plan before anything is allocated (0 = this node's available memory, or its cgroup limit, shared by its ranks)", {}, 0, 9.2e18},
       {"csv", &Config::csv, "false", "bench: print CSV instead of a table", {}},
       {"frugal", &Config::frugal, "false", "train, bench cp: the all-gather and the ring send a rank only the key/value rows some query there can see (the causal future, other documents and rows beyond a window stay home; dK/dV return the same way); other strategies refuse it", {}},
+      {"cpu_check", &Config::cpu_check, "true", "attn with device=cuda: also run the call on the CPU with the same bf16-rounded inputs and report the largest difference per tensor (log line and output attributes cpu_check_*)", {}},
       {"deterministic", &Config::deterministic, "false", "bench cp: attention whose bits do not depend on the number of ranks, the strategy or the threads (every rank attends to all keys in position order, dK/dV summed exactly; the layout padded to whole query tiles); rows <name>:det beside the plain ones. Not yet train or inference", {}},
       // workload / attention
       {"seq", &Config::seq, "4K", "S: global sequence length in tokens (K/M suffixes)", {}, 1, 1ll << 40},
@@ -474,6 +475,9 @@ void validate_config(const Config& c, int world_size) {
     throw UsageError(std::string("config: deterministic = true with ") +
                      (c.frugal ? "frugal = true" : c.attention == "mla" ? "attention = mla" : "device = cuda") +
                      ": not served yet (the canonical schedule gathers every K/V row, on the CPU); valid: deterministic=false");
+  if (c.frugal && c.device != Device::cpu)
+    throw UsageError("config: frugal = true with device = cuda: the frugal schedules run on the CPU only so far; "
+                     "valid: frugal=false, or device=cpu");
   if (c.partition != PartitionKind::zigzag && c.mode != Mode::predict)
     throw UsageError(std::string("config: partition = ") + name_of(c.partition) + " is an input of `ctxpar predict` only; the executed strategies "
                      "shard zigzag (equal causal work per rank and ring step); valid here: partition=zigzag");

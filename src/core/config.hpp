@@ -39,6 +39,7 @@ struct Config {
   StrategySetting strategy;
   bool frugal;               // the all-gather and the ring move only the key/value rows a receiving rank can see
   bool deterministic;        // bench cp: attention with the same bits on any mesh (cp/deterministic.hpp)
+  bool cpu_check;            // attn device=cuda: the same call on the CPU, differences reported
   PartitionKind partition;
   MaskKind mask;
   int64_t window;

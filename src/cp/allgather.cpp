@@ -96,10 +96,12 @@ class AllGather final : public CpStrategy {
     }
     const double bytes = double((P - 1) * loc * sizeof(float));
     if (tr) tr->progress(Phase::reduce_scatter);
-    cp::timed_collective(comm_, st, tr, Phase::reduce_scatter, bytes,
-                         [&] { comm_.reduce_scatter(buf(dk_all), buf_at(local.dk, loc, dev)); });
-    cp::timed_collective(comm_, st, tr, Phase::reduce_scatter, bytes,
-                         [&] { comm_.reduce_scatter(buf(dv_all), buf_at(local.dv, loc, dev)); });
+    cp::timed_collective(
+        comm_, st, tr, Phase::reduce_scatter, bytes, [&] { comm_.reduce_scatter(buf(dk_all), buf_at(local.dk, loc, dev)); },
+        dev);
+    cp::timed_collective(
+        comm_, st, tr, Phase::reduce_scatter, bytes, [&] { comm_.reduce_scatter(buf(dv_all), buf_at(local.dv, loc, dev)); },
+        dev);
   }
 
  private:
@@ -292,8 +294,9 @@ class AllGather final : public CpStrategy {
     g.shared_kv = t.k == t.v;
     const double kv_bytes = double((P - 1) * loc);
     const auto gather_rows = [&](const void* x, Buffer<std::byte>& into) {
-      cp::timed_collective(comm_, st, tr, Phase::all_gather, kv_bytes,
-                           [&] { comm_.all_gather(buf_at(static_cast<const std::byte*>(x), loc, t.device), buf(into)); });
+      cp::timed_collective(
+          comm_, st, tr, Phase::all_gather, kv_bytes,
+          [&] { comm_.all_gather(buf_at(static_cast<const std::byte*>(x), loc, t.device), buf(into)); }, t.device);
     };
     gather_rows(t.k, g.k);
     if (!g.shared_kv) {

@@ -10,6 +10,27 @@
 #include "ops.hpp"
 #include "shard/partition.hpp"
 
+namespace ctxpar {
+
+void CpStats::settle() {
+  for (DeviceWait& w : device_waits) {
+    exposed_comm_s += event_seconds(w.before, w.after, w.device);
+    event_destroy(w.before, w.device);
+    event_destroy(w.after, w.device);
+    ++device_waits_timed;
+  }
+  device_waits.clear();
+}
+
+CpStats::~CpStats() {
+  for (DeviceWait& w : device_waits) {  // never settled: released unread (the events may still be pending)
+    event_destroy(w.before, w.device);
+    event_destroy(w.after, w.device);
+  }
+}
+
+}  // namespace ctxpar
+
 namespace ctxpar::cp {
 
 std::string check_common(const std::string& strategy, const AttnParams& s, int P) {
@@ -59,15 +80,36 @@ void counted_bwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step) {
 void timed_wait(Comm& c, Request& r, CpStats& st, Tracer* tr, int32_t ring_step, double bytes) {
   if (!r.pending()) return;
   const double tb = tr ? tr->now_us() : 0;
+  // A device transfer (a device backend's own request, not a forwarded host one): the compute
+  // stream waits, timed by events around the wait (CpStats::settle), not by the host's clock.
+  const bool on_device = c.device() >= 0 && r.via() == nullptr;
+  if (on_device) {
+    const Device d = Device::cuda;
+    CpStats::DeviceWait w{event_record(c.compute_stream(), d), nullptr, d};
+    c.stream_wait(r);
+    w.after = event_record(c.compute_stream(), d);
+    st.device_waits.push_back(w);
+    if (tr) tr->add_span(Phase::comm_wait, -1, ring_step, tb, tr->now_us(), 0, bytes);
+    return;
+  }
   const double t0 = c.now();
-  c.stream_wait(r);  // host buffers: wait(); device buffers: later compute-stream work is ordered after it
+  c.stream_wait(r);  // host buffers: wait()
   st.exposed_comm_s += c.now() - t0;
   if (tr) tr->add_span(Phase::comm_wait, -1, ring_step, tb, tr->now_us(), 0, bytes);
 }
 
 void timed_collective(Comm& c, CpStats& st, Tracer* tr, Phase ph, double bytes_sent,
-                      const std::function<void()>& op) {
+                      const std::function<void()>& op, Device on) {
   const double tb = tr ? tr->now_us() : 0;
+  if (on != Device::cpu) {
+    CpStats::DeviceWait w{event_record(c.compute_stream(), on), nullptr, on};
+    op();
+    w.after = event_record(c.compute_stream(), on);
+    st.device_waits.push_back(w);
+    st.bytes_sent += bytes_sent;
+    if (tr) tr->add_span(ph, -1, -1, tb, tr->now_us(), 0, bytes_sent);
+    return;
+  }
   const double t0 = c.now();
   op();
   st.exposed_comm_s += c.now() - t0;

@@ -57,9 +57,10 @@ void counted_bwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step);
 void timed_wait(Comm& c, Request& r, CpStats& st, Tracer* tr, int32_t ring_step, double bytes);
 
 // Runs a blocking collective `op` and books its whole duration as exposed (nothing overlaps a
-// blocking collective) with phase `ph`.
+// blocking collective) with phase `ph`. On device buffers (`on` = Device::cuda) the duration is
+// the compute stream's, timed by events around it (CpStats::settle), not the host's.
 void timed_collective(Comm& c, CpStats& st, Tracer* tr, Phase ph, double bytes_sent,
-                      const std::function<void()>& op);
+                      const std::function<void()>& op, Device on = Device::cpu);
 
 // Sections of packed messages start on 64-byte boundaries.
 constexpr size_t align64(size_t x) { return (x + 63) & ~size_t(63); }

@@ -32,7 +32,7 @@ class DecodeAllGather final : public cp::DecodeStrategy {
     const std::vector<std::byte> meta_mine = cp::pack_queries(L, local, n, N > 1 ? mine.data() : blk.data());
     if (N > 1)
       cp::timed_collective(comm_, st, tr, Phase::all_gather, double(L.bytes) * (N - 1),
-                           [&] { comm_.all_gather(buf(mine), buf(blk)); });
+                           [&] { comm_.all_gather(buf(mine), buf(blk)); }, dev);
     // A device call reads the blocks' metadata from a host copy of every rank's.
     const cp::BlockMeta meta = dev != Device::cpu ? cp::gather_block_meta(comm_, L, meta_mine, tr, st) : cp::BlockMeta{};
     for (int j = 0; j < N; ++j) {

@@ -200,7 +200,7 @@ void return_and_merge(Comm& c, Buffer<float>& part, int64_t n_block, int64_t n_r
   Buffer<float> back(pe * size_t(N), false, local.device, local.stream);
   if (N > 1) {
     timed_collective(c, st, tr, Phase::all_to_all, double(pe) * sizeof(float) * (N - 1),
-                     [&] { c.all_to_all(buf(part), buf(back)); });
+                     [&] { c.all_to_all(buf(part), buf(back)); }, local.device);
   } else {
     device_copy(back.data(), part.data(), pe * sizeof(float), local.device, local.stream);
   }

@@ -48,6 +48,23 @@ struct CpStats {
   double exposed_comm_s = 0;  // time blocked waiting on transfers
   int64_t messages = 0;       // point-to-point messages posted by this rank
   double attn_flops = 0;      // attention FLOPs this rank computed (visible pairs, model/flops.hpp)
+  // Device calls: a wait on a device transfer does not block the host, so its exposed time is
+  // timed on the device, by a pair of events around the compute stream's wait (the time the
+  // stream sat idle there); they are read by settle(), once the caller has synchronized the
+  // stream, and added to exposed_comm_s. Until then they are pending.
+  struct DeviceWait {
+    Event before = nullptr, after = nullptr;
+    Device device = Device::cpu;
+  };
+  std::vector<DeviceWait> device_waits;
+  int64_t device_waits_timed = 0;  // how many settle() has read
+  void settle();                   // cp/common.cpp; synchronizes on the pending events
+  CpStats() = default;
+  CpStats(const CpStats&) = delete;  // owns its pending events
+  CpStats& operator=(const CpStats&) = delete;
+  CpStats(CpStats&&) = default;
+  CpStats& operator=(CpStats&&) = default;
+  ~CpStats();
 };
 
 class CpStrategy {

@@ -102,7 +102,8 @@ void scatter_heads(Comm& c, std::initializer_list<HeadTensor> ts, int64_t S_loc,
       out += t.block(S_loc);
     }
   }
-  timed_collective(c, st, tr, Phase::all_to_all, double(per * (U - 1)), [&] { c.all_to_all(buf(send), buf(recv)); });
+  timed_collective(
+      c, st, tr, Phase::all_to_all, double(per * (U - 1)), [&] { c.all_to_all(buf(send), buf(recv)); }, on.device);
   for (int j = 0; j < U; ++j) {
     const std::byte* in = recv.data() + size_t(j) * per;
     for (const HeadTensor& t : ts) {
@@ -130,7 +131,8 @@ void gather_heads(Comm& c, std::initializer_list<HeadTensor> ts, int64_t S_loc, 
       out += t.block(S_loc);
     }
   }
-  timed_collective(c, st, tr, Phase::all_to_all, double(per * (U - 1)), [&] { c.all_to_all(buf(send), buf(recv)); });
+  timed_collective(
+      c, st, tr, Phase::all_to_all, double(per * (U - 1)), [&] { c.all_to_all(buf(send), buf(recv)); }, on.device);
   for (const HeadTensor& t : ts)
     if (t.hs.replicated()) device_zero(t.to, size_t(S_loc) * t.x_row(), on.device, on.stream);
   for (int j = 0; j < U; ++j) {

@@ -30,6 +30,8 @@
 
 namespace ctxpar {
 
+class Topology;
+
 std::unique_ptr<Comm> make_staged_comm(Comm& host, int device);
 
 struct NcclOptions {
@@ -39,6 +41,13 @@ struct NcclOptions {
 // Throws UsageError, identically on every rank, when two ranks of `bootstrap` use the same GPU
 // (NCCL does not support that; use the staged backend to share a GPU).
 std::unique_ptr<Comm> make_nccl_comm(Comm& bootstrap, int device, const NcclOptions& opt = {});
+
+// A run on GPUs (device=cuda): every communicator of `topo` gets a device backend
+// (Topology::use_device_comms) with `compute` as its compute stream: NCCL when every rank of the
+// node has a GPU of its own (`devices` >= local ranks) and the communicator has more than one
+// rank, else the staged MPI backend (ranks sharing a GPU; a one-rank communicator moves nothing).
+// Collective over the world. Returns "nccl" or "mpi-staged" (the CP group's backend).
+std::string use_gpu_comms(Topology& topo, int device, int devices, Stream compute);
 
 // "NCCL 2.28.9" (the library loaded at run time), for provenance.
 std::string nccl_library_version();

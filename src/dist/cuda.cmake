@@ -4,7 +4,8 @@
 add_library(ctxpar_dist_cuda STATIC
   ${CMAKE_CURRENT_LIST_DIR}/comm_nccl.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comm_staged.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/chips.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/chips.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu_comms.cpp)
 # The static CUDA runtime, as nvcc links by default (CMAKE_CUDA_RUNTIME_LIBRARY Static): one runtime
 # per process whichever library (kernels/cuda, this one) pulls it in, and no libcudart.so to find
 # on the GPU machine.

@@ -9,6 +9,10 @@
 // Output file: o [S,H_q,D], lse [S,H_q], dq [S,H_q,D], dk, dv [S,H_kv,D] (float32); when the
 // inputs were generated, also q, k, v, do (and doc_id), so the file can be checked on its own.
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <utility>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,6 +32,11 @@
 #include "io/h5_probe.hpp"
 #include "io/h5_tensors.hpp"
 #include "trace/trace.hpp"
+#if defined(CTXPAR_WITH_CUDA)
+#include "cuda/ops_cuda.hpp"  // device_description
+#include "dist/chips.hpp"
+#include "dist/comm_device.hpp"
+#endif
 
 namespace ctxpar {
 
@@ -87,6 +96,144 @@ std::string inspect_input(const std::string& path, AttnParams& s, bool& has_docs
   } catch (const UsageError& e) {
     return e.what();
   }
+}
+
+// A run on this rank's GPU (device=cuda): the device, its compute stream (owned: destroyed after
+// its work, and after every device buffer declared later is gone) and the device communicators'
+// backend.
+struct GpuRun {
+  Stream stream = nullptr;
+  std::string description, comm;
+  Topology* topo = nullptr;
+  explicit GpuRun(Topology* t) : topo(t) {
+    if (!t) return;
+#if defined(CTXPAR_WITH_CUDA)
+    const DeviceCount dc = cuda_device_count();
+    const int device = select_device(t->local_rank(), t->local_size());
+    description = cuda::device_description();
+    stream = stream_create(Device::cuda);
+    comm = use_gpu_comms(*t, device, dc.count, stream);
+#else
+    CTXPAR_FATAL("device = cuda in a build without the CUDA backend (validate_mode refuses it first)");
+#endif
+  }
+  GpuRun(const GpuRun&) = delete;
+  GpuRun& operator=(const GpuRun&) = delete;
+  ~GpuRun() {
+    if (!stream) return;
+    stream_synchronize(stream, Device::cuda);
+    topo->cp().set_compute_stream(nullptr);  // the communicators outlive the stream
+    for (int a = 0; a < kNumAxes; ++a) topo->axis(Axis(a)).set_compute_stream(nullptr);
+    stream_destroy(stream, Device::cuda);
+  }
+};
+
+// The call's tensors on the GPU: q, k, v, dout rounded to bf16, the fp32 outputs, positions and
+// document ids (the host's kept as the host copies).
+struct DeviceTensors {
+  Buffer<uint16_t> q, k, v, dout;
+  Buffer<int64_t> pos;
+  Buffer<int32_t> doc;
+  Buffer<float> o, lse, dq, dk, dv;
+
+  static Buffer<uint16_t> bf16_of(const void* x, size_t n, Stream s) {
+    std::vector<uint16_t> h(n);
+    const float* f = static_cast<const float*>(x);
+    for (size_t i = 0; i < n; ++i) h[i] = bf16_bits(f[i]);
+    Buffer<uint16_t> d(n, false, Device::cuda, s);
+    copy_to_device(d.data(), h.data(), n * sizeof(uint16_t), Device::cuda, s);
+    return d;
+  }
+  template <class T> static Buffer<T> copy_of(const T* x, size_t n, Stream s) {
+    Buffer<T> d(n, false, Device::cuda, s);
+    if (n) copy_to_device(d.data(), x, n * sizeof(T), Device::cuda, s);
+    return d;
+  }
+  // The device call of the host call `t` (fp32 host tensors).
+  AttnParams upload(const AttnParams& t, Stream s) {
+    const size_t nq = size_t(t.S_q) * t.H_q * t.D, nk = size_t(t.S_k) * t.H_kv * t.D;
+    q = bf16_of(t.q, nq, s);
+    k = bf16_of(t.k, nk, s);
+    v = bf16_of(t.v, nk, s);
+    dout = bf16_of(t.dout, nq, s);
+    pos = copy_of(t.q_pos, size_t(t.S_q), s);
+    if (t.q_doc) doc = copy_of(t.q_doc, size_t(t.S_q), s);
+    const auto out = [&](size_t n) { return Buffer<float>(n, true, Device::cuda, s); };
+    o = out(nq);
+    lse = out(size_t(t.S_q) * t.H_q);
+    dq = out(nq);
+    dk = out(nk);
+    dv = out(nk);
+    AttnParams a = t;
+    a.device = Device::cuda;
+    a.stream = s;
+    a.dtype = DType::bf16;
+    a.q = q.data();
+    a.k = k.data();
+    a.v = v.data();
+    a.dout = dout.data();
+    a.o = o.data();
+    a.lse = lse.data();
+    a.dq = dq.data();
+    a.dk = dk.data();
+    a.dv = dv.data();
+    a.q_pos_host = a.k_pos_host = t.q_pos;
+    a.q_doc_host = a.k_doc_host = t.q_doc;
+    a.q_pos = a.k_pos = pos.data();
+    a.q_doc = a.k_doc = t.q_doc ? doc.data() : nullptr;
+    return a;
+  }
+  // The results into the host call's outputs.
+  void download(const AttnParams& t, Stream s) const {
+    const auto get = [&](float* dst, const Buffer<float>& src) {
+      copy_to_host(dst, src.data(), src.size() * sizeof(float), Device::cuda, s);
+    };
+    get(t.o, o);
+    get(t.lse, lse);
+    get(t.dq, dq);
+    get(t.dk, dk);
+    get(t.dv, dv);
+  }
+};
+
+// The host call `t` (device results already downloaded into its outputs) run again on the CPU
+// path with its inputs rounded to bf16 (the device's values): per tensor, max |device - cpu| over
+// every rank relative to max(1, max |cpu|).
+std::vector<std::pair<std::string, double>> compare_with_cpu(CpStrategy& strat, const AttnParams& t, Comm& cp) {
+  const size_t nq = size_t(t.S_q) * t.H_q * t.D, nk = size_t(t.S_k) * t.H_kv * t.D, nl = size_t(t.S_q) * t.H_q;
+  const auto rounded = [](const void* x, size_t n) {
+    std::vector<float> r(static_cast<const float*>(x), static_cast<const float*>(x) + n);
+    for (float& e : r) {
+      const uint32_t u = uint32_t(bf16_bits(e)) << 16;
+      std::memcpy(&e, &u, 4);
+    }
+    return r;
+  };
+  const std::vector<float> q = rounded(t.q, nq), k = rounded(t.k, nk), v = rounded(t.v, nk), dout = rounded(t.dout, nq);
+  std::vector<float> o(nq), lse(nl), dq(nq), dk(nk), dv(nk);
+  AttnParams c = t;
+  c.q = q.data(); c.k = k.data(); c.v = v.data(); c.dout = dout.data();
+  c.o = o.data(); c.lse = lse.data(); c.dq = dq.data(); c.dk = dk.data(); c.dv = dv.data();
+  CpStats s1, s2;
+  strat.forward(c, nullptr, s1);
+  strat.backward(c, nullptr, s2);
+  std::vector<std::pair<std::string, double>> out;
+  const auto diff = [&](const char* name, const float* dev, const std::vector<float>& cpu) {
+    double m[2] = {0, 1};  // max |dev - cpu|, max(1, max |cpu|)
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      if (std::isinf(cpu[i]) && dev[i] == cpu[i]) continue;  // rows that see no key: -inf on both
+      m[0] = std::max(m[0], double(std::abs(dev[i] - cpu[i])));
+      if (std::isfinite(cpu[i])) m[1] = std::max(m[1], double(std::abs(cpu[i])));
+    }
+    cp.all_reduce(std::span<double>(m, 2), ReduceOp::max);
+    out.emplace_back(name, m[0] / m[1]);
+  };
+  diff("o", t.o, o);
+  diff("lse", t.lse, lse);
+  diff("dq", t.dq, dq);
+  diff("dk", t.dk, dk);
+  diff("dv", t.dv, dv);
+  return out;
 }
 
 std::string mesh_text(const Topology& topo) {
@@ -168,6 +315,19 @@ double attn_memory(const Config& cfg, Topology& topo) {
   return workload_memory(c, topo);
 }
 
+double attn_device_memory(const Config& cfg, Topology& topo) {
+  AttnParams s = attn_problem(cfg);
+  bool docs = cfg.docs != "none";
+  if (!cfg.in.empty() && !inspect_input(cfg.in, s, docs).empty()) return 0;
+  s.dtype = DType::bf16;
+  const int P = topo.cp_size();
+  const double n = double(s.S_q) / P, wq = double(s.H_q) * s.D, wk = double(s.H_kv) * s.D;
+  // bf16 q, k, v, dout; fp32 o, lse, dq, dk, dv; positions and ids; the strategy's transient buffers.
+  const double tensors = n * (2 * (wq + wk) * 2 + (2 * wq + 2 * wk + s.H_q) * 4 + 12);
+  std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
+  return tensors + (strat ? strat->buffer_bytes(s, docs, topo) : 0);
+}
+
 int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   const bool from_file = !cfg.in.empty();
   AttnParams s = attn_problem(cfg);
@@ -176,6 +336,10 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
     const std::string err = inspect_input(cfg.in, s, has_docs);
     CTXPAR_CHECK(err.empty(), err);  // validated on rank 0 before; a file changed since then is fatal
   }
+  // device=cuda: this rank's GPU, one compute stream, and device communicators, before the
+  // strategy binds to them.
+  const bool on_gpu = cfg.device == Device::cuda;
+  const GpuRun gpu(on_gpu ? &topo : nullptr);
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   CTXPAR_CHECK(strat, "unknown strategy " << name_of(cfg.strategy));
   Comm& cpc = topo.cp();
@@ -230,15 +394,30 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   t.q = q.data(); t.k = k.data(); t.v = v.data(); t.dout = dout.data();
   t.o = o.data(); t.lse = lse.data(); t.dq = dq.data(); t.dk = dk.data(); t.dv = dv.data();
 
+  // On the GPU: the same rows rounded to bf16 and the fp32 outputs in device memory, with the
+  // positions and document ids on both sides (AttnParams::q_pos_host ...).
+  DeviceTensors dev;
+  const AttnParams run = on_gpu ? dev.upload(t, gpu.stream) : t;
+
   Comm& world = topo.world();
   tracer.begin_step(0);
   CpStats fst, bst;
   world.barrier();
   const double t0 = world.now();
-  strat->forward(t, &tracer, fst);
+  strat->forward(run, &tracer, fst);
+  stream_synchronize(gpu.stream, cfg.device);
   const double t1 = world.now();
-  strat->backward(t, &tracer, bst);
+  strat->backward(run, &tracer, bst);
+  stream_synchronize(gpu.stream, cfg.device);
   const double t2 = world.now();
+  fst.settle();  // device waits, timed on the device
+  bst.settle();
+  if (on_gpu) dev.download(t, gpu.stream);
+  // device=cuda with cpu_check: the same call on the CPU path, on the same bf16-rounded values (the
+  // strategy's device communicators hand host buffers to their MPI communicators), so the
+  // differences are the device kernels' own roundings (P and dS in bf16) and any device-path error.
+  std::vector<std::pair<std::string, double>> cpu_diff;
+  if (on_gpu && cfg.cpu_check) cpu_diff = compare_with_cpu(*strat, t, cpc);
   double mx[3] = {t1 - t0, t2 - t1, fst.exposed_comm_s + bst.exposed_comm_s};
   double flops = fst.attn_flops + bst.attn_flops;
   world.all_reduce(std::span<double>(mx, 3), ReduceOp::max);
@@ -299,14 +478,26 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
     w.attr("partition", std::string(partition_name(strat->partition())));
     w.attr("source", from_file ? "file:" + cfg.in : "seed:" + std::to_string(cfg.seed) + ",docs:" + cfg.docs);
     w.attr("flop_convention", std::string(kFlopConvention));
+    w.attr("device", on_gpu ? "cuda (bf16 inputs, fp32 outputs; " + gpu.description + ", comm " + gpu.comm + ")"
+                            : std::string("cpu (fp32)"));
+    for (const auto& [name, d] : cpu_diff) w.attr("cpu_check_" + name, d);
     w.commit();
   }
-  log0("attn: strategy %s, mesh %s, S=%lld H_q=%d H_kv=%d D=%d mask=%s%s: fwd %.3f ms, bwd %.3f ms, exposed comm "
+  log0("attn%s: strategy %s, mesh %s, S=%lld H_q=%d H_kv=%d D=%d mask=%s%s: fwd %.3f ms, bwd %.3f ms, exposed comm "
        "%.3f ms, %.4f TFLOP/s per rank; wrote %s (trace %s)\n",
-       strat->name().c_str(), mesh_text(topo).c_str(), (long long)S, s.H_q, s.H_kv, s.D,
+       on_gpu ? " (device=cuda, bf16)" : "", strat->name().c_str(), mesh_text(topo).c_str(), (long long)S, s.H_q, s.H_kv, s.D,
        s.mask == MaskKind::none ? "none" : s.mask == MaskKind::causal ? "causal" : "window",
        has_docs ? "+docs" : "", mx[0] * 1e3, mx[1] * 1e3, mx[2] * 1e3, rec.tflops_per_rank, path.c_str(),
        trace_path(cfg).c_str());
+  if (!cpu_diff.empty()) {
+    std::string line;
+    for (const auto& [name, d] : cpu_diff) {
+      char b[48];
+      std::snprintf(b, sizeof b, " %s %.2e", name.c_str(), d);
+      line += b;
+    }
+    log0("attn cpu_check: max |device - cpu| / max(1, max|cpu|) on the same bf16 inputs:%s\n", line.c_str());
+  }
   return 0;
 }
 

@@ -62,6 +62,7 @@ std::string mode_words(const Config& cfg, const char* sep = " ");
 std::string validate_attn_mode(const Config& cfg, Topology& topo);
 std::string scan_attn_inputs(const Config& cfg, Topology& topo);  // NaN/Inf in q, k, v, do
 double attn_memory(const Config& cfg, Topology& topo);            // the workload at the input file's shape
+double attn_device_memory(const Config& cfg, Topology& topo);     // device=cuda: GPU bytes per rank
 std::string scan_train_inputs(const Config& cfg, Topology& topo); // resume values, token ids
 std::string scan_infer_inputs(const Config& cfg, Topology& topo); // resume values
 double calibrate_memory(const Config& cfg, Topology& topo);       // bench calibrate at its largest shapes

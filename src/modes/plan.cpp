@@ -60,7 +60,7 @@ std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row)
            "under /usr/local/cuda, CTXPAR_CUDA=AUTO or ON); valid here: device=cpu";
 #else
     if (!row.cuda)
-      return "config: device = 'cuda' is built for `bench attn` only so far (mode " + mode_words(cfg, " ") +
+      return "config: device = 'cuda' is built for `bench attn` and `attn` only so far (mode " + mode_words(cfg, " ") +
              "); valid: device=cpu for this mode";
     // Every rank checks its own node, before anything touches the GPU.
     if (const DeviceCount dc = cuda_device_count(); dc.count == 0)
@@ -149,14 +149,14 @@ int64_t largest_fitting_seq(const Config& cfg, Topology& topo, const ModeRow& ro
 
 std::string check_memory(const Config& cfg, Topology& topo, const ModeRow& row) {
 #if defined(CTXPAR_WITH_CUDA)
-  // device=cuda (bench attn so far): its largest row against the free memory of this rank's GPU,
+  // device=cuda (bench attn, attn): its largest row (attn: its call) against the free memory of this rank's GPU,
   // shared by the ranks on it.
   if (cfg.device == Device::cuda) {
     const DeviceCount dc = cuda_device_count();
     const int dev = device_for_local_rank(topo.local_rank(), topo.local_size(), std::max(1, dc.count));
     const DeviceMemory m = cuda_device_memory(dev);
     const int sharing = std::max(1, (topo.local_size() + dc.count - 1) / std::max(1, dc.count));
-    const double need = bench_attn_device_memory(cfg);
+    const double need = cfg.mode == Mode::attn ? attn_device_memory(cfg, topo) : bench_attn_device_memory(cfg);
     if (m.free_bytes >= 0 && need > double(m.free_bytes) / sharing)
       return "config: this " + mode_words(cfg) + " needs about " + fmt_bytes(need) + " of GPU memory per rank, but GPU " +
              std::to_string(dev) + " on " + topo.hosts()[size_t(topo.world().rank())] + " has " +

@@ -1,7 +1,8 @@
-// A test double of the CUDA runtime functions that src/dist's device communication and the
-// device-comm tests call, so that the staged MPI backend (comm_staged.cpp), the rank → chip map
-// and the tests themselves run — and must pass — on machines without a GPU (CI). Linked instead of
-// libcudart into test_nccl_comm_mock only; nothing in ctxpar uses it.
+// A test double of the CUDA runtime functions that src/dist's device communication, the CUDA
+// backend's host code and the device tests call, so that the staged MPI backend (comm_staged.cpp),
+// the rank → chip map, the strategies on device buffers and the tests themselves run — and must
+// pass — on machines without a GPU (CI). Linked instead of libcudart into the test targets
+// test_nccl_comm_mock, test_cp_device and ctxpar_emu only; the ctxpar program never uses it.
 //
 // "Device" memory is host memory. What makes the double worth having is asynchrony: every stream
 // is a queue of deferred tasks (copies, memsets, host functions, event records, waits on events)
@@ -23,6 +24,7 @@
 // CTXPAR_CUDA_MOCK_DEVICES (default 1) sets the device count.
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,7 +41,12 @@ struct MockStream;
 struct Record {  // one cudaEventRecord: done once its stream reached it
   bool done = false;
   MockStream* stream = nullptr;  // where it was recorded
+  double at_ms = 0;              // host time when the stream reached it (cudaEventElapsedTime)
 };
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 struct Task {
   std::function<void()> run;           // work (may be empty)
@@ -92,7 +99,10 @@ bool step_toward(MockStream& s, const char* what) {
   Task t = std::move(s.q.front());
   s.q.pop_front();
   if (t.run) t.run();
-  if (t.completes) t.completes->done = true;
+  if (t.completes) {
+    t.completes->done = true;
+    t.completes->at_ms = now_ms();
+  }
   return true;
 }
 
@@ -239,6 +249,15 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
   *e = reinterpret_cast<cudaEvent_t>(new MockEvent);
   return cudaSuccess;
 }
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  const auto* a = reinterpret_cast<MockEvent*>(start);
+  const auto* b = reinterpret_cast<MockEvent*>(end);
+  if (!a->current || !b->current) return ret(cudaErrorInvalidResourceHandle);
+  if (!a->current->done || !b->current->done) return ret(cudaErrorNotReady);
+  *ms = float(b->current->at_ms - a->current->at_ms);
+  return cudaSuccess;
+}
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete reinterpret_cast<MockEvent*>(e);
   return cudaSuccess;
@@ -288,6 +307,13 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
     for (size_t i = 0; i < height; ++i)
       std::memcpy(static_cast<char*>(dst) + i * dpitch, static_cast<const char*>(src) + i * spitch, width);
   });
+  return cudaSuccess;
+}
+// Synchronous: waits for all earlier work (stricter than CUDA, whose legacy-stream copy waits
+// only for blocking streams; ctxpar creates non-blocking ones), then copies.
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  drain_all("cudaMemcpy");
+  std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {

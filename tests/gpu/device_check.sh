@@ -14,6 +14,8 @@
 #     libraries that ldd cannot find (NCCL, cuBLAS) are searched in the CUDA toolkit and in
 #     Python's nvidia-* wheels, and their folders added to LD_LIBRARY_PATH;
 #  3. the GPU tests: the commands of `ctest -L gpu` (from the bundle's manifest, or ctest itself);
+#  3b. `ctxpar attn device=cuda` with every training strategy at 1, 2 and 4 ranks sharing the GPU
+#     (staged communicators), each against the same call on the CPU (cpu_check);
 #  4. `ctxpar bench attn device=cuda` (default rows, and the issue's headline shape), then
 #     `bench cp` and `bench train` with device=cuda where this build supports them (probed with
 #     --dry-run, which validates the mode; an unsupported mode is reported, not run).
@@ -195,6 +197,38 @@ cat "$LOGS/gpu_tests.log" >> "$TESTS"
 if [ $rc = 0 ]; then v=ok; else v=FAIL; FAILED=1; fi
 note "$(printf '%-7s %-28s rc=%-3s %4ss' "$v" "gpu_tests ($MODE)" "$rc" "$(( $(date +%s) - t ))")"
 grep -E "^tests:|tests passed|tests failed" "$LOGS/gpu_tests.log" | sed 's/^/  /' | tee -a "$SUMMARY"
+
+# ---- 3b. every training strategy on device buffers, 1, 2 and 4 ranks sharing the GPU ----
+# `ctxpar attn device=cuda` runs the call on the GPU and again on the CPU with the same bf16 inputs
+# (cpu_check, on by default) and prints max |device - cpu| / max(1, max|cpu|) per tensor; bf16's
+# own roundings of P and dS give about 1e-3 (measured under the emulator), a broken fragment
+# layout or a missed stream order O(1). Fails above 3e-2.
+strategies() {
+  local rc=0 np st mesh line
+  for np in 1 2 4; do
+    for st in ring allgather ulysses usp; do
+      mesh=ring:$np
+      [ $st = ulysses ] && mesh=ulysses:$np
+      [ $st = usp ] && [ $np = 4 ] && mesh=ulysses:2,ring:2
+      # shellcheck disable=SC2086  # the key=value list splits on purpose
+      line=$("$MPIEXEC" -np $np "$BUILD/ctxpar" attn device=cuda ${DEVICE_CHECK_STRATEGY_ARGS:-seq=2048 heads=8 kv_heads=2 head_dim=128} \
+               strategy=$st mesh=$mesh out="$LOGS/attn_${st}_np$np.h5" < /dev/null 2>&1 | tee -a "$LOGS/strategies_runs.log" |
+             grep "cpu_check")
+      if [ -z "$line" ]; then echo "np $np $st: no cpu_check line (run failed)"; rc=1; continue; fi
+      echo "np $np $st: ${line#*inputs:}"
+      awk -v np=$np -v st=$st '{for (i = 1; i < NF; i += 2) if ($(i+1) + 0 > 3e-2) {print "  too large: " $i " " $(i+1); bad = 1}}
+                               END {exit bad}' <<< "${line#*inputs:}" || rc=1
+    done
+  done
+  return $rc
+}
+if [ -n "$MPIEXEC" ] && [ -x "$BUILD/ctxpar" ]; then
+  export -f strategies
+  export MPIEXEC BUILD LOGS DEVICE_CHECK_STRATEGY_ARGS
+  step strategies 120 bash -c strategies || FAILED=1
+  { echo "===== ctxpar attn device=cuda, every strategy vs the CPU (max |device - cpu| / max(1, max|cpu|))"
+    cat "$LOGS/strategies.log"; echo; } >> "$TABLES"
+fi
 
 # ---- 4. benchmarks with device=cuda ----
 # bench required|optional NAME NP LIMIT_S ARGS...: probe with --dry-run (validates the mode and

@@ -246,9 +246,22 @@ void run_case(const Case& c) {
   s->forward(a, nullptr, fwd);
   const bool train = s->has_backward();
   if (train) s->backward(a, nullptr, bwd);
+  stream_synchronize(stream(), Device::cuda);
+  fwd.settle();
+  bwd.settle();
+  EXPECT_TRUE(fwd.device_waits.empty() && bwd.device_waits.empty());
+  EXPECT_GE(fwd.exposed_comm_s, 0.0);
+  EXPECT_GE(bwd.exposed_comm_s, 0.0);
   if (c.strategy == "ring") {
     EXPECT_EQ(fwd.messages, P - 1);        // one K/V message per hop
     EXPECT_EQ(bwd.messages, P == 1 ? 0 : 2 * P - 1);  // K/V hops and dK/dV hops
+    // Every wait on a device transfer timed on the device: one per hop, and per dK/dV hop.
+    EXPECT_EQ(fwd.device_waits_timed, P - 1);
+    EXPECT_EQ(bwd.device_waits_timed, P == 1 ? 0 : 2 * P - 1);
+  }
+  if (c.strategy == "allgather" && P > 1) {
+    EXPECT_EQ(fwd.device_waits_timed, 2);  // the K and V all-gathers
+    EXPECT_EQ(bwd.device_waits_timed, 4);  // K and V again, the dK and dV reduce-scatters
   }
   const double pairs = double(visible_pairs(g));
   double flops = fwd.attn_flops;

@@ -5,7 +5,9 @@ doc [S] or None; returns o, lse [S, H_q], dq, dk, dv in the output file's layout
 import numpy as np
 
 
-def reference(q, k, v, do, doc, causal, window):
+def reference(q, k, v, do, doc, causal, window, rnd=None):
+    """rnd (optional): a rounding applied to the probabilities P before P V and P^T dO and to dS
+    before dS K and dS^T Q, as a bf16 flash kernel rounds its tensor-core operands."""
     S, Hq, D = q.shape
     Hkv = k.shape[1]
     g = Hq // Hkv
@@ -24,16 +26,17 @@ def reference(q, k, v, do, doc, causal, window):
     p = np.exp(s - m)
     l = p.sum(-1, keepdims=True)
     P = p / l
-    o = np.einsum("hij,jhd->ihd", P, vv)
+    r = rnd if rnd is not None else (lambda x: x)
+    o = np.einsum("hij,jhd->ihd", r(P), vv)
     dP = np.einsum("ihd,jhd->hij", do, vv)
     Dd = np.einsum("ihd,ihd->hi", do, o)
-    dS = P * (dP - Dd[..., None]) / np.sqrt(D)
+    dS = r(P * (dP - Dd[..., None]) / np.sqrt(D))
     return {
         "o": o,
         "lse": (m + np.log(l))[..., 0].T,
         "dq": np.einsum("hij,jhd->ihd", dS, kk),
         "dk": np.einsum("hij,ihd->jhd", dS, q).reshape(S, Hkv, g, D).sum(2),
-        "dv": np.einsum("hij,ihd->jhd", P, do).reshape(S, Hkv, g, D).sum(2),
+        "dv": np.einsum("hij,ihd->jhd", r(P), do).reshape(S, Hkv, g, D).sum(2),
     }
 
 

@@ -431,6 +431,20 @@ inline cudaError_t rt_memset(void* d, int v, size_t n) {
 }
 inline cudaError_t rt_memset_async(void* d, int v, size_t n, cudaStream_t = nullptr) { return rt_memset(d, v, n); }
 inline cudaError_t rt_ok(...) { return cudaSuccess; }
+// Events: kernels run at once here, so every event is complete and no time passes between two.
+inline cudaError_t rt_event_create(cudaEvent_t* e, unsigned) {
+  static char token;
+  *e = reinterpret_cast<cudaEvent_t>(&token);
+  return cudaSuccess;
+}
+inline cudaError_t rt_event_elapsed(float* ms, cudaEvent_t, cudaEvent_t) {
+  *ms = 0;
+  return cudaSuccess;
+}
+inline cudaError_t rt_stream_create(cudaStream_t* s, unsigned) {  // streams are not modelled: one order
+  *s = nullptr;
+  return cudaSuccess;
+}
 inline cudaError_t rt_get_last_error() {
   const cudaError_t e = machine().last_error;
   machine().last_error = cudaSuccess;
@@ -503,6 +517,13 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
 #define cudaMemset(...) ::ctxpar::cuda::emu::rt_memset(__VA_ARGS__)
 #define cudaMemsetAsync(...) ::ctxpar::cuda::emu::rt_memset_async(__VA_ARGS__)
 #define cudaStreamSynchronize(...) ::ctxpar::cuda::emu::rt_ok(__VA_ARGS__)
+#define cudaStreamCreateWithFlags(...) ::ctxpar::cuda::emu::rt_stream_create(__VA_ARGS__)
+#define cudaStreamDestroy(...) ::ctxpar::cuda::emu::rt_ok(__VA_ARGS__)
+#define cudaEventCreateWithFlags(...) ::ctxpar::cuda::emu::rt_event_create(__VA_ARGS__)
+#define cudaEventRecord(...) ::ctxpar::cuda::emu::rt_ok(__VA_ARGS__)
+#define cudaEventSynchronize(...) ::ctxpar::cuda::emu::rt_ok(__VA_ARGS__)
+#define cudaEventElapsedTime(...) ::ctxpar::cuda::emu::rt_event_elapsed(__VA_ARGS__)
+#define cudaEventDestroy(...) ::ctxpar::cuda::emu::rt_ok(__VA_ARGS__)
 #define cudaDeviceSynchronize() ::ctxpar::cuda::emu::rt_ok()
 #define cudaGetLastError() ::ctxpar::cuda::emu::rt_get_last_error()
 #define cudaGetDeviceCount(...) ::ctxpar::cuda::emu::rt_get_device_count(__VA_ARGS__)

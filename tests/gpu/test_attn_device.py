@@ -1,0 +1,89 @@
+#!/usr/bin/python3
+"""`ctxpar attn device=cuda` end to end without a GPU: ctxpar_emu (the program with the CUDA kernels
+emulated on the CUDA runtime test double, tests/gpu/CMakeLists.txt) runs each strategy on device
+buffers at P = 1, 2, 3, 4 (bf16 inputs, device communicators), and the output file is held to the
+bf16 policy against an fp64 numpy attention on the run's own inputs: max error at most 2x that of a
+naive bf16 computation (fp32 numpy on the bf16-rounded inputs, with P and dS rounded to bf16 where
+the kernels round them before their tensor-core products), plus a floor of 1e-6 x max(1, max|ref|)
+(8x for dq and dk, whose single-key rows cancel; tolerance.hpp).
+The file records the device; a CPU run of the same call must match within the same bound.
+
+usage: test_attn_device.py CTXPAR_EMU CTXPAR MPIRUN WORKDIR
+"""
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from attn_numpy import reference  # noqa: E402
+
+EMU, CPU, MPIRUN, WORK = sys.argv[1:5]
+os.makedirs(WORK, exist_ok=True)
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+failures = []
+
+CASES = [  # (P, S, strategy, mesh, H_q, H_kv, extra)
+    (1, 128, "ring", "ring:1", 4, 2, []),
+    (2, 256, "ring", "ring:2", 4, 2, []),
+    (2, 256, "allgather", "ring:2", 4, 1, ["mask=window", "window=40"]),
+    (2, 256, "ulysses", "ulysses:2", 4, 2, ["docs=random", "doc_mean=60"]),
+    (3, 101, "ring", "ring:3", 2, 2, []),                       # padded: 101 splits into no 6 chunks
+    (4, 256, "usp", "ulysses:2,ring:2", 4, 2, []),
+    (4, 192, "ulysses", "ulysses:4", 4, 2, ["mask=window", "window=30"]),  # K/V heads replicated
+    (4, 256, "allgather", "ring:4", 4, 4, ["docs=random", "doc_mean=50"]),
+]
+
+
+def bf16(x):
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def run(binary, P, out, args):
+    cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(P), binary, "attn", *args, f"out={out}"]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        failures.append(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+        return None
+    return p.stdout
+
+
+for P, S, strategy, mesh, Hq, Hkv, extra in CASES:
+    label = f"P={P} S={S} {strategy} {mesh} {Hq}:{Hkv} {' '.join(extra)}"
+    args = [f"seq={S}", f"heads={Hq}", f"kv_heads={Hkv}", "head_dim=32", f"strategy={strategy}", f"mesh={mesh}",
+            "threads=1", *extra]
+    out = os.path.join(WORK, f"dev_{P}_{S}_{strategy}_{len(extra)}.h5")
+    cpu_out = out.replace("dev_", "cpu_")
+    if run(EMU, P, out, ["device=cuda", *args]) is None or run(CPU, P, cpu_out, args) is None:
+        continue
+    with h5py.File(out, "r") as f:
+        device = f.attrs.get("device", b"")
+        device = device.decode() if isinstance(device, bytes) else str(device)
+        if not device.startswith("cuda"):
+            failures.append(f"{label}: the output file does not record device=cuda ({f.attrs.get('device')})")
+        x = {n: f[n][...].astype(np.float64) for n in ("q", "k", "v", "do")}
+        doc = f["doc_id"][...] if "doc_id" in f else None
+        causal, window = int(f.attrs.get("causal", 1)), int(f.attrs.get("window", 0))
+        got = {n: f[n][...].astype(np.float64) for n in ("o", "lse", "dq", "dk", "dv")}
+    with h5py.File(cpu_out, "r") as f:
+        cpu = {n: f[n][...].astype(np.float64) for n in ("o", "lse", "dq", "dk", "dv")}
+    ref = reference(x["q"], x["k"], x["v"], x["do"], doc, causal, window)
+    naive = reference(*(bf16(x[n]) for n in ("q", "k", "v", "do")), doc, causal, window, rnd=bf16)
+    for n in ("o", "lse", "dq", "dk", "dv"):
+        floor = (8.0 if n in ("dq", "dk") else 1.0) * 1e-6 * max(1.0, np.abs(ref[n]).max())
+        tol = 2.0 * np.abs(naive[n].astype(np.float64) - ref[n]).max() + floor
+        err = np.abs(got[n] - ref[n]).max()
+        err_cpu = np.abs(cpu[n] - ref[n]).max()
+        print(f"{label} {n}: device {err:.3g}, cpu {err_cpu:.3g}, bound {tol:.3g}")
+        if not err <= tol:
+            failures.append(f"{label} {n}: device error {err:.3g} > bound {tol:.3g}")
+        if not err_cpu <= tol:
+            failures.append(f"{label} {n}: cpu error {err_cpu:.3g} > bound {tol:.3g}")
+
+for f in failures:
+    print("FAIL:", f)
+sys.exit(1 if failures else 0)
