@@ -81,7 +81,7 @@ const std::vector<Field>& config_fields() {
       {"steps", &Config::steps, "5", "measured steps (after warmup)", {}, 1, 1e6},
       {"warmup", &Config::warmup, "1", "warmup steps (run, traced, excluded from the summary)", {}, 0, 1e6},
       {"seed", &Config::seed, "1234", "random seed for data and weights", {}, 0, 9.2e18},
-      enum_field<&Config::device>("device", kDeviceNames, "cpu", "compute device: cpu, or cuda (GPU backend; so far bench attn and attn, needs a CUDA build)"),
+      enum_field<&Config::device>("device", kDeviceNames, "cpu", "compute device: cpu, or cuda (GPU backend; so far attn, bench attn and bench cp; needs a CUDA build)"),
       {"threads", &Config::threads, "0", "OpenMP threads per rank (0 = OMP_NUM_THREADS if set, else the node's cores / its ranks)", {}, 0, 1024},
       {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7},
       {"mem_per_rank", &Config::mem_per_rank, "0", "host memory a rank may use, checked against the plan before anything is allocated (0 = this node's available memory, or its cgroup limit, shared by its ranks)", {}, 0, 9.2e18},
@@ -475,6 +475,9 @@ void validate_config(const Config& c, int world_size) {
     throw UsageError(std::string("config: deterministic = true with ") +
                      (c.frugal ? "frugal = true" : c.attention == "mla" ? "attention = mla" : "device = cuda") +
                      ": not served yet (the canonical schedule gathers every K/V row, on the CPU); valid: deterministic=false");
+  if (c.attention == "mla" && c.device != Device::cpu)
+    throw UsageError("config: attention = mla with device = cuda: MLA's latent K/V run on the CPU only so far; "
+                     "valid: attention=mha, or device=cpu");
   if (c.frugal && c.device != Device::cpu)
     throw UsageError("config: frugal = true with device = cuda: the frugal schedules run on the CPU only so far; "
                      "valid: frugal=false, or device=cpu");

@@ -25,6 +25,7 @@
 #include "cp/strategy.hpp"
 #include "dist/topology.hpp"
 #include "model/flops.hpp"
+#include "modes/device_run.hpp"
 #include "modes/modes.hpp"
 #include "modes/workload.hpp"
 #include "ops.hpp"
@@ -32,11 +33,6 @@
 #include "io/h5_probe.hpp"
 #include "io/h5_tensors.hpp"
 #include "trace/trace.hpp"
-#if defined(CTXPAR_WITH_CUDA)
-#include "cuda/ops_cuda.hpp"  // device_description
-#include "dist/chips.hpp"
-#include "dist/comm_device.hpp"
-#endif
 
 namespace ctxpar {
 
@@ -98,104 +94,6 @@ std::string inspect_input(const std::string& path, AttnParams& s, bool& has_docs
   }
 }
 
-// A run on this rank's GPU (device=cuda): the device, its compute stream (owned: destroyed after
-// its work, and after every device buffer declared later is gone) and the device communicators'
-// backend.
-struct GpuRun {
-  Stream stream = nullptr;
-  std::string description, comm;
-  Topology* topo = nullptr;
-  explicit GpuRun(Topology* t) : topo(t) {
-    if (!t) return;
-#if defined(CTXPAR_WITH_CUDA)
-    const DeviceCount dc = cuda_device_count();
-    const int device = select_device(t->local_rank(), t->local_size());
-    description = cuda::device_description();
-    stream = stream_create(Device::cuda);
-    comm = use_gpu_comms(*t, device, dc.count, stream);
-#else
-    CTXPAR_FATAL("device = cuda in a build without the CUDA backend (validate_mode refuses it first)");
-#endif
-  }
-  GpuRun(const GpuRun&) = delete;
-  GpuRun& operator=(const GpuRun&) = delete;
-  ~GpuRun() {
-    if (!stream) return;
-    stream_synchronize(stream, Device::cuda);
-    topo->cp().set_compute_stream(nullptr);  // the communicators outlive the stream
-    for (int a = 0; a < kNumAxes; ++a) topo->axis(Axis(a)).set_compute_stream(nullptr);
-    stream_destroy(stream, Device::cuda);
-  }
-};
-
-// The call's tensors on the GPU: q, k, v, dout rounded to bf16, the fp32 outputs, positions and
-// document ids (the host's kept as the host copies).
-struct DeviceTensors {
-  Buffer<uint16_t> q, k, v, dout;
-  Buffer<int64_t> pos;
-  Buffer<int32_t> doc;
-  Buffer<float> o, lse, dq, dk, dv;
-
-  static Buffer<uint16_t> bf16_of(const void* x, size_t n, Stream s) {
-    std::vector<uint16_t> h(n);
-    const float* f = static_cast<const float*>(x);
-    for (size_t i = 0; i < n; ++i) h[i] = bf16_bits(f[i]);
-    Buffer<uint16_t> d(n, false, Device::cuda, s);
-    copy_to_device(d.data(), h.data(), n * sizeof(uint16_t), Device::cuda, s);
-    return d;
-  }
-  template <class T> static Buffer<T> copy_of(const T* x, size_t n, Stream s) {
-    Buffer<T> d(n, false, Device::cuda, s);
-    if (n) copy_to_device(d.data(), x, n * sizeof(T), Device::cuda, s);
-    return d;
-  }
-  // The device call of the host call `t` (fp32 host tensors).
-  AttnParams upload(const AttnParams& t, Stream s) {
-    const size_t nq = size_t(t.S_q) * t.H_q * t.D, nk = size_t(t.S_k) * t.H_kv * t.D;
-    q = bf16_of(t.q, nq, s);
-    k = bf16_of(t.k, nk, s);
-    v = bf16_of(t.v, nk, s);
-    dout = bf16_of(t.dout, nq, s);
-    pos = copy_of(t.q_pos, size_t(t.S_q), s);
-    if (t.q_doc) doc = copy_of(t.q_doc, size_t(t.S_q), s);
-    const auto out = [&](size_t n) { return Buffer<float>(n, true, Device::cuda, s); };
-    o = out(nq);
-    lse = out(size_t(t.S_q) * t.H_q);
-    dq = out(nq);
-    dk = out(nk);
-    dv = out(nk);
-    AttnParams a = t;
-    a.device = Device::cuda;
-    a.stream = s;
-    a.dtype = DType::bf16;
-    a.q = q.data();
-    a.k = k.data();
-    a.v = v.data();
-    a.dout = dout.data();
-    a.o = o.data();
-    a.lse = lse.data();
-    a.dq = dq.data();
-    a.dk = dk.data();
-    a.dv = dv.data();
-    a.q_pos_host = a.k_pos_host = t.q_pos;
-    a.q_doc_host = a.k_doc_host = t.q_doc;
-    a.q_pos = a.k_pos = pos.data();
-    a.q_doc = a.k_doc = t.q_doc ? doc.data() : nullptr;
-    return a;
-  }
-  // The results into the host call's outputs.
-  void download(const AttnParams& t, Stream s) const {
-    const auto get = [&](float* dst, const Buffer<float>& src) {
-      copy_to_host(dst, src.data(), src.size() * sizeof(float), Device::cuda, s);
-    };
-    get(t.o, o);
-    get(t.lse, lse);
-    get(t.dq, dq);
-    get(t.dk, dk);
-    get(t.dv, dv);
-  }
-};
-
 // The host call `t` (device results already downloaded into its outputs) run again on the CPU
 // path with its inputs rounded to bf16 (the device's values): per tensor, max |device - cpu| over
 // every rank relative to max(1, max |cpu|).
@@ -203,10 +101,7 @@ std::vector<std::pair<std::string, double>> compare_with_cpu(CpStrategy& strat, 
   const size_t nq = size_t(t.S_q) * t.H_q * t.D, nk = size_t(t.S_k) * t.H_kv * t.D, nl = size_t(t.S_q) * t.H_q;
   const auto rounded = [](const void* x, size_t n) {
     std::vector<float> r(static_cast<const float*>(x), static_cast<const float*>(x) + n);
-    for (float& e : r) {
-      const uint32_t u = uint32_t(bf16_bits(e)) << 16;
-      std::memcpy(&e, &u, 4);
-    }
+    round_to_bf16(r.data(), n);
     return r;
   };
   const std::vector<float> q = rounded(t.q, nq), k = rounded(t.k, nk), v = rounded(t.v, nk), dout = rounded(t.dout, nq);

@@ -1,7 +1,7 @@
 set(CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/run_default.cpp ${CMAKE_CURRENT_LIST_DIR}/plan.cpp ${CMAKE_CURRENT_LIST_DIR}/workload.cpp
     ${CMAKE_CURRENT_LIST_DIR}/run_files.cpp)
 # `ctxpar attn` (its HDF5 tensor reader/writer is src/io's).
-list(APPEND CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/attn_mode.cpp)
+list(APPEND CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/attn_mode.cpp ${CMAKE_CURRENT_LIST_DIR}/device_run.cpp)
 # `ctxpar train` and the model it trains (src/model, with its HDF5 checkpoint/token I/O in trace/).
 include(${CMAKE_CURRENT_LIST_DIR}/../model/sources.cmake)
 list(APPEND CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/train.cpp ${CTXPAR_MODEL_SOURCES})

@@ -45,6 +45,7 @@ CASES = [
     ("device=cuda for a mode not built for it", ["train", "device=cuda"], "device"),
     ("attn device=cuda where no GPU is usable (or no CUDA build)", ["attn", "device=cuda", "seq=128"], "device"),
     ("frugal with device=cuda", ["attn", "device=cuda", "frugal=true", "seq=128"], "frugal"),
+    ("MLA with device=cuda", ["bench", "cp", "attention=mla", "device=cuda", "seq=256"], "mla"),
     ("unknown layer kind in layer_pattern", ["train", "layer_pattern=DXG"], "layer_pattern"),
     ("empty layer_pattern", ["train", "layer_pattern="], "layer_pattern"),
     ("unknown GDN schedule", ["train", "layer_pattern=D", "gdn_schedule=tree"], "gdn_schedule"),

@@ -16,9 +16,10 @@
 #  3. the GPU tests: the commands of `ctest -L gpu` (from the bundle's manifest, or ctest itself);
 #  3b. `ctxpar attn device=cuda` with every training strategy at 1, 2 and 4 ranks sharing the GPU
 #     (staged communicators), each against the same call on the CPU (cpu_check);
-#  4. `ctxpar bench attn device=cuda` (default rows, and the issue's headline shape), then
-#     `bench cp` and `bench train` with device=cuda where this build supports them (probed with
-#     --dry-run, which validates the mode; an unsupported mode is reported, not run).
+#  4. `ctxpar bench attn device=cuda` (default rows, and the issue's headline shape), `bench cp`
+#     ring and all-gather at 64K on 2 ranks, and `bench train` with device=cuda where this build
+#     supports it (each probed with --dry-run, which validates the mode; an unsupported mode is
+#     reported, not run).
 # Results in $OUT (the device tool returns at most 8 files): summary.txt (one line per step with
 # its verdict and seconds, then the verdict), tables.txt (every bench table), tests.txt (the test
 # runs' output), logs.tar.gz (every log and trace). Exit code 0 only if every step passed.
@@ -266,7 +267,9 @@ if [ -n "$MPIEXEC" ] && [ -x "$BUILD/ctxpar" ]; then
   # The issue's performance goal: bf16 attention, D = 128, causal, S up to 16K (GQA 32/8 heads).
   # shellcheck disable=SC2086  # word splitting of the key=value list is intended
   bench required attn_goal 1 150 ${DEVICE_CHECK_ATTN_ARGS:-seq=16K heads=32 kv_heads=8 head_dim=128 mask=causal}
-  bench optional cp 1 60
+  # Ring vs all-gather at 64K on 2 ranks sharing the GPU (staged communicators), one step each.
+  bench optional cp_ring 2 90 seq=64K heads=32 kv_heads=8 head_dim=128 strategy=ring steps=1 warmup=0
+  bench optional cp_allgather 2 90 seq=64K heads=32 kv_heads=8 head_dim=128 strategy=allgather steps=1 warmup=0
   bench optional train 1 60
 fi
 

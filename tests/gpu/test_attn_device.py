@@ -6,7 +6,8 @@ bf16 policy against an fp64 numpy attention on the run's own inputs: max error a
 naive bf16 computation (fp32 numpy on the bf16-rounded inputs, with P and dS rounded to bf16 where
 the kernels round them before their tensor-core products), plus a floor of 1e-6 x max(1, max|ref|)
 (8x for dq and dk, whose single-key rows cancel; tolerance.hpp).
-The file records the device; a CPU run of the same call must match within the same bound.
+The file records the device; a CPU run of the same call must match within the same bound. Then
+`bench cp device=cuda strategy=all` at 2 ranks: every row present and its #wrong column 0.
 
 usage: test_attn_device.py CTXPAR_EMU CTXPAR MPIRUN WORKDIR
 """
@@ -83,6 +84,26 @@ for P, S, strategy, mesh, Hq, Hkv, extra in CASES:
             failures.append(f"{label} {n}: device error {err:.3g} > bound {tol:.3g}")
         if not err_cpu <= tol:
             failures.append(f"{label} {n}: cpu error {err_cpu:.3g} > bound {tol:.3g}")
+
+# bench cp device=cuda: every training strategy at 2 ranks, its correctness column against the CPU
+# kernel on the same bf16 inputs (bench_cp.cpp), and the device noted.
+cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "2", EMU, "bench", "cp", "device=cuda", "seq=256", "heads=4",
+       "kv_heads=2", "head_dim=32", "strategy=all", "steps=1", "warmup=0", "threads=1", "docs=random", "doc_mean=70",
+       "csv=true", "out=" + os.path.join(WORK, "bench_cp.h5")]
+p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+rows = [l.split(",") for l in p.stdout.splitlines() if l and not l.startswith("#")]
+head = rows[0] if rows else []
+data = [r for r in rows[1:] if len(r) == len(head)]
+print(p.stdout[-3000:])
+if p.returncode != 0 or "wrong" not in head:
+    failures.append(f"bench cp device=cuda: exit {p.returncode}\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+else:
+    names = {r[head.index("strategy")] for r in data}
+    if names != {"allgather", "ulysses", "ring", "usp"}:
+        failures.append(f"bench cp device=cuda: rows for {sorted(names)}, expected the four training strategies")
+    for r in data:
+        if r[head.index("wrong")] != "0":
+            failures.append(f"bench cp device=cuda: {r[0]} seq {r[1]}: {r[head.index('wrong')]} wrong elements")
 
 for f in failures:
     print("FAIL:", f)

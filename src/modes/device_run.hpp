@@ -1,0 +1,45 @@
+// A mode's or bench's run on the GPU (device=cuda): this rank's device, one compute stream and
+// the device communicators (GpuRun), and one attention call's tensors on the device (DeviceTensors).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "attn_params.hpp"
+#include "core/memory.hpp"
+
+namespace ctxpar {
+
+class Topology;
+
+// With a topology: selects this rank's GPU, creates a compute stream and gives every communicator
+// of `topo` a device backend on it (dist/comm_device.hpp use_gpu_comms: NCCL with a GPU per rank,
+// else staged). Destroyed after its stream's work, and after every device buffer made later (declare
+// it first); the communicators' compute stream is reset then (they outlive it). Without one
+// (nullptr): nothing, stream null (a CPU run).
+struct GpuRun {
+  Stream stream = nullptr;
+  std::string description, comm;
+  Topology* topo = nullptr;
+  explicit GpuRun(Topology* t);
+  GpuRun(const GpuRun&) = delete;
+  GpuRun& operator=(const GpuRun&) = delete;
+  ~GpuRun();
+};
+
+// One attention call's tensors on the GPU: q, k, v, dout rounded to bf16, the fp32 outputs,
+// positions and document ids (the host call's kept as the host copies).
+struct DeviceTensors {
+  Buffer<uint16_t> q, k, v, dout;
+  Buffer<int64_t> pos;
+  Buffer<int32_t> doc;
+  Buffer<float> o, lse, dq, dk, dv;
+  // The device call of the host call `t` (fp32 host tensors, queries and keys the same rows).
+  AttnParams upload(const AttnParams& t, Stream s);
+  // The results into the host call's outputs (o, lse, dq, dk, dv).
+  void download(const AttnParams& t, Stream s) const;
+};
+
+// x rounded to bf16 (nearest, ties to even), as fp32 values: what the device computes on.
+void round_to_bf16(float* x, size_t n);
+
+}  // namespace ctxpar
