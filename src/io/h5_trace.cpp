@@ -103,6 +103,7 @@ void step_types(hid_t& mem_t, hid_t& file_t) {
                  {"exposed_comm_s", offsetof(StepRow, exposed_comm_s), H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE},
                  {"peak_bytes", offsetof(StepRow, peak_bytes), H5T_NATIVE_INT64, H5T_STD_I64LE},
                  {"peak_rss_bytes", offsetof(StepRow, peak_rss_bytes), H5T_NATIVE_INT64, H5T_STD_I64LE},
+                 {"device_peak_bytes", offsetof(StepRow, device_peak_bytes), H5T_NATIVE_INT64, H5T_STD_I64LE},
                  {"loss", offsetof(StepRow, loss), H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE},
                  {"turn", offsetof(StepRow, turn), H5T_NATIVE_INT32, H5T_STD_I32LE},
                  {"ttft_s", offsetof(StepRow, ttft_s), H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE},
@@ -116,7 +117,8 @@ void rank_step_types(hid_t& mem_t, hid_t& file_t) {
                  {"time_s", offsetof(RankStepRow, time_s), H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE},
                  {"exposed_comm_s", offsetof(RankStepRow, exposed_comm_s), H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE},
                  {"peak_bytes", offsetof(RankStepRow, peak_bytes), H5T_NATIVE_INT64, H5T_STD_I64LE},
-                 {"peak_rss_bytes", offsetof(RankStepRow, peak_rss_bytes), H5T_NATIVE_INT64, H5T_STD_I64LE}},
+                 {"peak_rss_bytes", offsetof(RankStepRow, peak_rss_bytes), H5T_NATIVE_INT64, H5T_STD_I64LE},
+                 {"device_peak_bytes", offsetof(RankStepRow, device_peak_bytes), H5T_NATIVE_INT64, H5T_STD_I64LE}},
                 sizeof(RankStepRow), mem_t, file_t);
 }
 

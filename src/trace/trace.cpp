@@ -84,6 +84,7 @@ StepRow make_step_row(const StepRecord& root, const std::vector<RankStepRow>& ra
     row.exposed_comm_s = std::max(row.exposed_comm_s, r.exposed_comm_s);
     row.peak_bytes = std::max(row.peak_bytes, r.peak_bytes);
     row.peak_rss_bytes = std::max(row.peak_rss_bytes, r.peak_rss_bytes);
+    row.device_peak_bytes = std::max(row.device_peak_bytes, r.device_peak_bytes);
   }
   const double P = double(ranks.size());
   if (row.time_s > 0 && P > 0) {
@@ -136,6 +137,7 @@ Summary summarize(const std::vector<StepRow>& rows, int64_t warmup) {
   for (const StepRow& r : rows) {
     s.peak_bytes_max = std::max(s.peak_bytes_max, r.peak_bytes);
     s.peak_rss_bytes_max = std::max(s.peak_rss_bytes_max, r.peak_rss_bytes);
+    s.device_peak_bytes_max = std::max(s.device_peak_bytes_max, r.device_peak_bytes);
   }
   if (!rows.empty()) s.loss_last = rows.back().loss;
   if (s.measured_steps == 0) {
@@ -613,7 +615,8 @@ bool Tracer::end_step(const StepRecord& local) {
   if (stop != 0) I.stop_step = step_;  // the last step ends the run (bench infer finishes its row)
 
   const double stats[trace_detail::kRankStatsDoubles] = {time_s, local.exposed_comm_s, double(peak),
-                                                         double(mem_rss_peak_bytes())};
+                                                         double(mem_rss_peak_bytes()),
+                                                         double(device_mem_peak_bytes())};
   std::vector<double> all_stats;
   I.world.gather_v(std::span<const double>(stats, trace_detail::kRankStatsDoubles), all_stats, 0);
 
@@ -636,6 +639,7 @@ bool Tracer::end_step(const StepRecord& local) {
       rr.exposed_comm_s = st[1];
       rr.peak_bytes = int64_t(st[2]);
       rr.peak_rss_bytes = int64_t(st[3]);
+      rr.device_peak_bytes = int64_t(st[4]);
     }
     StepRecord root = local;
     root.step = step_;
@@ -694,6 +698,7 @@ void Tracer::finish(bool truncated) {
       w.attr(S, "loss_last", s.loss_last);
       w.attr(S, "peak_bytes_max", s.peak_bytes_max);
       w.attr(S, "peak_rss_bytes_max", s.peak_rss_bytes_max);
+      w.attr(S, "device_peak_bytes_max", s.device_peak_bytes_max);
       w.attr("/", "end_time_utc", trace_detail::iso8601_utc(int64_t(std::time(nullptr))));
       w.attr("/", "steps_completed", I.steps_completed);
       w.attr("/", "status", truncated ? "truncated" : "complete");

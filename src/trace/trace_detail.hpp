@@ -25,6 +25,7 @@ struct StepRow {
   double exposed_comm_s = 0;
   int64_t peak_bytes = 0;
   int64_t peak_rss_bytes = 0;
+  int64_t device_peak_bytes = 0;  // tracked GPU memory high-water mark (0 on the CPU)
   double loss = 0;
   int32_t turn = -1;
   int32_t pad_ = 0;
@@ -40,10 +41,11 @@ struct RankStepRow {
   double exposed_comm_s = 0;
   int64_t peak_bytes = 0;
   int64_t peak_rss_bytes = 0;
+  int64_t device_peak_bytes = 0;
 };
 
 // The per-rank values end_step gathers, as doubles (peak bytes < 2^53 are exact).
-constexpr int kRankStatsDoubles = 4;  // time_s, exposed_comm_s, peak_bytes, peak_rss_bytes
+constexpr int kRankStatsDoubles = 5;  // time_s, exposed_comm_s, peak_bytes, peak_rss_bytes, device_peak_bytes
 
 // Rank 0's row for one step: `root` carries the values every rank agrees on (step, tokens,
 // model_flops, loss, turn, ttft, ttit — taken from rank 0); time, exposed communication and
@@ -85,7 +87,7 @@ struct Summary {
          tflops_per_rank_median = 0, exposed_comm_s_median = 0, ttft_s_median = 0,
          ttit_s_median = 0, tokens_per_s_median = 0;
   double loss_last = 0;
-  int64_t peak_bytes_max = 0, peak_rss_bytes_max = 0;
+  int64_t peak_bytes_max = 0, peak_rss_bytes_max = 0, device_peak_bytes_max = 0;
 };
 // Medians over the rows after the first `warmup` (rows in the order written). Valid when at
 // least one measured step exists and every measured time is positive and finite.

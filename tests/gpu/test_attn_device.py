@@ -6,7 +6,8 @@ bf16 policy against an fp64 numpy attention on the run's own inputs: max error a
 naive bf16 computation (fp32 numpy on the bf16-rounded inputs, with P and dS rounded to bf16 where
 the kernels round them before their tensor-core products), plus a floor of 1e-6 x max(1, max|ref|)
 (8x for dq and dk, whose single-key rows cancel; tolerance.hpp).
-The file records the device; a CPU run of the same call must match within the same bound. Then
+The file records the device, the trace the GPU memory high-water mark of every rank; a CPU run of
+the same call must match within the same bound (and record no GPU memory). Then
 `bench cp device=cuda strategy=all` at 2 ranks: every row present and its #wrong column 0.
 
 usage: test_attn_device.py CTXPAR_EMU CTXPAR MPIRUN WORKDIR
@@ -72,6 +73,14 @@ for P, S, strategy, mesh, Hq, Hkv, extra in CASES:
         got = {n: f[n][...].astype(np.float64) for n in ("o", "lse", "dq", "dk", "dv")}
     with h5py.File(cpu_out, "r") as f:
         cpu = {n: f[n][...].astype(np.float64) for n in ("o", "lse", "dq", "dk", "dv")}
+    # The trace's GPU memory high-water mark: the device buffers of every rank; none on the CPU.
+    for path, want_gpu in ((out, True), (cpu_out, False)):
+        with h5py.File(path.replace(".h5", ".trace.h5"), "r") as f:
+            peak = f["rank_steps"]["device_peak_bytes"]
+            if want_gpu and not (len(peak) == P and peak.min() > 0):
+                failures.append(f"{label}: device_peak_bytes {list(peak)} (expected > 0 on each of {P} ranks)")
+            if not want_gpu and peak.max() != 0:
+                failures.append(f"{label}: a CPU run records device_peak_bytes {list(peak)}")
     ref = reference(x["q"], x["k"], x["v"], x["do"], doc, causal, window)
     naive = reference(*(bf16(x[n]) for n in ("q", "k", "v", "do")), doc, causal, window, rnd=bf16)
     for n in ("o", "lse", "dq", "dk", "dv"):

@@ -53,6 +53,7 @@ TEST(TraceMath, StepRowTakesMaximaOverRanksAndDerivesRates) {
     ranks[size_t(r)].exposed_comm_s = 0.1 * (4 - r);
     ranks[size_t(r)].peak_bytes = 1000 + r;
     ranks[size_t(r)].peak_rss_bytes = 5000 - r;
+    ranks[size_t(r)].device_peak_bytes = r == 2 ? 9000 : 10 * r;
   }
   const StepRow row = make_step_row(root, ranks, /*peak_flops_per_rank=*/1e12);
   EXPECT_EQ(row.step, 7);
@@ -61,6 +62,7 @@ TEST(TraceMath, StepRowTakesMaximaOverRanksAndDerivesRates) {
   EXPECT_DOUBLE_EQ(row.exposed_comm_s, 0.4);
   EXPECT_EQ(row.peak_bytes, 1003);
   EXPECT_EQ(row.peak_rss_bytes, 5000);
+  EXPECT_EQ(row.device_peak_bytes, 9000);
   EXPECT_DOUBLE_EQ(row.tflops_per_rank, 8e12 / 2.0 / 4 / 1e12);  // 1.0
   EXPECT_DOUBLE_EQ(row.mfu, 8e12 / (2.0 * 1e12 * 4));            // 1.0
   EXPECT_DOUBLE_EQ(row.loss, 1.25);
@@ -218,6 +220,7 @@ TEST(TraceWriter, RoundTripPartialThenRenameWithoutClobbering) {
   row.time_s = 0.25;
   row.tokens = 4096;
   row.peak_rss_bytes = 123456789;
+  row.device_peak_bytes = 987654321;
   row.turn = -1;
   w.append_steps({row});
   row.step = 1;
@@ -270,6 +273,7 @@ TEST(TraceWriter, RoundTripPartialThenRenameWithoutClobbering) {
   EXPECT_EQ(d.steps[1].step, 1);
   EXPECT_EQ(d.steps[1].tokens, 4096);
   EXPECT_EQ(d.steps[1].peak_rss_bytes, 123456789);
+  EXPECT_EQ(d.steps[1].device_peak_bytes, 987654321);
   EXPECT_EQ(d.steps[1].turn, -1);
   ASSERT_EQ(d.rank_steps.size(), 1u);
   EXPECT_EQ(d.rank_steps[0].peak_bytes, 77);
