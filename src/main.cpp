@@ -26,6 +26,7 @@
 #include "dist/comm_mpi.hpp"
 #include "dist/topology.hpp"
 #include "io/output_lock.hpp"
+#include "modes/device_run.hpp"
 #include "modes/modes.hpp"
 #include "modes/run_files.hpp"
 #include "trace/trace.hpp"
@@ -270,7 +271,11 @@ int run(int argc, char** argv, Comm& world, Watchdog& startup) {
   // Anything a mode throws is a fault of the run, not of the input (validation is over): one
   // message, the trace marked failed, exit 3 (core/error.hpp fail_run); never a backtrace.
   try {
-    Tracer tracer(world, cfg, *topo, trace_path(cfg), row->needs_peak ? train_peak_flops_per_rank(cfg, *topo) : 0.0);
+    // MFU's peak: the CPU's measured one where the mode needs it; on the GPU its dense bf16 peak.
+    const double peak = row->needs_peak                ? train_peak_flops_per_rank(cfg, *topo)
+                        : cfg.device == Device::cuda ? gpu_peak_flops_per_rank(cfg, *topo)
+                                                      : 0.0;
+    Tracer tracer(world, cfg, *topo, trace_path(cfg), peak);
     startup.stop();  // the trace's watchdog has taken over
     try {
       rc = row->run(cfg, *topo, tracer);

@@ -166,7 +166,7 @@ const std::vector<Field>& config_fields() {
       enum_field<&Config::data_dtype>("data_dtype", kTokenTypeNames, "uint16", "train: integer type of a raw .bin token file"),
       {"eos_id", &Config::eos_id, "-1", "train: token that ends a document in a token file (-1 = none)", {}, -1, 1ll << 31},
       {"dump_init", &Config::dump_init, "", "train: write initial weights, first batch and step-1 results to this HDF5 (oracle)", {}},
-      {"peak_tflops_per_rank", &Config::peak_tflops_per_rank, "0", "train: peak for MFU (0 = measured sgemm peak, as `bench peak`)", {}, 0, 1e6,
+      {"peak_tflops_per_rank", &Config::peak_tflops_per_rank, "0", "train: peak for MFU (0 = measured sgemm peak, as `bench peak`); device=cuda: 0 = the GPU's dense bf16 peak by its name (a table; 0 where unknown)", {}, 0, 1e6,
        [](const Config& c) -> std::string {
          return c.peak_tflops_per_rank == 0 || c.peak_tflops_per_rank >= 1e-4
                     ? "" : "0 (measure it) or at least 1e-4 TFLOP/s (0.1 GFLOP/s): a smaller peak makes MFU meaningless";

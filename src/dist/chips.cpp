@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "dist/comm_mpi.hpp"
 #include "dist/cuda_util.hpp"
@@ -69,6 +70,17 @@ int select_device(int local_rank, int local_size) {
   const int dev = device_for_local_rank(local_rank, local_size, dc.count);
   CTXPAR_DIST_CUDA_CHECK(cudaSetDevice(dev));
   return dev;
+}
+
+double gpu_bf16_dense_peak_flops(const std::string& name) {
+  // First match wins: the specific variants before the family.
+  static const std::pair<const char*, double> kTable[] = {
+      {"H200 NVL", 835e12}, {"GH200", 989e12}, {"H200", 989e12},   {"H100 PCIe", 756e12}, {"H100 NVL", 835e12},
+      {"H100", 989e12},     {"H800", 989e12},  {"A100", 312e12},   {"A800", 312e12},      {"B200", 2250e12},
+      {"B100", 1750e12},    {"L40S", 362e12},  {"L40", 181e12},    {"L4", 121e12}};
+  for (const auto& [key, flops] : kTable)
+    if (name.find(key) != std::string::npos) return flops;
+  return 0;
 }
 
 ChipInfo this_chip(int rank, int local_rank, int local_size, int device) {

@@ -54,6 +54,11 @@ struct ChipInfo {
 ChipInfo this_chip(int rank, int local_rank, int local_size, int device);
 // Collective over `comm`: every rank gets every rank's entry, in rank order.
 std::vector<ChipInfo> gather_chip_map(Comm& comm, const ChipInfo& mine);
+// Dense bf16 tensor-core peak of a GPU by its CUDA device name (FLOP/s; no sparsity), from a table
+// (../shared/reference/hardware.csv for H100 SXM and H200; NVIDIA's data sheets for the others);
+// 0 for a name the table lacks (then MFU stays 0 unless peak_tflops_per_rank is given).
+double gpu_bf16_dense_peak_flops(const std::string& device_name);
+
 // Human-readable map, one line per rank plus a header, e.g.
 //   rank -> chip: 4 ranks on 1 host, 1 GPU (4 ranks per GPU)
 //     rank 0  host gpu01  local 0/4  cuda:0  NVIDIA H200  0000:19:00.0  shared with ranks 1,2,3

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "dist/topology.hpp"
 #include "ops.hpp"
@@ -33,6 +34,19 @@ GpuRun::~GpuRun() {
   topo->cp().set_compute_stream(nullptr);  // the communicators outlive the stream
   for (int a = 0; a < kNumAxes; ++a) topo->axis(Axis(a)).set_compute_stream(nullptr);
   stream_destroy(stream, Device::cuda);
+}
+
+double gpu_peak_flops_per_rank(const Config& cfg, Topology& topo) {
+  if (cfg.peak_tflops_per_rank > 0) return cfg.peak_tflops_per_rank * 1e12;
+#if defined(CTXPAR_WITH_CUDA)
+  const DeviceCount dc = cuda_device_count();
+  if (dc.count == 0) return 0;
+  const int dev = device_for_local_rank(topo.local_rank(), topo.local_size(), dc.count);
+  return gpu_bf16_dense_peak_flops(this_chip(topo.world().rank(), topo.local_rank(), topo.local_size(), dev).name);
+#else
+  (void)topo;
+  return 0;
+#endif
 }
 
 namespace {

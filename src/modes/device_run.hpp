@@ -39,6 +39,11 @@ struct DeviceTensors {
   void download(const AttnParams& t, Stream s) const;
 };
 
+// The trace's peak for MFU on the GPU: peak_tflops_per_rank when given, else the dense bf16 peak
+// of this rank's GPU by its name (dist/chips.hpp; 0 for a GPU the table lacks).
+struct Config;
+double gpu_peak_flops_per_rank(const Config& cfg, Topology& topo);
+
 // x rounded to bf16 (nearest, ties to even), as fp32 values: what the device computes on.
 void round_to_bf16(float* x, size_t n);
 

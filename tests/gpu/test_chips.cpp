@@ -62,6 +62,16 @@ std::vector<ChipInfo> two_hosts_map() {
           chip(3, "b", 1, 1, "0000:3b:00.0")};
 }
 
+TEST(Chips, DenseBf16PeakByDeviceName) {
+  EXPECT_DOUBLE_EQ(gpu_bf16_dense_peak_flops("NVIDIA H200"), 989e12);
+  EXPECT_DOUBLE_EQ(gpu_bf16_dense_peak_flops("NVIDIA H200 NVL"), 835e12);
+  EXPECT_DOUBLE_EQ(gpu_bf16_dense_peak_flops("NVIDIA H100 80GB HBM3"), 989e12);
+  EXPECT_DOUBLE_EQ(gpu_bf16_dense_peak_flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_DOUBLE_EQ(gpu_bf16_dense_peak_flops("NVIDIA A100-SXM4-80GB"), 312e12);
+  EXPECT_DOUBLE_EQ(gpu_bf16_dense_peak_flops("NVIDIA L40S"), 362e12);
+  EXPECT_DOUBLE_EQ(gpu_bf16_dense_peak_flops("ctxpar CUDA mock"), 0.0);
+}
+
 TEST(Chips, DescribeNamesEveryRankAndSharing) {
   const std::string s = describe_chip_map(two_hosts_map());
   EXPECT_NE(s.find("4 ranks on 2 hosts, 3 GPUs (up to 2 ranks per GPU)"), std::string::npos) << s;
