@@ -246,7 +246,8 @@ GroupKeyRows group_key_rows(Comm& c, const AttnParams& a, Tracer* tr, CpStats& s
   return g;
 }
 
-int64_t progress_chunk_rows(int64_t S_q, int parts) {
+int64_t progress_chunk_rows(int64_t S_q, int parts, Device device) {
+  if (device != Device::cpu) return std::max<int64_t>(S_q, 1);
   // Whole query tiles of the CPU kernel (96 rows for D <= 128, 48 above; 64 for other
   // backends): a chunk boundary inside a tile would cost a partial tile per chunk.
   const int64_t tile = 192;

@@ -137,7 +137,10 @@ GroupKeyRows group_key_rows(Comm& c, const AttnParams& a, Tracer* tr, CpStats& s
 // Query rows per kernel call while a transfer is in flight: OpenMPI moves a large message only
 // inside MPI calls, so the block's compute is split into row chunks and the pending requests
 // are tested between chunks. About `parts` chunks, each a multiple of 192 rows (whole kernel tiles).
-int64_t progress_chunk_rows(int64_t S_q, int parts);
+// A device call (`device` other than the CPU) gets one chunk, the whole block: its kernels run
+// asynchronously, so test() calls between launches would not fall inside the compute; its
+// transfers progress on the communication stream (NCCL) or while the host waits (staged).
+int64_t progress_chunk_rows(int64_t S_q, int parts, Device device = Device::cpu);
 
 // Calls attn_fwd (or attn_bwd) on `p` for consecutive chunks of `chunk` query rows
 // (AttnParams::query_rows), calling `between()` after each chunk. Forward with `merge`: the chunk's (o, lse) are

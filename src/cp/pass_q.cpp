@@ -39,7 +39,7 @@ class PassQ final : public cp::ForwardOnlyStrategy {
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
     const int64_t n = local.S_q;
     const cp::QLayout L = cp::q_layout(n, local.H_q, local.H_kv, local.D, local.dtype, false, local.docs());
-    const int64_t chunk = cp::progress_chunk_rows(n, kProgressParts);
+    const int64_t chunk = cp::progress_chunk_rows(n, kProgressParts, local.device);
     if (local.device != Device::cpu) cp::check_device_call(name(), comm_, local);
     cp::pass_q_forward(comm_, L, local, n, kTagQ, tr, st,
                        [&](std::byte* here, const std::byte* meta, int, int s, Request& req, float* o) {

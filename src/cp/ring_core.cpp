@@ -111,7 +111,7 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   pack_kv(L, a, kv[0].data());
   Expanded x(a);
   const BlockRows rows(*ring, a, tr, st);
-  const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts);
+  const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts, a.device);
   Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false, a.device, a.stream),
       lse_tmp(size_t(chunk) * a.H_q, false, a.device, a.stream);
   AttnParams p = a;
@@ -183,7 +183,7 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
                            Buffer<float>(part_elems, false, a.device, a.stream)};
   Buffer<float> incoming(part_elems, false, a.device, a.stream);
   const double dkv_bytes = double(part_elems * sizeof(float));
-  const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts);
+  const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts, a.device);
   Request kv_req, dkv_req;
 
   for (int s = 0; s < P; ++s) {
