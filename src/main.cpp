@@ -49,7 +49,7 @@ template <int (*Bench)(BenchContext&)> int run_bench(const Config& cfg, Topology
 // its own checks and its --dry-run lines (modes/modes.hpp).
 //   mode, bench, run, validate, plan, memory, scan, needs_peak, attention_workload, cuda
 const ModeRow kModeTable[] = {
-    {Mode::run, Bench::none, run_default, nullptr, nullptr, workload_memory, nullptr, false, true, false},
+    {Mode::run, Bench::none, run_default, nullptr, nullptr, workload_memory, nullptr, false, true, true},
     {Mode::attn, Bench::none, run_attn_mode, validate_attn_mode, nullptr, attn_memory, scan_attn_inputs, false, true, true},
     {Mode::train, Bench::none, run_train, validate_train_mode, train_plan, train_memory, scan_train_inputs, true, false, false},
     {Mode::prefill, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false, false},

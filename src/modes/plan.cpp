@@ -60,7 +60,7 @@ std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row)
            "under /usr/local/cuda, CTXPAR_CUDA=AUTO or ON); valid here: device=cpu";
 #else
     if (!row.cuda)
-      return "config: device = 'cuda' is built for `attn`, `bench attn` and `bench cp` only so far (mode " + mode_words(cfg, " ") +
+      return "config: device = 'cuda' is built for `run`, `attn`, `bench attn` and `bench cp` only so far (mode " + mode_words(cfg, " ") +
              "); valid: device=cpu for this mode";
     // Every rank checks its own node, before anything touches the GPU.
     if (const DeviceCount dc = cuda_device_count(); dc.count == 0)
@@ -156,7 +156,7 @@ std::string check_memory(const Config& cfg, Topology& topo, const ModeRow& row) 
     const int dev = device_for_local_rank(topo.local_rank(), topo.local_size(), std::max(1, dc.count));
     const DeviceMemory m = cuda_device_memory(dev);
     const int sharing = std::max(1, (topo.local_size() + dc.count - 1) / std::max(1, dc.count));
-    const bool cp_call = cfg.mode == Mode::attn || (cfg.mode == Mode::bench && cfg.bench == Bench::cp);
+    const bool cp_call = cfg.mode == Mode::attn || cfg.mode == Mode::run || (cfg.mode == Mode::bench && cfg.bench == Bench::cp);
     const double need = cp_call ? attn_device_memory(cfg, topo) : bench_attn_device_memory(cfg);
     if (m.free_bytes >= 0 && need > double(m.free_bytes) / sharing)
       return "config: this " + mode_words(cfg) + " needs about " + fmt_bytes(need) + " of GPU memory per rank, but GPU " +

@@ -8,7 +8,8 @@ the kernels round them before their tensor-core products), plus a floor of 1e-6 
 (8x for dq and dk, whose single-key rows cancel; tolerance.hpp).
 The file records the device, the trace the GPU memory high-water mark of every rank; a CPU run of
 the same call must match within the same bound (and record no GPU memory). Then
-`bench cp device=cuda strategy=all` at 2 ranks: every row present and its #wrong column 0.
+`bench cp device=cuda strategy=all` at 2 ranks: every row present and its #wrong column 0; and
+`run device=cuda` (usp on 2 x 2 ranks) VALID against the single-rank kernel.
 
 usage: test_attn_device.py CTXPAR_EMU CTXPAR MPIRUN WORKDIR
 """
@@ -113,6 +114,16 @@ else:
     for r in data:
         if r[head.index("wrong")] != "0":
             failures.append(f"bench cp device=cuda: {r[0]} seq {r[1]}: {r[head.index('wrong')]} wrong elements")
+
+# `ctxpar run device=cuda` (the default job's attention steps on the GPU, usp on 2 x 2 ranks), its
+# check against the single-rank kernel on the same bf16 inputs.
+cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "4", EMU, "run", "device=cuda", "seq=256", "heads=4",
+       "kv_heads=2", "head_dim=32", "strategy=usp", "mesh=ulysses:2,ring:2", "steps=1", "warmup=0", "threads=1",
+       "out=" + os.path.join(WORK, "run.h5")]
+p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+print(p.stdout[-1500:])
+if p.returncode != 0 or "# VALID" not in p.stdout or "device=cuda" not in p.stdout:
+    failures.append(f"run device=cuda: exit {p.returncode}\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
 
 for f in failures:
     print("FAIL:", f)
