@@ -13,6 +13,7 @@
 // rank, chunk j = global positions [j c, (j+1) c) held by rank j (j < P) or 2P-1-j, at local
 // rows [0, c) or [c, 2c). Padding rows (the partition's last positions) are in nobody's past.
 #include <algorithm>
+#include <stdexcept>
 #include <cstring>
 #include <map>
 #include <span>
@@ -148,7 +149,14 @@ class Halo final : public CpStrategy {
     return b;
   }
 
+  // The halo exchange packs and adds rows on the host: CPU calls only so far.
+  static void refuse_device(const AttnParams& a) {
+    if (a.device != Device::cpu)
+      throw std::invalid_argument("halo on device = cuda: the halo exchange runs on the CPU only so far; valid: "
+                                  "device=cpu, or a global strategy (ring, allgather, ulysses, usp) for the window");
+  }
   void forward(const AttnParams& a, Tracer* tr, CpStats& st) override {
+    refuse_device(a);
     Exchange x = post_halo(a, st);
     const int64_t chunk = cp::progress_chunk_rows(a.S_q, kProgressParts);
     Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false), lse_tmp(size_t(chunk) * a.H_q, false);
@@ -172,6 +180,7 @@ class Halo final : public CpStrategy {
   }
 
   void backward(const AttnParams& a, Tracer* tr, CpStats& st) override {
+    refuse_device(a);
     const size_t kv_row = size_t(a.H_kv) * a.D;
     std::fill_n(a.dq, size_t(a.S_q) * a.H_q * a.D, 0.f);
     std::fill_n(a.dk, size_t(a.S_k) * kv_row, 0.f);
