@@ -112,11 +112,14 @@ std::string device_call_error(const std::string& strategy, const Comm& c, const 
 // Throws std::invalid_argument with device_call_error's message, if any.
 void check_device_call(const std::string& strategy, const Comm& c, const AttnParams& a);
 
-// A host vector's copy on `device` (ordered on `stream`; the vector may be released at once).
-template <class T> Buffer<T> to_device(const std::vector<T>& host, Device device, Stream stream) {
-  Buffer<T> d(host.size(), false, device, stream);
-  copy_to_device(d.data(), host.data(), host.size() * sizeof(T), device, stream);
+// A copy of n host elements on `device` (ordered on `stream`; the host array may be released at once).
+template <class T> Buffer<T> to_device(const T* host, size_t n, Device device, Stream stream) {
+  Buffer<T> d(n, false, device, stream);
+  if (n) copy_to_device(d.data(), host, n * sizeof(T), device, stream);
   return d;
+}
+template <class T> Buffer<T> to_device(const std::vector<T>& host, Device device, Stream stream) {
+  return to_device(host.data(), host.size(), device, stream);
 }
 
 // Every rank's key positions and document ids, on the host (to count and plan) and on the call's

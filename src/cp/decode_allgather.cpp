@@ -37,8 +37,7 @@ class DecodeAllGather final : public cp::DecodeStrategy {
     const cp::BlockMeta meta = dev != Device::cpu ? cp::gather_block_meta(comm_, L, meta_mine, tr, st) : cp::BlockMeta{};
     for (int j = 0; j < N; ++j) {
       std::byte* b = blk.data() + size_t(j) * L.bytes;
-      cp::decode_visit_traced(L, b, dev != Device::cpu ? meta.of(j) : b + L.pos_off, local,
-                              part.data() + size_t(j) * pe, j, tr, st);
+      cp::decode_visit_traced(L, b, meta.of(j, L, b), local, part.data() + size_t(j) * pe, j, tr, st);
     }
     cp::return_and_merge(comm_, part, Bq, n, local, tr, st);
   }

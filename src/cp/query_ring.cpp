@@ -160,7 +160,7 @@ void pass_q_forward(Comm& c, const QLayout& L, const AttnParams& local, int64_t 
       st.bytes_sent += double(L.bytes);
     }
     const int origin = (r - s + N) % N;
-    visit(here, dev ? meta.of(origin) : here + L.pos_off, origin, s, req, part.data() + size_t(origin) * pe);
+    visit(here, meta.of(origin, L, here), origin, s, req, part.data() + size_t(origin) * pe);
     timed_wait(c, req, st, tr, s, double(L.bytes));
   }
   return_and_merge(c, part, L.n, n_rows, local, tr, st);

@@ -47,6 +47,11 @@ struct BlockMeta {
   size_t bytes = 0;
   std::vector<std::byte> all;  // [N][bytes]
   const std::byte* of(int j) const { return all.data() + size_t(j) * bytes; }
+  // The host metadata of rank j's block at `block`: the host copy when gathered (a device call),
+  // else the block's own sections (a CPU call).
+  const std::byte* of(int j, const QLayout& L, const std::byte* block) const {
+    return all.empty() ? block + L.pos_off : of(j);
+  }
 };
 BlockMeta gather_block_meta(Comm& c, const QLayout& L, const std::vector<std::byte>& mine, Tracer* tr, CpStats& st);
 // The call of the block at `base` (origin rank's queries; `meta` its host metadata) against this

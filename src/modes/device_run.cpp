@@ -5,6 +5,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "cp/common.hpp"  // to_device
 #include "dist/topology.hpp"
 #include "ops.hpp"
 #if defined(CTXPAR_WITH_CUDA)
@@ -54,14 +55,7 @@ Buffer<uint16_t> bf16_of(const void* x, size_t n, Stream s) {
   std::vector<uint16_t> h(n);
   const float* f = static_cast<const float*>(x);
   for (size_t i = 0; i < n; ++i) h[i] = bf16_bits(f[i]);
-  Buffer<uint16_t> d(n, false, Device::cuda, s);
-  copy_to_device(d.data(), h.data(), n * sizeof(uint16_t), Device::cuda, s);
-  return d;
-}
-template <class T> Buffer<T> copy_of(const T* x, size_t n, Stream s) {
-  Buffer<T> d(n, false, Device::cuda, s);
-  if (n) copy_to_device(d.data(), x, n * sizeof(T), Device::cuda, s);
-  return d;
+  return cp::to_device(h, Device::cuda, s);
 }
 }  // namespace
 
@@ -71,8 +65,8 @@ AttnParams DeviceTensors::upload(const AttnParams& t, Stream s) {
   k = bf16_of(t.k, nk, s);
   v = bf16_of(t.v, nk, s);
   dout = bf16_of(t.dout, nq, s);
-  pos = copy_of(t.q_pos, size_t(t.S_q), s);
-  if (t.q_doc) doc = copy_of(t.q_doc, size_t(t.S_q), s);
+  pos = cp::to_device(t.q_pos, size_t(t.S_q), Device::cuda, s);
+  if (t.q_doc) doc = cp::to_device(t.q_doc, size_t(t.S_q), Device::cuda, s);
   const auto out = [&](size_t n) { return Buffer<float>(n, true, Device::cuda, s); };
   o = out(nq);
   lse = out(size_t(t.S_q) * t.H_q);

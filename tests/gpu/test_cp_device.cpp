@@ -57,19 +57,12 @@ struct Case {
   }
 };
 
-// bf16 rounding (nearest, ties to even) of finite floats, as the device stores them.
+// bf16 rounding (nearest, ties to even) of finite floats, as the device stores them
+// (kernels/dtype.hpp's bf16_bits gives their bits).
 float round_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
+  const uint32_t u = uint32_t(bf16_bits(x)) << 16;
   std::memcpy(&x, &u, 4);
   return x;
-}
-uint16_t bf16_bits(float rounded) {
-  uint32_t u;
-  std::memcpy(&u, &rounded, 4);
-  return uint16_t(u >> 16);
 }
 
 // The one device stream of the test (the compute stream of every device communicator).
@@ -120,11 +113,7 @@ Topology& host_topology() {
 }
 
 // A host vector on the device (through ops.hpp, as the strategies allocate).
-template <class T> Buffer<T> on_device(const std::vector<T>& h) {
-  Buffer<T> d(h.size(), false, Device::cuda, stream());
-  copy_to_device(d.data(), h.data(), h.size() * sizeof(T), Device::cuda, stream());
-  return d;
-}
+template <class T> Buffer<T> on_device(const std::vector<T>& h) { return cp::to_device(h, Device::cuda, stream()); }
 template <class T> std::vector<T> to_host(const T* d, size_t n) {
   std::vector<T> h(n);
   copy_to_host(h.data(), d, n * sizeof(T), Device::cuda, stream());
