@@ -172,10 +172,102 @@ void fill_f32(float* x, float value, int64_t n, Device device, Stream stream) {
 
 void add_f32(float* dst, const float* src, int64_t n, Device device, Stream stream) {
   if (device == Device::cpu) {
+#pragma omp parallel for simd schedule(static) if (n > (int64_t(1) << 16))
     for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
     return;
   }
   CTXPAR_ON_CUDA("add_f32", add_f32(dst, src, n, stream));
+}
+
+// ---- model ops on a call's device ----
+
+void rmsnorm_fwd(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps,
+                 Device device, Stream stream) {
+  if (device == Device::cpu) return rmsnorm_fwd(x, w, y, rstd, rows, dim, eps);
+  CTXPAR_ON_CUDA("rmsnorm_fwd", rmsnorm_fwd(x, w, y, rstd, rows, dim, eps, stream));
+}
+
+void rmsnorm_bwd(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                 int64_t rows, int64_t dim, Device device, Stream stream) {
+  if (device == Device::cpu) return rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, dim);
+  CTXPAR_ON_CUDA("rmsnorm_bwd", rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, dim, stream));
+}
+
+void rope_apply(float* x, int64_t rows, int32_t H, int32_t D, const float* cos_t, const float* sin_t, bool inverse,
+                Device device, Stream stream) {
+  if (device == Device::cpu) return rope_apply(x, rows, H, D, cos_t, sin_t, inverse);
+  CTXPAR_ON_CUDA("rope_apply", rope_apply(x, rows, H, D, cos_t, sin_t, inverse, stream));
+}
+
+void swiglu_fwd(const float* g, const float* u, float* h, int64_t n, Device device, Stream stream) {
+  if (device == Device::cpu) return swiglu_fwd(g, u, h, n);
+  CTXPAR_ON_CUDA("swiglu_fwd", swiglu_fwd(g, u, h, n, stream));
+}
+
+void swiglu_bwd(const float* dh, const float* g, const float* u, float* dg, float* du, int64_t n, Device device,
+                Stream stream) {
+  if (device == Device::cpu) return swiglu_bwd(dh, g, u, dg, du, n);
+  CTXPAR_ON_CUDA("swiglu_bwd", swiglu_bwd(dh, g, u, dg, du, n, stream));
+}
+
+void cross_entropy_fwd_bwd(const float* logits, const int32_t* labels, int64_t rows, int64_t V, float grad_scale,
+                           float* dlogits, double* loss_sum, Device device, Stream stream) {
+  if (device == Device::cpu) {
+    *loss_sum = cross_entropy_fwd_bwd(logits, labels, rows, V, grad_scale, dlogits);
+    return;
+  }
+  CTXPAR_ON_CUDA("cross_entropy_fwd_bwd", cross_entropy_fwd_bwd(logits, labels, rows, V, grad_scale, dlogits, loss_sum, stream));
+}
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& hp, Device device,
+                  Stream stream) {
+  if (device == Device::cpu) return adamw_update(p, g, m, v, n, hp);
+  CTXPAR_ON_CUDA("adamw_update", adamw_update(p, g, m, v, n, hp, stream));
+}
+
+double sum_squares(const float* x, int64_t n, Device device, Stream stream) {
+  if (device == Device::cpu) return sum_squares(x, n);
+  double* d = static_cast<double*>(device_alloc(sizeof(double), device, stream));
+  double s = 0;
+#if defined(CTXPAR_WITH_CUDA)
+  cuda::sum_squares(x, n, d, stream);
+#endif
+  copy_to_host(&s, d, sizeof(double), device, stream);
+  device_free(d, device, stream);
+  return s;
+}
+
+void embedding_fwd(const float* emb, const int32_t* tokens, int64_t rows, int64_t dim, float* x, Device device,
+                   Stream stream) {
+  if (device == Device::cpu) return embedding_fwd(emb, tokens, rows, dim, x);
+  CTXPAR_ON_CUDA("embedding_fwd", embedding_fwd(emb, tokens, rows, dim, x, stream));
+}
+
+void embedding_bwd(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, float* demb, Device device,
+                   Stream stream) {
+  if (device == Device::cpu) return embedding_bwd(dx, tokens, rows, dim, demb);
+  CTXPAR_ON_CUDA("embedding_bwd", embedding_bwd(dx, tokens, rows, dim, demb, stream));
+}
+
+void f32_to_bf16(const float* x, uint16_t* y, int64_t n, Device device, Stream stream) {
+  if (device == Device::cpu) {
+    for (int64_t i = 0; i < n; ++i) y[i] = bf16_bits(x[i]);
+    return;
+  }
+  CTXPAR_ON_CUDA("f32_to_bf16", f32_to_bf16(x, reinterpret_cast<cuda::bf16*>(y), n, stream));
+}
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, DType a_type,
+          int64_t lda, const void* B, DType b_type, int64_t ldb, float beta, void* C, DType c_type, int64_t ldc,
+          Device device, Stream stream) {
+  if (device == Device::cpu) {
+    if (a_type != DType::f32 || b_type != DType::f32 || c_type != DType::f32)
+      throw std::invalid_argument("gemm: the CPU backend takes fp32 operands only");
+    return sgemm(trans_a, trans_b, M, N, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb,
+                 beta, static_cast<float*>(C), ldc);
+  }
+  CTXPAR_ON_CUDA("gemm", gemm(trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type, ldc,
+                              stream));
 }
 #undef CTXPAR_ON_CUDA
 

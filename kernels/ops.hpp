@@ -170,6 +170,43 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
 // Sum of squares in double (gradient-norm clipping).
 double sum_squares(const float* x, int64_t n);
 
+// The embedding: x[r] = emb[tokens[r]] for r < rows (rows x dim); the backward demb[tokens[r]] +=
+// dx[r], rows added in order (a token may repeat; the order of additions is fixed).
+void embedding_fwd(const float* emb, const int32_t* tokens, int64_t rows, int64_t dim, float* x);
+void embedding_bwd(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, float* demb);
+
+// ---- the same ops on a call's device ----
+// Every pointer on `device` (Device::cuda: asynchronous, ordered on `stream`); Device::cpu is
+// exactly the op above. The model (src/model) calls these, so one layer code serves both backends.
+void rmsnorm_fwd(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps,
+                 Device device, Stream stream);
+void rmsnorm_bwd(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                 int64_t rows, int64_t dim, Device device, Stream stream);
+void rope_apply(float* x, int64_t rows, int32_t H, int32_t D, const float* cos_t, const float* sin_t, bool inverse,
+                Device device, Stream stream);
+void swiglu_fwd(const float* g, const float* u, float* h, int64_t n, Device device, Stream stream);
+void swiglu_bwd(const float* dh, const float* g, const float* u, float* dg, float* du, int64_t n, Device device,
+                Stream stream);
+// The loss sum is written to *loss_sum, one double on `device` (overwritten), so that the call
+// stays asynchronous; labels on `device`.
+void cross_entropy_fwd_bwd(const float* logits, const int32_t* labels, int64_t rows, int64_t V, float grad_scale,
+                           float* dlogits, double* loss_sum, Device device, Stream stream);
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& hp, Device device,
+                  Stream stream);
+// Returns to the host (Device::cuda: synchronizes `stream`).
+double sum_squares(const float* x, int64_t n, Device device, Stream stream);
+void embedding_fwd(const float* emb, const int32_t* tokens, int64_t rows, int64_t dim, float* x, Device device,
+                   Stream stream);
+void embedding_bwd(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, float* demb, Device device,
+                   Stream stream);
+// y[i] = x[i] rounded to bf16 (nearest, ties to even; bf16 as its 16 bits), n elements on `device`.
+void f32_to_bf16(const float* x, uint16_t* y, int64_t n, Device device, Stream stream);
+// Row-major C = alpha op(A) op(B) + beta C (as sgemm) with element types: (f32, f32, f32) on either
+// device, (bf16, bf16, f32 or bf16) on Device::cuda (cuBLASLt, fp32 accumulation).
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, DType a_type,
+          int64_t lda, const void* B, DType b_type, int64_t ldb, float beta, void* C, DType c_type, int64_t ldc,
+          Device device, Stream stream);
+
 }  // namespace ctxpar
 
 namespace ctxpar {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -186,6 +187,21 @@ double sum_squares(const float* x, int64_t n) {
 #pragma omp parallel for schedule(static) reduction(+ : s) num_threads(op_threads())
   for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
   return s;
+}
+
+void embedding_fwd(const float* emb, const int32_t* tokens, int64_t rows, int64_t dim, float* x) {
+  for (int64_t i = 0; i < rows; ++i)
+    std::memcpy(x + i * dim, emb + int64_t(tokens[i]) * dim, size_t(dim) * sizeof(float));
+}
+
+void embedding_bwd(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, float* demb) {
+  // Serial over rows: a token may repeat, and the order of additions stays fixed.
+  for (int64_t i = 0; i < rows; ++i) {
+    float* g = demb + int64_t(tokens[i]) * dim;
+    const float* d = dx + i * dim;
+#pragma omp simd
+    for (int64_t j = 0; j < dim; ++j) g[j] += d[j];
+  }
 }
 
 }  // namespace ctxpar

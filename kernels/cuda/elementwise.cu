@@ -1,5 +1,5 @@
 // Model ops of ops_cuda.hpp on the device: RMSNorm, RoPE, SwiGLU, cross-entropy, AdamW, sum of
-// squares, bf16 <-> fp32. The formulas are those of kernels/cpu/model_cpu.cpp (same order of
+// squares, the embedding, bf16 <-> fp32. The formulas are those of kernels/cpu/model_cpu.cpp (same order of
 // operations where it matters, e.g. AdamW's constants are derived on the host exactly as the CPU
 // op derives them). Reductions: a row per block (RMSNorm, cross-entropy) or per-block partials
 // summed in a fixed order by a second kernel (RMSNorm dw, losses, sum of squares), so results do
@@ -240,6 +240,24 @@ __global__ void bf16_to_f32_kernel(const bf16* x, float* y, int64_t n) {
     y[i] = __bfloat162float(x[i]);
 }
 
+// ---- embedding ----
+
+// x[r] = emb[tokens[r]], one element per thread.
+__global__ void embedding_fwd_kernel(const float* emb, const int32_t* tokens, int64_t rows, int64_t dim, float* x) {
+  const int64_t n = rows * dim;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = e / dim, j = e - r * dim;
+    x[e] = emb[int64_t(tokens[r]) * dim + j];
+  }
+}
+
+// demb[tokens[r]] += dx[r]: a thread owns column j and adds the rows in order (a token may
+// repeat; no atomics, so the sum's order is the CPU op's and the result the same bits).
+__global__ void embedding_bwd_kernel(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, float* demb) {
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < dim; j += int64_t(gridDim.x) * blockDim.x)
+    for (int64_t r = 0; r < rows; ++r) demb[int64_t(tokens[r]) * dim + j] += dx[r * dim + j];
+}
+
 // ---- memory ----
 
 __global__ void add_f32_kernel(float* dst, const float* src, int64_t n) {
@@ -366,6 +384,19 @@ void sum_squares(const float* x, int64_t n, double* out, cudaStream_t stream) {
   CTXPAR_LAUNCH(sum_squares_kernel, nb, kThreads, 0, stream, x, n, part.get());
   CTXPAR_CUDA_LAUNCH_CHECK();
   CTXPAR_LAUNCH(sum_doubles_kernel, 1u, 1024, 0, stream, part.get(), int64_t(nb), out);
+  CTXPAR_CUDA_LAUNCH_CHECK();
+}
+
+void embedding_fwd(const float* emb, const int32_t* tokens, int64_t rows, int64_t dim, float* x, cudaStream_t stream) {
+  if (rows == 0 || dim == 0) return;
+  CTXPAR_LAUNCH(embedding_fwd_kernel, grid_for(rows * dim), kThreads, 0, stream, emb, tokens, rows, dim, x);
+  CTXPAR_CUDA_LAUNCH_CHECK();
+}
+
+void embedding_bwd(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, float* demb,
+                   cudaStream_t stream) {
+  if (rows == 0 || dim == 0) return;
+  CTXPAR_LAUNCH(embedding_bwd_kernel, grid_for(dim), kThreads, 0, stream, dx, tokens, rows, dim, demb);
   CTXPAR_CUDA_LAUNCH_CHECK();
 }
 

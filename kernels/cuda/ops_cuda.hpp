@@ -135,6 +135,13 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
 // Sum of squares in double, written to *out (one DEVICE double).
 void sum_squares(const float* x, int64_t n, double* out, cudaStream_t stream = nullptr);
 
+// The embedding: x[r] = emb[tokens[r]] (rows x dim); the backward demb[tokens[r]] += dx[r],
+// rows added in order (no atomics: the CPU op's order, reproducible). tokens int32 on the device.
+void embedding_fwd(const float* emb, const int32_t* tokens, int64_t rows, int64_t dim, float* x,
+                   cudaStream_t stream = nullptr);
+void embedding_bwd(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, float* demb,
+                   cudaStream_t stream = nullptr);
+
 // ---- conversions ----
 // Host: x rounded to the nearest bf16 (ties to even), returned as a float; finite x only. The
 // host side of tests and benches builds its bf16 inputs with it.

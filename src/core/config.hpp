@@ -40,6 +40,7 @@ struct Config {
   bool frugal;               // the all-gather and the ring move only the key/value rows a receiving rank can see
   bool deterministic;        // bench cp: attention with the same bits on any mesh (cp/deterministic.hpp)
   bool cpu_check;            // attn device=cuda: the same call on the CPU, differences reported
+  bool save_logits;          // prefill/decode/chat: /infer/logits and /infer/tokens in the output file
   PartitionKind partition;
   MaskKind mask;
   int64_t window;

@@ -165,6 +165,7 @@ class Comm {
     same_type(send, recv);
     reduce_scatter_impl(send, recv, op);
   }
+  void all_reduce(Buf inout, ReduceOp op = ReduceOp::sum) { all_reduce_impl(inout, op); }
   virtual void wait(Request& r) = 0;
   // Lets pending transfers progress (OpenMPI moves large messages only inside MPI calls);
   // returns true when every operation of `r` has completed.

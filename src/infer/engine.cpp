@@ -34,10 +34,22 @@ int32_t greedy(const float* logits, int64_t V) {
 }
 
 Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, int64_t batch, int64_t capacity_tokens,
-               const std::string& full_strategy)
-    : layout_(layout), d_(layout.dims()), w_(layout.view(const_cast<float*>(params))), topo_(topo), cp_(topo.cp()),
+               const std::string& full_strategy, Device device, Stream stream)
+    : layout_(layout), d_(layout.dims()), dev_(device), stream_(stream), w_(layout.view(const_cast<float*>(params))),
+      topo_(topo), cp_(topo.cp()),
       cache_(batch, layout.dims().layers, layout.dims().cache_heads(), layout.dims().cache_dim(), topo.cp().size(),
-             topo.cp().rank(), capacity_tokens, layout.dims().kinds, /*shared_kv=*/layout.dims().mla) {
+             topo.cp().rank(), capacity_tokens, layout.dims().kinds, /*shared_kv=*/layout.dims().mla, device, stream) {
+  if (dev_ != Device::cpu) {
+    CTXPAR_CHECK(!d_.mla && !d_.has_gdn(),
+                 "MLA and Gated DeltaNet layers run on the CPU only so far (config refuses them with device = cuda)");
+    const int64_t n = layout.local_elems();
+    params_dev_ = Buffer<float>(size_t(n), false, dev_, stream_);
+    copy_to_device(params_dev_.data(), params, size_t(n) * sizeof(float), dev_, stream_);
+    params_b_ = Buffer<uint16_t>(size_t(n), false, dev_, stream_);
+    f32_to_bf16(params_dev_.data(), params_b_.data(), n, dev_, stream_);
+    mirror_ = Bf16Mirror{params_dev_.data(), n, params_b_.data()};
+    w_ = layout.view(params_dev_.data());
+  }
   full_strategy_ = make_strategy(full_strategy, topo);
   CTXPAR_CHECK(full_strategy_ != nullptr, "unknown CP strategy " << full_strategy);
   ring_ = make_strategy("ring", topo);
@@ -63,16 +75,45 @@ double Engine::prefill_flops(int64_t T, int64_t cached) const { return ctxpar::p
 
 double Engine::decode_flops(int64_t ctx) const { return ctxpar::prefill_flops(d_, 1, ctx); }
 
+template <class T> Buffer<T> Engine::on_device(const std::vector<T>& a) const {
+  if (dev_ == Device::cpu || a.empty()) return {};
+  Buffer<T> b(a.size(), false, dev_, stream_);
+  copy_to_device(b.data(), a.data(), a.size() * sizeof(T), dev_, stream_);
+  return b;
+}
+
+void Engine::set_device(AttnParams& t, const int64_t* q_pos_dev, const int32_t* q_doc_dev, const int64_t* k_pos_dev,
+                        const int32_t* k_doc_dev) const {
+  if (dev_ == Device::cpu) return;
+  t.device = dev_;
+  t.stream = stream_;
+  t.dtype = DType::bf16;
+  t.q_pos_host = t.q_pos;
+  t.q_doc_host = t.q_doc;
+  t.k_pos_host = t.k_pos;
+  t.k_doc_host = t.k_doc;
+  t.q_pos = q_pos_dev;
+  t.q_doc = q_doc_dev;
+  t.k_pos = k_pos_dev;
+  t.k_doc = k_doc_dev;
+}
+
 void Engine::ensure_rows(int64_t n) {
   if (n <= rows_cap_) return;
   // The attention's query/output width: MLA's absorbed queries are H heads of the latent's width.
   const size_t r = size_t(n), dim = size_t(d_.dim), qw = size_t(d_.q_width()), kw = size_t(d_.kv_width()),
                F = size_t(d_.ffn), aw = size_t(d_.H_q_loc()) * size_t(d_.cache_dim());
-  x_.resize(r * dim, false); h_.resize(r * dim, false); x1_.resize(r * dim, false);
-  q_.resize(r * qw, false); o_.resize(r * aw, false); lse_.resize(r * size_t(d_.H_q_loc()), false); rstd_.resize(r, false);
-  k_.resize(r * kw, false); v_.resize(r * kw, false);
-  g_.resize(r * F, false); u_.resize(r * F, false); m_.resize(r * F, false);
-  cos_.resize(r * size_t(d_.rope_dim() / 2), false); sin_.resize(r * size_t(d_.rope_dim() / 2), false);
+  const auto f32 = [&](size_t e) { return Buffer<float>(e, false, dev_, stream_); };
+  x_ = f32(r * dim); h_ = f32(r * dim); x1_ = f32(r * dim);
+  q_ = f32(r * qw); o_ = f32(r * aw); lse_ = f32(r * size_t(d_.H_q_loc())); rstd_ = f32(r);
+  k_ = f32(r * kw); v_ = f32(r * kw);
+  g_ = f32(r * F); u_ = f32(r * F); m_ = f32(r * F);
+  cos_ = f32(r * size_t(d_.rope_dim() / 2)); sin_ = f32(r * size_t(d_.rope_dim() / 2));
+  if (dev_ != Device::cpu) {
+    const auto bf = [&](size_t e) { return Buffer<uint16_t>(e, false, dev_, stream_); };
+    qb_ = bf(r * qw); kb_ = bf(r * kw); vb_ = bf(r * kw);
+    tok_dev_ = Buffer<int32_t>(r, false, dev_, stream_);
+  }
   if (d_.mla) {
     qa_.resize(r * aw, false);
     mla_alloc(d_, n, mla_a_);
@@ -81,7 +122,9 @@ void Engine::ensure_rows(int64_t n) {
   rows_cap_ = n;
 }
 
-LayerRun Engine::run(int64_t l) { return LayerRun{d_, topo_, tr_, times_, st_->cp, l}; }
+LayerRun Engine::run(int64_t l) {
+  return LayerRun{d_, topo_, tr_, times_, st_->cp, l, dev_, stream_, dev_ == Device::cpu ? nullptr : &mirror_};
+}
 
 void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const AttnFn& attn, const GdnFn& gdn,
                      const std::vector<int64_t>& logit_rows, float* logits) {
@@ -90,9 +133,18 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const
   float *x = x_.data(), *h = h_.data(), *x1 = x1_.data();
   if (n > 0) {
     Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(x + i * dim, w_.emb + int64_t(tokens[i]) * dim, size_t(dim) * sizeof(float));
-    rope_table(pos, n, d_.rope_dim(), inv_freq_.data(), cos_.data(), sin_.data());
+    if (dev_ == Device::cpu) {
+      embedding_fwd(w_.emb, tokens, n, dim, x);
+      rope_table(pos, n, d_.rope_dim(), inv_freq_.data(), cos_.data(), sin_.data());
+    } else {  // token ids and the RoPE table of the call's positions to the GPU
+      copy_to_device(tok_dev_.data(), tokens, size_t(n) * sizeof(int32_t), dev_, stream_);
+      embedding_fwd(w_.emb, tok_dev_.data(), n, dim, x, dev_, stream_);
+      const size_t half = size_t(n) * size_t(d_.rope_dim() / 2);
+      std::vector<float> c(half), sn(half);
+      rope_table(pos, n, d_.rope_dim(), inv_freq_.data(), c.data(), sn.data());
+      copy_to_device(cos_.data(), c.data(), half * sizeof(float), dev_, stream_);
+      copy_to_device(sin_.data(), sn.data(), half * sizeof(float), dev_, stream_);
+    }
   }
   // The training model's layer code (model/layer.hpp) around the CP attention; a rank without
   // rows (decode with fewer sequences than ranks) still takes part in the attention's collectives.
@@ -122,8 +174,17 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const
       continue;
     }
     if (n > 0) attn_in_fwd(r, w, n, x, cos_.data(), sin_.data(), h, rstd_.data(), q_.data(), k_.data(), v_.data());
+    const void *qa = q_.data(), *ka = k_.data(), *va = v_.data();
+    if (dev_ != Device::cpu) {  // the attention's bf16 inputs
+      if (n > 0) {
+        f32_to_bf16(q_.data(), qb_.data(), n * d_.q_width(), dev_, stream_);
+        f32_to_bf16(k_.data(), kb_.data(), n * d_.kv_width(), dev_, stream_);
+        f32_to_bf16(v_.data(), vb_.data(), n * d_.kv_width(), dev_, stream_);
+      }
+      qa = qb_.data(), ka = kb_.data(), va = vb_.data();
+    }
     const double t0 = now_s();
-    attn(l, q_.data(), k_.data(), v_.data(), o_.data(), lse_.data());
+    attn(l, qa, ka, va, o_.data(), lse_.data());
     st_->attn_s += now_s() - t0;
     if (n == 0) continue;
     attn_out_fwd(r, w, n, x, o_.data(), x1);
@@ -134,9 +195,15 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const
   // Final norm and LM head of the requested rows only (the next token needs one row).
   const int64_t k = int64_t(logit_rows.size());
   for (int64_t i = 0; i < k; ++i)
-    std::memcpy(x1 + i * dim, x + logit_rows[size_t(i)] * dim, size_t(dim) * sizeof(float));
-  rmsnorm_fwd(x1, w_.final_norm, h, rstd_.data(), k, dim, d_.norm_eps);
-  layer_gemm(run(-1), false, false, k, d_.vocab, dim, h, dim, w_.lm_head, d_.vocab, 0, logits, d_.vocab);
+    device_copy(x1 + i * dim, x + logit_rows[size_t(i)] * dim, size_t(dim) * sizeof(float), dev_, stream_);
+  rmsnorm_fwd(x1, w_.final_norm, h, rstd_.data(), k, dim, d_.norm_eps, dev_, stream_);
+  float* out = logits;
+  if (dev_ != Device::cpu) {
+    if (logits_dev_.size() < size_t(k * d_.vocab)) logits_dev_ = Buffer<float>(size_t(k * d_.vocab), false, dev_, stream_);
+    out = logits_dev_.data();
+  }
+  layer_gemm(run(-1), false, false, k, d_.vocab, dim, h, dim, w_.lm_head, d_.vocab, 0, out, d_.vocab);
+  if (dev_ != Device::cpu) copy_to_host(logits, out, size_t(k * d_.vocab) * sizeof(float), dev_, stream_);
 }
 
 double Engine::begin_call(Tracer* tr, CallStats& st) {
@@ -251,12 +318,14 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   const bool docs = q.size() > 1;
   // Several sequences over their caches: their key rows packed into one block per layer, with
   // positions and document ids (the positions of the new rows were reserved above).
-  Buffer<float> kp, vp;
+  // (Bytes: the cache's element type, f32 on the CPU, bf16 on a GPU.)
+  const size_t eb = cache_.elem_bytes(), row_b = size_t(kw) * eb;
+  Buffer<std::byte> kp, vp;
   std::vector<int64_t> kpos;
   std::vector<int32_t> kdoc;
   if (docs && !full) {
-    kp.resize(size_t(keys * kw), false);
-    if (!d_.mla) vp.resize(size_t(keys * kw), false);  // MLA: values are the keys' rows (the latent)
+    kp = Buffer<std::byte>(size_t(keys) * row_b, false, dev_, stream_);
+    if (!d_.mla) vp = Buffer<std::byte>(size_t(keys) * row_b, false, dev_, stream_);  // MLA: values are the keys' rows
     for (const Seq& s : q) {
       for (int64_t i = 0; i < s.S_k; ++i) {
         const int64_t p = cache_.pos(s.b)[i];
@@ -265,15 +334,23 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
       kdoc.insert(kdoc.end(), size_t(s.S_k), int32_t(s.b));
     }
   }
-  AttnFn attn = [&](int64_t l, float* qx, float* k, float* v, float* o, float* lse) {
+  // GPU: the call's positions and document ids on the device (the cache's positions as well).
+  cache_.sync_positions();
+  const std::vector<int64_t>& qpos = docs ? apos : pos;
+  const Buffer<int64_t> qpos_d = on_device(qpos), kpos_d = on_device(kpos);
+  const Buffer<int32_t> doc_d = docs ? on_device(doc) : Buffer<int32_t>{}, kdoc_d = on_device(kdoc);
+  const auto at = [](const void* base, size_t bytes) { return static_cast<const char*>(base) + bytes; };
+  AttnFn attn = [&](int64_t l, const void* qx, const void* k, const void* v, float* o, float* lse) {
     for (const Seq& s : q) {
-      std::memcpy(cache_.k(s.b, l) + s.first * kw, k + s.off * kw, size_t(s.n * kw) * sizeof(float));
+      device_copy(static_cast<char*>(cache_.k(s.b, l)) + size_t(s.first) * row_b, at(k, size_t(s.off) * row_b),
+                  size_t(s.n) * row_b, dev_, stream_);
       if (cache_.v(s.b, l) != cache_.k(s.b, l))  // MLA: one array, written above
-        std::memcpy(cache_.v(s.b, l) + s.first * kw, v + s.off * kw, size_t(s.n * kw) * sizeof(float));
+        device_copy(static_cast<char*>(cache_.v(s.b, l)) + size_t(s.first) * row_b, at(v, size_t(s.off) * row_b),
+                    size_t(s.n) * row_b, dev_, stream_);
     }
     AttnParams t = call(rows, l);
     t.q = qx;
-    t.q_pos = docs ? apos.data() : pos.data();
+    t.q_pos = qpos.data();
     t.q_doc = docs ? doc.data() : nullptr;
     t.o = o;
     t.lse = lse;
@@ -282,23 +359,29 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
       t.v = v;
       t.k_pos = t.q_pos;
       t.k_doc = t.q_doc;
+      set_device(t, qpos_d.data(), doc_d.data(), qpos_d.data(), doc_d.data());
       full_strategy_->forward(t, tr_, st_->cp);
       return;
     }
+    const int64_t* kpos_dev = nullptr;
     if (docs) {
       for (const Seq& s : q) {
-        std::memcpy(kp.data() + s.k_off * kw, cache_.k(s.b, l), size_t(s.S_k * kw) * sizeof(float));
-        if (!d_.mla) std::memcpy(vp.data() + s.k_off * kw, cache_.v(s.b, l), size_t(s.S_k * kw) * sizeof(float));
+        device_copy(kp.data() + size_t(s.k_off) * row_b, cache_.k(s.b, l), size_t(s.S_k) * row_b, dev_, stream_);
+        if (!d_.mla)
+          device_copy(vp.data() + size_t(s.k_off) * row_b, cache_.v(s.b, l), size_t(s.S_k) * row_b, dev_, stream_);
       }
       t.k = kp.data();
       t.v = d_.mla ? kp.data() : vp.data();
       t.k_pos = kpos.data();
       t.k_doc = kdoc.data();
+      kpos_dev = kpos_d.data();
     } else {
       t.k = cache_.k(q[0].b, l);
       t.v = cache_.v(q[0].b, l);
       t.k_pos = cache_.pos(q[0].b);
+      kpos_dev = cache_.pos_all_device() + cache_.first_row(q[0].b);
     }
+    set_device(t, qpos_d.data(), doc_d.data(), kpos_dev, kdoc_d.data());
     t.S_k = keys;
     (algo == CpAlgo::pass_q ? *pass_q_ : *ring_).forward(t, tr_, st_->cp);
   };
@@ -379,7 +462,7 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
     if (cache_.decode_target(b) == r) new_slot[size_t(b)] = cache_.first_row(b) + cache_.reserve(b, 1, &seq_pos[size_t(b)]);
   }
   std::vector<int32_t> tok(size_t(std::max<int64_t>(n, 1)));
-  std::vector<int64_t> pos(size_t(std::max<int64_t>(n, 1)));
+  std::vector<int64_t> pos(size_t(std::max<int64_t>(Bq, 1)));  // padding rows: 0, seen by nothing
   std::vector<int32_t> seq(size_t(Bq), -1);  // the query rows' sequences (-1: padding row)
   for (int64_t i = 0; i < n; ++i) {
     tok[size_t(i)] = tokens[size_t(b0 + i)];
@@ -387,7 +470,10 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
     seq[size_t(i)] = int32_t(b0 + i);
   }
   CpStrategy& strategy = algo == DecodeAlgo::allgather ? *decode_allgather_ : *decode_pass_q_;
-  AttnFn attn = [&](int64_t l, float* q, float* k, float* v, float* o, float* lse) {
+  cache_.sync_positions();  // GPU: the reserved slots' positions, and the call's, on the device
+  const Buffer<int64_t> pos_d = on_device(pos);
+  const Buffer<int32_t> seq_d = on_device(seq);
+  AttnFn attn = [&](int64_t l, const void* q, const void* k, const void* v, float* o, float* lse) {
     AttnParams t = call(Bq, l);
     t.q = q;
     t.q_pos = pos.data();
@@ -403,6 +489,7 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
     t.k_new_slot = new_slot.data();
     t.o = o;
     t.lse = lse;
+    set_device(t, pos_d.data(), seq_d.data(), cache_.pos_all_device(), nullptr);
     strategy.forward(t, tr_, st_->cp);
   };
   std::vector<int64_t> row_seqs(static_cast<size_t>(n));

@@ -19,6 +19,11 @@
 // models (attention = mla) attend in the absorbed form (model/mla_layer.hpp): the cache holds the
 // latent rows, and every call is multi-query attention over them.
 // Every call ends with the greedy next token of every sequence on every rank.
+// On a GPU (device = cuda): the weights' fp32 copy and their bf16 mirror (the GEMMs' operands),
+// every activation and the KV cache (bf16) live on the device, the layers run there (bf16 GEMMs
+// and attention inputs, fp32 accumulation, softmax statistics and residual stream), and the
+// strategies move device buffers; per call the host uploads token ids, positions and document ids
+// and reads back the logits rows it needs. MLA and Gated DeltaNet layers run on the CPU only.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -69,8 +74,9 @@ class Engine {
  public:
   // `params`: this rank's weights in `layout` (tp = 1). `full_strategy`: CP strategy name for
   // full prefills with pass-KV ("ring", "allgather", "ulysses", "usp").
+  // `params` is host memory also with `device` = cuda (the engine keeps its own device copy).
   Engine(const ParamLayout& layout, const float* params, Topology& topo, int64_t batch, int64_t capacity_tokens,
-         const std::string& full_strategy);
+         const std::string& full_strategy, Device device = Device::cpu, Stream stream = nullptr);
   ~Engine();
 
   // Prefill of the new tokens of every sequence: tokens[b] holds T_b ids (the same on every rank;
@@ -102,7 +108,8 @@ class Engine {
   double decode_flops(int64_t ctx) const;
 
  private:
-  using AttnFn = std::function<void(int64_t l, float* q, float* k, float* v, float* o, float* lse)>;
+  // q, k, v: the layer's attention inputs (f32 on the CPU, bf16 on a GPU: cache_.dtype()).
+  using AttnFn = std::function<void(int64_t l, const void* q, const void* k, const void* v, float* o, float* lse)>;
   // A GDN layer's token mixer: x1 = x + mixer(x) on this rank's rows (gl: the layer's number
   // among the GDN layers); called on every rank, rows or not.
   using GdnFn = std::function<void(int64_t l, int64_t gl, const float* x, float* x1)>;
@@ -115,6 +122,12 @@ class Engine {
   void prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo,
                     bool want_all_logits, StepOutput& out);
   void ensure_rows(int64_t n);
+  // `a` on this engine's device (for positions and document ids of a call; empty on the CPU).
+  template <class T> Buffer<T> on_device(const std::vector<T>& a) const;
+  // The device fields of a call: bf16 inputs on the stream, positions and document ids given as
+  // host arrays (kept as the host copies) and their device copies (null: none).
+  void set_device(AttnParams& t, const int64_t* q_pos_dev, const int32_t* q_doc_dev, const int64_t* k_pos_dev,
+                  const int32_t* k_doc_dev) const;
   LayerRun run(int64_t l);
   // The attention call of n query rows of this model (causal; tensors set by the caller).
   AttnParams call(int64_t n, int64_t l) const;  // layer l's attention of n query rows
@@ -124,6 +137,12 @@ class Engine {
 
   const ParamLayout& layout_;
   ModelDims d_;
+  Device dev_ = Device::cpu;
+  Stream stream_ = nullptr;
+  // GPU: the weights (fp32) and their bf16 copy, which w_ and the layer GEMMs read.
+  Buffer<float> params_dev_;
+  Buffer<uint16_t> params_b_;
+  Bf16Mirror mirror_;
   ModelView w_;
   Topology& topo_;
   Comm& cp_;
@@ -134,6 +153,9 @@ class Engine {
   std::unique_ptr<GdnInfer> gdn_;  // hybrid models: the GDN layers' states (null without 'D' layers)
   int64_t rows_cap_ = 0;
   Buffer<float> x_, h_, rstd_, q_, k_, v_, o_, lse_, x1_, g_, u_, m_, cos_, sin_;
+  Buffer<uint16_t> qb_, kb_, vb_;  // GPU: the attention's bf16 inputs
+  Buffer<int32_t> tok_dev_;        // GPU: the call's token ids
+  Buffer<float> logits_dev_;       // GPU: the logits rows before they go to the host
   Buffer<float> qa_;     // MLA: the absorbed queries [rows, H, kv_lora + rope]
   MlaActs mla_a_;        // MLA: the latent rows of the call (and the latents' scratch)
   MlaScratch mla_s_;

@@ -3,23 +3,35 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "ops.hpp"
 
 namespace ctxpar::infer {
 
 KvCache::KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, int rank, int64_t capacity_tokens,
-                 const std::string& kinds, bool shared_kv)
+                 const std::string& kinds, bool shared_kv, Device device, Stream stream)
     : B_(batch), L_(layers), shared_(shared_kv), H_kv_(H_kv), D_(D), N_(N), rank_(rank), cap_(capacity_tokens),
-      len_(size_t(batch * N), 0), decoded_(size_t(batch), 0), pending_(size_t(batch), 0) {
+      device_(device), stream_(stream), len_(size_t(batch * N), 0), decoded_(size_t(batch), 0),
+      pending_(size_t(batch), 0) {
+  const size_t bytes = size_t(B_) * slot_elems() * elem_bytes();
   k_.resize(size_t(L_));
   v_.resize(size_t(L_));
   for (int64_t l = 0; l < L_; ++l) {  // zeros: padded rows stay finite
     if (!kinds.empty() && kinds[size_t(l)] == 'D') continue;  // a GDN layer keeps a state instead
     ++attn_layers_;
-    k_[size_t(l)].resize(size_t(B_) * slot_elems(), true);
-    if (!shared_) v_[size_t(l)].resize(size_t(B_) * slot_elems(), true);
+    k_[size_t(l)] = Buffer<std::byte>(bytes, true, device_, stream_);
+    if (!shared_) v_[size_t(l)] = Buffer<std::byte>(bytes, true, device_, stream_);
   }
   pos_.resize(size_t(B_ * cap_), false);
   std::fill_n(pos_.data(), B_ * cap_, kNoPos);
+  if (device_ != Device::cpu) {
+    pos_dev_ = Buffer<int64_t>(size_t(B_ * cap_), false, device_, stream_);
+    sync_positions();
+  }
+}
+
+void KvCache::sync_positions() {
+  if (device_ != Device::cpu)
+    copy_to_device(pos_dev_.data(), pos_.data(), size_t(B_ * cap_) * sizeof(int64_t), device_, stream_);
 }
 
 int64_t KvCache::seq_len(int64_t b) const {
@@ -73,7 +85,7 @@ double KvCache::used_bytes() const {
 double KvCache::allocated_bytes() const { return double(B_) * double(cap_) * token_bytes(); }
 
 double KvCache::token_bytes() const {
-  return (shared_ ? 1.0 : 2.0) * double(attn_layers_) * double(row_elems()) * sizeof(float) + sizeof(int64_t);
+  return (shared_ ? 1.0 : 2.0) * double(attn_layers_) * double(row_elems()) * double(elem_bytes()) + sizeof(int64_t);
 }
 
 }  // namespace ctxpar::infer

@@ -10,11 +10,15 @@
 // layer, so a decode call describes every sequence's keys at once (AttnParams' k_doc_begin /
 // k_doc_len). Unused slots hold K = V = 0 and position kNoPos, which no causal query sees, so a
 // block padded up to the longest rank's length adds no visible pair.
+// On a GPU (device = cuda) the K/V arrays live on the device in bf16 (the attention kernels' input
+// type); the positions stay on the host, with a device copy that sync_positions() refreshes.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "attn_params.hpp"
 #include "core/memory.hpp"
 
 namespace ctxpar::infer {
@@ -29,7 +33,8 @@ class KvCache {
   // `shared_kv`: keys and values are the same rows (MLA's latent, model/mla_layer.hpp): one array
   // per layer, v() the same memory as k().
   KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, int rank, int64_t capacity_tokens,
-          const std::string& kinds = "", bool shared_kv = false);
+          const std::string& kinds = "", bool shared_kv = false, Device device = Device::cpu,
+          Stream stream = nullptr);
 
   int64_t batch() const { return B_; }
   int64_t capacity() const { return cap_; }
@@ -41,13 +46,21 @@ class KvCache {
   // The rank that stores the next decode token of sequence b.
   int decode_target(int64_t b) const { return int((decoded_[size_t(b)] + b) % N_); }
 
-  float* k(int64_t b, int64_t l) { return k_[size_t(l)].data() + size_t(b) * slot_elems(); }
-  float* v(int64_t b, int64_t l) { return (shared_ ? k_ : v_)[size_t(l)].data() + size_t(b) * slot_elems(); }
+  // Elements are `dtype()`: f32 on the CPU, bf16 on a GPU (elem_bytes() each).
+  DType dtype() const { return device_ == Device::cpu ? DType::f32 : DType::bf16; }
+  size_t elem_bytes() const { return dtype_bytes(dtype()); }
+  Device device() const { return device_; }
+  void* k(int64_t b, int64_t l) { return k_layer(l) + size_t(b) * slot_elems() * elem_bytes(); }
+  void* v(int64_t b, int64_t l) { return v_layer(l) + size_t(b) * slot_elems() * elem_bytes(); }
   const int64_t* pos(int64_t b) const { return pos_.data() + b * cap_; }
   // The whole cache of layer l ([batch * capacity] rows) and every sequence's positions.
-  float* k_layer(int64_t l) { return k_[size_t(l)].data(); }
-  float* v_layer(int64_t l) { return (shared_ ? k_ : v_)[size_t(l)].data(); }
+  char* k_layer(int64_t l) { return reinterpret_cast<char*>(k_[size_t(l)].data()); }
+  char* v_layer(int64_t l) { return reinterpret_cast<char*>((shared_ ? k_ : v_)[size_t(l)].data()); }
   const int64_t* pos_all() const { return pos_.data(); }
+  // The positions on the cache's device (the host array itself on the CPU), as of the last
+  // sync_positions() (call it after reserve, before an attention reads them).
+  const int64_t* pos_all_device() const { return device_ == Device::cpu ? pos_.data() : pos_dev_.data(); }
+  void sync_positions();
   int64_t first_row(int64_t b) const { return b * cap_; }  // sequence b's slab in the layer arrays
   int64_t row_elems() const { return int64_t(H_kv_) * D_; }
 
@@ -84,8 +97,11 @@ class KvCache {
   int32_t H_kv_, D_;
   int N_, rank_;
   int64_t cap_;
-  std::vector<Buffer<float>> k_, v_;  // per layer: [B][cap][H_kv][D]
+  Device device_ = Device::cpu;
+  Stream stream_ = nullptr;
+  std::vector<Buffer<std::byte>> k_, v_;  // per layer: [B][cap][H_kv][D] of dtype()
   Buffer<int64_t> pos_;               // [B][cap]
+  Buffer<int64_t> pos_dev_;           // GPU: pos_'s device copy
   std::vector<int64_t> len_;          // [B][N]
   std::vector<int64_t> decoded_;      // [B]
   std::vector<int64_t> pending_;      // [B] reserved, not yet committed, on this rank

@@ -24,8 +24,23 @@ struct StepTimes {
   double gemm_s = 0, attn_s = 0, tp_comm_s = 0, other_s = 0, total_s = 0;
 };
 
+// The bf16 copy of a flat fp32 parameter buffer on the GPU (the GEMMs' weight operands): element
+// i of `bf16` is fp32 element i of [base, base + n) rounded to bf16, refreshed after every update.
+struct Bf16Mirror {
+  const float* base = nullptr;
+  int64_t n = 0;
+  const uint16_t* bf16 = nullptr;
+  // The bf16 copy of fp32 `p` when p lies in the buffer, else null.
+  const uint16_t* of(const float* p) const {
+    return base && p >= base && p < base + n ? bf16 + (p - base) : nullptr;
+  }
+};
+
 // What every part of a layer needs: the dimensions, the mesh (tp all-reduces), the tracer, the
-// counters, and the layer index (-1 outside the layers: the LM head).
+// counters, and the layer index (-1 outside the layers: the LM head); and where the tensors are:
+// Device::cpu (fp32 throughout), or Device::cuda (every pointer device memory, every op ordered on
+// `stream`; GEMMs take bf16 operands with fp32 accumulation and fp32 results: the weights' bf16
+// copy from `weights`, activations rounded to bf16 per GEMM).
 struct LayerRun {
   const ModelDims& d;
   Topology& topo;
@@ -33,13 +48,19 @@ struct LayerRun {
   StepTimes& times;
   CpStats& st;
   int64_t layer;
+  Device dev = Device::cpu;
+  Stream stream = nullptr;
+  const Bf16Mirror* weights = nullptr;
 };
 
-// C (=|+=) op(A) op(B), row-major, timed and traced (model/flops.hpp: 2 m n k).
+// C (=|+=) op(A) op(B), row-major, timed and traced (model/flops.hpp: 2 m n k). On a GPU the
+// time is host time of an asynchronous call (StepTimes is measured on the CPU path only so far).
 void layer_gemm(const LayerRun& r, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // Sum over the tp axis, in place (a no-op at tp = 1).
 void layer_tp_all_reduce(const LayerRun& r, float* x, int64_t n);
+// The residual connection: y += x over n elements.
+void layer_add_residual(const LayerRun& r, float* y, const float* x, int64_t n);
 
 void attn_in_fwd(const LayerRun& r, const LayerView& w, int64_t n, const float* x, const float* cos_t,
                  const float* sin_t, float* h, float* rstd, float* q, float* k, float* v);

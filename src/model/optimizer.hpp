@@ -17,12 +17,16 @@ struct AdamWConfig {
 
 // Training with fewer K/V heads than tp: each K/V head's projection columns live on tp / H_kv
 // tp ranks, each of which computed the gradient from its own query heads; sums those copies (a
-// collective over tp, in place; a no-op without replicated heads).
-void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& tp);
+// collective over tp, in place; a no-op without replicated heads). `grads` on `dev` (a GPU's
+// tensors are staged through the host: a small tensor, once per step).
+void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& tp, Device dev = Device::cpu,
+                                Stream stream = nullptr);
 
+// The moments live on `dev` (Device::cuda: every operation ordered on `stream`), as do the
+// params and grads passed to it.
 class AdamW {
  public:
-  AdamW(const ParamLayout& layout, const AdamWConfig& c);
+  AdamW(const ParamLayout& layout, const AdamWConfig& c, Device dev = Device::cpu, Stream stream = nullptr);
   // Global L2 norm of the gradient: tp-sharded tensors summed over `tp` (null when tp = 1),
   // replicated tensors counted once (they are identical on every tp rank).
   double grad_norm(const float* grads, Comm* tp) const;
@@ -36,6 +40,8 @@ class AdamW {
  private:
   const ParamLayout& layout_;
   AdamWConfig c_;
+  Device dev_;
+  Stream stream_;
   Buffer<float> m_, v_;
   int64_t step_ = 0;
 };

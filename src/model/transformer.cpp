@@ -38,10 +38,13 @@ double Transformer::activation_bytes(const ModelDims& d, Remat remat, int64_t S,
 }
 
 Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat,
-                         const std::vector<int64_t>& pos, bool has_docs, CpStrategy* local_strategy)
+                         const std::vector<int64_t>& pos, bool has_docs, CpStrategy* local_strategy, Device dev,
+                         Stream stream)
     : layout_(layout), d_(layout.dims()), topo_(topo), strat_(strategy), local_(local_strategy), remat_(remat),
-      has_docs_(has_docs), S_loc_(int64_t(pos.size())), pos_(pos) {
+      has_docs_(has_docs), S_loc_(int64_t(pos.size())), pos_(pos), dev_(dev), stream_(stream) {
   CTXPAR_CHECK(!d_.has_local() || local_, "a model with local (L) layers needs their strategy");
+  CTXPAR_CHECK(dev_ == Device::cpu || (!d_.mla && !d_.has_gdn()),
+               "MLA and Gated DeltaNet layers run on the CPU only so far (config refuses them with device = cuda)");
   call_ = attn_problem(S_loc_, d_.H_q_loc(), d_.H_kv_loc(), d_.D, MaskKind::causal, 0);
   call_.q_pos = call_.k_pos = pos_.data();
   const size_t n = size_t(S_loc_);
@@ -49,20 +52,40 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
   const int32_t RD = d_.rope_dim();  // the dims RoPE rotates (MLA: the decoupled rope dims)
   std::vector<double> inv(size_t(RD / 2));
   rope_inv_freq(RD, d_.rope_theta, d_.rope_factor, d_.rope_low, d_.rope_high, d_.rope_orig_max, inv.data());
-  cos_.resize(n * size_t(RD / 2), false);
-  sin_.resize(n * size_t(RD / 2), false);
-  rope_table(pos_.data(), S_loc_, RD, inv.data(), cos_.data(), sin_.data());
+  {
+    std::vector<float> c(n * size_t(RD / 2)), sn(n * size_t(RD / 2));
+    rope_table(pos_.data(), S_loc_, RD, inv.data(), c.data(), sn.data());
+    cos_ = alloc(c.size());
+    sin_ = alloc(sn.size());
+    copy_to_device(cos_.data(), c.data(), c.size() * sizeof(float), dev_, stream_);
+    copy_to_device(sin_.data(), sn.data(), sn.size() * sizeof(float), dev_, stream_);
+  }
   x_.resize(size_t(d_.layers + 1));
-  for (auto& b : x_) b.resize(n * dim, false);
+  for (auto& b : x_) b = alloc(n * dim);
   const int64_t n_gdn = d_.gdn_layers();
   attn_.resize(remat_ == Remat::none ? size_t(d_.layers) : 1);
   for (size_t l = 0; l < attn_.size(); ++l) {
     AttnActs& a = attn_[l];
     // no buffers for a GDN layer (remat none) nor, when every layer is one, for the shared set
     if (attn_.size() > 1 ? d_.is_gdn(int64_t(l)) : n_gdn == d_.layers) continue;
-    a.h.resize(n * dim, false); a.rstd.resize(n, false);
-    a.q.resize(n * qw, false); a.k.resize(n * kw, false); a.v.resize(n * kw, false);
-    a.o.resize(n * qw, false); a.lse.resize(n * size_t(d_.H_q_loc()), false);
+    a.h = alloc(n * dim); a.rstd = alloc(n);
+    if (dev_ == Device::cpu) {
+      a.q = alloc(n * qw); a.k = alloc(n * kw); a.v = alloc(n * kw);
+    } else {
+      const auto bf = [&](size_t e) { return Buffer<uint16_t>(e, false, dev_, stream_); };
+      a.qb = bf(n * qw); a.kb = bf(n * kw); a.vb = bf(n * kw);
+    }
+    a.o = alloc(n * qw); a.lse = alloc(n * size_t(d_.H_q_loc()));
+  }
+  if (dev_ != Device::cpu) {
+    qf_ = alloc(n * qw); kf_ = alloc(n * kw); vf_ = alloc(n * kw);
+    do_b_ = Buffer<uint16_t>(n * qw, false, dev_, stream_);
+    params_b_ = Buffer<uint16_t>(size_t(layout_.local_elems()), false, dev_, stream_);
+    pos_dev_ = Buffer<int64_t>(n, false, dev_, stream_);
+    copy_to_device(pos_dev_.data(), pos_.data(), n * sizeof(int64_t), dev_, stream_);
+    tokens_dev_ = Buffer<int32_t>(n, false, dev_, stream_);
+    labels_dev_ = Buffer<int32_t>(n, false, dev_, stream_);
+    if (has_docs_) doc_dev_ = Buffer<int32_t>(n, false, dev_, stream_);
   }
   if (d_.mla) {
     mla_.resize(attn_.size());
@@ -73,14 +96,16 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
   }
   mlp_.resize(remat_ == Remat::full ? 1 : size_t(d_.layers));
   for (MlpActs& m : mlp_) {
-    m.x1.resize(n * dim, false); m.h2.resize(n * dim, false); m.rstd.resize(n, false);
-    m.g.resize(n * F, false); m.u.resize(n * F, false); m.m.resize(n * F, false);
+    m.x1 = alloc(n * dim); m.h2 = alloc(n * dim); m.rstd = alloc(n);
+    m.g = alloc(n * F); m.u = alloc(n * F); m.m = alloc(n * F);
   }
-  hf_.resize(n * dim, false); rstd_f_.resize(n, false); dhf_.resize(n * dim, false);
-  logits_.resize(size_t(logits_chunk_rows(S_loc_, d_.vocab) * d_.vocab), false);
-  dx_.resize(n * dim, false); dh_.resize(n * dim, false);
-  dq_.resize(n * qw, false); do_.resize(n * qw, false); dk_.resize(n * kw, false); dv_.resize(n * kw, false);
-  dm_.resize(n * F, false); dg_.resize(n * F, false); du_.resize(n * F, false);
+  hf_ = alloc(n * dim); rstd_f_ = alloc(n); dhf_ = alloc(n * dim);
+  const int64_t C = logits_chunk_rows(S_loc_, d_.vocab);
+  logits_ = alloc(size_t(C * d_.vocab));
+  chunk_loss_ = Buffer<double>(size_t(S_loc_ > 0 ? (S_loc_ + C - 1) / C : 0), false, dev_, stream_);
+  dx_ = alloc(n * dim); dh_ = alloc(n * dim);
+  dq_ = alloc(n * qw); do_ = alloc(n * qw); dk_ = alloc(n * kw); dv_ = alloc(n * kw);
+  dm_ = alloc(n * F); dg_ = alloc(n * F); du_ = alloc(n * F);
   if (n_gdn > 0) {
     Comm& cp = topo_.cp();
     const PartitionKind kind = strat_.partition();
@@ -94,7 +119,9 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
   }
 }
 
-LayerRun Transformer::run(int64_t l) { return LayerRun{d_, topo_, tr_, *times_, *st_, l}; }
+LayerRun Transformer::run(int64_t l) {
+  return LayerRun{d_, topo_, tr_, *times_, *st_, l, dev_, stream_, dev_ == Device::cpu ? nullptr : &mirror_};
+}
 
 void Transformer::attn_or_mla_out_fwd(int64_t l, const LayerView& w, const float* x, const float* o, float* x1) {
   if (d_.mla) mla_out_fwd(run(l), w, S_loc_, x, o, mla_s_, x1);
@@ -117,8 +144,19 @@ AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
   }
   t.k_pos_zigzag = zigzag_S_;
   t.batch_id = batch_serial_;  // a frugal strategy plans once per batch (cp/visible.hpp)
-  t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
   t.o = a.o.data(); t.lse = a.lse.data();
+  if (dev_ == Device::cpu) {
+    t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
+  } else {  // bf16 inputs, device positions and document ids beside their host copies
+    t.device = dev_;
+    t.stream = stream_;
+    t.dtype = DType::bf16;
+    t.q = a.qb.data(); t.k = a.kb.data(); t.v = a.vb.data();
+    t.q_pos_host = t.k_pos_host = pos_.data();
+    t.q_pos = t.k_pos = pos_dev_.data();
+    t.q_doc_host = t.k_doc_host = t.q_doc;
+    t.q_doc = t.k_doc = has_docs_ ? doc_dev_.data() : nullptr;
+  }
   if (d_.mla && strategy_of(l).moves_latent()) {  // the latent travels instead of K/V
     t.latent_width = mla_x_->width();
     t.latent = mla_of(l).lat.data();
@@ -134,9 +172,15 @@ void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, A
     mla_x_->bind(tr_, l, w, nullptr);
     mla_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), mla_of(l), mla_s_, *mla_x_,
                a.q.data(), a.k.data(), a.v.data());
-  } else
-    attn_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), a.q.data(), a.k.data(),
-                a.v.data());
+  } else {
+    attn_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), q_of(a), k_of(a), v_of(a));
+    if (dev_ != Device::cpu) {  // the attention's bf16 inputs
+      const int64_t qn = S_loc_ * d_.q_width(), kn = S_loc_ * d_.kv_width();
+      f32_to_bf16(q_of(a), a.qb.data(), qn, dev_, stream_);
+      f32_to_bf16(k_of(a), a.kb.data(), kn, dev_, stream_);
+      f32_to_bf16(v_of(a), a.vb.data(), kn, dev_, stream_);
+    }
+  }
   const AttnParams t = local_attn(l, a, b);
   const double t0 = now_s();
   strategy_of(l).forward(t, tr_, *st_);
@@ -150,7 +194,7 @@ void Transformer::mlp_bwd(int64_t l, const LayerView& w, LayerView& gw, MlpActs&
   layer_gemm(run(l), true, false, F, dim, S, m.m.data(), F, dx, dim, 1, gw.w2, dim);      // dW2 += m^T dx
   {
     Tracer::Scope sc(tr_, Phase::mlp, int32_t(l), -1, 0, 0);
-    swiglu_bwd(dm_.data(), m.g.data(), m.u.data(), dg_.data(), du_.data(), S * F);
+    swiglu_bwd(dm_.data(), m.g.data(), m.u.data(), dg_.data(), du_.data(), S * F, dev_, stream_);
   }
   layer_gemm(run(l), false, true, S, dim, F, dg_.data(), F, w.w1, F, 0, dh_.data(), dim);  // dh2 = dg W1^T
   layer_gemm(run(l), false, true, S, dim, F, du_.data(), F, w.w3, F, 1, dh_.data(), dim);  //     + du W3^T
@@ -159,7 +203,7 @@ void Transformer::mlp_bwd(int64_t l, const LayerView& w, LayerView& gw, MlpActs&
   layer_tp_all_reduce(run(l), dh_.data(), S * dim);  // each tp rank holds the part from its FFN columns
   {
     Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
-    rmsnorm_bwd(dh_.data(), m.x1.data(), w.mlp_norm, m.rstd.data(), dx, gw.mlp_norm, S, dim);  // dx = d x1
+    rmsnorm_bwd(dh_.data(), m.x1.data(), w.mlp_norm, m.rstd.data(), dx, gw.mlp_norm, S, dim, dev_, stream_);  // dx = d x1
   }
 }
 
@@ -195,6 +239,10 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   }
   AttnParams t = local_attn(l, a, b);
   t.dout = do_.data();
+  if (dev_ != Device::cpu) {
+    f32_to_bf16(do_.data(), do_b_.data(), S * qw, dev_, stream_);
+    t.dout = do_b_.data();
+  }
   t.dq = dq_.data(); t.dk = dk_.data(); t.dv = dv_.data();
   if (d_.mla) {
     mla_x_->bind(tr_, l, w, &gw);
@@ -219,8 +267,8 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   }
   {
     Tracer::Scope sc(tr_, Phase::rope, int32_t(l), -1, 0, 0);
-    rope_apply(dq_.data(), S, d_.H_q_loc(), d_.D, cos_.data(), sin_.data(), true);
-    rope_apply(dk_.data(), S, d_.H_kv_loc(), d_.D, cos_.data(), sin_.data(), true);
+    rope_apply(dq_.data(), S, d_.H_q_loc(), d_.D, cos_.data(), sin_.data(), true, dev_, stream_);
+    rope_apply(dk_.data(), S, d_.H_kv_loc(), d_.D, cos_.data(), sin_.data(), true, dev_, stream_);
   }
   layer_gemm(run(l), false, true, S, dim, qw, dq_.data(), qw, w.wq, qw, 0, dh_.data(), dim);
   layer_gemm(run(l), false, true, S, dim, kw, dk_.data(), kw, w.wk, kw, 1, dh_.data(), dim);
@@ -231,7 +279,7 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   layer_tp_all_reduce(run(l), dh_.data(), S * dim);
   {
     Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
-    rmsnorm_bwd(dh_.data(), x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm, S, dim);  // dx = d x
+    rmsnorm_bwd(dh_.data(), x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm, S, dim, dev_, stream_);  // dx = d x
   }
 }
 
@@ -247,13 +295,25 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   const int64_t S = S_loc_, dim = d_.dim, V = d_.vocab;
   const ModelView w = layout_.view(const_cast<float*>(params));
   ModelView gw = layout_.view(grads);
-  std::memset(grads, 0, size_t(layout_.local_elems()) * sizeof(float));
+  device_zero(grads, size_t(layout_.local_elems()) * sizeof(float), dev_, stream_);
+  // Where the batch's token ids and labels are read: the host's, or their copies on the GPU; and
+  // there, the weights' bf16 copy for this call.
+  const int32_t* tokens = b.tokens.data();
+  const int32_t* labels = b.labels.data();
+  if (dev_ != Device::cpu) {
+    const size_t n = size_t(S) * sizeof(int32_t);
+    copy_to_device(tokens_dev_.data(), b.tokens.data(), n, dev_, stream_);
+    copy_to_device(labels_dev_.data(), b.labels.data(), n, dev_, stream_);
+    if (has_docs_) copy_to_device(doc_dev_.data(), b.doc.data(), n, dev_, stream_);
+    tokens = tokens_dev_.data();
+    labels = labels_dev_.data();
+    f32_to_bf16(params, params_b_.data(), layout_.local_elems(), dev_, stream_);
+    mirror_ = Bf16Mirror{params, layout_.local_elems(), params_b_.data()};
+  }
 
   {
     Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
-    float* x0 = x_[0].data();
-    for (int64_t i = 0; i < S; ++i)
-      std::memcpy(x0 + i * dim, w.emb + int64_t(b.tokens[size_t(i)]) * dim, size_t(dim) * sizeof(float));
+    embedding_fwd(w.emb, tokens, S, dim, x_[0].data(), dev_, stream_);
   }
   for (int64_t l = 0; l < d_.layers; ++l) {
     const LayerView& lw = w.layers[size_t(l)];
@@ -270,40 +330,41 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   }
   {
     Tracer::Scope sc(tr_, Phase::norm, -1, -1, 0, 0);
-    rmsnorm_fwd(x_[size_t(d_.layers)].data(), w.final_norm, hf_.data(), rstd_f_.data(), S, dim, d_.norm_eps);
+    rmsnorm_fwd(x_[size_t(d_.layers)].data(), w.final_norm, hf_.data(), rstd_f_.data(), S, dim, d_.norm_eps, dev_,
+                stream_);
   }
   // LM head and loss, fused per row chunk: logits → dlogits in place → dW_lm, dhf.
-  double loss = 0;
   const int64_t C = logits_chunk_rows(S, V);
-  for (int64_t r0 = 0; r0 < S; r0 += C) {
+  for (int64_t r0 = 0, c = 0; r0 < S; r0 += C, ++c) {
     const int64_t rows = std::min(C, S - r0);
     const float* h = hf_.data() + r0 * dim;
     layer_gemm(run(-1), false, false, rows, V, dim, h, dim, w.lm_head, V, 0, logits_.data(), V);
-    if (logits_out) std::memcpy(logits_out + r0 * V, logits_.data(), size_t(rows * V) * sizeof(float));
+    if (logits_out) copy_to_host(logits_out + r0 * V, logits_.data(), size_t(rows * V) * sizeof(float), dev_, stream_);
     {
       Tracer::Scope sc(tr_, Phase::loss, -1, -1, 0, 0);
-      loss += cross_entropy_fwd_bwd(logits_.data(), b.labels.data() + r0, rows, V, float(loss_scale), logits_.data());
+      cross_entropy_fwd_bwd(logits_.data(), labels + r0, rows, V, float(loss_scale), logits_.data(),
+                            chunk_loss_.data() + c, dev_, stream_);
     }
     layer_gemm(run(-1), true, false, dim, V, rows, h, dim, logits_.data(), V, 1, gw.lm_head, V);
     layer_gemm(run(-1), false, true, rows, dim, V, logits_.data(), V, w.lm_head, V, 0, dhf_.data() + r0 * dim, dim);
   }
   float* dx = dx_.data();
-  std::memset(dx, 0, size_t(S * dim) * sizeof(float));
+  device_zero(dx, size_t(S * dim) * sizeof(float), dev_, stream_);
   {
     Tracer::Scope sc(tr_, Phase::norm, -1, -1, 0, 0);
-    rmsnorm_bwd(dhf_.data(), x_[size_t(d_.layers)].data(), w.final_norm, rstd_f_.data(), dx, gw.final_norm, S, dim);
+    rmsnorm_bwd(dhf_.data(), x_[size_t(d_.layers)].data(), w.final_norm, rstd_f_.data(), dx, gw.final_norm, S, dim,
+                dev_, stream_);
   }
   for (int64_t l = d_.layers - 1; l >= 0; --l) layer_bwd(l, w.layers[size_t(l)], gw.layers[size_t(l)], b, dx);
   {
     Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
-    // Serial over rows: a token may repeat, and the order of additions stays fixed.
-    for (int64_t i = 0; i < S; ++i) {
-      float* g = gw.emb + int64_t(b.tokens[size_t(i)]) * dim;
-      const float* d = dx + i * dim;
-#pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) g[j] += d[j];
-    }
+    embedding_bwd(dx, tokens, S, dim, gw.emb, dev_, stream_);
   }
+  // The chunks' losses summed in chunk order (on a GPU: read back, which waits for the step).
+  std::vector<double> chunk(chunk_loss_.size());
+  copy_to_host(chunk.data(), chunk_loss_.data(), chunk.size() * sizeof(double), dev_, stream_);
+  double loss = 0;
+  for (double x : chunk) loss += x;
   times.total_s += now_s() - t_start;
   times.other_s = times.total_s - times.gemm_s - times.attn_s - times.tp_comm_s;
   return loss;

@@ -42,8 +42,14 @@ class Transformer {
   // `pos` / has_docs: the global positions of this rank's tokens (fixed for the run).
   // `local_strategy`: the CP attention of the local ('L', sliding-window) layers; needed when the
   // layout has any (it may be the same object as `strategy`).
+  // `dev` = Device::cuda: every tensor on the GPU, every op ordered on `stream` (the topology's
+  // communicators device ones on that stream, modes/device_run.hpp GpuRun); params and grads
+  // of forward_backward are then device pointers. GEMMs in bf16 with fp32 accumulation (weights
+  // through a bf16 copy made at each call), attention on bf16 Q/K/V/dO, everything else fp32.
+  // Attention (G and L) layers only: MLA and GDN layers are refused there so far.
   Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat,
-              const std::vector<int64_t>& pos, bool has_docs, CpStrategy* local_strategy = nullptr);
+              const std::vector<int64_t>& pos, bool has_docs, CpStrategy* local_strategy = nullptr,
+              Device dev = Device::cpu, Stream stream = nullptr);
 
   // Overwrites `grads` (layout.local_elems()) with d(loss)/d(params) for loss = loss_scale *
   // sum of token losses, and returns this rank's unscaled sum of token losses. `logits_out`
@@ -60,7 +66,9 @@ class Transformer {
   static int64_t logits_chunk_rows(int64_t S_loc, int64_t V);
 
  private:
-  struct AttnActs { Buffer<float> h, rstd, q, k, v, o, lse; };
+  // q, k, v: fp32 after RoPE (on a GPU one shared set, qf_/kf_/vf_); qb, kb, vb: their bf16
+  // copies, the attention's inputs on a GPU (kept per layer there instead).
+  struct AttnActs { Buffer<float> h, rstd, q, k, v, o, lse; Buffer<uint16_t> qb, kb, vb; };
   struct MlpActs { Buffer<float> x1, h2, rstd, g, u, m; };
   AttnActs& attn_of(int64_t l) { return attn_.size() == 1 ? attn_[0] : attn_[size_t(l)]; }
   GdnActs& gdn_of(int64_t l) { return gdn_acts_[size_t(gdn_index_[size_t(l)])]; }
@@ -102,6 +110,21 @@ class Transformer {
   std::vector<GdnActs> gdn_acts_;     // one per GDN layer, always kept (remat recomputes attention layers)
   std::vector<int64_t> gdn_index_;    // layer -> its GdnActs (-1: an attention layer)
   Buffer<float> hf_, rstd_f_, logits_, dhf_, dx_, dh_, dq_, dk_, dv_, do_, dm_, dg_, du_;
+  // where the tensors live (LayerRun)
+  Device dev_ = Device::cpu;
+  Stream stream_ = nullptr;
+  Buffer<float> alloc(size_t n) const { return Buffer<float>(n, false, dev_, stream_); }
+  float* q_of(AttnActs& a) { return dev_ == Device::cpu ? a.q.data() : qf_.data(); }
+  float* k_of(AttnActs& a) { return dev_ == Device::cpu ? a.k.data() : kf_.data(); }
+  float* v_of(AttnActs& a) { return dev_ == Device::cpu ? a.v.data() : vf_.data(); }
+  // GPU only: the shared fp32 Q/K/V, dO in bf16, positions, this batch's tokens, labels and
+  // document ids, the loss of each LM-head chunk, and the weights' bf16 copy.
+  Buffer<float> qf_, kf_, vf_;
+  Buffer<uint16_t> do_b_, params_b_;
+  Bf16Mirror mirror_;
+  Buffer<int64_t> pos_dev_;
+  Buffer<int32_t> tokens_dev_, labels_dev_, doc_dev_;
+  Buffer<double> chunk_loss_;
   // per-call state
   Tracer* tr_ = nullptr;
   CpStats* st_ = nullptr;

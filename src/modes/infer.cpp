@@ -29,6 +29,7 @@
 #include "model/checkpoint.hpp"
 #include "model/flops.hpp"
 #include "model/mla_layer.hpp"
+#include "modes/device_run.hpp"
 #include "model/model.hpp"
 #include "modes/modes.hpp"
 #include "perf/prefill_choice.hpp"
@@ -88,7 +89,9 @@ struct PrefillCall {
 
 class Session {
  public:
-  Session(const Config& cfg, Topology& topo, Tracer& tr, const std::vector<SchedulePhase>& sched)
+  // `stream`: the GPU's compute stream with device = cuda (GpuRun, made before: it gives topo
+  // its device communicators), null on the CPU.
+  Session(const Config& cfg, Topology& topo, Tracer& tr, const std::vector<SchedulePhase>& sched, Stream stream)
       : cfg_(cfg), topo_(topo), tr_(tr), cp_(topo.cp()),
         layout_(model_dims(cfg, topo.size(Axis::tp), topo.coord(Axis::tp))),
         params_(size_t(layout_.local_elems())) {
@@ -101,7 +104,7 @@ class Session {
     }
     const int N = cp_.size();
     engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cfg.batch, cache_capacity_tokens(sched, N),
-                                       name_of(cfg.strategy));
+                                       name_of(cfg.strategy), cfg.device, stream);
     cost_ = std::make_unique<PrefillCostModel>(cfg, cp_, topo.size(Axis::tp));
     const ModelDims& d = layout_.dims();
     log0("ctxpar %s: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); batch %lld, "
@@ -179,7 +182,8 @@ class Session {
     const std::string algo_text = q_seqs == 0 ? "pass_kv" : q_seqs == B ? "pass_q" : "mixed";
     CallStats st;
     double dt = 0;
-    StepOutput out = timed_step([&] { return engine_->prefill(tok, algos, &tr_, st); }, dt);
+    StepOutput out = timed_step([&] { return engine_->prefill(tok, algos, &tr_, st, cfg_.save_logits); }, dt);
+    if (cfg_.save_logits) keep_logits(out, tok);
     finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, cached, algo_text.c_str(), dt, T_sum, flops, st);
     if (record) {
       // Each sequence's TTFT: when its forward ended on the job's slowest rank.
@@ -202,7 +206,12 @@ class Session {
     const DecodeAlgo algo = cfg_.decode_algo == DecodeAlgo::allgather ? DecodeAlgo::allgather : DecodeAlgo::pass_q;
     CallStats st;
     double dt = 0;
-    StepOutput out = timed_step([&] { return engine_->decode(last, algo, &tr_, st); }, dt);
+    StepOutput out = timed_step([&] { return engine_->decode(last, algo, &tr_, st, cfg_.save_logits); }, dt);
+    if (cfg_.save_logits) {
+      std::vector<std::vector<int32_t>> fed(last.size());
+      for (size_t b = 0; b < last.size(); ++b) fed[b] = {last[b]};
+      keep_logits(out, fed);
+    }
     finish_step(turn, StepKind::decode, 1, (ctx_sum + B / 2) / B, name_of(algo), dt, B, flops, st);
     return out.next_tokens;
   }
@@ -246,6 +255,16 @@ class Session {
       tr_.write_attr("/infer/calls", "columns",
                      std::string("turn,T,P,algo(0=pass_kv;1=pass_q),pred_pass_kv_s,pred_pass_q_s,"
                                  "model_choice(1=pass_q),eq1_pass_kv,eq5_pass_q,fitted_pass_kv,ttft_s"));
+    }
+    if (cfg_.save_logits && !logits_.empty()) {  // this replica's (dp coordinate 0 on the trace's rank)
+      const uint64_t calls = logits_.size() / size_t(B * V());
+      tr_.write_dataset("/infer/logits", std::vector<double>(logits_.begin(), logits_.end()), {calls, uint64_t(B), uint64_t(V())});
+      size_t len = 0;
+      for (const auto& f : fed_) len = std::max(len, f.size());
+      std::vector<int32_t> t(size_t(B) * len, -1);
+      for (size_t b = 0; b < fed_.size(); ++b) std::copy(fed_[b].begin(), fed_[b].end(), t.begin() + b * len);
+      if (len > 0) tr_.write_dataset("/infer/tokens", t, {uint64_t(B), uint64_t(len)});
+      tr_.write_dataset("/infer/context", context_, {calls, uint64_t(B)});
     }
     if (!cache_bytes_.empty())
       tr_.write_dataset("/infer/cache_bytes", cache_bytes_,
@@ -333,10 +352,21 @@ class Session {
     ++step_;
   }
 
+  // save_logits: the call's last-position logits of every sequence and the tokens it fed.
+  void keep_logits(const StepOutput& out, const std::vector<std::vector<int32_t>>& fed) {
+    logits_.insert(logits_.end(), out.logits.begin(), out.logits.end());
+    for (int64_t b = 0; b < cfg_.batch; ++b) context_.push_back(int32_t(engine_->cache().seq_len(b)));
+    fed_.resize(fed.size());
+    for (size_t b = 0; b < fed.size(); ++b) fed_[b].insert(fed_[b].end(), fed[b].begin(), fed[b].end());
+  }
+
   const Config& cfg_;
   Topology& topo_;
   Tracer& tr_;
   Comm& cp_;
+  std::vector<float> logits_;              // save_logits: [call][b][V]
+  std::vector<std::vector<int32_t>> fed_;  // save_logits: every token each sequence was fed
+  std::vector<int32_t> context_;           // save_logits: [call][b] context length after the call
   ParamLayout layout_;
   Buffer<float> params_;
   std::unique_ptr<Engine> engine_;
@@ -364,6 +394,9 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
     return "config: attention = mla with cp_algo = auto and hardware = " + cfg.hardware + ": the cost model prices " +
            "MLA's absorbed inference from this job's measured rates only; valid: hardware=auto (the default) or measured, or " +
            "cp_algo=pass_kv / pass_q";
+  if (cfg.device == Device::cuda && cfg.layer_pattern.find('D') != std::string::npos)
+    return "config: layer_pattern = '" + cfg.layer_pattern + "' with device = cuda: Gated DeltaNet (D) layers run on " +
+           "the CPU only so far; valid: device=cpu, or a pattern of G and L layers";
   if (cfg.mode == Mode::bench && cfg.layer_pattern.find('D') != std::string::npos)
     return "config: layer_pattern = '" + cfg.layer_pattern + "': bench infer repeats its calls on a saved KV cache, " +
            "which does not save the Gated DeltaNet layers' states yet; valid: layer_pattern=G (prefill, decode and " +
@@ -461,6 +494,25 @@ double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) 
 
 double infer_memory(const Config& cfg, Topology& topo) { return plan_infer_memory(cfg, topo); }
 
+double infer_device_memory(const Config& cfg, Topology& topo) {
+  // The host plan's parts with the GPU's types: the weights in fp32 beside their bf16 copy, the
+  // KV cache in bf16 (half the fp32 plan's), the activations as planned plus the attention's bf16
+  // q, k, v rows; the strategies' scratch is within the activations' margin of the host plan.
+  const int N = topo.cp().size();
+  std::vector<SchedulePhase> sched;
+  if (!mode_schedule(cfg, N, sched).empty()) return 0;
+  const ModelDims d = model_dims(cfg, topo.size(Axis::tp), 0);
+  const double elems = double(ParamLayout(d).local_elems());
+  const double cache = double(cfg.batch) * double(cache_capacity_tokens(sched, N)) *
+                       (2.0 * 2.0 * double(d.layers - d.gdn_layers()) * double(d.cache_width()) + 8.0);
+  Config host = cfg;
+  host.resume.clear();  // the GPU holds no AdamW moments of a checkpoint
+  const double fp32_cache = double(cfg.batch) * double(cache_capacity_tokens(sched, N)) *
+                            (2.0 * 4.0 * double(d.layers - d.gdn_layers()) * double(d.cache_width()) + 8.0);
+  const double act = plan_infer_memory(host, topo) - 4.0 * elems - fp32_cache;
+  return 6.0 * elems + cache + 1.5 * act;
+}
+
 std::string infer_plan(const Config& cfg, Topology& topo) {
   std::string parts;
   const double total = plan_infer_memory(cfg, topo, &parts);
@@ -471,7 +523,12 @@ int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {
   const int N = topo.cp().size();
   std::vector<SchedulePhase> sched;
   mode_schedule(cfg, N, sched);  // validated before
-  Session s(cfg, topo, tracer, sched);
+  // device=cuda: this rank's GPU and device communicators before anything binds to topo's comms.
+  const GpuRun gpu(cfg.device == Device::cuda ? &topo : nullptr);
+  if (cfg.device == Device::cuda)
+    log0("# device=cuda: %s, %s communicators; bf16 weights, GEMM and attention inputs and KV cache, fp32 "
+         "accumulation and residual stream\n", gpu.description.c_str(), gpu.comm.c_str());
+  Session s(cfg, topo, tracer, sched, gpu.stream);
   std::vector<std::vector<std::vector<int32_t>>> gen;  // [turn][step][b]
   if (cfg.mode == Mode::prefill) {
     // Every step on a fresh cache: the setup prefill of P tokens (traced, turn -1), then the

@@ -60,7 +60,7 @@ std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row)
            "under /usr/local/cuda, CTXPAR_CUDA=AUTO or ON); valid here: device=cpu";
 #else
     if (!row.cuda)
-      return "config: device = 'cuda' is built for `run`, `attn`, `bench attn` and `bench cp` only so far (mode " + mode_words(cfg, " ") +
+      return "config: device = 'cuda' is built for `run`, `attn`, `train`, `prefill`, `decode`, `chat`, `bench attn`, `bench cp` and `bench train` only so far (mode " + mode_words(cfg, " ") +
              "); valid: device=cpu for this mode";
     // Every rank checks its own node, before anything touches the GPU.
     if (const DeviceCount dc = cuda_device_count(); dc.count == 0)
@@ -147,25 +147,61 @@ int64_t largest_fitting_seq(const Config& cfg, Topology& topo, const ModeRow& ro
 
 }  // namespace
 
+namespace {
+
+bool infer_mode(const Config& cfg) {
+  return cfg.mode == Mode::prefill || cfg.mode == Mode::decode || cfg.mode == Mode::chat;
+}
+
+// train, prefill, decode and chat on a GPU: the host holds copies of the weights (and AdamW
+// moments) only, so their plan is checked against the GPU's memory, not the host's.
+bool device_plan_only(const Config& cfg) {
+  return cfg.device == Device::cuda &&
+         (cfg.mode == Mode::train || (cfg.mode == Mode::bench && cfg.bench == Bench::train) || infer_mode(cfg));
+}
+
+#if defined(CTXPAR_WITH_CUDA)
+// device=cuda: the mode's GPU memory per rank against the free memory of this rank's GPU, shared by
+// the ranks on it (bench attn: its largest row; attn, run, bench cp: the call).
+struct DeviceFit {
+  double need = 0, free_per_rank = -1;
+  int device = 0, sharing = 1;
+  double free_bytes = -1;
+};
+DeviceFit device_fit(const Config& cfg, Topology& topo) {
+  DeviceFit f;
+  const DeviceCount dc = cuda_device_count();
+  f.device = device_for_local_rank(topo.local_rank(), topo.local_size(), std::max(1, dc.count));
+  const DeviceMemory m = cuda_device_memory(f.device);
+  f.sharing = std::max(1, (topo.local_size() + dc.count - 1) / std::max(1, dc.count));
+  const bool cp_call = cfg.mode == Mode::attn || cfg.mode == Mode::run || (cfg.mode == Mode::bench && cfg.bench == Bench::cp);
+  const bool train = cfg.mode == Mode::train || (cfg.mode == Mode::bench && cfg.bench == Bench::train);
+  f.need = train             ? train_device_memory(cfg, topo)
+           : infer_mode(cfg) ? infer_device_memory(cfg, topo)
+           : cp_call         ? attn_device_memory(cfg, topo)
+                             : bench_attn_device_memory(cfg);
+  f.free_bytes = double(m.free_bytes);
+  if (m.free_bytes >= 0) f.free_per_rank = double(m.free_bytes) / f.sharing;
+  return f;
+}
+#endif
+
+}  // namespace
+
 std::string check_memory(const Config& cfg, Topology& topo, const ModeRow& row) {
 #if defined(CTXPAR_WITH_CUDA)
-  // device=cuda (bench attn, attn): its largest row (attn: its call) against the free memory of this rank's GPU,
-  // shared by the ranks on it.
   if (cfg.device == Device::cuda) {
-    const DeviceCount dc = cuda_device_count();
-    const int dev = device_for_local_rank(topo.local_rank(), topo.local_size(), std::max(1, dc.count));
-    const DeviceMemory m = cuda_device_memory(dev);
-    const int sharing = std::max(1, (topo.local_size() + dc.count - 1) / std::max(1, dc.count));
-    const bool cp_call = cfg.mode == Mode::attn || cfg.mode == Mode::run || (cfg.mode == Mode::bench && cfg.bench == Bench::cp);
-    const double need = cp_call ? attn_device_memory(cfg, topo) : bench_attn_device_memory(cfg);
-    if (m.free_bytes >= 0 && need > double(m.free_bytes) / sharing)
-      return "config: this " + mode_words(cfg) + " needs about " + fmt_bytes(need) + " of GPU memory per rank, but GPU " +
-             std::to_string(dev) + " on " + topo.hosts()[size_t(topo.world().rank())] + " has " +
-             fmt_bytes(double(m.free_bytes)) + " free for " + std::to_string(sharing) +
-             " rank(s); valid: a shorter seq, or fewer ranks per GPU";
+    const DeviceFit f = device_fit(cfg, topo);
+    if (f.free_per_rank >= 0 && f.need > f.free_per_rank)
+      return "config: this " + mode_words(cfg) + " needs about " + fmt_bytes(f.need) + " of GPU memory per rank, but GPU " +
+             std::to_string(f.device) + " on " + topo.hosts()[size_t(topo.world().rank())] + " has " +
+             fmt_bytes(f.free_bytes) + " free for " + std::to_string(f.sharing) +
+             " rank(s); valid: " + (infer_mode(cfg) ? "shorter prompts (schedule) or a smaller batch" : "a shorter seq") +
+             ", or fewer ranks per GPU";
   }
 #endif
   if (!row.memory) return "";
+  if (device_plan_only(cfg)) return "";
   const MemoryBudget b = memory_budget(cfg, topo);
   if (b.bytes_per_rank < 0) return "";
   const double need = row.memory(cfg, topo);
@@ -230,7 +266,16 @@ std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row) 
     os << "memory estimate per rank: " << fmt_bytes(plan.bytes_per_rank) << " (" << plan.memory_note << ")\n";
   }
   if (row.plan) os << row.plan(cfg, topo);
-  if (row.memory) {
+#if defined(CTXPAR_WITH_CUDA)
+  if (cfg.device == Device::cuda) {
+    const DeviceFit f = device_fit(cfg, topo);
+    if (f.need > 0 && f.free_per_rank >= 0)
+      os << "GPU memory check: " << fmt_bytes(f.need) << " per rank against " << fmt_bytes(f.free_per_rank)
+         << " per rank (GPU " << f.device << ": " << fmt_bytes(f.free_bytes) << " free, " << f.sharing << " rank(s) on it): "
+         << (f.need <= f.free_per_rank ? "fits" : "does NOT fit (a run would be refused)") << "\n";
+  }
+#endif
+  if (row.memory && !device_plan_only(cfg)) {
     const double need = row.memory(cfg, topo);
     const MemoryBudget b = memory_budget(cfg, topo);
     if (need > 0 && b.bytes_per_rank >= 0)

@@ -21,6 +21,7 @@
 #include "model/optimizer.hpp"
 #include "model/transformer.hpp"
 #include "modes/modes.hpp"
+#include "modes/device_run.hpp"
 #include "modes/workload.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
@@ -79,6 +80,48 @@ std::string non_finite_message(int64_t s, double loss, const ParamLayout& layout
   return os.str();
 }
 
+// The host's side of a GPU run's training state (initialization, resume, checkpoints, dumps, the
+// non-finite message): three host arrays, and the copies between them and the device tensors. On
+// the CPU it holds nothing and hands out the tensors themselves.
+class HostCopy {
+ public:
+  HostCopy(Device dev, Stream stream, size_t n) : dev_(dev), stream_(stream) {
+    if (dev_ == Device::cpu) return;
+    p_.resize(n, false);
+    m_.resize(n, false);
+    v_.resize(n, false);
+  }
+  // Where the host writes the state before upload(): the tensors on the CPU, the copies on a GPU.
+  float* p(Buffer<float>& b) { return on_cpu() ? b.data() : p_.data(); }
+  float* m(Buffer<float>& b) { return on_cpu() ? b.data() : m_.data(); }
+  float* v(Buffer<float>& b) { return on_cpu() ? b.data() : v_.data(); }
+  void upload(Buffer<float>& params, AdamW& opt) {
+    if (on_cpu()) return;
+    put(params, p_);
+    put(opt.m(), m_);
+    put(opt.v(), v_);
+  }
+  // The tensor's values on the host (download_m / download_v: into the moments' copies, so that
+  // a checkpoint holds all three at once); valid until the next download into the same copy.
+  const float* download(Buffer<float>& b) { return get(b, p_); }
+  const float* download_m(Buffer<float>& b) { return get(b, m_); }
+  const float* download_v(Buffer<float>& b) { return get(b, v_); }
+
+ private:
+  bool on_cpu() const { return dev_ == Device::cpu; }
+  void put(Buffer<float>& dst, const Buffer<float>& src) {
+    copy_to_device(dst.data(), src.data(), src.size() * sizeof(float), dev_, stream_);
+  }
+  const float* get(Buffer<float>& src, Buffer<float>& dst) {
+    if (on_cpu()) return src.data();
+    copy_to_host(dst.data(), src.data(), src.size() * sizeof(float), dev_, stream_);
+    return dst.data();
+  }
+  Device dev_;
+  Stream stream_;
+  Buffer<float> p_, m_, v_;
+};
+
 // Packed documents: configured for synthetic data, or from eos_id in a token file.
 bool train_docs(const Config& cfg) { return packed_docs(cfg) || (!synthetic_data(cfg) && cfg.eos_id >= 0); }
 
@@ -97,6 +140,14 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
            "or frugal=false";
   if (cfg.frugal && cfg.attention == "mla")
     return "config: frugal = true with attention = mla: the latent ring and all-gather move every row so far; valid: frugal=false";
+  if (cfg.device == Device::cuda) {
+    if (cfg.layer_pattern.find('D') != std::string::npos)
+      return "config: layer_pattern = '" + cfg.layer_pattern + "' with device = cuda: Gated DeltaNet (D) layers run on "
+             "the CPU only so far; valid: device=cpu, or a pattern of G and L layers";
+    if (cfg.layer_pattern.find('L') != std::string::npos && cfg.local_strategy == "halo")
+      return "config: local_strategy = halo with device = cuda: the halo exchange of the local (L) layers runs on the "
+             "CPU only so far; valid: local_strategy=ring (or allgather), or device=cpu";
+  }
   const AttnParams shape = local_attn_problem(cfg, tp);
   err = strat->validate(shape, topo);
   if (!err.empty()) {
@@ -189,6 +240,18 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
 
 double train_memory(const Config& cfg, Topology& topo) { return plan_train_memory(cfg, topo).total_bytes; }
 
+double train_device_memory(const Config& cfg, Topology& topo) {
+  const TrainMemoryPlan t = plan_train_memory(cfg, topo);
+  const int tp = tp_size(topo);
+  const ModelDims d = model_dims(cfg, tp, 0);
+  const double S_loc = double(Partition::padded_length(make_strategy(cfg.strategy, topo)->partition(), cfg.seq,
+                                                       topo.cp().size()) / topo.cp().size());
+  const double layers = cfg.remat == Remat::none ? double(d.layers) : 1.0;
+  const double bf16 = 2.0 * double(ParamLayout(d).local_elems()) + 2.0 * S_loc * double(d.q_width()) +
+                      layers * 2.0 * S_loc * double(d.q_width() + 2 * d.kv_width());
+  return t.state_bytes + t.activation_bytes + t.strategy_bytes + bf16;
+}
+
 std::string train_plan(const Config& cfg, Topology& topo) {
   const TrainMemoryPlan t = plan_train_memory(cfg, topo);
   std::ostringstream os;
@@ -225,6 +288,12 @@ double train_peak_flops_per_rank(const Config& cfg, Topology& topo) {
 }
 
 int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& sum) {
+  // device=cuda: this rank's GPU and device communicators before anything binds to them (the
+  // references below, the strategies); params, grads, AdamW moments and every activation on the
+  // GPU (`dev`, ordered on gpu.stream).
+  const bool on_gpu = cfg.device == Device::cuda;
+  const GpuRun gpu(on_gpu ? &topo : nullptr);
+  const Device dev = cfg.device;
   Comm& world = topo.world();
   Comm& cp = topo.cp();
   Comm& dp = topo.axis(Axis::dp);
@@ -237,18 +306,23 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   const Remat remat = cfg.remat;
   mem_reset_peak();
 
-  Buffer<float> params(size_t(layout.local_elems())), grads(size_t(layout.local_elems()));
+  const size_t n_params = size_t(layout.local_elems());
+  Buffer<float> params(n_params, true, dev, gpu.stream), grads(n_params, true, dev, gpu.stream);
   AdamWConfig oc{cfg.lr, cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay, cfg.grad_clip};
-  AdamW opt(layout, oc);
+  AdamW opt(layout, oc, dev, gpu.stream);
+  // On a GPU the host keeps a copy for initialization, checkpoints and dumps (HostCopy).
+  HostCopy host(dev, gpu.stream, n_params);
   TrainState state;
   if (!cfg.resume.empty()) {
-    state = load_checkpoint(cfg.resume, layout, params.data(), opt.m().data(), opt.v().data());
+    state = load_checkpoint(cfg.resume, layout, host.p(params), host.m(opt.m()), host.v(opt.v()));
+    host.upload(params, opt);
     opt.set_step(state.step);
   } else {
-    layout.init(uint64_t(cfg.seed), params.data());
+    layout.init(uint64_t(cfg.seed), host.p(params));
+    host.upload(params, opt);
   }
   std::unique_ptr<CpStrategy> local_strat = make_local_strategy(cfg, topo);
-  Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg), local_strat.get());
+  Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg), local_strat.get(), dev, gpu.stream);
   model.set_visible_only(cfg.frugal);
   const std::unique_ptr<TokenSource> src = make_token_source(cfg);
 
@@ -257,10 +331,10 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   std::vector<std::vector<float>> dump_params, dump_grads;
   std::vector<float> dump_logits;
   std::vector<double> losses;
-  if (dump) dump_params = gather_global_tensors(layout, params.data(), topo);
+  if (dump) dump_params = gather_global_tensors(layout, host.download(params), topo);
 
   const int64_t total = cfg.warmup + cfg.steps;
-  const double peak = train_peak_flops_per_rank(cfg, topo);
+  const double peak = on_gpu ? gpu_peak_flops_per_rank(cfg, topo) : train_peak_flops_per_rank(cfg, topo);
   const int P_world = world.size();
   const MeshSpec& m = topo.mesh();
   log0("ctxpar train: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); S = %lld, "
@@ -271,7 +345,10 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
        name_of(cfg.remat));
   if (cfg.attention == "mla") log0("# %s\n", mla_line(cfg).c_str());
   log0("# data: %s; trace %s; peak %.1f GFLOP/s per rank (%s)\n", src->describe().c_str(), tracer.path().c_str(),
-       peak / 1e9, cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank" : "measured sgemm");
+       peak / 1e9, cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank" : on_gpu ? "the GPU's dense bf16 peak" : "measured sgemm");
+  if (on_gpu)
+    log0("# device=cuda: %s, %s communicators; bf16 GEMM and attention inputs, fp32 accumulation, fp32 master "
+         "weights and AdamW moments\n", gpu.description.c_str(), gpu.comm.c_str());
   log0("# FLOP convention: %s; attention on visible causal pairs (sum L_i(L_i+1)/2 per document; local layers the window's); recompute not counted\n",
        kFlopConvention);
   if (cfg.layer_pattern != "G")
@@ -311,17 +388,17 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
       Tracer::Scope sc(&tracer, Phase::all_reduce, -1, -1, 0, double(layout.local_elems()) * 4);
       const double tc = world.now();
       // Parameters are shared by the CP group and the dp replicas: sum their gradients there.
-      std::span<float> g(grads.data(), grads.size());
-      if (cp.size() > 1) cp.all_reduce(g);
-      if (DP > 1) dp.all_reduce(g);
-      if (tp > 1) reduce_replicated_kv_grads(layout, grads.data(), topo.axis(Axis::tp));  // K/V heads on several tp ranks
+      if (cp.size() > 1) cp.all_reduce(buf(grads));
+      if (DP > 1) dp.all_reduce(buf(grads));
+      if (tp > 1)  // K/V heads on several tp ranks
+        reduce_replicated_kv_grads(layout, grads.data(), topo.axis(Axis::tp), dev, gpu.stream);
       if (cp.size() > 1) cp.all_reduce(std::span<double>(&loss_sum, 1));
       if (DP > 1) dp.all_reduce(std::span<double>(&loss_sum, 1));
       st.exposed_comm_s += world.now() - tc;
     }
     const double loss = loss_sum / double(N);
     if (dump && s == 0) {
-      dump_grads = gather_global_tensors(layout, grads.data(), topo);
+      dump_grads = gather_global_tensors(layout, host.download(grads), topo);
       if (topo.coord(Axis::tp) == 0)
         dump_logits = gather_rows_global(cp, part, logits_full.span(), d.vocab);
     }
@@ -334,7 +411,8 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     // checkpoint written) stay those of the last good step. The loss and the norm are the same
     // on every rank, so every rank stops here.
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      const std::string msg = non_finite_message(s, loss, layout, grads.data(), world, last_checkpoint, last_checkpoint_path);
+      const std::string msg =
+          non_finite_message(s, loss, layout, host.download(grads), world, last_checkpoint, last_checkpoint_path);
       err0("ctxpar: %s\n", msg.c_str());
       tracer.fail(msg);
       return kExitFault;
@@ -342,6 +420,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     {
       Tracer::Scope sc(&tracer, Phase::optimizer, -1, -1, 0, 0);
       opt.update(params.data(), grads.data(), norm);
+      stream_synchronize(gpu.stream, dev);  // the step's time includes the GPU's work
     }
     double dt = world.now() - t0;
     // Shares of this rank's step in GEMMs and in CP attention (with its communication), averaged
@@ -386,7 +465,8 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     state.next_sample = (s + 1) * DP;
     if (cfg.checkpoint_every > 0 && state.step % cfg.checkpoint_every == 0) {
       Tracer::Scope sc(&tracer, Phase::other, -1, -1, 0, 0);
-      save_checkpoint(cfg.checkpoint, cfg, layout, params.data(), opt.m().data(), opt.v().data(), state, topo);
+      save_checkpoint(cfg.checkpoint, cfg, layout, host.download(params), host.download_m(opt.m()),
+                      host.download_v(opt.v()), state, topo);
       last_checkpoint = state.step;
       last_checkpoint_path = cfg.checkpoint;
       log0("# checkpoint: step %lld written to %s\n", (long long)state.step, cfg.checkpoint.c_str());

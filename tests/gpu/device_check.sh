@@ -17,7 +17,8 @@
 #  3b. `ctxpar attn device=cuda` with every training strategy at 1, 2 and 4 ranks sharing the GPU
 #     (staged communicators), each against the same call on the CPU (cpu_check);
 #  4. `ctxpar bench attn device=cuda` (default rows, and the issue's headline shape), `bench cp`
-#     ring and all-gather at 64K on 2 ranks, and `bench train` with device=cuda where this build
+#     ring and all-gather at 64K on 2 ranks, `bench train` (llama3-8b shape, 2 layers, 32K tokens)
+#     and `chat` (8K prefill, 16 decode steps) with device=cuda where this build
 #     supports it (each probed with --dry-run, which validates the mode; an unsupported mode is
 #     reported, not run).
 # Results in $OUT (the device tool returns at most 8 files): summary.txt (one line per step with
@@ -270,7 +271,18 @@ if [ -n "$MPIEXEC" ] && [ -x "$BUILD/ctxpar" ]; then
   # Ring vs all-gather at 64K on 2 ranks sharing the GPU (staged communicators), one step each.
   bench optional cp_ring 2 90 seq=64K heads=32 kv_heads=8 head_dim=128 strategy=ring steps=1 warmup=0
   bench optional cp_allgather 2 90 seq=64K heads=32 kv_heads=8 head_dim=128 strategy=allgather steps=1 warmup=0
-  bench optional train 1 60
+  # A llama3-8b-shaped model cut to 2 layers, 32K tokens on one GPU (the bench train shape).
+  bench optional train 1 150 --config inputs/llama3-8b.toml layers=2 seq=32K steps=2 warmup=1
+  # Inference on the same shape: an 8K prefill and 16 decode steps on 2 ranks sharing the GPU.
+  if timeout 60 "$MPIEXEC" -np 2 "$BUILD/ctxpar" chat device=cuda --config inputs/llama3-8b.toml layers=2 \
+       docs=none schedule=prefill:8K,decode:16 --dry-run < /dev/null > /dev/null 2>&1; then
+    step chat 120 "$MPIEXEC" -np 2 "$BUILD/ctxpar" chat device=cuda --config inputs/llama3-8b.toml layers=2 \
+      docs=none schedule=prefill:8K,decode:16 out="$LOGS/chat.h5" || FAILED=1
+    { echo "===== ctxpar chat device=cuda llama3-8b 2 layers, prefill 8K + 16 decode steps (np 2)"
+      cat "$LOGS/chat.log"; echo; } >> "$TABLES"
+  else
+    note "n/a     chat: refused by this build (--dry-run)"
+  fi
 fi
 
 # ---- verdict ----

@@ -9,7 +9,9 @@ the kernels round them before their tensor-core products), plus a floor of 1e-6 
 The file records the device, the trace the GPU memory high-water mark of every rank; a CPU run of
 the same call must match within the same bound (and record no GPU memory). Then
 `bench cp device=cuda strategy=all` at 2 ranks: every row present and its #wrong column 0; and
-`run device=cuda` (usp on 2 x 2 ranks) VALID against the single-rank kernel.
+`run device=cuda` (usp on 2 x 2 ranks) VALID against the single-rank kernel. Last, bad input that
+only a CUDA build reaches (train with D layers or the halo, more GPU memory than the GPU has, a
+mode not built for the GPU) refused with exit 2.
 
 usage: test_attn_device.py CTXPAR_EMU CTXPAR MPIRUN WORKDIR
 """
@@ -124,6 +126,29 @@ p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
 print(p.stdout[-1500:])
 if p.returncode != 0 or "# VALID" not in p.stdout or "device=cuda" not in p.stdout:
     failures.append(f"run device=cuda: exit {p.returncode}\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+
+# Bad input with device=cuda that only a CUDA build reaches: refused on every rank with exit 2, one
+# message naming the value, and no output file written.
+TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "inputs", "tiny.toml")
+BAD = [  # (arguments, text the message must contain)
+    (["train", "layer_pattern=DG"], "layer_pattern = 'DG'"),
+    (["train", "layer_pattern=LG", "window=24", "local_strategy=halo"], "local_strategy = halo"),
+    (["train", "seq=64M"], "of GPU memory per rank"),
+    (["bench", "train", "seq=64M"], "of GPU memory per rank"),
+    (["chat", "docs=none", "schedule=prefill:64M,decode:2"], "smaller batch"),
+    (["bench", "infer"], "device = 'cuda' is built for"),
+    (["chat", "layer_pattern=DG", "docs=none"], "layer_pattern = 'DG'"),
+]
+for args, text in BAD:
+    out = os.path.join(WORK, "bad.h5")
+    cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "2", EMU, *args, "--config", TINY,
+           "device=cuda", f"out={out}"]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
+    msgs = [l for l in p.stderr.splitlines() if l.startswith("ctxpar: error:")]
+    if p.returncode != 2 or len(msgs) != 1 or text not in msgs[0] or os.path.exists(out):
+        failures.append(f"bad input {' '.join(args)}: exit {p.returncode}, messages {msgs}, file {os.path.exists(out)}")
+    else:
+        print(f"bad input {' '.join(args)}: exit 2: {msgs[0]}")
 
 for f in failures:
     print("FAIL:", f)

@@ -13,6 +13,10 @@ Losses over the AdamW steps: a trajectory carries every earlier step's rounding 
 divides by sqrt(v), which amplifies a difference where v is small), so step s is held to the
 naive fp32 run's largest error over steps 0..s; one realization can land close again by chance.
 
+With device=cuda among the settings (the GPU path: bf16 GEMM and attention inputs, fp32
+accumulation, fp32 master weights) the naive computation is the same PyTorch model run in bf16
+(parameters, activations and AdamW in bf16), and FACTOR = 2 (issue 15's bound).
+
 usage: test_train_oracle.py CTXPAR MPIRUN NP CONFIG [key=value ...]
 """
 import os
@@ -39,6 +43,10 @@ def rel_err(a, ref):
 def main():
     ctxpar, mpirun, np_, config = sys.argv[1:5]
     extra = sys.argv[5:]
+    global FACTOR
+    naive_dtype, naive_name = torch.float32, "fp32"
+    if "device=cuda" in extra:
+        naive_dtype, naive_name, FACTOR = torch.bfloat16, "bf16", 2.0
     steps = 5
     with tempfile.TemporaryDirectory() as tmp:
         dump = os.path.join(tmp, "dump.h5")
@@ -56,12 +64,13 @@ def main():
     torch.manual_seed(0)
     results = {}
     ref = llama_torch.Model(d, torch.float64)
-    naive = llama_torch.Model(d, torch.float32)
+    naive = llama_torch.Model(d, naive_dtype)
     outs = {}
-    for name, m in (("f64", ref), ("f32", naive)):
+    for name, m in (("f64", ref), ("f32", naive)):  # "f32": the naive run, in naive_dtype
         loss, logits = m.forward()
         loss.backward()
-        outs[name] = (loss.item(), logits.detach().numpy(), {n: m.p[n].grad.numpy().copy() for n in m.names})
+        outs[name] = (loss.item(), logits.detach().double().numpy(),
+                      {n: m.p[n].grad.double().numpy().copy() for n in m.names})
     failures = []
 
     def check(what, mine, r64, r32):
@@ -79,7 +88,7 @@ def main():
 
     # Losses over the AdamW steps (each step its own sample), fp64 and fp32 PyTorch runs.
     l64 = llama_torch.Model(d, torch.float64).train(steps)
-    l32 = llama_torch.Model(d, torch.float32).train(steps)
+    l32 = llama_torch.Model(d, naive_dtype).train(steps)
     def check_traj(what, mine, r64, naive_err):
         e = rel_err(mine, r64)
         tol = FACTOR * naive_err + FLOOR
@@ -93,7 +102,7 @@ def main():
         naive_max = max(naive_max, rel_err([l32[s]], [l64[s]]))
         check_traj(f"loss step {s}", [d["losses"][s]], [l64[s]], naive_max)
 
-    print(f"{'quantity':32s} {'err vs fp64':>12s} {'naive fp32':>12s} {'tolerance':>12s}")
+    print(f"{'quantity':32s} {'err vs fp64':>12s} {'naive ' + naive_name:>12s} {'tolerance':>12s}")
     for k, (e, en, tol, ok) in results.items():
         print(f"{k:32s} {e:12.3e} {en:12.3e} {tol:12.3e} {'ok' if ok else 'FAIL'}")
     print("losses ctxpar:", " ".join(f"{x:.6f}" for x in d["losses"][:steps]))
