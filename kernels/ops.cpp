@@ -105,6 +105,21 @@ double event_seconds(Event start, Event end, Device device) {
   CTXPAR_ON_CUDA("event_seconds", event_seconds(start, end));
 }
 
+void stream_wait_event(Stream stream, Event e, Device device) {
+  if (device == Device::cpu) return;
+  CTXPAR_ON_CUDA("stream_wait_event", stream_wait_event(stream, e));
+}
+
+void range_push(const char* name, Device device) {
+  if (device == Device::cpu) return;
+  CTXPAR_ON_CUDA("range_push", range_push(name));
+}
+
+void range_pop(Device device) {
+  if (device == Device::cpu) return;
+  CTXPAR_ON_CUDA("range_pop", range_pop());
+}
+
 void event_destroy(Event e, Device device) {
   if (device == Device::cpu || !e) return;
   CTXPAR_ON_CUDA("event_destroy", event_destroy(e));
@@ -114,6 +129,34 @@ void device_free(void* p, Device device, Stream stream) {
   if (!p) return;
   if (device == Device::cpu) return std::free(p);
   CTXPAR_ON_CUDA("device_free", device_free(p, stream));
+}
+
+void* pinned_alloc(size_t bytes, Device device) {
+  if (bytes == 0) return nullptr;
+  if (device == Device::cpu) return device_alloc(bytes, device);
+  CTXPAR_ON_CUDA("pinned_alloc", pinned_alloc(bytes));
+}
+
+void pinned_free(void* p, Device device) {
+  if (!p) return;
+  if (device == Device::cpu) return std::free(p);
+  CTXPAR_ON_CUDA("pinned_free", pinned_free(p));
+}
+
+void copy_in_async(void* dst, const void* pinned_src, size_t bytes, Device device, Stream stream) {
+  if (device == Device::cpu) {
+    if (bytes) std::memcpy(dst, pinned_src, bytes);
+    return;
+  }
+  CTXPAR_ON_CUDA("copy_in_async", copy_in_async(dst, pinned_src, bytes, stream));
+}
+
+void copy_out_async(void* pinned_dst, const void* src, size_t bytes, Device device, Stream stream) {
+  if (device == Device::cpu) {
+    if (bytes) std::memcpy(pinned_dst, src, bytes);
+    return;
+  }
+  CTXPAR_ON_CUDA("copy_out_async", copy_out_async(pinned_dst, src, bytes, stream));
 }
 
 void device_copy(void* dst, const void* src, size_t bytes, Device device, Stream stream) {

@@ -62,7 +62,22 @@ void stream_synchronize(Stream stream, Device device);
 Event event_record(Stream stream, Device device);
 double event_seconds(Event start, Event end, Device device);
 void event_destroy(Event e, Device device);
+// Work issued to `stream` after this call waits until `e` (recorded on another stream) is reached;
+// the host does not wait (Device::cpu: nothing).
+void stream_wait_event(Stream stream, Event e, Device device);
+// An NVTX range named `name` on `device` (Device::cuda: nvtxRangePushA / nvtxRangePop, what Nsight
+// Systems shows beside the kernels; nothing on the CPU), and its end.
+void range_push(const char* name, Device device);
+void range_pop(Device device);
 void device_free(void* p, Device device, Stream stream = nullptr);
+// Page-locked host memory that `device` copies to and from asynchronously (Device::cuda:
+// cudaHostAlloc; the CPU: plain memory), for host offload; pinned_alloc(0) returns null.
+void* pinned_alloc(size_t bytes, Device device);
+void pinned_free(void* p, Device device);
+// dst (on `device`) = pinned_src and pinned_dst = src (on `device`), asynchronous on `stream`: the
+// host memory must stay untouched until the stream has passed the copy (CPU: memcpy, done).
+void copy_in_async(void* dst, const void* pinned_src, size_t bytes, Device device, Stream stream);
+void copy_out_async(void* pinned_dst, const void* src, size_t bytes, Device device, Stream stream);
 // dst = src, both on `device` (may not overlap).
 void device_copy(void* dst, const void* src, size_t bytes, Device device, Stream stream = nullptr);
 // dst (on `device`) = host_src; the caller may reuse or release host_src when the call returns.

@@ -6,6 +6,7 @@
 // not depend on scheduling.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <cmath>
 #include <string>
@@ -442,6 +443,12 @@ double event_seconds(cudaEvent_t start, cudaEvent_t end) {
 
 void event_destroy(cudaEvent_t e) { cudaEventDestroy(e); }
 
+void stream_wait_event(cudaStream_t stream, cudaEvent_t e) { CTXPAR_CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0)); }
+
+void range_push(const char* name) { nvtxRangePushA(name); }
+
+void range_pop() { nvtxRangePop(); }
+
 void* device_alloc(size_t bytes, cudaStream_t stream) {
   void* p = nullptr;
   if (bytes == 0) return nullptr;
@@ -451,6 +458,24 @@ void* device_alloc(size_t bytes, cudaStream_t stream) {
 
 void device_free(void* p, cudaStream_t stream) {
   if (p) CTXPAR_CUDA_CHECK(cudaFreeAsync(p, stream));
+}
+
+void* pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes) CTXPAR_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+  return p;
+}
+
+void pinned_free(void* p) {
+  if (p) CTXPAR_CUDA_CHECK(cudaFreeHost(p));
+}
+
+void copy_in_async(void* dst, const void* pinned_src, size_t bytes, cudaStream_t stream) {
+  if (bytes) CTXPAR_CUDA_CHECK(cudaMemcpyAsync(dst, pinned_src, bytes, cudaMemcpyHostToDevice, stream));
+}
+
+void copy_out_async(void* pinned_dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes) CTXPAR_CUDA_CHECK(cudaMemcpyAsync(pinned_dst, src, bytes, cudaMemcpyDeviceToHost, stream));
 }
 
 void device_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {

@@ -166,9 +166,16 @@ void stream_synchronize(cudaStream_t stream);
 cudaEvent_t event_record(cudaStream_t stream);  // a new timing event, recorded
 double event_seconds(cudaEvent_t start, cudaEvent_t end);
 void event_destroy(cudaEvent_t e);
+void stream_wait_event(cudaStream_t stream, cudaEvent_t e);  // cudaStreamWaitEvent
+void range_push(const char* name);  // NVTX (nvtx3, header-only): a named range on this thread
+void range_pop();
 void* device_alloc(size_t bytes, cudaStream_t stream);
 void device_free(void* p, cudaStream_t stream);
 void device_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+void* pinned_alloc(size_t bytes);  // cudaHostAlloc (default flags)
+void pinned_free(void* p);
+void copy_in_async(void* dst, const void* pinned_src, size_t bytes, cudaStream_t stream);   // H2D, async
+void copy_out_async(void* pinned_dst, const void* src, size_t bytes, cudaStream_t stream);  // D2H, async
 void copy_to_device(void* dst, const void* host_src, size_t bytes, cudaStream_t stream);
 void copy_to_host(void* host_dst, const void* src, size_t bytes, cudaStream_t stream);
 void device_zero(void* p, size_t bytes, cudaStream_t stream);

@@ -229,7 +229,7 @@ int bench_cp(BenchContext& ctx) {
   // device=cuda: every row's call on this rank's GPU (bf16 inputs), the strategies on device
   // communicators; declared before the strategies, which bind to the communicators.
   const bool on_gpu = cfg.device == Device::cuda;
-  const GpuRun gpu(on_gpu ? &topo : nullptr);
+  const GpuRun gpu(on_gpu ? &topo : nullptr, &ctx.tracer);
 
   // strategy=all compares every registered strategy (where the config accepts "all"); otherwise
   // the configured one: at long S one strategy's forward + backward takes minutes on a CPU.

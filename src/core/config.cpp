@@ -160,6 +160,8 @@ const std::vector<Field>& config_fields() {
       {"adam_eps", &Config::adam_eps, "1e-8", "train: AdamW epsilon", {}, 0, 1},
       {"grad_clip", &Config::grad_clip, "1.0", "train: max global gradient norm (0 = no clipping)", {}, 0, 1e9},
       enum_field<&Config::remat>("remat", kRematNames, "none", "train: activation recompute per layer"),
+      {"offload", &Config::offload, "none", "train with device=cuda: what lives in pinned host memory instead of the GPU, a list (e.g. offload=optimizer): optimizer (AdamW moments, streamed through the GPU in chunks at the update; the same bits); attn_out, layer_inputs and params are not built yet. --dry-run shows the GPU memory with and without it", {}},
+      {"offload_chunk", &Config::offload_chunk, "4194304", "offload=optimizer: elements of each AdamW moment streamed through the GPU at a time (the GPU keeps one chunk of m and one of v; larger chunks make fewer, longer copies)", {}, 1, 1e12},
       {"checkpoint_every", &Config::checkpoint_every, "0", "train: steps between checkpoints (0 = none)", {}, 0, 1e9},
       {"checkpoint", &Config::checkpoint, "out/checkpoint.h5", "train: checkpoint file (written atomically)", {}},
       {"resume", &Config::resume, "", "train: checkpoint to restart from (empty = fresh start)", {}},
@@ -464,7 +466,42 @@ MeshSpec parse_mesh(const std::string& mesh, int world_size, const char* field) 
   return m;
 }
 
+namespace {
+constexpr const char* kOffloadNames[] = {"optimizer", "attn_out", "layer_inputs", "params"};
+// The items of `offload` ("none" = no item), each checked against kOffloadNames.
+std::vector<std::string> offload_items(const std::string& s) {
+  std::vector<std::string> out;
+  if (s == "none" || s.empty()) return out;
+  std::string item;
+  std::istringstream in(s);
+  while (std::getline(in, item, ',')) out.push_back(item);
+  if (!s.empty() && s.back() == ',') out.push_back("");
+  return out;
+}
+}  // namespace
+
+bool offloads(const Config& c, Offload what) {
+  for (const std::string& i : offload_items(c.offload))
+    if (i == kOffloadNames[int(what)]) return true;
+  return false;
+}
+
 void validate_config(const Config& c, int world_size) {
+  for (const std::string& i : offload_items(c.offload)) {
+    if (i == "optimizer") continue;
+    const bool known = i == "attn_out" || i == "layer_inputs" || i == "params";
+    throw UsageError("config: offload = '" + c.offload + "': " +
+                     (known ? "offloading " + i + " is not built yet" : "'" + i + "' is not something to offload") +
+                     "; valid: none, or optimizer (the AdamW moments)");
+  }
+  if (c.offload != "none" && !c.offload.empty()) {
+    const bool train = c.mode == Mode::train || (c.mode == Mode::bench && c.bench == Bench::train);
+    if (!train)
+      throw UsageError("config: offload = '" + c.offload + "' applies to train and bench train; valid here: offload=none");
+    if (c.device == Device::cpu)
+      throw UsageError("config: offload = '" + c.offload + "' moves GPU memory to the host, and with device = cpu "
+                       "everything is in host memory already; valid: offload=none, or device=cuda");
+  }
   const bool bench_cp = c.mode == Mode::bench && c.bench == Bench::cp;
   if (c.strategy == StrategySetting::all && !bench_cp && c.mode != Mode::predict)
     throw UsageError("config: strategy = all is only for `ctxpar bench cp` (and predict); valid here: allgather, ulysses, ring, usp, auto");

@@ -17,6 +17,12 @@ namespace ctxpar {
 // The dimension vocabulary of the whole code (declared once, here and in kernels/ops.hpp):
 //   S global tokens, S_loc local tokens, H_q query heads, H_kv key/value heads, D head dim,
 //   P CP group size, r CP rank.
+// What host offload (config `offload`, an ordered list) may move to pinned host memory; in the
+// order MaxText recommends trying them. So far `optimizer` is built.
+enum class Offload { optimizer, attn_out, layer_inputs, params };
+struct Config;
+bool offloads(const Config& c, Offload what);  // is `what` in c.offload?
+
 struct Config {
   // run
   Mode mode = Mode::run;     // positional: run, attn, bench, train, ... (not a table field)
@@ -85,6 +91,8 @@ struct Config {
   double adam_eps;
   double grad_clip;          // max global gradient norm (0 = no clipping)
   Remat remat;
+  std::string offload;       // train on a GPU: what moves to pinned host memory ("none", or a list; offloads())
+  int64_t offload_chunk;     // offload=optimizer: elements of m and v per streamed chunk
   int64_t checkpoint_every;  // steps between checkpoints (0 = none)
   std::string checkpoint;    // checkpoint file (HDF5)
   std::string resume;        // checkpoint to restart from ("" = fresh start)

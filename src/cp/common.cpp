@@ -63,23 +63,23 @@ double call_bwd_flops(const AttnParams& p) { return attn_bwd_flops(double(visibl
 
 void counted_fwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step) {
   const double flops = call_fwd_flops(p);
-  const double t0 = tr ? tr->now_us() : 0;
+  const double t0 = tr ? tr->stamp() : 0;
   attn_fwd(p);
   st.attn_flops += flops;
-  if (tr) tr->add_span(Phase::attn_fwd, -1, step, t0, tr->now_us(), flops, 0);
+  if (tr) tr->add_span(Phase::attn_fwd, -1, step, t0, tr->stamp(), flops, 0);
 }
 
 void counted_bwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step) {
   const double flops = call_bwd_flops(p);
-  const double t0 = tr ? tr->now_us() : 0;
+  const double t0 = tr ? tr->stamp() : 0;
   attn_bwd(p);
   st.attn_flops += flops;
-  if (tr) tr->add_span(Phase::attn_bwd, -1, step, t0, tr->now_us(), flops, 0);
+  if (tr) tr->add_span(Phase::attn_bwd, -1, step, t0, tr->stamp(), flops, 0);
 }
 
 void timed_wait(Comm& c, Request& r, CpStats& st, Tracer* tr, int32_t ring_step, double bytes) {
   if (!r.pending()) return;
-  const double tb = tr ? tr->now_us() : 0;
+  const double tb = tr ? tr->stamp() : 0;
   // A device transfer (a device backend's own request, not a forwarded host one): the compute
   // stream waits, timed by events around the wait (CpStats::settle), not by the host's clock.
   const bool on_device = c.device() >= 0 && r.via() == nullptr;
@@ -89,32 +89,32 @@ void timed_wait(Comm& c, Request& r, CpStats& st, Tracer* tr, int32_t ring_step,
     c.stream_wait(r);
     w.after = event_record(c.compute_stream(), d);
     st.device_waits.push_back(w);
-    if (tr) tr->add_span(Phase::comm_wait, -1, ring_step, tb, tr->now_us(), 0, bytes);
+    if (tr) tr->add_span(Phase::comm_wait, -1, ring_step, tb, tr->stamp(), 0, bytes);
     return;
   }
   const double t0 = c.now();
   c.stream_wait(r);  // host buffers: wait()
   st.exposed_comm_s += c.now() - t0;
-  if (tr) tr->add_span(Phase::comm_wait, -1, ring_step, tb, tr->now_us(), 0, bytes);
+  if (tr) tr->add_span(Phase::comm_wait, -1, ring_step, tb, tr->stamp(), 0, bytes);
 }
 
 void timed_collective(Comm& c, CpStats& st, Tracer* tr, Phase ph, double bytes_sent,
                       const std::function<void()>& op, Device on) {
-  const double tb = tr ? tr->now_us() : 0;
+  const double tb = tr ? tr->stamp() : 0;
   if (on != Device::cpu) {
     CpStats::DeviceWait w{event_record(c.compute_stream(), on), nullptr, on};
     op();
     w.after = event_record(c.compute_stream(), on);
     st.device_waits.push_back(w);
     st.bytes_sent += bytes_sent;
-    if (tr) tr->add_span(ph, -1, -1, tb, tr->now_us(), 0, bytes_sent);
+    if (tr) tr->add_span(ph, -1, -1, tb, tr->stamp(), 0, bytes_sent);
     return;
   }
   const double t0 = c.now();
   op();
   st.exposed_comm_s += c.now() - t0;
   st.bytes_sent += bytes_sent;
-  if (tr) tr->add_span(ph, -1, -1, tb, tr->now_us(), 0, bytes_sent);
+  if (tr) tr->add_span(ph, -1, -1, tb, tr->stamp(), 0, bytes_sent);
 }
 
 namespace {

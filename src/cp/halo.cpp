@@ -341,11 +341,11 @@ class Halo final : public CpStrategy {
     if (step > 0 && (pairs == 0 || p.S_q == 0)) return;  // step 0 initializes o, lse even when empty
     const double flops = ph == Phase::attn_fwd ? attn_fwd_flops(double(pairs), p.H_q, p.D)
                                                : attn_bwd_flops(double(pairs), p.H_q, p.D);
-    const double t0 = tr ? tr->now_us() : 0;
+    const double t0 = tr ? tr->stamp() : 0;
     if (tr) tr->progress(ph);
     f(p);
     st.attn_flops += flops;
-    if (tr) tr->add_span(ph, -1, step, t0, tr->now_us(), flops, 0);
+    if (tr) tr->add_span(ph, -1, step, t0, tr->stamp(), flops, 0);
   }
 
   Comm& comm_;

@@ -45,12 +45,12 @@ class PassQ final : public cp::ForwardOnlyStrategy {
                        [&](std::byte* here, const std::byte* meta, int, int s, Request& req, float* o) {
       const AttnParams p = cp::visiting_block(L, here, meta, local, o, o + size_t(n) * local.H_q * local.D);
       const double flops = cp::call_fwd_flops(p);
-      const double t0 = tr ? tr->now_us() : 0;
+      const double t0 = tr ? tr->stamp() : 0;
       cp::fwd_chunked(p, chunk, false, nullptr, nullptr, [&] {
         if (req.pending()) comm_.test(req);
       });
       st.attn_flops += flops;
-      if (tr) tr->add_span(Phase::attn_fwd, -1, s, t0, tr->now_us(), flops, 0);
+      if (tr) tr->add_span(Phase::attn_fwd, -1, s, t0, tr->stamp(), flops, 0);
     });
   }
 

@@ -133,10 +133,10 @@ double decode_visit(const QLayout& L, std::byte* base, const std::byte* meta, co
 
 void decode_visit_traced(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* part,
                          int step, Tracer* tr, CpStats& st) {
-  const double t0 = tr ? tr->now_us() : 0;
+  const double t0 = tr ? tr->stamp() : 0;
   const double flops = decode_visit(L, base, meta, local, part, part + size_t(L.n) * local.H_q * local.D);
   st.attn_flops += flops;
-  if (tr) tr->add_span(Phase::attn_fwd, -1, step, t0, tr->now_us(), flops, 0);
+  if (tr) tr->add_span(Phase::attn_fwd, -1, step, t0, tr->stamp(), flops, 0);
 }
 
 void pass_q_forward(Comm& c, const QLayout& L, const AttnParams& local, int64_t n_rows, int tag, Tracer* tr,

@@ -128,7 +128,7 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
     bring_block(L, kv[cur].data(), a, s, x, rows, (r - s + P) % P, p);
     const int64_t pairs = visible_pairs(p);
     const double flops = attn_fwd_flops(double(pairs), a.H_q, a.D);
-    const double t0 = tr ? tr->now_us() : 0;
+    const double t0 = tr ? tr->stamp() : 0;
     // Step 0 initializes (o, lse) even when nothing is visible (o = 0, lse = -inf); a later
     // block with no visible pair (sliding window, other documents) changes nothing.
     if (s == 0 || pairs > 0)
@@ -136,7 +136,7 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
         if (req.pending()) ring->test(req);
       });
     st.attn_flops += flops;
-    if (tr) tr->add_span(Phase::attn_fwd, -1, s, t0, tr->now_us(), flops, 0);
+    if (tr) tr->add_span(Phase::attn_fwd, -1, s, t0, tr->stamp(), flops, 0);
     timed_wait(*ring, req, st, tr, s, double(L.bytes));
   }
 }
@@ -207,14 +207,14 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
     }
     const int64_t pairs = visible_pairs(p);
     const double flops = attn_bwd_flops(double(pairs), a.H_q, a.D);
-    const double t0 = tr ? tr->now_us() : 0;
+    const double t0 = tr ? tr->stamp() : 0;
     if (pairs > 0)
       bwd_chunked(p, chunk, [&] {
         if (kv_req.pending()) ring->test(kv_req);
         if (dkv_req.pending()) ring->test(dkv_req);
       });
     st.attn_flops += flops;
-    if (tr) tr->add_span(Phase::attn_bwd, -1, s, t0, tr->now_us(), flops, 0);
+    if (tr) tr->add_span(Phase::attn_bwd, -1, s, t0, tr->stamp(), flops, 0);
     if (lat && pairs > 0) a.expander->backward(block_latent, a.S_k, dkx.data(), dvx.data(), part[cur].data());
     // The partial sum of the ranks that held this block before (posted by prev at step s - 1).
     if (s > 0) {

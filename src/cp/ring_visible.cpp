@@ -113,12 +113,12 @@ void ring_fwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, 
     }
     // Step 0 (the own block) initializes (o, lse) even when nothing is visible.
     const double flops = call_fwd_flops(p);
-    const double t0 = tr ? tr->now_us() : 0;
+    const double t0 = tr ? tr->stamp() : 0;
     fwd_chunked(p, chunk, /*merge=*/d > 0, o_tmp.data(), lse_tmp.data(), [&] {
       if (req.pending()) ring.test(req);
     });
     st.attn_flops += flops;
-    if (tr) tr->add_span(Phase::attn_fwd, -1, d, t0, tr->now_us(), flops, 0);
+    if (tr) tr->add_span(Phase::attn_fwd, -1, d, t0, tr->stamp(), flops, 0);
   }
 }
 
@@ -156,13 +156,13 @@ void ring_bwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, 
     }
     if (d == 0 || !vr.in_rows(d).empty()) {
       const double flops = call_bwd_flops(p);
-      const double t0 = tr ? tr->now_us() : 0;
+      const double t0 = tr ? tr->stamp() : 0;
       bwd_chunked(p, chunk, [&] {
         if (kv_req.pending()) ring.test(kv_req);
         if (back_req.pending()) ring.test(back_req);
       });
       st.attn_flops += flops;
-      if (tr) tr->add_span(Phase::attn_bwd, -1, d, t0, tr->now_us(), flops, 0);
+      if (tr) tr->add_span(Phase::attn_bwd, -1, d, t0, tr->stamp(), flops, 0);
     }
     if (d == 0) continue;
     settle_back(d);

@@ -54,7 +54,8 @@ struct LayerRun {
 };
 
 // C (=|+=) op(A) op(B), row-major, timed and traced (model/flops.hpp: 2 m n k). On a GPU the
-// time is host time of an asynchronous call (StepTimes is measured on the CPU path only so far).
+// StepTimes entry is host time of an asynchronous call; the span is timed on the device
+// (Tracer::time_on_device), and train takes its GEMM and attention shares from the spans there.
 void layer_gemm(const LayerRun& r, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // Sum over the tp axis, in place (a no-op at tp = 1).

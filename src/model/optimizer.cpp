@@ -6,12 +6,75 @@
 #include <vector>
 
 #include "dist/comm.hpp"
+#include "trace/trace.hpp"
 
 namespace ctxpar {
 
-AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& c, Device dev, Stream stream)
-    : layout_(layout), c_(c), dev_(dev), stream_(stream), m_(size_t(layout.local_elems()), true, dev, stream),
-      v_(size_t(layout.local_elems()), true, dev, stream) {}
+AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& c, Device dev, Stream stream, bool offload_moments,
+             int64_t chunk)
+    : layout_(layout), c_(c), dev_(dev), stream_(stream), offload_(offload_moments && dev != Device::cpu),
+      chunk_(chunk_elems(layout, chunk)) {
+  const size_t n = size_t(layout.local_elems());
+  if (!offload_) {
+    m_ = Buffer<float>(n, true, dev, stream);
+    v_ = Buffer<float>(n, true, dev, stream);
+    return;
+  }
+  hm_ = static_cast<float*>(pinned_alloc(n * sizeof(float), dev));
+  hv_ = static_cast<float*>(pinned_alloc(n * sizeof(float), dev));
+  std::fill_n(hm_, n, 0.0f);
+  std::fill_n(hv_, n, 0.0f);
+  for (const ParamInfo& p : layout.tensors())
+    for (int64_t a = 0; a < p.loc_elems(); a += chunk_)
+      chunks_.push_back({p.offset + a, std::min(chunk_, p.loc_elems() - a), p.decay});
+  copy_stream_ = stream_create(dev);
+  for (int s = 0; s < 2; ++s) {
+    sm_[s] = Buffer<float>(size_t(chunk_), false, dev, stream);
+    sv_[s] = Buffer<float>(size_t(chunk_), false, dev, stream);
+  }
+  // The slots exist once the compute stream has allocated them.
+  const Event made = event_record(stream_, dev_);
+  stream_wait_event(copy_stream_, made, dev_);
+  event_destroy(made, dev_);
+}
+
+AdamW::~AdamW() {
+  if (!offload_) return;
+  wait_host();
+  for (Event e : in_) event_destroy(e, dev_);
+  stream_synchronize(stream_, dev_);
+  stream_destroy(copy_stream_, dev_);
+  pinned_free(hm_, dev_);
+  pinned_free(hv_, dev_);
+}
+
+void AdamW::wait_host() {
+  if (offload_) stream_synchronize(copy_stream_, dev_);
+}
+
+int64_t AdamW::chunk_elems(const ParamLayout& layout, int64_t chunk) {
+  int64_t largest = 1;
+  for (const ParamInfo& p : layout.tensors()) largest = std::max(largest, p.loc_elems());
+  return std::min(chunk > 0 ? chunk : kOffloadChunk, largest);
+}
+
+double AdamW::device_bytes(const ParamLayout& layout, bool offload_moments, int64_t chunk) {
+  return offload_moments ? 2.0 * 8.0 * double(chunk_elems(layout, chunk)) : 8.0 * double(layout.local_elems());
+}
+
+void AdamW::copy_in(size_t i) {
+  const Chunk& c = chunks_[i];
+  const size_t bytes = size_t(c.elems) * sizeof(float), s = i % 2;
+  copy_in_async(sm_[s].data(), hm_ + c.offset, bytes, dev_, copy_stream_);
+  copy_in_async(sv_[s].data(), hv_ + c.offset, bytes, dev_, copy_stream_);
+  in_.push_back(event_record(copy_stream_, dev_));
+  issued_ = i + 1;
+}
+
+void AdamW::prefetch() {
+  if (!offload_ || issued_ > 0) return;
+  for (size_t i = 0; i < std::min<size_t>(2, chunks_.size()); ++i) copy_in(i);
+}
 
 double AdamW::grad_norm(const float* g, Comm* tp) const {
   double sq[2] = {0, 0};  // sharded, replicated
@@ -38,7 +101,7 @@ void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& t
   }
 }
 
-void AdamW::update(float* params, const float* grads, double norm) {
+void AdamW::update(float* params, const float* grads, double norm, Tracer* tr) {
   ++step_;
   AdamWStep hp;
   hp.lr = c_.lr;
@@ -48,11 +111,38 @@ void AdamW::update(float* params, const float* grads, double norm) {
   hp.step = step_;
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
   hp.grad_scale = c_.grad_clip > 0 && norm > c_.grad_clip ? c_.grad_clip / (norm + 1e-6) : 1.0;
-  for (const ParamInfo& p : layout_.tensors()) {
-    hp.weight_decay = p.decay ? c_.weight_decay : 0.0;
-    adamw_update(params + p.offset, grads + p.offset, m_.data() + p.offset, v_.data() + p.offset, p.loc_elems(), hp,
-                 dev_, stream_);
+  if (!offload_) {
+    for (const ParamInfo& p : layout_.tensors()) {
+      hp.weight_decay = p.decay ? c_.weight_decay : 0.0;
+      adamw_update(params + p.offset, grads + p.offset, m_.data() + p.offset, v_.data() + p.offset, p.loc_elems(), hp,
+                   dev_, stream_);
+    }
+    return;
   }
+  // Offloaded moments, chunk by chunk through the two slots (the update is elementwise: the
+  // chunking does not change a bit).
+  prefetch();
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    const Chunk& c = chunks_[i];
+    const size_t s = i % 2;
+    {  // the compute stream idles here only while the chunk is still on its way: the unhidden copy time
+      Tracer::Scope sc(tr, Phase::offload, -1, -1, 0, 16.0 * double(c.elems));
+      stream_wait_event(stream_, in_[i], dev_);
+    }
+    hp.weight_decay = c.decay ? c_.weight_decay : 0.0;
+    adamw_update(params + c.offset, grads + c.offset, sm_[s].data(), sv_[s].data(), c.elems, hp, dev_, stream_);
+    const Event updated = event_record(stream_, dev_);
+    stream_wait_event(copy_stream_, updated, dev_);
+    event_destroy(updated, dev_);
+    const size_t bytes = size_t(c.elems) * sizeof(float);
+    copy_out_async(hm_ + c.offset, sm_[s].data(), bytes, dev_, copy_stream_);
+    copy_out_async(hv_ + c.offset, sv_[s].data(), bytes, dev_, copy_stream_);
+    offload_bytes_ += 4.0 * double(bytes);
+    if (i + 2 < chunks_.size()) copy_in(i + 2);  // into slot s, after its copy out on the same stream
+  }
+  for (Event e : in_) event_destroy(e, dev_);
+  in_.clear();
+  issued_ = 0;
 }
 
 }  // namespace ctxpar

@@ -2,6 +2,7 @@
 // Weight decay applies to matrices (ParamInfo::decay), not to norm weights.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/memory.hpp"
 #include "model/model.hpp"
@@ -10,6 +11,7 @@
 namespace ctxpar {
 
 class Comm;
+class Tracer;
 
 struct AdamWConfig {
   double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
@@ -24,25 +26,70 @@ void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& t
 
 // The moments live on `dev` (Device::cuda: every operation ordered on `stream`), as do the
 // params and grads passed to it.
+//
+// Host offload (`offload_moments`, offload=optimizer, a GPU run): the moments live in pinned host
+// memory, and update() streams them through the GPU in chunks of `chunk` elements (config
+// offload_chunk) with two device slots: a copy stream brings chunk i + 1 in while the compute
+// stream updates chunk i (the same kernel, so the same bits as without offload) and takes chunk
+// i - 1 out; events order each copy after the slot's last use. prefetch() issues the first two
+// chunks' copies early (at the start of a step, hidden under the forward); the last chunk's copy
+// out overlaps the next step. The compute stream waits only where a chunk has not arrived: that
+// wait is the copy time compute did not hide, traced as a span of phase offload (with the bytes).
 class AdamW {
  public:
-  AdamW(const ParamLayout& layout, const AdamWConfig& c, Device dev = Device::cpu, Stream stream = nullptr);
+  static constexpr int64_t kOffloadChunk = int64_t(1) << 22;  // default elements per chunk (16 MiB each of m, v)
+  // `chunk`: elements per streamed chunk with offload (0: kOffloadChunk).
+  AdamW(const ParamLayout& layout, const AdamWConfig& c, Device dev = Device::cpu, Stream stream = nullptr,
+        bool offload_moments = false, int64_t chunk = 0);
+  ~AdamW();
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
   // Global L2 norm of the gradient: tp-sharded tensors summed over `tp` (null when tp = 1),
   // replicated tensors counted once (they are identical on every tp rank).
   double grad_norm(const float* grads, Comm* tp) const;
-  // One step (increments step()); scales the gradient by min(1, grad_clip / norm).
-  void update(float* params, const float* grads, double norm);
+  // One step (increments step()); scales the gradient by min(1, grad_clip / norm). `tr`: offload's
+  // waits are traced as spans of phase offload.
+  void update(float* params, const float* grads, double norm, Tracer* tr = nullptr);
+  // Offload: start copying the first chunks in now (a no-op otherwise, or when already started).
+  void prefetch();
   int64_t step() const { return step_; }
   void set_step(int64_t s) { step_ = s; }
-  Buffer<float>& m() { return m_; }
-  Buffer<float>& v() { return v_; }
+  // The moments [elems()]: on the device, or (offloaded()) in pinned host memory, which the host
+  // may read or write after wait_host().
+  float* m() { return offload_ ? hm_ : m_.data(); }
+  float* v() { return offload_ ? hv_ : v_.data(); }
+  bool offloaded() const { return offload_; }
+  void wait_host();  // offload: the host waits for every copy of the moments (else: nothing)
+  int64_t elems() const { return layout_.local_elems(); }
+  // Bytes copied between the GPU and the host by offload, over all updates so far.
+  double offload_bytes() const { return offload_bytes_; }
+  // GPU memory the moments take: 8 bytes per element, or the two slots of m and v with offload
+  // (each as long as the largest tensor, up to the chunk).
+  static double device_bytes(const ParamLayout& layout, bool offload_moments, int64_t chunk = 0);
+  static int64_t chunk_elems(const ParamLayout& layout, int64_t chunk = 0);
 
  private:
+  struct Chunk {
+    int64_t offset, elems;
+    bool decay;
+  };
+  void copy_in(size_t i);  // chunk i into slot i % 2, on the copy stream
+
   const ParamLayout& layout_;
   AdamWConfig c_;
   Device dev_;
   Stream stream_;
-  Buffer<float> m_, v_;
+  bool offload_ = false;
+  Buffer<float> m_, v_;      // on the device (without offload)
+  float* hm_ = nullptr;      // pinned host (offload)
+  float* hv_ = nullptr;
+  int64_t chunk_ = kOffloadChunk;
+  std::vector<Chunk> chunks_;     // offload: every tensor's chunks, in order
+  Stream copy_stream_ = nullptr;  // offload: the copies
+  Buffer<float> sm_[2], sv_[2];   // offload: the two device slots of m and v
+  std::vector<Event> in_;         // offload: chunk i arrived (recorded on the copy stream)
+  size_t issued_ = 0;             // offload: chunks whose copy in is issued this step
+  double offload_bytes_ = 0;
   int64_t step_ = 0;
 };
 

@@ -234,7 +234,7 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   // device=cuda: this rank's GPU, one compute stream, and device communicators, before the
   // strategy binds to them.
   const bool on_gpu = cfg.device == Device::cuda;
-  const GpuRun gpu(on_gpu ? &topo : nullptr);
+  const GpuRun gpu(on_gpu ? &topo : nullptr, &tracer);
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   CTXPAR_CHECK(strat, "unknown strategy " << name_of(cfg.strategy));
   Comm& cpc = topo.cp();

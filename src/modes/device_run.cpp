@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "cp/common.hpp"  // to_device
 #include "dist/topology.hpp"
+#include "trace/trace.hpp"
 #include "ops.hpp"
 #if defined(CTXPAR_WITH_CUDA)
 #include "cuda/ops_cuda.hpp"  // device_description
@@ -16,7 +17,7 @@
 
 namespace ctxpar {
 
-GpuRun::GpuRun(Topology* t) : topo(t) {
+GpuRun::GpuRun(Topology* t, Tracer* tr) : topo(t), tracer(tr) {
   if (!t) return;
 #if defined(CTXPAR_WITH_CUDA)
   const DeviceCount dc = cuda_device_count();
@@ -24,6 +25,7 @@ GpuRun::GpuRun(Topology* t) : topo(t) {
   description = cuda::device_description();
   stream = stream_create(Device::cuda);
   comm = use_gpu_comms(*t, device, dc.count, stream);
+  if (tracer) tracer->time_on_device(Device::cuda, stream);
 #else
   CTXPAR_FATAL("device = cuda in a build without the CUDA backend (validate_mode refuses it first)");
 #endif
@@ -32,6 +34,7 @@ GpuRun::GpuRun(Topology* t) : topo(t) {
 GpuRun::~GpuRun() {
   if (!stream) return;
   stream_synchronize(stream, Device::cuda);
+  if (tracer) tracer->time_on_device(Device::cpu, nullptr);  // spans after this: host clock
   topo->cp().set_compute_stream(nullptr);  // the communicators outlive the stream
   for (int a = 0; a < kNumAxes; ++a) topo->axis(Axis(a)).set_compute_stream(nullptr);
   stream_destroy(stream, Device::cuda);

@@ -10,17 +10,20 @@
 namespace ctxpar {
 
 class Topology;
+class Tracer;
 
 // With a topology: selects this rank's GPU, creates a compute stream and gives every communicator
 // of `topo` a device backend on it (dist/comm_device.hpp use_gpu_comms: NCCL with a GPU per rank,
 // else staged). Destroyed after its stream's work, and after every device buffer made later (declare
 // it first); the communicators' compute stream is reset then (they outlive it). Without one
-// (nullptr): nothing, stream null (a CPU run).
+// (nullptr): nothing, stream null (a CPU run). With a tracer: its spans are timed by events on the
+// stream (Tracer::time_on_device) until the GpuRun ends.
 struct GpuRun {
   Stream stream = nullptr;
   std::string description, comm;
   Topology* topo = nullptr;
-  explicit GpuRun(Topology* t);
+  Tracer* tracer = nullptr;
+  explicit GpuRun(Topology* t, Tracer* tr = nullptr);
   GpuRun(const GpuRun&) = delete;
   GpuRun& operator=(const GpuRun&) = delete;
   ~GpuRun();

@@ -183,6 +183,7 @@ class Session {
     CallStats st;
     double dt = 0;
     StepOutput out = timed_step([&] { return engine_->prefill(tok, algos, &tr_, st, cfg_.save_logits); }, dt);
+    st.cp.settle();  // GPU: the device waits, timed by their events
     if (cfg_.save_logits) keep_logits(out, tok);
     finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, cached, algo_text.c_str(), dt, T_sum, flops, st);
     if (record) {
@@ -207,6 +208,7 @@ class Session {
     CallStats st;
     double dt = 0;
     StepOutput out = timed_step([&] { return engine_->decode(last, algo, &tr_, st, cfg_.save_logits); }, dt);
+    st.cp.settle();
     if (cfg_.save_logits) {
       std::vector<std::vector<int32_t>> fed(last.size());
       for (size_t b = 0; b < last.size(); ++b) fed[b] = {last[b]};
@@ -494,6 +496,11 @@ double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) 
 
 double infer_memory(const Config& cfg, Topology& topo) { return plan_infer_memory(cfg, topo); }
 
+double infer_host_memory_on_gpu(const Config& cfg, Topology& topo) {
+  const double elems = double(ParamLayout(model_dims(cfg, topo.size(Axis::tp), 0)).local_elems());
+  return 4.0 * elems * (cfg.resume.empty() ? 1 : 3);
+}
+
 double infer_device_memory(const Config& cfg, Topology& topo) {
   // The host plan's parts with the GPU's types: the weights in fp32 beside their bf16 copy, the
   // KV cache in bf16 (half the fp32 plan's), the activations as planned plus the attention's bf16
@@ -524,7 +531,7 @@ int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {
   std::vector<SchedulePhase> sched;
   mode_schedule(cfg, N, sched);  // validated before
   // device=cuda: this rank's GPU and device communicators before anything binds to topo's comms.
-  const GpuRun gpu(cfg.device == Device::cuda ? &topo : nullptr);
+  const GpuRun gpu(cfg.device == Device::cuda ? &topo : nullptr, &tracer);
   if (cfg.device == Device::cuda)
     log0("# device=cuda: %s, %s communicators; bf16 weights, GEMM and attention inputs and KV cache, fp32 "
          "accumulation and residual stream\n", gpu.description.c_str(), gpu.comm.c_str());

@@ -43,8 +43,12 @@ double train_memory(const Config& cfg, Topology& topo);
 // device=cuda: GPU memory per rank of `ctxpar train` (the plan above on the device, the
 // weights' bf16 copy and the attention's bf16 Q/K/V beside it; the host's gather for checkpoints not).
 double train_device_memory(const Config& cfg, Topology& topo);
+// device=cuda: host memory per rank of `ctxpar train` (its copies of the state, or the offloaded moments).
+double train_host_memory_on_gpu(const Config& cfg, Topology& topo);
 // prefill, decode and chat with device=cuda: the GPU memory per rank (weights fp32 + bf16, bf16 KV cache).
 double infer_device_memory(const Config& cfg, Topology& topo);
+// ... and the host memory per rank beside it (the weights' fp32 copy; a checkpoint's moments while it loads).
+double infer_host_memory_on_gpu(const Config& cfg, Topology& topo);
 double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts = nullptr);
 double infer_memory(const Config& cfg, Topology& topo);
 std::string infer_plan(const Config& cfg, Topology& topo);  // the --dry-run lines of inference

@@ -160,6 +160,12 @@ bool device_plan_only(const Config& cfg) {
          (cfg.mode == Mode::train || (cfg.mode == Mode::bench && cfg.bench == Bench::train) || infer_mode(cfg));
 }
 
+// The mode's host memory per rank: its plan, or on a GPU what the host keeps beside it.
+double host_need(const Config& cfg, Topology& topo, const ModeRow& row) {
+  if (!device_plan_only(cfg)) return row.memory(cfg, topo);
+  return infer_mode(cfg) ? infer_host_memory_on_gpu(cfg, topo) : train_host_memory_on_gpu(cfg, topo);
+}
+
 #if defined(CTXPAR_WITH_CUDA)
 // device=cuda: the mode's GPU memory per rank against the free memory of this rank's GPU, shared by
 // the ranks on it (bench attn: its largest row; attn, run, bench cp: the call).
@@ -201,10 +207,9 @@ std::string check_memory(const Config& cfg, Topology& topo, const ModeRow& row) 
   }
 #endif
   if (!row.memory) return "";
-  if (device_plan_only(cfg)) return "";
   const MemoryBudget b = memory_budget(cfg, topo);
   if (b.bytes_per_rank < 0) return "";
-  const double need = row.memory(cfg, topo);
+  const double need = host_need(cfg, topo, row);
   if (need <= b.bytes_per_rank) return "";
   std::ostringstream os;
   os << "config: this " << mode_words(cfg) << " plan needs about " << fmt_bytes(need)
@@ -275,11 +280,12 @@ std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row) 
          << (f.need <= f.free_per_rank ? "fits" : "does NOT fit (a run would be refused)") << "\n";
   }
 #endif
-  if (row.memory && !device_plan_only(cfg)) {
-    const double need = row.memory(cfg, topo);
+  if (row.memory) {
+    const double need = host_need(cfg, topo, row);
     const MemoryBudget b = memory_budget(cfg, topo);
     if (need > 0 && b.bytes_per_rank >= 0)
-      os << "memory check: " << fmt_bytes(need) << " per rank against " << fmt_bytes(b.bytes_per_rank) << " per rank from "
+      os << (device_plan_only(cfg) ? "host memory check: " : "memory check: ") << fmt_bytes(need) << " per rank against "
+         << fmt_bytes(b.bytes_per_rank) << " per rank from "
          << b.source << ": " << (need <= b.bytes_per_rank ? "fits" : "does NOT fit (a run would be refused)") << "\n";
   }
   return os.str();

@@ -94,7 +94,7 @@ int run_default(const Config& cfg, Topology& topo, Tracer& tracer) {
   // device=cuda: this rank's GPU and device communicators before the strategy binds to them; the
   // workload's tensors rounded to bf16 on the GPU, results brought back for the check.
   const bool on_gpu = cfg.device == Device::cuda;
-  const GpuRun gpu(on_gpu ? &topo : nullptr);
+  const GpuRun gpu(on_gpu ? &topo : nullptr, &tracer);
   if (on_gpu) log0("# device=cuda: %s, %s communicators, bf16 inputs\n", gpu.description.c_str(), gpu.comm.c_str());
   Workload w = make_workload(cfg, topo);
   const AttnParams t = w.local();

@@ -85,37 +85,49 @@ std::string non_finite_message(int64_t s, double loss, const ParamLayout& layout
 // the CPU it holds nothing and hands out the tensors themselves.
 class HostCopy {
  public:
-  HostCopy(Device dev, Stream stream, size_t n) : dev_(dev), stream_(stream) {
+  // `moments_on_device`: the AdamW moments are device memory (else host memory already: offload).
+  HostCopy(Device dev, Stream stream, size_t n, bool moments_on_device) : dev_(dev), stream_(stream) {
     if (dev_ == Device::cpu) return;
     p_.resize(n, false);
+    if (!moments_on_device) return;
     m_.resize(n, false);
     v_.resize(n, false);
   }
-  // Where the host writes the state before upload(): the tensors on the CPU, the copies on a GPU.
+  // Where the host writes the state before upload(): the tensors on the CPU, the copies on a GPU
+  // (the moments themselves when offload keeps them in host memory).
   float* p(Buffer<float>& b) { return on_cpu() ? b.data() : p_.data(); }
-  float* m(Buffer<float>& b) { return on_cpu() ? b.data() : m_.data(); }
-  float* v(Buffer<float>& b) { return on_cpu() ? b.data() : v_.data(); }
+  float* m(AdamW& o) { return on_cpu() || o.offloaded() ? o.m() : m_.data(); }
+  float* v(AdamW& o) { return on_cpu() || o.offloaded() ? o.v() : v_.data(); }
   void upload(Buffer<float>& params, AdamW& opt) {
     if (on_cpu()) return;
-    put(params, p_);
+    put(params.data(), p_);
+    if (opt.offloaded()) return;
     put(opt.m(), m_);
     put(opt.v(), v_);
   }
   // The tensor's values on the host (download_m / download_v: into the moments' copies, so that
   // a checkpoint holds all three at once); valid until the next download into the same copy.
-  const float* download(Buffer<float>& b) { return get(b, p_); }
-  const float* download_m(Buffer<float>& b) { return get(b, m_); }
-  const float* download_v(Buffer<float>& b) { return get(b, v_); }
+  const float* download(Buffer<float>& b) { return get(b.data(), p_); }
+  const float* download_m(AdamW& o) { return moments(o, o.m(), m_); }
+  const float* download_v(AdamW& o) { return moments(o, o.v(), v_); }
 
  private:
   bool on_cpu() const { return dev_ == Device::cpu; }
-  void put(Buffer<float>& dst, const Buffer<float>& src) {
-    copy_to_device(dst.data(), src.data(), src.size() * sizeof(float), dev_, stream_);
+  void put(float* dst, const Buffer<float>& src) {
+    copy_to_device(dst, src.data(), src.size() * sizeof(float), dev_, stream_);
   }
-  const float* get(Buffer<float>& src, Buffer<float>& dst) {
-    if (on_cpu()) return src.data();
-    copy_to_host(dst.data(), src.data(), src.size() * sizeof(float), dev_, stream_);
+  const float* get(const float* src, Buffer<float>& dst) {
+    if (on_cpu()) return src;
+    copy_to_host(dst.data(), src, dst.size() * sizeof(float), dev_, stream_);
     return dst.data();
+  }
+  // Offloaded moments are host memory already: once their copies out have ended.
+  const float* moments(AdamW& o, const float* src, Buffer<float>& dst) {
+    if (!on_cpu() && o.offloaded()) {
+      o.wait_host();
+      return src;
+    }
+    return get(src, dst);
   }
   Device dev_;
   Stream stream_;
@@ -247,9 +259,19 @@ double train_device_memory(const Config& cfg, Topology& topo) {
   const double S_loc = double(Partition::padded_length(make_strategy(cfg.strategy, topo)->partition(), cfg.seq,
                                                        topo.cp().size()) / topo.cp().size());
   const double layers = cfg.remat == Remat::none ? double(d.layers) : 1.0;
-  const double bf16 = 2.0 * double(ParamLayout(d).local_elems()) + 2.0 * S_loc * double(d.q_width()) +
+  const ParamLayout layout(d);
+  const double bf16 = 2.0 * double(layout.local_elems()) + 2.0 * S_loc * double(d.q_width()) +
                       layers * 2.0 * S_loc * double(d.q_width() + 2 * d.kv_width());
-  return t.state_bytes + t.activation_bytes + t.strategy_bytes + bf16;
+  // Offloaded AdamW moments: only their streamed chunks stay on the GPU.
+  const double moments = AdamW::device_bytes(layout, false) - AdamW::device_bytes(layout, offloads(cfg, Offload::optimizer), cfg.offload_chunk);
+  return t.state_bytes - moments + t.activation_bytes + t.strategy_bytes + bf16;
+}
+
+double train_host_memory_on_gpu(const Config& cfg, Topology& topo) {
+  // HostCopy's fp32 copy of the parameters and either its copies of the moments or the offloaded
+  // moments themselves (pinned): 12 bytes per parameter element; and a checkpoint's gather.
+  const TrainMemoryPlan t = plan_train_memory(cfg, topo);
+  return 12.0 * double(ParamLayout(model_dims(cfg, tp_size(topo), 0)).local_elems()) + t.gather_bytes;
 }
 
 std::string train_plan(const Config& cfg, Topology& topo) {
@@ -270,6 +292,15 @@ std::string train_plan(const Config& cfg, Topology& topo) {
   if (std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo)) {
     const Partition part(strat->partition(), cfg.seq, topo.cp().size());
     if (part.padding() > 0) os << "padding: " << part.padding_note() << "\n";
+  }
+  if (cfg.device == Device::cuda) {  // the GPU's share, without offload and with each step of it
+    Config none = cfg;
+    none.offload = "none";
+    os << "GPU memory per rank: " << fmt_bytes(train_device_memory(none, topo)) << " without offload";
+    Config opt = cfg;
+    opt.offload = "optimizer";
+    os << "; with offload=optimizer (AdamW moments in pinned host memory): " << fmt_bytes(train_device_memory(opt, topo))
+       << (offloads(cfg, Offload::optimizer) ? " (this run)" : "") << "\n";
   }
   os << "memory estimate per rank: " << fmt_bytes(t.total_bytes) << " (params+grads+AdamW " << fmt_bytes(t.state_bytes)
      << ", activations+scratch " << fmt_bytes(t.activation_bytes) << ", strategy buffers " << fmt_bytes(t.strategy_bytes)
@@ -292,7 +323,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   // references below, the strategies); params, grads, AdamW moments and every activation on the
   // GPU (`dev`, ordered on gpu.stream).
   const bool on_gpu = cfg.device == Device::cuda;
-  const GpuRun gpu(on_gpu ? &topo : nullptr);
+  const GpuRun gpu(on_gpu ? &topo : nullptr, &tracer);
   const Device dev = cfg.device;
   Comm& world = topo.world();
   Comm& cp = topo.cp();
@@ -309,12 +340,12 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   const size_t n_params = size_t(layout.local_elems());
   Buffer<float> params(n_params, true, dev, gpu.stream), grads(n_params, true, dev, gpu.stream);
   AdamWConfig oc{cfg.lr, cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay, cfg.grad_clip};
-  AdamW opt(layout, oc, dev, gpu.stream);
+  AdamW opt(layout, oc, dev, gpu.stream, offloads(cfg, Offload::optimizer), cfg.offload_chunk);
   // On a GPU the host keeps a copy for initialization, checkpoints and dumps (HostCopy).
-  HostCopy host(dev, gpu.stream, n_params);
+  HostCopy host(dev, gpu.stream, n_params, !opt.offloaded());
   TrainState state;
   if (!cfg.resume.empty()) {
-    state = load_checkpoint(cfg.resume, layout, host.p(params), host.m(opt.m()), host.v(opt.v()));
+    state = load_checkpoint(cfg.resume, layout, host.p(params), host.m(opt), host.v(opt));
     host.upload(params, opt);
     opt.set_step(state.step);
   } else {
@@ -348,7 +379,8 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
        peak / 1e9, cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank" : on_gpu ? "the GPU's dense bf16 peak" : "measured sgemm");
   if (on_gpu)
     log0("# device=cuda: %s, %s communicators; bf16 GEMM and attention inputs, fp32 accumulation, fp32 master "
-         "weights and AdamW moments\n", gpu.description.c_str(), gpu.comm.c_str());
+         "weights and AdamW moments%s\n", gpu.description.c_str(), gpu.comm.c_str(),
+         opt.offloaded() ? " (the moments offloaded to pinned host memory: offload=optimizer)" : "");
   log0("# FLOP convention: %s; attention on visible causal pairs (sum L_i(L_i+1)/2 per document; local layers the window's); recompute not counted\n",
        kFlopConvention);
   if (cfg.layer_pattern != "G")
@@ -359,12 +391,15 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   log0("#  step         loss  grad_norm   time_ms    tokens/s  TFLOP/s/rank    MFU%%  exposed_ms  peak_MiB\n");
 
   std::vector<double> times, tflops_v, mfus, tok_s, gemm_sh, attn_sh;
+  std::vector<double> offload_s;  // offload: seconds of copies per step not hidden by compute
+  const int64_t first_step = state.step;
   double first_loss = NAN, last_loss = NAN;
   // The newest good checkpoint: the one resumed from, then each one this run writes.
   int64_t last_checkpoint = cfg.resume.empty() ? -1 : state.step;
   std::string last_checkpoint_path = cfg.resume;
   for (int64_t s = state.step; s < total; ++s) {
     tracer.begin_step(s);
+    opt.prefetch();  // offload: the first chunks of the moments come in under the forward
     world.barrier();
     const double t0 = world.now();
     const int64_t sample = s * DP + topo.coord(Axis::dp);
@@ -419,10 +454,26 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     }
     {
       Tracer::Scope sc(&tracer, Phase::optimizer, -1, -1, 0, 0);
-      opt.update(params.data(), grads.data(), norm);
+      opt.update(params.data(), grads.data(), norm, &tracer);
       stream_synchronize(gpu.stream, dev);  // the step's time includes the GPU's work
     }
     double dt = world.now() - t0;
+    if (on_gpu) {
+      // The host's clocks saw only launches: the device waits timed by their events, and the
+      // GEMM and attention times from the spans' device marks (Tracer::time_on_device).
+      st.settle();
+      const auto ph = tracer.phase_seconds();
+      const auto sec = [&](std::initializer_list<Phase> p) {
+        double x = 0;
+        for (Phase q : p) x += ph[size_t(q)];
+        return x;
+      };
+      tm.gemm_s = sec({Phase::gemm});
+      tm.attn_s = sec({Phase::attn_fwd, Phase::attn_bwd, Phase::comm_send_recv, Phase::comm_wait, Phase::all_to_all,
+                       Phase::all_gather, Phase::reduce_scatter});
+      // Offload: the compute stream's waits for chunks of the moments (the copy time not hidden).
+      if (opt.offloaded()) offload_s.push_back(sec({Phase::offload}));
+    }
     // Shares of this rank's step in GEMMs and in CP attention (with its communication), averaged
     // over ranks; the rest is norms, RoPE, SwiGLU, loss, optimizer, gradient and tp all-reduces.
     double shares[2] = {tm.gemm_s / dt, tm.attn_s / dt};
@@ -465,8 +516,8 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     state.next_sample = (s + 1) * DP;
     if (cfg.checkpoint_every > 0 && state.step % cfg.checkpoint_every == 0) {
       Tracer::Scope sc(&tracer, Phase::other, -1, -1, 0, 0);
-      save_checkpoint(cfg.checkpoint, cfg, layout, host.download(params), host.download_m(opt.m()),
-                      host.download_v(opt.v()), state, topo);
+      save_checkpoint(cfg.checkpoint, cfg, layout, host.download(params), host.download_m(opt),
+                      host.download_v(opt), state, topo);
       last_checkpoint = state.step;
       last_checkpoint_path = cfg.checkpoint;
       log0("# checkpoint: step %lld written to %s\n", (long long)state.step, cfg.checkpoint.c_str());
@@ -511,6 +562,10 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     world.barrier();
   }
   const double tmed = median(times);
+  if (opt.offloaded() && !offload_s.empty())
+    log0("# offload=optimizer: %.1f MiB moved per step (AdamW moments in and out), %.2f ms of copies per step not "
+         "hidden by compute (median, rank 0; spans of phase offload)\n",
+         opt.offload_bytes() / double(opt.step() - first_step) / double(1 << 20), median(offload_s) * 1e3);
   log0("\n# summary (median over %zu measured steps, %lld warmup excluded)\n", times.size(), (long long)cfg.warmup);
   log0("#   loss               %.6f -> %.6f\n", first_loss, last_loss);
   log0("#   step time          %10.2f ms\n", tmed * 1e3);

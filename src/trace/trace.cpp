@@ -60,6 +60,7 @@ const char* phase_name(Phase p) {
     case Phase::embed: return "embed";
     case Phase::bench: return "bench";
     case Phase::shard: return "shard";
+    case Phase::offload: return "offload";
     case Phase::kNumPhases: break;
   }
   return "?";
@@ -253,6 +254,19 @@ struct Tracer::Impl {
   double shift_us = 0;     // local now_us() + shift_us = µs since rank 0's start, rank 0's clock
   double offset_us = 0, offset_err_us = 0;
   double step_begin_us = 0;
+  // time_on_device: the device and stream of the marks, begin_step's mark and its host time, and
+  // the marks of the open step (stamp() returns -(index + 1)).
+  Device mark_device = Device::cpu;
+  Stream mark_stream = nullptr;
+  Event step_mark = nullptr;
+  double step_mark_us = 0;
+  std::vector<Event> marks;
+  void drop_marks() {
+    for (Event e : marks) event_destroy(e, mark_device);
+    marks.clear();
+    if (step_mark) event_destroy(step_mark, mark_device);
+    step_mark = nullptr;
+  }
   int64_t steps_completed = 0;
   bool finished = false;
   // Agreed at end_step: the signal that stops the run, the lowest rank that saw it, the step after
@@ -548,9 +562,55 @@ double Tracer::clock_offset_us() const { return impl_->offset_us; }
 double Tracer::clock_offset_error_us() const { return impl_->offset_err_us; }
 const std::string& Tracer::path() const { return impl_->path; }
 
+void Tracer::time_on_device(Device device, Stream stream) {
+  {  // spans of an open step keep their device times
+    std::lock_guard<std::mutex> lk(impl_->span_mu);
+    resolve_marks(spans_);
+  }
+  impl_->drop_marks();
+  impl_->mark_device = device;
+  impl_->mark_stream = stream;
+}
+
+double Tracer::stamp() {
+  Impl& I = *impl_;
+  if (I.mark_device == Device::cpu || !I.step_mark) return now_us();
+  std::lock_guard<std::mutex> lk(I.span_mu);
+  I.marks.push_back(event_record(I.mark_stream, I.mark_device));
+  return -double(I.marks.size());
+}
+
+void Tracer::resolve_marks(std::vector<SpanRecord>& spans) {
+  Impl& I = *impl_;
+  if (!I.step_mark) return;
+  // The time the GPU reached each mark, on this rank's host clock (begin_step's mark = its host time).
+  std::vector<double> at(I.marks.size(), -1.0);
+  for (SpanRecord& s : spans)
+    for (double* t : {&s.t_begin_us, &s.t_end_us}) {
+      if (*t >= 0 || size_t(-*t) > at.size()) continue;
+      double& a = at[size_t(-*t) - 1];
+      if (a < 0) a = I.step_mark_us + event_seconds(I.step_mark, I.marks[size_t(-*t) - 1], I.mark_device) * 1e6 + I.shift_us;
+      *t = a;
+    }
+}
+
+std::array<double, size_t(Phase::kNumPhases)> Tracer::phase_seconds() {
+  std::array<double, size_t(Phase::kNumPhases)> s{};
+  std::lock_guard<std::mutex> lk(impl_->span_mu);
+  resolve_marks(spans_);
+  for (const SpanRecord& r : spans_)
+    if (r.phase >= 0 && r.phase < int32_t(Phase::kNumPhases)) s[size_t(r.phase)] += (r.t_end_us - r.t_begin_us) * 1e-6;
+  return s;
+}
+
 void Tracer::begin_step(int64_t step) {
   step_ = step;
   impl_->step_begin_us = now_us();
+  if (impl_->mark_device != Device::cpu) {
+    impl_->drop_marks();
+    impl_->step_mark = event_record(impl_->mark_stream, impl_->mark_device);
+    impl_->step_mark_us = impl_->step_begin_us;
+  }
   impl_->touch(step, Phase::other, -1);
 }
 
@@ -567,8 +627,9 @@ void Tracer::add_span(Phase ph, int32_t layer, int32_t ring_step, double t_begin
   s.ring_step = ring_step;
   s.rank = I.rank;
   s.pad_ = 0;
-  s.t_begin_us = t_begin_us + I.shift_us;
-  s.t_end_us = t_end_us + I.shift_us;
+  // A device mark (stamp(), negative) is kept as it is until end_step resolves it.
+  s.t_begin_us = t_begin_us < 0 ? t_begin_us : t_begin_us + I.shift_us;
+  s.t_end_us = t_end_us < 0 ? t_end_us : t_end_us + I.shift_us;
   s.flops = flops;
   s.bytes = bytes;
   {
@@ -624,6 +685,10 @@ bool Tracer::end_step(const StepRecord& local) {
   {
     std::lock_guard<std::mutex> lk(I.span_mu);
     mine.swap(spans_);
+  }
+  if (I.step_mark) {
+    resolve_marks(mine);
+    I.drop_marks();
   }
   std::vector<SpanRecord> all_spans = I.gather_spans(mine);
 
@@ -761,12 +826,16 @@ void Tracer::write_attr(const std::string& obj, const std::string& name, double 
 
 Tracer::Scope::Scope(Tracer* t, Phase ph, int32_t layer, int32_t ring_step, double flops, double bytes)
     : t_(t), ph_(ph), layer_(layer), ring_step_(ring_step), flops_(flops), bytes_(bytes),
-      t0_(t ? t->now_us() : 0.0) {
-  if (t_) t_->progress(ph, layer);
+      t0_(t ? t->stamp() : 0.0) {
+  if (!t_) return;
+  t_->progress(ph, layer);
+  range_push(phase_name(ph), t_->impl_->mark_device);
 }
 
 Tracer::Scope::~Scope() {
-  if (t_) t_->add_span(ph_, layer_, ring_step_, t0_, t_->now_us(), flops_, bytes_);
+  if (!t_) return;
+  range_pop(t_->impl_->mark_device);
+  t_->add_span(ph_, layer_, ring_step_, t0_, t_->stamp(), flops_, bytes_);
 }
 
 }  // namespace ctxpar

@@ -10,6 +10,7 @@
 //              seconds), out of memory, an I/O error, a non-finite loss; `failure` says which rank
 //              and why. A rank other than 0 tells rank 0 through the fault channel first.
 #pragma once
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -18,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "attn_params.hpp"    // Device, Stream
 #include "core/signals.hpp"  // install_stop_signals, stop_signal_seen (checked by end_step)
 
 namespace ctxpar {
@@ -29,6 +31,7 @@ class Topology;
 enum class Phase : int32_t {
   other = 0, attn_fwd, attn_bwd, comm_send_recv, comm_wait, all_to_all, all_gather,
   reduce_scatter, all_reduce, gemm, norm, rope, mlp, loss, optimizer, embed, bench, shard,
+  offload,  // host offload: copies between the GPU and pinned host memory (bytes: moved)
   kNumPhases
 };
 const char* phase_name(Phase p);
@@ -74,6 +77,17 @@ class Tracer {
   void add_span(Phase ph, int32_t layer, int32_t ring_step, double t_begin_us, double t_end_us,
                 double flops = 0, double bytes = 0);
   double now_us() const;  // local clock, µs since the tracer started
+  // A span's boundary for add_span: now_us() on the host clock; after time_on_device, an opaque
+  // mark — a CUDA event recorded on the compute stream — that end_step turns into the time the
+  // device reached it (on the host clock of begin_step's mark), so spans of asynchronous GPU work
+  // show when the GPU ran it, not when the host queued it. Pass stamps only to add_span.
+  double stamp();
+  // GPU runs: span boundaries from events on `stream` (Device::cpu: the host clock, the default),
+  // and an NVTX range (named by the phase) around every Scope, for Nsight Systems.
+  void time_on_device(Device device, Stream stream);
+  // Seconds of this rank's spans of the open step, per phase (index: int(Phase)), device marks
+  // resolved (this waits for the GPU to reach them). Nested spans count in each of their phases.
+  std::array<double, size_t(Phase::kNumPhases)> phase_seconds();
   // Heartbeat for the watchdog: what the rank is doing now.
   void progress(Phase ph, int32_t layer = -1);
 
@@ -142,6 +156,7 @@ class Tracer {
   int64_t step_ = 0;
   int32_t layer_ctx_ = -1;
   int32_t layer_or_ctx(int32_t layer) const { return layer == -1 ? layer_ctx_ : layer; }
+  void resolve_marks(std::vector<SpanRecord>& spans);  // device marks → host-clock µs (with the shift)
 };
 
 

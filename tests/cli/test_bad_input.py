@@ -42,6 +42,7 @@ CASES = [
     ("bench comm sizes reversed", ["bench", "comm", "bench_min_bytes=1M", "bench_max_bytes=4K"], "bench_min_bytes"),
     ("ulysses cannot split heads", ["run", "strategy=ulysses", "mesh=ulysses:2", "heads=3", "kv_heads=3"], "heads"),
     ("strategy=auto without a readable profile", ["train", "strategy=auto", "hardware=nope"], "hardware"),
+    ("host offload on the CPU", ["train", "offload=optimizer"], "offload"),
     ("device=cuda for a mode not built for it", ["bench", "infer", "device=cuda"], "device"),
     ("attn device=cuda where no GPU is usable (or no CUDA build)", ["attn", "device=cuda", "seq=128"], "device"),
     ("frugal with device=cuda", ["attn", "device=cuda", "frugal=true", "seq=128"], "frugal"),

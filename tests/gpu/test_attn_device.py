@@ -11,7 +11,7 @@ the same call must match within the same bound (and record no GPU memory). Then
 `bench cp device=cuda strategy=all` at 2 ranks: every row present and its #wrong column 0; and
 `run device=cuda` (usp on 2 x 2 ranks) VALID against the single-rank kernel. Last, bad input that
 only a CUDA build reaches (train with D layers or the halo, more GPU memory than the GPU has, a
-mode not built for the GPU) refused with exit 2.
+mode not built for the GPU, host offload of what is not built or outside train) refused with exit 2.
 
 usage: test_attn_device.py CTXPAR_EMU CTXPAR MPIRUN WORKDIR
 """
@@ -127,9 +127,34 @@ print(p.stdout[-1500:])
 if p.returncode != 0 or "# VALID" not in p.stdout or "device=cuda" not in p.stdout:
     failures.append(f"run device=cuda: exit {p.returncode}\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
 
+# Spans of a GPU run are timed by CUDA events on the compute stream (Tracer::time_on_device): two
+# training steps and one chat on 2 ranks; every span resolved (no mark left: a negative time)
+# and ordered (end >= begin); the GEMM spans (the model's bf16 GEMMs,
+# timed by their events) carry time, and the summary's GEMM share is theirs (not 0).
+TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "inputs", "tiny.toml")
+for mode in (["train", "seq=64", "steps=2", "warmup=0"], ["chat", "docs=none", "schedule=prefill:48,decode:2"]):
+    out = os.path.join(WORK, f"spans_{mode[0]}.h5")
+    cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "2", EMU, *mode, "--config", TINY, "device=cuda",
+           f"out={out}"]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        failures.append(f"{mode[0]} device=cuda: exit {p.returncode}\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+        continue
+    with h5py.File(out, "r") as f:
+        sp = f["spans"][:]
+    bad = (sp["t_begin_us"] < 0) | (sp["t_end_us"] < sp["t_begin_us"])
+    gemm = sp["phase"] == 9  # Phase::gemm
+    gemm_s = float((sp["t_end_us"][gemm] - sp["t_begin_us"][gemm]).sum()) * 1e-6
+    print(f"{mode[0]} device=cuda: {len(sp)} spans, {int(bad.sum())} unresolved or reversed, GEMM spans {gemm_s:.3f} s")
+    if len(sp) == 0 or bad.any() or gemm_s <= 0:
+        failures.append(f"{mode[0]} device=cuda spans: {len(sp)} spans, {int(bad.sum())} bad, GEMM {gemm_s} s")
+    if mode[0] == "train":
+        line = [l for l in p.stdout.splitlines() if "time in GEMMs" in l]
+        if not line or " 0.0 %" in line[0].split("(")[0]:
+            failures.append(f"train device=cuda: GEMM share missing or 0: {line}")
+
 # Bad input with device=cuda that only a CUDA build reaches: refused on every rank with exit 2, one
 # message naming the value, and no output file written.
-TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "inputs", "tiny.toml")
 BAD = [  # (arguments, text the message must contain)
     (["train", "layer_pattern=DG"], "layer_pattern = 'DG'"),
     (["train", "layer_pattern=LG", "window=24", "local_strategy=halo"], "local_strategy = halo"),
@@ -138,6 +163,9 @@ BAD = [  # (arguments, text the message must contain)
     (["chat", "docs=none", "schedule=prefill:64M,decode:2"], "smaller batch"),
     (["bench", "infer"], "device = 'cuda' is built for"),
     (["chat", "layer_pattern=DG", "docs=none"], "layer_pattern = 'DG'"),
+    (["train", "offload=layer_inputs"], "not built yet"),
+    (["train", "offload=optimizer,weights"], "not something to offload"),
+    (["chat", "docs=none", "offload=optimizer"], "applies to train"),
 ]
 for args, text in BAD:
     out = os.path.join(WORK, "bad.h5")

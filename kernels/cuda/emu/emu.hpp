@@ -412,6 +412,10 @@ inline cudaError_t rt_free(void* p) {
   return cudaSuccess;
 }
 inline cudaError_t rt_free_async(void* p, cudaStream_t) { return rt_free(p); }
+template <class T>
+cudaError_t rt_host_alloc(T** p, size_t n, unsigned) {  // pinned memory is host memory here
+  return rt_malloc(p, n);
+}
 inline cudaError_t rt_memcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
   if (n) std::memmove(d, s, n);
   return cudaSuccess;
@@ -511,6 +515,8 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
 #define cudaMallocAsync(...) ::ctxpar::cuda::emu::rt_malloc_async(__VA_ARGS__)
 #define cudaFree(...) ::ctxpar::cuda::emu::rt_free(__VA_ARGS__)
 #define cudaFreeAsync(...) ::ctxpar::cuda::emu::rt_free_async(__VA_ARGS__)
+#define cudaHostAlloc(...) ::ctxpar::cuda::emu::rt_host_alloc(__VA_ARGS__)
+#define cudaFreeHost(...) ::ctxpar::cuda::emu::rt_free(__VA_ARGS__)
 #define cudaMemcpy(...) ::ctxpar::cuda::emu::rt_memcpy(__VA_ARGS__)
 #define cudaMemcpyAsync(...) ::ctxpar::cuda::emu::rt_memcpy_async(__VA_ARGS__)
 #define cudaMemcpy2DAsync(...) ::ctxpar::cuda::emu::rt_memcpy_2d_async(__VA_ARGS__)
@@ -524,6 +530,7 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
 #define cudaEventSynchronize(...) ::ctxpar::cuda::emu::rt_ok(__VA_ARGS__)
 #define cudaEventElapsedTime(...) ::ctxpar::cuda::emu::rt_event_elapsed(__VA_ARGS__)
 #define cudaEventDestroy(...) ::ctxpar::cuda::emu::rt_ok(__VA_ARGS__)
+#define cudaStreamWaitEvent(...) ::ctxpar::cuda::emu::rt_ok(__VA_ARGS__)
 #define cudaDeviceSynchronize() ::ctxpar::cuda::emu::rt_ok()
 #define cudaGetLastError() ::ctxpar::cuda::emu::rt_get_last_error()
 #define cudaGetDeviceCount(...) ::ctxpar::cuda::emu::rt_get_device_count(__VA_ARGS__)
