@@ -7,6 +7,7 @@ set(CTXPAR_MODEL_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/mla_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/optimizer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/offload.cpp
   ${CMAKE_CURRENT_LIST_DIR}/flops.cpp
   ${CMAKE_CURRENT_LIST_DIR}/data.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp

@@ -39,9 +39,11 @@ double Transformer::activation_bytes(const ModelDims& d, Remat remat, int64_t S,
 
 Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat,
                          const std::vector<int64_t>& pos, bool has_docs, CpStrategy* local_strategy, Device dev,
-                         Stream stream)
+                         Stream stream, bool offload_inputs)
     : layout_(layout), d_(layout.dims()), topo_(topo), strat_(strategy), local_(local_strategy), remat_(remat),
-      has_docs_(has_docs), S_loc_(int64_t(pos.size())), pos_(pos), dev_(dev), stream_(stream) {
+      has_docs_(has_docs), S_loc_(int64_t(pos.size())), pos_(pos),
+      xs_(layout.dims().layers, pos.size() * size_t(layout.dims().dim), offload_inputs, dev, stream), dev_(dev),
+      stream_(stream) {
   CTXPAR_CHECK(!d_.has_local() || local_, "a model with local (L) layers needs their strategy");
   CTXPAR_CHECK(dev_ == Device::cpu || (!d_.mla && !d_.has_gdn()),
                "MLA and Gated DeltaNet layers run on the CPU only so far (config refuses them with device = cuda)");
@@ -60,8 +62,6 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
     copy_to_device(cos_.data(), c.data(), c.size() * sizeof(float), dev_, stream_);
     copy_to_device(sin_.data(), sn.data(), sn.size() * sizeof(float), dev_, stream_);
   }
-  x_.resize(size_t(d_.layers + 1));
-  for (auto& b : x_) b = alloc(n * dim);
   const int64_t n_gdn = d_.gdn_layers();
   attn_.resize(remat_ == Remat::none ? size_t(d_.layers) : 1);
   for (size_t l = 0; l < attn_.size(); ++l) {
@@ -210,7 +210,7 @@ void Transformer::mlp_bwd(int64_t l, const LayerView& w, LayerView& gw, MlpActs&
 // dx holds d(loss)/d(output of layer l) on entry and d(loss)/d(input of layer l) on exit.
 void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const Batch& b, float* dx) {
   const int64_t S = S_loc_, dim = d_.dim, qw = d_.q_width(), kw = d_.kv_width();
-  const float* x = x_[size_t(l)].data();
+  const float* x = xs_.at(l);
   MlpActs& m = mlp_of(l);
   if (d_.is_gdn(l)) {
     GdnActs& g = gdn_of(l);
@@ -313,24 +313,28 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
 
   {
     Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
-    embedding_fwd(w.emb, tokens, S, dim, x_[0].data(), dev_, stream_);
+    xs_.will_write(0, tr_);
+    embedding_fwd(w.emb, tokens, S, dim, xs_.at(0), dev_, stream_);
+    xs_.written(0);
   }
   for (int64_t l = 0; l < d_.layers; ++l) {
     const LayerView& lw = w.layers[size_t(l)];
     MlpActs& m = mlp_of(l);
     if (d_.is_gdn(l)) {
-      gdn_->forward(run(l), lw, b, x_[size_t(l)].data(), gdn_of(l), m.x1.data());
+      gdn_->forward(run(l), lw, b, xs_.at(l), gdn_of(l), m.x1.data());
     } else {
       AttnActs& a = attn_of(l);
-      attn_part_fwd(l, lw, x_[size_t(l)].data(), a, b);
-      attn_or_mla_out_fwd(l, lw, x_[size_t(l)].data(), a.o.data(), m.x1.data());
+      attn_part_fwd(l, lw, xs_.at(l), a, b);
+      attn_or_mla_out_fwd(l, lw, xs_.at(l), a.o.data(), m.x1.data());
     }
+    xs_.will_write(l + 1, tr_);
     mlp_fwd(run(l), lw, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(),
-            x_[size_t(l + 1)].data());
+            xs_.at(l + 1));
+    xs_.written(l + 1);
   }
   {
     Tracer::Scope sc(tr_, Phase::norm, -1, -1, 0, 0);
-    rmsnorm_fwd(x_[size_t(d_.layers)].data(), w.final_norm, hf_.data(), rstd_f_.data(), S, dim, d_.norm_eps, dev_,
+    rmsnorm_fwd(xs_.at(d_.layers), w.final_norm, hf_.data(), rstd_f_.data(), S, dim, d_.norm_eps, dev_,
                 stream_);
   }
   // LM head and loss, fused per row chunk: logits → dlogits in place → dW_lm, dhf.
@@ -352,10 +356,14 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   device_zero(dx, size_t(S * dim) * sizeof(float), dev_, stream_);
   {
     Tracer::Scope sc(tr_, Phase::norm, -1, -1, 0, 0);
-    rmsnorm_bwd(dhf_.data(), x_[size_t(d_.layers)].data(), w.final_norm, rstd_f_.data(), dx, gw.final_norm, S, dim,
+    rmsnorm_bwd(dhf_.data(), xs_.at(d_.layers), w.final_norm, rstd_f_.data(), dx, gw.final_norm, S, dim,
                 dev_, stream_);
   }
-  for (int64_t l = d_.layers - 1; l >= 0; --l) layer_bwd(l, w.layers[size_t(l)], gw.layers[size_t(l)], b, dx);
+  for (int64_t l = d_.layers - 1; l >= 0; --l) {
+    xs_.will_read(l, tr_);
+    layer_bwd(l, w.layers[size_t(l)], gw.layers[size_t(l)], b, dx);
+  }
+  xs_.end_step();
   {
     Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
     embedding_bwd(dx, tokens, S, dim, gw.emb, dev_, stream_);

@@ -27,6 +27,7 @@
 #include "model/data.hpp"
 #include "model/gdn_layer.hpp"
 #include "model/layer.hpp"
+#include "model/offload.hpp"
 #include "model/mla_layer.hpp"
 #include "model/model.hpp"
 
@@ -49,7 +50,9 @@ class Transformer {
   // Attention (G and L) layers only: MLA and GDN layers are refused there so far.
   Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat,
               const std::vector<int64_t>& pos, bool has_docs, CpStrategy* local_strategy = nullptr,
-              Device dev = Device::cpu, Stream stream = nullptr);
+              Device dev = Device::cpu, Stream stream = nullptr, bool offload_inputs = false);
+  // offload_inputs (offload=layer_inputs, a GPU run): the layer inputs in pinned host memory
+  // between the forward and the backward (model/offload.hpp); the same bits as without.
 
   // Overwrites `grads` (layout.local_elems()) with d(loss)/d(params) for loss = loss_scale *
   // sum of token losses, and returns this rank's unscaled sum of token losses. `logits_out`
@@ -64,6 +67,8 @@ class Transformer {
   // Bytes of activations and scratch this object holds (for the dry-run estimate check).
   static double activation_bytes(const ModelDims& d, Remat remat, int64_t S_loc, int64_t logits_rows);
   static int64_t logits_chunk_rows(int64_t S_loc, int64_t V);
+  // Bytes offload=layer_inputs copied so far (0 without it).
+  double offload_bytes() const { return xs_.offload_bytes(); }
 
  private:
   // q, k, v: fp32 after RoPE (on a GPU one shared set, qf_/kf_/vf_); qb, kb, vb: their bf16
@@ -99,7 +104,7 @@ class Transformer {
   std::vector<int64_t> pos_;
   int64_t zigzag_S_ = -1;  // the sequence length whose zigzag shard pos_ is (0: not one; -1: not known yet)
   Buffer<float> cos_, sin_;  // RoPE tables [S_loc, D/2]
-  std::vector<Buffer<float>> x_;  // residual stream: input of layer l, l = 0..L (x_[L] = final)
+  LayerInputs xs_;  // residual stream: input of layer l, l = 0..L (at(L) = final), model/offload.hpp
   std::vector<AttnActs> attn_;
   std::vector<MlaActs> mla_;  // attention = mla: the latents, alongside attn_ (same indexing)
   MlaScratch mla_s_;

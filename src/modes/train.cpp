@@ -90,8 +90,9 @@ class HostCopy {
     if (dev_ == Device::cpu) return;
     p_.resize(n, false);
     if (!moments_on_device) return;
-    m_.resize(n, false);
-    v_.resize(n, false);
+    // Zeros: a run that does not resume uploads them as the initial moments.
+    m_.resize(n, true);
+    v_.resize(n, true);
   }
   // Where the host writes the state before upload(): the tensors on the CPU, the copies on a GPU
   // (the moments themselves when offload keeps them in host memory).
@@ -262,16 +263,25 @@ double train_device_memory(const Config& cfg, Topology& topo) {
   const ParamLayout layout(d);
   const double bf16 = 2.0 * double(layout.local_elems()) + 2.0 * S_loc * double(d.q_width()) +
                       layers * 2.0 * S_loc * double(d.q_width() + 2 * d.kv_width());
-  // Offloaded AdamW moments: only their streamed chunks stay on the GPU.
+  // Offloaded AdamW moments: only their streamed chunks stay on the GPU; offloaded layer inputs:
+  // only their slots (model/offload.hpp).
   const double moments = AdamW::device_bytes(layout, false) - AdamW::device_bytes(layout, offloads(cfg, Offload::optimizer), cfg.offload_chunk);
-  return t.state_bytes - moments + t.activation_bytes + t.strategy_bytes + bf16;
+  const size_t x_elems = size_t(S_loc) * size_t(d.dim);
+  const double inputs = LayerInputs::device_bytes(d.layers, x_elems, false) -
+                        LayerInputs::device_bytes(d.layers, x_elems, offloads(cfg, Offload::layer_inputs));
+  return t.state_bytes - moments + t.activation_bytes - inputs + t.strategy_bytes + bf16;
 }
 
 double train_host_memory_on_gpu(const Config& cfg, Topology& topo) {
   // HostCopy's fp32 copy of the parameters and either its copies of the moments or the offloaded
-  // moments themselves (pinned): 12 bytes per parameter element; and a checkpoint's gather.
+  // moments themselves (pinned): 12 bytes per parameter element; offloaded layer inputs (pinned,
+  // L of them); and a checkpoint's gather.
   const TrainMemoryPlan t = plan_train_memory(cfg, topo);
-  return 12.0 * double(ParamLayout(model_dims(cfg, tp_size(topo), 0)).local_elems()) + t.gather_bytes;
+  const ModelDims d = model_dims(cfg, tp_size(topo), 0);
+  const double S_loc = double(Partition::padded_length(make_strategy(cfg.strategy, topo)->partition(), cfg.seq,
+                                                       topo.cp().size()) / topo.cp().size());
+  const double inputs = offloads(cfg, Offload::layer_inputs) ? double(d.layers) * S_loc * double(d.dim) * 4.0 : 0.0;
+  return 12.0 * double(ParamLayout(d).local_elems()) + inputs + t.gather_bytes;
 }
 
 std::string train_plan(const Config& cfg, Topology& topo) {
@@ -294,13 +304,15 @@ std::string train_plan(const Config& cfg, Topology& topo) {
     if (part.padding() > 0) os << "padding: " << part.padding_note() << "\n";
   }
   if (cfg.device == Device::cuda) {  // the GPU's share, without offload and with each step of it
-    Config none = cfg;
-    none.offload = "none";
-    os << "GPU memory per rank: " << fmt_bytes(train_device_memory(none, topo)) << " without offload";
-    Config opt = cfg;
-    opt.offload = "optimizer";
-    os << "; with offload=optimizer (AdamW moments in pinned host memory): " << fmt_bytes(train_device_memory(opt, topo))
-       << (offloads(cfg, Offload::optimizer) ? " (this run)" : "") << "\n";
+    Config c = cfg;
+    c.offload = "none";
+    os << "GPU memory per rank: " << fmt_bytes(train_device_memory(c, topo)) << " without offload";
+    for (const char* step : {"optimizer", "optimizer,layer_inputs"}) {
+      c.offload = step;
+      os << "; offload=" << step << ": " << fmt_bytes(train_device_memory(c, topo))
+         << (cfg.offload == step ? " (this run)" : "");
+    }
+    os << "\n";
   }
   os << "memory estimate per rank: " << fmt_bytes(t.total_bytes) << " (params+grads+AdamW " << fmt_bytes(t.state_bytes)
      << ", activations+scratch " << fmt_bytes(t.activation_bytes) << ", strategy buffers " << fmt_bytes(t.strategy_bytes)
@@ -341,6 +353,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   Buffer<float> params(n_params, true, dev, gpu.stream), grads(n_params, true, dev, gpu.stream);
   AdamWConfig oc{cfg.lr, cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay, cfg.grad_clip};
   AdamW opt(layout, oc, dev, gpu.stream, offloads(cfg, Offload::optimizer), cfg.offload_chunk);
+  const bool any_offload = on_gpu && (offloads(cfg, Offload::optimizer) || offloads(cfg, Offload::layer_inputs));
   // On a GPU the host keeps a copy for initialization, checkpoints and dumps (HostCopy).
   HostCopy host(dev, gpu.stream, n_params, !opt.offloaded());
   TrainState state;
@@ -353,7 +366,8 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     host.upload(params, opt);
   }
   std::unique_ptr<CpStrategy> local_strat = make_local_strategy(cfg, topo);
-  Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg), local_strat.get(), dev, gpu.stream);
+  Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg), local_strat.get(), dev, gpu.stream,
+                    offloads(cfg, Offload::layer_inputs));
   model.set_visible_only(cfg.frugal);
   const std::unique_ptr<TokenSource> src = make_token_source(cfg);
 
@@ -380,7 +394,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   if (on_gpu)
     log0("# device=cuda: %s, %s communicators; bf16 GEMM and attention inputs, fp32 accumulation, fp32 master "
          "weights and AdamW moments%s\n", gpu.description.c_str(), gpu.comm.c_str(),
-         opt.offloaded() ? " (the moments offloaded to pinned host memory: offload=optimizer)" : "");
+         any_offload ? (" (offload=" + cfg.offload + ": in pinned host memory)").c_str() : "");
   log0("# FLOP convention: %s; attention on visible causal pairs (sum L_i(L_i+1)/2 per document; local layers the window's); recompute not counted\n",
        kFlopConvention);
   if (cfg.layer_pattern != "G")
@@ -472,7 +486,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
       tm.attn_s = sec({Phase::attn_fwd, Phase::attn_bwd, Phase::comm_send_recv, Phase::comm_wait, Phase::all_to_all,
                        Phase::all_gather, Phase::reduce_scatter});
       // Offload: the compute stream's waits for chunks of the moments (the copy time not hidden).
-      if (opt.offloaded()) offload_s.push_back(sec({Phase::offload}));
+      if (any_offload) offload_s.push_back(sec({Phase::offload}));
     }
     // Shares of this rank's step in GEMMs and in CP attention (with its communication), averaged
     // over ranks; the rest is norms, RoPE, SwiGLU, loss, optimizer, gradient and tp all-reduces.
@@ -562,10 +576,14 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     world.barrier();
   }
   const double tmed = median(times);
-  if (opt.offloaded() && !offload_s.empty())
-    log0("# offload=optimizer: %.1f MiB moved per step (AdamW moments in and out), %.2f ms of copies per step not "
-         "hidden by compute (median, rank 0; spans of phase offload)\n",
-         opt.offload_bytes() / double(opt.step() - first_step) / double(1 << 20), median(offload_s) * 1e3);
+  if (!offload_s.empty()) {
+    const double steps_run = double(std::max<int64_t>(opt.step() - first_step, 1));
+    log0("# offload=%s: %.1f MiB moved per step (AdamW moments %.1f, layer inputs %.1f), %.2f ms per step of "
+         "copies not hidden by compute (median, rank 0; spans of phase offload)\n",
+         cfg.offload.c_str(), (opt.offload_bytes() + model.offload_bytes()) / steps_run / double(1 << 20),
+         opt.offload_bytes() / steps_run / double(1 << 20), model.offload_bytes() / steps_run / double(1 << 20),
+         median(offload_s) * 1e3);
+  }
   log0("\n# summary (median over %zu measured steps, %lld warmup excluded)\n", times.size(), (long long)cfg.warmup);
   log0("#   loss               %.6f -> %.6f\n", first_loss, last_loss);
   log0("#   step time          %10.2f ms\n", tmed * 1e3);

@@ -1,16 +1,18 @@
 #!/usr/bin/python3
-"""Host offload of the AdamW moments (`offload=optimizer`) on the emulated GPU backend (ctxpar_emu).
+"""Host offload (`offload=optimizer`, `offload=optimizer,layer_inputs`) on the emulated GPU backend.
 
-1. Round trip bit-exact: `train device=cuda` for 3 steps with and without offload (2 ranks, chunks of
-   10000 elements, so every large tensor streams through the GPU in several chunks): the losses and
+1. Round trip bit-exact: `ctxpar_emu train device=cuda` (tiny model with 5 layers, 2 ranks, 2 steps)
+   without offload, with the AdamW moments offloaded (chunks of 10000 elements, so large tensors
+   stream through the GPU in several), and with the layer inputs offloaded too: the losses and
    every dataset of the final checkpoint (parameters, both moments) are identical bit for bit.
-2. The GPU memory it saves: the trace's device high-water mark falls by at least 90% of what
-   `--dry-run` predicts (its "GPU memory per rank" line without and with offload), and the copies
-   are traced: the spans of phase offload carry 16 bytes per parameter element per step.
+2. The GPU memory each step of offload saves: the trace's device high-water mark falls by at least
+   90% of what `--dry-run` predicts (its "GPU memory per rank" line), and the copies are traced:
+   the spans of phase offload carry 16 bytes per parameter element per step for the moments, and
+   the layer inputs brought back in each backward (the 3 newest stay on the GPU).
 On the CUDA-runtime double work not ordered by an event runs late, never early: taking away the
-compute stream's wait for a chunk's copy in makes this test fail (checked by hand: every moment
-differs), but a copy out not ordered after the update would still run after it here, so that
-ordering point is checked by reading the code only.
+compute stream's wait for a copy in (moments or layer inputs) makes this test fail (checked by
+hand), but a copy out not ordered after the write it reads would still run after it here, so those
+ordering points are checked by reading the code only.
 Its refusals are cases of test_attn_device.py (what is not built yet, a name that is not a thing
 to offload, offload outside train) and of tests/cli/test_bad_input.py (offload on the CPU).
 
@@ -28,7 +30,7 @@ EMU, MPIRUN, WORK = sys.argv[1:4]
 os.makedirs(WORK, exist_ok=True)
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "inputs", "tiny.toml")
-STEPS = 3
+STEPS = 2
 failures = []
 
 
@@ -44,59 +46,70 @@ def datasets(path):
     return out
 
 
-common = ["train", "--config", TINY, "seq=64", f"steps={STEPS}", "warmup=0", "device=cuda", "offload_chunk=10000",
-          f"checkpoint_every={STEPS}"]
+LAYERS, SEQ, RANKS, DIM = 5, 64, 2, 128
+common = ["train", "--config", TINY, f"seq={SEQ}", f"layers={LAYERS}", f"steps={STEPS}", "warmup=0", "device=cuda",
+          "offload_chunk=10000", f"checkpoint_every={STEPS}"]
+UNIT = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
 runs = {}
-for off in ("none", "optimizer"):
-    ck, tr = os.path.join(WORK, f"ck_{off}.h5"), os.path.join(WORK, f"tr_{off}.h5")
+for off in ("none", "optimizer", "optimizer,layer_inputs"):
+    tag = off.replace(",", "+")
+    ck, tr = os.path.join(WORK, f"ck_{tag}.h5"), os.path.join(WORK, f"tr_{tag}.h5")
     for f in (ck, tr):
         if os.path.exists(f):
             os.remove(f)
-    p = mpirun(EMU, 2, common + [f"offload={off}", f"checkpoint={ck}", f"out={tr}"])
-    print(p.stdout[-1200:])
+    p = mpirun(EMU, RANKS, common + [f"offload={off}", f"checkpoint={ck}", f"out={tr}"])
+    print(p.stdout[-900:])
     if p.returncode != 0:
         failures.append(f"train offload={off}: exit {p.returncode}\n{p.stderr[-2000:]}")
         continue
-    dry = mpirun(EMU, 2, common + [f"offload={off}", "--dry-run"])
-    m = re.search(r"GPU memory per rank: ([\d.]+) (\w+) without offload; with offload=optimizer[^:]*: ([\d.]+) (\w+)",
-                  dry.stdout)
-    unit = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
-    plan = (float(m.group(1)) * unit[m.group(2)], float(m.group(3)) * unit[m.group(4)]) if m else None
+    dry = mpirun(EMU, RANKS, common + [f"offload={off}", "--dry-run"])
+    plan = {}
+    line = re.search(r"GPU memory per rank: (.*)", dry.stdout)
+    for m in re.finditer(r"([\d.]+) (B|KiB|MiB|GiB) without offload|offload=([\w,]+): ([\d.]+) (B|KiB|MiB|GiB)",
+                         line.group(1) if line else ""):
+        if m.group(1):
+            plan["none"] = float(m.group(1)) * UNIT[m.group(2)]
+        else:
+            plan[m.group(3)] = float(m.group(4)) * UNIT[m.group(5)]
     with h5py.File(tr, "r") as f:
         steps = f["steps"][:]
         spans = f["spans"][:]
-    runs[off] = dict(ck=datasets(ck), loss=steps["loss"], peak=int(steps["device_peak_bytes"].max()), plan=plan,
-                     spans=spans, log=p.stdout)
-
-if len(runs) == 2:
-    a, b = runs["none"], runs["optimizer"]
-    if not np.array_equal(a["loss"], b["loss"]):
-        failures.append(f"losses differ: {a['loss'].tolist()} vs {b['loss'].tolist()}")
-    differ = [k for k in a["ck"] if k not in b["ck"] or not np.array_equal(a["ck"][k], b["ck"][k])]
-    print(f"checkpoint: {len(a['ck'])} datasets, {len(differ)} differ; losses {b['loss'].tolist()}")
-    if differ or len(a["ck"]) != len(b["ck"]):
-        failures.append(f"checkpoints differ in {differ[:8]}")
-    if a["plan"] is None:
-        failures.append("--dry-run printed no 'GPU memory per rank' line")
-    else:
-        predicted = a["plan"][0] - a["plan"][1]
-        measured = a["peak"] - b["peak"]
-        print(f"GPU high-water mark {a['peak']} -> {b['peak']} bytes: saved {measured}, plan {predicted:.0f}")
-        if not measured >= 0.9 * predicted or predicted <= 0:
-            failures.append(f"offload saved {measured} bytes of GPU memory, the plan said {predicted:.0f}")
-    # 16 bytes per element and step (m and v, in and out), summed over the ranks' offload spans.
-    with h5py.File(os.path.join(WORK, "tr_optimizer.h5"), "r") as f:
         names = [x.decode() if isinstance(x, bytes) else x for x in f["spans"].attrs["phase_names"]]
-    off_code = names.index("offload")
-    sp = b["spans"]
-    moved = sp["bytes"][sp["phase"] == off_code].sum()
-    elems = sum(v.size for k, v in b["ck"].items() if k.startswith("params/"))
-    print(f"offload spans: {moved:.0f} bytes over {STEPS} steps, {elems} parameter elements")
-    # Each rank holds the whole (replicated) model: 2 ranks x 16 bytes x elems x steps.
-    if moved != 2 * 16 * elems * STEPS:
-        failures.append(f"offload spans carry {moved} bytes, expected {2 * 16 * elems * STEPS}")
-    if "offload=optimizer:" not in b["log"]:
-        failures.append("no offload summary line in the train log")
+    moved = float(spans["bytes"][spans["phase"] == names.index("offload")].sum())
+    runs[off] = dict(ck=datasets(ck), loss=steps["loss"], peak=int(steps["device_peak_bytes"].max()), plan=plan,
+                     moved=moved, log=p.stdout)
+
+if len(runs) == 3:
+    base = runs["none"]
+    elems = sum(v.size for k, v in base["ck"].items() if k.startswith("params/"))
+    S_loc = SEQ // RANKS
+    expect_moved = {"none": 0,
+                    "optimizer": RANKS * STEPS * 16 * elems,
+                    "optimizer,layer_inputs": RANKS * STEPS * (16 * elems + (LAYERS - 2) * S_loc * DIM * 4)}
+    prev = "none"
+    for off in ("optimizer", "optimizer,layer_inputs"):
+        r = runs[off]
+        if not np.array_equal(base["loss"], r["loss"]):
+            failures.append(f"offload={off}: losses {r['loss'].tolist()} differ from {base['loss'].tolist()}")
+        differ = [k for k in base["ck"] if k not in r["ck"] or not np.array_equal(base["ck"][k], r["ck"][k])]
+        print(f"offload={off}: checkpoint {len(base['ck'])} datasets, {len(differ)} differ; losses {r['loss'].tolist()}")
+        if differ or len(base["ck"]) != len(r["ck"]):
+            failures.append(f"offload={off}: checkpoints differ in {differ[:8]}")
+        plan = base["plan"]
+        if prev not in plan or off not in plan:
+            failures.append(f"--dry-run's GPU memory line lacks {prev!r} or {off!r}: {plan}")
+        else:
+            predicted, measured = plan[prev] - plan[off], runs[prev]["peak"] - r["peak"]
+            print(f"offload={off}: GPU high-water mark {runs[prev]['peak']} -> {r['peak']} bytes: saved {measured}, "
+                  f"plan {predicted:.0f}")
+            if not (predicted > 0 and measured >= 0.9 * predicted):
+                failures.append(f"offload={off} saved {measured} bytes of GPU memory, the plan said {predicted:.0f}")
+        print(f"offload={off}: spans of phase offload carry {r['moved']:.0f} bytes, expected {expect_moved[off]}")
+        if r["moved"] != expect_moved[off]:
+            failures.append(f"offload={off}: offload spans carry {r['moved']:.0f} bytes, expected {expect_moved[off]}")
+        if f"offload={off}:" not in r["log"]:
+            failures.append(f"offload={off}: no offload summary line in the train log")
+        prev = off
 
 for f in failures:
     print("FAIL:", f)

@@ -100,9 +100,17 @@ def labels_of(tokens, doc_ids):
 
 
 class Model:
-    def __init__(self, dump, dtype):
+    """`dtype`: the parameters' and the arithmetic's type. `bf16_inputs` (with float32): the naive
+    bf16 computation of ctxpar's GPU policy: fp32 master weights, AdamW and arithmetic, every GEMM's
+    and the attention's input operands rounded to bf16 first, and the attention's unnormalized
+    probabilities exp(s - max) before P V (normalized after, by their unrounded sum), as the
+    kernels round them (gradients rounded back the same way by autograd
+    through the casts)."""
+
+    def __init__(self, dump, dtype, bf16_inputs=False):
         self.cfg = dump["cfg"]
         self.dtype = dtype
+        self.bf16_inputs = bf16_inputs
         self.names = dump["names"]
         self.p = {n: torch.tensor(dump["params"][n], dtype=dtype, requires_grad=True) for n in self.names}
         S = self.cfg["seq"]
@@ -129,6 +137,13 @@ class Model:
         self.doc = doc
         self.tokens = torch.tensor(tokens.astype(np.int64))
         self.labels = torch.tensor(labels_of(tokens, doc_ids))
+
+    def r(self, x):
+        """x rounded to bf16 (as fp32) in the bf16_inputs mode, else x."""
+        return x.to(torch.bfloat16).to(x.dtype) if self.bf16_inputs else x
+
+    def mm(self, a, b):
+        return self.r(a) @ self.r(b)
 
     def rms(self, x, w):
         return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.cfg["norm_eps"]) * w.reshape(-1)
@@ -228,19 +243,23 @@ class Model:
                 continue
             w = {t: p[f"layers.{l}.{t}"] for t in LAYER_TENSORS}
             h = self.rms(x, w["attn_norm"])
-            q = self.rope((h @ w["wq"]).reshape(S, H, D))
-            k = self.rope((h @ w["wk"]).reshape(S, Hkv, D))
-            v = (h @ w["wv"]).reshape(S, Hkv, D)
+            q = self.r(self.rope(self.mm(h, w["wq"]).reshape(S, H, D)))
+            k = self.r(self.rope(self.mm(h, w["wk"]).reshape(S, Hkv, D)))
+            v = self.r(self.mm(h, w["wv"]).reshape(S, Hkv, D))
             k = k.repeat_interleave(H // Hkv, dim=1)
             v = v.repeat_interleave(H // Hkv, dim=1)
             sc = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(D)
             sc = sc.masked_fill(~(self.local_mask if kind == "L" else self.mask)[None], float("-inf"))
-            o = torch.einsum("hij,jhd->ihd", torch.softmax(sc, dim=-1), v).reshape(S, H * D)
-            x = x + o @ w["wo"]
+            if self.bf16_inputs:  # as the GPU kernels: exp(s - max) rounded to bf16 before P V, its sum not
+                pu = torch.exp(sc - sc.amax(dim=-1, keepdim=True))
+                o = (torch.einsum("hij,jhd->ihd", self.r(pu), v) / pu.sum(-1).transpose(0, 1)[..., None]).reshape(S, H * D)
+            else:
+                o = torch.einsum("hij,jhd->ihd", torch.softmax(sc, dim=-1), v).reshape(S, H * D)
+            x = x + self.mm(o, w["wo"])
             h2 = self.rms(x, w["mlp_norm"])
-            g, u = h2 @ w["w1"], h2 @ w["w3"]
-            x = x + (torch.nn.functional.silu(g) * u) @ w["w2"]
-        logits = self.rms(x, p["final_norm"]) @ p["lm_head"]
+            g, u = self.mm(h2, w["w1"]), self.mm(h2, w["w3"])
+            x = x + self.mm(torch.nn.functional.silu(g) * u, w["w2"])
+        logits = self.mm(self.rms(x, p["final_norm"]), p["lm_head"])
         loss = torch.nn.functional.cross_entropy(logits, self.labels, ignore_index=-1, reduction="mean")
         return loss, logits
 

@@ -14,8 +14,15 @@ divides by sqrt(v), which amplifies a difference where v is small), so step s is
 naive fp32 run's largest error over steps 0..s; one realization can land close again by chance.
 
 With device=cuda among the settings (the GPU path: bf16 GEMM and attention inputs, fp32
-accumulation, fp32 master weights) the naive computation is the same PyTorch model run in bf16
-(parameters, activations and AdamW in bf16), and FACTOR = 2 (issue 15's bound).
+accumulation, fp32 master weights) FACTOR = 2 (issue 15's bound), and the naive computation of
+the first step's loss, logits and gradients is the same PyTorch model run in bf16. For the AdamW
+trajectory (steps 1 on) that is no reference: bf16 weights cannot take steps of lr's size, so its
+losses drift ~1e-2 from fp64 and a run whose updates did nothing passed against it (found so:
+uninitialized first moments). There the naive run keeps fp32 master weights, AdamW and arithmetic
+and rounds every GEMM's and the attention's inputs (and probabilities) to bf16 as the GPU path
+does (llama_torch.Model bf16_inputs): errors ~1e-4. The trajectory's factor is 4 on both paths
+(TRAJ_FACTOR): AdamW compounds each step's rounding, and one naive realization underestimates the
+spread of two stacks (measured on the GPU path at 2 and 4 ranks: up to 3x, at 1 rank 1.3x).
 
 usage: test_train_oracle.py CTXPAR MPIRUN NP CONFIG [key=value ...]
 """
@@ -31,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_torch  # noqa: E402
 
 FACTOR = 4.0
+TRAJ_FACTOR = 4.0  # the AdamW trajectory (docstring)
 FLOOR = 1e-6
 
 
@@ -44,9 +52,9 @@ def main():
     ctxpar, mpirun, np_, config = sys.argv[1:5]
     extra = sys.argv[5:]
     global FACTOR
-    naive_dtype, naive_name = torch.float32, "fp32"
+    naive_dtype, naive_name, bf16_inputs = torch.float32, "fp32", False
     if "device=cuda" in extra:
-        naive_dtype, naive_name, FACTOR = torch.bfloat16, "bf16", 2.0
+        naive_dtype, naive_name, bf16_inputs, FACTOR = torch.bfloat16, "bf16", True, 2.0
     steps = 5
     with tempfile.TemporaryDirectory() as tmp:
         dump = os.path.join(tmp, "dump.h5")
@@ -63,35 +71,35 @@ def main():
 
     torch.manual_seed(0)
     results = {}
-    ref = llama_torch.Model(d, torch.float64)
-    naive = llama_torch.Model(d, naive_dtype)
-    outs = {}
-    for name, m in (("f64", ref), ("f32", naive)):  # "f32": the naive run, in naive_dtype
+
+    def run(dtype):
+        m = llama_torch.Model(d, dtype)
         loss, logits = m.forward()
         loss.backward()
-        outs[name] = (loss.item(), logits.detach().double().numpy(),
-                      {n: m.p[n].grad.double().numpy().copy() for n in m.names})
+        return (loss.item(), logits.detach().double().numpy(), {n: m.p[n].grad.double().numpy().copy() for n in m.names})
+
+    outs = {"f64": run(torch.float64), "f32": run(naive_dtype)}  # "f32": the naive run
     failures = []
 
-    def check(what, mine, r64, r32):
-        e, en = rel_err(mine, r64), rel_err(r32, r64)
+    def check(what, mine, pick):
+        e, en = rel_err(mine, pick(outs["f64"])), rel_err(pick(outs["f32"]), pick(outs["f64"]))
         tol = FACTOR * en + FLOOR
         ok = e <= tol
         if not ok:
             failures.append(what)
         results[what] = (e, en, tol, ok)
 
-    check("loss", [d["losses"][0]], [outs["f64"][0]], [outs["f32"][0]])
-    check("logits", d["logits"], outs["f64"][1], outs["f32"][1])
+    check("loss", [d["losses"][0]], lambda o: [o[0]])
+    check("logits", d["logits"], lambda o: o[1])
     for n in d["names"]:
-        check("grad " + n, d["grads"][n], outs["f64"][2][n], outs["f32"][2][n])
+        check("grad " + n, d["grads"][n], lambda o, n=n: o[2][n])
 
     # Losses over the AdamW steps (each step its own sample), fp64 and fp32 PyTorch runs.
     l64 = llama_torch.Model(d, torch.float64).train(steps)
-    l32 = llama_torch.Model(d, naive_dtype).train(steps)
+    l32 = llama_torch.Model(d, torch.float32, bf16_inputs).train(steps)
     def check_traj(what, mine, r64, naive_err):
         e = rel_err(mine, r64)
-        tol = FACTOR * naive_err + FLOOR
+        tol = TRAJ_FACTOR * naive_err + FLOOR
         ok = e <= tol
         if not ok:
             failures.append(what)
@@ -99,6 +107,8 @@ def main():
 
     naive_max = 0.0
     for s in range(steps):
+        if bf16_inputs and s == 0:
+            continue  # step 0's loss: checked above against the bf16 run
         naive_max = max(naive_max, rel_err([l32[s]], [l64[s]]))
         check_traj(f"loss step {s}", [d["losses"][s]], [l64[s]], naive_max)
 
