@@ -110,6 +110,13 @@ void stream_wait_event(Stream stream, Event e, Device device) {
   CTXPAR_ON_CUDA("stream_wait_event", stream_wait_event(stream, e));
 }
 
+void stream_wait_stream(Stream waiter, Stream stream, Device device) {
+  if (device == Device::cpu) return;
+  const Event e = event_record(stream, device);
+  stream_wait_event(waiter, e, device);
+  event_destroy(e, device);
+}
+
 void range_push(const char* name, Device device) {
   if (device == Device::cpu) return;
   CTXPAR_ON_CUDA("range_push", range_push(name));

@@ -65,6 +65,8 @@ void event_destroy(Event e, Device device);
 // Work issued to `stream` after this call waits until `e` (recorded on another stream) is reached;
 // the host does not wait (Device::cpu: nothing).
 void stream_wait_event(Stream stream, Event e, Device device);
+// Work issued to `waiter` after this call waits for everything issued to `stream` before it.
+void stream_wait_stream(Stream waiter, Stream stream, Device device);
 // An NVTX range named `name` on `device` (Device::cuda: nvtxRangePushA / nvtxRangePop, what Nsight
 // Systems shows beside the kernels; nothing on the CPU), and its end.
 void range_push(const char* name, Device device);

@@ -7,6 +7,7 @@
 #include <span>
 
 #include "core/error.hpp"
+#include "cp/common.hpp"  // to_device
 #include "dist/topology.hpp"
 #include "model/flops.hpp"
 #include "ops.hpp"
@@ -76,10 +77,7 @@ double Engine::prefill_flops(int64_t T, int64_t cached) const { return ctxpar::p
 double Engine::decode_flops(int64_t ctx) const { return ctxpar::prefill_flops(d_, 1, ctx); }
 
 template <class T> Buffer<T> Engine::on_device(const std::vector<T>& a) const {
-  if (dev_ == Device::cpu || a.empty()) return {};
-  Buffer<T> b(a.size(), false, dev_, stream_);
-  copy_to_device(b.data(), a.data(), a.size() * sizeof(T), dev_, stream_);
-  return b;
+  return dev_ == Device::cpu || a.empty() ? Buffer<T>{} : cp::to_device(a, dev_, stream_);
 }
 
 void Engine::set_device(AttnParams& t, const int64_t* q_pos_dev, const int32_t* q_doc_dev, const int64_t* k_pos_dev,

@@ -19,10 +19,7 @@ LayerInputs::LayerInputs(int64_t layers, size_t elems, bool offload, Device dev,
   occupant_.assign(size_t(kSlots), -1);
   out_.assign(size_t(L_), nullptr);
   in_.assign(size_t(L_), nullptr);
-  // The slots exist once the compute stream has allocated them.
-  const Event made = event_record(stream_, dev_);
-  stream_wait_event(copy_stream_, made, dev_);
-  event_destroy(made, dev_);
+  stream_wait_stream(copy_stream_, stream_, dev_);  // the slots exist once the compute stream allocated them
 }
 
 LayerInputs::~LayerInputs() {
@@ -56,9 +53,7 @@ void LayerInputs::will_write(int64_t l, Tracer* tr) {
 
 void LayerInputs::written(int64_t l) {
   if (!offload_ || l >= L_) return;  // x_L stays: the backward's first read
-  const Event e = event_record(stream_, dev_);
-  stream_wait_event(copy_stream_, e, dev_);
-  event_destroy(e, dev_);
+  stream_wait_stream(copy_stream_, stream_, dev_);
   const size_t bytes = elems_ * sizeof(float);
   copy_out_async(host_x_[size_t(l)], at(l), bytes, dev_, copy_stream_);
   if (out_[size_t(l)]) event_destroy(out_[size_t(l)], dev_);
@@ -71,9 +66,7 @@ void LayerInputs::prefetch(int64_t l) {
   if (o == l) return;  // still there from the forward
   // Every read of the slot's previous input is issued on the compute stream before this point
   // (the backward of the layers above); the copy in waits for them, not for what comes next.
-  const Event e = event_record(stream_, dev_);
-  stream_wait_event(copy_stream_, e, dev_);
-  event_destroy(e, dev_);
+  stream_wait_stream(copy_stream_, stream_, dev_);
   const size_t bytes = elems_ * sizeof(float);
   copy_in_async(at(l), host_x_[size_t(l)], bytes, dev_, copy_stream_);
   if (in_[size_t(l)]) event_destroy(in_[size_t(l)], dev_);

@@ -32,10 +32,7 @@ AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& c, Device dev, Stream
     sm_[s] = Buffer<float>(size_t(chunk_), false, dev, stream);
     sv_[s] = Buffer<float>(size_t(chunk_), false, dev, stream);
   }
-  // The slots exist once the compute stream has allocated them.
-  const Event made = event_record(stream_, dev_);
-  stream_wait_event(copy_stream_, made, dev_);
-  event_destroy(made, dev_);
+  stream_wait_stream(copy_stream_, stream_, dev_);  // the slots exist once the compute stream allocated them
 }
 
 AdamW::~AdamW() {
@@ -131,9 +128,7 @@ void AdamW::update(float* params, const float* grads, double norm, Tracer* tr) {
     }
     hp.weight_decay = c.decay ? c_.weight_decay : 0.0;
     adamw_update(params + c.offset, grads + c.offset, sm_[s].data(), sv_[s].data(), c.elems, hp, dev_, stream_);
-    const Event updated = event_record(stream_, dev_);
-    stream_wait_event(copy_stream_, updated, dev_);
-    event_destroy(updated, dev_);
+    stream_wait_stream(copy_stream_, stream_, dev_);  // the copies out after the update
     const size_t bytes = size_t(c.elems) * sizeof(float);
     copy_out_async(hm_ + c.offset, sm_[s].data(), bytes, dev_, copy_stream_);
     copy_out_async(hv_ + c.offset, sv_[s].data(), bytes, dev_, copy_stream_);

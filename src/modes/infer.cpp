@@ -510,14 +510,14 @@ double infer_device_memory(const Config& cfg, Topology& topo) {
   if (!mode_schedule(cfg, N, sched).empty()) return 0;
   const ModelDims d = model_dims(cfg, topo.size(Axis::tp), 0);
   const double elems = double(ParamLayout(d).local_elems());
-  const double cache = double(cfg.batch) * double(cache_capacity_tokens(sched, N)) *
-                       (2.0 * 2.0 * double(d.layers - d.gdn_layers()) * double(d.cache_width()) + 8.0);
+  const auto cache = [&](double elem_bytes) {  // K and V of every attention layer, and positions
+    return double(cfg.batch) * double(cache_capacity_tokens(sched, N)) *
+           (2.0 * elem_bytes * double(d.layers - d.gdn_layers()) * double(d.cache_width()) + 8.0);
+  };
   Config host = cfg;
   host.resume.clear();  // the GPU holds no AdamW moments of a checkpoint
-  const double fp32_cache = double(cfg.batch) * double(cache_capacity_tokens(sched, N)) *
-                            (2.0 * 4.0 * double(d.layers - d.gdn_layers()) * double(d.cache_width()) + 8.0);
-  const double act = plan_infer_memory(host, topo) - 4.0 * elems - fp32_cache;
-  return 6.0 * elems + cache + 1.5 * act;
+  const double act = plan_infer_memory(host, topo) - 4.0 * elems - cache(4.0);
+  return 6.0 * elems + cache(2.0) + 1.5 * act;
 }
 
 std::string infer_plan(const Config& cfg, Topology& topo) {
