@@ -60,7 +60,7 @@ const ModeRow kModeTable[] = {
     {Mode::bench, Bench::cp, run_bench<bench_cp>, nullptr, nullptr, workload_memory, nullptr, false, true, true},
     {Mode::bench, Bench::train, run_bench<bench_train>, validate_train_mode, train_plan, train_memory, scan_train_inputs, true, false, true},
     {Mode::bench, Bench::peak, run_bench<bench_peak>, nullptr, nullptr, nullptr, nullptr, false, false, false},
-    {Mode::bench, Bench::infer, run_bench<bench_infer>, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false, false},
+    {Mode::bench, Bench::infer, run_bench<bench_infer>, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false, true},
     {Mode::predict, Bench::none, run_predict, validate_predict_mode, nullptr, nullptr, nullptr, false, false, false},
     {Mode::bench, Bench::calibrate, run_bench<bench_calibrate>, validate_calibrate, nullptr, calibrate_memory, nullptr, false, false, false},
 };

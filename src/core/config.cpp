@@ -81,7 +81,7 @@ const std::vector<Field>& config_fields() {
       {"steps", &Config::steps, "5", "measured steps (after warmup)", {}, 1, 1e6},
       {"warmup", &Config::warmup, "1", "warmup steps (run, traced, excluded from the summary)", {}, 0, 1e6},
       {"seed", &Config::seed, "1234", "random seed for data and weights", {}, 0, 9.2e18},
-      enum_field<&Config::device>("device", kDeviceNames, "cpu", "compute device: cpu, or cuda (GPU backend; so far run, attn, train, prefill, decode, chat, bench attn, bench cp and bench train; needs a CUDA build)"),
+      enum_field<&Config::device>("device", kDeviceNames, "cpu", "compute device: cpu, or cuda (GPU backend; every mode but predict, and bench attn, cp, train and infer (not bench comm, peak, calibrate); needs a CUDA build)"),
       {"threads", &Config::threads, "0", "OpenMP threads per rank (0 = OMP_NUM_THREADS if set, else the node's cores / its ranks)", {}, 0, 1024},
       {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7},
       {"mem_per_rank", &Config::mem_per_rank, "0", "host memory a rank may use, checked against the plan before anything is allocated (0 = this node's available memory, or its cgroup limit, shared by its ranks)", {}, 0, 9.2e18},

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/memory.hpp"
+#include "ops.hpp"  // stream_synchronize
 
 namespace ctxpar {
 
@@ -28,16 +29,19 @@ std::string agree_on_error(Comm& comm, const std::string& my_error) {
   return msg;
 }
 
-double measure_alltoall_rate(Comm& comm, size_t part_bytes, double fixed_s, int reps) {
+double measure_alltoall_rate(Comm& comm, size_t part_bytes, double fixed_s, int reps, Device dev, Stream stream) {
   const size_t n = part_bytes * size_t(comm.size());
-  Buffer<uint8_t> send(n);
-  for (size_t i = 0; i < n; ++i) send[i] = uint8_t(i);
+  Buffer<uint8_t> send(n, true, dev, stream);
+  if (dev == Device::cpu)
+    for (size_t i = 0; i < n; ++i) send[i] = uint8_t(i);
   double best = 1e30;
   for (int r = 0; r <= reps; ++r) {  // r = 0: warm-up
+    if (dev != Device::cpu) stream_synchronize(stream, dev);
     comm.barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    Buffer<uint8_t> recv(n, false);
+    Buffer<uint8_t> recv(n, false, dev, stream);
     comm.all_to_all(send.span(), recv.span());
+    if (dev != Device::cpu) stream_synchronize(stream, dev);
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::min(best, t);
   }

@@ -228,7 +228,9 @@ std::string agree_on_error(Comm& comm, const std::string& my_error);
 // Measured all-to-all rate over `comm` in bytes leaving a rank per second: every rank sends
 // `part_bytes` to every rank, the receive buffer allocated per call as the strategies do (its
 // first touch is part of their cost), `fixed_s` (the caller's latency term) subtracted; best of
-// `reps` after one warm-up, the slowest rank's. Collective: every rank of `comm` calls it.
-double measure_alltoall_rate(Comm& comm, size_t part_bytes, double fixed_s, int reps);
+// `reps` after one warm-up, the slowest rank's. Collective: every rank of `comm` calls it. With a
+// GPU `dev`: device buffers through a device communicator, timed to the end of `stream`.
+double measure_alltoall_rate(Comm& comm, size_t part_bytes, double fixed_s, int reps, Device dev = Device::cpu,
+                             Stream stream = nullptr);
 
 }  // namespace ctxpar

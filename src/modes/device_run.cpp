@@ -20,14 +20,23 @@ namespace ctxpar {
 GpuRun::GpuRun(Topology* t, Tracer* tr) : topo(t), tracer(tr) {
   if (!t) return;
 #if defined(CTXPAR_WITH_CUDA)
-  const DeviceCount dc = cuda_device_count();
-  const int device = select_device(t->local_rank(), t->local_size());
+  devices = cuda_device_count().count;
+  device = select_device(t->local_rank(), t->local_size());
   description = cuda::device_description();
   stream = stream_create(Device::cuda);
-  comm = use_gpu_comms(*t, device, dc.count, stream);
+  comm = use_gpu_comms(*t, device, devices, stream);
   if (tracer) tracer->time_on_device(Device::cuda, stream);
 #else
   CTXPAR_FATAL("device = cuda in a build without the CUDA backend (validate_mode refuses it first)");
+#endif
+}
+
+void GpuRun::attach(Topology& other) const {
+#if defined(CTXPAR_WITH_CUDA)
+  CTXPAR_CHECK(stream != nullptr, "GpuRun::attach on a CPU run");
+  (void)use_gpu_comms(other, device, devices, stream);
+#else
+  (void)other;
 #endif
 }
 

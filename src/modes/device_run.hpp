@@ -23,7 +23,11 @@ struct GpuRun {
   std::string description, comm;
   Topology* topo = nullptr;
   Tracer* tracer = nullptr;
+  int device = -1, devices = 0;  // this rank's CUDA device, and how many the node shows
   explicit GpuRun(Topology* t, Tracer* tr = nullptr);
+  // Another topology of the same ranks (bench infer's sub-meshes): its communicators on this GPU
+  // and stream too. Destroy it before the GpuRun.
+  void attach(Topology& other) const;
   GpuRun(const GpuRun&) = delete;
   GpuRun& operator=(const GpuRun&) = delete;
   ~GpuRun();

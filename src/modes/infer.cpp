@@ -452,26 +452,30 @@ std::string scan_infer_inputs(const Config& cfg, Topology& topo) {
   return scan_checkpoint(cfg.resume, ParamLayout(model_dims(cfg, 1, 0)), topo.world().rank(), topo.world().size());
 }
 
-double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) {
-  const int N = topo.cp().size();
-  std::vector<SchedulePhase> sched;
-  if (!mode_schedule(cfg, N, sched).empty()) return 0;
-  const ModelDims d = model_dims(cfg, topo.size(Axis::tp), 0);  // this rank's slice (heads, ffn over tp)
-  const ParamLayout layout(d);
+namespace {
+
+// One engine's memory on a rank (infer/engine.hpp): its KV cache and its activations, in bytes with
+// fp32 cache elements (`cache_elem` = 2: the GPU's bf16 cache), and the cache's tokens per sequence.
+struct EnginePlan {
+  double cache = 0, act = 0;
+  int64_t cap = 0, batch = 1;
+};
+EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sched, int N, int64_t batch,
+                       double cache_elem) {
   const double f = sizeof(float);
-  // Weights (and, while a checkpoint loads, its AdamW moments beside them).
-  const double weights = f * double(layout.local_elems()) * (cfg.resume.empty() ? 1 : 3);
+  EnginePlan e;
+  e.batch = batch;
   // The KV cache: K and V of every attention layer for the batch (MLA: the latent rows once), and
   // positions (infer/kv_cache.hpp).
-  const int64_t cap = cache_capacity_tokens(sched, N);
+  e.cap = cache_capacity_tokens(sched, N);
   const double attn_layers = double(d.layers - d.gdn_layers());
-  double cache = double(cfg.batch) * double(cap) * ((d.mla ? 1.0 : 2.0) * f * attn_layers * double(d.cache_width()) + 8.0);
+  e.cache = double(batch) * double(e.cap) * ((d.mla ? 1.0 : 2.0) * cache_elem * attn_layers * double(d.cache_width()) + 8.0);
   // Hybrid models: per sequence and GDN layer its state and convolution tail (infer/gdn_infer.hpp),
   // on its owner (ceil(batch / N) sequences) or, replicated, every sequence on every rank.
   if (d.has_gdn()) {
-    const double held = d.gdn_replicated ? double(cfg.batch) : double((cfg.batch + N - 1) / N);
-    cache += held * double(d.gdn_layers()) * f *
-             (double(d.gdn_H) * d.gdn_Dv * d.gdn_Dk + double(d.gdn_conv - 1) * double(d.gdn_conv_width()));
+    const double held = d.gdn_replicated ? double(batch) : double((batch + N - 1) / N);
+    e.cache += held * double(d.gdn_layers()) * f *
+               (double(d.gdn_H) * d.gdn_Dv * d.gdn_Dk + double(d.gdn_conv - 1) * double(d.gdn_conv_width()));
   }
   // One call's rows on this rank (infer/engine.cpp ensure_rows) and its logits row; the pass-KV
   // ring's transfer buffers (two blocks of K and V in flight).
@@ -479,18 +483,61 @@ double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) 
   for (const SchedulePhase& ph : sched) {
     if (ph.kind != PhaseKind::prefill) continue;
     int64_t n = 0;
-    for (int64_t b = 0; b < cfg.batch; ++b) n += Partition::padded_length(PartitionKind::zigzag, ph.length(b), N) / N;
+    for (int64_t b = 0; b < batch; ++b) n += Partition::padded_length(PartitionKind::zigzag, ph.length(b), N) / N;
     rows = std::max(rows, n);
   }
-  double act = f * double(rows) * double(3 * d.dim + 2 * d.q_width() + d.H_q + 4 * d.kv_width() + 3 * d.ffn + d.D) +
-               f * double(d.vocab);
+  e.act = f * double(rows) * double(3 * d.dim + 2 * d.q_width() + d.H_q + 4 * d.kv_width() + 3 * d.ffn + d.D) +
+          f * double(d.vocab);
   if (d.mla)  // the absorbed queries and outputs, the latents and their scratch
-    act += f * double(rows) * 2.0 * double(d.H_q_loc()) * d.cache_dim() + mla_acts_bytes(d, rows) +
-           mla_scratch_bytes(d, rows);
-  const double total = weights + cache + act;
+    e.act += f * double(rows) * 2.0 * double(d.H_q_loc()) * d.cache_dim() + mla_acts_bytes(d, rows) +
+             mla_scratch_bytes(d, rows);
+  return e;
+}
+
+// The engines a run holds one at a time: the mode's, or bench infer's (bench/bench_infer.cpp):
+// its miss-rate and length tables' (batch 1 on the job's CP ranks), its decode table's CP = 1
+// replica (the whole context of `batch` sequences on every rank) and its batched table's (four
+// prompts of seq/8 .. seq). Empty on a schedule error (validated before).
+std::vector<std::pair<std::vector<SchedulePhase>, std::pair<int, int64_t>>> run_engines(const Config& cfg, int N) {
+  std::vector<SchedulePhase> sched;
+  if (cfg.mode != Mode::bench) {
+    if (!mode_schedule(cfg, N, sched).empty()) return {};
+    return {{sched, {N, cfg.batch}}};
+  }
+  const int64_t S = cfg.seq;
+  SchedulePhase batched{PhaseKind::prefill, S, {std::max<int64_t>(1, S / 8), std::max<int64_t>(1, S / 4),
+                                                std::max<int64_t>(1, S / 2), S}};
+  return {{{{PhaseKind::prefill, S}}, {N, 1}},
+          {{{PhaseKind::prefill, S}, {PhaseKind::decode, cfg.bench_iters + 1}}, {1, cfg.batch}},
+          {{batched}, {N, 4}}};
+}
+
+// The largest engine of the run (cache + activations) with `cache_elem` bytes per cache element.
+EnginePlan largest_engine(const Config& cfg, const ModelDims& d, int N, double cache_elem) {
+  EnginePlan best;
+  for (const auto& [sched, shape] : run_engines(cfg, N)) {
+    const EnginePlan e = plan_engine(d, sched, shape.first, shape.second, cache_elem);
+    if (e.cache + e.act > best.cache + best.act) best = e;
+  }
+  return best;
+}
+
+}  // namespace
+
+double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) {
+  const int N = topo.cp().size();
+  if (run_engines(cfg, N).empty()) return 0;
+  const ModelDims d = model_dims(cfg, topo.size(Axis::tp), 0);  // this rank's slice (heads, ffn over tp)
+  const ParamLayout layout(d);
+  // Weights (and, while a checkpoint loads, its AdamW moments beside them; bench infer keeps the
+  // job's weights beside its decode table's sub-mesh copy).
+  const double copies = cfg.mode == Mode::bench ? 2 : cfg.resume.empty() ? 1 : 3;
+  const double weights = sizeof(float) * double(layout.local_elems()) * copies;
+  const EnginePlan e = largest_engine(cfg, d, N, sizeof(float));
+  const double total = weights + e.cache + e.act;
   if (parts)
-    *parts = "weights " + fmt_bytes(weights) + ", KV cache " + fmt_bytes(cache) + " (" + s_(cap) + " tokens x batch " +
-             s_(cfg.batch) + "), activations " + fmt_bytes(act);
+    *parts = "weights " + fmt_bytes(weights) + ", KV cache " + fmt_bytes(e.cache) + " (" + s_(e.cap) + " tokens x batch " +
+             s_(e.batch) + "), activations " + fmt_bytes(e.act);
   return total;
 }
 
@@ -498,26 +545,19 @@ double infer_memory(const Config& cfg, Topology& topo) { return plan_infer_memor
 
 double infer_host_memory_on_gpu(const Config& cfg, Topology& topo) {
   const double elems = double(ParamLayout(model_dims(cfg, topo.size(Axis::tp), 0)).local_elems());
-  return 4.0 * elems * (cfg.resume.empty() ? 1 : 3);
+  return 4.0 * elems * (cfg.mode == Mode::bench ? 2 : cfg.resume.empty() ? 1 : 3);
 }
 
 double infer_device_memory(const Config& cfg, Topology& topo) {
-  // The host plan's parts with the GPU's types: the weights in fp32 beside their bf16 copy, the
-  // KV cache in bf16 (half the fp32 plan's), the activations as planned plus the attention's bf16
+  // The host plan's parts with the GPU's types: the weights in fp32 beside their bf16 copy (one
+  // engine's at a time), the KV cache in bf16, the activations as planned plus the attention's bf16
   // q, k, v rows; the strategies' scratch is within the activations' margin of the host plan.
   const int N = topo.cp().size();
-  std::vector<SchedulePhase> sched;
-  if (!mode_schedule(cfg, N, sched).empty()) return 0;
+  if (run_engines(cfg, N).empty()) return 0;
   const ModelDims d = model_dims(cfg, topo.size(Axis::tp), 0);
   const double elems = double(ParamLayout(d).local_elems());
-  const auto cache = [&](double elem_bytes) {  // K and V of every attention layer, and positions
-    return double(cfg.batch) * double(cache_capacity_tokens(sched, N)) *
-           (2.0 * elem_bytes * double(d.layers - d.gdn_layers()) * double(d.cache_width()) + 8.0);
-  };
-  Config host = cfg;
-  host.resume.clear();  // the GPU holds no AdamW moments of a checkpoint
-  const double act = plan_infer_memory(host, topo) - 4.0 * elems - cache(4.0);
-  return 6.0 * elems + cache(2.0) + 1.5 * act;
+  const EnginePlan e = largest_engine(cfg, d, N, 2.0);
+  return 6.0 * elems + e.cache + 1.5 * e.act;
 }
 
 std::string infer_plan(const Config& cfg, Topology& topo) {

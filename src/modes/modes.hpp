@@ -45,7 +45,7 @@ double train_memory(const Config& cfg, Topology& topo);
 double train_device_memory(const Config& cfg, Topology& topo);
 // device=cuda: host memory per rank of `ctxpar train` (its copies of the state, or the offloaded moments).
 double train_host_memory_on_gpu(const Config& cfg, Topology& topo);
-// prefill, decode and chat with device=cuda: the GPU memory per rank (weights fp32 + bf16, bf16 KV cache).
+// prefill, decode, chat and bench infer with device=cuda: the GPU memory per rank (weights fp32 + bf16, bf16 KV cache).
 double infer_device_memory(const Config& cfg, Topology& topo);
 // ... and the host memory per rank beside it (the weights' fp32 copy; a checkpoint's moments while it loads).
 double infer_host_memory_on_gpu(const Config& cfg, Topology& topo);

@@ -60,8 +60,9 @@ std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row)
            "under /usr/local/cuda, CTXPAR_CUDA=AUTO or ON); valid here: device=cpu";
 #else
     if (!row.cuda)
-      return "config: device = 'cuda' is built for `run`, `attn`, `train`, `prefill`, `decode`, `chat`, `bench attn`, `bench cp` and `bench train` only so far (mode " + mode_words(cfg, " ") +
-             "); valid: device=cpu for this mode";
+      return "config: device = 'cuda' is built for `run`, `attn`, `train`, `prefill`, `decode`, `chat`, `bench attn`, "
+             "`bench cp`, `bench train` and `bench infer`, not for " + mode_words(cfg, " ") +
+             " (it measures the host or models, not a GPU run); valid: device=cpu for this mode";
     // Every rank checks its own node, before anything touches the GPU.
     if (const DeviceCount dc = cuda_device_count(); dc.count == 0)
       return "config: device = 'cuda' but no GPU is usable on host " + topo.hosts()[size_t(topo.world().rank())] + " (" +
@@ -149,11 +150,13 @@ int64_t largest_fitting_seq(const Config& cfg, Topology& topo, const ModeRow& ro
 
 namespace {
 
+// The inference engine's runs: prefill, decode, chat and bench infer.
 bool infer_mode(const Config& cfg) {
-  return cfg.mode == Mode::prefill || cfg.mode == Mode::decode || cfg.mode == Mode::chat;
+  return cfg.mode == Mode::prefill || cfg.mode == Mode::decode || cfg.mode == Mode::chat ||
+         (cfg.mode == Mode::bench && cfg.bench == Bench::infer);
 }
 
-// train, prefill, decode and chat on a GPU: the host holds copies of the weights (and AdamW
+// train, prefill, decode, chat and their benches on a GPU: the host holds copies of the weights (and AdamW
 // moments) only, so their plan is checked against the GPU's memory, not the host's.
 bool device_plan_only(const Config& cfg) {
   return cfg.device == Device::cuda &&
@@ -202,7 +205,8 @@ std::string check_memory(const Config& cfg, Topology& topo, const ModeRow& row) 
       return "config: this " + mode_words(cfg) + " needs about " + fmt_bytes(f.need) + " of GPU memory per rank, but GPU " +
              std::to_string(f.device) + " on " + topo.hosts()[size_t(topo.world().rank())] + " has " +
              fmt_bytes(f.free_bytes) + " free for " + std::to_string(f.sharing) +
-             " rank(s); valid: " + (infer_mode(cfg) ? "shorter prompts (schedule) or a smaller batch" : "a shorter seq") +
+             " rank(s); valid: " + (infer_mode(cfg) && cfg.mode != Mode::bench ? "shorter prompts (schedule) or a smaller batch"
+                                                            : infer_mode(cfg) ? "a shorter seq or a smaller batch" : "a shorter seq") +
              ", or fewer ranks per GPU";
   }
 #endif

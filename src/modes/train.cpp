@@ -483,8 +483,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
         return x;
       };
       tm.gemm_s = sec({Phase::gemm});
-      tm.attn_s = sec({Phase::attn_fwd, Phase::attn_bwd, Phase::comm_send_recv, Phase::comm_wait, Phase::all_to_all,
-                       Phase::all_gather, Phase::reduce_scatter});
+      tm.attn_s = attention_seconds(ph);
       // Offload: the compute stream's waits for chunks of the moments (the copy time not hidden).
       if (any_offload) offload_s.push_back(sec({Phase::offload}));
     }

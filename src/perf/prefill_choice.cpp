@@ -80,18 +80,24 @@ Prediction predict_prefill(const AttnCall& c, const ModelShape& m, const Hardwar
   return pr;
 }
 
-HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D) {
+HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D, Device dev) {
+  const bool gpu = dev != Device::cpu;
+  const Stream st = gpu ? cp.compute_stream() : nullptr;
   HardwareProfile hw;
   hw.name = "measured";
-  hw.description = "this job's ranks, measured at start (attention rate and links)";
+  hw.description = gpu ? "this job's GPUs, measured at start (bf16 attention rate and device links)"
+                       : "this job's ranks, measured at start (attention rate and links)";
   hw.attention_only = true;
-  hw.p2p_overlap = false;  // CPU ranks: MPI's shared-memory copies run on the compute cores
-  hw.default_precision = Precision::fp32;
+  // CPU ranks: MPI's shared-memory copies run on the compute cores. GPUs: the transfers run on a
+  // communication stream (NCCL) or the host (staged MPI) while the kernels compute.
+  hw.p2p_overlap = gpu;
+  hw.default_precision = gpu ? Precision::bf16 : Precision::fp32;
   hw.chips_per_node = cp.size();
-  // C: 256 queries after 4K cached keys (the shape of a partial prefill block), best of 3.
+  // C: 256 queries after 4K cached keys (the shape of a partial prefill block), best of 3 after a
+  // warmup; on a GPU its bf16 kernel on device buffers, timed to the stream's end.
   const int64_t S_q = 256, S_k = 4096;
   Buffer<float> q(size_t(S_q) * H_q * D, false), k(size_t(S_k) * H_kv * D, false), v(size_t(S_k) * H_kv * D, false);
-  Buffer<float> o(size_t(S_q) * H_q * D, false), lse(size_t(S_q) * H_q, false);
+  Buffer<float> o(size_t(S_q) * H_q * D, false, dev, st), lse(size_t(S_q) * H_q, false, dev, st);
   std::vector<int64_t> qp(static_cast<size_t>(S_q)), kp(static_cast<size_t>(S_k));
   for (int64_t i = 0; i < S_k; ++i) kp[size_t(i)] = i;
   for (int64_t i = 0; i < S_q; ++i) qp[size_t(i)] = S_k - S_q + i;
@@ -103,24 +109,51 @@ HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D)
   p.S_q = S_q; p.S_k = S_k; p.H_q = H_q; p.H_kv = H_kv; p.D = D;
   p.q_pos = qp.data(); p.k_pos = kp.data();
   const double flops = attn_fwd_flops(double(visible_pairs(p)), H_q, D);
+  // The device call: bf16 copies of q, k, v and the positions on the GPU (host copies kept).
+  Buffer<uint16_t> qb, kb, vb;
+  Buffer<int64_t> qpd, kpd;
+  if (gpu) {
+    const auto up16 = [&](const Buffer<float>& x, Buffer<uint16_t>& d) {
+      std::vector<uint16_t> h(x.size());
+      for (size_t i = 0; i < h.size(); ++i) h[i] = bf16_bits(x[i]);
+      d = Buffer<uint16_t>(h.size(), false, dev, st);
+      copy_to_device(d.data(), h.data(), h.size() * sizeof(uint16_t), dev, st);
+    };
+    up16(q, qb), up16(k, kb), up16(v, vb);
+    qpd = Buffer<int64_t>(qp.size(), false, dev, st);
+    kpd = Buffer<int64_t>(kp.size(), false, dev, st);
+    copy_to_device(qpd.data(), qp.data(), qp.size() * sizeof(int64_t), dev, st);
+    copy_to_device(kpd.data(), kp.data(), kp.size() * sizeof(int64_t), dev, st);
+    p.device = dev;
+    p.stream = st;
+    p.dtype = DType::bf16;
+    p.q = qb.data(); p.k = kb.data(); p.v = vb.data();
+    p.q_pos_host = qp.data(); p.k_pos_host = kp.data();
+    p.q_pos = qpd.data(); p.k_pos = kpd.data();
+  }
   double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < (gpu ? 4 : 3); ++i) {
+    if (gpu) stream_synchronize(st, dev);
     const double t0 = now_s();
     attn_fwd(p);
-    best = std::min(best, now_s() - t0);
+    if (gpu) stream_synchronize(st, dev);
+    if (!gpu || i > 0) best = std::min(best, now_s() - t0);
   }
   double rate[3] = {flops / best, 0, 0}, lat = 0;
-  // BW and latency: ring exchanges (send to r+1, receive from r-1) of 8 B and 4 MiB, best of 5.
+  // BW and latency: ring exchanges (send to r+1, receive from r-1) of 8 B and 4 MiB, best of 5,
+  // of buffers where the strategies' are (the device's, through its communicator, on a GPU).
   const int N = cp.size(), r = cp.rank();
   if (N > 1) {
     auto xchg = [&](size_t bytes) {
-      Buffer<std::byte> s(bytes, true), d(bytes, false);
+      Buffer<std::byte> s(bytes, true, dev, st), d(bytes, false, dev, st);
+      if (gpu) stream_synchronize(st, dev);
       double t = std::numeric_limits<double>::infinity();
       for (int i = 0; i < 5; ++i) {
         cp.barrier();
         const double t0 = now_s();
         Request req = cp.send_recv_async(s.span(), (r + 1) % N, d.span(), (r + N - 1) % N, 77);
         cp.wait(req);
+        if (gpu) stream_synchronize(st, dev);
         t = std::min(t, now_s() - t0);
       }
       return t;
@@ -129,11 +162,11 @@ HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D)
     const size_t big = size_t(4) << 20;
     rate[1] = double(big) / std::max(xchg(big) - lat, 1e-9);
     // pass-Q's all-to-all: `big` bytes per destination, best of 3.
-    rate[2] = measure_alltoall_rate(cp, big, lat, 3);
+    rate[2] = measure_alltoall_rate(cp, big, lat, 3, dev, st);
   }
   cp.all_reduce(std::span<double>(rate, 3), ReduceOp::min);
   cp.all_reduce(std::span<double>(&lat, 1), ReduceOp::max);
-  hw.peak_fp32_flops = rate[0];
+  (gpu ? hw.peak_bf16_flops : hw.peak_fp32_flops) = rate[0];
   hw.intra.bw_bytes_per_s = hw.inter.bw_bytes_per_s = N > 1 ? rate[1] : std::numeric_limits<double>::infinity();
   hw.intra_alltoall_bytes_per_s = N > 1 ? rate[2] : std::numeric_limits<double>::infinity();
   hw.intra.latency_s = hw.inter.latency_s = lat;
@@ -152,7 +185,7 @@ PrefillCostModel::PrefillCostModel(const Config& cfg, Comm& cp, int tp) {
   shape_.H_kv = std::max<int64_t>(1, shape_.H_kv / tp);
   shape_.ffn /= tp;
   const std::string name = hardware_name(cfg, HardwareUse::live_choice);
-  hw_ = name == "measured" ? measure_hardware(cp, call_.H_q, call_.H_kv, call_.D) : load_hardware(name);
+  hw_ = name == "measured" ? measure_hardware(cp, call_.H_q, call_.H_kv, call_.D, cfg.device) : load_hardware(name);
 }
 
 Prediction PrefillCostModel::predict(int64_t T, int64_t cached) const {
@@ -172,9 +205,10 @@ std::string PrefillCostModel::describe() const {
   } else {
     const double a2a = hw_.intra_alltoall_bytes_per_s > 0 ? hw_.intra_alltoall_bytes_per_s : hw_.intra.bw_bytes_per_s;
     std::snprintf(b, sizeof b,
-                  "measured: attention %.1f GFLOP/s per rank, p2p %.2f GB/s, all-to-all %.2f GB/s, latency %.1f us; "
-                  "attention time of all layers, transfers on the compute cores",
-                  attn_flops_per_s() / 1e9, hw_.intra.bw_bytes_per_s / 1e9, a2a / 1e9, hw_.intra.latency_s * 1e6);
+                  "measured: %sattention %.1f GFLOP/s per rank, p2p %.2f GB/s, all-to-all %.2f GB/s, latency %.1f us; "
+                  "attention time of all layers, %s",
+                  hw_.p2p_overlap ? "bf16 GPU " : "", attn_flops_per_s() / 1e9, hw_.intra.bw_bytes_per_s / 1e9, a2a / 1e9, hw_.intra.latency_s * 1e6,
+                  hw_.p2p_overlap ? "transfers overlapping the kernels" : "transfers on the compute cores");
   }
   return b;
 }

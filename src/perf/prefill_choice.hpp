@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <string>
 
+#include "dtype.hpp"  // Device
 #include "perf/cost_model.hpp"
 
 namespace ctxpar {
@@ -68,8 +69,10 @@ Prediction predict_prefill(const AttnCall& c, const ModelShape& m, const Hardwar
 // a timed attn_fwd of the model's head shape (a partial-prefill-like block), BW and latency from
 // timed ring exchanges, BW_a2a from a timed all-to-all of pass-Q's shape into new buffers;
 // minimum over ranks of the rates, maximum of the latency (the slowest rank sets the pace).
-// fp32 (the CPU path), no overlap of transfers with compute.
-HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D);
+// On the CPU (`dev` = cpu): fp32, no overlap of transfers with compute. On a GPU (cp a device
+// communicator with its compute stream set): the bf16 device kernel, device buffers on the links,
+// transfers overlapping compute.
+HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D, Device dev = Device::cpu);
 
 // cp_algo=auto's model for one run, from the config: the profile `hardware` names for a live
 // choice (measured, by default; collective over `cp` then) and the config's model shape. With

@@ -594,8 +594,16 @@ void Tracer::resolve_marks(std::vector<SpanRecord>& spans) {
     }
 }
 
-std::array<double, size_t(Phase::kNumPhases)> Tracer::phase_seconds() {
-  std::array<double, size_t(Phase::kNumPhases)> s{};
+double attention_seconds(const PhaseSeconds& ph) {
+  double x = 0;
+  for (Phase p : {Phase::attn_fwd, Phase::attn_bwd, Phase::comm_send_recv, Phase::comm_wait, Phase::all_to_all,
+                  Phase::all_gather, Phase::reduce_scatter})
+    x += ph[size_t(p)];
+  return x;
+}
+
+PhaseSeconds Tracer::phase_seconds() {
+  PhaseSeconds s{};
   std::lock_guard<std::mutex> lk(impl_->span_mu);
   resolve_marks(spans_);
   for (const SpanRecord& r : spans_)

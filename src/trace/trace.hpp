@@ -35,6 +35,10 @@ enum class Phase : int32_t {
   kNumPhases
 };
 const char* phase_name(Phase p);
+using PhaseSeconds = std::array<double, size_t(Phase::kNumPhases)>;
+// The CP attention's share of phase seconds: its kernels and its communication phases (the
+// attention time of train's and bench infer's tables on a GPU, where host clocks see launches only).
+double attention_seconds(const PhaseSeconds& ph);
 
 // One timed interval on one rank. Times are µs on rank 0's clock (local time + clock offset).
 struct SpanRecord {
@@ -87,7 +91,7 @@ class Tracer {
   void time_on_device(Device device, Stream stream);
   // Seconds of this rank's spans of the open step, per phase (index: int(Phase)), device marks
   // resolved (this waits for the GPU to reach them). Nested spans count in each of their phases.
-  std::array<double, size_t(Phase::kNumPhases)> phase_seconds();
+  PhaseSeconds phase_seconds();
   // Heartbeat for the watchdog: what the rank is doing now.
   void progress(Phase ph, int32_t layer = -1);
 

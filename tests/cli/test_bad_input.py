@@ -43,7 +43,7 @@ CASES = [
     ("ulysses cannot split heads", ["run", "strategy=ulysses", "mesh=ulysses:2", "heads=3", "kv_heads=3"], "heads"),
     ("strategy=auto without a readable profile", ["train", "strategy=auto", "hardware=nope"], "hardware"),
     ("host offload on the CPU", ["train", "offload=optimizer"], "offload"),
-    ("device=cuda for a mode not built for it", ["bench", "infer", "device=cuda"], "device"),
+    ("device=cuda for a mode not built for it", ["bench", "comm", "device=cuda"], "device"),
     ("attn device=cuda where no GPU is usable (or no CUDA build)", ["attn", "device=cuda", "seq=128"], "device"),
     ("frugal with device=cuda", ["attn", "device=cuda", "frugal=true", "seq=128"], "frugal"),
     ("MLA with device=cuda", ["bench", "cp", "attention=mla", "device=cuda", "seq=256"], "mla"),

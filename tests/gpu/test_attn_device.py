@@ -9,7 +9,8 @@ the kernels round them before their tensor-core products), plus a floor of 1e-6 
 The file records the device, the trace the GPU memory high-water mark of every rank; a CPU run of
 the same call must match within the same bound (and record no GPU memory). Then
 `bench cp device=cuda strategy=all` at 2 ranks: every row present and its #wrong column 0; and
-`run device=cuda` (usp on 2 x 2 ranks) VALID against the single-rank kernel. Last, bad input that
+`run device=cuda` (usp on 2 x 2 ranks) VALID against the single-rank kernel; `bench infer device=cuda`
+VALID with every table's rows. Last, bad input that
 only a CUDA build reaches (train with D layers or the halo, more GPU memory than the GPU has, a
 mode not built for the GPU, host offload of what is not built or outside train) refused with exit 2.
 
@@ -153,6 +154,20 @@ for mode in (["train", "seq=64", "steps=2", "warmup=0"], ["chat", "docs=none", "
         if not line or " 0.0 %" in line[0].split("(")[0]:
             failures.append(f"train device=cuda: GEMM share missing or 0: {line}")
 
+# `bench infer device=cuda` (every table on the GPU: pass-KV vs pass-Q over miss rates, decode at CP
+# 1 and 2 with teacher forcing against CP 1, batched prefill, TTFT vs length) on 2 ranks: VALID,
+# every row's #wrong 0, and the decode table's attention time from the device spans (not 0).
+out = os.path.join(WORK, "bench_infer.h5")
+cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "2", EMU, "bench", "infer", "--config", TINY, "docs=none",
+       "device=cuda", "seq=32", "bench_iters=1", f"out={out}"]
+p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+rows = [l.split() for l in p.stdout.splitlines() if l.strip() and not l.startswith("#")]
+decode = [r for r in rows if len(r) == 8 and r[2] in ("pass_q", "allgather")]
+print(f"bench infer device=cuda: exit {p.returncode}, {len(rows)} rows, decode rows {decode}")
+if (p.returncode != 0 or "# VALID: bench infer" not in p.stdout or len(rows) != 7 + 4 + 2 + 4 or
+        any(r[-1] != "0" for r in rows) or len(decode) != 4 or any(float(r[4]) <= 0 for r in decode)):
+    failures.append(f"bench infer device=cuda: exit {p.returncode}\n{p.stdout[-3000:]}{p.stderr[-2000:]}")
+
 # Bad input with device=cuda that only a CUDA build reaches: refused on every rank with exit 2, one
 # message naming the value, and no output file written.
 BAD = [  # (arguments, text the message must contain)
@@ -161,7 +176,8 @@ BAD = [  # (arguments, text the message must contain)
     (["train", "seq=64M"], "of GPU memory per rank"),
     (["bench", "train", "seq=64M"], "of GPU memory per rank"),
     (["chat", "docs=none", "schedule=prefill:64M,decode:2"], "smaller batch"),
-    (["bench", "infer"], "device = 'cuda' is built for"),
+    (["bench", "comm"], "device = 'cuda' is built for"),
+    (["bench", "infer", "docs=none", "seq=64M"], "a shorter seq or a smaller batch"),
     (["chat", "layer_pattern=DG", "docs=none"], "layer_pattern = 'DG'"),
     (["train", "offload=attn_out"], "not built yet"),
     (["train", "offload=optimizer,weights"], "not something to offload"),
