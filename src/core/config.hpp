@@ -22,6 +22,8 @@ namespace ctxpar {
 enum class Offload { optimizer, attn_out, layer_inputs, params };
 struct Config;
 bool offloads(const Config& c, Offload what);  // is `what` in c.offload?
+// The items of an `offload` value in their order ("none" = no item; validate_config checks them).
+std::vector<std::string> offload_items(const std::string& s);
 
 struct Config {
   // run

@@ -8,21 +8,22 @@
 
 namespace ctxpar {
 
-LayerInputs::LayerInputs(int64_t layers, size_t elems, bool offload, Device dev, Stream stream)
-    : L_(layers), elems_(elems), offload_(offload && dev != Device::cpu && layers + 1 > kSlots), dev_(dev),
-      stream_(stream) {
-  const int64_t n = offload_ ? kSlots : L_ + 1;
+LayerStash::LayerStash(int64_t count, int64_t offloaded, size_t elems, bool offload, Device dev, Stream stream)
+    : count_(count), n_host_(offloaded), elems_(elems),
+      offload_(offload && dev != Device::cpu && count > kSlots && offloaded > 0), dev_(dev), stream_(stream) {
+  CTXPAR_CHECK(offloaded <= count, "LayerStash: " << offloaded << " of " << count << " entries offloaded");
+  const int64_t n = offload_ ? kSlots : count_;
   for (int64_t i = 0; i < n; ++i) dev_x_.emplace_back(elems, false, dev, stream);
   if (!offload_) return;
   copy_stream_ = stream_create(dev);
-  for (int64_t l = 0; l < L_; ++l) host_x_.push_back(static_cast<float*>(pinned_alloc(elems * sizeof(float), dev)));
+  for (int64_t l = 0; l < n_host_; ++l) host_x_.push_back(static_cast<float*>(pinned_alloc(elems * sizeof(float), dev)));
   occupant_.assign(size_t(kSlots), -1);
-  out_.assign(size_t(L_), nullptr);
-  in_.assign(size_t(L_), nullptr);
+  out_.assign(size_t(n_host_), nullptr);
+  in_.assign(size_t(n_host_), nullptr);
   stream_wait_stream(copy_stream_, stream_, dev_);  // the slots exist once the compute stream allocated them
 }
 
-LayerInputs::~LayerInputs() {
+LayerStash::~LayerStash() {
   if (!offload_) return;
   stream_synchronize(copy_stream_, dev_);
   end_step();
@@ -31,28 +32,28 @@ LayerInputs::~LayerInputs() {
   for (float* p : host_x_) pinned_free(p, dev_);
 }
 
-double LayerInputs::device_bytes(int64_t layers, size_t elems, bool offload) {
-  const int64_t n = offload ? std::min<int64_t>(layers + 1, kSlots) : layers + 1;
+double LayerStash::device_bytes(int64_t count, size_t elems, bool offload) {
+  const int64_t n = offload ? std::min<int64_t>(count, kSlots) : count;
   return double(n) * double(elems) * sizeof(float);
 }
 
-float* LayerInputs::at(int64_t l) { return dev_x_[size_t(slot(l))].data(); }
+float* LayerStash::at(int64_t l) { return dev_x_[size_t(slot(l))].data(); }
 
-void LayerInputs::wait(Event e, Tracer* tr, double bytes) {
+void LayerStash::wait(Event e, Tracer* tr, double bytes) {
   Tracer::Scope sc(tr, Phase::offload, -1, -1, 0, bytes);
   stream_wait_event(stream_, e, dev_);
 }
 
-void LayerInputs::will_write(int64_t l, Tracer* tr) {
+void LayerStash::will_write(int64_t l, Tracer* tr) {
   if (!offload_) return;
   int64_t& o = occupant_[size_t(slot(l))];
   // The slot's previous input must be on the host before it is overwritten.
-  if (o >= 0 && o != l && o < L_ && out_[size_t(o)]) wait(out_[size_t(o)], tr, 0);
+  if (o >= 0 && o != l && o < n_host_ && out_[size_t(o)]) wait(out_[size_t(o)], tr, 0);
   o = l;
 }
 
-void LayerInputs::written(int64_t l) {
-  if (!offload_ || l >= L_) return;  // x_L stays: the backward's first read
+void LayerStash::written(int64_t l) {
+  if (!offload_ || l >= n_host_) return;  // x_L stays: the backward's first read
   stream_wait_stream(copy_stream_, stream_, dev_);
   const size_t bytes = elems_ * sizeof(float);
   copy_out_async(host_x_[size_t(l)], at(l), bytes, dev_, copy_stream_);
@@ -61,7 +62,7 @@ void LayerInputs::written(int64_t l) {
   bytes_ += double(bytes);
 }
 
-void LayerInputs::prefetch(int64_t l) {
+void LayerStash::prefetch(int64_t l) {
   int64_t& o = occupant_[size_t(slot(l))];
   if (o == l) return;  // still there from the forward
   // Every read of the slot's previous input is issued on the compute stream before this point
@@ -75,18 +76,18 @@ void LayerInputs::prefetch(int64_t l) {
   bytes_ += double(bytes);
 }
 
-void LayerInputs::will_read(int64_t l, Tracer* tr) {
+void LayerStash::will_read(int64_t l, Tracer* tr) {
   if (!offload_) return;
   if (l >= 1) prefetch(l - 1);  // the next layer's input comes in while this layer's backward runs
   prefetch(l);                  // a no-op unless the previous call did not bring it (the first layers)
-  if (l < L_ && in_[size_t(l)]) {
+  if (l < n_host_ && in_[size_t(l)]) {
     wait(in_[size_t(l)], tr, double(elems_) * sizeof(float));
     event_destroy(in_[size_t(l)], dev_);
     in_[size_t(l)] = nullptr;
   }
 }
 
-void LayerInputs::end_step() {
+void LayerStash::end_step() {
   if (!offload_) return;
   for (auto* v : {&out_, &in_})
     for (Event& e : *v) {

@@ -39,10 +39,12 @@ double Transformer::activation_bytes(const ModelDims& d, Remat remat, int64_t S,
 
 Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat,
                          const std::vector<int64_t>& pos, bool has_docs, CpStrategy* local_strategy, Device dev,
-                         Stream stream, bool offload_inputs)
+                         Stream stream, bool offload_inputs, bool offload_attn_out)
     : layout_(layout), d_(layout.dims()), topo_(topo), strat_(strategy), local_(local_strategy), remat_(remat),
       has_docs_(has_docs), S_loc_(int64_t(pos.size())), pos_(pos),
-      xs_(layout.dims().layers, pos.size() * size_t(layout.dims().dim), offload_inputs, dev, stream), dev_(dev),
+      xs_(layout.dims().layers + 1, layout.dims().layers, pos.size() * size_t(layout.dims().dim), offload_inputs, dev,
+          stream),
+      dev_(dev),
       stream_(stream) {
   CTXPAR_CHECK(!d_.has_local() || local_, "a model with local (L) layers needs their strategy");
   CTXPAR_CHECK(dev_ == Device::cpu || (!d_.mla && !d_.has_gdn()),
@@ -64,6 +66,11 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
   }
   const int64_t n_gdn = d_.gdn_layers();
   attn_.resize(remat_ == Remat::none ? size_t(d_.layers) : 1);
+  if (offload_attn_out) {  // config: remat=none, a GPU, attention layers only
+    CTXPAR_CHECK(remat_ == Remat::none && dev_ != Device::cpu && n_gdn == 0 && !d_.mla,
+                 "offload=attn_out needs remat=none, a GPU and attention layers");
+    outs_ = std::make_unique<LayerStash>(d_.layers, d_.layers, n * (qw + size_t(d_.H_q_loc())), true, dev_, stream_);
+  }
   for (size_t l = 0; l < attn_.size(); ++l) {
     AttnActs& a = attn_[l];
     // no buffers for a GDN layer (remat none) nor, when every layer is one, for the shared set
@@ -75,7 +82,7 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
       const auto bf = [&](size_t e) { return Buffer<uint16_t>(e, false, dev_, stream_); };
       a.qb = bf(n * qw); a.kb = bf(n * kw); a.vb = bf(n * kw);
     }
-    a.o = alloc(n * qw); a.lse = alloc(n * size_t(d_.H_q_loc()));
+    if (!outs_) a.o = alloc(n * qw), a.lse = alloc(n * size_t(d_.H_q_loc()));
   }
   if (dev_ != Device::cpu) {
     qf_ = alloc(n * qw); kf_ = alloc(n * kw); vf_ = alloc(n * kw);
@@ -144,7 +151,7 @@ AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
   }
   t.k_pos_zigzag = zigzag_S_;
   t.batch_id = batch_serial_;  // a frugal strategy plans once per batch (cp/visible.hpp)
-  t.o = a.o.data(); t.lse = a.lse.data();
+  t.o = o_of(l, a); t.lse = lse_of(l, a);
   if (dev_ == Device::cpu) {
     t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
   } else {  // bf16 inputs, device positions and document ids beside their host copies
@@ -226,16 +233,16 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   // Recompute what remat dropped (not counted as model FLOPs).
   if (remat_ != Remat::none) attn_part_fwd(l, w, x, a, b);
   if (remat_ == Remat::full) {
-    attn_or_mla_out_fwd(l, w, x, a.o.data(), m.x1.data());
+    attn_or_mla_out_fwd(l, w, x, o_of(l, a), m.x1.data());
     mlp_fwd(run(l), w, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(), nullptr);
   }
   mlp_bwd(l, w, gw, m, dx);
   // ---- attention: x1 = x + attn(rope(h Wq), rope(h Wk), h Wv) Wo
   if (d_.mla) {
-    mla_out_bwd(run(l), w, gw, S, a.o.data(), dx, mla_s_, do_.data());
+    mla_out_bwd(run(l), w, gw, S, o_of(l, a), dx, mla_s_, do_.data());
   } else {
     layer_gemm(run(l), false, true, S, qw, dim, dx, dim, w.wo, dim, 0, do_.data(), qw);    // dO = dx1 Wo^T
-    layer_gemm(run(l), true, false, qw, dim, S, a.o.data(), qw, dx, dim, 1, gw.wo, dim);   // dWo += O^T dx1
+    layer_gemm(run(l), true, false, qw, dim, S, o_of(l, a), qw, dx, dim, 1, gw.wo, dim);   // dWo += O^T dx1
   }
   AttnParams t = local_attn(l, a, b);
   t.dout = do_.data();
@@ -324,8 +331,10 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
       gdn_->forward(run(l), lw, b, xs_.at(l), gdn_of(l), m.x1.data());
     } else {
       AttnActs& a = attn_of(l);
+      if (outs_) outs_->will_write(l, tr_);
       attn_part_fwd(l, lw, xs_.at(l), a, b);
-      attn_or_mla_out_fwd(l, lw, xs_.at(l), a.o.data(), m.x1.data());
+      if (outs_) outs_->written(l);  // copied out while the output projection and the MLP run
+      attn_or_mla_out_fwd(l, lw, xs_.at(l), o_of(l, a), m.x1.data());
     }
     xs_.will_write(l + 1, tr_);
     mlp_fwd(run(l), lw, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(),
@@ -361,9 +370,11 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   }
   for (int64_t l = d_.layers - 1; l >= 0; --l) {
     xs_.will_read(l, tr_);
+    if (outs_) outs_->will_read(l, tr_);
     layer_bwd(l, w.layers[size_t(l)], gw.layers[size_t(l)], b, dx);
   }
   xs_.end_step();
+  if (outs_) outs_->end_step();
   {
     Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
     embedding_bwd(dx, tokens, S, dim, gw.emb, dev_, stream_);

@@ -50,9 +50,11 @@ class Transformer {
   // Attention (G and L) layers only: MLA and GDN layers are refused there so far.
   Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& strategy, Remat remat,
               const std::vector<int64_t>& pos, bool has_docs, CpStrategy* local_strategy = nullptr,
-              Device dev = Device::cpu, Stream stream = nullptr, bool offload_inputs = false);
+              Device dev = Device::cpu, Stream stream = nullptr, bool offload_inputs = false,
+              bool offload_attn_out = false);
   // offload_inputs (offload=layer_inputs, a GPU run): the layer inputs in pinned host memory
-  // between the forward and the backward (model/offload.hpp); the same bits as without.
+  // between the forward and the backward; offload_attn_out (offload=attn_out, remat=none): each
+  // attention layer's output O and LSE there (model/offload.hpp); the same bits as without.
 
   // Overwrites `grads` (layout.local_elems()) with d(loss)/d(params) for loss = loss_scale *
   // sum of token losses, and returns this rank's unscaled sum of token losses. `logits_out`
@@ -67,8 +69,9 @@ class Transformer {
   // Bytes of activations and scratch this object holds (for the dry-run estimate check).
   static double activation_bytes(const ModelDims& d, Remat remat, int64_t S_loc, int64_t logits_rows);
   static int64_t logits_chunk_rows(int64_t S_loc, int64_t V);
-  // Bytes offload=layer_inputs copied so far (0 without it).
-  double offload_bytes() const { return xs_.offload_bytes(); }
+  // Bytes offload=layer_inputs and offload=attn_out copied so far (0 without them).
+  double offload_bytes() const { return xs_.offload_bytes() + (outs_ ? outs_->offload_bytes() : 0.0); }
+  double offload_bytes_attn_out() const { return outs_ ? outs_->offload_bytes() : 0.0; }
 
  private:
   // q, k, v: fp32 after RoPE (on a GPU one shared set, qf_/kf_/vf_); qb, kb, vb: their bf16
@@ -104,7 +107,12 @@ class Transformer {
   std::vector<int64_t> pos_;
   int64_t zigzag_S_ = -1;  // the sequence length whose zigzag shard pos_ is (0: not one; -1: not known yet)
   Buffer<float> cos_, sin_;  // RoPE tables [S_loc, D/2]
-  LayerInputs xs_;  // residual stream: input of layer l, l = 0..L (at(L) = final), model/offload.hpp
+  LayerStash xs_;  // residual stream: input of layer l, l = 0..L (at(L) = final), model/offload.hpp
+  // offload=attn_out: every layer's O [S_loc, q_width] and LSE [S_loc, H_q] (one entry each),
+  // replacing AttnActs::o and lse; null without it.
+  std::unique_ptr<LayerStash> outs_;
+  float* o_of(int64_t l, AttnActs& a) { return outs_ ? outs_->at(l) : a.o.data(); }
+  float* lse_of(int64_t l, AttnActs& a) { return outs_ ? outs_->at(l) + S_loc_ * d_.q_width() : a.lse.data(); }
   std::vector<AttnActs> attn_;
   std::vector<MlaActs> mla_;  // attention = mla: the latents, alongside attn_ (same indexing)
   MlaScratch mla_s_;

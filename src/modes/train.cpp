@@ -263,13 +263,16 @@ double train_device_memory(const Config& cfg, Topology& topo) {
   const ParamLayout layout(d);
   const double bf16 = 2.0 * double(layout.local_elems()) + 2.0 * S_loc * double(d.q_width()) +
                       layers * 2.0 * S_loc * double(d.q_width() + 2 * d.kv_width());
-  // Offloaded AdamW moments: only their streamed chunks stay on the GPU; offloaded layer inputs:
-  // only their slots (model/offload.hpp).
+  // Offloaded AdamW moments: only their streamed chunks stay on the GPU; offloaded layer inputs
+  // and attention outputs: only their slots (model/offload.hpp).
   const double moments = AdamW::device_bytes(layout, false) - AdamW::device_bytes(layout, offloads(cfg, Offload::optimizer), cfg.offload_chunk);
-  const size_t x_elems = size_t(S_loc) * size_t(d.dim);
-  const double inputs = LayerInputs::device_bytes(d.layers, x_elems, false) -
-                        LayerInputs::device_bytes(d.layers, x_elems, offloads(cfg, Offload::layer_inputs));
-  return t.state_bytes - moments + t.activation_bytes - inputs + t.strategy_bytes + bf16;
+  const size_t x_elems = size_t(S_loc) * size_t(d.dim), o_elems = size_t(S_loc) * size_t(d.q_width() + d.H_q_loc());
+  const double inputs = LayerStash::device_bytes(d.layers + 1, x_elems, false) -
+                        LayerStash::device_bytes(d.layers + 1, x_elems, offloads(cfg, Offload::layer_inputs));
+  const double outs = offloads(cfg, Offload::attn_out) ? LayerStash::device_bytes(d.layers, o_elems, false) -
+                                                             LayerStash::device_bytes(d.layers, o_elems, true)
+                                                       : 0.0;
+  return t.state_bytes - moments + t.activation_bytes - inputs - outs + t.strategy_bytes + bf16;
 }
 
 double train_host_memory_on_gpu(const Config& cfg, Topology& topo) {
@@ -281,7 +284,9 @@ double train_host_memory_on_gpu(const Config& cfg, Topology& topo) {
   const double S_loc = double(Partition::padded_length(make_strategy(cfg.strategy, topo)->partition(), cfg.seq,
                                                        topo.cp().size()) / topo.cp().size());
   const double inputs = offloads(cfg, Offload::layer_inputs) ? double(d.layers) * S_loc * double(d.dim) * 4.0 : 0.0;
-  return 12.0 * double(ParamLayout(d).local_elems()) + inputs + t.gather_bytes;
+  const double outs =
+      offloads(cfg, Offload::attn_out) ? double(d.layers) * S_loc * double(d.q_width() + d.H_q_loc()) * 4.0 : 0.0;
+  return 12.0 * double(ParamLayout(d).local_elems()) + inputs + outs + t.gather_bytes;
 }
 
 std::string train_plan(const Config& cfg, Topology& topo) {
@@ -303,11 +308,19 @@ std::string train_plan(const Config& cfg, Topology& topo) {
     const Partition part(strat->partition(), cfg.seq, topo.cp().size());
     if (part.padding() > 0) os << "padding: " << part.padding_note() << "\n";
   }
-  if (cfg.device == Device::cuda) {  // the GPU's share, without offload and with each step of it
+  if (cfg.device == Device::cuda) {
+    // The GPU's share without offload and with each step of it: the prefixes of this run's list,
+    // or without one the order MaxText advises (optimizer states, layer inputs, then with
+    // remat=none the attention outputs).
+    std::vector<std::string> items = offload_items(cfg.offload);
+    if (items.empty()) items = {"optimizer", "layer_inputs"};
+    if (items.size() == 2 && cfg.offload == "none" && cfg.remat == Remat::none) items.push_back("attn_out");
     Config c = cfg;
     c.offload = "none";
     os << "GPU memory per rank: " << fmt_bytes(train_device_memory(c, topo)) << " without offload";
-    for (const char* step : {"optimizer", "optimizer,layer_inputs"}) {
+    std::string step;
+    for (const std::string& i : items) {
+      step += (step.empty() ? "" : ",") + i;
       c.offload = step;
       os << "; offload=" << step << ": " << fmt_bytes(train_device_memory(c, topo))
          << (cfg.offload == step ? " (this run)" : "");
@@ -353,7 +366,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   Buffer<float> params(n_params, true, dev, gpu.stream), grads(n_params, true, dev, gpu.stream);
   AdamWConfig oc{cfg.lr, cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay, cfg.grad_clip};
   AdamW opt(layout, oc, dev, gpu.stream, offloads(cfg, Offload::optimizer), cfg.offload_chunk);
-  const bool any_offload = on_gpu && (offloads(cfg, Offload::optimizer) || offloads(cfg, Offload::layer_inputs));
+  const bool any_offload = on_gpu && !offload_items(cfg.offload).empty();
   // On a GPU the host keeps a copy for initialization, checkpoints and dumps (HostCopy).
   HostCopy host(dev, gpu.stream, n_params, !opt.offloaded());
   TrainState state;
@@ -367,7 +380,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   }
   std::unique_ptr<CpStrategy> local_strat = make_local_strategy(cfg, topo);
   Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg), local_strat.get(), dev, gpu.stream,
-                    offloads(cfg, Offload::layer_inputs));
+                    offloads(cfg, Offload::layer_inputs), offloads(cfg, Offload::attn_out));
   model.set_visible_only(cfg.frugal);
   const std::unique_ptr<TokenSource> src = make_token_source(cfg);
 
@@ -577,11 +590,11 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   const double tmed = median(times);
   if (!offload_s.empty()) {
     const double steps_run = double(std::max<int64_t>(opt.step() - first_step, 1));
-    log0("# offload=%s: %.1f MiB moved per step (AdamW moments %.1f, layer inputs %.1f), %.2f ms per step of "
-         "copies not hidden by compute (median, rank 0; spans of phase offload)\n",
-         cfg.offload.c_str(), (opt.offload_bytes() + model.offload_bytes()) / steps_run / double(1 << 20),
-         opt.offload_bytes() / steps_run / double(1 << 20), model.offload_bytes() / steps_run / double(1 << 20),
-         median(offload_s) * 1e3);
+    const double mib = steps_run * double(1 << 20), outs = model.offload_bytes_attn_out();
+    log0("# offload=%s: %.1f MiB moved per step (AdamW moments %.1f, layer inputs %.1f, attention outputs %.1f), "
+         "%.2f ms per step of copies not hidden by compute (median, rank 0; spans of phase offload)\n",
+         cfg.offload.c_str(), (opt.offload_bytes() + model.offload_bytes()) / mib, opt.offload_bytes() / mib,
+         (model.offload_bytes() - outs) / mib, outs / mib, median(offload_s) * 1e3);
   }
   log0("\n# summary (median over %zu measured steps, %lld warmup excluded)\n", times.size(), (long long)cfg.warmup);
   log0("#   loss               %.6f -> %.6f\n", first_loss, last_loss);
