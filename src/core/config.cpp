@@ -160,7 +160,7 @@ const std::vector<Field>& config_fields() {
       {"adam_eps", &Config::adam_eps, "1e-8", "train: AdamW epsilon", {}, 0, 1},
       {"grad_clip", &Config::grad_clip, "1.0", "train: max global gradient norm (0 = no clipping)", {}, 0, 1e9},
       enum_field<&Config::remat>("remat", kRematNames, "none", "train: activation recompute per layer"),
-      {"offload", &Config::offload, "none", "train with device=cuda: what lives in pinned host memory instead of the GPU, a list (e.g. offload=optimizer,layer_inputs): optimizer (AdamW moments, streamed through the GPU in chunks at the update), layer_inputs (the residual stream's input of every layer between the forward and the backward; 3 on the GPU), attn_out (with remat=none: every attention layer's output O and LSE, likewise); the same bits as without; params is not built yet. --dry-run shows the GPU memory with and without it", {}},
+      {"offload", &Config::offload, "none", "train with device=cuda: what lives in pinned host memory instead of the GPU, a list (e.g. offload=optimizer,layer_inputs): optimizer (AdamW moments, streamed through the GPU in chunks at the update), layer_inputs (the residual stream's input of every layer between the forward and the backward; 3 on the GPU), attn_out (with remat=none: every attention layer's output O and LSE, likewise), params (with optimizer: the fp32 master weights but the embedding and norms; the GPU keeps their bf16 copy, refreshed at the update); the same bits as without. --dry-run shows the GPU memory with and without it", {}},
       {"offload_chunk", &Config::offload_chunk, "4194304", "offload=optimizer: elements of each AdamW moment streamed through the GPU at a time (the GPU keeps one chunk of m and one of v; larger chunks make fewer, longer copies)", {}, 1, 1e12},
       {"checkpoint_every", &Config::checkpoint_every, "0", "train: steps between checkpoints (0 = none)", {}, 0, 1e9},
       {"checkpoint", &Config::checkpoint, "out/checkpoint.h5", "train: checkpoint file (written atomically)", {}},
@@ -488,12 +488,13 @@ bool offloads(const Config& c, Offload what) {
 
 void validate_config(const Config& c, int world_size) {
   for (const std::string& i : offload_items(c.offload)) {
-    if (i == "optimizer" || i == "layer_inputs" || i == "attn_out") continue;
-    const bool known = i == "params";
-    throw UsageError("config: offload = '" + c.offload + "': " +
-                     (known ? "offloading " + i + " is not built yet" : "'" + i + "' is not something to offload") +
-                     "; valid: none, or a list of optimizer (the AdamW moments), layer_inputs and attn_out");
+    if (i == "optimizer" || i == "layer_inputs" || i == "attn_out" || i == "params") continue;
+    throw UsageError("config: offload = '" + c.offload + "': '" + i + "' is not something to offload" +
+                     "; valid: none, or a list of optimizer (the AdamW moments), layer_inputs, attn_out and params");
   }
+  if (offloads(c, Offload::params) && !offloads(c, Offload::optimizer))
+    throw UsageError("config: offload = '" + c.offload + "': params streams the weights through the GPU with the "
+                     "AdamW moments at each update, so it needs optimizer too; valid: e.g. offload=optimizer,params");
   if (offloads(c, Offload::attn_out) && c.remat != Remat::none)
     throw UsageError(std::string("config: offload = '") + c.offload + "' with remat = " + name_of(c.remat) +
                      ": the attention outputs are recomputed in the backward, not kept, so there is nothing to "

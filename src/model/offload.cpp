@@ -97,3 +97,73 @@ void LayerStash::end_step() {
 }
 
 }  // namespace ctxpar
+
+namespace ctxpar {
+
+int64_t HostParams::resident_elems(const ParamLayout& layout) {
+  int64_t n = 0;
+  for (const ParamInfo& p : layout.tensors())
+    if (is_resident(p)) n += p.loc_elems();
+  return n;
+}
+
+double HostParams::device_bytes(const ParamLayout& layout) {
+  return 2.0 * double(layout.local_elems()) + 4.0 * double(resident_elems(layout));
+}
+
+HostParams::HostParams(const ParamLayout& layout, Device dev, Stream stream)
+    : layout_(layout), dev_(dev), stream_(stream) {
+  CTXPAR_CHECK(dev != Device::cpu, "offload=params is for a GPU run");
+  const size_t n = size_t(layout.local_elems());
+  host_ = static_cast<float*>(pinned_alloc(n * sizeof(float), dev));
+  std::fill_n(host_, n, 0.0f);
+  res_ = Buffer<float>(size_t(resident_elems(layout)), false, dev, stream);
+  bf16_ = Buffer<uint16_t>(n, false, dev, stream);
+  int64_t at = 0;
+  for (const ParamInfo& p : layout.tensors())
+    if (is_resident(p)) {
+      res_map_.push_back({p.offset, at});
+      at += p.loc_elems();
+    }
+  view_ = layout.view(host_);
+  const auto on_gpu = [&](float*& ptr) { ptr = resident(ptr - host_); };
+  on_gpu(view_.emb);
+  on_gpu(view_.final_norm);
+  for (LayerView& l : view_.layers) {
+    on_gpu(l.attn_norm);
+    on_gpu(l.mlp_norm);
+  }
+  mirror_ = Bf16Mirror{host_, int64_t(n), bf16_.data()};
+}
+
+HostParams::~HostParams() {
+  stream_synchronize(stream_, dev_);
+  pinned_free(host_, dev_);
+}
+
+float* HostParams::resident(int64_t offset) const {
+  for (const ParamInfo& p : layout_.tensors()) {
+    if (offset < p.offset || offset >= p.offset + p.loc_elems()) continue;
+    if (!is_resident(p)) return nullptr;
+    for (const auto& [lo, r] : res_map_)
+      if (lo == p.offset) return const_cast<float*>(res_.data()) + r + (offset - p.offset);
+  }
+  return nullptr;
+}
+
+void HostParams::upload() {
+  // Tensor by tensor through one staging buffer as long as the largest: resident ones straight to
+  // their device copy, every one's bf16 copy from the fp32 values on the device.
+  int64_t largest = 1;
+  for (const ParamInfo& p : layout_.tensors()) largest = std::max(largest, p.loc_elems());
+  Buffer<float> stage(size_t(largest), false, dev_, stream_);
+  for (const ParamInfo& p : layout_.tensors()) {
+    float* dst = resident(p.offset);
+    float* d = dst ? dst : stage.data();
+    copy_to_device(d, host_ + p.offset, size_t(p.loc_elems()) * sizeof(float), dev_, stream_);
+    f32_to_bf16(d, bf16_.data() + p.offset, p.loc_elems(), dev_, stream_);
+    stream_synchronize(stream_, dev_);  // the staging buffer is reused by the next tensor
+  }
+}
+
+}  // namespace ctxpar

@@ -59,3 +59,55 @@ class LayerStash {
 };
 
 }  // namespace ctxpar
+
+#include "model/layer.hpp"  // Bf16Mirror
+#include "model/model.hpp"
+
+namespace ctxpar {
+
+// offload=params (a GPU run, with offload=optimizer): the fp32 master weights live in pinned host
+// memory. The GPU keeps the bf16 copy of every weight (the GEMMs' operands, Bf16Mirror) and fp32
+// copies of the tensors its kernels read in fp32, the embedding table and the norm weights
+// ("resident"). At each update AdamW (model/optimizer.hpp) streams the other tensors' fp32 chunks
+// through the GPU beside their moments and refreshes their bf16 copy from the updated chunk; the
+// resident ones it updates in place; every updated chunk is copied back to the master, so the
+// host holds the current weights once the copy stream is done (AdamW::wait_host). The same bits as
+// without: the same kernels on the same fp32 values, the bf16 copy rounded from them.
+class HostParams {
+ public:
+  HostParams(const ParamLayout& layout, Device dev, Stream stream);
+  ~HostParams();
+  HostParams(const HostParams&) = delete;
+  HostParams& operator=(const HostParams&) = delete;
+
+  float* host() { return host_; }  // the master [local_elems], pinned
+  // After the host wrote host() (initialization, resume): the GPU's resident tensors and the bf16
+  // copy of every tensor from it (through a device staging chunk; returns when done).
+  void upload();
+  // The weights as the model reads them on the GPU: embedding and norms resident on the device, the
+  // GEMM weights' pointers into host() (never read by the GPU: the GEMMs take their bf16 copy
+  // through mirror(), whose base is host()).
+  const ModelView& view() const { return view_; }
+  const Bf16Mirror& mirror() const { return mirror_; }
+  uint16_t* bf16() { return bf16_.data(); }
+  // The device copy of element `offset` (flat index) of a resident tensor, or null.
+  float* resident(int64_t offset) const;
+  static bool is_resident(const ParamInfo& p) { return p.ones || p.name == "emb"; }
+  // GPU bytes: the bf16 copy of every element and the resident tensors in fp32.
+  static double device_bytes(const ParamLayout& layout);
+  // fp32 elements that stay on the GPU (the resident tensors).
+  static int64_t resident_elems(const ParamLayout& layout);
+
+ private:
+  const ParamLayout& layout_;
+  Device dev_;
+  Stream stream_;
+  float* host_ = nullptr;
+  Buffer<float> res_;                     // the resident tensors, packed in layout order
+  std::vector<std::pair<int64_t, int64_t>> res_map_;  // per resident tensor: (its layout offset, its res_ offset)
+  Buffer<uint16_t> bf16_;
+  ModelView view_;
+  Bf16Mirror mirror_;
+};
+
+}  // namespace ctxpar

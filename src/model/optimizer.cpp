@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dist/comm.hpp"
+#include "model/offload.hpp"
 #include "trace/trace.hpp"
 
 namespace ctxpar {
@@ -55,8 +56,17 @@ int64_t AdamW::chunk_elems(const ParamLayout& layout, int64_t chunk) {
   return std::min(chunk > 0 ? chunk : kOffloadChunk, largest);
 }
 
-double AdamW::device_bytes(const ParamLayout& layout, bool offload_moments, int64_t chunk) {
-  return offload_moments ? 2.0 * 8.0 * double(chunk_elems(layout, chunk)) : 8.0 * double(layout.local_elems());
+double AdamW::device_bytes(const ParamLayout& layout, bool offload_moments, int64_t chunk, bool offload_params) {
+  if (!offload_moments) return 8.0 * double(layout.local_elems());
+  return 2.0 * (offload_params ? 12.0 : 8.0) * double(chunk_elems(layout, chunk));
+}
+
+void AdamW::attach(HostParams* hp) {
+  CTXPAR_CHECK(offload_ && hp, "offload=params needs offload=optimizer (the weights stream with the moments)");
+  hp_ = hp;
+  for (int s = 0; s < 2; ++s) sp_[s] = Buffer<float>(size_t(chunk_), false, dev_, stream_);
+  for (const Chunk& c : chunks_) res_.push_back(hp->resident(c.offset));
+  stream_wait_stream(copy_stream_, stream_, dev_);  // the slots exist once the compute stream allocated them
 }
 
 void AdamW::copy_in(size_t i) {
@@ -64,6 +74,7 @@ void AdamW::copy_in(size_t i) {
   const size_t bytes = size_t(c.elems) * sizeof(float), s = i % 2;
   copy_in_async(sm_[s].data(), hm_ + c.offset, bytes, dev_, copy_stream_);
   copy_in_async(sv_[s].data(), hv_ + c.offset, bytes, dev_, copy_stream_);
+  if (hp_ && !res_[i]) copy_in_async(sp_[s].data(), hp_->host() + c.offset, bytes, dev_, copy_stream_);
   in_.push_back(event_record(copy_stream_, dev_));
   issued_ = i + 1;
 }
@@ -118,21 +129,28 @@ void AdamW::update(float* params, const float* grads, double norm, Tracer* tr) {
   }
   // Offloaded moments, chunk by chunk through the two slots (the update is elementwise: the
   // chunking does not change a bit).
+  // With offload=params the weights' chunks too: in (unless resident) and out, and the bf16 copy.
+  CTXPAR_CHECK(!hp_ || params == hp_->host(), "offload=params: update() takes the host master");
   prefetch();
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const Chunk& c = chunks_[i];
     const size_t s = i % 2;
+    float* res = hp_ ? res_[i] : nullptr;
+    const double moved = 16.0 * double(c.elems) + (hp_ ? (res ? 4.0 : 8.0) * double(c.elems) : 0.0);
     {  // the compute stream idles here only while the chunk is still on its way: the unhidden copy time
-      Tracer::Scope sc(tr, Phase::offload, -1, -1, 0, 16.0 * double(c.elems));
+      Tracer::Scope sc(tr, Phase::offload, -1, -1, 0, moved);
       stream_wait_event(stream_, in_[i], dev_);
     }
     hp.weight_decay = c.decay ? c_.weight_decay : 0.0;
-    adamw_update(params + c.offset, grads + c.offset, sm_[s].data(), sv_[s].data(), c.elems, hp, dev_, stream_);
+    float* p = !hp_ ? params + c.offset : res ? res : sp_[s].data();
+    adamw_update(p, grads + c.offset, sm_[s].data(), sv_[s].data(), c.elems, hp, dev_, stream_);
+    if (hp_ && !res) f32_to_bf16(p, hp_->bf16() + c.offset, c.elems, dev_, stream_);
     stream_wait_stream(copy_stream_, stream_, dev_);  // the copies out after the update
     const size_t bytes = size_t(c.elems) * sizeof(float);
     copy_out_async(hm_ + c.offset, sm_[s].data(), bytes, dev_, copy_stream_);
     copy_out_async(hv_ + c.offset, sv_[s].data(), bytes, dev_, copy_stream_);
-    offload_bytes_ += 4.0 * double(bytes);
+    if (hp_) copy_out_async(hp_->host() + c.offset, p, bytes, dev_, copy_stream_);
+    offload_bytes_ += moved;
     if (i + 2 < chunks_.size()) copy_in(i + 2);  // into slot s, after its copy out on the same stream
   }
   for (Event e : in_) event_destroy(e, dev_);

@@ -35,6 +35,11 @@ void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& t
 // chunks' copies early (at the start of a step, hidden under the forward); the last chunk's copy
 // out overlaps the next step. The compute stream waits only where a chunk has not arrived: that
 // wait is the copy time compute did not hide, traced as a span of phase offload (with the bytes).
+// With the master weights offloaded too (attach(HostParams*), offload=params): `params` of update()
+// is the pinned master; each chunk of a tensor the GPU does not keep in fp32 comes in beside its
+// moments and, updated, refreshes its bf16 copy; resident chunks (embedding, norms) are updated in
+// place on the GPU; every updated chunk goes back to the master.
+class HostParams;
 class AdamW {
  public:
   static constexpr int64_t kOffloadChunk = int64_t(1) << 22;  // default elements per chunk (16 MiB each of m, v)
@@ -52,6 +57,8 @@ class AdamW {
   void update(float* params, const float* grads, double norm, Tracer* tr = nullptr);
   // Offload: start copying the first chunks in now (a no-op otherwise, or when already started).
   void prefetch();
+  // offload=params: the master weights and their GPU copies (needs offloaded moments).
+  void attach(HostParams* hp);
   int64_t step() const { return step_; }
   void set_step(int64_t s) { step_ = s; }
   // The moments [elems()]: on the device, or (offloaded()) in pinned host memory, which the host
@@ -64,8 +71,10 @@ class AdamW {
   // Bytes copied between the GPU and the host by offload, over all updates so far.
   double offload_bytes() const { return offload_bytes_; }
   // GPU memory the moments take: 8 bytes per element, or the two slots of m and v with offload
-  // (each as long as the largest tensor, up to the chunk).
-  static double device_bytes(const ParamLayout& layout, bool offload_moments, int64_t chunk = 0);
+  // (each as long as the largest tensor, up to the chunk), and with offload=params two of the
+  // weights' too.
+  static double device_bytes(const ParamLayout& layout, bool offload_moments, int64_t chunk = 0,
+                             bool offload_params = false);
   static int64_t chunk_elems(const ParamLayout& layout, int64_t chunk = 0);
 
  private:
@@ -87,6 +96,9 @@ class AdamW {
   std::vector<Chunk> chunks_;     // offload: every tensor's chunks, in order
   Stream copy_stream_ = nullptr;  // offload: the copies
   Buffer<float> sm_[2], sv_[2];   // offload: the two device slots of m and v
+  HostParams* hp_ = nullptr;      // offload=params: the master weights (null: on the device)
+  Buffer<float> sp_[2];           // offload=params: the two device slots of the weights
+  std::vector<float*> res_;       // offload=params, per chunk: its resident device copy, or null
   std::vector<Event> in_;         // offload: chunk i arrived (recorded on the copy stream)
   size_t issued_ = 0;             // offload: chunks whose copy in is issued this step
   double offload_bytes_ = 0;

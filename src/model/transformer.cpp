@@ -87,7 +87,6 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
   if (dev_ != Device::cpu) {
     qf_ = alloc(n * qw); kf_ = alloc(n * kw); vf_ = alloc(n * kw);
     do_b_ = Buffer<uint16_t>(n * qw, false, dev_, stream_);
-    params_b_ = Buffer<uint16_t>(size_t(layout_.local_elems()), false, dev_, stream_);
     pos_dev_ = Buffer<int64_t>(n, false, dev_, stream_);
     copy_to_device(pos_dev_.data(), pos_.data(), n * sizeof(int64_t), dev_, stream_);
     tokens_dev_ = Buffer<int32_t>(n, false, dev_, stream_);
@@ -300,7 +299,7 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   ++batch_serial_;  // a new batch: its own frugal plans
   const double t_start = now_s();
   const int64_t S = S_loc_, dim = d_.dim, V = d_.vocab;
-  const ModelView w = layout_.view(const_cast<float*>(params));
+  const ModelView w = ext_view_ ? *ext_view_ : layout_.view(const_cast<float*>(params));
   ModelView gw = layout_.view(grads);
   device_zero(grads, size_t(layout_.local_elems()) * sizeof(float), dev_, stream_);
   // Where the batch's token ids and labels are read: the host's, or their copies on the GPU; and
@@ -314,8 +313,13 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     if (has_docs_) copy_to_device(doc_dev_.data(), b.doc.data(), n, dev_, stream_);
     tokens = tokens_dev_.data();
     labels = labels_dev_.data();
-    f32_to_bf16(params, params_b_.data(), layout_.local_elems(), dev_, stream_);
-    mirror_ = Bf16Mirror{params, layout_.local_elems(), params_b_.data()};
+    if (ext_mirror_) {
+      mirror_ = *ext_mirror_;
+    } else {  // the weights' bf16 copy for this call, made on first use
+      if (params_b_.size() == 0) params_b_ = Buffer<uint16_t>(size_t(layout_.local_elems()), false, dev_, stream_);
+      f32_to_bf16(params, params_b_.data(), layout_.local_elems(), dev_, stream_);
+      mirror_ = Bf16Mirror{params, layout_.local_elems(), params_b_.data()};
+    }
   }
 
   {

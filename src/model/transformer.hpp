@@ -63,6 +63,14 @@ class Transformer {
                           CpStats& st, StepTimes& times, float* logits_out = nullptr);
 
   int64_t S_loc() const { return S_loc_; }
+  // offload=params (model/offload.hpp HostParams): forward_backward reads the weights through
+  // `view` (embedding and norms on the GPU, the GEMM weights' fp32 pointers on the host, never
+  // read there) and their bf16 copy `mirror`, kept current by AdamW, instead of the `params` it is
+  // given. Both must outlive this object.
+  void use_weights(const ModelView* view, const Bf16Mirror* mirror) {
+    ext_view_ = view;
+    ext_mirror_ = mirror;
+  }
   // Frugal transfers (config frugal): the strategies move only the key rows a rank can see
   // (AttnParams::visible_only; the all-gather so far).
   void set_visible_only(bool v) { call_.visible_only = v; }
@@ -135,6 +143,8 @@ class Transformer {
   Buffer<float> qf_, kf_, vf_;
   Buffer<uint16_t> do_b_, params_b_;
   Bf16Mirror mirror_;
+  const ModelView* ext_view_ = nullptr;   // use_weights
+  const Bf16Mirror* ext_mirror_ = nullptr;
   Buffer<int64_t> pos_dev_;
   Buffer<int32_t> tokens_dev_, labels_dev_, doc_dev_;
   Buffer<double> chunk_loss_;

@@ -86,9 +86,11 @@ std::string non_finite_message(int64_t s, double loss, const ParamLayout& layout
 class HostCopy {
  public:
   // `moments_on_device`: the AdamW moments are device memory (else host memory already: offload).
-  HostCopy(Device dev, Stream stream, size_t n, bool moments_on_device) : dev_(dev), stream_(stream) {
+  // `hp`: offload=params, the master weights in host memory already (else null).
+  HostCopy(Device dev, Stream stream, size_t n, bool moments_on_device, HostParams* hp)
+      : dev_(dev), stream_(stream), hp_(hp) {
     if (dev_ == Device::cpu) return;
-    p_.resize(n, false);
+    if (!hp_) p_.resize(n, false);
     if (!moments_on_device) return;
     // Zeros: a run that does not resume uploads them as the initial moments.
     m_.resize(n, true);
@@ -96,12 +98,13 @@ class HostCopy {
   }
   // Where the host writes the state before upload(): the tensors on the CPU, the copies on a GPU
   // (the moments themselves when offload keeps them in host memory).
-  float* p(Buffer<float>& b) { return on_cpu() ? b.data() : p_.data(); }
+  float* p(Buffer<float>& b) { return on_cpu() ? b.data() : hp_ ? hp_->host() : p_.data(); }
   float* m(AdamW& o) { return on_cpu() || o.offloaded() ? o.m() : m_.data(); }
   float* v(AdamW& o) { return on_cpu() || o.offloaded() ? o.v() : v_.data(); }
   void upload(Buffer<float>& params, AdamW& opt) {
     if (on_cpu()) return;
-    put(params.data(), p_);
+    if (hp_) hp_->upload();
+    else put(params.data(), p_);
     if (opt.offloaded()) return;
     put(opt.m(), m_);
     put(opt.v(), v_);
@@ -109,6 +112,12 @@ class HostCopy {
   // The tensor's values on the host (download_m / download_v: into the moments' copies, so that
   // a checkpoint holds all three at once); valid until the next download into the same copy.
   const float* download(Buffer<float>& b) { return get(b.data(), p_); }
+  // The weights on the host: the master itself with offload=params, once its copies have ended.
+  const float* download_params(Buffer<float>& b, AdamW& o) {
+    if (!hp_) return download(b);
+    o.wait_host();
+    return hp_->host();
+  }
   const float* download_m(AdamW& o) { return moments(o, o.m(), m_); }
   const float* download_v(AdamW& o) { return moments(o, o.v(), v_); }
 
@@ -132,6 +141,7 @@ class HostCopy {
   }
   Device dev_;
   Stream stream_;
+  HostParams* hp_;
   Buffer<float> p_, m_, v_;
 };
 
@@ -265,14 +275,19 @@ double train_device_memory(const Config& cfg, Topology& topo) {
                       layers * 2.0 * S_loc * double(d.q_width() + 2 * d.kv_width());
   // Offloaded AdamW moments: only their streamed chunks stay on the GPU; offloaded layer inputs
   // and attention outputs: only their slots (model/offload.hpp).
-  const double moments = AdamW::device_bytes(layout, false) - AdamW::device_bytes(layout, offloads(cfg, Offload::optimizer), cfg.offload_chunk);
+  const bool off_params = offloads(cfg, Offload::params);
+  const double moments = AdamW::device_bytes(layout, false) -
+                         AdamW::device_bytes(layout, offloads(cfg, Offload::optimizer), cfg.offload_chunk, off_params);
+  // offload=params: the fp32 master of every tensor but the resident ones (embedding, norms).
+  const double master =
+      off_params ? 4.0 * double(layout.local_elems() - HostParams::resident_elems(layout)) : 0.0;
   const size_t x_elems = size_t(S_loc) * size_t(d.dim), o_elems = size_t(S_loc) * size_t(d.q_width() + d.H_q_loc());
   const double inputs = LayerStash::device_bytes(d.layers + 1, x_elems, false) -
                         LayerStash::device_bytes(d.layers + 1, x_elems, offloads(cfg, Offload::layer_inputs));
   const double outs = offloads(cfg, Offload::attn_out) ? LayerStash::device_bytes(d.layers, o_elems, false) -
                                                              LayerStash::device_bytes(d.layers, o_elems, true)
                                                        : 0.0;
-  return t.state_bytes - moments + t.activation_bytes - inputs - outs + t.strategy_bytes + bf16;
+  return t.state_bytes - moments - master + t.activation_bytes - inputs - outs + t.strategy_bytes + bf16;
 }
 
 double train_host_memory_on_gpu(const Config& cfg, Topology& topo) {
@@ -313,8 +328,11 @@ std::string train_plan(const Config& cfg, Topology& topo) {
     // or without one the order MaxText advises (optimizer states, layer inputs, then with
     // remat=none the attention outputs).
     std::vector<std::string> items = offload_items(cfg.offload);
-    if (items.empty()) items = {"optimizer", "layer_inputs"};
-    if (items.size() == 2 && cfg.offload == "none" && cfg.remat == Remat::none) items.push_back("attn_out");
+    if (items.empty()) {
+      items = {"optimizer", "layer_inputs"};
+      if (cfg.remat == Remat::none) items.push_back("attn_out");
+      items.push_back("params");
+    }
     Config c = cfg;
     c.offload = "none";
     os << "GPU memory per rank: " << fmt_bytes(train_device_memory(c, topo)) << " without offload";
@@ -363,12 +381,18 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   mem_reset_peak();
 
   const size_t n_params = size_t(layout.local_elems());
-  Buffer<float> params(n_params, true, dev, gpu.stream), grads(n_params, true, dev, gpu.stream);
+  // offload=params: the fp32 master weights in pinned host memory (made before the optimizer,
+  // whose copies into it end when the optimizer does), none on the GPU.
+  std::unique_ptr<HostParams> hparams;
+  if (on_gpu && offloads(cfg, Offload::params)) hparams = std::make_unique<HostParams>(layout, dev, gpu.stream);
+  Buffer<float> params(hparams ? 0 : n_params, true, dev, gpu.stream), grads(n_params, true, dev, gpu.stream);
+  float* const master = hparams ? hparams->host() : params.data();  // what forward_backward and update take
   AdamWConfig oc{cfg.lr, cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay, cfg.grad_clip};
   AdamW opt(layout, oc, dev, gpu.stream, offloads(cfg, Offload::optimizer), cfg.offload_chunk);
+  if (hparams) opt.attach(hparams.get());
   const bool any_offload = on_gpu && !offload_items(cfg.offload).empty();
   // On a GPU the host keeps a copy for initialization, checkpoints and dumps (HostCopy).
-  HostCopy host(dev, gpu.stream, n_params, !opt.offloaded());
+  HostCopy host(dev, gpu.stream, n_params, !opt.offloaded(), hparams.get());
   TrainState state;
   if (!cfg.resume.empty()) {
     state = load_checkpoint(cfg.resume, layout, host.p(params), host.m(opt), host.v(opt));
@@ -382,6 +406,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg), local_strat.get(), dev, gpu.stream,
                     offloads(cfg, Offload::layer_inputs), offloads(cfg, Offload::attn_out));
   model.set_visible_only(cfg.frugal);
+  if (hparams) model.use_weights(&hparams->view(), &hparams->mirror());
   const std::unique_ptr<TokenSource> src = make_token_source(cfg);
 
   // Oracle dump: initial weights (before any update) and step-0 results.
@@ -389,7 +414,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   std::vector<std::vector<float>> dump_params, dump_grads;
   std::vector<float> dump_logits;
   std::vector<double> losses;
-  if (dump) dump_params = gather_global_tensors(layout, host.download(params), topo);
+  if (dump) dump_params = gather_global_tensors(layout, host.download_params(params, opt), topo);
 
   const int64_t total = cfg.warmup + cfg.steps;
   const double peak = on_gpu ? gpu_peak_flops_per_rank(cfg, topo) : train_peak_flops_per_rank(cfg, topo);
@@ -444,7 +469,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     StepTimes tm;
     Buffer<float> logits_full;
     if (dump && s == 0) logits_full.resize(size_t(model.S_loc() * d.vocab), false);
-    double loss_sum = model.forward_backward(params.data(), grads.data(), b, 1.0 / double(N), &tracer, st, tm,
+    double loss_sum = model.forward_backward(master, grads.data(), b, 1.0 / double(N), &tracer, st, tm,
                                              logits_full.size() ? logits_full.data() : nullptr);
     {
       Tracer::Scope sc(&tracer, Phase::all_reduce, -1, -1, 0, double(layout.local_elems()) * 4);
@@ -481,7 +506,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     }
     {
       Tracer::Scope sc(&tracer, Phase::optimizer, -1, -1, 0, 0);
-      opt.update(params.data(), grads.data(), norm, &tracer);
+      opt.update(master, grads.data(), norm, &tracer);
       stream_synchronize(gpu.stream, dev);  // the step's time includes the GPU's work
     }
     double dt = world.now() - t0;
@@ -542,7 +567,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     state.next_sample = (s + 1) * DP;
     if (cfg.checkpoint_every > 0 && state.step % cfg.checkpoint_every == 0) {
       Tracer::Scope sc(&tracer, Phase::other, -1, -1, 0, 0);
-      save_checkpoint(cfg.checkpoint, cfg, layout, host.download(params), host.download_m(opt),
+      save_checkpoint(cfg.checkpoint, cfg, layout, host.download_params(params, opt), host.download_m(opt),
                       host.download_v(opt), state, topo);
       last_checkpoint = state.step;
       last_checkpoint_path = cfg.checkpoint;
@@ -591,9 +616,10 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   if (!offload_s.empty()) {
     const double steps_run = double(std::max<int64_t>(opt.step() - first_step, 1));
     const double mib = steps_run * double(1 << 20), outs = model.offload_bytes_attn_out();
-    log0("# offload=%s: %.1f MiB moved per step (AdamW moments %.1f, layer inputs %.1f, attention outputs %.1f), "
+    log0("# offload=%s: %.1f MiB moved per step (AdamW moments%s %.1f, layer inputs %.1f, attention outputs %.1f), "
          "%.2f ms per step of copies not hidden by compute (median, rank 0; spans of phase offload)\n",
-         cfg.offload.c_str(), (opt.offload_bytes() + model.offload_bytes()) / mib, opt.offload_bytes() / mib,
+         cfg.offload.c_str(), (opt.offload_bytes() + model.offload_bytes()) / mib, hparams ? " and weights" : "",
+         opt.offload_bytes() / mib,
          (model.offload_bytes() - outs) / mib, outs / mib, median(offload_s) * 1e3);
   }
   log0("\n# summary (median over %zu measured steps, %lld warmup excluded)\n", times.size(), (long long)cfg.warmup);

@@ -179,7 +179,7 @@ BAD = [  # (arguments, text the message must contain)
     (["bench", "comm"], "device = 'cuda' is built for"),
     (["bench", "infer", "docs=none", "seq=64M"], "a shorter seq or a smaller batch"),
     (["chat", "layer_pattern=DG", "docs=none"], "layer_pattern = 'DG'"),
-    (["train", "offload=params"], "not built yet"),
+    (["train", "offload=params"], "needs optimizer too"),
     (["train", "offload=optimizer,attn_out", "remat=full"], "nothing to offload"),
     (["train", "offload=optimizer,weights"], "not something to offload"),
     (["chat", "docs=none", "offload=optimizer"], "applies to train"),

@@ -1,22 +1,24 @@
 #!/usr/bin/python3
-"""Host offload (`offload=optimizer`, then `,layer_inputs`, then `,attn_out`) on the emulated GPU backend.
+"""Host offload (`offload=optimizer`, then `,layer_inputs`, `,attn_out`, `,params`) on the emulated GPU backend.
 
 1. Round trip bit-exact: `ctxpar_emu train device=cuda` (tiny model with 5 layers, 2 ranks, 2 steps)
    without offload, with the AdamW moments offloaded (chunks of 10000 elements, so large tensors
-   stream through the GPU in several), with the layer inputs offloaded too, and with the attention
-   outputs too (remat=none): the losses and every dataset of the final checkpoint (parameters, both
-   moments) are identical bit for bit.
+   stream through the GPU in several), with the layer inputs offloaded too, with the attention
+   outputs too (remat=none), and with the fp32 master weights too: the losses and every dataset of
+   the final checkpoint (parameters, both moments) are identical bit for bit.
 2. The GPU memory each step of offload saves: the trace's device high-water mark falls by at least
    90% of what `--dry-run` predicts (its "GPU memory per rank" line), and the copies are traced:
-   the spans of phase offload carry 16 bytes per parameter element per step for the moments, and
+   the spans of phase offload carry 16 bytes per parameter element per step for the moments (and
+   with params 8 more per element streamed in and out, 4 per element of the embedding and norms,
+   which stay on the GPU and only go out), and
    the layer inputs and attention outputs brought back in each backward (the 3 newest of each stay
    on the GPU).
 On the CUDA-runtime double work not ordered by an event runs late, never early: taking away the
 compute stream's wait for a copy in (moments or layer inputs) makes this test fail (checked by
 hand), but a copy out not ordered after the write it reads would still run after it here, so those
 ordering points are checked by reading the code only.
-Its refusals are cases of test_attn_device.py (what is not built yet, a name that is not a thing
-to offload, offload outside train) and of tests/cli/test_bad_input.py (offload on the CPU).
+Its refusals are cases of test_attn_device.py (params without optimizer, attn_out with remat, a
+name that is not a thing to offload, offload outside train) and of tests/cli/test_bad_input.py (offload on the CPU).
 
 usage: test_offload.py CTXPAR_EMU MPIRUN WORKDIR
 """
@@ -53,7 +55,8 @@ common = ["train", "--config", TINY, f"seq={SEQ}", f"layers={LAYERS}", f"steps={
           "offload_chunk=10000", f"checkpoint_every={STEPS}"]
 UNIT = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
 runs = {}
-STEPS_OF_OFFLOAD = ("optimizer", "optimizer,layer_inputs", "optimizer,layer_inputs,attn_out")
+STEPS_OF_OFFLOAD = ("optimizer", "optimizer,layer_inputs", "optimizer,layer_inputs,attn_out",
+                    "optimizer,layer_inputs,attn_out,params")
 for off in ("none",) + STEPS_OF_OFFLOAD:
     tag = off.replace(",", "+")
     ck, tr = os.path.join(WORK, f"ck_{tag}.h5"), os.path.join(WORK, f"tr_{tag}.h5")
@@ -82,16 +85,22 @@ for off in ("none",) + STEPS_OF_OFFLOAD:
     runs[off] = dict(ck=datasets(ck), loss=steps["loss"], peak=int(steps["device_peak_bytes"].max()), plan=plan,
                      moved=moved, log=p.stdout)
 
-if len(runs) == 4:
+if len(runs) == 5:
     base = runs["none"]
     elems = sum(v.size for k, v in base["ck"].items() if k.startswith("params/"))
+    # Resident on the GPU with offload=params: the embedding table and the norm weights.
+    resident = sum(v.size for k, v in base["ck"].items() if k.startswith("params/") and
+                   (k.endswith("norm") or k.endswith("/emb")))
+    print(f"{elems} parameter elements, {resident} of them resident (embedding, norms)")
     S_loc = SEQ // RANKS
     inputs_in = (LAYERS + 1 - 3) * S_loc * DIM * 4  # x_0 .. x_L in 3 slots: all but 3 come back
     outs_in = (LAYERS - 3) * S_loc * (QW + HQ) * 4  # O and LSE of every layer in 3 slots
     expect_moved = {"none": 0,
                     "optimizer": RANKS * STEPS * 16 * elems,
                     "optimizer,layer_inputs": RANKS * STEPS * (16 * elems + inputs_in),
-                    "optimizer,layer_inputs,attn_out": RANKS * STEPS * (16 * elems + inputs_in + outs_in)}
+                    "optimizer,layer_inputs,attn_out": RANKS * STEPS * (16 * elems + inputs_in + outs_in),
+                    "optimizer,layer_inputs,attn_out,params":
+                        RANKS * STEPS * (16 * elems + 8 * (elems - resident) + 4 * resident + inputs_in + outs_in)}
     prev = "none"
     for off in STEPS_OF_OFFLOAD:
         r = runs[off]
