@@ -96,19 +96,11 @@ void LayerStash::end_step() {
     }
 }
 
-}  // namespace ctxpar
-
-namespace ctxpar {
-
 int64_t HostParams::resident_elems(const ParamLayout& layout) {
   int64_t n = 0;
   for (const ParamInfo& p : layout.tensors())
     if (is_resident(p)) n += p.loc_elems();
   return n;
-}
-
-double HostParams::device_bytes(const ParamLayout& layout) {
-  return 2.0 * double(layout.local_elems()) + 4.0 * double(resident_elems(layout));
 }
 
 HostParams::HostParams(const ParamLayout& layout, Device dev, Stream stream)

@@ -12,10 +12,13 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "attn_params.hpp"
 #include "core/memory.hpp"
+#include "model/layer.hpp"  // Bf16Mirror
+#include "model/model.hpp"
 
 namespace ctxpar {
 
@@ -58,13 +61,6 @@ class LayerStash {
   double bytes_ = 0;
 };
 
-}  // namespace ctxpar
-
-#include "model/layer.hpp"  // Bf16Mirror
-#include "model/model.hpp"
-
-namespace ctxpar {
-
 // offload=params (a GPU run, with offload=optimizer): the fp32 master weights live in pinned host
 // memory. The GPU keeps the bf16 copy of every weight (the GEMMs' operands, Bf16Mirror) and fp32
 // copies of the tensors its kernels read in fp32, the embedding table and the norm weights
@@ -93,8 +89,6 @@ class HostParams {
   // The device copy of element `offset` (flat index) of a resident tensor, or null.
   float* resident(int64_t offset) const;
   static bool is_resident(const ParamInfo& p) { return p.ones || p.name == "emb"; }
-  // GPU bytes: the bf16 copy of every element and the resident tensors in fp32.
-  static double device_bytes(const ParamLayout& layout);
   // fp32 elements that stay on the GPU (the resident tensors).
   static int64_t resident_elems(const ParamLayout& layout);
 

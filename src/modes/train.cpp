@@ -621,6 +621,10 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
          cfg.offload.c_str(), (opt.offload_bytes() + model.offload_bytes()) / mib, hparams ? " and weights" : "",
          opt.offload_bytes() / mib,
          (model.offload_bytes() - outs) / mib, outs / mib, median(offload_s) * 1e3);
+    // The trace: what moved and what compute did not hide (rank 0's, per step).
+    tracer.write_attr("/", "offload", cfg.offload);
+    tracer.write_attr("/", "offload_bytes_per_step", (opt.offload_bytes() + model.offload_bytes()) / steps_run);
+    tracer.write_attr("/", "offload_unhidden_s_per_step", median(offload_s));
   }
   log0("\n# summary (median over %zu measured steps, %lld warmup excluded)\n", times.size(), (long long)cfg.warmup);
   log0("#   loss               %.6f -> %.6f\n", first_loss, last_loss);

@@ -18,7 +18,7 @@
 #     (staged communicators), each against the same call on the CPU (cpu_check);
 #  4. `ctxpar bench attn device=cuda` (default rows, and the issue's headline shape), `bench cp`
 #     ring and all-gather at 64K on 2 ranks, `bench train` (llama3-8b shape, 2 layers, 32K tokens)
-#     and `chat` (8K prefill, 16 decode steps) and `bench infer` (8K) with device=cuda where this build
+#     and `chat` (8K prefill, 16 decode steps) and `bench infer` (4K) with device=cuda where this build
 #     supports it (each probed with --dry-run, which validates the mode; an unsupported mode is
 #     reported, not run).
 # Results in $OUT (the device tool returns at most 8 files): summary.txt (one line per step with
@@ -284,8 +284,8 @@ if [ -n "$MPIEXEC" ] && [ -x "$BUILD/ctxpar" ]; then
     note "n/a     chat: refused by this build (--dry-run)"
   fi
   # bench infer on the same shape: pass-KV vs pass-Q over miss rates, decode TTIT at CP 1 and 2,
-  # batched prefill, TTFT vs length (8K context, 2 ranks sharing the GPU).
-  bench optional infer 2 120 --config inputs/llama3-8b.toml layers=2 seq=8K docs=none bench_iters=3
+  # batched prefill of 512..4K tokens (issue 18's goal), TTFT vs length (4K context, 2 ranks sharing the GPU).
+  bench optional infer 2 120 --config inputs/llama3-8b.toml layers=2 seq=4K docs=none bench_iters=3
 fi
 
 # ---- verdict ----

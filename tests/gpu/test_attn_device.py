@@ -133,6 +133,8 @@ if p.returncode != 0 or "# VALID" not in p.stdout or "device=cuda" not in p.stdo
 # and ordered (end >= begin); the GEMM spans (the model's bf16 GEMMs,
 # timed by their events) carry time, and the summary's GEMM share is theirs (not 0).
 TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "inputs", "tiny.toml")
+# The chat also measures cp_algo=auto's profile on the device (hardware=measured, the default): the
+# bf16 GPU attention rate and the device links, transfers overlapping the kernels.
 for mode in (["train", "seq=64", "steps=2", "warmup=0"], ["chat", "docs=none", "schedule=prefill:48,decode:2"]):
     out = os.path.join(WORK, f"spans_{mode[0]}.h5")
     cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "2", EMU, *mode, "--config", TINY, "device=cuda",
@@ -149,6 +151,10 @@ for mode in (["train", "seq=64", "steps=2", "warmup=0"], ["chat", "docs=none", "
     print(f"{mode[0]} device=cuda: {len(sp)} spans, {int(bad.sum())} unresolved or reversed, GEMM spans {gemm_s:.3f} s")
     if len(sp) == 0 or bad.any() or gemm_s <= 0:
         failures.append(f"{mode[0]} device=cuda spans: {len(sp)} spans, {int(bad.sum())} bad, GEMM {gemm_s} s")
+    if mode[0] == "chat":
+        line = [l for l in p.stdout.splitlines() if "cp_algo cost model" in l]
+        if not line or "bf16 GPU attention" not in line[0] or "overlapping the kernels" not in line[0]:
+            failures.append(f"chat device=cuda: the cost model's profile is not the GPU's measured one: {line}")
     if mode[0] == "train":
         line = [l for l in p.stdout.splitlines() if "time in GEMMs" in l]
         if not line or " 0.0 %" in line[0].split("(")[0]:
@@ -159,7 +165,7 @@ for mode in (["train", "seq=64", "steps=2", "warmup=0"], ["chat", "docs=none", "
 # every row's #wrong 0, and the decode table's attention time from the device spans (not 0).
 out = os.path.join(WORK, "bench_infer.h5")
 cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "2", EMU, "bench", "infer", "--config", TINY, "docs=none",
-       "device=cuda", "seq=32", "bench_iters=1", f"out={out}"]
+       "device=cuda", "seq=32", "bench_iters=1", "hardware=h200", f"out={out}"]
 p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
 rows = [l.split() for l in p.stdout.splitlines() if l.strip() and not l.startswith("#")]
 decode = [r for r in rows if len(r) == 8 and r[2] in ("pass_q", "allgather")]

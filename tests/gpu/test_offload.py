@@ -81,9 +81,10 @@ for off in ("none",) + STEPS_OF_OFFLOAD:
         steps = f["steps"][:]
         spans = f["spans"][:]
         names = [x.decode() if isinstance(x, bytes) else x for x in f["spans"].attrs["phase_names"]]
+        per_step = float(f.attrs.get("offload_bytes_per_step", -1))
     moved = float(spans["bytes"][spans["phase"] == names.index("offload")].sum())
     runs[off] = dict(ck=datasets(ck), loss=steps["loss"], peak=int(steps["device_peak_bytes"].max()), plan=plan,
-                     moved=moved, log=p.stdout)
+                     moved=moved, log=p.stdout, per_step=per_step)
 
 if len(runs) == 5:
     base = runs["none"]
@@ -122,6 +123,13 @@ if len(runs) == 5:
         print(f"offload={off}: spans of phase offload carry {r['moved']:.0f} bytes, expected {expect_moved[off]}")
         if r["moved"] != expect_moved[off]:
             failures.append(f"offload={off}: offload spans carry {r['moved']:.0f} bytes, expected {expect_moved[off]}")
+        # The trace's bytes per step (rank 0): every copy out and in.
+        total = (16 * elems + ("layer_inputs" in off) * (LAYERS + LAYERS + 1 - 3) * S_loc * DIM * 4 +
+                 ("attn_out" in off) * (LAYERS + LAYERS - 3) * S_loc * (QW + HQ) * 4 +
+                 ("params" in off) * (8 * (elems - resident) + 4 * resident))
+        print(f"offload={off}: trace offload_bytes_per_step {r['per_step']:.0f}, expected {total}")
+        if r["per_step"] != total:
+            failures.append(f"offload={off}: offload_bytes_per_step {r['per_step']} in the trace, expected {total}")
         if f"offload={off}:" not in r["log"]:
             failures.append(f"offload={off}: no offload summary line in the train log")
         prev = off
