@@ -325,8 +325,8 @@ std::string train_plan(const Config& cfg, Topology& topo) {
   }
   if (cfg.device == Device::cuda) {
     // The GPU's share without offload and with each step of it: the prefixes of this run's list,
-    // or without one the order MaxText advises (optimizer states, layer inputs, then with
-    // remat=none the attention outputs).
+    // or without one the order MaxText advises (optimizer states, layer inputs, with remat=none
+    // the attention outputs, then the parameters).
     std::vector<std::string> items = offload_items(cfg.offload);
     if (items.empty()) {
       items = {"optimizer", "layer_inputs"};
