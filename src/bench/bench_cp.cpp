@@ -332,8 +332,6 @@ int bench_cp(BenchContext& ctx) {
       AttnParams shape = attn_problem(c);  // MLA: heads of nope + rope and the latent's width (modes/workload.hpp)
       shape.deterministic = row.det;
       std::string err = strat->validate(shape, topo);  // with the latent: ulysses, usp refuse
-      if (err.empty() && on_gpu && row.strategy == "halo")
-        err = "halo: the halo exchange runs on the CPU only so far (device=cuda)";
       if (!row.latent) shape.latent_width = 0;
       Inputs in;
       std::string derr;

@@ -9,7 +9,11 @@
 // every rank).
 //
 // The plan (which rows go where) depends only on (P, rows per rank, window), so every rank
-// computes every rank's plan alike: no metadata exchange. Layout: zigzag, S_loc = 2c rows per
+// computes every rank's plan alike: no metadata exchange.
+// On a GPU (AttnParams::device): the messages carry K and V only, packed and unpacked by device
+// copies and ordered on the compute stream; the receiver knows the halo rows' positions from the
+// plan (and their document ids from the group's, gathered on the host once per call), uploads
+// them, and adds the returning dK/dV with a device kernel. Layout: zigzag, S_loc = 2c rows per
 // rank, chunk j = global positions [j c, (j+1) c) held by rank j (j < P) or 2P-1-j, at local
 // rows [0, c) or [c, 2c). Padding rows (the partition's last positions) are in nobody's past.
 #include <algorithm>
@@ -149,17 +153,12 @@ class Halo final : public CpStrategy {
     return b;
   }
 
-  // The halo exchange packs and adds rows on the host: CPU calls only so far.
-  static void refuse_device(const AttnParams& a) {
-    if (a.device != Device::cpu)
-      throw std::invalid_argument("halo on device = cuda: the halo exchange runs on the CPU only so far; valid: "
-                                  "device=cpu, or a global strategy (ring, allgather, ulysses, usp) for the window");
-  }
   void forward(const AttnParams& a, Tracer* tr, CpStats& st) override {
-    refuse_device(a);
-    Exchange x = post_halo(a, st);
-    const int64_t chunk = cp::progress_chunk_rows(a.S_q, kProgressParts);
-    Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false), lse_tmp(size_t(chunk) * a.H_q, false);
+    if (a.device != Device::cpu) cp::check_device_call(name(), comm_, a);
+    Exchange x = post_halo(a, st, tr);
+    const int64_t chunk = cp::progress_chunk_rows(a.S_q, kProgressParts, a.device);
+    Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false, a.device, a.stream),
+        lse_tmp(size_t(chunk) * a.H_q, false, a.device, a.stream);
     // Own keys first (initializes o and lse), while the halo travels.
     timed_call(tr, st, Phase::attn_fwd, 0, a, [&](const AttnParams& p) {
       for_near_keys(p, chunk, [&](const AttnParams& q) {
@@ -180,12 +179,12 @@ class Halo final : public CpStrategy {
   }
 
   void backward(const AttnParams& a, Tracer* tr, CpStats& st) override {
-    refuse_device(a);
+    if (a.device != Device::cpu) cp::check_device_call(name(), comm_, a);
     const size_t kv_row = size_t(a.H_kv) * a.D;
-    std::fill_n(a.dq, size_t(a.S_q) * a.H_q * a.D, 0.f);
-    std::fill_n(a.dk, size_t(a.S_k) * kv_row, 0.f);
-    std::fill_n(a.dv, size_t(a.S_k) * kv_row, 0.f);
-    Exchange x = post_halo(a, st);
+    device_zero(a.dq, size_t(a.S_q) * a.H_q * a.D * sizeof(float), a.device, a.stream);
+    device_zero(a.dk, size_t(a.S_k) * kv_row * sizeof(float), a.device, a.stream);
+    device_zero(a.dv, size_t(a.S_k) * kv_row * sizeof(float), a.device, a.stream);
+    Exchange x = post_halo(a, st, tr);
     // The dK/dV of the rows this rank sent come back from each peer: posted before any compute.
     const size_t n = x.plan.peers.size();
     std::vector<Buffer<float>> back_in(n), back_out(n);
@@ -193,13 +192,14 @@ class Halo final : public CpStrategy {
     for (size_t i = 0; i < n; ++i) {
       const Plan::Peer& peer = x.plan.peers[i];
       if (peer.send_rows == 0) continue;
-      back_in[i].resize(2 * size_t(peer.send_rows) * kv_row, false);
-      back_req[i] = comm_.send_recv_async(std::span<const float>(), Comm::kNone, back_in[i].span(), peer.rank,
+      back_in[i] = Buffer<float>(2 * size_t(peer.send_rows) * kv_row, false, a.device, a.stream);
+      back_req[i] = comm_.send_recv_async(buf_at<float>(nullptr, 0, a.device), Comm::kNone, buf(back_in[i]), peer.rank,
                                           kTagHaloDkv);
     }
-    const int64_t chunk = cp::progress_chunk_rows(a.S_q, kProgressParts);
+    const int64_t chunk = cp::progress_chunk_rows(a.S_q, kProgressParts, a.device);
     auto progress = [&] {
       x.progress(comm_);
+      if (a.device != Device::cpu) return;
       for (Request& r : back_req)
         if (r.pending()) comm_.test(r);
     };
@@ -214,14 +214,15 @@ class Halo final : public CpStrategy {
       if (peer.recv_rows == 0) continue;
       cp::timed_wait(comm_, x.req[i], st, tr, int32_t(i + 1), double(x.in_layout[i].bytes));
       AttnParams p = x.halo_keys(a, i);
-      back_out[i].resize(2 * size_t(peer.recv_rows) * kv_row);  // zeroed: the kernel accumulates
+      back_out[i] = Buffer<float>(2 * size_t(peer.recv_rows) * kv_row, true, a.device, a.stream);  // the kernel accumulates
       p.dk = back_out[i].data();
       p.dv = back_out[i].data() + size_t(peer.recv_rows) * kv_row;
       timed_call(tr, st, Phase::attn_bwd, int32_t(i + 1), p, [&](const AttnParams& q) {
         cp::bwd_chunked(q, chunk, progress);
       });
       // Home to the owner; the receive of the matching message was posted there at the start.
-      Request r = comm_.send_recv_async(back_out[i].span(), peer.rank, std::span<float>(), Comm::kNone, kTagHaloDkv);
+      Request r = comm_.send_recv_async(buf(back_out[i]), peer.rank, buf_at<float>(nullptr, 0, a.device), Comm::kNone,
+                                        kTagHaloDkv);
       st.messages += 1;
       st.bytes_sent += double(back_out[i].size() * sizeof(float));
       x.sends.push_back(std::move(r));
@@ -237,8 +238,8 @@ class Halo final : public CpStrategy {
         float* dk = a.dk + size_t(s.local) * kv_row;
         float* dv = a.dv + size_t(s.local) * kv_row;
         const size_t m = size_t(s.rows()) * kv_row;
-        for (size_t e = 0; e < m; ++e) dk[e] += dk_in[e];
-        for (size_t e = 0; e < m; ++e) dv[e] += dv_in[e];
+        add_f32(dk, dk_in, int64_t(m), a.device, a.stream);
+        add_f32(dv, dv_in, int64_t(m), a.device, a.stream);
         dk_in += m;
         dv_in += m;
       }
@@ -253,9 +254,16 @@ class Halo final : public CpStrategy {
     Plan plan;
     std::vector<cp::KvLayout> in_layout;
     std::vector<Buffer<std::byte>> out, in;
+    // On a GPU, per peer: the halo rows' positions and document ids, on the host and the device.
+    std::vector<std::vector<int64_t>> in_pos;
+    std::vector<std::vector<int32_t>> in_doc;
+    std::vector<Buffer<int64_t>> in_pos_dev;
+    std::vector<Buffer<int32_t>> in_doc_dev;
     std::vector<Request> req;    // per peer: its receive (and, when both, its send)
     std::vector<Request> sends;  // sends whose completion only the end awaits
+    bool gpu = false;
     void progress(Comm& c) {
+      if (gpu) return;
       for (Request& r : req)
         if (r.pending()) c.test(r);
     }
@@ -263,10 +271,16 @@ class Halo final : public CpStrategy {
     AttnParams halo_keys(const AttnParams& a, size_t i) const {
       AttnParams p = a;
       cp::point_keys_at(in_layout[i], const_cast<std::byte*>(in[i].data()), p);
+      if (a.device != Device::cpu) {
+        p.k_pos = in_pos_dev[i].data();
+        p.k_pos_host = in_pos[i].data();
+        p.k_doc = a.k_doc ? in_doc_dev[i].data() : nullptr;
+        p.k_doc_host = a.k_doc ? in_doc[i].data() : nullptr;
+      }
       // Queries that see positions [lo, hi) lie in [lo, hi + window - 1): a contiguous run of the
       // ascending local rows.
       const int64_t lo = plan.peers[i].recv.front().begin, hi = plan.peers[i].recv.back().end;
-      const int64_t* qp = a.q_pos;
+      const int64_t* qp = a.device == Device::cpu ? a.q_pos : a.q_pos_host;
       const int64_t r0 = std::lower_bound(qp, qp + a.S_q, lo) - qp;
       const int64_t r1 = std::lower_bound(qp, qp + a.S_q, hi + a.window - 1) - qp;
       return p.query_rows(r0, std::max<int64_t>(r1 - r0, 0));
@@ -277,15 +291,18 @@ class Halo final : public CpStrategy {
     }
   };
 
-  Exchange post_halo(const AttnParams& a, CpStats& st) {
+  Exchange post_halo(const AttnParams& a, CpStats& st, Tracer* tr) {
     const int P = comm_.size(), me = comm_.rank();
+    const bool gpu = a.device != Device::cpu;
     CTXPAR_CHECK(a.S_q == a.S_k && a.S_k % 2 == 0, "halo: takes the zigzag training layout (S_q = S_k, even); got S_q = "
                                                         << a.S_q << ", S_k = " << a.S_k);
     const int64_t c = a.S_k / 2;
-    CTXPAR_CHECK(P == 1 || (a.k_pos[0] == me * c && a.k_pos[c] == (2 * P - 1 - me) * c),
+    const int64_t* kp = gpu ? a.k_pos_host : a.k_pos;
+    CTXPAR_CHECK(P == 1 || (kp[0] == me * c && kp[c] == (2 * P - 1 - me) * c),
                  "halo: rank " << me << "'s rows are not zigzag chunks " << me << " and " << 2 * P - 1 - me
                                << " of " << c << " rows");
     Exchange x;
+    x.gpu = gpu;
     x.plan = make_plan(P, me, a.S_k, a.window);
     const size_t n = x.plan.peers.size();
     x.in_layout.resize(n);
@@ -294,24 +311,49 @@ class Halo final : public CpStrategy {
     x.req.resize(n);
     const bool docs = a.k_doc != nullptr;
     const size_t row = size_t(a.H_kv) * a.D * dtype_bytes(a.dtype);
+    // A GPU's messages hold K and V only: every rank's document ids on the host, once (positions
+    // follow from the plan).
+    cp::GroupKeyRows group;
+    if (gpu && docs && P > 1) group = cp::group_key_rows(comm_, a, tr, st);  // collective: every rank
+    if (gpu) {
+      x.in_pos.resize(n);
+      x.in_doc.resize(n);
+      x.in_pos_dev.resize(n);
+      x.in_doc_dev.resize(n);
+    }
     for (size_t i = 0; i < n; ++i) {
       const Plan::Peer& peer = x.plan.peers[i];
-      x.in_layout[i] = cp::kv_layout(peer.recv_rows, a.H_kv, a.D, a.dtype, docs);
-      x.in[i].resize(x.in_layout[i].bytes, false);
-      const cp::KvLayout out = cp::kv_layout(peer.send_rows, a.H_kv, a.D, a.dtype, docs);
-      x.out[i].resize(out.bytes, false);
+      x.in_layout[i] = cp::kv_layout(peer.recv_rows, a.H_kv, a.D, a.dtype, docs && !gpu, !gpu);
+      x.in[i] = Buffer<std::byte>(x.in_layout[i].bytes, false, a.device, a.stream);
+      const cp::KvLayout out = cp::kv_layout(peer.send_rows, a.H_kv, a.D, a.dtype, docs && !gpu, !gpu);
+      x.out[i] = Buffer<std::byte>(out.bytes, false, a.device, a.stream);
       std::byte* base = x.out[i].data();
       int64_t at = 0;  // rows packed so far
       for (const Seg& s : peer.send) {
         const size_t m = size_t(s.rows());
-        std::memcpy(base + out.k_off + at * row, static_cast<const std::byte*>(a.k) + s.local * row, m * row);
-        std::memcpy(base + out.v_off + at * row, static_cast<const std::byte*>(a.v) + s.local * row, m * row);
-        std::memcpy(base + out.pos_off + at * sizeof(int64_t), a.k_pos + s.local, m * sizeof(int64_t));
-        if (docs) std::memcpy(base + out.doc_off + at * sizeof(int32_t), a.k_doc + s.local, m * sizeof(int32_t));
+        const auto copy = [&](size_t off, const void* src, size_t bytes) {
+          device_copy(base + off, src, bytes, a.device, a.stream);
+        };
+        copy(out.k_off + at * row, static_cast<const std::byte*>(a.k) + s.local * row, m * row);
+        copy(out.v_off + at * row, static_cast<const std::byte*>(a.v) + s.local * row, m * row);
+        if (!gpu) {
+          std::memcpy(base + out.pos_off + at * sizeof(int64_t), a.k_pos + s.local, m * sizeof(int64_t));
+          if (docs) std::memcpy(base + out.doc_off + at * sizeof(int32_t), a.k_doc + s.local, m * sizeof(int32_t));
+        }
         at += int64_t(m);
       }
+      if (gpu) {  // the halo rows' positions and document ids, from the plan and the group's
+        for (const Seg& s : peer.recv)
+          for (int64_t p = s.begin; p < s.end; ++p) {
+            x.in_pos[i].push_back(p);
+            if (docs) x.in_doc[i].push_back(group.doc[size_t(s.owner) * size_t(group.S_k) + size_t(s.local + p - s.begin)]);
+          }
+        x.in_pos_dev[i] = cp::to_device(x.in_pos[i], a.device, a.stream);
+        if (docs) x.in_doc_dev[i] = cp::to_device(x.in_doc[i], a.device, a.stream);
+      }
       const bool send = peer.send_rows > 0, recv = peer.recv_rows > 0;
-      x.req[i] = comm_.send_recv_async(x.out[i].span(), send ? peer.rank : Comm::kNone, x.in[i].span(),
+      // Buffers where they live (buf: a device's go through the communicator's device backend).
+      x.req[i] = comm_.send_recv_async(buf(x.out[i]), send ? peer.rank : Comm::kNone, buf(x.in[i]),
                                        recv ? peer.rank : Comm::kNone, kTagHaloKv);
       if (send) {
         st.messages += 1;
@@ -326,12 +368,14 @@ class Halo final : public CpStrategy {
   // contiguous run of the ascending local rows. The kernel packs the keys of a call, so a block
   // against all local keys would cost S_loc per block instead of chunk + window.
   template <class F> static void for_near_keys(const AttnParams& p, int64_t chunk, F&& f) {
-    const int64_t* kp = p.k_pos;
+    const bool gpu = p.device != Device::cpu;  // positions read from the host copies there
+    const int64_t* kp = gpu ? p.k_pos_host : p.k_pos;
     for (int64_t a0 = 0; a0 < p.S_q; a0 += chunk) {
       const int64_t n = std::min(chunk, p.S_q - a0);
       const AttnParams q = p.query_rows(a0, n);
-      const int64_t k0 = std::lower_bound(kp, kp + p.S_k, q.q_pos[0] - (p.window - 1)) - kp;
-      const int64_t k1 = std::upper_bound(kp, kp + p.S_k, q.q_pos[n - 1]) - kp;
+      const int64_t* qp = gpu ? q.q_pos_host : q.q_pos;
+      const int64_t k0 = std::lower_bound(kp, kp + p.S_k, qp[0] - (p.window - 1)) - kp;
+      const int64_t k1 = std::upper_bound(kp, kp + p.S_k, qp[n - 1]) - kp;
       f(q.key_rows(k0, k1 - k0));
     }
   }

@@ -167,9 +167,6 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
     if (cfg.layer_pattern.find('D') != std::string::npos)
       return "config: layer_pattern = '" + cfg.layer_pattern + "' with device = cuda: Gated DeltaNet (D) layers run on "
              "the CPU only so far; valid: device=cpu, or a pattern of G and L layers";
-    if (cfg.layer_pattern.find('L') != std::string::npos && cfg.local_strategy == "halo")
-      return "config: local_strategy = halo with device = cuda: the halo exchange of the local (L) layers runs on the "
-             "CPU only so far; valid: local_strategy=ring (or allgather), or device=cpu";
   }
   const AttnParams shape = local_attn_problem(cfg, tp);
   err = strat->validate(shape, topo);

@@ -178,7 +178,6 @@ if (p.returncode != 0 or "# VALID: bench infer" not in p.stdout or len(rows) != 
 # message naming the value, and no output file written.
 BAD = [  # (arguments, text the message must contain)
     (["train", "layer_pattern=DG"], "layer_pattern = 'DG'"),
-    (["train", "layer_pattern=LG", "window=24", "local_strategy=halo"], "local_strategy = halo"),
     (["train", "seq=64M"], "of GPU memory per rank"),
     (["bench", "train", "seq=64M"], "of GPU memory per rank"),
     (["chat", "docs=none", "schedule=prefill:64M,decode:2"], "smaller batch"),

@@ -292,6 +292,10 @@ std::vector<Case> cases() {
   v.push_back({"pass_q", 4, 2, MaskKind::causal, 0, false, false});
   v.push_back({"pass_q", 2, 2, MaskKind::causal, 0, true, false});
   v.push_back({"pass_q", 4, 1, MaskKind::window, 40, false, false});
+  // The halo exchange of local layers: a window reaching over a whole chunk into the one before
+  // (40 > 24 rows per chunk at P = 4), and one within a chunk (17) with documents.
+  v.push_back({"halo", 4, 1, MaskKind::window, 40, false, false});
+  v.push_back({"halo", 4, 2, MaskKind::window, 17, true, false});
   return v;
 }
 
