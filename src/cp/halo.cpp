@@ -9,13 +9,14 @@
 // every rank).
 //
 // The plan (which rows go where) depends only on (P, rows per rank, window), so every rank
-// computes every rank's plan alike: no metadata exchange.
-// On a GPU (AttnParams::device): the messages carry K and V only, packed and unpacked by device
-// copies and ordered on the compute stream; the receiver knows the halo rows' positions from the
-// plan (and their document ids from the group's, gathered on the host once per call), uploads
-// them, and adds the returning dK/dV with a device kernel. Layout: zigzag, S_loc = 2c rows per
+// computes every rank's plan alike: no metadata exchange. Layout: zigzag, S_loc = 2c rows per
 // rank, chunk j = global positions [j c, (j+1) c) held by rank j (j < P) or 2P-1-j, at local
 // rows [0, c) or [c, 2c). Padding rows (the partition's last positions) are in nobody's past.
+//
+// On a GPU (AttnParams::device): the messages carry K and V only, packed by device copies on the
+// compute stream and handed to the communicator as device buffers; the receiver knows the halo
+// rows' positions from the plan (and their document ids from the group's, gathered on the host
+// once per call), uploads them, and adds the returning dK/dV with a device kernel.
 #include <algorithm>
 #include <stdexcept>
 #include <cstring>
