@@ -154,9 +154,7 @@ int bench_infer(BenchContext& ctx) {
   const bool on_gpu = cfg.device == Device::cuda;
   const GpuRun gpu(on_gpu ? &topo : nullptr, &ctx.tracer);
   const Check check{on_gpu};
-  if (on_gpu)
-    log0("# device=cuda: %s, %s communicators; bf16 weights, GEMM and attention inputs and KV cache, fp32 "
-         "accumulation and residual stream\n", gpu.description.c_str(), gpu.comm.c_str());
+  gpu.log_inference();
   const int N = cp.size();
   const int64_t S = cfg.seq, V = cfg.vocab, iters = cfg.bench_iters;
   // With tp: this rank's slice of the heads and FFN (the CP strategies run within each tp slice).
@@ -355,8 +353,7 @@ int bench_infer(BenchContext& ctx) {
   // Four prompts of mixed lengths (seq/8, seq/4, seq/2, seq: none a multiple of anything in
   // particular), full prefill by the configured strategy: one forward for the batch (packed) and
   // one forward per sequence (sequential), alternating within each iteration.
-  const std::vector<int64_t> lens = {std::max<int64_t>(1, S / 8), std::max<int64_t>(1, S / 4),
-                                     std::max<int64_t>(1, S / 2), S};
+  const std::vector<int64_t> lens = bench_infer_lengths(S);
   const int64_t nb = int64_t(lens.size());
   int64_t total = 0, cap = 0;
   std::vector<std::vector<int32_t>> batch(static_cast<size_t>(nb));

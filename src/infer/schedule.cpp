@@ -46,6 +46,10 @@ std::string parse_schedule(const std::string& text, int N, std::vector<ScheduleP
   return "";
 }
 
+std::vector<int64_t> bench_infer_lengths(int64_t seq) {
+  return {std::max<int64_t>(1, seq / 8), std::max<int64_t>(1, seq / 4), std::max<int64_t>(1, seq / 2), seq};
+}
+
 int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N) {
   int64_t cap = 0;
   for (const SchedulePhase& p : s)  // a prefill's rows on each rank: its padded zigzag share

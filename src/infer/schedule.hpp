@@ -31,4 +31,8 @@ std::string parse_schedule(const std::string& text, int N, std::vector<ScheduleP
 // round-robin may put one extra token on a rank per phase).
 int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N);
 
+// bench infer's batched prefill and TTFT-vs-length sweep at context `seq`: seq/8, seq/4, seq/2,
+// seq tokens (at least 1 each).
+std::vector<int64_t> bench_infer_lengths(int64_t seq);
+
 }  // namespace ctxpar::infer

@@ -114,7 +114,7 @@ HostParams::HostParams(const ParamLayout& layout, Device dev, Stream stream)
   int64_t at = 0;
   for (const ParamInfo& p : layout.tensors())
     if (is_resident(p)) {
-      res_map_.push_back({p.offset, at});
+      res_map_.push_back({p.offset, p.loc_elems(), at});
       at += p.loc_elems();
     }
   view_ = layout.view(host_);
@@ -134,12 +134,8 @@ HostParams::~HostParams() {
 }
 
 float* HostParams::resident(int64_t offset) const {
-  for (const ParamInfo& p : layout_.tensors()) {
-    if (offset < p.offset || offset >= p.offset + p.loc_elems()) continue;
-    if (!is_resident(p)) return nullptr;
-    for (const auto& [lo, r] : res_map_)
-      if (lo == p.offset) return const_cast<float*>(res_.data()) + r + (offset - p.offset);
-  }
+  for (const Resident& r : res_map_)
+    if (offset >= r.offset && offset < r.offset + r.elems) return const_cast<float*>(res_.data()) + r.at + (offset - r.offset);
   return nullptr;
 }
 

@@ -98,7 +98,10 @@ class HostParams {
   Stream stream_;
   float* host_ = nullptr;
   Buffer<float> res_;                     // the resident tensors, packed in layout order
-  std::vector<std::pair<int64_t, int64_t>> res_map_;  // per resident tensor: (its layout offset, its res_ offset)
+  struct Resident {
+    int64_t offset, elems, at;  // a resident tensor's place in the layout, its size, its place in res_
+  };
+  std::vector<Resident> res_map_;
   Buffer<uint16_t> bf16_;
   ModelView view_;
   Bf16Mirror mirror_;

@@ -5,6 +5,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "cp/common.hpp"  // to_device
 #include "dist/topology.hpp"
 #include "trace/trace.hpp"
@@ -29,6 +30,12 @@ GpuRun::GpuRun(Topology* t, Tracer* tr) : topo(t), tracer(tr) {
 #else
   CTXPAR_FATAL("device = cuda in a build without the CUDA backend (validate_mode refuses it first)");
 #endif
+}
+
+void GpuRun::log_inference() const {
+  if (!stream) return;
+  log0("# device=cuda: %s, %s communicators; bf16 weights, GEMM and attention inputs and KV cache, fp32 "
+       "accumulation and residual stream\n", description.c_str(), comm.c_str());
 }
 
 void GpuRun::attach(Topology& other) const {

@@ -28,6 +28,9 @@ struct GpuRun {
   // Another topology of the same ranks (bench infer's sub-meshes): its communicators on this GPU
   // and stream too. Destroy it before the GpuRun.
   void attach(Topology& other) const;
+  // Inference on it (prefill, decode, chat, bench infer): the log line naming the GPU and the
+  // precision (nothing on a CPU run).
+  void log_inference() const;
   GpuRun(const GpuRun&) = delete;
   GpuRun& operator=(const GpuRun&) = delete;
   ~GpuRun();

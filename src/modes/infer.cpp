@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cmath>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -498,42 +499,49 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
 // its miss-rate and length tables' (batch 1 on the job's CP ranks), its decode table's CP = 1
 // replica (the whole context of `batch` sequences on every rank) and its batched table's (four
 // prompts of seq/8 .. seq). Empty on a schedule error (validated before).
-std::vector<std::pair<std::vector<SchedulePhase>, std::pair<int, int64_t>>> run_engines(const Config& cfg, int N) {
+struct EngineShape {
+  std::vector<SchedulePhase> sched;
+  int N;  // CP ranks it spans
+  int64_t batch;
+};
+std::vector<EngineShape> run_engines(const Config& cfg, int N) {
   std::vector<SchedulePhase> sched;
   if (cfg.mode != Mode::bench) {
     if (!mode_schedule(cfg, N, sched).empty()) return {};
-    return {{sched, {N, cfg.batch}}};
+    return {{sched, N, cfg.batch}};
   }
   const int64_t S = cfg.seq;
-  SchedulePhase batched{PhaseKind::prefill, S, {std::max<int64_t>(1, S / 8), std::max<int64_t>(1, S / 4),
-                                                std::max<int64_t>(1, S / 2), S}};
-  return {{{{PhaseKind::prefill, S}}, {N, 1}},
-          {{{PhaseKind::prefill, S}, {PhaseKind::decode, cfg.bench_iters + 1}}, {1, cfg.batch}},
-          {{batched}, {N, 4}}};
+  const std::vector<int64_t> lens = bench_infer_lengths(S);
+  return {{{{PhaseKind::prefill, S}}, N, 1},
+          {{{PhaseKind::prefill, S}, {PhaseKind::decode, cfg.bench_iters + 1}}, 1, cfg.batch},
+          {{{PhaseKind::prefill, S, lens}}, N, int64_t(lens.size())}};
 }
 
-// The largest engine of the run (cache + activations) with `cache_elem` bytes per cache element.
-EnginePlan largest_engine(const Config& cfg, const ModelDims& d, int N, double cache_elem) {
+// The largest engine of the run (cache + activations) with `cache_elem` bytes per cache element;
+// none on a schedule error.
+std::optional<EnginePlan> largest_engine(const Config& cfg, const ModelDims& d, int N, double cache_elem) {
+  const std::vector<EngineShape> shapes = run_engines(cfg, N);
+  if (shapes.empty()) return std::nullopt;
   EnginePlan best;
-  for (const auto& [sched, shape] : run_engines(cfg, N)) {
-    const EnginePlan e = plan_engine(d, sched, shape.first, shape.second, cache_elem);
+  for (const EngineShape& s : shapes) {
+    const EnginePlan e = plan_engine(d, s.sched, s.N, s.batch, cache_elem);
     if (e.cache + e.act > best.cache + best.act) best = e;
   }
   return best;
 }
 
+// fp32 copies of the weights the host holds: one, and while a checkpoint loads its AdamW moments
+// beside it; bench infer keeps the job's weights beside its decode table's sub-mesh copy.
+double host_weight_copies(const Config& cfg) { return cfg.mode == Mode::bench ? 2 : cfg.resume.empty() ? 1 : 3; }
+
 }  // namespace
 
 double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) {
-  const int N = topo.cp().size();
-  if (run_engines(cfg, N).empty()) return 0;
   const ModelDims d = model_dims(cfg, topo.size(Axis::tp), 0);  // this rank's slice (heads, ffn over tp)
-  const ParamLayout layout(d);
-  // Weights (and, while a checkpoint loads, its AdamW moments beside them; bench infer keeps the
-  // job's weights beside its decode table's sub-mesh copy).
-  const double copies = cfg.mode == Mode::bench ? 2 : cfg.resume.empty() ? 1 : 3;
-  const double weights = sizeof(float) * double(layout.local_elems()) * copies;
-  const EnginePlan e = largest_engine(cfg, d, N, sizeof(float));
+  const std::optional<EnginePlan> plan = largest_engine(cfg, d, topo.cp().size(), sizeof(float));
+  if (!plan) return 0;
+  const EnginePlan& e = *plan;
+  const double weights = sizeof(float) * double(ParamLayout(d).local_elems()) * host_weight_copies(cfg);
   const double total = weights + e.cache + e.act;
   if (parts)
     *parts = "weights " + fmt_bytes(weights) + ", KV cache " + fmt_bytes(e.cache) + " (" + s_(e.cap) + " tokens x batch " +
@@ -545,19 +553,17 @@ double infer_memory(const Config& cfg, Topology& topo) { return plan_infer_memor
 
 double infer_host_memory_on_gpu(const Config& cfg, Topology& topo) {
   const double elems = double(ParamLayout(model_dims(cfg, topo.size(Axis::tp), 0)).local_elems());
-  return 4.0 * elems * (cfg.mode == Mode::bench ? 2 : cfg.resume.empty() ? 1 : 3);
+  return 4.0 * elems * host_weight_copies(cfg);
 }
 
 double infer_device_memory(const Config& cfg, Topology& topo) {
   // The host plan's parts with the GPU's types: the weights in fp32 beside their bf16 copy (one
   // engine's at a time), the KV cache in bf16, the activations as planned plus the attention's bf16
   // q, k, v rows; the strategies' scratch is within the activations' margin of the host plan.
-  const int N = topo.cp().size();
-  if (run_engines(cfg, N).empty()) return 0;
   const ModelDims d = model_dims(cfg, topo.size(Axis::tp), 0);
-  const double elems = double(ParamLayout(d).local_elems());
-  const EnginePlan e = largest_engine(cfg, d, N, 2.0);
-  return 6.0 * elems + e.cache + 1.5 * e.act;
+  const std::optional<EnginePlan> e = largest_engine(cfg, d, topo.cp().size(), 2.0);
+  if (!e) return 0;
+  return 6.0 * double(ParamLayout(d).local_elems()) + e->cache + 1.5 * e->act;
 }
 
 std::string infer_plan(const Config& cfg, Topology& topo) {
@@ -572,9 +578,7 @@ int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {
   mode_schedule(cfg, N, sched);  // validated before
   // device=cuda: this rank's GPU and device communicators before anything binds to topo's comms.
   const GpuRun gpu(cfg.device == Device::cuda ? &topo : nullptr, &tracer);
-  if (cfg.device == Device::cuda)
-    log0("# device=cuda: %s, %s communicators; bf16 weights, GEMM and attention inputs and KV cache, fp32 "
-         "accumulation and residual stream\n", gpu.description.c_str(), gpu.comm.c_str());
+  gpu.log_inference();
   Session s(cfg, topo, tracer, sched, gpu.stream);
   std::vector<std::vector<std::vector<int32_t>>> gen;  // [turn][step][b]
   if (cfg.mode == Mode::prefill) {

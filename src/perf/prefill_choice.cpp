@@ -109,21 +109,25 @@ HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D,
   p.S_q = S_q; p.S_k = S_k; p.H_q = H_q; p.H_kv = H_kv; p.D = D;
   p.q_pos = qp.data(); p.k_pos = kp.data();
   const double flops = attn_fwd_flops(double(visible_pairs(p)), H_q, D);
-  // The device call: bf16 copies of q, k, v and the positions on the GPU (host copies kept).
+  // The device call: q, k, v and the positions uploaded, q, k, v rounded to bf16 there (host
+  // copies of the positions kept).
   Buffer<uint16_t> qb, kb, vb;
   Buffer<int64_t> qpd, kpd;
   if (gpu) {
-    const auto up16 = [&](const Buffer<float>& x, Buffer<uint16_t>& d) {
-      std::vector<uint16_t> h(x.size());
-      for (size_t i = 0; i < h.size(); ++i) h[i] = bf16_bits(x[i]);
-      d = Buffer<uint16_t>(h.size(), false, dev, st);
-      copy_to_device(d.data(), h.data(), h.size() * sizeof(uint16_t), dev, st);
+    const auto up = [&]<class T>(const T* h, size_t n) {
+      Buffer<T> d(n, false, dev, st);
+      copy_to_device(d.data(), h, n * sizeof(T), dev, st);
+      return d;
     };
-    up16(q, qb), up16(k, kb), up16(v, vb);
-    qpd = Buffer<int64_t>(qp.size(), false, dev, st);
-    kpd = Buffer<int64_t>(kp.size(), false, dev, st);
-    copy_to_device(qpd.data(), qp.data(), qp.size() * sizeof(int64_t), dev, st);
-    copy_to_device(kpd.data(), kp.data(), kp.size() * sizeof(int64_t), dev, st);
+    const auto up16 = [&](const Buffer<float>& x) {
+      const Buffer<float> f = up(x.data(), x.size());
+      Buffer<uint16_t> b(x.size(), false, dev, st);
+      f32_to_bf16(f.data(), b.data(), int64_t(x.size()), dev, st);
+      return b;
+    };
+    qb = up16(q), kb = up16(k), vb = up16(v);
+    qpd = up(qp.data(), qp.size());
+    kpd = up(kp.data(), kp.size());
     p.device = dev;
     p.stream = st;
     p.dtype = DType::bf16;
