@@ -184,13 +184,36 @@ struct AdamWStep {
 };
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& hp);
 
-// Sum of squares in double (gradient-norm clipping).
+// Sum of squares in double (gradient-norm clipping): partial sums of fixed blocks of 4096
+// elements added in block order, so the result does not depend on the thread count.
 double sum_squares(const float* x, int64_t n);
 
 // The embedding: x[r] = emb[tokens[r]] for r < rows (rows x dim); the backward demb[tokens[r]] +=
 // dx[r], rows added in order (a token may repeat; the order of additions is fixed).
 void embedding_fwd(const float* emb, const int32_t* tokens, int64_t rows, int64_t dim, float* x);
 void embedding_bwd(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, float* demb);
+
+// ---- exact sums (deterministic=true training: parameter gradients and the loss) ----
+// A sum held as two int64 per element with one result in any order of its additions: a value x
+// is split into hi = trunc(x 2^kExactHi) and lo = trunc((x - hi 2^-kExactHi) 2^kExactLo), both
+// exact except lo's truncation below 2^-kExactLo (5.4e-20 absolute per addition). hi holds
+// |x| < 2^kExactRange; lo, below 2^(kExactLo - kExactHi) per addition, sums 2^22 additions in
+// int64. Two such sums add elementwise as integers (an all-reduce of int64, in any order).
+inline constexpr int kExactHi = 24, kExactLo = 64, kExactRange = 38;
+// hi[i ld + j] += , lo[i ld + j] += the split of x[i ldx + j] for i < rows, j < cols. Returns the
+// number of values that were non-finite or of magnitude 2^kExactRange or more (added as 0).
+int64_t exact_add(const float* x, int64_t rows, int64_t cols, int64_t ldx, int64_t* hi, int64_t* lo, int64_t ld);
+int64_t exact_add(double x, int64_t* hi, int64_t* lo);
+// The sum hi 2^-kExactHi + lo 2^-kExactLo, rounded to double (one rounding of the carried pair,
+// the same bits wherever it runs), and to fp32 for n elements.
+double exact_value(int64_t hi, int64_t lo);
+void exact_to_float(const int64_t* hi, const int64_t* lo, float* x, int64_t n);
+// rmsnorm_bwd with dw's sum over rows exact (each row's dy * xh split into dw_hi, dw_lo; dx as
+// rmsnorm_bwd's, += ); embedding_bwd with demb exact (each row's dx split into its token's row).
+// Both return exact_add's count of values out of range.
+int64_t rmsnorm_bwd_exact(const float* dy, const float* x, const float* w, const float* rstd, float* dx, int64_t* dw_hi,
+                          int64_t* dw_lo, int64_t rows, int64_t dim);
+int64_t embedding_bwd_exact(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, int64_t* hi, int64_t* lo);
 
 // ---- the same ops on a call's device ----
 // Every pointer on `device` (Device::cuda: asynchronous, ordered on `stream`); Device::cpu is

@@ -183,9 +183,20 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
 }
 
 double sum_squares(const float* x, int64_t n) {
+  // Fixed blocks whose partial sums are added in block order: any thread count, the same bits.
+  constexpr int64_t kBlock = 4096;
+  const int64_t nb = (n + kBlock - 1) / kBlock;
+  std::vector<double> part(size_t(std::max<int64_t>(nb, 0)));
+#pragma omp parallel for schedule(static) num_threads(op_threads())
+  for (int64_t b = 0; b < nb; ++b) {
+    double s = 0;
+    const int64_t i1 = std::min(n, (b + 1) * kBlock);
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = b * kBlock; i < i1; ++i) s += double(x[i]) * double(x[i]);
+    part[size_t(b)] = s;
+  }
   double s = 0;
-#pragma omp parallel for schedule(static) reduction(+ : s) num_threads(op_threads())
-  for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
+  for (double p : part) s += p;
   return s;
 }
 
@@ -202,6 +213,111 @@ void embedding_bwd(const float* dx, const int32_t* tokens, int64_t rows, int64_t
 #pragma omp simd
     for (int64_t j = 0; j < dim; ++j) g[j] += d[j];
   }
+}
+
+// ---- exact sums (ops.hpp: kExactHi, kExactLo) ----
+namespace {
+constexpr double kHiUnit = 0x1p24, kHiStep = 0x1p-24, kLoUnit = 0x1p64, kRangeLimit = 0x1p38;
+static_assert(kExactHi == 24 && kExactLo == 64 && kExactRange == 38, "the constants below");
+// The split of x (ops.hpp); out of range or non-finite: false, and 0 added. Every step is exact
+// but lo's truncation: hd 2^-kExactHi is x cut to the hi grid, so r is x's remaining low bits.
+inline bool split_exact(double x, int64_t& h, int64_t& l) {
+  const bool ok = std::abs(x) < kRangeLimit;  // false for NaN
+  const double xs = ok ? x : 0.0;
+  const double hd = std::trunc(xs * kHiUnit);
+  h = int64_t(hd);
+  l = int64_t((xs - hd * kHiStep) * kLoUnit);
+  return ok;
+}
+}  // namespace
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+int64_t exact_add(const float* x, int64_t rows, int64_t cols, int64_t ldx, int64_t* hi, int64_t* lo, int64_t ld) {
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = x + r * ldx;
+    int64_t* h = hi + r * ld;
+    int64_t* l = lo + r * ld;
+    for (int64_t j = 0; j < cols; ++j) {
+      int64_t dh, dl;
+      bad += split_exact(double(a[j]), dh, dl) ? 0 : 1;
+      h[j] += dh;
+      l[j] += dl;
+    }
+  }
+  return bad;
+}
+
+int64_t exact_add(double x, int64_t* hi, int64_t* lo) {
+  int64_t dh, dl;
+  const bool ok = split_exact(x, dh, dl);
+  *hi += dh;
+  *lo += dl;
+  return ok ? 0 : 1;
+}
+
+double exact_value(int64_t hi, int64_t lo) {
+  // carry lo's multiples of 2^(kExactLo - kExactHi) into hi (floor: lo ends in [0, 2^40))
+  constexpr int kShift = kExactLo - kExactHi;
+  const int64_t carry = lo >> kShift;
+  const int64_t h = hi + carry, l = lo - carry * (int64_t(1) << kShift);
+  return double(h) * kHiStep + double(l) * (1.0 / kLoUnit);
+}
+
+void exact_to_float(const int64_t* hi, const int64_t* lo, float* x, int64_t n) {
+#pragma omp parallel for schedule(static) num_threads(op_threads())
+  for (int64_t i = 0; i < n; ++i) x[i] = float(exact_value(hi[i], lo[i]));
+}
+
+int64_t rmsnorm_bwd_exact(const float* dy, const float* x, const float* w, const float* rstd, float* dx, int64_t* dw_hi,
+                          int64_t* dw_lo, int64_t rows, int64_t dim) {
+  const int nt = int(std::min<int64_t>(op_threads(), std::max<int64_t>(rows, 1)));
+  // per thread: its rows' dw as integers (added below in any order: integers), and one row's products
+  std::vector<int64_t> part(size_t(nt) * size_t(2 * dim), 0);
+  std::vector<float> prod(size_t(nt) * size_t(dim));
+  int64_t bad = 0;
+#pragma omp parallel num_threads(nt) reduction(+ : bad)
+  {
+    const int t = omp_get_thread_num();
+    int64_t* ph = part.data() + size_t(t) * size_t(2 * dim);
+    float* pr = prod.data() + size_t(t) * size_t(dim);
+    const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * dim;
+      const float* dyr = dy + r * dim;
+      float* dxr = dx + r * dim;
+      const float rs = rstd[r];
+      float dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < dim; ++j) dot += dyr[j] * w[j] * xr[j];
+      dot *= rs;
+      const float c = dot / float(dim);
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) {
+        const float xh = xr[j] * rs;
+        dxr[j] += rs * (dyr[j] * w[j] - xh * c);
+        pr[j] = dyr[j] * xh;
+      }
+      bad += exact_add(pr, 1, dim, dim, ph, ph + dim, dim);
+    }
+  }
+  for (int t = 0; t < nt; ++t) {
+    const int64_t* ph = part.data() + size_t(t) * size_t(2 * dim);
+    for (int64_t j = 0; j < dim; ++j) {
+      dw_hi[j] += ph[j];
+      dw_lo[j] += ph[dim + j];
+    }
+  }
+  return bad;
+}
+
+int64_t embedding_bwd_exact(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, int64_t* hi, int64_t* lo) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t row = int64_t(tokens[i]) * dim;
+    bad += exact_add(dx + i * dim, 1, dim, dim, hi + row, lo + row, dim);
+  }
+  return bad;
 }
 
 }  // namespace ctxpar

@@ -89,7 +89,7 @@ const std::vector<Field>& config_fields() {
       {"frugal", &Config::frugal, "false", "train, bench cp: the all-gather and the ring send a rank only the key/value rows some query there can see (the causal future, other documents and rows beyond a window stay home; dK/dV return the same way); other strategies refuse it", {}},
       {"save_logits", &Config::save_logits, "false", "prefill, decode, chat: write /infer/logits [calls, batch, vocab] (fp32 values stored as float64, the last position of every sequence after each call) and /infer/tokens [batch, tokens] (every token fed, in call order: chat's conversation; -1 after a sequence's end) and /infer/context [calls, batch] (each sequence's context length after the call) to the output file, to compare devices and meshes or replay in another framework", {}},
       {"cpu_check", &Config::cpu_check, "true", "attn with device=cuda: also run the call on the CPU with the same bf16-rounded inputs and report the largest difference per tensor (log line and output attributes cpu_check_*)", {}},
-      {"deterministic", &Config::deterministic, "false", "bench cp: attention whose bits do not depend on the number of ranks, the strategy or the threads (every rank attends to all keys in position order, dK/dV summed exactly; the layout padded to whole query tiles); rows <name>:det beside the plain ones. Not yet train or inference", {}},
+      {"deterministic", &Config::deterministic, "false", "results whose bits do not depend on the number of CP or dp ranks, the strategy or the threads: train and bench train (losses, gradients, checkpoints; GEMMs in fixed row blocks, every sum over tokens exact) and bench cp (rows <name>:det beside the plain ones); the attention's canonical schedule (every rank attends to all keys in position order, dK/dV summed exactly), the layout padded to whole query tiles. Not yet inference, tp, local or GDN layers", {}},
       // workload / attention
       {"seq", &Config::seq, "4K", "S: global sequence length in tokens (K/M suffixes)", {}, 1, 1ll << 40},
       {"heads", &Config::heads, "8", "H_q: query heads", {}, 1, 65536},
@@ -510,10 +510,11 @@ void validate_config(const Config& c, int world_size) {
   const bool bench_cp = c.mode == Mode::bench && c.bench == Bench::cp;
   if (c.strategy == StrategySetting::all && !bench_cp && c.mode != Mode::predict)
     throw UsageError("config: strategy = all is only for `ctxpar bench cp` (and predict); valid here: allgather, ulysses, ring, usp, auto");
-  if (c.deterministic && !bench_cp)
-    throw UsageError(std::string("config: deterministic = true applies to `ctxpar bench cp` so far (the attention is "
-                                 "bit-identical on any mesh; the model's GEMMs and reductions in train and inference are "
-                                 "not yet); valid here: deterministic=false"));
+  const bool train_mode = c.mode == Mode::train || (c.mode == Mode::bench && c.bench == Bench::train);
+  if (c.deterministic && !bench_cp && !train_mode)
+    throw UsageError(std::string("config: deterministic = true applies to train, `ctxpar bench train` and `ctxpar "
+                                 "bench cp` so far (inference's sums are not order-invariant yet); valid here: "
+                                 "deterministic=false"));
   if (c.deterministic && (c.frugal || c.attention == "mla" || c.device != Device::cpu))
     throw UsageError(std::string("config: deterministic = true with ") +
                      (c.frugal ? "frugal = true" : c.attention == "mla" ? "attention = mla" : "device = cuda") +

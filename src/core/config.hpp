@@ -46,7 +46,7 @@ struct Config {
   int64_t head_dim;          // D
   StrategySetting strategy;
   bool frugal;               // the all-gather and the ring move only the key/value rows a receiving rank can see
-  bool deterministic;        // bench cp: attention with the same bits on any mesh (cp/deterministic.hpp)
+  bool deterministic;        // train, bench train, bench cp: the same bits on any mesh (cp/deterministic.hpp, model/transformer.hpp)
   bool cpu_check;            // attn device=cuda: the same call on the CPU, differences reported
   bool save_logits;          // prefill/decode/chat: /infer/logits and /infer/tokens in the output file
   PartitionKind partition;

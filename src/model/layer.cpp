@@ -8,6 +8,7 @@
 #include "ops.hpp"
 #include "trace/trace.hpp"
 #include "core/clock.hpp"
+#include "core/error.hpp"
 
 namespace ctxpar {
 
@@ -29,12 +30,41 @@ const uint16_t* bf16_operand(const LayerRun& r, const float* x, int64_t rows, in
 
 void layer_add_residual(const LayerRun& r, float* y, const float* x, int64_t n) { add_f32(y, x, n, r.dev, r.stream); }
 
+int64_t ExactGrads::offset(const float* g) const {
+  CTXPAR_CHECK(g >= grads && g < grads + n, "deterministic: a weight gradient outside the gradient buffer");
+  return g - grads;
+}
+
+namespace {
+// deterministic=true: the GEMM in blocks of e.block rows (layer.hpp ExactGrads).
+void exact_gemm(const ExactGrads& e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const int64_t G = e.block;
+  if (!ta) {  // rows of C are rows of A: each block of G rows on its own
+    CTXPAR_CHECK(M % G == 0, "deterministic: a GEMM of " << M << " rows, not whole blocks of " << G);
+    for (int64_t i = 0; i < M; i += G) sgemm(false, tb, G, N, K, 1.0f, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc);
+    return;
+  }
+  // a weight gradient C += A^T B summed over K token rows: each block's product, added exactly
+  CTXPAR_CHECK(!tb && beta == 1.0f && K % G == 0 && M * N <= e.scratch_elems,
+               "deterministic: a weight gradient of " << M << " x " << N << " over " << K << " rows (block " << G
+                                                       << ", beta " << beta << ")");
+  const int64_t off = e.offset(C);
+  for (int64_t k = 0; k < K; k += G) {
+    sgemm(true, false, M, N, G, 1.0f, A + k * lda, lda, B + k * ldb, ldb, 0.0f, e.scratch, N);
+    *e.bad += exact_add(e.scratch, M, N, N, e.hi + off, e.lo + off, ldc);
+  }
+}
+}  // namespace
+
 void layer_gemm(const LayerRun& r, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const double t0 = now_s();
   {
     Tracer::Scope sc(r.tr, Phase::gemm, layer_of(r), -1, matmul_flops(double(M), double(N), double(K)), 0);
-    if (r.dev == Device::cpu) {
+    if (r.exact) {
+      exact_gemm(*r.exact, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    } else if (r.dev == Device::cpu) {
       sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
     } else {
       uint16_t *sa = nullptr, *sb = nullptr;

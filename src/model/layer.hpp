@@ -36,6 +36,24 @@ struct Bf16Mirror {
   }
 };
 
+// deterministic=true (model/transformer.hpp): the parameter gradients as exact sums (ops.hpp
+// exact_add), parallel to the flat fp32 gradient buffer [grads, grads + n): element i of a weight
+// gradient is (hi[i], lo[i]). Every GEMM runs on fixed blocks of `block` rows, so its bits do not
+// depend on how many rows a rank holds: an op(A) of token rows in calls of `block` rows, a weight
+// gradient (op(A) = A^T, the rows summed) one call per block of rows, each block's product added
+// exactly. `scratch` holds one weight's product; `bad` counts values out of the exact range.
+struct ExactGrads {
+  const float* grads = nullptr;
+  int64_t n = 0;
+  int64_t *hi = nullptr, *lo = nullptr;
+  int64_t block = 0;
+  float* scratch = nullptr;
+  int64_t scratch_elems = 0;
+  int64_t* bad = nullptr;
+  // The exact sums of gradient element `g` (a pointer into [grads, grads + n)).
+  int64_t offset(const float* g) const;
+};
+
 // What every part of a layer needs: the dimensions, the mesh (tp all-reduces), the tracer, the
 // counters, and the layer index (-1 outside the layers: the LM head); and where the tensors are:
 // Device::cpu (fp32 throughout), or Device::cuda (every pointer device memory, every op ordered on
@@ -51,9 +69,12 @@ struct LayerRun {
   Device dev = Device::cpu;
   Stream stream = nullptr;
   const Bf16Mirror* weights = nullptr;
+  const ExactGrads* exact = nullptr;  // deterministic=true (CPU)
 };
 
-// C (=|+=) op(A) op(B), row-major, timed and traced (model/flops.hpp: 2 m n k). On a GPU the
+// C (=|+=) op(A) op(B), row-major, timed and traced (model/flops.hpp: 2 m n k). With r.exact: in
+// blocks of rows (ExactGrads); a weight gradient (trans_a, beta = 1, C in the gradient buffer)
+// goes to the exact sums instead of C. On a GPU the
 // StepTimes entry is host time of an asynchronous call; the span is timed on the device
 // (Tracer::time_on_device), and train takes its GEMM and attention shares from the spans there.
 void layer_gemm(const LayerRun& r, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,

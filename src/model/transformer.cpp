@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <span>
 
 #include "core/error.hpp"
@@ -126,7 +127,44 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
 }
 
 LayerRun Transformer::run(int64_t l) {
-  return LayerRun{d_, topo_, tr_, *times_, *st_, l, dev_, stream_, dev_ == Device::cpu ? nullptr : &mirror_};
+  return LayerRun{d_, topo_, tr_, *times_, *st_, l, dev_, stream_, dev_ == Device::cpu ? nullptr : &mirror_,
+                  deterministic() ? &exact_ : nullptr};
+}
+
+void Transformer::set_deterministic(int64_t block) {
+  CTXPAR_CHECK(dev_ == Device::cpu && !d_.mla && !d_.has_gdn() && d_.tp == 1 && block > 0 && S_loc_ % block == 0,
+               "deterministic: the CPU, attention layers, tp 1 and whole blocks of " << block << " rows (" << S_loc_
+                                                                                     << " here)");
+  const int64_t n = layout_.local_elems();
+  int64_t widest = 0;
+  for (const ParamInfo& p : layout_.tensors()) widest = std::max(widest, p.loc_elems());
+  ex_hi_ = Buffer<int64_t>(size_t(n + 2), true);
+  ex_lo_ = Buffer<int64_t>(size_t(n + 2), true);
+  ex_scratch_ = Buffer<float>(size_t(widest), false);
+  exact_ = ExactGrads{nullptr, n, ex_hi_.data(), ex_lo_.data(), block, ex_scratch_.data(), widest, &ex_bad_};
+  // the LM head's chunks in whole blocks (forward_backward)
+  const int64_t C = std::max(block, logits_chunk_rows(S_loc_, d_.vocab) / block * block);
+  logits_ = alloc(size_t(C * d_.vocab));
+  chunk_loss_ = Buffer<double>(size_t((S_loc_ + C - 1) / C), false);
+  call_.deterministic = true;
+}
+
+void Transformer::finish_exact(float* grads, double* loss) const {
+  const int64_t n = layout_.local_elems();
+  if (ex_hi_[size_t(n + 1)] != 0) {
+    std::fill_n(grads, size_t(n), std::numeric_limits<float>::quiet_NaN());
+    *loss = std::numeric_limits<double>::quiet_NaN();
+    return;
+  }
+  exact_to_float(ex_hi_.data(), ex_lo_.data(), grads, n);
+  *loss = exact_value(ex_hi_[size_t(n)], ex_lo_[size_t(n)]);
+}
+
+void Transformer::rmsnorm_bwd_any(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                                  float* dw) {
+  if (!deterministic()) return rmsnorm_bwd(dy, x, w, rstd, dx, dw, S_loc_, d_.dim, dev_, stream_);
+  const int64_t off = exact_.offset(dw);
+  ex_bad_ += rmsnorm_bwd_exact(dy, x, w, rstd, dx, exact_.hi + off, exact_.lo + off, S_loc_, d_.dim);
 }
 
 void Transformer::attn_or_mla_out_fwd(int64_t l, const LayerView& w, const float* x, const float* o, float* x1) {
@@ -209,7 +247,7 @@ void Transformer::mlp_bwd(int64_t l, const LayerView& w, LayerView& gw, MlpActs&
   layer_tp_all_reduce(run(l), dh_.data(), S * dim);  // each tp rank holds the part from its FFN columns
   {
     Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
-    rmsnorm_bwd(dh_.data(), m.x1.data(), w.mlp_norm, m.rstd.data(), dx, gw.mlp_norm, S, dim, dev_, stream_);  // dx = d x1
+    rmsnorm_bwd_any(dh_.data(), m.x1.data(), w.mlp_norm, m.rstd.data(), dx, gw.mlp_norm);  // dx = d x1
   }
 }
 
@@ -285,7 +323,7 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   layer_tp_all_reduce(run(l), dh_.data(), S * dim);
   {
     Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
-    rmsnorm_bwd(dh_.data(), x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm, S, dim, dev_, stream_);  // dx = d x
+    rmsnorm_bwd_any(dh_.data(), x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm);  // dx = d x
   }
 }
 
@@ -302,6 +340,12 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   const ModelView w = ext_view_ ? *ext_view_ : layout_.view(const_cast<float*>(params));
   ModelView gw = layout_.view(grads);
   device_zero(grads, size_t(layout_.local_elems()) * sizeof(float), dev_, stream_);
+  if (deterministic()) {
+    exact_.grads = grads;
+    std::fill_n(ex_hi_.data(), ex_hi_.size(), int64_t(0));
+    std::fill_n(ex_lo_.data(), ex_lo_.size(), int64_t(0));
+    ex_bad_ = 0;
+  }
   // Where the batch's token ids and labels are read: the host's, or their copies on the GPU; and
   // there, the weights' bf16 copy for this call.
   const int32_t* tokens = b.tokens.data();
@@ -351,7 +395,10 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
                 stream_);
   }
   // LM head and loss, fused per row chunk: logits → dlogits in place → dW_lm, dhf.
-  const int64_t C = logits_chunk_rows(S, V);
+  // deterministic: chunks of whole blocks, and each row's loss added exactly (the chunk's sum in
+  // chunk_loss_ still serves the plain return value)
+  const int64_t blk = deterministic() ? exact_.block : 1;
+  const int64_t C = std::max(blk, logits_chunk_rows(S, V) / blk * blk);
   for (int64_t r0 = 0, c = 0; r0 < S; r0 += C, ++c) {
     const int64_t rows = std::min(C, S - r0);
     const float* h = hf_.data() + r0 * dim;
@@ -359,8 +406,23 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     if (logits_out) copy_to_host(logits_out + r0 * V, logits_.data(), size_t(rows * V) * sizeof(float), dev_, stream_);
     {
       Tracer::Scope sc(tr_, Phase::loss, -1, -1, 0, 0);
-      cross_entropy_fwd_bwd(logits_.data(), labels + r0, rows, V, float(loss_scale), logits_.data(),
-                            chunk_loss_.data() + c, dev_, stream_);
+      if (deterministic()) {
+        row_loss_.resize(size_t(rows));
+        float* z = logits_.data();
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r)  // one row per call: its sum is the row's loss alone
+          row_loss_[size_t(r)] = cross_entropy_fwd_bwd(z + r * V, labels + r0 + r, 1, V, float(loss_scale), z + r * V);
+        const int64_t n = layout_.local_elems();
+        double sum = 0;
+        for (double x : row_loss_) {
+          ex_bad_ += exact_add(x, exact_.hi + n, exact_.lo + n);
+          sum += x;
+        }
+        chunk_loss_[size_t(c)] = sum;
+      } else {
+        cross_entropy_fwd_bwd(logits_.data(), labels + r0, rows, V, float(loss_scale), logits_.data(),
+                              chunk_loss_.data() + c, dev_, stream_);
+      }
     }
     layer_gemm(run(-1), true, false, dim, V, rows, h, dim, logits_.data(), V, 1, gw.lm_head, V);
     layer_gemm(run(-1), false, true, rows, dim, V, logits_.data(), V, w.lm_head, V, 0, dhf_.data() + r0 * dim, dim);
@@ -369,8 +431,7 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   device_zero(dx, size_t(S * dim) * sizeof(float), dev_, stream_);
   {
     Tracer::Scope sc(tr_, Phase::norm, -1, -1, 0, 0);
-    rmsnorm_bwd(dhf_.data(), xs_.at(d_.layers), w.final_norm, rstd_f_.data(), dx, gw.final_norm, S, dim,
-                dev_, stream_);
+    rmsnorm_bwd_any(dhf_.data(), xs_.at(d_.layers), w.final_norm, rstd_f_.data(), dx, gw.final_norm);
   }
   for (int64_t l = d_.layers - 1; l >= 0; --l) {
     xs_.will_read(l, tr_);
@@ -381,7 +442,13 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   if (outs_) outs_->end_step();
   {
     Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
-    embedding_bwd(dx, tokens, S, dim, gw.emb, dev_, stream_);
+    if (deterministic()) {
+      const int64_t off = exact_.offset(gw.emb);
+      ex_bad_ += embedding_bwd_exact(dx, tokens, S, dim, exact_.hi + off, exact_.lo + off);
+      ex_hi_[size_t(layout_.local_elems() + 1)] = ex_bad_;  // summed over the ranks with the rest
+    } else {
+      embedding_bwd(dx, tokens, S, dim, gw.emb, dev_, stream_);
+    }
   }
   // The chunks' losses summed in chunk order (on a GPU: read back, which waits for the step).
   std::vector<double> chunk(chunk_loss_.size());

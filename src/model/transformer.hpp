@@ -19,6 +19,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,21 @@ class Transformer {
     ext_view_ = view;
     ext_mirror_ = mirror;
   }
+  // deterministic=true (CPU; cp/deterministic.hpp, layer.hpp ExactGrads): the CP attention's
+  // canonical schedule, every GEMM in blocks of `block` rows (positions: the layout gives every
+  // rank whole blocks), and every sum over tokens exact, so that forward_backward's results do not
+  // depend on the mesh, the strategy or the threads. forward_backward then leaves `grads` to
+  // finish_exact: it fills exact_sums() instead, the gradients and the loss as integers of this
+  // rank, which the caller adds over the CP and dp groups (int64 all-reduces, any order) first.
+  void set_deterministic(int64_t block);
+  bool deterministic() const { return exact_.block > 0; }
+  // hi and lo, each local_elems() + 2 int64: the gradients, then the loss sum, then (hi only) the
+  // count of values out of the exact range.
+  std::span<int64_t> exact_hi() { return std::span<int64_t>(ex_hi_.data(), ex_hi_.size()); }
+  std::span<int64_t> exact_lo() { return std::span<int64_t>(ex_lo_.data(), ex_lo_.size()); }
+  // The summed exact values into `grads` (fp32) and the loss sum into *loss; a value out of range
+  // on any rank makes every gradient and the loss NaN (the caller's non-finite check stops the run).
+  void finish_exact(float* grads, double* loss) const;
   // Frugal transfers (config frugal): the strategies move only the key rows a rank can see
   // (AttnParams::visible_only; the all-gather so far).
   void set_visible_only(bool v) { call_.visible_only = v; }
@@ -148,6 +164,14 @@ class Transformer {
   Buffer<int64_t> pos_dev_;
   Buffer<int32_t> tokens_dev_, labels_dev_, doc_dev_;
   Buffer<double> chunk_loss_;
+  // deterministic=true: the exact sums (hi, lo; local_elems + 2 each), a weight's product, and
+  // each row's loss of an LM-head chunk
+  ExactGrads exact_;
+  Buffer<int64_t> ex_hi_, ex_lo_;
+  Buffer<float> ex_scratch_;
+  std::vector<double> row_loss_;
+  int64_t ex_bad_ = 0;
+  void rmsnorm_bwd_any(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw);
   // per-call state
   Tracer* tr_ = nullptr;
   CpStats* st_ = nullptr;

@@ -148,6 +148,14 @@ class HostCopy {
 // Packed documents: configured for synthetic data, or from eos_id in a token file.
 bool train_docs(const Config& cfg) { return packed_docs(cfg) || (!synthetic_data(cfg) && cfg.eos_id >= 0); }
 
+// deterministic=true: the layout pads every rank's chunks to whole blocks of the attention
+// kernel's query tile, the grain of every exact sum (model/transformer.hpp set_deterministic).
+int64_t train_block(const Config& cfg) { return cfg.deterministic ? attn_query_block(int32_t(cfg.head_dim)) : 1; }
+int64_t train_S_loc(const Config& cfg, Topology& topo) {
+  return Partition::padded_length(make_strategy(cfg.strategy, topo)->partition(), cfg.seq, topo.cp().size(),
+                                  train_block(cfg)) / topo.cp().size();
+}
+
 }  // namespace
 
 std::string validate_train_mode(const Config& cfg, Topology& topo) {
@@ -177,6 +185,17 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   }
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
   if (!err.empty()) return "config: " + err;
+  if (cfg.deterministic) {  // model/transformer.hpp set_deterministic
+    if (!strat->serves_deterministic())
+      return std::string("config: deterministic = true: strategy = ") + name_of(cfg.strategy) +
+             " has no canonical schedule; valid: strategy=allgather, ulysses, ring or usp, or deterministic=false";
+    if (tp > 1)
+      return "config: deterministic = true with tp:" + std::to_string(tp) + ": the tensor-parallel sums are not "
+             "order-invariant yet; valid: a mesh without tp (ring, ulysses and dp axes), or deterministic=false";
+    if (cfg.layer_pattern.find_first_of("DL") != std::string::npos)
+      return "config: deterministic = true with layer_pattern = '" + cfg.layer_pattern + "': local (L) and Gated "
+             "DeltaNet (D) layers have no exact schedule yet; valid: layer_pattern=G, or deterministic=false";
+  }
   if (std::unique_ptr<CpStrategy> local = make_local_strategy(cfg, topo)) {
     err = local->validate(local_attn_problem(cfg, tp, true), topo);
     if (!err.empty()) return "config: local_strategy = " + cfg.local_strategy + " (the L layers): " + err;
@@ -240,9 +259,14 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   const ModelDims d = model_dims(cfg, tp, 0);
   const ParamLayout layout(d);
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
-  const int64_t S_loc = Partition::padded_length(strat->partition(), cfg.seq, topo.cp().size()) / topo.cp().size();
+  const int64_t S_loc = train_S_loc(cfg, topo);
   TrainMemoryPlan p;
   p.state_bytes = 4.0 * 4.0 * double(layout.local_elems());  // params, grads, AdamW m and v
+  if (cfg.deterministic) {  // the gradients' exact sums (two int64 each) and one weight's product
+    int64_t widest = 0;
+    for (const ParamInfo& t : layout.tensors()) widest = std::max(widest, t.loc_elems());
+    p.state_bytes += 16.0 * double(layout.local_elems() + 2) + 4.0 * double(widest);
+  }
   p.activation_bytes = Transformer::activation_bytes(d, cfg.remat, S_loc,
                                                      Transformer::logits_chunk_rows(S_loc, d.vocab));
   // The strategy's transient buffers (gathered / in-flight K/V and their gradients).
@@ -264,8 +288,7 @@ double train_device_memory(const Config& cfg, Topology& topo) {
   const TrainMemoryPlan t = plan_train_memory(cfg, topo);
   const int tp = tp_size(topo);
   const ModelDims d = model_dims(cfg, tp, 0);
-  const double S_loc = double(Partition::padded_length(make_strategy(cfg.strategy, topo)->partition(), cfg.seq,
-                                                       topo.cp().size()) / topo.cp().size());
+  const double S_loc = double(train_S_loc(cfg, topo));
   const double layers = cfg.remat == Remat::none ? double(d.layers) : 1.0;
   const ParamLayout layout(d);
   const double bf16 = 2.0 * double(layout.local_elems()) + 2.0 * S_loc * double(d.q_width()) +
@@ -293,8 +316,7 @@ double train_host_memory_on_gpu(const Config& cfg, Topology& topo) {
   // L of them); and a checkpoint's gather.
   const TrainMemoryPlan t = plan_train_memory(cfg, topo);
   const ModelDims d = model_dims(cfg, tp_size(topo), 0);
-  const double S_loc = double(Partition::padded_length(make_strategy(cfg.strategy, topo)->partition(), cfg.seq,
-                                                       topo.cp().size()) / topo.cp().size());
+  const double S_loc = double(train_S_loc(cfg, topo));
   const double inputs = offloads(cfg, Offload::layer_inputs) ? double(d.layers) * S_loc * double(d.dim) * 4.0 : 0.0;
   const double outs =
       offloads(cfg, Offload::attn_out) ? double(d.layers) * S_loc * double(d.q_width() + d.H_q_loc()) * 4.0 : 0.0;
@@ -317,7 +339,7 @@ std::string train_plan(const Config& cfg, Topology& topo) {
     os << "\n";
   }
   if (std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo)) {
-    const Partition part(strat->partition(), cfg.seq, topo.cp().size());
+    const Partition part(strat->partition(), cfg.seq, topo.cp().size(), train_block(cfg));
     if (part.padding() > 0) os << "padding: " << part.padding_note() << "\n";
   }
   if (cfg.device == Device::cuda) {
@@ -372,7 +394,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   const ModelDims d = model_dims(cfg, tp, topo.coord(Axis::tp));
   const ParamLayout layout(d);
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
-  const Partition part(strat->partition(), cfg.seq, cp.size());
+  const Partition part(strat->partition(), cfg.seq, cp.size(), train_block(cfg));
   const std::vector<int64_t> pos = part.positions(cp.rank());
   const Remat remat = cfg.remat;
   mem_reset_peak();
@@ -403,6 +425,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg), local_strat.get(), dev, gpu.stream,
                     offloads(cfg, Offload::layer_inputs), offloads(cfg, Offload::attn_out));
   model.set_visible_only(cfg.frugal);
+  if (cfg.deterministic) model.set_deterministic(train_block(cfg));
   if (hparams) model.use_weights(&hparams->view(), &hparams->mirror());
   const std::unique_ptr<TokenSource> src = make_token_source(cfg);
 
@@ -469,15 +492,24 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     double loss_sum = model.forward_backward(master, grads.data(), b, 1.0 / double(N), &tracer, st, tm,
                                              logits_full.size() ? logits_full.data() : nullptr);
     {
-      Tracer::Scope sc(&tracer, Phase::all_reduce, -1, -1, 0, double(layout.local_elems()) * 4);
+      Tracer::Scope sc(&tracer, Phase::all_reduce, -1, -1, 0,
+                       double(layout.local_elems()) * (model.deterministic() ? 16 : 4));
       const double tc = world.now();
       // Parameters are shared by the CP group and the dp replicas: sum their gradients there.
-      if (cp.size() > 1) cp.all_reduce(buf(grads));
-      if (DP > 1) dp.all_reduce(buf(grads));
-      if (tp > 1)  // K/V heads on several tp ranks
-        reduce_replicated_kv_grads(layout, grads.data(), topo.axis(Axis::tp), dev, gpu.stream);
-      if (cp.size() > 1) cp.all_reduce(std::span<double>(&loss_sum, 1));
-      if (DP > 1) dp.all_reduce(std::span<double>(&loss_sum, 1));
+      if (model.deterministic()) {  // integers, whose sum has one result in any order
+        for (std::span<int64_t> x : {model.exact_hi(), model.exact_lo()}) {
+          if (cp.size() > 1) cp.all_reduce(x);
+          if (DP > 1) dp.all_reduce(x);
+        }
+        model.finish_exact(grads.data(), &loss_sum);
+      } else {
+        if (cp.size() > 1) cp.all_reduce(buf(grads));
+        if (DP > 1) dp.all_reduce(buf(grads));
+        if (tp > 1)  // K/V heads on several tp ranks
+          reduce_replicated_kv_grads(layout, grads.data(), topo.axis(Axis::tp), dev, gpu.stream);
+        if (cp.size() > 1) cp.all_reduce(std::span<double>(&loss_sum, 1));
+        if (DP > 1) dp.all_reduce(std::span<double>(&loss_sum, 1));
+      }
       st.exposed_comm_s += world.now() - tc;
     }
     const double loss = loss_sum / double(N);
