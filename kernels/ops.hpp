@@ -103,6 +103,13 @@ void add_f32_2d(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, in
 // trans_*; A is [M,K] (or [K,M]), B is [K,N] (or [N,K]); leading dimensions in elements.
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// sgemm whose row i of C has the same bits for any M and any thread count (deterministic=true):
+// returns false where the library gives no such path (nothing computed; the caller then runs
+// blocks of a fixed number of rows). BLIS: its blocked path, never the small-matrix ("sup") one,
+// whose choice depends on M; the blocked path sums each element over K in the same kc blocks
+// whatever M, and threads split rows and columns, never K.
+bool sgemm_rows_fixed(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // Name and version of the GEMM library linked (for provenance).
 const char* blas_name();

@@ -112,6 +112,25 @@ void choose_blis_config_once() {
 #endif
 }  // namespace
 
+bool sgemm_rows_fixed(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+#if defined(CTXPAR_BLAS_BLIS)
+  if (M <= 0 || N <= 0) return true;
+  choose_blis_config_once();
+  rntm_t rntm = BLIS_RNTM_INITIALIZER;
+  bli_rntm_set_num_threads(gemm_threads(), &rntm);
+  bli_rntm_disable_l3_sup(&rntm);
+  float a = 1.0f, b = beta;
+  bli_sgemm_ex(trans_a ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, trans_b ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, M, N, K, &a,
+               const_cast<float*>(A), lda, 1, const_cast<float*>(B), ldb, 1, &b, C, ldc, 1, nullptr, &rntm);
+  return true;
+#else
+  (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)beta, (void)C,
+      (void)ldc;
+  return false;
+#endif
+}
+
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;

@@ -231,8 +231,9 @@ inline bool split_exact(double x, int64_t& h, int64_t& l) {
 }
 }  // namespace
 
+namespace {
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-int64_t exact_add(const float* x, int64_t rows, int64_t cols, int64_t ldx, int64_t* hi, int64_t* lo, int64_t ld) {
+int64_t exact_add_rows(const float* x, int64_t rows, int64_t cols, int64_t ldx, int64_t* hi, int64_t* lo, int64_t ld) {
   int64_t bad = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const float* a = x + r * ldx;
@@ -244,6 +245,21 @@ int64_t exact_add(const float* x, int64_t rows, int64_t cols, int64_t ldx, int64
       h[j] += dh;
       l[j] += dl;
     }
+  }
+  return bad;
+}
+}  // namespace
+
+int64_t exact_add(const float* x, int64_t rows, int64_t cols, int64_t ldx, int64_t* hi, int64_t* lo, int64_t ld) {
+  // rows over the threads: each element's integers are its own, so any split gives the same sums
+  const int nt = int(std::min<int64_t>(op_threads(), std::max<int64_t>(rows, 1)));
+  if (nt == 1) return exact_add_rows(x, rows, cols, ldx, hi, lo, ld);
+  int64_t bad = 0;
+#pragma omp parallel num_threads(nt) reduction(+ : bad)
+  {
+    const int t = omp_get_thread_num();
+    const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+    bad += exact_add_rows(x + r0 * ldx, r1 - r0, cols, ldx, hi + r0 * ld, lo + r0 * ld, ld);
   }
   return bad;
 }

@@ -90,6 +90,7 @@ const std::vector<Field>& config_fields() {
       {"save_logits", &Config::save_logits, "false", "prefill, decode, chat: write /infer/logits [calls, batch, vocab] (fp32 values stored as float64, the last position of every sequence after each call) and /infer/tokens [batch, tokens] (every token fed, in call order: chat's conversation; -1 after a sequence's end) and /infer/context [calls, batch] (each sequence's context length after the call) to the output file, to compare devices and meshes or replay in another framework", {}},
       {"cpu_check", &Config::cpu_check, "true", "attn with device=cuda: also run the call on the CPU with the same bf16-rounded inputs and report the largest difference per tensor (log line and output attributes cpu_check_*)", {}},
       {"deterministic", &Config::deterministic, "false", "results whose bits do not depend on the number of CP or dp ranks, the strategy or the threads: train and bench train (losses, gradients, checkpoints; GEMMs in fixed row blocks, every sum over tokens exact) and bench cp (rows <name>:det beside the plain ones); the attention's canonical schedule (every rank attends to all keys in position order, dK/dV summed exactly), the layout padded to whole query tiles. Not yet inference, tp, local or GDN layers", {}},
+      {"deterministic_block", &Config::deterministic_block, "0", "train with deterministic=true: tokens per exact term of a weight gradient (each block's product is computed on its own and added exactly); a multiple of the attention's query tile (96 rows for head_dim <= 128, 48 above), which 0 means. Larger blocks run the weight-gradient GEMMs faster and pad the sequence to more rows (every rank's chunks whole blocks)", {}, 0, 1e6},
       // workload / attention
       {"seq", &Config::seq, "4K", "S: global sequence length in tokens (K/M suffixes)", {}, 1, 1ll << 40},
       {"heads", &Config::heads, "8", "H_q: query heads", {}, 1, 65536},
@@ -515,6 +516,10 @@ void validate_config(const Config& c, int world_size) {
     throw UsageError(std::string("config: deterministic = true applies to train, `ctxpar bench train` and `ctxpar "
                                  "bench cp` so far (inference's sums are not order-invariant yet); valid here: "
                                  "deterministic=false"));
+  if (c.deterministic_block != 0 && !(c.deterministic && train_mode))
+    throw UsageError("config: deterministic_block = " + std::to_string(c.deterministic_block) + " applies to train and "
+                     "bench train with deterministic = true; valid here: deterministic_block=0" +
+                     std::string(train_mode ? ", or deterministic=true" : ""));
   if (c.deterministic && (c.frugal || c.attention == "mla" || c.device != Device::cpu))
     throw UsageError(std::string("config: deterministic = true with ") +
                      (c.frugal ? "frugal = true" : c.attention == "mla" ? "attention = mla" : "device = cuda") +

@@ -150,7 +150,10 @@ bool train_docs(const Config& cfg) { return packed_docs(cfg) || (!synthetic_data
 
 // deterministic=true: the layout pads every rank's chunks to whole blocks of the attention
 // kernel's query tile, the grain of every exact sum (model/transformer.hpp set_deterministic).
-int64_t train_block(const Config& cfg) { return cfg.deterministic ? attn_query_block(int32_t(cfg.head_dim)) : 1; }
+int64_t train_block(const Config& cfg) {
+  if (!cfg.deterministic) return 1;
+  return cfg.deterministic_block > 0 ? cfg.deterministic_block : attn_query_block(int32_t(cfg.head_dim));
+}
 int64_t train_S_loc(const Config& cfg, Topology& topo) {
   return Partition::padded_length(make_strategy(cfg.strategy, topo)->partition(), cfg.seq, topo.cp().size(),
                                   train_block(cfg)) / topo.cp().size();
@@ -189,6 +192,11 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
     if (!strat->serves_deterministic())
       return std::string("config: deterministic = true: strategy = ") + name_of(cfg.strategy) +
              " has no canonical schedule; valid: strategy=allgather, ulysses, ring or usp, or deterministic=false";
+    const int64_t tile = attn_query_block(int32_t(cfg.head_dim));
+    if (cfg.deterministic_block % tile != 0)
+      return "config: deterministic_block = " + std::to_string(cfg.deterministic_block) + " is not a multiple of the " +
+             "attention's query tile, " + std::to_string(tile) + " rows at head_dim = " + std::to_string(cfg.head_dim) +
+             "; valid: 0 (the tile) or a multiple of " + std::to_string(tile);
     if (tp > 1)
       return "config: deterministic = true with tp:" + std::to_string(tp) + ": the tensor-parallel sums are not "
              "order-invariant yet; valid: a mesh without tp (ring, ulysses and dp axes), or deterministic=false";

@@ -4,9 +4,11 @@
 // backward ops against finite differences of the fp64 reference, and the model pieces that do
 // not need MPI: tp-sliced initialization, FLOP formulas, the synthetic data stream.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/config.hpp"
@@ -206,6 +208,118 @@ TEST(ModelOps, AdamWMatchesReference) {
       EXPECT_NEAR(q[size_t(i)], p0[size_t(i)] * (1 - 1e-3) - 1e-2 * (g[size_t(i)] > 0 ? 1 : -1), 1e-5);
     }
   }
+}
+
+// Exact sums (ops.hpp exact_add): the same bits in any order and any grouping of the additions,
+// within the truncation bound of the exact value, and out-of-range values counted, never summed.
+TEST(ModelOps, ExactSumsHaveOneResultInAnyOrder) {
+  const int64_t n = 2000;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)  // magnitudes from 1e-12 to 1e3, both signs
+    x[size_t(i)] = float(std::ldexp(uniform_pm1(splitmix64(uint64_t(i) + 17)), int(i % 50) - 40));
+  // the exact sum, in long double with a fixed order (its rounding far below the bound below)
+  long double exact = 0;
+  for (float v : x) exact += (long double)v;
+  double sums[3];
+  for (int order = 0; order < 3; ++order) {
+    std::vector<float> y = x;
+    if (order == 1) std::reverse(y.begin(), y.end());
+    if (order == 2)
+      for (int64_t i = n - 1; i > 0; --i) std::swap(y[size_t(i)], y[splitmix64(uint64_t(i)) % uint64_t(i + 1)]);
+    int64_t hi = 0, lo = 0;
+    if (order == 2) {  // in two groups, summed apart and added as integers (as two ranks)
+      int64_t h2 = 0, l2 = 0;
+      for (int64_t i = 0; i < 700; ++i) EXPECT_EQ(exact_add(&y[size_t(i)], 1, 1, 1, &hi, &lo, 1), 0);
+      for (int64_t i = 700; i < n; ++i) EXPECT_EQ(exact_add(double(y[size_t(i)]), &h2, &l2), 0);
+      hi += h2;
+      lo += l2;
+    } else {
+      for (float v : y) EXPECT_EQ(exact_add(&v, 1, 1, 1, &hi, &lo, 1), 0);
+    }
+    sums[order] = exact_value(hi, lo);
+  }
+  EXPECT_EQ(sums[0], sums[1]);
+  EXPECT_EQ(sums[0], sums[2]);
+  // each addition truncated below 2^-64, then one rounding to double
+  EXPECT_NEAR(double(sums[0] - exact), 0.0, double(n) * std::ldexp(1.0, -kExactLo) + std::fabs(sums[0]) * 1.2e-16);
+  // rows with a leading dimension, into accumulators of another one
+  std::vector<int64_t> h(12, 0), l(12, 0);
+  const float m[6] = {1.5f, -2.25f, 1e-9f, 3.0f, -0.5f, 7.0f};
+  EXPECT_EQ(exact_add(m, 2, 2, 3, h.data(), l.data(), 4), 0);  // rows {1.5, -2.25}, {3, -0.5}
+  std::vector<float> out(12);
+  exact_to_float(h.data(), l.data(), out.data(), 12);
+  EXPECT_EQ(out[0], 1.5f);
+  EXPECT_EQ(out[1], -2.25f);
+  EXPECT_EQ(out[2], 0.0f);
+  EXPECT_EQ(out[4], 3.0f);
+  EXPECT_EQ(out[5], -0.5f);
+  // out of range and non-finite: counted, added as 0
+  int64_t hh[3] = {0, 0, 0}, ll[3] = {0, 0, 0};
+  const float bad[3] = {std::ldexp(1.0f, kExactRange), std::numeric_limits<float>::quiet_NaN(), 0.25f};
+  EXPECT_EQ(exact_add(bad, 1, 3, 3, hh, ll, 3), 2);
+  EXPECT_EQ(exact_value(hh[0], ll[0]), 0.0);
+  EXPECT_EQ(exact_value(hh[1], ll[1]), 0.0);
+  EXPECT_EQ(exact_value(hh[2], ll[2]), 0.25);
+}
+
+// rmsnorm_bwd_exact: dx as rmsnorm_bwd's (the same bits), dw the exact sum of the rows' products
+// (within the policy against the fp64 reference); embedding_bwd_exact against embedding_bwd.
+TEST(ModelOps, ExactNormAndEmbeddingGradients) {
+  const int64_t rows = 61, dim = 40;
+  auto x = rnd(size_t(rows * dim), 21, 2.0f), w = rnd(size_t(dim), 22), dy = rnd(size_t(rows * dim), 23);
+  std::vector<float> y(x.size()), rs(static_cast<size_t>(rows));
+  rmsnorm_fwd(x.data(), w.data(), y.data(), rs.data(), rows, dim, 1e-5f);
+  std::vector<float> dx(x.size(), 0.5f), dxe(x.size(), 0.5f), dw(size_t(dim), 0.0f), dwn(size_t(dim), 0.0f);
+  rmsnorm_bwd(dy.data(), x.data(), w.data(), rs.data(), dx.data(), dw.data(), rows, dim);
+  std::vector<int64_t> h(size_t(dim), 0), l(size_t(dim), 0);
+  EXPECT_EQ(rmsnorm_bwd_exact(dy.data(), x.data(), w.data(), rs.data(), dxe.data(), h.data(), l.data(), rows, dim), 0);
+  EXPECT_EQ(dx, dxe);
+  std::vector<float> dwe(static_cast<size_t>(dim));
+  exact_to_float(h.data(), l.data(), dwe.data(), dim);
+  std::vector<float> dx0(x.size(), 0.5f);
+  ref::rmsnorm_bwd<float>(dy.data(), x.data(), w.data(), rs.data(), dx0.data(), dwn.data(), rows, dim);
+  std::vector<double> dxd(x.size(), 0.5), dwd(size_t(dim), 0.0), rsd(rs.begin(), rs.end());
+  auto xd = to_d(x), wd = to_d(w), dyd = to_d(dy);
+  ref::rmsnorm_bwd<double>(dyd.data(), xd.data(), wd.data(), rsd.data(), dxd.data(), dwd.data(), rows, dim);
+  expect_policy("exact rmsnorm dw", dwe, dwn, dwd);
+  // rows in another order: the same bits
+  std::vector<int64_t> h2(size_t(dim), 0), l2(size_t(dim), 0);
+  std::vector<float> dxr(x.size(), 0.5f);
+  for (int64_t r = rows - 1; r >= 0; --r)
+    rmsnorm_bwd_exact(dy.data() + r * dim, x.data() + r * dim, w.data(), rs.data() + r, dxr.data() + r * dim, h2.data(),
+                      l2.data(), 1, dim);
+  EXPECT_EQ(h, h2);
+  EXPECT_EQ(l, l2);
+  // the embedding: a repeated token's rows summed
+  const int32_t tok[5] = {3, 1, 3, 0, 3};
+  auto g = rnd(size_t(5 * dim), 24);
+  std::vector<float> demb(size_t(4 * dim), 0.0f), deme(size_t(4 * dim));
+  std::vector<int64_t> eh(size_t(4 * dim), 0), el(size_t(4 * dim), 0);
+  embedding_bwd(g.data(), tok, 5, dim, demb.data());
+  EXPECT_EQ(embedding_bwd_exact(g.data(), tok, 5, dim, eh.data(), el.data()), 0);
+  exact_to_float(eh.data(), el.data(), deme.data(), 4 * dim);
+  for (int64_t i = 0; i < 4 * dim; ++i) {
+    const int64_t r = i / dim, j = i % dim;
+    double e = 0;
+    for (int t = 0; t < 5; ++t) e += tok[t] == r ? double(g[size_t(t * dim + j)]) : 0.0;
+    EXPECT_EQ(double(deme[size_t(i)]), double(float(e))) << i;  // exact sum, one rounding
+    EXPECT_NEAR(demb[size_t(i)], e, 1e-6) << i;
+  }
+}
+
+// sum_squares: fixed blocks, so 1 and 2 threads give the same bits.
+TEST(ModelOps, SumSquaresDoesNotDependOnThreads) {
+  auto x = rnd(100003, 31);
+  double ref = 0;
+  for (float v : x) ref += double(v) * double(v);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const double one = sum_squares(x.data(), int64_t(x.size()));
+  omp_set_num_threads(2);
+  const double two = sum_squares(x.data(), int64_t(x.size()));
+  omp_set_num_threads(saved);
+  EXPECT_EQ(one, two);
+  EXPECT_NEAR(one, ref, 1e-9 * ref);
 }
 
 Config tiny_config() {
