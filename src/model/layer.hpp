@@ -38,10 +38,10 @@ struct Bf16Mirror {
 
 // deterministic=true (model/transformer.hpp): the parameter gradients as exact sums (ops.hpp
 // exact_add), parallel to the flat fp32 gradient buffer [grads, grads + n): element i of a weight
-// gradient is (hi[i], lo[i]). Every GEMM runs on fixed blocks of `block` rows, so its bits do not
-// depend on how many rows a rank holds: an op(A) of token rows in calls of `block` rows, a weight
-// gradient (op(A) = A^T, the rows summed) one call per block of rows, each block's product added
-// exactly. `scratch` holds one weight's product; `bad` counts values out of the exact range.
+// gradient is (hi[i], lo[i]). No GEMM's bits depend on how many rows a rank holds: a GEMM of token
+// rows runs sgemm_rows_fixed (or calls of `block` rows where the library has no such path); a
+// weight gradient (op(A) = A^T, the token rows summed) is one product per block of `block` rows,
+// each added exactly. `scratch` holds one weight's product; `bad` counts values out of range.
 struct ExactGrads {
   const float* grads = nullptr;
   int64_t n = 0;
