@@ -148,8 +148,9 @@ class HostCopy {
 // Packed documents: configured for synthetic data, or from eos_id in a token file.
 bool train_docs(const Config& cfg) { return packed_docs(cfg) || (!synthetic_data(cfg) && cfg.eos_id >= 0); }
 
-// deterministic=true: the layout pads every rank's chunks to whole blocks of the attention
-// kernel's query tile, the grain of every exact sum (model/transformer.hpp set_deterministic).
+// deterministic=true: the layout pads every rank's chunks to whole blocks of deterministic_block
+// tokens (default the attention kernel's query tile), the grain of the weight gradients' exact
+// sums (model/transformer.hpp set_deterministic).
 int64_t train_block(const Config& cfg) {
   if (!cfg.deterministic) return 1;
   return cfg.deterministic_block > 0 ? cfg.deterministic_block : attn_query_block(int32_t(cfg.head_dim));
