@@ -102,7 +102,9 @@ struct TrainSummary {
   double first_loss = 0, last_loss = 0;
   bool finite = false;
 };
-int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& sum);
+// trace_step0: the trace's number of the first step (bench train runs two loops into one trace;
+// the data and everything else follow the loop's own step numbers).
+int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& sum, int64_t trace_step0 = 0);
 int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer); // `ctxpar attn`
 
 // `ctxpar predict` (modes/predict.cpp): the cost model's table per strategy; its checks (hardware

@@ -389,7 +389,7 @@ double train_peak_flops_per_rank(const Config& cfg, Topology& topo) {
   return measured;
 }
 
-int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& sum) {
+int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& sum, int64_t trace_step0) {
   // device=cuda: this rank's GPU and device communicators before anything binds to them (the
   // references below, the strategies); params, grads, AdamW moments and every activation on the
   // GPU (`dev`, ordered on gpu.stream).
@@ -479,7 +479,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   int64_t last_checkpoint = cfg.resume.empty() ? -1 : state.step;
   std::string last_checkpoint_path = cfg.resume;
   for (int64_t s = state.step; s < total; ++s) {
-    tracer.begin_step(s);
+    tracer.begin_step(s + trace_step0);
     opt.prefetch();  // offload: the first chunks of the moments come in under the forward
     world.barrier();
     const double t0 = world.now();
@@ -575,7 +575,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     const double step_flops =
         double(DP) * (train_matmul_flops(dg, cfg.seq) + train_gdn_flops(dg, cfg.seq)) + train_attn_flops(dg, pairs[0], pairs[1]);
     StepRecord rec;
-    rec.step = s;
+    rec.step = s + trace_step0;
     rec.time_s = dt;
     rec.tokens = cfg.seq * DP;
     rec.model_flops = step_flops;

@@ -59,6 +59,8 @@ CASES = [
      ["strategy", "schedule", "bytes_kb", "bound_kb", "pct_sgemm", "wrong"]),
     ("train", 2, ["seq=512", "steps=2", "layer_pattern=DG"] + MODEL, ["step_ms", "mfu_pct", "wrong"]),
     ("train", 2, ["seq=512", "steps=2"] + MODEL, ["step_ms", "mfu_pct", "wrong"]),
+    # deterministic=true: a plain row and a deterministic one, their losses agreeing (#wrong 0)
+    ("train", 2, ["seq=512", "steps=2", "deterministic=true"] + MODEL, ["schedule", "step_ms", "wrong"]),
     ("infer", 2, ["seq=512"] + MODEL, ["pass_kv_ms", "pass_q_ms", "wrong"]),
     ("infer", 2, ["seq=256", "mesh=tp:2"] + MODEL, ["pass_kv_ms", "pass_q_ms", "ttit_ms", "tok_s", "wrong"]),
     ("peak", 1, [], ["sgemm_gflops", "fma_gflops", "fma_isa", "fma_bits", "wrong"]),
