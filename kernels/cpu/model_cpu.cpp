@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu/tile_ops.hpp"
 #include "ops.hpp"
 
 namespace ctxpar {
@@ -283,6 +284,51 @@ double exact_value(int64_t hi, int64_t lo) {
 void exact_to_float(const int64_t* hi, const int64_t* lo, float* x, int64_t n) {
 #pragma omp parallel for schedule(static) num_threads(op_threads())
   for (int64_t i = 0; i < n; ++i) x[i] = float(exact_value(hi[i], lo[i]));
+}
+
+int64_t gemm_tn_exact(int64_t M, int64_t N, int64_t K, int64_t G, const float* A, int64_t lda, const float* B,
+                      int64_t ldb, int64_t* hi, int64_t* lo, int64_t ld) {
+  if (M <= 0 || N <= 0 || K <= 0) return 0;
+  if (G >= 384) {  // blocks of BLIS's own depth (kc): the library's whole product per block (faster there)
+    std::vector<float> prod(size_t(M * N));
+    int64_t bad = 0;
+    for (int64_t k0 = 0; k0 < K; k0 += G) {
+      sgemm(true, false, M, N, G, 1.0f, A + k0 * lda, lda, B + k0 * ldb, ldb, 0.0f, prod.data(), N);
+      bad += exact_add(prod.data(), M, N, N, hi, lo, ld);
+    }
+    return bad;
+  }
+  // Shorter blocks: tiles of C of kMC x kNC (their fp32 block product, and their integers, stay in
+  // L2), over the threads; per block, the tile kernel on the columns of whole 16-wide panels and a
+  // multiply-add chain on the rest, then the tile's exact add (kernels/README.md "Exact weight
+  // gradients": BLIS per 96-row block is no faster, and writes the whole product each time).
+  constexpr int64_t kMC = 192, kNC = 256;
+  const cpu::TileOps& ops = cpu::tile_ops();
+  const int64_t N16 = N / 16 * 16, tm = (M + kMC - 1) / kMC, tn = (N + kNC - 1) / kNC;
+  int64_t bad = 0;
+#pragma omp parallel num_threads(int(std::min<int64_t>(op_threads(), tm * tn))) reduction(+ : bad)
+  {
+    std::vector<float> tile(size_t(kMC * kNC));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tm * tn; ++t) {
+      const int64_t i0 = t / tn * kMC, j0 = t % tn * kNC;
+      const int64_t mc = std::min(kMC, M - i0), nc = std::min(kNC, N - j0);
+      const int64_t nc16 = std::clamp<int64_t>(N16 - j0, 0, nc);  // columns of whole panels
+      for (int64_t k0 = 0; k0 < K; k0 += G) {
+        const float* a = A + k0 * lda + i0;
+        const float* b = B + k0 * ldb + j0;
+        if (nc16 > 0) ops.gemm(mc, nc16, G, a, 1, lda, b, ldb, 16, tile.data(), nc, false);
+        for (int64_t i = 0; i < mc; ++i)
+          for (int64_t j = nc16; j < nc; ++j) {
+            float acc = 0.f;
+            for (int64_t k = 0; k < G; ++k) acc = std::fma(a[k * lda + i], b[k * ldb + j], acc);
+            tile[size_t(i * nc + j)] = acc;
+          }
+        bad += exact_add_rows(tile.data(), mc, nc, nc, hi + i0 * ld + j0, lo + i0 * ld + j0, ld);
+      }
+    }
+  }
+  return bad;
 }
 
 int64_t rmsnorm_bwd_exact(const float* dy, const float* x, const float* w, const float* rstd, float* dx, int64_t* dw_hi,

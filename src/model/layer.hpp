@@ -41,14 +41,12 @@ struct Bf16Mirror {
 // gradient is (hi[i], lo[i]). No GEMM's bits depend on how many rows a rank holds: a GEMM of token
 // rows runs sgemm_rows_fixed (or calls of `block` rows where the library has no such path); a
 // weight gradient (op(A) = A^T, the token rows summed) is one product per block of `block` rows,
-// each added exactly. `scratch` holds one weight's product; `bad` counts values out of range.
+// each added exactly (gemm_tn_exact). `bad` counts values out of range.
 struct ExactGrads {
   const float* grads = nullptr;
   int64_t n = 0;
   int64_t *hi = nullptr, *lo = nullptr;
   int64_t block = 0;
-  float* scratch = nullptr;
-  int64_t scratch_elems = 0;
   int64_t* bad = nullptr;
   // The exact sums of gradient element `g` (a pointer into [grads, grads + n)).
   int64_t offset(const float* g) const;

@@ -136,12 +136,9 @@ void Transformer::set_deterministic(int64_t block) {
                "deterministic: the CPU, attention layers, tp 1 and whole blocks of " << block << " rows (" << S_loc_
                                                                                      << " here)");
   const int64_t n = layout_.local_elems();
-  int64_t widest = 0;
-  for (const ParamInfo& p : layout_.tensors()) widest = std::max(widest, p.loc_elems());
   ex_hi_ = Buffer<int64_t>(size_t(n + 2), true);
   ex_lo_ = Buffer<int64_t>(size_t(n + 2), true);
-  ex_scratch_ = Buffer<float>(size_t(widest), false);
-  exact_ = ExactGrads{nullptr, n, ex_hi_.data(), ex_lo_.data(), block, ex_scratch_.data(), widest, &ex_bad_};
+  exact_ = ExactGrads{nullptr, n, ex_hi_.data(), ex_lo_.data(), block, &ex_bad_};
   // the LM head's chunks in whole blocks (forward_backward)
   const int64_t C = std::max(block, logits_chunk_rows(S_loc_, d_.vocab) / block * block);
   logits_ = alloc(size_t(C * d_.vocab));

@@ -164,11 +164,10 @@ class Transformer {
   Buffer<int64_t> pos_dev_;
   Buffer<int32_t> tokens_dev_, labels_dev_, doc_dev_;
   Buffer<double> chunk_loss_;
-  // deterministic=true: the exact sums (hi, lo; local_elems + 2 each), a weight's product, and
-  // each row's loss of an LM-head chunk
+  // deterministic=true: the exact sums (hi, lo; local_elems + 2 each) and each row's loss of an
+  // LM-head chunk
   ExactGrads exact_;
   Buffer<int64_t> ex_hi_, ex_lo_;
-  Buffer<float> ex_scratch_;
   std::vector<double> row_loss_;
   int64_t ex_bad_ = 0;
   void rmsnorm_bwd_any(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw);

@@ -8,7 +8,7 @@
   learn     the synthetic stream is learnable: the loss falls by > 1 nat in 30 steps
   memory    the --dry-run estimate is within 15% of the measured peak tracked bytes
   errors    a tp size that does not divide kv_heads is a usage error (exit 2) naming kv_heads
-  deterministic  deterministic=true: losses and checkpoints bit-identical at np 1, 2, 3, 4 and 6,
+  deterministic  deterministic=true: losses and checkpoints bit-identical at np 1, 2, 3, 4, 6 and 8,
             every strategy, threads 1 and 2, remat, dp, and a resume from 2 ranks onto 4
 
 Mesh tolerance: relative 2e-5 on each loss (about 150 fp32 ulps). The meshes differ only in
@@ -110,7 +110,7 @@ def same_bits(a, b):
 
 def case_deterministic(tmp):
     """deterministic=true: losses and the checkpoint (parameters, both AdamW moments) bit-identical
-    on every CP mesh, strategy and thread count, and across a resume from 2 ranks onto 4; dp
+    on every CP mesh (1, 2, 3, 4, 6, 8 ranks), strategy and thread count, and across a resume from 2 ranks onto 4; dp
     replicas likewise among themselves. seq = 200 pads on every mesh (96-row blocks)."""
     det = ["deterministic=true", "seq=200", "steps=4", "checkpoint_every=4"]
 
@@ -136,7 +136,8 @@ def case_deterministic(tmp):
                ("ulysses_np2", 2, ["strategy=ulysses", "mesh=ulysses:2"], 1),
                ("ring_np3", 3, ["strategy=ring"], 1), ("allgather_np3_remat", 3, ["strategy=allgather", "remat=full"], 1),
                ("ring_np4_threads2", 4, ["strategy=ring"], 2), ("usp_np4", 4, ["strategy=usp", "mesh=ulysses:2,ring:2"], 1),
-               ("allgather_np6", 6, ["strategy=allgather"], 1), ("usp_np6", 6, ["strategy=usp", "mesh=ulysses:2,ring:3"], 1)]
+               ("allgather_np6", 6, ["strategy=allgather"], 1), ("usp_np6", 6, ["strategy=usp", "mesh=ulysses:2,ring:3"], 1),
+               ("ring_np8", 8, ["strategy=ring"], 1)]
     results = [(n, go(n, np_, a, t)) for n, np_, a, t in cp_runs]
     # resumed: 2 steps on 2 ranks, then the last 2 on 4 ranks from its checkpoint
     ck2 = os.path.join(tmp, "first_half.ck.h5")
@@ -153,6 +154,11 @@ def case_deterministic(tmp):
     # data parallel: two sequences per step, on 1, 2 and 3 CP ranks each
     compare([(n, go(n, np_, a)) for n, np_, a in [("dp2", 2, ["mesh=dp:2"]), ("dp2_ring2", 4, ["mesh=dp:2,ring:2"]),
                                                   ("dp2_ring3", 6, ["mesh=dp:2,ring:3", "strategy=allgather"])]])
+    # blocks of 384 rows (one BLIS call per block; another layout, so compared among themselves)
+    b384 = ["deterministic_block=384"]
+    compare([(n, go(n, np_, b384 + a, t)) for n, np_, a, t in [("block384_np1", 1, [], 1),
+                                                                ("block384_ring_np2", 2, ["strategy=ring"], 2),
+                                                                ("block384_allgather_np3", 3, ["strategy=allgather"], 1)]])
     # not a different model: the plain schedule's losses agree within the mesh tolerance
     plain = run(tmp, "plain_np1", 1, ["seq=200", "steps=4"])["loss"]
     rel = np.max(np.abs(plain - ref_loss) / np.abs(plain))

@@ -13,6 +13,7 @@
 
 #include "core/config.hpp"
 #include "core/random.hpp"
+#include "cpu/tile_ops.hpp"
 #include "model/data.hpp"
 #include "model/flops.hpp"
 #include "model/model.hpp"
@@ -305,6 +306,92 @@ TEST(ModelOps, ExactNormAndEmbeddingGradients) {
     EXPECT_EQ(double(deme[size_t(i)]), double(float(e))) << i;  // exact sum, one rounding
     EXPECT_NEAR(demb[size_t(i)], e, 1e-6) << i;
   }
+}
+
+// gemm_tn_exact: every block's product element a function of the block's rows alone (the same
+// bits for 1 and 2 threads, for a sub-rectangle of the operands, for K split over two calls), on
+// every tile-kernel instruction set (blocks below 384 rows; above, BLIS per block, below); each element within fp32's error of the exact block sums;
+// on the FMA paths (AVX2, AVX-512) bit-identical to a fused multiply-add chain per block.
+TEST(ModelOps, GemmTnExactIsAFunctionOfEachBlock) {
+  const int64_t M = 37, N = 53, G = 24, K = 4 * G, lda = M + 3, ldb = N + 5, ld = N + 1;  // N: 3 panels + 5
+  auto A = rnd(size_t(K * lda), 41), B = rnd(size_t(K * ldb), 42);
+  const size_t nacc = size_t(M * ld);
+  auto run = [&](int threads, int64_t i0, int64_t j0, int64_t m, int64_t n, int64_t k0, int64_t k,
+                 std::vector<int64_t>& hi, std::vector<int64_t>& lo) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    const int64_t bad = gemm_tn_exact(m, n, k, G, A.data() + k0 * lda + i0, lda, B.data() + k0 * ldb + j0, ldb,
+                                      hi.data() + i0 * ld + j0, lo.data() + i0 * ld + j0, ld);
+    omp_set_num_threads(saved);
+    EXPECT_EQ(bad, 0);
+  };
+  const cpu::TileOps* paths[3] = {&cpu::tile_ops_scalar(), cpu::avx2_supported() ? &cpu::tile_ops_avx2() : nullptr,
+                                  cpu::avx512_supported() ? &cpu::tile_ops_avx512() : nullptr};
+  for (const cpu::TileOps* ops : paths) {
+    if (!ops) continue;  // an instruction set this CPU lacks (the others still run)
+    SCOPED_TRACE(ops->isa);
+    cpu::force_tile_ops(ops);
+    std::vector<int64_t> h1(nacc, 0), l1(nacc, 0), h2(nacc, 0), l2(nacc, 0), h3(nacc, 0), l3(nacc, 0);
+    run(1, 0, 0, M, N, 0, K, h1, l1);
+    run(2, 0, 0, M, N, 0, K, h2, l2);
+    EXPECT_EQ(h1, h2);
+    EXPECT_EQ(l1, l2);
+    // the same elements from a sub-rectangle (rows 5.., columns 16..) and K in two calls
+    run(1, 5, 16, M - 5, N - 16, 0, 2 * G, h3, l3);
+    run(2, 5, 16, M - 5, N - 16, 2 * G, 2 * G, h3, l3);
+    for (int64_t i = 5; i < M; ++i)
+      for (int64_t j = 16; j < N; ++j) {
+        EXPECT_EQ(h3[size_t(i * ld + j)], h1[size_t(i * ld + j)]) << i << "," << j;
+        EXPECT_EQ(l3[size_t(i * ld + j)], l1[size_t(i * ld + j)]) << i << "," << j;
+      }
+    const bool fused = ops != paths[0];
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double exact = 0, mag = 0;
+        int64_t hf = 0, lf = 0;
+        for (int64_t b = 0; b < K; b += G) {
+          float chain = 0.f;
+          for (int64_t k = b; k < b + G; ++k) {
+            const double p = double(A[size_t(k * lda + i)]) * double(B[size_t(k * ldb + j)]);
+            exact += p;
+            mag += std::fabs(p);
+            chain = std::fma(A[size_t(k * lda + i)], B[size_t(k * ldb + j)], chain);
+          }
+          exact_add(double(chain), &hf, &lf);
+        }
+        const double got = exact_value(h1[size_t(i * ld + j)], l1[size_t(i * ld + j)]);
+        EXPECT_NEAR(got, exact, 2.0 * double(G) * 6e-8 * mag) << i << "," << j;
+        // the columns past the last whole panel take the fused chain on every path
+        if (fused || j >= N / 16 * 16) {
+          EXPECT_EQ(got, exact_value(hf, lf)) << i << "," << j;
+        }
+      }
+  }
+  cpu::force_tile_ops(nullptr);
+  // blocks of 384 rows and more: one sgemm per block; the same bits for 1 and 2 threads and for
+  // K in two calls, within fp32's error of the exact block sums
+  const int64_t G2 = 384, K2 = 2 * G2;
+  auto A2 = rnd(size_t(K2 * M), 43), B2 = rnd(size_t(K2 * N), 44);
+  std::vector<int64_t> g1(size_t(M * N), 0), m1(g1.size(), 0), g2(g1.size(), 0), m2(g1.size(), 0);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  EXPECT_EQ(gemm_tn_exact(M, N, K2, G2, A2.data(), M, B2.data(), N, g1.data(), m1.data(), N), 0);
+  omp_set_num_threads(2);
+  EXPECT_EQ(gemm_tn_exact(M, N, G2, G2, A2.data(), M, B2.data(), N, g2.data(), m2.data(), N), 0);
+  EXPECT_EQ(gemm_tn_exact(M, N, G2, G2, A2.data() + G2 * M, M, B2.data() + G2 * N, N, g2.data(), m2.data(), N), 0);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(g1, g2);
+  EXPECT_EQ(m1, m2);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double exact = 0, mag = 0;
+      for (int64_t k = 0; k < K2; ++k) {
+        const double p = double(A2[size_t(k * M + i)]) * double(B2[size_t(k * N + j)]);
+        exact += p;
+        mag += std::fabs(p);
+      }
+      EXPECT_NEAR(exact_value(g1[size_t(i * N + j)], m1[size_t(i * N + j)]), exact, 2.0 * double(G2) * 6e-8 * mag);
+    }
 }
 
 // sum_squares: fixed blocks, so 1 and 2 threads give the same bits.
