@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "cpu/tile_ops.hpp"
@@ -35,6 +36,27 @@ void rmsnorm_fwd(const float* x, const float* w, float* y, float* rstd, int64_t 
   }
 }
 
+namespace {
+// One row of the RMSNorm backward: dx += rstd (dy w - xh mean(dy w xh)), and the row's dw terms
+// dy xh added to (kAdd) or written into dw_row.
+template <bool kAdd>
+inline void rmsnorm_bwd_row(const float* dyr, const float* xr, const float* w, float rs, float* dxr, float* dw_row,
+                            int64_t dim) {
+  float dot = 0;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t j = 0; j < dim; ++j) dot += dyr[j] * w[j] * xr[j];
+  dot *= rs;
+  const float c = dot / float(dim);
+#pragma omp simd
+  for (int64_t j = 0; j < dim; ++j) {
+    const float xh = xr[j] * rs;
+    dxr[j] += rs * (dyr[j] * w[j] - xh * c);
+    if constexpr (kAdd) dw_row[j] += dyr[j] * xh;
+    else dw_row[j] = dyr[j] * xh;
+  }
+}
+}  // namespace
+
 void rmsnorm_bwd(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
                  int64_t rows, int64_t dim) {
   const int nt = int(std::min<int64_t>(op_threads(), std::max<int64_t>(rows, 1)));
@@ -45,23 +67,8 @@ void rmsnorm_bwd(const float* dy, const float* x, const float* w, const float* r
     float* dwt = part.data() + size_t(t) * size_t(dim);
     // Static contiguous row blocks: thread t always gets the same rows.
     const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * dim;
-      const float* dyr = dy + r * dim;
-      float* dxr = dx + r * dim;
-      const float rs = rstd[r];
-      float dot = 0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < dim; ++j) dot += dyr[j] * w[j] * xr[j];
-      dot *= rs;
-      const float c = dot / float(dim);
-#pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) {
-        const float xh = xr[j] * rs;
-        dxr[j] += rs * (dyr[j] * w[j] - xh * c);
-        dwt[j] += dyr[j] * xh;
-      }
-    }
+    for (int64_t r = r0; r < r1; ++r)
+      rmsnorm_bwd_row<true>(dy + r * dim, x + r * dim, w, rstd[r], dx + r * dim, dwt, dim);
   }
   for (int t = 0; t < nt; ++t) {
     const float* dwt = part.data() + size_t(t) * size_t(dim);
@@ -290,11 +297,11 @@ int64_t gemm_tn_exact(int64_t M, int64_t N, int64_t K, int64_t G, const float* A
                       int64_t ldb, int64_t* hi, int64_t* lo, int64_t ld) {
   if (M <= 0 || N <= 0 || K <= 0) return 0;
   if (G >= 384) {  // blocks of BLIS's own depth (kc): the library's whole product per block (faster there)
-    std::vector<float> prod(size_t(M * N));
+    const std::unique_ptr<float[]> prod(new float[size_t(M * N)]);  // written whole by each sgemm
     int64_t bad = 0;
     for (int64_t k0 = 0; k0 < K; k0 += G) {
-      sgemm(true, false, M, N, G, 1.0f, A + k0 * lda, lda, B + k0 * ldb, ldb, 0.0f, prod.data(), N);
-      bad += exact_add(prod.data(), M, N, N, hi, lo, ld);
+      sgemm(true, false, M, N, G, 1.0f, A + k0 * lda, lda, B + k0 * ldb, ldb, 0.0f, prod.get(), N);
+      bad += exact_add(prod.get(), M, N, N, hi, lo, ld);
     }
     return bad;
   }
@@ -345,21 +352,7 @@ int64_t rmsnorm_bwd_exact(const float* dy, const float* x, const float* w, const
     float* pr = prod.data() + size_t(t) * size_t(dim);
     const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
     for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * dim;
-      const float* dyr = dy + r * dim;
-      float* dxr = dx + r * dim;
-      const float rs = rstd[r];
-      float dot = 0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < dim; ++j) dot += dyr[j] * w[j] * xr[j];
-      dot *= rs;
-      const float c = dot / float(dim);
-#pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) {
-        const float xh = xr[j] * rs;
-        dxr[j] += rs * (dyr[j] * w[j] - xh * c);
-        pr[j] = dyr[j] * xh;
-      }
+      rmsnorm_bwd_row<false>(dy + r * dim, x + r * dim, w, rstd[r], dx + r * dim, pr, dim);
       bad += exact_add(pr, 1, dim, dim, ph, ph + dim, dim);
     }
   }

@@ -274,9 +274,11 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   if (cfg.deterministic) {  // the gradients' exact sums (two int64 each); blocks of 384 rows and
     // more: one weight's product at a time (kernels/ops.hpp gemm_tn_exact)
     p.state_bytes += 16.0 * double(layout.local_elems() + 2);
-    int64_t widest = 0;
-    for (const ParamInfo& t : layout.tensors()) widest = std::max(widest, t.loc_elems());
-    if (train_block(cfg) >= 384) p.state_bytes += 4.0 * double(widest);
+    if (train_block(cfg) >= 384) {
+      int64_t widest = 0;
+      for (const ParamInfo& t : layout.tensors()) widest = std::max(widest, t.loc_elems());
+      p.state_bytes += 4.0 * double(widest);
+    }
   }
   p.activation_bytes = Transformer::activation_bytes(d, cfg.remat, S_loc,
                                                      Transformer::logits_chunk_rows(S_loc, d.vocab));
