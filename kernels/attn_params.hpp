@@ -103,6 +103,10 @@ struct AttnParams {
   // positions (the caller pads the layout: shard/partition.hpp's block).
   int64_t* dk_fixed = nullptr;
   int64_t* dv_fixed = nullptr;
+  // Exact sums: the query rows whose contributions are summed in fp32 (in tile, then head order)
+  // before one conversion, a multiple of attn_query_block(D); each such block of rows must be one
+  // aligned block of consecutive positions. 0: one query tile. Fewer, larger conversions.
+  int64_t fixed_rows = 0;
 
   int64_t S_q = 0, S_k = 0;
   int32_t H_q = 0, H_kv = 0, D = 0;

@@ -218,10 +218,11 @@ void exact_to_float(const int64_t* hi, const int64_t* lo, float* x, int64_t n);
 // deterministic=true's weight gradients: for every block of G rows of K (K a multiple of G), the
 // block's product sum_k A[k, i] B[k, j] (A [K, M] with leading dimension lda, B [K, N] with ldb)
 // added exactly to hi/lo[i ld + j] (exact_add). Each block's element is a function of the
-// block's rows alone, whatever the threads: G < 384, the CPU's tile kernel (one multiply-add per
-// k in order from 0, in tiles of C of a fixed shape that stay in cache, each converted after
-// every block); G >= 384, one sgemm per block (the library's depth; its threads split rows and
+// block's rows alone, whatever the threads: G < kExactLibraryBlock, the CPU's tile kernel (one
+// multiply-add per k in order from 0, in tiles of C of a fixed shape that stay in cache, each
+// converted after every block); longer blocks, one sgemm per block (its threads split rows and
 // columns, never K). Returns exact_add's count of values out of range.
+constexpr int64_t kExactLibraryBlock = 256;  // measured: kernels/README.md "Exact weight gradients"
 int64_t gemm_tn_exact(int64_t M, int64_t N, int64_t K, int64_t G, const float* A, int64_t lda, const float* B,
                       int64_t ldb, int64_t* hi, int64_t* lo, int64_t ld);
 // rmsnorm_bwd with dw's sum over rows exact (each row's dy * xh split into dw_hi, dw_lo; dx as

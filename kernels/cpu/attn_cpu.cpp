@@ -51,8 +51,14 @@ namespace {
 // Q, O and score tiles plus one K and one V tile stay within a 512 KiB L2.
 constexpr int64_t kBkFwd = 128, kBkBwd = 64;
 int64_t query_tile_rows(int32_t D) { return D <= 128 ? 96 : 48; }
-// Exact sums: one query tile's contribution at most 2^10 in magnitude, so that the 2^16 of them
-// a key can receive (6.3M queries at 96-row tiles) stay below 2^62.
+// With exact dK/dV sums the backward's query tiles are aligned blocks of positions, and a power
+// of two, so that layouts of power-of-two sequences split into whole tiles without padding
+// (96 would pad 8K tokens on 2 ranks to 8448 rows); 128 rows (6-row micro-tiles plus a 2-row one)
+// measured as fast as 96 here.
+int64_t exact_tile_rows(int32_t D) { return D <= 128 ? 128 : 64; }
+// Exact sums: one block's contribution (fixed_rows queries, at least a tile) at most 2^10 in
+// magnitude, so that the 2^16 of them a key can receive (8.4M queries at 128-row tiles) stay
+// below 2^62.
 constexpr float kFixedTileLimit = 1024.f;
 static_assert(kFixedShift + 10 + 16 <= 62, "the exact sums' headroom");
 
@@ -330,7 +336,7 @@ void attn_fwd(const AttnParams& p) {
   }
 }
 
-int64_t attn_query_block(int32_t D) { return query_tile_rows(D); }
+int64_t attn_query_block(int32_t D) { return exact_tile_rows(D); }
 
 void attn_bwd(const AttnParams& p) {
   check_params(p, true);
@@ -339,22 +345,28 @@ void attn_bwd(const AttnParams& p) {
   const int32_t D = p.D, group = p.H_q / p.H_kv;
   if (p.S_q == 0 || p.S_k == 0) return;
   const cpu::TileOps& ops = cpu::tile_ops();
-  const int64_t Bq = query_tile_rows(D), Dp = round16(D);
+  const bool exact = p.dk_fixed != nullptr;
+  const int64_t Bq = exact ? exact_tile_rows(D) : query_tile_rows(D), Dp = round16(D);
   const int64_t n_qt = (p.S_q + Bq - 1) / Bq, n_kt = (p.S_k + kBkBwd - 1) / kBkBwd;
   const int64_t S_k_pad = n_kt * kBkBwd, n_panels = S_k_pad / 16;
   const float scale = p.softmax_scale(), c = scale * kLog2e;
   const auto q_ranges = tile_ranges(p.q_pos, p.q_doc, p.S_q, Bq);
   const auto k_ranges = tile_ranges(p.k_pos, p.k_doc, p.S_k, kBkBwd);
-  const bool exact = p.dk_fixed != nullptr;
-  if (exact) {  // each query tile one aligned block of consecutive positions: the same on any split
+  // Exact sums: each group of `per_group` query tiles (AttnParams::fixed_rows) is one aligned
+  // block of consecutive positions, the same on any split of the queries.
+  const int64_t group_rows = p.fixed_rows > 0 ? p.fixed_rows : Bq, per_group = group_rows / Bq;
+  if (exact) {
     if (!p.dv_fixed || !p.q_pos) throw std::invalid_argument("attn_bwd: dk_fixed needs dv_fixed and q_pos");
-    for (int64_t q0 = 0; q0 < p.S_q; q0 += Bq) {
-      const int64_t nq = std::min(Bq, p.S_q - q0);
-      bool ok = p.q_pos[q0] % Bq == 0 && nq == Bq;
+    if (group_rows % Bq != 0)
+      throw std::invalid_argument("attn_bwd: fixed_rows = " + std::to_string(p.fixed_rows) +
+                                  " is not a multiple of the exact query tile (" + std::to_string(Bq) + " rows)");
+    for (int64_t q0 = 0; q0 < p.S_q; q0 += group_rows) {
+      const int64_t nq = std::min(group_rows, p.S_q - q0);
+      bool ok = p.q_pos[q0] % group_rows == 0 && nq == group_rows;
       for (int64_t i = 1; i < nq && ok; ++i) ok = p.q_pos[q0 + i] == p.q_pos[q0] + i;
       if (!ok)
-        throw std::invalid_argument("attn_bwd: exact dK/dV sums need every " + std::to_string(Bq) +
-                                    "-row query tile to hold one aligned block of consecutive positions (tile at row " +
+        throw std::invalid_argument("attn_bwd: exact dK/dV sums need every " + std::to_string(group_rows) +
+                                    "-row block of queries to hold one aligned block of consecutive positions (block at row " +
                                     std::to_string(q0) + ", position " + std::to_string(p.q_pos[q0]) +
                                     "); pad the layout to whole blocks (deterministic=true)");
     }
@@ -446,22 +458,26 @@ void attn_bwd(const AttnParams& p) {
       const float* k_panel = kt.get() + (g * n_panels + j0 / 16) * D * 16;
       const float* v_panel = vt.get() + (g * n_panels + j0 / 16) * D * 16;
       // Every (head of the group, query tile): heads outer (measured faster: each head's Q and dO
-      // rows stream in order). With exact sums query tiles go outer instead: the group's heads'
-      // contributions to one (query tile, key tile) are summed in fp32 in head order (the same on
-      // every mesh, whose ranks hold whole groups) and converted to integers once per query tile.
+      // rows stream in order). With exact sums query tiles go outer instead: the contributions of
+      // one block of query tiles (fixed_rows) and the group's heads to the key tile are summed in
+      // fp32 in tile, then head order (the same on every mesh, whose ranks hold whole blocks and
+      // whole groups) and converted to integers once per block.
+      bool dirty = false;  // exact: dka/dva hold part of the current block's sum
       for (int64_t it = 0; it < n_qt * group; ++it) {
         const int64_t qi = exact ? it / group : it % n_qt;
         const int32_t h = g * group + static_cast<int32_t>(exact ? it % group : it / n_qt);
-        const bool last_head = exact && h == (g + 1) * group - 1;  // the tile's sum is complete
+        // exact: the block's sum is complete after its last tile's last head
+        const bool block_end = exact && h == (g + 1) * group - 1 && ((qi + 1) % per_group == 0 || qi + 1 == n_qt);
         ++cnt.total;
         const tiles::Vis vis = tiles::classify(p, q_ranges[qi], k_ranges[ki]);
-        if (vis == tiles::Vis::empty) { ++cnt.skipped; continue; }
+        if (vis == tiles::Vis::empty) ++cnt.skipped;
         const int64_t q0 = qi * Bq, nq = std::min(Bq, p.S_q - q0);
-        if (exact && h == g * group) {
+        if (exact && !dirty && vis != tiles::Vis::empty) {
           std::fill(dka.get(), dka.get() + nk * Dp, 0.f);
           std::fill(dva.get(), dva.get() + nk * Dp, 0.f);
+          dirty = true;
         }
-        {
+        if (vis != tiles::Vis::empty) {
           cnt.partial += vis == tiles::Vis::partial;
           cnt.pairs += nq * nk;
           const float* qt = qr.get() + (h * p.S_q + q0) * Dp;
@@ -502,7 +518,8 @@ void attn_bwd(const AttnParams& p) {
           }
           lap(&AttnProfile::dq_order);
         }
-        if (last_head) {  // this query tile's contribution (its group's heads), added as integers
+        if (block_end && dirty) {  // this block's contribution (its group's heads), added as integers
+          dirty = false;
           const float big =
               std::max(add_fixed_rows(dka.get(), Dp, nk, D, p.dk_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D),
                        add_fixed_rows(dva.get(), Dp, nk, D, p.dv_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D));

@@ -296,7 +296,7 @@ void exact_to_float(const int64_t* hi, const int64_t* lo, float* x, int64_t n) {
 int64_t gemm_tn_exact(int64_t M, int64_t N, int64_t K, int64_t G, const float* A, int64_t lda, const float* B,
                       int64_t ldb, int64_t* hi, int64_t* lo, int64_t ld) {
   if (M <= 0 || N <= 0 || K <= 0) return 0;
-  if (G >= 384) {  // blocks of BLIS's own depth (kc): the library's whole product per block (faster there)
+  if (G >= kExactLibraryBlock) {  // long blocks: the library's whole product per block (faster there)
     const std::unique_ptr<float[]> prod(new float[size_t(M * N)]);  // written whole by each sgemm
     int64_t bad = 0;
     for (int64_t k0 = 0; k0 < K; k0 += G) {

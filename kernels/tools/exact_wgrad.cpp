@@ -28,7 +28,7 @@ template <class F> double median3(F f) {
 
 int main(int argc, char** argv) {
   const int64_t M = argc > 3 ? std::atoll(argv[1]) : 1024, N = argc > 3 ? std::atoll(argv[2]) : 3584;
-  const int64_t S = argc > 3 ? std::atoll(argv[3]) : 4224;
+  const int64_t S = argc > 3 ? std::atoll(argv[3]) : 4096;
   std::vector<float> X(size_t(S * M)), dY(size_t(S * N)), dW(size_t(M * N)), prod(size_t(M * N));
   for (size_t i = 0; i < X.size(); ++i) X[i] = float(int(i % 97) - 48) * 1e-3f;
   for (size_t i = 0; i < dY.size(); ++i) dY[i] = float(int(i % 89) - 44) * 1e-3f;
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   auto row = [&](const char* what, double s) { std::printf("%-58s %8.3f %8.1f\n", what, s, flops / s / 1e9); };
   row("BLIS, one call (plain training)",
       median3([&] { sgemm(true, false, M, N, S, 1.f, X.data(), M, dY.data(), N, 0.f, dW.data(), N); }));
-  for (int64_t G : {96, 384}) {
+  for (int64_t G : {128, 256, 512}) {
     const int64_t K = S / G * G;
     char what[96];
     std::snprintf(what, sizeof what, "BLIS per %lld-row block + exact_add", (long long)G);

@@ -144,6 +144,7 @@ void Transformer::set_deterministic(int64_t block) {
   logits_ = alloc(size_t(C * d_.vocab));
   chunk_loss_ = Buffer<double>(size_t((S_loc_ + C - 1) / C), false);
   call_.deterministic = true;
+  call_.fixed_rows = block;  // dK/dV converted once per block of queries (a multiple of the tile)
 }
 
 void Transformer::finish_exact(float* grads, double* loss) const {

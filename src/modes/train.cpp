@@ -149,11 +149,20 @@ class HostCopy {
 bool train_docs(const Config& cfg) { return packed_docs(cfg) || (!synthetic_data(cfg) && cfg.eos_id >= 0); }
 
 // deterministic=true: the layout pads every rank's chunks to whole blocks of deterministic_block
-// tokens (default the attention kernel's query tile), the grain of the weight gradients' exact
-// sums (model/transformer.hpp set_deterministic).
+// tokens, the grain of the weight gradients' and dK/dV's exact sums (model/transformer.hpp
+// set_deterministic). Default: the exact query tile doubled while the block stays within 512 rows
+// and seq / 16 (a function of seq and head_dim only, so the same on every mesh): a power-of-two
+// seq then splits into whole blocks on up to 8 ranks without padding, and 8K tokens run blocks of
+// 512 (kernels/README.md "Exact weight gradients": near the library's full rate; 128-row blocks
+// cost +24% step time in bench train, 512-row blocks +8%).
+int64_t default_train_block(const Config& cfg) {
+  int64_t b = attn_query_block(int32_t(cfg.head_dim));
+  while (2 * b <= 512 && 2 * b * 16 <= cfg.seq) b *= 2;
+  return b;
+}
 int64_t train_block(const Config& cfg) {
   if (!cfg.deterministic) return 1;
-  return cfg.deterministic_block > 0 ? cfg.deterministic_block : attn_query_block(int32_t(cfg.head_dim));
+  return cfg.deterministic_block > 0 ? cfg.deterministic_block : default_train_block(cfg);
 }
 int64_t train_S_loc(const Config& cfg, Topology& topo) {
   return Partition::padded_length(make_strategy(cfg.strategy, topo)->partition(), cfg.seq, topo.cp().size(),
@@ -197,7 +206,7 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
     if (cfg.deterministic_block % tile != 0)
       return "config: deterministic_block = " + std::to_string(cfg.deterministic_block) + " is not a multiple of the " +
              "attention's query tile, " + std::to_string(tile) + " rows at head_dim = " + std::to_string(cfg.head_dim) +
-             "; valid: 0 (the tile) or a multiple of " + std::to_string(tile);
+             "; valid: 0 (the default: " + std::to_string(default_train_block(cfg)) + " here) or a multiple of " + std::to_string(tile);
     if (tp > 1)
       return "config: deterministic = true with tp:" + std::to_string(tp) + ": the tensor-parallel sums are not "
              "order-invariant yet; valid: a mesh without tp (ring, ulysses and dp axes), or deterministic=false";
@@ -271,10 +280,10 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   const int64_t S_loc = train_S_loc(cfg, topo);
   TrainMemoryPlan p;
   p.state_bytes = 4.0 * 4.0 * double(layout.local_elems());  // params, grads, AdamW m and v
-  if (cfg.deterministic) {  // the gradients' exact sums (two int64 each); blocks of 384 rows and
-    // more: one weight's product at a time (kernels/ops.hpp gemm_tn_exact)
+  if (cfg.deterministic) {  // the gradients' exact sums (two int64 each); blocks of
+    // kExactLibraryBlock rows and more: one weight's product at a time (kernels/ops.hpp gemm_tn_exact)
     p.state_bytes += 16.0 * double(layout.local_elems() + 2);
-    if (train_block(cfg) >= 384) {
+    if (train_block(cfg) >= kExactLibraryBlock) {
       int64_t widest = 0;
       for (const ParamInfo& t : layout.tensors()) widest = std::max(widest, t.loc_elems());
       p.state_bytes += 4.0 * double(widest);

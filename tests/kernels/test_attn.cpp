@@ -309,8 +309,10 @@ TEST(AttnExact, AnySplitOfTheQueriesGivesTheSameBits) {
   const Shape shapes[] = {{0, 0, 4, 2, 64, MaskKind::causal, Layout::diagonal},
                           {0, 0, 4, 1, 32, MaskKind::causal, Layout::diagonal, 0, true},
                           {0, 0, 2, 2, 160, MaskKind::window, Layout::diagonal, 70}};
-  for (Shape sh : shapes) {
-    const int64_t B = attn_query_block(sh.D);
+  for (Shape sh : shapes)
+   for (int tiles_per_block : {1, 2}) {  // blocks of one query tile (fixed_rows 0) or of two
+    const int64_t B = attn_query_block(sh.D) * tiles_per_block;
+    const int64_t fixed_rows = tiles_per_block > 1 ? B : 0;
     sh.S_q = sh.S_k = 12 * B;  // splits into 2P chunks of whole blocks for P = 1, 2, 3, 6
     Problem pr(sh, 17);
     for (int64_t i = 0; i < sh.S_q; ++i) pr.q_pos[size_t(i)] = pr.k_pos[size_t(i)] = i;  // aligned blocks
@@ -342,6 +344,7 @@ TEST(AttnExact, AnySplitOfTheQueriesGivesTheSameBits) {
       p.dq = r.dq.data();
       p.dk_fixed = r.dk.data();
       p.dv_fixed = r.dv.data();
+      p.fixed_rows = fixed_rows;
       p.threads = threads;
       attn_fwd(p);
       attn_bwd(p);
@@ -366,7 +369,7 @@ TEST(AttnExact, AnySplitOfTheQueriesGivesTheSameBits) {
         err = std::max(err, double(std::abs(dk[i] - dk32[i])));
         big = std::max(big, double(std::abs(dk32[i])));
       }
-      EXPECT_LE(err, 1e-5 * big) << shape_name(sh);
+      EXPECT_LE(err, 1e-5 * big) << shape_name(sh) << " block " << B;
     }
     for (int P : {2, 3, 6}) {
       const int64_t c = S / (2 * P);
@@ -379,7 +382,7 @@ TEST(AttnExact, AnySplitOfTheQueriesGivesTheSameBits) {
         for (size_t i = 0; i < rows.size(); ++i) {
           const int64_t g = rows[i];
           ASSERT_EQ(0, std::memcmp(part.o.data() + i * wq, whole.o.data() + g * wq, wq * sizeof(float)))
-              << shape_name(sh) << " P " << P << " O row " << g;
+              << shape_name(sh) << " block " << B << " P " << P << " O row " << g;
           ASSERT_EQ(0, std::memcmp(part.lse.data() + i * sh.H_q, whole.lse.data() + g * sh.H_q, sh.H_q * sizeof(float)))
               << shape_name(sh) << " P " << P << " LSE row " << g;
           ASSERT_EQ(0, std::memcmp(part.dq.data() + i * wq, whole.dq.data() + g * wq, wq * sizeof(float)))
@@ -390,8 +393,8 @@ TEST(AttnExact, AnySplitOfTheQueriesGivesTheSameBits) {
           dv[i] += part.dv[i];
         }
       }
-      EXPECT_EQ(dk, whole.dk) << shape_name(sh) << " P " << P;
-      EXPECT_EQ(dv, whole.dv) << shape_name(sh) << " P " << P;
+      EXPECT_EQ(dk, whole.dk) << shape_name(sh) << " block " << B << " P " << P;
+      EXPECT_EQ(dv, whole.dv) << shape_name(sh) << " block " << B << " P " << P;
     }
     (void)wk;
   }
@@ -435,6 +438,29 @@ TEST(AttnExact, QueryTilesMustBeAlignedBlocks) {
   sh.S_q = sh.S_k = attn_query_block(sh.D) + 5;
   Problem pr(sh, 3);  // positions 1000 + i: not a multiple of the block
   expect_exact_bwd_refused(pr, [](Problem&) {}, "aligned block");
+  // blocks of fixed_rows: whole multiples of the tile, each one aligned block of positions
+  sh.S_q = sh.S_k = 3 * attn_query_block(sh.D);
+  Problem aligned(sh, 3);
+  for (int64_t i = 0; i < sh.S_q; ++i) aligned.q_pos[size_t(i)] = aligned.k_pos[size_t(i)] = i;
+  for (int64_t rows : {attn_query_block(sh.D) + 16, 2 * attn_query_block(sh.D)}) {  // not a multiple; 3 tiles
+    std::vector<float> o(aligned.q.size()), lse(size_t(sh.S_q) * sh.H_q), dq(aligned.q.size());
+    std::vector<int64_t> dk(aligned.k.size()), dv(aligned.k.size());
+    AttnParams p = aligned.params();
+    p.o = o.data();
+    p.lse = lse.data();
+    p.dq = dq.data();
+    p.dk_fixed = dk.data();
+    p.dv_fixed = dv.data();
+    p.fixed_rows = rows;
+    attn_fwd(p);
+    try {
+      attn_bwd(p);
+      ADD_FAILURE() << "fixed_rows = " << rows << " over " << sh.S_q << " rows was accepted";
+    } catch (const std::invalid_argument& e) {
+      const std::string why = rows % attn_query_block(sh.D) ? "not a multiple" : "aligned block";
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

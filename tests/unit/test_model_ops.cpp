@@ -310,7 +310,8 @@ TEST(ModelOps, ExactNormAndEmbeddingGradients) {
 
 // gemm_tn_exact: every block's product element a function of the block's rows alone (the same
 // bits for 1 and 2 threads, for a sub-rectangle of the operands, for K split over two calls), on
-// every tile-kernel instruction set (blocks below 384 rows; above, BLIS per block, below); each element within fp32's error of the exact block sums;
+// every tile-kernel instruction set (blocks below kExactLibraryBlock rows; longer ones, BLIS per block, below); each
+// element within fp32's error of the exact block sums;
 // on the FMA paths (AVX2, AVX-512) bit-identical to a fused multiply-add chain per block.
 TEST(ModelOps, GemmTnExactIsAFunctionOfEachBlock) {
   const int64_t M = 37, N = 53, G = 24, K = 4 * G, lda = M + 3, ldb = N + 5, ld = N + 1;  // N: 3 panels + 5
@@ -368,9 +369,9 @@ TEST(ModelOps, GemmTnExactIsAFunctionOfEachBlock) {
       }
   }
   cpu::force_tile_ops(nullptr);
-  // blocks of 384 rows and more: one sgemm per block; the same bits for 1 and 2 threads and for
-  // K in two calls, within fp32's error of the exact block sums
-  const int64_t G2 = 384, K2 = 2 * G2;
+  // blocks of kExactLibraryBlock rows and more: one sgemm per block; the same bits for 1 and 2
+  // threads and for K in two calls, within fp32's error of the exact block sums
+  const int64_t G2 = kExactLibraryBlock, K2 = 2 * G2;
   auto A2 = rnd(size_t(K2 * M), 43), B2 = rnd(size_t(K2 * N), 44);
   std::vector<int64_t> g1(size_t(M * N), 0), m1(g1.size(), 0), g2(g1.size(), 0), m2(g1.size(), 0);
   const int saved = omp_get_max_threads();
