@@ -88,6 +88,49 @@ void layer_tp_all_reduce(const LayerRun& r, float* x, int64_t n) {
   r.st.exposed_comm_s += dt;  // a blocking collective: nothing overlaps it
 }
 
+void layer_tp_sum(const LayerRun& r, int64_t n, int64_t N, std::initializer_list<TpTerm> terms, float* out) {
+  if (!r.exact) {
+    bool first = true;
+    for (const TpTerm& t : terms) {
+      layer_gemm(r, false, t.tb, n, N, t.K, t.A, t.lda, t.B, t.ldb, first ? 0.f : 1.f, out, N);
+      first = false;
+    }
+    return layer_tp_all_reduce(r, out, n * N);
+  }
+  const ExactGrads& e = *r.exact;
+  CTXPAR_CHECK(e.units % r.d.tp == 0 && e.sum_hi && e.sum_lo && e.part,
+               "deterministic: tp:" << r.d.tp << " does not divide the " << e.units << " parts of the tp sums");
+  const int64_t parts = e.units / r.d.tp, elems = n * N;
+  std::fill_n(e.sum_hi, size_t(elems + 1), int64_t(0));
+  std::fill_n(e.sum_lo, size_t(elems + 1), int64_t(0));
+  int64_t bad = 0;
+  for (int64_t u = 0; u < parts; ++u) {
+    bool first = true;
+    for (const TpTerm& t : terms) {
+      CTXPAR_CHECK(t.K % parts == 0, "deterministic: a tp share of " << t.K << " in " << parts << " parts");
+      const int64_t Kc = t.K / parts;
+      const float* B = t.tb ? t.B + u * Kc : t.B + u * Kc * t.ldb;
+      layer_gemm(r, false, t.tb, n, N, Kc, t.A + u * Kc, t.lda, B, t.ldb, first ? 0.f : 1.f, e.part, N);
+      first = false;
+    }
+    bad += exact_add(e.part, n, N, N, e.sum_hi, e.sum_lo, N);
+  }
+  e.sum_hi[elems] = bad;  // summed over tp with the rest: every tp rank sees every part's range
+  if (r.d.tp > 1) {
+    const double t0 = now_s();
+    {
+      Tracer::Scope sc(r.tr, Phase::all_reduce, layer_of(r), -1, 0, double(elems) * 16);
+      r.topo.axis(Axis::tp).all_reduce(std::span<int64_t>(e.sum_hi, size_t(elems + 1)));
+      r.topo.axis(Axis::tp).all_reduce(std::span<int64_t>(e.sum_lo, size_t(elems)));
+    }
+    const double dt = now_s() - t0;
+    r.times.tp_comm_s += dt;
+    r.st.exposed_comm_s += dt;
+  }
+  *e.bad += e.sum_hi[elems];
+  exact_to_float(e.sum_hi, e.sum_lo, out, elems);
+}
+
 void attn_in_fwd(const LayerRun& r, const LayerView& w, int64_t n, const float* x, const float* cos_t,
                  const float* sin_t, float* h, float* rstd, float* q, float* k, float* v) {
   const ModelDims& d = r.d;
@@ -106,8 +149,7 @@ void attn_in_fwd(const LayerRun& r, const LayerView& w, int64_t n, const float* 
 
 void attn_out_fwd(const LayerRun& r, const LayerView& w, int64_t n, const float* x, const float* o, float* x1) {
   const int64_t dim = r.d.dim, qw = r.d.q_width();
-  layer_gemm(r, false, false, n, dim, qw, o, qw, w.wo, dim, 0, x1, dim);
-  layer_tp_all_reduce(r, x1, n * dim);
+  layer_tp_sum(r, n, dim, {{o, qw, w.wo, dim, false, qw}}, x1);
   layer_add_residual(r, x1, x, n * dim);
 }
 
@@ -125,8 +167,7 @@ void mlp_fwd(const LayerRun& r, const LayerView& w, int64_t n, const float* x1, 
     swiglu_fwd(g, u, m, n * F, r.dev, r.stream);
   }
   if (!x_out) return;
-  layer_gemm(r, false, false, n, dim, F, m, F, w.w2, dim, 0, x_out, dim);
-  layer_tp_all_reduce(r, x_out, n * dim);
+  layer_tp_sum(r, n, dim, {{m, F, w.w2, dim, false, F}}, x_out);
   layer_add_residual(r, x_out, x1, n * dim);
 }
 

@@ -10,6 +10,7 @@
 // all-reduce into tp_comm_s and, as a blocking collective, into the exposed communication.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 
 #include "cp/strategy.hpp"
 #include "model/model.hpp"
@@ -48,6 +49,13 @@ struct ExactGrads {
   int64_t *hi = nullptr, *lo = nullptr;
   int64_t block = 0;
   int64_t* bad = nullptr;
+  // The tp-summed products (layer_tp_sum): their contraction split into `units` equal parts over
+  // the whole tp group (every tp size divides it), each part's product added exactly into
+  // sum_hi/sum_lo (rows x dim, plus one element for the count of values out of range) through
+  // `part` (rows x dim fp32), so that the sum has the same bits for any tp.
+  int64_t units = 1;
+  int64_t *sum_hi = nullptr, *sum_lo = nullptr;
+  float* part = nullptr;
   // The exact sums of gradient element `g` (a pointer into [grads, grads + n)).
   int64_t offset(const float* g) const;
 };
@@ -79,6 +87,23 @@ void layer_gemm(const LayerRun& r, bool ta, bool tb, int64_t M, int64_t N, int64
                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // Sum over the tp axis, in place (a no-op at tp = 1).
 void layer_tp_all_reduce(const LayerRun& r, float* x, int64_t n);
+// One term of a tp-summed product: A [n, K] (leading dimension lda) times op(B) (B [K, N] with
+// ldb, or with tb B [N, K]), K this rank's share of the contraction.
+struct TpTerm {
+  const float* A;
+  int64_t lda;
+  const float* B;
+  int64_t ldb;
+  bool tb;
+  int64_t K;
+};
+// out [n, N] = sum of the terms' products over the whole tp group (the row-parallel products:
+// attention output, MLP down projection, and the input gradients of the column-parallel ones).
+// Plain: the terms' GEMMs in order, then layer_tp_all_reduce. With r.exact (deterministic=true):
+// per part of the contraction (ExactGrads::units over the tp group, units / tp on this rank) the
+// terms' fp32 product of that part, added exactly; the integers all-reduced over tp and rounded
+// once, so out has the same bits for any tp (tp = 1 included).
+void layer_tp_sum(const LayerRun& r, int64_t n, int64_t N, std::initializer_list<TpTerm> terms, float* out);
 // The residual connection: y += x over n elements.
 void layer_add_residual(const LayerRun& r, float* y, const float* x, int64_t n);
 

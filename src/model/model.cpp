@@ -67,6 +67,8 @@ int64_t ModelDims::param_count() const {
   return (layers - G) * (attn + mlp) + G * (gdn + mlp) + 2 * vocab * dim + dim;
 }
 
+int64_t deterministic_tp_units(const ModelDims& d) { return std::gcd(int64_t(d.H_kv), d.ffn); }
+
 std::string validate_model_shape(const Config& c, int tp, bool kv_replication) {
   auto s = [](int64_t v) { return std::to_string(v); };
   if (c.head_dim % 2 != 0)

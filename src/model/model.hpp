@@ -69,6 +69,10 @@ struct ModelDims {
   int64_t param_count() const;
 };
 ModelDims model_dims(const Config& cfg, int tp, int tp_rank);
+// deterministic=true: the parts into which the tp-summed products split their contraction (the
+// largest tp without K/V replication, gcd(H_kv, ffn)), the same for every tp (layer.hpp
+// layer_tp_sum); tp must divide it.
+int64_t deterministic_tp_units(const ModelDims& d);
 
 // "" when the model shape fits the mesh (tp divides heads, kv_heads and ffn_dim; head_dim even
 // for RoPE), else a message naming the value and what would be valid. `kv_replication`

@@ -92,6 +92,52 @@ double AdamW::grad_norm(const float* g, Comm* tp) const {
   return std::sqrt(sq[0] + sq[1]);
 }
 
+double AdamW::grad_norm_fixed(const float* g, Comm* tp, int64_t units) const {
+  const int T = tp ? tp->size() : 1;
+  const int64_t parts = units / T;  // this rank's parts of a split tensor
+  struct Item {
+    const ParamInfo* p;
+    int64_t part;
+  };
+  std::vector<Item> items;
+  std::vector<size_t> first;  // each tensor's first item
+  for (const ParamInfo& p : layout_.tensors()) {
+    CTXPAR_CHECK(p.copies == 1 && units % T == 0, "grad_norm_fixed: " << p.name << " replicated over tp, or tp:" << T
+                                                                       << " not dividing " << units);
+    first.push_back(items.size());
+    for (int64_t j = 0; j < (p.split == Split::replicated ? 1 : parts); ++j) items.push_back({&p, j});
+  }
+  std::vector<double> mine(items.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < items.size(); ++i) {  // one thread per part: its order is fixed
+    const ParamInfo& p = *items[i].p;
+    const float* x = g + p.offset;
+    int64_t r0 = 0, r1 = p.loc_rows, c0 = 0, c1 = p.loc_cols;
+    if (p.split == Split::rows) r1 = (r0 = items[i].part * (p.loc_rows / parts)) + p.loc_rows / parts;
+    if (p.split == Split::cols) c1 = (c0 = items[i].part * (p.loc_cols / parts)) + p.loc_cols / parts;
+    double acc[4] = {0, 0, 0, 0};  // four chains (column mod 4), added in a fixed order
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) {
+        const double v = x[r * p.loc_cols + c];
+        acc[(c - c0) & 3] += v * v;
+      }
+    mine[i] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  }
+  std::vector<double> all(mine.size() * size_t(T));
+  if (tp) tp->all_gather(std::span<const double>(mine), std::span<double>(all));
+  else all = mine;
+  double sq = 0;
+  for (size_t t = 0; t < layout_.tensors().size(); ++t) {
+    if (layout_.tensors()[t].split == Split::replicated) {  // identical on every tp rank: rank 0's
+      sq += all[first[t]];
+      continue;
+    }
+    for (int k = 0; k < T; ++k)  // global part k * parts + j
+      for (int64_t j = 0; j < parts; ++j) sq += all[size_t(k) * mine.size() + first[t] + size_t(j)];
+  }
+  return std::sqrt(sq);
+}
+
 void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& tp, Device dev, Stream stream) {
   for (const ParamInfo& p : layout.tensors()) {
     if (!p.kv || p.copies <= 1) continue;

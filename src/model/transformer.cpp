@@ -132,13 +132,20 @@ LayerRun Transformer::run(int64_t l) {
 }
 
 void Transformer::set_deterministic(int64_t block) {
-  CTXPAR_CHECK(dev_ == Device::cpu && !d_.mla && !d_.has_gdn() && d_.tp == 1 && block > 0 && S_loc_ % block == 0,
-               "deterministic: the CPU, attention layers, tp 1 and whole blocks of " << block << " rows (" << S_loc_
-                                                                                     << " here)");
+  const int64_t units = deterministic_tp_units(d_);
+  CTXPAR_CHECK(dev_ == Device::cpu && !d_.mla && !d_.has_gdn() && units % d_.tp == 0 && block > 0 &&
+                   S_loc_ % block == 0,
+               "deterministic: the CPU, attention layers, a tp dividing " << units << " and whole blocks of " << block
+                                                                           << " rows (" << S_loc_ << " here)");
   const int64_t n = layout_.local_elems();
   ex_hi_ = Buffer<int64_t>(size_t(n + 2), true);
   ex_lo_ = Buffer<int64_t>(size_t(n + 2), true);
-  exact_ = ExactGrads{nullptr, n, ex_hi_.data(), ex_lo_.data(), block, &ex_bad_};
+  const size_t sum_elems = size_t(S_loc_ * d_.dim);
+  tp_hi_ = Buffer<int64_t>(sum_elems + 1, false);
+  tp_lo_ = Buffer<int64_t>(sum_elems + 1, false);
+  tp_part_ = Buffer<float>(sum_elems, false);
+  exact_ = ExactGrads{nullptr, n, ex_hi_.data(), ex_lo_.data(), block, &ex_bad_, units, tp_hi_.data(), tp_lo_.data(),
+                      tp_part_.data()};
   // the LM head's chunks in whole blocks (forward_backward)
   const int64_t C = std::max(block, logits_chunk_rows(S_loc_, d_.vocab) / block * block);
   logits_ = alloc(size_t(C * d_.vocab));
@@ -238,11 +245,10 @@ void Transformer::mlp_bwd(int64_t l, const LayerView& w, LayerView& gw, MlpActs&
     Tracer::Scope sc(tr_, Phase::mlp, int32_t(l), -1, 0, 0);
     swiglu_bwd(dm_.data(), m.g.data(), m.u.data(), dg_.data(), du_.data(), S * F, dev_, stream_);
   }
-  layer_gemm(run(l), false, true, S, dim, F, dg_.data(), F, w.w1, F, 0, dh_.data(), dim);  // dh2 = dg W1^T
-  layer_gemm(run(l), false, true, S, dim, F, du_.data(), F, w.w3, F, 1, dh_.data(), dim);  //     + du W3^T
+  // dh2 = dg W1^T + du W3^T: each tp rank holds the part from its FFN columns
+  layer_tp_sum(run(l), S, dim, {{dg_.data(), F, w.w1, F, true, F}, {du_.data(), F, w.w3, F, true, F}}, dh_.data());
   layer_gemm(run(l), true, false, dim, F, S, m.h2.data(), dim, dg_.data(), F, 1, gw.w1, F);
   layer_gemm(run(l), true, false, dim, F, S, m.h2.data(), dim, du_.data(), F, 1, gw.w3, F);
-  layer_tp_all_reduce(run(l), dh_.data(), S * dim);  // each tp rank holds the part from its FFN columns
   {
     Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
     rmsnorm_bwd_any(dh_.data(), m.x1.data(), w.mlp_norm, m.rstd.data(), dx, gw.mlp_norm);  // dx = d x1
@@ -312,13 +318,13 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
     rope_apply(dq_.data(), S, d_.H_q_loc(), d_.D, cos_.data(), sin_.data(), true, dev_, stream_);
     rope_apply(dk_.data(), S, d_.H_kv_loc(), d_.D, cos_.data(), sin_.data(), true, dev_, stream_);
   }
-  layer_gemm(run(l), false, true, S, dim, qw, dq_.data(), qw, w.wq, qw, 0, dh_.data(), dim);
-  layer_gemm(run(l), false, true, S, dim, kw, dk_.data(), kw, w.wk, kw, 1, dh_.data(), dim);
-  layer_gemm(run(l), false, true, S, dim, kw, dv_.data(), kw, w.wv, kw, 1, dh_.data(), dim);
+  layer_tp_sum(run(l), S, dim,
+               {{dq_.data(), qw, w.wq, qw, true, qw}, {dk_.data(), kw, w.wk, kw, true, kw},
+                {dv_.data(), kw, w.wv, kw, true, kw}},
+               dh_.data());
   layer_gemm(run(l), true, false, dim, qw, S, a.h.data(), dim, dq_.data(), qw, 1, gw.wq, qw);
   layer_gemm(run(l), true, false, dim, kw, S, a.h.data(), dim, dk_.data(), kw, 1, gw.wk, kw);
   layer_gemm(run(l), true, false, dim, kw, S, a.h.data(), dim, dv_.data(), kw, 1, gw.wv, kw);
-  layer_tp_all_reduce(run(l), dh_.data(), S * dim);
   {
     Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
     rmsnorm_bwd_any(dh_.data(), x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm);  // dx = d x

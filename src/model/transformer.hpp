@@ -74,8 +74,9 @@ class Transformer {
   }
   // deterministic=true (CPU; cp/deterministic.hpp, layer.hpp ExactGrads): the CP attention's
   // canonical schedule, every GEMM in blocks of `block` rows (positions: the layout gives every
-  // rank whole blocks), and every sum over tokens exact, so that forward_backward's results do not
-  // depend on the mesh, the strategy or the threads. forward_backward then leaves `grads` to
+  // rank whole blocks), every sum over tokens exact, and every tp sum in fixed parts added exactly
+  // (layer_tp_sum), so that forward_backward's results do not depend on the mesh (tp included),
+  // the strategy or the threads. forward_backward then leaves `grads` to
   // finish_exact: it fills exact_sums() instead, the gradients and the loss as integers of this
   // rank, which the caller adds over the CP and dp groups (int64 all-reduces, any order) first.
   void set_deterministic(int64_t block);
@@ -168,6 +169,8 @@ class Transformer {
   // LM-head chunk
   ExactGrads exact_;
   Buffer<int64_t> ex_hi_, ex_lo_;
+  Buffer<int64_t> tp_hi_, tp_lo_;  // ExactGrads' tp sums
+  Buffer<float> tp_part_;
   std::vector<double> row_loss_;
   int64_t ex_bad_ = 0;
   void rmsnorm_bwd_any(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw);

@@ -207,9 +207,11 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
       return "config: deterministic_block = " + std::to_string(cfg.deterministic_block) + " is not a multiple of the " +
              "attention's query tile, " + std::to_string(tile) + " rows at head_dim = " + std::to_string(cfg.head_dim) +
              "; valid: 0 (the default: " + std::to_string(default_train_block(cfg)) + " here) or a multiple of " + std::to_string(tile);
-    if (tp > 1)
-      return "config: deterministic = true with tp:" + std::to_string(tp) + ": the tensor-parallel sums are not "
-             "order-invariant yet; valid: a mesh without tp (ring, ulysses and dp axes), or deterministic=false";
+    const int64_t units = deterministic_tp_units(model_dims(cfg, 1, 0));
+    if (units % tp != 0)  // K/V heads replicated over tp: their gradients would be summed in fp32
+      return "config: deterministic = true with tp:" + std::to_string(tp) + ": the exact tp sums split into " +
+             std::to_string(units) + " parts (gcd of kv_heads = " + std::to_string(cfg.kv_heads) + " and ffn_dim = " +
+             std::to_string(cfg.ffn_dim) + "), which tp must divide; valid: tp:1 or a tp dividing " + std::to_string(units);
     if (cfg.layer_pattern.find_first_of("DL") != std::string::npos)
       return "config: deterministic = true with layer_pattern = '" + cfg.layer_pattern + "': local (L) and Gated "
              "DeltaNet (D) layers have no exact schedule yet; valid: layer_pattern=G, or deterministic=false";
@@ -283,6 +285,7 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   if (cfg.deterministic) {  // the gradients' exact sums (two int64 each); blocks of
     // kExactLibraryBlock rows and more: one weight's product at a time (kernels/ops.hpp gemm_tn_exact)
     p.state_bytes += 16.0 * double(layout.local_elems() + 2);
+    p.state_bytes += 20.0 * double(S_loc * d.dim);  // the tp sums' integers and part (layer_tp_sum)
     if (train_block(cfg) >= kExactLibraryBlock) {
       int64_t widest = 0;
       for (const ParamInfo& t : layout.tensors()) widest = std::max(widest, t.loc_elems());
@@ -543,7 +546,9 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     double norm;
     {
       Tracer::Scope sc(&tracer, Phase::optimizer, -1, -1, 0, 0);
-      norm = opt.grad_norm(grads.data(), tp > 1 ? &topo.axis(Axis::tp) : nullptr);
+      norm = model.deterministic()
+                 ? opt.grad_norm_fixed(grads.data(), tp > 1 ? &topo.axis(Axis::tp) : nullptr, deterministic_tp_units(d))
+                 : opt.grad_norm(grads.data(), tp > 1 ? &topo.axis(Axis::tp) : nullptr);
     }
     // A non-finite loss or gradient stops the run before the update: the parameters (and any
     // checkpoint written) stay those of the last good step. The loss and the norm are the same

@@ -9,7 +9,8 @@
   memory    the --dry-run estimate is within 15% of the measured peak tracked bytes
   errors    a tp size that does not divide kv_heads is a usage error (exit 2) naming kv_heads
   deterministic  deterministic=true: losses and checkpoints bit-identical at np 1, 2, 3, 4, 6 and 8,
-            every strategy, threads 1 and 2, remat, dp, and a resume from 2 ranks onto 4
+            every strategy, threads 1 and 2, remat, dp, tp (2 and 4, alone and with ring or ulysses),
+            and a resume from 2 ranks onto 4
 
 Mesh tolerance: relative 2e-5 on each loss (about 150 fp32 ulps). The meshes differ only in
 reduction order (CP merges of partial attention, all-reduce sums over 1, 2 or 4 ranks, tp
@@ -111,7 +112,8 @@ def same_bits(a, b):
 def case_deterministic(tmp):
     """deterministic=true: losses and the checkpoint (parameters, both AdamW moments) bit-identical
     on every CP mesh (1, 2, 3, 4, 6, 8 ranks), strategy and thread count, and across a resume from 2 ranks onto 4; dp
-    replicas likewise among themselves. seq = 200 pads on every mesh (96-row blocks)."""
+    replicas likewise among themselves; tp:2 and tp:4 (alone, and with ring or ulysses) like one rank. seq = 200 pads on
+    every mesh (128-row blocks)."""
     det = ["deterministic=true", "seq=200", "steps=4", "checkpoint_every=4"]
 
     def go(name, np_, args, threads=1):
@@ -137,7 +139,8 @@ def case_deterministic(tmp):
                ("ring_np3", 3, ["strategy=ring"], 1), ("allgather_np3_remat", 3, ["strategy=allgather", "remat=full"], 1),
                ("ring_np4_threads2", 4, ["strategy=ring"], 2), ("usp_np4", 4, ["strategy=usp", "mesh=ulysses:2,ring:2"], 1),
                ("allgather_np6", 6, ["strategy=allgather"], 1), ("usp_np6", 6, ["strategy=usp", "mesh=ulysses:2,ring:3"], 1),
-               ("ring_np8", 8, ["strategy=ring"], 1)]
+               ("ring_np8", 8, ["strategy=ring"], 1),
+               ("tp2", 2, ["mesh=tp:2"], 1), ("tp2_ring2", 4, ["mesh=tp:2,ring:2", "strategy=ring"], 2)]
     results = [(n, go(n, np_, a, t)) for n, np_, a, t in cp_runs]
     # resumed: 2 steps on 2 ranks, then the last 2 on 4 ranks from its checkpoint
     ck2 = os.path.join(tmp, "first_half.ck.h5")
@@ -154,6 +157,11 @@ def case_deterministic(tmp):
     # data parallel: two sequences per step, on 1, 2 and 3 CP ranks each
     compare([(n, go(n, np_, a)) for n, np_, a in [("dp2", 2, ["mesh=dp:2"]), ("dp2_ring2", 4, ["mesh=dp:2,ring:2"]),
                                                   ("dp2_ring3", 6, ["mesh=dp:2,ring:3", "strategy=allgather"])]])
+    # tensor parallelism with 4 K/V heads: tp:4, and tp:2 beside ring or ulysses
+    compare([(n, go(n, np_, ["kv_heads=4"] + a)) for n, np_, a in
+             [("kv4_np1", 1, []), ("kv4_tp4", 4, ["mesh=tp:4"]),
+              ("kv4_tp2_ring2", 4, ["mesh=tp:2,ring:2", "strategy=ring"]),
+              ("kv4_tp2_ulysses2", 4, ["mesh=tp:2,ulysses:2", "strategy=ulysses"])]])
     # blocks of 384 rows (one BLIS call per block; another layout, so compared among themselves)
     b384 = ["deterministic_block=384"]
     compare([(n, go(n, np_, b384 + a, t)) for n, np_, a, t in [("block384_np1", 1, [], 1),
