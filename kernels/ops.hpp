@@ -25,8 +25,9 @@ void attn_bwd(const AttnParams& p);
 // absolute (plus the final rounding to fp32); attn_bwd refuses a contribution of magnitude 2^10 or
 // more (the sums of up to 2^16 query tiles then stay inside int64).
 inline constexpr int kFixedShift = 36;
-// The rows of the CPU kernel's query tile for head dimension D: the block of positions an exact
-// dK/dV sum groups by (a layout for deterministic=true pads each rank's chunks to a multiple).
+// The rows of the CPU kernel's query tile with exact dK/dV sums (128 for D <= 128, 64 above): the
+// grain of the blocks of positions an exact sum groups by (AttnParams::fixed_rows is a multiple;
+// a layout for deterministic=true pads each rank's chunks to whole blocks).
 int64_t attn_query_block(int32_t D);
 // x[i] = fixed[i] * 2^-kFixedShift, rounded to fp32 (int64 -> double -> float: one function of the
 // integer, the same bits wherever it runs).

@@ -7,8 +7,8 @@
 // (AttnParams::dk_fixed: integers per aligned query block and head) and adds the ranks' sums with
 // an integer reduce-scatter, which has one result whatever the order.
 //
-// The layout must give every rank's chunks whole blocks of attn_query_block(D) positions
-// (Partition's block: the caller pads), and the call must be training's self-attention
+// The layout must give every rank's chunks whole blocks of attn_query_block(D) positions, or of
+// AttnParams::fixed_rows when set (Partition's block: the caller pads), and the call must be training's self-attention
 // (the queries are the keys' rows); ulysses and usp need heads that split without replication
 // (a replicated K/V head's gradient would be summed in fp32 after the all-to-all). Costs: the memory of the all-gather (the ring loses its
 // O(S/P) buffers and its overlap), and dK/dV travel as 8-byte integers.
