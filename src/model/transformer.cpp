@@ -138,9 +138,8 @@ void Transformer::set_deterministic(int64_t block) {
                "deterministic: the CPU, attention layers, a tp dividing " << units << " and whole blocks of " << block
                                                                            << " rows (" << S_loc_ << " here)");
   const int64_t n = layout_.local_elems();
-  const int64_t P = topo_.cp().size(), seg = (n + 2 + P - 1) / P;  // reduce_exact's segments
-  ex_hi_ = Buffer<int64_t>(size_t(seg * P), true);
-  ex_lo_ = Buffer<int64_t>(size_t(seg * P), true);
+  ex_hi_ = Buffer<int64_t>(size_t(n + 2), true);
+  ex_lo_ = Buffer<int64_t>(size_t(n + 2), true);
   const size_t sum_elems = size_t(S_loc_ * d_.dim);
   tp_hi_ = Buffer<int64_t>(sum_elems + 1, false);
   tp_lo_ = Buffer<int64_t>(sum_elems + 1, false);
@@ -155,41 +154,15 @@ void Transformer::set_deterministic(int64_t block) {
   call_.fixed_rows = block;  // dK/dV converted once per block of queries (a multiple of the tile)
 }
 
-void Transformer::reduce_exact(Comm& cp, Comm* dp, float* grads, double* loss) {
+void Transformer::finish_exact(float* grads, double* loss) const {
   const int64_t n = layout_.local_elems();
-  const int P = cp.size();
-  const size_t seg = (size_t(n) + 2 + size_t(P) - 1) / size_t(P);  // the buffers hold P segments
-  CTXPAR_CHECK(ex_hi_.size() >= seg * size_t(P), "reduce_exact: exact sums for " << ex_hi_.size() / seg << " ranks");
-  // the loss sum and the bad count first, on every rank (4 integers)
-  int64_t tail[4] = {ex_hi_[size_t(n)], ex_lo_[size_t(n)], ex_hi_[size_t(n + 1)], 0};
-  if (P > 1) cp.all_reduce(std::span<int64_t>(tail, 4));
-  if (dp) dp->all_reduce(std::span<int64_t>(tail, 4));
-  if (tail[2] != 0) {
+  if (ex_hi_[size_t(n + 1)] != 0) {
     std::fill_n(grads, size_t(n), std::numeric_limits<float>::quiet_NaN());
     *loss = std::numeric_limits<double>::quiet_NaN();
     return;
   }
-  *loss = exact_value(tail[0], tail[1]);
-  if (P == 1) {
-    if (dp) {
-      dp->all_reduce(std::span<int64_t>(ex_hi_.data(), size_t(n)));
-      dp->all_reduce(std::span<int64_t>(ex_lo_.data(), size_t(n)));
-    }
-    return exact_to_float(ex_hi_.data(), ex_lo_.data(), grads, n);
-  }
-  // integers reduce-scattered (the tail's sums, again, in the last segment: not read), this
-  // rank's segment rounded, the fp32 segments all-gathered
-  Buffer<int64_t> hi(seg, false), lo(seg, false);
-  cp.reduce_scatter(std::span<const int64_t>(ex_hi_.data(), seg * size_t(P)), hi.span());
-  cp.reduce_scatter(std::span<const int64_t>(ex_lo_.data(), seg * size_t(P)), lo.span());
-  if (dp) {
-    dp->all_reduce(hi.span());
-    dp->all_reduce(lo.span());
-  }
-  Buffer<float> all(seg * size_t(P), false);
-  exact_to_float(hi.data(), lo.data(), all.data() + size_t(cp.rank()) * seg, int64_t(seg));
-  cp.all_gather(std::span<const float>(all.data() + size_t(cp.rank()) * seg, seg), all.span());
-  std::copy_n(all.data(), size_t(n), grads);
+  exact_to_float(ex_hi_.data(), ex_lo_.data(), grads, n);
+  *loss = exact_value(ex_hi_[size_t(n)], ex_lo_[size_t(n)]);
 }
 
 void Transformer::rmsnorm_bwd_any(const float* dy, const float* x, const float* w, const float* rstd, float* dx,

@@ -81,14 +81,13 @@ class Transformer {
   // rank, which the caller adds over the CP and dp groups (int64 all-reduces, any order) first.
   void set_deterministic(int64_t block);
   bool deterministic() const { return exact_.block > 0; }
-  // After forward_backward: the exact sums (the gradients, the loss sum, the count of values out
-  // of the exact range) added over the CP group `cp` and the dp replicas `dp` (null: none), the
-  // gradients rounded once into `grads` (fp32) and the loss sum into *loss; a value out of range
-  // on any rank makes every gradient and the loss NaN (the caller's non-finite check stops the
-  // run). The integers are reduce-scattered over cp, each rank rounds its segment, and the fp32
-  // segments are all-gathered (10 bytes per parameter on the wire at P = 2 instead of the 16 of
-  // an integer all-reduce).
-  void reduce_exact(Comm& cp, Comm* dp, float* grads, double* loss);
+  // hi and lo, each local_elems() + 2 int64: the gradients, then the loss sum, then (hi only) the
+  // count of values out of the exact range.
+  std::span<int64_t> exact_hi() { return std::span<int64_t>(ex_hi_.data(), ex_hi_.size()); }
+  std::span<int64_t> exact_lo() { return std::span<int64_t>(ex_lo_.data(), ex_lo_.size()); }
+  // The summed exact values into `grads` (fp32) and the loss sum into *loss; a value out of range
+  // on any rank makes every gradient and the loss NaN (the caller's non-finite check stops the run).
+  void finish_exact(float* grads, double* loss) const;
   // Frugal transfers (config frugal): the strategies move only the key rows a rank can see
   // (AttnParams::visible_only; the all-gather so far).
   void set_visible_only(bool v) { call_.visible_only = v; }

@@ -286,8 +286,6 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
     // kExactLibraryBlock rows and more: one weight's product at a time (kernels/ops.hpp gemm_tn_exact)
     p.state_bytes += 16.0 * double(layout.local_elems() + 2);
     p.state_bytes += 20.0 * double(S_loc * d.dim);  // the tp sums' integers and part (layer_tp_sum)
-    if (topo.cp().size() > 1)  // reduce_exact: this rank's integer segment and the gathered fp32
-      p.state_bytes += (16.0 / topo.cp().size() + 4.0) * double(layout.local_elems() + 2);
     if (train_block(cfg) >= kExactLibraryBlock) {
       int64_t widest = 0;
       for (const ParamInfo& t : layout.tensors()) widest = std::max(widest, t.loc_elems());
@@ -520,11 +518,15 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
                                              logits_full.size() ? logits_full.data() : nullptr);
     {
       Tracer::Scope sc(&tracer, Phase::all_reduce, -1, -1, 0,
-                       double(layout.local_elems()) * (model.deterministic() ? 20 : 4));
+                       double(layout.local_elems()) * (model.deterministic() ? 16 : 4));
       const double tc = world.now();
       // Parameters are shared by the CP group and the dp replicas: sum their gradients there.
       if (model.deterministic()) {  // integers, whose sum has one result in any order
-        model.reduce_exact(cp, DP > 1 ? &dp : nullptr, grads.data(), &loss_sum);
+        for (std::span<int64_t> x : {model.exact_hi(), model.exact_lo()}) {
+          if (cp.size() > 1) cp.all_reduce(x);
+          if (DP > 1) dp.all_reduce(x);
+        }
+        model.finish_exact(grads.data(), &loss_sum);
       } else {
         if (cp.size() > 1) cp.all_reduce(buf(grads));
         if (DP > 1) dp.all_reduce(buf(grads));
