@@ -232,6 +232,23 @@ int64_t gemm_tn_exact(int64_t M, int64_t N, int64_t K, int64_t G, const float* A
 int64_t rmsnorm_bwd_exact(const float* dy, const float* x, const float* w, const float* rstd, float* dx, int64_t* dw_hi,
                           int64_t* dw_lo, int64_t rows, int64_t dim);
 int64_t embedding_bwd_exact(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, int64_t* hi, int64_t* lo);
+// Attention whose result has the same bits however its keys are split over calls (ranks, KV-cache
+// slices), for inference with deterministic=true (CPU, fp32; the pairs as attn_fwd's: mask and
+// window by position, documents). Every quantity is a function of one (query row, key row) pair:
+// t = c (q . k), c = softmax_scale log2(e), the dot product in a fixed order. In three steps:
+//   attn_exact_max    mx[i, h] = the largest t over the call's visible keys (-inf: none);
+//   attn_exact_sums   given M[i, h] >= every visible t (the maximum of every split's mx, which is
+//                     exact: a max has one result in any order), w = 2^(t - M) and w v[d] (a
+//                     product exact in double) for d < D, then w, added to hi/lo [i, h, D + 1]
+//                     (exact_add's integers, zeroed by the caller; summed over splits in any
+//                     order). Returns the count of values out of range;
+//   attn_exact_finish o = sum(w v) / sum(w) and lse = (M + log2 sum(w)) ln 2 from the summed
+//                     integers into p.o and p.lse (o = 0, lse = -inf for a row that saw nothing).
+// Costs one pass of exact adds per (query, key, head) pair: a correctness schedule, far slower
+// than attn_fwd on long key sets.
+void attn_exact_max(const AttnParams& p, float* mx);
+int64_t attn_exact_sums(const AttnParams& p, const float* M, int64_t* hi, int64_t* lo);
+void attn_exact_finish(const AttnParams& p, const float* M, const int64_t* hi, const int64_t* lo);
 
 // ---- the same ops on a call's device ----
 // Every pointer on `device` (Device::cuda: asynchronous, ordered on `stream`); Device::cpu is

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cpu/tile_ops.hpp"
@@ -373,6 +375,104 @@ int64_t embedding_bwd_exact(const float* dx, const int32_t* tokens, int64_t rows
     bad += exact_add(dx + i * dim, 1, dim, dim, hi + row, lo + row, dim);
   }
   return bad;
+}
+
+// ---- exact attention (ops.hpp attn_exact_*) ----
+namespace {
+void check_exact_attn(const AttnParams& p) {
+  if (!(p.device == Device::cpu && p.dtype == DType::f32 && p.H_kv > 0 && p.H_q % p.H_kv == 0 &&
+        (p.mask == MaskKind::none || (p.q_pos && p.k_pos))))
+    throw std::invalid_argument("attn_exact: CPU fp32 calls, H_kv dividing H_q (" + std::to_string(p.H_q) + " / " +
+                                std::to_string(p.H_kv) + "), and positions for the mask");
+}
+// t = c (q . k): sixteen lanes (d mod 16) added in a fixed tree, so the same bits for a pair in
+// every call.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+float exact_score(const float* q, const float* k, int32_t D, float c) {
+  float lane[16] = {};
+  int32_t d = 0;
+  for (; d + 16 <= D; d += 16)
+    for (int l = 0; l < 16; ++l) lane[l] += q[d + l] * k[d + l];
+  for (int l = 0; d < D; ++d, ++l) lane[l] += q[d] * k[d];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) lane[l] += lane[l + w];
+  return c * lane[0];
+}
+// hi/lo[d] += w v[d] for d < D (each product exact in double), and hi/lo[D] += w.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+int64_t exact_add_weighted(float w, const float* v, int32_t D, int64_t* hi, int64_t* lo) {
+  int64_t bad = 0;
+  for (int32_t d = 0; d < D; ++d) {
+    int64_t dh, dl;
+    bad += split_exact(double(w) * double(v[d]), dh, dl) ? 0 : 1;
+    hi[d] += dh;
+    lo[d] += dl;
+  }
+  int64_t dh, dl;
+  bad += split_exact(double(w), dh, dl) ? 0 : 1;
+  hi[D] += dh;
+  lo[D] += dl;
+  return bad;
+}
+}  // namespace
+
+void attn_exact_max(const AttnParams& p, float* mx) {
+  check_exact_attn(p);
+  const int32_t D = p.D, group = p.H_q / p.H_kv;
+  const float c = p.softmax_scale() * 1.4426950408889634f;
+  const float* q = p.q_as<float>();
+  const float* k = p.k_as<float>();
+#pragma omp parallel for schedule(static) num_threads(op_threads())
+  for (int64_t t = 0; t < p.S_q * p.H_q; ++t) {
+    const int64_t i = t / p.H_q;
+    const int32_t h = int32_t(t % p.H_q);
+    float m = -INFINITY;
+    for (int64_t j = 0; j < p.S_k; ++j)
+      if (p.visible(i, j)) m = std::max(m, exact_score(q + i * p.q_ld() + h * D, k + j * p.k_ld() + (h / group) * D, D, c));
+    mx[t] = m;
+  }
+}
+
+int64_t attn_exact_sums(const AttnParams& p, const float* M, int64_t* hi, int64_t* lo) {
+  check_exact_attn(p);
+  const int32_t D = p.D, group = p.H_q / p.H_kv;
+  const float c = p.softmax_scale() * 1.4426950408889634f;
+  const float* q = p.q_as<float>();
+  const float* k = p.k_as<float>();
+  const float* v = p.v_as<float>();
+  int64_t bad = 0;
+#pragma omp parallel for schedule(static) num_threads(op_threads()) reduction(+ : bad)
+  for (int64_t t = 0; t < p.S_q * p.H_q; ++t) {
+    const int64_t i = t / p.H_q;
+    const int32_t h = int32_t(t % p.H_q), g = h / group;
+    if (M[t] == -INFINITY) continue;  // no visible key in any split
+    int64_t* th = hi + t * (D + 1);
+    int64_t* tl = lo + t * (D + 1);
+    for (int64_t j = 0; j < p.S_k; ++j) {
+      if (!p.visible(i, j)) continue;
+      const float w = std::exp2(exact_score(q + i * p.q_ld() + h * D, k + j * p.k_ld() + g * D, D, c) - M[t]);
+      bad += exact_add_weighted(w, v + j * p.v_ld() + g * D, D, th, tl);
+    }
+  }
+  return bad;
+}
+
+void attn_exact_finish(const AttnParams& p, const float* M, const int64_t* hi, const int64_t* lo) {
+  const int32_t D = p.D;
+#pragma omp parallel for schedule(static) num_threads(op_threads())
+  for (int64_t t = 0; t < p.S_q * p.H_q; ++t) {
+    const int64_t* th = hi + t * (D + 1);
+    const int64_t* tl = lo + t * (D + 1);
+    float* o = p.o + t * D;
+    const double den = M[t] == -INFINITY ? 0.0 : exact_value(th[D], tl[D]);
+    if (!(den > 0)) {
+      std::fill_n(o, D, 0.f);
+      p.lse[t] = -INFINITY;
+      continue;
+    }
+    for (int32_t d = 0; d < D; ++d) o[d] = float(exact_value(th[d], tl[d]) / den);
+    p.lse[t] = float((double(M[t]) + std::log2(den)) * 0.69314718055994531);
+  }
 }
 
 }  // namespace ctxpar

@@ -464,4 +464,93 @@ TEST(AttnExact, QueryTilesMustBeAlignedBlocks) {
 }
 
 }  // namespace
+// Inference with deterministic=true (ops.hpp attn_exact_*): the keys split into 1, 2, 3 and 5
+// calls of random subsets, in shuffled order: the max of the calls' maxima and the sum of their
+// integer sums have the bits of the one call over all keys, and so does the finished O and LSE;
+// which agree with attn_fwd within fp32 error (rows that see nothing: O = 0, LSE = -inf).
+TEST(AttnExact, InferenceAnySplitOfTheKeysGivesTheSameBits) {
+  const Shape shapes[] = {{37, 300, 4, 2, 64, MaskKind::causal, Layout::straddle},
+                          {9, 200, 6, 2, 80, MaskKind::causal, Layout::past, 0, true},
+                          {16, 150, 2, 1, 32, MaskKind::window, Layout::straddle, 40},
+                          {5, 64, 2, 2, 16, MaskKind::causal, Layout::future}};
+  for (const Shape& sh : shapes) {
+    Problem pr(sh, 23);
+    const int64_t rows = sh.S_q * sh.H_q, width = rows * (sh.D + 1);
+    // the call over the key rows `keys`: its maxima and its integer sums for the maxima M
+    auto sub = [&](const std::vector<int64_t>& keys) {
+      std::vector<float> k, v;
+      std::vector<int64_t> kp;
+      std::vector<int32_t> kd;
+      const int64_t w = int64_t(sh.H_kv) * sh.D;
+      for (int64_t j : keys) {
+        k.insert(k.end(), pr.k.begin() + j * w, pr.k.begin() + (j + 1) * w);
+        v.insert(v.end(), pr.v.begin() + j * w, pr.v.begin() + (j + 1) * w);
+        kp.push_back(pr.k_pos[size_t(j)]);
+        if (sh.docs) kd.push_back(pr.k_doc[size_t(j)]);
+      }
+      AttnParams p = pr.params();
+      p.k = k.data();
+      p.v = v.data();
+      p.k_pos = kp.data();
+      p.k_doc = sh.docs ? kd.data() : nullptr;
+      p.S_k = int64_t(keys.size());
+      return std::make_tuple(p, std::move(k), std::move(v), std::move(kp), std::move(kd));
+    };
+    std::vector<int64_t> all(size_t(sh.S_k));
+    for (int64_t j = 0; j < sh.S_k; ++j) all[size_t(j)] = j;
+    std::vector<float> M0(static_cast<size_t>(rows));
+    std::vector<int64_t> hi0(static_cast<size_t>(width)), lo0(static_cast<size_t>(width));
+    attn_exact_max(pr.params(), M0.data());
+    EXPECT_EQ(0, attn_exact_sums(pr.params(), M0.data(), hi0.data(), lo0.data()));
+    std::vector<float> o0(static_cast<size_t>(rows * sh.D)), lse0(static_cast<size_t>(rows));
+    AttnParams pf = pr.params();
+    pf.o = o0.data();
+    pf.lse = lse0.data();
+    attn_exact_finish(pf, M0.data(), hi0.data(), lo0.data());
+    // against the flash kernel
+    std::vector<float> o1(o0.size()), lse1(lse0.size());
+    AttnParams pk = pr.params();
+    pk.o = o1.data();
+    pk.lse = lse1.data();
+    attn_fwd(pk);
+    for (size_t t = 0; t < lse0.size(); ++t) {
+      if (lse1[t] == -INFINITY) {
+        EXPECT_EQ(lse0[t], -INFINITY) << shape_name(sh) << " row-head " << t;
+        continue;
+      }
+      EXPECT_NEAR(lse0[t], lse1[t], 2e-5 * std::max(1.f, std::abs(lse1[t]))) << shape_name(sh) << " row-head " << t;
+      for (int32_t d = 0; d < sh.D; ++d)
+        EXPECT_NEAR(o0[t * sh.D + d], o1[t * sh.D + d], 2e-5) << shape_name(sh) << " row-head " << t << " d " << d;
+    }
+    std::mt19937_64 rng(5);
+    for (int parts : {1, 2, 3, 5}) {
+      std::vector<int64_t> order = all;
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<std::vector<int64_t>> split(static_cast<size_t>(parts));
+      for (size_t j = 0; j < order.size(); ++j) split[rng() % size_t(parts)].push_back(order[j]);
+      std::vector<float> M(static_cast<size_t>(rows), -INFINITY), m(static_cast<size_t>(rows));
+      for (const auto& keys : split) {
+        auto call = sub(keys);
+        attn_exact_max(std::get<0>(call), m.data());
+        for (int64_t t = 0; t < rows; ++t) M[size_t(t)] = std::max(M[size_t(t)], m[size_t(t)]);
+      }
+      ASSERT_EQ(0, std::memcmp(M.data(), M0.data(), M.size() * sizeof(float))) << shape_name(sh) << " parts " << parts;
+      std::vector<int64_t> hi(static_cast<size_t>(width)), lo(static_cast<size_t>(width));
+      for (const auto& keys : split) {
+        auto call = sub(keys);
+        EXPECT_EQ(0, attn_exact_sums(std::get<0>(call), M.data(), hi.data(), lo.data()));
+      }
+      EXPECT_EQ(hi, hi0) << shape_name(sh) << " parts " << parts;
+      EXPECT_EQ(lo, lo0) << shape_name(sh) << " parts " << parts;
+      std::vector<float> o(o0.size()), lse(lse0.size());
+      AttnParams q = pr.params();
+      q.o = o.data();
+      q.lse = lse.data();
+      attn_exact_finish(q, M.data(), hi.data(), lo.data());
+      EXPECT_EQ(0, std::memcmp(o.data(), o0.data(), o.size() * sizeof(float))) << shape_name(sh) << " parts " << parts;
+      EXPECT_EQ(0, std::memcmp(lse.data(), lse0.data(), lse.size() * sizeof(float))) << shape_name(sh);
+    }
+  }
+}
+
 }  // namespace ctxpar::test
