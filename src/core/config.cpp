@@ -512,10 +512,10 @@ void validate_config(const Config& c, int world_size) {
   if (c.strategy == StrategySetting::all && !bench_cp && c.mode != Mode::predict)
     throw UsageError("config: strategy = all is only for `ctxpar bench cp` (and predict); valid here: allgather, ulysses, ring, usp, auto");
   const bool train_mode = c.mode == Mode::train || (c.mode == Mode::bench && c.bench == Bench::train);
-  if (c.deterministic && !bench_cp && !train_mode)
-    throw UsageError(std::string("config: deterministic = true applies to train, `ctxpar bench train` and `ctxpar "
-                                 "bench cp` so far (inference's sums are not order-invariant yet); valid here: "
-                                 "deterministic=false"));
+  const bool infer_mode = c.mode == Mode::prefill || c.mode == Mode::decode || c.mode == Mode::chat;
+  if (c.deterministic && !bench_cp && !train_mode && !infer_mode)
+    throw UsageError(std::string("config: deterministic = true applies to train, prefill, decode, chat, `ctxpar "
+                                 "bench train` and `ctxpar bench cp` so far; valid here: deterministic=false"));
   if (c.deterministic_block != 0 && !(c.deterministic && train_mode))
     throw UsageError("config: deterministic_block = " + std::to_string(c.deterministic_block) + " applies to train and "
                      "bench train with deterministic = true; valid here: deterministic_block=0" +

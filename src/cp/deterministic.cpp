@@ -151,4 +151,90 @@ void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
   fixed_to_float(mine.data() + own, t.dv, int64_t(own));
 }
 
+void canonical_infer_fwd(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) {
+  CTXPAR_CHECK(t.device == Device::cpu && t.dtype == DType::f32 && !t.expander,
+               "deterministic inference: CPU fp32 calls of K/V heads");
+  const int P = c.size(), r = c.rank();
+  const int64_t R = t.S_q, H = t.H_q, D = t.D, kw = int64_t(t.H_kv) * D, qw = H * D;
+  {
+    int64_t mine[2] = {R, -R};  // every rank the same number of query rows
+    c.all_reduce(std::span<int64_t>(mine, 2), ReduceOp::max);
+    CTXPAR_CHECK(mine[0] == -mine[1], "deterministic inference: query rows differ over the ranks (" << R << " here)");
+  }
+  const bool cache = t.k_doc_len != nullptr, news = t.k_new != nullptr;
+  // one packed row: q, then (decode) the new K and V, as floats; position and document apart
+  const int64_t rw = qw + (news ? 2 * kw : 0);
+  Buffer<float> rows(static_cast<size_t>(R * rw), false), all_rows(static_cast<size_t>(P * R * rw), false);
+  std::vector<int64_t> pos(static_cast<size_t>(R)), all_pos(static_cast<size_t>(P * R));
+  std::vector<int32_t> doc(static_cast<size_t>(R), 0), all_doc(static_cast<size_t>(P * R));
+  for (int64_t i = 0; i < R; ++i) {
+    std::copy_n(t.q_as<float>() + i * t.q_ld(), qw, rows.data() + i * rw);
+    if (news) {
+      std::copy_n(static_cast<const float*>(t.k_new) + i * kw, kw, rows.data() + i * rw + qw);
+      std::copy_n(static_cast<const float*>(t.v_new) + i * kw, kw, rows.data() + i * rw + qw + kw);
+    }
+    pos[size_t(i)] = t.q_pos[i];
+    if (t.q_doc) doc[size_t(i)] = t.q_doc[i];
+  }
+  if (tr) tr->progress(Phase::all_gather);
+  timed_collective(c, st, tr, Phase::all_gather, double(P - 1) * double(R) * double(rw * 4 + 12), [&] {
+    c.all_gather(std::span<const float>(rows.data(), rows.size()), all_rows.span());
+    c.all_gather(std::span<const int64_t>(pos), std::span<int64_t>(all_pos));
+    c.all_gather(std::span<const int32_t>(doc), std::span<int32_t>(all_doc));
+  });
+  // Keys of this rank: a KV-cache call's documents as ids (-2: a row of no document), and the new
+  // token of every sequence whose slot this rank holds stored there first (visible from now on).
+  std::vector<int32_t> kdoc;
+  if (cache) {
+    kdoc.assign(size_t(t.S_k), -2);
+    int64_t docs = 0;
+    for (int32_t d : all_doc) docs = std::max<int64_t>(docs, d + 1);
+    for (int64_t d = 0; d < docs; ++d) {
+      for (int64_t j = t.k_doc_begin[d]; j < t.k_doc_begin[d] + t.k_doc_len[d]; ++j) kdoc[size_t(j)] = int32_t(d);
+      if (t.k_new_slot && t.k_new_slot[d] >= 0) kdoc[size_t(t.k_new_slot[d])] = int32_t(d);
+    }
+    if (news)
+      for (int64_t g = 0; g < P * R; ++g) {
+        const int32_t d = all_doc[size_t(g)];
+        if (d < 0 || !t.k_new_slot || t.k_new_slot[d] < 0) continue;
+        const int64_t slot = t.k_new_slot[d];
+        std::copy_n(all_rows.data() + g * rw + qw, kw, static_cast<float*>(t.k_cache) + slot * t.k_ld());
+        std::copy_n(all_rows.data() + g * rw + qw + kw, kw, static_cast<float*>(t.v_cache) + slot * t.v_ld());
+      }
+  }
+  AttnParams a = t;
+  a.q = all_rows.data();
+  a.q_stride = rw;
+  a.S_q = P * R;
+  a.q_pos = all_pos.data();
+  a.q_doc = t.q_doc ? all_doc.data() : nullptr;
+  a.k_doc = cache ? kdoc.data() : t.k_doc;
+  if (cache && !a.q_doc) a.q_doc = all_doc.data();
+  a.k_doc_begin = a.k_doc_len = nullptr;
+  a.k_new = a.v_new = nullptr;
+  a.k_new_slot = nullptr;
+  if (tr) tr->progress(Phase::attn_fwd);
+  const size_t n = size_t(P * R * H), w = size_t(D + 1);
+  const double flops = call_fwd_flops(a);  // the visible pairs of every query with this rank's keys
+  std::vector<float> M(n);
+  double t0 = tr ? tr->stamp() : 0;
+  attn_exact_max(a, M.data());
+  if (tr) tr->add_span(Phase::attn_fwd, -1, -1, t0, tr->stamp(), 0, 0);
+  timed_collective(c, st, tr, Phase::all_reduce, double(n) * 4, [&] { c.all_reduce(std::span<float>(M), ReduceOp::max); });
+  Buffer<int64_t> hi(n * w + 1), lo(n * w);  // zeroed; hi's last: the count of values out of range
+  t0 = tr ? tr->stamp() : 0;
+  hi[n * w] = attn_exact_sums(a, M.data(), hi.data(), lo.data());
+  st.attn_flops += flops;
+  if (tr) tr->add_span(Phase::attn_fwd, -1, -1, t0, tr->stamp(), flops, 0);
+  timed_collective(c, st, tr, Phase::all_reduce, double(n * w) * 16, [&] {
+    c.all_reduce(hi.span());
+    c.all_reduce(lo.span());
+  });
+  CTXPAR_CHECK(hi[n * w] == 0, "deterministic inference: an attention value beyond the exact sums' range (|x| >= 2^"
+                                   << kExactRange << ", or NaN)");
+  AttnParams f = t;
+  const size_t off = size_t(r) * size_t(R * H);
+  attn_exact_finish(f, M.data() + off, hi.data() + off * w, lo.data() + off * w);
+}
+
 }  // namespace ctxpar::cp

@@ -27,6 +27,18 @@ std::string check_deterministic(const AttnParams& t);
 // ring_hops: gather by P - 1 ring hops (ring) instead of one all-gather (allgather). A null
 // communicator: this rank's rows are all the keys (ulysses, after its all-to-all; one rank).
 void canonical_fwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st);
+
+// Inference with deterministic=true (prefill over a KV cache, decode): the keys stay where they
+// are, and a result's bits do not depend on how they are spread over the ranks. The group's
+// query rows (the same count on every rank; their positions, documents, and with a decode call
+// their new K/V rows) are all-gathered; every rank stores the new K/V of the sequences whose
+// cache slot it holds (AttnParams::k_new_slot), then scores every query against its own keys
+// with ops.hpp attn_exact_max / attn_exact_sums: the maxima all-reduced (max), the integer sums
+// all-reduced (sum), and each rank finishes its own rows. `t` is a plain call (keys k, v, k_pos,
+// k_doc of this rank) or a KV-cache call (k_doc_begin / k_doc_len per document, q_doc the row's
+// document, -1 for a padding row). Costs: one exact add per (query, key, head, value element),
+// and (D + 1) 16-byte integers per query row and head all-reduced over the group.
+void canonical_infer_fwd(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st);
 void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st);
 
 }  // namespace cp

@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "cp/common.hpp"  // to_device
+#include "cp/deterministic.hpp"
 #include "dist/topology.hpp"
 #include "model/flops.hpp"
 #include "ops.hpp"
@@ -117,11 +118,31 @@ void Engine::ensure_rows(int64_t n) {
     mla_alloc(d_, n, mla_a_);
     mla_alloc(d_, n, mla_s_);
   }
+  if (det_) {
+    det_hi_ = Buffer<int64_t>(r * dim + 1, false);
+    det_lo_ = Buffer<int64_t>(r * dim + 1, false);
+    det_part_ = Buffer<float>(r * dim, false);
+    det_exact_.sum_hi = det_hi_.data();
+    det_exact_.sum_lo = det_lo_.data();
+    det_exact_.part = det_part_.data();
+  }
   rows_cap_ = n;
 }
 
+void Engine::set_deterministic() {
+  CTXPAR_CHECK(dev_ == Device::cpu && !d_.mla && !d_.has_gdn() && deterministic_tp_units(d_) % d_.tp == 0,
+               "deterministic inference: the CPU, attention layers, and a tp dividing " << deterministic_tp_units(d_));
+  det_ = true;
+  det_exact_ = ExactGrads{};
+  det_exact_.block = 1;
+  det_exact_.bad = &det_bad_;
+  det_exact_.units = deterministic_tp_units(d_);
+  rows_cap_ = 0;  // the scratch with the next call's rows
+}
+
 LayerRun Engine::run(int64_t l) {
-  return LayerRun{d_, topo_, tr_, times_, st_->cp, l, dev_, stream_, dev_ == Device::cpu ? nullptr : &mirror_};
+  return LayerRun{d_, topo_, tr_, times_, st_->cp, l, dev_, stream_, dev_ == Device::cpu ? nullptr : &mirror_,
+                  det_ ? &det_exact_ : nullptr};
 }
 
 void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const AttnFn& attn, const GdnFn& gdn,
@@ -284,7 +305,9 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   std::vector<Seq> q;
   std::vector<int64_t> pos, apos;  // positions (RoPE, the cache) and the attention's (below)
   std::vector<int32_t> tok, doc;
-  bool full = algo == CpAlgo::pass_kv;  // every cache empty: the configured strategy on the new tokens
+  // every cache empty: the configured strategy on the new tokens (deterministic: the exact
+  // schedule over every rank's cache rows, as pass-Q's keys)
+  bool full = algo == CpAlgo::pass_kv && !det_;
   int64_t rows = 0, keys = 0;
   for (int64_t b : seqs) {
     const int64_t T = int64_t(tokens[size_t(b)].size()), cached = cache_.seq_len(b);
@@ -303,7 +326,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     for (int64_t i = 0; i < s.n; ++i) apos.push_back(pos[size_t(rows + i)] + int64_t(b) * kSeqStride);
     // Keys over the cache: pass-Q this rank's own rows; pass-KV every rank's block padded to the
     // longest rank's (a ring message has one size).
-    if (algo == CpAlgo::pass_q) {
+    if (algo == CpAlgo::pass_q || det_) {
       s.S_k = cache_.len(b) + s.n;
     } else {
       for (int rr = 0; rr < N; ++rr) s.S_k = std::max(s.S_k, cache_.len(b, rr) + s.part.local_size(rr));
@@ -381,6 +404,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     }
     set_device(t, qpos_d.data(), doc_d.data(), kpos_dev, kdoc_d.data());
     t.S_k = keys;
+    if (det_) return cp::canonical_infer_fwd(cp_, t, tr_, st_->cp);
     (algo == CpAlgo::pass_q ? *pass_q_ : *ring_).forward(t, tr_, st_->cp);
   };
   GdnFn gdn = [&](int64_t l, int64_t gl, const float* x, float* x1) {
@@ -488,6 +512,7 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
     t.o = o;
     t.lse = lse;
     set_device(t, pos_d.data(), seq_d.data(), cache_.pos_all_device(), nullptr);
+    if (det_) return cp::canonical_infer_fwd(cp_, t, tr_, st_->cp);
     strategy.forward(t, tr_, st_->cp);
   };
   std::vector<int64_t> row_seqs(static_cast<size_t>(n));

@@ -89,7 +89,7 @@ void layer_tp_all_reduce(const LayerRun& r, float* x, int64_t n) {
 }
 
 void layer_tp_sum(const LayerRun& r, int64_t n, int64_t N, std::initializer_list<TpTerm> terms, float* out) {
-  if (!r.exact) {
+  if (!r.exact || r.exact->units == 1) {  // one part (tp = 1): its exact sum is the product itself
     bool first = true;
     for (const TpTerm& t : terms) {
       layer_gemm(r, false, t.tb, n, N, t.K, t.A, t.lda, t.B, t.ldb, first ? 0.f : 1.f, out, N);

@@ -106,6 +106,7 @@ class Session {
     const int N = cp_.size();
     engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cfg.batch, cache_capacity_tokens(sched, N),
                                        name_of(cfg.strategy), cfg.device, stream);
+    if (cfg.deterministic) engine_->set_deterministic();
     cost_ = std::make_unique<PrefillCostModel>(cfg, cp_, topo.size(Axis::tp));
     const ModelDims& d = layout_.dims();
     log0("ctxpar %s: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); batch %lld, "
@@ -117,6 +118,9 @@ class Session {
          cfg.resume.empty() ? "seeded init (as train)" : cfg.resume.c_str(),
          fmt_bytes(engine_->cache().allocated_bytes()).c_str(), (long long)engine_->cache().capacity());
     log0("# cp_algo cost model: %s\n", cost_->describe().c_str());
+    if (cfg.deterministic)
+      log0("# deterministic: every attention by the exact schedule (keys stay, queries all-gathered, exact sums; "
+           "cp/deterministic.hpp), whatever cp_algo, decode_algo and strategy say: the same bits on any mesh\n");
     log0("# FLOP convention: %s; prefill/decode FLOPs count projections, MLP, one LM-head row per sequence\n",
          kFlopConvention);
     log0("#  step turn  kind      T        P  algo       time_ms    tokens/s  TFLOP/s/rank  exposed_ms  cache_MiB/rank\n");
@@ -411,6 +415,13 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
       return "config: hardware = '" + cfg.hardware + "': " + e.what() + " (or hardware=measured)";
     }
   }
+  if (cfg.deterministic && cfg.layer_pattern.find('D') != std::string::npos)
+    return "config: deterministic = true with layer_pattern = '" + cfg.layer_pattern + "': Gated DeltaNet (D) "
+           "layers have no exact schedule yet; valid: a pattern of G and L layers, or deterministic=false";
+  if (cfg.deterministic && deterministic_tp_units(model_dims(cfg, 1, 0)) % tp != 0)
+    return "config: deterministic = true with tp:" + s_(tp) + ": the exact tp sums split into " +
+           s_(deterministic_tp_units(model_dims(cfg, 1, 0))) + " parts (gcd of kv_heads = " + s_(cfg.kv_heads) +
+           " and ffn_dim = " + s_(cfg.ffn_dim) + "), which tp must divide; valid: tp:1 or a tp dividing that";
   if (cfg.mask != MaskKind::causal || packed_docs(cfg))
     return "config: inference uses one causal document per sequence; valid: mask=causal, docs=none";
   const int N = topo.cp().size();

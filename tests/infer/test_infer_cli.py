@@ -4,8 +4,9 @@ asks for — /steps rows with turn, TTFT (prefills) and TTIT (decode steps); /ge
 [turn, step, batch] greedy token ids; /infer/calls one row per prefill with the choice and both
 predicted costs; /infer/cache_bytes [step, rank] (balanced over ranks) — and the generated tokens
 do not depend on the number of ranks or on the prefill / decode algorithm (the numerical checks
-against a single-rank recompute are in test_infer). Bad input: exit code 2, one message naming
-the value and what would be valid, no trace file.
+against a single-rank recompute are in test_infer); with deterministic=true the tokens and every
+saved logit have the same bits on 1 to 4 ranks, every algorithm, tp and local layers. Bad input:
+exit code 2, one message naming the value and what would be valid, no trace file.
 
 usage: test_infer_cli.py CTXPAR MPIRUN WORKDIR
 """
@@ -150,6 +151,34 @@ if rc == 0:
         check(f["generated"].shape == (1, 6, 4), f"decode /generated {f['generated'].shape}")
         check((f["steps"]["ttit_s"][1:] > 0).all(), "decode TTIT recorded")
 
+# deterministic=true: the generated tokens and every saved logit have the same bits on 1 to 4 ranks,
+# with every prefill and decode algorithm and full-prefill strategy, tp, and local (L) layers; and
+# agree with the plain schedule's logits within fp32 error.
+DET = ["batch=3", "save_logits=true", "deterministic=true", "layer_pattern=GL", "window=24"]
+det = {}
+for name, np_, extra in [("np1", 1, []), ("np2_passkv", 2, ["cp_algo=pass_kv", "decode_algo=pass_q"]),
+                         ("np3_passq", 3, ["cp_algo=pass_q", "decode_algo=allgather"]),
+                         ("np4_usp", 4, ["strategy=usp", "mesh=ulysses:2,ring:2", "cp_algo=pass_kv"]),
+                         ("np2_ulysses", 2, ["strategy=ulysses", "mesh=ulysses:2", "cp_algo=pass_kv"]),
+                         ("tp2", 2, ["mesh=tp:2"]), ("tp2_ring2", 4, ["mesh=tp:2,ring:2", "cp_algo=pass_q"]),
+                         ("plain_np1", 1, ["deterministic=false"])]:
+    out = os.path.join(WORK, f"det_{name}.h5")
+    rc, log = run(np_, "chat", SCHED, *DET, *extra, f"out={out}")
+    check(rc == 0 and "VALID" in log, f"deterministic chat {name}: rc {rc}\n{log[-2000:]}")
+    if rc == 0:
+        with h5py.File(out) as f:
+            det[name] = (f["generated"][:], f["infer/logits"][:])
+if "np1" in det:
+    g0, l0 = det["np1"]
+    for name, (g, l) in det.items():
+        if name == "plain_np1":
+            err = np.max(np.abs(l - l0)) / max(1.0, np.max(np.abs(l0)))
+            check(err < 2e-5, f"deterministic logits within 2e-5 of the plain schedule's (max rel {err:.2e})")
+            continue
+        check(np.array_equal(g, g0), f"deterministic {name}: generated tokens equal the 1-rank run's")
+        check(l.shape == l0.shape and l.tobytes() == l0.tobytes(),
+              f"deterministic {name}: logits bit-identical to the 1-rank run's ({np.sum(l != l0)} differ)")
+
 # Bad input: exit 2, message, no trace.
 bad = [
     (["chat", "schedule=decode:2"], "must start with a prefill"),
@@ -162,6 +191,9 @@ bad = [
     (["chat", "cp_algo=ring"], "expected one of: auto, pass_kv, pass_q"),
     (["chat", "hardware=h100-xyz"], "hardware = 'h100-xyz': hardware: no profile 'h100-xyz'"),
     (["chat", "hw_profile=h100-gtt"], "hw_profile (command line) was merged into 'hardware'"),
+    (["chat", "deterministic=true", "layer_pattern=GD"], "deterministic = true with layer_pattern = 'GD'"),
+    (["chat", "deterministic=true", "kv_heads=1", "mesh=tp:2"], "deterministic = true with tp:2"),
+    (["bench", "infer", "deterministic=true"], "deterministic = true applies to"),
 ]
 for i, (args, msg) in enumerate(bad):
     out = os.path.join(WORK, f"bad{i}.h5")
