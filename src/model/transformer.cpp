@@ -152,6 +152,9 @@ void Transformer::set_deterministic(int64_t block) {
   chunk_loss_ = Buffer<double>(size_t((S_loc_ + C - 1) / C), false);
   call_.deterministic = true;
   call_.fixed_rows = block;  // dK/dV converted once per block of queries (a multiple of the tile)
+  // local (L) layers: the main strategy's canonical schedule with the window mask (every key row
+  // gathered, as for the global layers), not local_strategy's
+  if (d_.has_local()) local_ = &strat_;
 }
 
 void Transformer::finish_exact(float* grads, double* loss) const {

@@ -110,26 +110,33 @@ def same_bits(a, b):
 
 
 def case_deterministic(tmp):
-    """deterministic=true: losses and the checkpoint (parameters, both AdamW moments) bit-identical
+    """deterministic=true: losses, the checkpoint (parameters, both AdamW moments) and step 0's dump (logits, every
+    gradient; meshes without dp) bit-identical
     on every CP mesh (1, 2, 3, 4, 6, 8 ranks), strategy and thread count, and across a resume from 2 ranks onto 4; dp
-    replicas likewise among themselves; tp:2 and tp:4 (alone, and with ring or ulysses) like one rank. seq = 200 pads on
-    every mesh (128-row blocks)."""
+    replicas likewise among themselves; tp:2 and tp:4 (alone, and with ring or ulysses) like one rank; a model with a
+    local (L) layer likewise. seq = 200 pads on every mesh (128-row blocks)."""
     det = ["deterministic=true", "seq=200", "steps=4", "checkpoint_every=4"]
 
     def go(name, np_, args, threads=1):
-        ck = os.path.join(tmp, name + ".ck.h5")
-        r = run(tmp, name, np_, det + [f"checkpoint={ck}"] + args, threads=threads)
-        return r["loss"], checkpoint_arrays(ck)
+        ck, dump = os.path.join(tmp, name + ".ck.h5"), os.path.join(tmp, name + ".dump.h5")
+        with_dump = not any(a.startswith("mesh=dp") or a.startswith("resume=") for a in args)  # dump: dp 1, step 0
+        r = run(tmp, name, np_, det + [f"checkpoint={ck}"] + ([f"dump_init={dump}"] if with_dump else []) + args,
+                threads=threads)
+        arrays = checkpoint_arrays(ck)
+        if with_dump:  # step 0's logits and every gradient, gathered whole
+            arrays.update({"dump/" + k: v for k, v in checkpoint_arrays(dump).items()})
+        return r["loss"], arrays
 
     bad = []
 
     def compare(group):
         ref_name, (ref_loss, ref_ck) = group[0]
         for name, (loss, ck) in group[1:]:
-            diff = [k for k in ref_ck if k not in ck or not same_bits(ref_ck[k], ck[k])]
+            diff = [k for k in ref_ck if (k in ck or not k.startswith("dump/")) and
+                    (k not in ck or not same_bits(ref_ck[k], ck[k]))]
             ok = same_bits(loss, ref_loss) and not diff
             print(f"{name:18s} vs {ref_name}: losses {'same bits' if same_bits(loss, ref_loss) else loss - ref_loss}, "
-                  f"{len(diff)} of {len(ref_ck)} checkpoint datasets differ", "ok" if ok else "FAIL")
+                  f"{len(diff)} of {len(ck)} checkpoint and dump datasets differ", "ok" if ok else "FAIL")
             if not ok:
                 bad.append(name)
 
@@ -162,6 +169,11 @@ def case_deterministic(tmp):
              [("kv4_np1", 1, []), ("kv4_tp4", 4, ["mesh=tp:4"]),
               ("kv4_tp2_ring2", 4, ["mesh=tp:2,ring:2", "strategy=ring"]),
               ("kv4_tp2_ulysses2", 4, ["mesh=tp:2,ulysses:2", "strategy=ulysses"])]])
+    # local (L) layers: the main strategy's canonical schedule with the window mask
+    loc = ["layer_pattern=GL", "window=24"]
+    compare([(n, go(n, np_, loc + a)) for n, np_, a in
+             [("local_np1", 1, []), ("local_ring_np2", 2, ["strategy=ring"]), ("local_allgather_np3", 3, ["strategy=allgather"]),
+              ("local_usp_np4", 4, ["strategy=usp", "mesh=ulysses:2,ring:2"])]])
     # blocks of 384 rows (one BLIS call per block; another layout, so compared among themselves)
     b384 = ["deterministic_block=384"]
     compare([(n, go(n, np_, b384 + a, t)) for n, np_, a, t in [("block384_np1", 1, [], 1),
