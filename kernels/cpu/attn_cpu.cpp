@@ -53,8 +53,8 @@ constexpr int64_t kBkFwd = 128, kBkBwd = 64;
 int64_t query_tile_rows(int32_t D) { return D <= 128 ? 96 : 48; }
 // With exact dK/dV sums the backward's query tiles are aligned blocks of positions, and a power
 // of two, so that layouts of power-of-two sequences split into whole tiles without padding
-// (96 would pad 8K tokens on 2 ranks to 8448 rows); 128 rows (6-row micro-tiles plus a 2-row one)
-// measured as fast as 96 here.
+// (96 would pad 8K tokens on 2 ranks to 8448 rows). 128 rows run ten 12-row micro-tiles and one
+// of 8 (AVX-512); bench train's deterministic rows measure the whole schedule (README).
 int64_t exact_tile_rows(int32_t D) { return D <= 128 ? 128 : 64; }
 // Exact sums: one block's contribution (fixed_rows queries, at least a tile) at most 2^10 in
 // magnitude, so that the 2^16 of them a key can receive (8.4M queries at 128-row tiles) stay

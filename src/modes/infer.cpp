@@ -473,7 +473,7 @@ struct EnginePlan {
   int64_t cap = 0, batch = 1;
 };
 EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sched, int N, int64_t batch,
-                       double cache_elem) {
+                       double cache_elem, bool deterministic) {
   const double f = sizeof(float);
   EnginePlan e;
   e.batch = batch;
@@ -503,6 +503,14 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
   if (d.mla)  // the absorbed queries and outputs, the latents and their scratch
     e.act += f * double(rows) * 2.0 * double(d.H_q_loc()) * d.cache_dim() + mla_acts_bytes(d, rows) +
              mla_scratch_bytes(d, rows);
+  if (deterministic) {  // cp/deterministic.hpp canonical_infer_fwd: the group's rows (Q and a decode
+    // step's new K/V, gathered), their maxima and exact sums (two int64 per head and value
+    // element, and the weight); the tp sums' integers and part (model/layer.hpp layer_tp_sum)
+    const double all = double(N) * double(rows);
+    e.act += all * (f * double(d.q_width() + 2 * d.kv_width()) + 12.0 + f * d.H_q_loc() +
+                    16.0 * double(d.H_q_loc()) * double(d.D + 1)) +
+             20.0 * double(rows) * double(d.dim);
+  }
   return e;
 }
 
@@ -535,7 +543,7 @@ std::optional<EnginePlan> largest_engine(const Config& cfg, const ModelDims& d, 
   if (shapes.empty()) return std::nullopt;
   EnginePlan best;
   for (const EngineShape& s : shapes) {
-    const EnginePlan e = plan_engine(d, s.sched, s.N, s.batch, cache_elem);
+    const EnginePlan e = plan_engine(d, s.sched, s.N, s.batch, cache_elem, cfg.deterministic);
     if (e.cache + e.act > best.cache + best.act) best = e;
   }
   return best;

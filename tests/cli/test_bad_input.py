@@ -68,7 +68,7 @@ CASES = [
     ("MLA in an attention-only mode", ["run", "attention=mla"], "attention = mla applies to"),
     ("frugal with ulysses", ["train", "frugal=true", "strategy=ulysses"], "frugal = true"),
     ("bench cp frugal with usp", ["bench", "cp", "frugal=true", "strategy=usp"], "frugal = true"),
-    ("deterministic in inference (not yet)", ["chat", "deterministic=true"], "deterministic = true applies to"),
+    ("deterministic in bench infer (not yet)", ["bench", "infer", "deterministic=true"], "deterministic = true applies to"),
     ("deterministic training with K/V heads replicated over tp", ["train", "--config", "@TINY@", "deterministic=true",
                                                                    "kv_heads=1", "mesh=tp:2"], "deterministic = true with tp:2"),
     ("deterministic training with Gated DeltaNet layers", ["train", "deterministic=true", "layer_pattern=DG"],

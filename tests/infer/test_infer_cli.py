@@ -193,7 +193,6 @@ bad = [
     (["chat", "hw_profile=h100-gtt"], "hw_profile (command line) was merged into 'hardware'"),
     (["chat", "deterministic=true", "layer_pattern=GD"], "deterministic = true with layer_pattern = 'GD'"),
     (["chat", "deterministic=true", "kv_heads=1", "mesh=tp:2"], "deterministic = true with tp:2"),
-    (["bench", "infer", "deterministic=true"], "deterministic = true applies to"),
 ]
 for i, (args, msg) in enumerate(bad):
     out = os.path.join(WORK, f"bad{i}.h5")
