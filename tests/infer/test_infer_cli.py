@@ -152,7 +152,8 @@ if rc == 0:
         check((f["steps"]["ttit_s"][1:] > 0).all(), "decode TTIT recorded")
 
 # deterministic=true: the generated tokens and every saved logit have the same bits on 1 to 4 ranks,
-# with every prefill and decode algorithm and full-prefill strategy, tp, and local (L) layers; and
+# with every prefill and decode algorithm and full-prefill strategy, 1 or 2 threads, tp, and local
+# (L) layers; and
 # agree with the plain schedule's logits within fp32 error.
 DET = ["batch=3", "save_logits=true", "deterministic=true", "layer_pattern=GL", "window=24"]
 det = {}
@@ -160,6 +161,7 @@ for name, np_, extra in [("np1", 1, []), ("np2_passkv", 2, ["cp_algo=pass_kv", "
                          ("np3_passq", 3, ["cp_algo=pass_q", "decode_algo=allgather"]),
                          ("np4_usp", 4, ["strategy=usp", "mesh=ulysses:2,ring:2", "cp_algo=pass_kv"]),
                          ("np2_ulysses", 2, ["strategy=ulysses", "mesh=ulysses:2", "cp_algo=pass_kv"]),
+                         ("np2_threads2", 2, ["threads=2", "decode_algo=allgather"]),
                          ("tp2", 2, ["mesh=tp:2"]), ("tp2_ring2", 4, ["mesh=tp:2,ring:2", "cp_algo=pass_q"]),
                          ("plain_np1", 1, ["deterministic=false"])]:
     out = os.path.join(WORK, f"det_{name}.h5")
