@@ -207,9 +207,8 @@ void canonical_infer_fwd(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) 
   a.q_stride = rw;
   a.S_q = P * R;
   a.q_pos = all_pos.data();
-  a.q_doc = t.q_doc ? all_doc.data() : nullptr;
+  a.q_doc = t.q_doc || cache ? all_doc.data() : nullptr;  // a cache call: the row's document
   a.k_doc = cache ? kdoc.data() : t.k_doc;
-  if (cache && !a.q_doc) a.q_doc = all_doc.data();
   a.k_doc_begin = a.k_doc_len = nullptr;
   a.k_new = a.v_new = nullptr;
   a.k_new_slot = nullptr;

@@ -118,7 +118,7 @@ void Engine::ensure_rows(int64_t n) {
     mla_alloc(d_, n, mla_a_);
     mla_alloc(d_, n, mla_s_);
   }
-  if (det_) {
+  if (det_ && det_exact_.units > 1) {  // layer_tp_sum's scratch (one part is the plain product)
     det_hi_ = Buffer<int64_t>(r * dim + 1, false);
     det_lo_ = Buffer<int64_t>(r * dim + 1, false);
     det_part_ = Buffer<float>(r * dim, false);
@@ -130,13 +130,14 @@ void Engine::ensure_rows(int64_t n) {
 }
 
 void Engine::set_deterministic() {
-  CTXPAR_CHECK(dev_ == Device::cpu && !d_.mla && !d_.has_gdn() && deterministic_tp_units(d_) % d_.tp == 0,
-               "deterministic inference: the CPU, attention layers, and a tp dividing " << deterministic_tp_units(d_));
+  const int64_t units = deterministic_tp_units(d_);
+  CTXPAR_CHECK(dev_ == Device::cpu && !d_.mla && !d_.has_gdn() && units % d_.tp == 0,
+               "deterministic inference: the CPU, attention layers, and a tp dividing " << units);
   det_ = true;
   det_exact_ = ExactGrads{};
   det_exact_.block = 1;
   det_exact_.bad = &det_bad_;
-  det_exact_.units = deterministic_tp_units(d_);
+  det_exact_.units = units;
   rows_cap_ = 0;  // the scratch with the next call's rows
 }
 

@@ -101,13 +101,14 @@ void layer_tp_sum(const LayerRun& r, int64_t n, int64_t N, std::initializer_list
   CTXPAR_CHECK(e.units % r.d.tp == 0 && e.sum_hi && e.sum_lo && e.part,
                "deterministic: tp:" << r.d.tp << " does not divide the " << e.units << " parts of the tp sums");
   const int64_t parts = e.units / r.d.tp, elems = n * N;
+  for (const TpTerm& t : terms)
+    CTXPAR_CHECK(t.K % parts == 0, "deterministic: a tp share of " << t.K << " in " << parts << " parts");
   std::fill_n(e.sum_hi, size_t(elems + 1), int64_t(0));
   std::fill_n(e.sum_lo, size_t(elems + 1), int64_t(0));
   int64_t bad = 0;
   for (int64_t u = 0; u < parts; ++u) {
     bool first = true;
     for (const TpTerm& t : terms) {
-      CTXPAR_CHECK(t.K % parts == 0, "deterministic: a tp share of " << t.K << " in " << parts << " parts");
       const int64_t Kc = t.K / parts;
       const float* B = t.tb ? t.B + u * Kc : t.B + u * Kc * t.ldb;
       layer_gemm(r, false, t.tb, n, N, Kc, t.A + u * Kc, t.lda, B, t.ldb, first ? 0.f : 1.f, e.part, N);

@@ -69,6 +69,17 @@ int64_t ModelDims::param_count() const {
 
 int64_t deterministic_tp_units(const ModelDims& d) { return std::gcd(int64_t(d.H_kv), d.ffn); }
 
+std::string check_deterministic_model(const Config& c, int tp) {
+  if (c.layer_pattern.find('D') != std::string::npos)
+    return "config: deterministic = true with layer_pattern = '" + c.layer_pattern + "': Gated DeltaNet (D) "
+           "layers have no exact schedule yet; valid: a pattern of G and L layers, or deterministic=false";
+  const int64_t units = deterministic_tp_units(model_dims(c, 1, 0));
+  if (units % tp == 0) return "";  // else K/V heads replicated over tp: their gradients summed in fp32
+  return "config: deterministic = true with tp:" + std::to_string(tp) + ": the exact tp sums split into " +
+         std::to_string(units) + " parts (gcd of kv_heads = " + std::to_string(c.kv_heads) + " and ffn_dim = " +
+         std::to_string(c.ffn_dim) + "), which tp must divide; valid: tp:1 or a tp dividing " + std::to_string(units);
+}
+
 std::string validate_model_shape(const Config& c, int tp, bool kv_replication) {
   auto s = [](int64_t v) { return std::to_string(v); };
   if (c.head_dim % 2 != 0)

@@ -140,10 +140,12 @@ void Transformer::set_deterministic(int64_t block) {
   const int64_t n = layout_.local_elems();
   ex_hi_ = Buffer<int64_t>(size_t(n + 2), true);
   ex_lo_ = Buffer<int64_t>(size_t(n + 2), true);
-  const size_t sum_elems = size_t(S_loc_ * d_.dim);
-  tp_hi_ = Buffer<int64_t>(sum_elems + 1, false);
-  tp_lo_ = Buffer<int64_t>(sum_elems + 1, false);
-  tp_part_ = Buffer<float>(sum_elems, false);
+  if (units > 1) {  // layer_tp_sum's scratch (one part is the plain product)
+    const size_t sum_elems = size_t(S_loc_ * d_.dim);
+    tp_hi_ = Buffer<int64_t>(sum_elems + 1, false);
+    tp_lo_ = Buffer<int64_t>(sum_elems + 1, false);
+    tp_part_ = Buffer<float>(sum_elems, false);
+  }
   exact_ = ExactGrads{nullptr, n, ex_hi_.data(), ex_lo_.data(), block, &ex_bad_, units, tp_hi_.data(), tp_lo_.data(),
                       tp_part_.data()};
   // the LM head's chunks in whole blocks (forward_backward)

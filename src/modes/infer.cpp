@@ -415,13 +415,10 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
       return "config: hardware = '" + cfg.hardware + "': " + e.what() + " (or hardware=measured)";
     }
   }
-  if (cfg.deterministic && cfg.layer_pattern.find('D') != std::string::npos)
-    return "config: deterministic = true with layer_pattern = '" + cfg.layer_pattern + "': Gated DeltaNet (D) "
-           "layers have no exact schedule yet; valid: a pattern of G and L layers, or deterministic=false";
-  if (cfg.deterministic && deterministic_tp_units(model_dims(cfg, 1, 0)) % tp != 0)
-    return "config: deterministic = true with tp:" + s_(tp) + ": the exact tp sums split into " +
-           s_(deterministic_tp_units(model_dims(cfg, 1, 0))) + " parts (gcd of kv_heads = " + s_(cfg.kv_heads) +
-           " and ffn_dim = " + s_(cfg.ffn_dim) + "), which tp must divide; valid: tp:1 or a tp dividing that";
+  if (cfg.deterministic) {
+    err = check_deterministic_model(cfg, tp);
+    if (!err.empty()) return err;
+  }
   if (cfg.mask != MaskKind::causal || packed_docs(cfg))
     return "config: inference uses one causal document per sequence; valid: mask=causal, docs=none";
   const int N = topo.cp().size();
@@ -509,7 +506,7 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
     const double all = double(N) * double(rows);
     e.act += all * (f * double(d.q_width() + 2 * d.kv_width()) + 12.0 + f * d.H_q_loc() +
                     16.0 * double(d.H_q_loc()) * double(d.D + 1)) +
-             20.0 * double(rows) * double(d.dim);
+             (deterministic_tp_units(d) > 1 ? 20.0 * double(rows) * double(d.dim) : 0.0);
   }
   return e;
 }

@@ -207,14 +207,8 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
       return "config: deterministic_block = " + std::to_string(cfg.deterministic_block) + " is not a multiple of the " +
              "attention's query tile, " + std::to_string(tile) + " rows at head_dim = " + std::to_string(cfg.head_dim) +
              "; valid: 0 (the default: " + std::to_string(default_train_block(cfg)) + " here) or a multiple of " + std::to_string(tile);
-    const int64_t units = deterministic_tp_units(model_dims(cfg, 1, 0));
-    if (units % tp != 0)  // K/V heads replicated over tp: their gradients would be summed in fp32
-      return "config: deterministic = true with tp:" + std::to_string(tp) + ": the exact tp sums split into " +
-             std::to_string(units) + " parts (gcd of kv_heads = " + std::to_string(cfg.kv_heads) + " and ffn_dim = " +
-             std::to_string(cfg.ffn_dim) + "), which tp must divide; valid: tp:1 or a tp dividing " + std::to_string(units);
-    if (cfg.layer_pattern.find('D') != std::string::npos)
-      return "config: deterministic = true with layer_pattern = '" + cfg.layer_pattern + "': Gated DeltaNet (D) "
-             "layers have no exact schedule yet; valid: a pattern of G and L layers, or deterministic=false";
+    err = check_deterministic_model(cfg, tp);
+    if (!err.empty()) return err;
   }
   if (std::unique_ptr<CpStrategy> local = make_local_strategy(cfg, topo)) {
     err = local->validate(local_attn_problem(cfg, tp, true), topo);
@@ -285,7 +279,8 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   if (cfg.deterministic) {  // the gradients' exact sums (two int64 each); blocks of
     // kExactLibraryBlock rows and more: one weight's product at a time (kernels/ops.hpp gemm_tn_exact)
     p.state_bytes += 16.0 * double(layout.local_elems() + 2);
-    p.state_bytes += 20.0 * double(S_loc * d.dim);  // the tp sums' integers and part (layer_tp_sum)
+    if (deterministic_tp_units(d) > 1)  // the tp sums' integers and part (layer_tp_sum)
+      p.state_bytes += 20.0 * double(S_loc * d.dim);
     if (train_block(cfg) >= kExactLibraryBlock) {
       int64_t widest = 0;
       for (const ParamInfo& t : layout.tensors()) widest = std::max(widest, t.loc_elems());

@@ -400,9 +400,10 @@ TEST(AttnExact, AnySplitOfTheQueriesGivesTheSameBits) {
   }
 }
 
-// Forward, then a backward with exact dK/dV that must be refused with a message containing `why`
-// (`spoil` changes the problem between the two).
-void expect_exact_bwd_refused(Problem& pr, const std::function<void(Problem&)>& spoil, const std::string& why) {
+// Forward, then a backward with exact dK/dV (blocks of `fixed_rows` queries) that must be refused
+// with a message containing `why` (`spoil` changes the problem between the two).
+void expect_exact_bwd_refused(Problem& pr, const std::function<void(Problem&)>& spoil, const std::string& why,
+                              int64_t fixed_rows = 0) {
   std::vector<float> o(pr.q.size()), lse(size_t(pr.shape.S_q) * pr.shape.H_q), dq(pr.q.size());
   std::vector<int64_t> dk(pr.k.size()), dv(pr.k.size());
   AttnParams p = pr.params();
@@ -411,6 +412,7 @@ void expect_exact_bwd_refused(Problem& pr, const std::function<void(Problem&)>& 
   p.dq = dq.data();
   p.dk_fixed = dk.data();
   p.dv_fixed = dv.data();
+  p.fixed_rows = fixed_rows;
   attn_fwd(p);
   spoil(pr);
   try {
@@ -442,25 +444,9 @@ TEST(AttnExact, QueryTilesMustBeAlignedBlocks) {
   sh.S_q = sh.S_k = 3 * attn_query_block(sh.D);
   Problem aligned(sh, 3);
   for (int64_t i = 0; i < sh.S_q; ++i) aligned.q_pos[size_t(i)] = aligned.k_pos[size_t(i)] = i;
-  for (int64_t rows : {attn_query_block(sh.D) + 16, 2 * attn_query_block(sh.D)}) {  // not a multiple; 3 tiles
-    std::vector<float> o(aligned.q.size()), lse(size_t(sh.S_q) * sh.H_q), dq(aligned.q.size());
-    std::vector<int64_t> dk(aligned.k.size()), dv(aligned.k.size());
-    AttnParams p = aligned.params();
-    p.o = o.data();
-    p.lse = lse.data();
-    p.dq = dq.data();
-    p.dk_fixed = dk.data();
-    p.dv_fixed = dv.data();
-    p.fixed_rows = rows;
-    attn_fwd(p);
-    try {
-      attn_bwd(p);
-      ADD_FAILURE() << "fixed_rows = " << rows << " over " << sh.S_q << " rows was accepted";
-    } catch (const std::invalid_argument& e) {
-      const std::string why = rows % attn_query_block(sh.D) ? "not a multiple" : "aligned block";
-      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-    }
-  }
+  for (int64_t rows : {attn_query_block(sh.D) + 16, 2 * attn_query_block(sh.D)})  // not a multiple; 3 tiles
+    expect_exact_bwd_refused(aligned, [](Problem&) {}, rows % attn_query_block(sh.D) ? "not a multiple" : "aligned block",
+                             rows);
 }
 
 }  // namespace
