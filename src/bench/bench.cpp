@@ -54,9 +54,9 @@ void BenchTable::print(bool csv) const {
   log0("%s", os.str().c_str());
 }
 
-FmaPeak measure_fma_peak(BenchContext& ctx, int threads, bool min_over_ranks) {
+FmaPeak measure_fma_peak(BenchContext& ctx, int threads, std::optional<ReduceOp> over_ranks) {
   FmaPeak p = fma_peak(threads);
-  if (min_over_ranks) ctx.topo.world().all_reduce(std::span<double>(&p.gflops, 1), ReduceOp::min);
+  if (over_ranks) ctx.topo.world().all_reduce(std::span<double>(&p.gflops, 1), *over_ranks);
   ctx.tracer.write_attr("/", "fma_peak_flops_per_rank", p.gflops * 1e9);
   ctx.tracer.write_attr("/", "fma_isa", std::string(p.isa_name));
   ctx.tracer.write_attr("/", "fma_vector_bits", int64_t(p.vector_bits));

@@ -2,9 +2,11 @@
 // a two-row header (names, then units), one row per case with a correctness column, a verdict
 // line — or the same rows as CSV with `--csv` (column names, units in the names).
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "dist/comm.hpp"
 #include "ops.hpp"
 
 namespace ctxpar {
@@ -72,7 +74,8 @@ void print_verdict(const std::string& what, int wrong, bool csv);
 
 // The FMA-loop peak of this rank's `threads` threads (kernels/ops.hpp: the widest FMA the CPU
 // has), recorded in the trace as root attributes fma_peak_flops_per_rank, fma_isa and
-// fma_vector_bits. `min_over_ranks`: every rank measures at once and all get the smallest.
-FmaPeak measure_fma_peak(BenchContext& ctx, int threads, bool min_over_ranks = false);
+// fma_vector_bits. `over_ranks`: every rank measures at once and all get the smallest (min) or
+// largest (max); without it each rank keeps its own.
+FmaPeak measure_fma_peak(BenchContext& ctx, int threads, std::optional<ReduceOp> over_ranks = std::nullopt);
 
 }  // namespace ctxpar

@@ -344,7 +344,7 @@ int bench_calibrate(BenchContext& ctx) {
   Comm& world = ctx.topo.world();
   const int threads = int(cfg.threads);
   // Peak: every rank runs the FMA loop at once; the smallest is what a rank can count on.
-  const double peak = measure_fma_peak(ctx, threads, true).gflops * 1e9;
+  const double peak = measure_fma_peak(ctx, threads, ReduceOp::min).gflops * 1e9;
 
   // GEMM efficiency vs M (rows = tokens per rank): the projections of one layer of the configured
   // model, forward and backward, as model/transformer.cpp runs them, plus the LM head (skipped

@@ -61,8 +61,9 @@ double train_gdn_flops(const ModelDims& d, int64_t S);
 double prefill_flops(const ModelDims& d, int64_t T, int64_t cached);
 
 // Peak FLOP/s one rank reaches on large sgemm calls while every rank of `world` runs the same
-// measurement (so ranks sharing cores see their share): best of a few 1024^3 products, the
-// largest over ranks (conservative for MFU). Collective.
+// measurement (so ranks sharing cores see their share): after a warm-up of 0.1 s, the best
+// 1024^3 product over at least 0.2 s (4 calls at least), the largest over ranks (conservative for
+// MFU). Collective.
 double measure_sgemm_peak_flops(Comm& world);
 
 }  // namespace ctxpar
