@@ -58,7 +58,7 @@ CASES = [
     ("cp", 2, ["seq=512", "layer_pattern=DG", "gdn_heads=2", "gdn_head_dim_k=32", "gdn_head_dim_v=16"],
      ["strategy", "schedule", "bytes_kb", "bound_kb", "pct_sgemm", "wrong"]),
     ("train", 2, ["seq=512", "steps=2", "layer_pattern=DG"] + MODEL, ["step_ms", "mfu_pct", "wrong"]),
-    ("train", 2, ["seq=512", "steps=2"] + MODEL, ["step_ms", "mfu_pct", "wrong"]),
+    ("train", 2, ["seq=512", "steps=2"] + MODEL, ["step_ms", "mfu_pct", "fma_gflops", "mfu_fma_pct", "wrong"]),
     # deterministic=true: a plain row and a deterministic one, their losses agreeing (#wrong 0)
     ("train", 2, ["seq=512", "steps=2", "deterministic=true"] + MODEL, ["schedule", "step_ms", "wrong"]),
     ("infer", 2, ["seq=512"] + MODEL, ["pass_kv_ms", "pass_q_ms", "wrong"]),
@@ -105,6 +105,19 @@ if "ring" in by and "ring:kv" in by:
     expect(ratio < 0.3, f"the latent ring moves about 0.21 of the K/V ring's bytes (ratio {ratio:.3f})", text)
     expect(all(by[k]["wrong"] == "0" for k in ("ring", "ring:kv", "allgather", "allgather:kv")), "MLA rows: #wrong 0", text)
 expect("ulysses" in by and by["ulysses"]["check"] == "skipped", "ulysses is skipped for MLA", text)
+
+# bench train's MFU against the FMA loop: the rate over the peak it recorded, below 100 %.
+rc, text = run(2, ["bench", "train"] + SMALL + ["seq=512", "steps=2"] + MODEL + ["--csv", "out=" + os.path.join(tmp, "train-fma.h5")])
+rows = [r for t in tables(text) for r in t if "mfu_fma_pct" in r]
+with h5py.File(os.path.join(tmp, "train-fma.h5"), "r") as f:
+    fma = float(f.attrs.get("fma_peak_flops_per_rank", 0))
+expect(rc == 0 and len(rows) == 1 and fma > 0, f"bench train records the FMA peak ({fma}) and one row", text)
+if rows and fma > 0:
+    r = rows[0]
+    want = 100 * float(r["tflops_per_rank"]) * 1e12 / fma
+    expect(abs(float(r["fma_gflops"]) * 1e9 - fma) <= 0.051e9 and 0 < float(r["mfu_fma_pct"]) < 100 and
+           abs(float(r["mfu_fma_pct"]) - want) <= 0.05 * want + 0.01,
+           f"MFU/FMA {r['mfu_fma_pct']}% = TFLOP/s {r['tflops_per_rank']} over the recorded peak ({want:.2f}%)", text)
 
 # The FMA-loop peak is recorded with its ISA and vector width (the widest this CPU has).
 with h5py.File(os.path.join(tmp, "peak-t.h5"), "r") as f:
