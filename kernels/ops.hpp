@@ -299,7 +299,7 @@ namespace ctxpar {
 struct GdnParams {
   int64_t T = 0;
   int32_t H = 0, Dk = 0, Dv = 0;
-  int32_t chunk = 64;
+  int32_t chunk = 64;  // chunks end at documents' ends and at multiples of `chunk` from token 0
   float scale = 0;  // 0: 1 / sqrt(Dk)
   // Only heads [head_begin, head_end) are computed (head_end 0: H); tensors keep their full
   // layout and the others are left as they are (a schedule that pipelines heads across ranks).

@@ -51,8 +51,11 @@ int head_end(const GdnParams& p) { return p.head_end > 0 ? p.head_end : p.H; }
 float scale_of(const GdnParams& p) { return p.scale != 0 ? p.scale : 1.0f / std::sqrt(float(p.Dk)); }
 
 // The chunks of a call: each document (a run of equal p.doc ids; the whole sequence without
-// p.doc) cut into pieces of at most p.chunk tokens; `reset`: the chunk starts a document after
-// the first (or the first, with p.reset_at_0), so the state restarts from zero there.
+// p.doc) cut at its borders and at the call's multiples of p.chunk (counted from token 0), so a
+// chunk never crosses either; `reset`: the chunk starts a document after the first (or the first,
+// with p.reset_at_0), so the state restarts from zero there. Cutting at the multiples rather than
+// every p.chunk tokens from a document's start makes the chunks of a call that is cut at a
+// multiple of p.chunk those of the whole: the same bits on any such split (deterministic=true).
 struct Span {
   int64_t t0;
   int n;
@@ -67,7 +70,11 @@ std::vector<Span> chunk_table(const GdnParams& p) {
       while (b < p.T && p.doc[b] == p.doc[a]) ++b;
     else
       b = p.T;
-    for (int64_t t = a; t < b; t += p.chunk) v.push_back({t, int(std::min<int64_t>(p.chunk, b - t)), t == a && (a > 0 || p.reset_at_0)});
+    for (int64_t t = a; t < b;) {
+      const int64_t e = std::min(b, (t / p.chunk + 1) * p.chunk);
+      v.push_back({t, int(e - t), t == a && (a > 0 || p.reset_at_0)});
+      t = e;
+    }
     a = b;
   }
   return v;

@@ -32,6 +32,14 @@ int32_t doc_of(const std::vector<int64_t>& starts, int64_t p) {
   return int32_t(std::upper_bound(starts.begin(), starts.end(), p) - starts.begin()) - 1;
 }
 
+// rmsnorm_bwd, or with r.exact (deterministic=true) its weight gradient summed exactly.
+void norm_bwd(const LayerRun& r, const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+              float* dw, int64_t rows, int64_t dim) {
+  if (!r.exact) return rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, dim);
+  const int64_t off = r.exact->offset(dw);
+  *r.exact->bad += rmsnorm_bwd_exact(dy, x, w, rstd, dx, r.exact->hi + off, r.exact->lo + off, rows, dim);
+}
+
 }  // namespace
 
 GdnMixer::GdnMixer(const ModelDims& d, Comm& cp, GdnChain chain, const std::string& schedule, int64_t n_rows)
@@ -151,12 +159,22 @@ void GdnMixer::conv_fwd(const LayerView& w, const Batch& b, GdnActs& a) {
 
 // From dpre (in tmp_): dproj (this rank's rows, overwritten), the halos' gradients (dhalo) and the
 // weights' (accumulated; channel blocks in parallel, rows in order: no schedule-dependent sums).
-void GdnMixer::conv_bwd(const LayerView& w, LayerView& gw, const Batch& b, GdnActs& a) {
+// With `ex` (deterministic=true) every border of the exact sums' blocks of rows is treated as a
+// piece border, whether a piece starts there or not: a row's contributions to the previous
+// block's last rows go to that border's own halo gradient, added to them once the loop is done
+// (as chain_halo_bwd adds a received one), and the weights' gradients are summed in fp32 per block
+// in row order, each block's sum added exactly. Pieces are whole blocks, so every mesh computes
+// the same sums.
+void GdnMixer::conv_bwd(const LayerView& w, LayerView& gw, const Batch& b, GdnActs& a, const ExactGrads* ex) {
   (void)b;
   const int64_t K = d_.gdn_conv, C = C_, qk = d_.gdn_qk_width();
+  const int64_t G = ex ? ex->block : 0;
+  CTXPAR_CHECK(!ex || (n_ % G == 0 && G >= K - 1), "GDN: deterministic blocks of " << G << " rows over " << n_ << " rows");
   const float* dpre = tmp_.data();
   std::fill(dproj_.data(), dproj_.data() + n_ * C, 0.0f);
   std::vector<std::vector<float>> dhalo(mine_.size(), std::vector<float>(size_t((K - 1) * C), 0.0f));
+  // deterministic: block b's halo gradient (rows [b G - K + 1, b G)), for blocks not starting a piece
+  std::vector<float> bhalo(ex ? size_t(n_ / G * (K - 1) * C) : 0, 0.0f);
   auto wt = [&](int64_t c, int64_t i, bool grad) -> float* {
     const LayerView& v = grad ? gw : w;
     if (c < qk) return v.conv_q + i * qk + c;
@@ -164,9 +182,11 @@ void GdnMixer::conv_bwd(const LayerView& w, LayerView& gw, const Batch& b, GdnAc
     return v.conv_v + i * d_.gdn_v_width() + (c - 2 * qk);
   };
   constexpr int64_t kBlock = 16;
-#pragma omp parallel for schedule(static)
+  int64_t bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
   for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
     const int64_t c1 = std::min(C, c0 + kBlock);
+    std::vector<float> part(ex ? size_t(K * kBlock) : 0, 0.0f);  // deterministic: this block's weight sums
     for (int64_t r = 0; r < n_; ++r) {
       const size_t j = piece_of(r);
       const int64_t t = r - piece_begin_[j];
@@ -176,14 +196,42 @@ void GdnMixer::conv_bwd(const LayerView& w, LayerView& gw, const Batch& b, GdnAc
         if (doc != doc_[size_t(r)]) continue;
         const float* in = src >= 0 ? a.proj.data() + (r - t + src) * C : a.halo[j].data() + (K - 1 + src) * C;
         float* din = src >= 0 ? dproj_.data() + (r - t + src) * C : dhalo[j].data() + (K - 1 + src) * C;
-        for (int64_t c = c0; c < c1; ++c) {
-          const float dp = dpre[r * C + c];
-          din[c] += *wt(c, i, false) * dp;
-          *wt(c, i, true) += dp * in[c];
+        if (ex && src >= 0 && (r - t + src) / G != r / G)  // across a block border inside the piece
+          din = bhalo.data() + size_t(((r / G) * (K - 1) + (K - 1) - (r / G * G - (r - t + src))) * C);
+        if (ex) {
+          for (int64_t c = c0; c < c1; ++c) {
+            const float dp = dpre[r * C + c];
+            din[c] += *wt(c, i, false) * dp;
+            part[size_t(i * kBlock + c - c0)] += dp * in[c];
+          }
+        } else {
+          for (int64_t c = c0; c < c1; ++c) {
+            const float dp = dpre[r * C + c];
+            din[c] += *wt(c, i, false) * dp;
+            *wt(c, i, true) += dp * in[c];
+          }
         }
       }
+      if (ex && (r + 1) % G == 0) {  // the block's weight sums, added exactly
+        for (int64_t i = 0; i < K; ++i)
+          for (int64_t c = c0; c < c1; ++c) {
+            float& x = part[size_t(i * kBlock + c - c0)];
+            const int64_t off = ex->offset(wt(c, i, true));
+            bad += exact_add(double(x), ex->hi + off, ex->lo + off);
+            x = 0.0f;
+          }
+      }
     }
+    if (ex)  // the borders inside pieces: each block's halo gradient onto the previous block's last rows
+      for (int64_t blk = 1; blk < n_ / G; ++blk) {
+        if (piece_begin_[piece_of(blk * G)] == blk * G) continue;  // a piece border: chain_halo_bwd's
+        const float* g = bhalo.data() + size_t(blk * (K - 1) * C);
+        float* dst = dproj_.data() + (blk * G - (K - 1)) * C;
+        for (int64_t e = 0; e < K - 1; ++e)
+          for (int64_t c = c0; c < c1; ++c) dst[e * C + c] += g[e * C + c];
+      }
   }
+  if (ex) *ex->bad += bad;
   std::vector<float*> dtail;
   for (size_t j = 0; j < mine_.size(); ++j) dtail.push_back(dproj_.data() + (piece_begin_[j + 1] - (K - 1)) * C);
   if (K > 1) chain_halo_bwd(comm_, chain_, dtail, K - 1, C, dhalo, nullptr);
@@ -318,7 +366,7 @@ void GdnMixer::backward(const LayerRun& r, const LayerView& w, LayerView& gw, co
       dy_[size_t(e)] = dyv * silu(z);  // d(on)
     }
     std::fill(do_.data(), do_.data() + n * vw, 0.0f);
-    rmsnorm_bwd(dy_.data(), a.o.data(), w.o_norm, a.orstd.data(), do_.data(), gw.o_norm, n * H, Dv);
+    norm_bwd(r, dy_.data(), a.o.data(), w.o_norm, a.orstd.data(), do_.data(), gw.o_norm, n * H, Dv);
   }
   float* dh = dh_.data();
   layer_gemm(r, false, true, n, dim, vw, dz_.data(), vw, w.wg, vw, 0, dh, dim);
@@ -330,25 +378,41 @@ void GdnMixer::backward(const LayerRun& r, const LayerView& w, LayerView& gw, co
     sched_->backward(comm_, chain_, ps, a.cp, &r.st);
   }
   r.times.attn_s += now_s() - t0;
-  // the gates: g = -exp(a_log) softplus(u), u = h Wa + dt_bias; beta = sigmoid(h Wb)
+  // the gates: g = -exp(a_log) softplus(u), u = h Wa + dt_bias; beta = sigmoid(h Wb).
+  // deterministic: each row's term of a_log's and dt_bias's gradients added exactly
   {
     Tracer::Scope sc(r.tr, Phase::mlp, layer, -1, 0, 0);
-#pragma omp parallel for schedule(static)
+    const ExactGrads* ex = r.exact;
+    int64_t bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
     for (int64_t hh = 0; hh < H; ++hh) {
       const float A = std::exp(w.a_log[hh]);
       double sa = 0, sd = 0;
+      int64_t *ha = nullptr, *la = nullptr, *hd = nullptr, *ld = nullptr;
+      if (ex) {
+        const int64_t oa = ex->offset(gw.a_log + hh), od = ex->offset(gw.dt_bias + hh);
+        ha = ex->hi + oa, la = ex->lo + oa, hd = ex->hi + od, ld = ex->lo + od;
+      }
       for (int64_t t = 0; t < n; ++t) {
         const float dg = dg_[size_t(t * H + hh)], u = a.ab[size_t(t * 2 * H + hh)] + w.dt_bias[hh];
         const float du = -dg * A * sigmoid(u);
-        sa += double(dg) * a.g[size_t(t * H + hh)];
-        sd += du;
+        const double ta = double(dg) * a.g[size_t(t * H + hh)];  // exact in double
+        if (ex) {
+          bad += exact_add(ta, ha, la) + exact_add(double(du), hd, ld);
+        } else {
+          sa += ta;
+          sd += du;
+        }
         dab_[size_t(t * 2 * H + hh)] = du;
         const float be = a.beta[size_t(t * H + hh)];
         dab_[size_t(t * 2 * H + H + hh)] = dbeta_[size_t(t * H + hh)] * be * (1.0f - be);
       }
-      gw.a_log[hh] += float(sa);
-      gw.dt_bias[hh] += float(sd);
+      if (!ex) {
+        gw.a_log[hh] += float(sa);
+        gw.dt_bias[hh] += float(sd);
+      }
     }
+    if (ex) *ex->bad += bad;
   }
   layer_gemm(r, false, true, n, dim, H, dab_.data(), 2 * H, w.wa, H, 1, dh, dim);
   layer_gemm(r, false, true, n, dim, H, dab_.data() + H, 2 * H, w.wb, H, 1, dh, dim);
@@ -380,7 +444,7 @@ void GdnMixer::backward(const LayerRun& r, const LayerView& w, LayerView& gw, co
   }
   {
     Tracer::Scope sc(r.tr, Phase::mlp, layer, -1, 0, 0);
-    conv_bwd(w, gw, b, a);
+    conv_bwd(w, gw, b, a, r.exact);
   }
   layer_gemm(r, false, true, n, dim, qk, dproj_.data(), C, w.wq, qk, 1, dh, dim);
   layer_gemm(r, false, true, n, dim, qk, dproj_.data() + qk, C, w.wk, qk, 1, dh, dim);
@@ -390,7 +454,7 @@ void GdnMixer::backward(const LayerRun& r, const LayerView& w, LayerView& gw, co
   layer_gemm(r, true, false, dim, vw, n, h, dim, dproj_.data() + 2 * qk, C, 1, gw.wv, vw);
   {
     Tracer::Scope sc(r.tr, Phase::norm, layer, -1, 0, 0);
-    rmsnorm_bwd(dh, x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm, n, dim);  // dx += the mixer's part
+    norm_bwd(r, dh, x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm, n, dim);  // dx += the mixer's part
   }
 }
 

@@ -73,9 +73,11 @@ ModelDims model_dims(const Config& cfg, int tp, int tp_rank);
 // largest tp without K/V replication, gcd(H_kv, ffn)), the same for every tp (layer.hpp
 // layer_tp_sum); tp must divide it.
 int64_t deterministic_tp_units(const ModelDims& d);
-// "" when deterministic = true serves this config's model on tp ranks (no Gated DeltaNet layers,
-// no K/V heads replicated over tp), else the config error.
-std::string check_deterministic_model(const Config& cfg, int tp);
+// "" when deterministic = true serves this config's model on tp ranks, else the config error:
+// no K/V heads replicated over tp; Gated DeltaNet layers in training only (`block` > 0: the exact
+// sums' block of rows, which the GDN chunk must divide, so that every mesh's pieces cut the
+// recurrence at the same chunk borders) with gdn_schedule=ring (block = 0: inference).
+std::string check_deterministic_model(const Config& cfg, int tp, int64_t block);
 
 // "" when the model shape fits the mesh (tp divides heads, kv_heads and ffn_dim; head_dim even
 // for RoPE), else a message naming the value and what would be valid. `kv_replication`

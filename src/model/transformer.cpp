@@ -133,10 +133,10 @@ LayerRun Transformer::run(int64_t l) {
 
 void Transformer::set_deterministic(int64_t block) {
   const int64_t units = deterministic_tp_units(d_);
-  CTXPAR_CHECK(dev_ == Device::cpu && !d_.mla && !d_.has_gdn() && units % d_.tp == 0 && block > 0 &&
-                   S_loc_ % block == 0,
-               "deterministic: the CPU, attention layers, a tp dividing " << units << " and whole blocks of " << block
-                                                                           << " rows (" << S_loc_ << " here)");
+  CTXPAR_CHECK(dev_ == Device::cpu && !d_.mla && units % d_.tp == 0 && block > 0 && S_loc_ % block == 0 &&
+                   (!d_.has_gdn() || (d_.gdn_schedule == "ring" && block % d_.gdn_chunk == 0)),
+               "deterministic: the CPU, no MLA, a tp dividing " << units << ", whole blocks of " << block << " rows ("
+                   << S_loc_ << " here) and, with GDN layers, the ring schedule and whole chunks per block");
   const int64_t n = layout_.local_elems();
   ex_hi_ = Buffer<int64_t>(size_t(n + 2), true);
   ex_lo_ = Buffer<int64_t>(size_t(n + 2), true);

@@ -416,7 +416,7 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
     }
   }
   if (cfg.deterministic) {
-    err = check_deterministic_model(cfg, tp);
+    err = check_deterministic_model(cfg, tp, /*block=*/0);
     if (!err.empty()) return err;
   }
   if (cfg.mask != MaskKind::causal || packed_docs(cfg))

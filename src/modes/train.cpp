@@ -207,7 +207,7 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
       return "config: deterministic_block = " + std::to_string(cfg.deterministic_block) + " is not a multiple of the " +
              "attention's query tile, " + std::to_string(tile) + " rows at head_dim = " + std::to_string(cfg.head_dim) +
              "; valid: 0 (the default: " + std::to_string(default_train_block(cfg)) + " here) or a multiple of " + std::to_string(tile);
-    err = check_deterministic_model(cfg, tp);
+    err = check_deterministic_model(cfg, tp, train_block(cfg));
     if (!err.empty()) return err;
   }
   if (std::unique_ptr<CpStrategy> local = make_local_strategy(cfg, topo)) {

@@ -193,7 +193,7 @@ bad = [
     (["chat", "cp_algo=ring"], "expected one of: auto, pass_kv, pass_q"),
     (["chat", "hardware=h100-xyz"], "hardware = 'h100-xyz': hardware: no profile 'h100-xyz'"),
     (["chat", "hw_profile=h100-gtt"], "hw_profile (command line) was merged into 'hardware'"),
-    (["chat", "deterministic=true", "layer_pattern=GD"], "deterministic = true with layer_pattern = 'GD'"),
+    (["chat", "deterministic=true", "layer_pattern=GD"], "no exact inference schedule"),
     (["chat", "deterministic=true", "kv_heads=1", "mesh=tp:2"], "deterministic = true with tp:2"),
 ]
 for i, (args, msg) in enumerate(bad):

@@ -173,14 +173,16 @@ int64_t first_doc_end(const GdnProblem& pr) {
 }
 
 // Splitting the sequence anywhere and carrying the state (what context parallelism does) gives
-// the one-piece result: forward (o) and backward (every gradient, ds flowing back).
+// the one-piece result: forward (o) and backward (every gradient, ds flowing back). A cut at a
+// multiple of the chunk gives it bit for bit, documents running across the cut included (chunks
+// end at the call's multiples of the chunk: deterministic=true's pieces).
 TEST(Gdn, StateCarriedAcrossASplitEqualsOnePiece) {
   for (const GdnShape& s : {GdnShape{90, 2, 16, 8, 16, true}, GdnShape{90, 2, 16, 8, 16, true, -0.4f, 4}}) {
   SCOPED_TRACE(name(s));
   const GdnProblem pr(s, 19);
   const auto whole = run_fast(pr);
   const auto ref = run_ref<double>(pr);
-  for (int64_t cut : {int64_t(1), int64_t(16), int64_t(41), int64_t(89), first_doc_end(pr)}) {
+  for (int64_t cut : {int64_t(1), int64_t(16), int64_t(41), int64_t(48), int64_t(89), first_doc_end(pr)}) {
     SCOPED_TRACE("cut " + std::to_string(cut));
     const int64_t SS = int64_t(s.H) * s.Dv * s.Dk;
     std::vector<float> o(pr.v.size()), mid(SS), end(SS), dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size()),
@@ -216,6 +218,16 @@ TEST(Gdn, StateCarriedAcrossASplitEqualsOnePiece) {
     close(dg, whole.dg, ref.dg, "dg");
     close(db, whole.dbeta, ref.dbeta, "dbeta");
     close(ds0, whole.ds0, ref.ds0, "ds0");
+    if (cut % s.chunk == 0) {
+      EXPECT_EQ(o, whole.o);
+      EXPECT_EQ(end, whole.s_out);
+      EXPECT_EQ(dq, whole.dq);
+      EXPECT_EQ(dk, whole.dk);
+      EXPECT_EQ(dv, whole.dv);
+      EXPECT_EQ(dg, whole.dg);
+      EXPECT_EQ(db, whole.dbeta);
+      EXPECT_EQ(ds0, whole.ds0);
+    }
   }
   }
 }

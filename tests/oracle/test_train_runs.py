@@ -10,7 +10,7 @@
   errors    a tp size that does not divide kv_heads is a usage error (exit 2) naming kv_heads
   deterministic  deterministic=true: losses and checkpoints bit-identical at np 1, 2, 3, 4, 6 and 8,
             every strategy, threads 1 and 2, remat, dp, tp (2 and 4, alone and with ring or ulysses),
-            and a resume from 2 ranks onto 4
+            local and Gated DeltaNet layers, and a resume from 2 ranks onto 4
 
 Mesh tolerance: relative 2e-5 on each loss (about 150 fp32 ulps). The meshes differ only in
 reduction order (CP merges of partial attention, all-reduce sums over 1, 2 or 4 ranks, tp
@@ -114,7 +114,7 @@ def case_deterministic(tmp):
     gradient; meshes without dp) bit-identical
     on every CP mesh (1, 2, 3, 4, 6, 8 ranks), strategy and thread count, and across a resume from 2 ranks onto 4; dp
     replicas likewise among themselves; tp:2 and tp:4 (alone, and with ring or ulysses) like one rank; a model with a
-    local (L) layer likewise. seq = 200 pads on every mesh (128-row blocks)."""
+    local (L) layer likewise, and one with a Gated DeltaNet (D) layer. seq = 200 pads on every mesh (128-row blocks)."""
     det = ["deterministic=true", "seq=200", "steps=4", "checkpoint_every=4"]
 
     def go(name, np_, args, threads=1):
@@ -174,6 +174,13 @@ def case_deterministic(tmp):
     compare([(n, go(n, np_, loc + a)) for n, np_, a in
              [("local_np1", 1, []), ("local_ring_np2", 2, ["strategy=ring"]), ("local_allgather_np3", 3, ["strategy=allgather"]),
               ("local_usp_np4", 4, ["strategy=usp", "mesh=ulysses:2,ring:2"])]])
+    # Gated DeltaNet layers (packed documents): pieces of whole blocks cut the recurrence at the same chunk
+    # borders on every mesh; 512 tokens in 128-row blocks put block borders inside pieces too
+    gdn = ["layer_pattern=DG", "seq=512", "deterministic_block=128"]
+    compare([(n, go(n, np_, gdn + a, t)) for n, np_, a, t in
+             [("gdn_np1", 1, [], 1), ("gdn_ring_np2_threads2", 2, ["strategy=ring"], 2),
+              ("gdn_allgather_np3", 3, ["strategy=allgather"], 1), ("gdn_ring_np4", 4, ["strategy=ring"], 1),
+              ("gdn_usp_np4", 4, ["strategy=usp", "mesh=ulysses:2,ring:2"], 1)]])
     # blocks of 384 rows (one BLIS call per block; another layout, so compared among themselves)
     b384 = ["deterministic_block=384"]
     compare([(n, go(n, np_, b384 + a, t)) for n, np_, a, t in [("block384_np1", 1, [], 1),
