@@ -45,11 +45,13 @@ namespace {
 
 // Tile sizes (kernels/README.md has the measurements). Key tiles are multiples of 16 (the
 // micro-kernel's column width), query tiles multiples of its 6 rows. Forward: 128 keys, so the
-// O += P V micro-kernel runs 128-long inner loops (vs 64: about +10 %). Backward: 64 keys
-// (128 measured no faster; 64 keeps the task's dK and dV accumulators at 32 KiB each and gives
-// twice the tasks for load balance). Query tiles are halved for D > 128 so that the
-// Q, O and score tiles plus one K and one V tile stay within a 512 KiB L2.
-constexpr int64_t kBkFwd = 128, kBkBwd = 64;
+// O += P V micro-kernel runs 128-long inner loops (vs 64: about +10 %). Backward: 128 keys for
+// D <= 128 (2026-12-05, AMD Zen 4, bench attn's headline row: 177.7-182.4 GFLOP/s against
+// 166.3-175.9 with 64, the AVX-512 and the AVX2 tiles alike; its dK/dV accumulators are 64 KiB
+// each), 64 above (not measured there; it keeps them at 64 KiB). Query tiles are halved for
+// D > 128 so that the Q, O and score tiles plus one K and one V tile stay within a 512 KiB L2.
+constexpr int64_t kBkFwd = 128;
+int64_t key_tile_bwd(int32_t D) { return D <= 128 ? 128 : 64; }
 int64_t query_tile_rows(int32_t D) { return D <= 128 ? 96 : 48; }
 // With exact dK/dV sums the backward's query tiles are aligned blocks of positions, and a power
 // of two, so that layouts of power-of-two sequences split into whole tiles without padding
@@ -347,6 +349,7 @@ void attn_bwd(const AttnParams& p) {
   const cpu::TileOps& ops = cpu::tile_ops();
   const bool exact = p.dk_fixed != nullptr;
   const int64_t Bq = exact ? exact_tile_rows(D) : query_tile_rows(D), Dp = round16(D);
+  const int64_t kBkBwd = key_tile_bwd(D);
   const int64_t n_qt = (p.S_q + Bq - 1) / Bq, n_kt = (p.S_k + kBkBwd - 1) / kBkBwd;
   const int64_t S_k_pad = n_kt * kBkBwd, n_panels = S_k_pad / 16;
   const float scale = p.softmax_scale(), c = scale * kLog2e;
