@@ -72,13 +72,10 @@ int64_t deterministic_tp_units(const ModelDims& d) { return std::gcd(int64_t(d.H
 std::string check_deterministic_model(const Config& c, int tp, int64_t block) {
   if (c.layer_pattern.find('D') != std::string::npos) {
     const std::string pre = "config: deterministic = true with layer_pattern = '" + c.layer_pattern + "': ";
-    if (block == 0)
-      return pre + "Gated DeltaNet (D) layers have no exact inference schedule yet (a prefill's pieces would cut the "
-             "recurrence into other chunks on every mesh); valid: a pattern of G and L layers, or deterministic=false";
     if (c.gdn_schedule != "ring")
       return pre + "gdn_schedule = " + c.gdn_schedule + " corrects each piece's output once the state is known, a sum "
              "that no single rank computes; valid: gdn_schedule=ring, or deterministic=false";
-    if (block % c.gdn_chunk != 0)
+    if (block > 0 && block % c.gdn_chunk != 0)
       return pre + "the exact sums' blocks of " + std::to_string(block) + " rows are not whole chunks of the Gated "
              "DeltaNet recurrence (gdn_chunk = " + std::to_string(c.gdn_chunk) + "), so meshes would cut it at other "
              "chunk borders; valid: a deterministic_block that gdn_chunk divides, or a gdn_chunk dividing " +

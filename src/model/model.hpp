@@ -74,9 +74,10 @@ ModelDims model_dims(const Config& cfg, int tp, int tp_rank);
 // layer_tp_sum); tp must divide it.
 int64_t deterministic_tp_units(const ModelDims& d);
 // "" when deterministic = true serves this config's model on tp ranks, else the config error:
-// no K/V heads replicated over tp; Gated DeltaNet layers in training only (`block` > 0: the exact
-// sums' block of rows, which the GDN chunk must divide, so that every mesh's pieces cut the
-// recurrence at the same chunk borders) with gdn_schedule=ring (block = 0: inference).
+// no K/V heads replicated over tp; Gated DeltaNet layers with gdn_schedule=ring and, in training
+// (`block` > 0: the exact sums' block of rows), a GDN chunk dividing the block, so that every
+// mesh's pieces cut the recurrence at the same chunk borders (block = 0: inference, whose prefill
+// pieces validate_infer_mode checks against the chunk).
 std::string check_deterministic_model(const Config& cfg, int tp, int64_t block);
 
 // "" when the model shape fits the mesh (tp divides heads, kv_heads and ffn_dim; head_dim even
