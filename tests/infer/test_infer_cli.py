@@ -151,62 +151,53 @@ if rc == 0:
         check(f["generated"].shape == (1, 6, 4), f"decode /generated {f['generated'].shape}")
         check((f["steps"]["ttit_s"][1:] > 0).all(), "decode TTIT recorded")
 
+
+def deterministic_chats(tag, base, cases):
+    """Runs `chat` with `base` plus each case's arguments; every deterministic run's generated tokens
+    and saved logits must have the bits of the first case's (np 1); a case named plain_* (the plain
+    schedule) must differ in its bits, which shows the comparison can fail, yet agree within 2e-5."""
+    res = {}
+    for name, np_, extra in cases:
+        out = os.path.join(WORK, f"det_{tag}_{name}.h5")
+        rc, log = run(np_, "chat", *base, *extra, f"out={out}")
+        check(rc == 0 and "VALID" in log, f"deterministic {tag} chat {name}: rc {rc}\n{log[-2000:]}")
+        if rc == 0:
+            with h5py.File(out) as f:
+                res[name] = (f["generated"][:], f["infer/logits"][:])
+    first = cases[0][0]
+    if first not in res:
+        return
+    g0, l0 = res[first]
+    for name, (g, l) in res.items():
+        same = l.shape == l0.shape and l.tobytes() == l0.tobytes()
+        if name.startswith("plain"):
+            err = np.max(np.abs(l - l0)) / max(1.0, np.max(np.abs(l0)))
+            check(not same and err < 2e-5, f"{tag} {name}: logits differ in their bits but within 2e-5 (max rel {err:.2e})")
+            continue
+        check(np.array_equal(g, g0), f"deterministic {tag} {name}: generated tokens equal the 1-rank run's")
+        check(same, f"deterministic {tag} {name}: logits bit-identical to the 1-rank run's ({np.sum(l != l0)} differ)")
+
+
 # deterministic=true: the generated tokens and every saved logit have the same bits on 1 to 4 ranks,
 # with every prefill and decode algorithm and full-prefill strategy, 1 or 2 threads, tp, and local
-# (L) layers; and
-# agree with the plain schedule's logits within fp32 error.
-DET = ["batch=3", "save_logits=true", "deterministic=true", "layer_pattern=GL", "window=24"]
-det = {}
-for name, np_, extra in [("np1", 1, []), ("np2_passkv", 2, ["cp_algo=pass_kv", "decode_algo=pass_q"]),
-                         ("np3_passq", 3, ["cp_algo=pass_q", "decode_algo=allgather"]),
-                         ("np4_usp", 4, ["strategy=usp", "mesh=ulysses:2,ring:2", "cp_algo=pass_kv"]),
-                         ("np2_ulysses", 2, ["strategy=ulysses", "mesh=ulysses:2", "cp_algo=pass_kv"]),
-                         ("np2_threads2", 2, ["threads=2", "decode_algo=allgather"]),
-                         ("tp2", 2, ["mesh=tp:2"]), ("tp2_ring2", 4, ["mesh=tp:2,ring:2", "cp_algo=pass_q"]),
-                         ("plain_np1", 1, ["deterministic=false"])]:
-    out = os.path.join(WORK, f"det_{name}.h5")
-    rc, log = run(np_, "chat", SCHED, *DET, *extra, f"out={out}")
-    check(rc == 0 and "VALID" in log, f"deterministic chat {name}: rc {rc}\n{log[-2000:]}")
-    if rc == 0:
-        with h5py.File(out) as f:
-            det[name] = (f["generated"][:], f["infer/logits"][:])
-if "np1" in det:
-    g0, l0 = det["np1"]
-    for name, (g, l) in det.items():
-        if name == "plain_np1":
-            err = np.max(np.abs(l - l0)) / max(1.0, np.max(np.abs(l0)))
-            check(err < 2e-5, f"deterministic logits within 2e-5 of the plain schedule's (max rel {err:.2e})")
-            continue
-        check(np.array_equal(g, g0), f"deterministic {name}: generated tokens equal the 1-rank run's")
-        check(l.shape == l0.shape and l.tobytes() == l0.tobytes(),
-              f"deterministic {name}: logits bit-identical to the 1-rank run's ({np.sum(l != l0)} differ)")
-
-# Gated DeltaNet layers with deterministic=true: prefills whose 2N pieces are whole chunks (96
-# tokens, gdn_chunk 8: pieces of 48, 24 and 16 rows on 1, 2 and 3 ranks) give the same bits on
-# every mesh, the state kept on its home rank or replicated; the plain schedule differs.
-GDN = ["batch=3", "save_logits=true", "deterministic=true", "layer_pattern=GD", "gdn_chunk=8",
-       "schedule=prefill:96,decode:5,prefill:96,decode:3"]
-gdn = {}
-for name, np_, extra in [("np1", 1, []), ("np2_passkv", 2, ["cp_algo=pass_kv"]),
-                         ("np3_passq", 3, ["cp_algo=pass_q", "decode_algo=allgather"]),
-                         ("np2_replicated_threads2", 2, ["gdn_state=replicated", "threads=2"]),
-                         ("plain_np2", 2, ["deterministic=false"])]:
-    out = os.path.join(WORK, f"det_gdn_{name}.h5")
-    rc, log = run(np_, "chat", *GDN, *extra, f"out={out}")
-    check(rc == 0 and "VALID" in log, f"deterministic GDN chat {name}: rc {rc}\n{log[-2000:]}")
-    if rc == 0:
-        with h5py.File(out) as f:
-            gdn[name] = (f["generated"][:], f["infer/logits"][:])
-if "np1" in gdn:
-    g0, l0 = gdn["np1"]
-    for name, (g, l) in gdn.items():
-        same = l.shape == l0.shape and l.tobytes() == l0.tobytes()
-        if name == "plain_np2":
-            err = np.max(np.abs(l - l0)) / max(1.0, np.max(np.abs(l0)))
-            check(not same and err < 2e-5, f"plain GDN logits differ in their bits but within 2e-5 (max rel {err:.2e})")
-            continue
-        check(np.array_equal(g, g0), f"deterministic GDN {name}: generated tokens equal the 1-rank run's")
-        check(same, f"deterministic GDN {name}: logits bit-identical to the 1-rank run's ({np.sum(l != l0)} differ)")
+# (L) layers; and agree with the plain schedule's logits within fp32 error.
+deterministic_chats("local", [SCHED, "batch=3", "save_logits=true", "deterministic=true", "layer_pattern=GL", "window=24"],
+                    [("np1", 1, []), ("np2_passkv", 2, ["cp_algo=pass_kv", "decode_algo=pass_q"]),
+                     ("np3_passq", 3, ["cp_algo=pass_q", "decode_algo=allgather"]),
+                     ("np4_usp", 4, ["strategy=usp", "mesh=ulysses:2,ring:2", "cp_algo=pass_kv"]),
+                     ("np2_ulysses", 2, ["strategy=ulysses", "mesh=ulysses:2", "cp_algo=pass_kv"]),
+                     ("np2_threads2", 2, ["threads=2", "decode_algo=allgather"]),
+                     ("tp2", 2, ["mesh=tp:2"]), ("tp2_ring2", 4, ["mesh=tp:2,ring:2", "cp_algo=pass_q"]),
+                     ("plain_np1", 1, ["deterministic=false"])])
+# Gated DeltaNet layers: prefills whose 2N pieces are whole chunks (96 tokens, gdn_chunk 8: pieces
+# of 48, 24 and 16 rows on 1, 2 and 3 ranks) give the same bits on every mesh, the state kept on
+# its home rank or replicated.
+deterministic_chats("gdn", ["batch=3", "save_logits=true", "deterministic=true", "layer_pattern=GD", "gdn_chunk=8",
+                            "schedule=prefill:96,decode:5,prefill:96,decode:3"],
+                    [("np1", 1, []), ("np2_passkv", 2, ["cp_algo=pass_kv"]),
+                     ("np3_passq", 3, ["cp_algo=pass_q", "decode_algo=allgather"]),
+                     ("np2_replicated_threads2", 2, ["gdn_state=replicated", "threads=2"]),
+                     ("plain_np2", 2, ["deterministic=false"])])
 
 # Bad input: exit 2, message, no trace.
 bad = [
