@@ -89,7 +89,6 @@ float add_fixed_rows(const float* src, int64_t ld_src, int64_t nk, int32_t D, in
   return nan ? std::numeric_limits<float>::quiet_NaN() : big;
 }
 int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr double kLn2 = 0.69314718055994530942;
 
 // 64-byte aligned scratch (packed operands, accumulators).

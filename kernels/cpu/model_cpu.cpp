@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/ops_cpu.hpp"
 #include "cpu/tile_ops.hpp"
 #include "ops.hpp"
 
@@ -379,7 +380,6 @@ int64_t embedding_bwd_exact(const float* dx, const int32_t* tokens, int64_t rows
 
 // ---- exact attention (ops.hpp attn_exact_*) ----
 namespace {
-constexpr float kLog2eF = 1.4426950408889634f;  // scores in base 2: t = softmax_scale log2(e) q.k
 void check_exact_attn(const AttnParams& p) {
   if (!(p.device == Device::cpu && p.dtype == DType::f32 && p.H_kv > 0 && p.H_q % p.H_kv == 0 &&
         (p.mask == MaskKind::none || (p.q_pos && p.k_pos))))
@@ -420,7 +420,7 @@ int64_t exact_add_weighted(float w, const float* v, int32_t D, int64_t* hi, int6
 void attn_exact_max(const AttnParams& p, float* mx) {
   check_exact_attn(p);
   const int32_t D = p.D, group = p.H_q / p.H_kv;
-  const float c = p.softmax_scale() * kLog2eF;
+  const float c = p.softmax_scale() * cpu::kLog2e;
   const float* q = p.q_as<float>();
   const float* k = p.k_as<float>();
 #pragma omp parallel for schedule(static) num_threads(op_threads())
@@ -437,7 +437,7 @@ void attn_exact_max(const AttnParams& p, float* mx) {
 int64_t attn_exact_sums(const AttnParams& p, const float* M, int64_t* hi, int64_t* lo) {
   check_exact_attn(p);
   const int32_t D = p.D, group = p.H_q / p.H_kv;
-  const float c = p.softmax_scale() * kLog2eF;
+  const float c = p.softmax_scale() * cpu::kLog2e;
   const float* q = p.q_as<float>();
   const float* k = p.k_as<float>();
   const float* v = p.v_as<float>();

@@ -7,6 +7,9 @@
 
 namespace ctxpar::cpu {
 
+// log2(e): the CPU kernels' scores are in base 2 (t = softmax_scale log2(e) q.k, then 2^t).
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 void attn_fwd(const AttnParams& p);
 void attn_bwd(const AttnParams& p);
 int64_t attn_query_block(int32_t D);  // the backward's query tile rows (ops.hpp)

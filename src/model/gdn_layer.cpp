@@ -32,14 +32,6 @@ int32_t doc_of(const std::vector<int64_t>& starts, int64_t p) {
   return int32_t(std::upper_bound(starts.begin(), starts.end(), p) - starts.begin()) - 1;
 }
 
-// rmsnorm_bwd, or with r.exact (deterministic=true) its weight gradient summed exactly.
-void norm_bwd(const LayerRun& r, const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-              float* dw, int64_t rows, int64_t dim) {
-  if (!r.exact) return rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, dim);
-  const int64_t off = r.exact->offset(dw);
-  *r.exact->bad += rmsnorm_bwd_exact(dy, x, w, rstd, dx, r.exact->hi + off, r.exact->lo + off, rows, dim);
-}
-
 }  // namespace
 
 GdnMixer::GdnMixer(const ModelDims& d, Comm& cp, GdnChain chain, const std::string& schedule, int64_t n_rows)
@@ -198,18 +190,10 @@ void GdnMixer::conv_bwd(const LayerView& w, LayerView& gw, const Batch& b, GdnAc
         float* din = src >= 0 ? dproj_.data() + (r - t + src) * C : dhalo[j].data() + (K - 1 + src) * C;
         if (ex && src >= 0 && (r - t + src) / G != r / G)  // across a block border inside the piece
           din = bhalo.data() + size_t(((r / G) * (K - 1) + (K - 1) - (r / G * G - (r - t + src))) * C);
-        if (ex) {
-          for (int64_t c = c0; c < c1; ++c) {
-            const float dp = dpre[r * C + c];
-            din[c] += *wt(c, i, false) * dp;
-            part[size_t(i * kBlock + c - c0)] += dp * in[c];
-          }
-        } else {
-          for (int64_t c = c0; c < c1; ++c) {
-            const float dp = dpre[r * C + c];
-            din[c] += *wt(c, i, false) * dp;
-            *wt(c, i, true) += dp * in[c];
-          }
+        for (int64_t c = c0; c < c1; ++c) {
+          const float dp = dpre[r * C + c];
+          din[c] += *wt(c, i, false) * dp;
+          (ex ? part[size_t(i * kBlock + c - c0)] : *wt(c, i, true)) += dp * in[c];
         }
       }
       if (ex && (r + 1) % G == 0) {  // the block's weight sums, added exactly
@@ -366,7 +350,7 @@ void GdnMixer::backward(const LayerRun& r, const LayerView& w, LayerView& gw, co
       dy_[size_t(e)] = dyv * silu(z);  // d(on)
     }
     std::fill(do_.data(), do_.data() + n * vw, 0.0f);
-    norm_bwd(r, dy_.data(), a.o.data(), w.o_norm, a.orstd.data(), do_.data(), gw.o_norm, n * H, Dv);
+    layer_rmsnorm_bwd(r, dy_.data(), a.o.data(), w.o_norm, a.orstd.data(), do_.data(), gw.o_norm, n * H, Dv);
   }
   float* dh = dh_.data();
   layer_gemm(r, false, true, n, dim, vw, dz_.data(), vw, w.wg, vw, 0, dh, dim);
@@ -454,7 +438,7 @@ void GdnMixer::backward(const LayerRun& r, const LayerView& w, LayerView& gw, co
   layer_gemm(r, true, false, dim, vw, n, h, dim, dproj_.data() + 2 * qk, C, 1, gw.wv, vw);
   {
     Tracer::Scope sc(r.tr, Phase::norm, layer, -1, 0, 0);
-    norm_bwd(r, dh, x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm, n, dim);  // dx += the mixer's part
+    layer_rmsnorm_bwd(r, dh, x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm, n, dim);  // dx += the mixer's part
   }
 }
 

@@ -30,6 +30,13 @@ const uint16_t* bf16_operand(const LayerRun& r, const float* x, int64_t rows, in
 
 void layer_add_residual(const LayerRun& r, float* y, const float* x, int64_t n) { add_f32(y, x, n, r.dev, r.stream); }
 
+void layer_rmsnorm_bwd(const LayerRun& r, const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                       float* dw, int64_t rows, int64_t dim) {
+  if (!r.exact) return rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, dim, r.dev, r.stream);
+  const int64_t off = r.exact->offset(dw);
+  *r.exact->bad += rmsnorm_bwd_exact(dy, x, w, rstd, dx, r.exact->hi + off, r.exact->lo + off, rows, dim);
+}
+
 int64_t ExactGrads::offset(const float* g) const {
   CTXPAR_CHECK(g >= grads && g < grads + n, "deterministic: a weight gradient outside the gradient buffer");
   return g - grads;

@@ -85,6 +85,10 @@ struct LayerRun {
 // (Tracer::time_on_device), and train takes its GEMM and attention shares from the spans there.
 void layer_gemm(const LayerRun& r, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// rmsnorm_bwd over `rows` rows (dx +=, dw +=); with r.exact (deterministic=true) dw's sum over the
+// rows goes to the exact sums (rmsnorm_bwd_exact) instead.
+void layer_rmsnorm_bwd(const LayerRun& r, const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                       float* dw, int64_t rows, int64_t dim);
 // Sum over the tp axis, in place (a no-op at tp = 1).
 void layer_tp_all_reduce(const LayerRun& r, float* x, int64_t n);
 // One term of a tp-summed product: A [n, K] (leading dimension lda) times op(B) (B [K, N] with

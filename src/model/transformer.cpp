@@ -172,9 +172,7 @@ void Transformer::finish_exact(float* grads, double* loss) const {
 
 void Transformer::rmsnorm_bwd_any(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
                                   float* dw) {
-  if (!deterministic()) return rmsnorm_bwd(dy, x, w, rstd, dx, dw, S_loc_, d_.dim, dev_, stream_);
-  const int64_t off = exact_.offset(dw);
-  ex_bad_ += rmsnorm_bwd_exact(dy, x, w, rstd, dx, exact_.hi + off, exact_.lo + off, S_loc_, d_.dim);
+  layer_rmsnorm_bwd(run(-1), dy, x, w, rstd, dx, dw, S_loc_, d_.dim);
 }
 
 void Transformer::attn_or_mla_out_fwd(int64_t l, const LayerView& w, const float* x, const float* o, float* x1) {
