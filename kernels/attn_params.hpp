@@ -107,6 +107,11 @@ struct AttnParams {
   // before one conversion, a multiple of attn_query_block(D); each such block of rows must be one
   // aligned block of consecutive positions. 0: one query tile. Fewer, larger conversions.
   int64_t fixed_rows = 0;
+  // Exact sums: the query heads of a K/V group whose contributions are summed in fp32 before one
+  // conversion (consecutive heads, dividing the group); 0: the whole group. Parts smaller than the
+  // group let a group's heads be split over ranks (K/V heads replicated over ulysses or tp ranks)
+  // while the integer sums over the parts keep the bits of one rank.
+  int32_t fixed_heads = 0;
 
   int64_t S_q = 0, S_k = 0;
   int32_t H_q = 0, H_kv = 0, D = 0;

@@ -372,6 +372,33 @@ void attn_bwd(const AttnParams& p) {
                                     std::to_string(q0) + ", position " + std::to_string(p.q_pos[q0]) +
                                     "); pad the layout to whole blocks (deterministic=true)");
     }
+    if (p.fixed_heads < 0 || (p.fixed_heads > 0 && group % p.fixed_heads != 0))
+      throw std::invalid_argument("attn_bwd: fixed_heads = " + std::to_string(p.fixed_heads) +
+                                  " does not divide the " + std::to_string(group) + " query heads of a K/V group");
+  }
+  // The (query tile, head of the group) steps of one key tile's task, in order. Plain: heads outer
+  // (measured faster: each head's Q and dO rows stream in order). Exact: per block of query tiles
+  // (fixed_rows), per part of the group's heads (fixed_heads), tiles then heads; a step with `end`
+  // closes a part, whose fp32 sum is then added as integers. The order and the parts are the same
+  // on every mesh, whose ranks hold whole blocks and whole parts.
+  struct Step {
+    int64_t qi;
+    int32_t h;  // within the group
+    bool end;
+  };
+  std::vector<Step> steps;
+  steps.reserve(size_t(n_qt * group));
+  if (!exact) {
+    for (int32_t h = 0; h < group; ++h)
+      for (int64_t qi = 0; qi < n_qt; ++qi) steps.push_back({qi, h, false});
+  } else {
+    const int32_t part = p.fixed_heads > 0 ? p.fixed_heads : group;
+    for (int64_t b0 = 0; b0 < n_qt; b0 += per_group) {
+      const int64_t b1 = std::min(n_qt, b0 + per_group);
+      for (int32_t h0 = 0; h0 < group; h0 += part)
+        for (int64_t qi = b0; qi < b1; ++qi)
+          for (int32_t h = h0; h < h0 + part; ++h) steps.push_back({qi, h, qi + 1 == b1 && h + 1 == h0 + part});
+    }
   }
 
   // Packed operands: Q and dO head-major rows (B operands of dK and dV, A of S and dP), K^T and
@@ -459,17 +486,11 @@ void attn_bwd(const AttnParams& p) {
       std::fill(dva.get(), dva.get() + kBkBwd * Dp, 0.f);
       const float* k_panel = kt.get() + (g * n_panels + j0 / 16) * D * 16;
       const float* v_panel = vt.get() + (g * n_panels + j0 / 16) * D * 16;
-      // Every (head of the group, query tile): heads outer (measured faster: each head's Q and dO
-      // rows stream in order). With exact sums query tiles go outer instead: the contributions of
-      // one block of query tiles (fixed_rows) and the group's heads to the key tile are summed in
-      // fp32 in tile, then head order (the same on every mesh, whose ranks hold whole blocks and
-      // whole groups) and converted to integers once per block.
-      bool dirty = false;  // exact: dka/dva hold part of the current block's sum
-      for (int64_t it = 0; it < n_qt * group; ++it) {
-        const int64_t qi = exact ? it / group : it % n_qt;
-        const int32_t h = g * group + static_cast<int32_t>(exact ? it % group : it / n_qt);
-        // exact: the block's sum is complete after its last tile's last head
-        const bool block_end = exact && h == (g + 1) * group - 1 && ((qi + 1) % per_group == 0 || qi + 1 == n_qt);
+      bool dirty = false;  // exact: dka/dva hold part of the current part's sum
+      for (const Step& step : steps) {
+        const int64_t qi = step.qi;
+        const int32_t h = g * group + step.h;
+        const bool block_end = step.end;
         ++cnt.total;
         const tiles::Vis vis = tiles::classify(p, q_ranges[qi], k_ranges[ki]);
         if (vis == tiles::Vis::empty) ++cnt.skipped;
@@ -520,7 +541,7 @@ void attn_bwd(const AttnParams& p) {
           }
           lap(&AttnProfile::dq_order);
         }
-        if (block_end && dirty) {  // this block's contribution (its group's heads), added as integers
+        if (block_end && dirty) {  // this part's contribution (a block, fixed_heads heads), added as integers
           dirty = false;
           const float big =
               std::max(add_fixed_rows(dka.get(), Dp, nk, D, p.dk_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D),

@@ -331,6 +331,7 @@ int bench_cp(BenchContext& ctx) {
       c.seq = S;
       AttnParams shape = attn_problem(c);  // MLA: heads of nope + rope and the latent's width (modes/workload.hpp)
       shape.deterministic = row.det;
+      shape.fixed_heads = row.det ? int32_t(cfg.deterministic_heads) : 0;  // exact dK/dV parts (ulysses replicas)
       std::string err = strat->validate(shape, topo);  // with the latent: ulysses, usp refuse
       if (!row.latent) shape.latent_width = 0;
       Inputs in;

@@ -15,6 +15,8 @@
 //      against one forward per prompt (tokens/s, the same run).
 //   4. full-prefill TTFT against length (seq/8 .. seq), pass-KV against pass-Q (run it with
 //      mesh=tp:2,ring:2 for TP x CP).
+//   5. with deterministic=true: the exact schedule against the plain one per CP size (prefill,
+//      decode TTIT, the slowdown), its logits bit-compared with the CP = 1 run's.
 // Correctness column: prefill — both variants' last logits agree (scaled error <= 1e-4) and
 // give the same greedy token; decode — every step fed the CP = 1 run's tokens (teacher forcing)
 // gives its greedy tokens. With device=cuda (bf16 weights, activations and KV cache on the GPU, as
@@ -23,6 +25,7 @@
 // reference's top two logits are further apart than twice the logits' difference.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -103,6 +106,113 @@ int faster_by_sign_test(const std::vector<double>& kv, const std::vector<double>
   for (int i = 0; i < n; ++i) kv_wins += kv[size_t(i)] < q[size_t(i)];
   if (sign_test_p(kv_wins, n) > 0.10) return -1;
   return 2 * kv_wins > n ? 1 : 0;
+}
+
+// The decode and deterministic tables' meshes: dp replicas of c-rank CP groups with the job's tp
+// (all replicas run at once, so every configuration uses the same cores), and this rank's weight
+// slice for its tp coordinate there (which depends on the mesh).
+struct SubMesh {
+  MeshSpec mesh;
+  std::unique_ptr<Topology> topo;
+  std::unique_ptr<ParamLayout> layout;
+  Buffer<float> params;
+};
+SubMesh sub_mesh(const Config& cfg, Comm& world, int c, int tp) {
+  SubMesh m;
+  m.mesh.dp = world.size() / (c * tp);
+  m.mesh.tp = tp;
+  m.mesh.ring = c;
+  m.topo = Topology::create(world, m.mesh);
+  m.layout = std::make_unique<ParamLayout>(model_dims(cfg, tp, m.topo->coord(Axis::tp)));
+  m.params = Buffer<float>(size_t(m.layout->local_elems()));
+  m.layout->init(uint64_t(cfg.seed), m.params.data());
+  return m;
+}
+
+// ---- 5. deterministic=true: the exact schedule against the plain one, per CP size ----------
+// For every CP size c of table 2: a full prefill of the `seq` tokens and bench_iters + 1 decode
+// steps, each fed the CP = 1 exact run's tokens, by the plain schedule (pass-KV, pass-Q decode) and
+// by the exact one (cp/deterministic.hpp canonical_infer_fwd), alternating. The exact prefill is
+// slow (an exact add per query, key, head and value element): min(bench_iters, 3) timed prefills
+// after one untimed. Correctness: every exact logit row (the prefill's last, each step's) has the
+// bits of the CP = 1 exact run's, and each plain row agrees with its exact one within `check`.
+// Returns the rows that failed (the same on every rank).
+int deterministic_table(BenchContext& ctx, const Check& check, const std::vector<int32_t>& tokens) {
+  const Config& cfg = ctx.cfg;
+  Comm& world = ctx.topo.world();
+  const int tp = ctx.topo.size(Axis::tp);
+  const int64_t S = cfg.seq, V = cfg.vocab, iters = cfg.bench_iters, pre_iters = std::min<int64_t>(iters, 3);
+  BenchTable t("ctxpar bench infer — deterministic=true: the exact schedule against the plain one, context " +
+                   std::to_string(S) + ", batch 1" + (tp > 1 ? ", every CP group x tp:" + std::to_string(tp) : std::string()),
+               {{"cp", "CP", "ranks", 6, 0}, {"replicas", "replicas", "dp", 9, 0}, {"prefill_ms", "prefill", "ms", 10, 2},
+                {"prefill_det_ms", "prefill:det", "ms", 12, 2}, {"prefill_x", "slower", "x", 7, 1},
+                {"ttit_ms", "TTIT", "ms", 9, 3}, {"ttit_det_ms", "TTIT:det", "ms", 9, 3}, {"ttit_x", "slower", "x", 7, 1},
+                {"bits", "#bits", "", 6, 0}, {"wrong", "#wrong", "", 7, 0}},
+               {"prefill: median of " + std::to_string(pre_iters) + " full prefills of seq tokens after 1 warmup (plain: "
+                "pass-KV; :det: the exact schedule, whatever cp_algo says); TTIT: median of bench_iters decode steps "
+                "after 1 warmup (plain: pass-Q), each fed the CP = 1 exact run's tokens; plain and exact alternate; "
+                "max over all ranks",
+                "#bits: exact logit rows (the prefill's last, every decode step's) whose bits differ from the CP = 1 "
+                "exact run's; #wrong: plain rows beyond the check's tolerance of the exact ones" + check.note()});
+  std::vector<std::vector<float>> ref;  // the CP = 1 exact run's rows: the prefill's, then each step's
+  std::vector<int32_t> ref_tok;         // and its greedy tokens
+  int failed = 0;
+  for (int c = 1; c * tp <= world.size(); c *= 2) {
+    if (ctx.tracer.stop_signal() != 0) break;
+    if (world.size() % (c * tp) != 0) continue;
+    SubMesh m = sub_mesh(cfg, world, c, tp);
+    Comm& ccp = m.topo->cp();
+    const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}, {PhaseKind::decode, iters + 1}};
+    const int64_t cap = cache_capacity_tokens(sched, c);
+    Engine plain(*m.layout, m.params.data(), *m.topo, 1, cap, "ring", Device::cpu, nullptr);
+    Engine exact(*m.layout, m.params.data(), *m.topo, 1, cap, "ring", Device::cpu, nullptr);
+    exact.set_deterministic();
+    Engine* eng[2] = {&plain, &exact};
+    std::vector<double> ts[2][2];  // [prefill, decode][plain, exact]
+    std::vector<std::vector<float>> rows;
+    std::vector<int32_t> toks;
+    int wrong = 0;
+    StepOutput out[2];
+    for (int64_t it = 0; it < pre_iters + 1; ++it)
+      for (int k = 0; k < 2; ++k) {
+        eng[k]->clear();
+        CallStats cs;
+        const double dt = timed(ccp, world, [&] { out[k] = eng[k]->prefill({tokens}, CpAlgo::pass_kv, nullptr, cs, true); });
+        if (it > 0) ts[0][k].push_back(dt);
+      }
+    auto keep = [&] {  // the exact row, its token, and the plain row against it
+      rows.push_back(out[1].logits);
+      toks.push_back(out[1].next_tokens[0]);
+      wrong += check(out[1].logits.data(), out[0].logits.data(), V, out[1].next_tokens[0], out[0].next_tokens[0]);
+    };
+    keep();
+    const bool is_ref = ref.empty();
+    for (int64_t it = 0; it < iters + 1; ++it) {
+      const std::vector<int32_t> last = {is_ref ? toks.back() : ref_tok[size_t(it)]};
+      for (int k = 0; k < 2; ++k) {
+        CallStats cs;
+        const double dt = timed(ccp, world, [&] { out[k] = eng[k]->decode(last, DecodeAlgo::pass_q, nullptr, cs, true); });
+        if (it > 0) ts[1][k].push_back(dt);
+      }
+      keep();
+    }
+    if (is_ref) {
+      ref = rows;
+      ref_tok = toks;
+    }
+    int32_t bad[2] = {0, wrong};
+    for (size_t i = 0; i < rows.size(); ++i)
+      bad[0] += rows[i].size() != ref[i].size() ||
+                std::memcmp(rows[i].data(), ref[i].data(), rows[i].size() * sizeof(float)) != 0;
+    world.all_reduce(std::span<int32_t>(bad, 2), ReduceOp::max);  // every replica alike
+    failed += bad[0] + bad[1];
+    const double p[2] = {med(ts[0][0]), med(ts[0][1])}, d[2] = {med(ts[1][0]), med(ts[1][1])};
+    t.add_row({std::to_string(c), std::to_string(m.mesh.dp), t.cell(2, p[0] * 1e3), t.cell(3, p[1] * 1e3),
+               t.cell(4, p[1] / p[0]), t.cell(5, d[0] * 1e3), t.cell(6, d[1] * 1e3), t.cell(7, d[1] / d[0]),
+               std::to_string(bad[0]), std::to_string(bad[1])});
+  }
+  if (world.rank() == 0) t.print(cfg.csv);
+  return failed;
 }
 // One pass-KV / pass-Q comparison: iters + 1 iterations (the first an untimed warmup), each
 // prefilling `tokens` with pass-KV then pass-Q after `reset()` (a rolled-back or emptied cache),
@@ -276,19 +386,12 @@ int bench_infer(BenchContext& ctx) {
   for (int c = 1; c * tp <= world.size(); c *= 2) {
     if (ctx.tracer.stop_signal() != 0) break;
     if (world.size() % (c * tp) != 0) continue;
-    MeshSpec mesh;
-    mesh.dp = world.size() / (c * tp);
-    mesh.tp = tp;
-    mesh.ring = c;
-    std::unique_ptr<Topology> sub = Topology::create(world, mesh);
-    if (on_gpu) gpu.attach(*sub);  // its communicators on the GPU too (released with it)
-    Comm& ccp = sub->cp();
-    // A rank's tp coordinate depends on the mesh: its weight slice is made for this one.
-    const ParamLayout sub_layout(model_dims(cfg, tp, sub->coord(Axis::tp)));
-    Buffer<float> sub_params(size_t(sub_layout.local_elems()));
-    sub_layout.init(uint64_t(cfg.seed), sub_params.data());
+    SubMesh sub = sub_mesh(cfg, world, c, tp);
+    const MeshSpec& mesh = sub.mesh;
+    if (on_gpu) gpu.attach(*sub.topo);  // its communicators on the GPU too (released with it)
+    Comm& ccp = sub.topo->cp();
     const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}, {PhaseKind::decode, iters + 1}};
-    Engine eng(sub_layout, sub_params.data(), *sub, cfg.batch, cache_capacity_tokens(sched, c), "ring", cfg.device,
+    Engine eng(*sub.layout, sub.params.data(), *sub.topo, cfg.batch, cache_capacity_tokens(sched, c), "ring", cfg.device,
                gpu.stream);
     CallStats st;
     std::vector<std::vector<int32_t>> prompt(size_t(cfg.batch), seq_tokens);
@@ -440,6 +543,7 @@ int bench_infer(BenchContext& ctx) {
                 std::to_string(wrong)});
   }
   if (world.rank() == 0) t4.print(cfg.csv);
+  if (cfg.deterministic) wrong_total += deterministic_table(ctx, check, seq_tokens);
   print_verdict("bench infer", wrong_total, cfg.csv);
   return wrong_total;
 }

@@ -147,6 +147,11 @@ void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
   } else {
     mine = std::move(blocks);
   }
+  if (t.dk_fixed) {  // the caller adds more integer sums (K/V heads replicated over ulysses ranks)
+    std::copy_n(mine.data(), own, t.dk_fixed);
+    std::copy_n(mine.data() + own, own, t.dv_fixed);
+    return;
+  }
   fixed_to_float(mine.data(), t.dk, int64_t(own));
   fixed_to_float(mine.data() + own, t.dv, int64_t(own));
 }

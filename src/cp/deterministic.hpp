@@ -9,8 +9,9 @@
 //
 // The layout must give every rank's chunks whole blocks of attn_query_block(D) positions, or of
 // AttnParams::fixed_rows when set (Partition's block: the caller pads), and the call must be training's self-attention
-// (the queries are the keys' rows); ulysses and usp need heads that split without replication
-// (a replicated K/V head's gradient would be summed in fp32 after the all-to-all). Costs: the memory of the all-gather (the ring loses its
+// (the queries are the keys' rows). Under ulysses and usp a K/V head replicated on several ranks
+// (each holding part of its group's query heads) is summed as integers over them, in parts of
+// AttnParams::fixed_heads query heads. Costs: the memory of the all-gather (the ring loses its
 // O(S/P) buffers and its overlap), and dK/dV travel as 8-byte integers.
 #pragma once
 #include "attn_params.hpp"
@@ -39,6 +40,9 @@ void canonical_fwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
 // document, -1 for a padding row). Costs: one exact add per (query, key, head, value element),
 // and (D + 1) 16-byte integers per query row and head all-reduced over the group.
 void canonical_infer_fwd(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st);
+// dK/dV into t.dk and t.dv; or, with t.dk_fixed and t.dv_fixed set, this rank's rows of the exact
+// sums as integers (=, [S_k, H_kv, D] each, ops.hpp fixed_to_float converts), for a caller that adds
+// more of them first (ulysses: a K/V head replicated on several ranks, each with part of its group).
 void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st);
 
 }  // namespace cp

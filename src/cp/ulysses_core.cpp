@@ -1,6 +1,7 @@
 #include "cp/ulysses_core.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <span>
 
 #include "core/error.hpp"
@@ -40,10 +41,14 @@ std::string check_heads(const std::string& strategy, int32_t H_q, int32_t H_kv, 
 
 std::string check_heads(const std::string& strategy, const AttnParams& s, int U) {
   std::string e = check_heads(strategy, s.H_q, s.H_kv, U);
-  if (e.empty() && s.deterministic && U > 1 && s.H_kv % U != 0)
+  const int32_t part = s.fixed_heads > 0 ? s.fixed_heads : s.H_q / s.H_kv;
+  if (e.empty() && s.deterministic && U > 1 && s.H_kv % U != 0 && (s.H_q / U) % part != 0)
     e = strategy + ": deterministic = true with kv_heads H_kv=" + std::to_string(s.H_kv) + " replicated on U=" +
-        std::to_string(U) + " ranks: a replicated K/V head's gradient would be summed in fp32 after the all-to-all; "
-        "valid: a ulysses degree dividing H_kv, or strategy=allgather or ring";
+        std::to_string(U) + " ranks: each holds " + std::to_string(s.H_q / U) + " of a K/V group's query heads, " +
+        "not whole exact parts of " + std::to_string(part) + " heads (deterministic_heads" +
+        (s.fixed_heads > 0 ? "" : ", 0: the whole group") + "); valid: deterministic_heads=" +
+        std::to_string(std::gcd(s.H_q / U, int32_t(s.H_q / s.H_kv))) + " (or a divisor; the same on the runs compared), " +
+        "a ulysses degree dividing H_kv, or strategy=allgather or ring";
   return e;
 }
 
@@ -59,6 +64,7 @@ struct HeadTensor {
   size_t elem;
   const void* from;
   void* to;
+  bool exact = false;  // int64 exact sums (ops.hpp dk_fixed): replicated heads summed as integers
   size_t x_row() const { return size_t(hs.H) * W * elem; }
   size_t y_row() const { return size_t(hs.H_loc) * W * elem; }
   size_t head_offset(int j) const { return size_t(hs.first(j)) * W * elem; }
@@ -68,6 +74,9 @@ struct HeadTensor {
 };
 HeadTensor tensor(const HeadSplit& hs, int32_t W, DType t, const void* from, void* to) {
   return HeadTensor{hs, W, dtype_bytes(t), from, to};
+}
+HeadTensor exact_tensor(const HeadSplit& hs, int32_t W, const int64_t* from, int64_t* to) {
+  return HeadTensor{hs, W, sizeof(int64_t), from, to, true};
 }
 
 // Bytes each rank sends to one destination for `ts`.
@@ -114,8 +123,8 @@ void scatter_heads(Comm& c, std::initializer_list<HeadTensor> ts, int64_t S_loc,
 }
 
 // The reverse, y → x, in one all-to-all. Replicated heads (H < U) come back from U / H ranks
-// each; their values are summed (fp32 tensors: the gradients need it, each replica saw a
-// different subset of the query heads).
+// each; their values are summed (the gradients need it, each replica saw a different subset of
+// the query heads): fp32 tensors in rank order, exact ones as integers (CPU).
 void gather_heads(Comm& c, std::initializer_list<HeadTensor> ts, int64_t S_loc, On on, CpStats& st, Tracer* tr) {
   const int U = c.size();
   if (U == 1) {
@@ -139,7 +148,14 @@ void gather_heads(Comm& c, std::initializer_list<HeadTensor> ts, int64_t S_loc, 
     const std::byte* in = recv.data() + size_t(j) * per;
     for (const HeadTensor& t : ts) {
       std::byte* dst = t.dst() + t.head_offset(j);
-      if (t.hs.replicated()) {
+      if (t.hs.replicated() && t.exact) {
+        CTXPAR_CHECK(on.device == Device::cpu, "exact sums of replicated heads are CPU only");
+        const int64_t w = int64_t(t.y_row() / sizeof(int64_t)), ld = int64_t(t.x_row() / sizeof(int64_t));
+        const int64_t* src = reinterpret_cast<const int64_t*>(in);
+        int64_t* out = reinterpret_cast<int64_t*>(dst);
+        for (int64_t i = 0; i < S_loc; ++i)
+          for (int64_t e = 0; e < w; ++e) out[i * ld + e] += src[i * w + e];
+      } else if (t.hs.replicated()) {
         CTXPAR_CHECK(t.elem == sizeof(float), "replicated heads are summed in fp32");
         const int64_t w = int64_t(t.y_row() / sizeof(float));
         add_f32_2d(reinterpret_cast<float*>(dst), int64_t(t.x_row() / sizeof(float)), reinterpret_cast<const float*>(in),
@@ -268,6 +284,25 @@ void ulysses_bwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& 
   a.dq = dq.data();
   a.dk = dk.data();
   a.dv = dv.data();
+  if (t.deterministic && (hk.replicated() || t.dk_fixed)) {
+    // A K/V head on U / H_kv ranks, each with part of its group's query heads (whole parts of
+    // fixed_heads: check_heads): their integer sums added before the one rounding. With
+    // t.dk_fixed the caller takes the integers (K/V heads replicated over tp too).
+    const size_t own = size_t(t.S_k) * t.H_kv * D;
+    Buffer<int64_t> dki(nk, false), dvi(nk, false), dk_sum(t.dk_fixed ? 0 : own, false), dv_sum(t.dk_fixed ? 0 : own, false);
+    int64_t* dk_to = t.dk_fixed ? t.dk_fixed : dk_sum.data();
+    int64_t* dv_to = t.dk_fixed ? t.dv_fixed : dv_sum.data();
+    a.dk_fixed = dki.data();
+    a.dv_fixed = dvi.data();
+    canonical_bwd(ring, a, /*ring_hops=*/true, tr, st);
+    gather_heads(u, {tensor(hq, D, DType::f32, dq.data(), t.dq), exact_tensor(hk, D, dki.data(), dk_to),
+                     exact_tensor(hk, D, dvi.data(), dv_to)},
+                 t.S_q, on, st, tr);
+    if (t.dk_fixed) return;
+    fixed_to_float(dk_sum.data(), t.dk, int64_t(own));
+    fixed_to_float(dv_sum.data(), t.dv, int64_t(own));
+    return;
+  }
   if (t.deterministic) canonical_bwd(ring, a, /*ring_hops=*/true, tr, st);
   else ring_bwd(ring, a, tr, st);
 

@@ -30,8 +30,9 @@ HeadSplit head_split(int32_t H, int U);
 
 // "" when H_q and H_kv can be laid over U ranks, else the message (what is wrong, what is valid).
 std::string check_heads(const std::string& strategy, int32_t H_q, int32_t H_kv, int U);
-// check_heads, and with s.deterministic heads that split without replication (a replicated K/V
-// head's gradient is summed in fp32 after the all-to-all, which is not order-invariant).
+// check_heads, and with s.deterministic a K/V head replicated on several ranks only where each of
+// them holds whole exact parts (AttnParams::fixed_heads) of its group's query heads: their dK/dV
+// travel back as integer sums and are added before the one rounding.
 std::string check_heads(const std::string& strategy, const AttnParams& s, int U);
 
 // Bytes one rank sends in one ulysses forward of `s` (heads, D; Q, K, V out, O and LSE back,

@@ -109,16 +109,35 @@ void layer_tp_sum(const LayerRun& r, int64_t n, int64_t N, std::initializer_list
                "deterministic: tp:" << r.d.tp << " does not divide the " << e.units << " parts of the tp sums");
   const int64_t parts = e.units / r.d.tp, elems = n * N;
   for (const TpTerm& t : terms)
-    CTXPAR_CHECK(t.K % parts == 0, "deterministic: a tp share of " << t.K << " in " << parts << " parts");
+    CTXPAR_CHECK(t.kv || t.K % parts == 0, "deterministic: a tp share of " << t.K << " in " << parts << " parts");
+  // A K/V term's heads go whole to the part that holds their group's first query head: this
+  // rank's K/V heads [a, b) (local) in global part `gp`, none (a == b) on the other copies of a
+  // replicated head and in the parts after a group's first.
+  const int64_t G = r.d.H_q / r.d.H_kv, per = r.d.H_q / e.units;  // query heads of a group, of a part
+  auto kv_heads_in = [&](int64_t gp) {
+    int64_t a = 0, b = 0;
+    for (int64_t i = 0; i < r.d.H_kv_loc(); ++i)
+      if ((r.d.kv_head0() + i) * G / per == gp) {
+        if (a == b) a = i;
+        b = i + 1;
+      }
+    return std::pair<int64_t, int64_t>(a, b);
+  };
   std::fill_n(e.sum_hi, size_t(elems + 1), int64_t(0));
   std::fill_n(e.sum_lo, size_t(elems + 1), int64_t(0));
   int64_t bad = 0;
   for (int64_t u = 0; u < parts; ++u) {
     bool first = true;
     for (const TpTerm& t : terms) {
-      const int64_t Kc = t.K / parts;
-      const float* B = t.tb ? t.B + u * Kc : t.B + u * Kc * t.ldb;
-      layer_gemm(r, false, t.tb, n, N, Kc, t.A + u * Kc, t.lda, B, t.ldb, first ? 0.f : 1.f, e.part, N);
+      int64_t k0 = u * (t.K / parts), Kc = t.K / parts;
+      if (t.kv) {
+        const auto [a, b] = kv_heads_in(r.d.tp_rank * parts + u);
+        k0 = a * r.d.D;
+        Kc = (b - a) * r.d.D;
+        if (Kc == 0) continue;
+      }
+      const float* B = t.tb ? t.B + k0 : t.B + k0 * t.ldb;
+      layer_gemm(r, false, t.tb, n, N, Kc, t.A + k0, t.lda, B, t.ldb, first ? 0.f : 1.f, e.part, N);
       first = false;
     }
     bad += exact_add(e.part, n, N, N, e.sum_hi, e.sum_lo, N);

@@ -100,6 +100,10 @@ struct TpTerm {
   int64_t ldb;
   bool tb;
   int64_t K;
+  // a K/V projection's term (K = this rank's K/V heads x D): with exact parts (deterministic=true)
+  // each head goes whole to the part of its group's first query head, and a head replicated over
+  // tp is added by the rank holding that part only (its gradient is whole on every copy)
+  bool kv = false;
 };
 // out [n, N] = sum of the terms' products over the whole tp group (the row-parallel products:
 // attention output, MLP down projection, and the input gradients of the column-parallel ones).

@@ -26,6 +26,7 @@ ModelDims model_dims(const Config& c, int tp, int tp_rank) {
   d.rope_orig_max = double(c.rope_original_max_pos);
   d.tp = tp;
   d.tp_rank = tp_rank;
+  d.exact_heads = int32_t(c.deterministic_heads);
   if (c.attention == "mla") {
     d.mla = true;
     d.q_lora = int32_t(c.q_lora_rank);
@@ -67,7 +68,10 @@ int64_t ModelDims::param_count() const {
   return (layers - G) * (attn + mlp) + G * (gdn + mlp) + 2 * vocab * dim + dim;
 }
 
-int64_t deterministic_tp_units(const ModelDims& d) { return std::gcd(int64_t(d.H_kv), d.ffn); }
+int64_t deterministic_tp_units(const ModelDims& d) {
+  const int32_t per_part = d.exact_heads > 0 ? d.exact_heads : d.H_q / d.H_kv;  // query heads
+  return std::gcd(int64_t(d.H_q / per_part), d.ffn);
+}
 
 std::string check_deterministic_model(const Config& c, int tp, int64_t block) {
   if (c.layer_pattern.find('D') != std::string::npos) {
@@ -81,11 +85,24 @@ std::string check_deterministic_model(const Config& c, int tp, int64_t block) {
              "chunk borders; valid: a deterministic_block that gdn_chunk divides, or a gdn_chunk dividing " +
              std::to_string(block);
   }
-  const int64_t units = deterministic_tp_units(model_dims(c, 1, 0));
-  if (units % tp == 0) return "";  // else K/V heads replicated over tp: their gradients summed in fp32
+  const ModelDims d = model_dims(c, 1, 0);
+  const int64_t units = deterministic_tp_units(d);
+  if (units % tp == 0) return "";
+  // the largest part of a K/V group's heads that would serve this tp
+  const int32_t G = d.H_q / d.H_kv;
+  std::string fix;
+  for (int32_t f = G; f >= 1 && fix.empty(); --f) {
+    ModelDims e = d;
+    e.exact_heads = f;
+    if (G % f == 0 && deterministic_tp_units(e) % tp == 0) fix = ", or deterministic_heads=" + std::to_string(f);
+  }
+  const int32_t f = d.exact_heads > 0 ? d.exact_heads : G;
   return "config: deterministic = true with tp:" + std::to_string(tp) + ": the exact tp sums split into " +
-         std::to_string(units) + " parts (gcd of kv_heads = " + std::to_string(c.kv_heads) + " and ffn_dim = " +
-         std::to_string(c.ffn_dim) + "), which tp must divide; valid: tp:1 or a tp dividing " + std::to_string(units);
+         std::to_string(units) + " parts, the gcd of heads/" + std::to_string(f) + " = " + std::to_string(d.H_q / f) +
+         " (" + std::to_string(f) + " query heads per exact part: deterministic_heads" +
+         (d.exact_heads > 0 ? "" : ", 0 for a K/V group") + ") and ffn_dim = " + std::to_string(c.ffn_dim) +
+         ", which tp must divide; valid: tp:1, a tp dividing " + std::to_string(units) + fix +
+         " (the same on the runs compared)";
 }
 
 std::string validate_model_shape(const Config& c, int tp, bool kv_replication) {

@@ -101,9 +101,12 @@ double AdamW::grad_norm_fixed(const float* g, Comm* tp, int64_t units) const {
   };
   std::vector<Item> items;
   std::vector<size_t> first;  // each tensor's first item
+  const int t_rank = tp ? tp->rank() : 0;
   for (const ParamInfo& p : layout_.tensors()) {
-    CTXPAR_CHECK(p.copies == 1 && units % T == 0, "grad_norm_fixed: " << p.name << " replicated over tp, or tp:" << T
-                                                                       << " not dividing " << units);
+    // a K/V head on several tp ranks (its gradient whole on each): each copy sums its share of
+    // the global parts, columns [col0 + c0, ...) of the whole tensor's cols / units each
+    CTXPAR_CHECK(units % T == 0 && (p.copies == 1 || (p.split == Split::cols && p.cols % units == 0)),
+                 "grad_norm_fixed: " << p.name << " in " << units << " parts over tp:" << T);
     first.push_back(items.size());
     for (int64_t j = 0; j < (p.split == Split::replicated ? 1 : parts); ++j) items.push_back({&p, j});
   }
@@ -114,7 +117,13 @@ double AdamW::grad_norm_fixed(const float* g, Comm* tp, int64_t units) const {
     const float* x = g + p.offset;
     int64_t r0 = 0, r1 = p.loc_rows, c0 = 0, c1 = p.loc_cols;
     if (p.split == Split::rows) r1 = (r0 = items[i].part * (p.loc_rows / parts)) + p.loc_rows / parts;
-    if (p.split == Split::cols) c1 = (c0 = items[i].part * (p.loc_cols / parts)) + p.loc_cols / parts;
+    if (p.split == Split::cols && p.copies == 1) c1 = (c0 = items[i].part * (p.loc_cols / parts)) + p.loc_cols / parts;
+    if (p.copies > 1) {
+      const int64_t w = p.cols / units;
+      c0 = (t_rank * parts + items[i].part) * w - p.col0;
+      c1 = c0 + w;
+      CTXPAR_CHECK(c0 >= 0 && c1 <= p.loc_cols, "grad_norm_fixed: " << p.name << "'s part outside its copy");
+    }
     double acc[4] = {0, 0, 0, 0};  // four chains (column mod 4), added in a fixed order
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t c = c0; c < c1; ++c) {

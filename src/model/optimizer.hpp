@@ -55,7 +55,8 @@ class AdamW {
   // deterministic=true (CPU): the same norm with the same bits for any tp dividing `units`
   // (deterministic_tp_units) and any thread count: each tensor's squares summed in fixed parts
   // (a replicated tensor whole; a tp-split one in `units` parts of its split dimension), each
-  // part in order in double, the parts gathered over tp and added in (tensor, part) order.
+  // part in order in double, the parts gathered over tp and added in (tensor, part) order. A K/V
+  // head replicated over tp (its gradient whole on every copy) gives each copy its share of the parts.
   double grad_norm_fixed(const float* grads, Comm* tp, int64_t units) const;
   // One step (increments step()); scales the gradient by min(1, grad_clip / norm). `tr`: offload's
   // waits are traced as spans of phase offload.

@@ -131,7 +131,7 @@ LayerRun Transformer::run(int64_t l) {
                   deterministic() ? &exact_ : nullptr};
 }
 
-void Transformer::set_deterministic(int64_t block) {
+void Transformer::set_deterministic(int64_t block, int32_t fixed_heads) {
   const int64_t units = deterministic_tp_units(d_);
   CTXPAR_CHECK(dev_ == Device::cpu && !d_.mla && units % d_.tp == 0 && block > 0 && S_loc_ % block == 0 &&
                    (!d_.has_gdn() || (d_.gdn_schedule == "ring" && block % d_.gdn_chunk == 0)),
@@ -154,9 +154,29 @@ void Transformer::set_deterministic(int64_t block) {
   chunk_loss_ = Buffer<double>(size_t((S_loc_ + C - 1) / C), false);
   call_.deterministic = true;
   call_.fixed_rows = block;  // dK/dV converted once per block of queries (a multiple of the tile)
+  call_.fixed_heads = fixed_heads;  // ... and part of a K/V group's heads (0: the whole group)
+  if (d_.tp > d_.H_kv) kv_copies_ = Buffer<int64_t>(size_t(2 * S_loc_ * d_.kv_width()), false);  // sum_kv_copies
   // local (L) layers: the main strategy's canonical schedule with the window mask (every key row
   // gathered, as for the global layers), not local_strategy's
   if (d_.has_local()) local_ = &strat_;
+}
+
+void Transformer::sum_kv_copies(int64_t l) {
+  // Every tp rank puts its head's integers in that head's place (zeros elsewhere); the sum over tp
+  // adds each head's copies, each holding the sums of its share of the group's query heads.
+  const size_t w = size_t(S_loc_) * size_t(d_.D), H = size_t(d_.H_kv), g = size_t(d_.kv_head0());
+  Buffer<int64_t> all(2 * H * w, true);
+  std::copy_n(kv_copies_.data(), w, all.data() + g * w);
+  std::copy_n(kv_copies_.data() + w, w, all.data() + (H + g) * w);
+  const double t0 = now_s();
+  {
+    Tracer::Scope sc(tr_, Phase::all_reduce, int32_t(l), -1, 0, double(all.size()) * 8);
+    topo_.axis(Axis::tp).all_reduce(all.span());
+  }
+  times_->tp_comm_s += now_s() - t0;
+  st_->exposed_comm_s += now_s() - t0;
+  fixed_to_float(all.data() + g * w, dk_.data(), int64_t(w));
+  fixed_to_float(all.data() + (H + g) * w, dv_.data(), int64_t(w));
 }
 
 void Transformer::finish_exact(float* grads, double* loss) const {
@@ -299,9 +319,14 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
     mla_x_->bind(tr_, l, w, &gw);
     t.dlatent = mla_s_.dlat.data();
   }
+  if (kv_copies_.size()) {  // deterministic, K/V heads replicated over tp: their integer sums
+    t.dk_fixed = kv_copies_.data();
+    t.dv_fixed = kv_copies_.data() + S * kw;
+  }
   const double t0 = now_s();
   strategy_of(l).backward(t, tr_, *st_);
   times_->attn_s += now_s() - t0;
+  if (kv_copies_.size()) sum_kv_copies(l);
   if (d_.mla) {
     float* dlat = mla_s_.dlat.data();
     if (!t.expander) {  // the strategy moved K/V and returned dK/dV: the latent's gradient from them here
@@ -322,8 +347,8 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
     rope_apply(dk_.data(), S, d_.H_kv_loc(), d_.D, cos_.data(), sin_.data(), true, dev_, stream_);
   }
   layer_tp_sum(run(l), S, dim,
-               {{dq_.data(), qw, w.wq, qw, true, qw}, {dk_.data(), kw, w.wk, kw, true, kw},
-                {dv_.data(), kw, w.wv, kw, true, kw}},
+               {{dq_.data(), qw, w.wq, qw, true, qw}, {dk_.data(), kw, w.wk, kw, true, kw, true},
+                {dv_.data(), kw, w.wv, kw, true, kw, true}},
                dh_.data());
   layer_gemm(run(l), true, false, dim, qw, S, a.h.data(), dim, dq_.data(), qw, 1, gw.wq, qw);
   layer_gemm(run(l), true, false, dim, kw, S, a.h.data(), dim, dk_.data(), kw, 1, gw.wk, kw);

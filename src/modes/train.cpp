@@ -40,6 +40,8 @@ AttnParams local_attn_problem(const Config& cfg, int tp, bool local_layer = fals
   AttnParams p = attn_problem(cfg.seq, d.H_q_loc(), d.H_kv_loc(), d.D, local_layer ? MaskKind::window : MaskKind::causal,
                               local_layer ? cfg.window : 0);
   if (d.mla) p.latent_width = int32_t(d.kv_lora + d.rope);  // K/V come from the latent
+  p.deterministic = cfg.deterministic;  // the strategies' validate: what the canonical schedule serves
+  p.fixed_heads = int32_t(cfg.deterministic_heads);
   return p;
 }
 // attention = mla: its shapes, one line (kv_heads and head_dim do not apply).
@@ -281,6 +283,8 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
     p.state_bytes += 16.0 * double(layout.local_elems() + 2);
     if (deterministic_tp_units(d) > 1)  // the tp sums' integers and part (layer_tp_sum)
       p.state_bytes += 20.0 * double(S_loc * d.dim);
+    if (d.tp > d.H_kv)  // K/V heads replicated over tp: a copy's dK/dV integers, and every head's for the sum
+      p.state_bytes += 16.0 * double(S_loc) * d.D * (d.H_kv_loc() + d.H_kv);
     if (train_block(cfg) >= kExactLibraryBlock) {
       int64_t widest = 0;
       for (const ParamInfo& t : layout.tensors()) widest = std::max(widest, t.loc_elems());
@@ -445,7 +449,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg), local_strat.get(), dev, gpu.stream,
                     offloads(cfg, Offload::layer_inputs), offloads(cfg, Offload::attn_out));
   model.set_visible_only(cfg.frugal);
-  if (cfg.deterministic) model.set_deterministic(train_block(cfg));
+  if (cfg.deterministic) model.set_deterministic(train_block(cfg), int32_t(cfg.deterministic_heads));
   if (hparams) model.use_weights(&hparams->view(), &hparams->mirror());
   const std::unique_ptr<TokenSource> src = make_token_source(cfg);
 

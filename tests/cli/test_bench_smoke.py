@@ -63,6 +63,9 @@ CASES = [
     ("train", 2, ["seq=512", "steps=2", "deterministic=true"] + MODEL, ["schedule", "step_ms", "wrong"]),
     ("infer", 2, ["seq=512"] + MODEL, ["pass_kv_ms", "pass_q_ms", "wrong"]),
     ("infer", 2, ["seq=256", "mesh=tp:2"] + MODEL, ["pass_kv_ms", "pass_q_ms", "ttit_ms", "tok_s", "wrong"]),
+    # deterministic=true: the exact schedule's table; a logit row whose bits differ from CP = 1's (#bits) counts
+    # as wrong, so rc 0 and VALID mean bit-identical rows at CP 1 and 2
+    ("infer", 2, ["seq=256", "deterministic=true"] + MODEL, ["prefill_det_ms", "ttit_det_ms", "bits", "wrong"]),
     ("peak", 1, [], ["sgemm_gflops", "fma_gflops", "fma_isa", "fma_bits", "wrong"]),
 ]
 for mode, np, extra, cols in CASES:

@@ -189,6 +189,12 @@ deterministic_chats("local", [SCHED, "batch=3", "save_logits=true", "determinist
                      ("np2_threads2", 2, ["threads=2", "decode_algo=allgather"]),
                      ("tp2", 2, ["mesh=tp:2"]), ("tp2_ring2", 4, ["mesh=tp:2,ring:2", "cp_algo=pass_q"]),
                      ("plain_np1", 1, ["deterministic=false"])])
+# K/V heads replicated over tp (2 K/V heads on tp:4, 4 query heads): the tp sums in parts of one
+# query head (deterministic_heads), the same on every tp size
+deterministic_chats("kv_replicated", [SCHED, "batch=3", "save_logits=true", "deterministic=true", "deterministic_heads=1"],
+                    [("np1", 1, []), ("tp4", 4, ["mesh=tp:4"]), ("tp2_ring2", 4, ["mesh=tp:2,ring:2", "cp_algo=pass_q"]),
+                     ("tp4_threads2", 4, ["mesh=tp:4", "threads=2"]),
+                     ("plain_tp4", 4, ["mesh=tp:4", "deterministic=false", "deterministic_heads=0"])])
 # Gated DeltaNet layers: prefills whose 2N pieces are whole chunks (96 tokens, gdn_chunk 8: pieces
 # of 48, 24 and 16 rows on 1, 2 and 3 ranks) give the same bits on every mesh, the state kept on
 # its home rank or replicated.

@@ -300,6 +300,27 @@ TEST(AttnStrides, OverlappingRowsAreRefused) {
   }
 }
 
+// The outputs of one forward and backward with exact dK/dV sums.
+struct ExactOut {
+  std::vector<float> o, lse, dq;
+  std::vector<int64_t> dk, dv;
+};
+// attn_fwd, then attn_bwd with exact dK/dV sums, on `p` (inputs and shape set) at `threads`.
+ExactOut run_exact(AttnParams p, int threads) {
+  const size_t nq = size_t(p.S_q) * p.H_q, nk = size_t(p.S_k) * p.H_kv * p.D;
+  ExactOut r{std::vector<float>(nq * p.D), std::vector<float>(nq), std::vector<float>(nq * p.D),
+             std::vector<int64_t>(nk), std::vector<int64_t>(nk)};
+  p.o = r.o.data();
+  p.lse = r.lse.data();
+  p.dq = r.dq.data();
+  p.dk_fixed = r.dk.data();
+  p.dv_fixed = r.dv.data();
+  p.threads = threads;
+  attn_fwd(p);
+  attn_bwd(p);
+  return r;
+}
+
 // Exact dK/dV (AttnParams::dk_fixed, deterministic=true): a rank's queries are two zigzag chunks
 // of whole query tiles; attending them alone to every key (in position order) gives the same
 // bits of O, LSE and dQ as the whole sequence's call, and the integer dK/dV sums of the ranks
@@ -317,10 +338,7 @@ TEST(AttnExact, AnySplitOfTheQueriesGivesTheSameBits) {
     Problem pr(sh, 17);
     for (int64_t i = 0; i < sh.S_q; ++i) pr.q_pos[size_t(i)] = pr.k_pos[size_t(i)] = i;  // aligned blocks
     const int64_t wq = int64_t(sh.H_q) * sh.D, wk = int64_t(sh.H_kv) * sh.D, S = sh.S_q;
-    struct Out {
-      std::vector<float> o, lse, dq;
-      std::vector<int64_t> dk, dv;
-    };
+    using Out = ExactOut;
     // The call for the query rows `rows` (ascending positions) against every key.
     auto call = [&](const std::vector<int64_t>& rows, int threads) {
       const int64_t n = int64_t(rows.size());
@@ -331,24 +349,14 @@ TEST(AttnExact, AnySplitOfTheQueriesGivesTheSameBits) {
         std::copy_n(pr.dout.data() + rows[size_t(i)] * wq, wq, dout.data() + i * wq);
         if (sh.docs) doc.push_back(pr.q_doc[size_t(rows[size_t(i)])]);
       }
-      Out r{std::vector<float>(q.size()), std::vector<float>(size_t(n) * sh.H_q), std::vector<float>(q.size()),
-            std::vector<int64_t>(pr.k.size()), std::vector<int64_t>(pr.k.size())};
       AttnParams p = pr.params();
       p.S_q = n;
       p.q = q.data();
       p.dout = dout.data();
       p.q_pos = rows.data();
       p.q_doc = sh.docs ? doc.data() : nullptr;
-      p.o = r.o.data();
-      p.lse = r.lse.data();
-      p.dq = r.dq.data();
-      p.dk_fixed = r.dk.data();
-      p.dv_fixed = r.dv.data();
       p.fixed_rows = fixed_rows;
-      p.threads = threads;
-      attn_fwd(p);
-      attn_bwd(p);
-      return r;
+      return run_exact(p, threads);
     };
     std::vector<int64_t> all(static_cast<size_t>(S));
     for (int64_t i = 0; i < S; ++i) all[size_t(i)] = i;
@@ -397,6 +405,72 @@ TEST(AttnExact, AnySplitOfTheQueriesGivesTheSameBits) {
       EXPECT_EQ(dv, whole.dv) << shape_name(sh) << " block " << B << " P " << P;
     }
     (void)wk;
+  }
+}
+
+// Exact dK/dV in parts of a K/V group's heads (AttnParams::fixed_heads): the group's query heads
+// split over calls that each hold the K/V head (K/V heads replicated over ulysses or tp ranks) give
+// integer sums that add up to exactly the whole call's, and each head's O, LSE and dQ have the
+// whole call's bits. A part that does not divide the group is refused.
+TEST(AttnExact, HeadPartsSplitOverCallsSumToTheWholeCall) {
+  Shape sh{0, 0, 8, 2, 64, MaskKind::causal, Layout::diagonal, 0, true};
+  sh.S_q = sh.S_k = 2 * attn_query_block(sh.D);
+  Problem pr(sh, 29);
+  for (int64_t i = 0; i < sh.S_q; ++i) pr.q_pos[size_t(i)] = pr.k_pos[size_t(i)] = i;
+  const int64_t S = sh.S_q, D = sh.D, G = sh.H_q / sh.H_kv;
+  using Out = ExactOut;
+  // query heads [h0, h0 + n) with their K/V head(s): every K/V head of the range, in order
+  auto call = [&](int32_t h0, int32_t n, int32_t fixed_heads, int threads) {
+    const int32_t kv0 = int32_t(h0 / G), n_kv = std::max<int32_t>(1, int32_t(n / G));
+    std::vector<float> q(size_t(S * n * D)), dout(q.size()), k(size_t(S * n_kv * D)), v(k.size());
+    for (int64_t i = 0; i < S; ++i) {
+      std::copy_n(pr.q.data() + (i * sh.H_q + h0) * D, n * D, q.data() + i * n * D);
+      std::copy_n(pr.dout.data() + (i * sh.H_q + h0) * D, n * D, dout.data() + i * n * D);
+      std::copy_n(pr.k.data() + (i * sh.H_kv + kv0) * D, n_kv * D, k.data() + i * n_kv * D);
+      std::copy_n(pr.v.data() + (i * sh.H_kv + kv0) * D, n_kv * D, v.data() + i * n_kv * D);
+    }
+    AttnParams p = pr.params();
+    p.q = q.data();
+    p.k = k.data();
+    p.v = v.data();
+    p.dout = dout.data();
+    p.H_q = n;
+    p.H_kv = n_kv;
+    p.fixed_heads = fixed_heads;
+    return run_exact(p, threads);
+  };
+  for (int32_t f : {1, 2}) {
+    const Out whole = call(0, sh.H_q, f, 2);
+    for (int32_t n : {2, 1}) {  // query heads per call (half a group, or one head)
+      if (n % f != 0) continue;  // a call holds whole parts
+      std::vector<int64_t> dk(whole.dk.size()), dv(whole.dv.size());
+      for (int32_t h0 = 0; h0 < sh.H_q; h0 += n) {
+        const Out part = call(h0, n, f, h0 % 2 + 1);
+        const int32_t kv = int32_t(h0 / G);
+        for (int64_t i = 0; i < S; ++i) {
+          ASSERT_EQ(0, std::memcmp(part.o.data() + i * n * D, whole.o.data() + (i * sh.H_q + h0) * D, n * D * 4))
+              << "parts of " << f << " heads, calls of " << n << ", O row " << i << " head " << h0;
+          ASSERT_EQ(0, std::memcmp(part.dq.data() + i * n * D, whole.dq.data() + (i * sh.H_q + h0) * D, n * D * 4))
+              << "parts of " << f << " heads, calls of " << n << ", dQ row " << i << " head " << h0;
+          for (int64_t d = 0; d < D; ++d) {
+            dk[size_t((i * sh.H_kv + kv) * D + d)] += part.dk[size_t(i * D + d)];
+            dv[size_t((i * sh.H_kv + kv) * D + d)] += part.dv[size_t(i * D + d)];
+          }
+        }
+      }
+      EXPECT_EQ(dk, whole.dk) << "parts of " << f << " heads, calls of " << n << " heads";
+      EXPECT_EQ(dv, whole.dv) << "parts of " << f << " heads, calls of " << n << " heads";
+    }
+  }
+  // the whole group as one part (the default) sums differently: the split calls' sums above are
+  // not the same integers by accident
+  const Out one = call(0, sh.H_q, 0, 1), per_head = call(0, sh.H_q, 1, 1);
+  EXPECT_NE(one.dk, per_head.dk);
+  try {
+    call(0, sh.H_q, 3, 1);
+    ADD_FAILURE() << "fixed_heads = 3 of a 4-head group accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("fixed_heads = 3"), std::string::npos) << e.what();
   }
 }
 

@@ -114,7 +114,8 @@ def case_deterministic(tmp):
     gradient; meshes without dp) bit-identical
     on every CP mesh (1, 2, 3, 4, 6, 8 ranks), strategy and thread count, and across a resume from 2 ranks onto 4; dp
     replicas likewise among themselves; tp:2 and tp:4 (alone, and with ring or ulysses) like one rank; a model with a
-    local (L) layer likewise, and one with a Gated DeltaNet (D) layer. seq = 200 pads on every mesh (128-row blocks)."""
+    local (L) layer likewise, and one with a Gated DeltaNet (D) layer; with exact parts of 2 and 1 query heads
+    (deterministic_heads), K/V heads replicated over ulysses (4, 8) and tp (4, 8) ranks like one rank. seq = 200 pads on every mesh (128-row blocks)."""
     det = ["deterministic=true", "seq=200", "steps=4", "checkpoint_every=4"]
 
     def go(name, np_, args, threads=1):
@@ -169,6 +170,22 @@ def case_deterministic(tmp):
              [("kv4_np1", 1, []), ("kv4_tp4", 4, ["mesh=tp:4"]),
               ("kv4_tp2_ring2", 4, ["mesh=tp:2,ring:2", "strategy=ring"]),
               ("kv4_tp2_ulysses2", 4, ["mesh=tp:2,ulysses:2", "strategy=ulysses"])]])
+    # exact parts of 2 query heads (deterministic_heads): the 2 K/V heads replicated on 2 ranks each, over
+    # ulysses:4 or tp:4, whose integer dK/dV sums add up to one rank's; the tp sums in 4 parts
+    heads2 = ["deterministic_heads=2"]
+    parts = [(n, go(n, np_, heads2 + a, t)) for n, np_, a, t in
+             [("heads2_np1", 1, [], 1), ("heads2_ring_np2", 2, ["strategy=ring"], 2),
+              ("heads2_ulysses_np4", 4, ["strategy=ulysses", "mesh=ulysses:4"], 1),
+              ("heads2_usp_np8", 8, ["strategy=usp", "mesh=ulysses:4,ring:2"], 1),
+              ("heads2_tp4", 4, ["mesh=tp:4"], 1), ("heads2_tp2", 2, ["mesh=tp:2"], 2),
+              ("heads2_tp4_ring2", 8, ["mesh=tp:4,ring:2", "strategy=ring"], 1),
+              ("heads2_tp2_ulysses2", 4, ["mesh=tp:2,ulysses:2", "strategy=ulysses"], 1)]]
+    compare(parts)
+    # one-head parts: tp:8 puts one query head on each rank, each K/V head on 4
+    heads1 = ["deterministic_heads=1"]
+    parts1 = [(n, go(n, np_, heads1 + a)) for n, np_, a in [("heads1_np1", 1, []), ("heads1_tp8", 8, ["mesh=tp:8"]),
+                                                           ("heads1_ulysses_np8", 8, ["strategy=ulysses", "mesh=ulysses:8"])]]
+    compare(parts1)
     # local (L) layers: the main strategy's canonical schedule with the window mask
     loc = ["layer_pattern=GL", "window=24"]
     compare([(n, go(n, np_, loc + a)) for n, np_, a in
@@ -192,6 +209,11 @@ def case_deterministic(tmp):
     print(f"deterministic vs plain (np 1): max rel diff {rel:.2e}", "ok" if rel <= REL_TOL else "FAIL")
     if not rel <= REL_TOL:
         bad.append("deterministic losses far from the plain schedule's")
+    for name, (loss, _) in [parts[0], parts1[0]]:  # the same model in other exact parts
+        rel = np.max(np.abs(plain - loss) / np.abs(plain))
+        print(f"{name} vs plain (np 1): max rel diff {rel:.2e}", "ok" if rel <= REL_TOL else "FAIL")
+        if not rel <= REL_TOL:
+            bad.append(f"{name} losses far from the plain schedule's")
     return bad
 
 
