@@ -85,6 +85,7 @@ double mla_scratch_bytes(const ModelDims& d, int64_t S) {
 
 void MlaExpander::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                        int64_t ldb, float beta, float* C, int64_t ldc) const {
+  if (run_) return layer_gemm(*run_, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
   const double t0 = now_s();
   {
     Tracer::Scope sc(tr_, Phase::gemm, int32_t(layer_), -1, matmul_flops(double(M), double(N), double(K)), 0);
@@ -246,7 +247,7 @@ void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S,
   std::memset(dc_raw, 0, size_t(S * kl) * sizeof(float));
   {
     Tracer::Scope sc(r.tr, Phase::norm, int32_t(r.layer), -1, 0, 0);
-    rmsnorm_bwd(dc, a.c_raw.data(), w.kv_norm, a.c_rstd.data(), dc_raw, gw.kv_norm, S, kl);
+    layer_rmsnorm_bwd(r, dc, a.c_raw.data(), w.kv_norm, a.c_rstd.data(), dc_raw, gw.kv_norm, S, kl);
   }
   layer_gemm(r, true, false, dim, kl, S, h, dim, dc_raw, kl, 1, gw.wkv_a, kva);
   layer_gemm(r, true, false, dim, R, S, h, dim, dkpe, R, 1, gw.wkv_a + kl, kva);
@@ -269,7 +270,7 @@ void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S,
     std::memset(dcq_raw, 0, size_t(S * ql) * sizeof(float));
     {
       Tracer::Scope sc(r.tr, Phase::norm, int32_t(r.layer), -1, 0, 0);
-      rmsnorm_bwd(dcq, a.cq_raw.data(), w.q_norm, a.cq_rstd.data(), dcq_raw, gw.q_norm, S, ql);
+      layer_rmsnorm_bwd(r, dcq, a.cq_raw.data(), w.q_norm, a.cq_rstd.data(), dcq_raw, gw.q_norm, S, ql);
     }
     layer_gemm(r, true, false, dim, ql, S, h, dim, dcq_raw, ql, 1, gw.wq_a, ql);
     layer_gemm(r, false, true, S, dim, ql, dcq_raw, ql, w.wq_a, ql, 1, dh, dim);

@@ -17,6 +17,7 @@
 // expander then turns into the latent's here. Either way the backward starts from d lat.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "core/memory.hpp"
 #include "cp/strategy.hpp"
@@ -51,6 +52,12 @@ class MlaExpander final : public KvExpander {
     gw_ = gw;
   }
   void time_into(StepTimes* times) { times_ = times; }
+  // deterministic=true: the GEMMs through layer_gemm of `r` (fixed rows; Wkv_b's gradient to the
+  // exact sums), timed there; null: sgemm, timed by time_into.
+  void use_run(const LayerRun* r) {
+    run_.reset();
+    if (r) run_.emplace(*r);
+  }
   void expand(const float* latent, int64_t rows, float* k, float* v) override;
   void backward(const float* latent, int64_t rows, const float* dk, const float* dv, float* dlatent) override;
   int32_t width() const { return int32_t(d_.kv_lora + d_.rope); }
@@ -64,6 +71,7 @@ class MlaExpander final : public KvExpander {
   const LayerView* w_ = nullptr;
   LayerView* gw_ = nullptr;
   StepTimes* times_ = nullptr;
+  std::optional<LayerRun> run_;
   Buffer<float> kvb_;  // [rows, H (nope + v)], grown to the largest block
 };
 void mla_alloc(const ModelDims& d, int64_t S, MlaActs& a);

@@ -133,9 +133,9 @@ LayerRun Transformer::run(int64_t l) {
 
 void Transformer::set_deterministic(int64_t block, int32_t fixed_heads) {
   const int64_t units = deterministic_tp_units(d_);
-  CTXPAR_CHECK(dev_ == Device::cpu && !d_.mla && units % d_.tp == 0 && block > 0 && S_loc_ % block == 0 &&
+  CTXPAR_CHECK(dev_ == Device::cpu && (!d_.mla || d_.tp == 1) && units % d_.tp == 0 && block > 0 && S_loc_ % block == 0 &&
                    (!d_.has_gdn() || (d_.gdn_schedule == "ring" && block % d_.gdn_chunk == 0)),
-               "deterministic: the CPU, no MLA, a tp dividing " << units << ", whole blocks of " << block << " rows ("
+               "deterministic: the CPU, MLA only at tp:1, a tp dividing " << units << ", whole blocks of " << block << " rows ("
                    << S_loc_ << " here) and, with GDN layers, the ring schedule and whole chunks per block");
   const int64_t n = layout_.local_elems();
   ex_hi_ = Buffer<int64_t>(size_t(n + 2), true);
@@ -229,7 +229,8 @@ AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
     t.q_doc_host = t.k_doc_host = t.q_doc;
     t.q_doc = t.k_doc = has_docs_ ? doc_dev_.data() : nullptr;
   }
-  if (d_.mla && strategy_of(l).moves_latent()) {  // the latent travels instead of K/V
+  // the latent travels instead of K/V (deterministic=true: the canonical schedule moves K/V)
+  if (d_.mla && strategy_of(l).moves_latent() && !deterministic()) {
     t.latent_width = mla_x_->width();
     t.latent = mla_of(l).lat.data();
     t.expander = mla_x_.get();
@@ -242,6 +243,8 @@ AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
 void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, AttnActs& a, const Batch& b) {
   if (d_.mla) {
     mla_x_->bind(tr_, l, w, nullptr);
+    const LayerRun rl = run(l);
+    mla_x_->use_run(deterministic() ? &rl : nullptr);  // fixed-row GEMMs
     mla_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), mla_of(l), mla_s_, *mla_x_,
                a.q.data(), a.k.data(), a.v.data());
   } else {
@@ -331,6 +334,8 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
     float* dlat = mla_s_.dlat.data();
     if (!t.expander) {  // the strategy moved K/V and returned dK/dV: the latent's gradient from them here
       std::fill_n(dlat, size_t(S) * size_t(mla_x_->width()), 0.0f);
+      const LayerRun rl = run(l);
+      mla_x_->use_run(deterministic() ? &rl : nullptr);  // fixed-row GEMMs, Wkv_b's gradient exact
       mla_x_->time_into(times_);
       mla_x_->backward(mla_of(l).lat.data(), S, dk_.data(), dv_.data(), dlat);
       mla_x_->time_into(nullptr);
@@ -338,7 +343,7 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
     mla_in_bwd(run(l), w, gw, S, a.h.data(), mla_of(l), mla_s_, cos_.data(), sin_.data(), dq_.data(), dlat,
                dh_.data());
     Tracer::Scope sc(tr_, Phase::norm, int32_t(l), -1, 0, 0);
-    rmsnorm_bwd(dh_.data(), x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm, S, dim);  // dx = d x
+    rmsnorm_bwd_any(dh_.data(), x, w.attn_norm, a.rstd.data(), dx, gw.attn_norm);  // dx = d x
     return;
   }
   {
