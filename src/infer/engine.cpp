@@ -125,15 +125,15 @@ void Engine::ensure_rows(int64_t n) {
     det_exact_.sum_hi = det_hi_.data();
     det_exact_.sum_lo = det_lo_.data();
     det_exact_.part = det_part_.data();
+    det_exact_.sum_cap = int64_t(r * dim);
   }
   rows_cap_ = n;
 }
 
 void Engine::set_deterministic() {
   const int64_t units = deterministic_tp_units(d_);
-  CTXPAR_CHECK(dev_ == Device::cpu && (!d_.mla || d_.tp == 1) && units % d_.tp == 0 &&
-                   (!d_.has_gdn() || d_.gdn_schedule == "ring"),
-               "deterministic inference: the CPU, MLA only at tp:1, a tp dividing " << units << " and GDN's ring schedule");
+  CTXPAR_CHECK(dev_ == Device::cpu && units % d_.tp == 0 && (!d_.has_gdn() || d_.gdn_schedule == "ring"),
+               "deterministic inference: the CPU, a tp dividing " << units << " and GDN's ring schedule");
   det_ = true;
   det_exact_ = ExactGrads{};
   det_exact_.block = 1;

@@ -108,6 +108,7 @@ void layer_tp_sum(const LayerRun& r, int64_t n, int64_t N, std::initializer_list
   CTXPAR_CHECK(e.units % r.d.tp == 0 && e.sum_hi && e.sum_lo && e.part,
                "deterministic: tp:" << r.d.tp << " does not divide the " << e.units << " parts of the tp sums");
   const int64_t parts = e.units / r.d.tp, elems = n * N;
+  CTXPAR_CHECK(elems <= e.sum_cap, "deterministic: a tp sum of " << n << " x " << N << " beyond its scratch of " << e.sum_cap);
   for (const TpTerm& t : terms)
     CTXPAR_CHECK(t.kv || t.K % parts == 0, "deterministic: a tp share of " << t.K << " in " << parts << " parts");
   // A K/V term's heads go whole to the part that holds their group's first query head: this

@@ -56,6 +56,7 @@ struct ExactGrads {
   int64_t units = 1;
   int64_t *sum_hi = nullptr, *sum_lo = nullptr;
   float* part = nullptr;
+  int64_t sum_cap = 0;  // elements of part (sum_hi, sum_lo: one more): the largest rows x N
   // The exact sums of gradient element `g` (a pointer into [grads, grads + n)).
   int64_t offset(const float* g) const;
 };

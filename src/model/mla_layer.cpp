@@ -36,8 +36,7 @@ const float* value_columns(const ModelDims& d, const float* o, int64_t S, MlaScr
 // x1 = x + o_v Wo from the value columns o_v [S, H*v_dim] (summed over tp: each rank's heads).
 void out_projection(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* ov, float* x1) {
   const int64_t dim = r.d.dim, ow = r.d.o_width();
-  layer_gemm(r, false, false, S, dim, ow, ov, ow, w.wo, dim, 0, x1, dim);
-  layer_tp_all_reduce(r, x1, S * dim);
+  layer_tp_sum(r, S, dim, {{ov, ow, w.wo, dim, false, ow}}, x1);  // deterministic: in fixed parts, exact
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < S * dim; ++i) x1[i] += x[i];
 }
@@ -118,7 +117,9 @@ void MlaExpander::backward(const float* lat, int64_t rows, const float* dk, cons
   const int64_t nope = d_.nope, V = d_.v_dim, kvb = H * (nope + V);
   if (kvb_.size() < size_t(rows * kvb)) kvb_.resize(size_t(rows * kvb), false);
   float* dkv = kvb_.data();
-  // [dk_nope | dv] per head; the shared rope key's gradient sums over the heads.
+  const bool exact = run_ && run_->exact;
+  // [dk_nope | dv] per head; the shared rope key's gradient sums over the heads (deterministic:
+  // in exact_dlat).
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; ++t) {
     float* kp = dlat + t * W + kl;
@@ -127,11 +128,37 @@ void MlaExpander::backward(const float* lat, int64_t rows, const float* dk, cons
       float* dst = dkv + (t * H + hh) * (nope + V);
       std::memcpy(dst, kr, size_t(nope) * sizeof(float));
       std::memcpy(dst + nope, dv + (t * H + hh) * D, size_t(V) * sizeof(float));
-      for (int64_t j = 0; j < R; ++j) kp[j] += kr[nope + j];
+      if (!exact)
+        for (int64_t j = 0; j < R; ++j) kp[j] += kr[nope + j];
     }
   }
-  gemm(true, false, kl, kvb, rows, lat, W, dkv, kvb, 1, gw_->wkv_b, kvb);   // dWkv_b += c^T dkv
+  gemm(true, false, kl, kvb, rows, lat, W, dkv, kvb, 1, gw_->wkv_b, kvb);  // dWkv_b += c^T dkv
+  if (exact) return exact_dlat(rows, dk, dv, dlat);
   gemm(false, true, rows, kl, kvb, dkv, kvb, w_->wkv_b, kvb, 1, dlat, W);  // dc += dkv Wkv_b^T
+}
+
+void MlaExpander::exact_dlat(int64_t rows, const float* dk, const float* dv, float* dlat) {
+  const int64_t H = d_.H_q_loc(), D = d_.D, kl = d_.kv_lora, R = d_.rope, W = kl + R;
+  const int64_t nope = d_.nope, V = d_.v_dim, E = nope + V + R, kvb = H * (nope + V);
+  // A [rows, H E]: per head [dk_nope | dv | dk_rope]; B [H E, W]: per head Wkv_b_h^T beside zeros,
+  // then [0 | I_R]; dlat = A B, a sum over the heads that layer_tp_sum splits into fixed parts.
+  Buffer<float> a(size_t(rows * H * E), false), b(size_t(H * E * W), true);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t hh = 0; hh < H; ++hh) {
+      const float* kr = dk + (t * H + hh) * D;
+      float* dst = a.data() + (t * H + hh) * E;
+      std::memcpy(dst, kr, size_t(nope) * sizeof(float));
+      std::memcpy(dst + nope, dv + (t * H + hh) * D, size_t(V) * sizeof(float));
+      std::memcpy(dst + nope + V, kr + nope, size_t(R) * sizeof(float));
+    }
+  for (int64_t hh = 0; hh < H; ++hh) {
+    float* bh = b.data() + hh * E * W;
+    for (int64_t j = 0; j < nope + V; ++j)
+      for (int64_t c = 0; c < kl; ++c) bh[j * W + c] = w_->wkv_b[c * kvb + hh * (nope + V) + j];
+    for (int64_t i = 0; i < R; ++i) bh[(nope + V + i) * W + kl + i] = 1.0f;
+  }
+  layer_tp_sum(*run_, rows, W, {{a.data(), H * E, b.data(), W, false, H * E}}, dlat);
 }
 
 void mla_in_fwd(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* cos_t,
@@ -231,8 +258,9 @@ void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S,
   const int64_t dim = d.dim, H = d.H_q_loc(), D = d.D, qw = H * D, kl = d.kv_lora, R = d.rope, kva = kl + R;
   float *dkpe = s.dkpe.data(), *dc = s.dc.data(), *dc_raw = s.dc_raw.data();
   // Under tp each rank's latent gradient is its heads' part; the sum makes everything below the
-  // latent (replicated weights and their gradients) the same on every tp rank.
-  layer_tp_all_reduce(r, dlat, S * kva);
+  // latent (replicated weights and their gradients) the same on every tp rank (deterministic:
+  // MlaExpander::exact_dlat summed it already, exactly).
+  if (!r.exact) layer_tp_all_reduce(r, dlat, S * kva);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < S; ++t) {
     std::memcpy(dc + t * kl, dlat + t * kva, size_t(kl) * sizeof(float));
@@ -255,8 +283,7 @@ void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S,
   // and is summed over tp before the (complete) K/V part is added.
   if (d.q_lora == 0) {
     layer_gemm(r, true, false, dim, qw, S, h, dim, dq, qw, 1, gw.wq, qw);
-    layer_gemm(r, false, true, S, dim, qw, dq, qw, w.wq, qw, 0, dh, dim);
-    layer_tp_all_reduce(r, dh, S * dim);
+    layer_tp_sum(r, S, dim, {{dq, qw, w.wq, qw, true, qw}}, dh);  // dh = dq Wq^T over the tp group
   }
   layer_gemm(r, false, true, S, dim, kl, dc_raw, kl, w.wkv_a, kva, d.q_lora == 0 ? 1 : 0, dh, dim);
   layer_gemm(r, false, true, S, dim, R, dkpe, R, w.wkv_a + kl, kva, 1, dh, dim);
@@ -265,8 +292,8 @@ void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S,
     const int64_t ql = d.q_lora;
     float *dcq = s.dcq.data(), *dcq_raw = s.dcq_raw.data();
     layer_gemm(r, true, false, ql, qw, S, a.cq.data(), ql, dq, qw, 1, gw.wq_b, qw);  // dWq_b += cq^T dq
-    layer_gemm(r, false, true, S, ql, qw, dq, qw, w.wq_b, qw, 0, dcq, ql);          // dcq = dq Wq_b^T
-    layer_tp_all_reduce(r, dcq, S * ql);  // this rank's heads' part, summed as the latent's above
+    // dcq = dq Wq_b^T: this rank's heads' part, summed over tp as the latent's above
+    layer_tp_sum(r, S, ql, {{dq, qw, w.wq_b, qw, true, qw}}, dcq);
     std::memset(dcq_raw, 0, size_t(S * ql) * sizeof(float));
     {
       Tracer::Scope sc(r.tr, Phase::norm, int32_t(r.layer), -1, 0, 0);

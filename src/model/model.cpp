@@ -74,10 +74,6 @@ int64_t deterministic_tp_units(const ModelDims& d) {
 }
 
 std::string check_deterministic_model(const Config& c, int tp, int64_t block) {
-  if (c.attention == "mla" && tp > 1)
-    return "config: deterministic = true with attention = mla and tp:" + std::to_string(tp) + ": MLA's latent "
-           "gradient and its output projection are summed over tp in fp32 so far; valid: tp:1 (context and data "
-           "parallelism serve MLA), or deterministic=false";
   if (c.layer_pattern.find('D') != std::string::npos) {
     const std::string pre = "config: deterministic = true with layer_pattern = '" + c.layer_pattern + "': ";
     if (c.gdn_schedule != "ring")

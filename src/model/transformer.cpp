@@ -133,21 +133,23 @@ LayerRun Transformer::run(int64_t l) {
 
 void Transformer::set_deterministic(int64_t block, int32_t fixed_heads) {
   const int64_t units = deterministic_tp_units(d_);
-  CTXPAR_CHECK(dev_ == Device::cpu && (!d_.mla || d_.tp == 1) && units % d_.tp == 0 && block > 0 && S_loc_ % block == 0 &&
+  CTXPAR_CHECK(dev_ == Device::cpu && units % d_.tp == 0 && block > 0 && S_loc_ % block == 0 &&
                    (!d_.has_gdn() || (d_.gdn_schedule == "ring" && block % d_.gdn_chunk == 0)),
-               "deterministic: the CPU, MLA only at tp:1, a tp dividing " << units << ", whole blocks of " << block << " rows ("
+               "deterministic: the CPU, a tp dividing " << units << ", whole blocks of " << block << " rows ("
                    << S_loc_ << " here) and, with GDN layers, the ring schedule and whole chunks per block");
   const int64_t n = layout_.local_elems();
   ex_hi_ = Buffer<int64_t>(size_t(n + 2), true);
   ex_lo_ = Buffer<int64_t>(size_t(n + 2), true);
-  if (units > 1) {  // layer_tp_sum's scratch (one part is the plain product)
-    const size_t sum_elems = size_t(S_loc_ * d_.dim);
+  // layer_tp_sum's scratch (one part is the plain product): rows x dim, or MLA's latent widths
+  const int64_t sum_cap = units > 1 ? S_loc_ * std::max({d_.dim, int64_t(d_.q_lora), int64_t(d_.kv_lora + d_.rope)}) : 0;
+  if (units > 1) {
+    const size_t sum_elems = size_t(sum_cap);
     tp_hi_ = Buffer<int64_t>(sum_elems + 1, false);
     tp_lo_ = Buffer<int64_t>(sum_elems + 1, false);
     tp_part_ = Buffer<float>(sum_elems, false);
   }
   exact_ = ExactGrads{nullptr, n, ex_hi_.data(), ex_lo_.data(), block, &ex_bad_, units, tp_hi_.data(), tp_lo_.data(),
-                      tp_part_.data()};
+                      tp_part_.data(), sum_cap};
   // the LM head's chunks in whole blocks (forward_backward)
   const int64_t C = std::max(block, logits_chunk_rows(S_loc_, d_.vocab) / block * block);
   logits_ = alloc(size_t(C * d_.vocab));

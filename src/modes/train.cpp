@@ -282,7 +282,9 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
     // kExactLibraryBlock rows and more: one weight's product at a time (kernels/ops.hpp gemm_tn_exact)
     p.state_bytes += 16.0 * double(layout.local_elems() + 2);
     if (deterministic_tp_units(d) > 1)  // the tp sums' integers and part (layer_tp_sum)
-      p.state_bytes += 20.0 * double(S_loc * d.dim);
+      p.state_bytes += 20.0 * double(S_loc) * double(std::max({d.dim, int64_t(d.q_lora), int64_t(d.kv_lora + d.rope)}));
+    if (d.mla)  // MlaExpander::exact_dlat's product over the heads
+      p.state_bytes += 4.0 * double(S_loc) * d.H_q_loc() * (d.nope + d.v_dim + d.rope);
     if (d.tp > d.H_kv)  // K/V heads replicated over tp: a copy's dK/dV integers, and every head's for the sum
       p.state_bytes += 16.0 * double(S_loc) * d.D * (d.H_kv_loc() + d.H_kv);
     if (train_block(cfg) >= kExactLibraryBlock) {

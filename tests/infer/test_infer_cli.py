@@ -200,6 +200,7 @@ MLA = ["attention=mla", "q_lora_rank=16", "kv_lora_rank=16", "qk_nope_head_dim=1
 deterministic_chats("mla", MLA + [SCHED, "batch=3", "save_logits=true", "deterministic=true"],
                     [("np1", 1, []), ("np2_passkv", 2, ["cp_algo=pass_kv", "decode_algo=pass_q"]),
                      ("np3_passq", 3, ["cp_algo=pass_q", "decode_algo=allgather"]), ("np2_threads2", 2, ["threads=2"]),
+                     ("tp2", 2, ["mesh=tp:2"]), ("tp2_ring2", 4, ["mesh=tp:2,ring:2", "cp_algo=pass_q"]),
                      ("plain_np2", 2, ["deterministic=false"])])
 # Gated DeltaNet layers: prefills whose 2N pieces are whole chunks (96 tokens, gdn_chunk 8: pieces
 # of 48, 24 and 16 rows on 1, 2 and 3 ranks) give the same bits on every mesh, the state kept on

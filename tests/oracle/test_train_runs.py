@@ -116,7 +116,7 @@ def case_deterministic(tmp):
     replicas likewise among themselves; tp:2 and tp:4 (alone, and with ring or ulysses) like one rank; a model with a
     local (L) layer likewise, and one with a Gated DeltaNet (D) layer; with exact parts of 2 and 1 query heads
     (deterministic_heads), K/V heads replicated over ulysses (4, 8) and tp (4, 8) ranks like one rank; MLA
-    models (with and without the query latent, with a local layer) on 1 to 4 ranks. seq = 200 pads on every mesh (128-row blocks)."""
+    models (with and without the query latent, with a local layer) on 1 to 4 CP ranks, tp 2 and 4. seq = 200 pads on every mesh (128-row blocks)."""
     det = ["deterministic=true", "seq=200", "steps=4", "checkpoint_every=4"]
 
     def go(name, np_, args, threads=1):
@@ -188,16 +188,20 @@ def case_deterministic(tmp):
                                                            ("heads1_ulysses_np8", 8, ["strategy=ulysses", "mesh=ulysses:8"])]]
     compare(parts1)
     # MLA (the canonical schedule moves the expanded K/V; the expander's GEMMs fixed-row, Wkv_b's gradient
-    # exact), with and without the query latent, beside a local layer
+    # exact; the latent's gradient and the output projection summed over tp in fixed parts), with and
+    # without the query latent, beside a local layer, on CP and tp meshes
     mla = ["attention=mla", "q_lora_rank=24", "kv_lora_rank=32", "qk_nope_head_dim=16", "qk_rope_head_dim=8",
            "v_head_dim=16"]
     compare([(n, go(n, np_, mla + a, t)) for n, np_, a, t in
              [("mla_np1", 1, [], 1), ("mla_ring_np2_threads2", 2, ["strategy=ring"], 2),
-              ("mla_allgather_np3", 3, ["strategy=allgather"], 1), ("mla_ring_np4", 4, ["strategy=ring"], 1)]])
+              ("mla_allgather_np3", 3, ["strategy=allgather"], 1), ("mla_ring_np4", 4, ["strategy=ring"], 1),
+              ("mla_tp2", 2, ["mesh=tp:2"], 1), ("mla_tp4", 4, ["mesh=tp:4"], 1),
+              ("mla_tp2_ring2", 4, ["mesh=tp:2,ring:2", "strategy=ring"], 2)]])
     mla_local = mla + ["q_lora_rank=0", "layer_pattern=LG", "window=24"]
     compare([(n, go(n, np_, mla_local + a)) for n, np_, a in
              [("mla_local_np1", 1, []), ("mla_local_ring_np2", 2, ["strategy=ring"]),
-              ("mla_local_allgather_np3", 3, ["strategy=allgather"])]])
+              ("mla_local_allgather_np3", 3, ["strategy=allgather"]),
+              ("mla_local_tp2_ring2", 4, ["mesh=tp:2,ring:2", "strategy=allgather"])]])
     # local (L) layers: the main strategy's canonical schedule with the window mask
     loc = ["layer_pattern=GL", "window=24"]
     compare([(n, go(n, np_, loc + a)) for n, np_, a in
