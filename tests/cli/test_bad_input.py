@@ -79,7 +79,6 @@ CASES = [
      "deterministic_block = 100"),
     ("deterministic_block without deterministic", ["train", "deterministic_block=192"], "deterministic_block = 192"),
     ("deterministic_heads without deterministic", ["train", "deterministic_heads=2"], "deterministic_heads = 2"),
-    ("deterministic MLA in bench cp", ["bench", "cp", "attention=mla", "deterministic=true"], "attention = mla in bench cp"),
     ("deterministic_heads not dividing a K/V group", ["train", "--config", "@TINY@", "deterministic=true",
                                                      "deterministic_heads=3"], "deterministic_heads = 3 does not divide"),
     ("deterministic ulysses: replicated K/V heads, parts of the whole group", ["train", "--config", "@TINY@",
