@@ -147,7 +147,7 @@ void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
   } else {
     mine = std::move(blocks);
   }
-  if (t.dk_fixed) {  // the caller adds more integer sums (K/V heads replicated over ulysses ranks)
+  if (t.dk_fixed) {  // the caller adds more integer sums (K/V heads replicated over ulysses or tp ranks)
     std::copy_n(mine.data(), own, t.dk_fixed);
     std::copy_n(mine.data() + own, own, t.dv_fixed);
     return;

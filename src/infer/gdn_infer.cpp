@@ -157,6 +157,15 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
         }
     }
   }
+  if (r.exact) {  // deterministic=true: the recurrence as one call over the prompt on every rank
+    whole_prompt(r, b, gl, cached, T, cs, n);
+    gdn_out(r, w, n, o_.data(), z_.data(), on_.data(), orstd_.data(), y_.data(), x, x1);
+    if (holds) {  // the tail after the last real token
+      tail_home.assign(size_t(R * C), 0.0f);
+      if (R > 0) rows_before(2 * N, tail_home.data());
+    }
+    return;
+  }
   // The stored state to the chain's head (rank 0, position 0); the state after the last real
   // token from the chain's end (rank 0, position 2N-1) home.
   std::vector<float> s0(static_cast<size_t>(SS), 0.0f), s_end(static_cast<size_t>(SS), 0.0f);
@@ -192,6 +201,66 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
     if (R > 0) rows_before(2 * N, tail_home.data());
   }
   gdn_out(r, w, n, o_.data(), z_.data(), on_.data(), orstd_.data(), y_.data(), x, x1);
+}
+
+void GdnInfer::whole_prompt(const LayerRun& r, int64_t b, int64_t gl, int64_t cached, int64_t T, int64_t cs,
+                            int64_t n) {
+  const int N = cp_.size(), rank = cp_.rank(), home_rank = home(b);
+  const int64_t H = d_.gdn_H, Dk = d_.gdn_Dk, Dv = d_.gdn_Dv, SS = H * Dv * Dk;
+  const int64_t W = H * (2 * Dk + Dv + 2);  // one row: q | k | v | g | beta
+  // every rank's rows (its two pieces, padding included) to every rank
+  std::vector<float> mine(static_cast<size_t>(n * W)), all(static_cast<size_t>(N * n * W));
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = mine.data() + i * W;
+    std::copy_n(q_.data() + i * H * Dk, H * Dk, row);
+    std::copy_n(k_.data() + i * H * Dk, H * Dk, row + H * Dk);
+    std::copy_n(v_.data() + i * H * Dv, H * Dv, row + 2 * H * Dk);
+    std::copy_n(g_.data() + i * H, H, row + 2 * H * Dk + H * Dv);
+    std::copy_n(beta_.data() + i * H, H, row + 2 * H * Dk + H * Dv + H);
+  }
+  {
+    Tracer::Scope sc(r.tr, Phase::all_gather, int32_t(r.layer), -1, 0, double(n * W) * 4 * (N - 1));
+    cp_.all_gather(std::span<const float>(mine), std::span<float>(all));
+  }
+  // the prompt's T real rows in position order: piece q (held by rank q or 2N-1-q) at q * cs
+  std::vector<float> q(size_t(T * H * Dk)), k(q.size()), v(size_t(T * H * Dv)), g(size_t(T * H)), beta(g.size()),
+      o(v.size());
+  for (int64_t p = 0; p < T; ++p) {
+    const int64_t piece = p / cs, owner = piece < N ? piece : 2 * N - 1 - piece, j = piece < N ? 0 : 1;
+    const float* row = all.data() + (owner * n + j * cs + p % cs) * W;
+    std::copy_n(row, H * Dk, q.data() + p * H * Dk);
+    std::copy_n(row + H * Dk, H * Dk, k.data() + p * H * Dk);
+    std::copy_n(row + 2 * H * Dk, H * Dv, v.data() + p * H * Dv);
+    std::copy_n(row + 2 * H * Dk + H * Dv, H, g.data() + p * H);
+    std::copy_n(row + 2 * H * Dk + H * Dv + H, H, beta.data() + p * H);
+  }
+  // the stored state (on its home, or on every rank) to every rank
+  std::vector<float>& S_home = state(b, gl);
+  std::vector<float> s0(static_cast<size_t>(SS), 0.0f), s_end(static_cast<size_t>(SS), 0.0f);
+  if (cached > 0) {
+    if (rank == home_rank || d_.gdn_replicated) s0 = S_home;
+    if (!d_.gdn_replicated) cp_.broadcast(std::span<float>(s0), home_rank);
+  }
+  GdnParams p;
+  p.T = T, p.H = int32_t(H), p.Dk = int32_t(Dk), p.Dv = int32_t(Dv), p.chunk = d_.gdn_chunk;
+  p.q = q.data(), p.k = k.data(), p.v = v.data(), p.g = g.data(), p.beta = beta.data(), p.o = o.data();
+  p.s0 = cached > 0 ? s0.data() : nullptr;
+  p.s_out = s_end.data();
+  {
+    Tracer::Scope sc(r.tr, Phase::attn_fwd, int32_t(r.layer), -1, gdn_fwd_flops(double(T), H, Dk, Dv, d_.gdn_chunk), 0);
+    gdn_fwd(p);
+  }
+  // this rank's rows of the output (padding rows: zero), and the state after the prompt
+  for (int j = 0; j < 2; ++j) {
+    const int64_t piece = j == 0 ? rank : 2 * N - 1 - rank;
+    for (int64_t t = 0; t < cs; ++t) {
+      const int64_t pos = piece * cs + t;
+      float* dst = o_.data() + (j * cs + t) * H * Dv;
+      if (pos < T) std::copy_n(o.data() + pos * H * Dv, H * Dv, dst);
+      else std::fill_n(dst, H * Dv, 0.0f);
+    }
+  }
+  if (rank == home_rank || d_.gdn_replicated) S_home = s_end;
 }
 
 void GdnInfer::decode(const LayerRun& r, const LayerView& w, int64_t gl, const std::vector<int64_t>& seqs, int64_t n,

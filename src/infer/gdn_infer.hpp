@@ -9,7 +9,8 @@
 //            The convolution's halos and the new tail come from one all-gather of every piece's
 //            last conv-1 real rows (pieces may be shorter than the halo: a short prompt on many
 //            ranks). Padding rows (positions past the prompt) get beta = 0 and g = 0, which leave
-//            the state as it is.
+//            the state as it is. With deterministic=true the recurrence runs instead as one call
+//            over the whole prompt on every rank (whole_prompt): the chunks of one rank on any mesh.
 //   decode   on the home rank: the convolution over the tail and the new token, one step of the
 //            recurrence per head, the tail shifted by one.
 #pragma once
@@ -57,6 +58,11 @@ class GdnInfer {
   void step_rows(const LayerView& w, int64_t gl, const std::vector<int64_t>& seqs, int64_t n, const float* proj,
                  const float* ab, float* o);
   void decode_replicated(const LayerRun& r, const LayerView& w, int64_t gl, int64_t n, const float* x, float* x1);
+  // deterministic=true (r.exact): the recurrence of sequence b's T-token prompt as ONE gdn_fwd
+  // call on every rank (the rows of q_, k_, v_, g_, beta_ all-gathered, the stored state
+  // broadcast), so its chunks are those of one rank whatever the pieces; o_ gets this rank's rows,
+  // the context's home the state after the prompt. Costs: every rank runs the whole recurrence.
+  void whole_prompt(const LayerRun& r, int64_t b, int64_t gl, int64_t cached, int64_t T, int64_t cs, int64_t n);
   std::vector<float>& state(int64_t b, int64_t gl) { return S_[size_t(b * G_ + gl)]; }
   std::vector<float>& tail(int64_t b, int64_t gl) { return tail_[size_t(b * G_ + gl)]; }
 

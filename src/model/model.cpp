@@ -76,7 +76,7 @@ int64_t deterministic_tp_units(const ModelDims& d) {
 std::string check_deterministic_model(const Config& c, int tp, int64_t block) {
   if (c.layer_pattern.find('D') != std::string::npos) {
     const std::string pre = "config: deterministic = true with layer_pattern = '" + c.layer_pattern + "': ";
-    if (c.gdn_schedule != "ring")
+    if (block > 0 && c.gdn_schedule != "ring")  // inference runs a prompt's recurrence as one call
       return pre + "gdn_schedule = " + c.gdn_schedule + " corrects each piece's output once the state is known, a sum "
              "that no single rank computes; valid: gdn_schedule=ring, or deterministic=false";
     if (block > 0 && block % c.gdn_chunk != 0)

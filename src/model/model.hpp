@@ -78,10 +78,10 @@ ModelDims model_dims(const Config& cfg, int tp, int tp_rank);
 // query heads per exact part.
 int64_t deterministic_tp_units(const ModelDims& d);
 // "" when deterministic = true serves this config's model on tp ranks, else the config error:
-// a tp dividing deterministic_tp_units; Gated DeltaNet layers with gdn_schedule=ring and, in training
-// (`block` > 0: the exact sums' block of rows), a GDN chunk dividing the block, so that every
-// mesh's pieces cut the recurrence at the same chunk borders (block = 0: inference, whose prefill
-// pieces validate_infer_mode checks against the chunk).
+// a tp dividing deterministic_tp_units; in training (`block` > 0: the exact sums' block of rows)
+// Gated DeltaNet layers with gdn_schedule=ring and a GDN chunk dividing the block, so that every
+// mesh's pieces cut the recurrence at the same chunk borders (block = 0: inference, which runs a
+// prompt's recurrence as one call on every rank, infer/gdn_infer.hpp).
 std::string check_deterministic_model(const Config& cfg, int tp, int64_t block);
 
 // "" when the model shape fits the mesh (tp divides heads, kv_heads and ffn_dim; head_dim even

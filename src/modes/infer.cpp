@@ -433,22 +433,6 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   }
   err = mode_schedule(cfg, N, sched);
   if (!err.empty()) return err;
-  // deterministic GDN layers: every prefill's 2N zigzag pieces are whole chunks of the recurrence
-  // (chunks end at multiples of gdn_chunk from a call's first token), so that its chunks are those
-  // of one rank's and the state passes between pieces unchanged
-  if (cfg.deterministic && cfg.layer_pattern.find('D') != std::string::npos)
-    for (const SchedulePhase& ph : sched) {
-      if (ph.kind != PhaseKind::prefill) continue;
-      for (int64_t b = 0; b < (ph.lengths.empty() ? 1 : int64_t(ph.lengths.size())); ++b) {
-        const int64_t T = ph.length(b), piece = Partition::padded_length(PartitionKind::zigzag, T, N) / (2 * N);
-        if (piece % cfg.gdn_chunk != 0)
-          return "config: deterministic = true with layer_pattern = '" + cfg.layer_pattern + "': a prefill of " + s_(T) +
-                 " tokens splits into " + s_(2 * N) + " pieces of " + s_(piece) + " rows on " + s_(N) +
-                 " CP ranks, not whole chunks of the Gated DeltaNet recurrence (gdn_chunk = " + s_(cfg.gdn_chunk) +
-                 "), so meshes would cut it at other chunk borders; valid: prefill lengths that are multiples of " +
-                 s_(2 * N * cfg.gdn_chunk) + " (2 x CP ranks x gdn_chunk), or a gdn_chunk dividing " + s_(piece);
-      }
-    }
   for (const SchedulePhase& ph : sched)
     if (!ph.lengths.empty() && int64_t(ph.lengths.size()) != cfg.batch)
       return "config: schedule = '" + cfg.schedule + "': a prefill with " + s_(int64_t(ph.lengths.size())) +

@@ -81,6 +81,8 @@ CASES = [
     ("deterministic_heads without deterministic", ["train", "deterministic_heads=2"], "deterministic_heads = 2"),
     ("deterministic_heads not dividing a K/V group", ["train", "--config", "@TINY@", "deterministic=true",
                                                      "deterministic_heads=3"], "deterministic_heads = 3 does not divide"),
+    ("deterministic_heads above MLA's one-head groups", ["train", "attention=mla", "deterministic=true",
+                                                        "deterministic_heads=2"], "every head its own K and V"),
     ("deterministic ulysses: replicated K/V heads, parts of the whole group", ["train", "--config", "@TINY@",
      "deterministic=true", "strategy=ulysses", "mesh=ulysses:2", "kv_heads=1"], "valid: deterministic_heads=4"),
     ("deterministic with frugal", ["bench", "cp", "deterministic=true", "frugal=true"], "deterministic = true with frugal"),
