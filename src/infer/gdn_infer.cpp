@@ -157,20 +157,26 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
         }
     }
   }
-  if (r.exact) {  // deterministic=true: the recurrence as one call over the prompt on every rank
-    whole_prompt(r, b, gl, cached, T, cs, n);
-    gdn_out(r, w, n, o_.data(), z_.data(), on_.data(), orstd_.data(), y_.data(), x, x1);
-    if (holds) {  // the tail after the last real token
-      tail_home.assign(size_t(R * C), 0.0f);
-      if (R > 0) rows_before(2 * N, tail_home.data());
-    }
-    return;
+  // The recurrence: along the chain of pieces, or (deterministic=true) as one call over the prompt
+  if (r.exact) whole_prompt(r, b, gl, cached, T, cs, n);
+  else chain_prompt(r, b, gl, cached, cs, n);
+  if (holds) {  // the tail after the last real token
+    tail_home.assign(size_t(R * C), 0.0f);
+    if (R > 0) rows_before(2 * N, tail_home.data());
   }
+  gdn_out(r, w, n, o_.data(), z_.data(), on_.data(), orstd_.data(), y_.data(), x, x1);
+}
+
+void GdnInfer::chain_prompt(const LayerRun& r, int64_t b, int64_t gl, int64_t cached, int64_t cs, int64_t n) {
+  const int N = cp_.size(), rank = cp_.rank(), home_rank = home(b);
+  const int64_t H = d_.gdn_H, Dk = d_.gdn_Dk, Dv = d_.gdn_Dv, SS = H * Dv * Dk;
+  const int32_t layer = int32_t(r.layer);
+  std::vector<float>& S_home = state(b, gl);
   // The stored state to the chain's head (rank 0, position 0); the state after the last real
   // token from the chain's end (rank 0, position 2N-1) home.
   std::vector<float> s0(static_cast<size_t>(SS), 0.0f), s_end(static_cast<size_t>(SS), 0.0f);
-  if (continues && !d_.gdn_replicated) move_state(home_rank, 0, S_home, s0, kTagState);
-  if (continues && d_.gdn_replicated && rank == 0) s0 = S_home;
+  if (cached > 0 && !d_.gdn_replicated) move_state(home_rank, 0, S_home, s0, kTagState);
+  if (cached > 0 && d_.gdn_replicated && rank == 0) s0 = S_home;
   const GdnChain chain = GdnChain::zigzag(N);
   std::vector<GdnParams> pieces(2);
   for (int j = 0; j < 2; ++j) {
@@ -181,8 +187,8 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
     p.g = g_.data() + r0 * H, p.beta = beta_.data() + r0 * H, p.o = o_.data() + r0 * H * Dv;
   }
   if (rank == 0) {
-    pieces[0].s0 = continues ? s0.data() : nullptr;  // position 0
-    pieces[1].s_out = s_end.data();                  // position 2N-1
+    pieces[0].s0 = cached > 0 ? s0.data() : nullptr;  // position 0
+    pieces[1].s_out = s_end.data();                    // position 2N-1
   }
   GdnCpContext ctx;
   {
@@ -196,43 +202,41 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
     if (rank == home_rank) S_home.resize(size_t(SS));
     move_state(0, home_rank, s_end, S_home, kTagState + 1);
   }
-  if (holds) {  // the tail after the last real token
-    tail_home.assign(size_t(R * C), 0.0f);
-    if (R > 0) rows_before(2 * N, tail_home.data());
-  }
-  gdn_out(r, w, n, o_.data(), z_.data(), on_.data(), orstd_.data(), y_.data(), x, x1);
 }
 
 void GdnInfer::whole_prompt(const LayerRun& r, int64_t b, int64_t gl, int64_t cached, int64_t T, int64_t cs,
                             int64_t n) {
   const int N = cp_.size(), rank = cp_.rank(), home_rank = home(b);
   const int64_t H = d_.gdn_H, Dk = d_.gdn_Dk, Dv = d_.gdn_Dv, SS = H * Dv * Dk;
-  const int64_t W = H * (2 * Dk + Dv + 2);  // one row: q | k | v | g | beta
+  // the prompt's T real rows of q, k, v, g and beta, in position order
+  std::vector<float> q(size_t(T * H * Dk)), k(q.size()), v(size_t(T * H * Dv)), g(size_t(T * H)), beta(g.size()),
+      o(v.size());
+  struct Field {
+    const float* rows;  // this rank's n rows
+    float* prompt;      // the prompt's T rows
+    int64_t w;          // floats per row
+  };
+  const Field fields[] = {{q_.data(), q.data(), H * Dk}, {k_.data(), k.data(), H * Dk}, {v_.data(), v.data(), H * Dv},
+                          {g_.data(), g.data(), H}, {beta_.data(), beta.data(), H}};
+  const int64_t W = H * (2 * Dk + Dv + 2);  // one row of every field
   // every rank's rows (its two pieces, padding included) to every rank
   std::vector<float> mine(static_cast<size_t>(n * W)), all(static_cast<size_t>(N * n * W));
   for (int64_t i = 0; i < n; ++i) {
     float* row = mine.data() + i * W;
-    std::copy_n(q_.data() + i * H * Dk, H * Dk, row);
-    std::copy_n(k_.data() + i * H * Dk, H * Dk, row + H * Dk);
-    std::copy_n(v_.data() + i * H * Dv, H * Dv, row + 2 * H * Dk);
-    std::copy_n(g_.data() + i * H, H, row + 2 * H * Dk + H * Dv);
-    std::copy_n(beta_.data() + i * H, H, row + 2 * H * Dk + H * Dv + H);
+    for (const Field& f : fields) row = std::copy_n(f.rows + i * f.w, f.w, row);
   }
   {
     Tracer::Scope sc(r.tr, Phase::all_gather, int32_t(r.layer), -1, 0, double(n * W) * 4 * (N - 1));
     cp_.all_gather(std::span<const float>(mine), std::span<float>(all));
   }
-  // the prompt's T real rows in position order: piece q (held by rank q or 2N-1-q) at q * cs
-  std::vector<float> q(size_t(T * H * Dk)), k(q.size()), v(size_t(T * H * Dv)), g(size_t(T * H)), beta(g.size()),
-      o(v.size());
+  // piece q (held by rank q or 2N-1-q, as its first or second) starts at position q * cs
   for (int64_t p = 0; p < T; ++p) {
     const int64_t piece = p / cs, owner = piece < N ? piece : 2 * N - 1 - piece, j = piece < N ? 0 : 1;
     const float* row = all.data() + (owner * n + j * cs + p % cs) * W;
-    std::copy_n(row, H * Dk, q.data() + p * H * Dk);
-    std::copy_n(row + H * Dk, H * Dk, k.data() + p * H * Dk);
-    std::copy_n(row + 2 * H * Dk, H * Dv, v.data() + p * H * Dv);
-    std::copy_n(row + 2 * H * Dk + H * Dv, H, g.data() + p * H);
-    std::copy_n(row + 2 * H * Dk + H * Dv + H, H, beta.data() + p * H);
+    for (const Field& f : fields) {
+      std::copy_n(row, f.w, f.prompt + p * f.w);
+      row += f.w;
+    }
   }
   // the stored state (on its home, or on every rank) to every rank
   std::vector<float>& S_home = state(b, gl);

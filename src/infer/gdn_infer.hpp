@@ -58,6 +58,9 @@ class GdnInfer {
   void step_rows(const LayerView& w, int64_t gl, const std::vector<int64_t>& seqs, int64_t n, const float* proj,
                  const float* ab, float* o);
   void decode_replicated(const LayerRun& r, const LayerView& w, int64_t gl, int64_t n, const float* x, float* x1);
+  // The recurrence of sequence b's prompt along the chain of this prefill's pieces (gdn_schedule):
+  // the stored state to the chain's head, the state after the prompt from its end home.
+  void chain_prompt(const LayerRun& r, int64_t b, int64_t gl, int64_t cached, int64_t cs, int64_t n);
   // deterministic=true (r.exact): the recurrence of sequence b's T-token prompt as ONE gdn_fwd
   // call on every rank (the rows of q_, k_, v_, g_, beta_ all-gathered, the stored state
   // broadcast), so its chunks are those of one rank whatever the pieces; o_ gets this rank's rows,

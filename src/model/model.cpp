@@ -73,6 +73,10 @@ int64_t deterministic_tp_units(const ModelDims& d) {
   return std::gcd(int64_t(d.H_q / per_part), d.ffn);
 }
 
+int64_t deterministic_tp_sum_cols(const ModelDims& d) {
+  return std::max({d.dim, int64_t(d.q_lora), int64_t(d.kv_lora + d.rope)});
+}
+
 std::string check_deterministic_model(const Config& c, int tp, int64_t block) {
   if (c.layer_pattern.find('D') != std::string::npos) {
     const std::string pre = "config: deterministic = true with layer_pattern = '" + c.layer_pattern + "': ";

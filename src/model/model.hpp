@@ -77,6 +77,8 @@ ModelDims model_dims(const Config& cfg, int tp, int tp_rank);
 // gcd(H_kv, ffn) by default, and more parts (tp above H_kv: K/V heads replicated) with fewer
 // query heads per exact part.
 int64_t deterministic_tp_units(const ModelDims& d);
+// The widest tp-summed product's columns (layer_tp_sum's scratch per row): dim, or MLA's latents.
+int64_t deterministic_tp_sum_cols(const ModelDims& d);
 // "" when deterministic = true serves this config's model on tp ranks, else the config error:
 // a tp dividing deterministic_tp_units; in training (`block` > 0: the exact sums' block of rows)
 // Gated DeltaNet layers with gdn_schedule=ring and a GDN chunk dividing the block, so that every

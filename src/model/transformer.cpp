@@ -131,7 +131,7 @@ LayerRun Transformer::run(int64_t l) {
                   deterministic() ? &exact_ : nullptr};
 }
 
-void Transformer::set_deterministic(int64_t block, int32_t fixed_heads) {
+void Transformer::set_deterministic(int64_t block) {
   const int64_t units = deterministic_tp_units(d_);
   CTXPAR_CHECK(dev_ == Device::cpu && units % d_.tp == 0 && block > 0 && S_loc_ % block == 0 &&
                    (!d_.has_gdn() || (d_.gdn_schedule == "ring" && block % d_.gdn_chunk == 0)),
@@ -141,7 +141,7 @@ void Transformer::set_deterministic(int64_t block, int32_t fixed_heads) {
   ex_hi_ = Buffer<int64_t>(size_t(n + 2), true);
   ex_lo_ = Buffer<int64_t>(size_t(n + 2), true);
   // layer_tp_sum's scratch (one part is the plain product): rows x dim, or MLA's latent widths
-  const int64_t sum_cap = units > 1 ? S_loc_ * std::max({d_.dim, int64_t(d_.q_lora), int64_t(d_.kv_lora + d_.rope)}) : 0;
+  const int64_t sum_cap = units > 1 ? S_loc_ * deterministic_tp_sum_cols(d_) : 0;
   if (units > 1) {
     const size_t sum_elems = size_t(sum_cap);
     tp_hi_ = Buffer<int64_t>(sum_elems + 1, false);
@@ -156,8 +156,11 @@ void Transformer::set_deterministic(int64_t block, int32_t fixed_heads) {
   chunk_loss_ = Buffer<double>(size_t((S_loc_ + C - 1) / C), false);
   call_.deterministic = true;
   call_.fixed_rows = block;  // dK/dV converted once per block of queries (a multiple of the tile)
-  call_.fixed_heads = fixed_heads;  // ... and part of a K/V group's heads (0: the whole group)
-  if (d_.tp > d_.H_kv) kv_copies_ = Buffer<int64_t>(size_t(2 * S_loc_ * d_.kv_width()), false);  // sum_kv_copies
+  call_.fixed_heads = d_.exact_heads;  // ... and part of a K/V group's heads (0: the whole group)
+  if (d_.tp > d_.H_kv) {  // sum_kv_copies: this copy's integers, and every head's for the sum over tp
+    kv_copies_ = Buffer<int64_t>(size_t(2 * S_loc_ * d_.kv_width()), false);
+    kv_all_ = Buffer<int64_t>(size_t(2 * S_loc_) * d_.D * d_.H_kv, false);
+  }
   // local (L) layers: the main strategy's canonical schedule with the window mask (every key row
   // gathered, as for the global layers), not local_strategy's
   if (d_.has_local()) local_ = &strat_;
@@ -167,7 +170,8 @@ void Transformer::sum_kv_copies(int64_t l) {
   // Every tp rank puts its head's integers in that head's place (zeros elsewhere); the sum over tp
   // adds each head's copies, each holding the sums of its share of the group's query heads.
   const size_t w = size_t(S_loc_) * size_t(d_.D), H = size_t(d_.H_kv), g = size_t(d_.kv_head0());
-  Buffer<int64_t> all(2 * H * w, true);
+  Buffer<int64_t>& all = kv_all_;
+  std::fill_n(all.data(), all.size(), int64_t(0));
   std::copy_n(kv_copies_.data(), w, all.data() + g * w);
   std::copy_n(kv_copies_.data() + w, w, all.data() + (H + g) * w);
   const double t0 = now_s();

@@ -76,11 +76,11 @@ class Transformer {
   // canonical schedule, every GEMM in blocks of `block` rows (positions: the layout gives every
   // rank whole blocks), every sum over tokens exact, and every tp sum in fixed parts added exactly
   // (layer_tp_sum), so that forward_backward's results do not depend on the mesh (tp included),
-  // the strategy or the threads; dK/dV converted per `fixed_heads` query heads of a K/V group
-  // (AttnParams::fixed_heads, 0: the whole group). forward_backward then leaves `grads` to
+  // the strategy or the threads; dK/dV converted per ModelDims::exact_heads query heads of a K/V
+  // group (AttnParams::fixed_heads, 0: the whole group). forward_backward then leaves `grads` to
   // finish_exact: it fills exact_sums() instead, the gradients and the loss as integers of this
   // rank, which the caller adds over the CP and dp groups (int64 all-reduces, any order) first.
-  void set_deterministic(int64_t block, int32_t fixed_heads = 0);
+  void set_deterministic(int64_t block);
   bool deterministic() const { return exact_.block > 0; }
   // hi and lo, each local_elems() + 2 int64: the gradients, then the loss sum, then (hi only) the
   // count of values out of the exact range.
@@ -172,8 +172,9 @@ class Transformer {
   Buffer<int64_t> ex_hi_, ex_lo_;
   Buffer<int64_t> tp_hi_, tp_lo_;  // ExactGrads' tp sums
   // deterministic with K/V heads replicated over tp: this rank's dK | dV integer sums (its share of
-  // the group's query heads), added over the copies by sum_kv_copies into dk_ and dv_
-  Buffer<int64_t> kv_copies_;
+  // the group's query heads), and every head's place for their sum over the copies (kv_all_),
+  // which sum_kv_copies rounds into dk_ and dv_
+  Buffer<int64_t> kv_copies_, kv_all_;
   void sum_kv_copies(int64_t l);
   Buffer<float> tp_part_;
   std::vector<double> row_loss_;

@@ -282,7 +282,7 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
     // kExactLibraryBlock rows and more: one weight's product at a time (kernels/ops.hpp gemm_tn_exact)
     p.state_bytes += 16.0 * double(layout.local_elems() + 2);
     if (deterministic_tp_units(d) > 1)  // the tp sums' integers and part (layer_tp_sum)
-      p.state_bytes += 20.0 * double(S_loc) * double(std::max({d.dim, int64_t(d.q_lora), int64_t(d.kv_lora + d.rope)}));
+      p.state_bytes += 20.0 * double(S_loc) * double(deterministic_tp_sum_cols(d));
     if (d.mla)  // MlaExpander::exact_dlat's product over the heads
       p.state_bytes += 4.0 * double(S_loc) * d.H_q_loc() * (d.nope + d.v_dim + d.rope);
     if (d.tp > d.H_kv)  // K/V heads replicated over tp: a copy's dK/dV integers, and every head's for the sum
@@ -451,7 +451,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg), local_strat.get(), dev, gpu.stream,
                     offloads(cfg, Offload::layer_inputs), offloads(cfg, Offload::attn_out));
   model.set_visible_only(cfg.frugal);
-  if (cfg.deterministic) model.set_deterministic(train_block(cfg), int32_t(cfg.deterministic_heads));
+  if (cfg.deterministic) model.set_deterministic(train_block(cfg));
   if (hparams) model.use_weights(&hparams->view(), &hparams->mirror());
   const std::unique_ptr<TokenSource> src = make_token_source(cfg);
 
