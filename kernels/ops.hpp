@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "attn_params.hpp"
 
@@ -133,10 +134,16 @@ const char* fma_isa_name(FmaIsa isa);
 FmaPeak fma_peak(int threads);
 FmaPeak fma_peak(int threads, FmaIsa isa);
 double fma_peak_gflops(int threads);  // fma_peak(threads).gflops
-// How much faster 512-bit FMAs run than 256-bit ones on one core: about 2 with two full-width
-// 512-bit FMA pipes (Intel server cores, Zen 5), about 1 with one pipe or split halves (Zen 4,
-// Intel parts with one 512-bit unit); 0 without AVX-512F. Measured once per process (~5 ms).
-double fma512_gain();
+// The instruction set of the CPU kernels' own tiles (attention, Gated DeltaNet) and of the GEMM
+// library's kernels: the widest this CPU runs (CPUID, read once), or the one the environment
+// variable CTXPAR_ISA names (scalar, avx2, avx512), so that every path can be checked on one
+// machine (tests/README.md). Never chosen from a timing: the ISA fixes the order of the sums.
+enum class KernelIsa : int { scalar = 0, avx2 = 1, avx512 = 2 };
+KernelIsa kernel_isa_widest();      // AVX-512 F/DQ/BW/VL, else AVX2+FMA, else scalar
+KernelIsa kernel_isa();             // CTXPAR_ISA, else kernel_isa_widest(); a bad CTXPAR_ISA throws
+bool kernel_isa_forced();           // CTXPAR_ISA is set (and valid)
+std::string kernel_isa_error();     // "" or what is wrong with CTXPAR_ISA (unknown, or beyond this CPU)
+const char* kernel_isa_name(KernelIsa isa);
 
 }  // namespace ctxpar
 

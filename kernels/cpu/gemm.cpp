@@ -48,11 +48,13 @@ int gemm_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
 //    such a 2-core VM with two 512-bit FMA pipes, haswell 95-141 GFLOP/s against 197-219 for skx,
 //    of a 330 GFLOP/s peak (kernels/README.md).
 // When the user has not chosen (BLIS_ARCH_TYPE unset), such a CPU gets the kernels of its ISA:
-// skx with AVX-512 F/DQ/BW/VL (on Intel only where 512-bit FMAs are measured to run at least
-// 1.5x as fast as 256-bit ones, fma512_gain(): with a single 512-bit unit BLIS's haswell choice
-// is right), else zen3 with AVX2 + FMA. BLIS reads BLIS_ARCH_TYPE (an index into its own list of
-// configurations, looked up here by name) when it initializes, so this runs before the first
-// BLIS call. blas_name() says what BLIS chose.
+// skx with AVX-512 F/DQ/BW/VL, else zen3 with AVX2 + FMA. The rule reads CPUID only, never a
+// timing (an earlier rule timed 512- against 256-bit FMAs, and under load two ranks of one job
+// chose different kernels: bits that changed with the load; on an Intel part with one 512-bit
+// unit skx has the same FMA peak per cycle as haswell). CTXPAR_ISA (kernel_isa_forced()) chooses
+// generic, haswell or skx, so that each kernel family can be tested on one machine. BLIS reads
+// BLIS_ARCH_TYPE (an index into its own list of configurations, looked up here by name) when it
+// initializes, so this runs before the first BLIS call. blas_name() says what BLIS chose.
 bool cpu_vendor_is(const char* vendor12) {
   unsigned a, b, c, d;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
@@ -82,18 +84,20 @@ void choose_blis_config_once() {
       return true;
     }
     const std::string version = bli_info_get_version_str();
-    if (version.empty() || version[0] >= '2') return true;
-    __builtin_cpu_init();
-    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const KernelIsa widest = kernel_isa_widest();
     const char* want = nullptr;
-    if (cpu_is_amd_family_at_least(0x1a)) {
-      want = avx512 ? "skx" : avx2 ? "zen3" : nullptr;
+    if (kernel_isa_forced()) {
+      const KernelIsa isa = kernel_isa();
+      want = isa == KernelIsa::avx512 ? "skx" : isa == KernelIsa::avx2 ? "haswell" : "generic";
+      blis_config_chooser = "CTXPAR_ISA";
+    } else if (version.empty() || version[0] >= '2') {
+      return true;  // BLIS 2 knows Zen 5 and reads no FMA-unit guess
+    } else if (cpu_is_amd_family_at_least(0x1a)) {
+      want = widest == KernelIsa::avx512 ? "skx" : widest == KernelIsa::avx2 ? "zen3" : nullptr;
       blis_config_chooser = "ctxpar: CPU unknown to this BLIS";
-    } else if (cpu_vendor_is("GenuineIntel") && avx512 && fma512_gain() >= 1.5) {
+    } else if (cpu_vendor_is("GenuineIntel") && widest == KernelIsa::avx512) {
       want = "skx";
-      blis_config_chooser = "ctxpar: 512-bit FMA 2x";
+      blis_config_chooser = "ctxpar: Intel AVX-512";
     }
     if (!want) {
       blis_config_chooser = "";
@@ -138,6 +142,14 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   // oneDNN's OpenMP runtime runs a GEMM on the caller's omp_get_max_threads(): all of the rank's
   // threads outside a parallel region; inside one, this thread alone.
   omp_set_num_threads(gemm_threads());  // a no-op outside a parallel region
+  static const bool isa_set = [] {  // CTXPAR_ISA caps oneDNN's kernels before its first call
+    if (kernel_isa_forced())
+      dnnl_set_max_cpu_isa(kernel_isa() == KernelIsa::avx512 ? dnnl_cpu_isa_avx512_core
+                           : kernel_isa() == KernelIsa::avx2 ? dnnl_cpu_isa_avx2
+                                                             : dnnl_cpu_isa_sse41);
+    return true;
+  }();
+  (void)isa_set;
   const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
                                       beta, C, ldc);
   if (st != dnnl_success)

@@ -115,28 +115,6 @@ FmaPeak fma_peak(int threads, FmaIsa isa) {
 
 FmaPeak fma_peak(int threads) { return fma_peak(threads, fma_isa_available()); }
 
-double fma512_gain() {
-  static const double gain = [] {
-    if (fma_isa_available() != FmaIsa::avx512) return 0.0;
-    // One thread, both loops alternately, best of 3 each (~1 ms per run at 3 GHz): a descheduled
-    // run can only lower a rate, and the best of three is robust to that.
-    constexpr int64_t iters = 200'000;
-    double best512 = 0, best256 = 0;
-    float sink = 0;
-    for (int rep = 0; rep < 3; ++rep) {
-      auto t0 = std::chrono::steady_clock::now();
-      sink += fma_loop_avx512(iters, 1.f);
-      auto t1 = std::chrono::steady_clock::now();
-      sink += fma_loop_avx2(2 * iters, 1.f);  // the same FLOP count
-      auto t2 = std::chrono::steady_clock::now();
-      best512 = std::max(best512, 1.0 / std::chrono::duration<double>(t1 - t0).count());
-      best256 = std::max(best256, 1.0 / std::chrono::duration<double>(t2 - t1).count());
-    }
-    return best512 / best256 + 0 * double(sink);
-  }();
-  return gain;
-}
-
 double fma_peak_gflops(int threads) { return fma_peak(threads).gflops; }
 
 }  // namespace ctxpar

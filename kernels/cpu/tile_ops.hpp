@@ -1,7 +1,8 @@
 // Tile-level building blocks of the CPU flash kernels, one implementation per instruction set
 // (tile_ops_avx512.cpp, tile_ops_avx2.cpp, tile_ops_scalar.cpp), chosen once at run time by
 // tile_ops() from what the CPU reports (__builtin_cpu_supports), so one binary runs on any
-// x86-64 and at full speed on AVX-512 and AVX2+FMA machines with no environment variable.
+// x86-64 and at full speed on AVX-512 and AVX2+FMA machines with no environment variable;
+// CTXPAR_ISA=scalar|avx2|avx512 forces one (kernel_isa(), kernels/ops.hpp) to test every path.
 #pragma once
 #include <cstdint>
 
@@ -38,7 +39,7 @@ const TileOps& tile_ops_avx2();    // call only where avx2_supported()
 const TileOps& tile_ops_avx512();  // call only where avx512_supported()
 bool avx2_supported();    // AVX2 and FMA
 bool avx512_supported();  // AVX-512 F, DQ, BW and VL
-// The fastest set this CPU supports (or the one forced below).
+// The set of kernel_isa(): the fastest this CPU supports, or CTXPAR_ISA's (or the one forced below).
 const TileOps& tile_ops();
 // Tests only: make tile_ops() return `ops` (nullptr restores the automatic choice), so the
 // scalar fallback can be run end to end on an AVX2 machine. Not thread-safe; call between ops.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "cpu/tile_ops.hpp"
+#include "ops.hpp"
 
 namespace ctxpar::cpu {
 
@@ -87,24 +88,20 @@ namespace {
 const TileOps* g_forced = nullptr;
 }  // namespace
 
-bool avx2_supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
+bool avx2_supported() { return int(kernel_isa_widest()) >= int(KernelIsa::avx2); }
 
-bool avx512_supported() {
-  __builtin_cpu_init();
-  return avx2_supported() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-}
+bool avx512_supported() { return kernel_isa_widest() == KernelIsa::avx512; }
 
 const TileOps& tile_ops() {
-  static const TileOps& best = []() -> const TileOps& {
-    if (avx512_supported()) return tile_ops_avx512();
-    if (avx2_supported()) return tile_ops_avx2();
+  static const TileOps& chosen = []() -> const TileOps& {
+    switch (kernel_isa()) {  // CTXPAR_ISA, else the widest this CPU runs
+      case KernelIsa::avx512: return tile_ops_avx512();
+      case KernelIsa::avx2: return tile_ops_avx2();
+      case KernelIsa::scalar: break;
+    }
     return tile_ops_scalar();
   }();
-  return g_forced ? *g_forced : best;
+  return g_forced ? *g_forced : chosen;
 }
 
 void force_tile_ops(const TileOps* ops) { g_forced = ops; }

@@ -434,6 +434,8 @@ struct Tracer::Impl {
     w.attr(R, "mpi_version", comm_library_version());
     w.attr(R, "hdf5_version", hdf5_library_version());
     w.attr(R, "blas", blas_name());
+    // the CPU kernels' instruction set, and whether CTXPAR_ISA forced it
+    w.attr(R, "kernel_isa", std::string(kernel_isa_name(kernel_isa())) + (kernel_isa_forced() ? " (CTXPAR_ISA)" : ""));
     std::vector<std::string> unique_hosts;
     for (const std::string& h : topo.hosts())
       if (std::find(unique_hosts.begin(), unique_hosts.end(), h) == unique_hosts.end())

@@ -1,5 +1,7 @@
 // sgemm (the BLAS library, all threads) and the tile micro-kernels (AVX2 and scalar) against a
 // double-precision loop.
+#include <cpuid.h>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -88,21 +90,26 @@ void check_transpose(const cpu::TileOps& ops) {
 }
 
 // A BLIS older than the CPU falls back to its portable C kernels (5x slower than the CPU's own
-// on a Zen 5 core, kernels/cpu/gemm.cpp): ctxpar must have picked the ISA's kernels instead.
-TEST(Sgemm, BlisRunsVectorKernelsWhereTheCpuHasThem) {
+// on a Zen 5 core, kernels/cpu/gemm.cpp): ctxpar must have picked the ISA's kernels instead, from
+// CPUID alone; CTXPAR_ISA picks the family of the ISA it names.
+TEST(Sgemm, BlisRunsTheKernelsOfTheIsa) {
   const std::string name = blas_name();
   if (name.rfind("BLIS", 0) != 0) GTEST_SKIP() << "not BLIS: " << name;
   if (name.find("chosen by BLIS_ARCH_TYPE") != std::string::npos) GTEST_SKIP() << "the user chose: " << name;
-  __builtin_cpu_init();
-  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
-    GTEST_SKIP() << "this CPU has no AVX2+FMA, so generic kernels are right: " << name;
+  if (kernel_isa_forced()) {
+    const char* family[] = {"generic", "haswell", "skx"};
+    EXPECT_NE(name.find(std::string("(OpenMP; ") + family[int(kernel_isa())] + " kernels chosen by CTXPAR_ISA)"),
+              std::string::npos) << name << " under CTXPAR_ISA=" << kernel_isa_name(kernel_isa());
+    return;
+  }
+  if (kernel_isa_widest() == KernelIsa::scalar) GTEST_SKIP() << "this CPU has no AVX2+FMA, so generic kernels are right: " << name;
   EXPECT_EQ(name.find("generic"), std::string::npos) << name;
-  // Where 512-bit FMAs run twice as fast as 256-bit ones, BLIS must run its AVX-512 kernels: its
-  // own choice on Intel reads the FMA units from the brand string, which virtual machines mask,
-  // and then runs the AVX2 kernels at about 60 % of the speed (kernels/cpu/gemm.cpp).
-  if (fma512_gain() >= 1.5 && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl")) {
-    EXPECT_NE(name.find("skx"), std::string::npos) << name << " (512-bit FMA gain " << fma512_gain() << ")";
+  // On Intel BLIS's own choice reads the FMA units from the brand string, which virtual machines
+  // mask, and then runs the AVX2 kernels at about 60 % of the speed (kernels/cpu/gemm.cpp).
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e;
+  if (intel && kernel_isa_widest() == KernelIsa::avx512) {  // "GenuineIntel"
+    EXPECT_NE(name.find("skx"), std::string::npos) << name;
   }
 }
 
@@ -144,9 +151,14 @@ TEST(TileOps, GemmAndTransposeAvx512) {
   check_transpose(cpu::tile_ops_avx512());
 }
 
-TEST(TileOps, WidestSetChosen) {
-  const std::string want = cpu::avx512_supported() ? "avx512" : cpu::avx2_supported() ? "avx2+fma" : "scalar";
-  EXPECT_EQ(std::string(cpu::tile_ops().isa), want);
+// The kernels' set is the widest the CPU runs, or the one CTXPAR_ISA names.
+TEST(TileOps, SetOfTheKernelIsa) {
+  const char* names[] = {"scalar", "avx2+fma", "avx512"};
+  const KernelIsa want = kernel_isa_forced() ? kernel_isa()
+                         : cpu::avx512_supported() ? KernelIsa::avx512
+                         : cpu::avx2_supported()   ? KernelIsa::avx2
+                                                   : KernelIsa::scalar;
+  EXPECT_EQ(std::string(cpu::tile_ops().isa), names[int(want)]);
 }
 
 }  // namespace
