@@ -4,8 +4,10 @@
 // -DCTXPAR_CUDA_EMU (tests/gpu/CMakeLists.txt, target test_cuda_ops_emu). Not part of the library.
 //
 // What it emulates
-//  - Blocks run one after another; the threads of a block are cooperative fibers (ucontext) on the
-//    calling OS thread, switched only at synchronization points: __syncthreads, __syncwarp and
+//  - Blocks run one after another; the threads of a block are cooperative fibers on the calling OS
+//    thread (a register-only stack switch on x86-64: glibc's swapcontext makes a sigprocmask system
+//    call per switch, half of an emulated training step's time; ucontext elsewhere and under
+//    AddressSanitizer, which knows swapcontext), switched only at synchronization points: __syncthreads, __syncwarp and
 //    every warp collective (__shfl_xor_sync, mma.sync, ldmatrix). Scheduling is adversarial for
 //    missing barriers: each round takes the warps in a pseudo-random order (fixed seed: runs are
 //    reproducible) and runs each warp as far as it can get — until all its threads wait at
@@ -59,6 +61,37 @@
 
 namespace ctxpar::cuda::emu {
 
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define CTXPAR_EMU_FAST_SWITCH 1
+// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores
+// the stack pointer in *save_sp, loads load_sp and restores what that stack saved (System V ABI:
+// everything else is caller-saved). A new fiber's stack is laid out by fiber_stack() below.
+inline __attribute__((naked, noinline)) void stack_switch(void** /*save_sp*/, void* /*load_sp*/) {
+  __asm__ volatile(
+      "pushq %rbp\n\t"
+      "pushq %rbx\n\t"
+      "pushq %r12\n\t"
+      "pushq %r13\n\t"
+      "pushq %r14\n\t"
+      "pushq %r15\n\t"
+      "subq $8, %rsp\n\t"
+      "stmxcsr (%rsp)\n\t"
+      "fnstcw 4(%rsp)\n\t"
+      "movq %rsp, (%rdi)\n\t"
+      "movq %rsi, %rsp\n\t"
+      "ldmxcsr (%rsp)\n\t"
+      "fldcw 4(%rsp)\n\t"
+      "addq $8, %rsp\n\t"
+      "popq %r15\n\t"
+      "popq %r14\n\t"
+      "popq %r13\n\t"
+      "popq %r12\n\t"
+      "popq %rbx\n\t"
+      "popq %rbp\n\t"
+      "ret\n\t");
+}
+#endif
+
 [[noreturn]] inline void fail(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -81,7 +114,11 @@ struct PendingCopy {
 };
 
 struct Fiber {
+#if CTXPAR_EMU_FAST_SWITCH
+  void* sp = nullptr;  // the saved stack pointer while switched out
+#else
   ucontext_t ctx{};
+#endif
   char* stack = nullptr;
   uint3 tid{0, 0, 0};
   bool done = false;
@@ -105,7 +142,11 @@ struct Machine {
   Barrier block_bar;
   std::vector<Barrier> warp_bars;
   std::vector<std::vector<uint64_t>> xchg;  // per warp: 32 lanes x kSlots
+#if CTXPAR_EMU_FAST_SWITCH
+  void* sched_sp = nullptr;
+#else
   ucontext_t sched{};
+#endif
   uint64_t events = 0;
   std::map<const void*, int> max_dyn_smem;  // per kernel, from cudaFuncSetAttribute
   std::vector<int> warp_order, lane_order;  // visiting orders, reshuffled every round
@@ -138,7 +179,11 @@ inline const dim3& grid_dim() { return machine().grid; }
 
 inline void yield() {
   Machine& m = machine();
+#if CTXPAR_EMU_FAST_SWITCH
+  stack_switch(&self().sp, m.sched_sp);
+#else
   swapcontext(&self().ctx, &m.sched);
+#endif
 }
 
 inline void barrier_wait(Barrier& b) {
@@ -275,7 +320,34 @@ inline void fiber_entry() {
   if (!f.open.empty() || !f.groups.empty()) fail("thread %u exited with cp.async copies not waited for", f.tid.x);
   f.done = true;
   ++m.events;
-}  // returns to uc_link = the scheduler
+}  // returns to uc_link = the scheduler (ucontext)
+
+#if CTXPAR_EMU_FAST_SWITCH
+// A fiber's first frame: runs the thread, then leaves for the scheduler for good.
+[[noreturn]] inline void fiber_trampoline() {
+  fiber_entry();
+  void* dead = nullptr;
+  stack_switch(&dead, machine().sched_sp);
+  __builtin_unreachable();
+}
+
+// The initial stack of a fiber, as stack_switch leaves one: MXCSR and the x87 control word (the
+// caller's), six callee-saved registers (zero), the trampoline as the return address, and a
+// zero fake return address for the trampoline (so its frame is 16-byte aligned as after a call).
+inline void* fiber_stack(char* stack, size_t bytes) {
+  uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15);
+  uint64_t* p = reinterpret_cast<uint64_t*>(top);
+  *--p = 0;                                                // fake return address of the trampoline
+  *--p = reinterpret_cast<uint64_t>(&fiber_trampoline);    // popped by ret
+  for (int i = 0; i < 6; ++i) *--p = 0;                    // rbp rbx r12 r13 r14 r15
+  uint32_t mxcsr = 0;
+  uint16_t fcw = 0;
+  __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+  __asm__ volatile("fnstcw %0" : "=m"(fcw));
+  *--p = uint64_t(mxcsr) | (uint64_t(fcw) << 32);
+  return p;
+}
+#endif
 
 inline void run_block(const uint3 bid) {
   Machine& m = machine();
@@ -293,11 +365,15 @@ inline void run_block(const uint3 bid) {
     f.done = false;
     f.groups.clear();
     f.open.clear();
+#if CTXPAR_EMU_FAST_SWITCH
+    f.sp = fiber_stack(f.stack, kStackBytes);
+#else
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = kStackBytes;
     f.ctx.uc_link = &m.sched;
     makecontext(&f.ctx, fiber_entry, 0);
+#endif
   }
   m.warp_order.resize(size_t(n / 32));
   std::iota(m.warp_order.begin(), m.warp_order.end(), 0);
@@ -317,7 +393,11 @@ inline void run_block(const uint3 bid) {
           if (m.fibers[size_t(i)].done) continue;
           warp_alive = alive = true;
           m.current = i;
+#if CTXPAR_EMU_FAST_SWITCH
+          stack_switch(&m.sched_sp, m.fibers[size_t(i)].sp);
+#else
           swapcontext(&m.sched, &m.fibers[size_t(i)].ctx);
+#endif
         }
         m.current = -1;
         if (!warp_alive || m.events == warp_before) break;
