@@ -11,13 +11,10 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "bench/bench.hpp"
+#include "app/startup.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/memory.hpp"
@@ -35,126 +32,6 @@ using namespace ctxpar;
 
 namespace {
 
-struct Cli {
-  std::string mode, bench, config_path;
-  std::vector<std::string> overrides;
-  bool help = false, print_config = false, dry_run = false;
-};
-
-template <int (*Bench)(BenchContext&)> int run_bench(const Config& cfg, Topology& topo, Tracer& tracer) {
-  BenchContext ctx{cfg, topo, tracer};
-  return Bench(ctx);
-}
-// The mode table: every `ctxpar <mode>` and `ctxpar bench <name>` is one row here, with its run,
-// its own checks and its --dry-run lines (modes/modes.hpp).
-//   mode, bench, run, validate, plan, memory, scan, needs_peak, attention_workload, cuda
-const ModeRow kModeTable[] = {
-    {Mode::run, Bench::none, run_default, nullptr, nullptr, workload_memory, nullptr, false, true, true},
-    {Mode::attn, Bench::none, run_attn_mode, validate_attn_mode, nullptr, attn_memory, scan_attn_inputs, false, true, true},
-    {Mode::train, Bench::none, run_train, validate_train_mode, train_plan, train_memory, scan_train_inputs, true, false, true},
-    {Mode::prefill, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false,true},
-    {Mode::decode, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false,true},
-    {Mode::chat, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false,true},
-    {Mode::bench, Bench::comm, run_bench<bench_comm>, nullptr, nullptr, bench_comm_memory, nullptr, false, false, false},
-    {Mode::bench, Bench::attn, run_bench<bench_attn>, nullptr, nullptr, bench_attn_memory, nullptr, false, false, true},
-    {Mode::bench, Bench::cp, run_bench<bench_cp>, nullptr, nullptr, workload_memory, nullptr, false, true, true},
-    {Mode::bench, Bench::train, run_bench<bench_train>, validate_train_mode, train_plan, train_memory, scan_train_inputs, true, false, true},
-    {Mode::bench, Bench::peak, run_bench<bench_peak>, nullptr, nullptr, nullptr, nullptr, false, false, false},
-    {Mode::bench, Bench::infer, run_bench<bench_infer>, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false, true},
-    {Mode::predict, Bench::none, run_predict, validate_predict_mode, nullptr, nullptr, nullptr, false, false, false},
-    {Mode::bench, Bench::calibrate, run_bench<bench_calibrate>, validate_calibrate, nullptr, calibrate_memory, nullptr, false, false, false},
-};
-
-// The row of `ctxpar <mode> [<bench>]` (names as typed), or null.
-const ModeRow* find_mode(const std::string& mode, const std::string& bench) {
-  for (const ModeRow& m : kModeTable)
-    if (mode == name_of(m.mode) && bench == name_of(m.bench)) return &m;
-  return nullptr;
-}
-
-std::string names(bool benches) {
-  std::string out;
-  for (const ModeRow& m : kModeTable) {
-    const std::string n = benches ? name_of(m.bench) : name_of(m.mode);
-    if ((m.mode == Mode::bench) != benches || out.find(n) != std::string::npos) continue;
-    out += (out.empty() ? "" : ", ") + n;
-  }
-  return benches ? out : out + ", bench";
-}
-
-bool is_bool_field(const std::string& key) {
-  for (const Field& f : config_fields())
-    if (f.name == key) return std::holds_alternative<bool Config::*>(f.member);
-  return false;
-}
-
-// Splits argv into mode, flags and key=value overrides; throws UsageError.
-Cli parse_cli(int argc, char** argv) {
-  Cli c;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") { c.help = true; continue; }
-    if (a == "--print-config") { c.print_config = true; continue; }
-    if (a == "--dry-run") { c.dry_run = true; continue; }
-    if (a == "--config" || a.rfind("--config=", 0) == 0) {
-      if (a == "--config") {
-        if (i + 1 >= args.size()) throw UsageError("--config needs a file name (e.g. --config inputs/default.toml)");
-        c.config_path = args[++i];
-      } else {
-        c.config_path = a.substr(9);
-      }
-      if (c.config_path.empty()) throw UsageError("--config needs a file name (e.g. --config inputs/default.toml); got an empty one");
-      continue;
-    }
-    if (a.find('=') != std::string::npos) { c.overrides.push_back(a); continue; }
-    if (a.rfind("--", 0) == 0) {
-      const std::string key = a.substr(2);
-      if (is_bool_field(key)) { c.overrides.push_back(key + "=true"); continue; }
-      if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
-        c.overrides.push_back(key + "=" + args[++i]);
-        continue;
-      }
-      c.overrides.push_back(a);  // parse_config reports the missing value / unknown key
-      continue;
-    }
-    if (c.mode.empty()) { c.mode = a; continue; }
-    if (c.mode == "bench" && c.bench.empty()) { c.bench = a; continue; }
-    throw UsageError("unexpected argument '" + a + "'; options are key=value or --key=value (ctxpar --help)");
-  }
-  if (c.help) return c;
-  if (c.mode.empty()) throw UsageError("no mode given; valid modes: " + names(false) + " (ctxpar --help)");
-  if (c.mode == "bench" && !find_mode(c.mode, c.bench))
-    throw UsageError("bench needs one of: " + names(true) + (c.bench.empty() ? "" : " (got '" + c.bench + "')"));
-  if (!find_mode(c.mode, c.bench)) throw UsageError("unknown mode '" + c.mode + "'; valid modes: " + names(false));
-  return c;
-}
-
-// Rank 0 reads the config file; every rank gets its text (or the read error).
-std::string read_config_text(Comm& world, const std::string& path, std::string& error) {
-  std::string text;
-  if (world.rank() == 0 && !path.empty()) {
-    std::error_code ec;
-    std::ifstream f;
-    if (!std::filesystem::is_regular_file(path, ec))
-      error = "config: --config '" + path + "' is " + (std::filesystem::exists(path, ec) ? "not a regular file" : "missing") +
-              "; valid: a readable TOML file such as inputs/default.toml";
-    else if (f.open(path); !f)
-      error = "config: cannot read --config file '" + path + "'; valid: a readable TOML file such as inputs/default.toml";
-    else {
-      std::stringstream ss;
-      ss << f.rdbuf();
-      text = ss.str();
-    }
-  }
-  error = agree_on_error(world, error);
-  int64_t n = int64_t(text.size());
-  world.broadcast(std::span<int64_t>(&n, 1), 0);
-  text.resize(size_t(n));
-  world.broadcast(std::span<uint8_t>(reinterpret_cast<uint8_t*>(text.data()), text.size()), 0);
-  return text;
-}
-
 // The start-up's watchdog, from before MPI_Init until the trace's own watchdog runs: a rank
 // stopped or stuck at start-up (MPI_Init, the validation's collectives) ends the job too, exit 3.
 // Its limit: watchdog_s of the command line until the configuration file is read, then the
@@ -163,7 +40,7 @@ std::atomic<bool> g_mpi_ready{false};
 void start_startup_watchdog(Watchdog& w, int argc, char** argv) {
   double limit = 600;
   try {
-    limit = parse_config("", "(command line)", parse_cli(argc, argv).overrides).watchdog_s;
+    limit = parse_config("", "(command line)", parse_cli(std::vector<std::string>(argv + 1, argv + argc)).overrides).watchdog_s;
   } catch (const UsageError&) {
     // the real parse reports it, on rank 0
   }
@@ -178,57 +55,14 @@ void start_startup_watchdog(Watchdog& w, int argc, char** argv) {
 }
 
 int run(int argc, char** argv, Comm& world, Watchdog& startup) {
-  Cli cli;
-  Config cfg;
-  const ModeRow* row = nullptr;
-  std::unique_ptr<Topology> topo;
-  std::vector<RunFile> files;
   // ---- parse and validate: identical on every rank; nothing allocated, nothing written -------
-  try {
-    std::string err;
-    cli = parse_cli(argc, argv);
-    if (cli.help) {
-      log0("%s", help_text().c_str());
-      return 0;
-    }
-    const std::string text = read_config_text(world, cli.config_path, err);
-    if (!err.empty()) throw UsageError(err);
-    cfg = parse_config(text, cli.config_path.empty() ? "(none)" : cli.config_path, cli.overrides);
-    startup.set_limit(cfg.watchdog_s);
-    startup.heartbeat(0, -1, 0);
-    row = find_mode(cli.mode, cli.bench);  // parse_cli checked it exists
-    cfg.mode = row->mode;
-    cfg.bench = row->bench;
-    validate_config(cfg, world.size());
-    const MeshSpec mesh = parse_mesh(cfg.mesh, world.size());
-    // Record the mesh in full (the trace and printouts then never show an implicit default).
-    cfg.mesh = "dp:" + std::to_string(mesh.dp) + ",tp:" + std::to_string(mesh.tp) + ",ulysses:" +
-               std::to_string(mesh.ulysses) + ",ring:" + std::to_string(mesh.ring);
-    topo = Topology::create(world, mesh);
-    for (const std::string& w : placement_warnings(*topo)) err0("# warning: %s\n", w.c_str());
-    err = agree_on_error(world, resolve_auto_strategy(cfg, *topo));
-    if (!err.empty()) throw UsageError(err);
-    err = agree_on_error(world, validate_mode(cfg, *topo, *row));
-    if (!err.empty()) throw UsageError(err);
-    startup.heartbeat(0, -1, 0);
-    // The files of the run (--print-config shows settings only; job scripts call it without the
-    // run's own out=).
-    files = run_files(cfg, cli.config_path);
-    err = agree_on_error(world, world.rank() == 0 && !cli.print_config ? check_run_files(files, cfg) : "");
-    if (!err.empty()) throw UsageError(err);
-    if (!cli.dry_run && !cli.print_config) {
-      err = agree_on_error(world, check_memory(cfg, *topo, *row));
-      if (!err.empty()) throw UsageError(err);
-      startup.heartbeat(0, -1, 0);
-      // Last, as they may read gigabytes: the values of the input files (NaN/Inf, token ids).
-      err = agree_on_error(world, row->scan ? row->scan(cfg, *topo) : "");
-      if (!err.empty()) throw UsageError(err);
-      startup.heartbeat(0, -1, 0);
-    }
-  } catch (const UsageError& e) {
-    err0("ctxpar: error: %s\n", e.what());
-    return kExitUsage;
-  }
+  Startup st = check_startup(std::vector<std::string>(argv + 1, argv + argc), world, &startup);
+  if (st.rc >= 0) return st.rc;
+  const Cli& cli = st.cli;
+  const Config& cfg = st.cfg;
+  const ModeRow* row = st.row;
+  std::unique_ptr<Topology>& topo = st.topo;
+  const std::vector<RunFile>& files = st.files;
   // Threads per rank: the config, else OMP_NUM_THREADS, else this node's cores shared evenly by
   // its ranks (the OpenMP default would give every rank all cores and oversubscribe them).
   if (cfg.threads > 0) omp_set_num_threads(int(cfg.threads));

@@ -2,7 +2,16 @@
 """Bad-input table: each case must print one clear message on rank 0, on stderr, that names the
 field or value; exit with code 2 on every rank; finish within 30 s; and leave every file as it
 was: nothing created, nothing changed (inputs, existing outputs, other runs' traces).
-Usage: test_bad_input.py CTXPAR_BINARY REPO_ROOT [--table]  (--table prints the cases and messages)"""
+
+Two ways to run a case, the same checks on both:
+- in one process (the default): every case's command line through the program's own start-up
+  checks (src/app/startup.hpp, the function main.cpp calls) by tests/cli/check_inputs, one MPI job
+  for the whole table at np 2; markers between the cases split its stdout and stderr per case;
+- end to end (`mpirun -np 2 ctxpar ...`, one job per case): the cases refused only once the run
+  has started (E2E: the output locks), and every SAMPLE-th case of the rest, so that the exit code
+  and the streams of the real program are checked too.
+Usage: test_bad_input.py CTXPAR_BINARY CHECK_INPUTS_BINARY REPO_ROOT [--table] [--all-e2e]
+  (--table prints the cases and messages; --all-e2e runs every case end to end)"""
 import os
 import shutil
 import subprocess
@@ -248,70 +257,138 @@ def snapshot(d):
     return out
 
 
+# Cases refused only after the checks, when the run locks its outputs: end to end only.
+E2E = {"a user's file where the lock goes", "a later output that cannot be made leaves no directory"}
+SAMPLE = 8  # every SAMPLE-th of the other cases runs end to end as well
+
+
+def judge(rc, out, err, dt, must, before, after):
+    """The problems of one case's run: its exit code, its streams, its files."""
+    text = out + err
+    msg_lines = [l for l in err.splitlines() if l.startswith("ctxpar: error:")]
+    problems = []
+    if rc != 2:
+        problems.append(f"exit code {rc}, expected 2")
+    if must not in text:
+        problems.append(f"message does not name '{must}'")
+    if len(msg_lines) != 1:
+        problems.append(f"{len(msg_lines)} error lines on stderr, expected exactly 1 (rank 0 only)")
+    if any(l.startswith("ctxpar: error:") for l in out.splitlines()):
+        problems.append("an error line on stdout (errors belong on stderr)")
+    for bad in ("Signal:", "terminate called", "Backtrace", "[ 0]"):
+        if bad in text:
+            problems.append(f"'{bad}' in the output: a backtrace")
+    created = sorted(set(after) - set(before))
+    changed = sorted(k for k in before if k in after and before[k] != after[k])
+    removed = sorted(set(before) - set(after))
+    if created:
+        problems.append(f"created {created}")
+    if changed:
+        problems.append(f"changed {changed}")
+    if removed:
+        problems.append(f"removed {removed}")
+    if dt > TIMEOUT_S:
+        problems.append(f"took {dt:.1f} s")
+    return problems, (msg_lines[0] if msg_lines else text.strip()[:200])
+
+
+def run_e2e(binary, tmp, args):
+    cmd = ["mpirun", "-np", str(NP), "--oversubscribe", "--bind-to", "none", binary] + args
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp)
+        return p.returncode, p.stdout, p.stderr, time.time() - t0
+    except subprocess.TimeoutExpired:
+        return None, "", "(timed out)", time.time() - t0
+
+
+def split_markers(stream, n):
+    """Per case: the lines between '@@ctxpar-case i' and '@@ctxpar-rc i ...', and the rc line."""
+    parts, rcs, cur, idx = [""] * n, {}, None, None
+    for line in stream.splitlines(keepends=True):
+        if line.startswith("@@ctxpar-case "):
+            idx = int(line.split()[1])
+            cur = []
+            continue
+        if line.startswith("@@ctxpar-rc "):
+            f = line.split()
+            rcs[int(f[1])] = (int(f[2]), float(f[3]))
+            parts[int(f[1])] = "".join(cur or [])
+            cur = None
+            continue
+        if cur is not None:
+            cur.append(line)
+    return parts, rcs
+
+
+def run_batch(check_inputs, cases):
+    """Every (tmp, args) case through check_inputs in one MPI job: [(rc, out, err, seconds)]."""
+    with tempfile.NamedTemporaryFile("w", suffix=".cases", delete=False) as fh:
+        for tmp, args in cases:
+            fh.write("\x1f".join([tmp] + args) + "\n")
+        path = fh.name
+    cmd = ["mpirun", "-np", str(NP), "--oversubscribe", "--bind-to", "none", check_inputs, path]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=TIMEOUT_S * len(cases))
+    os.remove(path)
+    outs, rc_out = split_markers(p.stdout, len(cases))
+    errs, _ = split_markers(p.stderr, len(cases))
+    res = []
+    for i in range(len(cases)):
+        rc, dt = rc_out.get(i, (None, 0.0))
+        if rc is None:
+            errs[i] += f"(check_inputs did not finish this case: exit {p.returncode})\n{p.stderr[-2000:]}"
+        res.append((2 if rc == 2 else rc, outs[i], errs[i], dt))
+    return res
+
+
 def main():
-    binary, root = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    binary, check_inputs, root = (os.path.abspath(a) for a in sys.argv[1:4])
     show = "--table" in sys.argv
-    failures = []
-    rows = []
+    all_e2e = "--all-e2e" in sys.argv
     work = tempfile.mkdtemp(prefix="ctxpar-bad-fixtures-")
     ck = make_checkpoint(binary, root, work)
-    for name, args, must in CASES:
+    prepared = []  # (name, tmp, args, must, e2e)
+    for i, (name, args, must) in enumerate(CASES):
         tmp = tempfile.mkdtemp(prefix="ctxpar-bad-")
         fx = make_fixtures(tmp, root, ck)
         for k, v in fx.items():
             args = [a.replace("@" + k + "@", v) for a in args]
         if not any(a.startswith("out=") for a in args):
             args = args + ["out=" + os.path.join(tmp, "o", "run.h5")]
-        before = snapshot(tmp)
-        time.sleep(0.01)  # a change within the same mtime tick would still differ in size or mtime
-        cmd = ["mpirun", "-np", str(NP), "--oversubscribe", "--bind-to", "none", binary] + args
-        t0 = time.time()
-        try:
-            p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp)
-            rc, out, err = p.returncode, p.stdout, p.stderr
-        except subprocess.TimeoutExpired:
-            rc, out, err = None, "", "(timed out)"
-        dt = time.time() - t0
+        prepared.append((name, tmp, args, must, all_e2e or name in E2E or i % SAMPLE == 0))
+    # a case with a newline in an argument cannot go through the cases file (a line per case): end to end only
+    in_process = {t for n, t, a, m, e in prepared if n not in E2E and not any("\n" in x for x in a)}
+    prepared = [(n, t, a, m, e or t not in in_process) for n, t, a, m, e in prepared]
+    before = {t: snapshot(t) for _, t, _, _, _ in prepared}
+    time.sleep(0.01)  # a change within the same mtime tick would still differ in size or mtime
+    batch = [(t, a) for n, t, a, m, e in prepared if t in in_process]
+    batch_res = dict(zip([t for t, _ in batch], run_batch(check_inputs, batch))) if batch else {}
+    failures, rows = [], []
+    for name, tmp, args, must, e2e in prepared:
+        runs = []
+        if tmp in batch_res:
+            runs.append(("in process",) + batch_res[tmp])
+        if e2e:
+            runs.append(("end to end",) + run_e2e(binary, tmp, args))
         after = snapshot(tmp)
-        text = out + err
-        msg_lines = [l for l in err.splitlines() if l.startswith("ctxpar: error:")]
-        problems = []
-        if rc != 2:
-            problems.append(f"exit code {rc}, expected 2")
-        if must not in text:
-            problems.append(f"message does not name '{must}'")
-        if len(msg_lines) != 1:
-            problems.append(f"{len(msg_lines)} error lines on stderr, expected exactly 1 (rank 0 only)")
-        if any(l.startswith("ctxpar: error:") for l in out.splitlines()):
-            problems.append("an error line on stdout (errors belong on stderr)")
-        for bad in ("Signal:", "terminate called", "Backtrace", "[ 0]"):
-            if bad in text:
-                problems.append(f"'{bad}' in the output: a backtrace")
-        created = sorted(set(after) - set(before))
-        changed = sorted(k for k in before if k in after and before[k] != after[k])
-        removed = sorted(set(before) - set(after))
-        if created:
-            problems.append(f"created {created}")
-        if changed:
-            problems.append(f"changed {changed}")
-        if removed:
-            problems.append(f"removed {removed}")
-        if dt > TIMEOUT_S:
-            problems.append(f"took {dt:.1f} s")
-        rows.append((name, " ".join(a.replace(tmp, "$TMP").replace(root, "$REPO") for a in args), rc, f"{dt:.1f}",
-                     msg_lines[0].replace(tmp, "$TMP") if msg_lines else text.strip()[:200]))
-        if problems:
-            failures.append((name, problems, text))
+        for how, rc, out, err, dt in runs:
+            problems, msg = judge(rc, out, err, dt, must, before[tmp], after)
+            rows.append((name, how, " ".join(a.replace(tmp, "$TMP").replace(root, "$REPO") for a in args), rc,
+                         f"{dt:.2f}", msg.replace(tmp, "$TMP")))
+            if problems:
+                failures.append((f"{name} ({how})", problems, out + err))
         shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
     if show:
-        print("| case | arguments | exit | s | message |")
-        print("|---|---|---|---|---|")
+        print("| case | run | arguments | exit | s | message |")
+        print("|---|---|---|---|---|---|")
         for r in rows:
             print("| " + " | ".join(str(x).replace("|", "\\|") for x in r) + " |")
     for name, problems, text in failures:
         print(f"FAIL {name}: {'; '.join(problems)}\n---\n{text}\n---")
-    print(f"{len(CASES) - len(failures)} passed, {len(failures)} failed")
+    n_e2e = sum(1 for r in rows if r[1] == "end to end")
+    print(f"{len(CASES)} cases ({len(rows) - n_e2e} in process, {n_e2e} end to end): "
+          f"{len(rows) - len(failures)} runs passed, {len(failures)} failed")
     return 1 if failures else 0
 
 
