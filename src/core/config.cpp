@@ -170,7 +170,8 @@ const std::vector<Field>& config_fields() {
       {"data", &Config::data, "synthetic", "train: 'synthetic' or a token file (.bin raw integers, .h5 dataset 'tokens')", {}},
       enum_field<&Config::data_dtype>("data_dtype", kTokenTypeNames, "uint16", "train: integer type of a raw .bin token file"),
       {"eos_id", &Config::eos_id, "-1", "train: token that ends a document in a token file (-1 = none)", {}, -1, 1ll << 31},
-      {"dump_init", &Config::dump_init, "", "train: write initial weights, first batch and step-1 results to this HDF5 (oracle)", {}},
+      {"dump_init", &Config::dump_init, "", "train: write an oracle dump to this HDF5 (tests/oracle): per step the weights and AdamW moments before it and its gradients, the samples, the losses, step 0's logits", {}},
+      {"dump_steps", &Config::dump_steps, "0", "train with dump_init: the steps the dump records (0 = every step run)", {}, 0, 1e6},
       {"peak_tflops_per_rank", &Config::peak_tflops_per_rank, "0", "train: peak for MFU (0 = measured sgemm peak, as `bench peak`); device=cuda: 0 = the GPU's dense bf16 peak by its name (a table; 0 where unknown)", {}, 0, 1e6,
        [](const Config& c) -> std::string {
          return c.peak_tflops_per_rank == 0 || c.peak_tflops_per_rank >= 1e-4

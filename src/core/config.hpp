@@ -103,7 +103,8 @@ struct Config {
   std::string data;          // "synthetic" or a token file (.bin raw integers, .h5 dataset "tokens")
   TokenType data_dtype;      // raw token files
   int64_t eos_id;            // token that ends a document in a token file (-1 = no boundaries)
-  std::string dump_init;     // write initial weights, first batch, loss, logits and grads (oracle)
+  std::string dump_init;     // oracle dump: per step the weights, moments and gradients (modes/oracle_dump.hpp)
+  int64_t dump_steps;        // the steps the dump records (0 = every step run)
   double peak_tflops_per_rank;  // for MFU; 0 = measured at start (sgemm, as `ctxpar bench peak`)
   // inference (prefill, decode, chat, bench infer; src/infer)
   CpAlgoSetting cp_algo;     // prefill attention (auto: chosen per call)

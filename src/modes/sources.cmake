@@ -4,7 +4,7 @@ set(CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/run_default.cpp ${CMAKE_CURREN
 list(APPEND CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/attn_mode.cpp ${CMAKE_CURRENT_LIST_DIR}/device_run.cpp)
 # `ctxpar train` and the model it trains (src/model, with its HDF5 checkpoint/token I/O in trace/).
 include(${CMAKE_CURRENT_LIST_DIR}/../model/sources.cmake)
-list(APPEND CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/train.cpp ${CTXPAR_MODEL_SOURCES})
+list(APPEND CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/train.cpp ${CMAKE_CURRENT_LIST_DIR}/oracle_dump.cpp ${CTXPAR_MODEL_SOURCES})
 # `ctxpar prefill|decode|chat` and `bench infer` (src/infer: KV cache, pass-KV / pass-Q, decode).
 include(${CMAKE_CURRENT_LIST_DIR}/../infer/sources.cmake)
 list(APPEND CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/infer.cpp ${CTXPAR_INFER_SOURCES})

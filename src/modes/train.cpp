@@ -21,6 +21,7 @@
 #include "model/optimizer.hpp"
 #include "model/transformer.hpp"
 #include "modes/modes.hpp"
+#include "modes/oracle_dump.hpp"
 #include "modes/device_run.hpp"
 #include "modes/workload.hpp"
 #include "ops.hpp"
@@ -300,10 +301,10 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   if (std::unique_ptr<CpStrategy> local = make_local_strategy(cfg, topo))  // one layer's at a time
     p.strategy_bytes = std::max(p.strategy_bytes, local->buffer_bytes(local_attn_problem(cfg, tp, true), train_docs(cfg), topo));
   // Rank 0 gathers whole tensors to write them (model/checkpoint.cpp): params and both AdamW
-  // moments for a checkpoint; params, gradients and the logits for the oracle dump.
+  // moments for a checkpoint; every recorded step's state and gradients for the oracle dump.
   const double global = 4.0 * double(ParamLayout(model_dims(cfg, 1, 0)).local_elems());
   if (cfg.checkpoint_every > 0) p.gather_bytes = std::max(p.gather_bytes, 3.0 * global);
-  if (!cfg.dump_init.empty()) p.gather_bytes = std::max(p.gather_bytes, 2.0 * global + 4.0 * double(cfg.seq * cfg.vocab));
+  if (!cfg.dump_init.empty()) p.gather_bytes = std::max(p.gather_bytes, OracleDump::gather_bytes(cfg, global));
   p.total_bytes = p.state_bytes + p.activation_bytes + p.strategy_bytes + p.gather_bytes;
   return p;
 }
@@ -455,12 +456,15 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
   if (hparams) model.use_weights(&hparams->view(), &hparams->mirror());
   const std::unique_ptr<TokenSource> src = make_token_source(cfg);
 
-  // Oracle dump: initial weights (before any update) and step-0 results.
-  const bool dump = !cfg.dump_init.empty() && state.step == 0;
-  std::vector<std::vector<float>> dump_params, dump_grads;
-  std::vector<float> dump_logits;
+  // Oracle dump (modes/oracle_dump.hpp): each recorded step's state before it, its gradients, and
+  // the state after the last.
+  OracleDump dump(cfg, layout, topo, state.step == 0);
+  const auto record_state = [&] {
+    const float* p = host.download_params(params, opt);
+    dump.state(p, host.download_m(opt), host.download_v(opt));
+  };
+  if (dump.records(0)) record_state();
   std::vector<double> losses;
-  if (dump) dump_params = gather_global_tensors(layout, host.download_params(params, opt), topo);
 
   const int64_t total = cfg.warmup + cfg.steps;
   const double peak = on_gpu ? gpu_peak_flops_per_rank(cfg, topo) : train_peak_flops_per_rank(cfg, topo);
@@ -514,7 +518,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     CpStats st;
     StepTimes tm;
     Buffer<float> logits_full;
-    if (dump && s == 0) logits_full.resize(size_t(model.S_loc() * d.vocab), false);
+    if (dump.on() && s == 0) logits_full.resize(size_t(model.S_loc() * d.vocab), false);
     double loss_sum = model.forward_backward(master, grads.data(), b, 1.0 / double(N), &tracer, st, tm,
                                              logits_full.size() ? logits_full.data() : nullptr);
     {
@@ -539,11 +543,8 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
       st.exposed_comm_s += world.now() - tc;
     }
     const double loss = loss_sum / double(N);
-    if (dump && s == 0) {
-      dump_grads = gather_global_tensors(layout, host.download(grads), topo);
-      if (topo.coord(Axis::tp) == 0)
-        dump_logits = gather_rows_global(cp, part, logits_full.span(), d.vocab);
-    }
+    if (dump.records(s)) dump.gradients(host.download(grads));
+    if (dump.on() && s == 0 && topo.coord(Axis::tp) == 0) dump.logits(gather_rows_global(cp, part, logits_full.span(), d.vocab));
     double norm;
     {
       Tracer::Scope sc(&tracer, Phase::optimizer, -1, -1, 0, 0);
@@ -566,6 +567,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
       opt.update(master, grads.data(), norm, &tracer);
       stream_synchronize(gpu.stream, dev);  // the step's time includes the GPU's work
     }
+    if (dump.records(s)) record_state();  // after the update: the state before step s + 1
     double dt = world.now() - t0;
     if (on_gpu) {
       // The host's clocks saw only launches: the device waits timed by their events, and the
@@ -635,40 +637,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
       break;
     }
   }
-  if (dump) {
-    if (world.rank() == 0) {
-      std::vector<H5Tensor> t;
-      const auto& info = layout.tensors();
-      for (size_t i = 0; i < info.size(); ++i) {
-        t.push_back({"params/" + info[i].name, info[i].rows, info[i].cols, dump_params[i].data()});
-        t.push_back({"grads/" + info[i].name, info[i].rows, info[i].cols, dump_grads[i].data()});
-      }
-      t.push_back({"logits", cfg.seq, d.vocab, dump_logits.data()});
-      std::vector<float> lossf(losses.begin(), losses.end());
-      t.push_back({"losses", 1, int64_t(lossf.size()), lossf.data()});
-      // The sample of every step run (dp = 1: step s reads sample s), [steps, S] flattened.
-      const int64_t n_steps = int64_t(losses.size());
-      std::vector<int32_t> tokens(static_cast<size_t>(n_steps * cfg.seq)), doc(static_cast<size_t>(n_steps * cfg.seq));
-      for (int64_t s = 0; s < n_steps; ++s)
-        src->sample(s, cfg.seq, tokens.data() + s * cfg.seq, doc.data() + s * cfg.seq);
-      H5Attrs a;
-      a.ints = {{"layers", cfg.layers}, {"dim", cfg.dim}, {"ffn_dim", cfg.ffn_dim}, {"vocab", cfg.vocab},
-                {"heads", cfg.heads}, {"kv_heads", cfg.kv_heads}, {"head_dim", cfg.head_dim}, {"seq", cfg.seq},
-                {"rope_original_max_pos", cfg.rope_original_max_pos}, {"gdn_heads", cfg.gdn_heads},
-                {"gdn_head_dim_k", cfg.gdn_head_dim_k}, {"gdn_head_dim_v", cfg.gdn_head_dim_v}, {"gdn_conv", cfg.gdn_conv},
-                {"gdn_chunk", cfg.gdn_chunk}, {"window", cfg.window}, {"q_lora_rank", cfg.q_lora_rank},
-                {"kv_lora_rank", cfg.kv_lora_rank}, {"qk_nope_head_dim", cfg.qk_nope_head_dim},
-                {"qk_rope_head_dim", cfg.qk_rope_head_dim}, {"v_head_dim", cfg.v_head_dim}};
-      a.doubles = {{"norm_eps", cfg.norm_eps}, {"rope_theta", cfg.rope_theta}, {"rope_scale_factor", cfg.rope_scale_factor},
-                   {"rope_low_freq_factor", cfg.rope_low_freq_factor}, {"rope_high_freq_factor", cfg.rope_high_freq_factor},
-                   {"lr", cfg.lr}, {"weight_decay", cfg.weight_decay}, {"beta1", cfg.beta1}, {"beta2", cfg.beta2},
-                   {"adam_eps", cfg.adam_eps}, {"grad_clip", cfg.grad_clip}};
-      a.strings = {{"ctxpar_file", "oracle_dump"}, {"layer_pattern", cfg.layer_pattern}, {"attention", cfg.attention}};
-      h5_write_tensors(cfg.dump_init, a, t,
-                       {{"tokens", n_steps * cfg.seq, tokens.data()}, {"doc_ids", n_steps * cfg.seq, doc.data()}});
-    }
-    world.barrier();
-  }
+  if (dump.on()) dump.write(losses, *src);
   const double tmed = median(times);
   if (!offload_s.empty()) {
     const double steps_run = double(std::max<int64_t>(opt.step() - first_step, 1));

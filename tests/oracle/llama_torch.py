@@ -64,9 +64,17 @@ def load_dump(path):
     for l, kind in enumerate(layer_kinds(cfg)):
         names += [f"layers.{l}.{t}" for t in layer_tensors(cfg, kind)]
     names += ["final_norm", "lm_head"]
-    params = {n: np.array(f["params/" + n]) for n in names}
-    grads = {n: np.array(f["grads/" + n]) for n in names}
-    out = dict(cfg=cfg, names=names, params=params, grads=grads, logits=np.array(f["logits"]),
+    # steps/<s>/{params,adam_m,adam_v}: the state before step s (and after the last recorded one);
+    # steps/<s>/grads: step s's gradients (src/modes/oracle_dump.hpp)
+    steps = []
+    for s in range(len(f["steps"])):
+        g = f[f"steps/{s}"]
+        st = {k: {n: np.array(g[f"{k}/{n}"]) for n in names} for k in ("params", "adam_m", "adam_v")}
+        if "grads" in g:
+            st["grads"] = {n: np.array(g[f"grads/{n}"]) for n in names}
+        steps.append(st)
+    params, grads = steps[0]["params"], steps[0]["grads"]
+    out = dict(cfg=cfg, names=names, steps=steps, params=params, grads=grads, logits=np.array(f["logits"]),
                losses=np.array(f["losses"]).reshape(-1), tokens=np.array(f["tokens"]).reshape(-1, cfg["seq"]),
                doc_ids=np.array(f["doc_ids"]).reshape(-1, cfg["seq"]))
     f.close()
@@ -107,12 +115,14 @@ class Model:
     kernels round them (gradients rounded back the same way by autograd
     through the casts)."""
 
-    def __init__(self, dump, dtype, bf16_inputs=False):
+    def __init__(self, dump, dtype, bf16_inputs=False, params=None):
+        """`params`: the weights (default the dump's initial ones, dump["params"])."""
         self.cfg = dump["cfg"]
         self.dtype = dtype
         self.bf16_inputs = bf16_inputs
         self.names = dump["names"]
-        self.p = {n: torch.tensor(dump["params"][n], dtype=dtype, requires_grad=True) for n in self.names}
+        params = dump["params"] if params is None else params
+        self.p = {n: torch.tensor(params[n], dtype=dtype, requires_grad=True) for n in self.names}
         S = self.cfg["seq"]
         pos = np.arange(S, dtype=np.float64)
         ang = np.outer(pos, rope_inv_freq(self.cfg))  # angles in float64, as ctxpar's rope_table
@@ -263,24 +273,29 @@ class Model:
         loss = torch.nn.functional.cross_entropy(logits, self.labels, ignore_index=-1, reduction="mean")
         return loss, logits
 
-    def optimizer(self):
-        c = self.cfg
-        decay = [self.p[n] for n in self.names if not n.endswith(NO_DECAY)]
-        no_decay = [self.p[n] for n in self.names if n.endswith(NO_DECAY)]
-        return torch.optim.AdamW([{"params": decay, "weight_decay": c["weight_decay"]},
-                                  {"params": no_decay, "weight_decay": 0.0}],
-                                 lr=c["lr"], betas=(c["beta1"], c["beta2"]), eps=c["adam_eps"])
 
-    def train(self, steps):
-        opt = self.optimizer()
-        losses = []
-        for s in range(steps):
-            self.set_batch(s)
-            opt.zero_grad()
-            loss, _ = self.forward()
-            loss.backward()
-            if self.cfg["grad_clip"] > 0:
-                torch.nn.utils.clip_grad_norm_([self.p[n] for n in self.names], self.cfg["grad_clip"])
-            opt.step()
-            losses.append(loss.item())
-        return losses
+def adamw_step(cfg, names, params, m, v, grads, step, dtype):
+    """One AdamW update as torch.optim.AdamW with torch.nn.utils.clip_grad_norm_ (decoupled weight
+    decay on matrices only, NO_DECAY by name), every operation in `dtype` (np.float64: the
+    reference; np.float32: the naive fp32 implementation). `step` counts from 1. Returns the new
+    params, m and v (dicts of arrays of `dtype`)."""
+    t = lambda x: np.asarray(x, dtype=dtype)
+    lr, b1, b2, eps, wd = (t(cfg[k]) for k in ("lr", "beta1", "beta2", "adam_eps", "weight_decay"))
+    g = {n: t(grads[n]) for n in names}
+    one = t(1)
+    scale = one
+    if cfg["grad_clip"] > 0:
+        norm = np.sqrt(sum(np.sum(g[n] * g[n], dtype=dtype) for n in names), dtype=dtype)
+        if norm > cfg["grad_clip"]:
+            scale = t(cfg["grad_clip"]) / (norm + t(1e-6))
+    bc1 = one - b1 ** t(step)
+    bc2_sqrt = np.sqrt(one - b2 ** t(step))
+    out_p, out_m, out_v = {}, {}, {}
+    for n in names:
+        gi = scale * g[n]
+        mi = b1 * t(m[n]) + (one - b1) * gi
+        vi = b2 * t(v[n]) + (one - b2) * gi * gi
+        decay = one if n.endswith(NO_DECAY) else one - lr * wd
+        out_p[n] = t(params[n]) * decay - (lr / bc1) * mi / (np.sqrt(vi) / bc2_sqrt + eps)
+        out_m[n], out_v[n] = mi, vi
+    return out_p, out_m, out_v

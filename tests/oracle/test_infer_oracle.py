@@ -12,7 +12,7 @@ bf16, the issue's policy; 4.0 for fp32, as test_train_oracle.py), plus a floor o
 max|logits|, and the greedy tokens ctxpar generated must be the fp64 model's argmax wherever its
 top two logits differ by more than the allowed error.
 
-usage: test_infer_oracle.py CTXPAR MPIRUN NP CONFIG [key=value ...]
+usage: test_infer_oracle.py CTXPAR MPIRUN --case NAME NP CONFIG [key=value ...] [--case ...]  (cases.py)
 """
 import os
 import subprocess
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cases  # noqa: E402
 import llama_torch  # noqa: E402
 
 
@@ -45,9 +46,7 @@ def logits_of(model, tokens):
     return logits[-1].double().numpy()
 
 
-def main():
-    ctxpar, mpirun, np_, config = sys.argv[1:5]
-    extra = sys.argv[5:]
+def run_case(ctxpar, mpirun, flags, np_, config, extra):
     bf16 = "device=cuda" in extra
     naive_dtype, factor = (torch.bfloat16, 2.0) if bf16 else (torch.float32, 4.0)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
@@ -111,6 +110,10 @@ def main():
     for f in failures:
         print("FAIL:", f)
     return 1 if failures else 0
+
+
+def main():
+    return cases.run_all(sys.argv, run_case)
 
 
 if __name__ == "__main__":

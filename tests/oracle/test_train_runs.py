@@ -122,7 +122,7 @@ def case_deterministic(tmp):
     def go(name, np_, args, threads=1):
         ck, dump = os.path.join(tmp, name + ".ck.h5"), os.path.join(tmp, name + ".dump.h5")
         with_dump = not any(a.startswith("mesh=dp") or a.startswith("resume=") for a in args)  # dump: dp 1, step 0
-        r = run(tmp, name, np_, det + [f"checkpoint={ck}"] + ([f"dump_init={dump}"] if with_dump else []) + args,
+        r = run(tmp, name, np_, det + [f"checkpoint={ck}"] + ([f"dump_init={dump}", "dump_steps=1"] if with_dump else []) + args,
                 threads=threads)
         arrays = checkpoint_arrays(ck)
         if with_dump:  # step 0's logits and every gradient, gathered whole
