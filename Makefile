@@ -1,6 +1,6 @@
 # Thin wrapper over CMake. The README's two commands:
 #   make run    installs missing Debian packages, builds, runs the default job on 4 local ranks
-#   make test   builds and runs every test through ctest
+#   make test   builds and runs every test through ctest (CTEST_ARGS="-L quick": the ~3-minute subset)
 # Other targets: make (build), make deps, make debug (ASan/UBSan build in build-debug), make clean.
 BUILD    ?= build
 PRESET   ?= cpu-release
@@ -29,8 +29,13 @@ build: deps $(BUILD)/CMakeCache.txt
 run: build
 	OMP_NUM_THREADS=1 $(MPIRUN) -np $(NP) $(MPIFLAGS) $(BUILD)/ctxpar train --config inputs/default.toml $(RUN_ARGS)
 
+# Tests run TEST_JOBS at a time (twice the cores: an MPI test waits on start-up, files and its
+# peers for much of its time; a test's PROCESSORS is its rank count), then the ten slowest print.
+TEST_JOBS ?= $(shell echo $$(( 2 * $$(nproc) )))
+CTEST_ARGS ?=
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@cd $(BUILD) || exit 1; rc=0; ctest --output-on-failure -j $(TEST_JOBS) --output-junit ctest-junit.xml $(CTEST_ARGS) || rc=$$?; \
+	  sh $(CURDIR)/scripts/slowest_tests.sh ctest-junit.xml; exit $$rc
 
 debug: deps
 	cmake --preset cpu-debug && cmake --build build-debug -j $(JOBS)

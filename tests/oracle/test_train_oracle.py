@@ -23,7 +23,9 @@ then fail (a gradient 0.1 % too large in one tensor, one element of a gradient o
 rate 1 % too high, the second moment's bias correction skipped, weight decay on a norm weight):
 the rule can fail.
 
-usage: test_train_oracle.py CTXPAR MPIRUN [--mutants] --case NAME NP CONFIG [key=value ...] [--case ...]
+--steps N: run and judge N steps (default 5).
+
+usage: test_train_oracle.py CTXPAR MPIRUN [--mutants] [--steps N] --case NAME NP CONFIG [key=value ...] [--case ...]
 (cases.py: a group of cases in one interpreter; every case at seq=128 unless its settings say otherwise)
 """
 import os
@@ -99,10 +101,10 @@ def check_update(j, d, s, before, after):
         j.check(f"step {s} adam_v {n}", after["adam_v"][n], r64[2][n], r32[2][n], UPDATE_FACTOR)
 
 
-def run_ctxpar(ctxpar, mpirun, np_, config, extra, tmp):
+def run_ctxpar(ctxpar, mpirun, np_, config, extra, tmp, steps):
     dump = os.path.join(tmp, "dump.h5")
     cmd = [mpirun, "-np", np_, "--oversubscribe", "--bind-to", "none", ctxpar, "train", "--config", config,
-           f"steps={STEPS}", "warmup=0", f"dump_init={dump}", f"out={os.path.join(tmp, 'trace.h5')}"] + extra
+           f"steps={steps}", "warmup=0", "peak_tflops_per_rank=1", f"dump_init={dump}", f"out={os.path.join(tmp, 'trace.h5')}"] + extra
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     print(r.stdout[-3000:])
@@ -163,35 +165,36 @@ def mutants(d, refs, factor):
 def run_case(ctxpar, mpirun, flags, np_, config, settings):
     extra = ["seq=128"] + settings
     with_mutants = "--mutants" in flags
+    steps = int(flags[flags.index("--steps") + 1]) if "--steps" in flags else STEPS
     factor, naive_dtype, naive_name, bf16 = FACTOR, torch.float32, "fp32", False
     if "device=cuda" in extra:  # the bf16 policy: the naive forward and backward in bf16, factor 2
         factor, naive_dtype, naive_name, bf16 = 2.0, torch.bfloat16, "bf16", True
     with tempfile.TemporaryDirectory() as tmp:
-        d = run_ctxpar(ctxpar, mpirun, np_, config, extra, tmp)
+        d = run_ctxpar(ctxpar, mpirun, np_, config, extra, tmp, steps)
     if d is None:
         return 1
     torch.manual_seed(0)
     j = Judge()
-    steps = d["steps"]
-    n = len(steps) - 1  # steps with gradients and the state after them
+    states = d["steps"]  # the state before each recorded step, and after the last
+    n = len(states) - 1  # steps with gradients and the state after them
     refs = []
     for s in range(n):
-        p = steps[s]["params"]
+        p = states[s]["params"]
         ref, naive = forward_backward(d, p, s, torch.float64), forward_backward(d, p, s, naive_dtype)
         refs.append((ref, naive))
-        check_forward_backward(j, d, s, steps[s]["grads"], d["losses"][s], ref, naive, factor,
+        check_forward_backward(j, d, s, states[s]["grads"], d["losses"][s], ref, naive, factor,
                                logits=d["logits"] if s == 0 else None)
-        check_update(j, d, s, steps[s], steps[s + 1])
+        check_update(j, d, s, states[s], states[s + 1])
     failures = j.failures()
-    if n < STEPS or len(d["losses"]) < STEPS:
-        failures.append(f"ctxpar recorded {n} of {STEPS} steps")
+    if n < steps or len(d["losses"]) < steps:
+        failures.append(f"ctxpar recorded {n} of {steps} steps")
     print(f"{'quantity':40s} {'err vs fp64':>12s} {'naive':>12s} {'tolerance':>12s}   (naive: {naive_name} forward and "
           f"backward, fp32 AdamW)")
     worst = sorted(j.rows.items(), key=lambda kv: -kv[1][0] / kv[1][2])
     for k, (e, en, tol, ok) in [kv for kv in j.rows.items() if not kv[1][3]] + worst[:12]:
         print(f"{k:40s} {e:12.3e} {en:12.3e} {tol:12.3e} {'ok' if ok else 'FAIL'}")
     print(f"... the {min(12, len(worst))} closest to their tolerance of {len(j.rows)} quantities over {n} steps")
-    print("losses ctxpar:", " ".join(f"{x:.6f}" for x in d["losses"][:STEPS]))
+    print("losses ctxpar:", " ".join(f"{x:.6f}" for x in d["losses"][:steps]))
     if failures:
         print("FAIL:", ", ".join(failures))
         return 1
