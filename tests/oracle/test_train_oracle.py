@@ -132,12 +132,17 @@ def mutants(d, refs, factor):
         flat = g[big].reshape(-1)
         flat[np.argmax(np.abs(flat))] += 1e-3 * np.max(np.abs(flat))
 
+    def verdict(what, j):
+        worst = max(e / tol for e, _, tol, _ in j.rows.values())
+        print(f"mutant '{what}': {'caught' if j.failures() else 'MISSED'}, worst error {worst:.1f}x its tolerance")
+        if not j.failures():
+            missed.append(what)
+
     for what, g in [("a gradient 0.1 % too large", grads_with(lambda g: g.__setitem__(big, g[big] * 1.001))),
                     ("one gradient element off by 1e-3 of the largest", grads_with(bumped))]:
         j = Judge()
         check_forward_backward(j, d, s, g, d["losses"][s], refs[s][0], refs[s][1], factor)
-        if not j.failures():
-            missed.append(what)
+        verdict(what, j)
     before, after = steps[s], steps[s + 1]
     cfg = d["cfg"]
     t = lambda x: np.asarray(x, dtype=np.float32)
@@ -157,8 +162,7 @@ def mutants(d, refs, factor):
     for what, params in bad.items():
         j = Judge()
         check_update(j, d, s, before, dict(after, params=params))
-        if not j.failures():
-            missed.append(what)
+        verdict(what, j)
     return missed
 
 
@@ -194,6 +198,10 @@ def run_case(ctxpar, mpirun, flags, np_, config, settings):
     for k, (e, en, tol, ok) in [kv for kv in j.rows.items() if not kv[1][3]] + worst[:12]:
         print(f"{k:40s} {e:12.3e} {en:12.3e} {tol:12.3e} {'ok' if ok else 'FAIL'}")
     print(f"... the {min(12, len(worst))} closest to their tolerance of {len(j.rows)} quantities over {n} steps")
+    ratio = lambda pick: max([e / max(en, 1e-300) for k, (e, en, _, _) in j.rows.items() if pick(k)] or [0])
+    print(f"largest error / naive error: forward and backward {ratio(lambda k: ' update ' not in k and ' adam_' not in k):.2f}, "
+          f"update {ratio(lambda k: ' update ' in k or ' adam_' in k):.2f}; largest error / tolerance "
+          f"{max(e / tol for e, _, tol, _ in j.rows.values()):.2f}")
     print("losses ctxpar:", " ".join(f"{x:.6f}" for x in d["losses"][:steps]))
     if failures:
         print("FAIL:", ", ".join(failures))
