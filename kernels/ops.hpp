@@ -230,7 +230,7 @@ void exact_to_float(const int64_t* hi, const int64_t* lo, float* x, int64_t n);
 // multiply-add per k in order from 0, in tiles of C of a fixed shape that stay in cache, each
 // converted after every block); longer blocks, one sgemm per block (its threads split rows and
 // columns, never K). Returns exact_add's count of values out of range.
-constexpr int64_t kExactLibraryBlock = 256;  // measured: kernels/README.md "Exact weight gradients"
+constexpr int64_t kExactLibraryBlock = 256;  // measured: docs/measurements.md "Exact weight gradients"
 int64_t gemm_tn_exact(int64_t M, int64_t N, int64_t K, int64_t G, const float* A, int64_t lda, const float* B,
                       int64_t ldb, int64_t* hi, int64_t* lo, int64_t ld);
 // rmsnorm_bwd with dw's sum over rows exact (each row's dy * xh split into dw_hi, dw_lo; dx as

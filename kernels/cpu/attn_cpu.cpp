@@ -1,7 +1,7 @@
 // CPU flash attention (FlashAttention-2 on a CPU): forward with an online softmax over key tiles,
 // backward recomputing the probabilities from LSE, both skipping tiles that have no visible
 // pair. GEMM tiles run on our own AVX2/FMA micro-kernels (cpu/tile_ops_*.cpp) over operands
-// packed once per call; kernels/README.md records why (library calls on 96x64x128 tiles were
+// packed once per call; kernels/README.md "GEMM library choice" says why (library calls on 96x64x128 tiles were
 // slower) and the measurements.
 //
 // Work decomposition
@@ -43,7 +43,7 @@ namespace ctxpar::cpu {
 
 namespace {
 
-// Tile sizes (kernels/README.md has the measurements). Key tiles are multiples of 16 (the
+// Tile sizes (docs/measurements.md has the measurements). Key tiles are multiples of 16 (the
 // micro-kernel's column width), query tiles multiples of its 6 rows. Forward: 128 keys, so the
 // O += P V micro-kernel runs 128-long inner loops (vs 64: about +10 %). Backward: 128 keys for
 // D <= 128 (2026-12-05, AMD Zen 4, bench attn's headline row: 177.7-182.4 GFLOP/s against
@@ -56,7 +56,7 @@ int64_t query_tile_rows(int32_t D) { return D <= 128 ? 96 : 48; }
 // With exact dK/dV sums the backward's query tiles are aligned blocks of positions, and a power
 // of two, so that layouts of power-of-two sequences split into whole tiles without padding
 // (96 would pad 8K tokens on 2 ranks to 8448 rows). 128 rows run ten 12-row micro-tiles and one
-// of 8 (AVX-512); bench train's deterministic rows measure the whole schedule (README).
+// of 8 (AVX-512); bench train's deterministic rows measure the whole schedule (docs/measurements.md).
 int64_t exact_tile_rows(int32_t D) { return D <= 128 ? 128 : 64; }
 // Exact sums: one block's contribution (fixed_rows queries, at least a tile) at most 2^10 in
 // magnitude, so that the 2^16 of them a key can receive (8.4M queries at 128-row tiles) stay

@@ -1,5 +1,5 @@
 // sgemm() for the model's large GEMMs: the GEMM library chosen at configure time (CTXPAR_BLAS:
-// BLIS by default, oneDNN or OpenBLAS; kernels/README.md has the measurement), on every OpenMP
+// BLIS by default, oneDNN or OpenBLAS; docs/measurements.md has the measurements), on every OpenMP
 // thread of the rank. The thread count is set explicitly on each call, so full speed needs no
 // environment variable (BLIS alone would run single-threaded when BLIS_NUM_THREADS and
 // OMP_NUM_THREADS are unset).
@@ -46,7 +46,7 @@ int gemm_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
 //  - Intel AVX-512 CPUs whose brand string BLIS cannot read its FMA-unit count from (virtual
 //    machines report "Intel(R) Xeon(R) Processor") run the AVX2 kernels ('haswell'): measured on
 //    such a 2-core VM with two 512-bit FMA pipes, haswell 95-141 GFLOP/s against 197-219 for skx,
-//    of a 330 GFLOP/s peak (kernels/README.md).
+//    of a 330 GFLOP/s peak (docs/measurements.md).
 // When the user has not chosen (BLIS_ARCH_TYPE unset), such a CPU gets the kernels of its ISA:
 // skx with AVX-512 F/DQ/BW/VL, else zen3 with AVX2 + FMA. The rule reads CPUID only, never a
 // timing (an earlier rule timed 512- against 256-bit FMAs, and under load two ranks of one job

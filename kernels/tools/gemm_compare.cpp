@@ -1,4 +1,4 @@
-// GEMM library comparison behind kernels/README.md ("GEMM libraries: measurement and choice").
+// GEMM library comparison behind docs/measurements.md (the GEMM library entries) and kernels/README.md "GEMM library choice".
 // Built once per library, each binary linking exactly one (not built by default):
 //   cmake --build BUILD --target ctxpar_gemm_compare_blis ctxpar_gemm_compare_openblas ctxpar_gemm_compare_dnnl
 // and run as  BUILD/kernels/ctxpar_gemm_compare_LIB [tokens-per-rank = 4096] [threads...]

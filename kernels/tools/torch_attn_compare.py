@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's CPU flash attention on bench attn's headline shape, for issue 23's comparison.
+"""PyTorch's CPU flash attention on bench attn's headline shape, for the comparison in docs/measurements.md.
 
 Times torch.nn.functional.scaled_dot_product_attention (the flash-attention CPU kernel, forced
 through sdpa_kernel(FLASH_ATTENTION), or --backend default: PyTorch's own choice; GQA by

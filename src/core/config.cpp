@@ -146,7 +146,7 @@ const std::vector<Field>& config_fields() {
       {"gdn_head_dim_k", &Config::gdn_head_dim_k, "0", "train: Gated DeltaNet query/key head dimension (0 = head_dim)", {}, 0, 1024},
       {"gdn_head_dim_v", &Config::gdn_head_dim_v, "0", "train: Gated DeltaNet value head dimension (0 = head_dim)", {}, 0, 1024},
       {"gdn_conv", &Config::gdn_conv, "4", "train: Gated DeltaNet short causal convolution taps (1 = none)", {}, 1, 64},
-      {"gdn_chunk", &Config::gdn_chunk, "128", "train: Gated DeltaNet chunk length of the chunked form (128: the fastest measured on CPUs; kernels/README.md)", {}, 1, 4096},
+      {"gdn_chunk", &Config::gdn_chunk, "128", "train: Gated DeltaNet chunk length of the chunked form (128: the fastest measured on CPUs; docs/measurements.md)", {}, 1, 4096},
       {"gdn_schedule", &Config::gdn_schedule, "ring", "train: Gated DeltaNet under CP: ring (the state handed piece to piece, pipelined over groups of heads) or scan (log P exchange of the pieces' state maps, then corrections)", {}, 0, -1,
        [](const Config& c) -> std::string {
          return c.gdn_schedule == "scan" || c.gdn_schedule == "ring" ? "" : "scan or ring";

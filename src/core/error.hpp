@@ -27,7 +27,7 @@ void set_abort_hook(std::function<void(int code)> hook);
 // Installed by the tracer while it lives: called once with the message before the abort.
 void set_fault_hook(std::function<void(const std::string& msg)> hook);
 
-// Exit codes of the whole job (every rank alike; README "Exit codes").
+// Exit codes of the whole job (every rank alike; docs/faults.md "How a run ends").
 constexpr int kExitBug = 1;        // a broken invariant (fatal)
 constexpr int kExitUsage = 2;      // bad input, refused before anything is allocated or written
 constexpr int kExitFault = 3;      // a fault of the run (fail_run, the watchdog): trace marked failed
