@@ -288,31 +288,30 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, cons
   return out;
 }
 
-void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens,
-                          CpAlgo algo, bool want_all_logits, StepOutput& out) {
-  if (seqs.empty()) return;
+Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens,
+                                         CpAlgo algo) {
   const int N = cp_.size(), r = cp_.rank();
-  const int64_t V = d_.vocab, kw = cache_.row_elems();
   // Each sequence zigzag-sharded on its own (any T on any N: the padding rows, the last
   // positions of a sequence and a suffix of its rows on each rank, take token 0 at positions
   // after its prompt, so no real query sees them; their K/V are written to the cache for this call
   // and dropped at the commit). This rank's rows: every sequence's share, one after the other;
   // with several sequences each is its own document (id = its index), so one call of every layer
   // serves the whole batch.
-  struct Seq {
-    int64_t b, T, cached, n, first, off, S_k, k_off;
-    Partition part;
-  };
-  std::vector<Seq> q;
-  std::vector<int64_t> pos, apos;  // positions (RoPE, the cache) and the attention's (below)
-  std::vector<int32_t> tok, doc;
+  PrefillPlan pl;
+  std::vector<PrefillSeq>& q = pl.seqs;
+  std::vector<int64_t>& pos = pl.pos;
+  std::vector<int64_t>& apos = pl.apos;  // the attention's positions (below)
+  std::vector<int32_t>& tok = pl.tok;
+  std::vector<int32_t>& doc = pl.doc;
   // every cache empty: the configured strategy on the new tokens (deterministic: the exact
   // schedule over every rank's cache rows, as pass-Q's keys)
-  bool full = algo == CpAlgo::pass_kv && !det_;
-  int64_t rows = 0, keys = 0;
+  bool& full = pl.full;
+  full = algo == CpAlgo::pass_kv && !det_;
+  int64_t& rows = pl.rows;
+  int64_t& keys = pl.keys;
   for (int64_t b : seqs) {
     const int64_t T = int64_t(tokens[size_t(b)].size()), cached = cache_.seq_len(b);
-    Seq s{b, T, cached, 0, 0, rows, 0, keys, Partition(PartitionKind::zigzag, T, N)};
+    PrefillSeq s{b, T, cached, 0, 0, rows, 0, keys, Partition(PartitionKind::zigzag, T, N)};
     const std::vector<int64_t> idx = s.part.positions(r);
     s.n = int64_t(idx.size());
     for (int64_t i : idx) {
@@ -337,6 +336,20 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     keys += s.S_k;
     q.push_back(std::move(s));
   }
+  return pl;
+}
+
+void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens,
+                          CpAlgo algo, bool want_all_logits, StepOutput& out) {
+  if (seqs.empty()) return;
+  const int N = cp_.size(), r = cp_.rank();
+  const int64_t V = d_.vocab, kw = cache_.row_elems();
+  PrefillPlan pl = plan_prefill(seqs, tokens, algo);
+  const std::vector<PrefillSeq>& q = pl.seqs;
+  const std::vector<int64_t>& pos = pl.pos;
+  const std::vector<int32_t>& doc = pl.doc;
+  const int64_t rows = pl.rows, keys = pl.keys;
+  const bool full = pl.full;
   const bool docs = q.size() > 1;
   // Several sequences over their caches: their key rows packed into one block per layer, with
   // positions and document ids (the positions of the new rows were reserved above).
@@ -348,7 +361,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   if (docs && !full) {
     kp = Buffer<std::byte>(size_t(keys) * row_b, false, dev_, stream_);
     if (!d_.mla) vp = Buffer<std::byte>(size_t(keys) * row_b, false, dev_, stream_);  // MLA: values are the keys' rows
-    for (const Seq& s : q) {
+    for (const PrefillSeq& s : q) {
       for (int64_t i = 0; i < s.S_k; ++i) {
         const int64_t p = cache_.pos(s.b)[i];
         kpos.push_back(p == kNoPos ? p : p + s.b * kSeqStride);
@@ -358,12 +371,12 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   }
   // GPU: the call's positions and document ids on the device (the cache's positions as well).
   cache_.sync_positions();
-  const std::vector<int64_t>& qpos = docs ? apos : pos;
+  const std::vector<int64_t>& qpos = docs ? pl.apos : pos;
   const Buffer<int64_t> qpos_d = on_device(qpos), kpos_d = on_device(kpos);
   const Buffer<int32_t> doc_d = docs ? on_device(doc) : Buffer<int32_t>{}, kdoc_d = on_device(kdoc);
   const auto at = [](const void* base, size_t bytes) { return static_cast<const char*>(base) + bytes; };
   AttnFn attn = [&](int64_t l, const void* qx, const void* k, const void* v, float* o, float* lse) {
-    for (const Seq& s : q) {
+    for (const PrefillSeq& s : q) {
       device_copy(static_cast<char*>(cache_.k(s.b, l)) + size_t(s.first) * row_b, at(k, size_t(s.off) * row_b),
                   size_t(s.n) * row_b, dev_, stream_);
       if (cache_.v(s.b, l) != cache_.k(s.b, l))  // MLA: one array, written above
@@ -387,7 +400,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     }
     const int64_t* kpos_dev = nullptr;
     if (docs) {
-      for (const Seq& s : q) {
+      for (const PrefillSeq& s : q) {
         device_copy(kp.data() + size_t(s.k_off) * row_b, cache_.k(s.b, l), size_t(s.S_k) * row_b, dev_, stream_);
         if (!d_.mla)
           device_copy(vp.data() + size_t(s.k_off) * row_b, cache_.v(s.b, l), size_t(s.S_k) * row_b, dev_, stream_);
@@ -410,14 +423,14 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   };
   GdnFn gdn = [&](int64_t l, int64_t gl, const float* x, float* x1) {
     const int64_t dim = d_.dim;
-    for (const Seq& s : q)
+    for (const PrefillSeq& s : q)
       gdn_->prefill(run(l), w_.layers[size_t(l)], gl, s.b, s.cached, s.part, s.n, x + s.off * dim, x1 + s.off * dim);
   };
   // Logits: each sequence's last prompt token's row (on its owner rank), or every local row (tests).
   std::vector<int64_t> logit_rows;
   std::vector<int64_t> last_row(q.size(), -1);  // index into logit_rows, on the owner rank
   for (size_t j = 0; j < q.size(); ++j) {
-    const Seq& s = q[j];
+    const PrefillSeq& s = q[j];
     if (want_all_logits) {
       for (int64_t i = 0; i < s.n; ++i) logit_rows.push_back(s.off + i);
       if (s.part.owner(s.T - 1) == r) last_row[j] = s.off + s.part.local_index(s.T - 1);
@@ -427,12 +440,20 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     }
   }
   Buffer<float> lg(size_t(std::max<int64_t>(int64_t(logit_rows.size()), 1) * V), false);
-  forward(rows, tok.data(), pos.data(), attn, gdn, logit_rows, lg.data());
+  forward(rows, pl.tok.data(), pos.data(), attn, gdn, logit_rows, lg.data());
   std::vector<int64_t> added(static_cast<size_t>(N));
-  for (const Seq& s : q) {
+  for (const PrefillSeq& s : q) {
     for (int rr = 0; rr < N; ++rr) added[size_t(rr)] = s.part.real_size(rr);
     cache_.commit(s.b, added, false);
   }
+  share_prefill_logits(pl, last_row, lg.data(), want_all_logits, out);
+}
+
+void Engine::share_prefill_logits(const PrefillPlan& pl, const std::vector<int64_t>& last_row, const float* lg,
+                                  bool want_all_logits, StepOutput& out) {
+  const int N = cp_.size(), r = cp_.rank();
+  const int64_t V = d_.vocab, rows = pl.rows;
+  const std::vector<PrefillSeq>& q = pl.seqs;
   // The last row of every sequence to every rank: one broadcast per owner rank.
   Buffer<float> last(size_t(V) * q.size(), false);
   for (int owner = 0; owner < N; ++owner) {
@@ -443,7 +464,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     Buffer<float> msg(mine.size() * size_t(V), false);
     if (r == owner)
       for (size_t i = 0; i < mine.size(); ++i)
-        std::memcpy(msg.data() + i * V, lg.data() + last_row[mine[i]] * V, size_t(V) * sizeof(float));
+        std::memcpy(msg.data() + i * V, lg + last_row[mine[i]] * V, size_t(V) * sizeof(float));
     cp_.broadcast(msg.span(), owner);
     for (size_t i = 0; i < mine.size(); ++i)
       std::memcpy(last.data() + mine[i] * V, msg.data() + i * V, size_t(V) * sizeof(float));
@@ -455,8 +476,8 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   }
   if (want_all_logits) {  // every rank's rows (the same count on each), each sequence in global order
     std::vector<float> all(static_cast<size_t>(rows * V * N));
-    cp_.all_gather(std::span<const float>(lg.data(), size_t(rows * V)), std::span<float>(all));
-    for (const Seq& s : q) {
+    cp_.all_gather(std::span<const float>(lg, size_t(rows * V)), std::span<float>(all));
+    for (const PrefillSeq& s : q) {
       std::vector<float>& g = out.all_logits[size_t(s.b)];
       g.assign(size_t(s.T * V), 0.f);
       for (int rr = 0; rr < N; ++rr)

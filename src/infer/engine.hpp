@@ -127,6 +127,25 @@ class Engine {
   // One forward of the sequences `seqs` (see prefill), results into `out`.
   void prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo,
                     bool want_all_logits, StepOutput& out);
+  // A prefill's layout on this rank (prefill_seqs): each sequence zigzag-sharded on its own, its
+  // rows after the previous one's, their cache rows reserved.
+  struct PrefillSeq {
+    int64_t b, T, cached, n, first, off, S_k, k_off;  // n rows from off; S_k keys from k_off
+    Partition part;
+  };
+  struct PrefillPlan {
+    std::vector<PrefillSeq> seqs;
+    std::vector<int64_t> pos, apos;  // positions (RoPE, the cache) and the attention's
+    std::vector<int32_t> tok, doc;
+    int64_t rows = 0, keys = 0;
+    bool full = false;  // every cache empty: the configured strategy on the new tokens
+  };
+  PrefillPlan plan_prefill(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens,
+                           CpAlgo algo);
+  // The prefill's logits rows `lg` (rows `logit_rows`, see prefill_seqs) to every rank: each
+  // sequence's next token and last logits, and with want_all_logits every row in global order.
+  void share_prefill_logits(const PrefillPlan& pl, const std::vector<int64_t>& last_row, const float* lg,
+                            bool want_all_logits, StepOutput& out);
   void ensure_rows(int64_t n);
   // `a` on this engine's device (for positions and document ids of a call; empty on the CPU).
   template <class T> Buffer<T> on_device(const std::vector<T>& a) const;

@@ -223,6 +223,125 @@ double attn_device_memory(const Config& cfg, Topology& topo) {
   return tensors + (strat ? strat->buffer_bytes(s, docs, topo) : 0);
 }
 
+namespace {
+
+// One attention call's host tensors: this rank's rows of the inputs and results.
+struct AttnTensors {
+  Buffer<float> q, k, v, dout, o, lse, dq, dk, dv;
+  std::vector<int32_t> doc;         // this rank's document ids (empty: one document)
+  std::vector<int32_t> global_doc;  // the whole sequence's (generated inputs with docs)
+  bool has_docs = false;
+  AttnTensors(int64_t S_loc, int64_t wq, int64_t wk, int32_t H_q)
+      : q(size_t(S_loc * wq), false), k(size_t(S_loc * wk), false), v(size_t(S_loc * wk), false),
+        dout(size_t(S_loc * wq), false), o(size_t(S_loc * wq)), lse(size_t(S_loc * H_q)), dq(size_t(S_loc * wq)),
+        dk(size_t(S_loc * wk)), dv(size_t(S_loc * wk)) {}
+};
+
+// This rank's input rows: its shard of the file `in` (each rank reads only the partition's token
+// ranges, in local order), or generated from the seed; padding rows zeroed.
+void fill_attn_inputs(const Config& cfg, const AttnParams& s, const Partition& part, int r,
+                      const std::vector<int64_t>& pos, bool has_docs_in_file, AttnTensors& t) {
+  const int64_t S_loc = int64_t(pos.size()), wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
+  if (!cfg.in.empty()) {
+    TensorFileReader f(cfg.in);
+    std::vector<int32_t> file_doc;
+    if (has_docs_in_file) file_doc.resize(size_t(S_loc));
+    int64_t row = 0;
+    for (auto [b, e] : part.ranges(r)) {
+      f.read_rows("q", b, e, t.q.data() + row * wq);
+      f.read_rows("k", b, e, t.k.data() + row * wk);
+      f.read_rows("v", b, e, t.v.data() + row * wk);
+      f.read_rows("do", b, e, t.dout.data() + row * wq);
+      if (has_docs_in_file) f.read_rows("doc_id", b, e, file_doc.data() + row);
+      row += e - b;
+    }
+    CTXPAR_CHECK(row == part.real_size(r), "partition ranges cover " << row << " rows, expected " << part.real_size(r));
+    if (has_docs_in_file || (part.padding() > 0 && s.mask == MaskKind::none)) {
+      t.doc.assign(size_t(S_loc), -1);  // padding rows: -1
+      for (int64_t i = 0; i < row; ++i) t.doc[size_t(i)] = has_docs_in_file ? file_doc[size_t(i)] : 0;
+    }
+    t.has_docs = has_docs_in_file;
+  } else {
+    const uint64_t seed = uint64_t(cfg.seed);
+    fill_rows(seed, kTensorQ, pos, wq, 1.0f, t.q.data());
+    fill_rows(seed, kTensorK, pos, wk, 1.0f, t.k.data());
+    fill_rows(seed, kTensorV, pos, wk, 1.0f, t.v.data());
+    fill_rows(seed, kTensorDout, pos, wq, 1.0f, t.dout.data());
+    const std::string err = parse_docs(cfg.docs, s.S_q, cfg.doc_mean, seed, t.global_doc);
+    CTXPAR_CHECK(err.empty(), err);  // validated before
+    t.doc = local_doc_ids(part, r, t.global_doc, s.mask);
+    t.has_docs = !t.global_doc.empty();
+  }
+  clear_padding_rows(part, r, {{t.q.data(), wq}, {t.k.data(), wk}, {t.v.data(), wk}, {t.dout.data(), wq}});
+}
+
+// The results in global token order, written by world rank 0 (CP rank 0 of its group; every dp/tp
+// replica computed the same attention), with the generated inputs and the call's description.
+void write_attn_results(const Config& cfg, Topology& topo, const Partition& part, const AttnParams& s,
+                        const CpStrategy& strat, const AttnTensors& t, const GpuRun& gpu,
+                        const std::vector<std::pair<std::string, double>>& cpu_diff) {
+  Comm& cpc = topo.cp();
+  const int64_t S = s.S_q, wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
+  const std::vector<float> O = gather_rows_global(cpc, part, t.o.span(), wq);
+  const std::vector<float> L = gather_rows_global(cpc, part, t.lse.span(), s.H_q);
+  const std::vector<float> dQ = gather_rows_global(cpc, part, t.dq.span(), wq);
+  const std::vector<float> dK = gather_rows_global(cpc, part, t.dk.span(), wk);
+  const std::vector<float> dV = gather_rows_global(cpc, part, t.dv.span(), wk);
+  if (topo.world().rank() != 0) return;
+  const bool from_file = !cfg.in.empty(), on_gpu = cfg.device == Device::cuda;
+  const uint64_t seed = uint64_t(cfg.seed);
+  TensorFileWriter w(attn_result_path(cfg));
+  w.write("o", {S, s.H_q, s.D}, O.data());
+  w.write("lse", {S, s.H_q}, L.data());
+  w.write("dq", {S, s.H_q, s.D}, dQ.data());
+  w.write("dk", {S, s.H_kv, s.D}, dK.data());
+  w.write("dv", {S, s.H_kv, s.D}, dV.data());
+  if (!from_file) {
+    std::vector<int64_t> all(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) all[size_t(i)] = i;
+    std::vector<float> x(size_t(S * wq));
+    fill_rows(seed, kTensorQ, all, wq, 1.0f, x.data());
+    w.write("q", {S, s.H_q, s.D}, x.data());
+    fill_rows(seed, kTensorDout, all, wq, 1.0f, x.data());
+    w.write("do", {S, s.H_q, s.D}, x.data());
+    x.resize(size_t(S * wk));
+    fill_rows(seed, kTensorK, all, wk, 1.0f, x.data());
+    w.write("k", {S, s.H_kv, s.D}, x.data());
+    fill_rows(seed, kTensorV, all, wk, 1.0f, x.data());
+    w.write("v", {S, s.H_kv, s.D}, x.data());
+    if (!t.global_doc.empty()) w.write("doc_id", {S}, t.global_doc.data());
+  }
+  w.attr("ctxpar_file", std::string("attn_result"));
+  w.attr("causal", int64_t(s.mask == MaskKind::none ? 0 : 1));
+  w.attr("window", int64_t(s.mask == MaskKind::window ? s.window : 0));
+  w.attr("strategy", strat.name());
+  w.attr("mesh", mesh_text(topo));
+  w.attr("partition", std::string(partition_name(strat.partition())));
+  w.attr("source", from_file ? "file:" + cfg.in : "seed:" + std::to_string(cfg.seed) + ",docs:" + cfg.docs);
+  w.attr("flop_convention", std::string(kFlopConvention));
+  w.attr("device", on_gpu ? "cuda (bf16 inputs, fp32 outputs; " + gpu.description + ", comm " + gpu.comm + ")"
+                          : std::string("cpu (fp32)"));
+  for (const auto& [name, d] : cpu_diff) w.attr("cpu_check_" + name, d);
+  w.commit();
+}
+
+// Model FLOPs of the call: the real tokens' visible pairs where the layout pads (the padding rows'
+// pairs are work, not model), else what the kernels counted.
+double attn_model_flops(const Config& cfg, const AttnParams& s, const Partition& part, const AttnTensors& t,
+                        double counted, Topology& topo) {
+  if (part.padding() == 0) return counted;
+  std::vector<int32_t> all_doc = t.global_doc;
+  if (!cfg.in.empty() && t.has_docs) {
+    TensorFileReader f(cfg.in);
+    all_doc.resize(size_t(s.S_q));
+    f.read_rows("doc_id", 0, s.S_q, all_doc.data());
+  }
+  return attn_train_flops(double(problem_visible_pairs(s, all_doc)), s.H_q, s.D) *
+         double(topo.world().size() / topo.cp().size());
+}
+
+}  // namespace
+
 int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   const bool from_file = !cfg.in.empty();
   AttnParams s = attn_problem(cfg);
@@ -242,52 +361,18 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   const int64_t S = s.S_q;
   const Partition part(strat->partition(), S, P);
   const std::vector<int64_t> pos = part.positions(r);
-  const int64_t S_loc = int64_t(pos.size()), wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
-  const uint64_t seed = uint64_t(cfg.seed);
-
-  Buffer<float> q(size_t(S_loc * wq), false), k(size_t(S_loc * wk), false), v(size_t(S_loc * wk), false),
-      dout(size_t(S_loc * wq), false);
-  Buffer<float> o(size_t(S_loc * wq)), lse(size_t(S_loc * s.H_q)), dq(size_t(S_loc * wq)), dk(size_t(S_loc * wk)),
-      dv(size_t(S_loc * wk));
-  std::vector<int32_t> doc, global_doc;
-  if (from_file) {
-    // Each rank reads only its shard: the partition's token ranges, in local order.
-    TensorFileReader f(cfg.in);
-    std::vector<int32_t> file_doc;
-    if (has_docs) file_doc.resize(size_t(S_loc));
-    int64_t row = 0;
-    for (auto [b, e] : part.ranges(r)) {
-      f.read_rows("q", b, e, q.data() + row * wq);
-      f.read_rows("k", b, e, k.data() + row * wk);
-      f.read_rows("v", b, e, v.data() + row * wk);
-      f.read_rows("do", b, e, dout.data() + row * wq);
-      if (has_docs) f.read_rows("doc_id", b, e, file_doc.data() + row);
-      row += e - b;
-    }
-    CTXPAR_CHECK(row == part.real_size(r), "partition ranges cover " << row << " rows, expected " << part.real_size(r));
-    if (has_docs || (part.padding() > 0 && s.mask == MaskKind::none)) {
-      doc.assign(size_t(S_loc), -1);  // padding rows: -1
-      for (int64_t i = 0; i < row; ++i) doc[size_t(i)] = has_docs ? file_doc[size_t(i)] : 0;
-    }
-  } else {
-    fill_rows(seed, kTensorQ, pos, wq, 1.0f, q.data());
-    fill_rows(seed, kTensorK, pos, wk, 1.0f, k.data());
-    fill_rows(seed, kTensorV, pos, wk, 1.0f, v.data());
-    fill_rows(seed, kTensorDout, pos, wq, 1.0f, dout.data());
-    const std::string err = parse_docs(cfg.docs, S, cfg.doc_mean, seed, global_doc);
-    CTXPAR_CHECK(err.empty(), err);  // validated before
-    doc = local_doc_ids(part, r, global_doc, s.mask);
-    has_docs = !global_doc.empty();
-  }
-  clear_padding_rows(part, r, {{q.data(), wq}, {k.data(), wk}, {v.data(), wk}, {dout.data(), wq}});
+  const int64_t S_loc = int64_t(pos.size());
+  AttnTensors x(S_loc, int64_t(s.H_q) * s.D, int64_t(s.H_kv) * s.D, s.H_q);
+  fill_attn_inputs(cfg, s, part, r, pos, has_docs, x);
+  has_docs = x.has_docs;
   if (part.padding() > 0) log0("# %s\n", part.padding_note().c_str());
 
   AttnParams t = s;
   t.S_q = t.S_k = S_loc;
   t.q_pos = t.k_pos = pos.data();
-  t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();
-  t.q = q.data(); t.k = k.data(); t.v = v.data(); t.dout = dout.data();
-  t.o = o.data(); t.lse = lse.data(); t.dq = dq.data(); t.dk = dk.data(); t.dv = dv.data();
+  t.q_doc = t.k_doc = x.doc.empty() ? nullptr : x.doc.data();
+  t.q = x.q.data(); t.k = x.k.data(); t.v = x.v.data(); t.dout = x.dout.data();
+  t.o = x.o.data(); t.lse = x.lse.data(); t.dq = x.dq.data(); t.dk = x.dk.data(); t.dv = x.dv.data();
 
   // On the GPU: the same rows rounded to bf16 and the fp32 outputs in device memory, with the
   // positions and document ids on both sides (AttnParams::q_pos_host ...).
@@ -317,15 +402,7 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   double flops = fst.attn_flops + bst.attn_flops;
   world.all_reduce(std::span<double>(mx, 3), ReduceOp::max);
   world.all_reduce(std::span<double>(&flops, 1), ReduceOp::sum);
-  if (part.padding() > 0) {  // model FLOPs of the real tokens' pairs (the padding rows' are work, not model)
-    std::vector<int32_t> all_doc = global_doc;
-    if (from_file && has_docs) {
-      TensorFileReader f(cfg.in);
-      all_doc.resize(size_t(S));
-      f.read_rows("doc_id", 0, S, all_doc.data());
-    }
-    flops = attn_train_flops(double(problem_visible_pairs(s, all_doc)), s.H_q, s.D) * double(world.size() / P);
-  }
+  flops = attn_model_flops(cfg, s, part, x, flops, topo);
   StepRecord rec;
   rec.step = 0;
   rec.time_s = mx[0] + mx[1];
@@ -334,55 +411,12 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   rec.tflops_per_rank = flops / (rec.time_s * world.size()) / 1e12;
   rec.exposed_comm_s = mx[2];
   tracer.end_step(rec);
-
-  // Results in global token order, written by world rank 0 (CP rank 0 of its group; every dp/tp
-  // replica computed the same attention).
-  const std::vector<float> O = gather_rows_global(cpc, part, o.span(), wq);
-  const std::vector<float> L = gather_rows_global(cpc, part, lse.span(), s.H_q);
-  const std::vector<float> dQ = gather_rows_global(cpc, part, dq.span(), wq);
-  const std::vector<float> dK = gather_rows_global(cpc, part, dk.span(), wk);
-  const std::vector<float> dV = gather_rows_global(cpc, part, dv.span(), wk);
-  const std::string path = attn_result_path(cfg);
-  if (world.rank() == 0) {
-    TensorFileWriter w(path);
-    w.write("o", {S, s.H_q, s.D}, O.data());
-    w.write("lse", {S, s.H_q}, L.data());
-    w.write("dq", {S, s.H_q, s.D}, dQ.data());
-    w.write("dk", {S, s.H_kv, s.D}, dK.data());
-    w.write("dv", {S, s.H_kv, s.D}, dV.data());
-    if (!from_file) {
-      std::vector<int64_t> all(static_cast<size_t>(S));
-      for (int64_t i = 0; i < S; ++i) all[size_t(i)] = i;
-      std::vector<float> x(size_t(S * wq));
-      fill_rows(seed, kTensorQ, all, wq, 1.0f, x.data());
-      w.write("q", {S, s.H_q, s.D}, x.data());
-      fill_rows(seed, kTensorDout, all, wq, 1.0f, x.data());
-      w.write("do", {S, s.H_q, s.D}, x.data());
-      x.resize(size_t(S * wk));
-      fill_rows(seed, kTensorK, all, wk, 1.0f, x.data());
-      w.write("k", {S, s.H_kv, s.D}, x.data());
-      fill_rows(seed, kTensorV, all, wk, 1.0f, x.data());
-      w.write("v", {S, s.H_kv, s.D}, x.data());
-      if (!global_doc.empty()) w.write("doc_id", {S}, global_doc.data());
-    }
-    w.attr("ctxpar_file", std::string("attn_result"));
-    w.attr("causal", int64_t(s.mask == MaskKind::none ? 0 : 1));
-    w.attr("window", int64_t(s.mask == MaskKind::window ? s.window : 0));
-    w.attr("strategy", strat->name());
-    w.attr("mesh", mesh_text(topo));
-    w.attr("partition", std::string(partition_name(strat->partition())));
-    w.attr("source", from_file ? "file:" + cfg.in : "seed:" + std::to_string(cfg.seed) + ",docs:" + cfg.docs);
-    w.attr("flop_convention", std::string(kFlopConvention));
-    w.attr("device", on_gpu ? "cuda (bf16 inputs, fp32 outputs; " + gpu.description + ", comm " + gpu.comm + ")"
-                            : std::string("cpu (fp32)"));
-    for (const auto& [name, d] : cpu_diff) w.attr("cpu_check_" + name, d);
-    w.commit();
-  }
+  write_attn_results(cfg, topo, part, s, *strat, x, gpu, cpu_diff);
   log0("attn%s: strategy %s, mesh %s, S=%lld H_q=%d H_kv=%d D=%d mask=%s%s: fwd %.3f ms, bwd %.3f ms, exposed comm "
        "%.3f ms, %.4f TFLOP/s per rank; wrote %s (trace %s)\n",
        on_gpu ? " (device=cuda, bf16)" : "", strat->name().c_str(), mesh_text(topo).c_str(), (long long)S, s.H_q, s.H_kv, s.D,
        s.mask == MaskKind::none ? "none" : s.mask == MaskKind::causal ? "causal" : "window",
-       has_docs ? "+docs" : "", mx[0] * 1e3, mx[1] * 1e3, mx[2] * 1e3, rec.tflops_per_rank, path.c_str(),
+       has_docs ? "+docs" : "", mx[0] * 1e3, mx[1] * 1e3, mx[2] * 1e3, rec.tflops_per_rank, attn_result_path(cfg).c_str(),
        trace_path(cfg).c_str());
   if (!cpu_diff.empty()) {
     std::string line;

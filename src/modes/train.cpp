@@ -156,7 +156,7 @@ bool train_docs(const Config& cfg) { return packed_docs(cfg) || (!synthetic_data
 // set_deterministic). Default: the exact query tile doubled while the block stays within 512 rows
 // and seq / 16 (a function of seq and head_dim only, so the same on every mesh): a power-of-two
 // seq then splits into whole blocks on up to 8 ranks without padding, and 8K tokens run blocks of
-// 512 (kernels/README.md "Exact weight gradients": near the library's full rate; 128-row blocks
+// 512 (docs/measurements.md "Exact weight gradients": near the library's full rate; 128-row blocks
 // cost +24% step time in bench train, 512-row blocks +8%).
 int64_t default_train_block(const Config& cfg) {
   int64_t b = attn_query_block(int32_t(cfg.head_dim));
@@ -407,278 +407,343 @@ double train_peak_flops_per_rank(const Config& cfg, Topology& topo) {
   return measured;
 }
 
-int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& sum, int64_t trace_step0) {
-  // device=cuda: this rank's GPU and device communicators before anything binds to them (the
-  // references below, the strategies); params, grads, AdamW moments and every activation on the
-  // GPU (`dev`, ordered on gpu.stream).
-  const bool on_gpu = cfg.device == Device::cuda;
-  const GpuRun gpu(on_gpu ? &topo : nullptr, &tracer);
-  const Device dev = cfg.device;
-  Comm& world = topo.world();
-  Comm& cp = topo.cp();
-  Comm& dp = topo.axis(Axis::dp);
-  const int tp = tp_size(topo), DP = topo.size(Axis::dp);
-  const ModelDims d = model_dims(cfg, tp, topo.coord(Axis::tp));
-  const ParamLayout layout(d);
-  std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
-  const Partition part(strat->partition(), cfg.seq, cp.size(), train_block(cfg));
-  const std::vector<int64_t> pos = part.positions(cp.rank());
-  const Remat remat = cfg.remat;
-  mem_reset_peak();
+namespace {
 
-  const size_t n_params = size_t(layout.local_elems());
+// One training run's state (train_loop): this rank's GPU, the model's shards, parameters,
+// gradients and optimizer, their host copies, the data and the oracle dump, built in this order.
+struct TrainRun {
+  const Config& cfg;
+  Topology& topo;
+  Tracer& tracer;
+  // device=cuda: this rank's GPU and device communicators before anything binds to them (the
+  // strategies); params, grads, AdamW moments and every activation on the GPU (`dev`, ordered on
+  // gpu.stream).
+  const bool on_gpu;
+  const GpuRun gpu;
+  const Device dev;
+  Comm& world;
+  Comm& cp;
+  Comm& dp;
+  const int tp, DP;
+  const ModelDims d;
+  const ParamLayout layout;
+  std::unique_ptr<CpStrategy> strat;
+  const Partition part;
+  const std::vector<int64_t> pos;
+  const bool peak_reset;  // the tracked memory's peak counts from here (before the first buffer)
   // offload=params: the fp32 master weights in pinned host memory (made before the optimizer,
   // whose copies into it end when the optimizer does), none on the GPU.
   std::unique_ptr<HostParams> hparams;
-  if (on_gpu && offloads(cfg, Offload::params)) hparams = std::make_unique<HostParams>(layout, dev, gpu.stream);
-  Buffer<float> params(hparams ? 0 : n_params, true, dev, gpu.stream), grads(n_params, true, dev, gpu.stream);
-  float* const master = hparams ? hparams->host() : params.data();  // what forward_backward and update take
-  AdamWConfig oc{cfg.lr, cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay, cfg.grad_clip};
-  AdamW opt(layout, oc, dev, gpu.stream, offloads(cfg, Offload::optimizer), cfg.offload_chunk);
-  if (hparams) opt.attach(hparams.get());
-  const bool any_offload = on_gpu && !offload_items(cfg.offload).empty();
+  Buffer<float> params, grads;
+  float* const master;  // what forward_backward and update take
+  AdamW opt;
+  const bool any_offload;
   // On a GPU the host keeps a copy for initialization, checkpoints and dumps (HostCopy).
-  HostCopy host(dev, gpu.stream, n_params, !opt.offloaded(), hparams.get());
-  TrainState state;
-  if (!cfg.resume.empty()) {
-    state = load_checkpoint(cfg.resume, layout, host.p(params), host.m(opt), host.v(opt));
-    host.upload(params, opt);
-    opt.set_step(state.step);
-  } else {
-    layout.init(uint64_t(cfg.seed), host.p(params));
-    host.upload(params, opt);
-  }
-  std::unique_ptr<CpStrategy> local_strat = make_local_strategy(cfg, topo);
-  Transformer model(layout, topo, *strat, remat, pos, train_docs(cfg), local_strat.get(), dev, gpu.stream,
-                    offloads(cfg, Offload::layer_inputs), offloads(cfg, Offload::attn_out));
-  model.set_visible_only(cfg.frugal);
-  if (cfg.deterministic) model.set_deterministic(train_block(cfg));
-  if (hparams) model.use_weights(&hparams->view(), &hparams->mirror());
-  const std::unique_ptr<TokenSource> src = make_token_source(cfg);
-
+  HostCopy host;
+  TrainState state;  // resumed, or the seeded initialization at step 0
+  std::unique_ptr<CpStrategy> local_strat;
+  Transformer model;
+  const std::unique_ptr<TokenSource> src;
   // Oracle dump (modes/oracle_dump.hpp): each recorded step's state before it, its gradients, and
   // the state after the last.
-  OracleDump dump(cfg, layout, topo, state.step == 0);
-  const auto record_state = [&] {
+  OracleDump dump;
+
+  TrainRun(const Config& c, Topology& t, Tracer& tr)
+      : cfg(c), topo(t), tracer(tr), on_gpu(c.device == Device::cuda), gpu(on_gpu ? &t : nullptr, &tr),
+        dev(c.device), world(t.world()), cp(t.cp()), dp(t.axis(Axis::dp)), tp(tp_size(t)), DP(t.size(Axis::dp)),
+        d(model_dims(c, tp, t.coord(Axis::tp))), layout(d), strat(make_strategy(c.strategy, t)),
+        part(strat->partition(), c.seq, cp.size(), train_block(c)), pos(part.positions(cp.rank())),
+        peak_reset((mem_reset_peak(), true)),
+        hparams(on_gpu && offloads(c, Offload::params) ? std::make_unique<HostParams>(layout, dev, gpu.stream) : nullptr),
+        params(hparams ? 0 : size_t(layout.local_elems()), true, dev, gpu.stream),
+        grads(size_t(layout.local_elems()), true, dev, gpu.stream),
+        master(hparams ? hparams->host() : params.data()),
+        opt(layout, AdamWConfig{c.lr, c.beta1, c.beta2, c.adam_eps, c.weight_decay, c.grad_clip}, dev, gpu.stream,
+            offloads(c, Offload::optimizer), c.offload_chunk),
+        any_offload(attach_offload()),
+        host(dev, gpu.stream, size_t(layout.local_elems()), !opt.offloaded(), hparams.get()),
+        state(start_state()), local_strat(make_local_strategy(c, t)),
+        model(layout, t, *strat, c.remat, pos, train_docs(c), local_strat.get(), dev, gpu.stream,
+              offloads(c, Offload::layer_inputs), offloads(c, Offload::attn_out)),
+        src(make_token_source(c)), dump(c, layout, t, state.step == 0) {
+    model.set_visible_only(cfg.frugal);
+    if (cfg.deterministic) model.set_deterministic(train_block(cfg));
+    if (hparams) model.use_weights(&hparams->view(), &hparams->mirror());
+    if (dump.records(0)) record_state();
+  }
+  // offload=params: the optimizer streams the weights with the moments.
+  bool attach_offload() {
+    if (hparams) opt.attach(hparams.get());
+    return on_gpu && !offload_items(cfg.offload).empty();
+  }
+  // The checkpoint resumed from, or the seeded initialization; on the device.
+  TrainState start_state() {
+    TrainState st;
+    if (!cfg.resume.empty()) {
+      st = load_checkpoint(cfg.resume, layout, host.p(params), host.m(opt), host.v(opt));
+      host.upload(params, opt);
+      opt.set_step(st.step);
+    } else {
+      layout.init(uint64_t(cfg.seed), host.p(params));
+      host.upload(params, opt);
+    }
+    return st;
+  }
+  void record_state() {
     const float* p = host.download_params(params, opt);
     dump.state(p, host.download_m(opt), host.download_v(opt));
-  };
-  if (dump.records(0)) record_state();
-  std::vector<double> losses;
+  }
+};
 
-  const int64_t total = cfg.warmup + cfg.steps;
-  const double peak = on_gpu ? gpu_peak_flops_per_rank(cfg, topo) : train_peak_flops_per_rank(cfg, topo);
-  const int P_world = world.size();
-  const MeshSpec& m = topo.mesh();
+// The run's header lines (rank 0).
+void log_train_header(const TrainRun& r, double peak) {
+  const Config& cfg = r.cfg;
+  const ModelDims& d = r.d;
+  const MeshSpec& m = r.topo.mesh();
   log0("ctxpar train: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); S = %lld, "
        "%d ranks (dp:%lld,tp:%lld,ulysses:%lld,ring:%lld), strategy %s, remat %s\n",
        (long long)d.layers, (long long)d.dim, (long long)d.ffn, (long long)cfg.heads, (long long)cfg.kv_heads,
-       (long long)cfg.head_dim, (long long)d.vocab, double(d.param_count()) / 1e6, (long long)cfg.seq, P_world,
+       (long long)cfg.head_dim, (long long)d.vocab, double(d.param_count()) / 1e6, (long long)cfg.seq, r.world.size(),
        (long long)m.dp, (long long)m.tp, (long long)m.ulysses, (long long)m.ring, name_of(cfg.strategy),
        name_of(cfg.remat));
   if (cfg.attention == "mla") log0("# %s\n", mla_line(cfg).c_str());
-  log0("# data: %s; trace %s; peak %.1f GFLOP/s per rank (%s)\n", src->describe().c_str(), tracer.path().c_str(),
-       peak / 1e9, cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank" : on_gpu ? "the GPU's dense bf16 peak" : "measured sgemm");
-  if (on_gpu)
+  log0("# data: %s; trace %s; peak %.1f GFLOP/s per rank (%s)\n", r.src->describe().c_str(), r.tracer.path().c_str(),
+       peak / 1e9, cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank" : r.on_gpu ? "the GPU's dense bf16 peak" : "measured sgemm");
+  if (r.on_gpu)
     log0("# device=cuda: %s, %s communicators; bf16 GEMM and attention inputs, fp32 accumulation, fp32 master "
-         "weights and AdamW moments%s\n", gpu.description.c_str(), gpu.comm.c_str(),
-         any_offload ? (" (offload=" + cfg.offload + ": in pinned host memory)").c_str() : "");
+         "weights and AdamW moments%s\n", r.gpu.description.c_str(), r.gpu.comm.c_str(),
+         r.any_offload ? (" (offload=" + cfg.offload + ": in pinned host memory)").c_str() : "");
   log0("# FLOP convention: %s; attention on visible causal pairs (sum L_i(L_i+1)/2 per document; local layers the window's); recompute not counted\n",
        kFlopConvention);
   if (cfg.layer_pattern != "G")
     log0("# layers: pattern %s (G global attention, L local over window %lld with local_strategy %s, D Gated DeltaNet): %s\n",
          cfg.layer_pattern.c_str(), (long long)cfg.window, cfg.local_strategy.c_str(), d.kinds.c_str());
-  if (part.padding() > 0) log0("# %s\n", part.padding_note().c_str());
-  if (state.step > 0) log0("# resumed from %s at step %lld\n", cfg.resume.c_str(), (long long)state.step);
+  if (r.part.padding() > 0) log0("# %s\n", r.part.padding_note().c_str());
+  if (r.state.step > 0) log0("# resumed from %s at step %lld\n", cfg.resume.c_str(), (long long)r.state.step);
   log0("#  step         loss  grad_norm   time_ms    tokens/s  TFLOP/s/rank    MFU%%  exposed_ms  peak_MiB\n");
+}
 
-  std::vector<double> times, tflops_v, mfus, tok_s, gemm_sh, attn_sh;
+// Parameters are shared by the CP group and the dp replicas: sum their gradients (and the loss)
+// there; deterministic=true sums integers, whose sum has one result in any order.
+void sum_gradients(TrainRun& r, double& loss_sum, CpStats& st) {
+  Tracer::Scope sc(&r.tracer, Phase::all_reduce, -1, -1, 0,
+                   double(r.layout.local_elems()) * (r.model.deterministic() ? 16 : 4));
+  const double tc = r.world.now();
+  if (r.model.deterministic()) {
+    for (std::span<int64_t> x : {r.model.exact_hi(), r.model.exact_lo()}) {
+      if (r.cp.size() > 1) r.cp.all_reduce(x);
+      if (r.DP > 1) r.dp.all_reduce(x);
+    }
+    r.model.finish_exact(r.grads.data(), &loss_sum);
+  } else {
+    if (r.cp.size() > 1) r.cp.all_reduce(buf(r.grads));
+    if (r.DP > 1) r.dp.all_reduce(buf(r.grads));
+    if (r.tp > 1)  // K/V heads on several tp ranks
+      reduce_replicated_kv_grads(r.layout, r.grads.data(), r.topo.axis(Axis::tp), r.dev, r.gpu.stream);
+    if (r.cp.size() > 1) r.cp.all_reduce(std::span<double>(&loss_sum, 1));
+    if (r.DP > 1) r.dp.all_reduce(std::span<double>(&loss_sum, 1));
+  }
+  st.exposed_comm_s += r.world.now() - tc;
+}
+
+// The medians and first/last losses of the measured steps, for the summary.
+struct TrainTotals {
+  std::vector<double> times, tflops, mfus, tok_s, gemm_sh, attn_sh;
   std::vector<double> offload_s;  // offload: seconds of copies per step not hidden by compute
-  const int64_t first_step = state.step;
+  std::vector<double> losses;
   double first_loss = NAN, last_loss = NAN;
+};
+
+// One step's time and rates, once the update is done: the GPU's own times, the shares of GEMMs and
+// attention, the trace's record and the log line. Returns whether a stop signal ends the run.
+bool finish_step(TrainRun& r, int64_t s, int64_t trace_step0, double t0, double loss, double norm,
+                 const double (&pairs)[2], CpStats& st, StepTimes& tm, double peak, TrainTotals& tot) {
+  const Config& cfg = r.cfg;
+  double dt = r.world.now() - t0;
+  if (r.on_gpu) {
+    // The host's clocks saw only launches: the device waits timed by their events, and the
+    // GEMM and attention times from the spans' device marks (Tracer::time_on_device).
+    st.settle();
+    const auto ph = r.tracer.phase_seconds();
+    const auto sec = [&](std::initializer_list<Phase> p) {
+      double x = 0;
+      for (Phase q : p) x += ph[size_t(q)];
+      return x;
+    };
+    tm.gemm_s = sec({Phase::gemm});
+    tm.attn_s = attention_seconds(ph);
+    // Offload: the compute stream's waits for chunks of the moments (the copy time not hidden).
+    if (r.any_offload) tot.offload_s.push_back(sec({Phase::offload}));
+  }
+  // Shares of this rank's step in GEMMs and in CP attention (with its communication), averaged
+  // over ranks; the rest is norms, RoPE, SwiGLU, loss, optimizer, gradient and tp all-reduces.
+  const int P_world = r.world.size();
+  double shares[2] = {tm.gemm_s / dt, tm.attn_s / dt};
+  r.world.all_reduce(std::span<double>(shares, 2));
+  r.world.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
+  double exposed = st.exposed_comm_s;
+  r.world.all_reduce(std::span<double>(&exposed, 1), ReduceOp::max);
+  // Whole job: every dp replica's projections, and the visible pairs summed over dp above.
+  const ModelDims dg = model_dims(cfg, 1, 0);
+  const double step_flops =
+      double(r.DP) * (train_matmul_flops(dg, cfg.seq) + train_gdn_flops(dg, cfg.seq)) + train_attn_flops(dg, pairs[0], pairs[1]);
+  StepRecord rec;
+  rec.step = s + trace_step0;
+  rec.time_s = dt;
+  rec.tokens = cfg.seq * r.DP;
+  rec.model_flops = step_flops;
+  rec.exposed_comm_s = st.exposed_comm_s;
+  rec.peak_bytes = mem_peak_bytes();
+  rec.loss = loss;
+  const bool stop = r.tracer.end_step(rec);
+  const double tflops = step_flops / dt / P_world / 1e12;
+  const double mfu = peak > 0 ? step_flops / (dt * peak * P_world) : 0;
+  const double tps = double(rec.tokens) / dt;
+  int64_t peak_b = mem_peak_bytes();
+  r.world.all_reduce(std::span<int64_t>(&peak_b, 1), ReduceOp::max);
+  log0("  %5lld  %11.6f  %9.4f  %8.1f  %10.1f  %12.4f  %6.2f  %10.1f  %8.1f%s\n", (long long)s, loss, norm, dt * 1e3,
+       tps, tflops, 100 * mfu, exposed * 1e3, double(peak_b) / (1 << 20), s < cfg.warmup ? "  (warmup)" : "");
+  tot.losses.push_back(loss);
+  if (std::isnan(tot.first_loss)) tot.first_loss = loss;
+  tot.last_loss = loss;
+  if (s >= cfg.warmup) {
+    tot.times.push_back(dt);
+    tot.tflops.push_back(tflops);
+    tot.mfus.push_back(mfu);
+    tot.tok_s.push_back(tps);
+    tot.gemm_sh.push_back(shares[0] / P_world);
+    tot.attn_sh.push_back(shares[1] / P_world);
+  }
+  return stop;
+}
+
+// The summary lines after the last step (and the offload attributes of the trace).
+void log_train_summary(TrainRun& r, const TrainTotals& tot, int64_t first_step) {
+  const Config& cfg = r.cfg;
+  const double tmed = median(tot.times);
+  if (!tot.offload_s.empty()) {
+    const double steps_run = double(std::max<int64_t>(r.opt.step() - first_step, 1));
+    const double mib = steps_run * double(1 << 20), outs = r.model.offload_bytes_attn_out();
+    log0("# offload=%s: %.1f MiB moved per step (AdamW moments%s %.1f, layer inputs %.1f, attention outputs %.1f), "
+         "%.2f ms per step of copies not hidden by compute (median, rank 0; spans of phase offload)\n",
+         cfg.offload.c_str(), (r.opt.offload_bytes() + r.model.offload_bytes()) / mib, r.hparams ? " and weights" : "",
+         r.opt.offload_bytes() / mib,
+         (r.model.offload_bytes() - outs) / mib, outs / mib, median(tot.offload_s) * 1e3);
+    // The trace: what moved and what compute did not hide (rank 0's, per step).
+    r.tracer.write_attr("/", "offload", cfg.offload);
+    r.tracer.write_attr("/", "offload_bytes_per_step", (r.opt.offload_bytes() + r.model.offload_bytes()) / steps_run);
+    r.tracer.write_attr("/", "offload_unhidden_s_per_step", median(tot.offload_s));
+  }
+  log0("\n# summary (median over %zu measured steps, %lld warmup excluded)\n", tot.times.size(), (long long)cfg.warmup);
+  log0("#   loss               %.6f -> %.6f\n", tot.first_loss, tot.last_loss);
+  log0("#   step time          %10.2f ms\n", tmed * 1e3);
+  log0("#   tokens/s           %10.1f\n", median(tot.tok_s));
+  log0("#   TFLOP/s per rank   %10.4f\n", median(tot.tflops));
+  log0("#   MFU                %10.2f %%\n", 100 * median(tot.mfus));
+  log0("#   peak tracked mem   %10.1f MiB per rank (rank 0)\n", double(mem_peak_bytes()) / (1 << 20));
+  log0("#   time in GEMMs      %10.1f %% (attention %.1f %%, other %.1f %%)\n", 100 * median(tot.gemm_sh),
+       100 * median(tot.attn_sh), 100 * (1 - median(tot.gemm_sh) - median(tot.attn_sh)));
+  const bool finite = std::isfinite(tot.last_loss);
+  if (r.tracer.stop_signal() != 0)
+    log0("# TRUNCATED (%s after step %lld; the summary covers the completed steps): %s training on %d ranks\n",
+         signal_name(r.tracer.stop_signal()), (long long)r.tracer.stop_step(), name_of(cfg.strategy), r.world.size());
+  else
+    log0("# %s: %s training on %d ranks\n", finite ? "VALID" : "INVALID (non-finite loss)", name_of(cfg.strategy),
+         r.world.size());
+}
+
+}  // namespace
+
+int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& sum, int64_t trace_step0) {
+  TrainRun r(cfg, topo, tracer);
+  const int64_t total = cfg.warmup + cfg.steps;
+  const double peak = r.on_gpu ? gpu_peak_flops_per_rank(cfg, topo) : train_peak_flops_per_rank(cfg, topo);
+  log_train_header(r, peak);
+  TrainTotals tot;
+  const int64_t first_step = r.state.step;
   // The newest good checkpoint: the one resumed from, then each one this run writes.
-  int64_t last_checkpoint = cfg.resume.empty() ? -1 : state.step;
+  int64_t last_checkpoint = cfg.resume.empty() ? -1 : r.state.step;
   std::string last_checkpoint_path = cfg.resume;
-  for (int64_t s = state.step; s < total; ++s) {
+  for (int64_t s = r.state.step; s < total; ++s) {
     tracer.begin_step(s + trace_step0);
-    opt.prefetch();  // offload: the first chunks of the moments come in under the forward
-    world.barrier();
-    const double t0 = world.now();
-    const int64_t sample = s * DP + topo.coord(Axis::dp);
-    Batch b = make_batch(*src, sample, part, cp.rank());
+    r.opt.prefetch();  // offload: the first chunks of the moments come in under the forward
+    r.world.barrier();
+    const double t0 = r.world.now();
+    const int64_t sample = s * r.DP + topo.coord(Axis::dp);
+    Batch b = make_batch(*r.src, sample, r.part, r.cp.rank());
     // Labelled tokens of the whole global batch: the loss is their mean.
     int64_t counts[2] = {b.labelled_tokens, 0};
     double pairs[2] = {causal_visible_pairs(b.doc_lengths),
-                       d.has_local() ? window_visible_pairs(b.doc_lengths, d.window) : 0.0};
-    if (DP > 1) {
-      dp.all_reduce(std::span<int64_t>(counts, 1));
-      dp.all_reduce(std::span<double>(pairs, 2));
+                       r.d.has_local() ? window_visible_pairs(b.doc_lengths, r.d.window) : 0.0};
+    if (r.DP > 1) {
+      r.dp.all_reduce(std::span<int64_t>(counts, 1));
+      r.dp.all_reduce(std::span<double>(pairs, 2));
     }
     const int64_t N = std::max<int64_t>(counts[0], 1);
     CpStats st;
     StepTimes tm;
     Buffer<float> logits_full;
-    if (dump.on() && s == 0) logits_full.resize(size_t(model.S_loc() * d.vocab), false);
-    double loss_sum = model.forward_backward(master, grads.data(), b, 1.0 / double(N), &tracer, st, tm,
-                                             logits_full.size() ? logits_full.data() : nullptr);
-    {
-      Tracer::Scope sc(&tracer, Phase::all_reduce, -1, -1, 0,
-                       double(layout.local_elems()) * (model.deterministic() ? 16 : 4));
-      const double tc = world.now();
-      // Parameters are shared by the CP group and the dp replicas: sum their gradients there.
-      if (model.deterministic()) {  // integers, whose sum has one result in any order
-        for (std::span<int64_t> x : {model.exact_hi(), model.exact_lo()}) {
-          if (cp.size() > 1) cp.all_reduce(x);
-          if (DP > 1) dp.all_reduce(x);
-        }
-        model.finish_exact(grads.data(), &loss_sum);
-      } else {
-        if (cp.size() > 1) cp.all_reduce(buf(grads));
-        if (DP > 1) dp.all_reduce(buf(grads));
-        if (tp > 1)  // K/V heads on several tp ranks
-          reduce_replicated_kv_grads(layout, grads.data(), topo.axis(Axis::tp), dev, gpu.stream);
-        if (cp.size() > 1) cp.all_reduce(std::span<double>(&loss_sum, 1));
-        if (DP > 1) dp.all_reduce(std::span<double>(&loss_sum, 1));
-      }
-      st.exposed_comm_s += world.now() - tc;
-    }
+    if (r.dump.on() && s == 0) logits_full.resize(size_t(r.model.S_loc() * r.d.vocab), false);
+    double loss_sum = r.model.forward_backward(r.master, r.grads.data(), b, 1.0 / double(N), &tracer, st, tm,
+                                               logits_full.size() ? logits_full.data() : nullptr);
+    sum_gradients(r, loss_sum, st);
     const double loss = loss_sum / double(N);
-    if (dump.records(s)) dump.gradients(host.download(grads));
-    if (dump.on() && s == 0 && topo.coord(Axis::tp) == 0) dump.logits(gather_rows_global(cp, part, logits_full.span(), d.vocab));
+    if (r.dump.records(s)) r.dump.gradients(r.host.download(r.grads));
+    if (r.dump.on() && s == 0 && topo.coord(Axis::tp) == 0)
+      r.dump.logits(gather_rows_global(r.cp, r.part, logits_full.span(), r.d.vocab));
     double norm;
     {
       Tracer::Scope sc(&tracer, Phase::optimizer, -1, -1, 0, 0);
-      norm = model.deterministic()
-                 ? opt.grad_norm_fixed(grads.data(), tp > 1 ? &topo.axis(Axis::tp) : nullptr, deterministic_tp_units(d))
-                 : opt.grad_norm(grads.data(), tp > 1 ? &topo.axis(Axis::tp) : nullptr);
+      Comm* tp_comm = r.tp > 1 ? &topo.axis(Axis::tp) : nullptr;
+      norm = r.model.deterministic() ? r.opt.grad_norm_fixed(r.grads.data(), tp_comm, deterministic_tp_units(r.d))
+                                     : r.opt.grad_norm(r.grads.data(), tp_comm);
     }
     // A non-finite loss or gradient stops the run before the update: the parameters (and any
     // checkpoint written) stay those of the last good step. The loss and the norm are the same
     // on every rank, so every rank stops here.
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      const std::string msg =
-          non_finite_message(s, loss, layout, host.download(grads), world, last_checkpoint, last_checkpoint_path);
+      const std::string msg = non_finite_message(s, loss, r.layout, r.host.download(r.grads), r.world,
+                                                 last_checkpoint, last_checkpoint_path);
       err0("ctxpar: %s\n", msg.c_str());
       tracer.fail(msg);
       return kExitFault;
     }
     {
       Tracer::Scope sc(&tracer, Phase::optimizer, -1, -1, 0, 0);
-      opt.update(master, grads.data(), norm, &tracer);
-      stream_synchronize(gpu.stream, dev);  // the step's time includes the GPU's work
+      r.opt.update(r.master, r.grads.data(), norm, &tracer);
+      stream_synchronize(r.gpu.stream, r.dev);  // the step's time includes the GPU's work
     }
-    if (dump.records(s)) record_state();  // after the update: the state before step s + 1
-    double dt = world.now() - t0;
-    if (on_gpu) {
-      // The host's clocks saw only launches: the device waits timed by their events, and the
-      // GEMM and attention times from the spans' device marks (Tracer::time_on_device).
-      st.settle();
-      const auto ph = tracer.phase_seconds();
-      const auto sec = [&](std::initializer_list<Phase> p) {
-        double x = 0;
-        for (Phase q : p) x += ph[size_t(q)];
-        return x;
-      };
-      tm.gemm_s = sec({Phase::gemm});
-      tm.attn_s = attention_seconds(ph);
-      // Offload: the compute stream's waits for chunks of the moments (the copy time not hidden).
-      if (any_offload) offload_s.push_back(sec({Phase::offload}));
-    }
-    // Shares of this rank's step in GEMMs and in CP attention (with its communication), averaged
-    // over ranks; the rest is norms, RoPE, SwiGLU, loss, optimizer, gradient and tp all-reduces.
-    double shares[2] = {tm.gemm_s / dt, tm.attn_s / dt};
-    world.all_reduce(std::span<double>(shares, 2));
-    world.all_reduce(std::span<double>(&dt, 1), ReduceOp::max);
-    double exposed = st.exposed_comm_s;
-    world.all_reduce(std::span<double>(&exposed, 1), ReduceOp::max);
-    // Whole job: every dp replica's projections, and the visible pairs summed over dp above.
-    const ModelDims dg = model_dims(cfg, 1, 0);
-    const double step_flops =
-        double(DP) * (train_matmul_flops(dg, cfg.seq) + train_gdn_flops(dg, cfg.seq)) + train_attn_flops(dg, pairs[0], pairs[1]);
-    StepRecord rec;
-    rec.step = s + trace_step0;
-    rec.time_s = dt;
-    rec.tokens = cfg.seq * DP;
-    rec.model_flops = step_flops;
-    rec.exposed_comm_s = st.exposed_comm_s;
-    rec.peak_bytes = mem_peak_bytes();
-    rec.loss = loss;
-    const bool stop = tracer.end_step(rec);
-    const double tflops = step_flops / dt / P_world / 1e12;
-    const double mfu = peak > 0 ? step_flops / (dt * peak * P_world) : 0;
-    const double tps = double(rec.tokens) / dt;
-    int64_t peak_b = mem_peak_bytes();
-    world.all_reduce(std::span<int64_t>(&peak_b, 1), ReduceOp::max);
-    log0("  %5lld  %11.6f  %9.4f  %8.1f  %10.1f  %12.4f  %6.2f  %10.1f  %8.1f%s\n", (long long)s, loss, norm, dt * 1e3,
-         tps, tflops, 100 * mfu, exposed * 1e3, double(peak_b) / (1 << 20), s < cfg.warmup ? "  (warmup)" : "");
-    losses.push_back(loss);
-    if (std::isnan(first_loss)) first_loss = loss;
-    last_loss = loss;
-    if (s >= cfg.warmup) {
-      times.push_back(dt);
-      tflops_v.push_back(tflops);
-      mfus.push_back(mfu);
-      tok_s.push_back(tps);
-      gemm_sh.push_back(shares[0] / P_world);
-      attn_sh.push_back(shares[1] / P_world);
-    }
-    state.step = s + 1;
-    state.next_sample = (s + 1) * DP;
-    if (cfg.checkpoint_every > 0 && state.step % cfg.checkpoint_every == 0) {
+    if (r.dump.records(s)) r.record_state();  // after the update: the state before step s + 1
+    const bool stop = finish_step(r, s, trace_step0, t0, loss, norm, pairs, st, tm, peak, tot);
+    r.state.step = s + 1;
+    r.state.next_sample = (s + 1) * r.DP;
+    if (cfg.checkpoint_every > 0 && r.state.step % cfg.checkpoint_every == 0) {
       Tracer::Scope sc(&tracer, Phase::other, -1, -1, 0, 0);
-      save_checkpoint(cfg.checkpoint, cfg, layout, host.download_params(params, opt), host.download_m(opt),
-                      host.download_v(opt), state, topo);
-      last_checkpoint = state.step;
+      save_checkpoint(cfg.checkpoint, cfg, r.layout, r.host.download_params(r.params, r.opt), r.host.download_m(r.opt),
+                      r.host.download_v(r.opt), r.state, topo);
+      last_checkpoint = r.state.step;
       last_checkpoint_path = cfg.checkpoint;
-      log0("# checkpoint: step %lld written to %s\n", (long long)state.step, cfg.checkpoint.c_str());
+      log0("# checkpoint: step %lld written to %s\n", (long long)r.state.step, cfg.checkpoint.c_str());
     }
     if (stop) {
       log0("# stop signal: ending after step %lld\n", (long long)s);
       break;
     }
   }
-  if (dump.on()) dump.write(losses, *src);
-  const double tmed = median(times);
-  if (!offload_s.empty()) {
-    const double steps_run = double(std::max<int64_t>(opt.step() - first_step, 1));
-    const double mib = steps_run * double(1 << 20), outs = model.offload_bytes_attn_out();
-    log0("# offload=%s: %.1f MiB moved per step (AdamW moments%s %.1f, layer inputs %.1f, attention outputs %.1f), "
-         "%.2f ms per step of copies not hidden by compute (median, rank 0; spans of phase offload)\n",
-         cfg.offload.c_str(), (opt.offload_bytes() + model.offload_bytes()) / mib, hparams ? " and weights" : "",
-         opt.offload_bytes() / mib,
-         (model.offload_bytes() - outs) / mib, outs / mib, median(offload_s) * 1e3);
-    // The trace: what moved and what compute did not hide (rank 0's, per step).
-    tracer.write_attr("/", "offload", cfg.offload);
-    tracer.write_attr("/", "offload_bytes_per_step", (opt.offload_bytes() + model.offload_bytes()) / steps_run);
-    tracer.write_attr("/", "offload_unhidden_s_per_step", median(offload_s));
-  }
-  log0("\n# summary (median over %zu measured steps, %lld warmup excluded)\n", times.size(), (long long)cfg.warmup);
-  log0("#   loss               %.6f -> %.6f\n", first_loss, last_loss);
-  log0("#   step time          %10.2f ms\n", tmed * 1e3);
-  log0("#   tokens/s           %10.1f\n", median(tok_s));
-  log0("#   TFLOP/s per rank   %10.4f\n", median(tflops_v));
-  log0("#   MFU                %10.2f %%\n", 100 * median(mfus));
-  log0("#   peak tracked mem   %10.1f MiB per rank (rank 0)\n", double(mem_peak_bytes()) / (1 << 20));
-  log0("#   time in GEMMs      %10.1f %% (attention %.1f %%, other %.1f %%)\n", 100 * median(gemm_sh),
-       100 * median(attn_sh), 100 * (1 - median(gemm_sh) - median(attn_sh)));
-  const bool finite = std::isfinite(last_loss);
-  if (tracer.stop_signal() != 0)
-    log0("# TRUNCATED (%s after step %lld; the summary covers the completed steps): %s training on %d ranks\n",
-         signal_name(tracer.stop_signal()), (long long)tracer.stop_step(), name_of(cfg.strategy), P_world);
-  else
-    log0("# %s: %s training on %d ranks\n", finite ? "VALID" : "INVALID (non-finite loss)", name_of(cfg.strategy), P_world);
-  sum.steps = int64_t(times.size());
-  sum.step_s = tmed;
-  sum.tokens_per_s = median(tok_s);
-  sum.tflops_per_rank = median(tflops_v);
-  sum.mfu = median(mfus);
-  sum.gemm_share = median(gemm_sh);
-  sum.attn_share = median(attn_sh);
-  sum.first_loss = first_loss;
-  sum.last_loss = last_loss;
+  if (r.dump.on()) r.dump.write(tot.losses, *r.src);
+  log_train_summary(r, tot, first_step);
+  sum.steps = int64_t(tot.times.size());
+  sum.step_s = median(tot.times);
+  sum.tokens_per_s = median(tot.tok_s);
+  sum.tflops_per_rank = median(tot.tflops);
+  sum.mfu = median(tot.mfus);
+  sum.gemm_share = median(tot.gemm_sh);
+  sum.attn_share = median(tot.attn_sh);
+  sum.first_loss = tot.first_loss;
+  sum.last_loss = tot.last_loss;
   sum.peak_flops_per_rank = peak;
-  sum.finite = finite;
-  return finite ? 0 : 1;
+  sum.finite = std::isfinite(tot.last_loss);
+  return sum.finite ? 0 : 1;
 }
 
 int run_train(const Config& cfg, Topology& topo, Tracer& tracer) {
