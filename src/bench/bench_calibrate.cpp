@@ -339,48 +339,76 @@ std::string validate_calibrate(const Config& cfg, Topology& topo) {
   return "";
 }
 
-int bench_calibrate(BenchContext& ctx) {
-  const Config& cfg = ctx.cfg;
-  Comm& world = ctx.topo.world();
-  const int threads = int(cfg.threads);
-  // Peak: every rank runs the FMA loop at once; the smallest is what a rank can count on.
-  const double peak = measure_fma_peak(ctx, threads, ReduceOp::min).gflops * 1e9;
+namespace {
 
-  // GEMM efficiency vs M (rows = tokens per rank): the projections of one layer of the configured
-  // model, forward and backward, as model/transformer.cpp runs them, plus the LM head (skipped
-  // when one measurement would exceed ~40 GFLOP: larger M then reads the last measured value).
-  const ModelDims d = model_dims(cfg, 1, 0);
-  Buffer<float> ev_a(size_t(1) << 20), ev_b(size_t(1) << 20), ev_c(size_t(1) << 20);
-  auto evict = [&] { sgemm(false, false, 1024, 1024, 1024, 1.f, ev_a.data(), 1024, ev_b.data(), 1024, 0.f, ev_c.data(), 1024); };
-  std::vector<double> g_rows, g_eff;
-  {
-    std::vector<LayerGemms> blocks;
-    for (int64_t M : {128, 512, 2048, 8192}) {
-      const double flops = LayerGemms(d, M, false).flops();
-      if (!g_rows.empty() && flops > 40e9) break;
-      blocks.emplace_back(d, M);
-      g_rows.push_back(double(M));
-      g_eff.push_back(flops);
-    }
-    std::vector<std::function<void()>> fns;
-    for (const LayerGemms& b : blocks) fns.push_back([&b] { b.run(); });
-    const std::vector<double> t = interleaved_medians(world, 7, fns, evict);
-    for (size_t i = 0; i < t.size(); ++i) g_eff[i] /= t[i];  // FLOP/s for now; divided by the peak below
+// What every calibration step reads: the job, the configured model's dimensions, the threads per
+// rank and the untimed GEMM that displaces a kernel's data from the caches before each call.
+struct CalibrateJob {
+  BenchContext& ctx;
+  Comm& world;
+  const ModelDims& d;
+  int threads;
+  const std::function<void()>& evict;
+};
+
+// One link level between rank 0 and a peer: latency and bandwidth per direction.
+struct Link {
+  double lat_s = 0, bw_bps = 0;
+};
+
+// Every number bench calibrate measures: the table's rows and the profile's values.
+struct Calibration {
+  double peak = 0, peak_used = 0;                // FLOP/s per rank: the FMA loop, the peak the efficiencies use
+  std::vector<double> g_rows, g_eff;             // GEMM rows M; FLOP/s until normalize_to_peak, then of peak
+  double jitter = 0, shared_eff = 1;
+  std::vector<double> a_keys, a_eff;             // attention kappa; FLOP/s until normalize_to_peak, then of peak
+  double diag_waste_keys = 0;
+  double ew_bps = 0, loss_bps = 0, opt_bps = 0;  // the memory-bound parts
+  double mem_bps = 0;                            // triad, per rank
+  int intra_peer = -1, inter_peer = -1;          // rank 0's first peer on its host / on another host (-1: none)
+  Link intra_link, inter_link;
+  int hosts = 1, hosts_sharing = 1;
+  double a2a_bps = 0;
+  // Across hosts only: the collectives' measured times and message size, the ring's overlap loss.
+  double allreduce_meas_s = 0, allgather_meas_s = 0, alltoall_meas_s = 0, coll_mib = 0;
+  double overlap_loss_s_per_byte = 0, overlap_msg_bytes = 0;
+  // The level the job lacks takes the other's numbers (said in the profile's notes).
+  const Link& in_host() const { return intra_peer > 0 ? intra_link : inter_link; }
+  const Link& across() const { return inter_peer > 0 ? inter_link : intra_link; }
+};
+
+// GEMM efficiency vs M (rows = tokens per rank): the projections of one layer of the configured
+// model, forward and backward, as model/transformer.cpp runs them, plus the LM head (skipped
+// when one measurement would exceed ~40 GFLOP: larger M then reads the last measured value).
+void measure_gemm_rates(const CalibrateJob& job, Calibration& cal) {
+  std::vector<LayerGemms> blocks;
+  for (int64_t M : {128, 512, 2048, 8192}) {
+    const double flops = LayerGemms(job.d, M, false).flops();
+    if (!cal.g_rows.empty() && flops > 40e9) break;
+    blocks.emplace_back(job.d, M);
+    cal.g_rows.push_back(double(M));
+    cal.g_eff.push_back(flops);
   }
+  std::vector<std::function<void()>> fns;
+  for (const LayerGemms& b : blocks) fns.push_back([&b] { b.run(); });
+  const std::vector<double> t = interleaved_medians(job.world, 7, fns, job.evict);
+  for (size_t i = 0; i < t.size(); ++i) cal.g_eff[i] /= t[i];  // FLOP/s for now; divided by the peak in normalize_to_peak
+}
 
-  // Rank jitter: one layer's GEMMs at 512 rows on every rank at once after a barrier, 61 times;
-  // sigma^2 = the variance of the ranks' times within a repetition (over P-1), relative to its
-  // mean, averaged over repetitions: the spread a synchronization point waits for.
-  // Two ranks on one core: then each rank runs `copies` of the same block on as many threads at
-  // once (twice as many busy threads as cores when ranks = cores); shared_core_eff = the
-  // throughput they get against the ideal of half a core each.
+// Rank jitter: one layer's GEMMs at 512 rows on every rank at once after a barrier, 61 times;
+// sigma^2 = the variance of the ranks' times within a repetition (over P-1), relative to its
+// mean, averaged over repetitions: the spread a synchronization point waits for.
+// Two ranks on one core: then each rank runs `copies` of the same block on as many threads at
+// once (twice as many busy threads as cores when ranks = cores); shared_core_eff = the
+// throughput they get against the ideal of half a core each.
+void measure_rank_sharing(const CalibrateJob& job, Calibration& cal) {
+  Comm& world = job.world;
   const int P_ranks = world.size();
   const unsigned hw_threads = std::max(1u, std::thread::hardware_concurrency());
-  const bool measure_shared = threads <= 1 && unsigned(P_ranks) <= hw_threads;
+  const bool measure_shared = job.threads <= 1 && unsigned(P_ranks) <= hw_threads;
   const int copies = measure_shared ? int(std::max<unsigned>(2, 2 * hw_threads / unsigned(P_ranks))) : 1;
   std::vector<LayerGemms> g512;  // ~50 ms each here
-  for (int i = 0; i < copies; ++i) g512.emplace_back(d, 512);
-  double jitter = 0;
+  for (int i = 0; i < copies; ++i) g512.emplace_back(job.d, 512);
   {
     g512[0].run();
     std::vector<double> all(static_cast<size_t>(P_ranks), 0.0);
@@ -397,9 +425,8 @@ int bench_calibrate(BenchContext& ctx) {
       for (double v : all) var += (v - mean) * (v - mean) / double(P_ranks - 1);
       var_sum += var / (mean * mean);
     }
-    jitter = std::sqrt(var_sum / reps);
+    cal.jitter = std::sqrt(var_sum / reps);
   }
-  double shared_eff = 1;
   if (measure_shared) {
     const std::vector<double> t = interleaved_medians(world, 5,
         {[&] { g512[0].run(); },
@@ -410,140 +437,147 @@ int bench_calibrate(BenchContext& ctx) {
          }},
         [] {});
     const double ideal = t[0] * double(copies) * double(P_ranks) / double(hw_threads);
-    shared_eff = std::clamp(ideal / t[1], 0.05, 1.0);
+    cal.shared_eff = std::clamp(ideal / t[1], 0.05, 1.0);
   }
+}
 
-  // Attention efficiency vs kappa (visible keys per query row of a call): unmasked blocks of 512
-  // query rows against kappa keys, forward + backward, each call after an untimed GEMM that
-  // displaces it from the caches; 9 interleaved rounds, median.
+// Attention efficiency vs kappa (visible keys per query row of a call): unmasked blocks of 512
+// query rows against kappa keys, forward + backward, each call after an untimed GEMM that
+// displaces it from the caches; 9 interleaved rounds, median.
+void measure_attn_rates(const CalibrateJob& job, Calibration& cal) {
+  const Config& cfg = job.ctx.cfg;
   const int32_t Hq = int32_t(cfg.heads), Hkv = int32_t(cfg.kv_heads), D = int32_t(cfg.head_dim);
   const double flops_per_pair = attn_train_flops(1.0, Hq, D);  // forward + backward (model/flops.hpp)
-  std::vector<double> a_keys, a_eff;
-  {
-    std::vector<std::unique_ptr<AttnBlock>> blocks;
-    std::vector<std::function<void()>> fns;
-    for (int64_t kappa : {128, 256, 512, 1024, 2048, 4096}) {
-      blocks.push_back(std::make_unique<AttnBlock>(512, kappa, Hq, Hkv, D, MaskKind::none, threads));
-      AttnBlock* b = blocks.back().get();
-      fns.push_back([b] { b->run(); });
-      a_keys.push_back(double(kappa));
-    }
-    const std::vector<double> t = interleaved_medians(world, 9, fns, evict);
-    for (size_t i = 0; i < t.size(); ++i) a_eff.push_back(flops_per_pair * double(visible_pairs(blocks[i]->p)) / t[i]);
+  std::vector<std::unique_ptr<AttnBlock>> blocks;
+  std::vector<std::function<void()>> fns;
+  for (int64_t kappa : {128, 256, 512, 1024, 2048, 4096}) {
+    blocks.push_back(std::make_unique<AttnBlock>(512, kappa, Hq, Hkv, D, MaskKind::none, job.threads));
+    AttnBlock* b = blocks.back().get();
+    fns.push_back([b] { b->run(); });
+    cal.a_keys.push_back(double(kappa));
   }
-  // The diagonal's waste, from the kernel's own count of the pairs it computes (every pair of
-  // its non-skipped tiles) on a causal block of 2048 tokens, forward and backward weighted 1 : 2.5.
-  double diag_waste_keys = 0;
-  {
-    const int64_t b = 2048;
-    AttnBlock blk(b, b, Hq, Hkv, D, MaskKind::causal, threads);
-    AttnStats st_f, st_b;
-    blk.p.stats = &st_f;
-    attn_fwd(blk.p);
-    blk.p.stats = &st_b;
-    attn_bwd(blk.p);
-    const double vis = double(visible_pairs(blk.p)) * Hq;  // stats count (query head, key) pairs
-    diag_waste_keys = std::max(0.0, ((double(st_f.pairs_computed) - vis) + kAttnBwdFactor * (double(st_b.pairs_computed) - vis)) /
-                                        (1 + kAttnBwdFactor) /
-                                        (double(b) * Hq));
-  }
+  const std::vector<double> t = interleaved_medians(job.world, 9, fns, job.evict);
+  for (size_t i = 0; i < t.size(); ++i) cal.a_eff.push_back(flops_per_pair * double(visible_pairs(blocks[i]->p)) / t[i]);
+}
 
-  // The memory-bound parts, each against the cost model's byte count (perf/cost_model.hpp):
-  // one layer's norms, RoPE, SwiGLU and residual adds forward and backward at 2048 tokens; the
-  // cross-entropy of 2048 tokens over the vocabulary; AdamW (with the gradient norm) over the
-  // model's parameters (at most 64 Mi).
+// The diagonal's waste, from the kernel's own count of the pairs it computes (every pair of
+// its non-skipped tiles) on a causal block of 2048 tokens, forward and backward weighted 1 : 2.5.
+void measure_diag_waste(const CalibrateJob& job, Calibration& cal) {
+  const Config& cfg = job.ctx.cfg;
+  const int32_t Hq = int32_t(cfg.heads), Hkv = int32_t(cfg.kv_heads), D = int32_t(cfg.head_dim);
+  const int64_t b = 2048;
+  AttnBlock blk(b, b, Hq, Hkv, D, MaskKind::causal, job.threads);
+  AttnStats st_f, st_b;
+  blk.p.stats = &st_f;
+  attn_fwd(blk.p);
+  blk.p.stats = &st_b;
+  attn_bwd(blk.p);
+  const double vis = double(visible_pairs(blk.p)) * Hq;  // stats count (query head, key) pairs
+  cal.diag_waste_keys = std::max(0.0, ((double(st_f.pairs_computed) - vis) + kAttnBwdFactor * (double(st_b.pairs_computed) - vis)) /
+                                          (1 + kAttnBwdFactor) /
+                                          (double(b) * Hq));
+}
+
+// The memory-bound parts, each against the cost model's byte count (perf/cost_model.hpp):
+// one layer's norms, RoPE, SwiGLU and residual adds forward and backward at 2048 tokens; the
+// cross-entropy of 2048 tokens over the vocabulary; AdamW (with the gradient norm) over the
+// model's parameters (at most 64 Mi).
+void measure_memory_bound(const CalibrateJob& job, Calibration& cal) {
+  const ModelDims& d = job.d;
   const int64_t M_ew = 2048, n_opt = std::min<int64_t>(d.param_count(), int64_t(64) << 20);
   LayerElementwise ew(d, M_ew);
   LossBlock lb(M_ew, d.vocab);
   OptimizerBlock ob(n_opt);
-  ModelShape one_layer = model_shape(cfg);
+  ModelShape one_layer = model_shape(job.ctx.cfg);
   one_layer.layers = 1;
   const std::vector<double> t_mem =
-      interleaved_medians(world, 5, {[&] { ew.run(); }, [&] { lb.run(); }, [&] { ob.run(); }}, [] {});
-  const double ew_bps = elementwise_bytes(one_layer, 1, double(M_ew), true, 4.0) / t_mem[0];
-  const double loss_bps = loss_bytes(one_layer, double(M_ew), 4.0) / t_mem[1];
-  const double opt_bps = optimizer_bytes(double(n_opt)) / t_mem[2];
+      interleaved_medians(job.world, 5, {[&] { ew.run(); }, [&] { lb.run(); }, [&] { ob.run(); }}, [] {});
+  cal.ew_bps = elementwise_bytes(one_layer, 1, double(M_ew), true, 4.0) / t_mem[0];
+  cal.loss_bps = loss_bytes(one_layer, double(M_ew), 4.0) / t_mem[1];
+  cal.opt_bps = optimizer_bytes(double(n_opt)) / t_mem[2];
+}
 
-  // The peak: the FMA loop, unless a kernel ran faster (the loop reads low when other jobs load
-  // the cores while it runs); efficiencies are rates over this peak, so they stay <= 1.
-  double peak_used = peak;
-  for (double r : g_eff) peak_used = std::max(peak_used, r);
-  for (double r : a_eff) peak_used = std::max(peak_used, r);
-  for (double& e : g_eff) e /= peak_used;
-  for (double& e : a_eff) e /= peak_used;
+// The peak: the FMA loop, unless a kernel ran faster (the loop reads low when other jobs load
+// the cores while it runs); efficiencies are rates over this peak, so they stay <= 1.
+void normalize_to_peak(Calibration& cal) {
+  cal.peak_used = cal.peak;
+  for (double r : cal.g_eff) cal.peak_used = std::max(cal.peak_used, r);
+  for (double r : cal.a_eff) cal.peak_used = std::max(cal.peak_used, r);
+  for (double& e : cal.g_eff) e /= cal.peak_used;
+  for (double& e : cal.a_eff) e /= cal.peak_used;
+}
 
-  // Memory bandwidth: triad, every rank at once (per-rank share of the node's bandwidth).
+// Memory bandwidth: triad, every rank at once (per-rank share of the node's bandwidth).
+void measure_triad(Comm& world, Calibration& cal) {
   const size_t n = size_t(32) << 18;  // 8 Mi floats = 32 MiB per array
   Buffer<float> A(n), B(n), C(n);
   for (size_t i = 0; i < n; ++i) B[i] = 1.f, C[i] = 2.f;
   const double t_triad = timed(world, 3, [&] {
     for (size_t i = 0; i < n; ++i) A[i] = B[i] + 0.5f * C[i];
   });
-  const double mem_bps = 3.0 * double(n) * sizeof(float) / t_triad;
+  cal.mem_bps = 3.0 * double(n) * sizeof(float) / t_triad;
+}
 
-  // Communication between rank 0 and a peer (both directions at once, as a ring hop does), once
-  // for each link level the job has: a peer on rank 0's host (inside a host) and a peer on
-  // another host (host to host). A job on one host measures the first only, a job of one rank
-  // per host the second only.
-  // The pair exchanges back to back after one exchange that absorbs how far apart the two left
-  // the barrier (across hosts that skew reaches milliseconds); mean time per exchange.
-  auto exchange = [&](int peer, size_t bytes, int reps) {
-    std::vector<uint8_t> s(bytes, 1), r(bytes, 0);
-    const int me = world.rank();
-    double per = 0;
-    world.barrier();
-    if (me == 0 || me == peer) {
-      const int other = me == 0 ? peer : 0;
-      auto once = [&] {
-        Request q = world.send_recv_async(std::span<uint8_t>(s), other, std::span<uint8_t>(r), other);
-        world.wait(q);
-      };
-      once();
-      const double t0 = now_s();
-      for (int i = 0; i < reps; ++i) once();
-      per = (now_s() - t0) / reps;
-    }
-    world.all_reduce(std::span<double>(&per, 1), ReduceOp::max);
-    return per;
-  };
-  const std::vector<int>& node = ctx.topo.node_of_rank();
-  int intra_peer = -1, inter_peer = -1;
+// The pair exchanges back to back after one exchange that absorbs how far apart the two left
+// the barrier (across hosts that skew reaches milliseconds); mean time per exchange.
+double exchange_time(Comm& world, int peer, size_t bytes, int reps) {
+  std::vector<uint8_t> s(bytes, 1), r(bytes, 0);
+  const int me = world.rank();
+  double per = 0;
+  world.barrier();
+  if (me == 0 || me == peer) {
+    const int other = me == 0 ? peer : 0;
+    auto once = [&] {
+      Request q = world.send_recv_async(std::span<uint8_t>(s), other, std::span<uint8_t>(r), other);
+      world.wait(q);
+    };
+    once();
+    const double t0 = now_s();
+    for (int i = 0; i < reps; ++i) once();
+    per = (now_s() - t0) / reps;
+  }
+  world.all_reduce(std::span<double>(&per, 1), ReduceOp::max);
+  return per;
+}
+
+// Communication between rank 0 and a peer (both directions at once, as a ring hop does), once
+// for each link level the job has: a peer on rank 0's host (inside a host) and a peer on
+// another host (host to host). A job on one host measures the first only, a job of one rank
+// per host the second only. Then the job's hosts, and how many of them share rank 0's machine.
+void measure_links(const CalibrateJob& job, Calibration& cal) {
+  Comm& world = job.world;
+  const std::vector<int>& node = job.ctx.topo.node_of_rank();
   for (int r = 1; r < world.size(); ++r) {
-    if (node[size_t(r)] == node[0] && intra_peer < 0) intra_peer = r;
-    if (node[size_t(r)] != node[0] && inter_peer < 0) inter_peer = r;
+    if (node[size_t(r)] == node[0] && cal.intra_peer < 0) cal.intra_peer = r;
+    if (node[size_t(r)] != node[0] && cal.inter_peer < 0) cal.inter_peer = r;
   }
   const size_t big = size_t(16) << 20;
-  struct Link {
-    double lat_s = 0, bw_bps = 0;
-  };
   auto measure_link = [&](int peer) {
     Link l;
-    l.lat_s = exchange(peer, 8, 20);
-    l.bw_bps = double(big) / std::max(1e-9, exchange(peer, big, 5) - l.lat_s);
+    l.lat_s = exchange_time(world, peer, 8, 20);
+    l.bw_bps = double(big) / std::max(1e-9, exchange_time(world, peer, big, 5) - l.lat_s);
     return l;
   };
-  const Link intra_link = intra_peer > 0 ? measure_link(intra_peer) : Link{};
-  const Link inter_link = inter_peer > 0 ? measure_link(inter_peer) : Link{};
-  // The level the job lacks takes the other's numbers (said in the profile's notes).
-  const Link& in_host = intra_peer > 0 ? intra_link : inter_link;
-  const Link& across = inter_peer > 0 ? inter_link : intra_link;
-  const int hosts = *std::max_element(node.begin(), node.end()) + 1;
-  const int hosts_sharing = hosts_sharing_this_machine(world, node);
+  cal.intra_link = cal.intra_peer > 0 ? measure_link(cal.intra_peer) : Link{};
+  cal.inter_link = cal.inter_peer > 0 ? measure_link(cal.inter_peer) : Link{};
+  cal.hosts = *std::max_element(node.begin(), node.end()) + 1;
+  cal.hosts_sharing = hosts_sharing_this_machine(world, node);
+}
 
-  // All-to-all over every rank, as Ulysses and pass-Q run it: 4 MiB per destination; rate =
-  // bytes leaving a rank per second, the convention of the cost model's alltoall_s().
-  const size_t P = size_t(world.size());
-  const double a2a_bps = measure_alltoall_rate(world, size_t(4) << 20, double(P - 1) * in_host.lat_s, 5);
-
+// The profile's machine: name, peak, memory bandwidth, hosts and cores, the links inside and
+// across hosts (what the across-host collective fit starts from).
+HardwareProfile machine_profile(const CalibrateJob& job, const Calibration& cal) {
+  Comm& world = job.world;
+  const int threads = job.threads, hosts = cal.hosts;
   HardwareProfile h;
   h.name = "local";
   h.description = "this machine, measured by ctxpar bench calibrate (" + std::to_string(world.size()) +
                   " ranks x " + std::to_string(threads > 0 ? threads : 0) + " threads; 0 = OpenMP default; " +
                   std::to_string(hosts) + " host(s))";
-  h.peak_fp32_flops = peak_used;
+  h.peak_fp32_flops = cal.peak_used;
   h.peak_bf16_flops = 0;
   h.default_precision = Precision::fp32;
-  h.hbm_bytes_per_s = mem_bps;
+  h.hbm_bytes_per_s = cal.mem_bps;
   h.hbm_eff = 1.0;  // measured achieved bandwidth
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   // Ranks per host (block placement, as mpirun and srun place them by default); one host: every
@@ -551,205 +585,283 @@ int bench_calibrate(BenchContext& ctx) {
   h.chips_per_node = hosts > 1 ? int64_t(world.size() / hosts) : 1024;
   // Hosts that are one machine (network namespaces of tests/cluster) share its cores.
   h.compute_units_per_node =
-      double(std::max<int64_t>(1, int64_t(cores) / std::max(1, threads))) / double(hosts_sharing);
-  h.intra = {in_host.bw_bps, in_host.lat_s};
-  h.intra_alltoall_bytes_per_s = a2a_bps;
-  h.inter = {across.bw_bps, across.lat_s};
-  // Across hosts, each collective as the strategies run it over every rank: its node-crossing
-  // rate is the one that makes the cost model's formula give the measured time (bisection in log
-  // space; the formulas fall as the rate grows). Over TCP, MPI's collectives reach their own
-  // fractions of a point-to-point stream (algorithm, one NIC shared by a node's ranks).
-  double allreduce_meas_s = 0, allgather_meas_s = 0, alltoall_meas_s = 0, coll_mib = 0;
-  if (hosts > 1) {
-    auto fit = [&](double meas_s, double HardwareProfile::*rate, auto&& model) {
-      HardwareProfile probe = h;
-      auto at = [&](double bps) {
-        probe.*rate = bps;
-        return model(probe);
-      };
-      double lo = 1e5, hi = 1e13;
-      if (!(at(hi) < meas_s && at(lo) > meas_s)) return;  // outside what the rate can explain: default
-      for (int i = 0; i < 60; ++i) {
-        const double mid = std::sqrt(lo * hi);
-        (at(mid) > meas_s ? lo : hi) = mid;
-      }
-      h.*rate = std::sqrt(lo * hi);
+      double(std::max<int64_t>(1, int64_t(cores) / std::max(1, threads))) / double(cal.hosts_sharing);
+  h.intra = {cal.in_host().bw_bps, cal.in_host().lat_s};
+  h.intra_alltoall_bytes_per_s = cal.a2a_bps;
+  h.inter = {cal.across().bw_bps, cal.across().lat_s};
+  return h;
+}
+
+// Across hosts, each collective as the strategies run it over every rank: its node-crossing
+// rate is the one that makes the cost model's formula give the measured time (bisection in log
+// space; the formulas fall as the rate grows). Over TCP, MPI's collectives reach their own
+// fractions of a point-to-point stream (algorithm, one NIC shared by a node's ranks).
+void fit_collectives(Comm& world, HardwareProfile& h, Calibration& cal) {
+  const size_t P = size_t(world.size());
+  auto fit = [&](double meas_s, double HardwareProfile::*rate, auto&& model) {
+    HardwareProfile probe = h;
+    auto at = [&](double bps) {
+      probe.*rate = bps;
+      return model(probe);
     };
-    const int64_t n = int64_t(P), k = h.chips_per_node;
-    // 4 MiB of floats per rank (all-gather) or per destination (all-to-all), less on large jobs
-    // so the gathered buffers stay within 64 MiB.
-    const size_t n_el = std::clamp<size_t>((size_t(16) << 20) / P, size_t(16) << 10, size_t(1) << 20);
-    coll_mib = double(n_el * sizeof(float)) / double(1 << 20);
-    std::vector<float> grad(size_t(4) << 20, 1.0f), part(n_el, 1.0f), whole(n_el * P, 0.0f);
-    allreduce_meas_s = timed(world, 3, [&] { world.all_reduce(std::span<float>(grad), ReduceOp::sum); });
-    fit(allreduce_meas_s, &HardwareProfile::inter_collective_bytes_per_s,
-        [&](const HardwareProfile& x) { return allreduce_s(x, n, k, double(grad.size()) * sizeof(float)); });
-    allgather_meas_s = timed(world, 3, [&] { world.all_gather(std::span<float>(part), std::span<float>(whole)); });
-    fit(allgather_meas_s, &HardwareProfile::inter_allgather_bytes_per_s,
-        [&](const HardwareProfile& x) { return allgather_s(x, n, k, double(whole.size()) * sizeof(float)); });
-    std::vector<float> a2a_in(n_el * P, 1.0f), a2a_out(n_el * P, 0.0f);
-    alltoall_meas_s = timed(world, 3, [&] { world.all_to_all(std::span<float>(a2a_in), std::span<float>(a2a_out)); });
-    fit(alltoall_meas_s, &HardwareProfile::inter_alltoall_bytes_per_s,
-        [&](const HardwareProfile& x) { return alltoall_s(x, n, k, double(a2a_in.size()) * sizeof(float)); });
-  }
-  // What a ring step's transfer costs the compute across hosts: every rank runs 64 blocks of one
-  // layer's GEMMs at 32 rows, alone and then with a message to the next rank and from the
-  // previous in flight (test() between blocks, as the ring progresses its transfers), in
-  // alternation, 9 pairs; loss = median over pairs of (slowest rank with) - (slowest alone), per
-  // byte sent + received. The message is sized so the link carries it in a third of the
-  // compute: what remains is the cost of moving it, not the wait for the wire.
-  double overlap_loss_s_per_byte = 0, overlap_msg_bytes = 0;
-  if (hosts > 1) {
-    LayerGemms work(d, 32);
-    const int me = world.rank(), next = (me + 1) % int(P), prev = (me + int(P) - 1) % int(P);
-    auto blocks = [&](Request* q) {
-      for (int b = 0; b < 64; ++b) {
-        work.run();
-        if (q && q->pending()) world.test(*q);
-      }
-      if (q) world.wait(*q);
-    };
-    const double t_alone0 = timed(world, 1, [&] { blocks(nullptr); });
-    const size_t msg = size_t(std::clamp(across.bw_bps * t_alone0 / 3.0, double(64 << 10), double(4 << 20)));
-    overlap_msg_bytes = double(msg);
-    std::vector<uint8_t> sb(msg, 1), rb(msg, 0);
-    std::vector<double> loss;
-    for (int rep = 0; rep < 10; ++rep) {
-      const double alone = timed(world, 1, [&] { blocks(nullptr); });
-      const double with = timed(world, 1, [&] {
-        Request q = world.send_recv_async(std::span<uint8_t>(sb), next, std::span<uint8_t>(rb), prev);
-        blocks(&q);
-      });
-      if (rep > 0) loss.push_back(with - alone);  // the first pair warms the connections
+    double lo = 1e5, hi = 1e13;
+    if (!(at(hi) < meas_s && at(lo) > meas_s)) return;  // outside what the rate can explain: default
+    for (int i = 0; i < 60; ++i) {
+      const double mid = std::sqrt(lo * hi);
+      (at(mid) > meas_s ? lo : hi) = mid;
     }
-    std::sort(loss.begin(), loss.end());
-    overlap_loss_s_per_byte = std::max(0.0, loss[loss.size() / 2]) / (2.0 * double(msg));
+    h.*rate = std::sqrt(lo * hi);
+  };
+  const int64_t n = int64_t(P), k = h.chips_per_node;
+  // 4 MiB of floats per rank (all-gather) or per destination (all-to-all), less on large jobs
+  // so the gathered buffers stay within 64 MiB.
+  const size_t n_el = std::clamp<size_t>((size_t(16) << 20) / P, size_t(16) << 10, size_t(1) << 20);
+  cal.coll_mib = double(n_el * sizeof(float)) / double(1 << 20);
+  std::vector<float> grad(size_t(4) << 20, 1.0f), part(n_el, 1.0f), whole(n_el * P, 0.0f);
+  cal.allreduce_meas_s = timed(world, 3, [&] { world.all_reduce(std::span<float>(grad), ReduceOp::sum); });
+  fit(cal.allreduce_meas_s, &HardwareProfile::inter_collective_bytes_per_s,
+      [&](const HardwareProfile& x) { return allreduce_s(x, n, k, double(grad.size()) * sizeof(float)); });
+  cal.allgather_meas_s = timed(world, 3, [&] { world.all_gather(std::span<float>(part), std::span<float>(whole)); });
+  fit(cal.allgather_meas_s, &HardwareProfile::inter_allgather_bytes_per_s,
+      [&](const HardwareProfile& x) { return allgather_s(x, n, k, double(whole.size()) * sizeof(float)); });
+  std::vector<float> a2a_in(n_el * P, 1.0f), a2a_out(n_el * P, 0.0f);
+  cal.alltoall_meas_s = timed(world, 3, [&] { world.all_to_all(std::span<float>(a2a_in), std::span<float>(a2a_out)); });
+  fit(cal.alltoall_meas_s, &HardwareProfile::inter_alltoall_bytes_per_s,
+      [&](const HardwareProfile& x) { return alltoall_s(x, n, k, double(a2a_in.size()) * sizeof(float)); });
+}
+
+// What a ring step's transfer costs the compute across hosts: every rank runs 64 blocks of one
+// layer's GEMMs at 32 rows, alone and then with a message to the next rank and from the
+// previous in flight (test() between blocks, as the ring progresses its transfers), in
+// alternation, 9 pairs; loss = median over pairs of (slowest rank with) - (slowest alone), per
+// byte sent + received. The message is sized so the link carries it in a third of the
+// compute: what remains is the cost of moving it, not the wait for the wire.
+void measure_overlap_loss(const CalibrateJob& job, Calibration& cal) {
+  Comm& world = job.world;
+  const size_t P = size_t(world.size());
+  LayerGemms work(job.d, 32);
+  const int me = world.rank(), next = (me + 1) % int(P), prev = (me + int(P) - 1) % int(P);
+  auto blocks = [&](Request* q) {
+    for (int b = 0; b < 64; ++b) {
+      work.run();
+      if (q && q->pending()) world.test(*q);
+    }
+    if (q) world.wait(*q);
+  };
+  const double t_alone0 = timed(world, 1, [&] { blocks(nullptr); });
+  const size_t msg = size_t(std::clamp(cal.across().bw_bps * t_alone0 / 3.0, double(64 << 10), double(4 << 20)));
+  cal.overlap_msg_bytes = double(msg);
+  std::vector<uint8_t> sb(msg, 1), rb(msg, 0);
+  std::vector<double> loss;
+  for (int rep = 0; rep < 10; ++rep) {
+    const double alone = timed(world, 1, [&] { blocks(nullptr); });
+    const double with = timed(world, 1, [&] {
+      Request q = world.send_recv_async(std::span<uint8_t>(sb), next, std::span<uint8_t>(rb), prev);
+      blocks(&q);
+    });
+    if (rep > 0) loss.push_back(with - alone);  // the first pair warms the connections
   }
-  h.inter_overlap_loss_s_per_byte = overlap_loss_s_per_byte;
-  h.gemm_eff.x = g_rows;
-  h.gemm_eff.eff = g_eff;
-  h.attn_eff.x = a_keys;
-  h.attn_eff.eff = a_eff;
-  h.attn_diag_waste_keys = diag_waste_keys;
-  h.elementwise_bytes_per_s = ew_bps;
-  h.rank_jitter = jitter;
-  h.shared_core_eff = shared_eff;
-  h.loss_bytes_per_s = loss_bps;
-  h.optimizer_bytes_per_s = opt_bps;
+  std::sort(loss.begin(), loss.end());
+  cal.overlap_loss_s_per_byte = std::max(0.0, loss[loss.size() / 2]) / (2.0 * double(msg));
+}
+
+// Memory capacity: the machine's RAM (ranks share it; the model compares one rank's need).
+double machine_ram_bytes() {
+  double ram = 0;
+  std::ifstream mi("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (mi >> key >> kb >> unit)
+    if (key == "MemTotal:") { ram = kb * 1024; break; }
+  return ram > 0 ? ram : 16e9;
+}
+
+// The profile's measured kernel and memory rates, efficiencies and capacity.
+void set_measured_rates(HardwareProfile& h, const Calibration& cal) {
+  h.inter_overlap_loss_s_per_byte = cal.overlap_loss_s_per_byte;
+  h.gemm_eff.x = cal.g_rows;
+  h.gemm_eff.eff = cal.g_eff;
+  h.attn_eff.x = cal.a_keys;
+  h.attn_eff.eff = cal.a_eff;
+  h.attn_diag_waste_keys = cal.diag_waste_keys;
+  h.elementwise_bytes_per_s = cal.ew_bps;
+  h.rank_jitter = cal.jitter;
+  h.shared_core_eff = cal.shared_eff;
+  h.loss_bytes_per_s = cal.loss_bps;
+  h.optimizer_bytes_per_s = cal.opt_bps;
   h.step_overhead_s = 0;
   h.overlap_collectives = false;  // ctxpar's CPU training reduces gradients with a blocking all-reduce
+  h.hbm_bytes = machine_ram_bytes();
+}
 
-  // Memory capacity: the machine's RAM (ranks share it; the model compares one rank's need).
-  double ram = 0;
-  {
-    std::ifstream mi("/proc/meminfo");
-    std::string key;
-    double kb = 0;
-    std::string unit;
-    while (mi >> key >> kb >> unit)
-      if (key == "MemTotal:") { ram = kb * 1024; break; }
-  }
-  h.hbm_bytes = ram > 0 ? ram : 16e9;
-
+// The table: every measured number (the across-host rows only with a second host).
+BenchTable calibrate_table(const Config& cfg, const Calibration& cal, const HardwareProfile& h) {
   BenchTable t("ctxpar bench calibrate — measured profile of this machine (max over ranks, all ranks at once)",
                {{"quantity", "quantity", "", 30, 0}, {"value", "value", "", 14, 4}, {"unit", "unit", "", 10, 0}},
                {"written to " + calibrate_path(cfg)});
-  t.add_row({"fma_peak_per_rank", t.cell(1, peak / 1e9), "GFLOP/s"});
-  t.add_row({"peak_used", t.cell(1, peak_used / 1e9), "GFLOP/s"});
-  for (size_t i = 0; i < g_rows.size(); ++i)
-    t.add_row({"gemm_eff_M" + std::to_string(int64_t(g_rows[i])), t.cell(1, g_eff[i]), "of peak"});
-  for (size_t i = 0; i < a_keys.size(); ++i)
-    t.add_row({"attn_eff_keys" + std::to_string(int64_t(a_keys[i])), t.cell(1, a_eff[i]), "of peak"});
-  t.add_row({"attn_diag_waste_keys", t.cell(1, diag_waste_keys), "keys/row"});
-  t.add_row({"rank_jitter", t.cell(1, jitter), "rel. std"});
-  t.add_row({"shared_core_eff", t.cell(1, shared_eff), "of ideal"});
-  t.add_row({"elementwise_rate", t.cell(1, ew_bps / 1e9), "GB/s"});
-  t.add_row({"loss_rate", t.cell(1, loss_bps / 1e9), "GB/s"});
-  t.add_row({"optimizer_rate", t.cell(1, opt_bps / 1e9), "GB/s"});
-  t.add_row({"triad_bandwidth_per_rank", t.cell(1, mem_bps / 1e9), "GB/s"});
-  if (intra_peer > 0) {
-    t.add_row({"p2p_latency (inside a host)", t.cell(1, intra_link.lat_s * 1e6), "us"});
-    t.add_row({"p2p_bandwidth_per_dir (inside a host)", t.cell(1, intra_link.bw_bps / 1e9), "GB/s"});
+  t.add_row({"fma_peak_per_rank", t.cell(1, cal.peak / 1e9), "GFLOP/s"});
+  t.add_row({"peak_used", t.cell(1, cal.peak_used / 1e9), "GFLOP/s"});
+  for (size_t i = 0; i < cal.g_rows.size(); ++i)
+    t.add_row({"gemm_eff_M" + std::to_string(int64_t(cal.g_rows[i])), t.cell(1, cal.g_eff[i]), "of peak"});
+  for (size_t i = 0; i < cal.a_keys.size(); ++i)
+    t.add_row({"attn_eff_keys" + std::to_string(int64_t(cal.a_keys[i])), t.cell(1, cal.a_eff[i]), "of peak"});
+  t.add_row({"attn_diag_waste_keys", t.cell(1, cal.diag_waste_keys), "keys/row"});
+  t.add_row({"rank_jitter", t.cell(1, cal.jitter), "rel. std"});
+  t.add_row({"shared_core_eff", t.cell(1, cal.shared_eff), "of ideal"});
+  t.add_row({"elementwise_rate", t.cell(1, cal.ew_bps / 1e9), "GB/s"});
+  t.add_row({"loss_rate", t.cell(1, cal.loss_bps / 1e9), "GB/s"});
+  t.add_row({"optimizer_rate", t.cell(1, cal.opt_bps / 1e9), "GB/s"});
+  t.add_row({"triad_bandwidth_per_rank", t.cell(1, cal.mem_bps / 1e9), "GB/s"});
+  if (cal.intra_peer > 0) {
+    t.add_row({"p2p_latency (inside a host)", t.cell(1, cal.intra_link.lat_s * 1e6), "us"});
+    t.add_row({"p2p_bandwidth_per_dir (inside a host)", t.cell(1, cal.intra_link.bw_bps / 1e9), "GB/s"});
   }
-  if (inter_peer > 0) {
-    t.add_row({"p2p_latency (host to host)", t.cell(1, inter_link.lat_s * 1e6), "us"});
-    t.add_row({"p2p_bandwidth_per_dir (host to host)", t.cell(1, inter_link.bw_bps / 1e9), "GB/s"});
-    t.add_row({"allreduce_16MiB (all ranks)", t.cell(1, allreduce_meas_s * 1e3), "ms"});
+  if (cal.inter_peer > 0) {
+    t.add_row({"p2p_latency (host to host)", t.cell(1, cal.inter_link.lat_s * 1e6), "us"});
+    t.add_row({"p2p_bandwidth_per_dir (host to host)", t.cell(1, cal.inter_link.bw_bps / 1e9), "GB/s"});
+    t.add_row({"allreduce_16MiB (all ranks)", t.cell(1, cal.allreduce_meas_s * 1e3), "ms"});
     t.add_row({"allreduce_rate (host to host)", t.cell(1, h.inter_collective_bytes_per_s / 1e9), "GB/s"});
-    t.add_row({"allgather (all ranks)", t.cell(1, allgather_meas_s * 1e3), "ms"});
+    t.add_row({"allgather (all ranks)", t.cell(1, cal.allgather_meas_s * 1e3), "ms"});
     t.add_row({"allgather_rate (host to host)", t.cell(1, h.inter_allgather_bytes_per_s / 1e9), "GB/s"});
-    t.add_row({"alltoall (all ranks)", t.cell(1, alltoall_meas_s * 1e3), "ms"});
+    t.add_row({"alltoall (all ranks)", t.cell(1, cal.alltoall_meas_s * 1e3), "ms"});
     t.add_row({"alltoall_rate (host to host)", t.cell(1, h.inter_alltoall_bytes_per_s / 1e9), "GB/s"});
-    t.add_row({"ring_overlap_loss (host to host)", t.cell(1, overlap_loss_s_per_byte * 1e9), "ns/byte"});
+    t.add_row({"ring_overlap_loss (host to host)", t.cell(1, cal.overlap_loss_s_per_byte * 1e9), "ns/byte"});
   }
-  t.add_row({"alltoall_bandwidth_per_rank", t.cell(1, a2a_bps / 1e9), "GB/s"});
+  t.add_row({"alltoall_bandwidth_per_rank", t.cell(1, cal.a2a_bps / 1e9), "GB/s"});
+  return t;
+}
+
+// The wrong results: measured numbers that are not positive and finite.
+int invalid_measurements(const Calibration& cal) {
   int wrong = 0;
-  for (double e : g_eff) wrong += !(e > 0 && std::isfinite(e));
-  for (double e : a_eff) wrong += !(e > 0 && std::isfinite(e));
-  wrong += !(mem_bps > 0 && in_host.bw_bps > 0 && a2a_bps > 0 && in_host.lat_s > 0);
-  wrong += !(ew_bps > 0 && loss_bps > 0 && opt_bps > 0 && std::isfinite(diag_waste_keys) && std::isfinite(jitter));
+  for (double e : cal.g_eff) wrong += !(e > 0 && std::isfinite(e));
+  for (double e : cal.a_eff) wrong += !(e > 0 && std::isfinite(e));
+  wrong += !(cal.mem_bps > 0 && cal.in_host().bw_bps > 0 && cal.a2a_bps > 0 && cal.in_host().lat_s > 0);
+  wrong += !(cal.ew_bps > 0 && cal.loss_bps > 0 && cal.opt_bps > 0 && std::isfinite(cal.diag_waste_keys) &&
+             std::isfinite(cal.jitter));
+  return wrong;
+}
+
+// The profile's TOML text: notes on the run and the model's shapes, and each key's measurement.
+std::string profile_text(const CalibrateJob& job, const Calibration& cal, const HardwareProfile& h) {
+  const Config& cfg = job.ctx.cfg;
+  const Topology& topo = job.ctx.topo;
+  const ModelDims& d = job.d;
+  const int32_t Hq = int32_t(cfg.heads), Hkv = int32_t(cfg.kv_heads), D = int32_t(cfg.head_dim);
+  const size_t P = size_t(job.world.size());
+  const int hosts = cal.hosts, hosts_sharing = cal.hosts_sharing, intra_peer = cal.intra_peer,
+            inter_peer = cal.inter_peer;
+  return hardware_toml(
+      h,
+      {"Written by `ctxpar bench calibrate` (src/bench/bench_calibrate.cpp) on " + topo.hosts()[0] + "; rerun to refresh.",
+       "Peak: register-only FMA loop per rank; efficiencies are measured rates / that peak.",
+       "Measured with the configured model's shapes: dim=" + std::to_string(d.dim) + " ffn_dim=" + std::to_string(d.ffn) +
+           " vocab=" + std::to_string(d.vocab) + " H_q=" + std::to_string(Hq) + " H_kv=" + std::to_string(Hkv) +
+           " D=" + std::to_string(D) + " (GEMMs, attention and elementwise ops run at these shapes)."},
+      {{"peak_tflops_fp32", "max(FMA loop min over ranks, best measured kernel rate)"},
+       {"hbm_tb_s", "triad over 3 x 32 MiB, all ranks at once (per-rank share)"},
+       {"hbm_gb", "MemTotal of /proc/meminfo"},
+       {"intra_gb_s", intra_peer > 0 ? "16 MiB exchange between ranks 0 and " + std::to_string(intra_peer) +
+                                           " (one host), per direction"
+                                     : std::string("no two ranks on one host: same as inter")},
+       {"intra_latency_us", intra_peer > 0 ? "8 B exchange between ranks 0 and " + std::to_string(intra_peer)
+                                           : std::string("no two ranks on one host: same as inter")},
+       {"intra_alltoall_gb_s", "all-to-all of 4 MiB per destination over all " + std::to_string(P) +
+                                   " ranks, bytes leaving a rank" + (hosts > 1 ? " (across the hosts too)" : "")},
+       {"inter_gb_s", inter_peer > 0 ? "16 MiB exchange between ranks 0 (" + topo.hosts()[0] + ") and " +
+                                           std::to_string(inter_peer) + " (" +
+                                           topo.hosts()[size_t(inter_peer)] + "), per direction"
+                                     : std::string("no second host: same as intra")},
+       {"inter_latency_us", inter_peer > 0 ? "8 B exchange between ranks 0 and " + std::to_string(inter_peer)
+                                           : std::string("no second host: same as intra")},
+       {"inter_collective_gb_s", "all-reduce of 16 MiB over all ranks: the node-crossing rate that makes the "
+                                 "cost model's all-reduce time match the measured one"},
+       {"inter_allgather_gb_s", "all-gather of " + fmt_bytes(cal.coll_mib * (1 << 20)) +
+                                    " per rank over all ranks, fitted as the all-reduce"},
+       {"inter_alltoall_gb_s", "all-to-all of " + fmt_bytes(cal.coll_mib * (1 << 20)) +
+                                   " per destination over all ranks, fitted as the all-reduce"},
+       {"inter_overlap_loss_ns_per_byte",
+        "ring of " + std::to_string(int64_t(cal.overlap_msg_bytes) >> 10) +
+            " KiB messages (next/previous rank) while one layer's GEMMs run, test() between 64 blocks, vs "
+            "the GEMMs alone: median extra time of the slowest rank per byte sent + received (9 pairs)"},
+       {"chips_per_node", hosts > 1 ? std::to_string(hosts) + " hosts, ranks per host" : std::string("one host")},
+       {"compute_units_per_node", hosts_sharing > 1 ? "hardware threads / threads per rank / " +
+                                                            std::to_string(hosts_sharing) +
+                                                            " hosts on this machine (one kernel boot id)"
+                                                      : std::string("hardware threads / threads per rank")},
+       {"gemm_eff_values", "one layer's projections (forward + backward) and the LM head at M rows, 7 interleaved rounds, median"},
+       {"attn_eff_values", "attn_fwd+attn_bwd of 512 query rows x kappa keys, unmasked, 9 interleaved rounds, median"},
+       {"attn_diag_waste_keys", "pairs the kernel computes on a causal 2048 block beyond the visible ones, per query row"},
+       {"elementwise_gb_s", "one layer's norms, RoPE, SwiGLU, residual adds (fwd+bwd) at 2048 tokens, cost-model bytes"},
+       {"loss_gb_s", "cross-entropy of 2048 tokens, cost-model bytes"},
+       {"optimizer_gb_s", "gradient norm + AdamW over the model's parameters, cost-model bytes"},
+       {"rank_jitter", "spread of the ranks' times for one layer's GEMMs at 512 rows, run at once (61 repetitions)"},
+       {"shared_core_eff", "the same GEMMs on twice as many threads as cores, against half a core each"},
+       {"overlap_collectives", "the CPU training loop all-reduces gradients blocking"}});
+}
+
+// Writes the profile to `path`; 1 (a wrong result, the error on stderr) where it cannot, else 0.
+int write_profile(const std::string& path, const std::string& text) {
+  // Written as PATH.partial and renamed when complete (io/atomic_file), as every output.
+  try {
+    AtomicFile out(path, /*keep_abandoned=*/false);
+    std::ofstream f(out.partial_path());
+    f << text;
+    f.close();
+    if (!f) throw std::runtime_error("cannot write '" + out.partial_path() + "'");
+    out.commit();
+  } catch (const std::exception& e) {
+    err0("ctxpar: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int bench_calibrate(BenchContext& ctx) {
+  const Config& cfg = ctx.cfg;
+  Comm& world = ctx.topo.world();
+  const int threads = int(cfg.threads);
+  Calibration cal;
+  // Peak: every rank runs the FMA loop at once; the smallest is what a rank can count on.
+  cal.peak = measure_fma_peak(ctx, threads, ReduceOp::min).gflops * 1e9;
+
+  // The kernels run at the configured model's shapes, each timed call after an untimed GEMM that
+  // displaces its data from the caches.
+  const ModelDims d = model_dims(cfg, 1, 0);
+  Buffer<float> ev_a(size_t(1) << 20), ev_b(size_t(1) << 20), ev_c(size_t(1) << 20);
+  const std::function<void()> evict = [&] {
+    sgemm(false, false, 1024, 1024, 1024, 1.f, ev_a.data(), 1024, ev_b.data(), 1024, 0.f, ev_c.data(), 1024);
+  };
+  const CalibrateJob job{ctx, world, d, threads, evict};
+  measure_gemm_rates(job, cal);
+  measure_rank_sharing(job, cal);
+  measure_attn_rates(job, cal);
+  measure_diag_waste(job, cal);
+  measure_memory_bound(job, cal);
+  normalize_to_peak(cal);
+  measure_triad(world, cal);
+  measure_links(job, cal);
+
+  // All-to-all over every rank, as Ulysses and pass-Q run it: 4 MiB per destination; rate =
+  // bytes leaving a rank per second, the convention of the cost model's alltoall_s().
+  const size_t P = size_t(world.size());
+  cal.a2a_bps = measure_alltoall_rate(world, size_t(4) << 20, double(P - 1) * cal.in_host().lat_s, 5);
+
+  HardwareProfile h = machine_profile(job, cal);
+  if (cal.hosts > 1) fit_collectives(world, h, cal);
+  if (cal.hosts > 1) measure_overlap_loss(job, cal);
+  set_measured_rates(h, cal);
+
+  const BenchTable t = calibrate_table(cfg, cal, h);
+  int wrong = invalid_measurements(cal);
   if (world.rank() == 0) {
     t.print(cfg.csv);
     const std::string path = calibrate_path(cfg);
-    const std::string text = hardware_toml(
-        h,
-        {"Written by `ctxpar bench calibrate` (src/bench/bench_calibrate.cpp) on " + ctx.topo.hosts()[0] + "; rerun to refresh.",
-         "Peak: register-only FMA loop per rank; efficiencies are measured rates / that peak.",
-         "Measured with the configured model's shapes: dim=" + std::to_string(d.dim) + " ffn_dim=" + std::to_string(d.ffn) +
-             " vocab=" + std::to_string(d.vocab) + " H_q=" + std::to_string(Hq) + " H_kv=" + std::to_string(Hkv) +
-             " D=" + std::to_string(D) + " (GEMMs, attention and elementwise ops run at these shapes)."},
-        {{"peak_tflops_fp32", "max(FMA loop min over ranks, best measured kernel rate)"},
-         {"hbm_tb_s", "triad over 3 x 32 MiB, all ranks at once (per-rank share)"},
-         {"hbm_gb", "MemTotal of /proc/meminfo"},
-         {"intra_gb_s", intra_peer > 0 ? "16 MiB exchange between ranks 0 and " + std::to_string(intra_peer) +
-                                             " (one host), per direction"
-                                       : std::string("no two ranks on one host: same as inter")},
-         {"intra_latency_us", intra_peer > 0 ? "8 B exchange between ranks 0 and " + std::to_string(intra_peer)
-                                             : std::string("no two ranks on one host: same as inter")},
-         {"intra_alltoall_gb_s", "all-to-all of 4 MiB per destination over all " + std::to_string(P) +
-                                     " ranks, bytes leaving a rank" + (hosts > 1 ? " (across the hosts too)" : "")},
-         {"inter_gb_s", inter_peer > 0 ? "16 MiB exchange between ranks 0 (" + ctx.topo.hosts()[0] + ") and " +
-                                             std::to_string(inter_peer) + " (" +
-                                             ctx.topo.hosts()[size_t(inter_peer)] + "), per direction"
-                                       : std::string("no second host: same as intra")},
-         {"inter_latency_us", inter_peer > 0 ? "8 B exchange between ranks 0 and " + std::to_string(inter_peer)
-                                             : std::string("no second host: same as intra")},
-         {"inter_collective_gb_s", "all-reduce of 16 MiB over all ranks: the node-crossing rate that makes the "
-                                   "cost model's all-reduce time match the measured one"},
-         {"inter_allgather_gb_s", "all-gather of " + fmt_bytes(coll_mib * (1 << 20)) +
-                                      " per rank over all ranks, fitted as the all-reduce"},
-         {"inter_alltoall_gb_s", "all-to-all of " + fmt_bytes(coll_mib * (1 << 20)) +
-                                     " per destination over all ranks, fitted as the all-reduce"},
-         {"inter_overlap_loss_ns_per_byte",
-          "ring of " + std::to_string(int64_t(overlap_msg_bytes) >> 10) +
-              " KiB messages (next/previous rank) while one layer's GEMMs run, test() between 64 blocks, vs "
-              "the GEMMs alone: median extra time of the slowest rank per byte sent + received (9 pairs)"},
-         {"chips_per_node", hosts > 1 ? std::to_string(hosts) + " hosts, ranks per host" : std::string("one host")},
-         {"compute_units_per_node", hosts_sharing > 1 ? "hardware threads / threads per rank / " +
-                                                              std::to_string(hosts_sharing) +
-                                                              " hosts on this machine (one kernel boot id)"
-                                                        : std::string("hardware threads / threads per rank")},
-         {"gemm_eff_values", "one layer's projections (forward + backward) and the LM head at M rows, 7 interleaved rounds, median"},
-         {"attn_eff_values", "attn_fwd+attn_bwd of 512 query rows x kappa keys, unmasked, 9 interleaved rounds, median"},
-         {"attn_diag_waste_keys", "pairs the kernel computes on a causal 2048 block beyond the visible ones, per query row"},
-         {"elementwise_gb_s", "one layer's norms, RoPE, SwiGLU, residual adds (fwd+bwd) at 2048 tokens, cost-model bytes"},
-         {"loss_gb_s", "cross-entropy of 2048 tokens, cost-model bytes"},
-         {"optimizer_gb_s", "gradient norm + AdamW over the model's parameters, cost-model bytes"},
-         {"rank_jitter", "spread of the ranks' times for one layer's GEMMs at 512 rows, run at once (61 repetitions)"},
-         {"shared_core_eff", "the same GEMMs on twice as many threads as cores, against half a core each"},
-         {"overlap_collectives", "the CPU training loop all-reduces gradients blocking"}});
-    // Written as PATH.partial and renamed when complete (io/atomic_file), as every output.
-    try {
-      AtomicFile out(path, /*keep_abandoned=*/false);
-      std::ofstream f(out.partial_path());
-      f << text;
-      f.close();
-      if (!f) throw std::runtime_error("cannot write '" + out.partial_path() + "'");
-      out.commit();
-    } catch (const std::exception& e) {
-      err0("ctxpar: error: %s\n", e.what());
-      ++wrong;
-    }
+    const std::string text = profile_text(job, cal, h);
+    wrong += write_profile(path, text);
   }
   world.all_reduce(std::span<int32_t>(reinterpret_cast<int32_t*>(&wrong), 1), ReduceOp::max);
   print_verdict("bench calibrate", wrong, cfg.csv);

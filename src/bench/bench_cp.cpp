@@ -215,22 +215,17 @@ double cpu_seconds() {
   return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
+// One row kind of the attention table: a strategy, and the variant of it the row runs.
+struct RowKind {
+  std::string label, strategy;
+  bool latent;
+  bool frugal = false;  // AttnParams::visible_only (config frugal=true): the row `<name>:frugal`
+  bool det = false;     // AttnParams::deterministic (config deterministic=true): the row `<name>:det`
+};
 
-}  // namespace
-
-int bench_cp(BenchContext& ctx) {
-  const Config& cfg = ctx.cfg;
-  Topology& topo = ctx.topo;
-  Comm& world = topo.world();
-  Comm& cpc = topo.cp();
-  const int P = cpc.size(), r = cpc.rank();
-  const int U = topo.size(Axis::ulysses), R = topo.size(Axis::ring);
-  const uint64_t seed = uint64_t(cfg.seed);
-  // device=cuda: every row's call on this rank's GPU (bf16 inputs), the strategies on device
-  // communicators; declared before the strategies, which bind to the communicators.
-  const bool on_gpu = cfg.device == Device::cuda;
-  const GpuRun gpu(on_gpu ? &topo : nullptr, &ctx.tracer);
-
+// The attention table's rows: per strategy its own, and with mla, frugal=true or
+// deterministic=true the variants the strategy serves.
+std::vector<RowKind> row_kinds(const Config& cfg, Topology& topo, bool mla) {
   // strategy=all compares every registered strategy (where the config accepts "all"); otherwise
   // the configured one: at long S one strategy's forward + backward takes minutes on a CPU.
   std::vector<std::string> names = {name_of(cfg.strategy)};
@@ -238,18 +233,6 @@ int bench_cp(BenchContext& ctx) {
   // A sliding window (a local layer's attention): the halo exchange first, beside the configured
   // strategies (the ring by default), which move every block past every rank.
   if (cfg.mask == MaskKind::window) names.insert(names.begin(), "halo");
-  std::vector<int64_t> lengths;
-  for (int64_t S : {cfg.seq / 4, cfg.seq / 2, cfg.seq})
-    if (S >= 2 * P) lengths.push_back(S);
-  // attention=mla: the latent rows of a strategy that moves it, and its K/V baseline `<name>:kv`.
-  std::unique_ptr<MlaBench> mla;
-  if (cfg.attention == "mla") mla = std::make_unique<MlaBench>(cfg, seed, &ctx.tracer);
-  struct RowKind {
-    std::string label, strategy;
-    bool latent;
-    bool frugal = false;  // AttnParams::visible_only (config frugal=true): the row `<name>:frugal`
-    bool det = false;     // AttnParams::deterministic (config deterministic=true): the row `<name>:det`
-  };
   std::vector<RowKind> rows;
   for (const std::string& name : names) {
     const std::unique_ptr<CpStrategy> s = make_strategy(name, topo);
@@ -259,10 +242,15 @@ int bench_cp(BenchContext& ctx) {
     if (cfg.frugal && s->moves_visible_only()) rows.push_back({name + ":frugal", name, false, true});
     if (cfg.deterministic && s->serves_deterministic()) rows.push_back({name + ":det", name, false, false, true});
   }
-  std::map<int64_t, double> plain_bytes;  // frugal: seq -> bytes of the plain row of the same strategy (last seen)
-  std::map<int64_t, double> least_bytes;  // frugal: seq -> the visible minimum (max over ranks)
-  std::map<std::string, double> step_bytes;  // MLA: label -> bytes of one forward ring step
+  return rows;
+}
 
+// The attention table's notes: the mesh and problem, the conventions, the check, and the notes
+// of device=cuda, P = 1, deterministic=true and frugal=true.
+std::vector<std::string> table_notes(const Config& cfg, Topology& topo, const MlaBench* mla, const GpuRun& gpu) {
+  const int P = topo.cp().size();
+  const int U = topo.size(Axis::ulysses), R = topo.size(Axis::ring);
+  const bool on_gpu = cfg.device == Device::cuda;
   std::vector<std::string> notes = {
       "mesh ulysses:" + std::to_string(U) + ",ring:" + std::to_string(R) + " (P = " + std::to_string(P) + "), H_q=" +
           std::to_string(cfg.heads) + " H_kv=" + std::to_string(cfg.kv_heads) + " D=" + std::to_string(cfg.head_dim) +
@@ -300,7 +288,11 @@ int bench_cp(BenchContext& ctx) {
         "frugal=true: <name>:frugal rows move only the key/value rows some query of the receiver can see (cp/visible.hpp); "
         "min: the visible rows' bytes, each moved once per pass (forward K/V; backward K/V and their dK/dV in fp32), "
         "no metadata, max over ranks; x_min = bytes / min; x_plain = bytes / the plain row's bytes");
+  return notes;
+}
 
+// The attention table's columns (frugal=true adds min, x_min and x_plain).
+std::vector<BenchColumn> table_columns(const Config& cfg) {
   std::vector<BenchColumn> cols = {
       {"strategy", "strategy", "", cfg.frugal || cfg.deterministic ? 17 : 10, 0}, {"seq", "seq", "tokens", 9, 0},
       {"fwd_ms", "fwd", "ms", 11, 1}, {"bwd_ms", "bwd", "ms", 11, 1},
@@ -314,160 +306,257 @@ int bench_cp(BenchContext& ctx) {
     cols.push_back({"x_min", "x_min", "", 7, 3});
     cols.push_back({"x_plain", "x_plain", "", 8, 3});
   }
-  BenchTable table("ctxpar bench cp — context-parallel attention forward + backward", cols, notes);
+  return cols;
+}
+
+// One row's timed calls at one length: the strategy, its call on this rank, and what the steps record.
+struct TimedCall {
+  CpStrategy& strat;
+  const AttnParams& run;    // the call (on the GPU with device=cuda)
+  const AttnParams& shape;  // the problem (the real tokens' FLOPs)
+  int64_t S;
+  double real_pairs;        // the real tokens' visible pairs over every replica; < 0: no padding rows
+  const std::string& label;
+};
+
+// The measured iterations of one row at one length: per step the max over ranks (times, bytes,
+// exposed) and the sum (CPU seconds), and the last step's model FLOPs.
+struct Samples {
+  std::vector<double> fwd_s, bwd_s, bytes, exposed, fwd_cpu, bwd_cpu;
+  double flops_fwd = 0, flops_bwd = 0;
+};
+
+// The attention rows: the job, the device, MLA's expansion, the table, and what the rows
+// accumulate (the trace step, wrong elements, skipped cases, bytes that later rows compare with).
+struct CpBench {
+  BenchContext& ctx;
+  const Config& cfg;
+  Topology& topo;
+  Comm& world;
+  const int P, r;
+  const uint64_t seed;
+  const bool on_gpu;
+  const GpuRun& gpu;
+  MlaBench* mla;
+  BenchTable& table;
   int64_t wrong_total = 0;
   int64_t step = 0;
   std::vector<std::string> skipped;
+  std::map<int64_t, double> plain_bytes;  // frugal: seq -> bytes of the plain row of the same strategy (last seen)
+  std::map<int64_t, double> least_bytes;  // frugal: seq -> the visible minimum (max over ranks)
+  std::map<std::string, double> step_bytes;  // MLA: label -> bytes of one forward ring step
+
+  CpBench(BenchContext& c, const GpuRun& g, MlaBench* m, BenchTable& t)
+      : ctx(c), cfg(c.cfg), topo(c.topo), world(c.topo.world()), P(c.topo.cp().size()), r(c.topo.cp().rank()),
+        seed(uint64_t(c.cfg.seed)), on_gpu(c.cfg.device == Device::cuda), gpu(g), mla(m), table(t) {}
+
+  // The row `name` at seq S as "skipped", and its reason for the list after the table.
+  void add_skipped(const std::string& name, int64_t S, const std::string& why) {
+    std::vector<std::string> cells = {name, std::to_string(S), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped"};
+    if (cfg.frugal) cells.insert(cells.end(), {"-", "-", "-"});
+    table.add_row(cells);
+    skipped.push_back(name + " at seq " + std::to_string(S) + ": " + why);
+  }
+
+  // This rank's shard of the global inputs (seeded per token; padding rows cleared); with MLA,
+  // K/V expanded from the latent rows.
+  void fill_inputs(Inputs& in, const AttnParams& shape, const Partition& part) {
+    in.pos = part.positions(r);
+    in.doc = local_doc_ids(part, r, in.global_doc, shape.mask);
+    const size_t n = in.pos.size(), wq = size_t(shape.H_q) * shape.D, wk = size_t(shape.H_kv) * shape.D;
+    in.q.resize(n * wq, false); in.dout.resize(n * wq, false); in.o.resize(n * wq); in.dq.resize(n * wq);
+    in.k.resize(n * wk, false); in.v.resize(n * wk, false); in.dk.resize(n * wk); in.dv.resize(n * wk);
+    in.lse.resize(n * shape.H_q);
+    fill_rows(seed, kTensorQ, in.pos, int64_t(wq), 1.0f, in.q.data());
+    if (mla) {  // K/V from the latent rows, as the layer computes them
+      const int64_t W = mla->width();
+      in.latent.resize(n * size_t(W), false);
+      in.dlatent.resize(n * size_t(W));
+      fill_rows(seed, kTensorK, in.pos, W, 1.0f, in.latent.data());
+      clear_padding_rows(part, r, {{in.latent.data(), W}});
+      mla->ex->expand(in.latent.data(), int64_t(n), in.k.data(), in.v.data());
+    } else {
+      fill_rows(seed, kTensorK, in.pos, int64_t(wk), 1.0f, in.k.data());
+      fill_rows(seed, kTensorV, in.pos, int64_t(wk), 1.0f, in.v.data());
+    }
+    fill_rows(seed, kTensorDout, in.pos, int64_t(wq), 1.0f, in.dout.data());
+    clear_padding_rows(part, r, {{in.q.data(), int64_t(wq)}, {in.k.data(), int64_t(wk)}, {in.v.data(), int64_t(wk)},
+                                 {in.dout.data(), int64_t(wq)}});
+  }
+
+  // cfg.warmup + cfg.steps forward + backward calls, each a traced step; the measured ones'
+  // samples (fewer where a stop signal ends the row early).
+  Samples measure(const TimedCall& call) {
+    Samples m;
+    for (int64_t it = 0; it < cfg.warmup + cfg.steps; ++it) {
+      ctx.tracer.begin_step(step);
+      CpStats fst, bst;
+      world.barrier();
+      const double t0 = world.now(), c0 = cpu_seconds();
+      call.strat.forward(call.run, &ctx.tracer, fst);
+      stream_synchronize(gpu.stream, cfg.device);
+      const double c1 = cpu_seconds();
+      const double t1 = world.now();
+      world.barrier();
+      const double t2 = world.now(), c2 = cpu_seconds();
+      call.strat.backward(call.run, &ctx.tracer, bst);
+      stream_synchronize(gpu.stream, cfg.device);
+      const double c3 = cpu_seconds();
+      const double t3 = world.now();
+      fst.settle();  // device waits, timed on the device
+      bst.settle();
+      // Per rank: fwd time, bwd time, bytes, exposed (max over ranks); FLOPs (sum over ranks).
+      double mx[4] = {t1 - t0, t3 - t2, fst.bytes_sent + bst.bytes_sent, fst.exposed_comm_s + bst.exposed_comm_s};
+      double sum[4] = {fst.attn_flops, bst.attn_flops, c1 - c0, c3 - c2};  // + CPU seconds
+      world.all_reduce(std::span<double>(mx, 4), ReduceOp::max);
+      world.all_reduce(std::span<double>(sum, 4), ReduceOp::sum);
+      if (call.real_pairs >= 0) {  // model FLOPs of the real tokens' pairs (the padding rows' are work, not model)
+        sum[0] = attn_fwd_flops(call.real_pairs, call.shape.H_q, call.shape.D);
+        sum[1] = attn_bwd_flops(call.real_pairs, call.shape.H_q, call.shape.D);
+      }
+      StepRecord rec;
+      rec.step = step++;
+      rec.time_s = mx[0] + mx[1];
+      rec.tokens = call.S;
+      rec.model_flops = sum[0] + sum[1];
+      rec.tflops_per_rank = rec.model_flops / (rec.time_s * world.size()) / 1e12;
+      rec.exposed_comm_s = mx[3];
+      const bool stop = ctx.tracer.end_step(rec);
+      if (it >= cfg.warmup) {
+        m.fwd_s.push_back(mx[0]);
+        m.fwd_cpu.push_back(sum[2]);
+        m.bwd_cpu.push_back(sum[3]);
+        m.bwd_s.push_back(mx[1]);
+        m.bytes.push_back(mx[2]);
+        m.exposed.push_back(mx[3]);
+        m.flops_fwd = sum[0];
+        m.flops_bwd = sum[1];
+        if (mla && fst.messages > 0) step_bytes[call.label] = fst.bytes_sent / double(fst.messages);
+      }
+      if (stop) break;  // a stop signal: this row keeps the iterations measured so far
+    }
+    return m;
+  }
+
+  // The row `row` at seq S: validate, fill the inputs, time, check against the single-rank
+  // kernel, add the table row. false: stopped before any measured iteration (no row; the row's
+  // longer lengths are not run).
+  bool run_case(const RowKind& row, CpStrategy& strat, int64_t S) {
+    const std::string& name = row.label;
+    KvExpander* ex = row.latent ? mla->ex.get() : nullptr;
+    Config c = cfg;
+    c.seq = S;
+    AttnParams shape = attn_problem(c);  // MLA: heads of nope + rope and the latent's width (modes/workload.hpp)
+    shape.deterministic = row.det;
+    shape.fixed_heads = row.det ? int32_t(cfg.deterministic_heads) : 0;  // exact dK/dV parts (ulysses replicas)
+    std::string err = strat.validate(shape, topo);  // with the latent: ulysses, usp refuse
+    if (!row.latent) shape.latent_width = 0;
+    Inputs in;
+    std::string derr;
+    if (err.empty()) derr = parse_docs(cfg.docs, S, cfg.doc_mean, seed, in.global_doc);
+    if (!err.empty() || !derr.empty()) {
+      add_skipped(name, S, err.empty() ? derr : err);
+      return true;
+    }
+    const Partition part(strat.partition(), S, P, row.det ? attn_query_block(shape.D) : 1);
+    fill_inputs(in, shape, part);
+    AttnParams t = in.local(shape, ex);
+    // As in training: every rank's keys are its zigzag shard, so the ring derives positions.
+    if (strat.partition() == PartitionKind::zigzag && !row.det) t.k_pos_zigzag = S;
+    t.visible_only = row.frugal;  // only the visible rows move
+    DeviceTensors dev;  // device=cuda: the call's tensors on the GPU
+    const AttnParams run = on_gpu ? dev.upload(t, gpu.stream) : t;
+    const double real_pairs =
+        part.padding() > 0 ? double(problem_visible_pairs(shape, in.global_doc)) * double(world.size() / P) : -1;
+
+    const Samples m = measure({strat, run, shape, S, real_pairs, name});
+    if (m.fwd_s.empty()) return false;  // stopped before any measured iteration: no row
+    const bool full = S <= kFullCheckSeq;
+    if (on_gpu) dev.download(t, gpu.stream);
+    int64_t wrong = check_rows(shape, in, seed, full, mla, row.latent, on_gpu);
+    world.all_reduce(std::span<int64_t>(&wrong, 1), ReduceOp::sum);
+    wrong_total += wrong;
+    const double tf = median(m.fwd_s), tb = median(m.bwd_s), exposed = median(m.exposed), by = median(m.bytes);
+    const double ranks = world.size();
+    std::vector<std::string> cells = {
+        name, std::to_string(S), table.cell(2, tf * 1e3), table.cell(3, tb * 1e3), table.cell(4, by / 1e6),
+        table.cell(5, exposed * 1e3), table.cell(6, 100.0 * exposed / (tf + tb)), table.cell(7, by / (tf + tb) / 1e9),
+        table.cell(8, m.flops_fwd / (tf * ranks) / 1e12), table.cell(9, m.flops_bwd / (tb * ranks) / 1e12),
+        table.cell(10, m.flops_fwd / median(m.fwd_cpu) / 1e9), table.cell(11, m.flops_bwd / median(m.bwd_cpu) / 1e9),
+        std::to_string(wrong), full ? "full" : "sample"};
+    if (cfg.frugal) {
+      // the same for every strategy's rows at this length (all shard zigzag): computed once
+      auto [at, fresh] = least_bytes.try_emplace(S, 0.0);
+      if (fresh) {
+        at->second = visible_minimum_bytes(shape, part, in.global_doc, r);
+        world.all_reduce(std::span<double>(&at->second, 1), ReduceOp::max);
+      }
+      const double least = at->second;
+      if (!row.frugal) plain_bytes[S] = by;
+      const auto plain = plain_bytes.find(S);
+      cells.push_back(table.cell(14, least / 1e6));
+      cells.push_back(least > 0 ? table.cell(15, by / least) : "-");
+      cells.push_back(row.frugal && plain != plain_bytes.end() ? table.cell(16, by / plain->second) : "-");
+    }
+    table.add_row(cells);
+    return true;
+  }
+};
+
+// attention=mla, after the table: one forward ring step's message (rank 0's, last length),
+// latent vs K/V, for each strategy with both rows.
+void print_mla_steps(const Config& cfg, const MlaBench& mla, const std::map<std::string, double>& step_bytes) {
+  for (const auto& [label, bytes] : step_bytes) {
+    const auto kv = step_bytes.find(label + ":kv");
+    if (kv == step_bytes.end()) continue;
+    const double goal = double(mla.width()) / (2.0 * mla.d.H_q * mla.d.D);
+    log0("# MLA %s step: %.0f bytes with the latent vs %.0f with K/V: ratio %.5f (latent / (2 H D) = %.5f; "
+         "positions derived on arrival%s)\n",
+         label.c_str(), bytes, kv->second, bytes / kv->second, goal,
+         has_docs(cfg) ? ", document ids travel in both" : "");
+  }
+}
+
+}  // namespace
+
+int bench_cp(BenchContext& ctx) {
+  const Config& cfg = ctx.cfg;
+  Topology& topo = ctx.topo;
+  Comm& world = topo.world();
+  const int P = topo.cp().size();
+  const uint64_t seed = uint64_t(cfg.seed);
+  // device=cuda: every row's call on this rank's GPU (bf16 inputs), the strategies on device
+  // communicators; declared before the strategies, which bind to the communicators.
+  const bool on_gpu = cfg.device == Device::cuda;
+  const GpuRun gpu(on_gpu ? &topo : nullptr, &ctx.tracer);
+
+  std::vector<int64_t> lengths;
+  for (int64_t S : {cfg.seq / 4, cfg.seq / 2, cfg.seq})
+    if (S >= 2 * P) lengths.push_back(S);
+  // attention=mla: the latent rows of a strategy that moves it, and its K/V baseline `<name>:kv`.
+  std::unique_ptr<MlaBench> mla;
+  if (cfg.attention == "mla") mla = std::make_unique<MlaBench>(cfg, seed, &ctx.tracer);
+  std::vector<RowKind> rows = row_kinds(cfg, topo, mla != nullptr);
+
+  BenchTable table("ctxpar bench cp — context-parallel attention forward + backward", table_columns(cfg),
+                   table_notes(cfg, topo, mla.get(), gpu));
+  CpBench bench(ctx, gpu, mla.get(), table);
   // layer_pattern chooses the tables: attention rows for G, Gated DeltaNet rows for D.
   const bool attn_rows = cfg.layer_pattern.find('G') != std::string::npos;
   if (!attn_rows) rows.clear();
   for (const RowKind& row : rows) {
-    const std::string& name = row.label;
     std::unique_ptr<CpStrategy> strat = make_strategy(row.strategy, topo);
-    KvExpander* ex = row.latent ? mla->ex.get() : nullptr;
     for (int64_t S : lengths) {
       if (ctx.tracer.stop_signal() != 0) break;  // a stop signal: report the rows measured so far
-      Config c = cfg;
-      c.seq = S;
-      AttnParams shape = attn_problem(c);  // MLA: heads of nope + rope and the latent's width (modes/workload.hpp)
-      shape.deterministic = row.det;
-      shape.fixed_heads = row.det ? int32_t(cfg.deterministic_heads) : 0;  // exact dK/dV parts (ulysses replicas)
-      std::string err = strat->validate(shape, topo);  // with the latent: ulysses, usp refuse
-      if (!row.latent) shape.latent_width = 0;
-      Inputs in;
-      std::string derr;
-      if (err.empty()) derr = parse_docs(cfg.docs, S, cfg.doc_mean, seed, in.global_doc);
-      if (!err.empty() || !derr.empty()) {
-        std::vector<std::string> cells = {name, std::to_string(S), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped"};
-        if (cfg.frugal) cells.insert(cells.end(), {"-", "-", "-"});
-        table.add_row(cells);
-        skipped.push_back(name + " at seq " + std::to_string(S) + ": " + (err.empty() ? derr : err));
-        continue;
-      }
-      const Partition part(strat->partition(), S, P, row.det ? attn_query_block(shape.D) : 1);
-      in.pos = part.positions(r);
-      in.doc = local_doc_ids(part, r, in.global_doc, shape.mask);
-      const size_t n = in.pos.size(), wq = size_t(shape.H_q) * shape.D, wk = size_t(shape.H_kv) * shape.D;
-      in.q.resize(n * wq, false); in.dout.resize(n * wq, false); in.o.resize(n * wq); in.dq.resize(n * wq);
-      in.k.resize(n * wk, false); in.v.resize(n * wk, false); in.dk.resize(n * wk); in.dv.resize(n * wk);
-      in.lse.resize(n * shape.H_q);
-      fill_rows(seed, kTensorQ, in.pos, int64_t(wq), 1.0f, in.q.data());
-      if (mla) {  // K/V from the latent rows, as the layer computes them
-        const int64_t W = mla->width();
-        in.latent.resize(n * size_t(W), false);
-        in.dlatent.resize(n * size_t(W));
-        fill_rows(seed, kTensorK, in.pos, W, 1.0f, in.latent.data());
-        clear_padding_rows(part, r, {{in.latent.data(), W}});
-        mla->ex->expand(in.latent.data(), int64_t(n), in.k.data(), in.v.data());
-      } else {
-        fill_rows(seed, kTensorK, in.pos, int64_t(wk), 1.0f, in.k.data());
-        fill_rows(seed, kTensorV, in.pos, int64_t(wk), 1.0f, in.v.data());
-      }
-      fill_rows(seed, kTensorDout, in.pos, int64_t(wq), 1.0f, in.dout.data());
-      clear_padding_rows(part, r, {{in.q.data(), int64_t(wq)}, {in.k.data(), int64_t(wk)}, {in.v.data(), int64_t(wk)},
-                                   {in.dout.data(), int64_t(wq)}});
-      AttnParams t = in.local(shape, ex);
-      // As in training: every rank's keys are its zigzag shard, so the ring derives positions.
-      if (strat->partition() == PartitionKind::zigzag && !row.det) t.k_pos_zigzag = S;
-      t.visible_only = row.frugal;  // only the visible rows move
-      DeviceTensors dev;  // device=cuda: the call's tensors on the GPU
-      const AttnParams run = on_gpu ? dev.upload(t, gpu.stream) : t;
-      const double real_pairs =
-          part.padding() > 0 ? double(problem_visible_pairs(shape, in.global_doc)) * double(world.size() / P) : -1;
-
-      std::vector<double> fwd_s, bwd_s, bytes, exposed, fwd_cpu, bwd_cpu;
-      double flops_fwd = 0, flops_bwd = 0;
-      for (int64_t it = 0; it < cfg.warmup + cfg.steps; ++it) {
-        ctx.tracer.begin_step(step);
-        CpStats fst, bst;
-        world.barrier();
-        const double t0 = world.now(), c0 = cpu_seconds();
-        strat->forward(run, &ctx.tracer, fst);
-        stream_synchronize(gpu.stream, cfg.device);
-        const double c1 = cpu_seconds();
-        const double t1 = world.now();
-        world.barrier();
-        const double t2 = world.now(), c2 = cpu_seconds();
-        strat->backward(run, &ctx.tracer, bst);
-        stream_synchronize(gpu.stream, cfg.device);
-        const double c3 = cpu_seconds();
-        const double t3 = world.now();
-        fst.settle();  // device waits, timed on the device
-        bst.settle();
-        // Per rank: fwd time, bwd time, bytes, exposed (max over ranks); FLOPs (sum over ranks).
-        double mx[4] = {t1 - t0, t3 - t2, fst.bytes_sent + bst.bytes_sent, fst.exposed_comm_s + bst.exposed_comm_s};
-        double sum[4] = {fst.attn_flops, bst.attn_flops, c1 - c0, c3 - c2};  // + CPU seconds
-        world.all_reduce(std::span<double>(mx, 4), ReduceOp::max);
-        world.all_reduce(std::span<double>(sum, 4), ReduceOp::sum);
-        if (real_pairs >= 0) {  // model FLOPs of the real tokens' pairs (the padding rows' are work, not model)
-          sum[0] = attn_fwd_flops(real_pairs, shape.H_q, shape.D);
-          sum[1] = attn_bwd_flops(real_pairs, shape.H_q, shape.D);
-        }
-        StepRecord rec;
-        rec.step = step++;
-        rec.time_s = mx[0] + mx[1];
-        rec.tokens = S;
-        rec.model_flops = sum[0] + sum[1];
-        rec.tflops_per_rank = rec.model_flops / (rec.time_s * world.size()) / 1e12;
-        rec.exposed_comm_s = mx[3];
-        const bool stop = ctx.tracer.end_step(rec);
-        if (it >= cfg.warmup) {
-          fwd_s.push_back(mx[0]);
-          fwd_cpu.push_back(sum[2]);
-          bwd_cpu.push_back(sum[3]);
-          bwd_s.push_back(mx[1]);
-          bytes.push_back(mx[2]);
-          exposed.push_back(mx[3]);
-          flops_fwd = sum[0];
-          flops_bwd = sum[1];
-          if (mla && fst.messages > 0) step_bytes[name] = fst.bytes_sent / double(fst.messages);
-        }
-        if (stop) break;  // a stop signal: this row keeps the iterations measured so far
-      }
-      if (fwd_s.empty()) break;  // stopped before any measured iteration: no row
-      const bool full = S <= kFullCheckSeq;
-      if (on_gpu) dev.download(t, gpu.stream);
-      int64_t wrong = check_rows(shape, in, seed, full, mla.get(), row.latent, on_gpu);
-      world.all_reduce(std::span<int64_t>(&wrong, 1), ReduceOp::sum);
-      wrong_total += wrong;
-      const double tf = median(fwd_s), tb = median(bwd_s), ex = median(exposed), by = median(bytes);
-      const double ranks = world.size();
-      std::vector<std::string> cells = {
-          name, std::to_string(S), table.cell(2, tf * 1e3), table.cell(3, tb * 1e3), table.cell(4, by / 1e6),
-          table.cell(5, ex * 1e3), table.cell(6, 100.0 * ex / (tf + tb)), table.cell(7, by / (tf + tb) / 1e9),
-          table.cell(8, flops_fwd / (tf * ranks) / 1e12), table.cell(9, flops_bwd / (tb * ranks) / 1e12),
-          table.cell(10, flops_fwd / median(fwd_cpu) / 1e9), table.cell(11, flops_bwd / median(bwd_cpu) / 1e9),
-          std::to_string(wrong), full ? "full" : "sample"};
-      if (cfg.frugal) {
-        // the same for every strategy's rows at this length (all shard zigzag): computed once
-        auto [at, fresh] = least_bytes.try_emplace(S, 0.0);
-        if (fresh) {
-          at->second = visible_minimum_bytes(shape, part, in.global_doc, r);
-          world.all_reduce(std::span<double>(&at->second, 1), ReduceOp::max);
-        }
-        const double least = at->second;
-        if (!row.frugal) plain_bytes[S] = by;
-        const auto plain = plain_bytes.find(S);
-        cells.push_back(table.cell(14, least / 1e6));
-        cells.push_back(least > 0 ? table.cell(15, by / least) : "-");
-        cells.push_back(row.frugal && plain != plain_bytes.end() ? table.cell(16, by / plain->second) : "-");
-      }
-      table.add_row(cells);
+      if (!bench.run_case(row, *strat, S)) break;
     }
   }
   if (attn_rows && world.rank() == 0) table.print(cfg.csv);
   if (mla && !cfg.csv)  // one forward ring step's message (rank 0's, last length), latent vs K/V
-    for (const auto& [label, bytes] : step_bytes) {
-      const auto kv = step_bytes.find(label + ":kv");
-      if (kv == step_bytes.end()) continue;
-      const double goal = double(mla->width()) / (2.0 * mla->d.H_q * mla->d.D);
-      log0("# MLA %s step: %.0f bytes with the latent vs %.0f with K/V: ratio %.5f (latent / (2 H D) = %.5f; "
-           "positions derived on arrival%s)\n",
-           label.c_str(), bytes, kv->second, bytes / kv->second, goal,
-           has_docs(cfg) ? ", document ids travel in both" : "");
-    }
+    print_mla_steps(cfg, *mla, bench.step_bytes);
   if (!cfg.csv)
-    for (const std::string& m : skipped) log0("# skipped %s\n", m.c_str());
+    for (const std::string& m : bench.skipped) log0("# skipped %s\n", m.c_str());
+  int64_t wrong_total = bench.wrong_total;
   if (cfg.layer_pattern.find('D') != std::string::npos) {
     std::vector<int64_t> gdn_lengths;
     for (int64_t S : {cfg.seq / 4, cfg.seq / 2, cfg.seq})

@@ -252,12 +252,324 @@ PairRun run_pair(BenchContext& ctx, Engine& eng, Comm& cp, const std::vector<int
   }
   return r;
 }
+
+// Table 1's KV-cache miss rates.
+constexpr double kMisses[] = {0.01, 0.025, 0.05, 0.10, 0.20, 0.50, 1.0};
+
+// What the tables of bench infer share: the job, the device, the check, this rank's weights, the
+// cost model and the prompt; and what the tables accumulate (the trace step, the wrong results).
+struct InferBench {
+  BenchContext& ctx;
+  const GpuRun& gpu;
+  const Check& check;
+  const ParamLayout& layout;
+  const Buffer<float>& params;
+  const PrefillCostModel& cost;
+  const std::vector<int32_t>& seq_tokens;
+  const Config& cfg = ctx.cfg;
+  Topology& topo = ctx.topo;
+  Comm& world = topo.world();
+  Comm& cp = topo.cp();
+  const bool on_gpu = cfg.device == Device::cuda;
+  const int N = cp.size();
+  const int64_t S = cfg.seq, V = cfg.vocab, iters = cfg.bench_iters;
+  const int tp = topo.size(Axis::tp);
+  int wrong_total = 0;
+  int64_t step = 0;
+
+  // ---- 1. pass-KV vs pass-Q over miss rates ----------------------------------------------------
+  // Table 1: per miss rate both variants' partial prefill of the new tokens on the same cache,
+  // the cost model's prediction and choice; then the crossover.
+  void partial_prefill_table() {
+    BenchTable t1("ctxpar bench infer — partial prefill TTFT, pass-KV vs pass-Q (shape of Meta CP Table 4), " +
+                      std::to_string(N) + " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) +
+                      ", context " + std::to_string(S) + ", batch 1",
+                  {{"miss_pct", "miss", "%", 7, 2}, {"T", "T", "new", 7, 0}, {"P", "P", "cached", 9, 0},
+                   {"pass_kv_ms", "pass-KV", "ms", 10, 2}, {"pass_q_ms", "pass-Q", "ms", 10, 2},
+                   {"faster", "faster", "measured", 10, 0}, {"pred_kv_ms", "pred KV", "ms", 10, 2},
+                   {"pred_q_ms", "pred Q", "ms", 10, 2}, {"auto", "auto", "choice", 9, 0},
+                   {"eq5", "Eq.5", "paper", 9, 0}, {"wrong", "#wrong", "", 7, 0}},
+                  {std::string("FLOP convention: ") + kFlopConvention,
+                   "TTFT: median of bench_iters prefills of the T new tokens on the same P-token cache (max over ranks)",
+                   "pred: cp_algo=auto's cost model (src/perf/prefill_choice.hpp), hardware " + cost.describe()});
+    // Crossover: a split index i (pass-Q below miss rate i, pass-KV from i on) that misclassifies
+    // the fewest rows; index n_rates = pass-Q everywhere. Measured rows count only where the
+    // paired sign test decides (meas_kv = -1 marks a tie: the two variants are within the noise).
+    std::vector<int> meas_kv, pred_kv;
+    int idx = 0;
+    for (double miss : kMisses) {
+      if (ctx.tracer.stop_signal() != 0) break;  // a stop signal: the rows measured so far (each row whole)
+      const int64_t T = std::clamp<int64_t>(std::llround(miss * double(S)), 1, S), cached = S - T;
+      std::vector<SchedulePhase> sched = {{PhaseKind::prefill, T}};  // the cache's prefill, then the measured one
+      if (cached > 0) sched.insert(sched.begin(), {PhaseKind::prefill, cached});
+      Engine eng(layout, params.data(), topo, 1, cache_capacity_tokens(sched, N), name_of(cfg.strategy), cfg.device,
+                 gpu.stream);
+      CallStats st;
+      if (cached > 0) eng.prefill({std::vector<int32_t>(seq_tokens.begin(), seq_tokens.begin() + cached)}, CpAlgo::pass_kv,
+                             nullptr, st);
+      const KvCache::Snapshot snap = eng.cache().snapshot();
+      const std::vector<int32_t> new_tok(seq_tokens.begin() + cached, seq_tokens.end());
+      const PairRun pr_run = run_pair(ctx, eng, cp, new_tok, cached, int32_t(idx), iters, step,
+                                      [&] { eng.cache().restore(snap); });
+      const std::vector<double>* ts = pr_run.ts;
+      const double ms[2] = {med(ts[0]) * 1e3, med(ts[1]) * 1e3};
+      const int wrong = check(pr_run.logits[0].data(), pr_run.logits[1].data(), V, pr_run.next[0], pr_run.next[1]);
+      wrong_total += wrong;
+      const Prediction pr = cost.predict(T, cached);
+      const int kv_faster = faster_by_sign_test(ts[0], ts[1]);
+      meas_kv.push_back(kv_faster);
+      pred_kv.push_back(pr.choice == CpAlgo::pass_kv);
+      t1.add_row({t1.cell(0, 100 * double(T) / double(S)), std::to_string(T), std::to_string(cached), t1.cell(3, ms[0]),
+                  t1.cell(4, ms[1]), kv_faster < 0 ? "tie" : kv_faster ? "pass_kv" : "pass_q", t1.cell(6, pr.pass_kv_s * 1e3),
+                  t1.cell(7, pr.pass_q_s * 1e3), algo_name(pr.choice), pr.eq5_pass_q ? "pass_q" : "pass_kv",
+                  std::to_string(wrong)});
+      ++idx;
+    }
+    if (world.rank() == 0) t1.print(cfg.csv);
+    report_crossover(meas_kv, pred_kv, idx);
+  }
+
+  // Table 1's crossover, measured and predicted: a line after the table and two root attributes
+  // of the trace. meas_kv, pred_kv: per measured row (idx of them, in kMisses' order) whether
+  // pass-KV is faster (measured: -1 for a tie).
+  void report_crossover(const std::vector<int>& meas_kv, const std::vector<int>& pred_kv, int idx) {
+    // Every split index with the fewest misclassified decisive rows (ties never count).
+    auto best_splits = [&](const std::vector<int>& kv) {
+      std::vector<int> errs;
+      for (int i = 0; i <= int(kv.size()); ++i) {
+        int e = 0;
+        for (int j = 0; j < int(kv.size()); ++j) e += kv[size_t(j)] >= 0 && (j < i) == bool(kv[size_t(j)]);
+        errs.push_back(e);
+      }
+      const int lo = *std::min_element(errs.begin(), errs.end());
+      std::vector<int> best;
+      for (int i = 0; i < int(errs.size()); ++i)
+        if (errs[size_t(i)] == lo) best.push_back(i);
+      return best;
+    };
+    const std::vector<int> meas_set = best_splits(meas_kv);
+    const int pred_cross = best_splits(pred_kv).front();
+    int meas_cross = meas_set.front();  // the measured split nearest the prediction
+    for (int i : meas_set)
+      if (std::abs(i - pred_cross) < std::abs(meas_cross - pred_cross)) meas_cross = i;
+    auto name_of = [&](int i) {
+      char b[64];
+      if (i >= idx) return std::string("none (pass-Q everywhere)");
+      std::snprintf(b, sizeof b, "%.1f%% miss", 100 * kMisses[i]);
+      return std::string(b);
+    };
+    const int decided = int(std::count_if(meas_kv.begin(), meas_kv.end(), [](int v) { return v >= 0; }));
+    if (decided == 0) meas_cross = -1;  // nothing to compare against: every row within the noise
+    if (!cfg.csv) {
+      std::string range = name_of(meas_set.front());
+      if (meas_set.size() > 1) range = "any of " + range + " .. " + name_of(meas_set.back()) + " (ties between)";
+      if (decided == 0)
+        log0("# crossover: measured undetermined (every row a tie at the sign test's 10%% level; raise bench_iters), "
+             "predicted %s -> not judged\n", name_of(pred_cross).c_str());
+      else
+        log0("# crossover (pass-Q below, pass-KV from this miss rate on; best split of the %d decided rows): measured "
+             "%s, predicted %s -> %s\n",
+             decided, range.c_str(), name_of(pred_cross).c_str(),
+             std::abs(meas_cross - pred_cross) <= 1 ? "within one miss-rate step" : "NOT within one step");
+    }
+    ctx.tracer.write_attr("/", "infer_crossover_measured_index", int64_t(meas_cross));
+    ctx.tracer.write_attr("/", "infer_crossover_predicted_index", int64_t(pred_cross));
+  }
+
+  // ---- 2. decode TTIT against CP size ---------------------------------------------------------
+  // Table 2: per CP size the pass-Q and all-gather decode, each step fed the CP = 1 run's tokens
+  // and checked against them.
+  void decode_table() {
+    BenchTable t2("ctxpar bench infer — decode TTIT against CP size (shape of Meta CP Table 8), context " +
+                      std::to_string(S) + ", batch " + std::to_string(cfg.batch) +
+                      (tp > 1 ? ", every CP group x tp:" + std::to_string(tp) : std::string()),
+                  {{"cp", "CP", "ranks", 6, 0}, {"replicas", "replicas", "dp", 9, 0}, {"algo", "algo", "", 10, 0},
+                   {"ttit_ms", "TTIT", "ms", 9, 3}, {"attn_ms", "attn", "ms/step", 9, 3},
+                   {"exposed_ms", "exposed", "ms/step", 9, 3}, {"sent_kb", "sent", "KB/step", 9, 1},
+                   {"wrong", "#wrong", "", 7, 0}},
+                  {"TTIT: median over bench_iters decode steps after 1 warmup (max over all ranks)",
+                   "attn: attention incl. its communication; exposed: time blocked on transfers (max over ranks)",
+                   "#wrong: tokens (steps x sequences, each step fed the CP = 1 run's tokens) whose greedy token differs "
+                   "from the CP = 1 run's" + (on_gpu ? check.note() : std::string(" (exact)"))});
+    // The CP = 1 run's greedy tokens of every step (and on a GPU its logits), [step][b]: the later
+    // runs are fed them (teacher forcing) and checked against them.
+    std::vector<std::vector<int32_t>> ref_tokens;
+    std::vector<std::vector<float>> ref_logits;
+    for (int c = 1; c * tp <= world.size(); c *= 2) {
+      if (ctx.tracer.stop_signal() != 0) break;
+      if (world.size() % (c * tp) != 0) continue;
+      SubMesh sub = sub_mesh(cfg, world, c, tp);
+      const MeshSpec& mesh = sub.mesh;
+      if (on_gpu) gpu.attach(*sub.topo);  // its communicators on the GPU too (released with it)
+      Comm& ccp = sub.topo->cp();
+      const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}, {PhaseKind::decode, iters + 1}};
+      Engine eng(*sub.layout, sub.params.data(), *sub.topo, cfg.batch, cache_capacity_tokens(sched, c), "ring", cfg.device,
+                 gpu.stream);
+      CallStats st;
+      std::vector<std::vector<int32_t>> prompt(size_t(cfg.batch), seq_tokens);
+      const std::vector<int32_t> first = eng.prefill(prompt, CpAlgo::pass_kv, nullptr, st).next_tokens;
+      const KvCache::Snapshot snap = eng.cache().snapshot();
+      for (DecodeAlgo a : {DecodeAlgo::pass_q, DecodeAlgo::allgather}) {
+        if (ctx.tracer.stop_signal() != 0) break;
+        eng.cache().restore(snap);
+        const bool is_ref = ref_tokens.empty();
+        std::vector<int32_t> last = first;
+        std::vector<double> ts, attn, exposed, sent;
+        int wrong = 0;
+        for (int64_t it = 0; it < iters + 1; ++it) {
+          CallStats cs;
+          StepOutput out;
+          ctx.tracer.begin_step(step);
+          const double dt = timed(ccp, world, [&] { out = eng.decode(last, a, &ctx.tracer, cs, on_gpu); });
+          cs.cp.settle();
+          // The attention incl. its communication: on a GPU from the spans' device marks.
+          const double attn_s = on_gpu ? attention_seconds(ctx.tracer.phase_seconds()) : cs.attn_s;
+          double vals[3] = {attn_s, cs.cp.exposed_comm_s, cs.cp.bytes_sent};
+          world.all_reduce(std::span<double>(vals, 3), ReduceOp::max);
+          StepRecord rec;
+          rec.step = step++;
+          rec.time_s = dt;
+          rec.tokens = cfg.batch;
+          rec.ttit_s = dt;
+          rec.turn = c;
+          rec.exposed_comm_s = cs.cp.exposed_comm_s;
+          rec.model_flops = double(cfg.batch) * eng.decode_flops(S + it);
+          ctx.tracer.end_step(rec);
+          if (it > 0) {
+            ts.push_back(dt);
+            attn.push_back(vals[0]);
+            exposed.push_back(vals[1]);
+            sent.push_back(vals[2]);
+          }
+          if (is_ref) {
+            ref_tokens.push_back(out.next_tokens);
+            ref_logits.push_back(out.logits);
+          } else {
+            const size_t i = size_t(it);
+            for (int64_t b = 0; b < cfg.batch; ++b)
+              wrong += on_gpu ? check(ref_logits[i].data() + b * V, out.logits.data() + b * V, V,
+                                      ref_tokens[i][size_t(b)], out.next_tokens[size_t(b)])
+                              : ref_tokens[i][size_t(b)] != out.next_tokens[size_t(b)];
+          }
+          last = ref_tokens[size_t(it)];
+        }
+        // Every replica must agree too (they run the same sequences).
+        int32_t w = wrong;
+        world.all_reduce(std::span<int32_t>(&w, 1), ReduceOp::max);
+        wrong_total += w;
+        t2.add_row({std::to_string(c), std::to_string(mesh.dp), ctxpar::name_of(a), t2.cell(3, med(ts) * 1e3),
+                    t2.cell(4, med(attn) * 1e3), t2.cell(5, med(exposed) * 1e3), t2.cell(6, med(sent) / 1e3),
+                    std::to_string(w)});
+      }
+    }
+    if (world.rank() == 0) t2.print(cfg.csv);
+  }
+
+  // ---- 3. batched variable-length prefill against one sequence at a time -----------------------
+  // Table 3: packed against sequential prefill of the same prompts.
+  void batched_prefill_table() {
+    // Four prompts of mixed lengths (seq/8, seq/4, seq/2, seq: none a multiple of anything in
+    // particular), full prefill by the configured strategy: one forward for the batch (packed) and
+    // one forward per sequence (sequential), alternating within each iteration.
+    const std::vector<int64_t> lens = bench_infer_lengths(S);
+    const int64_t nb = int64_t(lens.size());
+    int64_t total = 0, cap = 0;
+    std::vector<std::vector<int32_t>> batch(static_cast<size_t>(nb));
+    for (int64_t b = 0; b < nb; ++b) {
+      total += lens[size_t(b)];
+      cap = std::max(cap, Partition::padded_length(PartitionKind::zigzag, lens[size_t(b)], N) / N);
+      for (int64_t i = 0; i < lens[size_t(b)]; ++i) batch[size_t(b)].push_back(token_at(uint64_t(cfg.seed) + uint64_t(b), i, V));
+    }
+    BenchTable t3("ctxpar bench infer — batched variable-length prefill (" + std::to_string(nb) + " prompts of " +
+                      std::to_string(lens[0]) + ".." + std::to_string(lens.back()) + " tokens, " + std::to_string(total) +
+                      " in all), " + std::to_string(N) + " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) +
+                      ", strategy " + ctxpar::name_of(cfg.strategy),
+                  {{"mode", "prefill", "", 11, 0}, {"ttft_ms", "TTFT", "ms (batch)", 11, 2},
+                   {"tok_s", "throughput", "tokens/s", 11, 0}, {"speedup", "speedup", "x seq.", 8, 2},
+                   {"wrong", "#wrong", "", 7, 0}},
+                  {"packed: one forward for the batch, each prompt zigzag-sharded on its own and its own document "
+                   "in one CP attention call per layer; sequential: one forward per prompt",
+                   "TTFT: median of bench_iters calls (after 1 warmup) of the max over ranks; the two modes "
+                   "alternate within each iteration",
+                   "#wrong: prompts whose last logits or greedy tokens differ between the two modes" + check.note()});
+    if (ctx.tracer.stop_signal() == 0) {
+      Engine eng(layout, params.data(), topo, nb, cap, ctxpar::name_of(cfg.strategy), cfg.device, gpu.stream);
+      std::vector<double> ts[2];
+      StepOutput outs[2];
+      for (int64_t it = 0; it < iters + 1 && ctx.tracer.stop_signal() == 0; ++it)
+        for (PrefillBatching mode : {PrefillBatching::packed, PrefillBatching::sequential}) {
+          eng.clear();
+          CallStats cs;
+          ctx.tracer.begin_step(step);
+          const int k = mode == PrefillBatching::packed ? 0 : 1;
+          const double dt = timed(cp, world, [&] { outs[k] = eng.prefill(batch, CpAlgo::pass_kv, &ctx.tracer, cs, true,
+                                                                         false, mode); });
+          cs.cp.settle();
+          StepRecord rec;
+          rec.step = step++;
+          rec.time_s = dt;
+          rec.tokens = total;
+          rec.turn = 100 + k;
+          rec.ttft_s = dt;
+          rec.exposed_comm_s = cs.cp.exposed_comm_s;
+          for (int64_t b = 0; b < nb; ++b) rec.model_flops += eng.prefill_flops(lens[size_t(b)], 0);
+          ctx.tracer.end_step(rec);
+          if (it > 0) ts[k].push_back(dt);
+        }
+      if (!ts[0].empty() && !ts[1].empty()) {
+        int wrong = 0;
+        for (int64_t b = 0; b < nb; ++b)
+          wrong += check(outs[1].logits.data() + b * V, outs[0].logits.data() + b * V, V, outs[1].next_tokens[size_t(b)],
+                         outs[0].next_tokens[size_t(b)]);
+        wrong_total += wrong;
+        const double tp[2] = {med(ts[0]), med(ts[1])};
+        for (int k = 0; k < 2; ++k)
+          t3.add_row({k == 0 ? "packed" : "sequential", t3.cell(1, tp[k] * 1e3), t3.cell(2, double(total) / tp[k]),
+                      t3.cell(3, tp[1] / tp[k]), std::to_string(k == 0 ? wrong : 0)});
+      }
+    }
+    if (world.rank() == 0) t3.print(cfg.csv);
+  }
+
+  // ---- 4. full-prefill TTFT against length, pass-KV vs pass-Q ---------------------------------
+  // Table 4: per prompt length both variants' full prefill on an empty cache.
+  void full_prefill_table() {
+    const std::vector<int64_t> lens = bench_infer_lengths(S);  // seq/8, seq/4, seq/2, seq (as table 3)
+    // One prompt of seq/8, seq/4, seq/2 and seq tokens on an empty cache: pass-KV (the configured
+    // full-prefill strategy) against pass-Q (queries circulate over each rank's own new keys),
+    // alternating within each iteration; with mesh=tp:2,ring:2 the TTFT-vs-length sweep.
+    BenchTable t4("ctxpar bench infer — full prefill TTFT against length, pass-KV vs pass-Q, " + std::to_string(N) +
+                      " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) + ", strategy " +
+                      ctxpar::name_of(cfg.strategy) + ", batch 1",
+                  {{"T", "T", "tokens", 8, 0}, {"pass_kv_ms", "pass-KV", "ms", 10, 2}, {"pass_q_ms", "pass-Q", "ms", 10, 2},
+                   {"kv_tok_s", "pass-KV", "tokens/s", 11, 0}, {"q_tok_s", "pass-Q", "tokens/s", 11, 0},
+                   {"faster", "faster", "measured", 10, 0}, {"wrong", "#wrong", "", 7, 0}},
+                  {"TTFT: median of bench_iters prefills (after 1 warmup) of the max over ranks; the two variants "
+                   "alternate within each iteration; faster: a paired sign test decides, else tie",
+                   "#wrong: the two variants' last logits or greedy tokens differ" + check.note()});
+    for (int64_t T : lens) {
+      if (ctx.tracer.stop_signal() != 0) break;
+      Engine eng(layout, params.data(), topo, 1, Partition::padded_length(PartitionKind::zigzag, T, N) / N,
+                 ctxpar::name_of(cfg.strategy), cfg.device, gpu.stream);
+      const std::vector<int32_t> tok(seq_tokens.begin(), seq_tokens.begin() + T);
+      const PairRun r = run_pair(ctx, eng, cp, tok, 0, int32_t(200 + T), iters, step, [&] { eng.clear(); });
+      const int wrong = check(r.logits[0].data(), r.logits[1].data(), V, r.next[0], r.next[1]);
+      wrong_total += wrong;
+      const double sec[2] = {med(r.ts[0]), med(r.ts[1])};
+      const int kv_faster = faster_by_sign_test(r.ts[0], r.ts[1]);
+      t4.add_row({std::to_string(T), t4.cell(1, sec[0] * 1e3), t4.cell(2, sec[1] * 1e3), t4.cell(3, double(T) / sec[0]),
+                  t4.cell(4, double(T) / sec[1]), kv_faster < 0 ? "tie" : kv_faster ? "pass_kv" : "pass_q",
+                  std::to_string(wrong)});
+    }
+    if (world.rank() == 0) t4.print(cfg.csv);
+  }
+};
+
 }  // namespace
 
 int bench_infer(BenchContext& ctx) {
   const Config& cfg = ctx.cfg;
   Topology& topo = ctx.topo;
-  Comm& world = topo.world();
   Comm& cp = topo.cp();
   // device=cuda: this rank's GPU, a compute stream and device communicators (first: every device
   // buffer of the engines below is released before it), as `prefill` and `decode` run there.
@@ -265,8 +577,7 @@ int bench_infer(BenchContext& ctx) {
   const GpuRun gpu(on_gpu ? &topo : nullptr, &ctx.tracer);
   const Check check{on_gpu};
   gpu.log_inference();
-  const int N = cp.size();
-  const int64_t S = cfg.seq, V = cfg.vocab, iters = cfg.bench_iters;
+  const int64_t S = cfg.seq, V = cfg.vocab;
   // With tp: this rank's slice of the heads and FFN (the CP strategies run within each tp slice).
   const int tp = topo.size(Axis::tp);
   const ParamLayout layout(model_dims(cfg, tp, topo.coord(Axis::tp)));
@@ -275,274 +586,13 @@ int bench_infer(BenchContext& ctx) {
   const PrefillCostModel cost(cfg, cp, tp);
   std::vector<int32_t> seq_tokens(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) seq_tokens[size_t(i)] = token_at(uint64_t(cfg.seed), i, V);
-  int wrong_total = 0;
-  int64_t step = 0;
-
-  // ---- 1. pass-KV vs pass-Q over miss rates ----------------------------------------------------
-  BenchTable t1("ctxpar bench infer — partial prefill TTFT, pass-KV vs pass-Q (shape of Meta CP Table 4), " +
-                    std::to_string(N) + " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) +
-                    ", context " + std::to_string(S) + ", batch 1",
-                {{"miss_pct", "miss", "%", 7, 2}, {"T", "T", "new", 7, 0}, {"P", "P", "cached", 9, 0},
-                 {"pass_kv_ms", "pass-KV", "ms", 10, 2}, {"pass_q_ms", "pass-Q", "ms", 10, 2},
-                 {"faster", "faster", "measured", 10, 0}, {"pred_kv_ms", "pred KV", "ms", 10, 2},
-                 {"pred_q_ms", "pred Q", "ms", 10, 2}, {"auto", "auto", "choice", 9, 0},
-                 {"eq5", "Eq.5", "paper", 9, 0}, {"wrong", "#wrong", "", 7, 0}},
-                {std::string("FLOP convention: ") + kFlopConvention,
-                 "TTFT: median of bench_iters prefills of the T new tokens on the same P-token cache (max over ranks)",
-                 "pred: cp_algo=auto's cost model (src/perf/prefill_choice.hpp), hardware " + cost.describe()});
-  const double misses[] = {0.01, 0.025, 0.05, 0.10, 0.20, 0.50, 1.0};
-  // Crossover: a split index i (pass-Q below miss rate i, pass-KV from i on) that misclassifies
-  // the fewest rows; index n_rates = pass-Q everywhere. Measured rows count only where the
-  // paired sign test decides (meas_kv = -1 marks a tie: the two variants are within the noise).
-  std::vector<int> meas_kv, pred_kv;
-  int idx = 0;
-  for (double miss : misses) {
-    if (ctx.tracer.stop_signal() != 0) break;  // a stop signal: the rows measured so far (each row whole)
-    const int64_t T = std::clamp<int64_t>(std::llround(miss * double(S)), 1, S), cached = S - T;
-    std::vector<SchedulePhase> sched = {{PhaseKind::prefill, T}};  // the cache's prefill, then the measured one
-    if (cached > 0) sched.insert(sched.begin(), {PhaseKind::prefill, cached});
-    Engine eng(layout, params.data(), topo, 1, cache_capacity_tokens(sched, N), name_of(cfg.strategy), cfg.device,
-               gpu.stream);
-    CallStats st;
-    if (cached > 0) eng.prefill({std::vector<int32_t>(seq_tokens.begin(), seq_tokens.begin() + cached)}, CpAlgo::pass_kv,
-                           nullptr, st);
-    const KvCache::Snapshot snap = eng.cache().snapshot();
-    const std::vector<int32_t> new_tok(seq_tokens.begin() + cached, seq_tokens.end());
-    const PairRun pr_run = run_pair(ctx, eng, cp, new_tok, cached, int32_t(idx), iters, step,
-                                    [&] { eng.cache().restore(snap); });
-    const std::vector<double>* ts = pr_run.ts;
-    const double ms[2] = {med(ts[0]) * 1e3, med(ts[1]) * 1e3};
-    const int wrong = check(pr_run.logits[0].data(), pr_run.logits[1].data(), V, pr_run.next[0], pr_run.next[1]);
-    wrong_total += wrong;
-    const Prediction pr = cost.predict(T, cached);
-    const int kv_faster = faster_by_sign_test(ts[0], ts[1]);
-    meas_kv.push_back(kv_faster);
-    pred_kv.push_back(pr.choice == CpAlgo::pass_kv);
-    t1.add_row({t1.cell(0, 100 * double(T) / double(S)), std::to_string(T), std::to_string(cached), t1.cell(3, ms[0]),
-                t1.cell(4, ms[1]), kv_faster < 0 ? "tie" : kv_faster ? "pass_kv" : "pass_q", t1.cell(6, pr.pass_kv_s * 1e3),
-                t1.cell(7, pr.pass_q_s * 1e3), algo_name(pr.choice), pr.eq5_pass_q ? "pass_q" : "pass_kv",
-                std::to_string(wrong)});
-    ++idx;
-  }
-  if (world.rank() == 0) t1.print(cfg.csv);
-  // Every split index with the fewest misclassified decisive rows (ties never count).
-  auto best_splits = [&](const std::vector<int>& kv) {
-    std::vector<int> errs;
-    for (int i = 0; i <= int(kv.size()); ++i) {
-      int e = 0;
-      for (int j = 0; j < int(kv.size()); ++j) e += kv[size_t(j)] >= 0 && (j < i) == bool(kv[size_t(j)]);
-      errs.push_back(e);
-    }
-    const int lo = *std::min_element(errs.begin(), errs.end());
-    std::vector<int> best;
-    for (int i = 0; i < int(errs.size()); ++i)
-      if (errs[size_t(i)] == lo) best.push_back(i);
-    return best;
-  };
-  const std::vector<int> meas_set = best_splits(meas_kv);
-  const int pred_cross = best_splits(pred_kv).front();
-  int meas_cross = meas_set.front();  // the measured split nearest the prediction
-  for (int i : meas_set)
-    if (std::abs(i - pred_cross) < std::abs(meas_cross - pred_cross)) meas_cross = i;
-  auto name_of = [&](int i) {
-    char b[64];
-    if (i >= idx) return std::string("none (pass-Q everywhere)");
-    std::snprintf(b, sizeof b, "%.1f%% miss", 100 * misses[i]);
-    return std::string(b);
-  };
-  const int decided = int(std::count_if(meas_kv.begin(), meas_kv.end(), [](int v) { return v >= 0; }));
-  if (decided == 0) meas_cross = -1;  // nothing to compare against: every row within the noise
-  if (!cfg.csv) {
-    std::string range = name_of(meas_set.front());
-    if (meas_set.size() > 1) range = "any of " + range + " .. " + name_of(meas_set.back()) + " (ties between)";
-    if (decided == 0)
-      log0("# crossover: measured undetermined (every row a tie at the sign test's 10%% level; raise bench_iters), "
-           "predicted %s -> not judged\n", name_of(pred_cross).c_str());
-    else
-      log0("# crossover (pass-Q below, pass-KV from this miss rate on; best split of the %d decided rows): measured "
-           "%s, predicted %s -> %s\n",
-           decided, range.c_str(), name_of(pred_cross).c_str(),
-           std::abs(meas_cross - pred_cross) <= 1 ? "within one miss-rate step" : "NOT within one step");
-  }
-  ctx.tracer.write_attr("/", "infer_crossover_measured_index", int64_t(meas_cross));
-  ctx.tracer.write_attr("/", "infer_crossover_predicted_index", int64_t(pred_cross));
-
-  // ---- 2. decode TTIT against CP size ---------------------------------------------------------
-  BenchTable t2("ctxpar bench infer — decode TTIT against CP size (shape of Meta CP Table 8), context " +
-                    std::to_string(S) + ", batch " + std::to_string(cfg.batch) +
-                    (tp > 1 ? ", every CP group x tp:" + std::to_string(tp) : std::string()),
-                {{"cp", "CP", "ranks", 6, 0}, {"replicas", "replicas", "dp", 9, 0}, {"algo", "algo", "", 10, 0},
-                 {"ttit_ms", "TTIT", "ms", 9, 3}, {"attn_ms", "attn", "ms/step", 9, 3},
-                 {"exposed_ms", "exposed", "ms/step", 9, 3}, {"sent_kb", "sent", "KB/step", 9, 1},
-                 {"wrong", "#wrong", "", 7, 0}},
-                {"TTIT: median over bench_iters decode steps after 1 warmup (max over all ranks)",
-                 "attn: attention incl. its communication; exposed: time blocked on transfers (max over ranks)",
-                 "#wrong: tokens (steps x sequences, each step fed the CP = 1 run's tokens) whose greedy token differs "
-                 "from the CP = 1 run's" + (on_gpu ? check.note() : std::string(" (exact)"))});
-  // The CP = 1 run's greedy tokens of every step (and on a GPU its logits), [step][b]: the later
-  // runs are fed them (teacher forcing) and checked against them.
-  std::vector<std::vector<int32_t>> ref_tokens;
-  std::vector<std::vector<float>> ref_logits;
-  for (int c = 1; c * tp <= world.size(); c *= 2) {
-    if (ctx.tracer.stop_signal() != 0) break;
-    if (world.size() % (c * tp) != 0) continue;
-    SubMesh sub = sub_mesh(cfg, world, c, tp);
-    const MeshSpec& mesh = sub.mesh;
-    if (on_gpu) gpu.attach(*sub.topo);  // its communicators on the GPU too (released with it)
-    Comm& ccp = sub.topo->cp();
-    const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}, {PhaseKind::decode, iters + 1}};
-    Engine eng(*sub.layout, sub.params.data(), *sub.topo, cfg.batch, cache_capacity_tokens(sched, c), "ring", cfg.device,
-               gpu.stream);
-    CallStats st;
-    std::vector<std::vector<int32_t>> prompt(size_t(cfg.batch), seq_tokens);
-    const std::vector<int32_t> first = eng.prefill(prompt, CpAlgo::pass_kv, nullptr, st).next_tokens;
-    const KvCache::Snapshot snap = eng.cache().snapshot();
-    for (DecodeAlgo a : {DecodeAlgo::pass_q, DecodeAlgo::allgather}) {
-      if (ctx.tracer.stop_signal() != 0) break;
-      eng.cache().restore(snap);
-      const bool is_ref = ref_tokens.empty();
-      std::vector<int32_t> last = first;
-      std::vector<double> ts, attn, exposed, sent;
-      int wrong = 0;
-      for (int64_t it = 0; it < iters + 1; ++it) {
-        CallStats cs;
-        StepOutput out;
-        ctx.tracer.begin_step(step);
-        const double dt = timed(ccp, world, [&] { out = eng.decode(last, a, &ctx.tracer, cs, on_gpu); });
-        cs.cp.settle();
-        // The attention incl. its communication: on a GPU from the spans' device marks.
-        const double attn_s = on_gpu ? attention_seconds(ctx.tracer.phase_seconds()) : cs.attn_s;
-        double vals[3] = {attn_s, cs.cp.exposed_comm_s, cs.cp.bytes_sent};
-        world.all_reduce(std::span<double>(vals, 3), ReduceOp::max);
-        StepRecord rec;
-        rec.step = step++;
-        rec.time_s = dt;
-        rec.tokens = cfg.batch;
-        rec.ttit_s = dt;
-        rec.turn = c;
-        rec.exposed_comm_s = cs.cp.exposed_comm_s;
-        rec.model_flops = double(cfg.batch) * eng.decode_flops(S + it);
-        ctx.tracer.end_step(rec);
-        if (it > 0) {
-          ts.push_back(dt);
-          attn.push_back(vals[0]);
-          exposed.push_back(vals[1]);
-          sent.push_back(vals[2]);
-        }
-        if (is_ref) {
-          ref_tokens.push_back(out.next_tokens);
-          ref_logits.push_back(out.logits);
-        } else {
-          const size_t i = size_t(it);
-          for (int64_t b = 0; b < cfg.batch; ++b)
-            wrong += on_gpu ? check(ref_logits[i].data() + b * V, out.logits.data() + b * V, V,
-                                    ref_tokens[i][size_t(b)], out.next_tokens[size_t(b)])
-                            : ref_tokens[i][size_t(b)] != out.next_tokens[size_t(b)];
-        }
-        last = ref_tokens[size_t(it)];
-      }
-      // Every replica must agree too (they run the same sequences).
-      int32_t w = wrong;
-      world.all_reduce(std::span<int32_t>(&w, 1), ReduceOp::max);
-      wrong_total += w;
-      t2.add_row({std::to_string(c), std::to_string(mesh.dp), ctxpar::name_of(a), t2.cell(3, med(ts) * 1e3),
-                  t2.cell(4, med(attn) * 1e3), t2.cell(5, med(exposed) * 1e3), t2.cell(6, med(sent) / 1e3),
-                  std::to_string(w)});
-    }
-  }
-  if (world.rank() == 0) t2.print(cfg.csv);
-
-  // ---- 3. batched variable-length prefill against one sequence at a time -----------------------
-  // Four prompts of mixed lengths (seq/8, seq/4, seq/2, seq: none a multiple of anything in
-  // particular), full prefill by the configured strategy: one forward for the batch (packed) and
-  // one forward per sequence (sequential), alternating within each iteration.
-  const std::vector<int64_t> lens = bench_infer_lengths(S);
-  const int64_t nb = int64_t(lens.size());
-  int64_t total = 0, cap = 0;
-  std::vector<std::vector<int32_t>> batch(static_cast<size_t>(nb));
-  for (int64_t b = 0; b < nb; ++b) {
-    total += lens[size_t(b)];
-    cap = std::max(cap, Partition::padded_length(PartitionKind::zigzag, lens[size_t(b)], N) / N);
-    for (int64_t i = 0; i < lens[size_t(b)]; ++i) batch[size_t(b)].push_back(token_at(uint64_t(cfg.seed) + uint64_t(b), i, V));
-  }
-  BenchTable t3("ctxpar bench infer — batched variable-length prefill (" + std::to_string(nb) + " prompts of " +
-                    std::to_string(lens[0]) + ".." + std::to_string(lens.back()) + " tokens, " + std::to_string(total) +
-                    " in all), " + std::to_string(N) + " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) +
-                    ", strategy " + ctxpar::name_of(cfg.strategy),
-                {{"mode", "prefill", "", 11, 0}, {"ttft_ms", "TTFT", "ms (batch)", 11, 2},
-                 {"tok_s", "throughput", "tokens/s", 11, 0}, {"speedup", "speedup", "x seq.", 8, 2},
-                 {"wrong", "#wrong", "", 7, 0}},
-                {"packed: one forward for the batch, each prompt zigzag-sharded on its own and its own document "
-                 "in one CP attention call per layer; sequential: one forward per prompt",
-                 "TTFT: median of bench_iters calls (after 1 warmup) of the max over ranks; the two modes "
-                 "alternate within each iteration",
-                 "#wrong: prompts whose last logits or greedy tokens differ between the two modes" + check.note()});
-  if (ctx.tracer.stop_signal() == 0) {
-    Engine eng(layout, params.data(), topo, nb, cap, ctxpar::name_of(cfg.strategy), cfg.device, gpu.stream);
-    std::vector<double> ts[2];
-    StepOutput outs[2];
-    for (int64_t it = 0; it < iters + 1 && ctx.tracer.stop_signal() == 0; ++it)
-      for (PrefillBatching mode : {PrefillBatching::packed, PrefillBatching::sequential}) {
-        eng.clear();
-        CallStats cs;
-        ctx.tracer.begin_step(step);
-        const int k = mode == PrefillBatching::packed ? 0 : 1;
-        const double dt = timed(cp, world, [&] { outs[k] = eng.prefill(batch, CpAlgo::pass_kv, &ctx.tracer, cs, true,
-                                                                       false, mode); });
-        cs.cp.settle();
-        StepRecord rec;
-        rec.step = step++;
-        rec.time_s = dt;
-        rec.tokens = total;
-        rec.turn = 100 + k;
-        rec.ttft_s = dt;
-        rec.exposed_comm_s = cs.cp.exposed_comm_s;
-        for (int64_t b = 0; b < nb; ++b) rec.model_flops += eng.prefill_flops(lens[size_t(b)], 0);
-        ctx.tracer.end_step(rec);
-        if (it > 0) ts[k].push_back(dt);
-      }
-    if (!ts[0].empty() && !ts[1].empty()) {
-      int wrong = 0;
-      for (int64_t b = 0; b < nb; ++b)
-        wrong += check(outs[1].logits.data() + b * V, outs[0].logits.data() + b * V, V, outs[1].next_tokens[size_t(b)],
-                       outs[0].next_tokens[size_t(b)]);
-      wrong_total += wrong;
-      const double tp[2] = {med(ts[0]), med(ts[1])};
-      for (int k = 0; k < 2; ++k)
-        t3.add_row({k == 0 ? "packed" : "sequential", t3.cell(1, tp[k] * 1e3), t3.cell(2, double(total) / tp[k]),
-                    t3.cell(3, tp[1] / tp[k]), std::to_string(k == 0 ? wrong : 0)});
-    }
-  }
-  if (world.rank() == 0) t3.print(cfg.csv);
-
-  // ---- 4. full-prefill TTFT against length, pass-KV vs pass-Q ---------------------------------
-  // One prompt of seq/8, seq/4, seq/2 and seq tokens on an empty cache: pass-KV (the configured
-  // full-prefill strategy) against pass-Q (queries circulate over each rank's own new keys),
-  // alternating within each iteration; with mesh=tp:2,ring:2 the TTFT-vs-length sweep.
-  BenchTable t4("ctxpar bench infer — full prefill TTFT against length, pass-KV vs pass-Q, " + std::to_string(N) +
-                    " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) + ", strategy " +
-                    ctxpar::name_of(cfg.strategy) + ", batch 1",
-                {{"T", "T", "tokens", 8, 0}, {"pass_kv_ms", "pass-KV", "ms", 10, 2}, {"pass_q_ms", "pass-Q", "ms", 10, 2},
-                 {"kv_tok_s", "pass-KV", "tokens/s", 11, 0}, {"q_tok_s", "pass-Q", "tokens/s", 11, 0},
-                 {"faster", "faster", "measured", 10, 0}, {"wrong", "#wrong", "", 7, 0}},
-                {"TTFT: median of bench_iters prefills (after 1 warmup) of the max over ranks; the two variants "
-                 "alternate within each iteration; faster: a paired sign test decides, else tie",
-                 "#wrong: the two variants' last logits or greedy tokens differ" + check.note()});
-  for (int64_t T : lens) {
-    if (ctx.tracer.stop_signal() != 0) break;
-    Engine eng(layout, params.data(), topo, 1, Partition::padded_length(PartitionKind::zigzag, T, N) / N,
-               ctxpar::name_of(cfg.strategy), cfg.device, gpu.stream);
-    const std::vector<int32_t> tok(seq_tokens.begin(), seq_tokens.begin() + T);
-    const PairRun r = run_pair(ctx, eng, cp, tok, 0, int32_t(200 + T), iters, step, [&] { eng.clear(); });
-    const int wrong = check(r.logits[0].data(), r.logits[1].data(), V, r.next[0], r.next[1]);
-    wrong_total += wrong;
-    const double sec[2] = {med(r.ts[0]), med(r.ts[1])};
-    const int kv_faster = faster_by_sign_test(r.ts[0], r.ts[1]);
-    t4.add_row({std::to_string(T), t4.cell(1, sec[0] * 1e3), t4.cell(2, sec[1] * 1e3), t4.cell(3, double(T) / sec[0]),
-                t4.cell(4, double(T) / sec[1]), kv_faster < 0 ? "tie" : kv_faster ? "pass_kv" : "pass_q",
-                std::to_string(wrong)});
-  }
-  if (world.rank() == 0) t4.print(cfg.csv);
+  InferBench b{.ctx = ctx, .gpu = gpu, .check = check, .layout = layout, .params = params, .cost = cost,
+               .seq_tokens = seq_tokens};
+  b.partial_prefill_table();
+  b.decode_table();
+  b.batched_prefill_table();
+  b.full_prefill_table();
+  int wrong_total = b.wrong_total;
   if (cfg.deterministic) wrong_total += deterministic_table(ctx, check, seq_tokens);
   print_verdict("bench infer", wrong_total, cfg.csv);
   return wrong_total;
