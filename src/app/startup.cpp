@@ -23,22 +23,33 @@ template <int (*Bench)(BenchContext&)> int run_bench(const Config& cfg, Topology
 }
 // The mode table: every `ctxpar <mode>` and `ctxpar bench <name>` is one row here, with its run,
 // its own checks and its --dry-run lines (modes/modes.hpp).
-//   mode, bench, run, validate, plan, memory, scan, needs_peak, attention_workload, cuda
+//   mode, bench, run, validate, plan, memory, device_memory (null: no device=cuda), scan, needs_peak,
+//   attention_workload
 const ModeRow kModeTable[] = {
-    {Mode::run, Bench::none, run_default, nullptr, nullptr, workload_memory, nullptr, false, true, true},
-    {Mode::attn, Bench::none, run_attn_mode, validate_attn_mode, nullptr, attn_memory, scan_attn_inputs, false, true, true},
-    {Mode::train, Bench::none, run_train, validate_train_mode, train_plan, train_memory, scan_train_inputs, true, false, true},
-    {Mode::prefill, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false,true},
-    {Mode::decode, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false,true},
-    {Mode::chat, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false,true},
-    {Mode::bench, Bench::comm, run_bench<bench_comm>, nullptr, nullptr, bench_comm_memory, nullptr, false, false, false},
-    {Mode::bench, Bench::attn, run_bench<bench_attn>, nullptr, nullptr, bench_attn_memory, nullptr, false, false, true},
-    {Mode::bench, Bench::cp, run_bench<bench_cp>, nullptr, nullptr, workload_memory, nullptr, false, true, true},
-    {Mode::bench, Bench::train, run_bench<bench_train>, validate_train_mode, train_plan, train_memory, scan_train_inputs, true, false, true},
-    {Mode::bench, Bench::peak, run_bench<bench_peak>, nullptr, nullptr, nullptr, nullptr, false, false, false},
-    {Mode::bench, Bench::infer, run_bench<bench_infer>, validate_infer_mode, infer_plan, infer_memory, scan_infer_inputs, false, false, true},
-    {Mode::predict, Bench::none, run_predict, validate_predict_mode, nullptr, nullptr, nullptr, false, false, false},
-    {Mode::bench, Bench::calibrate, run_bench<bench_calibrate>, validate_calibrate, nullptr, calibrate_memory, nullptr, false, false, false},
+    {Mode::run, Bench::none, run_default, nullptr, nullptr, workload_memory, attn_device_memory, nullptr, false, true},
+    {Mode::attn, Bench::none, run_attn_mode, validate_attn_mode, nullptr, attn_memory, attn_device_memory,
+     scan_attn_inputs, false, true},
+    {Mode::train, Bench::none, run_train, validate_train_mode, train_plan, train_memory, train_device_memory,
+     scan_train_inputs, true, false},
+    {Mode::prefill, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, infer_device_memory,
+     scan_infer_inputs, false, false},
+    {Mode::decode, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, infer_device_memory,
+     scan_infer_inputs, false, false},
+    {Mode::chat, Bench::none, run_infer, validate_infer_mode, infer_plan, infer_memory, infer_device_memory,
+     scan_infer_inputs, false, false},
+    {Mode::bench, Bench::comm, run_bench<bench_comm>, nullptr, nullptr, bench_comm_memory, nullptr, nullptr, false, false},
+    {Mode::bench, Bench::attn, run_bench<bench_attn>, nullptr, nullptr, bench_attn_memory, bench_attn_device_memory,
+     nullptr, false, false},
+    {Mode::bench, Bench::cp, run_bench<bench_cp>, nullptr, nullptr, workload_memory, attn_device_memory, nullptr, false,
+     true},
+    {Mode::bench, Bench::train, run_bench<bench_train>, validate_train_mode, train_plan, train_memory,
+     train_device_memory, scan_train_inputs, true, false},
+    {Mode::bench, Bench::peak, run_bench<bench_peak>, nullptr, nullptr, nullptr, nullptr, nullptr, false, false},
+    {Mode::bench, Bench::infer, run_bench<bench_infer>, validate_infer_mode, infer_plan, infer_memory,
+     infer_device_memory, scan_infer_inputs, false, false},
+    {Mode::predict, Bench::none, run_predict, validate_predict_mode, nullptr, nullptr, nullptr, nullptr, false, false},
+    {Mode::bench, Bench::calibrate, run_bench<bench_calibrate>, validate_calibrate, nullptr, calibrate_memory, nullptr,
+     nullptr, false, false},
 };
 
 // The row of `ctxpar <mode> [<bench>]` (names as typed), or null.

@@ -14,46 +14,6 @@
 
 namespace ctxpar {
 
-BenchTable::BenchTable(std::string title, std::vector<BenchColumn> cols, std::vector<std::string> notes)
-    : title_(std::move(title)), cols_(std::move(cols)), notes_(std::move(notes)) {}
-
-void BenchTable::add_row(std::vector<std::string> cells) {
-  CTXPAR_CHECK(cells.size() == cols_.size(), "bench row has " << cells.size() << " cells, table has " << cols_.size());
-  rows_.push_back(std::move(cells));
-}
-
-std::string BenchTable::cell(size_t col, double v) const {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(cols_.at(col).precision) << v;
-  return os.str();
-}
-
-void BenchTable::print(bool csv) const {
-  std::ostringstream os;
-  if (csv) {
-    for (size_t i = 0; i < cols_.size(); ++i) os << (i ? "," : "") << cols_[i].name;
-    os << "\n";
-    for (const auto& r : rows_) {
-      for (size_t i = 0; i < r.size(); ++i) os << (i ? "," : "") << r[i];
-      os << "\n";
-    }
-  } else {
-    os << "# " << title_ << "\n";
-    for (const std::string& n : notes_) os << "# " << n << "\n";
-    os << "#";
-    for (const auto& c : cols_) os << std::setw(c.width) << c.title;
-    os << "\n#";
-    for (const auto& c : cols_) os << std::setw(c.width) << (c.unit.empty() ? std::string() : "(" + c.unit + ")");
-    os << "\n";
-    for (const auto& r : rows_) {
-      os << " ";
-      for (size_t i = 0; i < r.size(); ++i) os << std::setw(cols_[i].width) << r[i];
-      os << "\n";
-    }
-  }
-  log0("%s", os.str().c_str());
-}
-
 FmaPeak measure_fma_peak(BenchContext& ctx, int threads, std::optional<ReduceOp> over_ranks) {
   FmaPeak p = fma_peak(threads);
   if (over_ranks) ctx.topo.world().all_reduce(std::span<double>(&p.gflops, 1), *over_ranks);

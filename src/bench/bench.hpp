@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/table.hpp"
 #include "dist/comm.hpp"
 #include "ops.hpp"
 
@@ -15,31 +16,6 @@ class Comm;
 class Topology;
 class Tracer;
 struct Config;
-
-struct BenchColumn {
-  std::string name;   // CSV column name, e.g. "fwd_gflops"
-  std::string title;  // table header, e.g. "fwd"
-  std::string unit;   // table second header row, e.g. "GFLOP/s"
-  int width = 10;
-  int precision = 2;  // for numeric cells
-};
-
-class BenchTable {
- public:
-  BenchTable(std::string title, std::vector<BenchColumn> cols, std::vector<std::string> notes);
-  // Cells as text (use cell() to format numbers with the column's precision).
-  void add_row(std::vector<std::string> cells);
-  std::string cell(size_t col, double v) const;
-  // Prints on rank 0 only (the caller checks); table or CSV.
-  void print(bool csv) const;
-  size_t rows() const { return rows_.size(); }
-
- private:
-  std::string title_;
-  std::vector<BenchColumn> cols_;
-  std::vector<std::string> notes_;
-  std::vector<std::vector<std::string>> rows_;
-};
 
 struct BenchContext {
   const Config& cfg;
@@ -51,6 +27,8 @@ struct BenchContext {
 };
 
 // Each bench returns the number of wrong results (0 = VALID); the verdict line says which.
+// `ctxpar run` (run_default.cpp): the comm bench inside the warmup step, then the attention workload.
+int run_default(const Config& cfg, Topology& topo, Tracer& tracer);
 int bench_comm(BenchContext& ctx);
 int bench_attn(BenchContext& ctx);
 // Elements of `got` off the reference `want` by more than rel x max |finite want| (a correctness
@@ -67,7 +45,7 @@ int bench_infer(BenchContext& ctx);  // bench_infer.cpp: pass-KV vs pass-Q TTFT,
 // Host bytes per rank of the benches' largest case (the memory check before a run, main.cpp).
 double bench_comm_memory(const Config& cfg, Topology& topo);
 double bench_attn_memory(const Config& cfg, Topology& topo);
-double bench_attn_device_memory(const Config& cfg);  // GPU bytes of device=cuda's largest row
+double bench_attn_device_memory(const Config& cfg, Topology& topo);  // GPU bytes of device=cuda's largest row
 
 // "VALID: ..." / "INVALID: N wrong" line on rank 0.
 void print_verdict(const std::string& what, int wrong, bool csv);

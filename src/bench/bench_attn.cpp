@@ -394,7 +394,7 @@ int bench_attn_cuda(BenchContext& ctx) {
   constexpr int64_t kGemmN = 8192;
   constexpr double kGoalFwd = 450, kGoalBwd = 300, kGoalGemm = 650;  // TFLOP/s, issue 8 (one H200)
 
-  BenchTable table(
+  Table table(
       "ctxpar bench attn — CUDA flash attention (bf16 in, fp32 accumulate; " + dev_name + ", " +
           std::to_string(world.size()) + " rank(s) running at once)",
       {{"S", "S", "tokens", 7, 0}, {"H_q", "H_q", "", 5, 0}, {"H_kv", "H_kv", "", 5, 0}, {"D", "D", "", 5, 0},
@@ -537,7 +537,7 @@ double bench_attn_memory(const Config& cfg, Topology&) {
   return 4.0 * double(S) * (4 * h_q * d + h_q + 4 * h_kv * d) + 24.0 * double(S) * h_kv * d + 3.0 * 4 * 2048.0 * 2048.0;
 }
 
-double bench_attn_device_memory(const Config& cfg) {
+double bench_attn_device_memory(const Config& cfg, Topology&) {
   // The CUDA bench's largest row (S up to max(seq, 16K); 32/8 heads, D = 128 in the fixed rows):
   // bf16 q, k, v, dout; fp32 o, lse, dq, dk, dv; and the 8192^2 bf16 GEMM with its fp32 output.
   const double S = double(std::max<int64_t>(cfg.seq, 16384));
@@ -563,7 +563,7 @@ int bench_attn(BenchContext& ctx) {
 
   const FmaPeak fp = measure_fma_peak(ctx, threads);
   const double peak = fp.gflops;
-  BenchTable table(
+  Table table(
       "ctxpar bench attn — CPU flash attention (fp32, " + std::to_string(threads) + " threads per rank, " +
           std::to_string(world.size()) + " rank(s) running at once)",
       {{"S", "S", "tokens", 7, 0}, {"H_q", "H_q", "", 5, 0}, {"H_kv", "H_kv", "", 5, 0}, {"D", "D", "", 5, 0},
@@ -580,7 +580,7 @@ int bench_attn(BenchContext& ctx) {
        "time: mean of the timed iterations after one warm-up, max over ranks; window rows: window = 1024",
        "#wrong: failed checks against kernels/ref (sampled rows: O, LSE, dQ; all rows: dK, dV sums)"});
 
-  BenchTable breakdown(
+  Table breakdown(
       "where the time goes — shares of the kernel's thread time in one more call per row (rank 0), "
       "measured by the kernel itself (AttnProfile)",
       {{"S", "S", "tokens", 7, 0}, {"H_q", "H_q", "", 5, 0}, {"H_kv", "H_kv", "", 5, 0}, {"D", "D", "", 5, 0},

@@ -696,8 +696,8 @@ void set_measured_rates(HardwareProfile& h, const Calibration& cal) {
 }
 
 // The table: every measured number (the across-host rows only with a second host).
-BenchTable calibrate_table(const Config& cfg, const Calibration& cal, const HardwareProfile& h) {
-  BenchTable t("ctxpar bench calibrate — measured profile of this machine (max over ranks, all ranks at once)",
+Table calibrate_table(const Config& cfg, const Calibration& cal, const HardwareProfile& h) {
+  Table t("ctxpar bench calibrate — measured profile of this machine (max over ranks, all ranks at once)",
                {{"quantity", "quantity", "", 30, 0}, {"value", "value", "", 14, 4}, {"unit", "unit", "", 10, 0}},
                {"written to " + calibrate_path(cfg)});
   t.add_row({"fma_peak_per_rank", t.cell(1, cal.peak / 1e9), "GFLOP/s"});
@@ -855,7 +855,7 @@ int bench_calibrate(BenchContext& ctx) {
   if (cal.hosts > 1) measure_overlap_loss(job, cal);
   set_measured_rates(h, cal);
 
-  const BenchTable t = calibrate_table(cfg, cal, h);
+  const Table t = calibrate_table(cfg, cal, h);
   int wrong = invalid_measurements(cal);
   if (world.rank() == 0) {
     t.print(cfg.csv);

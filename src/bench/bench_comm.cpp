@@ -46,7 +46,7 @@ int bench_comm(BenchContext& ctx) {
   if (ctx.topo.size(Axis::ring) > 1 && ctx.topo.size(Axis::ulysses) > 1) groups.emplace_back("cp", &ctx.topo.cp());
   if (groups.empty()) groups.emplace_back("world", &ctx.topo.world());
 
-  BenchTable table("ctxpar bench comm — MPI over host memory, float32 elements",
+  Table table("ctxpar bench comm — MPI over host memory, float32 elements",
                    {{"axis", "axis", "", 9, 0}, {"ranks", "ranks", "", 6, 0}, {"op", "op", "", 11, 0},
                     {"size_bytes", "size", "B", 12, 0}, {"count_elems", "count", "elems", 11, 0},
                     {"time_us", "time", "us", 11, 1}, {"algbw_gbs", "algbw", "GB/s", 9, 2},

@@ -292,8 +292,8 @@ std::vector<std::string> table_notes(const Config& cfg, Topology& topo, const Ml
 }
 
 // The attention table's columns (frugal=true adds min, x_min and x_plain).
-std::vector<BenchColumn> table_columns(const Config& cfg) {
-  std::vector<BenchColumn> cols = {
+std::vector<TableColumn> table_columns(const Config& cfg) {
+  std::vector<TableColumn> cols = {
       {"strategy", "strategy", "", cfg.frugal || cfg.deterministic ? 17 : 10, 0}, {"seq", "seq", "tokens", 9, 0},
       {"fwd_ms", "fwd", "ms", 11, 1}, {"bwd_ms", "bwd", "ms", 11, 1},
       {"bytes_mb", "bytes", "MB", 10, 1}, {"exposed_ms", "exposed", "ms", 10, 2},
@@ -338,7 +338,7 @@ struct CpBench {
   const bool on_gpu;
   const GpuRun& gpu;
   MlaBench* mla;
-  BenchTable& table;
+  Table& table;
   int64_t wrong_total = 0;
   int64_t step = 0;
   std::vector<std::string> skipped;
@@ -346,7 +346,7 @@ struct CpBench {
   std::map<int64_t, double> least_bytes;  // frugal: seq -> the visible minimum (max over ranks)
   std::map<std::string, double> step_bytes;  // MLA: label -> bytes of one forward ring step
 
-  CpBench(BenchContext& c, const GpuRun& g, MlaBench* m, BenchTable& t)
+  CpBench(BenchContext& c, const GpuRun& g, MlaBench* m, Table& t)
       : ctx(c), cfg(c.cfg), topo(c.topo), world(c.topo.world()), P(c.topo.cp().size()), r(c.topo.cp().rank()),
         seed(uint64_t(c.cfg.seed)), on_gpu(c.cfg.device == Device::cuda), gpu(g), mla(m), table(t) {}
 
@@ -538,7 +538,7 @@ int bench_cp(BenchContext& ctx) {
   if (cfg.attention == "mla") mla = std::make_unique<MlaBench>(cfg, seed, &ctx.tracer);
   std::vector<RowKind> rows = row_kinds(cfg, topo, mla != nullptr);
 
-  BenchTable table("ctxpar bench cp — context-parallel attention forward + backward", table_columns(cfg),
+  Table table("ctxpar bench cp — context-parallel attention forward + backward", table_columns(cfg),
                    table_notes(cfg, topo, mla.get(), gpu));
   CpBench bench(ctx, gpu, mla.get(), table);
   // layer_pattern chooses the tables: attention rows for G, Gated DeltaNet rows for D.

@@ -94,7 +94,7 @@ int64_t bench_cp_gdn(BenchContext& ctx, const std::vector<int64_t>& lengths) {
       "sgemm: this run's large-sgemm rate per rank, " + std::to_string(sgemm / 1e9).substr(0, 7) +
           " GFLOP/s; %sgemm = (fwd+bwd) TFLOP/s per rank / that rate",
       "#wrong: elements of O, dQ, dK, dV, dg, dbeta off the single-rank op on the whole sequence by > 1e-4 * max|tensor|"};
-  BenchTable table("ctxpar bench cp — Gated DeltaNet forward + backward under CP",
+  Table table("ctxpar bench cp — Gated DeltaNet forward + backward under CP",
                    {{"schedule", "schedule", "", 9, 0}, {"seq", "seq", "tokens", 9, 0},
                     {"fwd_ms", "fwd", "ms", 11, 1}, {"bwd_ms", "bwd", "ms", 11, 1},
                     {"bytes_kb", "bytes", "KB", 10, 1}, {"bound_kb", "bound", "KB", 10, 1},

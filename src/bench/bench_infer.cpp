@@ -142,7 +142,7 @@ int deterministic_table(BenchContext& ctx, const Check& check, const std::vector
   Comm& world = ctx.topo.world();
   const int tp = ctx.topo.size(Axis::tp);
   const int64_t S = cfg.seq, V = cfg.vocab, iters = cfg.bench_iters, pre_iters = std::min<int64_t>(iters, 3);
-  BenchTable t("ctxpar bench infer — deterministic=true: the exact schedule against the plain one, context " +
+  Table t("ctxpar bench infer — deterministic=true: the exact schedule against the plain one, context " +
                    std::to_string(S) + ", batch 1" + (tp > 1 ? ", every CP group x tp:" + std::to_string(tp) : std::string()),
                {{"cp", "CP", "ranks", 6, 0}, {"replicas", "replicas", "dp", 9, 0}, {"prefill_ms", "prefill", "ms", 10, 2},
                 {"prefill_det_ms", "prefill:det", "ms", 12, 2}, {"prefill_x", "slower", "x", 7, 1},
@@ -281,7 +281,7 @@ struct InferBench {
   // Table 1: per miss rate both variants' partial prefill of the new tokens on the same cache,
   // the cost model's prediction and choice; then the crossover.
   void partial_prefill_table() {
-    BenchTable t1("ctxpar bench infer — partial prefill TTFT, pass-KV vs pass-Q (shape of Meta CP Table 4), " +
+    Table t1("ctxpar bench infer — partial prefill TTFT, pass-KV vs pass-Q (shape of Meta CP Table 4), " +
                       std::to_string(N) + " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) +
                       ", context " + std::to_string(S) + ", batch 1",
                   {{"miss_pct", "miss", "%", 7, 2}, {"T", "T", "new", 7, 0}, {"P", "P", "cached", 9, 0},
@@ -380,7 +380,7 @@ struct InferBench {
   // Table 2: per CP size the pass-Q and all-gather decode, each step fed the CP = 1 run's tokens
   // and checked against them.
   void decode_table() {
-    BenchTable t2("ctxpar bench infer — decode TTIT against CP size (shape of Meta CP Table 8), context " +
+    Table t2("ctxpar bench infer — decode TTIT against CP size (shape of Meta CP Table 8), context " +
                       std::to_string(S) + ", batch " + std::to_string(cfg.batch) +
                       (tp > 1 ? ", every CP group x tp:" + std::to_string(tp) : std::string()),
                   {{"cp", "CP", "ranks", 6, 0}, {"replicas", "replicas", "dp", 9, 0}, {"algo", "algo", "", 10, 0},
@@ -480,7 +480,7 @@ struct InferBench {
       cap = std::max(cap, Partition::padded_length(PartitionKind::zigzag, lens[size_t(b)], N) / N);
       for (int64_t i = 0; i < lens[size_t(b)]; ++i) batch[size_t(b)].push_back(token_at(uint64_t(cfg.seed) + uint64_t(b), i, V));
     }
-    BenchTable t3("ctxpar bench infer — batched variable-length prefill (" + std::to_string(nb) + " prompts of " +
+    Table t3("ctxpar bench infer — batched variable-length prefill (" + std::to_string(nb) + " prompts of " +
                       std::to_string(lens[0]) + ".." + std::to_string(lens.back()) + " tokens, " + std::to_string(total) +
                       " in all), " + std::to_string(N) + " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) +
                       ", strategy " + ctxpar::name_of(cfg.strategy),
@@ -538,7 +538,7 @@ struct InferBench {
     // One prompt of seq/8, seq/4, seq/2 and seq tokens on an empty cache: pass-KV (the configured
     // full-prefill strategy) against pass-Q (queries circulate over each rank's own new keys),
     // alternating within each iteration; with mesh=tp:2,ring:2 the TTFT-vs-length sweep.
-    BenchTable t4("ctxpar bench infer — full prefill TTFT against length, pass-KV vs pass-Q, " + std::to_string(N) +
+    Table t4("ctxpar bench infer — full prefill TTFT against length, pass-KV vs pass-Q, " + std::to_string(N) +
                       " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) + ", strategy " +
                       ctxpar::name_of(cfg.strategy) + ", batch 1",
                   {{"T", "T", "tokens", 8, 0}, {"pass_kv_ms", "pass-KV", "ms", 10, 2}, {"pass_q_ms", "pass-Q", "ms", 10, 2},

@@ -62,7 +62,7 @@ int bench_train(BenchContext& ctx) {
   const bool agree = !pair || (std::abs(runs[1].s.last_loss - runs[0].s.last_loss) <=
                                2e-5 * std::abs(runs[0].s.last_loss) &&
                                std::abs(runs[1].s.first_loss - runs[0].s.first_loss) <= 2e-5 * std::abs(runs[0].s.first_loss));
-  BenchTable t("ctxpar bench train — forward + backward + AdamW steps (median over measured steps)",
+  Table t("ctxpar bench train — forward + backward + AdamW steps (median over measured steps)",
                {{"schedule", "schedule", "", 14, 0}, {"layers", "layers", "", 7, 0}, {"dim", "dim", "", 6, 0},
                 {"seq", "S", "tokens", 8, 0},
                 {"ranks", "ranks", "", 6, 0}, {"step_ms", "step", "ms", 10, 1}, {"tokens_per_s", "tokens/s", "", 10, 1},
@@ -133,7 +133,7 @@ int bench_peak(BenchContext& ctx) {
     }
   const double sgemm_flops = measure_sgemm_peak_flops(ctx.topo.world());
   const FmaPeak fma = measure_fma_peak(ctx, int(cfg.threads));
-  BenchTable t("ctxpar bench peak — per-rank single-precision peak (all ranks measuring at once)",
+  Table t("ctxpar bench peak — per-rank single-precision peak (all ranks measuring at once)",
                {{"ranks", "ranks", "", 6, 0}, {"sgemm_gflops", "sgemm", "GFLOP/s", 10, 1},
                 {"fma_gflops", "FMA loop", "GFLOP/s", 10, 1}, {"fma_isa", "ISA", "", 15, 0},
                 {"fma_bits", "vector", "bits", 7, 0}, {"sgemm_vs_fma", "sgemm/FMA", "", 10, 2},

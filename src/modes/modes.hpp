@@ -21,12 +21,14 @@ struct ModeRow {
   // Host bytes per rank at the plan's peak (null: a mode too small to matter); compared with
   // what the node has before anything is allocated (check_memory).
   double (*memory)(const Config&, Topology&);
+  // GPU bytes per rank of a device=cuda run, against the GPU's free memory before anything is
+  // allocated; null: the row is not built for device=cuda.
+  double (*device_memory)(const Config&, Topology&);
   // The row's reads of its input files' values (NaN/Inf, token ids), every rank a share, after the
   // memory check: they may read gigabytes (null: none). Not run by --dry-run.
   std::string (*scan)(const Config&, Topology&);
   bool needs_peak;          // the trace's MFU needs this rank's peak FLOP/s
   bool attention_workload;  // runs the sharded attention workload (validated and planned by workload.hpp)
-  bool cuda;                // built for device=cuda
 };
 
 // Validation before any allocation (same result on every rank); "" when valid: the device, the
@@ -92,7 +94,6 @@ std::string train_plan(const Config& cfg, Topology& topo);  // the --dry-run lin
 // Peak FLOP/s per rank for MFU: peak_tflops_per_rank, or measured with sgemm (collective).
 double train_peak_flops_per_rank(const Config& cfg, Topology& topo);
 
-int run_default(const Config& cfg, Topology& topo, Tracer& tracer);   // `ctxpar run`
 int run_train(const Config& cfg, Topology& topo, Tracer& tracer);     // `ctxpar train`
 // The training loop behind run_train and `bench train`: medians over the measured steps.
 struct TrainSummary {

@@ -5,7 +5,6 @@
 #include <iomanip>
 #include <sstream>
 
-#include "bench/bench.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
@@ -59,7 +58,7 @@ std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row)
     return "config: device = 'cuda' but this binary was built without the CUDA backend (configure with nvcc and NCCL "
            "under /usr/local/cuda, CTXPAR_CUDA=AUTO or ON); valid here: device=cpu";
 #else
-    if (!row.cuda)
+    if (!row.device_memory)
       return "config: device = 'cuda' is built for `run`, `attn`, `train`, `prefill`, `decode`, `chat`, `bench attn`, "
              "`bench cp`, `bench train` and `bench infer`, not for " + mode_words(cfg, " ") +
              " (it measures the host or models, not a GPU run); valid: device=cpu for this mode";
@@ -177,18 +176,13 @@ struct DeviceFit {
   int device = 0, sharing = 1;
   double free_bytes = -1;
 };
-DeviceFit device_fit(const Config& cfg, Topology& topo) {
+DeviceFit device_fit(const Config& cfg, Topology& topo, const ModeRow& row) {
   DeviceFit f;
   const DeviceCount dc = cuda_device_count();
   f.device = device_for_local_rank(topo.local_rank(), topo.local_size(), std::max(1, dc.count));
   const DeviceMemory m = cuda_device_memory(f.device);
   f.sharing = std::max(1, (topo.local_size() + dc.count - 1) / std::max(1, dc.count));
-  const bool cp_call = cfg.mode == Mode::attn || cfg.mode == Mode::run || (cfg.mode == Mode::bench && cfg.bench == Bench::cp);
-  const bool train = cfg.mode == Mode::train || (cfg.mode == Mode::bench && cfg.bench == Bench::train);
-  f.need = train             ? train_device_memory(cfg, topo)
-           : infer_mode(cfg) ? infer_device_memory(cfg, topo)
-           : cp_call         ? attn_device_memory(cfg, topo)
-                             : bench_attn_device_memory(cfg);
+  f.need = row.device_memory ? row.device_memory(cfg, topo) : 0.0;
   f.free_bytes = double(m.free_bytes);
   if (m.free_bytes >= 0) f.free_per_rank = double(m.free_bytes) / f.sharing;
   return f;
@@ -200,7 +194,7 @@ DeviceFit device_fit(const Config& cfg, Topology& topo) {
 std::string check_memory(const Config& cfg, Topology& topo, const ModeRow& row) {
 #if defined(CTXPAR_WITH_CUDA)
   if (cfg.device == Device::cuda) {
-    const DeviceFit f = device_fit(cfg, topo);
+    const DeviceFit f = device_fit(cfg, topo, row);
     if (f.free_per_rank >= 0 && f.need > f.free_per_rank)
       return "config: this " + mode_words(cfg) + " needs about " + fmt_bytes(f.need) + " of GPU memory per rank, but GPU " +
              std::to_string(f.device) + " on " + topo.hosts()[size_t(topo.world().rank())] + " has " +
@@ -277,7 +271,7 @@ std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row) 
   if (row.plan) os << row.plan(cfg, topo);
 #if defined(CTXPAR_WITH_CUDA)
   if (cfg.device == Device::cuda) {
-    const DeviceFit f = device_fit(cfg, topo);
+    const DeviceFit f = device_fit(cfg, topo, row);
     if (f.need > 0 && f.free_per_rank >= 0)
       os << "GPU memory check: " << fmt_bytes(f.need) << " per rank against " << fmt_bytes(f.free_per_rank)
          << " per rank (GPU " << f.device << ": " << fmt_bytes(f.free_bytes) << " free, " << f.sharing << " rank(s) on it): "

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/bench.hpp"
+#include "core/table.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -194,7 +194,7 @@ int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
   (void)tracer;
   const auto configs = sweep_configs(cfg);
   const std::string sweep_key = cfg.sweep.empty() ? "" : cfg.sweep.substr(0, cfg.sweep.find('='));
-  std::vector<BenchColumn> cols = {
+  std::vector<TableColumn> cols = {
       {"mode", "mode", "", 16, 0},        {"hardware", "hardware", "", 11, 0},
       {"mesh", "mesh", "", 22, 0},        {"seq", "S", "tokens", 9, 0},
       {"cached", "P", "tokens", 9, 0},    {"strategy", "strategy", "", 10, 0},
@@ -216,7 +216,7 @@ int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
                               cfg.local_strategy + " in every row"
                         : "layers " + cfg.layer_pattern + ": inference rows price the local (L) layers as global ones " +
                               "(their window is not priced yet: an upper bound)");
-  BenchTable t("ctxpar predict — cost model per strategy (src/perf/cost_model.hpp states the overlap rules)", cols,
+  Table t("ctxpar predict — cost model per strategy (src/perf/cost_model.hpp states the overlap rules)", cols,
                notes);
   std::vector<std::string> recs;
   for (const auto& [value, c] : configs) {

@@ -1,4 +1,4 @@
-set(CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/run_default.cpp ${CMAKE_CURRENT_LIST_DIR}/plan.cpp ${CMAKE_CURRENT_LIST_DIR}/workload.cpp
+set(CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/plan.cpp ${CMAKE_CURRENT_LIST_DIR}/workload.cpp
     ${CMAKE_CURRENT_LIST_DIR}/run_files.cpp)
 # `ctxpar attn` (its HDF5 tensor reader/writer is src/io's).
 list(APPEND CTXPAR_MODE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/attn_mode.cpp ${CMAKE_CURRENT_LIST_DIR}/device_run.cpp)
