@@ -75,9 +75,9 @@ bool is_bool_field(const std::string& key) {
   return false;
 }
 
-// Splits argv into mode, flags and key=value overrides; throws UsageError.
 }  // namespace
 
+// Splits argv into mode, flags and key=value overrides; throws UsageError.
 Cli parse_cli(const std::vector<std::string>& args) {
   Cli c;
   for (size_t i = 0; i < args.size(); ++i) {
