@@ -160,17 +160,10 @@ struct AttnParams {
   // k_pos_zigzag tokens (shard/partition.hpp: Partition(zigzag, k_pos_zigzag, P).positions(rank),
   // padding rows included), so another rank's key positions can be computed instead of sent.
   int64_t k_pos_zigzag = 0;
-  // Frugal transfers (read by the all-gather; a kernel call ignores this): when set and the
-  // queries are the keys' rows (training), a rank receives only the key rows some query of its
-  // can see.
-  bool visible_only = false;
-  // The batch a frugal call belongs to (> 0), the same on every rank: a strategy computes the
-  // plan once per batch and mask and reuses it for the other layers and the backward (0: no reuse).
+  // The batch a call belongs to (> 0), the same on every rank: a frugal schedule (cp/visible.hpp)
+  // computes its plan once per batch and mask and reuses it for the other layers and the
+  // backward (0: no reuse). A kernel call ignores this.
   int64_t batch_id = 0;
-  // Deterministic schedule (read by the CP strategies; a kernel call ignores this): the results'
-  // bits do not depend on P or the strategy — every rank attends its queries to all keys in
-  // position order in one call, and dK/dV are summed exactly (dk_fixed) across the ranks.
-  bool deterministic = false;
 
   // ---- MLA's latent K/V (read by the CP strategies; a kernel call ignores these). With
   // `expander` set, this rank's K and V rows are expanded from per-token latent rows `latent`

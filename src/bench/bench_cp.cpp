@@ -219,8 +219,9 @@ double cpu_seconds() {
 struct RowKind {
   std::string label, strategy;
   bool latent;
-  bool frugal = false;  // AttnParams::visible_only (config frugal=true): the row `<name>:frugal`
-  bool det = false;     // AttnParams::deterministic (config deterministic=true): the row `<name>:det`
+  bool frugal = false;  // the frugal schedule (config frugal=true): the row `<name>:frugal`
+  bool det = false;     // the deterministic schedule (config deterministic=true): the row `<name>:det`
+  CpSchedule schedule() const { return det ? CpSchedule::deterministic : frugal ? CpSchedule::frugal : CpSchedule::plain; }
 };
 
 // The attention table's rows: per strategy its own, and with mla, frugal=true or
@@ -239,8 +240,8 @@ std::vector<RowKind> row_kinds(const Config& cfg, Topology& topo, bool mla) {
     const bool moves = mla && s->moves_latent();
     rows.push_back({name, name, moves});
     if (moves) rows.push_back({name + ":kv", name, false});
-    if (cfg.frugal && s->moves_visible_only()) rows.push_back({name + ":frugal", name, false, true});
-    if (cfg.deterministic && s->serves_deterministic()) rows.push_back({name + ":det", name, false, false, true});
+    if (cfg.frugal && has_schedule(name, CpSchedule::frugal)) rows.push_back({name + ":frugal", name, false, true});
+    if (cfg.deterministic && has_schedule(name, CpSchedule::deterministic)) rows.push_back({name + ":det", name, false, false, true});
   }
   return rows;
 }
@@ -447,7 +448,6 @@ struct CpBench {
     Config c = cfg;
     c.seq = S;
     AttnParams shape = attn_problem(c);  // MLA: heads of nope + rope and the latent's width (modes/workload.hpp)
-    shape.deterministic = row.det;
     shape.fixed_heads = row.det ? int32_t(cfg.deterministic_heads) : 0;  // exact dK/dV parts (ulysses replicas)
     std::string err = strat.validate(shape, topo);  // with the latent: ulysses, usp refuse
     if (!row.latent) shape.latent_width = 0;
@@ -463,7 +463,6 @@ struct CpBench {
     AttnParams t = in.local(shape, ex);
     // As in training: every rank's keys are its zigzag shard, so the ring derives positions.
     if (strat.partition() == PartitionKind::zigzag && !row.det) t.k_pos_zigzag = S;
-    t.visible_only = row.frugal;  // only the visible rows move
     DeviceTensors dev;  // device=cuda: the call's tensors on the GPU
     const AttnParams run = on_gpu ? dev.upload(t, gpu.stream) : t;
     const double real_pairs =
@@ -545,7 +544,7 @@ int bench_cp(BenchContext& ctx) {
   const bool attn_rows = cfg.layer_pattern.find('G') != std::string::npos;
   if (!attn_rows) rows.clear();
   for (const RowKind& row : rows) {
-    std::unique_ptr<CpStrategy> strat = make_strategy(row.strategy, topo);
+    std::unique_ptr<CpStrategy> strat = make_strategy(row.strategy, topo, row.schedule());
     for (int64_t S : lengths) {
       if (ctx.tracer.stop_signal() != 0) break;  // a stop signal: report the rows measured so far
       if (!bench.run_case(row, *strat, S)) break;

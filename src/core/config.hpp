@@ -49,6 +49,10 @@ struct Config {
   bool deterministic;        // train, bench train, bench cp: the same bits on any mesh (cp/deterministic.hpp, model/transformer.hpp)
   int64_t deterministic_block;  // train with deterministic: rows per exact weight-gradient term (0: modes/train.cpp's default)
   int64_t deterministic_heads;  // train with deterministic: query heads per exact dK/dV part (0: a whole K/V group)
+  // The strategy's schedule these two select (validation refuses both at once).
+  CpSchedule cp_schedule() const {
+    return deterministic ? CpSchedule::deterministic : frugal ? CpSchedule::frugal : CpSchedule::plain;
+  }
   bool cpu_check;            // attn device=cuda: the same call on the CPU, differences reported
   bool save_logits;          // prefill/decode/chat: /infer/logits and /infer/tokens in the output file
   PartitionKind partition;

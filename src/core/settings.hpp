@@ -18,6 +18,11 @@ enum class Bench : int32_t { none, comm, attn, cp, train, peak, infer, calibrate
 // strategy: a training strategy of the registry (src/cp; file name = value), the cost model's
 // pick, or every strategy (bench cp).
 enum class StrategySetting : int32_t { allgather, ulysses, ring, usp, automatic, all };
+// Which schedule of a strategy runs, resolved once from the configuration (Config::cp_schedule):
+// deterministic=true -> deterministic (the canonical schedule: the same bits on any mesh),
+// frugal=true -> frugal (only the key rows a receiving rank can see move), else plain. Each is a
+// row of its own in the registry (src/cp/registry.cpp), served by its own file.
+enum class CpSchedule : int32_t { plain, deterministic, frugal };
 // Token partition of a CP group (shard/partition.hpp).
 enum class PartitionKind : int32_t { contiguous, zigzag, striped };
 // Activation recompute per layer (model/transformer.hpp).

@@ -200,8 +200,6 @@ std::string device_call_error(const std::string& strategy, const Comm& c, const 
   if (c.size() > 1 && c.compute_stream() != a.stream)
     return pre + "the call's stream is not the communicator's compute stream (Comm::set_compute_stream)";
   if (a.expander) return pre + "MLA's latent K/V (attention = mla) is CPU only so far";
-  if (a.visible_only) return pre + "frugal = true is CPU only so far";
-  if (a.deterministic) return pre + "deterministic = true is CPU only so far";
   const bool by_pos = a.mask != MaskKind::none;
   if ((by_pos && (!a.q_pos_host || !a.k_pos_host)) || (a.q_doc && !a.q_doc_host) || (a.k_doc && !a.k_doc_host))
     return pre + "the host copies of the positions and document ids are missing (AttnParams::q_pos_host, k_pos_host, "

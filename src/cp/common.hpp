@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn_params.hpp"
@@ -20,7 +21,7 @@ namespace ctxpar {
 
 class Topology;
 
-// One factory per strategy file; registry.cpp lists them in one table.
+// One factory per strategy; registry.cpp lists them in one table.
 std::unique_ptr<CpStrategy> make_allgather_strategy(Topology& topo);
 std::unique_ptr<CpStrategy> make_ulysses_strategy(Topology& topo);
 std::unique_ptr<CpStrategy> make_ring_strategy(Topology& topo);
@@ -29,6 +30,38 @@ std::unique_ptr<CpStrategy> make_halo_strategy(Topology& topo);
 std::unique_ptr<CpStrategy> make_pass_q_strategy(Topology& topo);
 std::unique_ptr<CpStrategy> make_decode_pass_q_strategy(Topology& topo);
 std::unique_ptr<CpStrategy> make_decode_allgather_strategy(Topology& topo);
+// A strategy's other schedule (CpSchedule; its own registry row and file): what the plain
+// strategy states of the problem (name, partition, validation, MLA latent, volumes) holds
+// unchanged; the schedule brings its forward and backward, and keeps the plain strategy for the
+// calls it does not serve.
+class ScheduleOf : public CpStrategy {
+ public:
+  explicit ScheduleOf(std::unique_ptr<CpStrategy> plain) : plain_(std::move(plain)) {}
+  std::string name() const override { return plain_->name(); }
+  PartitionKind partition() const override { return plain_->partition(); }
+  std::string validate(const AttnParams& s, const Topology& topo) const override { return plain_->validate(s, topo); }
+  bool moves_latent() const override { return plain_->moves_latent(); }
+  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+    return plain_->comm_volume_fwd(s, docs, topo);
+  }
+  double buffer_bytes(const AttnParams& s, bool docs, const Topology& topo) const override {
+    return plain_->buffer_bytes(s, docs, topo);
+  }
+
+ protected:
+  CpStrategy& plain() { return *plain_; }
+
+ private:
+  std::unique_ptr<CpStrategy> plain_;
+};
+
+// The schedules' strategies (CpSchedule): deterministic*.cpp, frugal_*.cpp.
+std::unique_ptr<CpStrategy> make_deterministic_allgather_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_deterministic_ring_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_deterministic_ulysses_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_deterministic_usp_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_frugal_allgather_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_frugal_ring_strategy(Topology& topo);
 
 namespace cp {
 
@@ -106,8 +139,8 @@ void pack_kv(const KvLayout& L, const AttnParams& p, std::byte* base);
 // "" when the strategy `strategy` can run the call `a` on its device over `c`, else what is wrong:
 // the communicator must move device buffers (a device backend, Topology::use_device_comms) with
 // the call's stream as its compute stream, the host copies of positions and document ids must be
-// given (AttnParams::q_pos_host ...), and MLA's latent, frugal and deterministic schedules are CPU
-// only so far.
+// given (AttnParams::q_pos_host ...), and MLA's latent is CPU only so far (so are the schedules
+// other than plain: they refuse device calls themselves).
 std::string device_call_error(const std::string& strategy, const Comm& c, const AttnParams& a);
 // Throws std::invalid_argument with device_call_error's message, if any.
 void check_device_call(const std::string& strategy, const Comm& c, const AttnParams& a);

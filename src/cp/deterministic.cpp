@@ -4,10 +4,13 @@
 #include <cstring>
 #include <numeric>
 #include <span>
+#include <stdexcept>
 
 #include "core/error.hpp"
 #include "core/memory.hpp"
 #include "cp/common.hpp"
+#include "cp/strategy.hpp"
+#include "dist/topology.hpp"
 #include "model/flops.hpp"
 #include "ops.hpp"
 #include "trace/trace.hpp"
@@ -109,7 +112,17 @@ std::string check_deterministic(const AttnParams& t) {
   return "";
 }
 
+namespace {
+// A device call is the caller's mistake, not a broken invariant: refused with std::invalid_argument.
+void refuse_device_call(const AttnParams& t) {
+  if (t.device != Device::cpu)
+    throw std::invalid_argument(std::string("deterministic = true on device = ") + name_of(t.device) +
+                                ": CPU only so far");
+}
+}  // namespace
+
 void canonical_fwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
+  refuse_device_call(t);
   const std::string err = check_deterministic(t);
   CTXPAR_CHECK(err.empty(), err);
   const Canon g = gather_canonical(c, t, ring_hops, tr, st);
@@ -118,6 +131,7 @@ void canonical_fwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
 }
 
 void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
+  refuse_device_call(t);
   const std::string err = check_deterministic(t);
   CTXPAR_CHECK(err.empty(), err);
   const Canon g = gather_canonical(c, t, ring_hops, tr, st);
@@ -242,3 +256,35 @@ void canonical_infer_fwd(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) 
 }
 
 }  // namespace ctxpar::cp
+
+namespace ctxpar {
+namespace {
+
+// allgather's and ring's deterministic schedule (CpSchedule::deterministic): the canonical call,
+// its K/V rows gathered by one all-gather or by the ring's P - 1 hops.
+class Deterministic final : public ScheduleOf {
+ public:
+  Deterministic(Topology& topo, std::unique_ptr<CpStrategy> plain, bool ring_hops)
+      : ScheduleOf(std::move(plain)), comm_(topo.cp()), ring_hops_(ring_hops) {}
+  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    cp::canonical_fwd(&comm_, local, ring_hops_, tr, st);
+  }
+  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    cp::canonical_bwd(&comm_, local, ring_hops_, tr, st);
+  }
+
+ private:
+  Comm& comm_;
+  bool ring_hops_;
+};
+
+}  // namespace
+
+std::unique_ptr<CpStrategy> make_deterministic_allgather_strategy(Topology& topo) {
+  return std::make_unique<Deterministic>(topo, make_allgather_strategy(topo), /*ring_hops=*/false);
+}
+std::unique_ptr<CpStrategy> make_deterministic_ring_strategy(Topology& topo) {
+  return std::make_unique<Deterministic>(topo, make_ring_strategy(topo), /*ring_hops=*/true);
+}
+
+}  // namespace ctxpar

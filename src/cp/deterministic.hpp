@@ -1,5 +1,6 @@
-// The canonical schedule of deterministic=true (AttnParams::deterministic), used by the
-// all-gather, the ring, ulysses and usp (around their all-to-all): results whose bits do not depend on the number of ranks, the strategy
+// The canonical schedule of deterministic=true (CpSchedule::deterministic: the strategies of
+// deterministic.cpp for the all-gather and the ring, deterministic_ulysses.cpp for ulysses and usp
+// around their all-to-all): results whose bits do not depend on the number of ranks, the strategy
 // or the thread count. Every rank gathers the whole group's K/V rows (all-gather, or the ring's
 // P - 1 hops), puts them in position order, and attends its own queries to all of them in one
 // kernel call, so each query row meets the same keys in the same key tiles on any mesh (the CPU
@@ -8,8 +9,8 @@
 // an integer reduce-scatter, which has one result whatever the order.
 //
 // The layout must give every rank's chunks whole blocks of attn_query_block(D) positions, or of
-// AttnParams::fixed_rows when set (Partition's block: the caller pads), and the call must be training's self-attention
-// (the queries are the keys' rows). Under ulysses and usp a K/V head replicated on several ranks
+// AttnParams::fixed_rows when set (Partition's block: the caller pads), and the call must be
+// training's self-attention (the queries are the keys' rows). Under ulysses and usp a K/V head replicated on several ranks
 // (each holding part of its group's query heads) is summed as integers over them, in parts of
 // AttnParams::fixed_heads query heads. Costs: the memory of the all-gather (the ring loses its
 // O(S/P) buffers and its overlap), and dK/dV travel as 8-byte integers.

@@ -14,24 +14,38 @@ using Factory = std::unique_ptr<CpStrategy> (*)(Topology&);
 enum class Use { training, inference, local };
 struct Entry {
   const char* name;
+  CpSchedule schedule;
   Factory make;
   Use use;
 };
+constexpr CpSchedule plain = CpSchedule::plain, deterministic = CpSchedule::deterministic, frugal = CpSchedule::frugal;
 const Entry kStrategies[] = {
-    {"allgather", make_allgather_strategy, Use::training},
-    {"ulysses", make_ulysses_strategy, Use::training},
-    {"ring", make_ring_strategy, Use::training},
-    {"usp", make_usp_strategy, Use::training},
-    {"halo", make_halo_strategy, Use::local},
-    {"pass_q", make_pass_q_strategy, Use::inference},
-    {"decode_pass_q", make_decode_pass_q_strategy, Use::inference},
-    {"decode_allgather", make_decode_allgather_strategy, Use::inference},
+    {"allgather", plain, make_allgather_strategy, Use::training},
+    {"allgather", deterministic, make_deterministic_allgather_strategy, Use::training},
+    {"allgather", frugal, make_frugal_allgather_strategy, Use::training},
+    {"ulysses", plain, make_ulysses_strategy, Use::training},
+    {"ulysses", deterministic, make_deterministic_ulysses_strategy, Use::training},
+    {"ring", plain, make_ring_strategy, Use::training},
+    {"ring", deterministic, make_deterministic_ring_strategy, Use::training},
+    {"ring", frugal, make_frugal_ring_strategy, Use::training},
+    {"usp", plain, make_usp_strategy, Use::training},
+    {"usp", deterministic, make_deterministic_usp_strategy, Use::training},
+    {"halo", plain, make_halo_strategy, Use::local},
+    {"pass_q", plain, make_pass_q_strategy, Use::inference},
+    {"decode_pass_q", plain, make_decode_pass_q_strategy, Use::inference},
+    {"decode_allgather", plain, make_decode_allgather_strategy, Use::inference},
 };
+
+const Entry* find(const std::string& name, CpSchedule sched) {
+  for (const Entry& e : kStrategies)
+    if (name == e.name && e.schedule == sched) return &e;
+  return nullptr;
+}
 
 std::vector<std::string> names_where(Use use) {
   std::vector<std::string> n;
   for (const Entry& e : kStrategies)
-    if (e.use == use) n.emplace_back(e.name);
+    if (e.use == use && e.schedule == plain) n.emplace_back(e.name);
   return n;
 }
 
@@ -56,10 +70,11 @@ const std::vector<std::string>& local_strategy_names() {
   return names;
 }
 
-std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo) {
-  for (const Entry& e : kStrategies)
-    if (name == e.name) return e.make(topo);
-  return nullptr;
+bool has_schedule(const std::string& name, CpSchedule sched) { return find(name, sched) != nullptr; }
+
+std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo, CpSchedule sched) {
+  const Entry* e = find(name, sched);
+  return e ? e->make(topo) : nullptr;
 }
 
 const std::vector<std::string>& gdn_cp_names() {
@@ -73,9 +88,9 @@ std::unique_ptr<GdnCp> make_gdn_cp(const std::string& schedule) {
   return nullptr;
 }
 
-std::unique_ptr<CpStrategy> make_strategy(StrategySetting s, Topology& topo) {
+std::unique_ptr<CpStrategy> make_strategy(StrategySetting s, Topology& topo, CpSchedule sched) {
   if (s == StrategySetting::automatic || s == StrategySetting::all) return nullptr;
-  return make_strategy(std::string(name_of(s)), topo);
+  return make_strategy(std::string(name_of(s)), topo, sched);
 }
 
 AttnParams attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window) {

@@ -3,15 +3,11 @@
 // computed; zigzag sharding gives every step the same causal work. See cp/ring_core.hpp for the
 // step structure of forward and backward and for how transfers are kept moving. The same
 // forward serves the pass-KV prefill over a KV cache (keys = a rank's cache, S_k >= S_q). With
-// MLA the ring moves the latent and expands each visiting block (moves_latent). With frugal=true
-// (AttnParams::visible_only) blocks go straight from owner to receiver, only their visible rows
-// (ring_core.hpp: ring_fwd_visible). With deterministic=true the blocks make their P - 1 hops
-// first and the canonical call of cp/deterministic.hpp follows.
+// MLA the ring moves the latent and expands each visiting block (moves_latent). The ring's other
+// schedules are strategies of their own (registry.cpp).
 #include "cp/common.hpp"
 #include "cp/ring_core.hpp"
-#include "cp/deterministic.hpp"
 #include "cp/strategy.hpp"
-#include "cp/visible.hpp"
 #include "dist/topology.hpp"
 
 namespace ctxpar {
@@ -28,8 +24,6 @@ class Ring final : public CpStrategy {
   }
 
   bool moves_latent() const override { return true; }
-  bool moves_visible_only() const override { return true; }
-  bool serves_deterministic() const override { return true; }
 
   double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
     const int P = topo.cp_size();
@@ -49,13 +43,9 @@ class Ring final : public CpStrategy {
   }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    if (local.deterministic) return cp::canonical_fwd(&comm_, local, /*ring_hops=*/true, tr, st);
-    if (cp::frugal_call(local)) return cp::ring_fwd_visible(comm_, local, visible_.get(comm_, local, tr, st), tr, st);
     cp::ring_fwd(&comm_, local, tr, st);
   }
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    if (local.deterministic) return cp::canonical_bwd(&comm_, local, /*ring_hops=*/true, tr, st);
-    if (cp::frugal_call(local)) return cp::ring_bwd_visible(comm_, local, visible_.get(comm_, local, tr, st), tr, st);
     cp::ring_bwd(&comm_, local, tr, st);
   }
 
@@ -66,7 +56,6 @@ class Ring final : public CpStrategy {
                               : cp::ring_kv_message_bytes(s.S_k / P, s.H_kv, s.D, s.dtype, docs, pos);
   }
   Comm& comm_;
-  cp::VisibleCache visible_;  // frugal plans of the current batch
 };
 
 }  // namespace

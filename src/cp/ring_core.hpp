@@ -14,7 +14,6 @@
 namespace ctxpar {
 class Tracer;
 namespace cp {
-struct VisibleKeys;
 
 // Packed size of one hop's K/V message (K, V, positions unless derivable, document ids).
 double ring_kv_message_bytes(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_doc, bool has_pos = true);
@@ -46,17 +45,6 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st);
 // rank that computed them (the expansion's weight gradient accumulates there), and that partial
 // sum is what travels home, into a.dlatent (dk, dv unused).
 void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st);
-
-// The frugal ring (frugal_call(a), cp/visible.hpp; ring_visible.cpp): at distance d = 1 .. P-1
-// each rank sends its own K/V rows that rank r + d can see straight to it and receives those of
-// rank r - d it can see; a direction with no rows sends nothing, a step with no rows computes
-// nothing. The next distance is posted before the current block is computed, as in the plain
-// ring. Backward: the same K/V flow; a block's dK/dV (fp32, just the received rows) go straight
-// back to their owner, which adds them in distance order. Bytes: the rows some query of the
-// receiver can see, and the plan's document ids (positions too unless derivable).
-// `keys`: the call's plan (cp/visible.hpp; the strategy's VisibleCache).
-void ring_fwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, Tracer* tr, CpStats& st);
-void ring_bwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, Tracer* tr, CpStats& st);
 
 }  // namespace cp
 }  // namespace ctxpar

@@ -4,7 +4,9 @@ set(CTXPAR_CP_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/visible.cpp
   ${CMAKE_CURRENT_LIST_DIR}/deterministic.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ring_core.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/ring_visible.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/frugal_ring.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/frugal_allgather.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/deterministic_ulysses.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ulysses_core.cpp
   ${CMAKE_CURRENT_LIST_DIR}/allgather.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ulysses.cpp

@@ -84,12 +84,6 @@ class CpStrategy {
   // Does the strategy move an MLA latent (AttnParams::expander) instead of K and V? A caller
   // passes the latent only to one that does; the others get expanded K/V and return dk, dv.
   virtual bool moves_latent() const { return false; }
-  // Does the strategy honour AttnParams::visible_only (config frugal=true): only the key rows some
-  // query of the receiving rank can see move (cp/visible.hpp)? The others move every row.
-  virtual bool moves_visible_only() const { return false; }
-  // Does it honour AttnParams::deterministic (config deterministic=true: results with the same
-  // bits on any mesh, cp/deterministic.hpp)?
-  virtual bool serves_deterministic() const { return false; }
   // Bytes this rank sends in one forward of the problem `global` (for busbw and the cost model);
   // `docs`: document ids travel with the keys.
   virtual double comm_volume_fwd(const AttnParams& global, bool docs, const Topology& topo) const = 0;
@@ -104,14 +98,19 @@ class CpStrategy {
 // The registry (registry.cpp), one table: strategy_names() are the training strategies in config
 // order (the values of `strategy`), inference_strategy_names() the forward-only ones of the
 // inference engine, local_strategy_names() the values of `local_strategy` (a model's
-// sliding-window layers: halo, which serves only those, then the training ones); make_strategy
-// builds any of them and returns null for an unknown name.
+// sliding-window layers: halo, which serves only those, then the training ones). A training
+// strategy has a row per schedule it serves (CpSchedule: plain; deterministic, the canonical
+// schedule of cp/deterministic.hpp; frugal, the visible-keys schedule of cp/visible.hpp), each
+// built by its own file; a schedule's strategy reports the name of the strategy it schedules.
+// make_strategy returns null for an unknown name or a schedule the strategy has no row for.
 const std::vector<std::string>& strategy_names();
 const std::vector<std::string>& inference_strategy_names();
 const std::vector<std::string>& local_strategy_names();
-std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo);
+bool has_schedule(const std::string& name, CpSchedule sched);
+std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo,
+                                          CpSchedule sched = CpSchedule::plain);
 // The configured training strategy (null for auto and all, which are resolved before).
-std::unique_ptr<CpStrategy> make_strategy(StrategySetting s, Topology& topo);
+std::unique_ptr<CpStrategy> make_strategy(StrategySetting s, Topology& topo, CpSchedule sched = CpSchedule::plain);
 
 // The shape-only descriptor of a CP problem of S global tokens.
 AttnParams attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window);

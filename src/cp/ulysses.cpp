@@ -4,6 +4,7 @@
 // which lifts the H_kv >= U limit of other implementations. Tokens are zigzag-sharded like every
 // other strategy here (harmless for ulysses, and the same layout as usp's).
 #include "cp/common.hpp"
+#include "cp/ring_core.hpp"
 #include "cp/strategy.hpp"
 #include "cp/ulysses_core.hpp"
 #include "dist/topology.hpp"
@@ -16,13 +17,12 @@ class Ulysses final : public CpStrategy {
   explicit Ulysses(Topology& topo) : comm_(topo.cp()) {}
   std::string name() const override { return "ulysses"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
-  bool serves_deterministic() const override { return true; }
 
   std::string validate(const AttnParams& s, const Topology& topo) const override {
     const int U = topo.cp_size();
     std::string e = cp::check_common(name(), s, U);
     if (e.empty()) e = cp::refuse_latent(name(), s);
-    if (e.empty()) e = cp::check_heads(name(), s, U);
+    if (e.empty()) e = cp::check_heads(name(), s.H_q, s.H_kv, U);
     return e;
   }
 
@@ -31,8 +31,13 @@ class Ulysses final : public CpStrategy {
     return cp::ulysses_fwd_bytes(s, docs, s.S_q / U, U);
   }
 
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override { cp::ulysses_fwd(comm_, nullptr, local, tr, st); }
-  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override { cp::ulysses_bwd(comm_, nullptr, local, tr, st); }
+  // Inside: one local kernel call (the ring of one rank).
+  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    cp::ulysses_fwd(comm_, local, [&](const AttnParams& a) { cp::ring_fwd(nullptr, a, tr, st); }, tr, st);
+  }
+  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    cp::ulysses_bwd(comm_, local, [&](const AttnParams& a) { cp::ring_bwd(nullptr, a, tr, st); }, tr, st);
+  }
 
  private:
   Comm& comm_;

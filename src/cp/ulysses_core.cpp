@@ -1,14 +1,11 @@
 #include "cp/ulysses_core.hpp"
 
 #include <algorithm>
-#include <numeric>
 #include <span>
 
 #include "core/error.hpp"
 #include "core/memory.hpp"
 #include "cp/common.hpp"
-#include "cp/deterministic.hpp"
-#include "cp/ring_core.hpp"
 #include "ops.hpp"
 #include "trace/trace.hpp"
 
@@ -37,19 +34,6 @@ std::string check_heads(const std::string& strategy, int32_t H_q, int32_t H_kv, 
            std::to_string(U) + " (need H_q % U == 0)" + tail;
   return strategy + ": kv_heads H_kv=" + std::to_string(H_kv) + " can be neither split over nor replicated on U=" +
          std::to_string(U) + " ranks (need H_kv % U == 0 or U % H_kv == 0)" + tail;
-}
-
-std::string check_heads(const std::string& strategy, const AttnParams& s, int U) {
-  std::string e = check_heads(strategy, s.H_q, s.H_kv, U);
-  const int32_t part = s.fixed_heads > 0 ? s.fixed_heads : s.H_q / s.H_kv;
-  if (e.empty() && s.deterministic && U > 1 && s.H_kv % U != 0 && (s.H_q / U) % part != 0)
-    e = strategy + ": deterministic = true with kv_heads H_kv=" + std::to_string(s.H_kv) + " replicated on U=" +
-        std::to_string(U) + " ranks: each holds " + std::to_string(s.H_q / U) + " of a K/V group's query heads, " +
-        "not whole exact parts of " + std::to_string(part) + " heads (deterministic_heads" +
-        (s.fixed_heads > 0 ? "" : ", 0: the whole group") + "); valid: deterministic_heads=" +
-        std::to_string(std::gcd(s.H_q / U, int32_t(s.H_q / s.H_kv))) + " (or a divisor; the same on the runs compared), " +
-        "a ulysses degree dividing H_kv, or strategy=allgather or ring";
-  return e;
 }
 
 namespace {
@@ -224,7 +208,7 @@ double ulysses_fwd_bytes(const AttnParams& s, bool docs, int64_t S_loc, int U) {
   return q + kv + o + lse + meta;
 }
 
-void ulysses_fwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& st) {
+void ulysses_fwd(Comm& u, const AttnParams& t, const UlyssesInner& inner, Tracer* tr, CpStats& st) {
   const int U = u.size();
   if (t.device != Device::cpu) check_device_call("ulysses", u, t);
   const HeadSplit hq = head_split(t.H_q, U), hk = head_split(t.H_kv, U);
@@ -247,14 +231,16 @@ void ulysses_fwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& 
   a.v = v.data();
   a.o = o.data();
   a.lse = lse.data();
-  if (t.deterministic) canonical_fwd(ring, a, /*ring_hops=*/true, tr, st);  // cp/deterministic.hpp
-  else ring_fwd(ring, a, tr, st);
+  inner(a);
 
   gather_heads(u, {tensor(hq, D, DType::f32, o.data(), t.o), tensor(hq, 1, DType::f32, lse.data(), t.lse)}, t.S_q, on,
                st, tr);
 }
 
-void ulysses_bwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& st) {
+namespace {
+
+// ulysses_bwd and ulysses_bwd_exact: the inner's dK/dV in fp32, or as exact integer sums.
+void bwd(Comm& u, const AttnParams& t, const UlyssesInner& inner, bool exact, Tracer* tr, CpStats& st) {
   const int U = u.size();
   if (t.device != Device::cpu) check_device_call("ulysses", u, t);
   const HeadSplit hq = head_split(t.H_q, U), hk = head_split(t.H_kv, U);
@@ -284,17 +270,17 @@ void ulysses_bwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& 
   a.dq = dq.data();
   a.dk = dk.data();
   a.dv = dv.data();
-  if (t.deterministic && (hk.replicated() || t.dk_fixed)) {
-    // A K/V head on U / H_kv ranks, each with part of its group's query heads (whole parts of
-    // fixed_heads: check_heads): their integer sums added before the one rounding. With
-    // t.dk_fixed the caller takes the integers (K/V heads replicated over tp too).
+  if (exact) {
+    // A K/V head on U / H_kv ranks, each with part of its group's query heads: their integer sums
+    // added before the one rounding. With t.dk_fixed the caller takes the integers (K/V heads
+    // replicated over tp too).
     const size_t own = size_t(t.S_k) * t.H_kv * D;
     Buffer<int64_t> dki(nk, false), dvi(nk, false), dk_sum(t.dk_fixed ? 0 : own, false), dv_sum(t.dk_fixed ? 0 : own, false);
     int64_t* dk_to = t.dk_fixed ? t.dk_fixed : dk_sum.data();
     int64_t* dv_to = t.dk_fixed ? t.dv_fixed : dv_sum.data();
     a.dk_fixed = dki.data();
     a.dv_fixed = dvi.data();
-    canonical_bwd(ring, a, /*ring_hops=*/true, tr, st);
+    inner(a);
     gather_heads(u, {tensor(hq, D, DType::f32, dq.data(), t.dq), exact_tensor(hk, D, dki.data(), dk_to),
                      exact_tensor(hk, D, dvi.data(), dv_to)},
                  t.S_q, on, st, tr);
@@ -303,12 +289,21 @@ void ulysses_bwd(Comm& u, Comm* ring, const AttnParams& t, Tracer* tr, CpStats& 
     fixed_to_float(dv_sum.data(), t.dv, int64_t(own));
     return;
   }
-  if (t.deterministic) canonical_bwd(ring, a, /*ring_hops=*/true, tr, st);
-  else ring_bwd(ring, a, tr, st);
+  inner(a);
 
   gather_heads(u, {tensor(hq, D, DType::f32, dq.data(), t.dq), tensor(hk, D, DType::f32, dk.data(), t.dk),
                    tensor(hk, D, DType::f32, dv.data(), t.dv)},
                t.S_q, on, st, tr);
+}
+
+}  // namespace
+
+void ulysses_bwd(Comm& u, const AttnParams& t, const UlyssesInner& inner, Tracer* tr, CpStats& st) {
+  bwd(u, t, inner, /*exact=*/false, tr, st);
+}
+
+void ulysses_bwd_exact(Comm& u, const AttnParams& t, const UlyssesInner& inner, Tracer* tr, CpStats& st) {
+  bwd(u, t, inner, /*exact=*/true, tr, st);
 }
 
 }  // namespace ctxpar::cp

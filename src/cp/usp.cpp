@@ -17,13 +17,12 @@ class Usp final : public CpStrategy {
   explicit Usp(Topology& topo) : ulysses_(topo.axis(Axis::ulysses)), ring_(topo.axis(Axis::ring)) {}
   std::string name() const override { return "usp"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
-  bool serves_deterministic() const override { return true; }
 
   std::string validate(const AttnParams& s, const Topology& topo) const override {
     const int U = topo.size(Axis::ulysses), R = topo.size(Axis::ring);
     std::string e = cp::check_common(name(), s, U * R);
     if (e.empty()) e = cp::refuse_latent(name(), s);
-    if (e.empty()) e = cp::check_heads(name(), s, U);
+    if (e.empty()) e = cp::check_heads(name(), s.H_q, s.H_kv, U);
     return e;
   }
 
@@ -36,10 +35,10 @@ class Usp final : public CpStrategy {
   }
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    cp::ulysses_fwd(ulysses_, &ring_, local, tr, st);
+    cp::ulysses_fwd(ulysses_, local, [&](const AttnParams& a) { cp::ring_fwd(&ring_, a, tr, st); }, tr, st);
   }
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    cp::ulysses_bwd(ulysses_, &ring_, local, tr, st);
+    cp::ulysses_bwd(ulysses_, local, [&](const AttnParams& a) { cp::ring_bwd(&ring_, a, tr, st); }, tr, st);
   }
 
  private:

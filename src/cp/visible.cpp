@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "cp/common.hpp"
@@ -83,7 +85,9 @@ std::vector<int32_t> VisibleKeys::recv_doc(int i) const {
 }
 
 bool frugal_call(const AttnParams& t) {
-  return t.visible_only && !t.expander && t.q_pos == t.k_pos && t.q_doc == t.k_doc && t.S_q == t.S_k;
+  if (t.device != Device::cpu)
+    throw std::invalid_argument(std::string("frugal = true on device = ") + name_of(t.device) + ": CPU only so far");
+  return !t.expander && t.q_pos == t.k_pos && t.q_doc == t.k_doc && t.S_q == t.S_k;
 }
 
 VisibleKeys gather_visible(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) {

@@ -1,10 +1,11 @@
-// Which key rows a rank's queries can see: the plan of frugal transfers (config frugal=true,
-// AttnParams::visible_only; the all-gather and the ring). Every rank of a group holds n rows,
+// Which key rows a rank's queries can see: the plan of the frugal schedules (config frugal=true,
+// CpSchedule::frugal: frugal_allgather.cpp, frugal_ring.cpp). Every rank of a group holds n rows,
 // which are both its queries and its keys (training); from every rank's positions and document
 // ids, gathered once per batch and mask (VisibleCache; positions derived instead where
 // AttnParams::k_pos_zigzag says the keys are the zigzag shards), each rank computes the same
-// answer: the rows of rank i that some query of rank j can see under the mask (same document, and the key in the query's causal
-// past, within `window` for a window mask; any row of the query's document without a mask).
+// answer: the rows of rank i that some query of rank j can see under the mask (same document, and
+// the key in the query's causal past, within `window` for a window mask; any row of the query's
+// document without a mask).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -41,8 +42,9 @@ struct VisibleKeys {
   std::vector<int32_t> recv_doc(int i) const;
 };
 
-// Whether `t` is a call the frugal schedules serve: visible_only, K/V rows that are the queries'
-// own (training's self-attention: same positions and documents, S_q = S_k), no MLA latent.
+// Whether `t` is a call the frugal schedules serve: K/V rows that are the queries' own (training's
+// self-attention: same positions and documents, S_q = S_k), no MLA latent; the others run the
+// plain schedule. Throws std::invalid_argument for a device call (the schedules are CPU only).
 bool frugal_call(const AttnParams& t);
 
 // All-gathers document ids (and positions unless derivable) over `c` (blocking, booked as

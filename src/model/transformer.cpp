@@ -154,7 +154,6 @@ void Transformer::set_deterministic(int64_t block) {
   const int64_t C = std::max(block, logits_chunk_rows(S_loc_, d_.vocab) / block * block);
   logits_ = alloc(size_t(C * d_.vocab));
   chunk_loss_ = Buffer<double>(size_t((S_loc_ + C - 1) / C), false);
-  call_.deterministic = true;
   call_.fixed_rows = block;  // dK/dV converted once per block of queries (a multiple of the tile)
   call_.fixed_heads = d_.exact_heads;  // ... and part of a K/V group's heads (0: the whole group)
   if (d_.tp > d_.H_kv) {  // sum_kv_copies: this copy's integers, and every head's for the sum over tp

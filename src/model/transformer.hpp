@@ -89,9 +89,6 @@ class Transformer {
   // The summed exact values into `grads` (fp32) and the loss sum into *loss; a value out of range
   // on any rank makes every gradient and the loss NaN (the caller's non-finite check stops the run).
   void finish_exact(float* grads, double* loss) const;
-  // Frugal transfers (config frugal): the strategies move only the key rows a rank can see
-  // (AttnParams::visible_only; the all-gather so far).
-  void set_visible_only(bool v) { call_.visible_only = v; }
   // Bytes of activations and scratch this object holds (for the dry-run estimate check).
   static double activation_bytes(const ModelDims& d, Remat remat, int64_t S_loc, int64_t logits_rows);
   static int64_t logits_chunk_rows(int64_t S_loc, int64_t V);

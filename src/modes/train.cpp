@@ -41,7 +41,6 @@ AttnParams local_attn_problem(const Config& cfg, int tp, bool local_layer = fals
   AttnParams p = attn_problem(cfg.seq, d.H_q_loc(), d.H_kv_loc(), d.D, local_layer ? MaskKind::window : MaskKind::causal,
                               local_layer ? cfg.window : 0);
   if (d.mla) p.latent_width = int32_t(d.kv_lora + d.rope);  // K/V come from the latent
-  p.deterministic = cfg.deterministic;  // the strategies' validate: what the canonical schedule serves
   p.fixed_heads = int32_t(cfg.deterministic_heads);
   return p;
 }
@@ -55,7 +54,11 @@ std::string mla_line(const Config& c) {
 // The strategy of the local (L) layers; null without any.
 std::unique_ptr<CpStrategy> make_local_strategy(const Config& cfg, Topology& topo) {
   if (cfg.layer_pattern.find('L') == std::string::npos) return nullptr;
-  return make_strategy(cfg.local_strategy, topo);
+  // frugal=true: the local layers' strategy moves only the visible rows too, where it can (halo's
+  // halo is already only what the window sees); deterministic=true runs the main strategy there
+  // (model/transformer.hpp)
+  const bool frugal = cfg.frugal && has_schedule(cfg.local_strategy, CpSchedule::frugal);
+  return make_strategy(cfg.local_strategy, topo, frugal ? CpSchedule::frugal : CpSchedule::plain);
 }
 // The message of a non-finite loss or gradient at step `s`: which, and the first parameter (in
 // layout order, over all ranks) whose gradient holds a NaN or Inf. Collective over `world`.
@@ -181,7 +184,7 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
   if (cfg.mask != MaskKind::causal) return std::string("config: mask = ") + name_of(cfg.mask) + ": train uses causal attention; valid: mask=causal";
-  if (cfg.frugal && !strat->moves_visible_only())
+  if (cfg.frugal && !has_schedule(name_of(cfg.strategy), CpSchedule::frugal))
     return std::string("config: frugal = true: strategy = ") + name_of(cfg.strategy) +
            " moves every key row (it splits heads or queries, not key rows); valid: strategy=allgather or strategy=ring, "
            "or frugal=false";
@@ -192,8 +195,11 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
       return "config: layer_pattern = '" + cfg.layer_pattern + "' with device = cuda: Gated DeltaNet (D) layers run on "
              "the CPU only so far; valid: device=cpu, or a pattern of G and L layers";
   }
+  if (cfg.deterministic && !has_schedule(name_of(cfg.strategy), CpSchedule::deterministic))
+    return std::string("config: deterministic = true: strategy = ") + name_of(cfg.strategy) +
+           " has no canonical schedule; valid: strategy=allgather, ulysses, ring or usp, or deterministic=false";
   const AttnParams shape = local_attn_problem(cfg, tp);
-  err = strat->validate(shape, topo);
+  err = make_strategy(cfg.strategy, topo, cfg.cp_schedule())->validate(shape, topo);
   if (!err.empty()) {
     if (tp > 1) err += " (with tp:" + std::to_string(tp) + ", each tp rank attends with heads/tp = " +
                        std::to_string(shape.H_q) + " query and kv_heads/tp = " + std::to_string(shape.H_kv) + " K/V heads)";
@@ -202,9 +208,6 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
   if (!err.empty()) return "config: " + err;
   if (cfg.deterministic) {  // model/transformer.hpp set_deterministic
-    if (!strat->serves_deterministic())
-      return std::string("config: deterministic = true: strategy = ") + name_of(cfg.strategy) +
-             " has no canonical schedule; valid: strategy=allgather, ulysses, ring or usp, or deterministic=false";
     const int64_t tile = attn_query_block(int32_t(cfg.head_dim));
     if (cfg.deterministic_block % tile != 0)
       return "config: deterministic_block = " + std::to_string(cfg.deterministic_block) + " is not a multiple of the " +
@@ -451,7 +454,7 @@ struct TrainRun {
   TrainRun(const Config& c, Topology& t, Tracer& tr)
       : cfg(c), topo(t), tracer(tr), on_gpu(c.device == Device::cuda), gpu(on_gpu ? &t : nullptr, &tr),
         dev(c.device), world(t.world()), cp(t.cp()), dp(t.axis(Axis::dp)), tp(tp_size(t)), DP(t.size(Axis::dp)),
-        d(model_dims(c, tp, t.coord(Axis::tp))), layout(d), strat(make_strategy(c.strategy, t)),
+        d(model_dims(c, tp, t.coord(Axis::tp))), layout(d), strat(make_strategy(c.strategy, t, c.cp_schedule())),
         part(strat->partition(), c.seq, cp.size(), train_block(c)), pos(part.positions(cp.rank())),
         peak_reset((mem_reset_peak(), true)),
         hparams(on_gpu && offloads(c, Offload::params) ? std::make_unique<HostParams>(layout, dev, gpu.stream) : nullptr),
@@ -466,7 +469,6 @@ struct TrainRun {
         model(layout, t, *strat, c.remat, pos, train_docs(c), local_strat.get(), dev, gpu.stream,
               offloads(c, Offload::layer_inputs), offloads(c, Offload::attn_out)),
         src(make_token_source(c)), dump(c, layout, t, state.step == 0) {
-    model.set_visible_only(cfg.frugal);
     if (cfg.deterministic) model.set_deterministic(train_block(cfg));
     if (hparams) model.use_weights(&hparams->view(), &hparams->mirror());
     if (dump.records(0)) record_state();

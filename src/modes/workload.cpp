@@ -35,16 +35,14 @@ std::string validate_workload(const Config& cfg, Topology& topo) {
                        "ring and all-gather; valid here: frugal=false");
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
-  if (cfg.frugal && !strat->moves_visible_only())
+  if (cfg.frugal && !has_schedule(name_of(cfg.strategy), CpSchedule::frugal))
     return std::string("config: frugal = true: strategy = ") + name_of(cfg.strategy) +
            " moves every key row; valid: strategy=allgather, ring or all (all: the frugal rows of those two beside "
            "every plain row), or frugal=false";
-  AttnParams shape = attn_problem(cfg);
-  shape.deterministic = cfg.deterministic;
-  if (cfg.deterministic && !strat->serves_deterministic())
+  if (cfg.deterministic && !has_schedule(name_of(cfg.strategy), CpSchedule::deterministic))
     return std::string("config: deterministic = true: strategy = ") + name_of(cfg.strategy) +
            " has no canonical schedule; valid: strategy=allgather, ulysses, ring, usp or all, or deterministic=false";
-  std::string err = strat->validate(shape, topo);
+  std::string err = make_strategy(cfg.strategy, topo, cfg.cp_schedule())->validate(attn_problem(cfg), topo);
   if (!err.empty()) return err;
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
   if (!err.empty()) return "config: " + err;

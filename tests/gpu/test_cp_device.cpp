@@ -462,9 +462,18 @@ TEST(CpDevice, RefusesWhatItCannotRun) {
   EXPECT_NE(missing.find("host copies"), std::string::npos) << missing;
   a.q_pos_host = a.k_pos_host = pos.data();
   EXPECT_EQ(cp::device_call_error("ring", device_topology().cp(), a), "");
-  a.deterministic = true;
-  EXPECT_NE(cp::device_call_error("ring", device_topology().cp(), a).find("CPU only"), std::string::npos);
-  a.deterministic = false;
+  {  // the deterministic and frugal schedules are CPU only: refused, not run on device memory
+    CpStats st;
+    for (CpSchedule sched : {CpSchedule::deterministic, CpSchedule::frugal}) {
+      std::unique_ptr<CpStrategy> s = make_strategy("ring", device_topology(), sched);
+      try {
+        s->forward(a, nullptr, st);
+        ADD_FAILURE() << "a device call of a CPU-only schedule was not refused";
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("CPU only"), std::string::npos) << e.what();
+      }
+    }
+  }
   if (world().size() > 1) {
     const std::string host = cp::device_call_error("ring", host_topology().cp(), a);
     EXPECT_NE(host.find("moves host buffers only"), std::string::npos) << host;

@@ -76,8 +76,8 @@ struct Case {
   Heads heads;
   Masking mask;
   int64_t S = kSeq;
-  bool frugal = false;  // AttnParams::visible_only: only the key rows a rank can see move (allgather, ring)
-  bool exact = false;   // AttnParams::deterministic: the bits of one rank's canonical call, on any mesh
+  bool frugal = false;  // CpSchedule::frugal: only the key rows a rank can see move (allgather, ring)
+  bool exact = false;   // CpSchedule::deterministic: the bits of one rank's canonical call, on any mesh
 };
 
 // The mesh a strategy runs on at P ranks: usp uses both axes where P allows (P = 1, 2 are its
@@ -200,7 +200,8 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   const Case& c = GetParam();
   const int P = world().size();
   Topology& topo = topology(mesh_for(c.strategy, P));
-  std::unique_ptr<CpStrategy> strat = make_strategy(c.strategy, topo);
+  const CpSchedule sched = c.exact ? CpSchedule::deterministic : c.frugal ? CpSchedule::frugal : CpSchedule::plain;
+  std::unique_ptr<CpStrategy> strat = make_strategy(c.strategy, topo, sched);
   ASSERT_TRUE(strat != nullptr);
   const Global g = make_global(c, 1234);
   const std::string verr = strat->validate(g.shape, topo);
@@ -240,7 +241,6 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   t.dq = dq.data();
   t.dk = dk.data();
   t.dv = dv.data();
-  t.visible_only = c.frugal;
   // The frugal ring's cases as training calls it: positions derivable (the zigzag shards), so the
   // plan all-gathers document ids only; the all-gather's cases gather positions too.
   // The ring's cases also carry a batch id, as training's calls do: the backward reuses the
@@ -248,7 +248,6 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   const bool derive = c.frugal && c.strategy == "ring";
   if (derive) t.k_pos_zigzag = c.S;
   if (derive) t.batch_id = 7;
-  t.deterministic = c.exact;
   t.threads = 1 + r % 2;  // deterministic: the bits do not depend on the thread count either
 
   CpStats fst, bst;
@@ -539,6 +538,35 @@ TEST(CpRegistry, NamesInConfigOrderAndUnknownIsNull) {
   EXPECT_EQ(make_strategy("bogus", topo), nullptr);
   const std::vector<std::string> local = {"halo", "allgather", "ulysses", "ring", "usp"};
   EXPECT_EQ(local_strategy_names(), local);
+}
+
+// A schedule is a registry row of its own: every training strategy has a deterministic one, the
+// all-gather and the ring a frugal one, nothing else does; a schedule's strategy reports the
+// plain strategy's name and partition, and a missing row builds nothing.
+TEST(CpRegistry, SchedulesAreRowsOfTheirOwn) {
+  Topology& topo = topology(mesh_for("ring", world().size()));
+  for (const std::string& n : strategy_names()) {
+    const bool frugal = n == "allgather" || n == "ring";
+    EXPECT_TRUE(has_schedule(n, CpSchedule::plain)) << n;
+    EXPECT_TRUE(has_schedule(n, CpSchedule::deterministic)) << n;
+    EXPECT_EQ(has_schedule(n, CpSchedule::frugal), frugal) << n;
+    for (CpSchedule s : {CpSchedule::deterministic, CpSchedule::frugal}) {
+      std::unique_ptr<CpStrategy> x = make_strategy(n, topo, s);
+      if (s == CpSchedule::frugal && !frugal) {
+        EXPECT_EQ(x, nullptr) << n;
+        continue;
+      }
+      ASSERT_NE(x, nullptr) << n;
+      EXPECT_EQ(x->name(), n);
+      EXPECT_EQ(x->partition(), make_strategy(n, topo)->partition()) << n;
+    }
+  }
+  for (const std::string& n : inference_strategy_names()) {
+    EXPECT_FALSE(has_schedule(n, CpSchedule::deterministic)) << n;
+    EXPECT_FALSE(has_schedule(n, CpSchedule::frugal)) << n;
+  }
+  EXPECT_FALSE(has_schedule("halo", CpSchedule::frugal));
+  EXPECT_EQ(make_strategy("bogus", topo, CpSchedule::deterministic), nullptr);
 }
 
 // halo serves sliding-window layers only: a causal or unmasked call is refused, naming why and

@@ -1,14 +1,21 @@
-// The frugal ring (config frugal=true with strategy=ring; declared in cp/ring_core.hpp): the
-// pass-KV ring's schedule of P steps, but at step d a block goes straight from its owner r - d to
-// r, and holds only the rows some query of r can see (cp/visible.hpp). The owner sends from its
-// own K/V at every step, so nothing is forwarded and a row no query of the receiver can see
-// never leaves home; a step with no rows either way posts nothing and computes nothing.
+// ring's frugal schedule (config frugal=true; CpSchedule::frugal): the pass-KV ring's schedule of
+// P steps, but at step d a block goes straight from its owner r - d to r, and holds only the rows
+// some query of r can see (cp/visible.hpp). The owner sends from its own K/V at every step, so
+// nothing is forwarded and a row no query of the receiver can see never leaves home; a step with
+// no rows either way posts nothing and computes nothing. The next distance is posted before the
+// current block is computed, as in the plain ring. Backward: the same K/V flow; a block's dK/dV
+// (fp32, just the received rows) go straight back to their owner, which adds them in distance
+// order. Bytes: the rows some query of the receiver can see, and the plan's document ids
+// (positions too unless derivable). A call the schedule does not serve (cp::frugal_call: not
+// training's self-attention, or an MLA latent) runs the plain ring.
 #include <algorithm>
 
 #include "core/memory.hpp"
 #include "cp/common.hpp"
 #include "cp/ring_core.hpp"
+#include "cp/strategy.hpp"
 #include "cp/visible.hpp"
+#include "dist/topology.hpp"
 #include "ops.hpp"
 #include "trace/trace.hpp"
 
@@ -93,8 +100,6 @@ class VisibleRing {
   std::vector<std::vector<int32_t>> doc_;
 };
 
-}  // namespace
-
 void ring_fwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, Tracer* tr, CpStats& st) {
   VisibleRing vr(ring, a, keys);
   const int P = ring.size();
@@ -172,4 +177,31 @@ void ring_bwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, 
   settle_back(P);
 }
 
+}  // namespace
 }  // namespace ctxpar::cp
+
+namespace ctxpar {
+namespace {
+
+class FrugalRing final : public ScheduleOf {
+ public:
+  explicit FrugalRing(Topology& topo) : ScheduleOf(make_ring_strategy(topo)), comm_(topo.cp()) {}
+  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    if (!cp::frugal_call(local)) return plain().forward(local, tr, st);
+    cp::ring_fwd_visible(comm_, local, visible_.get(comm_, local, tr, st), tr, st);
+  }
+  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    if (!cp::frugal_call(local)) return plain().backward(local, tr, st);
+    cp::ring_bwd_visible(comm_, local, visible_.get(comm_, local, tr, st), tr, st);
+  }
+
+ private:
+  Comm& comm_;
+  cp::VisibleCache visible_;  // the plans of the current batch
+};
+
+}  // namespace
+
+std::unique_ptr<CpStrategy> make_frugal_ring_strategy(Topology& topo) { return std::make_unique<FrugalRing>(topo); }
+
+}  // namespace ctxpar
