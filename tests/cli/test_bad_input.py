@@ -26,6 +26,8 @@ NP = 2
 TIMEOUT_S = 30
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 
+INFER_MODEL = ["layers=2", "dim=64", "ffn_dim=128", "vocab=101", "heads=4", "kv_heads=2", "head_dim=16", "threads=1"]
+
 # (name, arguments, text the message must contain). @X@ names a fixture file in the case's
 # directory (see make_fixtures); @TMP@ is that directory; @TINY@ the tiny model's config.
 CASES = [
@@ -160,6 +162,25 @@ CASES = [
                                         "docs=none"], "vocab"),
     ("eos_id beyond the vocabulary", ["train", "--config", "@TINY@", "data=@GOODTOK@", "data_dtype=uint16",
                                       "docs=none", "eos_id=256"], "eos_id"),
+    # Inference: schedules, lengths, meshes and algorithms (a small model, as tests/infer's).
+    ("chat schedule without a first prefill", ["chat", *INFER_MODEL, "schedule=decode:2"], "must start with a prefill"),
+    ("chat prefill lengths fewer than the batch", ["chat", *INFER_MODEL, "batch=3", "schedule=prefill:4/5,decode:2"],
+     "a prefill with 2 lengths for batch = 3"),
+    ("chat prefill length of zero", ["chat", *INFER_MODEL, "batch=2", "schedule=prefill:4/0,decode:2"],
+     "needs lengths >= 1 separated by '/'"),
+    ("prefill with both cached and miss_rate", ["prefill", *INFER_MODEL, "seq=512", "cached=256", "miss_rate=0.5"], "both set"),
+    ("prefill with the whole sequence cached", ["prefill", *INFER_MODEL, "seq=512", "cached=512"],
+     "needs 0 < cached < seq = 512"),
+    ("bench infer with a dp axis", ["bench", "infer", *INFER_MODEL, "mesh=dp:2"], "bench infer forms its own dp replicas"),
+    ("chat tp not dividing the heads", ["chat", *INFER_MODEL, "mesh=tp:2", "heads=6", "kv_heads=3"],
+     "tensor parallel tp:2 must divide heads = 6, and divide or be a multiple of kv_heads = 3"),
+    ("chat cp_algo not an algorithm", ["chat", *INFER_MODEL, "cp_algo=ring"], "expected one of: auto, pass_kv, pass_q"),
+    ("chat with an unknown hardware profile", ["chat", *INFER_MODEL, "hardware=h100-xyz"],
+     "hardware = 'h100-xyz': hardware: no profile 'h100-xyz'"),
+    ("chat with the old hw_profile key", ["chat", *INFER_MODEL, "hw_profile=h100-gtt"],
+     "hw_profile (command line) was merged into 'hardware'"),
+    ("deterministic chat with K/V heads replicated over tp", ["chat", *INFER_MODEL, "deterministic=true", "kv_heads=1",
+                                                             "mesh=tp:2"], "deterministic = true with tp:2"),
 ]
 
 
