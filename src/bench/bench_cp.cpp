@@ -219,9 +219,10 @@ double cpu_seconds() {
 struct RowKind {
   std::string label, strategy;
   bool latent;
-  bool frugal = false;  // the frugal schedule (config frugal=true): the row `<name>:frugal`
-  bool det = false;     // the deterministic schedule (config deterministic=true): the row `<name>:det`
-  CpSchedule schedule() const { return det ? CpSchedule::deterministic : frugal ? CpSchedule::frugal : CpSchedule::plain; }
+  // the row `<name>:frugal` (config frugal=true) or `<name>:det` (config deterministic=true)
+  CpSchedule schedule = CpSchedule::plain;
+  bool frugal() const { return schedule == CpSchedule::frugal; }
+  bool det() const { return schedule == CpSchedule::deterministic; }
 };
 
 // The attention table's rows: per strategy its own, and with mla, frugal=true or
@@ -240,8 +241,10 @@ std::vector<RowKind> row_kinds(const Config& cfg, Topology& topo, bool mla) {
     const bool moves = mla && s->moves_latent();
     rows.push_back({name, name, moves});
     if (moves) rows.push_back({name + ":kv", name, false});
-    if (cfg.frugal && has_schedule(name, CpSchedule::frugal)) rows.push_back({name + ":frugal", name, false, true});
-    if (cfg.deterministic && has_schedule(name, CpSchedule::deterministic)) rows.push_back({name + ":det", name, false, false, true});
+    if (cfg.frugal && has_schedule(name, CpSchedule::frugal))
+      rows.push_back({name + ":frugal", name, false, CpSchedule::frugal});
+    if (cfg.deterministic && has_schedule(name, CpSchedule::deterministic))
+      rows.push_back({name + ":det", name, false, CpSchedule::deterministic});
   }
   return rows;
 }
@@ -448,7 +451,7 @@ struct CpBench {
     Config c = cfg;
     c.seq = S;
     AttnParams shape = attn_problem(c);  // MLA: heads of nope + rope and the latent's width (modes/workload.hpp)
-    shape.fixed_heads = row.det ? int32_t(cfg.deterministic_heads) : 0;  // exact dK/dV parts (ulysses replicas)
+    shape.fixed_heads = row.det() ? int32_t(cfg.deterministic_heads) : 0;  // exact dK/dV parts (ulysses replicas)
     std::string err = strat.validate(shape, topo);  // with the latent: ulysses, usp refuse
     if (!row.latent) shape.latent_width = 0;
     Inputs in;
@@ -458,11 +461,11 @@ struct CpBench {
       add_skipped(name, S, err.empty() ? derr : err);
       return true;
     }
-    const Partition part(strat.partition(), S, P, row.det ? attn_query_block(shape.D) : 1);
+    const Partition part(strat.partition(), S, P, row.det() ? attn_query_block(shape.D) : 1);
     fill_inputs(in, shape, part);
     AttnParams t = in.local(shape, ex);
     // As in training: every rank's keys are its zigzag shard, so the ring derives positions.
-    if (strat.partition() == PartitionKind::zigzag && !row.det) t.k_pos_zigzag = S;
+    if (strat.partition() == PartitionKind::zigzag && !row.det()) t.k_pos_zigzag = S;
     DeviceTensors dev;  // device=cuda: the call's tensors on the GPU
     const AttnParams run = on_gpu ? dev.upload(t, gpu.stream) : t;
     const double real_pairs =
@@ -491,11 +494,11 @@ struct CpBench {
         world.all_reduce(std::span<double>(&at->second, 1), ReduceOp::max);
       }
       const double least = at->second;
-      if (!row.frugal) plain_bytes[S] = by;
+      if (!row.frugal()) plain_bytes[S] = by;
       const auto plain = plain_bytes.find(S);
       cells.push_back(table.cell(14, least / 1e6));
       cells.push_back(least > 0 ? table.cell(15, by / least) : "-");
-      cells.push_back(row.frugal && plain != plain_bytes.end() ? table.cell(16, by / plain->second) : "-");
+      cells.push_back(row.frugal() && plain != plain_bytes.end() ? table.cell(16, by / plain->second) : "-");
     }
     table.add_row(cells);
     return true;
@@ -544,7 +547,7 @@ int bench_cp(BenchContext& ctx) {
   const bool attn_rows = cfg.layer_pattern.find('G') != std::string::npos;
   if (!attn_rows) rows.clear();
   for (const RowKind& row : rows) {
-    std::unique_ptr<CpStrategy> strat = make_strategy(row.strategy, topo, row.schedule());
+    std::unique_ptr<CpStrategy> strat = make_strategy(row.strategy, topo, row.schedule);
     for (int64_t S : lengths) {
       if (ctx.tracer.stop_signal() != 0) break;  // a stop signal: report the rows measured so far
       if (!bench.run_case(row, *strat, S)) break;
