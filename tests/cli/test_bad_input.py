@@ -24,7 +24,10 @@ import numpy as np
 
 NP = 2
 TIMEOUT_S = 30
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+# odls_base_sigkill_timeout=0: every rank of a refused run exits with 2 by itself; mpirun need not
+# wait its default second (the SIGTERM to SIGKILL grace) for ranks that have already gone.
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
+           OMPI_MCA_odls_base_sigkill_timeout="0")
 
 INFER_MODEL = ["layers=2", "dim=64", "ffn_dim=128", "vocab=101", "heads=4", "kv_heads=2", "head_dim=16", "threads=1"]
 

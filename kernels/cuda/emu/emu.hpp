@@ -232,25 +232,32 @@ inline float bf16_bits_to_float(uint32_t h) {
 //     low half for even k;  B element (k, col): register (k >= 8) of lane 4 col + (k % 8) / 2;
 //   C/D: lane 4 g + t holds (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
 inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  uint64_t* s = slots(lane());
+  uint64_t* const w = slots(0);  // this warp's exchange slots (32 lanes x kSlots), looked up once
+  const int L = lane();
+  uint64_t* s = w + size_t(L) * kSlots;
   for (int i = 0; i < 4; ++i) s[i] = a[i];
   s[4] = b[0];
   s[5] = b[1];
   syncwarp();
-  auto A = [](int row, int k) {
-    const uint32_t r = uint32_t(slots((row % 8) * 4 + (k % 8) / 2)[(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)]);
-    return bf16_bits_to_float((k & 1) ? r >> 16 : r);
-  };
-  auto B = [](int k, int col) {
-    const uint32_t r = uint32_t(slots(col * 4 + (k % 8) / 2)[4 + (k >= 8 ? 1 : 0)]);
-    return bf16_bits_to_float((k & 1) ? r >> 16 : r);
-  };
-  const int g = lane() >> 2, t = lane() & 3;
+  // This lane's two rows of A (g, g + 8) and two columns of B (2t, 2t + 1), read once.
+  const int g = L >> 2, t = L & 3;
+  float ar[2][16], bc[2][16];
+  for (int k = 0; k < 16; ++k) {
+    const int half = (k & 1) ? 16 : 0;
+    for (int h = 0; h < 2; ++h) {
+      const int row = g + 8 * h, col = 2 * t + h;
+      const uint64_t ra = w[size_t((row % 8) * 4 + (k % 8) / 2) * kSlots + (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
+      const uint64_t rb = w[size_t(col * 4 + (k % 8) / 2) * kSlots + 4 + (k >= 8 ? 1 : 0)];
+      ar[h][k] = bf16_bits_to_float(uint32_t(ra) >> half);
+      bc[h][k] = bf16_bits_to_float(uint32_t(rb) >> half);
+    }
+  }
   float out[4];
   for (int e = 0; e < 4; ++e) {
-    const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+    const float* a_row = ar[e >> 1];
+    const float* b_col = bc[e & 1];
     float acc = 0.f;
-    for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
+    for (int k = 0; k < 16; ++k) acc += a_row[k] * b_col[k];
     out[e] = c[e] + acc;
   }
   syncwarp();
@@ -263,10 +270,11 @@ inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)
 // L/4). Register j holds matrix j, the first element in the low half.
 inline void ldmatrix_x4(uint32_t (&r)[4], const void* row_addr, bool trans) {
   if (reinterpret_cast<uintptr_t>(row_addr) & 15u) fail("ldmatrix: row address %p not 16-byte aligned", row_addr);
-  slots(lane())[0] = uint64_t(reinterpret_cast<uintptr_t>(row_addr));
-  syncwarp();
+  uint64_t* const w = slots(0);  // this warp's exchange slots, looked up once
   const int L = lane();
-  auto row = [](int l) { return reinterpret_cast<const uint16_t*>(uintptr_t(slots(l)[0])); };
+  w[size_t(L) * kSlots] = uint64_t(reinterpret_cast<uintptr_t>(row_addr));
+  syncwarp();
+  auto row = [w](int l) { return reinterpret_cast<const uint16_t*>(uintptr_t(w[size_t(l) * kSlots])); };
   for (int j = 0; j < 4; ++j) {
     uint32_t lo, hi;
     if (!trans) {
