@@ -29,9 +29,11 @@ build: deps $(BUILD)/CMakeCache.txt
 run: build
 	OMP_NUM_THREADS=1 $(MPIRUN) -np $(NP) $(MPIFLAGS) $(BUILD)/ctxpar train --config inputs/default.toml $(RUN_ARGS)
 
-# Tests run TEST_JOBS at a time (twice the cores: an MPI test waits on start-up, files and its
-# peers for much of its time; a test's PROCESSORS is its rank count), then the ten slowest print.
-TEST_JOBS ?= $(shell echo $$(( 2 * $$(nproc) )))
+# Tests run TEST_JOBS at a time, then the ten slowest print. Four per core: a test's PROCESSORS
+# is its rank count, and with fewer slots the 4- and 8-rank tests run alone, leaving cores idle
+# while their interpreter starts or their ranks wait (2 cores: -j4 764 s, -j8 658 s;
+# docs/measurements.md).
+TEST_JOBS ?= $(shell echo $$(( 4 * $$(nproc) )))
 CTEST_ARGS ?=
 test: build
 	@cd $(BUILD) || exit 1; rc=0; ctest --output-on-failure -j $(TEST_JOBS) --output-junit ctest-junit.xml $(CTEST_ARGS) || rc=$$?; \

@@ -49,9 +49,11 @@ def logits_of(model, tokens):
 def run_case(ctxpar, mpirun, flags, np_, config, extra):
     bf16 = "device=cuda" in extra
     naive_dtype, factor = (torch.bfloat16, 2.0) if bf16 else (torch.float32, 4.0)
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
+        # an OpenMPI session directory of the case's own: cases run side by side (cases.py)
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
+                   OMPI_MCA_orte_tmpdir_base=os.path.join(tmp, "ompi"))
         out = os.path.join(tmp, "chat.h5")
         cmd = [mpirun, "-np", np_, "--oversubscribe", "--bind-to", "none", ctxpar, "chat", "--config", config,
                "docs=none", "save_logits=true", f"out={out}"] + extra

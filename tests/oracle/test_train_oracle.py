@@ -105,7 +105,9 @@ def run_ctxpar(ctxpar, mpirun, np_, config, extra, tmp, steps):
     dump = os.path.join(tmp, "dump.h5")
     cmd = [mpirun, "-np", np_, "--oversubscribe", "--bind-to", "none", ctxpar, "train", "--config", config,
            f"steps={steps}", "warmup=0", "peak_tflops_per_rank=1", f"dump_init={dump}", f"out={os.path.join(tmp, 'trace.h5')}"] + extra
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    # an OpenMPI session directory of the case's own: cases run side by side (cases.py)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_orte_tmpdir_base=os.path.join(tmp, "ompi"))
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     print(r.stdout[-3000:])
     if r.returncode != 0:

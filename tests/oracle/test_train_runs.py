@@ -42,7 +42,10 @@ def run(tmp, name, np_, args, expect_rc=0, threads=1):
     out = os.path.join(tmp, name + ".h5")
     cmd = [MPIRUN, "-np", str(np_), "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS", CTXPAR, "train",
            "--config", CONFIG, f"out={out}"] + BASE + args
-    r = subprocess.run(cmd, env=dict(ENV, OMP_NUM_THREADS=str(threads)), capture_output=True, text=True)
+    # an OpenMPI session directory of the run's own: runs go two at a time (tests/CMakeLists.txt
+    # ctxpar_own_session_dirs says why)
+    env = dict(ENV, OMP_NUM_THREADS=str(threads), OMPI_MCA_orte_tmpdir_base=os.path.join(tmp, name + ".ompi"))
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != expect_rc:
         print(" ".join(cmd))
         print(r.stdout[-4000:], r.stderr[-4000:])
