@@ -93,7 +93,7 @@ struct AttnParams {
   float* dq = nullptr;
   float* dk = nullptr;
   float* dv = nullptr;
-  // Exact dK/dV (config deterministic=true; CPU): when set, attn_bwd adds each contribution of one
+  // Exact dK/dV (ops.hpp attn_bwd_exact; CPU): its output. It adds each contribution of one
   // query tile (attn_query_block(D) rows, a whole aligned block of positions; the K/V group's query
   // heads summed in fp32 in head order first) to dK and dV as fixed-point integers,
   // value * 2^kFixedShift rounded (ops.hpp), into these
@@ -160,7 +160,7 @@ struct AttnParams {
   // k_pos_zigzag tokens (shard/partition.hpp: Partition(zigzag, k_pos_zigzag, P).positions(rank),
   // padding rows included), so another rank's key positions can be computed instead of sent.
   int64_t k_pos_zigzag = 0;
-  // The batch a call belongs to (> 0), the same on every rank: a frugal schedule (cp/visible.hpp)
+  // The batch a call belongs to (> 0), the same on every rank: a visible-keys schedule (cp/visible.hpp)
   // computes its plan once per batch and mask and reuses it for the other layers and the
   // backward (0: no reuse). A kernel call ignores this.
   int64_t batch_id = 0;

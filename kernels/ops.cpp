@@ -41,10 +41,15 @@ void fixed_to_float(const int64_t* fixed, float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = float(double(fixed[i]) * unit);
 }
 
+void attn_bwd_exact(const AttnParams& p) {
+  if (p.device != Device::cpu)
+    throw std::invalid_argument("attn_bwd_exact: exact dK/dV sums (dk_fixed) are CPU only so far");
+  cpu::attn_bwd_exact(p);
+}
+
 void attn_bwd(const AttnParams& p) {
   if (p.device == Device::cpu) return cpu::attn_bwd(p);
-  if (p.dk_fixed || p.dv_fixed)
-    throw std::invalid_argument("attn_bwd: exact dK/dV sums (dk_fixed, deterministic=true) are CPU only so far");
+  if (p.dk_fixed || p.dv_fixed) throw std::invalid_argument("attn_bwd: dk_fixed and dv_fixed are attn_bwd_exact's");
 #if defined(CTXPAR_WITH_CUDA)
   cuda::attn_bwd(p);
 #else

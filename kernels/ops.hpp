@@ -18,17 +18,21 @@ namespace ctxpar {
 void attn_fwd(const AttnParams& p);
 
 // dQ += , dK += , dV += from dout, O and LSE (probabilities recomputed from LSE, as in
-// FlashAttention-2). Under GQA dK/dV sum over the query heads of a group.
+// FlashAttention-2). Under GQA dK/dV sum over the query heads of a group. dk_fixed and dv_fixed
+// must be null (they are attn_bwd_exact's).
 void attn_bwd(const AttnParams& p);
-
-// Exact sums (AttnParams::dk_fixed): each contribution is rounded to the grid 2^-kFixedShift
-// (about 1.5e-11) on entry, so a sum of n contributions is off by at most n * 2^-(kFixedShift+1)
-// absolute (plus the final rounding to fp32); attn_bwd refuses a contribution of magnitude 2^10 or
-// more (the sums of up to 2^16 query tiles then stay inside int64).
+// The exact-sums backward (CPU): dQ += as attn_bwd; dK and dV as integers added to
+// AttnParams::dk_fixed and dv_fixed (dk, dv unused), per aligned block of queries (fixed_rows)
+// and part of a K/V group's heads (fixed_heads), the same on any split of the queries.
+// Each contribution is rounded to the grid 2^-kFixedShift (about 1.5e-11) on entry, so a sum of n
+// contributions is off by at most n * 2^-(kFixedShift+1) absolute (plus the final rounding to
+// fp32); attn_bwd_exact refuses a contribution of magnitude 2^10 or more (the sums of up to 2^16
+// query tiles then stay inside int64).
+void attn_bwd_exact(const AttnParams& p);
 inline constexpr int kFixedShift = 36;
 // The rows of the CPU kernel's query tile with exact dK/dV sums (128 for D <= 128, 64 above): the
 // grain of the blocks of positions an exact sum groups by (AttnParams::fixed_rows is a multiple;
-// a layout for deterministic=true pads each rank's chunks to whole blocks).
+// a layout for exact numerics pads each rank's chunks to whole blocks).
 int64_t attn_query_block(int32_t D);
 // x[i] = fixed[i] * 2^-kFixedShift, rounded to fp32 (int64 -> double -> float: one function of the
 // integer, the same bits wherever it runs).
@@ -105,7 +109,7 @@ void add_f32_2d(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, in
 // trans_*; A is [M,K] (or [K,M]), B is [K,N] (or [N,K]); leading dimensions in elements.
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-// sgemm whose row i of C has the same bits for any M and any thread count (deterministic=true):
+// sgemm whose row i of C has the same bits for any M and any thread count (exact numerics):
 // returns false where the library gives no such path (nothing computed; the caller then runs
 // blocks of a fixed number of rows). BLIS: its blocked path, never the small-matrix ("sup") one,
 // whose choice depends on M; the blocked path sums each element over K in the same kc blocks
@@ -208,7 +212,7 @@ double sum_squares(const float* x, int64_t n);
 void embedding_fwd(const float* emb, const int32_t* tokens, int64_t rows, int64_t dim, float* x);
 void embedding_bwd(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, float* demb);
 
-// ---- exact sums (deterministic=true training: parameter gradients and the loss) ----
+// ---- exact sums (exact numerics in training: parameter gradients and the loss) ----
 // A sum held as two int64 per element with one result in any order of its additions: a value x
 // is split into hi = trunc(x 2^kExactHi) and lo = trunc((x - hi 2^-kExactHi) 2^kExactLo), both
 // exact except lo's truncation below 2^-kExactLo (5.4e-20 absolute per addition). hi holds
@@ -223,7 +227,7 @@ int64_t exact_add(double x, int64_t* hi, int64_t* lo);
 // the same bits wherever it runs), and to fp32 for n elements.
 double exact_value(int64_t hi, int64_t lo);
 void exact_to_float(const int64_t* hi, const int64_t* lo, float* x, int64_t n);
-// deterministic=true's weight gradients: for every block of G rows of K (K a multiple of G), the
+// exact numerics' weight gradients: for every block of G rows of K (K a multiple of G), the
 // block's product sum_k A[k, i] B[k, j] (A [K, M] with leading dimension lda, B [K, N] with ldb)
 // added exactly to hi/lo[i ld + j] (exact_add). Each block's element is a function of the
 // block's rows alone, whatever the threads: G < kExactLibraryBlock, the CPU's tile kernel (one
@@ -240,7 +244,7 @@ int64_t rmsnorm_bwd_exact(const float* dy, const float* x, const float* w, const
                           int64_t* dw_lo, int64_t rows, int64_t dim);
 int64_t embedding_bwd_exact(const float* dx, const int32_t* tokens, int64_t rows, int64_t dim, int64_t* hi, int64_t* lo);
 // Attention whose result has the same bits however its keys are split over calls (ranks, KV-cache
-// slices), for inference with deterministic=true (CPU, fp32; the pairs as attn_fwd's: mask and
+// slices), for inference with exact numerics (CPU, fp32; the pairs as attn_fwd's: mask and
 // window by position, documents). Every quantity is a function of one (query row, key row) pair:
 // t = c (q . k), c = softmax_scale log2(e), the dot product in a fixed order. In three steps:
 //   attn_exact_max    mx[i, h] = the largest t over the call's visible keys (-inf: none);

@@ -56,7 +56,7 @@ int64_t query_tile_rows(int32_t D) { return D <= 128 ? 96 : 48; }
 // With exact dK/dV sums the backward's query tiles are aligned blocks of positions, and a power
 // of two, so that layouts of power-of-two sequences split into whole tiles without padding
 // (96 would pad 8K tokens on 2 ranks to 8448 rows). 128 rows run ten 12-row micro-tiles and one
-// of 8 (AVX-512); bench train's deterministic rows measure the whole schedule (docs/measurements.md).
+// of 8 (AVX-512); bench train's exact rows measure the whole schedule (docs/measurements.md).
 int64_t exact_tile_rows(int32_t D) { return D <= 128 ? 128 : 64; }
 // Exact sums: one block's contribution (fixed_rows queries, at least a tile) at most 2^10 in
 // magnitude, so that the 2^16 of them a key can receive (8.4M queries at 128-row tiles) stay
@@ -339,15 +339,71 @@ void attn_fwd(const AttnParams& p) {
 
 int64_t attn_query_block(int32_t D) { return exact_tile_rows(D); }
 
-void attn_bwd(const AttnParams& p) {
+namespace {
+
+// The exact entry's layout (AttnParams::dk_fixed): every block of `group_rows` queries one aligned
+// block of consecutive positions (the same on any split of the queries), fixed_heads dividing a
+// K/V group. Throws std::invalid_argument naming the value otherwise.
+void check_exact_blocks(const AttnParams& p, int64_t Bq, int64_t group_rows, int32_t group) {
+  if (!p.dk_fixed || !p.dv_fixed || !p.q_pos)
+    throw std::invalid_argument("attn_bwd_exact: needs dk_fixed, dv_fixed and q_pos");
+  if (group_rows % Bq != 0)
+    throw std::invalid_argument("attn_bwd: fixed_rows = " + std::to_string(p.fixed_rows) +
+                                " is not a multiple of the exact query tile (" + std::to_string(Bq) + " rows)");
+  for (int64_t q0 = 0; q0 < p.S_q; q0 += group_rows) {
+    const int64_t nq = std::min(group_rows, p.S_q - q0);
+    bool ok = p.q_pos[q0] % group_rows == 0 && nq == group_rows;
+    for (int64_t i = 1; i < nq && ok; ++i) ok = p.q_pos[q0 + i] == p.q_pos[q0] + i;
+    if (!ok)
+      throw std::invalid_argument("attn_bwd: exact dK/dV sums need every " + std::to_string(group_rows) +
+                                  "-row block of queries to hold one aligned block of consecutive positions (block at row " +
+                                  std::to_string(q0) + ", position " + std::to_string(p.q_pos[q0]) +
+                                  "); pad the layout to whole blocks");
+  }
+  if (p.fixed_heads < 0 || (p.fixed_heads > 0 && group % p.fixed_heads != 0))
+    throw std::invalid_argument("attn_bwd: fixed_heads = " + std::to_string(p.fixed_heads) +
+                                " does not divide the " + std::to_string(group) + " query heads of a K/V group");
+}
+
+// One (query tile, head of the group) step of a key tile's task; `end` closes an exact part.
+struct BwdStep {
+  int64_t qi;
+  int32_t h;  // within the group
+  bool end;
+};
+// The steps of one key tile's task, in order. Plain: heads outer (measured faster: each head's Q
+// and dO rows stream in order). Exact: per block of `per_group` query tiles (fixed_rows), per
+// part of `part` heads of the group (fixed_heads), tiles then heads; a step with `end` closes a
+// part, whose fp32 sum is then added as integers. The order and the parts are the same on every
+// mesh, whose ranks hold whole blocks and whole parts.
+std::vector<BwdStep> bwd_steps(bool exact, int64_t n_qt, int32_t group, int64_t per_group, int32_t part) {
+  std::vector<BwdStep> steps;
+  steps.reserve(size_t(n_qt * group));
+  if (!exact) {
+    for (int32_t h = 0; h < group; ++h)
+      for (int64_t qi = 0; qi < n_qt; ++qi) steps.push_back({qi, h, false});
+    return steps;
+  }
+  for (int64_t b0 = 0; b0 < n_qt; b0 += per_group) {
+    const int64_t b1 = std::min(n_qt, b0 + per_group);
+    for (int32_t h0 = 0; h0 < group; h0 += part)
+      for (int64_t qi = b0; qi < b1; ++qi)
+        for (int32_t h = h0; h < h0 + part; ++h) steps.push_back({qi, h, qi + 1 == b1 && h + 1 == h0 + part});
+  }
+  return steps;
+}
+
+// The backward of both entries: kExact (attn_bwd_exact) adds each part's dK/dV as integers to
+// dk_fixed/dv_fixed; plain (attn_bwd) adds them in fp32 to dk/dv. The same tiles and GEMMs.
+template <bool kExact>
+void attn_bwd_tiles(const AttnParams& p) {
   check_params(p, true);
   if (p.stats) *p.stats = AttnStats{};
   if (p.profile) *p.profile = AttnProfile{};
   const int32_t D = p.D, group = p.H_q / p.H_kv;
   if (p.S_q == 0 || p.S_k == 0) return;
   const cpu::TileOps& ops = cpu::tile_ops();
-  const bool exact = p.dk_fixed != nullptr;
-  const int64_t Bq = exact ? exact_tile_rows(D) : query_tile_rows(D), Dp = round16(D);
+  const int64_t Bq = kExact ? exact_tile_rows(D) : query_tile_rows(D), Dp = round16(D);
   const int64_t kBkBwd = key_tile_bwd(D);
   const int64_t n_qt = (p.S_q + Bq - 1) / Bq, n_kt = (p.S_k + kBkBwd - 1) / kBkBwd;
   const int64_t S_k_pad = n_kt * kBkBwd, n_panels = S_k_pad / 16;
@@ -357,49 +413,9 @@ void attn_bwd(const AttnParams& p) {
   // Exact sums: each group of `per_group` query tiles (AttnParams::fixed_rows) is one aligned
   // block of consecutive positions, the same on any split of the queries.
   const int64_t group_rows = p.fixed_rows > 0 ? p.fixed_rows : Bq, per_group = group_rows / Bq;
-  if (exact) {
-    if (!p.dv_fixed || !p.q_pos) throw std::invalid_argument("attn_bwd: dk_fixed needs dv_fixed and q_pos");
-    if (group_rows % Bq != 0)
-      throw std::invalid_argument("attn_bwd: fixed_rows = " + std::to_string(p.fixed_rows) +
-                                  " is not a multiple of the exact query tile (" + std::to_string(Bq) + " rows)");
-    for (int64_t q0 = 0; q0 < p.S_q; q0 += group_rows) {
-      const int64_t nq = std::min(group_rows, p.S_q - q0);
-      bool ok = p.q_pos[q0] % group_rows == 0 && nq == group_rows;
-      for (int64_t i = 1; i < nq && ok; ++i) ok = p.q_pos[q0 + i] == p.q_pos[q0] + i;
-      if (!ok)
-        throw std::invalid_argument("attn_bwd: exact dK/dV sums need every " + std::to_string(group_rows) +
-                                    "-row block of queries to hold one aligned block of consecutive positions (block at row " +
-                                    std::to_string(q0) + ", position " + std::to_string(p.q_pos[q0]) +
-                                    "); pad the layout to whole blocks (deterministic=true)");
-    }
-    if (p.fixed_heads < 0 || (p.fixed_heads > 0 && group % p.fixed_heads != 0))
-      throw std::invalid_argument("attn_bwd: fixed_heads = " + std::to_string(p.fixed_heads) +
-                                  " does not divide the " + std::to_string(group) + " query heads of a K/V group");
-  }
-  // The (query tile, head of the group) steps of one key tile's task, in order. Plain: heads outer
-  // (measured faster: each head's Q and dO rows stream in order). Exact: per block of query tiles
-  // (fixed_rows), per part of the group's heads (fixed_heads), tiles then heads; a step with `end`
-  // closes a part, whose fp32 sum is then added as integers. The order and the parts are the same
-  // on every mesh, whose ranks hold whole blocks and whole parts.
-  struct Step {
-    int64_t qi;
-    int32_t h;  // within the group
-    bool end;
-  };
-  std::vector<Step> steps;
-  steps.reserve(size_t(n_qt * group));
-  if (!exact) {
-    for (int32_t h = 0; h < group; ++h)
-      for (int64_t qi = 0; qi < n_qt; ++qi) steps.push_back({qi, h, false});
-  } else {
-    const int32_t part = p.fixed_heads > 0 ? p.fixed_heads : group;
-    for (int64_t b0 = 0; b0 < n_qt; b0 += per_group) {
-      const int64_t b1 = std::min(n_qt, b0 + per_group);
-      for (int32_t h0 = 0; h0 < group; h0 += part)
-        for (int64_t qi = b0; qi < b1; ++qi)
-          for (int32_t h = h0; h < h0 + part; ++h) steps.push_back({qi, h, qi + 1 == b1 && h + 1 == h0 + part});
-    }
-  }
+  if constexpr (kExact) check_exact_blocks(p, Bq, group_rows, group);
+  const std::vector<BwdStep> steps =
+      bwd_steps(kExact, n_qt, group, per_group, p.fixed_heads > 0 ? p.fixed_heads : group);
 
   // Packed operands: Q and dO head-major rows (B operands of dK and dV, A of S and dP), K^T and
   // V^T panels (B of S and dP), K rows (B of dQ); per-row lse in base 2 and D_i = dO_i . O_i.
@@ -487,7 +503,7 @@ void attn_bwd(const AttnParams& p) {
       const float* k_panel = kt.get() + (g * n_panels + j0 / 16) * D * 16;
       const float* v_panel = vt.get() + (g * n_panels + j0 / 16) * D * 16;
       bool dirty = false;  // exact: dka/dva hold part of the current part's sum
-      for (const Step& step : steps) {
+      for (const BwdStep& step : steps) {
         const int64_t qi = step.qi;
         const int32_t h = g * group + step.h;
         const bool block_end = step.end;
@@ -495,7 +511,7 @@ void attn_bwd(const AttnParams& p) {
         const tiles::Vis vis = tiles::classify(p, q_ranges[qi], k_ranges[ki]);
         if (vis == tiles::Vis::empty) ++cnt.skipped;
         const int64_t q0 = qi * Bq, nq = std::min(Bq, p.S_q - q0);
-        if (exact && !dirty && vis != tiles::Vis::empty) {
+        if (kExact && !dirty && vis != tiles::Vis::empty) {
           std::fill(dka.get(), dka.get() + nk * Dp, 0.f);
           std::fill(dva.get(), dva.get() + nk * Dp, 0.f);
           dirty = true;
@@ -541,7 +557,7 @@ void attn_bwd(const AttnParams& p) {
           }
           lap(&AttnProfile::dq_order);
         }
-        if (block_end && dirty) {  // this part's contribution (a block, fixed_heads heads), added as integers
+        if (kExact && block_end && dirty) {  // this part's contribution (a block, fixed_heads heads), as integers
           dirty = false;
           const float big =
               std::max(add_fixed_rows(dka.get(), Dp, nk, D, p.dk_fixed + (j0 * p.H_kv + g) * D, int64_t(p.H_kv) * D),
@@ -550,7 +566,7 @@ void attn_bwd(const AttnParams& p) {
           lap.rest();  // the conversion counts as rest
         }
       }
-      for (int64_t r = 0; r < nk && !exact; ++r) {
+      for (int64_t r = 0; r < nk && !kExact; ++r) {
         float* dk = p.dk + ((j0 + r) * p.H_kv + g) * D;
         float* dv = p.dv + ((j0 + r) * p.H_kv + g) * D;
         for (int32_t d = 0; d < D; ++d) {
@@ -578,8 +594,17 @@ void attn_bwd(const AttnParams& p) {
   }
   if (fixed_overflow.load())
     throw std::invalid_argument("attn_bwd: a dK/dV contribution beyond the exact sums' range (|x| >= " +
-                                std::to_string(kFixedTileLimit) + ", or NaN): deterministic=true cannot represent it");
+                                std::to_string(kFixedTileLimit) + ", or NaN): the exact sums cannot represent it");
 }
+
+}  // namespace
+
+void attn_bwd(const AttnParams& p) {
+  if (p.dk_fixed || p.dv_fixed) throw std::invalid_argument("attn_bwd: dk_fixed and dv_fixed are attn_bwd_exact's");
+  attn_bwd_tiles<false>(p);
+}
+
+void attn_bwd_exact(const AttnParams& p) { attn_bwd_tiles<true>(p); }
 
 // The identity of kernels/ops.hpp, per (row, head), in fp32. The weights are formed from the
 // difference of the two LSEs only: with t = e^-(|lse_a - lse_b|) (the difference is exact in

@@ -55,7 +55,7 @@ float scale_of(const GdnParams& p) { return p.scale != 0 ? p.scale : 1.0f / std:
 // chunk never crosses either; `reset`: the chunk starts a document after the first (or the first,
 // with p.reset_at_0), so the state restarts from zero there. Cutting at the multiples rather than
 // every p.chunk tokens from a document's start makes the chunks of a call that is cut at a
-// multiple of p.chunk those of the whole: the same bits on any such split (deterministic=true).
+// multiple of p.chunk those of the whole: the same bits on any such split (exact numerics).
 struct Span {
   int64_t t0;
   int n;

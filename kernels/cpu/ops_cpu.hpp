@@ -12,6 +12,7 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 
 void attn_fwd(const AttnParams& p);
 void attn_bwd(const AttnParams& p);
+void attn_bwd_exact(const AttnParams& p);
 int64_t attn_query_block(int32_t D);  // the backward's query tile rows (ops.hpp)
 void lse_merge(float* o, float* lse, const float* o_b, const float* lse_b, int64_t rows, int32_t H, int32_t D);
 

@@ -98,7 +98,7 @@ __device__ __forceinline__ T block_sum(T x, T* red) {
   if (lane == 0) red[warp] = x;
   __syncthreads();
   T total = T(0);
-  for (int w = 0; w < nwarps; ++w) total += red[w];  // fixed order: deterministic
+  for (int w = 0; w < nwarps; ++w) total += red[w];  // fixed order: the same bits every run
   __syncthreads();
   return total;
 }

@@ -108,7 +108,7 @@ void gemm_release();
 // fp32 in a fixed order (results are reproducible run to run).
 void rmsnorm_fwd(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps,
                  cudaStream_t stream = nullptr);
-// dx += ..., dw += sum over rows (deterministic: per-block partial sums, then a fixed-order sum).
+// dx += ..., dw += sum over rows (per-block partial sums, then a fixed-order sum: the same bits every run).
 void rmsnorm_bwd(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
                  int64_t rows, int64_t dim, cudaStream_t stream = nullptr);
 // cos/sin tables [rows, D/2] of pos[r] * inv_freq[i], computed in double on the device (pos and

@@ -1,4 +1,4 @@
-// Where deterministic=true's weight-gradient time goes (docs/measurements.md "Exact weight
+// Where exact numerics' weight-gradient time goes (docs/measurements.md "Exact weight
 // gradients"): one weight gradient dW[M, N] = X^T dY over S token rows, timed for blocks of 128,
 // 256 and 512 rows on this process's OpenMP threads, median of 3, and how many elements the two exact ways round apart.
 //   cmake --build BUILD --target ctxpar_exact_wgrad

@@ -130,7 +130,7 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-float val(uint64_t i, uint64_t salt) {  // deterministic values in [-1, 1)
+float val(uint64_t i, uint64_t salt) {  // seeded values in [-1, 1)
   uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ salt;
   x ^= x >> 31;
   x *= 0xBF58476D1CE4E5B9ull;

@@ -39,6 +39,7 @@
 #include "dist/topology.hpp"
 #include "infer/engine.hpp"
 #include "infer/schedule.hpp"
+#include "model/numerics.hpp"
 #include "model/flops.hpp"
 #include "model/model.hpp"
 #include "modes/device_run.hpp"
@@ -166,7 +167,8 @@ int deterministic_table(BenchContext& ctx, const Check& check, const std::vector
     const int64_t cap = cache_capacity_tokens(sched, c);
     Engine plain(*m.layout, m.params.data(), *m.topo, 1, cap, "ring", Device::cpu, nullptr);
     Engine exact(*m.layout, m.params.data(), *m.topo, 1, cap, "ring", Device::cpu, nullptr);
-    exact.set_deterministic();
+    ExactNumerics exact_sums(m.layout->dims(), /*grad_elems=*/0, /*block=*/1);
+    exact.use_numerics(exact_sums);
     Engine* eng[2] = {&plain, &exact};
     std::vector<double> ts[2][2];  // [prefill, decode][plain, exact]
     std::vector<std::vector<float>> rows;

@@ -83,7 +83,8 @@ double call_bwd_flops(const AttnParams& p);
 // One whole kernel call attn_fwd(p) (attn_bwd(p)): its FLOPs added to st.attn_flops and, with a
 // tracer, a span of phase attn_fwd (attn_bwd) at ring step `step` (-1: none).
 void counted_fwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step);
-void counted_bwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step);
+// `kernel`: attn_bwd, or attn_bwd_exact (the canonical schedule's exact dK/dV sums).
+void counted_bwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step, void (*kernel)(const AttnParams&) = attn_bwd);
 
 // Waits for `r` and books the blocked time as exposed communication (stats, and a comm_wait span
 // with `ring_step` when a tracer is given).

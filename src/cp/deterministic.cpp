@@ -144,7 +144,7 @@ void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
   p.dk_fixed = dk.data();
   p.dv_fixed = dv.data();
   if (tr) tr->progress(Phase::attn_bwd);
-  counted_bwd(p, tr, st, -1);
+  counted_bwd(p, tr, st, -1, attn_bwd_exact);
   // Back to rank-block order, then every owner gets the exact sum of its rows over the group.
   Buffer<int64_t> blocks(2 * total * w, false);  // [rank][dK rows | dV rows]
   for (size_t m = 0; m < total; ++m) {
@@ -266,6 +266,7 @@ class Deterministic final : public ScheduleOf {
  public:
   Deterministic(Topology& topo, std::unique_ptr<CpStrategy> plain, bool ring_hops)
       : ScheduleOf(std::move(plain)), comm_(topo.cp()), ring_hops_(ring_hops) {}
+  bool moves_latent() const override { return false; }  // the canonical call moves MLA's expanded K/V
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
     cp::canonical_fwd(&comm_, local, ring_hops_, tr, st);
   }

@@ -118,32 +118,19 @@ void Engine::ensure_rows(int64_t n) {
     mla_alloc(d_, n, mla_a_);
     mla_alloc(d_, n, mla_s_);
   }
-  if (det_ && det_exact_.units > 1) {  // layer_tp_sum's scratch (one part is the plain product)
-    det_hi_ = Buffer<int64_t>(r * dim + 1, false);
-    det_lo_ = Buffer<int64_t>(r * dim + 1, false);
-    det_part_ = Buffer<float>(r * dim, false);
-    det_exact_.sum_hi = det_hi_.data();
-    det_exact_.sum_lo = det_lo_.data();
-    det_exact_.part = det_part_.data();
-    det_exact_.sum_cap = int64_t(r * dim);
-  }
+  num_->reserve_tp_sums(int64_t(r * dim));  // exact numerics: the tp sums' scratch
   rows_cap_ = n;
 }
 
-void Engine::set_deterministic() {
-  const int64_t units = deterministic_tp_units(d_);
-  CTXPAR_CHECK(dev_ == Device::cpu && units % d_.tp == 0, "deterministic inference: the CPU and a tp dividing " << units);
-  det_ = true;
-  det_exact_ = ExactGrads{};
-  det_exact_.block = 1;
-  det_exact_.bad = &det_bad_;
-  det_exact_.units = units;
+void Engine::use_numerics(Numerics& num) {
+  CTXPAR_CHECK(!num.exact() || dev_ == Device::cpu, "exact numerics in inference: the CPU");
+  num_ = &num;
+  canonical_ = num.exact() != nullptr;
   rows_cap_ = 0;  // the scratch with the next call's rows
 }
 
 LayerRun Engine::run(int64_t l) {
-  return LayerRun{d_, topo_, tr_, times_, st_->cp, l, dev_, stream_, dev_ == Device::cpu ? nullptr : &mirror_,
-                  det_ ? &det_exact_ : nullptr};
+  return LayerRun{d_, topo_, tr_, times_, st_->cp, l, dev_, stream_, dev_ == Device::cpu ? nullptr : &mirror_, num_};
 }
 
 void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const AttnFn& attn, const GdnFn& gdn,
@@ -303,10 +290,10 @@ Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const
   std::vector<int64_t>& apos = pl.apos;  // the attention's positions (below)
   std::vector<int32_t>& tok = pl.tok;
   std::vector<int32_t>& doc = pl.doc;
-  // every cache empty: the configured strategy on the new tokens (deterministic: the exact
+  // every cache empty: the configured strategy on the new tokens (exact numerics: the canonical
   // schedule over every rank's cache rows, as pass-Q's keys)
   bool& full = pl.full;
-  full = algo == CpAlgo::pass_kv && !det_;
+  full = algo == CpAlgo::pass_kv && !canonical_;
   int64_t& rows = pl.rows;
   int64_t& keys = pl.keys;
   for (int64_t b : seqs) {
@@ -326,7 +313,7 @@ Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const
     for (int64_t i = 0; i < s.n; ++i) apos.push_back(pos[size_t(rows + i)] + int64_t(b) * kSeqStride);
     // Keys over the cache: pass-Q this rank's own rows; pass-KV every rank's block padded to the
     // longest rank's (a ring message has one size).
-    if (algo == CpAlgo::pass_q || det_) {
+    if (algo == CpAlgo::pass_q || canonical_) {
       s.S_k = cache_.len(b) + s.n;
     } else {
       for (int rr = 0; rr < N; ++rr) s.S_k = std::max(s.S_k, cache_.len(b, rr) + s.part.local_size(rr));
@@ -418,7 +405,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     }
     set_device(t, qpos_d.data(), doc_d.data(), kpos_dev, kdoc_d.data());
     t.S_k = keys;
-    if (det_) return cp::canonical_infer_fwd(cp_, t, tr_, st_->cp);
+    if (canonical_) return cp::canonical_infer_fwd(cp_, t, tr_, st_->cp);
     (algo == CpAlgo::pass_q ? *pass_q_ : *ring_).forward(t, tr_, st_->cp);
   };
   GdnFn gdn = [&](int64_t l, int64_t gl, const float* x, float* x1) {
@@ -534,7 +521,7 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
     t.o = o;
     t.lse = lse;
     set_device(t, pos_d.data(), seq_d.data(), cache_.pos_all_device(), nullptr);
-    if (det_) return cp::canonical_infer_fwd(cp_, t, tr_, st_->cp);
+    if (canonical_) return cp::canonical_infer_fwd(cp_, t, tr_, st_->cp);
     strategy.forward(t, tr_, st_->cp);
   };
   std::vector<int64_t> row_seqs(static_cast<size_t>(n));

@@ -98,12 +98,13 @@ class Engine {
                     bool want_logits = false);
 
   KvCache& cache() { return cache_; }
-  // deterministic=true (CPU; attention layers, local ones included): every attention by the exact
+  // How the sums are taken (model/numerics.hpp; plain until this is called); `num` must outlive
+  // this object. Exact (CPU): the GEMMs on rows whose bits do not depend on how many rows a rank
+  // holds, the tp sums in fixed parts, and every attention (local layers too) by the canonical
   // schedule of cp/deterministic.hpp (canonical_infer_fwd: the keys stay, the query rows are
-  // all-gathered, exact sums), whatever cp_algo, decode_algo and strategy say; the GEMMs on rows
-  // whose bits do not depend on how many rows a rank holds, the tp sums in fixed parts
-  // (model/layer.hpp layer_tp_sum). Logits and tokens then have the same bits on any mesh.
-  void set_deterministic();
+  // all-gathered, exact sums), whatever cp_algo, decode_algo and strategy say. Logits and tokens
+  // then have the same bits on any mesh.
+  void use_numerics(Numerics& num);
   // Empties every sequence: the KV cache and, in a hybrid model, the GDN layers' states.
   void clear();
   int N() const;
@@ -176,12 +177,8 @@ class Engine {
   // cache), pass_q, and the two decode strategies.
   std::unique_ptr<CpStrategy> full_strategy_, ring_, pass_q_, decode_pass_q_, decode_allgather_;
   std::unique_ptr<GdnInfer> gdn_;  // hybrid models: the GDN layers' states (null without 'D' layers)
-  // deterministic=true: the GEMMs' fixed rows and the tp sums' scratch (rows_cap_ x dim)
-  bool det_ = false;
-  ExactGrads det_exact_;
-  int64_t det_bad_ = 0;
-  Buffer<int64_t> det_hi_, det_lo_;
-  Buffer<float> det_part_;
+  Numerics* num_ = &plain_numerics();
+  bool canonical_ = false;  // exact numerics: the canonical attention schedule
   int64_t rows_cap_ = 0;
   Buffer<float> x_, h_, rstd_, q_, k_, v_, o_, lse_, x1_, g_, u_, m_, cos_, sin_;
   Buffer<uint16_t> qb_, kb_, vb_;  // GPU: the attention's bf16 inputs

@@ -157,8 +157,8 @@ void GdnInfer::prefill(const LayerRun& r, const LayerView& w, int64_t gl, int64_
         }
     }
   }
-  // The recurrence: along the chain of pieces, or (deterministic=true) as one call over the prompt
-  if (r.exact) whole_prompt(r, b, gl, cached, T, cs, n);
+  // The recurrence: along the chain of pieces, or (exact numerics) as one call over the prompt
+  if (r.num->exact()) whole_prompt(r, b, gl, cached, T, cs, n);
   else chain_prompt(r, b, gl, cached, cs, n);
   if (holds) {  // the tail after the last real token
     tail_home.assign(size_t(R * C), 0.0f);

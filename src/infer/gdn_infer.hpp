@@ -9,7 +9,7 @@
 //            The convolution's halos and the new tail come from one all-gather of every piece's
 //            last conv-1 real rows (pieces may be shorter than the halo: a short prompt on many
 //            ranks). Padding rows (positions past the prompt) get beta = 0 and g = 0, which leave
-//            the state as it is. With deterministic=true the recurrence runs instead as one call
+//            the state as it is. With exact numerics the recurrence runs instead as one call
 //            over the whole prompt on every rank (whole_prompt): the chunks of one rank on any mesh.
 //   decode   on the home rank: the convolution over the tail and the new token, one step of the
 //            recurrence per head, the tail shifted by one.
@@ -61,7 +61,7 @@ class GdnInfer {
   // The recurrence of sequence b's prompt along the chain of this prefill's pieces (gdn_schedule):
   // the stored state to the chain's head, the state after the prompt from its end home.
   void chain_prompt(const LayerRun& r, int64_t b, int64_t gl, int64_t cached, int64_t cs, int64_t n);
-  // deterministic=true (r.exact): the recurrence of sequence b's T-token prompt as ONE gdn_fwd
+  // exact numerics (r.num->exact()): the recurrence of sequence b's T-token prompt as ONE gdn_fwd
   // call on every rank (the rows of q_, k_, v_, g_, beta_ all-gathered, the stored state
   // broadcast), so its chunks are those of one rank whatever the pieces; o_ gets this rank's rows,
   // the context's home the state after the prompt. Costs: every rank runs the whole recurrence.

@@ -2,7 +2,7 @@
 // the rank that computed them (the zigzag shard of that prefill, so the cache is load-balanced like
 // the prefill), and each decode token's K/V goes to one rank, round-robin over the sequence's
 // decode tokens (rank (decoded + b) mod N for sequence b). Every rank keeps the bookkeeping of all
-// ranks (how many tokens each holds of each sequence): it is a deterministic function of the
+// ranks (how many tokens each holds of each sequence): it is a function of the
 // schedule, so no communication is needed to know the padded block sizes of pass-KV.
 //
 // Layout per layer l: K and V [batch][capacity][H_kv][D] (one array when shared: MLA's latent) (post-RoPE keys; sequence b's slab

@@ -1,4 +1,4 @@
-// Training data: a deterministic synthetic stream the model can learn, and token files (raw
+// Training data: a seeded synthetic stream the model can learn, and token files (raw
 // uint16/uint32 integers, or an HDF5 dataset "tokens"), packed into fixed-length sequences of S
 // tokens with document boundaries (document ids feed the attention masks; labels never cross a
 // document or a sequence end).

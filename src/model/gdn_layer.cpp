@@ -151,21 +151,21 @@ void GdnMixer::conv_fwd(const LayerView& w, const Batch& b, GdnActs& a) {
 
 // From dpre (in tmp_): dproj (this rank's rows, overwritten), the halos' gradients (dhalo) and the
 // weights' (accumulated; channel blocks in parallel, rows in order: no schedule-dependent sums).
-// With `ex` (deterministic=true) every border of the exact sums' blocks of rows is treated as a
+// With `ex` (exact numerics) every border of the exact sums' blocks of rows is treated as a
 // piece border, whether a piece starts there or not: a row's contributions to the previous
 // block's last rows go to that border's own halo gradient, added to them once the loop is done
 // (as chain_halo_bwd adds a received one), and the weights' gradients are summed in fp32 per block
 // in row order, each block's sum added exactly. Pieces are whole blocks, so every mesh computes
 // the same sums.
-void GdnMixer::conv_bwd(const LayerView& w, LayerView& gw, const Batch& b, GdnActs& a, const ExactGrads* ex) {
+void GdnMixer::conv_bwd(const LayerView& w, LayerView& gw, const Batch& b, GdnActs& a, const ExactSums* ex) {
   (void)b;
   const int64_t K = d_.gdn_conv, C = C_, qk = d_.gdn_qk_width();
   const int64_t G = ex ? ex->block : 0;
-  CTXPAR_CHECK(!ex || (n_ % G == 0 && G >= K - 1), "GDN: deterministic blocks of " << G << " rows over " << n_ << " rows");
+  CTXPAR_CHECK(!ex || (n_ % G == 0 && G >= K - 1), "GDN: exact blocks of " << G << " rows over " << n_ << " rows");
   const float* dpre = tmp_.data();
   std::fill(dproj_.data(), dproj_.data() + n_ * C, 0.0f);
   std::vector<std::vector<float>> dhalo(mine_.size(), std::vector<float>(size_t((K - 1) * C), 0.0f));
-  // deterministic: block b's halo gradient (rows [b G - K + 1, b G)), for blocks not starting a piece
+  // exact: block b's halo gradient (rows [b G - K + 1, b G)), for blocks not starting a piece
   std::vector<float> bhalo(ex ? size_t(n_ / G * (K - 1) * C) : 0, 0.0f);
   auto wt = [&](int64_t c, int64_t i, bool grad) -> float* {
     const LayerView& v = grad ? gw : w;
@@ -178,7 +178,7 @@ void GdnMixer::conv_bwd(const LayerView& w, LayerView& gw, const Batch& b, GdnAc
 #pragma omp parallel for schedule(static) reduction(+ : bad)
   for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
     const int64_t c1 = std::min(C, c0 + kBlock);
-    std::vector<float> part(ex ? size_t(K * kBlock) : 0, 0.0f);  // deterministic: this block's weight sums
+    std::vector<float> part(ex ? size_t(K * kBlock) : 0, 0.0f);  // exact: this block's weight sums
     for (int64_t r = 0; r < n_; ++r) {
       const size_t j = piece_of(r);
       const int64_t t = r - piece_begin_[j];
@@ -363,10 +363,10 @@ void GdnMixer::backward(const LayerRun& r, const LayerView& w, LayerView& gw, co
   }
   r.times.attn_s += now_s() - t0;
   // the gates: g = -exp(a_log) softplus(u), u = h Wa + dt_bias; beta = sigmoid(h Wb).
-  // deterministic: each row's term of a_log's and dt_bias's gradients added exactly
+  // exact: each row's term of a_log's and dt_bias's gradients added exactly
   {
     Tracer::Scope sc(r.tr, Phase::mlp, layer, -1, 0, 0);
-    const ExactGrads* ex = r.exact;
+    const ExactSums* ex = r.num->exact();
     int64_t bad = 0;
 #pragma omp parallel for schedule(static) reduction(+ : bad)
     for (int64_t hh = 0; hh < H; ++hh) {
@@ -428,7 +428,7 @@ void GdnMixer::backward(const LayerRun& r, const LayerView& w, LayerView& gw, co
   }
   {
     Tracer::Scope sc(r.tr, Phase::mlp, layer, -1, 0, 0);
-    conv_bwd(w, gw, b, a, r.exact);
+    conv_bwd(w, gw, b, a, r.num->exact());
   }
   layer_gemm(r, false, true, n, dim, qk, dproj_.data(), C, w.wq, qk, 1, dh, dim);
   layer_gemm(r, false, true, n, dim, qk, dproj_.data() + qk, C, w.wk, qk, 1, dh, dim);

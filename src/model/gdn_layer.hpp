@@ -80,7 +80,7 @@ class GdnMixer {
  private:
   std::vector<GdnParams> pieces(const Batch& b, GdnActs& a, bool backward);
   void conv_fwd(const LayerView& w, const Batch& b, GdnActs& a);
-  void conv_bwd(const LayerView& w, LayerView& gw, const Batch& b, GdnActs& a, const ExactGrads* ex);
+  void conv_bwd(const LayerView& w, LayerView& gw, const Batch& b, GdnActs& a, const ExactSums* ex);
 
   ModelDims d_;
   Comm& comm_;

@@ -14,6 +14,7 @@
 
 #include "cp/strategy.hpp"
 #include "model/model.hpp"
+#include "model/numerics.hpp"
 
 namespace ctxpar {
 
@@ -37,30 +38,6 @@ struct Bf16Mirror {
   }
 };
 
-// deterministic=true (model/transformer.hpp): the parameter gradients as exact sums (ops.hpp
-// exact_add), parallel to the flat fp32 gradient buffer [grads, grads + n): element i of a weight
-// gradient is (hi[i], lo[i]). No GEMM's bits depend on how many rows a rank holds: a GEMM of token
-// rows runs sgemm_rows_fixed (or calls of `block` rows where the library has no such path); a
-// weight gradient (op(A) = A^T, the token rows summed) is one product per block of `block` rows,
-// each added exactly (gemm_tn_exact). `bad` counts values out of range.
-struct ExactGrads {
-  const float* grads = nullptr;
-  int64_t n = 0;
-  int64_t *hi = nullptr, *lo = nullptr;
-  int64_t block = 0;
-  int64_t* bad = nullptr;
-  // The tp-summed products (layer_tp_sum): their contraction split into `units` equal parts over
-  // the whole tp group (every tp size divides it), each part's product added exactly into
-  // sum_hi/sum_lo (rows x dim, plus one element for the count of values out of range) through
-  // `part` (rows x dim fp32), so that the sum has the same bits for any tp.
-  int64_t units = 1;
-  int64_t *sum_hi = nullptr, *sum_lo = nullptr;
-  float* part = nullptr;
-  int64_t sum_cap = 0;  // elements of part (sum_hi, sum_lo: one more): the largest rows x N
-  // The exact sums of gradient element `g` (a pointer into [grads, grads + n)).
-  int64_t offset(const float* g) const;
-};
-
 // What every part of a layer needs: the dimensions, the mesh (tp all-reduces), the tracer, the
 // counters, and the layer index (-1 outside the layers: the LM head); and where the tensors are:
 // Device::cpu (fp32 throughout), or Device::cuda (every pointer device memory, every op ordered on
@@ -76,42 +53,23 @@ struct LayerRun {
   Device dev = Device::cpu;
   Stream stream = nullptr;
   const Bf16Mirror* weights = nullptr;
-  const ExactGrads* exact = nullptr;  // deterministic=true (CPU)
+  Numerics* num = &plain_numerics();  // how the sums are taken (model/numerics.hpp)
 };
 
-// C (=|+=) op(A) op(B), row-major, timed and traced (model/flops.hpp: 2 m n k). With r.exact: in
-// blocks of rows (ExactGrads); a weight gradient (trans_a, beta = 1, C in the gradient buffer)
-// goes to the exact sums instead of C. On a GPU the
-// StepTimes entry is host time of an asynchronous call; the span is timed on the device
+// C (=|+=) op(A) op(B), row-major, timed and traced (model/flops.hpp: 2 m n k): on the CPU by
+// r.num (exact: a weight gradient goes to the exact sums instead of C). On a GPU the StepTimes
+// entry is host time of an asynchronous call; the span is timed on the device
 // (Tracer::time_on_device), and train takes its GEMM and attention shares from the spans there.
 void layer_gemm(const LayerRun& r, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-// rmsnorm_bwd over `rows` rows (dx +=, dw +=); with r.exact (deterministic=true) dw's sum over the
-// rows goes to the exact sums (rmsnorm_bwd_exact) instead.
+// rmsnorm_bwd over `rows` rows (dx +=, dw +=), by r.num.
 void layer_rmsnorm_bwd(const LayerRun& r, const float* dy, const float* x, const float* w, const float* rstd, float* dx,
                        float* dw, int64_t rows, int64_t dim);
 // Sum over the tp axis, in place (a no-op at tp = 1).
 void layer_tp_all_reduce(const LayerRun& r, float* x, int64_t n);
-// One term of a tp-summed product: A [n, K] (leading dimension lda) times op(B) (B [K, N] with
-// ldb, or with tb B [N, K]), K this rank's share of the contraction.
-struct TpTerm {
-  const float* A;
-  int64_t lda;
-  const float* B;
-  int64_t ldb;
-  bool tb;
-  int64_t K;
-  // a K/V projection's term (K = this rank's K/V heads x D): with exact parts (deterministic=true)
-  // each head goes whole to the part of its group's first query head, and a head replicated over
-  // tp is added by the rank holding that part only (its gradient is whole on every copy)
-  bool kv = false;
-};
 // out [n, N] = sum of the terms' products over the whole tp group (the row-parallel products:
-// attention output, MLP down projection, and the input gradients of the column-parallel ones).
-// Plain: the terms' GEMMs in order, then layer_tp_all_reduce. With r.exact (deterministic=true):
-// per part of the contraction (ExactGrads::units over the tp group, units / tp on this rank) the
-// terms' fp32 product of that part, added exactly; the integers all-reduced over tp and rounded
-// once, so out has the same bits for any tp (tp = 1 included).
+// attention output, MLP down projection, and the input gradients of the column-parallel ones), by
+// r.num (model/numerics.hpp Numerics::tp_sum).
 void layer_tp_sum(const LayerRun& r, int64_t n, int64_t N, std::initializer_list<TpTerm> terms, float* out);
 // The residual connection: y += x over n elements.
 void layer_add_residual(const LayerRun& r, float* y, const float* x, int64_t n);

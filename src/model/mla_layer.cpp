@@ -36,7 +36,7 @@ const float* value_columns(const ModelDims& d, const float* o, int64_t S, MlaScr
 // x1 = x + o_v Wo from the value columns o_v [S, H*v_dim] (summed over tp: each rank's heads).
 void out_projection(const LayerRun& r, const LayerView& w, int64_t S, const float* x, const float* ov, float* x1) {
   const int64_t dim = r.d.dim, ow = r.d.o_width();
-  layer_tp_sum(r, S, dim, {{ov, ow, w.wo, dim, false, ow}}, x1);  // deterministic: in fixed parts, exact
+  layer_tp_sum(r, S, dim, {{ov, ow, w.wo, dim, false, ow}}, x1);  // exact numerics: in fixed parts
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < S * dim; ++i) x1[i] += x[i];
 }
@@ -117,8 +117,8 @@ void MlaExpander::backward(const float* lat, int64_t rows, const float* dk, cons
   const int64_t nope = d_.nope, V = d_.v_dim, kvb = H * (nope + V);
   if (kvb_.size() < size_t(rows * kvb)) kvb_.resize(size_t(rows * kvb), false);
   float* dkv = kvb_.data();
-  const bool exact = run_ && run_->exact;
-  // [dk_nope | dv] per head; the shared rope key's gradient sums over the heads (deterministic:
+  const bool exact = run_ && run_->num->exact();
+  // [dk_nope | dv] per head; the shared rope key's gradient sums over the heads (exact numerics:
   // in exact_dlat).
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; ++t) {
@@ -258,9 +258,9 @@ void mla_in_bwd(const LayerRun& r, const LayerView& w, LayerView& gw, int64_t S,
   const int64_t dim = d.dim, H = d.H_q_loc(), D = d.D, qw = H * D, kl = d.kv_lora, R = d.rope, kva = kl + R;
   float *dkpe = s.dkpe.data(), *dc = s.dc.data(), *dc_raw = s.dc_raw.data();
   // Under tp each rank's latent gradient is its heads' part; the sum makes everything below the
-  // latent (replicated weights and their gradients) the same on every tp rank (deterministic:
+  // latent (replicated weights and their gradients) the same on every tp rank (exact numerics:
   // MlaExpander::exact_dlat summed it already, exactly).
-  if (!r.exact) layer_tp_all_reduce(r, dlat, S * kva);
+  if (!r.num->exact()) layer_tp_all_reduce(r, dlat, S * kva);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < S; ++t) {
     std::memcpy(dc + t * kl, dlat + t * kva, size_t(kl) * sizeof(float));

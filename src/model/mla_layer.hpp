@@ -39,7 +39,7 @@ struct MlaScratch {
 
 // K/V from the latent and back for one layer (cp/strategy.hpp KvExpander): K = [c Wkv_b's k_nope
 // columns | k_pe] per head, V = c Wkv_b's value columns (zero-padded to D); the backward adds
-// c^T [dk_nope | dv] to the layer's dWkv_b and this rank's heads' part of d lat (deterministic:
+// c^T [dk_nope | dv] to the layer's dWkv_b and this rank's heads' part of d lat (exact numerics:
 // the whole d lat, its tp sum exact). Bound to a layer before each of its attention calls.
 // Its GEMMs are traced (phase gemm); their time goes to `times` when set (time_into), else it is
 // part of the attention call that runs them (a strategy expanding a visiting block).
@@ -53,7 +53,7 @@ class MlaExpander final : public KvExpander {
     gw_ = gw;
   }
   void time_into(StepTimes* times) { times_ = times; }
-  // deterministic=true: the GEMMs through layer_gemm of `r` (fixed rows; Wkv_b's gradient to the
+  // exact numerics: the GEMMs through layer_gemm of `r` (fixed rows; Wkv_b's gradient to the
   // exact sums), timed there; null: sgemm, timed by time_into.
   void use_run(const LayerRun* r) {
     run_.reset();
@@ -66,7 +66,7 @@ class MlaExpander final : public KvExpander {
  private:
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
             float beta, float* C, int64_t ldc) const;
-  // deterministic: dlat (=) from dK and dV as one product over the heads, summed over tp in fixed
+  // exact numerics: dlat (=) from dK and dV as one product over the heads, summed over tp in fixed
   // parts (layer_tp_sum), so that its bits do not depend on tp.
   void exact_dlat(int64_t rows, const float* dk, const float* dv, float* dlat);
   const ModelDims& d_;

@@ -68,16 +68,16 @@ int64_t ModelDims::param_count() const {
   return (layers - G) * (attn + mlp) + G * (gdn + mlp) + 2 * vocab * dim + dim;
 }
 
-int64_t deterministic_tp_units(const ModelDims& d) {
+int64_t exact_tp_units(const ModelDims& d) {
   const int32_t per_part = d.exact_heads > 0 ? d.exact_heads : d.H_q / d.H_kv;  // query heads
   return std::gcd(int64_t(d.H_q / per_part), d.ffn);
 }
 
-int64_t deterministic_tp_sum_cols(const ModelDims& d) {
+int64_t exact_tp_sum_cols(const ModelDims& d) {
   return std::max({d.dim, int64_t(d.q_lora), int64_t(d.kv_lora + d.rope)});
 }
 
-std::string check_deterministic_model(const Config& c, int tp, int64_t block) {
+std::string check_exact_model(const Config& c, int tp, int64_t block) {
   if (c.layer_pattern.find('D') != std::string::npos) {
     const std::string pre = "config: deterministic = true with layer_pattern = '" + c.layer_pattern + "': ";
     if (block > 0 && c.gdn_schedule != "ring")  // inference runs a prompt's recurrence as one call
@@ -90,7 +90,7 @@ std::string check_deterministic_model(const Config& c, int tp, int64_t block) {
              std::to_string(block);
   }
   const ModelDims d = model_dims(c, 1, 0);
-  const int64_t units = deterministic_tp_units(d);
+  const int64_t units = exact_tp_units(d);
   if (units % tp == 0) return "";
   // the largest part of a K/V group's heads that would serve this tp
   const int32_t G = d.H_q / d.H_kv;
@@ -98,7 +98,7 @@ std::string check_deterministic_model(const Config& c, int tp, int64_t block) {
   for (int32_t f = G; f >= 1 && fix.empty(); --f) {
     ModelDims e = d;
     e.exact_heads = f;
-    if (G % f == 0 && deterministic_tp_units(e) % tp == 0) fix = ", or deterministic_heads=" + std::to_string(f);
+    if (G % f == 0 && exact_tp_units(e) % tp == 0) fix = ", or deterministic_heads=" + std::to_string(f);
   }
   const int32_t f = d.exact_heads > 0 ? d.exact_heads : G;
   return "config: deterministic = true with tp:" + std::to_string(tp) + ": the exact tp sums split into " +

@@ -27,8 +27,8 @@ struct ModelDims {
   float norm_eps = 1e-5f;
   double rope_theta = 5e5, rope_factor = 1, rope_low = 1, rope_high = 4, rope_orig_max = 8192;
   int tp = 1, tp_rank = 0;
-  // deterministic=true: query heads per exact part (config deterministic_heads; 0: a K/V group).
-  // The parts of the exact dK/dV sums and of the tp sums (deterministic_tp_units).
+  // exact numerics (model/numerics.hpp): query heads per exact part (0: a K/V group).
+  // The parts of the exact dK/dV sums and of the tp sums (exact_tp_units).
   int32_t exact_heads = 0;
   // One letter per layer: 'G' global (full causal) attention, 'L' local attention over `window`
   // tokens (sliding window, as Gemma's), 'D' Gated DeltaNet (model/gdn_layer.hpp); empty = every
@@ -72,19 +72,19 @@ struct ModelDims {
   int64_t param_count() const;
 };
 ModelDims model_dims(const Config& cfg, int tp, int tp_rank);
-// deterministic=true: the parts into which the tp-summed products split their contraction, the
+// exact numerics: the parts into which the tp-summed products split their contraction, the
 // same for every tp (layer.hpp layer_tp_sum); tp must divide it: gcd(H_q / exact_heads, ffn), so
 // gcd(H_kv, ffn) by default, and more parts (tp above H_kv: K/V heads replicated) with fewer
 // query heads per exact part.
-int64_t deterministic_tp_units(const ModelDims& d);
+int64_t exact_tp_units(const ModelDims& d);
 // The widest tp-summed product's columns (layer_tp_sum's scratch per row): dim, or MLA's latents.
-int64_t deterministic_tp_sum_cols(const ModelDims& d);
-// "" when deterministic = true serves this config's model on tp ranks, else the config error:
-// a tp dividing deterministic_tp_units; in training (`block` > 0: the exact sums' block of rows)
+int64_t exact_tp_sum_cols(const ModelDims& d);
+// "" when exact numerics serve this config's model on tp ranks, else the config error:
+// a tp dividing exact_tp_units; in training (`block` > 0: the exact sums' block of rows)
 // Gated DeltaNet layers with gdn_schedule=ring and a GDN chunk dividing the block, so that every
 // mesh's pieces cut the recurrence at the same chunk borders (block = 0: inference, which runs a
 // prompt's recurrence as one call on every rank, infer/gdn_infer.hpp).
-std::string check_deterministic_model(const Config& cfg, int tp, int64_t block);
+std::string check_exact_model(const Config& cfg, int tp, int64_t block);
 
 // "" when the model shape fits the mesh (tp divides heads, kv_heads and ffn_dim; head_dim even
 // for RoPE), else a message naming the value and what would be valid. `kv_replication`

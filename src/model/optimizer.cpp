@@ -92,7 +92,7 @@ double AdamW::grad_norm(const float* g, Comm* tp) const {
   return std::sqrt(sq[0] + sq[1]);
 }
 
-double AdamW::grad_norm_fixed(const float* g, Comm* tp, int64_t units) const {
+double AdamW::grad_norm_exact(const float* g, Comm* tp, int64_t units) const {
   const int T = tp ? tp->size() : 1;
   const int64_t parts = units / T;  // this rank's parts of a split tensor
   struct Item {
@@ -106,7 +106,7 @@ double AdamW::grad_norm_fixed(const float* g, Comm* tp, int64_t units) const {
     // a K/V head on several tp ranks (its gradient whole on each): each copy sums its share of
     // the global parts, columns [col0 + c0, ...) of the whole tensor's cols / units each
     CTXPAR_CHECK(units % T == 0 && (p.copies == 1 || (p.split == Split::cols && p.cols % units == 0)),
-                 "grad_norm_fixed: " << p.name << " in " << units << " parts over tp:" << T);
+                 "grad_norm_exact: " << p.name << " in " << units << " parts over tp:" << T);
     first.push_back(items.size());
     for (int64_t j = 0; j < (p.split == Split::replicated ? 1 : parts); ++j) items.push_back({&p, j});
   }
@@ -122,7 +122,7 @@ double AdamW::grad_norm_fixed(const float* g, Comm* tp, int64_t units) const {
       const int64_t w = p.cols / units;
       c0 = (t_rank * parts + items[i].part) * w - p.col0;
       c1 = c0 + w;
-      CTXPAR_CHECK(c0 >= 0 && c1 <= p.loc_cols, "grad_norm_fixed: " << p.name << "'s part outside its copy");
+      CTXPAR_CHECK(c0 >= 0 && c1 <= p.loc_cols, "grad_norm_exact: " << p.name << "'s part outside its copy");
     }
     double acc[4] = {0, 0, 0, 0};  // four chains (column mod 4), added in a fixed order
     for (int64_t r = r0; r < r1; ++r)

@@ -52,12 +52,12 @@ class AdamW {
   // Global L2 norm of the gradient: tp-sharded tensors summed over `tp` (null when tp = 1),
   // replicated tensors counted once (they are identical on every tp rank).
   double grad_norm(const float* grads, Comm* tp) const;
-  // deterministic=true (CPU): the same norm with the same bits for any tp dividing `units`
-  // (deterministic_tp_units) and any thread count: each tensor's squares summed in fixed parts
+  // exact numerics (CPU): the same norm with the same bits for any tp dividing `units`
+  // (exact_tp_units) and any thread count: each tensor's squares summed in fixed parts
   // (a replicated tensor whole; a tp-split one in `units` parts of its split dimension), each
   // part in order in double, the parts gathered over tp and added in (tensor, part) order. A K/V
   // head replicated over tp (its gradient whole on every copy) gives each copy its share of the parts.
-  double grad_norm_fixed(const float* grads, Comm* tp, int64_t units) const;
+  double grad_norm_exact(const float* grads, Comm* tp, int64_t units) const;
   // One step (increments step()); scales the gradient by min(1, grad_clip / norm). `tr`: offload's
   // waits are traced as spans of phase offload.
   void update(float* params, const float* grads, double norm, Tracer* tr = nullptr);

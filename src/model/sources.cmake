@@ -3,6 +3,7 @@
 set(CTXPAR_MODEL_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/layer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/numerics.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gdn_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mla_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cpp

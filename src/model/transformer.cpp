@@ -127,29 +127,18 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
 }
 
 LayerRun Transformer::run(int64_t l) {
-  return LayerRun{d_, topo_, tr_, *times_, *st_, l, dev_, stream_, dev_ == Device::cpu ? nullptr : &mirror_,
-                  deterministic() ? &exact_ : nullptr};
+  return LayerRun{d_, topo_, tr_, *times_, *st_, l, dev_, stream_, dev_ == Device::cpu ? nullptr : &mirror_, num_};
 }
 
-void Transformer::set_deterministic(int64_t block) {
-  const int64_t units = deterministic_tp_units(d_);
-  CTXPAR_CHECK(dev_ == Device::cpu && units % d_.tp == 0 && block > 0 && S_loc_ % block == 0 &&
+void Transformer::use_numerics(Numerics& num) {
+  num_ = &num;
+  const int64_t block = num.block();
+  num.reserve_tp_sums(S_loc_ * exact_tp_sum_cols(d_));
+  if (!num.exact()) return;
+  CTXPAR_CHECK(dev_ == Device::cpu && S_loc_ % block == 0 &&
                    (!d_.has_gdn() || (d_.gdn_schedule == "ring" && block % d_.gdn_chunk == 0)),
-               "deterministic: the CPU, a tp dividing " << units << ", whole blocks of " << block << " rows ("
-                   << S_loc_ << " here) and, with GDN layers, the ring schedule and whole chunks per block");
-  const int64_t n = layout_.local_elems();
-  ex_hi_ = Buffer<int64_t>(size_t(n + 2), true);
-  ex_lo_ = Buffer<int64_t>(size_t(n + 2), true);
-  // layer_tp_sum's scratch (one part is the plain product): rows x dim, or MLA's latent widths
-  const int64_t sum_cap = units > 1 ? S_loc_ * deterministic_tp_sum_cols(d_) : 0;
-  if (units > 1) {
-    const size_t sum_elems = size_t(sum_cap);
-    tp_hi_ = Buffer<int64_t>(sum_elems + 1, false);
-    tp_lo_ = Buffer<int64_t>(sum_elems + 1, false);
-    tp_part_ = Buffer<float>(sum_elems, false);
-  }
-  exact_ = ExactGrads{nullptr, n, ex_hi_.data(), ex_lo_.data(), block, &ex_bad_, units, tp_hi_.data(), tp_lo_.data(),
-                      tp_part_.data(), sum_cap};
+               "exact numerics: the CPU, whole blocks of " << block << " rows (" << S_loc_
+                   << " here) and, with GDN layers, the ring schedule and whole chunks per block");
   // the LM head's chunks in whole blocks (forward_backward)
   const int64_t C = std::max(block, logits_chunk_rows(S_loc_, d_.vocab) / block * block);
   logits_ = alloc(size_t(C * d_.vocab));
@@ -160,9 +149,6 @@ void Transformer::set_deterministic(int64_t block) {
     kv_copies_ = Buffer<int64_t>(size_t(2 * S_loc_ * d_.kv_width()), false);
     kv_all_ = Buffer<int64_t>(size_t(2 * S_loc_) * d_.D * d_.H_kv, false);
   }
-  // local (L) layers: the main strategy's canonical schedule with the window mask (every key row
-  // gathered, as for the global layers), not local_strategy's
-  if (d_.has_local()) local_ = &strat_;
 }
 
 void Transformer::sum_kv_copies(int64_t l) {
@@ -182,17 +168,6 @@ void Transformer::sum_kv_copies(int64_t l) {
   st_->exposed_comm_s += now_s() - t0;
   fixed_to_float(all.data() + g * w, dk_.data(), int64_t(w));
   fixed_to_float(all.data() + (H + g) * w, dv_.data(), int64_t(w));
-}
-
-void Transformer::finish_exact(float* grads, double* loss) const {
-  const int64_t n = layout_.local_elems();
-  if (ex_hi_[size_t(n + 1)] != 0) {
-    std::fill_n(grads, size_t(n), std::numeric_limits<float>::quiet_NaN());
-    *loss = std::numeric_limits<double>::quiet_NaN();
-    return;
-  }
-  exact_to_float(ex_hi_.data(), ex_lo_.data(), grads, n);
-  *loss = exact_value(ex_hi_[size_t(n)], ex_lo_[size_t(n)]);
 }
 
 void Transformer::rmsnorm_bwd_any(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
@@ -220,7 +195,7 @@ AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
     zigzag_S_ = part.positions(topo_.cp().rank()) == pos_ ? b.S : 0;
   }
   t.k_pos_zigzag = zigzag_S_;
-  t.batch_id = batch_serial_;  // a frugal strategy plans once per batch (cp/visible.hpp)
+  t.batch_id = batch_serial_;  // a visible-keys strategy plans once per batch (cp/visible.hpp)
   t.o = o_of(l, a); t.lse = lse_of(l, a);
   if (dev_ == Device::cpu) {
     t.q = a.q.data(); t.k = a.k.data(); t.v = a.v.data();
@@ -234,8 +209,8 @@ AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
     t.q_doc_host = t.k_doc_host = t.q_doc;
     t.q_doc = t.k_doc = has_docs_ ? doc_dev_.data() : nullptr;
   }
-  // the latent travels instead of K/V (deterministic=true: the canonical schedule moves K/V)
-  if (d_.mla && strategy_of(l).moves_latent() && !deterministic()) {
+  // the latent travels instead of K/V (where the strategy moves it)
+  if (d_.mla && strategy_of(l).moves_latent()) {
     t.latent_width = mla_x_->width();
     t.latent = mla_of(l).lat.data();
     t.expander = mla_x_.get();
@@ -249,7 +224,7 @@ void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, A
   if (d_.mla) {
     mla_x_->bind(tr_, l, w, nullptr);
     const LayerRun rl = run(l);
-    mla_x_->use_run(deterministic() ? &rl : nullptr);  // fixed-row GEMMs
+    mla_x_->use_run(num_->exact() ? &rl : nullptr);  // exact: fixed-row GEMMs
     mla_in_fwd(run(l), w, S_loc_, x, cos_.data(), sin_.data(), a.h.data(), a.rstd.data(), mla_of(l), mla_s_, *mla_x_,
                a.q.data(), a.k.data(), a.v.data());
   } else {
@@ -327,7 +302,7 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
     mla_x_->bind(tr_, l, w, &gw);
     t.dlatent = mla_s_.dlat.data();
   }
-  if (kv_copies_.size()) {  // deterministic, K/V heads replicated over tp: their integer sums
+  if (kv_copies_.size()) {  // exact, K/V heads replicated over tp: their integer sums
     t.dk_fixed = kv_copies_.data();
     t.dv_fixed = kv_copies_.data() + S * kw;
   }
@@ -340,7 +315,7 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
     if (!t.expander) {  // the strategy moved K/V and returned dK/dV: the latent's gradient from them here
       std::fill_n(dlat, size_t(S) * size_t(mla_x_->width()), 0.0f);
       const LayerRun rl = run(l);
-      mla_x_->use_run(deterministic() ? &rl : nullptr);  // fixed-row GEMMs, Wkv_b's gradient exact
+      mla_x_->use_run(num_->exact() ? &rl : nullptr);  // exact: fixed-row GEMMs, Wkv_b's gradient exact
       mla_x_->time_into(times_);
       mla_x_->backward(mla_of(l).lat.data(), S, dk_.data(), dv_.data(), dlat);
       mla_x_->time_into(nullptr);
@@ -376,18 +351,13 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   tr_ = tr;
   st_ = &st;
   times_ = &times;
-  ++batch_serial_;  // a new batch: its own frugal plans
+  ++batch_serial_;  // a new batch: its own visible-keys plans
   const double t_start = now_s();
   const int64_t S = S_loc_, dim = d_.dim, V = d_.vocab;
   const ModelView w = ext_view_ ? *ext_view_ : layout_.view(const_cast<float*>(params));
   ModelView gw = layout_.view(grads);
   device_zero(grads, size_t(layout_.local_elems()) * sizeof(float), dev_, stream_);
-  if (deterministic()) {
-    exact_.grads = grads;
-    std::fill_n(ex_hi_.data(), ex_hi_.size(), int64_t(0));
-    std::fill_n(ex_lo_.data(), ex_lo_.size(), int64_t(0));
-    ex_bad_ = 0;
-  }
+  num_->begin_step(grads);
   // Where the batch's token ids and labels are read: the host's, or their copies on the GPU; and
   // there, the weights' bf16 copy for this call.
   const int32_t* tokens = b.tokens.data();
@@ -437,9 +407,8 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
                 stream_);
   }
   // LM head and loss, fused per row chunk: logits → dlogits in place → dW_lm, dhf.
-  // deterministic: chunks of whole blocks, and each row's loss added exactly (the chunk's sum in
-  // chunk_loss_ still serves the plain return value)
-  const int64_t blk = deterministic() ? exact_.block : 1;
+  // chunks of whole blocks (exact: each row's loss added exactly)
+  const int64_t blk = num_->block();
   const int64_t C = std::max(blk, logits_chunk_rows(S, V) / blk * blk);
   for (int64_t r0 = 0, c = 0; r0 < S; r0 += C, ++c) {
     const int64_t rows = std::min(C, S - r0);
@@ -448,23 +417,7 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     if (logits_out) copy_to_host(logits_out + r0 * V, logits_.data(), size_t(rows * V) * sizeof(float), dev_, stream_);
     {
       Tracer::Scope sc(tr_, Phase::loss, -1, -1, 0, 0);
-      if (deterministic()) {
-        row_loss_.resize(size_t(rows));
-        float* z = logits_.data();
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < rows; ++r)  // one row per call: its sum is the row's loss alone
-          row_loss_[size_t(r)] = cross_entropy_fwd_bwd(z + r * V, labels + r0 + r, 1, V, float(loss_scale), z + r * V);
-        const int64_t n = layout_.local_elems();
-        double sum = 0;
-        for (double x : row_loss_) {
-          ex_bad_ += exact_add(x, exact_.hi + n, exact_.lo + n);
-          sum += x;
-        }
-        chunk_loss_[size_t(c)] = sum;
-      } else {
-        cross_entropy_fwd_bwd(logits_.data(), labels + r0, rows, V, float(loss_scale), logits_.data(),
-                              chunk_loss_.data() + c, dev_, stream_);
-      }
+      num_->cross_entropy(run(-1), logits_.data(), labels + r0, rows, V, float(loss_scale), chunk_loss_.data() + c);
     }
     layer_gemm(run(-1), true, false, dim, V, rows, h, dim, logits_.data(), V, 1, gw.lm_head, V);
     layer_gemm(run(-1), false, true, rows, dim, V, logits_.data(), V, w.lm_head, V, 0, dhf_.data() + r0 * dim, dim);
@@ -484,13 +437,7 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   if (outs_) outs_->end_step();
   {
     Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
-    if (deterministic()) {
-      const int64_t off = exact_.offset(gw.emb);
-      ex_bad_ += embedding_bwd_exact(dx, tokens, S, dim, exact_.hi + off, exact_.lo + off);
-      ex_hi_[size_t(layout_.local_elems() + 1)] = ex_bad_;  // summed over the ranks with the rest
-    } else {
-      embedding_bwd(dx, tokens, S, dim, gw.emb, dev_, stream_);
-    }
+    num_->embedding_bwd(run(-1), dx, tokens, S, dim, gw.emb);
   }
   // The chunks' losses summed in chunk order (on a GPU: read back, which waits for the step).
   std::vector<double> chunk(chunk_loss_.size());

@@ -72,23 +72,15 @@ class Transformer {
     ext_view_ = view;
     ext_mirror_ = mirror;
   }
-  // deterministic=true (CPU; cp/deterministic.hpp, layer.hpp ExactGrads): the CP attention's
-  // canonical schedule, every GEMM in blocks of `block` rows (positions: the layout gives every
-  // rank whole blocks), every sum over tokens exact, and every tp sum in fixed parts added exactly
-  // (layer_tp_sum), so that forward_backward's results do not depend on the mesh (tp included),
-  // the strategy or the threads; dK/dV converted per ModelDims::exact_heads query heads of a K/V
-  // group (AttnParams::fixed_heads, 0: the whole group). forward_backward then leaves `grads` to
-  // finish_exact: it fills exact_sums() instead, the gradients and the loss as integers of this
-  // rank, which the caller adds over the CP and dp groups (int64 all-reduces, any order) first.
-  void set_deterministic(int64_t block);
-  bool deterministic() const { return exact_.block > 0; }
-  // hi and lo, each local_elems() + 2 int64: the gradients, then the loss sum, then (hi only) the
-  // count of values out of the exact range.
-  std::span<int64_t> exact_hi() { return std::span<int64_t>(ex_hi_.data(), ex_hi_.size()); }
-  std::span<int64_t> exact_lo() { return std::span<int64_t>(ex_lo_.data(), ex_lo_.size()); }
-  // The summed exact values into `grads` (fp32) and the loss sum into *loss; a value out of range
-  // on any rank makes every gradient and the loss NaN (the caller's non-finite check stops the run).
-  void finish_exact(float* grads, double* loss) const;
+  // How the step's sums are taken (model/numerics.hpp; plain until this is called), for every
+  // call after; `num` must outlive this object. Exact (CPU): every GEMM of token rows in blocks of
+  // num.block() rows (the layout gives every rank whole blocks), the CP attention's dK/dV
+  // converted per block and per ModelDims::exact_heads query heads of a K/V group
+  // (AttnParams::fixed_rows, fixed_heads: the strategy must be a canonical one, cp/deterministic.hpp),
+  // K/V heads replicated over tp summed over their copies as integers; forward_backward's results
+  // then do not depend on the mesh (tp included), the strategy or the threads, and `grads` holds
+  // them only after num.sum_over_ranks.
+  void use_numerics(Numerics& num);
   // Bytes of activations and scratch this object holds (for the dry-run estimate check).
   static double activation_bytes(const ModelDims& d, Remat remat, int64_t S_loc, int64_t logits_rows);
   static int64_t logits_chunk_rows(int64_t S_loc, int64_t V);
@@ -163,19 +155,12 @@ class Transformer {
   Buffer<int64_t> pos_dev_;
   Buffer<int32_t> tokens_dev_, labels_dev_, doc_dev_;
   Buffer<double> chunk_loss_;
-  // deterministic=true: the exact sums (hi, lo; local_elems + 2 each) and each row's loss of an
-  // LM-head chunk
-  ExactGrads exact_;
-  Buffer<int64_t> ex_hi_, ex_lo_;
-  Buffer<int64_t> tp_hi_, tp_lo_;  // ExactGrads' tp sums
-  // deterministic with K/V heads replicated over tp: this rank's dK | dV integer sums (its share of
+  Numerics* num_ = &plain_numerics();
+  // exact numerics with K/V heads replicated over tp: this rank's dK | dV integer sums (its share of
   // the group's query heads), and every head's place for their sum over the copies (kv_all_),
   // which sum_kv_copies rounds into dk_ and dv_
   Buffer<int64_t> kv_copies_, kv_all_;
   void sum_kv_copies(int64_t l);
-  Buffer<float> tp_part_;
-  std::vector<double> row_loss_;
-  int64_t ex_bad_ = 0;
   void rmsnorm_bwd_any(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw);
   // per-call state
   Tracer* tr_ = nullptr;

@@ -27,6 +27,7 @@
 #include "dist/topology.hpp"
 #include "infer/engine.hpp"
 #include "infer/schedule.hpp"
+#include "model/numerics.hpp"
 #include "model/checkpoint.hpp"
 #include "model/flops.hpp"
 #include "model/mla_layer.hpp"
@@ -106,7 +107,8 @@ class Session {
     const int N = cp_.size();
     engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cfg.batch, cache_capacity_tokens(sched, N),
                                        name_of(cfg.strategy), cfg.device, stream);
-    if (cfg.deterministic) engine_->set_deterministic();
+    num_ = make_numerics(cfg.deterministic, layout_.dims(), /*grad_elems=*/0, /*block=*/1);
+    engine_->use_numerics(*num_);
     cost_ = std::make_unique<PrefillCostModel>(cfg, cp_, topo.size(Axis::tp));
     const ModelDims& d = layout_.dims();
     log0("ctxpar %s: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); batch %lld, "
@@ -376,6 +378,7 @@ class Session {
   std::vector<int32_t> context_;           // save_logits: [call][b] context length after the call
   ParamLayout layout_;
   Buffer<float> params_;
+  std::unique_ptr<Numerics> num_;  // deterministic=true: exact
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<PrefillCostModel> cost_;
   std::vector<PrefillCall> calls_;
@@ -416,7 +419,7 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
     }
   }
   if (cfg.deterministic) {
-    err = check_deterministic_model(cfg, tp, /*block=*/0);
+    err = check_exact_model(cfg, tp, /*block=*/0);
     if (!err.empty()) return err;
   }
   if (cfg.mask != MaskKind::causal || packed_docs(cfg))
@@ -506,7 +509,7 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
     const double all = double(N) * double(rows);
     e.act += all * (f * double(d.q_width() + 2 * d.kv_width()) + 12.0 + f * d.H_q_loc() +
                     16.0 * double(d.H_q_loc()) * double(d.D + 1)) +
-             (deterministic_tp_units(d) > 1 ? 20.0 * double(rows) * double(d.dim) : 0.0);
+             (exact_tp_units(d) > 1 ? 20.0 * double(rows) * double(d.dim) : 0.0);
   }
   return e;
 }

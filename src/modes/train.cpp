@@ -14,6 +14,7 @@
 #include "core/log.hpp"
 #include "cp/strategy.hpp"
 #include "dist/topology.hpp"
+#include "model/numerics.hpp"
 #include "model/checkpoint.hpp"
 #include "model/data.hpp"
 #include "model/flops.hpp"
@@ -155,8 +156,8 @@ class HostCopy {
 bool train_docs(const Config& cfg) { return packed_docs(cfg) || (!synthetic_data(cfg) && cfg.eos_id >= 0); }
 
 // deterministic=true: the layout pads every rank's chunks to whole blocks of deterministic_block
-// tokens, the grain of the weight gradients' and dK/dV's exact sums (model/transformer.hpp
-// set_deterministic). Default: the exact query tile doubled while the block stays within 512 rows
+// tokens, the grain of the weight gradients' and dK/dV's exact sums (model/numerics.hpp
+// ExactNumerics). Default: the exact query tile doubled while the block stays within 512 rows
 // and seq / 16 (a function of seq and head_dim only, so the same on every mesh): a power-of-two
 // seq then splits into whole blocks on up to 8 ranks without padding, and 8K tokens run blocks of
 // 512 (docs/measurements.md "Exact weight gradients": near the library's full rate; 128-row blocks
@@ -207,13 +208,13 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   }
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
   if (!err.empty()) return "config: " + err;
-  if (cfg.deterministic) {  // model/transformer.hpp set_deterministic
+  if (cfg.deterministic) {  // exact numerics (model/numerics.hpp)
     const int64_t tile = attn_query_block(int32_t(cfg.head_dim));
     if (cfg.deterministic_block % tile != 0)
       return "config: deterministic_block = " + std::to_string(cfg.deterministic_block) + " is not a multiple of the " +
              "attention's query tile, " + std::to_string(tile) + " rows at head_dim = " + std::to_string(cfg.head_dim) +
              "; valid: 0 (the default: " + std::to_string(default_train_block(cfg)) + " here) or a multiple of " + std::to_string(tile);
-    err = check_deterministic_model(cfg, tp, train_block(cfg));
+    err = check_exact_model(cfg, tp, train_block(cfg));
     if (!err.empty()) return err;
   }
   if (std::unique_ptr<CpStrategy> local = make_local_strategy(cfg, topo)) {
@@ -285,8 +286,8 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   if (cfg.deterministic) {  // the gradients' exact sums (two int64 each); blocks of
     // kExactLibraryBlock rows and more: one weight's product at a time (kernels/ops.hpp gemm_tn_exact)
     p.state_bytes += 16.0 * double(layout.local_elems() + 2);
-    if (deterministic_tp_units(d) > 1)  // the tp sums' integers and part (layer_tp_sum)
-      p.state_bytes += 20.0 * double(S_loc) * double(deterministic_tp_sum_cols(d));
+    if (exact_tp_units(d) > 1)  // the tp sums' integers and part (layer_tp_sum)
+      p.state_bytes += 20.0 * double(S_loc) * double(exact_tp_sum_cols(d));
     if (d.mla)  // MlaExpander::exact_dlat's product over the heads
       p.state_bytes += 4.0 * double(S_loc) * d.H_q_loc() * (d.nope + d.v_dim + d.rope);
     if (d.tp > d.H_kv)  // K/V heads replicated over tp: a copy's dK/dV integers, and every head's for the sum
@@ -445,6 +446,7 @@ struct TrainRun {
   HostCopy host;
   TrainState state;  // resumed, or the seeded initialization at step 0
   std::unique_ptr<CpStrategy> local_strat;
+  std::unique_ptr<Numerics> num;  // deterministic=true: exact (model/numerics.hpp)
   Transformer model;
   const std::unique_ptr<TokenSource> src;
   // Oracle dump (modes/oracle_dump.hpp): each recorded step's state before it, its gradients, and
@@ -466,12 +468,19 @@ struct TrainRun {
         any_offload(attach_offload()),
         host(dev, gpu.stream, size_t(layout.local_elems()), !opt.offloaded(), hparams.get()),
         state(start_state()), local_strat(make_local_strategy(c, t)),
-        model(layout, t, *strat, c.remat, pos, train_docs(c), local_strat.get(), dev, gpu.stream,
+        num(make_numerics(c.deterministic, d, layout.local_elems(), train_block(c))),
+        model(layout, t, *strat, c.remat, pos, train_docs(c), local_layers_strategy(), dev, gpu.stream,
               offloads(c, Offload::layer_inputs), offloads(c, Offload::attn_out)),
         src(make_token_source(c)), dump(c, layout, t, state.step == 0) {
-    if (cfg.deterministic) model.set_deterministic(train_block(cfg));
+    model.use_numerics(*num);
     if (hparams) model.use_weights(&hparams->view(), &hparams->mirror());
     if (dump.records(0)) record_state();
+  }
+  // The local (L) layers' strategy: local_strategy's, or (deterministic=true) the main strategy's
+  // canonical schedule with the window mask, which gathers every key row as for the global layers.
+  CpStrategy* local_layers_strategy() {
+    if (!d.has_local()) return nullptr;
+    return cfg.deterministic ? strat.get() : local_strat.get();
   }
   // offload=params: the optimizer streams the weights with the moments.
   bool attach_offload() {
@@ -526,25 +535,12 @@ void log_train_header(const TrainRun& r, double peak) {
 }
 
 // Parameters are shared by the CP group and the dp replicas: sum their gradients (and the loss)
-// there; deterministic=true sums integers, whose sum has one result in any order.
+// there, as the numerics policy takes its sums (exact: integers, whose sum has one result in any order).
 void sum_gradients(TrainRun& r, double& loss_sum, CpStats& st) {
-  Tracer::Scope sc(&r.tracer, Phase::all_reduce, -1, -1, 0,
-                   double(r.layout.local_elems()) * (r.model.deterministic() ? 16 : 4));
+  Tracer::Scope sc(&r.tracer, Phase::all_reduce, -1, -1, 0, double(r.layout.local_elems()) * r.num->bytes_per_grad());
   const double tc = r.world.now();
-  if (r.model.deterministic()) {
-    for (std::span<int64_t> x : {r.model.exact_hi(), r.model.exact_lo()}) {
-      if (r.cp.size() > 1) r.cp.all_reduce(x);
-      if (r.DP > 1) r.dp.all_reduce(x);
-    }
-    r.model.finish_exact(r.grads.data(), &loss_sum);
-  } else {
-    if (r.cp.size() > 1) r.cp.all_reduce(buf(r.grads));
-    if (r.DP > 1) r.dp.all_reduce(buf(r.grads));
-    if (r.tp > 1)  // K/V heads on several tp ranks
-      reduce_replicated_kv_grads(r.layout, r.grads.data(), r.topo.axis(Axis::tp), r.dev, r.gpu.stream);
-    if (r.cp.size() > 1) r.cp.all_reduce(std::span<double>(&loss_sum, 1));
-    if (r.DP > 1) r.dp.all_reduce(std::span<double>(&loss_sum, 1));
-  }
+  r.num->sum_over_ranks(r.layout, r.grads.data(), loss_sum, GradGroups{&r.cp, &r.dp, &r.topo.axis(Axis::tp)}, r.dev,
+                        r.gpu.stream);
   st.exposed_comm_s += r.world.now() - tc;
 }
 
@@ -697,8 +693,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     {
       Tracer::Scope sc(&tracer, Phase::optimizer, -1, -1, 0, 0);
       Comm* tp_comm = r.tp > 1 ? &topo.axis(Axis::tp) : nullptr;
-      norm = r.model.deterministic() ? r.opt.grad_norm_fixed(r.grads.data(), tp_comm, deterministic_tp_units(r.d))
-                                     : r.opt.grad_norm(r.grads.data(), tp_comm);
+      norm = r.num->grad_norm(r.opt, r.grads.data(), tp_comm);
     }
     // A non-finite loss or gradient stops the run before the update: the parameters (and any
     // checkpoint written) stay those of the last good step. The loss and the norm are the same

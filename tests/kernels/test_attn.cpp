@@ -317,7 +317,7 @@ ExactOut run_exact(AttnParams p, int threads) {
   p.dv_fixed = r.dv.data();
   p.threads = threads;
   attn_fwd(p);
-  attn_bwd(p);
+  attn_bwd_exact(p);
   return r;
 }
 
@@ -490,7 +490,7 @@ void expect_exact_bwd_refused(Problem& pr, const std::function<void(Problem&)>& 
   attn_fwd(p);
   spoil(pr);
   try {
-    attn_bwd(p);
+    attn_bwd_exact(p);
     ADD_FAILURE() << "accepted; expected a refusal naming '" << why << "'";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
