@@ -8,6 +8,7 @@
 
 #include "bench/bench.hpp"
 #include "core/error.hpp"
+#include "cp/strategy.hpp"
 #include "core/log.hpp"
 #include "core/watchdog.hpp"
 #include "dist/comm.hpp"
@@ -83,6 +84,7 @@ Cli parse_cli(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") { c.help = true; continue; }
+    if (a == "--features") { c.features = true; continue; }
     if (a == "--print-config") { c.print_config = true; continue; }
     if (a == "--dry-run") { c.dry_run = true; continue; }
     if (a == "--config" || a.rfind("--config=", 0) == 0) {
@@ -110,7 +112,7 @@ Cli parse_cli(const std::vector<std::string>& args) {
     if (c.mode == "bench" && c.bench.empty()) { c.bench = a; continue; }
     throw UsageError("unexpected argument '" + a + "'; options are key=value or --key=value (ctxpar --help)");
   }
-  if (c.help) return c;
+  if (c.help || c.features) return c;
   if (c.mode.empty()) throw UsageError("no mode given; valid modes: " + names(false) + " (ctxpar --help)");
   if (c.mode == "bench" && !find_mode(c.mode, c.bench))
     throw UsageError("bench needs one of: " + names(true) + (c.bench.empty() ? "" : " (got '" + c.bench + "')"));
@@ -155,8 +157,8 @@ Startup check_startup(const std::vector<std::string>& args, Comm& world, Watchdo
   try {
     std::string err;
     s.cli = parse_cli(args);
-    if (s.cli.help) {
-      log0("%s", help_text().c_str());
+    if (s.cli.help || s.cli.features) {
+      log0("%s", (s.cli.help ? help_text() : strategy_features_table()).c_str());
       s.rc = 0;
       return s;
     }

@@ -22,11 +22,11 @@ class Watchdog;
 struct Cli {
   std::string mode, bench, config_path;
   std::vector<std::string> overrides;
-  bool help = false, print_config = false, dry_run = false;
+  bool help = false, features = false, print_config = false, dry_run = false;
 };
 
 // What the checks leave for the run. `rc` < 0: go on with the run; otherwise the exit code (0:
-// --help printed; 2: refused, the message printed on rank 0).
+// --help or --features printed; 2: refused, the message printed on rank 0).
 struct Startup {
   int rc = -1;
   Cli cli;

@@ -221,8 +221,8 @@ struct RowKind {
   bool latent;
   // the row `<name>:frugal` (config frugal=true) or `<name>:det` (config deterministic=true)
   CpSchedule schedule = CpSchedule::plain;
-  bool frugal() const { return schedule == CpSchedule::frugal; }
-  bool det() const { return schedule == CpSchedule::deterministic; }
+  bool frugal() const { return schedule == CpSchedule::visible; }
+  bool det() const { return schedule == CpSchedule::canonical; }
 };
 
 // The attention table's rows: per strategy its own, and with mla, frugal=true or
@@ -241,10 +241,10 @@ std::vector<RowKind> row_kinds(const Config& cfg, Topology& topo, bool mla) {
     const bool moves = mla && s->moves_latent();
     rows.push_back({name, name, moves});
     if (moves) rows.push_back({name + ":kv", name, false});
-    if (cfg.frugal && has_schedule(name, CpSchedule::frugal))
-      rows.push_back({name + ":frugal", name, false, CpSchedule::frugal});
-    if (cfg.deterministic && has_schedule(name, CpSchedule::deterministic))
-      rows.push_back({name + ":det", name, false, CpSchedule::deterministic});
+    if (cfg.frugal && has_schedule(name, CpSchedule::visible))
+      rows.push_back({name + ":frugal", name, false, CpSchedule::visible});
+    if (cfg.deterministic && has_schedule(name, CpSchedule::canonical))
+      rows.push_back({name + ":det", name, false, CpSchedule::canonical});
   }
   return rows;
 }
@@ -283,7 +283,7 @@ std::vector<std::string> table_notes(const Config& cfg, Topology& topo, const Ml
                     "fwd/cpu, bwd/cpu count host CPU time only");
   if (P == 1) notes.push_back("P = 1: every strategy is one kernel call (the single-rank baseline)");
   if (cfg.deterministic)
-    notes.push_back("deterministic=true: <name>:det rows run the canonical schedule (cp/deterministic.hpp: every rank "
+    notes.push_back("deterministic=true: <name>:det rows run the canonical schedule (cp/canonical.hpp: every rank "
                     "attends to all keys in position order, dK/dV summed exactly as integers, the layout padded to "
                     "whole " + std::to_string(attn_query_block(int32_t(cfg.head_dim))) +
                     "-token query tiles per chunk): bits independent of P, strategy and threads (tests/mpi/test_cp.cpp)");

@@ -133,7 +133,7 @@ SubMesh sub_mesh(const Config& cfg, Comm& world, int c, int tp) {
 // ---- 5. deterministic=true: the exact schedule against the plain one, per CP size ----------
 // For every CP size c of table 2: a full prefill of the `seq` tokens and bench_iters + 1 decode
 // steps, each fed the CP = 1 exact run's tokens, by the plain schedule (pass-KV, pass-Q decode) and
-// by the exact one (cp/deterministic.hpp canonical_infer_fwd), alternating. The exact prefill is
+// by the exact one (cp/canonical.hpp canonical_infer_fwd), alternating. The exact prefill is
 // slow (an exact add per query, key, head and value element): min(bench_iters, 3) timed prefills
 // after one untimed. Correctness: every exact logit row (the prefill's last, each step's) has the
 // bits of the CP = 1 exact run's, and each plain row agrees with its exact one within `check`.

@@ -617,6 +617,7 @@ std::string config_listing(const Config& c) {
 std::string help_text() {
   std::ostringstream os;
   os << "usage: ctxpar <mode> [--config FILE.toml] [key=value | --key=value ...] [--print-config] [--dry-run]\n"
+        "       ctxpar --features   the CP strategies and what each serves (schedules, MLA, device)\n"
         "modes:\n"
         "  run              the default job: comm bench + a sharded attention workload, summary table\n"
         "  attn             one CP attention forward+backward (--in IN.h5 or generated), results to --out\n"

@@ -46,12 +46,12 @@ struct Config {
   int64_t head_dim;          // D
   StrategySetting strategy;
   bool frugal;               // the all-gather and the ring move only the key/value rows a receiving rank can see
-  bool deterministic;        // train, bench train, bench cp: the same bits on any mesh (cp/deterministic.hpp, model/transformer.hpp)
+  bool deterministic;        // train, bench train, bench cp: the same bits on any mesh (cp/canonical.hpp, model/transformer.hpp)
   int64_t deterministic_block;  // train with deterministic: rows per exact weight-gradient term (0: modes/train.cpp's default)
   int64_t deterministic_heads;  // train with deterministic: query heads per exact dK/dV part (0: a whole K/V group)
   // The strategy's schedule these two select (validation refuses both at once).
   CpSchedule cp_schedule() const {
-    return deterministic ? CpSchedule::deterministic : frugal ? CpSchedule::frugal : CpSchedule::plain;
+    return deterministic ? CpSchedule::canonical : frugal ? CpSchedule::visible : CpSchedule::plain;
   }
   bool cpu_check;            // attn device=cuda: the same call on the CPU, differences reported
   bool save_logits;          // prefill/decode/chat: /infer/logits and /infer/tokens in the output file

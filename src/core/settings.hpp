@@ -19,10 +19,10 @@ enum class Bench : int32_t { none, comm, attn, cp, train, peak, infer, calibrate
 // pick, or every strategy (bench cp).
 enum class StrategySetting : int32_t { allgather, ulysses, ring, usp, automatic, all };
 // Which schedule of a strategy runs, resolved once from the configuration (Config::cp_schedule):
-// deterministic=true -> deterministic (the canonical schedule: the same bits on any mesh),
-// frugal=true -> frugal (only the key rows a receiving rank can see move), else plain. Each is a
+// deterministic=true -> canonical (the same bits on any mesh, cp/canonical.hpp), frugal=true ->
+// visible (only the key rows a receiving rank can see move, cp/visible.hpp), else plain. Each is a
 // row of its own in the registry (src/cp/registry.cpp), served by its own file.
-enum class CpSchedule : int32_t { plain, deterministic, frugal };
+enum class CpSchedule : int32_t { plain, canonical, visible };
 // Token partition of a CP group (shard/partition.hpp).
 enum class PartitionKind : int32_t { contiguous, zigzag, striped };
 // Activation recompute per layer (model/transformer.hpp).

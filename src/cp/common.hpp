@@ -55,13 +55,13 @@ class ScheduleOf : public CpStrategy {
   std::unique_ptr<CpStrategy> plain_;
 };
 
-// The schedules' strategies (CpSchedule): deterministic*.cpp, frugal_*.cpp.
-std::unique_ptr<CpStrategy> make_deterministic_allgather_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_deterministic_ring_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_deterministic_ulysses_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_deterministic_usp_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_frugal_allgather_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_frugal_ring_strategy(Topology& topo);
+// The schedules' strategies (CpSchedule): canonical*.cpp, visible_*.cpp.
+std::unique_ptr<CpStrategy> make_canonical_allgather_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_canonical_ring_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_canonical_ulysses_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_canonical_usp_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_visible_allgather_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_visible_ring_strategy(Topology& topo);
 
 namespace cp {
 

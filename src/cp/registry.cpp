@@ -1,70 +1,80 @@
 // The registry: one explicit table, in config order (greppable; nothing the linker can drop).
+#include <cstdio>
 #include <utility>
 
 #include "cp/common.hpp"
 #include "cp/gdn_cp.hpp"
 #include "cp/strategy.hpp"
+#include "shard/partition.hpp"
 
 namespace ctxpar {
 namespace {
 
 using Factory = std::unique_ptr<CpStrategy> (*)(Topology&);
-// training: has a backward, a value of `strategy`; inference: forward only, the engine's;
-// local: sliding-window layers only, a value of `local_strategy` (with the training ones).
-enum class Use { training, inference, local };
 struct Entry {
-  const char* name;
-  CpSchedule schedule;
+  StrategyRow row;
   Factory make;
-  Use use;
 };
-constexpr CpSchedule plain = CpSchedule::plain, deterministic = CpSchedule::deterministic, frugal = CpSchedule::frugal;
+constexpr CpSchedule plain = CpSchedule::plain, canonical = CpSchedule::canonical, visible = CpSchedule::visible;
+constexpr StrategyUse training = StrategyUse::training, inference = StrategyUse::inference, local = StrategyUse::local;
+constexpr PartitionKind zigzag = PartitionKind::zigzag, contiguous = PartitionKind::contiguous;
+constexpr MlaSupport latent = MlaSupport::latent, expanded = MlaSupport::expanded, refused = MlaSupport::refused,
+                     absorbed = MlaSupport::absorbed;
+// name, schedule, use, partition, MLA, device = cuda; the factory
 const Entry kStrategies[] = {
-    {"allgather", plain, make_allgather_strategy, Use::training},
-    {"allgather", deterministic, make_deterministic_allgather_strategy, Use::training},
-    {"allgather", frugal, make_frugal_allgather_strategy, Use::training},
-    {"ulysses", plain, make_ulysses_strategy, Use::training},
-    {"ulysses", deterministic, make_deterministic_ulysses_strategy, Use::training},
-    {"ring", plain, make_ring_strategy, Use::training},
-    {"ring", deterministic, make_deterministic_ring_strategy, Use::training},
-    {"ring", frugal, make_frugal_ring_strategy, Use::training},
-    {"usp", plain, make_usp_strategy, Use::training},
-    {"usp", deterministic, make_deterministic_usp_strategy, Use::training},
-    {"halo", plain, make_halo_strategy, Use::local},
-    {"pass_q", plain, make_pass_q_strategy, Use::inference},
-    {"decode_pass_q", plain, make_decode_pass_q_strategy, Use::inference},
-    {"decode_allgather", plain, make_decode_allgather_strategy, Use::inference},
+    {{"allgather", plain, training, zigzag, latent, true}, make_allgather_strategy},
+    {{"allgather", canonical, training, zigzag, expanded, false}, make_canonical_allgather_strategy},
+    {{"allgather", visible, training, zigzag, expanded, false}, make_visible_allgather_strategy},
+    {{"ulysses", plain, training, zigzag, refused, true}, make_ulysses_strategy},
+    {{"ulysses", canonical, training, zigzag, refused, false}, make_canonical_ulysses_strategy},
+    {{"ring", plain, training, zigzag, latent, true}, make_ring_strategy},
+    {{"ring", canonical, training, zigzag, expanded, false}, make_canonical_ring_strategy},
+    {{"ring", visible, training, zigzag, expanded, false}, make_visible_ring_strategy},
+    {{"usp", plain, training, zigzag, refused, true}, make_usp_strategy},
+    {{"usp", canonical, training, zigzag, refused, false}, make_canonical_usp_strategy},
+    {{"halo", plain, local, zigzag, expanded, true}, make_halo_strategy},
+    {{"pass_q", plain, inference, zigzag, absorbed, true}, make_pass_q_strategy},
+    {{"decode_pass_q", plain, inference, contiguous, absorbed, true}, make_decode_pass_q_strategy},
+    {{"decode_allgather", plain, inference, contiguous, absorbed, true}, make_decode_allgather_strategy},
 };
 
 const Entry* find(const std::string& name, CpSchedule sched) {
   for (const Entry& e : kStrategies)
-    if (name == e.name && e.schedule == sched) return &e;
+    if (name == e.row.name && e.row.schedule == sched) return &e;
   return nullptr;
 }
 
-std::vector<std::string> names_where(Use use) {
+std::vector<std::string> names_where(StrategyUse use) {
   std::vector<std::string> n;
   for (const Entry& e : kStrategies)
-    if (e.use == use && e.schedule == plain) n.emplace_back(e.name);
+    if (e.row.use == use && e.row.schedule == plain) n.emplace_back(e.row.name);
   return n;
+}
+
+const char* use_name(StrategyUse u) { return u == training ? "training" : u == inference ? "inference" : "local"; }
+const char* schedule_name(CpSchedule s) {
+  return s == plain ? "plain" : s == canonical ? "canonical (deterministic=true)" : "visible keys (frugal=true)";
+}
+const char* mla_name(MlaSupport m) {
+  return m == latent ? "moves the latent" : m == expanded ? "expanded K/V" : m == refused ? "refused" : "absorbed";
 }
 
 }  // namespace
 
 const std::vector<std::string>& strategy_names() {
-  static const std::vector<std::string> names = names_where(Use::training);
+  static const std::vector<std::string> names = names_where(training);
   return names;
 }
 
 const std::vector<std::string>& inference_strategy_names() {
-  static const std::vector<std::string> names = names_where(Use::inference);
+  static const std::vector<std::string> names = names_where(inference);
   return names;
 }
 
 const std::vector<std::string>& local_strategy_names() {
   static const std::vector<std::string> names = [] {
-    std::vector<std::string> n = names_where(Use::local);
-    for (const std::string& t : names_where(Use::training)) n.push_back(t);
+    std::vector<std::string> n = names_where(local);
+    for (const std::string& t : names_where(training)) n.push_back(t);
     return n;
   }();
   return names;
@@ -75,6 +85,39 @@ bool has_schedule(const std::string& name, CpSchedule sched) { return find(name,
 std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo, CpSchedule sched) {
   const Entry* e = find(name, sched);
   return e ? e->make(topo) : nullptr;
+}
+
+const std::vector<StrategyRow>& strategy_rows() {
+  static const std::vector<StrategyRow> rows = [] {
+    std::vector<StrategyRow> r;
+    for (const Entry& e : kStrategies) r.push_back(e.row);
+    return r;
+  }();
+  return rows;
+}
+
+const StrategyRow* strategy_row(const std::string& name, CpSchedule sched) {
+  for (const StrategyRow& r : strategy_rows())
+    if (name == r.name && r.schedule == sched) return &r;
+  return nullptr;
+}
+
+std::string strategy_features_table() {
+  std::string out =
+      "# CP strategies and what each serves (src/cp/registry.cpp; checked by tests/mpi/test_cp.cpp RegistryRows)\n"
+      "# every row serves sliding windows, and (its partition contiguous or zigzag) Gated DeltaNet layers beside it;\n"
+      "# train refuses frugal=true with attention=mla (the plain ring and all-gather move the smaller latent)\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-17s %-31s %-10s %-10s %-17s %s\n", "strategy", "schedule", "use", "partition",
+                "mla", "device=cuda");
+  out += line;
+  for (const Entry& e : kStrategies) {
+    const StrategyRow& r = e.row;
+    std::snprintf(line, sizeof line, "%-17s %-31s %-10s %-10s %-17s %s\n", r.name, schedule_name(r.schedule),
+                  use_name(r.use), partition_name(r.partition), mla_name(r.mla), r.cuda ? "yes" : "no");
+    out += line;
+  }
+  return out;
 }
 
 const std::vector<std::string>& gdn_cp_names() {

@@ -99,10 +99,37 @@ class CpStrategy {
 // order (the values of `strategy`), inference_strategy_names() the forward-only ones of the
 // inference engine, local_strategy_names() the values of `local_strategy` (a model's
 // sliding-window layers: halo, which serves only those, then the training ones). A training
-// strategy has a row per schedule it serves (CpSchedule: plain; deterministic, the canonical
-// schedule of cp/deterministic.hpp; frugal, the visible-keys schedule of cp/visible.hpp), each
+// strategy has a row per schedule it serves (CpSchedule: plain; canonical, the
+// schedule of cp/canonical.hpp; visible, the visible-keys schedule of cp/visible.hpp), each
 // built by its own file; a schedule's strategy reports the name of the strategy it schedules.
 // make_strategy returns null for an unknown name or a schedule the strategy has no row for.
+//
+// Each row also states what the strategy serves, once: tests/mpi/test_cp.cpp (RegistryRows)
+// checks every claim against the strategy's own answers (has_backward, partition, moves_latent,
+// validate), tests/gpu/test_cp_device.cpp that every row claiming device = cuda runs there, and
+// the configuration refuses what a row does not serve; `ctxpar --features` prints the table.
+enum class StrategyUse : int8_t {
+  training,   // has a backward; a value of `strategy` (and of `local_strategy`)
+  inference,  // forward only: the inference engine's
+  local,      // sliding-window (L) layers only: a value of `local_strategy`
+};
+// MLA models (attention = mla): the strategy moves the latent and expands each block it receives,
+// takes the K/V expanded by the model, or refuses them; inference strategies serve MLA's absorbed
+// attention (multi-query over the cached latent rows).
+enum class MlaSupport : int8_t { latent, expanded, refused, absorbed };
+struct StrategyRow {
+  const char* name;
+  CpSchedule schedule;
+  StrategyUse use;
+  PartitionKind partition;  // contiguous or zigzag also serves Gated DeltaNet layers' neighbours
+  MlaSupport mla;
+  bool cuda;  // device = cuda
+};
+const std::vector<StrategyRow>& strategy_rows();
+// The row of (name, schedule); null without one.
+const StrategyRow* strategy_row(const std::string& name, CpSchedule sched = CpSchedule::plain);
+// The strategy x feature table of every row (`ctxpar --features`), one line per row.
+std::string strategy_features_table();
 const std::vector<std::string>& strategy_names();
 const std::vector<std::string>& inference_strategy_names();
 const std::vector<std::string>& local_strategy_names();

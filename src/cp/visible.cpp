@@ -84,7 +84,7 @@ std::vector<int32_t> VisibleKeys::recv_doc(int i) const {
   return out;
 }
 
-bool frugal_call(const AttnParams& t) {
+bool visible_call(const AttnParams& t) {
   if (t.device != Device::cpu)
     throw std::invalid_argument(std::string("frugal = true on device = ") + name_of(t.device) + ": CPU only so far");
   return !t.expander && t.q_pos == t.k_pos && t.q_doc == t.k_doc && t.S_q == t.S_k;

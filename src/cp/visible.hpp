@@ -1,5 +1,5 @@
-// Which key rows a rank's queries can see: the plan of the frugal schedules (config frugal=true,
-// CpSchedule::frugal: frugal_allgather.cpp, frugal_ring.cpp). Every rank of a group holds n rows,
+// Which key rows a rank's queries can see: the plan of the visible-keys schedules (config frugal=true,
+// CpSchedule::visible: visible_allgather.cpp, visible_ring.cpp). Every rank of a group holds n rows,
 // which are both its queries and its keys (training); from every rank's positions and document
 // ids, gathered once per batch and mask (VisibleCache; positions derived instead where
 // AttnParams::k_pos_zigzag says the keys are the zigzag shards), each rank computes the same
@@ -31,7 +31,7 @@ struct VisiblePlan {
 VisiblePlan visible_plan(const int64_t* pos, const int32_t* doc, int64_t n, int P, int rank, MaskKind mask,
                          int64_t window);
 
-// A call's frugal view of its group: every rank's key positions and document ids and the plan.
+// A call's visible-keys view of its group: every rank's key positions and document ids and the plan.
 struct VisibleKeys {
   int64_t n = 0;             // rows per rank (t.S_k)
   std::vector<int64_t> pos;  // [P * n]
@@ -42,17 +42,17 @@ struct VisibleKeys {
   std::vector<int32_t> recv_doc(int i) const;
 };
 
-// Whether `t` is a call the frugal schedules serve: K/V rows that are the queries' own (training's
+// Whether `t` is a call the visible-keys schedules serve: K/V rows that are the queries' own (training's
 // self-attention: same positions and documents, S_q = S_k), no MLA latent; the others run the
 // plain schedule. Throws std::invalid_argument for a device call (the schedules are CPU only).
-bool frugal_call(const AttnParams& t);
+bool visible_call(const AttnParams& t);
 
 // All-gathers document ids (and positions unless derivable) over `c` (blocking, booked as
 // all_gather) and computes the plan: identical on every rank.
 VisibleKeys gather_visible(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st);
 
 // The plans of one batch (AttnParams::batch_id), one per mask (a model's global and local layers
-// differ): a strategy keeps one and asks it for each frugal call, so the metadata is gathered and
+// differ): a strategy keeps one and asks it for each such call, so the metadata is gathered and
 // the plan computed once per batch and mask, not per layer and pass. Without a batch id (0) every
 // call computes its own. The id is the same on every rank, so they all hit or all miss.
 class VisibleCache {

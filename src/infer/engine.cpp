@@ -8,7 +8,7 @@
 
 #include "core/error.hpp"
 #include "cp/common.hpp"  // to_device
-#include "cp/deterministic.hpp"
+#include "cp/canonical.hpp"
 #include "dist/topology.hpp"
 #include "model/flops.hpp"
 #include "ops.hpp"

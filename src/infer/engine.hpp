@@ -101,7 +101,7 @@ class Engine {
   // How the sums are taken (model/numerics.hpp; plain until this is called); `num` must outlive
   // this object. Exact (CPU): the GEMMs on rows whose bits do not depend on how many rows a rank
   // holds, the tp sums in fixed parts, and every attention (local layers too) by the canonical
-  // schedule of cp/deterministic.hpp (canonical_infer_fwd: the keys stay, the query rows are
+  // schedule of cp/canonical.hpp (canonical_infer_fwd: the keys stay, the query rows are
   // all-gathered, exact sums), whatever cp_algo, decode_algo and strategy say. Logits and tokens
   // then have the same bits on any mesh.
   void use_numerics(Numerics& num);

@@ -122,7 +122,7 @@ class Session {
     log0("# cp_algo cost model: %s\n", cost_->describe().c_str());
     if (cfg.deterministic)
       log0("# deterministic: every attention by the exact schedule (keys stay, queries all-gathered, exact sums; "
-           "cp/deterministic.hpp), whatever cp_algo, decode_algo and strategy say: the same bits on any mesh\n");
+           "cp/canonical.hpp), whatever cp_algo, decode_algo and strategy say: the same bits on any mesh\n");
     log0("# FLOP convention: %s; prefill/decode FLOPs count projections, MLP, one LM-head row per sequence\n",
          kFlopConvention);
     log0("#  step turn  kind      T        P  algo       time_ms    tokens/s  TFLOP/s/rank  exposed_ms  cache_MiB/rank\n");
@@ -503,7 +503,7 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
   if (d.mla)  // the absorbed queries and outputs, the latents and their scratch
     e.act += f * double(rows) * 2.0 * double(d.H_q_loc()) * d.cache_dim() + mla_acts_bytes(d, rows) +
              mla_scratch_bytes(d, rows);
-  if (deterministic) {  // cp/deterministic.hpp canonical_infer_fwd: the group's rows (Q and a decode
+  if (deterministic) {  // cp/canonical.hpp canonical_infer_fwd: the group's rows (Q and a decode
     // step's new K/V, gathered), their maxima and exact sums (two int64 per head and value
     // element, and the weight); the tp sums' integers and part (model/layer.hpp layer_tp_sum)
     const double all = double(N) * double(rows);

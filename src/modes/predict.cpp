@@ -137,7 +137,7 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
       p.invalid = std::string("the same as ") + (mesh.ulysses < 2 ? "ring" : "ulysses") + " on this mesh";
     // frugal=true: only the strategies that move just the visible rows (priced as the plain ones,
     // an upper bound) are candidates.
-    if (cfg.frugal && p.invalid.empty() && !has_schedule(run_name, CpSchedule::frugal))
+    if (cfg.frugal && p.invalid.empty() && !has_schedule(run_name, CpSchedule::visible))
       p.invalid = "moves every key row (frugal = true)";
     p.strategy = run_name;
     preds.push_back(p);

@@ -58,8 +58,8 @@ std::unique_ptr<CpStrategy> make_local_strategy(const Config& cfg, Topology& top
   // frugal=true: the local layers' strategy moves only the visible rows too, where it can (halo's
   // halo is already only what the window sees); deterministic=true runs the main strategy there
   // (model/transformer.hpp)
-  const bool frugal = cfg.frugal && has_schedule(cfg.local_strategy, CpSchedule::frugal);
-  return make_strategy(cfg.local_strategy, topo, frugal ? CpSchedule::frugal : CpSchedule::plain);
+  const bool frugal = cfg.frugal && has_schedule(cfg.local_strategy, CpSchedule::visible);
+  return make_strategy(cfg.local_strategy, topo, frugal ? CpSchedule::visible : CpSchedule::plain);
 }
 // The message of a non-finite loss or gradient at step `s`: which, and the first parameter (in
 // layout order, over all ranks) whose gradient holds a NaN or Inf. Collective over `world`.
@@ -185,7 +185,7 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
   if (cfg.mask != MaskKind::causal) return std::string("config: mask = ") + name_of(cfg.mask) + ": train uses causal attention; valid: mask=causal";
-  if (cfg.frugal && !has_schedule(name_of(cfg.strategy), CpSchedule::frugal))
+  if (cfg.frugal && !has_schedule(name_of(cfg.strategy), CpSchedule::visible))
     return std::string("config: frugal = true: strategy = ") + name_of(cfg.strategy) +
            " moves every key row (it splits heads or queries, not key rows); valid: strategy=allgather or strategy=ring, "
            "or frugal=false";
@@ -196,7 +196,7 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
       return "config: layer_pattern = '" + cfg.layer_pattern + "' with device = cuda: Gated DeltaNet (D) layers run on "
              "the CPU only so far; valid: device=cpu, or a pattern of G and L layers";
   }
-  if (cfg.deterministic && !has_schedule(name_of(cfg.strategy), CpSchedule::deterministic))
+  if (cfg.deterministic && !has_schedule(name_of(cfg.strategy), CpSchedule::canonical))
     return std::string("config: deterministic = true: strategy = ") + name_of(cfg.strategy) +
            " has no canonical schedule; valid: strategy=allgather, ulysses, ring or usp, or deterministic=false";
   const AttnParams shape = local_attn_problem(cfg, tp);

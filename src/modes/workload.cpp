@@ -35,11 +35,11 @@ std::string validate_workload(const Config& cfg, Topology& topo) {
                        "ring and all-gather; valid here: frugal=false");
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
-  if (cfg.frugal && !has_schedule(name_of(cfg.strategy), CpSchedule::frugal))
+  if (cfg.frugal && !has_schedule(name_of(cfg.strategy), CpSchedule::visible))
     return std::string("config: frugal = true: strategy = ") + name_of(cfg.strategy) +
            " moves every key row; valid: strategy=allgather, ring or all (all: the frugal rows of those two beside "
            "every plain row), or frugal=false";
-  if (cfg.deterministic && !has_schedule(name_of(cfg.strategy), CpSchedule::deterministic))
+  if (cfg.deterministic && !has_schedule(name_of(cfg.strategy), CpSchedule::canonical))
     return std::string("config: deterministic = true: strategy = ") + name_of(cfg.strategy) +
            " has no canonical schedule; valid: strategy=allgather, ulysses, ring, usp or all, or deterministic=false";
   std::string err = make_strategy(cfg.strategy, topo, cfg.cp_schedule())->validate(attn_problem(cfg), topo);
@@ -67,7 +67,7 @@ WorkloadPlan plan_workload(const Config& cfg, Topology& topo) {
   const double local = double(p.S_loc_max) *
                        (4.0 * shape.H_q * shape.D + 4.0 * shape.H_kv * shape.D + shape.H_q + 2.0 * shape.latent_width) * f;
   const double comm = 2.0 * strat->comm_volume_fwd(attn_problem(cfg), has_docs(cfg), topo);
-  // deterministic rows (cp/deterministic.hpp): every K/V row gathered twice over (the packed
+  // deterministic rows (cp/canonical.hpp): every K/V row gathered twice over (the packed
   // blocks and the position-ordered copy), the exact dK/dV of every key as 8-byte integers twice
   // (the kernel's sums and the blocks reduce-scattered), on the layout padded to whole tiles.
   const double canon =

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -452,6 +453,22 @@ TEST(CpDevice, DecodeStrategiesOnDeviceBuffers) {
 
 // A device call over communicators that move host buffers only, or without the host copies of
 // its positions, is refused with a message (on every rank alike), before anything moves.
+// The registry's device column (cp/strategy.hpp StrategyRow::cuda): every row claiming
+// device = cuda is a plain strategy the tests here run on device buffers; every other row is a
+// CPU-only schedule, which RefusesWhatItCannotRun sees refuse a device call.
+TEST(CpDevice, RegistryDeviceColumn) {
+  std::set<std::string> run = {"decode_pass_q", "decode_allgather"};  // DecodeStrategiesOnDeviceBuffers
+  for (const Case& c : cases()) run.insert(c.strategy);
+  for (const StrategyRow& r : strategy_rows()) {
+    if (r.cuda) {
+      EXPECT_TRUE(run.count(r.name)) << r.name << " claims device = cuda, and no device test runs it";
+      EXPECT_EQ(r.schedule, CpSchedule::plain) << r.name;
+    } else {
+      EXPECT_NE(r.schedule, CpSchedule::plain) << r.name;
+    }
+  }
+}
+
 TEST(CpDevice, RefusesWhatItCannotRun) {
   AttnParams a = attn_problem(kSeq / world().size(), 4, 2, kHeadDim, MaskKind::causal, 0);
   a.device = Device::cuda;
@@ -464,8 +481,9 @@ TEST(CpDevice, RefusesWhatItCannotRun) {
   EXPECT_EQ(cp::device_call_error("ring", device_topology().cp(), a), "");
   {  // the deterministic and frugal schedules are CPU only: refused, not run on device memory
     CpStats st;
-    for (CpSchedule sched : {CpSchedule::deterministic, CpSchedule::frugal}) {
-      std::unique_ptr<CpStrategy> s = make_strategy("ring", device_topology(), sched);
+    for (const char* name : {"ring", "allgather"})
+    for (CpSchedule sched : {CpSchedule::canonical, CpSchedule::visible}) {
+      std::unique_ptr<CpStrategy> s = make_strategy(name, device_topology(), sched);
       try {
         s->forward(a, nullptr, st);
         ADD_FAILURE() << "a device call of a CPU-only schedule was not refused";

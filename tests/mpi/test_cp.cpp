@@ -76,8 +76,8 @@ struct Case {
   Heads heads;
   Masking mask;
   int64_t S = kSeq;
-  bool frugal = false;  // CpSchedule::frugal: only the key rows a rank can see move (allgather, ring)
-  bool exact = false;   // CpSchedule::deterministic: the bits of one rank's canonical call, on any mesh
+  bool frugal = false;  // CpSchedule::visible: only the key rows a rank can see move (allgather, ring)
+  bool exact = false;   // CpSchedule::canonical: the bits of one rank's canonical call, on any mesh
 };
 
 // The mesh a strategy runs on at P ranks: usp uses both axes where P allows (P = 1, 2 are its
@@ -200,7 +200,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   const Case& c = GetParam();
   const int P = world().size();
   Topology& topo = topology(mesh_for(c.strategy, P));
-  const CpSchedule sched = c.exact ? CpSchedule::deterministic : c.frugal ? CpSchedule::frugal : CpSchedule::plain;
+  const CpSchedule sched = c.exact ? CpSchedule::canonical : c.frugal ? CpSchedule::visible : CpSchedule::plain;
   std::unique_ptr<CpStrategy> strat = make_strategy(c.strategy, topo, sched);
   ASSERT_TRUE(strat != nullptr);
   const Global g = make_global(c, 1234);
@@ -548,11 +548,11 @@ TEST(CpRegistry, SchedulesAreRowsOfTheirOwn) {
   for (const std::string& n : strategy_names()) {
     const bool frugal = n == "allgather" || n == "ring";
     EXPECT_TRUE(has_schedule(n, CpSchedule::plain)) << n;
-    EXPECT_TRUE(has_schedule(n, CpSchedule::deterministic)) << n;
-    EXPECT_EQ(has_schedule(n, CpSchedule::frugal), frugal) << n;
-    for (CpSchedule s : {CpSchedule::deterministic, CpSchedule::frugal}) {
+    EXPECT_TRUE(has_schedule(n, CpSchedule::canonical)) << n;
+    EXPECT_EQ(has_schedule(n, CpSchedule::visible), frugal) << n;
+    for (CpSchedule s : {CpSchedule::canonical, CpSchedule::visible}) {
       std::unique_ptr<CpStrategy> x = make_strategy(n, topo, s);
-      if (s == CpSchedule::frugal && !frugal) {
+      if (s == CpSchedule::visible && !frugal) {
         EXPECT_EQ(x, nullptr) << n;
         continue;
       }
@@ -562,11 +562,46 @@ TEST(CpRegistry, SchedulesAreRowsOfTheirOwn) {
     }
   }
   for (const std::string& n : inference_strategy_names()) {
-    EXPECT_FALSE(has_schedule(n, CpSchedule::deterministic)) << n;
-    EXPECT_FALSE(has_schedule(n, CpSchedule::frugal)) << n;
+    EXPECT_FALSE(has_schedule(n, CpSchedule::canonical)) << n;
+    EXPECT_FALSE(has_schedule(n, CpSchedule::visible)) << n;
   }
-  EXPECT_FALSE(has_schedule("halo", CpSchedule::frugal));
-  EXPECT_EQ(make_strategy("bogus", topo, CpSchedule::deterministic), nullptr);
+  EXPECT_FALSE(has_schedule("halo", CpSchedule::visible));
+  EXPECT_EQ(make_strategy("bogus", topo, CpSchedule::canonical), nullptr);
+}
+
+// Every registry row's claims (cp/strategy.hpp StrategyRow) against the strategy's own answers:
+// training and local rows have a backward, inference rows do not; the partition; MLA: a row
+// that moves the latent says so (moves_latent) and accepts a latent call, one that takes the
+// expanded K/V does not move the latent and accepts the expanded call, a refusing row refuses
+// the latent call, an inference row (MLA's absorbed attention) accepts a one-K/V-head call.
+TEST(CpRegistry, RowsStateWhatTheStrategiesDo) {
+  const int P = world().size();
+  ASSERT_EQ(strategy_rows().size(), 14u);
+  for (const StrategyRow& r : strategy_rows()) {
+    Topology& topo = topology(mesh_for(r.name, P));
+    std::unique_ptr<CpStrategy> s = make_strategy(r.name, topo, r.schedule);
+    const std::string id = std::string(r.name) + " schedule " + std::to_string(int(r.schedule));
+    ASSERT_NE(s, nullptr) << id;
+    EXPECT_EQ(strategy_row(r.name, r.schedule), &r) << id;
+    EXPECT_EQ(s->has_backward(), r.use != StrategyUse::inference) << id;
+    EXPECT_EQ(s->partition(), r.partition) << id;
+    EXPECT_EQ(s->moves_latent(), r.mla == MlaSupport::latent) << id;
+    const MaskKind mask = r.use == StrategyUse::local ? MaskKind::window : MaskKind::causal;
+    AttnParams latent = attn_problem(2 * P * 64, 8, 8, 24, mask, mask == MaskKind::window ? 16 : 0);
+    latent.latent_width = 40;
+    AttnParams expanded = latent;
+    expanded.latent_width = 0;
+    const AttnParams mqa = attn_problem(2 * P * 64, 8, 1, 24, mask, 0);
+    switch (r.mla) {
+      case MlaSupport::latent: EXPECT_EQ(s->validate(latent, topo), "") << id; break;
+      case MlaSupport::expanded: EXPECT_EQ(s->validate(expanded, topo), "") << id; break;
+      case MlaSupport::refused: EXPECT_NE(s->validate(latent, topo), "") << id; break;
+      case MlaSupport::absorbed: EXPECT_EQ(s->validate(mqa, topo), "") << id; break;
+    }
+  }
+  EXPECT_EQ(strategy_row("bogus"), nullptr);
+  const std::string table = strategy_features_table();
+  for (const StrategyRow& r : strategy_rows()) EXPECT_NE(table.find(r.name), std::string::npos) << r.name;
 }
 
 // halo serves sliding-window layers only: a causal or unmasked call is refused, naming why and

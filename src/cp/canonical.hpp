@@ -1,5 +1,5 @@
-// The canonical schedule of deterministic=true (CpSchedule::deterministic: the strategies of
-// deterministic.cpp for the all-gather and the ring, deterministic_ulysses.cpp for ulysses and usp
+// The canonical schedule (config deterministic=true; CpSchedule::canonical: the strategies of
+// canonical.cpp for the all-gather and the ring, canonical_ulysses.cpp for ulysses and usp
 // around their all-to-all): results whose bits do not depend on the number of ranks, the strategy
 // or the thread count. Every rank gathers the whole group's K/V rows (all-gather, or the ring's
 // P - 1 hops), puts them in position order, and attends its own queries to all of them in one
@@ -24,13 +24,13 @@ class Tracer;
 namespace cp {
 
 // "" when `t` can run the canonical schedule, else why not.
-std::string check_deterministic(const AttnParams& t);
+std::string check_canonical(const AttnParams& t);
 
 // ring_hops: gather by P - 1 ring hops (ring) instead of one all-gather (allgather). A null
 // communicator: this rank's rows are all the keys (ulysses, after its all-to-all; one rank).
 void canonical_fwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st);
 
-// Inference with deterministic=true (prefill over a KV cache, decode): the keys stay where they
+// Inference with exact numerics (prefill over a KV cache, decode): the keys stay where they
 // are, and a result's bits do not depend on how they are spread over the ranks. The group's
 // query rows (the same count on every rank; their positions, documents, and with a decode call
 // their new K/V rows) are all-gathered; every rank stores the new K/V of the sequences whose

@@ -1,5 +1,5 @@
-// ulysses' and usp's deterministic schedule (CpSchedule::deterministic): the same all-to-all, with
-// the canonical call of cp/deterministic.hpp inside (over the ring axis for usp, this rank's
+// ulysses' and usp's canonical schedule (CpSchedule::canonical): the same all-to-all, with
+// the canonical call of cp/canonical.hpp inside (over the ring axis for usp, this rank's
 // gathered keys alone for ulysses). A K/V head replicated on several ranks (each holding part of
 // its group's query heads) returns its dK/dV as integer sums, added over the copies before the one
 // rounding (ulysses_bwd_exact); so does every head when the caller takes the integers
@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "cp/common.hpp"
-#include "cp/deterministic.hpp"
+#include "cp/canonical.hpp"
 #include "cp/strategy.hpp"
 #include "cp/ulysses_core.hpp"
 #include "dist/topology.hpp"
@@ -28,10 +28,10 @@ std::string check_exact_heads(const std::string& strategy, const AttnParams& s, 
          "a ulysses degree dividing H_kv, or strategy=allgather or ring";
 }
 
-class DeterministicUlysses final : public ScheduleOf {
+class CanonicalUlysses final : public ScheduleOf {
  public:
   // ring: the ring axis (usp), or null (ulysses: the canonical call of one rank's keys)
-  DeterministicUlysses(std::unique_ptr<CpStrategy> plain, Comm& ulysses, Comm* ring)
+  CanonicalUlysses(std::unique_ptr<CpStrategy> plain, Comm& ulysses, Comm* ring)
       : ScheduleOf(std::move(plain)), ulysses_(ulysses), ring_(ring) {}
   std::string validate(const AttnParams& s, const Topology& topo) const override {
     std::string e = ScheduleOf::validate(s, topo);
@@ -57,11 +57,11 @@ class DeterministicUlysses final : public ScheduleOf {
 
 }  // namespace
 
-std::unique_ptr<CpStrategy> make_deterministic_ulysses_strategy(Topology& topo) {
-  return std::make_unique<DeterministicUlysses>(make_ulysses_strategy(topo), topo.cp(), nullptr);
+std::unique_ptr<CpStrategy> make_canonical_ulysses_strategy(Topology& topo) {
+  return std::make_unique<CanonicalUlysses>(make_ulysses_strategy(topo), topo.cp(), nullptr);
 }
-std::unique_ptr<CpStrategy> make_deterministic_usp_strategy(Topology& topo) {
-  return std::make_unique<DeterministicUlysses>(make_usp_strategy(topo), topo.axis(Axis::ulysses), &topo.axis(Axis::ring));
+std::unique_ptr<CpStrategy> make_canonical_usp_strategy(Topology& topo) {
+  return std::make_unique<CanonicalUlysses>(make_usp_strategy(topo), topo.axis(Axis::ulysses), &topo.axis(Axis::ring));
 }
 
 }  // namespace ctxpar

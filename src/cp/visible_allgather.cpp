@@ -1,10 +1,10 @@
-// allgather's frugal schedule (config frugal=true; CpSchedule::frugal): every rank's document ids
+// allgather's visible-keys schedule (config frugal=true; CpSchedule::visible): every rank's document ids
 // (and positions unless derivable) are all-gathered once per batch and mask; from them every rank
 // computes the same plan (cp/visible.hpp); each rank then receives, from every other, only the K/V
 // rows some query of its can see (one point-to-point message per pair), and attends to its own
 // rows and those, in rank order. The backward returns the received rows' dK/dV (fp32) the same
 // way; each owner adds them to its own, in rank order. A call the schedule does not serve (not
-// training's self-attention, an MLA latent: cp::frugal_call) runs the plain all-gather.
+// training's self-attention, an MLA latent: cp::visible_call) runs the plain all-gather.
 #include <algorithm>
 #include <cstring>
 
@@ -18,12 +18,13 @@
 namespace ctxpar {
 namespace {
 
-class FrugalAllGather final : public ScheduleOf {
+class VisibleAllGather final : public ScheduleOf {
  public:
-  explicit FrugalAllGather(Topology& topo) : ScheduleOf(make_allgather_strategy(topo)), comm_(topo.cp()) {}
+  explicit VisibleAllGather(Topology& topo) : ScheduleOf(make_allgather_strategy(topo)), comm_(topo.cp()) {}
+  bool moves_latent() const override { return false; }  // the visible rows of K and V move
 
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    if (!cp::frugal_call(local)) return plain().forward(local, tr, st);
+    if (!cp::visible_call(local)) return plain().forward(local, tr, st);
     const Compact c = exchange_visible(local, tr, st);
     const AttnParams p = c.call(local);
     if (tr) tr->progress(Phase::attn_fwd);
@@ -31,7 +32,7 @@ class FrugalAllGather final : public ScheduleOf {
   }
 
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    if (!cp::frugal_call(local)) return plain().backward(local, tr, st);
+    if (!cp::visible_call(local)) return plain().backward(local, tr, st);
     const Compact c = exchange_visible(local, tr, st);
     const cp::VisiblePlan& plan = c.keys->plan;
     const int P = comm_.size(), r = comm_.rank();
@@ -140,8 +141,8 @@ class FrugalAllGather final : public ScheduleOf {
 
 }  // namespace
 
-std::unique_ptr<CpStrategy> make_frugal_allgather_strategy(Topology& topo) {
-  return std::make_unique<FrugalAllGather>(topo);
+std::unique_ptr<CpStrategy> make_visible_allgather_strategy(Topology& topo) {
+  return std::make_unique<VisibleAllGather>(topo);
 }
 
 }  // namespace ctxpar

@@ -1,4 +1,4 @@
-#include "cp/deterministic.hpp"
+#include "cp/canonical.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -104,7 +104,7 @@ Canon gather_canonical(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr,
 
 }  // namespace
 
-std::string check_deterministic(const AttnParams& t) {
+std::string check_canonical(const AttnParams& t) {
   if (t.q_pos != t.k_pos || t.q_doc != t.k_doc || t.S_q != t.S_k)
     return "deterministic = true serves training's self-attention calls (queries are the keys' rows)";
   if (t.expander) return "deterministic = true does not yet serve MLA's latent K/V";
@@ -123,7 +123,7 @@ void refuse_device_call(const AttnParams& t) {
 
 void canonical_fwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
   refuse_device_call(t);
-  const std::string err = check_deterministic(t);
+  const std::string err = check_canonical(t);
   CTXPAR_CHECK(err.empty(), err);
   const Canon g = gather_canonical(c, t, ring_hops, tr, st);
   if (tr) tr->progress(Phase::attn_fwd);
@@ -132,7 +132,7 @@ void canonical_fwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
 
 void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
   refuse_device_call(t);
-  const std::string err = check_deterministic(t);
+  const std::string err = check_canonical(t);
   CTXPAR_CHECK(err.empty(), err);
   const Canon g = gather_canonical(c, t, ring_hops, tr, st);
   const int P = c ? c->size() : 1;
@@ -172,13 +172,13 @@ void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
 
 void canonical_infer_fwd(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) {
   CTXPAR_CHECK(t.device == Device::cpu && t.dtype == DType::f32 && !t.expander,
-               "deterministic inference: CPU fp32 calls of K/V heads");
+               "exact inference: CPU fp32 calls of K/V heads");
   const int P = c.size(), r = c.rank();
   const int64_t R = t.S_q, H = t.H_q, D = t.D, kw = int64_t(t.H_kv) * D, qw = H * D;
   {
     int64_t mine[2] = {R, -R};  // every rank the same number of query rows
     c.all_reduce(std::span<int64_t>(mine, 2), ReduceOp::max);
-    CTXPAR_CHECK(mine[0] == -mine[1], "deterministic inference: query rows differ over the ranks (" << R << " here)");
+    CTXPAR_CHECK(mine[0] == -mine[1], "exact inference: query rows differ over the ranks (" << R << " here)");
   }
   const bool cache = t.k_doc_len != nullptr, news = t.k_new != nullptr;
   // one packed row: q, then (decode) the new K and V, as floats; position and document apart
@@ -248,7 +248,7 @@ void canonical_infer_fwd(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) 
     c.all_reduce(hi.span());
     c.all_reduce(lo.span());
   });
-  CTXPAR_CHECK(hi[n * w] == 0, "deterministic inference: an attention value beyond the exact sums' range (|x| >= 2^"
+  CTXPAR_CHECK(hi[n * w] == 0, "exact inference: an attention value beyond the exact sums' range (|x| >= 2^"
                                    << kExactRange << ", or NaN)");
   AttnParams f = t;
   const size_t off = size_t(r) * size_t(R * H);
@@ -260,11 +260,11 @@ void canonical_infer_fwd(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) 
 namespace ctxpar {
 namespace {
 
-// allgather's and ring's deterministic schedule (CpSchedule::deterministic): the canonical call,
+// allgather's and ring's canonical schedule (CpSchedule::canonical): the canonical call,
 // its K/V rows gathered by one all-gather or by the ring's P - 1 hops.
-class Deterministic final : public ScheduleOf {
+class Canonical final : public ScheduleOf {
  public:
-  Deterministic(Topology& topo, std::unique_ptr<CpStrategy> plain, bool ring_hops)
+  Canonical(Topology& topo, std::unique_ptr<CpStrategy> plain, bool ring_hops)
       : ScheduleOf(std::move(plain)), comm_(topo.cp()), ring_hops_(ring_hops) {}
   bool moves_latent() const override { return false; }  // the canonical call moves MLA's expanded K/V
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
@@ -281,11 +281,11 @@ class Deterministic final : public ScheduleOf {
 
 }  // namespace
 
-std::unique_ptr<CpStrategy> make_deterministic_allgather_strategy(Topology& topo) {
-  return std::make_unique<Deterministic>(topo, make_allgather_strategy(topo), /*ring_hops=*/false);
+std::unique_ptr<CpStrategy> make_canonical_allgather_strategy(Topology& topo) {
+  return std::make_unique<Canonical>(topo, make_allgather_strategy(topo), /*ring_hops=*/false);
 }
-std::unique_ptr<CpStrategy> make_deterministic_ring_strategy(Topology& topo) {
-  return std::make_unique<Deterministic>(topo, make_ring_strategy(topo), /*ring_hops=*/true);
+std::unique_ptr<CpStrategy> make_canonical_ring_strategy(Topology& topo) {
+  return std::make_unique<Canonical>(topo, make_ring_strategy(topo), /*ring_hops=*/true);
 }
 
 }  // namespace ctxpar

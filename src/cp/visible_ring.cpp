@@ -1,4 +1,4 @@
-// ring's frugal schedule (config frugal=true; CpSchedule::frugal): the pass-KV ring's schedule of
+// ring's visible-keys schedule (config frugal=true; CpSchedule::visible): the pass-KV ring's schedule of
 // P steps, but at step d a block goes straight from its owner r - d to r, and holds only the rows
 // some query of r can see (cp/visible.hpp). The owner sends from its own K/V at every step, so
 // nothing is forwarded and a row no query of the receiver can see never leaves home; a step with
@@ -6,7 +6,7 @@
 // current block is computed, as in the plain ring. Backward: the same K/V flow; a block's dK/dV
 // (fp32, just the received rows) go straight back to their owner, which adds them in distance
 // order. Bytes: the rows some query of the receiver can see, and the plan's document ids
-// (positions too unless derivable). A call the schedule does not serve (cp::frugal_call: not
+// (positions too unless derivable). A call the schedule does not serve (cp::visible_call: not
 // training's self-attention, or an MLA latent) runs the plain ring.
 #include <algorithm>
 
@@ -183,15 +183,16 @@ void ring_bwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, 
 namespace ctxpar {
 namespace {
 
-class FrugalRing final : public ScheduleOf {
+class VisibleRing final : public ScheduleOf {
  public:
-  explicit FrugalRing(Topology& topo) : ScheduleOf(make_ring_strategy(topo)), comm_(topo.cp()) {}
+  explicit VisibleRing(Topology& topo) : ScheduleOf(make_ring_strategy(topo)), comm_(topo.cp()) {}
+  bool moves_latent() const override { return false; }  // the visible rows of K and V move
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    if (!cp::frugal_call(local)) return plain().forward(local, tr, st);
+    if (!cp::visible_call(local)) return plain().forward(local, tr, st);
     cp::ring_fwd_visible(comm_, local, visible_.get(comm_, local, tr, st), tr, st);
   }
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    if (!cp::frugal_call(local)) return plain().backward(local, tr, st);
+    if (!cp::visible_call(local)) return plain().backward(local, tr, st);
     cp::ring_bwd_visible(comm_, local, visible_.get(comm_, local, tr, st), tr, st);
   }
 
@@ -202,6 +203,6 @@ class FrugalRing final : public ScheduleOf {
 
 }  // namespace
 
-std::unique_ptr<CpStrategy> make_frugal_ring_strategy(Topology& topo) { return std::make_unique<FrugalRing>(topo); }
+std::unique_ptr<CpStrategy> make_visible_ring_strategy(Topology& topo) { return std::make_unique<VisibleRing>(topo); }
 
 }  // namespace ctxpar
