@@ -104,7 +104,7 @@ const StrategyRow* strategy_row(const std::string& name, CpSchedule sched) {
 
 std::string strategy_features_table() {
   std::string out =
-      "# CP strategies and what each serves (src/cp/registry.cpp; checked by tests/mpi/test_cp.cpp RegistryRows)\n"
+      "# CP strategies and what each serves (src/cp/registry.cpp; held to the strategies by tests/mpi/test_cp.cpp)\n"
       "# every row serves sliding windows, and (its partition contiguous or zigzag) Gated DeltaNet layers beside it;\n"
       "# train refuses frugal=true with attention=mla (the plain ring and all-gather move the smaller latent)\n";
   char line[256];

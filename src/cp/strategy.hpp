@@ -104,7 +104,7 @@ class CpStrategy {
 // built by its own file; a schedule's strategy reports the name of the strategy it schedules.
 // make_strategy returns null for an unknown name or a schedule the strategy has no row for.
 //
-// Each row also states what the strategy serves, once: tests/mpi/test_cp.cpp (RegistryRows)
+// Each row also states what the strategy serves, once: tests/mpi/test_cp.cpp (RowsStateWhatTheStrategiesDo)
 // checks every claim against the strategy's own answers (has_backward, partition, moves_latent,
 // validate), tests/gpu/test_cp_device.cpp that every row claiming device = cuda runs there, and
 // the configuration refuses what a row does not serve; `ctxpar --features` prints the table.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Good input: --help, --print-config and --dry-run exit 0, print on rank 0 only, write nothing.
+"""Good input: --help, --features, --print-config and --dry-run exit 0, print on rank 0 only, write nothing.
 Usage: test_cli_ok.py CTXPAR_BINARY"""
 import os
 import re
@@ -32,6 +32,14 @@ out = os.path.join(tmp, "x.h5")
 rc, text = run(2, ["--help"])
 expect(rc == 0 and text.count("usage: ctxpar") == 1, "--help prints usage once and exits 0", text)
 expect("strategy" in text and "allgather|ulysses|ring|usp" in text, "--help lists fields with choices", text)
+
+rc, text = run(2, ["--features"])
+rows = [l.split() for l in text.splitlines() if l and not l.startswith("#")]
+expect(rc == 0 and text.count("# CP strategies") == 1, "--features prints its table once and exits 0", text)
+expect(rows and rows[0][0] == "strategy" and len(rows) == 15 and
+       {r[0] for r in rows[1:]} == {"allgather", "ulysses", "ring", "usp", "halo", "pass_q", "decode_pass_q",
+                                    "decode_allgather"},
+       "--features: a header and one row per registry row (14), every strategy named", text)
 
 rc, text = run(2, ["run", "seq=8K", "--strategy=allgather", "--print-config", "out=" + out])
 expect(rc == 0, "--print-config exits 0", text)
