@@ -82,6 +82,17 @@ const std::vector<std::string>& local_strategy_names() {
 
 bool has_schedule(const std::string& name, CpSchedule sched) { return find(name, sched) != nullptr; }
 
+std::string strategies_with(CpSchedule sched, const std::string& also) {
+  std::vector<std::string> names;
+  for (const Entry& e : kStrategies)
+    if (e.row.use == training && e.row.schedule == sched) names.emplace_back(e.row.name);
+  if (!also.empty()) names.push_back(also);
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
 std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo, CpSchedule sched) {
   const Entry* e = find(name, sched);
   return e ? e->make(topo) : nullptr;

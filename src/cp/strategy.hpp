@@ -134,6 +134,9 @@ const std::vector<std::string>& strategy_names();
 const std::vector<std::string>& inference_strategy_names();
 const std::vector<std::string>& local_strategy_names();
 bool has_schedule(const std::string& name, CpSchedule sched);
+// The training strategies with a row of schedule `sched`, in config order, as a message lists
+// them ("allgather, ulysses, ring or usp"), `also` (e.g. "all") last when given.
+std::string strategies_with(CpSchedule sched, const std::string& also = "");
 std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo,
                                           CpSchedule sched = CpSchedule::plain);
 // The configured training strategy (null for auto and all, which are resolved before).

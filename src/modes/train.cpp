@@ -187,8 +187,8 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   if (cfg.mask != MaskKind::causal) return std::string("config: mask = ") + name_of(cfg.mask) + ": train uses causal attention; valid: mask=causal";
   if (cfg.frugal && !has_schedule(name_of(cfg.strategy), CpSchedule::visible))
     return std::string("config: frugal = true: strategy = ") + name_of(cfg.strategy) +
-           " moves every key row (it splits heads or queries, not key rows); valid: strategy=allgather or strategy=ring, "
-           "or frugal=false";
+           " moves every key row (it splits heads or queries, not key rows); valid: strategy=" +
+           strategies_with(CpSchedule::visible) + ", or frugal=false";
   if (cfg.frugal && cfg.attention == "mla")
     return "config: frugal = true with attention = mla: the latent ring and all-gather move every row so far; valid: frugal=false";
   if (cfg.device == Device::cuda) {
@@ -198,7 +198,8 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   }
   if (cfg.deterministic && !has_schedule(name_of(cfg.strategy), CpSchedule::canonical))
     return std::string("config: deterministic = true: strategy = ") + name_of(cfg.strategy) +
-           " has no canonical schedule; valid: strategy=allgather, ulysses, ring or usp, or deterministic=false";
+           " has no canonical schedule; valid: strategy=" + strategies_with(CpSchedule::canonical) +
+           ", or deterministic=false";
   const AttnParams shape = local_attn_problem(cfg, tp);
   err = make_strategy(cfg.strategy, topo, cfg.cp_schedule())->validate(shape, topo);
   if (!err.empty()) {

@@ -37,11 +37,12 @@ std::string validate_workload(const Config& cfg, Topology& topo) {
   if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
   if (cfg.frugal && !has_schedule(name_of(cfg.strategy), CpSchedule::visible))
     return std::string("config: frugal = true: strategy = ") + name_of(cfg.strategy) +
-           " moves every key row; valid: strategy=allgather, ring or all (all: the frugal rows of those two beside "
-           "every plain row), or frugal=false";
+           " moves every key row; valid: strategy=" + strategies_with(CpSchedule::visible, "all") +
+           " (all: their frugal rows beside every plain row), or frugal=false";
   if (cfg.deterministic && !has_schedule(name_of(cfg.strategy), CpSchedule::canonical))
     return std::string("config: deterministic = true: strategy = ") + name_of(cfg.strategy) +
-           " has no canonical schedule; valid: strategy=allgather, ulysses, ring, usp or all, or deterministic=false";
+           " has no canonical schedule; valid: strategy=" + strategies_with(CpSchedule::canonical, "all") +
+           ", or deterministic=false";
   std::string err = make_strategy(cfg.strategy, topo, cfg.cp_schedule())->validate(attn_problem(cfg), topo);
   if (!err.empty()) return err;
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());

@@ -567,6 +567,8 @@ TEST(CpRegistry, SchedulesAreRowsOfTheirOwn) {
   }
   EXPECT_FALSE(has_schedule("halo", CpSchedule::visible));
   EXPECT_EQ(make_strategy("bogus", topo, CpSchedule::canonical), nullptr);
+  EXPECT_EQ(strategies_with(CpSchedule::canonical), "allgather, ulysses, ring or usp");
+  EXPECT_EQ(strategies_with(CpSchedule::visible, "all"), "allgather, ring or all");
 }
 
 // Every registry row's claims (cp/strategy.hpp StrategyRow) against the strategy's own answers:
