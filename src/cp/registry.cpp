@@ -44,10 +44,10 @@ const Entry* find(const std::string& name, CpSchedule sched) {
   return nullptr;
 }
 
-std::vector<std::string> names_where(StrategyUse use) {
+std::vector<std::string> names_where(StrategyUse use, CpSchedule sched = plain) {
   std::vector<std::string> n;
   for (const Entry& e : kStrategies)
-    if (e.row.use == use && e.row.schedule == plain) n.emplace_back(e.row.name);
+    if (e.row.use == use && e.row.schedule == sched) n.emplace_back(e.row.name);
   return n;
 }
 
@@ -83,9 +83,7 @@ const std::vector<std::string>& local_strategy_names() {
 bool has_schedule(const std::string& name, CpSchedule sched) { return find(name, sched) != nullptr; }
 
 std::string strategies_with(CpSchedule sched, const std::string& also) {
-  std::vector<std::string> names;
-  for (const Entry& e : kStrategies)
-    if (e.row.use == training && e.row.schedule == sched) names.emplace_back(e.row.name);
+  std::vector<std::string> names = names_where(training, sched);
   if (!also.empty()) names.push_back(also);
   std::string out;
   for (size_t i = 0; i < names.size(); ++i)
@@ -122,8 +120,7 @@ std::string strategy_features_table() {
   std::snprintf(line, sizeof line, "%-17s %-31s %-10s %-10s %-17s %s\n", "strategy", "schedule", "use", "partition",
                 "mla", "device=cuda");
   out += line;
-  for (const Entry& e : kStrategies) {
-    const StrategyRow& r = e.row;
+  for (const StrategyRow& r : strategy_rows()) {
     std::snprintf(line, sizeof line, "%-17s %-31s %-10s %-10s %-17s %s\n", r.name, schedule_name(r.schedule),
                   use_name(r.use), partition_name(r.partition), mla_name(r.mla), r.cuda ? "yes" : "no");
     out += line;

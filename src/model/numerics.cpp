@@ -35,7 +35,6 @@ void tp_sum_in_order(const LayerRun& r, int64_t n, int64_t N, std::initializer_l
 
 class PlainNumerics final : public Numerics {
  public:
-  const char* name() const override { return "plain"; }
   int64_t block() const override { return 1; }
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
             int64_t ldb, float beta, float* C, int64_t ldc) override {
@@ -84,7 +83,7 @@ std::unique_ptr<Numerics> make_numerics(bool exact, const ModelDims& d, int64_t 
 }
 
 ExactNumerics::ExactNumerics(const ModelDims& d, int64_t grad_elems, int64_t block)
-    : d_(d), hi_(size_t(grad_elems + 2), true), lo_(size_t(grad_elems + 2), true) {
+    : hi_(size_t(grad_elems + 2), true), lo_(size_t(grad_elems + 2), true) {
   const int64_t units = exact_tp_units(d);
   CTXPAR_CHECK(units % d.tp == 0 && block > 0,
                "exact numerics: a tp dividing " << units << " (tp:" << d.tp << "), blocks of " << block << " rows");

@@ -74,7 +74,6 @@ struct GradGroups {
 class Numerics {
  public:
   virtual ~Numerics() = default;
-  virtual const char* name() const = 0;
   // Rows a product over token rows takes as one (1: any): a rank holds whole blocks.
   virtual int64_t block() const = 0;
   // C (=|+=) op(A) op(B), fp32 on the CPU (layer_gemm times and traces it; the GPU's bf16 GEMMs
@@ -121,7 +120,6 @@ Numerics& plain_numerics();
 class ExactNumerics final : public Numerics {
  public:
   ExactNumerics(const ModelDims& d, int64_t grad_elems, int64_t block);
-  const char* name() const override { return "exact"; }
   int64_t block() const override { return s_.block; }
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
             int64_t ldb, float beta, float* C, int64_t ldc) override;
@@ -141,7 +139,6 @@ class ExactNumerics final : public Numerics {
   ExactSums* exact() override { return &s_; }
 
  private:
-  ModelDims d_;
   Buffer<int64_t> hi_, lo_, tp_hi_, tp_lo_;
   Buffer<float> part_;
   std::vector<double> row_loss_;
