@@ -393,6 +393,100 @@ std::vector<BwdStep> bwd_steps(bool exact, int64_t n_qt, int32_t group, int64_t 
   return steps;
 }
 
+// The backward's packed operands: Q and dO head-major rows (B operands of dK and dV, A of S and
+// dP), K^T and V^T panels (B of S and dP), K rows (B of dQ); per-row lse in base 2 and
+// D_i = dO_i . O_i; dQ's accumulators (zeroed).
+struct BwdOperands {
+  Scratch qr, dor, kt, vt, kr, lse2, di, dq_acc;
+  BwdOperands(const AttnParams& p, int64_t Dp, int64_t n_panels, int64_t S_k_pad)
+      : qr(p.H_q * p.S_q * Dp), dor(p.H_q * p.S_q * Dp), kt(p.H_kv * n_panels * 16 * p.D),
+        vt(p.H_kv * n_panels * 16 * p.D), kr(p.H_kv * S_k_pad * Dp), lse2(p.H_q * p.S_q), di(p.H_q * p.S_q),
+        dq_acc(p.H_q * p.S_q * Dp, true) {}
+  // Called by every thread of the parallel region (its loops are worksharing); ends in a barrier.
+  void pack(const AttnParams& p, int64_t Dp, int64_t n_panels, int64_t S_k_pad) {
+    const int32_t D = p.D;
+    pack_rows(p.q_as<float>(), p.q_ld(), p.S_q, p.H_q, D, p.S_q, Dp, qr.get());
+    pack_rows(p.dout_as<float>(), p.dout_ld(), p.S_q, p.H_q, D, p.S_q, Dp, dor.get());
+    pack_panels(p.k_as<float>(), p.k_ld(), p.S_k, p.H_kv, D, n_panels, kt.get());
+    pack_panels(p.v_as<float>(), p.v_ld(), p.S_k, p.H_kv, D, n_panels, vt.get());
+    pack_rows(p.k_as<float>(), p.k_ld(), p.S_k, p.H_kv, D, S_k_pad, Dp, kr.get());
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < p.H_q * p.S_q; ++t) {
+      const int64_t h = t / p.S_q, i = t % p.S_q;
+      const float lse = p.lse[i * p.H_q + h];
+      lse2.get()[t] = lse == -INFINITY ? INFINITY : lse * kLog2e;  // +inf: P = 0 on that row
+      const float* o = p.o + (i * p.H_q + h) * D;
+      const float* d_o = p.dout_as<float>() + i * p.dout_ld() + h * D;
+      float acc = 0.f;
+      for (int32_t d = 0; d < D; ++d) acc += o[d] * d_o[d];
+      di.get()[t] = acc;
+    }  // implicit barrier: packing done
+  }
+};
+
+// One thread's dQ contributions in their turn: the contribution of key tile ki to accumulator
+// (h, query tile) goes in when every earlier visible key tile's has (the same sum order on any
+// thread count). Those not yet at their turn wait here (a reorder buffer of this thread), so the
+// thread goes on computing instead of waiting; committed in turn, each to its accumulator.
+class DqTurns {
+ public:
+  // turn[h * n_qt + qi]: the key tile whose contribution is next; next_visible[qi * n_kt + ki]
+  // the visible key tile after ki (n_kt: none).
+  DqTurns(float* dq_acc, std::atomic<int64_t>* turn, const std::vector<int64_t>& next_visible, int64_t S_q,
+          int64_t n_qt, int64_t n_kt, int64_t Bq, int64_t Dp)
+      : dq_acc_(dq_acc), turn_(turn), next_(next_visible), S_q_(S_q), n_qt_(n_qt), n_kt_(n_kt), Bq_(Bq), Dp_(Dp) {}
+  // A buffer of Bq x Dp for the contribution of (acc = h * n_qt + qi, ki), `elems` of it used.
+  float* take(int64_t acc, int64_t qi, int64_t ki, int64_t elems) {
+    if (spare_.empty()) spare_.push_back(std::make_unique<Scratch>(Bq_ * Dp_));
+    taken_ = {acc, qi, ki, elems, std::move(spare_.back())};
+    spare_.pop_back();
+    return taken_.buf->get();
+  }
+  // The taken buffer, filled: committed now or kept until its turn (at most kMaxPending kept).
+  void put() {
+    flush(false);
+    if (ready(taken_)) commit(taken_);
+    else pending_.push_back(std::move(taken_));
+    while (pending_.size() >= kMaxPending) {  // a bounded buffer: wait for the oldest turns
+      std::this_thread::yield();
+      flush(false);
+    }
+  }
+  // Commits every pending contribution whose turn has come; with `all`, waits for the rest too.
+  void flush(bool all) {
+    while (!pending_.empty()) {
+      size_t kept = 0;
+      for (size_t i = 0; i < pending_.size(); ++i)
+        if (ready(pending_[i])) commit(pending_[i]);
+        else pending_[kept++] = std::move(pending_[i]);
+      pending_.resize(kept);
+      if (!all || pending_.empty()) return;
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  struct Pending {
+    int64_t acc, qi, ki, elems;  // accumulator h * n_qt + qi, its key tile, Bq-row tile size
+    std::unique_ptr<Scratch> buf;
+  };
+  static constexpr size_t kMaxPending = 32;
+  bool ready(const Pending& e) const { return turn_[size_t(e.acc)].load(std::memory_order_acquire) == e.ki; }
+  void commit(Pending& e) {
+    float* out = dq_acc_ + (e.acc / n_qt_ * S_q_ + e.qi * Bq_) * Dp_;
+    for (int64_t x = 0; x < e.elems; ++x) out[x] += e.buf->get()[x];
+    turn_[size_t(e.acc)].store(next_[size_t(e.qi * n_kt_ + e.ki)], std::memory_order_release);
+    spare_.push_back(std::move(e.buf));
+  }
+  float* dq_acc_;
+  std::atomic<int64_t>* turn_;
+  const std::vector<int64_t>& next_;
+  int64_t S_q_, n_qt_, n_kt_, Bq_, Dp_;
+  Pending taken_{};
+  std::vector<Pending> pending_;
+  std::vector<std::unique_ptr<Scratch>> spare_;
+};
+
 // The backward of both entries: kExact (attn_bwd_exact) adds each part's dK/dV as integers to
 // dk_fixed/dv_fixed; plain (attn_bwd) adds them in fp32 to dk/dv. The same tiles and GEMMs.
 template <bool kExact>
@@ -417,11 +511,8 @@ void attn_bwd_tiles(const AttnParams& p) {
   const std::vector<BwdStep> steps =
       bwd_steps(kExact, n_qt, group, per_group, p.fixed_heads > 0 ? p.fixed_heads : group);
 
-  // Packed operands: Q and dO head-major rows (B operands of dK and dV, A of S and dP), K^T and
-  // V^T panels (B of S and dP), K rows (B of dQ); per-row lse in base 2 and D_i = dO_i . O_i.
-  Scratch qr(p.H_q * p.S_q * Dp), dor(p.H_q * p.S_q * Dp), kt(p.H_kv * n_panels * 16 * D),
-      vt(p.H_kv * n_panels * 16 * D), kr(p.H_kv * S_k_pad * Dp), lse2(p.H_q * p.S_q),
-      di(p.H_q * p.S_q), dq_acc(p.H_q * p.S_q * Dp, true);
+  BwdOperands in(p, Dp, n_panels, S_k_pad);
+  Scratch &qr = in.qr, &dor = in.dor, &kt = in.kt, &vt = in.vt, &kr = in.kr, &lse2 = in.lse2, &di = in.di;
   // The turn of each dQ accumulator (h, query tile): the key tile whose contribution is next.
   // Visibility does not depend on the head: first_visible[qi] and next_visible[qi * n_kt + ki]
   // (n_kt = none after ki) come from the tile classification.
@@ -440,55 +531,13 @@ void attn_bwd_tiles(const AttnParams& p) {
 #pragma omp parallel num_threads(thread_count(p))
   {
     Laps lap(p.profile != nullptr);
-    pack_rows(p.q_as<float>(), p.q_ld(), p.S_q, p.H_q, D, p.S_q, Dp, qr.get());
-    pack_rows(p.dout_as<float>(), p.dout_ld(), p.S_q, p.H_q, D, p.S_q, Dp, dor.get());
-    pack_panels(p.k_as<float>(), p.k_ld(), p.S_k, p.H_kv, D, n_panels, kt.get());
-    pack_panels(p.v_as<float>(), p.v_ld(), p.S_k, p.H_kv, D, n_panels, vt.get());
-    pack_rows(p.k_as<float>(), p.k_ld(), p.S_k, p.H_kv, D, S_k_pad, Dp, kr.get());
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < p.H_q * p.S_q; ++t) {
-      const int64_t h = t / p.S_q, i = t % p.S_q;
-      const float lse = p.lse[i * p.H_q + h];
-      lse2.get()[t] = lse == -INFINITY ? INFINITY : lse * kLog2e;  // +inf: P = 0 on that row
-      const float* o = p.o + (i * p.H_q + h) * D;
-      const float* d_o = p.dout_as<float>() + i * p.dout_ld() + h * D;
-      float acc = 0.f;
-      for (int32_t d = 0; d < D; ++d) acc += o[d] * d_o[d];
-      di.get()[t] = acc;
-    }  // implicit barrier: packing done
+    in.pack(p, Dp, n_panels, S_k_pad);
     lap(&AttnProfile::pack);
 
     Scratch st(Bq * kBkBwd), dpt(Bq * kBkBwd), dka(kBkBwd * Dp), dva(kBkBwd * Dp), pt(kBkBwd * Bq),
         dst(kBkBwd * Bq);
     Counters cnt;
-    // dQ contributions not yet at their turn wait here (a reorder buffer of this thread), so the
-    // thread goes on computing instead of waiting; committed in turn, each to its accumulator.
-    struct Pending {
-      int64_t acc, qi, ki, elems;  // accumulator h * n_qt + qi, its key tile, Bq-row tile size
-      std::unique_ptr<Scratch> buf;
-    };
-    std::vector<Pending> pending;
-    std::vector<std::unique_ptr<Scratch>> spare;
-    const auto commit = [&](Pending& e) {
-      float* out = dq_acc.get() + (e.acc / n_qt * p.S_q + e.qi * Bq) * Dp;
-      for (int64_t x = 0; x < e.elems; ++x) out[x] += e.buf->get()[x];
-      turn[size_t(e.acc)].store(next_visible[size_t(e.qi * n_kt + e.ki)], std::memory_order_release);
-      spare.push_back(std::move(e.buf));
-    };
-    const auto ready = [&](const Pending& e) { return turn[size_t(e.acc)].load(std::memory_order_acquire) == e.ki; };
-    // Commits every pending contribution whose turn has come; with `all`, waits for the rest too.
-    constexpr size_t kMaxPending = 32;
-    const auto flush = [&](bool all) {
-      while (!pending.empty()) {
-        size_t kept = 0;
-        for (size_t i = 0; i < pending.size(); ++i)
-          if (ready(pending[i])) commit(pending[i]);
-          else pending[kept++] = std::move(pending[i]);
-        pending.resize(kept);
-        if (!all || pending.empty()) return;
-        std::this_thread::yield();
-      }
-    };
+    DqTurns dq(in.dq_acc.get(), turn.get(), next_visible, p.S_q, n_qt, n_kt, Bq, Dp);
     // Task order: kv head outermost, then key tiles from the first (under a causal mask the
     // first key tiles are seen by the most queries: largest first). Threads on neighbouring
     // tasks then stream the same group's Q and dO tiles in the same order (shared through the
@@ -540,21 +589,11 @@ void attn_bwd_tiles(const AttnParams& p) {
           ops.gemm(nk, Dp, nq, dst.get(), Bq, 1, qt, Dp, 16, dka.get(), Dp, true);
           lap(&AttnProfile::gemm);
           // dQ (this tile's share) = dS K, added at this key tile's turn of (h, query tile)
-          Pending e{h * n_qt + qi, qi, ki, nq * Dp, nullptr};
-          if (spare.empty()) spare.push_back(std::make_unique<Scratch>(Bq * Dp));
-          e.buf = std::move(spare.back());
-          spare.pop_back();
+          float* dq_part = dq.take(h * n_qt + qi, qi, ki, nq * Dp);
           lap.rest();
-          ops.gemm(nq, Dp, nk16, dpt.get(), kBkBwd, 1, kr.get() + (g * S_k_pad + j0) * Dp, Dp, 16,
-                   e.buf->get(), Dp, false);
+          ops.gemm(nq, Dp, nk16, dpt.get(), kBkBwd, 1, kr.get() + (g * S_k_pad + j0) * Dp, Dp, 16, dq_part, Dp, false);
           lap(&AttnProfile::gemm);
-          flush(false);
-          if (ready(e)) commit(e);
-          else pending.push_back(std::move(e));
-          while (pending.size() >= kMaxPending) {  // a bounded buffer: wait for the oldest turns
-            std::this_thread::yield();
-            flush(false);
-          }
+          dq.put();
           lap(&AttnProfile::dq_order);
         }
         if (kExact && block_end && dirty) {  // this part's contribution (a block, fixed_heads heads), as integers
@@ -578,7 +617,7 @@ void attn_bwd_tiles(const AttnParams& p) {
     // Contributions still pending (their turns belong to tasks other threads finish) go in before
     // dQ is read. No deadlock: the lowest task not yet all in has every turn it needs.
     lap.rest();
-    flush(true);
+    dq.flush(true);
     lap(&AttnProfile::dq_order);
 #pragma omp barrier
     lap(&AttnProfile::idle);
@@ -586,7 +625,7 @@ void attn_bwd_tiles(const AttnParams& p) {
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < p.S_q * p.H_q; ++t) {
       const int64_t i = t / p.H_q, h = t % p.H_q;
-      const float* src = dq_acc.get() + (h * p.S_q + i) * Dp;
+      const float* src = in.dq_acc.get() + (h * p.S_q + i) * Dp;
       float* dst = p.dq + t * D;
       for (int32_t d = 0; d < D; ++d) dst[d] += src[d];
     }
