@@ -20,6 +20,7 @@
 #include "core/memory.hpp"
 #include "core/log.hpp"
 #include "core/watchdog.hpp"
+#include "cp/strategy.hpp"
 #include "dist/comm_mpi.hpp"
 #include "dist/topology.hpp"
 #include "io/output_lock.hpp"
@@ -38,6 +39,7 @@ namespace {
 // configuration's (0: off).
 std::atomic<bool> g_mpi_ready{false};
 void start_startup_watchdog(Watchdog& w, int argc, char** argv) {
+  state_strategy_choices();  // the registry's strategy names, before the first parse (check_startup states them too)
   double limit = 600;
   try {
     limit = parse_config("", "(command line)", parse_cli(std::vector<std::string>(argv + 1, argv + argc)).overrides).watchdog_s;

@@ -156,6 +156,7 @@ Startup check_startup(const std::vector<std::string>& args, Comm& world, Watchdo
   };
   try {
     std::string err;
+    state_strategy_choices();  // the registry's names, for parsing and --help
     s.cli = parse_cli(args);
     if (s.cli.help || s.cli.features) {
       log0("%s", (s.cli.help ? help_text() : strategy_features_table()).c_str());

@@ -310,7 +310,7 @@ double calibrate_memory(const Config& cfg, Topology& topo) {
   // 4096-token blocks: priced as training the configured model with 4096 tokens per rank.
   Config c = cfg;
   c.seq = 4096 * int64_t(topo.cp().size());
-  c.strategy = StrategySetting::ring;
+  c.strategy = "ring";
   c.remat = Remat::none;
   c.checkpoint_every = 0;
   c.dump_init.clear();

@@ -184,7 +184,7 @@ int64_t check_rows(const AttnParams& s, Inputs& in, uint64_t seed, bool full, Ml
   return wrong;
 }
 
-// The least a pass-KV schedule must move for this rank's keys (config frugal=true's `min` column):
+// The least a pass-KV schedule must move for this rank's keys (the visible keys' `min` column):
 // each of its rows some query of another rank can see goes there once per pass (forward: K and V;
 // backward: K and V again, the strategies keeping nothing between calls), and each row of another
 // rank it sees returns that row's dK and dV (fp32). No positions or document ids.
@@ -219,19 +219,19 @@ double cpu_seconds() {
 struct RowKind {
   std::string label, strategy;
   bool latent;
-  // the row `<name>:frugal` (config frugal=true) or `<name>:det` (config deterministic=true)
+  // the configured schedule's row `<name><schedule_suffix>` (cp/strategy.hpp), e.g. `ring:det`
   CpSchedule schedule = CpSchedule::plain;
-  bool frugal() const { return schedule == CpSchedule::visible; }
-  bool det() const { return schedule == CpSchedule::canonical; }
+  bool exact = false;  // its exact sums: the layout in whole query tiles, exact_heads per dK/dV part
+  bool scheduled() const { return schedule != CpSchedule::plain; }
 };
 
-// The attention table's rows: per strategy its own, and with mla, frugal=true or
-// deterministic=true the variants the strategy serves.
+// The attention table's rows: per strategy its own, and with mla or a configured schedule
+// (Config::cp_schedule) the variants the strategy serves.
 std::vector<RowKind> row_kinds(const Config& cfg, Topology& topo, bool mla) {
   // strategy=all compares every registered strategy (where the config accepts "all"); otherwise
   // the configured one: at long S one strategy's forward + backward takes minutes on a CPU.
-  std::vector<std::string> names = {name_of(cfg.strategy)};
-  if (cfg.strategy == StrategySetting::all) names = strategy_names();
+  std::vector<std::string> names = {cfg.strategy};
+  if (cfg.strategy == "all") names = strategy_names();
   // A sliding window (a local layer's attention): the halo exchange first, beside the configured
   // strategies (the ring by default), which move every block past every rank.
   if (cfg.mask == MaskKind::window) names.insert(names.begin(), "halo");
@@ -241,16 +241,15 @@ std::vector<RowKind> row_kinds(const Config& cfg, Topology& topo, bool mla) {
     const bool moves = mla && s->moves_latent();
     rows.push_back({name, name, moves});
     if (moves) rows.push_back({name + ":kv", name, false});
-    if (cfg.frugal && has_schedule(name, CpSchedule::visible))
-      rows.push_back({name + ":frugal", name, false, CpSchedule::visible});
-    if (cfg.deterministic && has_schedule(name, CpSchedule::canonical))
-      rows.push_back({name + ":det", name, false, CpSchedule::canonical});
+    const CpSchedule sched = cfg.cp_schedule();
+    if (sched != CpSchedule::plain && has_schedule(name, sched))
+      rows.push_back({name + schedule_suffix(sched), name, false, sched, cfg.exact});
   }
   return rows;
 }
 
 // The attention table's notes: the mesh and problem, the conventions, the check, and the notes
-// of device=cuda, P = 1, deterministic=true and frugal=true.
+// of device=cuda, P = 1 and the configured schedule.
 std::vector<std::string> table_notes(const Config& cfg, Topology& topo, const MlaBench* mla, const GpuRun& gpu) {
   const int P = topo.cp().size();
   const int U = topo.size(Axis::ulysses), R = topo.size(Axis::ring);
@@ -282,30 +281,32 @@ std::vector<std::string> table_notes(const Config& cfg, Topology& topo, const Ml
                     "times after synchronizing the stream; exposed: the compute stream's waits, timed by CUDA events; "
                     "fwd/cpu, bwd/cpu count host CPU time only");
   if (P == 1) notes.push_back("P = 1: every strategy is one kernel call (the single-rank baseline)");
-  if (cfg.deterministic)
-    notes.push_back("deterministic=true: <name>:det rows run the canonical schedule (cp/canonical.hpp: every rank "
+  const CpSchedule sched = cfg.cp_schedule();
+  const std::string rows = schedule_key(sched) + "=true: <name>" + schedule_suffix(sched) + " rows ";
+  if (cfg.exact)
+    notes.push_back(rows + "run the exact schedule (every rank "
                     "attends to all keys in position order, dK/dV summed exactly as integers, the layout padded to "
                     "whole " + std::to_string(attn_query_block(int32_t(cfg.head_dim))) +
                     "-token query tiles per chunk): bits independent of P, strategy and threads (tests/mpi/test_cp.cpp)");
-  if (cfg.frugal)
+  if (cfg.visible_keys)
     notes.push_back(
-        "frugal=true: <name>:frugal rows move only the key/value rows some query of the receiver can see (cp/visible.hpp); "
+        rows + "move only the key/value rows some query of the receiver can see (cp/visible.hpp); "
         "min: the visible rows' bytes, each moved once per pass (forward K/V; backward K/V and their dK/dV in fp32), "
         "no metadata, max over ranks; x_min = bytes / min; x_plain = bytes / the plain row's bytes");
   return notes;
 }
 
-// The attention table's columns (frugal=true adds min, x_min and x_plain).
+// The attention table's columns (the visible keys' rows add min, x_min and x_plain).
 std::vector<TableColumn> table_columns(const Config& cfg) {
   std::vector<TableColumn> cols = {
-      {"strategy", "strategy", "", cfg.frugal || cfg.deterministic ? 17 : 10, 0}, {"seq", "seq", "tokens", 9, 0},
+      {"strategy", "strategy", "", cfg.cp_schedule() != CpSchedule::plain ? 17 : 10, 0}, {"seq", "seq", "tokens", 9, 0},
       {"fwd_ms", "fwd", "ms", 11, 1}, {"bwd_ms", "bwd", "ms", 11, 1},
       {"bytes_mb", "bytes", "MB", 10, 1}, {"exposed_ms", "exposed", "ms", 10, 2},
       {"exposed_pct", "exposed", "%", 9, 2}, {"busbw_gbs", "busbw", "GB/s", 8, 3},
       {"fwd_tflops", "fwd", "TFLOP/s", 10, 4}, {"bwd_tflops", "bwd", "TFLOP/s", 10, 4},
       {"fwd_gflops_cpu", "fwd/cpu", "GFLOP/cs", 10, 2}, {"bwd_gflops_cpu", "bwd/cpu", "GFLOP/cs", 10, 2},
       {"wrong", "#wrong", "", 8, 0}, {"check", "check", "", 8, 0}};
-  if (cfg.frugal) {
+  if (cfg.visible_keys) {
     cols.push_back({"min_mb", "min", "MB", 10, 2});
     cols.push_back({"x_min", "x_min", "", 7, 3});
     cols.push_back({"x_plain", "x_plain", "", 8, 3});
@@ -346,8 +347,8 @@ struct CpBench {
   int64_t wrong_total = 0;
   int64_t step = 0;
   std::vector<std::string> skipped;
-  std::map<int64_t, double> plain_bytes;  // frugal: seq -> bytes of the plain row of the same strategy (last seen)
-  std::map<int64_t, double> least_bytes;  // frugal: seq -> the visible minimum (max over ranks)
+  std::map<int64_t, double> plain_bytes;  // visible keys: seq -> bytes of the plain row of the same strategy (last seen)
+  std::map<int64_t, double> least_bytes;  // visible keys: seq -> the visible minimum (max over ranks)
   std::map<std::string, double> step_bytes;  // MLA: label -> bytes of one forward ring step
 
   CpBench(BenchContext& c, const GpuRun& g, MlaBench* m, Table& t)
@@ -357,7 +358,7 @@ struct CpBench {
   // The row `name` at seq S as "skipped", and its reason for the list after the table.
   void add_skipped(const std::string& name, int64_t S, const std::string& why) {
     std::vector<std::string> cells = {name, std::to_string(S), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped"};
-    if (cfg.frugal) cells.insert(cells.end(), {"-", "-", "-"});
+    if (cfg.visible_keys) cells.insert(cells.end(), {"-", "-", "-"});
     table.add_row(cells);
     skipped.push_back(name + " at seq " + std::to_string(S) + ": " + why);
   }
@@ -451,7 +452,7 @@ struct CpBench {
     Config c = cfg;
     c.seq = S;
     AttnParams shape = attn_problem(c);  // MLA: heads of nope + rope and the latent's width (modes/workload.hpp)
-    shape.fixed_heads = row.det() ? int32_t(cfg.deterministic_heads) : 0;  // exact dK/dV parts (ulysses replicas)
+    shape.fixed_heads = row.exact ? int32_t(cfg.exact_heads) : 0;  // exact dK/dV parts (ulysses replicas)
     std::string err = strat.validate(shape, topo);  // with the latent: ulysses, usp refuse
     if (!row.latent) shape.latent_width = 0;
     Inputs in;
@@ -461,11 +462,11 @@ struct CpBench {
       add_skipped(name, S, err.empty() ? derr : err);
       return true;
     }
-    const Partition part(strat.partition(), S, P, row.det() ? attn_query_block(shape.D) : 1);
+    const Partition part(strat.partition(), S, P, row.exact ? attn_query_block(shape.D) : 1);
     fill_inputs(in, shape, part);
     AttnParams t = in.local(shape, ex);
     // As in training: every rank's keys are its zigzag shard, so the ring derives positions.
-    if (strat.partition() == PartitionKind::zigzag && !row.det()) t.k_pos_zigzag = S;
+    if (strat.partition() == PartitionKind::zigzag && !row.exact) t.k_pos_zigzag = S;
     DeviceTensors dev;  // device=cuda: the call's tensors on the GPU
     const AttnParams run = on_gpu ? dev.upload(t, gpu.stream) : t;
     const double real_pairs =
@@ -486,7 +487,7 @@ struct CpBench {
         table.cell(8, m.flops_fwd / (tf * ranks) / 1e12), table.cell(9, m.flops_bwd / (tb * ranks) / 1e12),
         table.cell(10, m.flops_fwd / median(m.fwd_cpu) / 1e9), table.cell(11, m.flops_bwd / median(m.bwd_cpu) / 1e9),
         std::to_string(wrong), full ? "full" : "sample"};
-    if (cfg.frugal) {
+    if (cfg.visible_keys) {
       // the same for every strategy's rows at this length (all shard zigzag): computed once
       auto [at, fresh] = least_bytes.try_emplace(S, 0.0);
       if (fresh) {
@@ -494,11 +495,11 @@ struct CpBench {
         world.all_reduce(std::span<double>(&at->second, 1), ReduceOp::max);
       }
       const double least = at->second;
-      if (!row.frugal()) plain_bytes[S] = by;
+      if (!row.scheduled()) plain_bytes[S] = by;
       const auto plain = plain_bytes.find(S);
       cells.push_back(table.cell(14, least / 1e6));
       cells.push_back(least > 0 ? table.cell(15, by / least) : "-");
-      cells.push_back(row.frugal() && plain != plain_bytes.end() ? table.cell(16, by / plain->second) : "-");
+      cells.push_back(row.scheduled() && plain != plain_bytes.end() ? table.cell(16, by / plain->second) : "-");
     }
     table.add_row(cells);
     return true;

@@ -15,7 +15,7 @@
 //      against one forward per prompt (tokens/s, the same run).
 //   4. full-prefill TTFT against length (seq/8 .. seq), pass-KV against pass-Q (run it with
 //      mesh=tp:2,ring:2 for TP x CP).
-//   5. with deterministic=true: the exact schedule against the plain one per CP size (prefill,
+//   5. with exact numerics: the exact schedule against the plain one per CP size (prefill,
 //      decode TTIT, the slowdown), its logits bit-compared with the CP = 1 run's.
 // Correctness column: prefill — both variants' last logits agree (scaled error <= 1e-4) and
 // give the same greedy token; decode — every step fed the CP = 1 run's tokens (teacher forcing)
@@ -36,6 +36,7 @@
 #include "core/log.hpp"
 #include "core/random.hpp"
 #include "core/stats.hpp"
+#include "cp/strategy.hpp"
 #include "dist/topology.hpp"
 #include "infer/engine.hpp"
 #include "infer/schedule.hpp"
@@ -109,7 +110,7 @@ int faster_by_sign_test(const std::vector<double>& kv, const std::vector<double>
   return 2 * kv_wins > n ? 1 : 0;
 }
 
-// The decode and deterministic tables' meshes: dp replicas of c-rank CP groups with the job's tp
+// The decode and exact tables' meshes: dp replicas of c-rank CP groups with the job's tp
 // (all replicas run at once, so every configuration uses the same cores), and this rank's weight
 // slice for its tp coordinate there (which depends on the mesh).
 struct SubMesh {
@@ -130,20 +131,20 @@ SubMesh sub_mesh(const Config& cfg, Comm& world, int c, int tp) {
   return m;
 }
 
-// ---- 5. deterministic=true: the exact schedule against the plain one, per CP size ----------
+// ---- 5. exact numerics: the exact schedule against the plain one, per CP size ---------------
 // For every CP size c of table 2: a full prefill of the `seq` tokens and bench_iters + 1 decode
 // steps, each fed the CP = 1 exact run's tokens, by the plain schedule (pass-KV, pass-Q decode) and
-// by the exact one (cp/canonical.hpp canonical_infer_fwd), alternating. The exact prefill is
+// by the exact one (Engine::use_numerics: pass_q's row of the exact schedule), alternating. The exact prefill is
 // slow (an exact add per query, key, head and value element): min(bench_iters, 3) timed prefills
 // after one untimed. Correctness: every exact logit row (the prefill's last, each step's) has the
 // bits of the CP = 1 exact run's, and each plain row agrees with its exact one within `check`.
 // Returns the rows that failed (the same on every rank).
-int deterministic_table(BenchContext& ctx, const Check& check, const std::vector<int32_t>& tokens) {
+int exact_table(BenchContext& ctx, const Check& check, const std::vector<int32_t>& tokens) {
   const Config& cfg = ctx.cfg;
   Comm& world = ctx.topo.world();
   const int tp = ctx.topo.size(Axis::tp);
   const int64_t S = cfg.seq, V = cfg.vocab, iters = cfg.bench_iters, pre_iters = std::min<int64_t>(iters, 3);
-  Table t("ctxpar bench infer — deterministic=true: the exact schedule against the plain one, context " +
+  Table t(std::string("ctxpar bench infer — ") + (schedule_key(cfg.cp_schedule()) + "=true") + ": the exact schedule against the plain one, context " +
                    std::to_string(S) + ", batch 1" + (tp > 1 ? ", every CP group x tp:" + std::to_string(tp) : std::string()),
                {{"cp", "CP", "ranks", 6, 0}, {"replicas", "replicas", "dp", 9, 0}, {"prefill_ms", "prefill", "ms", 10, 2},
                 {"prefill_det_ms", "prefill:det", "ms", 12, 2}, {"prefill_x", "slower", "x", 7, 1},
@@ -168,7 +169,7 @@ int deterministic_table(BenchContext& ctx, const Check& check, const std::vector
     Engine plain(*m.layout, m.params.data(), *m.topo, 1, cap, "ring", Device::cpu, nullptr);
     Engine exact(*m.layout, m.params.data(), *m.topo, 1, cap, "ring", Device::cpu, nullptr);
     ExactNumerics exact_sums(m.layout->dims(), /*grad_elems=*/0, /*block=*/1);
-    exact.use_numerics(exact_sums);
+    exact.use_numerics(exact_sums, cfg.cp_schedule());
     Engine* eng[2] = {&plain, &exact};
     std::vector<double> ts[2][2];  // [prefill, decode][plain, exact]
     std::vector<std::vector<float>> rows;
@@ -304,7 +305,7 @@ struct InferBench {
       const int64_t T = std::clamp<int64_t>(std::llround(miss * double(S)), 1, S), cached = S - T;
       std::vector<SchedulePhase> sched = {{PhaseKind::prefill, T}};  // the cache's prefill, then the measured one
       if (cached > 0) sched.insert(sched.begin(), {PhaseKind::prefill, cached});
-      Engine eng(layout, params.data(), topo, 1, cache_capacity_tokens(sched, N), name_of(cfg.strategy), cfg.device,
+      Engine eng(layout, params.data(), topo, 1, cache_capacity_tokens(sched, N), cfg.strategy, cfg.device,
                  gpu.stream);
       CallStats st;
       if (cached > 0) eng.prefill({std::vector<int32_t>(seq_tokens.begin(), seq_tokens.begin() + cached)}, CpAlgo::pass_kv,
@@ -485,7 +486,7 @@ struct InferBench {
     Table t3("ctxpar bench infer — batched variable-length prefill (" + std::to_string(nb) + " prompts of " +
                       std::to_string(lens[0]) + ".." + std::to_string(lens.back()) + " tokens, " + std::to_string(total) +
                       " in all), " + std::to_string(N) + " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) +
-                      ", strategy " + ctxpar::name_of(cfg.strategy),
+                      ", strategy " + cfg.strategy,
                   {{"mode", "prefill", "", 11, 0}, {"ttft_ms", "TTFT", "ms (batch)", 11, 2},
                    {"tok_s", "throughput", "tokens/s", 11, 0}, {"speedup", "speedup", "x seq.", 8, 2},
                    {"wrong", "#wrong", "", 7, 0}},
@@ -495,7 +496,7 @@ struct InferBench {
                    "alternate within each iteration",
                    "#wrong: prompts whose last logits or greedy tokens differ between the two modes" + check.note()});
     if (ctx.tracer.stop_signal() == 0) {
-      Engine eng(layout, params.data(), topo, nb, cap, ctxpar::name_of(cfg.strategy), cfg.device, gpu.stream);
+      Engine eng(layout, params.data(), topo, nb, cap, cfg.strategy, cfg.device, gpu.stream);
       std::vector<double> ts[2];
       StepOutput outs[2];
       for (int64_t it = 0; it < iters + 1 && ctx.tracer.stop_signal() == 0; ++it)
@@ -542,7 +543,7 @@ struct InferBench {
     // alternating within each iteration; with mesh=tp:2,ring:2 the TTFT-vs-length sweep.
     Table t4("ctxpar bench infer — full prefill TTFT against length, pass-KV vs pass-Q, " + std::to_string(N) +
                       " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) + ", strategy " +
-                      ctxpar::name_of(cfg.strategy) + ", batch 1",
+                      cfg.strategy + ", batch 1",
                   {{"T", "T", "tokens", 8, 0}, {"pass_kv_ms", "pass-KV", "ms", 10, 2}, {"pass_q_ms", "pass-Q", "ms", 10, 2},
                    {"kv_tok_s", "pass-KV", "tokens/s", 11, 0}, {"q_tok_s", "pass-Q", "tokens/s", 11, 0},
                    {"faster", "faster", "measured", 10, 0}, {"wrong", "#wrong", "", 7, 0}},
@@ -552,7 +553,7 @@ struct InferBench {
     for (int64_t T : lens) {
       if (ctx.tracer.stop_signal() != 0) break;
       Engine eng(layout, params.data(), topo, 1, Partition::padded_length(PartitionKind::zigzag, T, N) / N,
-                 ctxpar::name_of(cfg.strategy), cfg.device, gpu.stream);
+                 cfg.strategy, cfg.device, gpu.stream);
       const std::vector<int32_t> tok(seq_tokens.begin(), seq_tokens.begin() + T);
       const PairRun r = run_pair(ctx, eng, cp, tok, 0, int32_t(200 + T), iters, step, [&] { eng.clear(); });
       const int wrong = check(r.logits[0].data(), r.logits[1].data(), V, r.next[0], r.next[1]);
@@ -595,7 +596,7 @@ int bench_infer(BenchContext& ctx) {
   b.batched_prefill_table();
   b.full_prefill_table();
   int wrong_total = b.wrong_total;
-  if (cfg.deterministic) wrong_total += deterministic_table(ctx, check, seq_tokens);
+  if (cfg.exact) wrong_total += exact_table(ctx, check, seq_tokens);
   print_verdict("bench infer", wrong_total, cfg.csv);
   return wrong_total;
 }

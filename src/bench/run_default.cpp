@@ -105,7 +105,7 @@ int run_default(const Config& cfg, Topology& topo, Tracer& tracer) {
   const int cp_ranks = topo.cp().size();
   log0("# attention workload: S=%lld H_q=%lld H_kv=%lld D=%lld mask=%s docs=%s, strategy %s over %d CP ranks\n",
        (long long)cfg.seq, (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim, name_of(cfg.mask),
-       cfg.docs.c_str(), name_of(cfg.strategy), cp_ranks);
+       cfg.docs.c_str(), cfg.strategy.c_str(), cp_ranks);
   if (w.partition->padding() > 0) log0("# %s\n", w.partition->padding_note().c_str());
   log0("# FLOP convention: %s\n", kFlopConvention);
   log0("#  step  phase     time_ms  TFLOP/s/rank  exposed_comm_ms  sent_MiB  peak_MiB\n");
@@ -162,7 +162,7 @@ int run_default(const Config& cfg, Topology& topo, Tracer& tracer) {
   log0("#   peak tracked mem   %10.1f MiB per rank (rank 0)\n", double(mem_peak_bytes()) / (1 << 20));
   if (topo.world().rank() == 0)
     log0("#   max rel. error vs single-rank kernel: %.2e (tolerance %.0e)\n", err, tol);
-  log0("# %s: %s attention on %d CP ranks, comm bench %s\n", bad || wrong ? "INVALID" : "VALID", name_of(cfg.strategy),
+  log0("# %s: %s attention on %d CP ranks, comm bench %s\n", bad || wrong ? "INVALID" : "VALID", cfg.strategy.c_str(),
        cp_ranks, wrong ? "with wrong results" : "correct");
   (void)done;
   return bad || wrong ? 1 : 0;

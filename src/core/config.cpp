@@ -10,6 +10,7 @@
 #include <toml.hpp>
 
 #include "core/error.hpp"
+#include "ops.hpp"  // attn_query_block: the exact grain is whole query tiles
 
 namespace ctxpar {
 
@@ -55,6 +56,31 @@ std::string check_docs(const Config& c) {
   return "";
 }
 
+StrategyChoices& choices_held() {
+  static StrategyChoices held;
+  return held;
+}
+
+// "" when `v` is one of `names` or `more`, else what would be valid ("one of: a, b, c").
+std::string choice_error(const std::string& v, const std::vector<std::string>& names,
+                         std::initializer_list<const char*> more) {
+  std::vector<std::string_view> all(names.begin(), names.end());
+  all.insert(all.end(), more.begin(), more.end());
+  if (std::find(all.begin(), all.end(), std::string_view(v)) != all.end()) return "";
+  return all.size() == more.size() ? "a CP strategy name, and the program stated none (set_strategy_choices)"
+                                   : "one of: " + join(all, ", ");
+}
+
+// A field's choices for --help: its enum names, or (the strategy fields) the registry's stated names.
+std::vector<std::string_view> help_choices(const Field& f) {
+  const StrategyChoices& sc = strategy_choices();
+  if (f.name == "local_strategy") return {sc.local.begin(), sc.local.end()};
+  if (f.name != "strategy") return f.choices;
+  std::vector<std::string_view> c(sc.training.begin(), sc.training.end());
+  c.insert(c.end(), {"auto", "all"});
+  return c;
+}
+
 // An enumerated field: its choices and their enum values from the setting's name table.
 template <auto M, class E, size_t N>
 Field enum_field(std::string_view name, const EnumName<E> (&names)[N], std::string_view def, std::string_view help) {
@@ -68,8 +94,25 @@ Field enum_field(std::string_view name, const EnumName<E> (&names)[N], std::stri
 
 }  // namespace
 
+void set_strategy_choices(StrategyChoices choices) { choices_held() = std::move(choices); }
+const StrategyChoices& strategy_choices() { return choices_held(); }
+
 bool packed_docs(const Config& cfg) { return cfg.docs != "none"; }
 bool synthetic_data(const Config& cfg) { return cfg.data == "synthetic"; }
+
+// A function of seq and head_dim only, so the same on every mesh: a power-of-two seq splits into
+// whole blocks on up to 8 ranks without padding, and 8K tokens run blocks of 512
+// (docs/measurements.md "Exact weight gradients": near the library's full rate; 128-row blocks
+// cost +24% step time in bench train, 512-row blocks +8%).
+int64_t default_exact_grain(const Config& cfg) {
+  int64_t b = attn_query_block(int32_t(cfg.head_dim));
+  while (2 * b <= 512 && 2 * b * 16 <= cfg.seq) b *= 2;
+  return b;
+}
+int64_t exact_grain(const Config& cfg) {
+  if (!cfg.exact) return 1;
+  return cfg.exact_block > 0 ? cfg.exact_block : default_exact_grain(cfg);
+}
 
 // The field table: name, member, default, help, choices, [min, max], extra check.
 // Parsing, --help, the rank-0 printout and the HDF5 /config attributes all come from here.
@@ -86,18 +129,19 @@ const std::vector<Field>& config_fields() {
       {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7},
       {"mem_per_rank", &Config::mem_per_rank, "0", "host memory a rank may use, checked against the plan before anything is allocated (0 = this node's available memory, or its cgroup limit, shared by its ranks)", {}, 0, 9.2e18},
       {"csv", &Config::csv, "false", "bench: print CSV instead of a table", {}},
-      {"frugal", &Config::frugal, "false", "train, bench cp: the all-gather and the ring send a rank only the key/value rows some query there can see (the causal future, other documents and rows beyond a window stay home; dK/dV return the same way); other strategies refuse it", {}},
+      {"frugal", &Config::visible_keys, "false", "train, bench train, bench cp, predict: the all-gather and the ring send a rank only the key/value rows some query there can see (the causal future, other documents and rows beyond a window stay home; dK/dV return the same way); other strategies refuse it", {}},
       {"save_logits", &Config::save_logits, "false", "prefill, decode, chat: write /infer/logits [calls, batch, vocab] (fp32 values stored as float64, the last position of every sequence after each call) and /infer/tokens [batch, tokens] (every token fed, in call order: chat's conversation; -1 after a sequence's end) and /infer/context [calls, batch] (each sequence's context length after the call) to the output file, to compare devices and meshes or replay in another framework", {}},
       {"cpu_check", &Config::cpu_check, "true", "attn with device=cuda: also run the call on the CPU with the same bf16-rounded inputs and report the largest difference per tensor (log line and output attributes cpu_check_*)", {}},
-      {"deterministic", &Config::deterministic, "false", "results whose bits do not depend on the number of CP, tp or dp ranks, the strategy or the threads: train and bench train (losses, gradients, checkpoints; GEMMs whose rows do not depend on the shard, every sum over tokens and over tp exact; the attention's canonical schedule: every rank attends to all keys in position order, dK/dV summed exactly, the layout padded to whole blocks of deterministic_block; bench train prints the plain and the deterministic schedule and the slowdown), prefill, decode and chat (logits and generated tokens: the keys stay, the query rows are all-gathered, attention as exact sums, whatever cp_algo and decode_algo say; slow, a correctness schedule), bench cp (rows <name>:det beside the plain ones) and bench infer (a table of the exact schedule against the plain one per CP size, its logits bit-compared with CP = 1's). Gated DeltaNet layers (training: gdn_schedule=ring and gdn_chunk dividing deterministic_block; inference: a prompt's recurrence as one call on every rank, any length). K/V heads replicated over ulysses or tp ranks with deterministic_heads. MLA (its canonical schedule moves the expanded K/V; bench cp's <name>:det rows too). Not yet the GPU", {}},
-      {"deterministic_block", &Config::deterministic_block, "0", "train with deterministic=true: tokens per exact term of a weight gradient (each block's product is computed on its own and added exactly); a multiple of the attention's exact query tile (128 rows for head_dim <= 128, 64 above). 0: the tile doubled while within 512 rows and seq/16 (512 from seq 8K). Larger blocks run the weight-gradient GEMMs faster and may pad the sequence to more rows (every rank's chunks whole blocks)", {}, 0, 1e6},
-      {"deterministic_heads", &Config::deterministic_heads, "0", "deterministic=true: query heads per exact part (dK/dV summed in fp32 over a part's heads, in head order, then as integers over the parts; the tp sums, in training and inference, split into gcd(heads/deterministic_heads, ffn_dim) parts); 0: the whole K/V group (heads/kv_heads). A K/V head replicated on several ulysses or tp ranks needs parts that its ranks' query heads split into (a divisor of heads/U or heads/tp; the error message names one). Runs compared bit for bit need the same value; smaller parts cost more (one-head parts: +13 % attention backward in bench cp at 128-row blocks; bench train on inputs/bench-train.toml +13.4 %, its tp sums in 8 parts instead of 2)", {}, 0, 1024},
+      {"deterministic", &Config::exact, "false", "results whose bits do not depend on the number of CP, tp or dp ranks, the strategy or the threads: train and bench train (losses, gradients, checkpoints; GEMMs whose rows do not depend on the shard, every sum over tokens and over tp exact; the attention's canonical schedule: every rank attends to all keys in position order, dK/dV summed exactly, the layout padded to whole blocks of deterministic_block; bench train prints the plain and the deterministic schedule and the slowdown), prefill, decode and chat (logits and generated tokens: the keys stay, the query rows are all-gathered, attention as exact sums, whatever cp_algo and decode_algo say; slow, a correctness schedule), bench cp (rows <name>:det beside the plain ones) and bench infer (a table of the exact schedule against the plain one per CP size, its logits bit-compared with CP = 1's). Gated DeltaNet layers (training: gdn_schedule=ring and gdn_chunk dividing deterministic_block; inference: a prompt's recurrence as one call on every rank, any length). K/V heads replicated over ulysses or tp ranks with deterministic_heads. MLA (its canonical schedule moves the expanded K/V; bench cp's <name>:det rows too). Not yet the GPU", {}},
+      {"deterministic_block", &Config::exact_block, "0", "train with deterministic=true: tokens per exact term of a weight gradient (each block's product is computed on its own and added exactly); a multiple of the attention's exact query tile (128 rows for head_dim <= 128, 64 above). 0: the tile doubled while within 512 rows and seq/16 (512 from seq 8K). Larger blocks run the weight-gradient GEMMs faster and may pad the sequence to more rows (every rank's chunks whole blocks)", {}, 0, 1e6},
+      {"deterministic_heads", &Config::exact_heads, "0", "deterministic=true: query heads per exact part (dK/dV summed in fp32 over a part's heads, in head order, then as integers over the parts; the tp sums, in training and inference, split into gcd(heads/deterministic_heads, ffn_dim) parts); 0: the whole K/V group (heads/kv_heads). A K/V head replicated on several ulysses or tp ranks needs parts that its ranks' query heads split into (a divisor of heads/U or heads/tp; the error message names one). Runs compared bit for bit need the same value; smaller parts cost more (one-head parts: +13 % attention backward in bench cp at 128-row blocks; bench train on inputs/bench-train.toml +13.4 %, its tp sums in 8 parts instead of 2)", {}, 0, 1024},
       // workload / attention
       {"seq", &Config::seq, "4K", "S: global sequence length in tokens (K/M suffixes)", {}, 1, 1ll << 40},
       {"heads", &Config::heads, "8", "H_q: query heads", {}, 1, 65536},
       {"kv_heads", &Config::kv_heads, "8", "H_kv: key/value heads (divides heads; 1 = MQA)", {}, 1, 65536},
       {"head_dim", &Config::head_dim, "64", "D: head dimension", {}, 1, 256},
-      enum_field<&Config::strategy>("strategy", kStrategyNames, "ring", "CP attention strategy (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)"),
+      {"strategy", &Config::strategy, "ring", "CP attention strategy: a training row of `ctxpar --features` (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)", {}, 0, -1,
+       [](const Config& c) { return choice_error(c.strategy, strategy_choices().training, {"auto", "all"}); }},
       enum_field<&Config::partition>("partition", kPartitionNames, "zigzag", "token partition assumed by predict (the executed strategies always shard zigzag)"),
       enum_field<&Config::mask>("mask", kMaskNames, "causal", "attention mask"),
       {"window", &Config::window, "0", "sliding window in tokens: of mask=window, and of the local (L) layers of layer_pattern", {}, 0, 1ll << 40},
@@ -129,12 +173,8 @@ const std::vector<Field>& config_fields() {
                     "' is not a layer kind";
          return "";
        }},
-      {"local_strategy", &Config::local_strategy, "halo", "train: CP strategy of the local (L) layers: halo (fetches only the window's keys from the neighbouring chunks) or allgather, ulysses, ring, usp", {}, 0, -1,
-       [](const Config& c) -> std::string {
-         for (const char* n : {"halo", "allgather", "ulysses", "ring", "usp"})
-           if (c.local_strategy == n) return "";
-         return "halo, allgather, ulysses, ring or usp";
-       }},
+      {"local_strategy", &Config::local_strategy, "halo", "train: CP strategy of the local (L) layers: halo (fetches only the window's keys from the neighbouring chunks) or a training strategy", {}, 0, -1,
+       [](const Config& c) { return choice_error(c.local_strategy, strategy_choices().local, {}); }},
       {"attention", &Config::attention, "mha", "train, inference, bench cp/train/infer: attention layers: mha (Q, K, V projections; GQA by kv_heads) or mla (DeepSeek-V2/V3 multi-head latent attention: q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; head_dim and kv_heads unused; ring and allgather move the latent, inference attends over a latent cache)", {}, 0, -1,
        [](const Config& c) -> std::string { return c.attention == "mha" || c.attention == "mla" ? "" : "mha or mla"; }},
       {"q_lora_rank", &Config::q_lora_rank, "0", "attention=mla: query latent width (0 = queries projected directly)", {}, 0, 1 << 20},
@@ -511,38 +551,49 @@ void validate_config(const Config& c, int world_size) {
                        "everything is in host memory already; valid: offload=none, or device=cuda");
   }
   const bool bench_cp = c.mode == Mode::bench && c.bench == Bench::cp;
-  if (c.strategy == StrategySetting::all && !bench_cp && c.mode != Mode::predict)
-    throw UsageError("config: strategy = all is only for `ctxpar bench cp` (and predict); valid here: allgather, ulysses, ring, usp, auto");
+  if (c.strategy == "all" && !bench_cp && c.mode != Mode::predict)
+    throw UsageError("config: strategy = all is only for `ctxpar bench cp` (and predict); valid here: " +
+                     join({strategy_choices().training.begin(), strategy_choices().training.end()}, ", ") + ", auto");
   const bool train_mode = c.mode == Mode::train || (c.mode == Mode::bench && c.bench == Bench::train);
   // with the inference modes: bench infer (its deterministic table)
   const bool infer_mode = c.mode == Mode::prefill || c.mode == Mode::decode || c.mode == Mode::chat ||
                           (c.mode == Mode::bench && c.bench == Bench::infer);
-  if (c.deterministic && !bench_cp && !train_mode && !infer_mode)
+  if (c.exact && !bench_cp && !train_mode && !infer_mode)
     throw UsageError(std::string("config: deterministic = true applies to train, prefill, decode, chat, `ctxpar "
                                  "bench train`, `ctxpar bench cp` and `ctxpar bench infer`; valid here: deterministic=false"));
-  if (c.deterministic_heads != 0 && !(c.deterministic && (train_mode || bench_cp || infer_mode)))
-    throw UsageError("config: deterministic_heads = " + std::to_string(c.deterministic_heads) + " applies to train, "
+  if (c.exact_heads != 0 && !(c.exact && (train_mode || bench_cp || infer_mode)))
+    throw UsageError("config: deterministic_heads = " + std::to_string(c.exact_heads) + " applies to train, "
                      "bench train, bench cp, bench infer, prefill, decode and chat with deterministic = true; valid here: "
                      "deterministic_heads=0" + std::string(train_mode || bench_cp || infer_mode ? ", or deterministic=true" : ""));
   const int64_t kv_group = c.attention == "mla" ? 1 : c.kv_heads > 0 ? c.heads / c.kv_heads : 0;  // MLA: a head each
-  if (c.deterministic_heads != 0 && kv_group > 0 && (c.attention == "mla" || c.heads % c.kv_heads == 0) &&
-      kv_group % c.deterministic_heads != 0)
-    throw UsageError("config: deterministic_heads = " + std::to_string(c.deterministic_heads) + " does not divide the " +
+  if (c.exact_heads != 0 && kv_group > 0 && (c.attention == "mla" || c.heads % c.kv_heads == 0) &&
+      kv_group % c.exact_heads != 0)
+    throw UsageError("config: deterministic_heads = " + std::to_string(c.exact_heads) + " does not divide the " +
                      std::to_string(kv_group) + " query heads of a K/V group (" +
                      (c.attention == "mla" ? std::string("attention = mla: every head its own K and V") :
                       "heads = " + std::to_string(c.heads) + ", kv_heads = " + std::to_string(c.kv_heads)) +
                      "); valid: 0 (the whole group) or a divisor of " + std::to_string(kv_group));
-  if (c.deterministic_block != 0 && !(c.deterministic && train_mode))
-    throw UsageError("config: deterministic_block = " + std::to_string(c.deterministic_block) + " applies to train and "
+  if (c.exact_block != 0 && !(c.exact && train_mode))
+    throw UsageError("config: deterministic_block = " + std::to_string(c.exact_block) + " applies to train and "
                      "bench train with deterministic = true; valid here: deterministic_block=0" +
                      std::string(train_mode ? ", or deterministic=true" : ""));
-  if (c.deterministic && (c.frugal || c.device != Device::cpu))
-    throw UsageError(std::string("config: deterministic = true with ") + (c.frugal ? "frugal = true" : "device = cuda") +
+  if (const int64_t tile = attn_query_block(int32_t(c.head_dim)); c.exact_block % tile != 0)
+    throw UsageError("config: deterministic_block = " + std::to_string(c.exact_block) + " is not a multiple of the " +
+                     "attention's query tile, " + std::to_string(tile) + " rows at head_dim = " + std::to_string(c.head_dim) +
+                     "; valid: 0 (the default: " + std::to_string(default_exact_grain(c)) + " here) or a multiple of " +
+                     std::to_string(tile));
+  if (c.exact && (c.visible_keys || c.device != Device::cpu))
+    throw UsageError(std::string("config: deterministic = true with ") + (c.visible_keys ? "frugal = true" : "device = cuda") +
                      ": not served yet (the canonical schedule gathers every K/V row, on the CPU); valid: deterministic=false");
   if (c.attention == "mla" && c.device != Device::cpu)
     throw UsageError("config: attention = mla with device = cuda: MLA's latent K/V run on the CPU only so far; "
                      "valid: attention=mha, or device=cpu");
-  if (c.frugal && c.device != Device::cpu)
+  if (c.visible_keys && !(train_mode || bench_cp || c.mode == Mode::predict))
+    throw UsageError("config: frugal = true applies to train, bench train, bench cp and predict; valid here: frugal=false");
+  if (c.visible_keys && c.attention == "mla" && c.mode != Mode::predict)
+    throw UsageError("config: frugal = true with attention = mla: the latent ring and all-gather move every row so far; "
+                     "valid: frugal=false");
+  if (c.visible_keys && c.device != Device::cpu)
     throw UsageError("config: frugal = true with device = cuda: the frugal schedules run on the CPU only so far; "
                      "valid: frugal=false, or device=cpu");
   if (c.partition != PartitionKind::zigzag && c.mode != Mode::predict)
@@ -646,10 +697,11 @@ std::string help_text() {
           else return "string";
         },
         f.member);
+    if (f.name == "strategy" || f.name == "local_strategy") type = "choice";  // of the registry's names
     const std::string def = f.def.empty() ? "\"\"" : std::string(f.def);
     os << "  " << std::left << std::setw(w) << f.name << std::setw(7) << type << std::setw(int(dw) + 1)
        << (def.size() > dw ? def + " " : def) << f.help;
-    if (!f.choices.empty()) os << " {" << join(f.choices, "|") << "}";
+    if (const std::vector<std::string_view> c = help_choices(f); !c.empty()) os << " {" << join(c, "|") << "}";
     os << "\n";
   }
   return os.str();

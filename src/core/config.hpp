@@ -44,14 +44,16 @@ struct Config {
   int64_t heads;             // H_q
   int64_t kv_heads;          // H_kv
   int64_t head_dim;          // D
-  StrategySetting strategy;
-  bool frugal;               // the all-gather and the ring move only the key/value rows a receiving rank can see
-  bool deterministic;        // train, bench train, bench cp: the same bits on any mesh (cp/canonical.hpp, model/transformer.hpp)
-  int64_t deterministic_block;  // train with deterministic: rows per exact weight-gradient term (0: modes/train.cpp's default)
-  int64_t deterministic_heads;  // train with deterministic: query heads per exact dK/dV part (0: a whole K/V group)
-  // The strategy's schedule these two select (validation refuses both at once).
+  std::string strategy;      // a training strategy of the registry (strategy_choices), auto (the cost model's pick) or all
+  // The settings `frugal` and `deterministic` (and its _block, _heads), resolved here once: the
+  // strategy's schedule (cp_schedule) and the numerics (exact: model/numerics.hpp). Only config.cpp
+  // and the registry (src/cp/registry.cpp, which names the setting in its refusals) read the keys.
+  bool visible_keys;         // frugal=true: the all-gather and the ring move only the key/value rows a receiver can see
+  bool exact;                // deterministic=true: exact numerics and the canonical schedule, the same bits on any mesh
+  int64_t exact_block;       // deterministic_block: rows per exact weight-gradient term (0: exact_grain's default)
+  int64_t exact_heads;       // deterministic_heads: query heads per exact dK/dV part (0: a whole K/V group)
   CpSchedule cp_schedule() const {
-    return deterministic ? CpSchedule::canonical : frugal ? CpSchedule::visible : CpSchedule::plain;
+    return exact ? CpSchedule::canonical : visible_keys ? CpSchedule::visible : CpSchedule::plain;
   }
   bool cpu_check;            // attn device=cuda: the same call on the CPU, differences reported
   bool save_logits;          // prefill/decode/chat: /infer/logits and /infer/tokens in the output file
@@ -155,6 +157,17 @@ struct Field {
 
 const std::vector<Field>& config_fields();
 
+// The CP strategies a configuration may name come from the registry (src/cp/registry.cpp), which
+// core does not link: the program states them once, before it parses a configuration
+// (app/startup.cpp, from strategy_names() and local_strategy_names()). `strategy` takes a training
+// one, auto or all; `local_strategy` a local one. Until they are stated, parsing refuses every
+// name of both fields (a program that skipped this step fails at once, and loudly).
+struct StrategyChoices {
+  std::vector<std::string> training, local;
+};
+void set_strategy_choices(StrategyChoices choices);
+const StrategyChoices& strategy_choices();
+
 // Parses `toml_text` (may be empty; `toml_name` names it in messages) and then `overrides`
 // ("key=value", "--key=value"); throws UsageError naming the field and what would be valid.
 Config parse_config(const std::string& toml_text, const std::string& toml_name,
@@ -195,6 +208,11 @@ struct MeshSpec {
 // training data (data = synthetic, else a token file).
 bool packed_docs(const Config& cfg);
 bool synthetic_data(const Config& cfg);
+// Tokens per exact term of the weight gradients and dK/dV (the layout pads every rank's chunks to
+// whole blocks of it): 1 with plain numerics; with exact ones exact_block, or by default the
+// attention's exact query tile doubled while the block stays within 512 rows and seq / 16.
+int64_t exact_grain(const Config& cfg);
+int64_t default_exact_grain(const Config& cfg);
 
 // Parses cfg.mesh (or another mesh setting, named `field` in messages); "" means ring:world_size.
 MeshSpec parse_mesh(const std::string& mesh, int world_size, const char* field = "mesh");

@@ -15,9 +15,6 @@ namespace ctxpar {
 // `ctxpar <mode>` and `ctxpar bench <bench>`.
 enum class Mode : int32_t { run, attn, train, prefill, decode, chat, bench, predict };
 enum class Bench : int32_t { none, comm, attn, cp, train, peak, infer, calibrate };
-// strategy: a training strategy of the registry (src/cp; file name = value), the cost model's
-// pick, or every strategy (bench cp).
-enum class StrategySetting : int32_t { allgather, ulysses, ring, usp, automatic, all };
 // Which schedule of a strategy runs, resolved once from the configuration (Config::cp_schedule):
 // deterministic=true -> canonical (the same bits on any mesh, cp/canonical.hpp), frugal=true ->
 // visible (only the key rows a receiving rank can see move, cp/visible.hpp), else plain. Each is a
@@ -51,9 +48,6 @@ inline constexpr EnumName<Bench> kBenchNames[] = {{Bench::none, ""},          {B
                                                   {Bench::train, "train"},    {Bench::peak, "peak"},
                                                   {Bench::infer, "infer"},    {Bench::calibrate, "calibrate"}};
 inline constexpr EnumName<Device> kDeviceNames[] = {{Device::cpu, "cpu"}, {Device::cuda, "cuda"}};
-inline constexpr EnumName<StrategySetting> kStrategyNames[] = {
-    {StrategySetting::allgather, "allgather"}, {StrategySetting::ulysses, "ulysses"}, {StrategySetting::ring, "ring"},
-    {StrategySetting::usp, "usp"},             {StrategySetting::automatic, "auto"},  {StrategySetting::all, "all"}};
 inline constexpr EnumName<PartitionKind> kPartitionNames[] = {
     {PartitionKind::zigzag, "zigzag"}, {PartitionKind::contiguous, "contiguous"}, {PartitionKind::striped, "striped"}};
 inline constexpr EnumName<MaskKind> kMaskNames[] = {
@@ -92,7 +86,6 @@ template <class E, size_t N> constexpr bool parse_in(const EnumName<E> (&t)[N], 
 constexpr const char* name_of(Mode v) { return name_in(kModeNames, v); }
 constexpr const char* name_of(Bench v) { return name_in(kBenchNames, v); }
 constexpr const char* name_of(Device v) { return name_in(kDeviceNames, v); }
-constexpr const char* name_of(StrategySetting v) { return name_in(kStrategyNames, v); }
 constexpr const char* name_of(PartitionKind v) { return name_in(kPartitionNames, v); }
 constexpr const char* name_of(MaskKind v) { return name_in(kMaskNames, v); }
 constexpr const char* name_of(Remat v) { return name_in(kRematNames, v); }

@@ -279,8 +279,38 @@ class Canonical final : public ScheduleOf {
   bool ring_hops_;
 };
 
+// pass_q's canonical schedule, the inference engine's with exact numerics (prefill and decode, full
+// or over a cache, whatever cp_algo and decode_algo say): the keys stay, as in pass-Q, but every
+// rank's query rows (and a decode step's new K/V) are all-gathered and the attention summed
+// exactly over the ranks' keys (cp::canonical_infer_fwd).
+class CanonicalInfer final : public ScheduleOf {
+ public:
+  explicit CanonicalInfer(Topology& topo) : ScheduleOf(make_pass_q_strategy(topo)), comm_(topo.cp()) {}
+  bool has_backward() const override { return false; }
+  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    cp::canonical_infer_fwd(comm_, local, tr, st);
+  }
+  void backward(const AttnParams&, Tracer*, CpStats&) override {
+    CTXPAR_FATAL(name() << "'s exact inference schedule has no backward");
+  }
+  // The rows gathered (q, position, document), the maxima and the exact sums all-reduced (ring
+  // all-reduce: twice the buffer), for a prefill of S_q rows without new K/V riders.
+  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+    (void)docs;
+    const int P = topo.cp_size();
+    const double R = double(s.S_q / P), n = double(s.S_q) * s.H_q, frac = double(P - 1) / P;
+    return double(P - 1) * R * (4.0 * s.H_q * s.D + 12.0) + 2.0 * frac * n * (4.0 + 16.0 * (s.D + 1));
+  }
+
+ private:
+  Comm& comm_;
+};
+
 }  // namespace
 
+std::unique_ptr<CpStrategy> make_canonical_pass_q_strategy(Topology& topo) {
+  return std::make_unique<CanonicalInfer>(topo);
+}
 std::unique_ptr<CpStrategy> make_canonical_allgather_strategy(Topology& topo) {
   return std::make_unique<Canonical>(topo, make_allgather_strategy(topo), /*ring_hops=*/false);
 }

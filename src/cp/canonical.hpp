@@ -15,12 +15,25 @@
 // AttnParams::fixed_heads query heads. Costs: the memory of the all-gather (the ring loses its
 // O(S/P) buffers and its overlap), and dK/dV travel as 8-byte integers.
 #pragma once
+#include <memory>
+#include <string>
+
 #include "attn_params.hpp"
 #include "cp/strategy.hpp"
 #include "dist/comm.hpp"
 
 namespace ctxpar {
 class Tracer;
+class Topology;
+
+// The schedule's strategies (registry rows of CpSchedule::canonical): canonical.cpp's all-gather,
+// ring and pass_q (inference), canonical_ulysses.cpp's ulysses and usp.
+std::unique_ptr<CpStrategy> make_canonical_allgather_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_canonical_ring_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_canonical_ulysses_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_canonical_usp_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_canonical_pass_q_strategy(Topology& topo);
+
 namespace cp {
 
 // "" when `t` can run the canonical schedule, else why not.

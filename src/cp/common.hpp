@@ -55,13 +55,7 @@ class ScheduleOf : public CpStrategy {
   std::unique_ptr<CpStrategy> plain_;
 };
 
-// The schedules' strategies (CpSchedule): canonical*.cpp, visible_*.cpp.
-std::unique_ptr<CpStrategy> make_canonical_allgather_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_canonical_ring_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_canonical_ulysses_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_canonical_usp_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_visible_allgather_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_visible_ring_strategy(Topology& topo);
+// The other schedules' factories are declared in those schedules' own headers.
 
 namespace cp {
 
@@ -83,7 +77,7 @@ double call_bwd_flops(const AttnParams& p);
 // One whole kernel call attn_fwd(p) (attn_bwd(p)): its FLOPs added to st.attn_flops and, with a
 // tracer, a span of phase attn_fwd (attn_bwd) at ring step `step` (-1: none).
 void counted_fwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step);
-// `kernel`: attn_bwd, or attn_bwd_exact (the canonical schedule's exact dK/dV sums).
+// `kernel`: attn_bwd, or attn_bwd_exact (the exact dK/dV sums, kernels/ops.hpp).
 void counted_bwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step, void (*kernel)(const AttnParams&) = attn_bwd);
 
 // Waits for `r` and books the blocked time as exposed communication (stats, and a comm_wait span

@@ -2,9 +2,12 @@
 #include <cstdio>
 #include <utility>
 
+#include "core/config.hpp"
+#include "cp/canonical.hpp"
 #include "cp/common.hpp"
 #include "cp/gdn_cp.hpp"
 #include "cp/strategy.hpp"
+#include "cp/visible.hpp"
 #include "shard/partition.hpp"
 
 namespace ctxpar {
@@ -34,6 +37,7 @@ const Entry kStrategies[] = {
     {{"usp", canonical, training, zigzag, refused, false}, make_canonical_usp_strategy},
     {{"halo", plain, local, zigzag, expanded, true}, make_halo_strategy},
     {{"pass_q", plain, inference, zigzag, absorbed, true}, make_pass_q_strategy},
+    {{"pass_q", canonical, inference, zigzag, absorbed, false}, make_canonical_pass_q_strategy},
     {{"decode_pass_q", plain, inference, contiguous, absorbed, true}, make_decode_pass_q_strategy},
     {{"decode_allgather", plain, inference, contiguous, absorbed, true}, make_decode_allgather_strategy},
 };
@@ -82,6 +86,8 @@ const std::vector<std::string>& local_strategy_names() {
 
 bool has_schedule(const std::string& name, CpSchedule sched) { return find(name, sched) != nullptr; }
 
+void state_strategy_choices() { set_strategy_choices({strategy_names(), local_strategy_names()}); }
+
 std::string strategies_with(CpSchedule sched, const std::string& also) {
   std::vector<std::string> names = names_where(training, sched);
   if (!also.empty()) names.push_back(also);
@@ -90,6 +96,23 @@ std::string strategies_with(CpSchedule sched, const std::string& also) {
     out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
   return out;
 }
+
+std::string schedule_refusal(const std::string& strategy, CpSchedule sched, const std::string& also) {
+  if (has_schedule(strategy, sched)) return "";
+  const std::string valid = "; valid: strategy=" + strategies_with(sched, also);
+  if (sched == visible)
+    return "config: frugal = true: strategy = " + strategy +
+           " moves every key row (it splits heads or queries, not key rows)" + valid + ", or frugal=false";
+  if (sched == canonical)
+    return "config: deterministic = true: strategy = " + strategy + " has no canonical schedule" + valid +
+           ", or deterministic=false";
+  return "config: strategy = '" + strategy + "' is not built into this binary";
+}
+
+std::string schedule_key(CpSchedule sched) {
+  return sched == canonical ? "deterministic" : sched == visible ? "frugal" : "";
+}
+std::string schedule_suffix(CpSchedule sched) { return sched == canonical ? ":det" : sched == visible ? ":frugal" : ""; }
 
 std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo, CpSchedule sched) {
   const Entry* e = find(name, sched);
@@ -137,11 +160,6 @@ std::unique_ptr<GdnCp> make_gdn_cp(const std::string& schedule) {
   if (schedule == "ring") return make_gdn_ring();
   if (schedule == "scan") return make_gdn_scan();
   return nullptr;
-}
-
-std::unique_ptr<CpStrategy> make_strategy(StrategySetting s, Topology& topo, CpSchedule sched) {
-  if (s == StrategySetting::automatic || s == StrategySetting::all) return nullptr;
-  return make_strategy(std::string(name_of(s)), topo, sched);
 }
 
 AttnParams attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window) {

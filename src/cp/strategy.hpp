@@ -134,13 +134,22 @@ const std::vector<std::string>& strategy_names();
 const std::vector<std::string>& inference_strategy_names();
 const std::vector<std::string>& local_strategy_names();
 bool has_schedule(const std::string& name, CpSchedule sched);
+// Tells the configuration (core/config.hpp set_strategy_choices) the names `strategy` and
+// `local_strategy` take: a program calls it once before it parses a configuration.
+void state_strategy_choices();
 // The training strategies with a row of schedule `sched`, in config order, as a message lists
 // them ("allgather, ulysses, ring or usp"), `also` (e.g. "all") last when given.
 std::string strategies_with(CpSchedule sched, const std::string& also = "");
+// The configuration's schedule, refused or served here once: "" when `strategy` has a row of
+// `sched`, else a message naming the setting that selected it and the strategies that serve it
+// (`also`, e.g. "all", last).
+std::string schedule_refusal(const std::string& strategy, CpSchedule sched, const std::string& also = "");
+// The setting whose `true` selects a schedule ("deterministic", "frugal"; "" for plain), for the
+// tables and notes that name it, and the suffix of its rows in bench cp's table (":det", ":frugal").
+std::string schedule_key(CpSchedule sched);
+std::string schedule_suffix(CpSchedule sched);
 std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo,
                                           CpSchedule sched = CpSchedule::plain);
-// The configured training strategy (null for auto and all, which are resolved before).
-std::unique_ptr<CpStrategy> make_strategy(StrategySetting s, Topology& topo, CpSchedule sched = CpSchedule::plain);
 
 // The shape-only descriptor of a CP problem of S global tokens.
 AttnParams attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window);

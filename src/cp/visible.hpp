@@ -18,6 +18,12 @@
 
 namespace ctxpar {
 class Tracer;
+class Topology;
+
+// The schedule's strategies (registry rows of CpSchedule::visible): visible_allgather.cpp, visible_ring.cpp.
+std::unique_ptr<CpStrategy> make_visible_allgather_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_visible_ring_strategy(Topology& topo);
+
 namespace cp {
 
 struct VisiblePlan {

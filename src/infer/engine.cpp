@@ -8,7 +8,6 @@
 
 #include "core/error.hpp"
 #include "cp/common.hpp"  // to_device
-#include "cp/canonical.hpp"
 #include "dist/topology.hpp"
 #include "model/flops.hpp"
 #include "ops.hpp"
@@ -122,10 +121,12 @@ void Engine::ensure_rows(int64_t n) {
   rows_cap_ = n;
 }
 
-void Engine::use_numerics(Numerics& num) {
+void Engine::use_numerics(Numerics& num, CpSchedule sched) {
   CTXPAR_CHECK(!num.exact() || dev_ == Device::cpu, "exact numerics in inference: the CPU");
   num_ = &num;
-  canonical_ = num.exact() != nullptr;
+  exact_attn_ = sched == CpSchedule::plain ? nullptr : make_strategy("pass_q", topo_, sched);
+  CTXPAR_CHECK((num.exact() != nullptr) == (exact_attn_ != nullptr),
+               "inference: exact numerics go with their attention schedule, plain with plain");
   rows_cap_ = 0;  // the scratch with the next call's rows
 }
 
@@ -290,10 +291,10 @@ Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const
   std::vector<int64_t>& apos = pl.apos;  // the attention's positions (below)
   std::vector<int32_t>& tok = pl.tok;
   std::vector<int32_t>& doc = pl.doc;
-  // every cache empty: the configured strategy on the new tokens (exact numerics: the canonical
-  // schedule over every rank's cache rows, as pass-Q's keys)
+  // every cache empty: the configured strategy on the new tokens (exact numerics: their schedule
+  // over every rank's cache rows, as pass-Q's keys)
   bool& full = pl.full;
-  full = algo == CpAlgo::pass_kv && !canonical_;
+  full = algo == CpAlgo::pass_kv && !exact_attn_;
   int64_t& rows = pl.rows;
   int64_t& keys = pl.keys;
   for (int64_t b : seqs) {
@@ -313,7 +314,7 @@ Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const
     for (int64_t i = 0; i < s.n; ++i) apos.push_back(pos[size_t(rows + i)] + int64_t(b) * kSeqStride);
     // Keys over the cache: pass-Q this rank's own rows; pass-KV every rank's block padded to the
     // longest rank's (a ring message has one size).
-    if (algo == CpAlgo::pass_q || canonical_) {
+    if (algo == CpAlgo::pass_q || exact_attn_) {
       s.S_k = cache_.len(b) + s.n;
     } else {
       for (int rr = 0; rr < N; ++rr) s.S_k = std::max(s.S_k, cache_.len(b, rr) + s.part.local_size(rr));
@@ -405,7 +406,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     }
     set_device(t, qpos_d.data(), doc_d.data(), kpos_dev, kdoc_d.data());
     t.S_k = keys;
-    if (canonical_) return cp::canonical_infer_fwd(cp_, t, tr_, st_->cp);
+    if (exact_attn_) return exact_attn_->forward(t, tr_, st_->cp);
     (algo == CpAlgo::pass_q ? *pass_q_ : *ring_).forward(t, tr_, st_->cp);
   };
   GdnFn gdn = [&](int64_t l, int64_t gl, const float* x, float* x1) {
@@ -521,7 +522,7 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
     t.o = o;
     t.lse = lse;
     set_device(t, pos_d.data(), seq_d.data(), cache_.pos_all_device(), nullptr);
-    if (canonical_) return cp::canonical_infer_fwd(cp_, t, tr_, st_->cp);
+    if (exact_attn_) return exact_attn_->forward(t, tr_, st_->cp);
     strategy.forward(t, tr_, st_->cp);
   };
   std::vector<int64_t> row_seqs(static_cast<size_t>(n));

@@ -73,7 +73,7 @@ struct StepOutput {
 class Engine {
  public:
   // `params`: this rank's weights in `layout` (tp = 1). `full_strategy`: CP strategy name for
-  // full prefills with pass-KV ("ring", "allgather", "ulysses", "usp").
+  // full prefills with pass-KV (a training strategy of the registry, strategy_names()).
   // `params` is host memory also with `device` = cuda (the engine keeps its own device copy).
   Engine(const ParamLayout& layout, const float* params, Topology& topo, int64_t batch, int64_t capacity_tokens,
          const std::string& full_strategy, Device device = Device::cpu, Stream stream = nullptr);
@@ -98,13 +98,13 @@ class Engine {
                     bool want_logits = false);
 
   KvCache& cache() { return cache_; }
-  // How the sums are taken (model/numerics.hpp; plain until this is called); `num` must outlive
-  // this object. Exact (CPU): the GEMMs on rows whose bits do not depend on how many rows a rank
-  // holds, the tp sums in fixed parts, and every attention (local layers too) by the canonical
-  // schedule of cp/canonical.hpp (canonical_infer_fwd: the keys stay, the query rows are
-  // all-gathered, exact sums), whatever cp_algo, decode_algo and strategy say. Logits and tokens
-  // then have the same bits on any mesh.
-  void use_numerics(Numerics& num);
+  // How the sums are taken (model/numerics.hpp; plain until this is called) and the attention's
+  // schedule beside them (the configuration's, Config::cp_schedule); `num` must outlive this
+  // object. Exact (CPU): the GEMMs on rows whose bits do not depend on how many rows a rank holds,
+  // the tp sums in fixed parts, and every attention (local layers too) by pass_q's row of the
+  // schedule (the keys stay, the query rows are all-gathered, exact sums), whatever cp_algo,
+  // decode_algo and strategy say. Logits and tokens then have the same bits on any mesh.
+  void use_numerics(Numerics& num, CpSchedule sched);
   // Empties every sequence: the KV cache and, in a hybrid model, the GDN layers' states.
   void clear();
   int N() const;
@@ -178,7 +178,8 @@ class Engine {
   std::unique_ptr<CpStrategy> full_strategy_, ring_, pass_q_, decode_pass_q_, decode_allgather_;
   std::unique_ptr<GdnInfer> gdn_;  // hybrid models: the GDN layers' states (null without 'D' layers)
   Numerics* num_ = &plain_numerics();
-  bool canonical_ = false;  // exact numerics: the canonical attention schedule
+  // exact numerics: the strategy of every attention call (pass_q's row of their schedule); else null
+  std::unique_ptr<CpStrategy> exact_attn_;
   int64_t rows_cap_ = 0;
   Buffer<float> x_, h_, rstd_, q_, k_, v_, o_, lse_, x1_, g_, u_, m_, cos_, sin_;
   Buffer<uint16_t> qb_, kb_, vb_;  // GPU: the attention's bf16 inputs

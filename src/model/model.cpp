@@ -26,7 +26,7 @@ ModelDims model_dims(const Config& c, int tp, int tp_rank) {
   d.rope_orig_max = double(c.rope_original_max_pos);
   d.tp = tp;
   d.tp_rank = tp_rank;
-  d.exact_heads = int32_t(c.deterministic_heads);
+  d.exact_heads = int32_t(c.exact_heads);
   if (c.attention == "mla") {
     d.mla = true;
     d.q_lora = int32_t(c.q_lora_rank);
@@ -75,38 +75,6 @@ int64_t exact_tp_units(const ModelDims& d) {
 
 int64_t exact_tp_sum_cols(const ModelDims& d) {
   return std::max({d.dim, int64_t(d.q_lora), int64_t(d.kv_lora + d.rope)});
-}
-
-std::string check_exact_model(const Config& c, int tp, int64_t block) {
-  if (c.layer_pattern.find('D') != std::string::npos) {
-    const std::string pre = "config: deterministic = true with layer_pattern = '" + c.layer_pattern + "': ";
-    if (block > 0 && c.gdn_schedule != "ring")  // inference runs a prompt's recurrence as one call
-      return pre + "gdn_schedule = " + c.gdn_schedule + " corrects each piece's output once the state is known, a sum "
-             "that no single rank computes; valid: gdn_schedule=ring, or deterministic=false";
-    if (block > 0 && block % c.gdn_chunk != 0)
-      return pre + "the exact sums' blocks of " + std::to_string(block) + " rows are not whole chunks of the Gated "
-             "DeltaNet recurrence (gdn_chunk = " + std::to_string(c.gdn_chunk) + "), so meshes would cut it at other "
-             "chunk borders; valid: a deterministic_block that gdn_chunk divides, or a gdn_chunk dividing " +
-             std::to_string(block);
-  }
-  const ModelDims d = model_dims(c, 1, 0);
-  const int64_t units = exact_tp_units(d);
-  if (units % tp == 0) return "";
-  // the largest part of a K/V group's heads that would serve this tp
-  const int32_t G = d.H_q / d.H_kv;
-  std::string fix;
-  for (int32_t f = G; f >= 1 && fix.empty(); --f) {
-    ModelDims e = d;
-    e.exact_heads = f;
-    if (G % f == 0 && exact_tp_units(e) % tp == 0) fix = ", or deterministic_heads=" + std::to_string(f);
-  }
-  const int32_t f = d.exact_heads > 0 ? d.exact_heads : G;
-  return "config: deterministic = true with tp:" + std::to_string(tp) + ": the exact tp sums split into " +
-         std::to_string(units) + " parts, the gcd of heads/" + std::to_string(f) + " = " + std::to_string(d.H_q / f) +
-         " (" + std::to_string(f) + " query heads per exact part: deterministic_heads" +
-         (d.exact_heads > 0 ? "" : ", 0 for a K/V group") + ") and ffn_dim = " + std::to_string(c.ffn_dim) +
-         ", which tp must divide; valid: tp:1, a tp dividing " + std::to_string(units) + fix +
-         " (the same on the runs compared)";
 }
 
 std::string validate_model_shape(const Config& c, int tp, bool kv_replication) {

@@ -79,12 +79,6 @@ ModelDims model_dims(const Config& cfg, int tp, int tp_rank);
 int64_t exact_tp_units(const ModelDims& d);
 // The widest tp-summed product's columns (layer_tp_sum's scratch per row): dim, or MLA's latents.
 int64_t exact_tp_sum_cols(const ModelDims& d);
-// "" when exact numerics serve this config's model on tp ranks, else the config error:
-// a tp dividing exact_tp_units; in training (`block` > 0: the exact sums' block of rows)
-// Gated DeltaNet layers with gdn_schedule=ring and a GDN chunk dividing the block, so that every
-// mesh's pieces cut the recurrence at the same chunk borders (block = 0: inference, which runs a
-// prompt's recurrence as one call on every rank, infer/gdn_infer.hpp).
-std::string check_exact_model(const Config& cfg, int tp, int64_t block);
 
 // "" when the model shape fits the mesh (tp divides heads, kv_heads and ffn_dim; head_dim even
 // for RoPE), else a message naming the value and what would be valid. `kv_replication`

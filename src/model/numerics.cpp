@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/clock.hpp"
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "dist/comm.hpp"
 #include "dist/topology.hpp"
@@ -235,6 +236,56 @@ void ExactNumerics::sum_over_ranks(const ParamLayout&, float* grads, double& los
 
 double ExactNumerics::grad_norm(const AdamW& opt, const float* grads, Comm* tp) {
   return opt.grad_norm_exact(grads, tp, s_.units);
+}
+
+std::string check_exact_model(const Config& c, int tp, int64_t block) {
+  if (c.layer_pattern.find('D') != std::string::npos) {
+    const std::string pre = "config: deterministic = true with layer_pattern = '" + c.layer_pattern + "': ";
+    if (block > 0 && c.gdn_schedule != "ring")  // inference runs a prompt's recurrence as one call
+      return pre + "gdn_schedule = " + c.gdn_schedule + " corrects each piece's output once the state is known, a sum "
+             "that no single rank computes; valid: gdn_schedule=ring, or deterministic=false";
+    if (block > 0 && block % c.gdn_chunk != 0)
+      return pre + "the exact sums' blocks of " + std::to_string(block) + " rows are not whole chunks of the Gated "
+             "DeltaNet recurrence (gdn_chunk = " + std::to_string(c.gdn_chunk) + "), so meshes would cut it at other "
+             "chunk borders; valid: a deterministic_block that gdn_chunk divides, or a gdn_chunk dividing " +
+             std::to_string(block);
+  }
+  const ModelDims d = model_dims(c, 1, 0);
+  const int64_t units = exact_tp_units(d);
+  if (units % tp == 0) return "";
+  // the largest part of a K/V group's heads that would serve this tp
+  const int32_t G = d.H_q / d.H_kv;
+  std::string fix;
+  for (int32_t f = G; f >= 1 && fix.empty(); --f) {
+    ModelDims e = d;
+    e.exact_heads = f;
+    if (G % f == 0 && exact_tp_units(e) % tp == 0) fix = ", or deterministic_heads=" + std::to_string(f);
+  }
+  const int32_t f = d.exact_heads > 0 ? d.exact_heads : G;
+  return "config: deterministic = true with tp:" + std::to_string(tp) + ": the exact tp sums split into " +
+         std::to_string(units) + " parts, the gcd of heads/" + std::to_string(f) + " = " + std::to_string(d.H_q / f) +
+         " (" + std::to_string(f) + " query heads per exact part: deterministic_heads" +
+         (d.exact_heads > 0 ? "" : ", 0 for a K/V group") + ") and ffn_dim = " + std::to_string(c.ffn_dim) +
+         ", which tp must divide; valid: tp:1, a tp dividing " + std::to_string(units) + fix +
+         " (the same on the runs compared)";
+}
+
+double exact_state_bytes(const ParamLayout& layout, int64_t S_loc, int64_t block) {
+  const ModelDims& d = layout.dims();
+  // the gradients' exact sums (two int64 each) and the loss's
+  double b = 16.0 * double(layout.local_elems() + 2);
+  if (exact_tp_units(d) > 1)  // the tp sums' integers and part (Numerics::tp_sum)
+    b += 20.0 * double(S_loc) * double(exact_tp_sum_cols(d));
+  if (d.mla)  // MlaExpander::exact_dlat's product over the heads
+    b += 4.0 * double(S_loc) * d.H_q_loc() * (d.nope + d.v_dim + d.rope);
+  if (d.tp > d.H_kv)  // K/V heads replicated over tp: a copy's dK/dV integers, and every head's for the sum
+    b += 16.0 * double(S_loc) * d.D * (d.H_kv_loc() + d.H_kv);
+  if (block >= kExactLibraryBlock) {  // one weight's product at a time (kernels/ops.hpp gemm_tn_exact)
+    int64_t widest = 0;
+    for (const ParamInfo& t : layout.tensors()) widest = std::max(widest, t.loc_elems());
+    b += 4.0 * double(widest);
+  }
+  return b;
 }
 
 }  // namespace ctxpar

@@ -146,6 +146,17 @@ class ExactNumerics final : public Numerics {
   ExactSums s_;
 };
 
+// "" when exact numerics serve this config's model on tp ranks, else the config error:
+// a tp dividing exact_tp_units; in training (`block` > 0: the exact sums' block of rows)
+// Gated DeltaNet layers with gdn_schedule=ring and a GDN chunk dividing the block, so that every
+// mesh's pieces cut the recurrence at the same chunk borders (block = 0: inference, which runs a
+// prompt's recurrence as one call on every rank, infer/gdn_infer.hpp).
+std::string check_exact_model(const Config& cfg, int tp, int64_t block);
+// Host bytes the exact policy holds in a training step beyond the plain one (the --dry-run plan):
+// this rank's gradients' integers, the tp sums' integers and part, MLA's latent product, the
+// dK/dV integers of K/V heads replicated over tp, and with library blocks the widest weight's product.
+double exact_state_bytes(const ParamLayout& layout, int64_t S_loc, int64_t block);
+
 // exact: ExactNumerics(d, grad_elems, block); else the plain policy (a new instance).
 std::unique_ptr<Numerics> make_numerics(bool exact, const ModelDims& d, int64_t grad_elems, int64_t block);
 

@@ -76,7 +76,7 @@ class Transformer {
   // call after; `num` must outlive this object. Exact (CPU): every GEMM of token rows in blocks of
   // num.block() rows (the layout gives every rank whole blocks), the CP attention's dK/dV
   // converted per block and per ModelDims::exact_heads query heads of a K/V group
-  // (AttnParams::fixed_rows, fixed_heads: the strategy must be a canonical one, cp/canonical.hpp),
+  // (AttnParams::fixed_rows, fixed_heads: the strategy must be a registry row of the exact schedule),
   // K/V heads replicated over tp summed over their copies as integers; forward_backward's results
   // then do not depend on the mesh (tp included), the strategy or the threads, and `grads` holds
   // them only after num.sum_over_ranks.

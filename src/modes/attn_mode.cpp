@@ -147,7 +147,7 @@ std::string validate_attn_mode(const Config& cfg, Topology& topo) {
   std::string err = inspect_input(cfg.in, s, docs);
   if (!err.empty()) return err;
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
-  if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
+  if (!strat) return std::string("config: strategy = '") + cfg.strategy + "' is not built into this binary";
   err = strat->validate(s, topo);
   if (!err.empty())
     return "in = '" + cfg.in + "' (S=" + std::to_string(s.S_q) + ", H_q=" + std::to_string(s.H_q) + ", H_kv=" +
@@ -355,7 +355,7 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   const bool on_gpu = cfg.device == Device::cuda;
   const GpuRun gpu(on_gpu ? &topo : nullptr, &tracer);
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
-  CTXPAR_CHECK(strat, "unknown strategy " << name_of(cfg.strategy));
+  CTXPAR_CHECK(strat, "unknown strategy " << cfg.strategy);
   Comm& cpc = topo.cp();
   const int P = cpc.size(), r = cpc.rank();
   const int64_t S = s.S_q;

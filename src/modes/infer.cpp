@@ -106,23 +106,24 @@ class Session {
     }
     const int N = cp_.size();
     engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cfg.batch, cache_capacity_tokens(sched, N),
-                                       name_of(cfg.strategy), cfg.device, stream);
-    num_ = make_numerics(cfg.deterministic, layout_.dims(), /*grad_elems=*/0, /*block=*/1);
-    engine_->use_numerics(*num_);
+                                       cfg.strategy, cfg.device, stream);
+    num_ = make_numerics(cfg.exact, layout_.dims(), /*grad_elems=*/0, /*block=*/1);
+    engine_->use_numerics(*num_, cfg.cp_schedule());
     cost_ = std::make_unique<PrefillCostModel>(cfg, cp_, topo.size(Axis::tp));
     const ModelDims& d = layout_.dims();
     log0("ctxpar %s: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); batch %lld, "
          "%d CP ranks (mesh %s), full-prefill strategy %s, cp_algo %s, decode_algo %s\n",
          name_of(cfg.mode), (long long)d.layers, (long long)d.dim, (long long)d.ffn, (long long)cfg.heads,
          (long long)cfg.kv_heads, (long long)cfg.head_dim, (long long)d.vocab, double(d.param_count()) / 1e6,
-         (long long)cfg.batch, N, cfg.mesh.c_str(), name_of(cfg.strategy), name_of(cfg.cp_algo), name_of(cfg.decode_algo));
+         (long long)cfg.batch, N, cfg.mesh.c_str(), cfg.strategy.c_str(), name_of(cfg.cp_algo), name_of(cfg.decode_algo));
     log0("# weights: %s; KV cache %s per rank allocated (%lld tokens per sequence)\n",
          cfg.resume.empty() ? "seeded init (as train)" : cfg.resume.c_str(),
          fmt_bytes(engine_->cache().allocated_bytes()).c_str(), (long long)engine_->cache().capacity());
     log0("# cp_algo cost model: %s\n", cost_->describe().c_str());
-    if (cfg.deterministic)
-      log0("# deterministic: every attention by the exact schedule (keys stay, queries all-gathered, exact sums; "
-           "cp/canonical.hpp), whatever cp_algo, decode_algo and strategy say: the same bits on any mesh\n");
+    if (cfg.exact)
+      log0("# %s: every attention by the exact schedule (keys stay, queries all-gathered, exact sums), "
+           "whatever cp_algo, decode_algo and strategy say: the same bits on any mesh\n",
+           schedule_key(cfg.cp_schedule()).c_str());
     log0("# FLOP convention: %s; prefill/decode FLOPs count projections, MLP, one LM-head row per sequence\n",
          kFlopConvention);
     log0("#  step turn  kind      T        P  algo       time_ms    tokens/s  TFLOP/s/rank  exposed_ms  cache_MiB/rank\n");
@@ -378,7 +379,7 @@ class Session {
   std::vector<int32_t> context_;           // save_logits: [call][b] context length after the call
   ParamLayout layout_;
   Buffer<float> params_;
-  std::unique_ptr<Numerics> num_;  // deterministic=true: exact
+  std::unique_ptr<Numerics> num_;  // plain, or exact
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<PrefillCostModel> cost_;
   std::vector<PrefillCall> calls_;
@@ -418,7 +419,7 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
       return "config: hardware = '" + cfg.hardware + "': " + e.what() + " (or hardware=measured)";
     }
   }
-  if (cfg.deterministic) {
+  if (cfg.exact) {
     err = check_exact_model(cfg, tp, /*block=*/0);
     if (!err.empty()) return err;
   }
@@ -443,7 +444,7 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
              s_(int64_t(ph.lengths.size())) + "), or one length for all";
   // The full prefill's CP strategy (first prefill of the schedule).
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
-  if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
+  if (!strat) return std::string("config: strategy = '") + cfg.strategy + "' is not built into this binary";
   const ModelDims dt = model_dims(cfg, tp, 0);  // the attention call of one tp rank (MLA: multi-query over the latent)
   err = strat->validate(attn_problem(sched.front().count, dt.H_q_loc(), dt.cache_heads(), dt.cache_dim(), MaskKind::causal, 0),
                         topo);
@@ -473,7 +474,7 @@ struct EnginePlan {
   int64_t cap = 0, batch = 1;
 };
 EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sched, int N, int64_t batch,
-                       double cache_elem, bool deterministic) {
+                       double cache_elem, bool exact) {
   const double f = sizeof(float);
   EnginePlan e;
   e.batch = batch;
@@ -503,7 +504,7 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
   if (d.mla)  // the absorbed queries and outputs, the latents and their scratch
     e.act += f * double(rows) * 2.0 * double(d.H_q_loc()) * d.cache_dim() + mla_acts_bytes(d, rows) +
              mla_scratch_bytes(d, rows);
-  if (deterministic) {  // cp/canonical.hpp canonical_infer_fwd: the group's rows (Q and a decode
+  if (exact) {  // the exact inference schedule (Engine::use_numerics): the group's rows (Q and a decode
     // step's new K/V, gathered), their maxima and exact sums (two int64 per head and value
     // element, and the weight); the tp sums' integers and part (model/layer.hpp layer_tp_sum)
     const double all = double(N) * double(rows);
@@ -543,7 +544,7 @@ std::optional<EnginePlan> largest_engine(const Config& cfg, const ModelDims& d, 
   if (shapes.empty()) return std::nullopt;
   EnginePlan best;
   for (const EngineShape& s : shapes) {
-    const EnginePlan e = plan_engine(d, s.sched, s.N, s.batch, cache_elem, cfg.deterministic);
+    const EnginePlan e = plan_engine(d, s.sched, s.N, s.batch, cache_elem, cfg.exact);
     if (e.cache + e.act > best.cache + best.act) best = e;
   }
   return best;

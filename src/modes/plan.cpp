@@ -74,7 +74,7 @@ std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row)
   // attn with --in takes its shape from the file (validate_attn_mode checks it against the strategy);
   // bench cp with strategy=all skips the strategies that do not fit, row by row.
   const bool shape_from_file = cfg.mode == Mode::attn && !cfg.in.empty();
-  if (row.attention_workload && !shape_from_file && cfg.strategy != StrategySetting::all) {
+  if (row.attention_workload && !shape_from_file && cfg.strategy != "all") {
     err = validate_workload(cfg, topo);
     if (!err.empty()) return err;
   }
@@ -86,15 +86,15 @@ std::string validate_mode(const Config& cfg, Topology& topo, const ModeRow& row)
 }
 
 double workload_memory(const Config& cfg, Topology& topo) {
-  if (cfg.strategy != StrategySetting::all) return plan_workload(cfg, topo).bytes_per_rank;
+  if (cfg.strategy != "all") return plan_workload(cfg, topo).bytes_per_rank;
   double most = 0;  // bench cp strategy=all: the hungriest strategy that runs on this mesh
-  for (StrategySetting s : {StrategySetting::allgather, StrategySetting::ulysses, StrategySetting::ring, StrategySetting::usp}) {
+  for (const std::string& s : strategy_names()) {
     Config c = cfg;
     c.strategy = s;
-    c.frugal = false;  // strategy=all runs every strategy's plain row (and the frugal / :det ones beside)
-    c.deterministic = false;
+    c.visible_keys = c.exact = false;  // strategy=all: every strategy's plain row, then its scheduled one
     if (validate_workload(c, topo).empty()) most = std::max(most, plan_workload(c, topo).bytes_per_rank);
-    c.deterministic = cfg.deterministic;
+    c.visible_keys = cfg.visible_keys;
+    c.exact = cfg.exact;
     if (validate_workload(c, topo).empty()) most = std::max(most, plan_workload(c, topo).bytes_per_rank);
   }
   return most;
@@ -237,13 +237,13 @@ std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row) 
   os << "ctxpar dry run: mode " << mode_words(cfg, " ") << ", " << topo.world().size()
      << " ranks, mesh dp:" << m.dp << ",tp:" << m.tp << ",ulysses:" << m.ulysses << ",ring:" << m.ring << "\n";
   os << "trace: " << trace_path(cfg) << "\n";
-  const bool attention = row.attention_workload && cfg.strategy != StrategySetting::all;
+  const bool attention = row.attention_workload && cfg.strategy != "all";
   WorkloadPlan plan;
   if (attention) plan = plan_workload(cfg, topo);
   if (attention)
     os << "workload: S=" << cfg.seq << " H_q=" << cfg.heads << " H_kv=" << cfg.kv_heads << " D=" << cfg.head_dim
        << " mask=" << name_of(cfg.mask) << (cfg.mask == MaskKind::window ? "(" + std::to_string(cfg.window) + ")" : "")
-       << " docs=" << cfg.docs << ", strategy " << name_of(cfg.strategy) << ", partition " << plan.partition_name << "\n";
+       << " docs=" << cfg.docs << ", strategy " << cfg.strategy << ", partition " << plan.partition_name << "\n";
   if (attention && plan.partition->padding() > 0) os << "padding: " << plan.partition->padding_note() << "\n";
   os << " rank  host            node   dp  tp  uly ring   cp_rank  tokens (global ranges)\n";
   const auto& coords = topo.all_coords();

@@ -97,11 +97,11 @@ std::vector<std::pair<std::string, Config>> sweep_configs(const Config& cfg) {
 }  // namespace
 
 std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
-  if (cfg.strategy != StrategySetting::automatic) return "";
+  if (cfg.strategy != "auto") return "";
   if (cfg.mode == Mode::predict) return "";  // predict tabulates every strategy anyway
   if (cfg.mode == Mode::bench && cfg.bench != Bench::cp && cfg.bench != Bench::train && cfg.bench != Bench::infer)
     return "config: strategy = auto applies to modes that run a CP strategy (run, attn, train, prefill, decode, chat, "
-           "bench cp/train/infer); valid here: allgather, ulysses, ring, usp";
+           "bench cp/train/infer); valid here: " + strategies_with(CpSchedule::plain);
   HardwareProfile hw;
   try {
     hw = load_hardware(hardware_name(cfg, HardwareUse::plan));
@@ -112,7 +112,7 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
                      (cfg.mode == Mode::bench && cfg.bench == Bench::infer);
   if (infer && cfg.attention == "mla")
     return "config: strategy = auto: the cost model prices attention = mla in training only (inference attends in "
-           "the absorbed form, which it does not price yet); valid: allgather, ulysses, ring, usp";
+           "the absorbed form, which it does not price yet); valid: " + strategies_with(CpSchedule::plain);
   const PerfMesh mesh{topo.size(Axis::dp), topo.size(Axis::tp), topo.size(Axis::ulysses), topo.size(Axis::ring)};
   PerfWorkload w;
   w.mode = infer ? PerfMode::prefill : PerfMode::train;  // inference: the full prefill runs the strategy
@@ -122,23 +122,19 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
   w.remat = cfg.remat;
   w.partition = PartitionKind::zigzag;
   const ModelShape m = model_shape(cfg);
-  // Executed strategy names; the cost model calls the full prefill's ring pass_kv.
-  const std::pair<StrategySetting, const char*> names[] = {{StrategySetting::allgather, "allgather"},
-                                                          {StrategySetting::ulysses, "ulysses"},
-                                                          {StrategySetting::ring, infer ? "pass_kv" : "ring"},
-                                                          {StrategySetting::usp, "usp"}};
+  // The registry's training strategies; the cost model calls the full prefill's ring pass_kv.
   std::vector<StrategyPrediction> preds;
-  for (const auto& [run, model_name] : names) {
-    const std::string run_name = name_of(run);
-    StrategyPrediction p = predict(m, hw, mesh, w, model_name);
+  for (const std::string& run_name : strategy_names()) {
+    StrategyPrediction p = predict(m, hw, mesh, w, infer && run_name == "ring" ? "pass_kv" : run_name);
     // usp runs on any mesh (one axis of 1 makes it ulysses or ring, as the runs do); on such a
     // mesh it is not a candidate of its own.
-    if (run == StrategySetting::usp && (mesh.ulysses < 2 || mesh.ring < 2) && p.invalid.empty())
+    if (run_name == "usp" && (mesh.ulysses < 2 || mesh.ring < 2) && p.invalid.empty())
       p.invalid = std::string("the same as ") + (mesh.ulysses < 2 ? "ring" : "ulysses") + " on this mesh";
-    // frugal=true: only the strategies that move just the visible rows (priced as the plain ones,
-    // an upper bound) are candidates.
-    if (cfg.frugal && p.invalid.empty() && !has_schedule(run_name, CpSchedule::visible))
-      p.invalid = "moves every key row (frugal = true)";
+    // A configured schedule (the visible keys': the strategies that move just the visible rows,
+    // priced as the plain ones, an upper bound): only the strategies with a row of it are candidates.
+    const CpSchedule sched = cfg.cp_schedule();
+    if (sched != CpSchedule::plain && p.invalid.empty() && !has_schedule(run_name, sched))
+      p.invalid = "moves every key row (" + schedule_key(sched) + " = true)";
     p.strategy = run_name;
     preds.push_back(p);
   }
@@ -154,7 +150,7 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
     else os << p.time_s * 1e3 << " ms";
     os << (&p == &preds[size_t(best)] ? " (chosen)" : "") << ";";
   }
-  CTXPAR_CHECK(parse_in(kStrategyNames, preds[size_t(best)].strategy, cfg.strategy), "strategy name");
+  cfg.strategy = preds[size_t(best)].strategy;
   log0("%s\n", os.str().c_str());
   return "";
 }

@@ -42,7 +42,7 @@ AttnParams local_attn_problem(const Config& cfg, int tp, bool local_layer = fals
   AttnParams p = attn_problem(cfg.seq, d.H_q_loc(), d.H_kv_loc(), d.D, local_layer ? MaskKind::window : MaskKind::causal,
                               local_layer ? cfg.window : 0);
   if (d.mla) p.latent_width = int32_t(d.kv_lora + d.rope);  // K/V come from the latent
-  p.fixed_heads = int32_t(cfg.deterministic_heads);
+  p.fixed_heads = int32_t(cfg.exact_heads);
   return p;
 }
 // attention = mla: its shapes, one line (kv_heads and head_dim do not apply).
@@ -55,11 +55,11 @@ std::string mla_line(const Config& c) {
 // The strategy of the local (L) layers; null without any.
 std::unique_ptr<CpStrategy> make_local_strategy(const Config& cfg, Topology& topo) {
   if (cfg.layer_pattern.find('L') == std::string::npos) return nullptr;
-  // frugal=true: the local layers' strategy moves only the visible rows too, where it can (halo's
-  // halo is already only what the window sees); deterministic=true runs the main strategy there
-  // (model/transformer.hpp)
-  const bool frugal = cfg.frugal && has_schedule(cfg.local_strategy, CpSchedule::visible);
-  return make_strategy(cfg.local_strategy, topo, frugal ? CpSchedule::visible : CpSchedule::plain);
+  // The configured schedule where local_strategy has a row of it (the visible keys' ring or all-gather;
+  // halo's halo is already only what the window sees), else its plain one; with exact numerics the
+  // main strategy serves the local layers instead (TrainRun::local_layers_strategy).
+  const CpSchedule s = has_schedule(cfg.local_strategy, cfg.cp_schedule()) ? cfg.cp_schedule() : CpSchedule::plain;
+  return make_strategy(cfg.local_strategy, topo, cfg.exact ? CpSchedule::plain : s);
 }
 // The message of a non-finite loss or gradient at step `s`: which, and the first parameter (in
 // layout order, over all ranks) whose gradient holds a NaN or Inf. Collective over `world`.
@@ -155,25 +155,9 @@ class HostCopy {
 // Packed documents: configured for synthetic data, or from eos_id in a token file.
 bool train_docs(const Config& cfg) { return packed_docs(cfg) || (!synthetic_data(cfg) && cfg.eos_id >= 0); }
 
-// deterministic=true: the layout pads every rank's chunks to whole blocks of deterministic_block
-// tokens, the grain of the weight gradients' and dK/dV's exact sums (model/numerics.hpp
-// ExactNumerics). Default: the exact query tile doubled while the block stays within 512 rows
-// and seq / 16 (a function of seq and head_dim only, so the same on every mesh): a power-of-two
-// seq then splits into whole blocks on up to 8 ranks without padding, and 8K tokens run blocks of
-// 512 (docs/measurements.md "Exact weight gradients": near the library's full rate; 128-row blocks
-// cost +24% step time in bench train, 512-row blocks +8%).
-int64_t default_train_block(const Config& cfg) {
-  int64_t b = attn_query_block(int32_t(cfg.head_dim));
-  while (2 * b <= 512 && 2 * b * 16 <= cfg.seq) b *= 2;
-  return b;
-}
-int64_t train_block(const Config& cfg) {
-  if (!cfg.deterministic) return 1;
-  return cfg.deterministic_block > 0 ? cfg.deterministic_block : default_train_block(cfg);
-}
 int64_t train_S_loc(const Config& cfg, Topology& topo) {
   return Partition::padded_length(make_strategy(cfg.strategy, topo)->partition(), cfg.seq, topo.cp().size(),
-                                  train_block(cfg)) / topo.cp().size();
+                                  exact_grain(cfg)) / topo.cp().size();
 }
 
 }  // namespace
@@ -183,23 +167,15 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   std::string err = validate_model_shape(cfg, tp, /*kv_replication=*/true);
   if (!err.empty()) return err;
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
-  if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
+  if (!strat) return std::string("config: strategy = '") + cfg.strategy + "' is not built into this binary";
   if (cfg.mask != MaskKind::causal) return std::string("config: mask = ") + name_of(cfg.mask) + ": train uses causal attention; valid: mask=causal";
-  if (cfg.frugal && !has_schedule(name_of(cfg.strategy), CpSchedule::visible))
-    return std::string("config: frugal = true: strategy = ") + name_of(cfg.strategy) +
-           " moves every key row (it splits heads or queries, not key rows); valid: strategy=" +
-           strategies_with(CpSchedule::visible) + ", or frugal=false";
-  if (cfg.frugal && cfg.attention == "mla")
-    return "config: frugal = true with attention = mla: the latent ring and all-gather move every row so far; valid: frugal=false";
   if (cfg.device == Device::cuda) {
     if (cfg.layer_pattern.find('D') != std::string::npos)
       return "config: layer_pattern = '" + cfg.layer_pattern + "' with device = cuda: Gated DeltaNet (D) layers run on "
              "the CPU only so far; valid: device=cpu, or a pattern of G and L layers";
   }
-  if (cfg.deterministic && !has_schedule(name_of(cfg.strategy), CpSchedule::canonical))
-    return std::string("config: deterministic = true: strategy = ") + name_of(cfg.strategy) +
-           " has no canonical schedule; valid: strategy=" + strategies_with(CpSchedule::canonical) +
-           ", or deterministic=false";
+  err = schedule_refusal(cfg.strategy, cfg.cp_schedule());
+  if (!err.empty()) return err;
   const AttnParams shape = local_attn_problem(cfg, tp);
   err = make_strategy(cfg.strategy, topo, cfg.cp_schedule())->validate(shape, topo);
   if (!err.empty()) {
@@ -209,13 +185,8 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   }
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
   if (!err.empty()) return "config: " + err;
-  if (cfg.deterministic) {  // exact numerics (model/numerics.hpp)
-    const int64_t tile = attn_query_block(int32_t(cfg.head_dim));
-    if (cfg.deterministic_block % tile != 0)
-      return "config: deterministic_block = " + std::to_string(cfg.deterministic_block) + " is not a multiple of the " +
-             "attention's query tile, " + std::to_string(tile) + " rows at head_dim = " + std::to_string(cfg.head_dim) +
-             "; valid: 0 (the default: " + std::to_string(default_train_block(cfg)) + " here) or a multiple of " + std::to_string(tile);
-    err = check_exact_model(cfg, tp, train_block(cfg));
+  if (cfg.exact) {  // exact numerics (model/numerics.hpp)
+    err = check_exact_model(cfg, tp, exact_grain(cfg));
     if (!err.empty()) return err;
   }
   if (std::unique_ptr<CpStrategy> local = make_local_strategy(cfg, topo)) {
@@ -223,14 +194,14 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
     if (!err.empty()) return "config: local_strategy = " + cfg.local_strategy + " (the L layers): " + err;
     if (local->partition() != strat->partition())  // every strategy shards zigzag today
       return "config: local_strategy = " + cfg.local_strategy + " shards " + partition_name(local->partition()) +
-             " and strategy = " + name_of(cfg.strategy) + " " + partition_name(strat->partition()) +
+             " and strategy = " + cfg.strategy + " " + partition_name(strat->partition()) +
              "; the layers share one sharding; valid: strategies of the same sharding";
   }
   if (model_dims(cfg, tp, 0).has_gdn()) {
     const PartitionKind kind = strat->partition();
     if (kind != PartitionKind::contiguous && kind != PartitionKind::zigzag)
       return std::string("config: layer_pattern = '") + cfg.layer_pattern + "': Gated DeltaNet layers pass their state " +
-             "along contiguous pieces of the sequence, and strategy " + name_of(cfg.strategy) + " shards " +
+             "along contiguous pieces of the sequence, and strategy " + cfg.strategy + " shards " +
              partition_name(kind) + "; valid: a strategy with contiguous or zigzag sharding (ring, allgather, ulysses, usp)";
     const int P = topo.cp().size();
     const int64_t pieces = kind == PartitionKind::zigzag ? 2 * P : P;
@@ -284,21 +255,7 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   const int64_t S_loc = train_S_loc(cfg, topo);
   TrainMemoryPlan p;
   p.state_bytes = 4.0 * 4.0 * double(layout.local_elems());  // params, grads, AdamW m and v
-  if (cfg.deterministic) {  // the gradients' exact sums (two int64 each); blocks of
-    // kExactLibraryBlock rows and more: one weight's product at a time (kernels/ops.hpp gemm_tn_exact)
-    p.state_bytes += 16.0 * double(layout.local_elems() + 2);
-    if (exact_tp_units(d) > 1)  // the tp sums' integers and part (layer_tp_sum)
-      p.state_bytes += 20.0 * double(S_loc) * double(exact_tp_sum_cols(d));
-    if (d.mla)  // MlaExpander::exact_dlat's product over the heads
-      p.state_bytes += 4.0 * double(S_loc) * d.H_q_loc() * (d.nope + d.v_dim + d.rope);
-    if (d.tp > d.H_kv)  // K/V heads replicated over tp: a copy's dK/dV integers, and every head's for the sum
-      p.state_bytes += 16.0 * double(S_loc) * d.D * (d.H_kv_loc() + d.H_kv);
-    if (train_block(cfg) >= kExactLibraryBlock) {
-      int64_t widest = 0;
-      for (const ParamInfo& t : layout.tensors()) widest = std::max(widest, t.loc_elems());
-      p.state_bytes += 4.0 * double(widest);
-    }
-  }
+  if (cfg.exact) p.state_bytes += exact_state_bytes(layout, S_loc, exact_grain(cfg));
   p.activation_bytes = Transformer::activation_bytes(d, cfg.remat, S_loc,
                                                      Transformer::logits_chunk_rows(S_loc, d.vocab));
   // The strategy's transient buffers (gathered / in-flight K/V and their gradients).
@@ -362,7 +319,7 @@ std::string train_plan(const Config& cfg, Topology& topo) {
   if (cfg.attention == "mla") os << " (mla)";
   else os << "/" << cfg.kv_heads << " x " << cfg.head_dim;
   os << ", vocab " << cfg.vocab << "; S=" << cfg.seq << ", strategy "
-     << name_of(cfg.strategy) << ", remat " << name_of(cfg.remat) << "\n";
+     << cfg.strategy << ", remat " << name_of(cfg.remat) << "\n";
   if (cfg.attention == "mla") os << mla_line(cfg) << "\n";
   if (cfg.layer_pattern != "G") {
     os << "layers: pattern " << cfg.layer_pattern;
@@ -371,7 +328,7 @@ std::string train_plan(const Config& cfg, Topology& topo) {
     os << "\n";
   }
   if (std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo)) {
-    const Partition part(strat->partition(), cfg.seq, topo.cp().size(), train_block(cfg));
+    const Partition part(strat->partition(), cfg.seq, topo.cp().size(), exact_grain(cfg));
     if (part.padding() > 0) os << "padding: " << part.padding_note() << "\n";
   }
   if (cfg.device == Device::cuda) {
@@ -447,7 +404,7 @@ struct TrainRun {
   HostCopy host;
   TrainState state;  // resumed, or the seeded initialization at step 0
   std::unique_ptr<CpStrategy> local_strat;
-  std::unique_ptr<Numerics> num;  // deterministic=true: exact (model/numerics.hpp)
+  std::unique_ptr<Numerics> num;  // plain, or exact (model/numerics.hpp)
   Transformer model;
   const std::unique_ptr<TokenSource> src;
   // Oracle dump (modes/oracle_dump.hpp): each recorded step's state before it, its gradients, and
@@ -458,7 +415,7 @@ struct TrainRun {
       : cfg(c), topo(t), tracer(tr), on_gpu(c.device == Device::cuda), gpu(on_gpu ? &t : nullptr, &tr),
         dev(c.device), world(t.world()), cp(t.cp()), dp(t.axis(Axis::dp)), tp(tp_size(t)), DP(t.size(Axis::dp)),
         d(model_dims(c, tp, t.coord(Axis::tp))), layout(d), strat(make_strategy(c.strategy, t, c.cp_schedule())),
-        part(strat->partition(), c.seq, cp.size(), train_block(c)), pos(part.positions(cp.rank())),
+        part(strat->partition(), c.seq, cp.size(), exact_grain(c)), pos(part.positions(cp.rank())),
         peak_reset((mem_reset_peak(), true)),
         hparams(on_gpu && offloads(c, Offload::params) ? std::make_unique<HostParams>(layout, dev, gpu.stream) : nullptr),
         params(hparams ? 0 : size_t(layout.local_elems()), true, dev, gpu.stream),
@@ -469,7 +426,7 @@ struct TrainRun {
         any_offload(attach_offload()),
         host(dev, gpu.stream, size_t(layout.local_elems()), !opt.offloaded(), hparams.get()),
         state(start_state()), local_strat(make_local_strategy(c, t)),
-        num(make_numerics(c.deterministic, d, layout.local_elems(), train_block(c))),
+        num(make_numerics(c.exact, d, layout.local_elems(), exact_grain(c))),
         model(layout, t, *strat, c.remat, pos, train_docs(c), local_layers_strategy(), dev, gpu.stream,
               offloads(c, Offload::layer_inputs), offloads(c, Offload::attn_out)),
         src(make_token_source(c)), dump(c, layout, t, state.step == 0) {
@@ -477,11 +434,11 @@ struct TrainRun {
     if (hparams) model.use_weights(&hparams->view(), &hparams->mirror());
     if (dump.records(0)) record_state();
   }
-  // The local (L) layers' strategy: local_strategy's, or (deterministic=true) the main strategy's
-  // canonical schedule with the window mask, which gathers every key row as for the global layers.
+  // The local (L) layers' strategy: local_strategy's, or with exact numerics the main strategy (its
+  // schedule of the exact sums) with the window mask, which gathers every key row as for the global layers.
   CpStrategy* local_layers_strategy() {
     if (!d.has_local()) return nullptr;
-    return cfg.deterministic ? strat.get() : local_strat.get();
+    return cfg.exact ? strat.get() : local_strat.get();
   }
   // offload=params: the optimizer streams the weights with the moments.
   bool attach_offload() {
@@ -516,7 +473,7 @@ void log_train_header(const TrainRun& r, double peak) {
        "%d ranks (dp:%lld,tp:%lld,ulysses:%lld,ring:%lld), strategy %s, remat %s\n",
        (long long)d.layers, (long long)d.dim, (long long)d.ffn, (long long)cfg.heads, (long long)cfg.kv_heads,
        (long long)cfg.head_dim, (long long)d.vocab, double(d.param_count()) / 1e6, (long long)cfg.seq, r.world.size(),
-       (long long)m.dp, (long long)m.tp, (long long)m.ulysses, (long long)m.ring, name_of(cfg.strategy),
+       (long long)m.dp, (long long)m.tp, (long long)m.ulysses, (long long)m.ring, cfg.strategy.c_str(),
        name_of(cfg.remat));
   if (cfg.attention == "mla") log0("# %s\n", mla_line(cfg).c_str());
   log0("# data: %s; trace %s; peak %.1f GFLOP/s per rank (%s)\n", r.src->describe().c_str(), r.tracer.path().c_str(),
@@ -645,9 +602,9 @@ void log_train_summary(TrainRun& r, const TrainTotals& tot, int64_t first_step) 
   const bool finite = std::isfinite(tot.last_loss);
   if (r.tracer.stop_signal() != 0)
     log0("# TRUNCATED (%s after step %lld; the summary covers the completed steps): %s training on %d ranks\n",
-         signal_name(r.tracer.stop_signal()), (long long)r.tracer.stop_step(), name_of(cfg.strategy), r.world.size());
+         signal_name(r.tracer.stop_signal()), (long long)r.tracer.stop_step(), cfg.strategy.c_str(), r.world.size());
   else
-    log0("# %s: %s training on %d ranks\n", finite ? "VALID" : "INVALID (non-finite loss)", name_of(cfg.strategy),
+    log0("# %s: %s training on %d ranks\n", finite ? "VALID" : "INVALID (non-finite loss)", cfg.strategy.c_str(),
          r.world.size());
 }
 

@@ -30,20 +30,12 @@ std::string validate_workload(const Config& cfg, Topology& topo) {
   if (cfg.attention == "mla" && !(cfg.mode == Mode::bench && cfg.bench == Bench::cp))
     return std::string("config: attention = mla applies to train, bench train, bench cp and inference (its projections "
                        "make K and V); `") + name_of(cfg.mode) + "` runs attention on synthetic Q, K, V; valid here: attention=mha";
-  if (cfg.frugal && (!(cfg.mode == Mode::bench && cfg.bench == Bench::cp) || cfg.attention == "mla"))
-    return std::string("config: frugal = true applies to train and bench cp, and not yet to attention = mla's latent "
-                       "ring and all-gather; valid here: frugal=false");
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
-  if (!strat) return std::string("config: strategy = '") + name_of(cfg.strategy) + "' is not built into this binary";
-  if (cfg.frugal && !has_schedule(name_of(cfg.strategy), CpSchedule::visible))
-    return std::string("config: frugal = true: strategy = ") + name_of(cfg.strategy) +
-           " moves every key row; valid: strategy=" + strategies_with(CpSchedule::visible, "all") +
-           " (all: their frugal rows beside every plain row), or frugal=false";
-  if (cfg.deterministic && !has_schedule(name_of(cfg.strategy), CpSchedule::canonical))
-    return std::string("config: deterministic = true: strategy = ") + name_of(cfg.strategy) +
-           " has no canonical schedule; valid: strategy=" + strategies_with(CpSchedule::canonical, "all") +
-           ", or deterministic=false";
-  std::string err = make_strategy(cfg.strategy, topo, cfg.cp_schedule())->validate(attn_problem(cfg), topo);
+  if (!strat) return std::string("config: strategy = '") + cfg.strategy + "' is not built into this binary";
+  // strategy = all: bench cp runs the schedule's row of each strategy that has one beside the plain rows
+  std::string err = schedule_refusal(cfg.strategy, cfg.cp_schedule(), "all");
+  if (!err.empty()) return err;
+  err = make_strategy(cfg.strategy, topo, cfg.cp_schedule())->validate(attn_problem(cfg), topo);
   if (!err.empty()) return err;
   err = Partition::check(strat->partition(), cfg.seq, topo.cp().size());
   if (!err.empty()) return "config: " + err;
@@ -56,8 +48,8 @@ WorkloadPlan plan_workload(const Config& cfg, Topology& topo) {
   WorkloadPlan p;
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   const int P = topo.cp().size();
-  // deterministic rows run on a layout padded to whole query tiles: the larger one is planned
-  const int64_t block = cfg.deterministic ? attn_query_block(attn_problem(cfg).D) : 1;
+  // exact rows (:det) run on a layout padded to whole query tiles: the larger one is planned
+  const int64_t block = cfg.exact ? attn_query_block(attn_problem(cfg).D) : 1;
   p.partition = std::make_unique<Partition>(strat->partition(), cfg.seq, P, block);
   p.partition_name = partition_name(strat->partition());
   for (int r = 0; r < P; ++r) p.S_loc_max = std::max(p.S_loc_max, p.partition->local_size(r));
@@ -68,18 +60,18 @@ WorkloadPlan plan_workload(const Config& cfg, Topology& topo) {
   const double local = double(p.S_loc_max) *
                        (4.0 * shape.H_q * shape.D + 4.0 * shape.H_kv * shape.D + shape.H_q + 2.0 * shape.latent_width) * f;
   const double comm = 2.0 * strat->comm_volume_fwd(attn_problem(cfg), has_docs(cfg), topo);
-  // deterministic rows (cp/canonical.hpp): every K/V row gathered twice over (the packed
+  // exact rows (the strategies' schedule of exact sums): every K/V row gathered twice over (the packed
   // blocks and the position-ordered copy), the exact dK/dV of every key as 8-byte integers twice
   // (the kernel's sums and the blocks reduce-scattered), on the layout padded to whole tiles.
   const double canon =
-      cfg.deterministic
+      cfg.exact
           ? double(Partition::padded_length(strat->partition(), cfg.seq, P, attn_query_block(shape.D))) * shape.H_kv *
                 shape.D * (2.0 * 2.0 * f + 2.0 * 2.0 * sizeof(int64_t))
           : 0.0;
   p.bytes_per_rank = local + std::max(comm, canon);
   std::ostringstream os;
   os << "local tensors " << fmt_bytes(local) << " + transfer buffers " << fmt_bytes(comm);
-  if (canon > 0) os << " (deterministic rows: " << fmt_bytes(canon) << " of gathered keys and exact sums)";
+  if (canon > 0) os << " (" << schedule_key(cfg.cp_schedule()) << " rows: " << fmt_bytes(canon) << " of gathered keys and exact sums)";
   os << "; attention working set of the kernel not included";
   p.memory_note = os.str();
   return p;

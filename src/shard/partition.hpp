@@ -30,9 +30,9 @@ const char* partition_name(PartitionKind k);
 class Partition {
  public:
   // Throws UsageError with check()'s message when S < 1 or P < 1.
-  // block > 1 (deterministic=true): S rounded up to the kind's unit times block, so that every
-  // zigzag chunk (contiguous shard) is a whole number of blocks of positions (cp/canonical.hpp;
-  // for striped it only pads).
+  // block > 1 (exact numerics: Config's exact_grain): S rounded up to the kind's unit times block,
+  // so that every zigzag chunk (contiguous shard) is a whole number of blocks of positions (the
+  // exact attention schedule's layout; for striped it only pads).
   Partition(PartitionKind kind, int64_t S, int P, int64_t block = 1);
   PartitionKind kind() const { return kind_; }
   int64_t S() const { return S_; }                 // real tokens

@@ -445,7 +445,7 @@ struct Tracer::Impl {
     w.attr(R, "start_time_utc", trace_detail::iso8601_utc(int64_t(std::time(nullptr))));
     w.attr(R, "mode", mode_label);
     w.attr(R, "bench", name_of(cfg.bench));
-    w.attr(R, "strategy", name_of(cfg.strategy));
+    w.attr(R, "strategy", cfg.strategy);
     w.attr(R, "mesh", cfg.mesh);
     w.attr(R, "flop_convention", kFlopConvention);
     w.attr(R, "peak_flops_per_rank", peak_flops_per_rank);

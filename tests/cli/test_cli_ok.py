@@ -36,10 +36,10 @@ expect("strategy" in text and "allgather|ulysses|ring|usp" in text, "--help list
 rc, text = run(2, ["--features"])
 rows = [l.split() for l in text.splitlines() if l and not l.startswith("#")]
 expect(rc == 0 and text.count("# CP strategies") == 1, "--features prints its table once and exits 0", text)
-expect(rows and rows[0][0] == "strategy" and len(rows) == 15 and
+expect(rows and rows[0][0] == "strategy" and len(rows) == 16 and
        {r[0] for r in rows[1:]} == {"allgather", "ulysses", "ring", "usp", "halo", "pass_q", "decode_pass_q",
                                     "decode_allgather"},
-       "--features: a header and one row per registry row (14), every strategy named", text)
+       "--features: a header and one row per registry row (15), every strategy named", text)
 
 rc, text = run(2, ["run", "seq=8K", "--strategy=allgather", "--print-config", "out=" + out])
 expect(rc == 0, "--print-config exits 0", text)

@@ -72,6 +72,7 @@ Config tiny_config(const Heads& h, const std::string& pattern = "G", const std::
   if (attention == "mla")
     for (const char* x : {"q_lora_rank=16", "kv_lora_rank=24", "qk_nope_head_dim=8", "qk_rope_head_dim=8", "v_head_dim=8"})
       kv.push_back(x);
+  state_strategy_choices();  // the registry's strategy names, as the program states them
   return parse_config("", "(test)", kv);
 }
 

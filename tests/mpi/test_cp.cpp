@@ -540,8 +540,9 @@ TEST(CpRegistry, NamesInConfigOrderAndUnknownIsNull) {
   EXPECT_EQ(local_strategy_names(), local);
 }
 
-// A schedule is a registry row of its own: every training strategy has a deterministic one, the
-// all-gather and the ring a frugal one, nothing else does; a schedule's strategy reports the
+// A schedule is a registry row of its own: every training strategy has a canonical one, the
+// all-gather and the ring a visible-keys one, pass_q (the inference engine's exact) a canonical one,
+// nothing else does; a schedule's strategy reports the
 // plain strategy's name and partition, and a missing row builds nothing.
 TEST(CpRegistry, SchedulesAreRowsOfTheirOwn) {
   Topology& topo = topology(mesh_for("ring", world().size()));
@@ -561,14 +562,21 @@ TEST(CpRegistry, SchedulesAreRowsOfTheirOwn) {
       EXPECT_EQ(x->partition(), make_strategy(n, topo)->partition()) << n;
     }
   }
-  for (const std::string& n : inference_strategy_names()) {
-    EXPECT_FALSE(has_schedule(n, CpSchedule::canonical)) << n;
+  for (const std::string& n : inference_strategy_names()) {  // pass_q's: the engine's with exact numerics
+    EXPECT_EQ(has_schedule(n, CpSchedule::canonical), n == "pass_q") << n;
     EXPECT_FALSE(has_schedule(n, CpSchedule::visible)) << n;
   }
   EXPECT_FALSE(has_schedule("halo", CpSchedule::visible));
   EXPECT_EQ(make_strategy("bogus", topo, CpSchedule::canonical), nullptr);
   EXPECT_EQ(strategies_with(CpSchedule::canonical), "allgather, ulysses, ring or usp");
   EXPECT_EQ(strategies_with(CpSchedule::visible, "all"), "allgather, ring or all");
+  // the configuration's schedule refused once, by the registry, naming the setting and what serves it
+  EXPECT_EQ(schedule_refusal("ring", CpSchedule::visible), "");
+  EXPECT_EQ(schedule_refusal("usp", CpSchedule::canonical), "");
+  const std::string v = schedule_refusal("ulysses", CpSchedule::visible, "all");
+  EXPECT_EQ(v.rfind("config: frugal = true: strategy = ulysses", 0), 0u) << v;
+  EXPECT_NE(v.find("valid: strategy=allgather, ring or all, or frugal=false"), std::string::npos) << v;
+  EXPECT_EQ(schedule_key(CpSchedule::canonical) + schedule_suffix(CpSchedule::canonical), "deterministic:det");
 }
 
 // Every registry row's claims (cp/strategy.hpp StrategyRow) against the strategy's own answers:
@@ -578,7 +586,7 @@ TEST(CpRegistry, SchedulesAreRowsOfTheirOwn) {
 // the latent call, an inference row (MLA's absorbed attention) accepts a one-K/V-head call.
 TEST(CpRegistry, RowsStateWhatTheStrategiesDo) {
   const int P = world().size();
-  ASSERT_EQ(strategy_rows().size(), 14u);
+  ASSERT_EQ(strategy_rows().size(), 15u);
   for (const StrategyRow& r : strategy_rows()) {
     Topology& topo = topology(mesh_for(r.name, P));
     std::unique_ptr<CpStrategy> s = make_strategy(r.name, topo, r.schedule);

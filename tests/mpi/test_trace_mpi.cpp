@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "cp/strategy.hpp"
 #include "core/error.hpp"
 #include "dist/topology.hpp"
 #include "mpi_test_env.hpp"
@@ -40,6 +41,7 @@ MeshSpec test_mesh(int P) {
 
 Config test_config(int64_t warmup) {
   // The watchdog turns a hang (e.g. ranks disagreeing about stopping) into a quick failure.
+  state_strategy_choices();  // the registry's strategy names, as the program states them
   Config cfg = parse_config("", "test", {"warmup=" + std::to_string(warmup), "watchdog_s=60"});
   return cfg;
 }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "cp/strategy.hpp"
 #include "dist/topology.hpp"
 #include "mpi_test_env.hpp"
 #include "trace/trace.hpp"
@@ -57,6 +58,7 @@ TEST(TraceFixture, Run) {
   const int hang_rank = std::stoi(env("CTXPAR_FIXTURE_RANK", std::to_string(P - 1)));
   const std::string pid_dir = env("CTXPAR_FIXTURE_PIDDIR", "");
 
+  state_strategy_choices();  // the registry's strategy names, as the program states them
   Config cfg = parse_config("", "fixture",
                             {"warmup=" + env("CTXPAR_FIXTURE_WARMUP", "1"),
                              "watchdog_s=" + env("CTXPAR_FIXTURE_WATCHDOG_S", "0"),

@@ -4,10 +4,14 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "cp/strategy.hpp"
 
 using namespace ctxpar;
 
 namespace {
+// The program states the registry's strategy names before it parses (app/startup.cpp); so do these tests.
+[[maybe_unused]] const bool kChoicesStated = (state_strategy_choices(), true);
+
 std::string error_of(const std::string& toml, const std::vector<std::string>& args, int world = 4) {
   try {
     Config c = parse_config(toml, "test.toml", args);
@@ -23,8 +27,22 @@ TEST(Config, DefaultsComeFromTheTable) {
   Config c = parse_config("", "", {});
   for (const Field& f : config_fields()) EXPECT_EQ(field_text(c, f), field_text(parse_config("", "", {}), f));
   EXPECT_EQ(c.seq, 4096);
-  EXPECT_STREQ(name_of(c.strategy), "ring");
+  EXPECT_EQ(c.strategy, "ring");
   EXPECT_FALSE(c.csv);
+}
+
+// The strategy fields take the names the program states (the registry's); before it states any,
+// parsing refuses every name rather than letting one through unchecked.
+TEST(Config, StrategyNamesComeFromTheProgram) {
+  const StrategyChoices held = strategy_choices();
+  EXPECT_EQ(error_of("", {"strategy=usp", "local_strategy=halo"}), "");
+  set_strategy_choices({{"ring", "spiral"}, {"halo", "spiral"}});  // the defaults are ring and halo
+  EXPECT_EQ(error_of("", {"strategy=spiral", "local_strategy=spiral"}), "");
+  EXPECT_NE(error_of("", {"strategy=usp"}).find("one of: ring, spiral, auto, all"), std::string::npos);
+  EXPECT_NE(help_text().find("{ring|spiral|auto|all}"), std::string::npos);
+  set_strategy_choices({});
+  EXPECT_NE(error_of("", {}).find("stated none"), std::string::npos);
+  set_strategy_choices(held);
 }
 
 TEST(Config, SizesAcceptBinarySuffixes) {
@@ -45,7 +63,7 @@ TEST(Config, OverridesInBothFormsAndAfterToml) {
                           {"seq=8K", "--heads=16"});
   EXPECT_EQ(c.seq, 8192);      // command line wins over the file
   EXPECT_EQ(c.heads, 16);
-  EXPECT_STREQ(name_of(c.strategy), "allgather");
+  EXPECT_EQ(c.strategy, "allgather");
   EXPECT_DOUBLE_EQ(c.watchdog_s, 5.5);
   EXPECT_TRUE(c.csv);
 }

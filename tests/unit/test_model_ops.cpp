@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "cp/strategy.hpp"
 #include "core/random.hpp"
 #include "cpu/tile_ops.hpp"
 #include "model/data.hpp"
@@ -411,6 +412,7 @@ TEST(ModelOps, SumSquaresDoesNotDependOnThreads) {
 }
 
 Config tiny_config() {
+  state_strategy_choices();  // the registry's strategy names, as the program states them
   Config c = parse_config("", "", {"layers=2", "dim=32", "ffn_dim=48", "heads=4", "kv_heads=2", "head_dim=8",
                                    "vocab=40", "seq=64"});
   return c;

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "core/config.hpp"
+#include "cp/strategy.hpp"
 #include "core/memory.hpp"
 #include "io/h5_trace.hpp"
 #include "io/output_lock.hpp"
@@ -31,6 +32,7 @@ struct TmpDir {
 };
 
 Config config_of(Mode mode, const std::vector<std::string>& args, Bench bench = Bench::none) {
+  state_strategy_choices();  // the registry's strategy names, as the program states them
   Config c = parse_config("", "test", args);
   c.mode = mode;
   c.bench = bench;
