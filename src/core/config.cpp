@@ -129,7 +129,7 @@ const std::vector<Field>& config_fields() {
       {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7},
       {"mem_per_rank", &Config::mem_per_rank, "0", "host memory a rank may use, checked against the plan before anything is allocated (0 = this node's available memory, or its cgroup limit, shared by its ranks)", {}, 0, 9.2e18},
       {"csv", &Config::csv, "false", "bench: print CSV instead of a table", {}},
-      {"frugal", &Config::visible_keys, "false", "train, bench train, bench cp, predict: the all-gather and the ring send a rank only the key/value rows some query there can see (the causal future, other documents and rows beyond a window stay home; dK/dV return the same way); other strategies refuse it", {}},
+      {"frugal", &Config::visible_keys, "false", "train, bench train, bench cp: the all-gather and the ring send a rank only the key/value rows some query there can see (the causal future, other documents and rows beyond a window stay home; dK/dV return the same way); other strategies refuse it", {}},
       {"save_logits", &Config::save_logits, "false", "prefill, decode, chat: write /infer/logits [calls, batch, vocab] (fp32 values stored as float64, the last position of every sequence after each call) and /infer/tokens [batch, tokens] (every token fed, in call order: chat's conversation; -1 after a sequence's end) and /infer/context [calls, batch] (each sequence's context length after the call) to the output file, to compare devices and meshes or replay in another framework", {}},
       {"cpu_check", &Config::cpu_check, "true", "attn with device=cuda: also run the call on the CPU with the same bf16-rounded inputs and report the largest difference per tensor (log line and output attributes cpu_check_*)", {}},
       {"deterministic", &Config::exact, "false", "results whose bits do not depend on the number of CP, tp or dp ranks, the strategy or the threads: train and bench train (losses, gradients, checkpoints; GEMMs whose rows do not depend on the shard, every sum over tokens and over tp exact; the attention's canonical schedule: every rank attends to all keys in position order, dK/dV summed exactly, the layout padded to whole blocks of deterministic_block; bench train prints the plain and the deterministic schedule and the slowdown), prefill, decode and chat (logits and generated tokens: the keys stay, the query rows are all-gathered, attention as exact sums, whatever cp_algo and decode_algo say; slow, a correctness schedule), bench cp (rows <name>:det beside the plain ones) and bench infer (a table of the exact schedule against the plain one per CP size, its logits bit-compared with CP = 1's). Gated DeltaNet layers (training: gdn_schedule=ring and gdn_chunk dividing deterministic_block; inference: a prompt's recurrence as one call on every rank, any length). K/V heads replicated over ulysses or tp ranks with deterministic_heads. MLA (its canonical schedule moves the expanded K/V; bench cp's <name>:det rows too). Not yet the GPU", {}},
@@ -588,9 +588,10 @@ void validate_config(const Config& c, int world_size) {
   if (c.attention == "mla" && c.device != Device::cpu)
     throw UsageError("config: attention = mla with device = cuda: MLA's latent K/V run on the CPU only so far; "
                      "valid: attention=mha, or device=cpu");
-  if (c.visible_keys && !(train_mode || bench_cp || c.mode == Mode::predict))
-    throw UsageError("config: frugal = true applies to train, bench train, bench cp and predict; valid here: frugal=false");
-  if (c.visible_keys && c.attention == "mla" && c.mode != Mode::predict)
+  if (c.visible_keys && !(train_mode || bench_cp))
+    throw UsageError("config: frugal = true applies to train, bench train and bench cp; valid here: frugal=false");
+  // (bench cp strategy=all runs the visible rows on MLA's expanded K/V beside the latent rows)
+  if (c.visible_keys && c.attention == "mla" && !(bench_cp && c.strategy == "all"))
     throw UsageError("config: frugal = true with attention = mla: the latent ring and all-gather move every row so far; "
                      "valid: frugal=false");
   if (c.visible_keys && c.device != Device::cpu)

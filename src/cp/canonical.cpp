@@ -112,14 +112,11 @@ std::string check_canonical(const AttnParams& t) {
   return "";
 }
 
-namespace {
-// A device call is the caller's mistake, not a broken invariant: refused with std::invalid_argument.
 void refuse_device_call(const AttnParams& t) {
   if (t.device != Device::cpu)
     throw std::invalid_argument(std::string("deterministic = true on device = ") + name_of(t.device) +
                                 ": CPU only so far");
 }
-}  // namespace
 
 void canonical_fwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
   refuse_device_call(t);
@@ -288,6 +285,7 @@ class CanonicalInfer final : public ScheduleOf {
   explicit CanonicalInfer(Topology& topo) : ScheduleOf(make_pass_q_strategy(topo)), comm_(topo.cp()) {}
   bool has_backward() const override { return false; }
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    cp::refuse_device_call(local);
     cp::canonical_infer_fwd(comm_, local, tr, st);
   }
   void backward(const AttnParams&, Tracer*, CpStats&) override {

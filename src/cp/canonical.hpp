@@ -38,6 +38,9 @@ namespace cp {
 
 // "" when `t` can run the canonical schedule, else why not.
 std::string check_canonical(const AttnParams& t);
+// A device call (the schedule runs on the CPU only so far) is the caller's mistake, not a broken
+// invariant: refused with std::invalid_argument before anything moves.
+void refuse_device_call(const AttnParams& t);
 
 // ring_hops: gather by P - 1 ring hops (ring) instead of one all-gather (allgather). A null
 // communicator: this rank's rows are all the keys (ulysses, after its all-to-all; one rank).

@@ -39,10 +39,12 @@ class CanonicalUlysses final : public ScheduleOf {
     return e;
   }
   void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    cp::refuse_device_call(local);  // before the all-to-all moves anything
     cp::ulysses_fwd(ulysses_, local, [&](const AttnParams& a) { cp::canonical_fwd(ring_, a, /*ring_hops=*/true, tr, st); },
                     tr, st);
   }
   void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+    cp::refuse_device_call(local);
     const cp::UlyssesInner inner = [&](const AttnParams& a) { cp::canonical_bwd(ring_, a, /*ring_hops=*/true, tr, st); };
     if (cp::head_split(local.H_kv, ulysses_.size()).replicated() || local.dk_fixed)
       cp::ulysses_bwd_exact(ulysses_, local, inner, tr, st);

@@ -83,6 +83,7 @@ CASES = [
     ("frugal with ulysses", ["train", "frugal=true", "strategy=ulysses"], "frugal = true"),
     ("bench cp frugal with usp", ["bench", "cp", "frugal=true", "strategy=usp"], "frugal = true"),
     ("frugal in a mode that moves no keys by it", ["prefill", "frugal=true"], "frugal = true applies to"),
+    ("frugal in predict, which prices the plain schedules", ["predict", "frugal=true"], "frugal = true applies to"),
     ("frugal with MLA", ["train", "frugal=true", "attention=mla"], "frugal = true with attention = mla"),
     ("local strategy not in the registry", ["train", "local_strategy=pass_q"], "one of: halo, allgather"),
     ("deterministic in bench attn", ["bench", "attn", "deterministic=true"], "deterministic = true applies to"),

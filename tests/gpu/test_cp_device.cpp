@@ -481,9 +481,9 @@ TEST(CpDevice, RefusesWhatItCannotRun) {
   EXPECT_EQ(cp::device_call_error("ring", device_topology().cp(), a), "");
   {  // the deterministic and frugal schedules are CPU only: refused, not run on device memory
     CpStats st;
-    for (const char* name : {"ring", "allgather"})
-    for (CpSchedule sched : {CpSchedule::canonical, CpSchedule::visible}) {
-      std::unique_ptr<CpStrategy> s = make_strategy(name, device_topology(), sched);
+    for (const StrategyRow& r : strategy_rows()) {  // every row that does not claim device = cuda
+      if (r.cuda) continue;
+      std::unique_ptr<CpStrategy> s = make_strategy(r.name, device_topology(), r.schedule);
       try {
         s->forward(a, nullptr, st);
         ADD_FAILURE() << "a device call of a CPU-only schedule was not refused";
