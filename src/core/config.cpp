@@ -6,6 +6,7 @@
 #include <cmath>
 #include <iomanip>
 #include <numeric>
+#include <span>
 #include <sstream>
 #include <toml.hpp>
 
@@ -56,6 +57,9 @@ std::string check_docs(const Config& c) {
   return "";
 }
 
+// The values of `strategy` beside the registry's training names.
+constexpr const char* kStrategyKeywords[] = {"auto", "all"};
+
 StrategyChoices& choices_held() {
   static StrategyChoices held;
   return held;
@@ -63,7 +67,7 @@ StrategyChoices& choices_held() {
 
 // "" when `v` is one of `names` or `more`, else what would be valid ("one of: a, b, c").
 std::string choice_error(const std::string& v, const std::vector<std::string>& names,
-                         std::initializer_list<const char*> more) {
+                         std::span<const char* const> more) {
   std::vector<std::string_view> all(names.begin(), names.end());
   all.insert(all.end(), more.begin(), more.end());
   if (std::find(all.begin(), all.end(), std::string_view(v)) != all.end()) return "";
@@ -77,7 +81,7 @@ std::vector<std::string_view> help_choices(const Field& f) {
   if (f.name == "local_strategy") return {sc.local.begin(), sc.local.end()};
   if (f.name != "strategy") return f.choices;
   std::vector<std::string_view> c(sc.training.begin(), sc.training.end());
-  c.insert(c.end(), {"auto", "all"});
+  c.insert(c.end(), std::begin(kStrategyKeywords), std::end(kStrategyKeywords));
   return c;
 }
 
@@ -141,7 +145,7 @@ const std::vector<Field>& config_fields() {
       {"kv_heads", &Config::kv_heads, "8", "H_kv: key/value heads (divides heads; 1 = MQA)", {}, 1, 65536},
       {"head_dim", &Config::head_dim, "64", "D: head dimension", {}, 1, 256},
       {"strategy", &Config::strategy, "ring", "CP attention strategy: a training row of `ctxpar --features` (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)", {}, 0, -1,
-       [](const Config& c) { return choice_error(c.strategy, strategy_choices().training, {"auto", "all"}); }},
+       [](const Config& c) { return choice_error(c.strategy, strategy_choices().training, kStrategyKeywords); }},
       enum_field<&Config::partition>("partition", kPartitionNames, "zigzag", "token partition assumed by predict (the executed strategies always shard zigzag)"),
       enum_field<&Config::mask>("mask", kMaskNames, "causal", "attention mask"),
       {"window", &Config::window, "0", "sliding window in tokens: of mask=window, and of the local (L) layers of layer_pattern", {}, 0, 1ll << 40},
@@ -688,7 +692,8 @@ std::string help_text() {
   size_t dw = 0;
   for (const Field& f : config_fields()) dw = std::max(dw, std::min<size_t>(18, f.def.empty() ? 2 : f.def.size()));
   for (const Field& f : config_fields()) {
-    const char* type = std::visit(
+    const std::vector<std::string_view> choices = help_choices(f);  // the strategy fields: the registry's names
+    const char* type = !choices.empty() ? "choice" : std::visit(
         [](auto m) -> const char* {
           using T = typename MemberType<decltype(m)>::type;
           if constexpr (std::is_same_v<T, int64_t>) return "int";
@@ -698,11 +703,10 @@ std::string help_text() {
           else return "string";
         },
         f.member);
-    if (f.name == "strategy" || f.name == "local_strategy") type = "choice";  // of the registry's names
     const std::string def = f.def.empty() ? "\"\"" : std::string(f.def);
     os << "  " << std::left << std::setw(w) << f.name << std::setw(7) << type << std::setw(int(dw) + 1)
        << (def.size() > dw ? def + " " : def) << f.help;
-    if (const std::vector<std::string_view> c = help_choices(f); !c.empty()) os << " {" << join(c, "|") << "}";
+    if (!choices.empty()) os << " {" << join(choices, "|") << "}";
     os << "\n";
   }
   return os.str();

@@ -56,8 +56,9 @@ std::vector<std::string> names_where(StrategyUse use, CpSchedule sched = plain) 
 }
 
 const char* use_name(StrategyUse u) { return u == training ? "training" : u == inference ? "inference" : "local"; }
-const char* schedule_name(CpSchedule s) {
-  return s == plain ? "plain" : s == canonical ? "canonical (deterministic=true)" : "visible keys (frugal=true)";
+std::string schedule_name(CpSchedule s) {  // e.g. "canonical (deterministic=true)"
+  if (s == plain) return "plain";
+  return std::string(s == canonical ? "canonical" : "visible keys") + " (" + schedule_key(s) + "=true)";
 }
 const char* mla_name(MlaSupport m) {
   return m == latent ? "moves the latent" : m == expanded ? "expanded K/V" : m == refused ? "refused" : "absorbed";
@@ -144,7 +145,7 @@ std::string strategy_features_table() {
                 "mla", "device=cuda");
   out += line;
   for (const StrategyRow& r : strategy_rows()) {
-    std::snprintf(line, sizeof line, "%-17s %-31s %-10s %-10s %-17s %s\n", r.name, schedule_name(r.schedule),
+    std::snprintf(line, sizeof line, "%-17s %-31s %-10s %-10s %-17s %s\n", r.name, schedule_name(r.schedule).c_str(),
                   use_name(r.use), partition_name(r.partition), mla_name(r.mla), r.cuda ? "yes" : "no");
     out += line;
   }

@@ -122,7 +122,10 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
   w.remat = cfg.remat;
   w.partition = PartitionKind::zigzag;
   const ModelShape m = model_shape(cfg);
-  // The registry's training strategies; the cost model calls the full prefill's ring pass_kv.
+  // The registry's training strategies; the cost model calls the full prefill's ring pass_kv. A
+  // configured schedule (the visible keys': the strategies that move just the visible rows, priced
+  // as the plain ones, an upper bound): only the strategies with a row of it are candidates.
+  const CpSchedule sched = cfg.cp_schedule();
   std::vector<StrategyPrediction> preds;
   for (const std::string& run_name : strategy_names()) {
     StrategyPrediction p = predict(m, hw, mesh, w, infer && run_name == "ring" ? "pass_kv" : run_name);
@@ -130,9 +133,6 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
     // mesh it is not a candidate of its own.
     if (run_name == "usp" && (mesh.ulysses < 2 || mesh.ring < 2) && p.invalid.empty())
       p.invalid = std::string("the same as ") + (mesh.ulysses < 2 ? "ring" : "ulysses") + " on this mesh";
-    // A configured schedule (the visible keys': the strategies that move just the visible rows,
-    // priced as the plain ones, an upper bound): only the strategies with a row of it are candidates.
-    const CpSchedule sched = cfg.cp_schedule();
     if (sched != CpSchedule::plain && p.invalid.empty() && !has_schedule(run_name, sched))
       p.invalid = "moves every key row (" + schedule_key(sched) + " = true)";
     p.strategy = run_name;
