@@ -40,6 +40,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
+#include "cp/strategy.hpp"
 #include "dist/comm.hpp"
 #include "dist/topology.hpp"
 #include "io/atomic_file.hpp"
@@ -310,7 +311,7 @@ double calibrate_memory(const Config& cfg, Topology& topo) {
   // 4096-token blocks: priced as training the configured model with 4096 tokens per rank.
   Config c = cfg;
   c.seq = 4096 * int64_t(topo.cp().size());
-  c.strategy = "ring";
+  c.strategy = training_row(CommPattern::kv_ring)->name;
   c.remat = Remat::none;
   c.checkpoint_every = 0;
   c.dump_init.clear();

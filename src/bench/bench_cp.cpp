@@ -232,9 +232,10 @@ std::vector<RowKind> row_kinds(const Config& cfg, Topology& topo, bool mla) {
   // the configured one: at long S one strategy's forward + backward takes minutes on a CPU.
   std::vector<std::string> names = {cfg.strategy};
   if (cfg.strategy == "all") names = strategy_names();
-  // A sliding window (a local layer's attention): the halo exchange first, beside the configured
-  // strategies (the ring by default), which move every block past every rank.
-  if (cfg.mask == MaskKind::window) names.insert(names.begin(), "halo");
+  // A sliding window (a local layer's attention): the registry's local row (the halo exchange)
+  // first, beside the configured strategies (the ring by default), which move every block past
+  // every rank.
+  if (cfg.mask == MaskKind::window) names.insert(names.begin(), local_strategy_names().front());
   std::vector<RowKind> rows;
   for (const std::string& name : names) {
     const std::unique_ptr<CpStrategy> s = make_strategy(name, topo);

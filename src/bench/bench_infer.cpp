@@ -166,8 +166,9 @@ int exact_table(BenchContext& ctx, const Check& check, const std::vector<int32_t
     Comm& ccp = m.topo->cp();
     const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}, {PhaseKind::decode, iters + 1}};
     const int64_t cap = cache_capacity_tokens(sched, c);
-    Engine plain(*m.layout, m.params.data(), *m.topo, 1, cap, "ring", Device::cpu, nullptr);
-    Engine exact(*m.layout, m.params.data(), *m.topo, 1, cap, "ring", Device::cpu, nullptr);
+    const char* full = prefill_row(CpAlgoSetting::pass_kv).name;
+    Engine plain(*m.layout, m.params.data(), *m.topo, 1, cap, full, Device::cpu, nullptr);
+    Engine exact(*m.layout, m.params.data(), *m.topo, 1, cap, full, Device::cpu, nullptr);
     ExactNumerics exact_sums(m.layout->dims(), /*grad_elems=*/0, /*block=*/1);
     exact.use_numerics(exact_sums, cfg.cp_schedule());
     Engine* eng[2] = {&plain, &exact};
@@ -406,8 +407,8 @@ struct InferBench {
       if (on_gpu) gpu.attach(*sub.topo);  // its communicators on the GPU too (released with it)
       Comm& ccp = sub.topo->cp();
       const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}, {PhaseKind::decode, iters + 1}};
-      Engine eng(*sub.layout, sub.params.data(), *sub.topo, cfg.batch, cache_capacity_tokens(sched, c), "ring", cfg.device,
-                 gpu.stream);
+      Engine eng(*sub.layout, sub.params.data(), *sub.topo, cfg.batch, cache_capacity_tokens(sched, c),
+                 prefill_row(CpAlgoSetting::pass_kv).name, cfg.device, gpu.stream);
       CallStats st;
       std::vector<std::vector<int32_t>> prompt(size_t(cfg.batch), seq_tokens);
       const std::vector<int32_t> first = eng.prefill(prompt, CpAlgo::pass_kv, nullptr, st).next_tokens;

@@ -85,6 +85,14 @@ std::vector<std::string_view> help_choices(const Field& f) {
   return c;
 }
 
+// A field's default as text: its own, or (the strategy fields) the one the program stated.
+std::string field_default(const Field& f) {
+  const StrategyChoices& sc = strategy_choices();
+  if (f.name == "strategy") return sc.training_default;
+  if (f.name == "local_strategy") return sc.local_default;
+  return std::string(f.def);
+}
+
 // An enumerated field: its choices and their enum values from the setting's name table.
 template <auto M, class E, size_t N>
 Field enum_field(std::string_view name, const EnumName<E> (&names)[N], std::string_view def, std::string_view help) {
@@ -144,7 +152,7 @@ const std::vector<Field>& config_fields() {
       {"heads", &Config::heads, "8", "H_q: query heads", {}, 1, 65536},
       {"kv_heads", &Config::kv_heads, "8", "H_kv: key/value heads (divides heads; 1 = MQA)", {}, 1, 65536},
       {"head_dim", &Config::head_dim, "64", "D: head dimension", {}, 1, 256},
-      {"strategy", &Config::strategy, "ring", "CP attention strategy: a training row of `ctxpar --features` (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)", {}, 0, -1,
+      {"strategy", &Config::strategy, "", "CP attention strategy: a training row of `ctxpar --features` (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)", {}, 0, -1,
        [](const Config& c) { return choice_error(c.strategy, strategy_choices().training, kStrategyKeywords); }},
       enum_field<&Config::partition>("partition", kPartitionNames, "zigzag", "token partition assumed by predict (the executed strategies always shard zigzag)"),
       enum_field<&Config::mask>("mask", kMaskNames, "causal", "attention mask"),
@@ -177,7 +185,7 @@ const std::vector<Field>& config_fields() {
                     "' is not a layer kind";
          return "";
        }},
-      {"local_strategy", &Config::local_strategy, "halo", "train: CP strategy of the local (L) layers: halo (fetches only the window's keys from the neighbouring chunks) or a training strategy", {}, 0, -1,
+      {"local_strategy", &Config::local_strategy, "", "train: CP strategy of the local (L) layers: halo (fetches only the window's keys from the neighbouring chunks) or a training strategy", {}, 0, -1,
        [](const Config& c) { return choice_error(c.local_strategy, strategy_choices().local, {}); }},
       {"attention", &Config::attention, "mha", "train, inference, bench cp/train/infer: attention layers: mha (Q, K, V projections; GQA by kv_heads) or mla (DeepSeek-V2/V3 multi-head latent attention: q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; head_dim and kv_heads unused; ring and allgather move the latent, inference attends over a latent cache)", {}, 0, -1,
        [](const Config& c) -> std::string { return c.attention == "mha" || c.attention == "mla" ? "" : "mha or mla"; }},
@@ -433,7 +441,7 @@ static std::string toml_value_text(const toml::value& v) {
 Config parse_config(const std::string& toml_text, const std::string& toml_name,
                     const std::vector<std::string>& overrides) {
   Config c{};
-  for (const Field& f : config_fields()) set_field(c, f, std::string(f.def), "default");
+  for (const Field& f : config_fields()) set_field(c, f, field_default(f), "default");
   if (!toml_text.empty()) {
     if (const std::string nest = toml_nesting_error(toml_text); !nest.empty())
       throw UsageError("config: " + toml_name + ": " + nest + "; valid: a flat TOML file of key = value lines");
@@ -690,7 +698,8 @@ std::string help_text() {
   const int w = name_width();
   // Defaults up to 18 characters get their own column; a longer one (schedule) ends with a space.
   size_t dw = 0;
-  for (const Field& f : config_fields()) dw = std::max(dw, std::min<size_t>(18, f.def.empty() ? 2 : f.def.size()));
+  for (const Field& f : config_fields())
+    dw = std::max(dw, std::min<size_t>(18, std::max<size_t>(2, field_default(f).size())));
   for (const Field& f : config_fields()) {
     const std::vector<std::string_view> choices = help_choices(f);  // the strategy fields: the registry's names
     const char* type = !choices.empty() ? "choice" : std::visit(
@@ -703,7 +712,7 @@ std::string help_text() {
           else return "string";
         },
         f.member);
-    const std::string def = f.def.empty() ? "\"\"" : std::string(f.def);
+    const std::string def = field_default(f).empty() ? "\"\"" : field_default(f);
     os << "  " << std::left << std::setw(w) << f.name << std::setw(7) << type << std::setw(int(dw) + 1)
        << (def.size() > dw ? def + " " : def) << f.help;
     if (!choices.empty()) os << " {" << join(choices, "|") << "}";

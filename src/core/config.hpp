@@ -160,10 +160,12 @@ const std::vector<Field>& config_fields();
 // The CP strategies a configuration may name come from the registry (src/cp/registry.cpp), which
 // core does not link: the program states them before it parses a configuration (main.cpp and
 // app/startup.cpp's check_startup, from strategy_names() and local_strategy_names()). `strategy` takes a training
-// one, auto or all; `local_strategy` a local one. Until they are stated, parsing refuses every
-// name of both fields (a program that skipped this step fails at once, and loudly).
+// one, auto or all; `local_strategy` a local one; the registry states their defaults too. Until
+// they are stated, parsing refuses every name of both fields (a program that skipped this step
+// fails at once, and loudly).
 struct StrategyChoices {
   std::vector<std::string> training, local;
+  std::string training_default, local_default;  // the fields' defaults (one of each list)
 };
 void set_strategy_choices(StrategyChoices choices);
 const StrategyChoices& strategy_choices();

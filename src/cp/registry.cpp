@@ -23,24 +23,31 @@ constexpr StrategyUse training = StrategyUse::training, inference = StrategyUse:
 constexpr PartitionKind zigzag = PartitionKind::zigzag, contiguous = PartitionKind::contiguous;
 constexpr MlaSupport latent = MlaSupport::latent, expanded = MlaSupport::expanded, refused = MlaSupport::refused,
                      absorbed = MlaSupport::absorbed;
-// name, schedule, use, partition, MLA, device = cuda; the factory
+constexpr CommPattern gather = CommPattern::gather, heads = CommPattern::heads, heads_ring = CommPattern::heads_ring,
+                      kv_ring = CommPattern::kv_ring, q_ring = CommPattern::q_ring, window = CommPattern::window,
+                      decode = CommPattern::decode;
+// name, schedule, use, partition, MLA, device = cuda, messages; the factory
 const Entry kStrategies[] = {
-    {{"allgather", plain, training, zigzag, latent, true}, make_allgather_strategy},
-    {{"allgather", canonical, training, zigzag, expanded, false}, make_canonical_allgather_strategy},
-    {{"allgather", visible, training, zigzag, expanded, false}, make_visible_allgather_strategy},
-    {{"ulysses", plain, training, zigzag, refused, true}, make_ulysses_strategy},
-    {{"ulysses", canonical, training, zigzag, refused, false}, make_canonical_ulysses_strategy},
-    {{"ring", plain, training, zigzag, latent, true}, make_ring_strategy},
-    {{"ring", canonical, training, zigzag, expanded, false}, make_canonical_ring_strategy},
-    {{"ring", visible, training, zigzag, expanded, false}, make_visible_ring_strategy},
-    {{"usp", plain, training, zigzag, refused, true}, make_usp_strategy},
-    {{"usp", canonical, training, zigzag, refused, false}, make_canonical_usp_strategy},
-    {{"halo", plain, local, zigzag, expanded, true}, make_halo_strategy},
-    {{"pass_q", plain, inference, zigzag, absorbed, true}, make_pass_q_strategy},
-    {{"pass_q", canonical, inference, zigzag, absorbed, false}, make_canonical_pass_q_strategy},
-    {{"decode_pass_q", plain, inference, contiguous, absorbed, true}, make_decode_pass_q_strategy},
-    {{"decode_allgather", plain, inference, contiguous, absorbed, true}, make_decode_allgather_strategy},
+    {{"allgather", plain, training, zigzag, latent, true, gather}, make_allgather_strategy},
+    {{"allgather", canonical, training, zigzag, expanded, false, gather}, make_canonical_allgather_strategy},
+    {{"allgather", visible, training, zigzag, expanded, false, gather}, make_visible_allgather_strategy},
+    {{"ulysses", plain, training, zigzag, refused, true, heads}, make_ulysses_strategy},
+    {{"ulysses", canonical, training, zigzag, refused, false, heads}, make_canonical_ulysses_strategy},
+    {{"ring", plain, training, zigzag, latent, true, kv_ring}, make_ring_strategy},
+    {{"ring", canonical, training, zigzag, expanded, false, kv_ring}, make_canonical_ring_strategy},
+    {{"ring", visible, training, zigzag, expanded, false, kv_ring}, make_visible_ring_strategy},
+    {{"usp", plain, training, zigzag, refused, true, heads_ring}, make_usp_strategy},
+    {{"usp", canonical, training, zigzag, refused, false, heads_ring}, make_canonical_usp_strategy},
+    {{"halo", plain, local, zigzag, expanded, true, window}, make_halo_strategy},
+    {{"pass_q", plain, inference, zigzag, absorbed, true, q_ring}, make_pass_q_strategy},
+    {{"pass_q", canonical, inference, zigzag, absorbed, false, q_ring}, make_canonical_pass_q_strategy},
+    {{"decode_pass_q", plain, inference, contiguous, absorbed, true, decode}, make_decode_pass_q_strategy},
+    {{"decode_allgather", plain, inference, contiguous, absorbed, true, decode}, make_decode_allgather_strategy},
 };
+// The inference engine's rows by the settings that select them (the engine's cache rows: the
+// ring's row serves a pass-KV prefill over the cache, S_k >= S_q).
+const char* prefill_name(CpAlgoSetting a) { return a == CpAlgoSetting::pass_q ? "pass_q" : "ring"; }
+const char* decode_name(DecodeAlgo a) { return a == DecodeAlgo::allgather ? "decode_allgather" : "decode_pass_q"; }
 
 const Entry* find(const std::string& name, CpSchedule sched) {
   for (const Entry& e : kStrategies)
@@ -59,6 +66,18 @@ const char* use_name(StrategyUse u) { return u == training ? "training" : u == i
 std::string schedule_name(CpSchedule s) {  // e.g. "canonical (deterministic=true)"
   if (s == plain) return "plain";
   return std::string(s == canonical ? "canonical" : "visible keys") + " (" + schedule_key(s) + "=true)";
+}
+const char* comm_name(CommPattern c) {
+  switch (c) {
+    case gather: return "gather";
+    case heads: return "all-to-all";
+    case heads_ring: return "all-to-all + K/V ring";
+    case kv_ring: return "K/V ring";
+    case q_ring: return "Q ring";
+    case window: return "window's rows";
+    case decode: return "decode";
+  }
+  return "?";
 }
 const char* mla_name(MlaSupport m) {
   return m == latent ? "moves the latent" : m == expanded ? "expanded K/V" : m == refused ? "refused" : "absorbed";
@@ -87,7 +106,12 @@ const std::vector<std::string>& local_strategy_names() {
 
 bool has_schedule(const std::string& name, CpSchedule sched) { return find(name, sched) != nullptr; }
 
-void state_strategy_choices() { set_strategy_choices({strategy_names(), local_strategy_names()}); }
+// The defaults: the ring (its messages overlap the compute, it serves every model feature and
+// mesh) and the local row (halo: only the window's rows move).
+void state_strategy_choices() {
+  set_strategy_choices({strategy_names(), local_strategy_names(), training_row(kv_ring)->name,
+                        local_strategy_names().front()});
+}
 
 std::string strategies_with(CpSchedule sched, const std::string& also) {
   std::vector<std::string> names = names_where(training, sched);
@@ -135,18 +159,28 @@ const StrategyRow* strategy_row(const std::string& name, CpSchedule sched) {
   return nullptr;
 }
 
+const StrategyRow& prefill_row(CpAlgoSetting algo) { return *strategy_row(prefill_name(algo)); }
+const StrategyRow& decode_row(DecodeAlgo algo) { return *strategy_row(decode_name(algo)); }
+
+const StrategyRow* training_row(CommPattern comm) {
+  for (const StrategyRow& r : strategy_rows())
+    if (r.use == training && r.schedule == plain && r.comm == comm) return &r;
+  return nullptr;
+}
+
 std::string strategy_features_table() {
   std::string out =
       "# CP strategies and what each serves (src/cp/registry.cpp; held to the strategies by tests/mpi/test_cp.cpp)\n"
       "# every row serves sliding windows, and (its partition contiguous or zigzag) Gated DeltaNet layers beside it;\n"
       "# train refuses frugal=true with attention=mla (the plain ring and all-gather move the smaller latent)\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%-17s %-31s %-10s %-10s %-17s %s\n", "strategy", "schedule", "use", "partition",
-                "mla", "device=cuda");
+  std::snprintf(line, sizeof line, "%-17s %-31s %-10s %-10s %-17s %-11s %s\n", "strategy", "schedule", "use",
+                "partition", "mla", "device=cuda", "messages");
   out += line;
   for (const StrategyRow& r : strategy_rows()) {
-    std::snprintf(line, sizeof line, "%-17s %-31s %-10s %-10s %-17s %s\n", r.name, schedule_name(r.schedule).c_str(),
-                  use_name(r.use), partition_name(r.partition), mla_name(r.mla), r.cuda ? "yes" : "no");
+    std::snprintf(line, sizeof line, "%-17s %-31s %-10s %-10s %-17s %-11s %s\n", r.name,
+                  schedule_name(r.schedule).c_str(), use_name(r.use), partition_name(r.partition), mla_name(r.mla),
+                  r.cuda ? "yes" : "no", comm_name(r.comm));
     out += line;
   }
   return out;

@@ -117,6 +117,20 @@ enum class StrategyUse : int8_t {
 // takes the K/V expanded by the model, or refuses them; inference strategies serve MLA's absorbed
 // attention (multi-query over the cached latent rows).
 enum class MlaSupport : int8_t { latent, expanded, refused, absorbed };
+// How the strategy's messages go: the pattern the cost model prices (src/perf/cost_model.cpp has
+// one formula per pattern, none per name), the same for every schedule of a strategy.
+enum class CommPattern : int8_t {
+  gather,      // every rank gathers the group's K/V (and reduce-scatters dK/dV): exposed
+  heads,       // all-to-all over the CP group: the whole sequence, a share of the heads
+  heads_ring,  // all-to-all over the ulysses axis, then a K/V ring over the ring axis
+  kv_ring,     // K/V blocks passed around the group under the compute (pass-KV)
+  q_ring,      // query blocks passed around, their partial outputs sent home (pass-Q)
+  window,      // only a sliding window's rows from the neighbouring chunks
+  decode,      // decode: one new token's attention over the ranks' cache blocks
+};
+// Does the pattern split the heads over the ulysses ranks (MLA's shared latent refused, the head
+// counts divisible, the full prefill only in inference)?
+constexpr bool splits_heads(CommPattern c) { return c == CommPattern::heads || c == CommPattern::heads_ring; }
 struct StrategyRow {
   const char* name;
   CpSchedule schedule;
@@ -124,6 +138,7 @@ struct StrategyRow {
   PartitionKind partition;  // contiguous or zigzag also serves Gated DeltaNet layers' neighbours
   MlaSupport mla;
   bool cuda;  // device = cuda
+  CommPattern comm;
 };
 const std::vector<StrategyRow>& strategy_rows();
 // The row of (name, schedule); null without one.
@@ -150,6 +165,12 @@ std::string schedule_key(CpSchedule sched);
 std::string schedule_suffix(CpSchedule sched);
 std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo,
                                           CpSchedule sched = CpSchedule::plain);
+// The inference engine's rows, by the settings that select them: cp_algo = pass_kv runs the
+// ring's row over the KV cache, pass_q pass_q's; decode_algo its decode row. Every algo has one.
+const StrategyRow& prefill_row(CpAlgoSetting algo);
+const StrategyRow& decode_row(DecodeAlgo algo);
+// The training row (plain schedule) whose messages go as `comm`; null without one.
+const StrategyRow* training_row(CommPattern comm);
 
 // The shape-only descriptor of a CP problem of S global tokens.
 AttnParams attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window);

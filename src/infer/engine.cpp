@@ -53,10 +53,10 @@ Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, i
   }
   full_strategy_ = make_strategy(full_strategy, topo);
   CTXPAR_CHECK(full_strategy_ != nullptr, "unknown CP strategy " << full_strategy);
-  ring_ = make_strategy("ring", topo);
-  pass_q_ = make_strategy("pass_q", topo);
-  decode_pass_q_ = make_strategy("decode_pass_q", topo);
-  decode_allgather_ = make_strategy("decode_allgather", topo);
+  pass_kv_ = make_strategy(prefill_row(CpAlgoSetting::pass_kv).name, topo);
+  pass_q_ = make_strategy(prefill_row(CpAlgoSetting::pass_q).name, topo);
+  decode_pass_q_ = make_strategy(decode_row(DecodeAlgo::pass_q).name, topo);
+  decode_allgather_ = make_strategy(decode_row(DecodeAlgo::allgather).name, topo);
   if (d_.has_gdn()) gdn_ = std::make_unique<GdnInfer>(d_, topo.cp(), batch);
   const int32_t RD = d_.rope_dim();  // MLA: the decoupled rope dims
   inv_freq_.resize(size_t(RD / 2));
@@ -124,7 +124,8 @@ void Engine::ensure_rows(int64_t n) {
 void Engine::use_numerics(Numerics& num, CpSchedule sched) {
   CTXPAR_CHECK(!num.exact() || dev_ == Device::cpu, "exact numerics in inference: the CPU");
   num_ = &num;
-  exact_attn_ = sched == CpSchedule::plain ? nullptr : make_strategy("pass_q", topo_, sched);
+  exact_attn_ =
+      sched == CpSchedule::plain ? nullptr : make_strategy(prefill_row(CpAlgoSetting::pass_q).name, topo_, sched);
   CTXPAR_CHECK((num.exact() != nullptr) == (exact_attn_ != nullptr),
                "inference: exact numerics go with their attention schedule, plain with plain");
   rows_cap_ = 0;  // the scratch with the next call's rows
@@ -407,7 +408,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     set_device(t, qpos_d.data(), doc_d.data(), kpos_dev, kdoc_d.data());
     t.S_k = keys;
     if (exact_attn_) return exact_attn_->forward(t, tr_, st_->cp);
-    (algo == CpAlgo::pass_q ? *pass_q_ : *ring_).forward(t, tr_, st_->cp);
+    (algo == CpAlgo::pass_q ? *pass_q_ : *pass_kv_).forward(t, tr_, st_->cp);
   };
   GdnFn gdn = [&](int64_t l, int64_t gl, const float* x, float* x1) {
     const int64_t dim = d_.dim;

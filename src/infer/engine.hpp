@@ -175,7 +175,7 @@ class Engine {
   KvCache cache_;
   // The CP strategies of src/cp: the configured one for full prefills, ring (pass-KV over the
   // cache), pass_q, and the two decode strategies.
-  std::unique_ptr<CpStrategy> full_strategy_, ring_, pass_q_, decode_pass_q_, decode_allgather_;
+  std::unique_ptr<CpStrategy> full_strategy_, pass_kv_, pass_q_, decode_pass_q_, decode_allgather_;
   std::unique_ptr<GdnInfer> gdn_;  // hybrid models: the GDN layers' states (null without 'D' layers)
   Numerics* num_ = &plain_numerics();
   // exact numerics: the strategy of every attention call (pass_q's row of their schedule); else null

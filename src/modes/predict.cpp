@@ -35,10 +35,10 @@ std::string mesh_text(const PerfMesh& m) {
     // '/' between axes keeps the cell one CSV field (predict_mesh takes ',' instead)
     if (v > 1) s += (s.empty() ? "" : "/") + std::string(n) + ":" + std::to_string(v);
   };
-  add("dp", m.dp);
-  add("tp", m.tp);
-  add("ulysses", m.ulysses);
-  add("ring", m.ring);
+  add(axis_name(Axis::dp), m.dp);
+  add(axis_name(Axis::tp), m.tp);
+  add(axis_name(Axis::ulysses), m.ulysses);
+  add(axis_name(Axis::ring), m.ring);
   return s.empty() ? "1" : s;
 }
 
@@ -122,17 +122,17 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
   w.remat = cfg.remat;
   w.partition = PartitionKind::zigzag;
   const ModelShape m = model_shape(cfg);
-  // The registry's training strategies; the cost model calls the full prefill's ring pass_kv. A
-  // configured schedule (the visible keys': the strategies that move just the visible rows, priced
+  // The registry's training strategies (the cost model prices the ring's row in a prefill as
+  // pass-KV). A configured schedule (the visible keys': the strategies that move just the visible rows, priced
   // as the plain ones, an upper bound): only the strategies with a row of it are candidates.
   const CpSchedule sched = cfg.cp_schedule();
   std::vector<StrategyPrediction> preds;
   for (const std::string& run_name : strategy_names()) {
-    StrategyPrediction p = predict(m, hw, mesh, w, infer && run_name == "ring" ? "pass_kv" : run_name);
+    StrategyPrediction p = predict(m, hw, mesh, w, run_name);
     // usp runs on any mesh (one axis of 1 makes it ulysses or ring, as the runs do); on such a
     // mesh it is not a candidate of its own.
-    if (run_name == "usp" && (mesh.ulysses < 2 || mesh.ring < 2) && p.invalid.empty())
-      p.invalid = std::string("the same as ") + (mesh.ulysses < 2 ? "ring" : "ulysses") + " on this mesh";
+    const std::string alias = same_as(run_name, mesh);
+    if (!alias.empty() && p.invalid.empty()) p.invalid = "the same as " + alias + " on this mesh";
     if (sched != CpSchedule::plain && p.invalid.empty() && !has_schedule(run_name, sched))
       p.invalid = "moves every key row (" + schedule_key(sched) + " = true)";
     p.strategy = run_name;
@@ -228,11 +228,10 @@ int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
       const bool ok = p.invalid.empty();
       auto num = [&](size_t col, double v) { return ok ? t.cell(col, v) : std::string("-"); };
       // usp runs on any mesh; with one of its axes of size 1 it is ring (pass-KV) or ulysses.
-      const bool alias = p.strategy == "usp" && (mesh.ulysses < 2 || mesh.ring < 2);
-      const std::string note = !ok ? "\"invalid: " + p.invalid + "\""
-                               : alias ? std::string("\"the same as ") + (mesh.ulysses < 2 ? "ring" : "ulysses") +
-                                             " on this mesh\""
-                                       : std::string();
+      const std::string alias = same_as(p.strategy, mesh);
+      const std::string note = !ok              ? "\"invalid: " + p.invalid + "\""
+                               : !alias.empty() ? "\"the same as " + alias + " on this mesh\""
+                                                : std::string();
       t.add_row({name_of(w.mode), hw.name, mesh_text(mesh), std::to_string(w.seq), std::to_string(w.cached), p.strategy,
                  num(6, p.time_s), num(7, 100 * p.mfu), num(8, p.gemm_s), num(9, p.attn_s), num(10, p.other_s),
                  num(11, p.comm_total_s), num(12, p.exposed_comm_s), num(13, p.mem_bytes / double(1ull << 30)),

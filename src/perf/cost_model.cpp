@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/config.hpp"
+#include "cp/strategy.hpp"
 #include "model/flops.hpp"
 #include "model/model.hpp"
 #include "model/transformer.hpp"
@@ -77,10 +78,34 @@ double imbalance(PartitionKind partition, int64_t n) {
 }
 
 // The strategies of the cost model: the training strategies and the two inference patterns.
-enum class PerfStrategy { allgather, ulysses, ring, usp, pass_kv, pass_q };
-constexpr EnumName<PerfStrategy> kPerfStrategyNames[] = {
-    {PerfStrategy::allgather, "allgather"}, {PerfStrategy::ulysses, "ulysses"}, {PerfStrategy::ring, "ring"},
-    {PerfStrategy::usp, "usp"},             {PerfStrategy::pass_kv, "pass_kv"}, {PerfStrategy::pass_q, "pass_q"}};
+// What the cost model prices for a strategy name: the pattern of its messages (the registry's
+// row, cp/strategy.hpp), one formula per pattern below. Training: a training row (allgather,
+// ulysses, ring, usp); inference: those, or a value of cp_algo (pass_kv: the ring's row over the
+// cache; pass_q: pass_q's). Returns "" when the name is priced in `mode`, else why not.
+std::string priced_pattern(const std::string& strategy, PerfMode mode, CommPattern& out) {
+  const StrategyRow* row = strategy_row(strategy);
+  CpAlgoSetting algo = CpAlgoSetting::automatic;
+  if (row && row->use == StrategyUse::training) {
+    out = row->comm;
+    return "";
+  }
+  if (parse_in(kCpAlgoNames, strategy, algo) && algo != CpAlgoSetting::automatic) {
+    out = prefill_row(algo).comm;
+    if (mode != PerfMode::train) return "";
+    return strategy + " is an inference pattern (cp_algo); a training step runs " + strategies_with(CpSchedule::plain);
+  }
+  return "unknown strategy '" + strategy + "' (the cost model knows " + strategies_with(CpSchedule::plain) + ", " +
+         name_of(CpAlgoSetting::pass_kv) + " or " + name_of(CpAlgoSetting::pass_q) + ")";
+}
+
+// The training rows that move MLA's latent, as a message lists them ("allgather and ring").
+std::string latent_movers() {
+  std::string out;
+  for (const StrategyRow& r : strategy_rows())
+    if (r.use == StrategyUse::training && r.schedule == CpSchedule::plain && r.mla == MlaSupport::latent)
+      out += (out.empty() ? "" : " and ") + std::string(r.name);
+  return out;
+}
 
 // Elementwise traffic per token per layer (bytes / element size): norms, residual adds, RoPE,
 // SwiGLU, read and written once per op; forward only or forward + backward.
@@ -146,10 +171,23 @@ ModelShape model_shape(const Config& c) {
 
 
 std::vector<std::string> perf_strategies(PerfMode m) {
-  if (m == PerfMode::train) return {"allgather", "ulysses", "ring", "usp"};
-  if (m == PerfMode::decode) return {"pass_q", "pass_kv"};
-  if (m == PerfMode::prefill) return {"pass_kv", "pass_q", "allgather", "ulysses", "usp"};
-  return {"pass_kv", "pass_q", "allgather"};
+  if (m == PerfMode::train) return strategy_names();
+  const std::string kv = name_of(CpAlgoSetting::pass_kv), q = name_of(CpAlgoSetting::pass_q);
+  if (m == PerfMode::decode) return {q, kv};
+  // A prefill: pass-KV and pass-Q, then the other training rows (the ring's is pass-KV); a partial
+  // prefill only those that serve a cache (not the head-splitting all-to-all).
+  std::vector<std::string> out = {kv, q};
+  for (const std::string& n : strategy_names()) {
+    const CommPattern comm = strategy_row(n)->comm;
+    if (comm != CommPattern::kv_ring && (m == PerfMode::prefill || !splits_heads(comm))) out.push_back(n);
+  }
+  return out;
+}
+
+std::string same_as(const std::string& strategy, const PerfMesh& mesh) {
+  const StrategyRow* row = strategy_row(strategy);
+  if (!row || row->comm != CommPattern::heads_ring || (mesh.ulysses >= 2 && mesh.ring >= 2)) return "";
+  return training_row(mesh.ulysses < 2 ? CommPattern::kv_ring : CommPattern::heads)->name;
 }
 
 
@@ -217,19 +255,21 @@ double pass_kv_miss_rate_threshold(const ModelShape& m) { return 2.0 * double(m.
 
 namespace {
 
-std::string check_mesh(const ModelShape& m, const PerfMesh& mesh, PerfStrategy strategy, const PerfWorkload& w) {
+std::string check_mesh(const ModelShape& m, const PerfMesh& mesh, const std::string& strategy, CommPattern comm,
+                       const PerfWorkload& w) {
   auto s = [](int64_t v) { return std::to_string(v); };
   if (m.H_q % mesh.tp != 0) return "tp:" + s(mesh.tp) + " does not divide heads = " + s(m.H_q);
   if (m.ffn % mesh.tp != 0) return "tp:" + s(mesh.tp) + " does not divide ffn_dim = " + s(m.ffn);
   const int64_t N = mesh.cp();
-  const bool uly = strategy == PerfStrategy::ulysses || strategy == PerfStrategy::usp;
+  const bool uly = splits_heads(comm);
   if (m.mla && uly)
-    return std::string(name_in(kPerfStrategyNames, strategy)) + " splits the heads, and MLA's K/V latent is shared by " +
-           "every head (ring and allgather move the latent)";
+    return strategy + " splits the heads, and MLA's K/V latent is shared by every head (" + latent_movers() +
+           " move the latent)";
   if (uly && w.mode != PerfMode::train && w.mode != PerfMode::prefill)
-    return std::string(name_in(kPerfStrategyNames, strategy)) + " runs the full prefill only (the partial prefill and decode circulate K/V or Q: pass_kv, pass_q)";
+    return strategy + " runs the full prefill only (the partial prefill and decode circulate K/V or Q: " +
+           name_of(CpAlgoSetting::pass_kv) + ", " + name_of(CpAlgoSetting::pass_q) + ")";
   if (uly) {
-    const int64_t U = strategy == PerfStrategy::usp ? mesh.ulysses : N;
+    const int64_t U = comm == CommPattern::heads_ring ? mesh.ulysses : N;
     const int64_t hq = m.H_q / mesh.tp, hkv = std::max<int64_t>(1, m.H_kv / mesh.tp);
     if (hq % U != 0) return "ulysses over " + s(U) + " ranks needs query heads per tp rank (" + s(hq) + ") divisible by " + s(U);
     if (hkv % U != 0 && U % hkv != 0)
@@ -378,7 +418,7 @@ struct AttnLayerCost {
   double time_s = 0, comm_s = 0, exposed_s = 0, buf = 0;
 };
 
-AttnLayerCost attn_layer_cost(const Ctx& c, PerfStrategy st, double pairs) {
+AttnLayerCost attn_layer_cost(const Ctx& c, CommPattern comm, double pairs) {
   const ModelShape& m = c.m;
   const PerfMesh& mesh = c.mesh;
   const PerfWorkload& w = c.w;
@@ -404,7 +444,7 @@ AttnLayerCost attn_layer_cost(const Ctx& c, PerfStrategy st, double pairs) {
   const double recompute = remat_attn ? 1.0 : 0.0;  // attention forward run again in the backward
   const double w_fwd = diag_waste_flops(c, tokens, 1.0), w_bwd = diag_waste_flops(c, tokens, c.hw.attn_bwd_work);
   const double per_seq = pairs / double(N);  // visible pairs of one sequence on a (balanced) rank
-  if (st == PerfStrategy::allgather) {
+  if (comm == CommPattern::gather) {
     // Gather K/V of the whole sequence (forward), reduce-scatter dK/dV (backward); both exposed.
     const int64_t k = ranks_per_node(c.hw, N, tp);
     const double imb = imbalance(w.partition, N), kappa = imb * per_seq / S_loc;  // one call: local queries, all keys
@@ -416,8 +456,9 @@ AttnLayerCost attn_layer_cost(const Ctx& c, PerfStrategy st, double pairs) {
                  double(N - 1) * xs * (2 + recompute + 2);  // MLA: expanded in both gathers, two products back
     buf = 2.0 * kv_msg * double(N);  // gathered K/V and dK/dV
     if (m.mla) buf += 2.0 * tokens * 2.0 * hkv * double(m.D) * e * double(N);  // the expanded K/V and dK/dV
-  } else if (st == PerfStrategy::ulysses || st == PerfStrategy::usp) {
-    const int64_t U = st == PerfStrategy::usp ? mesh.ulysses : N, R = st == PerfStrategy::usp ? mesh.ring : 1;
+  } else if (splits_heads(comm)) {
+    const bool two_axes = comm == CommPattern::heads_ring;  // usp: the ulysses axis, then a ring
+    const int64_t U = two_axes ? mesh.ulysses : N, R = two_axes ? mesh.ring : 1;
     const int64_t k_u = ranks_per_node(c.hw, U, tp);
     const double hkv_u = std::max(hkv, double(U)) / double(U);  // K/V heads per rank after the all-to-all
     const UlyssesA2a a2a = ulysses_a2a(c, U, k_u, tokens, hq, hkv);
@@ -439,7 +480,7 @@ AttnLayerCost attn_layer_cost(const Ctx& c, PerfStrategy st, double pairs) {
     comm_layer = t_a2a + double(R - 1) * ((1 + recompute) * m_f + m_b);
     exposed_layer = t_a2a + (ring_f - double(R) * (cf + of)) * (1 + recompute) + (ring_b - double(R) * (cb + ob));
     buf = 2.0 * a2a.max_bytes + 3.0 * msg;
-  } else if (st == PerfStrategy::ring) {
+  } else if (comm == CommPattern::kv_ring) {
     const int64_t k = ranks_per_node(c.hw, N, tp);
     const double imb = imbalance(w.partition, N), kappa = imb * per_seq / double(N) / S_loc;  // one call per step
     // MLA: a visiting block is expanded before its compute (forward), and again with the two
@@ -487,12 +528,12 @@ AttnLayerCost halo_layer_cost(const Ctx& c, double pairs) {
   return a;
 }
 
-StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
+StrategyPrediction predict_train(const Ctx& c, const std::string& strategy, CommPattern comm) {
   const ModelShape& m = c.m;
   const PerfMesh& mesh = c.mesh;
   const PerfWorkload& w = c.w;
   StrategyPrediction r;
-  r.strategy = name_in(kPerfStrategyNames, st);
+  r.strategy = strategy;
   const int64_t N = mesh.cp(), tp = mesh.tp, S = w.seq, B = w.batch;
   // Rows per rank: S rounded up to the partition's unit (shard/partition.hpp pads any S): the
   // padding rows cost GEMMs and attention like real ones.
@@ -512,16 +553,15 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
   const bool remat_full = w.remat == Remat::full;
   if (remat_full) r.gemm_s += gemm_seconds(c, tokens, 1.0, false);  // recomputed forward projections
 
-  // Global attention layers under `st`; local ones under the configured local strategy (halo,
-  // or a training strategy on the window's pairs); GDN layers their own.
+  // Global attention layers under `comm`; local ones under the configured local strategy (halo:
+  // the window's rows, or a training strategy on the window's pairs); GDN layers their own.
   const int64_t k_tp = ranks_per_node(c.hw, tp, 1);
-  const AttnLayerCost ga = attn_layer_cost(c, st, pairs);
+  const AttnLayerCost ga = attn_layer_cost(c, comm, pairs);
   AttnLayerCost la;
   if (m.local_layers() > 0) {
-    PerfStrategy ls = PerfStrategy::ring;
-    for (const auto& [v, n] : kPerfStrategyNames)
-      if (m.local_strategy == n) ls = v;
-    la = m.local_strategy == "halo" ? halo_layer_cost(c, window_pairs) : attn_layer_cost(c, ls, window_pairs);
+    const StrategyRow* lr = strategy_row(m.local_strategy);
+    const CommPattern lc = lr ? lr->comm : CommPattern::kv_ring;
+    la = lc == CommPattern::window ? halo_layer_cost(c, window_pairs) : attn_layer_cost(c, lc, window_pairs);
   }
   const double L_loc = double(m.local_layers()), L_glob = double(m.attn_layers()) - L_loc, G = double(m.gdn_layers());
   const GdnLayerCost g = G > 0 ? gdn_layer_cost(c, tokens) : GdnLayerCost{};
@@ -555,12 +595,12 @@ StrategyPrediction predict_train(const Ctx& c, PerfStrategy st) {
   return r;
 }
 
-StrategyPrediction predict_infer(const Ctx& c, PerfStrategy st) {
+StrategyPrediction predict_infer(const Ctx& c, const std::string& strategy, CommPattern comm) {
   const ModelShape& m = c.m;
   const PerfMesh& mesh = c.mesh;
   const PerfWorkload& w = c.w;
   StrategyPrediction r;
-  r.strategy = name_in(kPerfStrategyNames, st);
+  r.strategy = strategy;
   const int64_t N = mesh.cp(), tp = mesh.tp, B = w.batch;
   const bool decode = w.mode == PerfMode::decode;
   const int64_t cached = decode ? w.seq : (w.mode == PerfMode::prefill ? 0 : w.cached);
@@ -587,7 +627,7 @@ StrategyPrediction predict_infer(const Ctx& c, PerfStrategy st) {
     const double t_w = w_bytes / c.hbm_bps();
     const double c_step = kv_bytes_rank / c.hbm_bps();
     r.gemm_s = t_w;
-    if (st == PerfStrategy::pass_q) {
+    if (comm == CommPattern::q_ring) {
       const double q_msg = double(B) * hq * double(m.D) * e;
       const double m_q = p2p_s(c.hw, N, k_cp, q_msg);
       const double a2a = alltoall_s(c.hw, N, k_cp, double(B) * hq * (double(m.D) + 1) * 4.0);
@@ -619,7 +659,7 @@ StrategyPrediction predict_infer(const Ctx& c, PerfStrategy st) {
     const double kappa_step = pairs / double(N * N) / (double(T) / double(N));
     const double waste = diag_waste_flops(c, T_loc, 1.0);
     const double c_all = attn_seconds(c, at_flops_rank, kappa_step, waste);
-    if (st == PerfStrategy::pass_kv) {
+    if (comm == CommPattern::kv_ring) {
       const double m_kv = p2p_s(c.hw, N, k_cp, kv_bytes_rank);
       const double os = o + ring_step_loss_s(c.hw, N, k_cp, 2 * kv_bytes_rank);
       const double ring = ring_pipeline_s(N, c_all / double(N), m_kv, os);
@@ -627,7 +667,7 @@ StrategyPrediction predict_infer(const Ctx& c, PerfStrategy st) {
       comm_layer = double(N - 1) * m_kv;
       exposed_layer = ring - c_all - double(N) * os;
       buf = 2.0 * kv_bytes_rank;
-    } else if (st == PerfStrategy::pass_q) {
+    } else if (comm == CommPattern::q_ring) {
       const double q_bytes = T_loc * hq * double(m.D) * e;
       const double m_q = p2p_s(c.hw, N, k_cp, q_bytes);
       const double os = o + ring_step_loss_s(c.hw, N, k_cp, 2 * q_bytes);
@@ -638,10 +678,11 @@ StrategyPrediction predict_infer(const Ctx& c, PerfStrategy st) {
       comm_layer = double(N - 1) * m_q + a2a;
       exposed_layer = ring - c_all - double(N) * os + a2a;
       buf = 2.0 * T_loc * hq * double(m.D) * (e + 4.0);
-    } else if (st == PerfStrategy::ulysses || st == PerfStrategy::usp) {
+    } else if (splits_heads(comm)) {
       // Full prefill: all-to-all of Q, K, V in and O out (exposed), then a rank holds U*T_loc
       // tokens of H/U heads; usp passes them around a ring of R (as the training forward).
-      const int64_t U = st == PerfStrategy::usp ? mesh.ulysses : N, R = st == PerfStrategy::usp ? mesh.ring : 1;
+      const bool two_axes = comm == CommPattern::heads_ring;  // usp: the ulysses axis, then a ring
+      const int64_t U = two_axes ? mesh.ulysses : N, R = two_axes ? mesh.ring : 1;
       const int64_t k_u = ranks_per_node(c.hw, U, tp), k_r = ranks_per_node(c.hw, R, tp * U);
       const UlyssesA2a a2a = ulysses_a2a(c, U, k_u, T_loc, hq, hkv);
       const double t_a2a = a2a.fwd_s;
@@ -684,20 +725,14 @@ StrategyPrediction predict_infer(const Ctx& c, PerfStrategy st) {
 StrategyPrediction predict(const ModelShape& m, const HardwareProfile& hw, const PerfMesh& mesh, const PerfWorkload& w,
                    const std::string& strategy) {
   Ctx c{m, hw, mesh, w, precision_of(hw, w.precision), share_factor(hw, mesh)};
-  PerfStrategy st;
+  CommPattern comm = CommPattern::kv_ring;
   StrategyPrediction r;
   r.strategy = strategy;
-  if (!parse_in(kPerfStrategyNames, strategy, st)) {
-    r.invalid = "unknown strategy '" + strategy + "' (the cost model knows allgather, ulysses, ring, usp, pass_kv, pass_q)";
-    return r;
-  }
-  const std::string bad = check_mesh(m, mesh, st, w);
-  if (!bad.empty()) {
-    r.invalid = bad;
-    return r;
-  }
-  if (w.mode == PerfMode::train) return predict_train(c, st);
-  return predict_infer(c, st);
+  r.invalid = priced_pattern(strategy, w.mode, comm);
+  if (r.invalid.empty()) r.invalid = check_mesh(m, mesh, strategy, comm, w);
+  if (!r.invalid.empty()) return r;
+  if (w.mode == PerfMode::train) return predict_train(c, strategy, comm);
+  return predict_infer(c, strategy, comm);
 }
 
 int recommend(const std::vector<StrategyPrediction>& preds) {

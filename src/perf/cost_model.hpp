@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "core/settings.hpp"
+#include "cp/strategy.hpp"  // the registry: local_strategy_names, the rows predict prices
 #include "model/flops.hpp"  // the FLOP convention and partial_prefill_pairs
 #include "perf/hardware.hpp"
 
@@ -46,7 +47,8 @@ struct ModelShape {
   // DeltaNet (empty: all global attention).
   std::string kinds;
   int64_t window = 0;                  // of the L layers
-  std::string local_strategy = "halo";  // of the L layers: halo or a training strategy
+  // Of the L layers: the registry's local row (halo) or a training strategy (local_strategy_names).
+  std::string local_strategy = local_strategy_names().front();
   int64_t local_layers() const;
   int64_t gdn_H = 0, gdn_Dk = 0, gdn_Dv = 0, gdn_conv = 4, gdn_chunk = 64;
   std::string gdn_schedule = "ring";
@@ -113,13 +115,21 @@ struct StrategyPrediction {
   bool fits = false;
 };
 
-// Strategies compared for a mode: train → allgather, ulysses, ring, usp; prefill → pass_kv,
-// pass_q, allgather, ulysses, usp; partial prefill → pass_kv, pass_q, allgather; decode →
-// pass_q (the new token's query visits the ranks) and pass_kv (the cache blocks visit it).
+// Strategies compared for a mode, from the registry's rows (cp/strategy.hpp): train → the
+// training strategies (allgather, ulysses, ring, usp); prefill → pass_kv, pass_q, then the
+// training ones but the ring (whose row is pass-KV's); partial prefill → pass_kv, pass_q and those
+// that serve a cache (allgather); decode → pass_q (the new token's query visits the ranks) and
+// pass_kv (the cache blocks visit it).
 std::vector<std::string> perf_strategies(PerfMode m);
 
+// `strategy`: a training strategy, or (inference) a value of cp_algo; priced by its registry row's
+// message pattern (StrategyRow::comm), so a strategy is described once.
 StrategyPrediction predict(const ModelShape& m, const HardwareProfile& hw, const PerfMesh& mesh, const PerfWorkload& w,
                    const std::string& strategy);
+
+// The strategy `strategy` runs as on `mesh` ("" when itself): the all-to-all + ring with one axis
+// of size 1 is the ring or the all-to-all alone.
+std::string same_as(const std::string& strategy, const PerfMesh& mesh);
 
 // The lowest-time strategy among the valid ones that fit (else among the valid ones); index
 // into `preds`, -1 when none is valid.

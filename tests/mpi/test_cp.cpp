@@ -608,6 +608,12 @@ TEST(CpRegistry, RowsStateWhatTheStrategiesDo) {
       case MlaSupport::refused: EXPECT_NE(s->validate(latent, topo), "") << id; break;
       case MlaSupport::absorbed: EXPECT_EQ(s->validate(mqa, topo), "") << id; break;
     }
+    // The message pattern the cost model prices: one per strategy (every schedule's row has its
+    // plain row's), and one that splits the heads refuses query heads its all-to-all cannot split.
+    EXPECT_EQ(r.comm, strategy_row(r.name)->comm) << id;
+    const AttnParams odd = attn_problem(2 * P * 64, 3, 3, 24, mask, mask == MaskKind::window ? 16 : 0);
+    if (r.use != StrategyUse::inference && P > 1)
+      EXPECT_EQ(!s->validate(odd, topo).empty(), splits_heads(r.comm) && topo.size(Axis::ulysses) > 1) << id;
   }
   EXPECT_EQ(strategy_row("bogus"), nullptr);
   const std::string table = strategy_features_table();

@@ -36,8 +36,10 @@ TEST(Config, DefaultsComeFromTheTable) {
 TEST(Config, StrategyNamesComeFromTheProgram) {
   const StrategyChoices held = strategy_choices();
   EXPECT_EQ(error_of("", {"strategy=usp", "local_strategy=halo"}), "");
-  set_strategy_choices({{"ring", "spiral"}, {"halo", "spiral"}});  // the defaults are ring and halo
+  set_strategy_choices({{"ring", "spiral"}, {"halo", "spiral"}, "spiral", "halo"});  // and their defaults
   EXPECT_EQ(error_of("", {"strategy=spiral", "local_strategy=spiral"}), "");
+  EXPECT_EQ(parse_config("", "", {}).strategy, "spiral");
+  EXPECT_EQ(parse_config("", "", {}).local_strategy, "halo");
   EXPECT_NE(error_of("", {"strategy=usp"}).find("one of: ring, spiral, auto, all"), std::string::npos);
   EXPECT_NE(help_text().find("{ring|spiral|auto|all}"), std::string::npos);
   set_strategy_choices({});
