@@ -18,8 +18,9 @@
 // results and the gradient sums stay fp32. `device` says where every pointer lives (positions and
 // document ids included) and where the call runs; `stream` orders a CUDA call.
 //
-// As a CP strategy's argument (src/cp/strategy.hpp) the same struct describes one rank's shard;
-// with null pointers it describes a problem's shape only (validation, planning).
+// A CP strategy's argument (CpCall, src/cp/strategy.hpp) extends it with what only the strategies
+// read (a KV cache's layout, MLA's latent, derivable key positions); with null pointers it
+// describes a problem's shape only (validation, planning).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -35,8 +36,6 @@
 #endif
 
 namespace ctxpar {
-
-class KvExpander;  // src/cp/strategy.hpp
 
 enum class MaskKind : int32_t {
   none = 0,    // every pair visible (subject to documents)
@@ -136,46 +135,6 @@ struct AttnParams {
   MaskKind mask = MaskKind::causal;
   int64_t window = 0;   // for MaskKind::window: visible when 0 <= q_pos - k_pos < window
   float scale = 0.f;    // softmax scale; 0 = 1/sqrt(D)
-
-  // ---- KV cache of an inference call (read by the inference strategies, src/cp; a kernel call
-  // ignores these, the strategies split such a call per document). As flash-attention's
-  // fwd_kvcache: with k_doc_len set, k, v, k_pos hold the rows of a KV cache of documents
-  // (sequences): document d's keys are rows [k_doc_begin[d], k_doc_begin[d] + k_doc_len[d]), and
-  // a query row of document q_doc[i] (-1: a padding row, sees nothing) sees only those. Decode:
-  // each query row is a new token whose own key/value rows are k_new / v_new [S_q, H_kv, D],
-  // visible to it; this rank stores document d's new token at cache row k_new_slot[d] of
-  // k_cache / v_cache (the writable view of k / v) when k_new_slot[d] >= 0 (another rank does
-  // when -1), and it is visible from then on; the caller reserves the slot, so k_pos at
-  // k_new_slot[d] already holds the new token's position.
-  const int64_t* k_doc_begin = nullptr;
-  const int64_t* k_doc_len = nullptr;
-  const void* k_new = nullptr;
-  const void* v_new = nullptr;
-  const int64_t* k_new_slot = nullptr;
-  void* k_cache = nullptr;
-  void* v_cache = nullptr;
-
-  // ---- Derivable key positions (read by the ring; a kernel call ignores this). When > 0: every
-  // rank of the strategy's group holds, as its keys, its own zigzag shard of one sequence of
-  // k_pos_zigzag tokens (shard/partition.hpp: Partition(zigzag, k_pos_zigzag, P).positions(rank),
-  // padding rows included), so another rank's key positions can be computed instead of sent.
-  int64_t k_pos_zigzag = 0;
-  // The batch a call belongs to (> 0), the same on every rank: a visible-keys schedule (cp/visible.hpp)
-  // computes its plan once per batch and mask and reuses it for the other layers and the
-  // backward (0: no reuse). A kernel call ignores this.
-  int64_t batch_id = 0;
-
-  // ---- MLA's latent K/V (read by the CP strategies; a kernel call ignores these). With
-  // `expander` set, this rank's K and V rows are expanded from per-token latent rows `latent`
-  // [S_k, latent_width] (fp32; model/mla_layer.hpp: the K/V latent and the shared RoPE key). A
-  // strategy that moves the latent (CpStrategy::moves_latent) sends those rows instead of K and V,
-  // expands each block it receives, and its backward writes `dlatent` [S_k, latent_width] (the
-  // latent's gradient summed over the group; overwritten) instead of dk and dv. In a shape-only
-  // descriptor latent_width alone says that K/V come from a latent of that width.
-  int32_t latent_width = 0;
-  const float* latent = nullptr;
-  float* dlatent = nullptr;
-  KvExpander* expander = nullptr;
 
   DType dtype = DType::f32;       // of q, k, v, dout
   Device device = Device::cpu;

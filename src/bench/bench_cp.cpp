@@ -68,8 +68,8 @@ struct Inputs {
   Buffer<float> q, k, v, dout, o, lse, dq, dk, dv;
   Buffer<float> latent, dlatent;    // attention=mla
   // This rank's shard of the problem `s`, as the strategy's call (with the latent when `ex`).
-  AttnParams local(const AttnParams& s, KvExpander* ex) {
-    AttnParams t = s;
+  CpCall local(const CpCall& s, KvExpander* ex) {
+    CpCall t = s;
     t.S_q = t.S_k = int64_t(pos.size());
     t.q_pos = t.k_pos = pos.data();
     t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();
@@ -110,7 +110,7 @@ struct MlaBench {
 // Single-rank kernel on the global inputs for this rank's rows (all, or the sampled ones). With
 // `mla`, K/V are the expansion of the global latent rows, and `latent_row` compares the latent's
 // gradient (the reference dK/dV through the expansion) where the full check compares dK/dV.
-int64_t check_rows(const AttnParams& s, Inputs& in, uint64_t seed, bool full, MlaBench* mla, bool latent_row,
+int64_t check_rows(const CpCall& s, Inputs& in, uint64_t seed, bool full, MlaBench* mla, bool latent_row,
                    bool bf16_inputs) {
   const int64_t S = s.S_q, wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
   std::vector<int64_t> all(static_cast<size_t>(S));
@@ -151,7 +151,7 @@ int64_t check_rows(const AttnParams& s, Inputs& in, uint64_t seed, bool full, Ml
     round_to_bf16(Q.data(), Q.size());
     round_to_bf16(dO.data(), dO.size());
   }
-  AttnParams p = s;
+  CpCall p = s;
   p.q = Q.data(); p.k = K.data(); p.v = V.data(); p.o = O.data(); p.lse = L.data();
   p.dout = dO.data(); p.dq = dQ.data(); p.dk = dK.data(); p.dv = dV.data();
   p.S_q = int64_t(nq);
@@ -188,7 +188,7 @@ int64_t check_rows(const AttnParams& s, Inputs& in, uint64_t seed, bool full, Ml
 // each of its rows some query of another rank can see goes there once per pass (forward: K and V;
 // backward: K and V again, the strategies keeping nothing between calls), and each row of another
 // rank it sees returns that row's dK and dV (fp32). No positions or document ids.
-double visible_minimum_bytes(const AttnParams& shape, const Partition& part, const std::vector<int32_t>& global_doc,
+double visible_minimum_bytes(const CpCall& shape, const Partition& part, const std::vector<int32_t>& global_doc,
                              int r) {
   const int P = part.P();
   const int64_t n = part.local_size(r);
@@ -318,8 +318,8 @@ std::vector<TableColumn> table_columns(const Config& cfg) {
 // One row's timed calls at one length: the strategy, its call on this rank, and what the steps record.
 struct TimedCall {
   CpStrategy& strat;
-  const AttnParams& run;    // the call (on the GPU with device=cuda)
-  const AttnParams& shape;  // the problem (the real tokens' FLOPs)
+  const CpCall& run;    // the call (on the GPU with device=cuda)
+  const CpCall& shape;  // the problem (the real tokens' FLOPs)
   int64_t S;
   double real_pairs;        // the real tokens' visible pairs over every replica; < 0: no padding rows
   const std::string& label;
@@ -366,7 +366,7 @@ struct CpBench {
 
   // This rank's shard of the global inputs (seeded per token; padding rows cleared); with MLA,
   // K/V expanded from the latent rows.
-  void fill_inputs(Inputs& in, const AttnParams& shape, const Partition& part) {
+  void fill_inputs(Inputs& in, const CpCall& shape, const Partition& part) {
     in.pos = part.positions(r);
     in.doc = local_doc_ids(part, r, in.global_doc, shape.mask);
     const size_t n = in.pos.size(), wq = size_t(shape.H_q) * shape.D, wk = size_t(shape.H_kv) * shape.D;
@@ -452,7 +452,7 @@ struct CpBench {
     KvExpander* ex = row.latent ? mla->ex.get() : nullptr;
     Config c = cfg;
     c.seq = S;
-    AttnParams shape = attn_problem(c);  // MLA: heads of nope + rope and the latent's width (modes/workload.hpp)
+    CpCall shape = attn_problem(c);  // MLA: heads of nope + rope and the latent's width (modes/workload.hpp)
     shape.fixed_heads = row.exact ? int32_t(cfg.exact_heads) : 0;  // exact dK/dV parts (ulysses replicas)
     std::string err = strat.validate(shape, topo);  // with the latent: ulysses, usp refuse
     if (!row.latent) shape.latent_width = 0;
@@ -465,11 +465,11 @@ struct CpBench {
     }
     const Partition part(strat.partition(), S, P, row.exact ? attn_query_block(shape.D) : 1);
     fill_inputs(in, shape, part);
-    AttnParams t = in.local(shape, ex);
+    CpCall t = in.local(shape, ex);
     // As in training: every rank's keys are its zigzag shard, so the ring derives positions.
     if (strat.partition() == PartitionKind::zigzag && !row.exact) t.k_pos_zigzag = S;
     DeviceTensors dev;  // device=cuda: the call's tensors on the GPU
-    const AttnParams run = on_gpu ? dev.upload(t, gpu.stream) : t;
+    const CpCall run = on_gpu ? dev.upload(t, gpu.stream) : t;
     const double real_pairs =
         part.padding() > 0 ? double(problem_visible_pairs(shape, in.global_doc)) * double(world.size() / P) : -1;
 

@@ -62,7 +62,7 @@ double check_against_single_rank(const Config& cfg, Topology& topo, Workload& w)
   fill_rows(seed, kTensorDout, pos, Hq * D, 1.0f, g.dout.data());
   if (cfg.device == Device::cuda)
     for (Buffer<float>* x : {&g.q, &g.k, &g.v, &g.dout}) round_to_bf16(x->data(), x->size());
-  AttnParams p = w.problem;
+  CpCall p = w.problem;
   p.q = g.q.data(); p.k = g.k.data(); p.v = g.v.data(); p.o = g.o.data(); p.lse = g.lse.data();
   p.dout = g.dout.data(); p.dq = g.dq.data(); p.dk = g.dk.data(); p.dv = g.dv.data();
   p.q_pos = p.k_pos = pos.data();
@@ -97,9 +97,9 @@ int run_default(const Config& cfg, Topology& topo, Tracer& tracer) {
   const GpuRun gpu(on_gpu ? &topo : nullptr, &tracer);
   if (on_gpu) log0("# device=cuda: %s, %s communicators, bf16 inputs\n", gpu.description.c_str(), gpu.comm.c_str());
   Workload w = make_workload(cfg, topo);
-  const AttnParams t = w.local();
+  const CpCall t = w.local();
   DeviceTensors dev;
-  const AttnParams run = on_gpu ? dev.upload(t, gpu.stream) : t;
+  const CpCall run = on_gpu ? dev.upload(t, gpu.stream) : t;
   // Model FLOPs of one step (the whole CP group): visible pairs of the global problem.
   const double flops_step = attn_train_flops(double(problem_visible_pairs(w.problem, w.global_doc)), cfg.heads, cfg.head_dim);
   const int cp_ranks = topo.cp().size();

@@ -30,34 +30,34 @@ class AllGather final : public CpStrategy {
   std::string name() const override { return "allgather"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
 
-  std::string validate(const AttnParams& s, const Topology& topo) const override {
+  std::string validate(const CpCall& s, const Topology& topo) const override {
     return cp::check_common(name(), s, topo.cp_size());
   }
 
   bool moves_latent() const override { return true; }
 
-  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+  double comm_volume_fwd(const CpCall& s, bool docs, const Topology& topo) const override {
     const int P = topo.cp_size();
     const double S_loc = double(s.S_k) / P;
     return (P - 1) * S_loc * (key_bytes(s) + sizeof(int64_t) + (docs ? sizeof(int32_t) : 0));
   }
   // The whole sequence's K/V gathered, and its dK/dV (fp32) before the reduce-scatter: grows with
   // S whatever P. MLA: the gathered latent and its gradient besides.
-  double buffer_bytes(const AttnParams& s, bool docs, const Topology& topo) const override {
+  double buffer_bytes(const CpCall& s, bool docs, const Topology& topo) const override {
     if (topo.cp_size() <= 1) return 0;
     const double kv = 2.0 * s.H_kv * s.D;
     return double(s.S_k) * (kv * double(dtype_bytes(s.dtype)) + sizeof(int64_t) + (docs ? sizeof(int32_t) : 0) +
                             kv * sizeof(float) + 2.0 * s.latent_width * sizeof(float));
   }
 
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
     Gathered g = gather(local, tr, st);
-    const AttnParams p = with_gathered_keys(local, g);
+    const CpCall p = with_gathered_keys(local, g);
     if (tr) tr->progress(Phase::attn_fwd);
     cp::counted_fwd(p, tr, st, -1);
   }
 
-  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void backward(const CpCall& local, Tracer* tr, CpStats& st) override {
     // K/V are gathered again rather than kept from forward: the strategy holds no state between
     // calls (a model with L layers calls forward L times before the first backward).
     Gathered g = gather(local, tr, st);
@@ -67,7 +67,7 @@ class AllGather final : public CpStrategy {
     // zeroed: the kernel accumulates
     Buffer<float> dk_all(loc * P, true, dev, local.stream), dv_all(loc * P, true, dev, local.stream);
     device_zero(local.dq, size_t(local.S_q) * local.H_q * local.D * sizeof(float), dev, local.stream);
-    AttnParams p = with_gathered_keys(local, g);
+    CpCall p = with_gathered_keys(local, g);
     p.dk = dk_all.data();
     p.dv = dv_all.data();
     if (tr) tr->progress(Phase::attn_bwd);
@@ -107,11 +107,11 @@ class AllGather final : public CpStrategy {
   };
 
   // Bytes per token of what is gathered for the keys: K and V, or the latent.
-  static double key_bytes(const AttnParams& s) {
+  static double key_bytes(const CpCall& s) {
     return s.latent_width > 0 ? double(s.latent_width) * sizeof(float) : 2.0 * s.H_kv * s.D * double(dtype_bytes(s.dtype));
   }
 
-  Gathered gather(const AttnParams& t, Tracer* tr, CpStats& st) {
+  Gathered gather(const CpCall& t, Tracer* tr, CpStats& st) {
     const int P = comm_.size(), r = comm_.rank();
     const size_t n = size_t(t.S_k), loc = n * t.H_kv * t.D * dtype_bytes(t.dtype);
     Gathered g;
@@ -157,7 +157,7 @@ class AllGather final : public CpStrategy {
   // A device call: K and V gathered on the device (one all-gather each, or one for shared rows),
   // every rank's positions and document ids gathered on the host and uploaded once
   // (cp::group_key_rows; derived where they are the zigzag shards).
-  Gathered gather_on_device(const AttnParams& t, Tracer* tr, CpStats& st) {
+  Gathered gather_on_device(const CpCall& t, Tracer* tr, CpStats& st) {
     cp::check_device_call(name(), comm_, t);
     const int P = comm_.size();
     const size_t loc = size_t(t.S_k) * t.H_kv * t.D * dtype_bytes(t.dtype);
@@ -183,8 +183,8 @@ class AllGather final : public CpStrategy {
   }
 
   // The local queries against every rank's keys.
-  static AttnParams with_gathered_keys(const AttnParams& local, const Gathered& g) {
-    AttnParams p = local;
+  static CpCall with_gathered_keys(const CpCall& local, const Gathered& g) {
+    CpCall p = local;
     p.k = g.k.data();
     p.v = g.shared_kv ? g.k.data() : g.v.data();
     if (g.device) {

@@ -28,8 +28,8 @@ struct Canon {
   std::vector<int64_t> pos;     // [P n], ascending
   std::vector<int32_t> doc;     // [P n] or empty
   std::vector<int64_t> origin;  // [P n]: the row's index in rank-block order (rank * n + local row)
-  AttnParams call(const AttnParams& t) const {
-    AttnParams p = t;
+  CpCall call(const CpCall& t) const {
+    CpCall p = t;
     p.k = k.data();
     p.v = v.data();
     p.S_k = int64_t(pos.size());
@@ -40,7 +40,7 @@ struct Canon {
 };
 
 // Every rank's packed [K | V | pos | doc] block, in rank order: one all-gather, or P - 1 hops.
-Buffer<std::byte> gather_blocks(Comm* cp, const KvLayout& L, const AttnParams& t, bool ring_hops, Tracer* tr,
+Buffer<std::byte> gather_blocks(Comm* cp, const KvLayout& L, const CpCall& t, bool ring_hops, Tracer* tr,
                                 CpStats& st) {
   const int P = cp ? cp->size() : 1, r = cp ? cp->rank() : 0;
   Buffer<std::byte> all(L.bytes * size_t(P), false);
@@ -68,7 +68,7 @@ Buffer<std::byte> gather_blocks(Comm* cp, const KvLayout& L, const AttnParams& t
   return all;
 }
 
-Canon gather_canonical(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
+Canon gather_canonical(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st) {
   const int P = c ? c->size() : 1;
   const KvLayout L = kv_layout(t.S_k, t.H_kv, t.D, t.dtype, t.k_doc != nullptr, /*has_pos=*/true);
   Buffer<std::byte> blocks = gather_blocks(c, L, t, ring_hops, tr, st);
@@ -78,7 +78,7 @@ Canon gather_canonical(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr,
   std::vector<int64_t> pos(static_cast<size_t>(total));
   std::vector<int32_t> doc(t.k_doc ? size_t(total) : 0);
   for (int j = 0; j < P; ++j) {
-    AttnParams b = t;
+    CpCall b = t;
     point_keys_at(L, blocks.data() + size_t(j) * L.bytes, b);
     std::copy_n(b.k_pos, g.n, pos.data() + j * g.n);
     if (t.k_doc) std::copy_n(b.k_doc, g.n, doc.data() + j * g.n);
@@ -104,7 +104,7 @@ Canon gather_canonical(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr,
 
 }  // namespace
 
-std::string check_canonical(const AttnParams& t) {
+std::string check_canonical(const CpCall& t) {
   if (t.q_pos != t.k_pos || t.q_doc != t.k_doc || t.S_q != t.S_k)
     return "deterministic = true serves training's self-attention calls (queries are the keys' rows)";
   if (t.expander) return "deterministic = true does not yet serve MLA's latent K/V";
@@ -112,13 +112,13 @@ std::string check_canonical(const AttnParams& t) {
   return "";
 }
 
-void refuse_device_call(const AttnParams& t) {
+void refuse_device_call(const CpCall& t) {
   if (t.device != Device::cpu)
     throw std::invalid_argument(std::string("deterministic = true on device = ") + name_of(t.device) +
                                 ": CPU only so far");
 }
 
-void canonical_fwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
+void canonical_fwd(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st) {
   refuse_device_call(t);
   const std::string err = check_canonical(t);
   CTXPAR_CHECK(err.empty(), err);
@@ -127,7 +127,7 @@ void canonical_fwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
   counted_fwd(g.call(t), tr, st, -1);
 }
 
-void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpStats& st) {
+void canonical_bwd(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st) {
   refuse_device_call(t);
   const std::string err = check_canonical(t);
   CTXPAR_CHECK(err.empty(), err);
@@ -136,7 +136,7 @@ void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
   const size_t w = size_t(t.H_kv) * t.D, total = g.origin.size(), own = size_t(t.S_k) * w;
   Buffer<int64_t> dk(total * w), dv(total * w);  // zeroed: the kernel adds
   std::fill_n(t.dq, size_t(t.S_q) * t.H_q * t.D, 0.f);
-  AttnParams p = g.call(t);
+  CpCall p = g.call(t);
   p.dk = p.dv = nullptr;
   p.dk_fixed = dk.data();
   p.dv_fixed = dv.data();
@@ -167,7 +167,7 @@ void canonical_bwd(Comm* c, const AttnParams& t, bool ring_hops, Tracer* tr, CpS
   fixed_to_float(mine.data() + own, t.dv, int64_t(own));
 }
 
-void canonical_infer_fwd(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) {
+void canonical_infer_fwd(Comm& c, const CpCall& t, Tracer* tr, CpStats& st) {
   CTXPAR_CHECK(t.device == Device::cpu && t.dtype == DType::f32 && !t.expander,
                "exact inference: CPU fp32 calls of K/V heads");
   const int P = c.size(), r = c.rank();
@@ -218,7 +218,7 @@ void canonical_infer_fwd(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) 
         std::copy_n(all_rows.data() + g * rw + qw + kw, kw, static_cast<float*>(t.v_cache) + slot * t.v_ld());
       }
   }
-  AttnParams a = t;
+  CpCall a = t;
   a.q = all_rows.data();
   a.q_stride = rw;
   a.S_q = P * R;
@@ -247,7 +247,7 @@ void canonical_infer_fwd(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) 
   });
   CTXPAR_CHECK(hi[n * w] == 0, "exact inference: an attention value beyond the exact sums' range (|x| >= 2^"
                                    << kExactRange << ", or NaN)");
-  AttnParams f = t;
+  CpCall f = t;
   const size_t off = size_t(r) * size_t(R * H);
   attn_exact_finish(f, M.data() + off, hi.data() + off * w, lo.data() + off * w);
 }
@@ -264,10 +264,10 @@ class Canonical final : public ScheduleOf {
   Canonical(Topology& topo, std::unique_ptr<CpStrategy> plain, bool ring_hops)
       : ScheduleOf(std::move(plain)), comm_(topo.cp()), ring_hops_(ring_hops) {}
   bool moves_latent() const override { return false; }  // the canonical call moves MLA's expanded K/V
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
     cp::canonical_fwd(&comm_, local, ring_hops_, tr, st);
   }
-  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void backward(const CpCall& local, Tracer* tr, CpStats& st) override {
     cp::canonical_bwd(&comm_, local, ring_hops_, tr, st);
   }
 
@@ -284,16 +284,16 @@ class CanonicalInfer final : public ScheduleOf {
  public:
   explicit CanonicalInfer(Topology& topo) : ScheduleOf(make_pass_q_strategy(topo)), comm_(topo.cp()) {}
   bool has_backward() const override { return false; }
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
     cp::refuse_device_call(local);
     cp::canonical_infer_fwd(comm_, local, tr, st);
   }
-  void backward(const AttnParams&, Tracer*, CpStats&) override {
+  void backward(const CpCall&, Tracer*, CpStats&) override {
     CTXPAR_FATAL(name() << "'s exact inference schedule has no backward");
   }
   // The rows gathered (q, position, document), the maxima and the exact sums all-reduced (ring
   // all-reduce: twice the buffer), for a prefill of S_q rows without new K/V riders.
-  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+  double comm_volume_fwd(const CpCall& s, bool docs, const Topology& topo) const override {
     (void)docs;
     const int P = topo.cp_size();
     const double R = double(s.S_q / P), n = double(s.S_q) * s.H_q, frac = double(P - 1) / P;

@@ -3,7 +3,7 @@
 // gathered keys alone for ulysses). A K/V head replicated on several ranks (each holding part of
 // its group's query heads) returns its dK/dV as integer sums, added over the copies before the one
 // rounding (ulysses_bwd_exact); so does every head when the caller takes the integers
-// (AttnParams::dk_fixed: K/V heads replicated over tp too).
+// (CpCall::dk_fixed: K/V heads replicated over tp too).
 #include <numeric>
 
 #include "cp/common.hpp"
@@ -15,9 +15,9 @@
 namespace ctxpar {
 namespace {
 
-// A replicated K/V head's copies must each hold whole exact parts (AttnParams::fixed_heads) of
+// A replicated K/V head's copies must each hold whole exact parts (CpCall::fixed_heads) of
 // its group's query heads, so their integer sums add up to the one-rank call's.
-std::string check_exact_heads(const std::string& strategy, const AttnParams& s, int U) {
+std::string check_exact_heads(const std::string& strategy, const CpCall& s, int U) {
   const int32_t part = s.fixed_heads > 0 ? s.fixed_heads : s.H_q / s.H_kv;
   if (U <= 1 || s.H_kv % U == 0 || (s.H_q / U) % part == 0) return "";
   return strategy + ": deterministic = true with kv_heads H_kv=" + std::to_string(s.H_kv) + " replicated on U=" +
@@ -33,19 +33,19 @@ class CanonicalUlysses final : public ScheduleOf {
   // ring: the ring axis (usp), or null (ulysses: the canonical call of one rank's keys)
   CanonicalUlysses(std::unique_ptr<CpStrategy> plain, Comm& ulysses, Comm* ring)
       : ScheduleOf(std::move(plain)), ulysses_(ulysses), ring_(ring) {}
-  std::string validate(const AttnParams& s, const Topology& topo) const override {
+  std::string validate(const CpCall& s, const Topology& topo) const override {
     std::string e = ScheduleOf::validate(s, topo);
     if (e.empty()) e = check_exact_heads(name(), s, ulysses_.size());
     return e;
   }
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
     cp::refuse_device_call(local);  // before the all-to-all moves anything
-    cp::ulysses_fwd(ulysses_, local, [&](const AttnParams& a) { cp::canonical_fwd(ring_, a, /*ring_hops=*/true, tr, st); },
+    cp::ulysses_fwd(ulysses_, local, [&](const CpCall& a) { cp::canonical_fwd(ring_, a, /*ring_hops=*/true, tr, st); },
                     tr, st);
   }
-  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void backward(const CpCall& local, Tracer* tr, CpStats& st) override {
     cp::refuse_device_call(local);
-    const cp::UlyssesInner inner = [&](const AttnParams& a) { cp::canonical_bwd(ring_, a, /*ring_hops=*/true, tr, st); };
+    const cp::UlyssesInner inner = [&](const CpCall& a) { cp::canonical_bwd(ring_, a, /*ring_hops=*/true, tr, st); };
     if (cp::head_split(local.H_kv, ulysses_.size()).replicated() || local.dk_fixed)
       cp::ulysses_bwd_exact(ulysses_, local, inner, tr, st);
     else

@@ -33,7 +33,7 @@ CpStats::~CpStats() {
 
 namespace ctxpar::cp {
 
-std::string check_common(const std::string& strategy, const AttnParams& s, int P) {
+std::string check_common(const std::string& strategy, const CpCall& s, int P) {
   const std::string pre = strategy + ": ";
   if (s.H_q <= 0 || s.H_kv <= 0 || s.D <= 0)
     return pre + "heads, kv_heads and head_dim must be positive (got H_q=" + std::to_string(s.H_q) +
@@ -50,7 +50,7 @@ std::string check_common(const std::string& strategy, const AttnParams& s, int P
   return "";
 }
 
-std::string refuse_latent(const std::string& strategy, const AttnParams& s) {
+std::string refuse_latent(const std::string& strategy, const CpCall& s) {
   if (s.latent_width <= 0) return "";
   return strategy + ": attention = mla: every head's K and V are expanded from one latent shared by all heads (" +
          std::to_string(s.latent_width) + " values per token), so a split of the heads over ranks would have to move " +
@@ -153,13 +153,13 @@ KvLayout latent_layout(int64_t S_k, int32_t latent_width, bool has_doc, bool has
   return L;
 }
 
-KvLayout key_layout(const AttnParams& a) {
+KvLayout key_layout(const CpCall& a) {
   const bool pos = a.k_pos_zigzag <= 0;
   if (a.expander) return latent_layout(a.S_k, a.latent_width, a.k_doc != nullptr, pos);
   return kv_layout(a.S_k, a.H_kv, a.D, a.dtype, a.k_doc != nullptr, pos, a.k == a.v);
 }
 
-std::vector<std::vector<int64_t>> derived_key_positions(const AttnParams& a, int P, int rank) {
+std::vector<std::vector<int64_t>> derived_key_positions(const CpCall& a, int P, int rank) {
   std::vector<std::vector<int64_t>> all;
   if (a.k_pos_zigzag <= 0) return all;
   const Partition part(PartitionKind::zigzag, a.k_pos_zigzag, P);
@@ -170,7 +170,7 @@ std::vector<std::vector<int64_t>> derived_key_positions(const AttnParams& a, int
   return all;
 }
 
-void point_keys_at(const KvLayout& L, std::byte* base, AttnParams& p) {
+void point_keys_at(const KvLayout& L, std::byte* base, CpCall& p) {
   p.S_k = L.S_k;
   if (L.latent_width == 0) {
     p.k = base + L.k_off;
@@ -180,7 +180,7 @@ void point_keys_at(const KvLayout& L, std::byte* base, AttnParams& p) {
   p.k_doc = L.has_doc ? reinterpret_cast<const int32_t*>(base + L.doc_off) : nullptr;
 }
 
-void pack_kv(const KvLayout& L, const AttnParams& p, std::byte* base) {
+void pack_kv(const KvLayout& L, const CpCall& p, std::byte* base) {
   const auto copy = [&](size_t off, const void* src, size_t bytes) { device_copy(base + off, src, bytes, p.device, p.stream); };
   if (L.latent_width > 0) {
     copy(L.k_off, p.latent, L.latent_bytes());
@@ -192,7 +192,7 @@ void pack_kv(const KvLayout& L, const AttnParams& p, std::byte* base) {
   if (L.has_doc) copy(L.doc_off, p.k_doc, size_t(L.S_k) * sizeof(int32_t));
 }
 
-std::string device_call_error(const std::string& strategy, const Comm& c, const AttnParams& a) {
+std::string device_call_error(const std::string& strategy, const Comm& c, const CpCall& a) {
   const std::string pre = strategy + " on device = " + name_of(a.device) + ": ";
   if (c.size() > 1 && c.device() < 0)
     return pre + "the communicator '" + c.name() + "' (" + c.backend() + ") moves host buffers only; a device call " +
@@ -202,17 +202,17 @@ std::string device_call_error(const std::string& strategy, const Comm& c, const 
   if (a.expander) return pre + "MLA's latent K/V (attention = mla) is CPU only so far";
   const bool by_pos = a.mask != MaskKind::none;
   if ((by_pos && (!a.q_pos_host || !a.k_pos_host)) || (a.q_doc && !a.q_doc_host) || (a.k_doc && !a.k_doc_host))
-    return pre + "the host copies of the positions and document ids are missing (AttnParams::q_pos_host, k_pos_host, "
+    return pre + "the host copies of the positions and document ids are missing (CpCall::q_pos_host, k_pos_host, "
                  "q_doc_host, k_doc_host)";
   return "";
 }
 
-void check_device_call(const std::string& strategy, const Comm& c, const AttnParams& a) {
+void check_device_call(const std::string& strategy, const Comm& c, const CpCall& a) {
   const std::string e = device_call_error(strategy, c, a);
   if (!e.empty()) throw std::invalid_argument(e);
 }
 
-void GroupKeyRows::point(AttnParams& p, int j0, int j1) const {
+void GroupKeyRows::point(CpCall& p, int j0, int j1) const {
   const size_t at = size_t(j0) * size_t(S_k);
   p.S_k = int64_t(j1 - j0) * S_k;
   p.k_pos = pos.empty() ? nullptr : pos_dev.data() + at;
@@ -221,10 +221,10 @@ void GroupKeyRows::point(AttnParams& p, int j0, int j1) const {
   p.k_doc_host = doc.empty() ? nullptr : doc.data() + at;
 }
 
-GroupKeyRows group_key_rows(Comm& c, const AttnParams& a, Tracer* tr, CpStats& st) {
+GroupKeyRows group_key_rows(Comm& c, const CpCall& a, Tracer* tr, CpStats& st) {
   const int P = c.size(), r = c.rank();
   const size_t n = size_t(a.S_k);
-  const AttnParams h = a.host_rows();
+  const CpCall h = a.host_rows();
   GroupKeyRows g;
   g.S_k = a.S_k;
   if (a.k_pos_zigzag > 0) {
@@ -254,12 +254,12 @@ int64_t progress_chunk_rows(int64_t S_q, int parts, Device device) {
   return std::max<int64_t>(c, tile);
 }
 
-void fwd_chunked(const AttnParams& p, int64_t chunk, bool merge, float* o_tmp, float* lse_tmp,
+void fwd_chunked(const CpCall& p, int64_t chunk, bool merge, float* o_tmp, float* lse_tmp,
                  const std::function<void()>& between) {
   CTXPAR_CHECK(chunk > 0, "chunk rows must be positive");
   for (int64_t a = 0; a < p.S_q; a += chunk) {
     const int64_t n = std::min(chunk, p.S_q - a);
-    AttnParams c = p.query_rows(a, n);
+    CpCall c = p.query_rows(a, n);
     if (merge) {
       c.o = o_tmp;
       c.lse = lse_tmp;
@@ -272,7 +272,7 @@ void fwd_chunked(const AttnParams& p, int64_t chunk, bool merge, float* o_tmp, f
   }
 }
 
-void bwd_chunked(const AttnParams& p, int64_t chunk, const std::function<void()>& between) {
+void bwd_chunked(const CpCall& p, int64_t chunk, const std::function<void()>& between) {
   CTXPAR_CHECK(chunk > 0, "chunk rows must be positive");
   for (int64_t a = 0; a < p.S_q; a += chunk) {
     attn_bwd(p.query_rows(a, std::min(chunk, p.S_q - a)));

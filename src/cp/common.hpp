@@ -39,12 +39,12 @@ class ScheduleOf : public CpStrategy {
   explicit ScheduleOf(std::unique_ptr<CpStrategy> plain) : plain_(std::move(plain)) {}
   std::string name() const override { return plain_->name(); }
   PartitionKind partition() const override { return plain_->partition(); }
-  std::string validate(const AttnParams& s, const Topology& topo) const override { return plain_->validate(s, topo); }
+  std::string validate(const CpCall& s, const Topology& topo) const override { return plain_->validate(s, topo); }
   bool moves_latent() const override { return plain_->moves_latent(); }
-  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+  double comm_volume_fwd(const CpCall& s, bool docs, const Topology& topo) const override {
     return plain_->comm_volume_fwd(s, docs, topo);
   }
-  double buffer_bytes(const AttnParams& s, bool docs, const Topology& topo) const override {
+  double buffer_bytes(const CpCall& s, bool docs, const Topology& topo) const override {
     return plain_->buffer_bytes(s, docs, topo);
   }
 
@@ -62,10 +62,10 @@ namespace cp {
 // "" when the sequence can be zigzag-sharded over P ranks, the heads form groups and the inputs
 // are packed, else a message naming the value and what would be valid. Shared by every
 // strategy's validate().
-std::string check_common(const std::string& strategy, const AttnParams& global, int P);
+std::string check_common(const std::string& strategy, const CpCall& global, int P);
 // "" unless K/V come from an MLA latent (s.latent_width > 0), which a strategy that splits the
 // heads over ranks (ulysses, usp) cannot move: the message says why and what would be valid.
-std::string refuse_latent(const std::string& strategy, const AttnParams& s);
+std::string refuse_latent(const std::string& strategy, const CpCall& s);
 // The strategies copy and send whole rows of q, k, v and dout: they take packed tensors.
 inline constexpr const char* kPackedOnly =
     "takes packed q, k, v, dout (row strides 0); strided views are for single kernel calls (attn_fwd, attn_bwd)";
@@ -97,13 +97,13 @@ constexpr size_t align64(size_t x) { return (x + 63) & ~size_t(63); }
 // positions and (optionally) document ids, in one byte buffer (one message per hop). Sections
 // start on 64-byte boundaries so the typed views are aligned.
 // MLA (latent_width > 0): the message holds the block's latent rows [S_k, latent_width] (fp32)
-// at k_off instead of K and V (AttnParams::expander).
+// at k_off instead of K and V (CpCall::expander).
 struct KvLayout {
   int64_t S_k = 0;
   int32_t H_kv = 0, D = 0;
   DType dtype = DType::f32;
   bool has_doc = false;
-  bool has_pos = true;  // false: the receiver derives them (AttnParams::k_pos_zigzag)
+  bool has_pos = true;  // false: the receiver derives them (CpCall::k_pos_zigzag)
   bool shared_kv = false;  // keys and values are the same rows (k == v: MLA's latent cache): sent once
   int32_t latent_width = 0;
   size_t k_off = 0, v_off = 0, pos_off = 0, doc_off = 0, bytes = 0;
@@ -115,30 +115,30 @@ KvLayout kv_layout(int64_t S_k, int32_t H_kv, int32_t D, DType dtype, bool has_d
 KvLayout latent_layout(int64_t S_k, int32_t latent_width, bool has_doc, bool has_pos = true);
 // The message layout of the key side of the call `a`: the latent's when it has an expander;
 // without positions when they are derivable (k_pos_zigzag); K once when v is the same memory.
-KvLayout key_layout(const AttnParams& a);
+KvLayout key_layout(const CpCall& a);
 // The key positions of every rank of a group of P when `a` says they are derivable
 // (k_pos_zigzag > 0; checked against this rank's own), else empty.
-std::vector<std::vector<int64_t>> derived_key_positions(const AttnParams& a, int P, int rank);
+std::vector<std::vector<int64_t>> derived_key_positions(const CpCall& a, int P, int rank);
 
 // The key side of `p` pointed at a packed block at `base` (k_pos unless derived, k_doc, S_k; k and v
 // unless the block is a latent, whose rows latent_at() gives).
-void point_keys_at(const KvLayout& L, std::byte* base, AttnParams& p);
+void point_keys_at(const KvLayout& L, std::byte* base, CpCall& p);
 inline const float* latent_at(const KvLayout& L, const std::byte* base) {
   return reinterpret_cast<const float*>(base + L.k_off);
 }
 // Packs the key side of `p` (k, v or the latent; k_pos, k_doc of L.S_k rows) into `base`, on the
 // call's device.
-void pack_kv(const KvLayout& L, const AttnParams& p, std::byte* base);
+void pack_kv(const KvLayout& L, const CpCall& p, std::byte* base);
 
-// ---- calls on a device (AttnParams::device other than the CPU) ----
+// ---- calls on a device (CpCall::device other than the CPU) ----
 // "" when the strategy `strategy` can run the call `a` on its device over `c`, else what is wrong:
 // the communicator must move device buffers (a device backend, Topology::use_device_comms) with
 // the call's stream as its compute stream, the host copies of positions and document ids must be
-// given (AttnParams::q_pos_host ...), and MLA's latent is CPU only so far (so are the schedules
+// given (CpCall::q_pos_host ...), and MLA's latent is CPU only so far (so are the schedules
 // other than plain: they refuse device calls themselves).
-std::string device_call_error(const std::string& strategy, const Comm& c, const AttnParams& a);
+std::string device_call_error(const std::string& strategy, const Comm& c, const CpCall& a);
 // Throws std::invalid_argument with device_call_error's message, if any.
-void check_device_call(const std::string& strategy, const Comm& c, const AttnParams& a);
+void check_device_call(const std::string& strategy, const Comm& c, const CpCall& a);
 
 // A copy of n host elements on `device` (ordered on `stream`; the host array may be released at once).
 template <class T> Buffer<T> to_device(const T* host, size_t n, Device device, Stream stream) {
@@ -161,9 +161,9 @@ struct GroupKeyRows {
   Buffer<int64_t> pos_dev;    // the same on the call's device
   Buffer<int32_t> doc_dev;
   // Points the key side's positions and document ids of `p` (device and host) at ranks [j0, j1).
-  void point(AttnParams& p, int j0, int j1) const;
+  void point(CpCall& p, int j0, int j1) const;
 };
-GroupKeyRows group_key_rows(Comm& c, const AttnParams& a, Tracer* tr, CpStats& st);
+GroupKeyRows group_key_rows(Comm& c, const CpCall& a, Tracer* tr, CpStats& st);
 
 // Query rows per kernel call while a transfer is in flight: OpenMPI moves a large message only
 // inside MPI calls, so the block's compute is split into row chunks and the pending requests
@@ -174,11 +174,11 @@ GroupKeyRows group_key_rows(Comm& c, const AttnParams& a, Tracer* tr, CpStats& s
 int64_t progress_chunk_rows(int64_t S_q, int parts, Device device = Device::cpu);
 
 // Calls attn_fwd (or attn_bwd) on `p` for consecutive chunks of `chunk` query rows
-// (AttnParams::query_rows), calling `between()` after each chunk. Forward with `merge`: the chunk's (o, lse) are
+// (CpCall::query_rows), calling `between()` after each chunk. Forward with `merge`: the chunk's (o, lse) are
 // computed into the scratch `o_tmp`/`lse_tmp` (chunk rows) and lse-merged into p.o / p.lse.
-void fwd_chunked(const AttnParams& p, int64_t chunk, bool merge, float* o_tmp, float* lse_tmp,
+void fwd_chunked(const CpCall& p, int64_t chunk, bool merge, float* o_tmp, float* lse_tmp,
                  const std::function<void()>& between);
-void bwd_chunked(const AttnParams& p, int64_t chunk, const std::function<void()>& between);
+void bwd_chunked(const CpCall& p, int64_t chunk, const std::function<void()>& between);
 
 }  // namespace cp
 }  // namespace ctxpar

@@ -19,7 +19,7 @@ class DecodeAllGather final : public cp::DecodeStrategy {
   explicit DecodeAllGather(Topology& topo) : comm_(topo.cp()) {}
   std::string name() const override { return "decode_allgather"; }
 
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
     const int N = comm_.size();
     const Device dev = local.device;
     if (dev != Device::cpu) cp::check_device_call(name(), comm_, local);

@@ -23,7 +23,7 @@ class DecodePassQ final : public cp::DecodeStrategy {
   // local.S_q = the padded rows of this rank's block (q_doc has S_q entries); the leading rows
   // with q_doc >= 0 are this rank's sequences (q, k_new, v_new, q_pos hold those rows), the rest
   // padding (q_doc -1).
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
     const int64_t Bq = local.S_q, n = local_rows(local);
     const cp::QLayout L = cp::q_layout(Bq, local.H_q, local.H_kv, local.D, local.dtype, true);
     if (local.device != Device::cpu) cp::check_device_call(name(), comm_, local);

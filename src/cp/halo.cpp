@@ -13,7 +13,7 @@
 // rank, chunk j = global positions [j c, (j+1) c) held by rank j (j < P) or 2P-1-j, at local
 // rows [0, c) or [c, 2c). Padding rows (the partition's last positions) are in nobody's past.
 //
-// On a GPU (AttnParams::device): the messages carry K and V only, packed by device copies on the
+// On a GPU (CpCall::device): the messages carry K and V only, packed by device copies on the
 // compute stream and handed to the communicator as device buffers; the receiver knows the halo
 // rows' positions from the plan (and their document ids from the group's, gathered on the host
 // once per call), uploads them, and adds the returning dK/dV with a device kernel.
@@ -125,7 +125,7 @@ class Halo final : public CpStrategy {
   std::string name() const override { return "halo"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
 
-  std::string validate(const AttnParams& s, const Topology& topo) const override {
+  std::string validate(const CpCall& s, const Topology& topo) const override {
     if (s.mask != MaskKind::window)
       return "halo: serves sliding-window (local) layers only (mask = window); under a " +
              std::string(s.mask == MaskKind::causal ? "causal" : "full") +
@@ -133,7 +133,7 @@ class Halo final : public CpStrategy {
     return cp::check_common(name(), s, topo.cp_size());
   }
 
-  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+  double comm_volume_fwd(const CpCall& s, bool docs, const Topology& topo) const override {
     const int P = topo.cp_size();
     const Plan plan = make_plan(P, cp_rank(topo), s.S_k / P, s.window);
     double b = 0;
@@ -143,7 +143,7 @@ class Halo final : public CpStrategy {
   }
   // Forward: the packed halo messages out and in; backward: those again plus their dK/dV (fp32)
   // both ways. Grows with the window, not with S.
-  double buffer_bytes(const AttnParams& s, bool docs, const Topology& topo) const override {
+  double buffer_bytes(const CpCall& s, bool docs, const Topology& topo) const override {
     const int P = topo.cp_size();
     const Plan plan = make_plan(P, cp_rank(topo), s.S_k / P, s.window);
     double b = 0;
@@ -154,15 +154,15 @@ class Halo final : public CpStrategy {
     return b;
   }
 
-  void forward(const AttnParams& a, Tracer* tr, CpStats& st) override {
+  void forward(const CpCall& a, Tracer* tr, CpStats& st) override {
     if (a.device != Device::cpu) cp::check_device_call(name(), comm_, a);
     Exchange x = post_halo(a, st, tr);
     const int64_t chunk = cp::progress_chunk_rows(a.S_q, kProgressParts, a.device);
     Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false, a.device, a.stream),
         lse_tmp(size_t(chunk) * a.H_q, false, a.device, a.stream);
     // Own keys first (initializes o and lse), while the halo travels.
-    timed_call(tr, st, Phase::attn_fwd, 0, a, [&](const AttnParams& p) {
-      for_near_keys(p, chunk, [&](const AttnParams& q) {
+    timed_call(tr, st, Phase::attn_fwd, 0, a, [&](const CpCall& p) {
+      for_near_keys(p, chunk, [&](const CpCall& q) {
         attn_fwd(q);
         x.progress(comm_);
       });
@@ -171,15 +171,15 @@ class Halo final : public CpStrategy {
       const Plan::Peer& peer = x.plan.peers[i];
       if (peer.recv_rows == 0) continue;
       cp::timed_wait(comm_, x.req[i], st, tr, int32_t(i + 1), double(x.in_layout[i].bytes));
-      AttnParams p = x.halo_keys(a, i);
-      timed_call(tr, st, Phase::attn_fwd, int32_t(i + 1), p, [&](const AttnParams& q) {
+      CpCall p = x.halo_keys(a, i);
+      timed_call(tr, st, Phase::attn_fwd, int32_t(i + 1), p, [&](const CpCall& q) {
         cp::fwd_chunked(q, chunk, true, o_tmp.data(), lse_tmp.data(), [&] { x.progress(comm_); });
       });
     }
     x.finish(comm_, st, tr);
   }
 
-  void backward(const AttnParams& a, Tracer* tr, CpStats& st) override {
+  void backward(const CpCall& a, Tracer* tr, CpStats& st) override {
     if (a.device != Device::cpu) cp::check_device_call(name(), comm_, a);
     const size_t kv_row = size_t(a.H_kv) * a.D;
     device_zero(a.dq, size_t(a.S_q) * a.H_q * a.D * sizeof(float), a.device, a.stream);
@@ -204,8 +204,8 @@ class Halo final : public CpStrategy {
       for (Request& r : back_req)
         if (r.pending()) comm_.test(r);
     };
-    timed_call(tr, st, Phase::attn_bwd, 0, a, [&](const AttnParams& p) {
-      for_near_keys(p, chunk, [&](const AttnParams& q) {
+    timed_call(tr, st, Phase::attn_bwd, 0, a, [&](const CpCall& p) {
+      for_near_keys(p, chunk, [&](const CpCall& q) {
         attn_bwd(q);
         progress();
       });
@@ -214,11 +214,11 @@ class Halo final : public CpStrategy {
       const Plan::Peer& peer = x.plan.peers[i];
       if (peer.recv_rows == 0) continue;
       cp::timed_wait(comm_, x.req[i], st, tr, int32_t(i + 1), double(x.in_layout[i].bytes));
-      AttnParams p = x.halo_keys(a, i);
+      CpCall p = x.halo_keys(a, i);
       back_out[i] = Buffer<float>(2 * size_t(peer.recv_rows) * kv_row, true, a.device, a.stream);  // the kernel accumulates
       p.dk = back_out[i].data();
       p.dv = back_out[i].data() + size_t(peer.recv_rows) * kv_row;
-      timed_call(tr, st, Phase::attn_bwd, int32_t(i + 1), p, [&](const AttnParams& q) {
+      timed_call(tr, st, Phase::attn_bwd, int32_t(i + 1), p, [&](const CpCall& q) {
         cp::bwd_chunked(q, chunk, progress);
       });
       // Home to the owner; the receive of the matching message was posted there at the start.
@@ -269,8 +269,8 @@ class Halo final : public CpStrategy {
         if (r.pending()) c.test(r);
     }
     // The local queries that can see peer i's halo rows, against those rows.
-    AttnParams halo_keys(const AttnParams& a, size_t i) const {
-      AttnParams p = a;
+    CpCall halo_keys(const CpCall& a, size_t i) const {
+      CpCall p = a;
       cp::point_keys_at(in_layout[i], const_cast<std::byte*>(in[i].data()), p);
       if (a.device != Device::cpu) {
         p.k_pos = in_pos_dev[i].data();
@@ -292,7 +292,7 @@ class Halo final : public CpStrategy {
     }
   };
 
-  Exchange post_halo(const AttnParams& a, CpStats& st, Tracer* tr) {
+  Exchange post_halo(const CpCall& a, CpStats& st, Tracer* tr) {
     const int P = comm_.size(), me = comm_.rank();
     const bool gpu = a.device != Device::cpu;
     CTXPAR_CHECK(a.S_q == a.S_k && a.S_k % 2 == 0, "halo: takes the zigzag training layout (S_q = S_k, even); got S_q = "
@@ -368,12 +368,12 @@ class Halo final : public CpStrategy {
   // only the keys its window reaches: positions [first - window + 1, last] of the block, a
   // contiguous run of the ascending local rows. The kernel packs the keys of a call, so a block
   // against all local keys would cost S_loc per block instead of chunk + window.
-  template <class F> static void for_near_keys(const AttnParams& p, int64_t chunk, F&& f) {
+  template <class F> static void for_near_keys(const CpCall& p, int64_t chunk, F&& f) {
     const bool gpu = p.device != Device::cpu;  // positions read from the host copies there
     const int64_t* kp = gpu ? p.k_pos_host : p.k_pos;
     for (int64_t a0 = 0; a0 < p.S_q; a0 += chunk) {
       const int64_t n = std::min(chunk, p.S_q - a0);
-      const AttnParams q = p.query_rows(a0, n);
+      const CpCall q = p.query_rows(a0, n);
       const int64_t* qp = gpu ? q.q_pos_host : q.q_pos;
       const int64_t k0 = std::lower_bound(kp, kp + p.S_k, qp[0] - (p.window - 1)) - kp;
       const int64_t k1 = std::upper_bound(kp, kp + p.S_k, qp[n - 1]) - kp;
@@ -381,7 +381,7 @@ class Halo final : public CpStrategy {
     }
   }
 
-  template <class F> static void timed_call(Tracer* tr, CpStats& st, Phase ph, int32_t step, const AttnParams& p, F&& f) {
+  template <class F> static void timed_call(Tracer* tr, CpStats& st, Phase ph, int32_t step, const CpCall& p, F&& f) {
     const int64_t pairs = visible_pairs(p);
     if (step > 0 && (pairs == 0 || p.S_q == 0)) return;  // step 0 initializes o, lse even when empty
     const double flops = ph == Phase::attn_fwd ? attn_fwd_flops(double(pairs), p.H_q, p.D)

@@ -25,25 +25,25 @@ class PassQ final : public cp::ForwardOnlyStrategy {
   std::string name() const override { return "pass_q"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
 
-  std::string validate(const AttnParams& s, const Topology& topo) const override {
+  std::string validate(const CpCall& s, const Topology& topo) const override {
     return cp::check_common(name(), s, topo.cp_size());
   }
 
-  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+  double comm_volume_fwd(const CpCall& s, bool docs, const Topology& topo) const override {
     const int N = topo.cp_size();  // docs: a batched prefill's sequences travel with the queries
     const int64_t n = s.S_q / N;
     const cp::QLayout L = cp::q_layout(n, s.H_q, s.H_kv, s.D, s.dtype, false, docs);
     return double(N - 1) * (double(L.bytes) + double(cp::partial_elems(n, s.H_q, s.D)) * sizeof(float));
   }
 
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
     const int64_t n = local.S_q;
     const cp::QLayout L = cp::q_layout(n, local.H_q, local.H_kv, local.D, local.dtype, false, local.docs());
     const int64_t chunk = cp::progress_chunk_rows(n, kProgressParts, local.device);
     if (local.device != Device::cpu) cp::check_device_call(name(), comm_, local);
     cp::pass_q_forward(comm_, L, local, n, kTagQ, tr, st,
                        [&](std::byte* here, const std::byte* meta, int, int s, Request& req, float* o) {
-      const AttnParams p = cp::visiting_block(L, here, meta, local, o, o + size_t(n) * local.H_q * local.D);
+      const CpCall p = cp::visiting_block(L, here, meta, local, o, o + size_t(n) * local.H_q * local.D);
       const double flops = cp::call_fwd_flops(p);
       const double t0 = tr ? tr->stamp() : 0;
       cp::fwd_chunked(p, chunk, false, nullptr, nullptr, [&] {

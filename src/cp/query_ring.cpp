@@ -39,14 +39,14 @@ QLayout q_layout(int64_t n, int32_t H_q, int32_t H_kv, int32_t D, DType dtype, b
   return L;
 }
 
-std::vector<std::byte> pack_queries(const QLayout& L, const AttnParams& local, int64_t n_rows, std::byte* base) {
+std::vector<std::byte> pack_queries(const QLayout& L, const CpCall& local, int64_t n_rows, std::byte* base) {
   const size_t e = dtype_bytes(local.dtype), n = size_t(n_rows);
   device_copy(base + L.q_off, local.q, n * L.H_q * L.D * e, local.device, local.stream);
   if (L.riders) {
     device_copy(base + L.k_off, local.k_new, n * L.H_kv * L.D * e, local.device, local.stream);
     device_copy(base + L.v_off, local.v_new, n * L.H_kv * L.D * e, local.device, local.stream);
   }
-  const AttnParams h = local.host_rows();
+  const CpCall h = local.host_rows();
   std::vector<std::byte> meta(meta_bytes(L));
   const auto sec = [&](size_t off) { return meta.data() + (off - L.pos_off); };  // a section of the block, on the host
   for (int64_t i = 0; i < L.n; ++i) {
@@ -67,9 +67,9 @@ BlockMeta gather_block_meta(Comm& c, const QLayout& L, const std::vector<std::by
   return b;
 }
 
-AttnParams visiting_block(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* o,
+CpCall visiting_block(const QLayout& L, std::byte* base, const std::byte* meta, const CpCall& local, float* o,
                           float* lse) {
-  AttnParams p = local;
+  CpCall p = local;
   p.S_q = L.n;
   p.q = base + L.q_off;
   p.q_pos = at<int64_t>(base, L.pos_off);
@@ -88,7 +88,7 @@ int64_t block_doc(const QLayout& L, const std::byte* meta, int64_t i) {
   return reinterpret_cast<const int64_t*>(meta + (L.doc_off - L.pos_off))[i];
 }
 
-double decode_visit(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* o,
+double decode_visit(const QLayout& L, std::byte* base, const std::byte* meta, const CpCall& local, float* o,
                     float* lse) {
   const int32_t Hq = local.H_q, D = local.D;
   const size_t e = dtype_bytes(local.dtype), kw = size_t(local.H_kv) * D, qw = size_t(Hq) * D;
@@ -111,7 +111,7 @@ double decode_visit(const QLayout& L, std::byte* base, const std::byte* meta, co
       continue;
     }
     const size_t first = size_t(local.k_doc_begin[b]);
-    AttnParams p = local;
+    CpCall p = local;
     p.q = base + L.q_off + size_t(i) * qw * e;
     p.q_pos = at<int64_t>(base, L.pos_off) + i;
     p.q_pos_host = pos_host + i;
@@ -131,7 +131,7 @@ double decode_visit(const QLayout& L, std::byte* base, const std::byte* meta, co
   return flops;
 }
 
-void decode_visit_traced(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* part,
+void decode_visit_traced(const QLayout& L, std::byte* base, const std::byte* meta, const CpCall& local, float* part,
                          int step, Tracer* tr, CpStats& st) {
   const double t0 = tr ? tr->stamp() : 0;
   const double flops = decode_visit(L, base, meta, local, part, part + size_t(L.n) * local.H_q * local.D);
@@ -139,7 +139,7 @@ void decode_visit_traced(const QLayout& L, std::byte* base, const std::byte* met
   if (tr) tr->add_span(Phase::attn_fwd, -1, step, t0, tr->stamp(), flops, 0);
 }
 
-void pass_q_forward(Comm& c, const QLayout& L, const AttnParams& local, int64_t n_rows, int tag, Tracer* tr,
+void pass_q_forward(Comm& c, const QLayout& L, const CpCall& local, int64_t n_rows, int tag, Tracer* tr,
                     CpStats& st, const QueryVisit& visit) {
   const int N = c.size(), r = c.rank(), next = (r + 1) % N, prev = (r + N - 1) % N;
   const bool dev = local.device != Device::cpu;
@@ -166,24 +166,24 @@ void pass_q_forward(Comm& c, const QLayout& L, const AttnParams& local, int64_t 
   return_and_merge(c, part, L.n, n_rows, local, tr, st);
 }
 
-void ForwardOnlyStrategy::backward(const AttnParams&, Tracer*, CpStats&) {
+void ForwardOnlyStrategy::backward(const CpCall&, Tracer*, CpStats&) {
   CTXPAR_FATAL(name() << " is an inference strategy: it has no backward");
 }
 
-std::string DecodeStrategy::validate(const AttnParams& s, const Topology& topo) const {
+std::string DecodeStrategy::validate(const CpCall& s, const Topology& topo) const {
   (void)topo;
   if (!(s.H_q > 0 && s.H_kv > 0 && s.H_q % s.H_kv == 0)) return name() + ": heads must be a positive multiple of kv_heads";
   return s.packed() ? "" : name() + ": " + kPackedOnly;
 }
 
-double DecodeStrategy::comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const {
+double DecodeStrategy::comm_volume_fwd(const CpCall& s, bool docs, const Topology& topo) const {
   (void)docs;  // inference has one document per sequence
   const int N = topo.cp_size();
   const QLayout L = q_layout(s.S_q, s.H_q, s.H_kv, s.D, s.dtype, true);
   return double(N - 1) * (double(L.bytes) + double(partial_elems(s.S_q, s.H_q, s.D)) * sizeof(float));
 }
 
-int64_t DecodeStrategy::local_rows(const AttnParams& p) {
+int64_t DecodeStrategy::local_rows(const CpCall& p) {
   const int32_t* doc = p.host_rows().q_doc;
   int64_t n = 0;
   while (n < p.S_q && doc[n] >= 0) ++n;
@@ -192,7 +192,7 @@ int64_t DecodeStrategy::local_rows(const AttnParams& p) {
 
 size_t partial_elems(int64_t n, int32_t H_q, int32_t D) { return size_t(n) * H_q * (size_t(D) + 1); }
 
-void return_and_merge(Comm& c, Buffer<float>& part, int64_t n_block, int64_t n_rows, const AttnParams& local,
+void return_and_merge(Comm& c, Buffer<float>& part, int64_t n_block, int64_t n_rows, const CpCall& local,
                       Tracer* tr, CpStats& st) {
   const int N = c.size();
   const int32_t H_q = local.H_q, D = local.D;

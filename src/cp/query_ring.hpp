@@ -36,11 +36,11 @@ QLayout q_layout(int64_t n, int32_t H_q, int32_t H_kv, int32_t D, DType dtype, b
 // Packs the first n_rows local query rows (n_rows <= L.n; the rest are padding: tensors
 // untouched, position -1, document -1) at `base` on the call's device; returns the metadata
 // sections as written (host bytes, meta_bytes(L)). A block lives on the call's device
-// (AttnParams::device); its metadata sections (positions and document ids, from pos_off to the
+// (CpCall::device); its metadata sections (positions and document ids, from pos_off to the
 // end) are also read on the host, from `meta`: the block's own bytes on the CPU, a host copy of
 // every rank's (BlockMeta) for a device call.
 inline size_t meta_bytes(const QLayout& L) { return L.bytes - L.pos_off; }
-std::vector<std::byte> pack_queries(const QLayout& L, const AttnParams& local, int64_t n_rows, std::byte* base);
+std::vector<std::byte> pack_queries(const QLayout& L, const CpCall& local, int64_t n_rows, std::byte* base);
 // The host metadata of every rank's block of a device call: all-gathered once (host buffers, on
 // the device backend's host communicator), so that no ring step reads device memory on the host.
 struct BlockMeta {
@@ -56,7 +56,7 @@ struct BlockMeta {
 BlockMeta gather_block_meta(Comm& c, const QLayout& L, const std::vector<std::byte>& mine, Tracer* tr, CpStats& st);
 // The call of the block at `base` (origin rank's queries; `meta` its host metadata) against this
 // rank's keys of `local`, its outputs at `o`, `lse` (n rows).
-AttnParams visiting_block(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* o,
+CpCall visiting_block(const QLayout& L, std::byte* base, const std::byte* meta, const CpCall& local, float* o,
                           float* lse);
 // The document id of row i of the block (riders only), from its host metadata.
 int64_t block_doc(const QLayout& L, const std::byte* meta, int64_t i);
@@ -65,11 +65,11 @@ int64_t block_doc(const QLayout& L, const std::byte* meta, int64_t i);
 // (`local`'s k_doc_begin / k_doc_len / k_new_slot, host arrays): a row whose sequence is stored here
 // first appends its own K/V (so it also sees itself); a row with nothing here (or a padding row)
 // gets o = 0, lse = -inf. One kernel call per row. Returns the attention FLOPs (every cached key).
-double decode_visit(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* o,
+double decode_visit(const QLayout& L, std::byte* base, const std::byte* meta, const CpCall& local, float* o,
                     float* lse);
 // decode_visit into `part` (one block's partial_elems(L.n) floats: o, then lse), counted in `st`
 // and traced as an attn_fwd span at ring step `step`.
-void decode_visit_traced(const QLayout& L, std::byte* base, const std::byte* meta, const AttnParams& local, float* part,
+void decode_visit_traced(const QLayout& L, std::byte* base, const std::byte* meta, const CpCall& local, float* part,
                          int step, Tracer* tr, CpStats& st);
 
 // What a visit computes: the partials of the block at `block` (rank `origin`'s queries, `meta` its
@@ -82,14 +82,14 @@ using QueryVisit =
 // rows, the rest padding), N ring steps (at step s the block of rank (r - s) mod N is here; the
 // next hop is posted before `visit` runs, double-buffered, and the wait after it is the exposed
 // time; one message per hop), then return_and_merge into local.o, local.lse (n_rows rows).
-void pass_q_forward(Comm& c, const QLayout& L, const AttnParams& local, int64_t n_rows, int tag, Tracer* tr,
+void pass_q_forward(Comm& c, const QLayout& L, const CpCall& local, int64_t n_rows, int tag, Tracer* tr,
                     CpStats& st, const QueryVisit& visit);
 
 // The forward-only strategies (pass_q, decode_*): a backward is refused.
 class ForwardOnlyStrategy : public CpStrategy {
  public:
   bool has_backward() const override { return false; }
-  void backward(const AttnParams&, Tracer*, CpStats&) override;
+  void backward(const CpCall&, Tracer*, CpStats&) override;
 };
 
 // What the two decode strategies share: validate (the head groups), the bytes of one forward
@@ -98,11 +98,11 @@ class ForwardOnlyStrategy : public CpStrategy {
 class DecodeStrategy : public ForwardOnlyStrategy {
  public:
   PartitionKind partition() const override { return PartitionKind::contiguous; }
-  std::string validate(const AttnParams& s, const Topology& topo) const override;
-  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override;
+  std::string validate(const CpCall& s, const Topology& topo) const override;
+  double comm_volume_fwd(const CpCall& s, bool docs, const Topology& topo) const override;
 
  protected:
-  static int64_t local_rows(const AttnParams& p);
+  static int64_t local_rows(const CpCall& p);
 };
 
 // Floats of one block's partial result: [o (n H_q D) | lse (n H_q)].
@@ -111,7 +111,7 @@ size_t partial_elems(int64_t n, int32_t H_q, int32_t D);
 // `part` holds, block j, rank j's queries against this rank's keys (partial_elems(n_block) each).
 // One all-to-all sends every block home; the first n_rows rows of every returned block are
 // lse-merged in rank order into local.o [n_rows, H_q, D], local.lse [n_rows, H_q] (on its device).
-void return_and_merge(Comm& c, Buffer<float>& part, int64_t n_block, int64_t n_rows, const AttnParams& local,
+void return_and_merge(Comm& c, Buffer<float>& part, int64_t n_block, int64_t n_rows, const CpCall& local,
                       Tracer* tr, CpStats& st);
 
 }  // namespace cp

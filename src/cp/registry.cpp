@@ -197,8 +197,8 @@ std::unique_ptr<GdnCp> make_gdn_cp(const std::string& schedule) {
   return nullptr;
 }
 
-AttnParams attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window) {
-  AttnParams p;
+CpCall attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window) {
+  CpCall p;
   p.S_q = p.S_k = S;
   p.H_q = H_q;
   p.H_kv = H_kv;

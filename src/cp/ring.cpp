@@ -19,20 +19,20 @@ class Ring final : public CpStrategy {
   std::string name() const override { return "ring"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
 
-  std::string validate(const AttnParams& s, const Topology& topo) const override {
+  std::string validate(const CpCall& s, const Topology& topo) const override {
     return cp::check_common(name(), s, topo.cp_size());
   }
 
   bool moves_latent() const override { return true; }
 
-  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+  double comm_volume_fwd(const CpCall& s, bool docs, const Topology& topo) const override {
     const int P = topo.cp_size();
     return (P - 1) * message_bytes(s, docs, P);
   }
   // The backward's (ring_core.cpp): the visiting K/V block and the next in flight, the dK/dV
   // partial sums (fp32) being sent and being filled, and the one arriving: flat in P at a fixed S / P.
   // MLA: two latent blocks, three latent-gradient sums, and the expanded block's K/V and dK/dV.
-  double buffer_bytes(const AttnParams& s, bool docs, const Topology& topo) const override {
+  double buffer_bytes(const CpCall& s, bool docs, const Topology& topo) const override {
     const int P = topo.cp_size();
     const int64_t n = s.S_k / P;
     if (s.latent_width > 0)
@@ -42,15 +42,15 @@ class Ring final : public CpStrategy {
     return 2.0 * message_bytes(s, docs, P) + 3.0 * cp::ring_dkv_message_bytes(n, s.H_kv, s.D);
   }
 
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
     cp::ring_fwd(&comm_, local, tr, st);
   }
-  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void backward(const CpCall& local, Tracer* tr, CpStats& st) override {
     cp::ring_bwd(&comm_, local, tr, st);
   }
 
  private:
-  static double message_bytes(const AttnParams& s, bool docs, int P) {
+  static double message_bytes(const CpCall& s, bool docs, int P) {
     const bool pos = s.k_pos_zigzag <= 0;  // derivable positions do not travel
     return s.latent_width > 0 ? cp::ring_latent_message_bytes(s.S_k / P, s.latent_width, docs, pos)
                               : cp::ring_kv_message_bytes(s.S_k / P, s.H_kv, s.D, s.dtype, docs, pos);

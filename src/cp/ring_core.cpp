@@ -40,7 +40,7 @@ namespace {
 // Scratch K and V of a visiting latent block (MLA), expanded on arrival; empty otherwise.
 struct Expanded {
   Buffer<float> k, v;
-  explicit Expanded(const AttnParams& a) {
+  explicit Expanded(const CpCall& a) {
     if (!a.expander) return;
     const size_t n = size_t(a.S_k) * a.H_kv * a.D;
     k.resize(n, false);
@@ -55,14 +55,14 @@ struct BlockRows {
   std::vector<std::vector<int64_t>> derived;
   GroupKeyRows group;
   bool device = false;
-  BlockRows(Comm& ring, const AttnParams& a, Tracer* tr, CpStats& st) : device(a.device != Device::cpu) {
+  BlockRows(Comm& ring, const CpCall& a, Tracer* tr, CpStats& st) : device(a.device != Device::cpu) {
     if (device) group = group_key_rows(ring, a, tr, st);
     else derived = derived_key_positions(a, ring.size(), ring.rank());
   }
 };
 
 // The message layout of a call: key_layout(a), or K and V alone for a device call.
-KvLayout ring_layout(const AttnParams& a) {
+KvLayout ring_layout(const CpCall& a) {
   if (a.device == Device::cpu) return key_layout(a);
   return kv_layout(a.S_k, a.H_kv, a.D, a.dtype, /*has_doc=*/false, /*has_pos=*/false, a.k == a.v);
 }
@@ -71,8 +71,8 @@ KvLayout ring_layout(const AttnParams& a) {
 // given: a latent block's are expanded already), later the message's; a latent block is expanded
 // into `x`. Positions the message does not carry are the block's owner's, from `rows`.
 // Returns the block's latent rows (null without an expander).
-const float* bring_block(const KvLayout& L, std::byte* msg, const AttnParams& a, int s, Expanded& x,
-                         const BlockRows& rows, int owner, AttnParams& p) {
+const float* bring_block(const KvLayout& L, std::byte* msg, const CpCall& a, int s, Expanded& x,
+                         const BlockRows& rows, int owner, CpCall& p) {
   if (rows.device) {
     point_keys_at(L, msg, p);
     rows.group.point(p, owner, owner + 1);
@@ -97,7 +97,7 @@ const float* bring_block(const KvLayout& L, std::byte* msg, const AttnParams& a,
 
 }  // namespace
 
-void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
+void ring_fwd(Comm* ring, const CpCall& a, Tracer* tr, CpStats& st) {
   const int P = ring ? ring->size() : 1;
   if (P == 1) {
     counted_fwd(a, tr, st, 0);
@@ -114,7 +114,7 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts, a.device);
   Buffer<float> o_tmp(size_t(chunk) * a.H_q * a.D, false, a.device, a.stream),
       lse_tmp(size_t(chunk) * a.H_q, false, a.device, a.stream);
-  AttnParams p = a;
+  CpCall p = a;
 
   for (int s = 0; s < P; ++s) {
     const int cur = s % 2;
@@ -141,7 +141,7 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   }
 }
 
-void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
+void ring_bwd(Comm* ring, const CpCall& a, Tracer* tr, CpStats& st) {
   const int P = ring ? ring->size() : 1;
   const size_t q_elems = size_t(a.S_q) * a.H_q * a.D;
   const size_t kv_elems = size_t(a.S_k) * a.H_kv * a.D;
@@ -153,7 +153,7 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
   const size_t lat_elems = lat ? size_t(a.S_k) * a.latent_width : 0;
   Buffer<float> dkx(lat ? kv_elems : 0, false), dvx(lat ? kv_elems : 0, false);
   if (P == 1) {
-    AttnParams p = a;
+    CpCall p = a;
     if (lat) {
       p.dk = dkx.data();
       p.dv = dvx.data();
@@ -167,7 +167,7 @@ void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st) {
     }
     return;
   }
-  AttnParams p = a;
+  CpCall p = a;
   const int r = ring->rank(), next = (r + 1) % P, prev = (r + P - 1) % P;
   const KvLayout L = ring_layout(a);
   Buffer<std::byte> kv[2] = {Buffer<std::byte>(L.bytes, false, a.device, a.stream),

@@ -31,7 +31,7 @@ double ring_latent_message_bytes(int64_t S_k, int32_t latent_width, bool has_doc
 // with test() between them so the transfer progresses; the wait after the compute is the
 // exposed time. Step 0 writes (o, lse); later steps lse-merge into them.
 // Messages posted: P - 1 (one packed K/V message per hop).
-void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st);
+void ring_fwd(Comm* ring, const CpCall& a, Tracer* tr, CpStats& st);
 
 // Backward: K/V circulate as in forward; each rank computes the block's dK/dV contribution into
 // a fresh buffer while the previous holders' partial sum (dK/dV) travels on a second stream; on
@@ -44,7 +44,7 @@ void ring_fwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st);
 // (the own block's K/V are the caller's); each block's dK/dV become the latent's gradient on the
 // rank that computed them (the expansion's weight gradient accumulates there), and that partial
 // sum is what travels home, into a.dlatent (dk, dv unused).
-void ring_bwd(Comm* ring, const AttnParams& a, Tracer* tr, CpStats& st);
+void ring_bwd(Comm* ring, const CpCall& a, Tracer* tr, CpStats& st);
 
 }  // namespace cp
 }  // namespace ctxpar

@@ -1,9 +1,10 @@
 // CpStrategy: one interface for every context-parallel attention pattern, training and inference;
 // one file per strategy (file name = config value), listed in registry.cpp. A strategy talks only
-// to Comm, Topology, AttnParams, the attention ops and lse_merge.
+// to Comm, Topology, CpCall, the attention ops and lse_merge.
 //
 // The call: every rank of the strategy's group holds its local query rows and its local key rows,
-// described by one AttnParams (kernels/attn_params.hpp) with global positions and document ids:
+// described by one CpCall (below: the kernels' AttnParams and the strategies' fields) with global
+// positions and document ids:
 // q, q_pos, q_doc [S_q]; k, v, k_pos, k_doc [S_k]. forward() produces O and LSE for the local
 // queries over all visible keys of every rank of the group; backward() produces dQ for the local
 // queries and dK, dV for the local keys (summed over every query on every rank that saw them).
@@ -29,7 +30,7 @@ namespace ctxpar {
 class Topology;
 class Tracer;
 
-// MLA (AttnParams::expander): turns latent rows into K and V rows and back. The owner (the model's
+// MLA (CpCall::expander): turns latent rows into K and V rows and back. The owner (the model's
 // layer) holds the expansion's weights and accumulates their gradient, so a strategy can expand
 // any block it receives and return the latent's gradient instead of dK/dV.
 class KvExpander {
@@ -40,6 +41,62 @@ class KvExpander {
   // dlatent [rows, latent_width] += the gradient through the expansion of dk, dv [rows, H_kv * D];
   // the expansion's weight gradient accumulates in the owner (from every block this rank saw).
   virtual void backward(const float* latent, int64_t rows, const float* dk, const float* dv, float* dlatent) = 0;
+};
+
+// CpCall: a strategy's argument. Its attention part is the kernels' descriptor (AttnParams: the
+// rows of this rank's shard, their positions and document ids, the mask); the rest is what only
+// the strategies read. A kernel call takes the AttnParams part (a CpCall converts to it).
+struct CpCall : AttnParams {
+  // ---- KV cache of an inference call (read by the inference strategies, which split such a call
+  // per document into kernel calls). As flash-attention's
+  // fwd_kvcache: with k_doc_len set, k, v, k_pos hold the rows of a KV cache of documents
+  // (sequences): document d's keys are rows [k_doc_begin[d], k_doc_begin[d] + k_doc_len[d]), and
+  // a query row of document q_doc[i] (-1: a padding row, sees nothing) sees only those. Decode:
+  // each query row is a new token whose own key/value rows are k_new / v_new [S_q, H_kv, D],
+  // visible to it; this rank stores document d's new token at cache row k_new_slot[d] of
+  // k_cache / v_cache (the writable view of k / v) when k_new_slot[d] >= 0 (another rank does
+  // when -1), and it is visible from then on; the caller reserves the slot, so k_pos at
+  // k_new_slot[d] already holds the new token's position.
+  const int64_t* k_doc_begin = nullptr;
+  const int64_t* k_doc_len = nullptr;
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  const int64_t* k_new_slot = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+
+  // ---- Derivable key positions (read by the ring). When > 0: every
+  // rank of the strategy's group holds, as its keys, its own zigzag shard of one sequence of
+  // k_pos_zigzag tokens (shard/partition.hpp: Partition(zigzag, k_pos_zigzag, P).positions(rank),
+  // padding rows included), so another rank's key positions can be computed instead of sent.
+  int64_t k_pos_zigzag = 0;
+  // The batch a call belongs to (> 0), the same on every rank: a visible-keys schedule (cp/visible.hpp)
+  // computes its plan once per batch and mask and reuses it for the other layers and the
+  // backward (0: no reuse).
+  int64_t batch_id = 0;
+
+  // ---- MLA's latent K/V (read by the CP strategies). With
+  // `expander` set, this rank's K and V rows are expanded from per-token latent rows `latent`
+  // [S_k, latent_width] (fp32; model/mla_layer.hpp: the K/V latent and the shared RoPE key). A
+  // strategy that moves the latent (CpStrategy::moves_latent) sends those rows instead of K and V,
+  // expands each block it receives, and its backward writes `dlatent` [S_k, latent_width] (the
+  // latent's gradient summed over the group; overwritten) instead of dk and dv. In a shape-only
+  // descriptor latent_width alone says that K/V come from a latent of that width.
+  int32_t latent_width = 0;
+  const float* latent = nullptr;
+  float* dlatent = nullptr;
+  KvExpander* expander = nullptr;
+
+  // The same call with its attention part replaced, the strategies' fields kept; the sub-calls
+  // of AttnParams (query_rows, key_rows, host_rows) likewise.
+  CpCall with(const AttnParams& a) const {
+    CpCall c = *this;
+    static_cast<AttnParams&>(c) = a;
+    return c;
+  }
+  CpCall query_rows(int64_t a, int64_t n) const { return with(AttnParams::query_rows(a, n)); }
+  CpCall key_rows(int64_t a, int64_t n) const { return with(AttnParams::key_rows(a, n)); }
+  CpCall host_rows() const { return with(AttnParams::host_rows()); }
 };
 
 // Counters of one call, for bench tables and traces.
@@ -76,21 +133,21 @@ class CpStrategy {
   // "" when the problem fits the topology, else a message naming what is wrong and what would be
   // valid. `global` is the shape of the whole problem (S_q = S_k = global tokens, heads, D, mask;
   // no pointers needed). Same result on every rank (depends only on its arguments).
-  virtual std::string validate(const AttnParams& global, const Topology& topo) const = 0;
-  virtual void forward(const AttnParams& local, Tracer* tr, CpStats& st) = 0;
+  virtual std::string validate(const CpCall& global, const Topology& topo) const = 0;
+  virtual void forward(const CpCall& local, Tracer* tr, CpStats& st) = 0;
   // Training strategies only (has_backward()); inference strategies refuse.
-  virtual void backward(const AttnParams& local, Tracer* tr, CpStats& st) = 0;
+  virtual void backward(const CpCall& local, Tracer* tr, CpStats& st) = 0;
   virtual bool has_backward() const { return true; }
-  // Does the strategy move an MLA latent (AttnParams::expander) instead of K and V? A caller
+  // Does the strategy move an MLA latent (CpCall::expander) instead of K and V? A caller
   // passes the latent only to one that does; the others get expanded K/V and return dk, dv.
   virtual bool moves_latent() const { return false; }
   // Bytes this rank sends in one forward of the problem `global` (for busbw and the cost model);
   // `docs`: document ids travel with the keys.
-  virtual double comm_volume_fwd(const AttnParams& global, bool docs, const Topology& topo) const = 0;
+  virtual double comm_volume_fwd(const CpCall& global, bool docs, const Topology& topo) const = 0;
   // Peak bytes of the strategy's transient buffers on a rank during a training step (forward and
   // backward), for the --dry-run memory plan. Default: three forward volumes, as if everything
   // received were held at once; a strategy that streams (the ring) holds less.
-  virtual double buffer_bytes(const AttnParams& global, bool docs, const Topology& topo) const {
+  virtual double buffer_bytes(const CpCall& global, bool docs, const Topology& topo) const {
     return 3.0 * comm_volume_fwd(global, docs, topo);
   }
 };
@@ -173,6 +230,6 @@ const StrategyRow& decode_row(DecodeAlgo algo);
 const StrategyRow* training_row(CommPattern comm);
 
 // The shape-only descriptor of a CP problem of S global tokens.
-AttnParams attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window);
+CpCall attn_problem(int64_t S, int32_t H_q, int32_t H_kv, int32_t D, MaskKind mask, int64_t window);
 
 }  // namespace ctxpar

@@ -18,7 +18,7 @@ class Ulysses final : public CpStrategy {
   std::string name() const override { return "ulysses"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
 
-  std::string validate(const AttnParams& s, const Topology& topo) const override {
+  std::string validate(const CpCall& s, const Topology& topo) const override {
     const int U = topo.cp_size();
     std::string e = cp::check_common(name(), s, U);
     if (e.empty()) e = cp::refuse_latent(name(), s);
@@ -26,17 +26,17 @@ class Ulysses final : public CpStrategy {
     return e;
   }
 
-  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+  double comm_volume_fwd(const CpCall& s, bool docs, const Topology& topo) const override {
     const int U = topo.cp_size();
     return cp::ulysses_fwd_bytes(s, docs, s.S_q / U, U);
   }
 
   // Inside: one local kernel call (the ring of one rank).
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    cp::ulysses_fwd(comm_, local, [&](const AttnParams& a) { cp::ring_fwd(nullptr, a, tr, st); }, tr, st);
+  void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
+    cp::ulysses_fwd(comm_, local, [&](const CpCall& a) { cp::ring_fwd(nullptr, a, tr, st); }, tr, st);
   }
-  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    cp::ulysses_bwd(comm_, local, [&](const AttnParams& a) { cp::ring_bwd(nullptr, a, tr, st); }, tr, st);
+  void backward(const CpCall& local, Tracer* tr, CpStats& st) override {
+    cp::ulysses_bwd(comm_, local, [&](const CpCall& a) { cp::ring_bwd(nullptr, a, tr, st); }, tr, st);
   }
 
  private:

@@ -74,7 +74,7 @@ size_t per_rank(std::initializer_list<HeadTensor> ts, int64_t S_loc) {
 struct On {
   Device device;
   Stream stream;
-  explicit On(const AttnParams& a) : device(a.device), stream(a.stream) {}
+  explicit On(const CpCall& a) : device(a.device), stream(a.stream) {}
 };
 
 // x → y for every tensor of `ts` in ONE all-to-all (fewer synchronisations than one per tensor):
@@ -160,10 +160,10 @@ struct TokenMeta {
   Buffer<int64_t> pos_dev;
   Buffer<int32_t> doc_dev;
 };
-TokenMeta gather_meta(Comm& c, const AttnParams& t, CpStats& st, Tracer* tr) {
+TokenMeta gather_meta(Comm& c, const CpCall& t, CpStats& st, Tracer* tr) {
   const int U = c.size();
   const size_t n = size_t(t.S_q);
-  const AttnParams h = t.host_rows();
+  const CpCall h = t.host_rows();
   TokenMeta m;
   m.pos.resize(n * U);
   timed_collective(c, st, tr, Phase::all_gather, double(n * (U - 1) * sizeof(int64_t)),
@@ -181,8 +181,8 @@ TokenMeta gather_meta(Comm& c, const AttnParams& t, CpStats& st, Tracer* tr) {
 }
 
 // The call on the U * S_loc gathered tokens with H_loc heads (buffers set by the caller).
-AttnParams gathered_call(const AttnParams& t, const HeadSplit& hq, const HeadSplit& hk, const TokenMeta& m) {
-  AttnParams a = t;
+CpCall gathered_call(const CpCall& t, const HeadSplit& hq, const HeadSplit& hk, const TokenMeta& m) {
+  CpCall a = t;
   a.k_pos_zigzag = 0;  // the gathered rows of U ranks are no rank's zigzag shard: positions travel
   a.S_q = a.S_k = int64_t(m.pos.size());
   a.H_q = hq.H_loc;
@@ -198,7 +198,7 @@ AttnParams gathered_call(const AttnParams& t, const HeadSplit& hq, const HeadSpl
 
 }  // namespace
 
-double ulysses_fwd_bytes(const AttnParams& s, bool docs, int64_t S_loc, int U) {
+double ulysses_fwd_bytes(const CpCall& s, bool docs, int64_t S_loc, int U) {
   if (U == 1) return 0;
   const HeadSplit hq = head_split(s.H_q, U), hk = head_split(s.H_kv, U);
   const double f = sizeof(float), e = double(dtype_bytes(s.dtype)), n = double(S_loc) * (U - 1);
@@ -208,7 +208,7 @@ double ulysses_fwd_bytes(const AttnParams& s, bool docs, int64_t S_loc, int U) {
   return q + kv + o + lse + meta;
 }
 
-void ulysses_fwd(Comm& u, const AttnParams& t, const UlyssesInner& inner, Tracer* tr, CpStats& st) {
+void ulysses_fwd(Comm& u, const CpCall& t, const UlyssesInner& inner, Tracer* tr, CpStats& st) {
   const int U = u.size();
   if (t.device != Device::cpu) check_device_call("ulysses", u, t);
   const HeadSplit hq = head_split(t.H_q, U), hk = head_split(t.H_kv, U);
@@ -225,7 +225,7 @@ void ulysses_fwd(Comm& u, const AttnParams& t, const UlyssesInner& inner, Tracer
                 t.S_q, on, st, tr);
   const TokenMeta m = gather_meta(u, t, st, tr);
 
-  AttnParams a = gathered_call(t, hq, hk, m);
+  CpCall a = gathered_call(t, hq, hk, m);
   a.q = q.data();
   a.k = k.data();
   a.v = v.data();
@@ -240,7 +240,7 @@ void ulysses_fwd(Comm& u, const AttnParams& t, const UlyssesInner& inner, Tracer
 namespace {
 
 // ulysses_bwd and ulysses_bwd_exact: the inner's dK/dV in fp32, or as exact integer sums.
-void bwd(Comm& u, const AttnParams& t, const UlyssesInner& inner, bool exact, Tracer* tr, CpStats& st) {
+void bwd(Comm& u, const CpCall& t, const UlyssesInner& inner, bool exact, Tracer* tr, CpStats& st) {
   const int U = u.size();
   if (t.device != Device::cpu) check_device_call("ulysses", u, t);
   const HeadSplit hq = head_split(t.H_q, U), hk = head_split(t.H_kv, U);
@@ -260,7 +260,7 @@ void bwd(Comm& u, const AttnParams& t, const UlyssesInner& inner, bool exact, Tr
                 t.S_q, on, st, tr);
   const TokenMeta m = gather_meta(u, t, st, tr);
 
-  AttnParams a = gathered_call(t, hq, hk, m);
+  CpCall a = gathered_call(t, hq, hk, m);
   a.q = q.data();
   a.k = k.data();
   a.v = v.data();
@@ -298,11 +298,11 @@ void bwd(Comm& u, const AttnParams& t, const UlyssesInner& inner, bool exact, Tr
 
 }  // namespace
 
-void ulysses_bwd(Comm& u, const AttnParams& t, const UlyssesInner& inner, Tracer* tr, CpStats& st) {
+void ulysses_bwd(Comm& u, const CpCall& t, const UlyssesInner& inner, Tracer* tr, CpStats& st) {
   bwd(u, t, inner, /*exact=*/false, tr, st);
 }
 
-void ulysses_bwd_exact(Comm& u, const AttnParams& t, const UlyssesInner& inner, Tracer* tr, CpStats& st) {
+void ulysses_bwd_exact(Comm& u, const CpCall& t, const UlyssesInner& inner, Tracer* tr, CpStats& st) {
   bwd(u, t, inner, /*exact=*/true, tr, st);
 }
 

@@ -34,22 +34,22 @@ std::string check_heads(const std::string& strategy, int32_t H_q, int32_t H_kv, 
 
 // Bytes one rank sends in one ulysses forward of `s` (heads, D; Q, K, V out, O and LSE back,
 // positions/docs) with S_loc local tokens.
-double ulysses_fwd_bytes(const AttnParams& s, bool docs, int64_t S_loc, int U);
+double ulysses_fwd_bytes(const CpCall& s, bool docs, int64_t S_loc, int U);
 
 // The attention inside the all-to-all, on the gathered call `a` (U * S_loc tokens, H_loc heads of
 // each kind, buffers owned by the caller of `inner`): a local kernel call, the pass-KV ring over
 // the ring axis (usp), or another schedule of those.
-using UlyssesInner = std::function<void(const AttnParams& a)>;
+using UlyssesInner = std::function<void(const CpCall& a)>;
 
 // Forward/backward of attention on the local shard `t` (queries and keys the same tokens) with
 // the ulysses all-to-all over `u` and `inner` inside. ulysses_bwd: the inner's dq, dk, dv come
 // back in fp32 (a replicated K/V head's copies added in rank order).
-void ulysses_fwd(Comm& u, const AttnParams& t, const UlyssesInner& inner, Tracer* tr, CpStats& st);
-void ulysses_bwd(Comm& u, const AttnParams& t, const UlyssesInner& inner, Tracer* tr, CpStats& st);
+void ulysses_fwd(Comm& u, const CpCall& t, const UlyssesInner& inner, Tracer* tr, CpStats& st);
+void ulysses_bwd(Comm& u, const CpCall& t, const UlyssesInner& inner, Tracer* tr, CpStats& st);
 // The backward for an inner that sums dK/dV exactly (a.dk_fixed, a.dv_fixed: int64, ops.hpp): a
 // K/V head replicated on several ranks comes back as the integer sum of its copies, into
 // t.dk_fixed / t.dv_fixed when the caller set them (it adds more), else rounded once into t.dk, t.dv.
-void ulysses_bwd_exact(Comm& u, const AttnParams& t, const UlyssesInner& inner, Tracer* tr, CpStats& st);
+void ulysses_bwd_exact(Comm& u, const CpCall& t, const UlyssesInner& inner, Tracer* tr, CpStats& st);
 
 }  // namespace cp
 }  // namespace ctxpar

@@ -18,7 +18,7 @@ class Usp final : public CpStrategy {
   std::string name() const override { return "usp"; }
   PartitionKind partition() const override { return PartitionKind::zigzag; }
 
-  std::string validate(const AttnParams& s, const Topology& topo) const override {
+  std::string validate(const CpCall& s, const Topology& topo) const override {
     const int U = topo.size(Axis::ulysses), R = topo.size(Axis::ring);
     std::string e = cp::check_common(name(), s, U * R);
     if (e.empty()) e = cp::refuse_latent(name(), s);
@@ -26,7 +26,7 @@ class Usp final : public CpStrategy {
     return e;
   }
 
-  double comm_volume_fwd(const AttnParams& s, bool docs, const Topology& topo) const override {
+  double comm_volume_fwd(const CpCall& s, bool docs, const Topology& topo) const override {
     const int U = topo.size(Axis::ulysses), R = topo.size(Axis::ring);
     const int64_t S_loc = s.S_q / (U * R);
     const cp::HeadSplit hk = cp::head_split(s.H_kv, U);
@@ -34,11 +34,11 @@ class Usp final : public CpStrategy {
            (R - 1) * cp::ring_kv_message_bytes(S_loc * U, hk.H_loc, s.D, s.dtype, docs);
   }
 
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    cp::ulysses_fwd(ulysses_, local, [&](const AttnParams& a) { cp::ring_fwd(&ring_, a, tr, st); }, tr, st);
+  void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
+    cp::ulysses_fwd(ulysses_, local, [&](const CpCall& a) { cp::ring_fwd(&ring_, a, tr, st); }, tr, st);
   }
-  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
-    cp::ulysses_bwd(ulysses_, local, [&](const AttnParams& a) { cp::ring_bwd(&ring_, a, tr, st); }, tr, st);
+  void backward(const CpCall& local, Tracer* tr, CpStats& st) override {
+    cp::ulysses_bwd(ulysses_, local, [&](const CpCall& a) { cp::ring_bwd(&ring_, a, tr, st); }, tr, st);
   }
 
  private:

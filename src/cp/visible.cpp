@@ -84,13 +84,13 @@ std::vector<int32_t> VisibleKeys::recv_doc(int i) const {
   return out;
 }
 
-bool visible_call(const AttnParams& t) {
+bool visible_call(const CpCall& t) {
   if (t.device != Device::cpu)
     throw std::invalid_argument(std::string("frugal = true on device = ") + name_of(t.device) + ": CPU only so far");
   return !t.expander && t.q_pos == t.k_pos && t.q_doc == t.k_doc && t.S_q == t.S_k;
 }
 
-VisibleKeys gather_visible(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) {
+VisibleKeys gather_visible(Comm& c, const CpCall& t, Tracer* tr, CpStats& st) {
   const int P = c.size(), r = c.rank();
   VisibleKeys v;
   v.n = t.S_k;
@@ -113,7 +113,7 @@ VisibleKeys gather_visible(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st
   return v;
 }
 
-const VisibleKeys& VisibleCache::get(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st) {
+const VisibleKeys& VisibleCache::get(Comm& c, const CpCall& t, Tracer* tr, CpStats& st) {
   if (t.batch_id <= 0) {
     scratch_ = gather_visible(c, t, tr, st);
     return scratch_;
@@ -125,10 +125,10 @@ const VisibleKeys& VisibleCache::get(Comm& c, const AttnParams& t, Tracer* tr, C
   return entries_.back()->keys;
 }
 
-size_t kv_row_bytes(const AttnParams& t) { return size_t(t.H_kv) * size_t(t.D) * dtype_bytes(t.dtype); }
-size_t grad_row_bytes(const AttnParams& t) { return size_t(t.H_kv) * size_t(t.D) * sizeof(float); }
+size_t kv_row_bytes(const CpCall& t) { return size_t(t.H_kv) * size_t(t.D) * dtype_bytes(t.dtype); }
+size_t grad_row_bytes(const CpCall& t) { return size_t(t.H_kv) * size_t(t.D) * sizeof(float); }
 
-void pack_visible_rows(const AttnParams& t, const std::vector<int32_t>& rows, std::byte* out) {
+void pack_visible_rows(const CpCall& t, const std::vector<int32_t>& rows, std::byte* out) {
   const size_t row = kv_row_bytes(t), m = rows.size();
   for (size_t i = 0; i < m; ++i) {
     std::memcpy(out + i * row, static_cast<const std::byte*>(t.k) + size_t(rows[i]) * row, row);
@@ -136,7 +136,7 @@ void pack_visible_rows(const AttnParams& t, const std::vector<int32_t>& rows, st
   }
 }
 
-void add_visible_grads(const AttnParams& t, const std::vector<int32_t>& rows, const float* in) {
+void add_visible_grads(const CpCall& t, const std::vector<int32_t>& rows, const float* in) {
   const size_t w = size_t(t.H_kv) * size_t(t.D), m = rows.size();
   for (size_t i = 0; i < m; ++i) {
     float* dk = t.dk + size_t(rows[i]) * w;

@@ -2,7 +2,7 @@
 // CpSchedule::visible: visible_allgather.cpp, visible_ring.cpp). Every rank of a group holds n rows,
 // which are both its queries and its keys (training); from every rank's positions and document
 // ids, gathered once per batch and mask (VisibleCache; positions derived instead where
-// AttnParams::k_pos_zigzag says the keys are the zigzag shards), each rank computes the same
+// CpCall::k_pos_zigzag says the keys are the zigzag shards), each rank computes the same
 // answer: the rows of rank i that some query of rank j can see under the mask (same document, and
 // the key in the query's causal past, within `window` for a window mask; any row of the query's
 // document without a mask).
@@ -51,19 +51,19 @@ struct VisibleKeys {
 // Whether `t` is a call the visible-keys schedules serve: K/V rows that are the queries' own (training's
 // self-attention: same positions and documents, S_q = S_k), no MLA latent; the others run the
 // plain schedule. Throws std::invalid_argument for a device call (the schedules are CPU only).
-bool visible_call(const AttnParams& t);
+bool visible_call(const CpCall& t);
 
 // All-gathers document ids (and positions unless derivable) over `c` (blocking, booked as
 // all_gather) and computes the plan: identical on every rank.
-VisibleKeys gather_visible(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st);
+VisibleKeys gather_visible(Comm& c, const CpCall& t, Tracer* tr, CpStats& st);
 
-// The plans of one batch (AttnParams::batch_id), one per mask (a model's global and local layers
+// The plans of one batch (CpCall::batch_id), one per mask (a model's global and local layers
 // differ): a strategy keeps one and asks it for each such call, so the metadata is gathered and
 // the plan computed once per batch and mask, not per layer and pass. Without a batch id (0) every
 // call computes its own. The id is the same on every rank, so they all hit or all miss.
 class VisibleCache {
  public:
-  const VisibleKeys& get(Comm& c, const AttnParams& t, Tracer* tr, CpStats& st);
+  const VisibleKeys& get(Comm& c, const CpCall& t, Tracer* tr, CpStats& st);
 
  private:
   struct Entry {
@@ -76,12 +76,12 @@ class VisibleCache {
 };
 
 // Bytes of one K or V row of `t` (H_kv * D elements of t.dtype); of one fp32 gradient row.
-size_t kv_row_bytes(const AttnParams& t);
-size_t grad_row_bytes(const AttnParams& t);
+size_t kv_row_bytes(const CpCall& t);
+size_t grad_row_bytes(const CpCall& t);
 // Packs rows `rows` of t.k, then the same rows of t.v, at `out` ([K rows | V rows]).
-void pack_visible_rows(const AttnParams& t, const std::vector<int32_t>& rows, std::byte* out);
+void pack_visible_rows(const CpCall& t, const std::vector<int32_t>& rows, std::byte* out);
 // Adds the fp32 gradients [dK rows | dV rows] at `in` to rows `rows` of t.dk and t.dv.
-void add_visible_grads(const AttnParams& t, const std::vector<int32_t>& rows, const float* in);
+void add_visible_grads(const CpCall& t, const std::vector<int32_t>& rows, const float* in);
 
 }  // namespace cp
 }  // namespace ctxpar

@@ -23,15 +23,15 @@ class VisibleAllGather final : public ScheduleOf {
   explicit VisibleAllGather(Topology& topo) : ScheduleOf(make_allgather_strategy(topo)), comm_(topo.cp()) {}
   bool moves_latent() const override { return false; }  // the visible rows of K and V move
 
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
     if (!cp::visible_call(local)) return plain().forward(local, tr, st);
     const Compact c = exchange_visible(local, tr, st);
-    const AttnParams p = c.call(local);
+    const CpCall p = c.call(local);
     if (tr) tr->progress(Phase::attn_fwd);
     cp::counted_fwd(p, tr, st, -1);
   }
 
-  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void backward(const CpCall& local, Tracer* tr, CpStats& st) override {
     if (!cp::visible_call(local)) return plain().backward(local, tr, st);
     const Compact c = exchange_visible(local, tr, st);
     const cp::VisiblePlan& plan = c.keys->plan;
@@ -39,7 +39,7 @@ class VisibleAllGather final : public ScheduleOf {
     const int64_t n = local.S_k, w = int64_t(local.H_kv) * local.D;
     Buffer<float> dk(size_t(c.off.back() * w)), dv(size_t(c.off.back() * w));  // zeroed: the kernel accumulates
     std::fill_n(local.dq, size_t(local.S_q) * local.H_q * local.D, 0.f);
-    AttnParams p = c.call(local);
+    CpCall p = c.call(local);
     p.dk = dk.data();
     p.dv = dv.data();
     if (tr) tr->progress(Phase::attn_bwd);
@@ -71,8 +71,8 @@ class VisibleAllGather final : public ScheduleOf {
     std::vector<int64_t> pos;
     std::vector<int32_t> doc;
     std::vector<int64_t> off;  // [P + 1]: the first compact row of each rank's segment
-    AttnParams call(const AttnParams& local) const {
-      AttnParams p = local;
+    CpCall call(const CpCall& local) const {
+      CpCall p = local;
       p.k = k.data();
       p.v = v.data();
       p.S_k = off.back();
@@ -97,7 +97,7 @@ class VisibleAllGather final : public ScheduleOf {
     for (Request& q : reqs) cp::timed_wait(comm_, q, st, tr, -1, 0);
   }
 
-  Compact exchange_visible(const AttnParams& t, Tracer* tr, CpStats& st) {
+  Compact exchange_visible(const CpCall& t, Tracer* tr, CpStats& st) {
     const int P = comm_.size(), r = comm_.rank();
     const int64_t n = t.S_k;
     const size_t row = cp::kv_row_bytes(t);

@@ -30,7 +30,7 @@ constexpr int kProgressParts = 8;  // row chunks per block while a transfer is i
 // The schedule of one call: the plan, and per distance d the peers and the visiting block's keys.
 class VisibleRing {
  public:
-  VisibleRing(Comm& c, const AttnParams& a, const VisibleKeys& keys)
+  VisibleRing(Comm& c, const CpCall& a, const VisibleKeys& keys)
       : c_(c), a_(a), P_(c.size()), r_(c.rank()), keys_(keys), row_(kv_row_bytes(a)) {
     pos_.resize(size_t(P_));
     doc_.resize(size_t(P_));
@@ -71,7 +71,7 @@ class VisibleRing {
   }
 
   // `p`'s key side pointed at distance d's block, received in `in`.
-  void point(int d, const Buffer<std::byte>& in, AttnParams& p) const {
+  void point(int d, const Buffer<std::byte>& in, CpCall& p) const {
     const size_t m = in_rows(d).size();
     p.k = in.data();
     p.v = in.data() + m * row_;
@@ -92,7 +92,7 @@ class VisibleRing {
   }
 
   Comm& c_;
-  const AttnParams& a_;
+  const CpCall& a_;
   const int P_, r_;
   const VisibleKeys& keys_;
   const size_t row_;
@@ -100,7 +100,7 @@ class VisibleRing {
   std::vector<std::vector<int32_t>> doc_;
 };
 
-void ring_fwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, Tracer* tr, CpStats& st) {
+void ring_fwd_visible(Comm& ring, const CpCall& a, const VisibleKeys& keys, Tracer* tr, CpStats& st) {
   VisibleRing vr(ring, a, keys);
   const int P = ring.size();
   const int64_t chunk = progress_chunk_rows(a.S_q, kProgressParts);
@@ -108,7 +108,7 @@ void ring_fwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, 
   Buffer<std::byte> out[2], in[2];
   Request req;
   if (P > 1) req = vr.post_kv(1, out[1], in[1], st);
-  AttnParams p = a;
+  CpCall p = a;
   for (int d = 0; d < P; ++d) {
     if (tr) tr->progress(Phase::attn_fwd);
     if (d > 0) {
@@ -127,7 +127,7 @@ void ring_fwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, 
   }
 }
 
-void ring_bwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, Tracer* tr, CpStats& st) {
+void ring_bwd_visible(Comm& ring, const CpCall& a, const VisibleKeys& keys, Tracer* tr, CpStats& st) {
   VisibleRing vr(ring, a, keys);
   const int P = ring.size();
   const size_t w = size_t(a.H_kv) * a.D;
@@ -146,7 +146,7 @@ void ring_bwd_visible(Comm& ring, const AttnParams& a, const VisibleKeys& keys, 
     back_d = 0;
   };
   if (P > 1) kv_req = vr.post_kv(1, out[1], in[1], st);
-  AttnParams p = a;
+  CpCall p = a;
   for (int d = 0; d < P; ++d) {
     if (tr) tr->progress(Phase::attn_bwd);
     if (d > 0) {
@@ -187,11 +187,11 @@ class VisibleRing final : public ScheduleOf {
  public:
   explicit VisibleRing(Topology& topo) : ScheduleOf(make_ring_strategy(topo)), comm_(topo.cp()) {}
   bool moves_latent() const override { return false; }  // the visible rows of K and V move
-  void forward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
     if (!cp::visible_call(local)) return plain().forward(local, tr, st);
     cp::ring_fwd_visible(comm_, local, visible_.get(comm_, local, tr, st), tr, st);
   }
-  void backward(const AttnParams& local, Tracer* tr, CpStats& st) override {
+  void backward(const CpCall& local, Tracer* tr, CpStats& st) override {
     if (!cp::visible_call(local)) return plain().backward(local, tr, st);
     cp::ring_bwd_visible(comm_, local, visible_.get(comm_, local, tr, st), tr, st);
   }

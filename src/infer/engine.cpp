@@ -80,7 +80,7 @@ template <class T> Buffer<T> Engine::on_device(const std::vector<T>& a) const {
   return dev_ == Device::cpu || a.empty() ? Buffer<T>{} : cp::to_device(a, dev_, stream_);
 }
 
-void Engine::set_device(AttnParams& t, const int64_t* q_pos_dev, const int32_t* q_doc_dev, const int64_t* k_pos_dev,
+void Engine::set_device(CpCall& t, const int64_t* q_pos_dev, const int32_t* q_doc_dev, const int64_t* k_pos_dev,
                         const int32_t* k_doc_dev) const {
   if (dev_ == Device::cpu) return;
   t.device = dev_;
@@ -231,9 +231,9 @@ void Engine::end_call(double t_start) {
 // A local (L) layer attends within its sliding window.
 // MLA: the absorbed form, multi-query over the latent (cache_heads, cache_dim), its softmax scale
 // that of the expanded heads' nope + rope dims.
-AttnParams Engine::call(int64_t n, int64_t l) const {
+CpCall Engine::call(int64_t n, int64_t l) const {
   const bool local = d_.is_local(l);
-  AttnParams p = attn_problem(n, d_.H_q_loc(), d_.cache_heads(), d_.cache_dim(),
+  CpCall p = attn_problem(n, d_.H_q_loc(), d_.cache_heads(), d_.cache_dim(),
                               local ? MaskKind::window : MaskKind::causal, local ? d_.window : 0);
   if (d_.mla) p.scale = 1.0f / std::sqrt(float(d_.D));
   return p;
@@ -372,7 +372,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
         device_copy(static_cast<char*>(cache_.v(s.b, l)) + size_t(s.first) * row_b, at(v, size_t(s.off) * row_b),
                     size_t(s.n) * row_b, dev_, stream_);
     }
-    AttnParams t = call(rows, l);
+    CpCall t = call(rows, l);
     t.q = qx;
     t.q_pos = qpos.data();
     t.q_doc = docs ? doc.data() : nullptr;
@@ -507,7 +507,7 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
   const Buffer<int64_t> pos_d = on_device(pos);
   const Buffer<int32_t> seq_d = on_device(seq);
   AttnFn attn = [&](int64_t l, const void* q, const void* k, const void* v, float* o, float* lse) {
-    AttnParams t = call(Bq, l);
+    CpCall t = call(Bq, l);
     t.q = q;
     t.q_pos = pos.data();
     t.q_doc = seq.data();

@@ -152,11 +152,11 @@ class Engine {
   template <class T> Buffer<T> on_device(const std::vector<T>& a) const;
   // The device fields of a call: bf16 inputs on the stream, positions and document ids given as
   // host arrays (kept as the host copies) and their device copies (null: none).
-  void set_device(AttnParams& t, const int64_t* q_pos_dev, const int32_t* q_doc_dev, const int64_t* k_pos_dev,
+  void set_device(CpCall& t, const int64_t* q_pos_dev, const int32_t* q_doc_dev, const int64_t* k_pos_dev,
                   const int32_t* k_doc_dev) const;
   LayerRun run(int64_t l);
   // The attention call of n query rows of this model (causal; tensors set by the caller).
-  AttnParams call(int64_t n, int64_t l) const;  // layer l's attention of n query rows
+  CpCall call(int64_t n, int64_t l) const;  // layer l's attention of n query rows
   // Per-call state: the tracer, the counters (returns the start time); and their closing.
   double begin_call(Tracer* tr, CallStats& st);
   void end_call(double t_start);

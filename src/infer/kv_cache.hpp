@@ -7,7 +7,7 @@
 //
 // Layout per layer l: K and V [batch][capacity][H_kv][D] (one array when shared: MLA's latent) (post-RoPE keys; sequence b's slab
 // starts at row b * capacity), positions [batch][capacity] shared by all layers: one array per
-// layer, so a decode call describes every sequence's keys at once (AttnParams' k_doc_begin /
+// layer, so a decode call describes every sequence's keys at once (CpCall' k_doc_begin /
 // k_doc_len). Unused slots hold K = V = 0 and position kNoPos, which no causal query sees, so a
 // block padded up to the longest rank's length adds no visible pair.
 // On a GPU (device = cuda) the K/V arrays live on the device in bf16 (the attention kernels' input

@@ -181,8 +181,8 @@ void Transformer::attn_or_mla_out_fwd(int64_t l, const LayerView& w, const float
 }
 
 // The strategy's call on one layer's local attention tensors (forward inputs and outputs).
-AttnParams Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
-  AttnParams t = call_;
+CpCall Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
+  CpCall t = call_;
   if (d_.is_local(l)) {
     t.mask = MaskKind::window;
     t.window = d_.window;
@@ -236,7 +236,7 @@ void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, A
       f32_to_bf16(v_of(a), a.vb.data(), kn, dev_, stream_);
     }
   }
-  const AttnParams t = local_attn(l, a, b);
+  const CpCall t = local_attn(l, a, b);
   const double t0 = now_s();
   strategy_of(l).forward(t, tr_, *st_);
   times_->attn_s += now_s() - t0;
@@ -291,7 +291,7 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
     layer_gemm(run(l), false, true, S, qw, dim, dx, dim, w.wo, dim, 0, do_.data(), qw);    // dO = dx1 Wo^T
     layer_gemm(run(l), true, false, qw, dim, S, o_of(l, a), qw, dx, dim, 1, gw.wo, dim);   // dWo += O^T dx1
   }
-  AttnParams t = local_attn(l, a, b);
+  CpCall t = local_attn(l, a, b);
   t.dout = do_.data();
   if (dev_ != Device::cpu) {
     f32_to_bf16(do_.data(), do_b_.data(), S * qw, dev_, stream_);

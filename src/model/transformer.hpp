@@ -76,7 +76,7 @@ class Transformer {
   // call after; `num` must outlive this object. Exact (CPU): every GEMM of token rows in blocks of
   // num.block() rows (the layout gives every rank whole blocks), the CP attention's dK/dV
   // converted per block and per ModelDims::exact_heads query heads of a K/V group
-  // (AttnParams::fixed_rows, fixed_heads: the strategy must be a registry row of the exact schedule),
+  // (CpCall::fixed_rows, fixed_heads: the strategy must be a registry row of the exact schedule),
   // K/V heads replicated over tp summed over their copies as integers; forward_backward's results
   // then do not depend on the mesh (tp included), the strategy or the threads, and `grads` holds
   // them only after num.sum_over_ranks.
@@ -99,7 +99,7 @@ class Transformer {
   void mlp_bwd(int64_t l, const LayerView& w, LayerView& gw, MlpActs& m, float* dx);
   MlpActs& mlp_of(int64_t l) { return mlp_.size() == 1 ? mlp_[0] : mlp_[size_t(l)]; }
 
-  AttnParams local_attn(int64_t l, AttnActs& a, const Batch& b);
+  CpCall local_attn(int64_t l, AttnActs& a, const Batch& b);
   CpStrategy& strategy_of(int64_t l) { return d_.is_local(l) ? *local_ : strat_; }
   // The layer code's context for layer l (model/layer.hpp) in the current call.
   LayerRun run(int64_t l);
@@ -115,8 +115,8 @@ class Transformer {
   CpStrategy& strat_;
   CpStrategy* local_;  // the L layers' (null without any)
   Remat remat_;
-  AttnParams call_;  // the strategy's call on this rank's shard (tensors set per layer)
-  int64_t batch_serial_ = 0;  // forward_backward calls so far: AttnParams::batch_id
+  CpCall call_;  // the strategy's call on this rank's shard (tensors set per layer)
+  int64_t batch_serial_ = 0;  // forward_backward calls so far: CpCall::batch_id
   bool has_docs_;
   int64_t S_loc_;
   std::vector<int64_t> pos_;

@@ -47,7 +47,7 @@ std::string shape_text(const std::vector<int64_t>& d) {
 // Reads and checks the header of an input file (no tensor data); fills the problem's shape `s`
 // and whether the file has document ids. "" when valid,
 // else a message naming the dataset or attribute and what was expected.
-std::string inspect_input(const std::string& path, AttnParams& s, bool& has_docs) {
+std::string inspect_input(const std::string& path, CpCall& s, bool& has_docs) {
   try {
     TensorFileReader f(path);
     const std::string pre = "in = '" + path + "': ";
@@ -97,7 +97,7 @@ std::string inspect_input(const std::string& path, AttnParams& s, bool& has_docs
 // The host call `t` (device results already downloaded into its outputs) run again on the CPU
 // path with its inputs rounded to bf16 (the device's values): per tensor, max |device - cpu| over
 // every rank relative to max(1, max |cpu|).
-std::vector<std::pair<std::string, double>> compare_with_cpu(CpStrategy& strat, const AttnParams& t, Comm& cp) {
+std::vector<std::pair<std::string, double>> compare_with_cpu(CpStrategy& strat, const CpCall& t, Comm& cp) {
   const size_t nq = size_t(t.S_q) * t.H_q * t.D, nk = size_t(t.S_k) * t.H_kv * t.D, nl = size_t(t.S_q) * t.H_q;
   const auto rounded = [](const void* x, size_t n) {
     std::vector<float> r(static_cast<const float*>(x), static_cast<const float*>(x) + n);
@@ -106,7 +106,7 @@ std::vector<std::pair<std::string, double>> compare_with_cpu(CpStrategy& strat, 
   };
   const std::vector<float> q = rounded(t.q, nq), k = rounded(t.k, nk), v = rounded(t.v, nk), dout = rounded(t.dout, nq);
   std::vector<float> o(nq), lse(nl), dq(nq), dk(nk), dv(nk);
-  AttnParams c = t;
+  CpCall c = t;
   c.q = q.data(); c.k = k.data(); c.v = v.data(); c.dout = dout.data();
   c.o = o.data(); c.lse = lse.data(); c.dq = dq.data(); c.dk = dk.data(); c.dv = dv.data();
   CpStats s1, s2;
@@ -142,7 +142,7 @@ std::string mesh_text(const Topology& topo) {
 std::string validate_attn_mode(const Config& cfg, Topology& topo) {
   if (cfg.in.empty()) return "";  // generated inputs: the workload checks covered the shape
   if (topo.world().rank() != 0) return "";  // rank 0 reads the file; main agrees on the result
-  AttnParams s;
+  CpCall s;
   bool docs = false;
   std::string err = inspect_input(cfg.in, s, docs);
   if (!err.empty()) return err;
@@ -195,7 +195,7 @@ std::string scan_attn_inputs(const Config& cfg, Topology& topo) {
 double attn_memory(const Config& cfg, Topology& topo) {
   if (cfg.in.empty()) return workload_memory(cfg, topo);
   // The file's shape (its header only; validate_attn_mode has checked it on rank 0).
-  AttnParams s;
+  CpCall s;
   bool docs = false;
   if (!inspect_input(cfg.in, s, docs).empty()) return 0;
   Config c = cfg;
@@ -211,7 +211,7 @@ double attn_memory(const Config& cfg, Topology& topo) {
 }
 
 double attn_device_memory(const Config& cfg, Topology& topo) {
-  AttnParams s = attn_problem(cfg);
+  CpCall s = attn_problem(cfg);
   bool docs = cfg.docs != "none";
   if (!cfg.in.empty() && !inspect_input(cfg.in, s, docs).empty()) return 0;
   s.dtype = DType::bf16;
@@ -239,7 +239,7 @@ struct AttnTensors {
 
 // This rank's input rows: its shard of the file `in` (each rank reads only the partition's token
 // ranges, in local order), or generated from the seed; padding rows zeroed.
-void fill_attn_inputs(const Config& cfg, const AttnParams& s, const Partition& part, int r,
+void fill_attn_inputs(const Config& cfg, const CpCall& s, const Partition& part, int r,
                       const std::vector<int64_t>& pos, bool has_docs_in_file, AttnTensors& t) {
   const int64_t S_loc = int64_t(pos.size()), wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
   if (!cfg.in.empty()) {
@@ -277,7 +277,7 @@ void fill_attn_inputs(const Config& cfg, const AttnParams& s, const Partition& p
 
 // The results in global token order, written by world rank 0 (CP rank 0 of its group; every dp/tp
 // replica computed the same attention), with the generated inputs and the call's description.
-void write_attn_results(const Config& cfg, Topology& topo, const Partition& part, const AttnParams& s,
+void write_attn_results(const Config& cfg, Topology& topo, const Partition& part, const CpCall& s,
                         const CpStrategy& strat, const AttnTensors& t, const GpuRun& gpu,
                         const std::vector<std::pair<std::string, double>>& cpu_diff) {
   Comm& cpc = topo.cp();
@@ -327,7 +327,7 @@ void write_attn_results(const Config& cfg, Topology& topo, const Partition& part
 
 // Model FLOPs of the call: the real tokens' visible pairs where the layout pads (the padding rows'
 // pairs are work, not model), else what the kernels counted.
-double attn_model_flops(const Config& cfg, const AttnParams& s, const Partition& part, const AttnTensors& t,
+double attn_model_flops(const Config& cfg, const CpCall& s, const Partition& part, const AttnTensors& t,
                         double counted, Topology& topo) {
   if (part.padding() == 0) return counted;
   std::vector<int32_t> all_doc = t.global_doc;
@@ -344,7 +344,7 @@ double attn_model_flops(const Config& cfg, const AttnParams& s, const Partition&
 
 int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   const bool from_file = !cfg.in.empty();
-  AttnParams s = attn_problem(cfg);
+  CpCall s = attn_problem(cfg);
   bool has_docs = false;
   if (from_file) {
     const std::string err = inspect_input(cfg.in, s, has_docs);
@@ -367,7 +367,7 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   has_docs = x.has_docs;
   if (part.padding() > 0) log0("# %s\n", part.padding_note().c_str());
 
-  AttnParams t = s;
+  CpCall t = s;
   t.S_q = t.S_k = S_loc;
   t.q_pos = t.k_pos = pos.data();
   t.q_doc = t.k_doc = x.doc.empty() ? nullptr : x.doc.data();
@@ -375,9 +375,9 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   t.o = x.o.data(); t.lse = x.lse.data(); t.dq = x.dq.data(); t.dk = x.dk.data(); t.dv = x.dv.data();
 
   // On the GPU: the same rows rounded to bf16 and the fp32 outputs in device memory, with the
-  // positions and document ids on both sides (AttnParams::q_pos_host ...).
+  // positions and document ids on both sides (CpCall::q_pos_host ...).
   DeviceTensors dev;
-  const AttnParams run = on_gpu ? dev.upload(t, gpu.stream) : t;
+  const CpCall run = on_gpu ? dev.upload(t, gpu.stream) : t;
 
   Comm& world = topo.world();
   tracer.begin_step(0);

@@ -78,7 +78,7 @@ Buffer<uint16_t> bf16_of(const void* x, size_t n, Stream s) {
 }
 }  // namespace
 
-AttnParams DeviceTensors::upload(const AttnParams& t, Stream s) {
+CpCall DeviceTensors::upload(const CpCall& t, Stream s) {
   const size_t nq = size_t(t.S_q) * t.H_q * t.D, nk = size_t(t.S_k) * t.H_kv * t.D;
   q = bf16_of(t.q, nq, s);
   k = bf16_of(t.k, nk, s);
@@ -92,7 +92,7 @@ AttnParams DeviceTensors::upload(const AttnParams& t, Stream s) {
   dq = out(nq);
   dk = out(nk);
   dv = out(nk);
-  AttnParams a = t;
+  CpCall a = t;
   a.device = Device::cuda;
   a.stream = s;
   a.dtype = DType::bf16;
@@ -112,7 +112,7 @@ AttnParams DeviceTensors::upload(const AttnParams& t, Stream s) {
   return a;
 }
 
-void DeviceTensors::download(const AttnParams& t, Stream s) const {
+void DeviceTensors::download(const CpCall& t, Stream s) const {
   const auto get = [&](float* dst, const Buffer<float>& src) {
     copy_to_host(dst, src.data(), src.size() * sizeof(float), Device::cuda, s);
   };

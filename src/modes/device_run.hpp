@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "attn_params.hpp"
+#include "cp/strategy.hpp"  // CpCall
 #include "core/memory.hpp"
 
 namespace ctxpar {
@@ -44,9 +44,9 @@ struct DeviceTensors {
   Buffer<int32_t> doc;
   Buffer<float> o, lse, dq, dk, dv;
   // The device call of the host call `t` (fp32 host tensors, queries and keys the same rows).
-  AttnParams upload(const AttnParams& t, Stream s);
+  CpCall upload(const CpCall& t, Stream s);
   // The results into the host call's outputs (o, lse, dq, dk, dv).
-  void download(const AttnParams& t, Stream s) const;
+  void download(const CpCall& t, Stream s) const;
 };
 
 // The trace's peak for MFU on the GPU: peak_tflops_per_rank when given, else the dense bf16 peak

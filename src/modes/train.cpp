@@ -37,9 +37,9 @@ namespace {
 int tp_size(const Topology& t) { return t.size(Axis::tp); }
 
 // The attention problem of one tp rank (heads / tp of each kind), causal.
-AttnParams local_attn_problem(const Config& cfg, int tp, bool local_layer = false) {
+CpCall local_attn_problem(const Config& cfg, int tp, bool local_layer = false) {
   const ModelDims d = model_dims(cfg, tp, 0);  // MLA: H_kv = H_q heads of nope + rope
-  AttnParams p = attn_problem(cfg.seq, d.H_q_loc(), d.H_kv_loc(), d.D, local_layer ? MaskKind::window : MaskKind::causal,
+  CpCall p = attn_problem(cfg.seq, d.H_q_loc(), d.H_kv_loc(), d.D, local_layer ? MaskKind::window : MaskKind::causal,
                               local_layer ? cfg.window : 0);
   if (d.mla) p.latent_width = int32_t(d.kv_lora + d.rope);  // K/V come from the latent
   p.fixed_heads = int32_t(cfg.exact_heads);
@@ -176,7 +176,7 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
   }
   err = schedule_refusal(cfg.strategy, cfg.cp_schedule());
   if (!err.empty()) return err;
-  const AttnParams shape = local_attn_problem(cfg, tp);
+  const CpCall shape = local_attn_problem(cfg, tp);
   err = make_strategy(cfg.strategy, topo, cfg.cp_schedule())->validate(shape, topo);
   if (!err.empty()) {
     if (tp > 1) err += " (with tp:" + std::to_string(tp) + ", each tp rank attends with heads/tp = " +

@@ -13,10 +13,10 @@
 
 namespace ctxpar {
 
-AttnParams attn_problem(const Config& cfg) {
+CpCall attn_problem(const Config& cfg) {
   if (cfg.attention == "mla") {  // bench cp's MLA rows: every head of nope + rope, K/V from the latent
     const ModelDims d = model_dims(cfg, 1, 0);
-    AttnParams p = attn_problem(cfg.seq, d.H_q, d.H_kv, d.D, cfg.mask, cfg.window);
+    CpCall p = attn_problem(cfg.seq, d.H_q, d.H_kv, d.D, cfg.mask, cfg.window);
     p.latent_width = d.kv_lora + d.rope;
     return p;
   }
@@ -56,7 +56,7 @@ WorkloadPlan plan_workload(const Config& cfg, Topology& topo) {
   // Local tensors: q, o, dout, dq [S_loc, H_q, D]; k, v, dk, dv [S_loc, H_kv, D]; lse [S_loc, H_q];
   // plus the strategy's transfer buffers (twice one forward message, for double buffering).
   const double f = sizeof(float);
-  const AttnParams shape = attn_problem(cfg);  // MLA: heads of nope + rope, the latent besides
+  const CpCall shape = attn_problem(cfg);  // MLA: heads of nope + rope, the latent besides
   const double local = double(p.S_loc_max) *
                        (4.0 * shape.H_q * shape.D + 4.0 * shape.H_kv * shape.D + shape.H_q + 2.0 * shape.latent_width) * f;
   const double comm = 2.0 * strat->comm_volume_fwd(attn_problem(cfg), has_docs(cfg), topo);
@@ -103,8 +103,8 @@ void clear_padding_rows(const Partition& part, int r, std::initializer_list<std:
   for (const auto& [data, width] : tensors) std::fill(data + real * width, data + n * width, 0.0f);
 }
 
-int64_t problem_visible_pairs(const AttnParams& shape, std::span<const int32_t> global_doc) {
-  AttnParams p = shape;
+int64_t problem_visible_pairs(const CpCall& shape, std::span<const int32_t> global_doc) {
+  CpCall p = shape;
   p.S_q = p.S_k = shape.S_q;
   std::vector<int64_t> pos(static_cast<size_t>(shape.S_q));
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = int64_t(i);
@@ -113,8 +113,8 @@ int64_t problem_visible_pairs(const AttnParams& shape, std::span<const int32_t> 
   return visible_pairs(p);
 }
 
-AttnParams Workload::local() {
-  AttnParams t = problem;
+CpCall Workload::local() {
+  CpCall t = problem;
   t.S_q = t.S_k = int64_t(pos.size());
   t.q_pos = t.k_pos = pos.data();
   t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();

@@ -21,7 +21,7 @@ class Comm;
 // The configured attention problem: its shape (seq, heads, kv_heads, head_dim, mask, window),
 // no tensors; `docs` says whether packed documents are configured. attention=mla (bench cp): every
 // head of qk_nope + qk_rope dims, K/V from a latent of kv_lora + rope (latent_width).
-AttnParams attn_problem(const Config& cfg);
+CpCall attn_problem(const Config& cfg);
 bool has_docs(const Config& cfg);
 
 // "" when the configured strategy, partition, documents and shape fit the mesh.
@@ -39,14 +39,14 @@ WorkloadPlan plan_workload(const Config& cfg, Topology& topo);
 
 // Local tensors of this rank, generated from the seed.
 struct Workload {
-  AttnParams problem;  // the global shape
+  CpCall problem;  // the global shape
   std::unique_ptr<CpStrategy> strategy;
   std::unique_ptr<Partition> partition;
   std::vector<int64_t> pos;
   std::vector<int32_t> doc;           // empty when no documents
   std::vector<int32_t> global_doc;    // document id of every global token (empty when none)
   Buffer<float> q, k, v, o, lse, dout, dq, dk, dv;
-  AttnParams local();  // this rank's shard, as the strategy's call
+  CpCall local();  // this rank's shard, as the strategy's call
 };
 Workload make_workload(const Config& cfg, Topology& topo);
 
@@ -64,7 +64,7 @@ void clear_padding_rows(const Partition& part, int r, std::initializer_list<std:
 
 // Visible pairs of the whole problem `shape` (positions 0..S-1, documents `global_doc` or none):
 // the count model FLOPs are stated in, without the pairs of a partition's padding rows.
-int64_t problem_visible_pairs(const AttnParams& shape, std::span<const int32_t> global_doc);
+int64_t problem_visible_pairs(const CpCall& shape, std::span<const int32_t> global_doc);
 
 // Synthetic tensor ids for fill_rows (core/random.hpp), shared by every mode and test.
 enum SyntheticTensor : uint64_t { kTensorQ = 1, kTensorK = 2, kTensorV = 3, kTensorDout = 4 };

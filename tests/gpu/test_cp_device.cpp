@@ -51,7 +51,7 @@ struct Case {
   MaskKind mask;
   int64_t window;
   bool docs;
-  bool derive;  // AttnParams::k_pos_zigzag: key positions derived, not gathered
+  bool derive;  // CpCall::k_pos_zigzag: key positions derived, not gathered
   std::string name() const {
     return strategy + "/" + std::to_string(H_q) + ":" + std::to_string(H_kv) +
            (mask == MaskKind::window ? "/window" : docs ? "/docs" : "/causal") + (derive ? "/derived" : "");
@@ -164,7 +164,7 @@ void run_case(const Case& c) {
   for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
   const std::vector<int32_t> doc = c.docs ? doc_ids_from_lengths(kDocLengths, S) : std::vector<int32_t>{};
 
-  AttnParams g = attn_problem(S, c.H_q, c.H_kv, D, c.mask, c.window);
+  CpCall g = attn_problem(S, c.H_q, c.H_kv, D, c.mask, c.window);
   g.q_pos = g.k_pos = pos.data();
   if (c.docs) g.q_doc = g.k_doc = doc.data();
 
@@ -208,7 +208,7 @@ void run_case(const Case& c) {
       dq(size_t(n) * c.H_q * D, false, Device::cuda, stream()), dk(size_t(n) * c.H_kv * D, false, Device::cuda, stream()),
       dv(size_t(n) * c.H_kv * D, false, Device::cuda, stream());
 
-  AttnParams a = g;
+  CpCall a = g;
   a.device = Device::cuda;
   a.stream = stream();
   a.dtype = DType::bf16;
@@ -375,7 +375,7 @@ TEST(CpDevice, DecodeStrategiesOnDeviceBuffers) {
     Buffer<int32_t> dqdoc = on_device(qdoc);
     const size_t no = size_t(std::max<int64_t>(Bq, 1));
     Buffer<float> o(no * wq, false, Device::cuda, stream()), lse(no * Hq, false, Device::cuda, stream());
-    AttnParams t = attn_problem(Bq, Hq, Hkv, D, MaskKind::causal, 0);
+    CpCall t = attn_problem(Bq, Hq, Hkv, D, MaskKind::causal, 0);
     t.device = Device::cuda;
     t.stream = stream();
     t.dtype = DType::bf16;
@@ -417,7 +417,7 @@ TEST(CpDevice, DecodeStrategiesOnDeviceBuffers) {
       };
       const std::vector<double> Q = as_float(rows_of(3, uint64_t(b), {len[size_t(b)]}, wq)),
                                 K = as_float(rows_of(1, uint64_t(b), all, wk)), V = as_float(rows_of(2, uint64_t(b), all, wk));
-      AttnParams rp = attn_problem(1, Hq, Hkv, D, MaskKind::causal, 0);
+      CpCall rp = attn_problem(1, Hq, Hkv, D, MaskKind::causal, 0);
       rp.S_k = Lk;
       rp.q_pos = &qpos[size_t(i)];
       rp.k_pos = all.data();
@@ -470,7 +470,7 @@ TEST(CpDevice, RegistryDeviceColumn) {
 }
 
 TEST(CpDevice, RefusesWhatItCannotRun) {
-  AttnParams a = attn_problem(kSeq / world().size(), 4, 2, kHeadDim, MaskKind::causal, 0);
+  CpCall a = attn_problem(kSeq / world().size(), 4, 2, kHeadDim, MaskKind::causal, 0);
   a.device = Device::cuda;
   a.stream = stream();
   std::vector<int64_t> pos(size_t(a.S_q));

@@ -104,7 +104,7 @@ Topology& topology(const MeshSpec& m) {
 
 // Global inputs and the fp64 / naive-fp32 references of one case (same on every rank).
 struct Global {
-  AttnParams shape;  // the problem: S, heads, D, mask (no tensors)
+  CpCall shape;  // the problem: S, heads, D, mask (no tensors)
   bool has_docs = false;
   std::vector<int32_t> doc;
   std::vector<int64_t> pos;
@@ -114,7 +114,7 @@ struct Global {
 };
 
 template <class T>
-void run_ref(const Global& g, const AttnParams& p, std::vector<double>* o, std::vector<double>* lse,
+void run_ref(const Global& g, const CpCall& p, std::vector<double>* o, std::vector<double>* lse,
              std::vector<double>* dq, std::vector<double>* dk, std::vector<double>* dv) {
   auto conv = [](const std::vector<float>& x) { return std::vector<T>(x.begin(), x.end()); };
   const std::vector<T> q = conv(g.q), k = conv(g.k), v = conv(g.v), dout = conv(g.dout);
@@ -132,7 +132,7 @@ Global make_global(const Case& c, uint64_t seed) {
   Global g;
   const int64_t S = c.S;
   g.shape = attn_problem(S, c.heads.H_q, c.heads.H_kv, kHeadDim, c.mask.mask, c.mask.window);
-  const AttnParams& s = g.shape;
+  const CpCall& s = g.shape;
   g.has_docs = c.mask.docs;
   g.pos.resize(size_t(S));
   for (int64_t i = 0; i < S; ++i) g.pos[size_t(i)] = i;
@@ -145,7 +145,7 @@ Global make_global(const Case& c, uint64_t seed) {
   fill(g.k, 2, s.H_kv);
   fill(g.v, 3, s.H_kv);
   fill(g.dout, 4, s.H_q);
-  AttnParams p;
+  CpCall p;
   p.S_q = p.S_k = S;
   p.H_q = s.H_q;
   p.H_kv = s.H_kv;
@@ -228,7 +228,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
     if (need_docs) doc.push_back(part.is_pad(p) ? -1 : g.has_docs ? g.doc[size_t(p)] : 0);
   std::vector<float> o(q.size(), NAN), lse(size_t(S_loc) * g.shape.H_q, NAN), dq(q.size(), NAN),
       dk(k.size(), NAN), dv(v.size(), NAN);  // NaN: every element must be written
-  AttnParams t = g.shape;
+  CpCall t = g.shape;
   t.S_q = t.S_k = S_loc;
   t.q_pos = t.k_pos = pos.data();
   t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();
@@ -288,7 +288,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
         D1.push_back(one.is_pad(p) ? -1 : g.has_docs ? g.doc[size_t(p)] : 0);
     std::vector<float> O1(Q.size()), L1(size_t(S1) * g.shape.H_q), dQ1(Q.size()), dK1(K.size()), dV1(K.size());
     std::vector<int64_t> fk(K.size()), fv(K.size());
-    AttnParams a = g.shape;
+    CpCall a = g.shape;
     a.S_q = a.S_k = S1;
     a.q_pos = a.k_pos = p1.data();
     a.q_doc = a.k_doc = D1.empty() ? nullptr : D1.data();
@@ -324,14 +324,14 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
 
   // Accounting: forward bytes match the strategy's own model; the ring posts one packed message
   // per hop (forward P-1; backward P-1 K/V hops + P dK/dV hops).
-  AttnParams padded = g.shape;  // the layout the strategy ran: S_padded() rows
+  CpCall padded = g.shape;  // the layout the strategy ran: S_padded() rows
   padded.S_q = padded.S_k = part.S_padded();
   if (c.exact) {
     // counted above
   } else if (c.frugal) {
     // Positions and document ids all-gathered, then exactly the K/V rows of this rank that some
     // query of each other rank can see (counted here pair by pair), each way.
-    AttnParams vis = g.shape;
+    CpCall vis = g.shape;
     std::vector<int32_t> all_doc_ids;
     std::vector<int64_t> all_p;
     for (int64_t i = 0; i < part.S_padded(); ++i) {
@@ -407,7 +407,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
     all_pos[size_t(i)] = i;
     if (need_docs) all_doc.push_back(part.is_pad(i) ? -1 : g.has_docs ? g.doc[size_t(i)] : 0);
   }
-  AttnParams full;
+  CpCall full;
   full.S_q = full.S_k = part.S_padded();
   full.H_q = g.shape.H_q;
   full.H_kv = g.shape.H_kv;
@@ -466,7 +466,7 @@ INSTANTIATE_TEST_SUITE_P(Cp, CpCase, ::testing::ValuesIn(all_cases()),
 
 // ---- validate(): clear messages for shapes that cannot be laid on the mesh ----------------------
 
-AttnParams shape(int64_t S, int32_t H_q, int32_t H_kv) { return attn_problem(S, H_q, H_kv, 16, MaskKind::causal, 0); }
+CpCall shape(int64_t S, int32_t H_q, int32_t H_kv) { return attn_problem(S, H_q, H_kv, 16, MaskKind::causal, 0); }
 
 TEST(CpValidate, AnySequenceLengthIsValid) {
   const int P = world().size();
@@ -485,7 +485,7 @@ TEST(CpValidate, GroupsMustBeWhole) {
   Topology& topo = topology(mesh_for("ring", P));
   const std::string e = make_strategy("ring", topo)->validate(shape(2 * P * 8, 8, 3), topo);
   EXPECT_NE(e.find("H_q=8 is not a multiple of kv_heads H_kv=3"), std::string::npos) << e;
-  AttnParams w = shape(2 * P * 8, 8, 8);
+  CpCall w = shape(2 * P * 8, 8, 8);
   w.mask = MaskKind::window;
   w.window = 0;
   EXPECT_NE(make_strategy("ring", topo)->validate(w, topo).find("window > 0"), std::string::npos);
@@ -522,7 +522,7 @@ TEST(CpValidate, StridedInputsAreRefused) {
   for (const std::string& name : all) {
     auto s = make_strategy(name, topo);
     ASSERT_TRUE(s != nullptr) << name;
-    AttnParams g = shape(2 * world().size() * 8, 8, 2);  // ulysses: 8 query heads split over up to 8 ranks
+    CpCall g = shape(2 * world().size() * 8, 8, 2);  // ulysses: 8 query heads split over up to 8 ranks
     EXPECT_EQ(s->validate(g, topo), "") << name;
     g.k_stride = 3 * 2 * kHeadDim;  // k as a view into a wider row
     const std::string e = s->validate(g, topo);
@@ -597,11 +597,11 @@ TEST(CpRegistry, RowsStateWhatTheStrategiesDo) {
     EXPECT_EQ(s->partition(), r.partition) << id;
     EXPECT_EQ(s->moves_latent(), r.mla == MlaSupport::latent) << id;
     const MaskKind mask = r.use == StrategyUse::local ? MaskKind::window : MaskKind::causal;
-    AttnParams latent = attn_problem(2 * P * 64, 8, 8, 24, mask, mask == MaskKind::window ? 16 : 0);
+    CpCall latent = attn_problem(2 * P * 64, 8, 8, 24, mask, mask == MaskKind::window ? 16 : 0);
     latent.latent_width = 40;
-    AttnParams expanded = latent;
+    CpCall expanded = latent;
     expanded.latent_width = 0;
-    const AttnParams mqa = attn_problem(2 * P * 64, 8, 1, 24, mask, 0);
+    const CpCall mqa = attn_problem(2 * P * 64, 8, 1, 24, mask, 0);
     switch (r.mla) {
       case MlaSupport::latent: EXPECT_EQ(s->validate(latent, topo), "") << id; break;
       case MlaSupport::expanded: EXPECT_EQ(s->validate(expanded, topo), "") << id; break;
@@ -611,7 +611,7 @@ TEST(CpRegistry, RowsStateWhatTheStrategiesDo) {
     // The message pattern the cost model prices: one per strategy (every schedule's row has its
     // plain row's), and one that splits the heads refuses query heads its all-to-all cannot split.
     EXPECT_EQ(r.comm, strategy_row(r.name)->comm) << id;
-    const AttnParams odd = attn_problem(2 * P * 64, 3, 3, 24, mask, mask == MaskKind::window ? 16 : 0);
+    const CpCall odd = attn_problem(2 * P * 64, 3, 3, 24, mask, mask == MaskKind::window ? 16 : 0);
     if (r.use != StrategyUse::inference && P > 1)
       EXPECT_EQ(!s->validate(odd, topo).empty(), splits_heads(r.comm) && topo.size(Axis::ulysses) > 1) << id;
   }
@@ -668,7 +668,7 @@ TEST(CpRing, DerivedPositionsDoNotTravel) {
         Out& x = run[derive];
         x.o.resize(q.size()); x.lse.resize(size_t(n) * g.shape.H_q); x.dq.resize(q.size());
         x.dk.resize(k.size()); x.dv.resize(v.size());
-        AttnParams t = g.shape;
+        CpCall t = g.shape;
         t.S_q = t.S_k = n;
         t.q_pos = t.k_pos = pos.data();
         t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();
@@ -683,7 +683,7 @@ TEST(CpRing, DerivedPositionsDoNotTravel) {
       EXPECT_EQ(run[1].dq, run[0].dq);
       EXPECT_EQ(run[1].dk, run[0].dk);
       EXPECT_EQ(run[1].dv, run[0].dv);
-      AttnParams shape = g.shape;
+      CpCall shape = g.shape;
       shape.S_q = shape.S_k = part.S_padded();
       shape.k_pos_zigzag = c.S;
       EXPECT_DOUBLE_EQ(run[1].f.bytes_sent, strat->comm_volume_fwd(shape, g.has_docs, topo));
@@ -720,7 +720,7 @@ TEST(CpRing, SharedKeysAndValuesTravelOnce) {
   for (int shared = 0; shared < 2; ++shared) {
     o[shared].resize(q.size());
     lse[shared].resize(size_t(n) * g.shape.H_q);
-    AttnParams t = g.shape;
+    CpCall t = g.shape;
     t.S_q = t.S_k = n;
     t.q_pos = t.k_pos = pos.data();
     t.q = q.data(); t.k = k.data(); t.v = shared ? k.data() : v_copy.data();
@@ -792,7 +792,7 @@ class LinearExpander final : public KvExpander {
   int64_t expanded_rows = 0;
 };
 
-// ring and allgather with a latent (AttnParams::expander) against the same strategy on the
+// ring and allgather with a latent (CpCall::expander) against the same strategy on the
 // expanded K/V: O and dQ the same floats (the same K/V rows meet the same kernel), the latent's
 // gradient and the expansion's weight gradient (summed over ranks) equal to the projection of
 // the reference dK/dV within the suite's bound; bytes as the strategy's model, the latent's
@@ -814,7 +814,7 @@ TEST(CpLatent, RingAndAllgatherMoveTheLatent) {
       fill_rows(77, 9, g.pos, kW, 1.0f, X.data());
       ex.expand(X.data(), S, g.k.data(), g.v.data());
       // The references on the expanded inputs: attention in fp64, then through the expansion.
-      AttnParams full = g.shape;
+      CpCall full = g.shape;
       full.S_q = full.S_k = S;
       full.q_pos = full.k_pos = g.pos.data();
       full.q_doc = full.k_doc = g.has_docs ? g.doc.data() : nullptr;
@@ -843,14 +843,14 @@ TEST(CpLatent, RingAndAllgatherMoveTheLatent) {
       std::vector<int32_t> doc;
       if (g.has_docs)
         for (int64_t p : pos) doc.push_back(g.doc[size_t(p)]);
-      AttnParams t = g.shape;
+      CpCall t = g.shape;
       t.S_q = t.S_k = n;
       t.q_pos = t.k_pos = pos.data();
       t.q_doc = t.k_doc = doc.empty() ? nullptr : doc.data();
       t.q = q.data(); t.k = k.data(); t.v = v.data(); t.dout = dout.data();
       // Plain: K/V move.
       std::vector<float> o0(q.size()), lse0(size_t(n) * g.shape.H_q), dq0(q.size()), dk0(k.size()), dv0(v.size());
-      AttnParams a = t;
+      CpCall a = t;
       a.o = o0.data(); a.lse = lse0.data(); a.dq = dq0.data(); a.dk = dk0.data(); a.dv = dv0.data();
       CpStats f0, b0;
       strat->forward(a, nullptr, f0);
@@ -858,7 +858,7 @@ TEST(CpLatent, RingAndAllgatherMoveTheLatent) {
       // Latent: X moves; dk, dv must stay untouched.
       std::vector<float> o1(q.size(), NAN), lse1(lse0.size(), NAN), dq1(q.size(), NAN), dx(x.size(), NAN);
       std::vector<float> untouched(k.size(), 7.0f), untouched_v(k.size(), 7.0f);
-      AttnParams b = t;
+      CpCall b = t;
       b.o = o1.data(); b.lse = lse1.data(); b.dq = dq1.data(); b.dk = untouched.data(); b.dv = untouched_v.data();
       b.latent_width = kW;
       b.latent = x.data();
@@ -880,7 +880,7 @@ TEST(CpLatent, RingAndAllgatherMoveTheLatent) {
       EXPECT_LE(err_all(dak, dA[0]), kCpFactor * err_all(dA[1], dA[0]) + kFloorRel * max_abs(dA[0])) << "dA_k";
 
       // Bytes: the model's, with the latent's width; per token kW * 4 instead of 2 H_kv D * 4.
-      AttnParams shape_lat = g.shape;  // as laid out: S_padded() rows
+      CpCall shape_lat = g.shape;  // as laid out: S_padded() rows
       shape_lat.S_q = shape_lat.S_k = part.S_padded();
       shape_lat.latent_width = kW;
       EXPECT_DOUBLE_EQ(f1.bytes_sent, strat->comm_volume_fwd(shape_lat, g.has_docs, topo));
@@ -895,7 +895,7 @@ TEST(CpLatent, RingAndAllgatherMoveTheLatent) {
   // Head-splitting strategies refuse a latent.
   for (const char* name : {"ulysses", "usp"}) {
     Topology& topo = topology(mesh_for(name, P));
-    AttnParams s = shape(2 * P * 8, 8, 8);
+    CpCall s = shape(2 * P * 8, 8, 8);
     s.latent_width = 576;
     const std::string e = make_strategy(name, topo)->validate(s, topo);
     EXPECT_NE(e.find(std::string(name) + ": attention = mla: every head's K and V are expanded from one latent"),
@@ -933,7 +933,7 @@ TEST(CpInference, PassQMatchesReference) {
       };
       const std::vector<float> q = shard(g.q, wq), k = shard(g.k, wk), v = shard(g.v, wk);
       std::vector<float> o(q.size(), NAN), lse(size_t(S_loc) * h.H_q, NAN);
-      AttnParams t = g.shape;
+      CpCall t = g.shape;
       t.S_q = t.S_k = S_loc;
       t.q_pos = t.k_pos = pos.data();
       t.q = q.data(); t.k = k.data(); t.v = v.data(); t.o = o.data(); t.lse = lse.data();
@@ -997,7 +997,7 @@ TEST(CpInference, DecodeStrategiesMatchReference) {
         fill_rows(7, uint64_t(20 + b), at, wk, 1.0f, vn.data() + i * wk);
       }
       std::vector<float> o(size_t(std::max<int64_t>(n, 1) * wq), NAN), lse(size_t(std::max<int64_t>(n, 1) * h.H_q), NAN);
-      AttnParams t = attn_problem(Bq, h.H_q, h.H_kv, kHeadDim, MaskKind::causal, 0);
+      CpCall t = attn_problem(Bq, h.H_q, h.H_kv, kHeadDim, MaskKind::causal, 0);
       t.q = q.data(); t.q_pos = qpos.data(); t.q_doc = qdoc.data(); t.k_new = kn.data(); t.v_new = vn.data();
       t.k = t.k_cache = kc.data(); t.v = t.v_cache = vc.data(); t.k_pos = kpos.data(); t.S_k = B * cap;
       t.k_doc_begin = begin.data(); t.k_doc_len = here.data(); t.k_new_slot = slot.data();
@@ -1013,7 +1013,7 @@ TEST(CpInference, DecodeStrategiesMatchReference) {
         std::vector<float> K(size_t(L * wk)), V(size_t(L * wk));
         fill_rows(7, uint64_t(10 + b), all, wk, 1.0f, K.data());
         fill_rows(7, uint64_t(20 + b), all, wk, 1.0f, V.data());
-        AttnParams rp = attn_problem(1, h.H_q, h.H_kv, kHeadDim, MaskKind::causal, 0);
+        CpCall rp = attn_problem(1, h.H_q, h.H_kv, kHeadDim, MaskKind::causal, 0);
         rp.S_k = L;
         rp.q_pos = &qpos[size_t(i)];
         rp.k_pos = all.data();
@@ -1052,7 +1052,7 @@ TEST(CpHelpers, CountVisiblePairsMatchesTheMaskDefinition) {
   std::vector<int32_t> qd = {2, 0, 1, 1, 3, 0, 1}, kd = {0, 0, 3, 1, 1, 2, 2, 3, 0};
   for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window})
     for (bool docs : {false, true}) {
-      AttnParams p;
+      CpCall p;
       p.S_q = int64_t(qp.size());
       p.S_k = int64_t(kp.size());
       p.q_pos = qp.data();
