@@ -49,11 +49,11 @@ struct Config {
   // strategy's schedule (cp_schedule) and the numerics (exact: model/numerics.hpp). Only config.cpp
   // and the registry (src/cp/registry.cpp, which names the setting in its refusals) read the keys.
   bool visible_keys;         // frugal=true: the all-gather and the ring move only the key/value rows a receiver can see
-  bool exact;                // deterministic=true: exact numerics and the canonical schedule, the same bits on any mesh
+  bool exact;                // deterministic=true: exact numerics and the exact schedule, the same bits on any mesh
   int64_t exact_block;       // deterministic_block: rows per exact weight-gradient term (0: exact_grain's default)
   int64_t exact_heads;       // deterministic_heads: query heads per exact dK/dV part (0: a whole K/V group)
   CpSchedule cp_schedule() const {
-    return exact ? CpSchedule::canonical : visible_keys ? CpSchedule::visible : CpSchedule::plain;
+    return exact ? CpSchedule::exact : visible_keys ? CpSchedule::visible : CpSchedule::plain;
   }
   bool cpu_check;            // attn device=cuda: the same call on the CPU, differences reported
   bool save_logits;          // prefill/decode/chat: /infer/logits and /infer/tokens in the output file

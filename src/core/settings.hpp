@@ -16,10 +16,10 @@ namespace ctxpar {
 enum class Mode : int32_t { run, attn, train, prefill, decode, chat, bench, predict };
 enum class Bench : int32_t { none, comm, attn, cp, train, peak, infer, calibrate };
 // Which schedule of a strategy runs, resolved once from the configuration (Config::cp_schedule):
-// deterministic=true -> canonical (the same bits on any mesh, cp/canonical.hpp), frugal=true ->
+// deterministic=true -> exact (the same bits on any mesh, cp/exact.hpp), frugal=true ->
 // visible (only the key rows a receiving rank can see move, cp/visible.hpp), else plain. Each is a
 // row of its own in the registry (src/cp/registry.cpp), served by its own file.
-enum class CpSchedule : int32_t { plain, canonical, visible };
+enum class CpSchedule : int32_t { plain, exact, visible };
 // Token partition of a CP group (shard/partition.hpp).
 enum class PartitionKind : int32_t { contiguous, zigzag, striped };
 // Activation recompute per layer (model/transformer.hpp).

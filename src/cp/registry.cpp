@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "core/config.hpp"
-#include "cp/canonical.hpp"
+#include "cp/exact.hpp"
 #include "cp/common.hpp"
 #include "cp/gdn_cp.hpp"
 #include "cp/strategy.hpp"
@@ -18,7 +18,7 @@ struct Entry {
   StrategyRow row;
   Factory make;
 };
-constexpr CpSchedule plain = CpSchedule::plain, canonical = CpSchedule::canonical, visible = CpSchedule::visible;
+constexpr CpSchedule plain = CpSchedule::plain, exact = CpSchedule::exact, visible = CpSchedule::visible;
 constexpr StrategyUse training = StrategyUse::training, inference = StrategyUse::inference, local = StrategyUse::local;
 constexpr PartitionKind zigzag = PartitionKind::zigzag, contiguous = PartitionKind::contiguous;
 constexpr MlaSupport latent = MlaSupport::latent, expanded = MlaSupport::expanded, refused = MlaSupport::refused,
@@ -29,18 +29,18 @@ constexpr CommPattern gather = CommPattern::gather, heads = CommPattern::heads, 
 // name, schedule, use, partition, MLA, device = cuda, messages; the factory
 const Entry kStrategies[] = {
     {{"allgather", plain, training, zigzag, latent, true, gather}, make_allgather_strategy},
-    {{"allgather", canonical, training, zigzag, expanded, false, gather}, make_canonical_allgather_strategy},
+    {{"allgather", exact, training, zigzag, expanded, false, gather}, make_exact_allgather_strategy},
     {{"allgather", visible, training, zigzag, expanded, false, gather}, make_visible_allgather_strategy},
     {{"ulysses", plain, training, zigzag, refused, true, heads}, make_ulysses_strategy},
-    {{"ulysses", canonical, training, zigzag, refused, false, heads}, make_canonical_ulysses_strategy},
+    {{"ulysses", exact, training, zigzag, refused, false, heads}, make_exact_ulysses_strategy},
     {{"ring", plain, training, zigzag, latent, true, kv_ring}, make_ring_strategy},
-    {{"ring", canonical, training, zigzag, expanded, false, kv_ring}, make_canonical_ring_strategy},
+    {{"ring", exact, training, zigzag, expanded, false, kv_ring}, make_exact_ring_strategy},
     {{"ring", visible, training, zigzag, expanded, false, kv_ring}, make_visible_ring_strategy},
     {{"usp", plain, training, zigzag, refused, true, heads_ring}, make_usp_strategy},
-    {{"usp", canonical, training, zigzag, refused, false, heads_ring}, make_canonical_usp_strategy},
+    {{"usp", exact, training, zigzag, refused, false, heads_ring}, make_exact_usp_strategy},
     {{"halo", plain, local, zigzag, expanded, true, window}, make_halo_strategy},
     {{"pass_q", plain, inference, zigzag, absorbed, true, q_ring}, make_pass_q_strategy},
-    {{"pass_q", canonical, inference, zigzag, absorbed, false, q_ring}, make_canonical_pass_q_strategy},
+    {{"pass_q", exact, inference, zigzag, absorbed, false, q_ring}, make_exact_pass_q_strategy},
     {{"decode_pass_q", plain, inference, contiguous, absorbed, true, decode}, make_decode_pass_q_strategy},
     {{"decode_allgather", plain, inference, contiguous, absorbed, true, decode}, make_decode_allgather_strategy},
 };
@@ -63,9 +63,9 @@ std::vector<std::string> names_where(StrategyUse use, CpSchedule sched = plain) 
 }
 
 const char* use_name(StrategyUse u) { return u == training ? "training" : u == inference ? "inference" : "local"; }
-std::string schedule_name(CpSchedule s) {  // e.g. "canonical (deterministic=true)"
+std::string schedule_name(CpSchedule s) {  // e.g. "exact (deterministic=true)"
   if (s == plain) return "plain";
-  return std::string(s == canonical ? "canonical" : "visible keys") + " (" + schedule_key(s) + "=true)";
+  return std::string(s == exact ? "exact" : "visible keys") + " (" + schedule_key(s) + "=true)";
 }
 const char* comm_name(CommPattern c) {
   switch (c) {
@@ -128,16 +128,16 @@ std::string schedule_refusal(const std::string& strategy, CpSchedule sched, cons
   if (sched == visible)
     return "config: frugal = true: strategy = " + strategy +
            " moves every key row (it splits heads or queries, not key rows)" + valid + ", or frugal=false";
-  if (sched == canonical)
-    return "config: deterministic = true: strategy = " + strategy + " has no canonical schedule" + valid +
+  if (sched == exact)
+    return "config: deterministic = true: strategy = " + strategy + " has no exact schedule" + valid +
            ", or deterministic=false";
   return "config: strategy = '" + strategy + "' is not built into this binary";
 }
 
 std::string schedule_key(CpSchedule sched) {
-  return sched == canonical ? "deterministic" : sched == visible ? "frugal" : "";
+  return sched == exact ? "deterministic" : sched == visible ? "frugal" : "";
 }
-std::string schedule_suffix(CpSchedule sched) { return sched == canonical ? ":det" : sched == visible ? ":frugal" : ""; }
+std::string schedule_suffix(CpSchedule sched) { return sched == exact ? ":det" : sched == visible ? ":frugal" : ""; }
 
 std::unique_ptr<CpStrategy> make_strategy(const std::string& name, Topology& topo, CpSchedule sched) {
   const Entry* e = find(name, sched);

@@ -2,11 +2,11 @@ set(CTXPAR_CP_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/registry.cpp
   ${CMAKE_CURRENT_LIST_DIR}/common.cpp
   ${CMAKE_CURRENT_LIST_DIR}/visible.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/canonical.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/exact.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ring_core.cpp
   ${CMAKE_CURRENT_LIST_DIR}/visible_ring.cpp
   ${CMAKE_CURRENT_LIST_DIR}/visible_allgather.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/canonical_ulysses.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/exact_ulysses.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ulysses_core.cpp
   ${CMAKE_CURRENT_LIST_DIR}/allgather.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ulysses.cpp

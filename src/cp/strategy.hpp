@@ -48,15 +48,14 @@ class KvExpander {
 // the strategies read. A kernel call takes the AttnParams part (a CpCall converts to it).
 struct CpCall : AttnParams {
   // ---- KV cache of an inference call (read by the inference strategies, which split such a call
-  // per document into kernel calls). As flash-attention's
-  // fwd_kvcache: with k_doc_len set, k, v, k_pos hold the rows of a KV cache of documents
-  // (sequences): document d's keys are rows [k_doc_begin[d], k_doc_begin[d] + k_doc_len[d]), and
-  // a query row of document q_doc[i] (-1: a padding row, sees nothing) sees only those. Decode:
-  // each query row is a new token whose own key/value rows are k_new / v_new [S_q, H_kv, D],
-  // visible to it; this rank stores document d's new token at cache row k_new_slot[d] of
-  // k_cache / v_cache (the writable view of k / v) when k_new_slot[d] >= 0 (another rank does
-  // when -1), and it is visible from then on; the caller reserves the slot, so k_pos at
-  // k_new_slot[d] already holds the new token's position.
+  // per document into kernel calls). As flash-attention's fwd_kvcache: with k_doc_len set, k, v,
+  // k_pos hold the rows of a KV cache of documents (sequences): document d's keys are rows
+  // [k_doc_begin[d], k_doc_begin[d] + k_doc_len[d]), and a query row of document q_doc[i] (-1: a
+  // padding row, sees nothing) sees only those. Decode: each query row is a new token whose own
+  // key/value rows are k_new / v_new [S_q, H_kv, D], visible to it; this rank stores document d's
+  // new token at cache row k_new_slot[d] of k_cache / v_cache (the writable view of k / v) when
+  // k_new_slot[d] >= 0 (another rank does when -1), and it is visible from then on; the caller
+  // reserves the slot, so k_pos at k_new_slot[d] already holds the new token's position.
   const int64_t* k_doc_begin = nullptr;
   const int64_t* k_doc_len = nullptr;
   const void* k_new = nullptr;
@@ -65,30 +64,30 @@ struct CpCall : AttnParams {
   void* k_cache = nullptr;
   void* v_cache = nullptr;
 
-  // ---- Derivable key positions (read by the ring). When > 0: every
-  // rank of the strategy's group holds, as its keys, its own zigzag shard of one sequence of
-  // k_pos_zigzag tokens (shard/partition.hpp: Partition(zigzag, k_pos_zigzag, P).positions(rank),
-  // padding rows included), so another rank's key positions can be computed instead of sent.
+  // ---- Derivable key positions (read by the ring). When > 0: every rank of the strategy's group
+  // holds, as its keys, its own zigzag shard of one sequence of k_pos_zigzag tokens
+  // (shard/partition.hpp: Partition(zigzag, k_pos_zigzag, P).positions(rank), padding rows
+  // included), so another rank's key positions can be computed instead of sent.
   int64_t k_pos_zigzag = 0;
-  // The batch a call belongs to (> 0), the same on every rank: a visible-keys schedule (cp/visible.hpp)
-  // computes its plan once per batch and mask and reuses it for the other layers and the
-  // backward (0: no reuse).
+  // The batch a call belongs to (> 0), the same on every rank: a visible-keys schedule
+  // (cp/visible.hpp) computes its plan once per batch and mask and reuses it for the other layers
+  // and the backward (0: no reuse).
   int64_t batch_id = 0;
 
-  // ---- MLA's latent K/V (read by the CP strategies). With
-  // `expander` set, this rank's K and V rows are expanded from per-token latent rows `latent`
-  // [S_k, latent_width] (fp32; model/mla_layer.hpp: the K/V latent and the shared RoPE key). A
-  // strategy that moves the latent (CpStrategy::moves_latent) sends those rows instead of K and V,
-  // expands each block it receives, and its backward writes `dlatent` [S_k, latent_width] (the
-  // latent's gradient summed over the group; overwritten) instead of dk and dv. In a shape-only
-  // descriptor latent_width alone says that K/V come from a latent of that width.
+  // ---- MLA's latent K/V (read by the CP strategies). With `expander` set, this rank's K and V rows
+  // are expanded from per-token latent rows `latent` [S_k, latent_width] (fp32; model/mla_layer.hpp:
+  // the K/V latent and the shared RoPE key). A strategy that moves the latent
+  // (CpStrategy::moves_latent) sends those rows instead of K and V, expands each block it receives,
+  // and its backward writes `dlatent` [S_k, latent_width] (the latent's gradient summed over the
+  // group; overwritten) instead of dk and dv. In a shape-only descriptor latent_width alone says
+  // that K/V come from a latent of that width.
   int32_t latent_width = 0;
   const float* latent = nullptr;
   float* dlatent = nullptr;
   KvExpander* expander = nullptr;
 
-  // The same call with its attention part replaced, the strategies' fields kept; the sub-calls
-  // of AttnParams (query_rows, key_rows, host_rows) likewise.
+  // The same call with its attention part replaced, the strategies' fields kept; the sub-calls of
+  // AttnParams (query_rows, key_rows, host_rows) likewise.
   CpCall with(const AttnParams& a) const {
     CpCall c = *this;
     static_cast<AttnParams&>(c) = a;
@@ -156,8 +155,8 @@ class CpStrategy {
 // order (the values of `strategy`), inference_strategy_names() the forward-only ones of the
 // inference engine, local_strategy_names() the values of `local_strategy` (a model's
 // sliding-window layers: halo, which serves only those, then the training ones). A training
-// strategy has a row per schedule it serves (CpSchedule: plain; canonical, the
-// schedule of cp/canonical.hpp; visible, the visible-keys schedule of cp/visible.hpp), each
+// strategy has a row per schedule it serves (CpSchedule: plain; exact, the
+// schedule of cp/exact.hpp; visible, the visible-keys schedule of cp/visible.hpp), each
 // built by its own file; a schedule's strategy reports the name of the strategy it schedules.
 // make_strategy returns null for an unknown name or a schedule the strategy has no row for.
 //

@@ -6,8 +6,8 @@
 //   exact  (CPU; the config's deterministic=true) every sum over tokens, tp ranks, CP and dp ranks
 //          or threads taken in parts that the model fixes, never the mesh, each part's value added
 //          exactly as integers (kernels/ops.hpp exact_add): the same bits on any mesh, strategy
-//          and thread count. Its attention is the CP strategy's canonical schedule
-//          (cp/canonical.hpp), which the configuration selects beside it.
+//          and thread count. Its attention is the CP strategy's exact schedule
+//          (cp/exact.hpp), which the configuration selects beside it.
 // Exact, in detail: a GEMM of token rows runs sgemm_rows_fixed, or calls of `block` rows where the
 // library has no such path; a weight gradient (op(A) = A^T, the token rows summed) is one product
 // per block of rows, each added exactly (gemm_tn_exact); the norms', the embedding's and the

@@ -66,7 +66,7 @@ CASES = [
     # deterministic=true: the exact schedule's table; a logit row whose bits differ from CP = 1's (#bits) counts
     # as wrong, so rc 0 and VALID mean bit-identical rows at CP 1 and 2
     ("infer", 2, ["seq=256", "deterministic=true"] + MODEL, ["prefill_det_ms", "ttit_det_ms", "bits", "wrong"]),
-    # MLA's deterministic rows run the canonical schedule on the expanded K/V
+    # MLA's deterministic rows run the exact schedule on the expanded K/V
     ("cp", 2, ["seq=512", "deterministic=true", "attention=mla", "kv_lora_rank=32", "qk_nope_head_dim=16",
                "qk_rope_head_dim=8", "v_head_dim=16"], ["strategy", "wrong"]),
     ("peak", 1, [], ["sgemm_gflops", "fma_gflops", "fma_isa", "fma_bits", "wrong"]),

@@ -77,7 +77,7 @@ struct Case {
   Masking mask;
   int64_t S = kSeq;
   bool frugal = false;  // CpSchedule::visible: only the key rows a rank can see move (allgather, ring)
-  bool exact = false;   // CpSchedule::canonical: the bits of one rank's canonical call, on any mesh
+  bool exact = false;   // CpSchedule::exact: the bits of one rank's exact call, on any mesh
 };
 
 // The mesh a strategy runs on at P ranks: usp uses both axes where P allows (P = 1, 2 are its
@@ -200,7 +200,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   const Case& c = GetParam();
   const int P = world().size();
   Topology& topo = topology(mesh_for(c.strategy, P));
-  const CpSchedule sched = c.exact ? CpSchedule::canonical : c.frugal ? CpSchedule::visible : CpSchedule::plain;
+  const CpSchedule sched = c.exact ? CpSchedule::exact : c.frugal ? CpSchedule::visible : CpSchedule::plain;
   std::unique_ptr<CpStrategy> strat = make_strategy(c.strategy, topo, sched);
   ASSERT_TRUE(strat != nullptr);
   const Global g = make_global(c, 1234);
@@ -271,7 +271,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   }
 
   if (c.exact) {
-    // Bit for bit the single-rank canonical result (one call over the whole sequence in position
+    // Bit for bit the single-rank exact result (one call over the whole sequence in position
     // order, its own padding, 2 threads), on every real row of O, LSE, dQ, dK and dV.
     const Partition one(PartitionKind::zigzag, c.S, 1, block);
     const int64_t S1 = one.S_padded();
@@ -310,7 +310,7 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
     bits(dq, dQ1, wq);
     bits(dk, dK1, wk);
     bits(dv, dV1, wk);
-    EXPECT_EQ(differ, 0) << "rows whose bits differ from the single-rank canonical result (P = " << P << ")";
+    EXPECT_EQ(differ, 0) << "rows whose bits differ from the single-rank exact result (P = " << P << ")";
     // Bytes: the packed [K | V | pos | doc] blocks gathered (P - 1 of them), and in the backward
     // again, with dK/dV reduce-scattered as 8-byte integers.
     if (c.strategy == "allgather" || c.strategy == "ring") {
@@ -540,8 +540,8 @@ TEST(CpRegistry, NamesInConfigOrderAndUnknownIsNull) {
   EXPECT_EQ(local_strategy_names(), local);
 }
 
-// A schedule is a registry row of its own: every training strategy has a canonical one, the
-// all-gather and the ring a visible-keys one, pass_q (the inference engine's exact) a canonical one,
+// A schedule is a registry row of its own: every training strategy has an exact one, the
+// all-gather and the ring a visible-keys one, pass_q (the inference engine's exact) an exact one,
 // nothing else does; a schedule's strategy reports the
 // plain strategy's name and partition, and a missing row builds nothing.
 TEST(CpRegistry, SchedulesAreRowsOfTheirOwn) {
@@ -549,9 +549,9 @@ TEST(CpRegistry, SchedulesAreRowsOfTheirOwn) {
   for (const std::string& n : strategy_names()) {
     const bool frugal = n == "allgather" || n == "ring";
     EXPECT_TRUE(has_schedule(n, CpSchedule::plain)) << n;
-    EXPECT_TRUE(has_schedule(n, CpSchedule::canonical)) << n;
+    EXPECT_TRUE(has_schedule(n, CpSchedule::exact)) << n;
     EXPECT_EQ(has_schedule(n, CpSchedule::visible), frugal) << n;
-    for (CpSchedule s : {CpSchedule::canonical, CpSchedule::visible}) {
+    for (CpSchedule s : {CpSchedule::exact, CpSchedule::visible}) {
       std::unique_ptr<CpStrategy> x = make_strategy(n, topo, s);
       if (s == CpSchedule::visible && !frugal) {
         EXPECT_EQ(x, nullptr) << n;
@@ -563,20 +563,20 @@ TEST(CpRegistry, SchedulesAreRowsOfTheirOwn) {
     }
   }
   for (const std::string& n : inference_strategy_names()) {  // pass_q's: the engine's with exact numerics
-    EXPECT_EQ(has_schedule(n, CpSchedule::canonical), n == "pass_q") << n;
+    EXPECT_EQ(has_schedule(n, CpSchedule::exact), n == "pass_q") << n;
     EXPECT_FALSE(has_schedule(n, CpSchedule::visible)) << n;
   }
   EXPECT_FALSE(has_schedule("halo", CpSchedule::visible));
-  EXPECT_EQ(make_strategy("bogus", topo, CpSchedule::canonical), nullptr);
-  EXPECT_EQ(strategies_with(CpSchedule::canonical), "allgather, ulysses, ring or usp");
+  EXPECT_EQ(make_strategy("bogus", topo, CpSchedule::exact), nullptr);
+  EXPECT_EQ(strategies_with(CpSchedule::exact), "allgather, ulysses, ring or usp");
   EXPECT_EQ(strategies_with(CpSchedule::visible, "all"), "allgather, ring or all");
   // the configuration's schedule refused once, by the registry, naming the setting and what serves it
   EXPECT_EQ(schedule_refusal("ring", CpSchedule::visible), "");
-  EXPECT_EQ(schedule_refusal("usp", CpSchedule::canonical), "");
+  EXPECT_EQ(schedule_refusal("usp", CpSchedule::exact), "");
   const std::string v = schedule_refusal("ulysses", CpSchedule::visible, "all");
   EXPECT_EQ(v.rfind("config: frugal = true: strategy = ulysses", 0), 0u) << v;
   EXPECT_NE(v.find("valid: strategy=allgather, ring or all, or frugal=false"), std::string::npos) << v;
-  EXPECT_EQ(schedule_key(CpSchedule::canonical) + schedule_suffix(CpSchedule::canonical), "deterministic:det");
+  EXPECT_EQ(schedule_key(CpSchedule::exact) + schedule_suffix(CpSchedule::exact), "deterministic:det");
 }
 
 // Every registry row's claims (cp/strategy.hpp StrategyRow) against the strategy's own answers:

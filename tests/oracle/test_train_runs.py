@@ -200,7 +200,7 @@ def case_deterministic(tmp):
     parts1 = go_all([(n, np_, heads1 + a) for n, np_, a in [("heads1_np1", 1, []), ("heads1_tp8", 8, ["mesh=tp:8"]),
                                                            ("heads1_ulysses_np8", 8, ["strategy=ulysses", "mesh=ulysses:8"])]])
     compare(parts1)
-    # MLA (the canonical schedule moves the expanded K/V; the expander's GEMMs fixed-row, Wkv_b's gradient
+    # MLA (the exact schedule moves the expanded K/V; the expander's GEMMs fixed-row, Wkv_b's gradient
     # exact; the latent's gradient and the output projection summed over tp in fixed parts), with and
     # without the query latent, beside a local layer, on CP and tp meshes
     mla = ["attention=mla", "q_lora_rank=24", "kv_lora_rank=32", "qk_nope_head_dim=16", "qk_rope_head_dim=8",
@@ -215,7 +215,7 @@ def case_deterministic(tmp):
              [("mla_local_np1", 1, []), ("mla_local_ring_np2", 2, ["strategy=ring"]),
               ("mla_local_allgather_np3", 3, ["strategy=allgather"]),
               ("mla_local_tp2_ring2", 4, ["mesh=tp:2,ring:2", "strategy=allgather"])]]))
-    # local (L) layers: the main strategy's canonical schedule with the window mask
+    # local (L) layers: the main strategy's exact schedule with the window mask
     loc = ["layer_pattern=GL", "window=24"]
     compare(go_all([(n, np_, loc + a) for n, np_, a in
              [("local_np1", 1, []), ("local_ring_np2", 2, ["strategy=ring"]), ("local_allgather_np3", 3, ["strategy=allgather"]),

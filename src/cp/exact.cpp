@@ -1,4 +1,4 @@
-#include "cp/canonical.hpp"
+#include "cp/exact.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -22,7 +22,7 @@ namespace {
 constexpr int kTagHop = 131;
 
 // The group's key rows in position order, and where each came from.
-struct Canon {
+struct ExactRows {
   int64_t n = 0;                // rows per rank
   Buffer<std::byte> k, v;       // [P n] rows, position order
   std::vector<int64_t> pos;     // [P n], ascending
@@ -68,11 +68,11 @@ Buffer<std::byte> gather_blocks(Comm* cp, const KvLayout& L, const CpCall& t, bo
   return all;
 }
 
-Canon gather_canonical(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st) {
+ExactRows gather_exact(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st) {
   const int P = c ? c->size() : 1;
   const KvLayout L = kv_layout(t.S_k, t.H_kv, t.D, t.dtype, t.k_doc != nullptr, /*has_pos=*/true);
   Buffer<std::byte> blocks = gather_blocks(c, L, t, ring_hops, tr, st);
-  Canon g;
+  ExactRows g;
   g.n = t.S_k;
   const int64_t total = g.n * P;
   std::vector<int64_t> pos(static_cast<size_t>(total));
@@ -104,7 +104,7 @@ Canon gather_canonical(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpS
 
 }  // namespace
 
-std::string check_canonical(const CpCall& t) {
+std::string check_exact(const CpCall& t) {
   if (t.q_pos != t.k_pos || t.q_doc != t.k_doc || t.S_q != t.S_k)
     return "deterministic = true serves training's self-attention calls (queries are the keys' rows)";
   if (t.expander) return "deterministic = true does not yet serve MLA's latent K/V";
@@ -118,20 +118,20 @@ void refuse_device_call(const CpCall& t) {
                                 ": CPU only so far");
 }
 
-void canonical_fwd(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st) {
+void exact_fwd(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st) {
   refuse_device_call(t);
-  const std::string err = check_canonical(t);
+  const std::string err = check_exact(t);
   CTXPAR_CHECK(err.empty(), err);
-  const Canon g = gather_canonical(c, t, ring_hops, tr, st);
+  const ExactRows g = gather_exact(c, t, ring_hops, tr, st);
   if (tr) tr->progress(Phase::attn_fwd);
   counted_fwd(g.call(t), tr, st, -1);
 }
 
-void canonical_bwd(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st) {
+void exact_bwd(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st) {
   refuse_device_call(t);
-  const std::string err = check_canonical(t);
+  const std::string err = check_exact(t);
   CTXPAR_CHECK(err.empty(), err);
-  const Canon g = gather_canonical(c, t, ring_hops, tr, st);
+  const ExactRows g = gather_exact(c, t, ring_hops, tr, st);
   const int P = c ? c->size() : 1;
   const size_t w = size_t(t.H_kv) * t.D, total = g.origin.size(), own = size_t(t.S_k) * w;
   Buffer<int64_t> dk(total * w), dv(total * w);  // zeroed: the kernel adds
@@ -167,7 +167,7 @@ void canonical_bwd(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats
   fixed_to_float(mine.data() + own, t.dv, int64_t(own));
 }
 
-void canonical_infer_fwd(Comm& c, const CpCall& t, Tracer* tr, CpStats& st) {
+void exact_infer_fwd(Comm& c, const CpCall& t, Tracer* tr, CpStats& st) {
   CTXPAR_CHECK(t.device == Device::cpu && t.dtype == DType::f32 && !t.expander,
                "exact inference: CPU fp32 calls of K/V heads");
   const int P = c.size(), r = c.rank();
@@ -257,18 +257,18 @@ void canonical_infer_fwd(Comm& c, const CpCall& t, Tracer* tr, CpStats& st) {
 namespace ctxpar {
 namespace {
 
-// allgather's and ring's canonical schedule (CpSchedule::canonical): the canonical call,
+// allgather's and ring's exact schedule (CpSchedule::exact): the exact call,
 // its K/V rows gathered by one all-gather or by the ring's P - 1 hops.
-class Canonical final : public ScheduleOf {
+class Exact final : public ScheduleOf {
  public:
-  Canonical(Topology& topo, std::unique_ptr<CpStrategy> plain, bool ring_hops)
+  Exact(Topology& topo, std::unique_ptr<CpStrategy> plain, bool ring_hops)
       : ScheduleOf(std::move(plain)), comm_(topo.cp()), ring_hops_(ring_hops) {}
-  bool moves_latent() const override { return false; }  // the canonical call moves MLA's expanded K/V
+  bool moves_latent() const override { return false; }  // the exact call moves MLA's expanded K/V
   void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
-    cp::canonical_fwd(&comm_, local, ring_hops_, tr, st);
+    cp::exact_fwd(&comm_, local, ring_hops_, tr, st);
   }
   void backward(const CpCall& local, Tracer* tr, CpStats& st) override {
-    cp::canonical_bwd(&comm_, local, ring_hops_, tr, st);
+    cp::exact_bwd(&comm_, local, ring_hops_, tr, st);
   }
 
  private:
@@ -276,17 +276,17 @@ class Canonical final : public ScheduleOf {
   bool ring_hops_;
 };
 
-// pass_q's canonical schedule, the inference engine's with exact numerics (prefill and decode, full
+// pass_q's exact schedule, the inference engine's with exact numerics (prefill and decode, full
 // or over a cache, whatever cp_algo and decode_algo say): the keys stay, as in pass-Q, but every
 // rank's query rows (and a decode step's new K/V) are all-gathered and the attention summed
-// exactly over the ranks' keys (cp::canonical_infer_fwd).
-class CanonicalInfer final : public ScheduleOf {
+// exactly over the ranks' keys (cp::exact_infer_fwd).
+class ExactInfer final : public ScheduleOf {
  public:
-  explicit CanonicalInfer(Topology& topo) : ScheduleOf(make_pass_q_strategy(topo)), comm_(topo.cp()) {}
+  explicit ExactInfer(Topology& topo) : ScheduleOf(make_pass_q_strategy(topo)), comm_(topo.cp()) {}
   bool has_backward() const override { return false; }
   void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
     cp::refuse_device_call(local);
-    cp::canonical_infer_fwd(comm_, local, tr, st);
+    cp::exact_infer_fwd(comm_, local, tr, st);
   }
   void backward(const CpCall&, Tracer*, CpStats&) override {
     CTXPAR_FATAL(name() << "'s exact inference schedule has no backward");
@@ -306,14 +306,14 @@ class CanonicalInfer final : public ScheduleOf {
 
 }  // namespace
 
-std::unique_ptr<CpStrategy> make_canonical_pass_q_strategy(Topology& topo) {
-  return std::make_unique<CanonicalInfer>(topo);
+std::unique_ptr<CpStrategy> make_exact_pass_q_strategy(Topology& topo) {
+  return std::make_unique<ExactInfer>(topo);
 }
-std::unique_ptr<CpStrategy> make_canonical_allgather_strategy(Topology& topo) {
-  return std::make_unique<Canonical>(topo, make_allgather_strategy(topo), /*ring_hops=*/false);
+std::unique_ptr<CpStrategy> make_exact_allgather_strategy(Topology& topo) {
+  return std::make_unique<Exact>(topo, make_allgather_strategy(topo), /*ring_hops=*/false);
 }
-std::unique_ptr<CpStrategy> make_canonical_ring_strategy(Topology& topo) {
-  return std::make_unique<Canonical>(topo, make_ring_strategy(topo), /*ring_hops=*/true);
+std::unique_ptr<CpStrategy> make_exact_ring_strategy(Topology& topo) {
+  return std::make_unique<Exact>(topo, make_ring_strategy(topo), /*ring_hops=*/true);
 }
 
 }  // namespace ctxpar

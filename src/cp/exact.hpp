@@ -1,5 +1,5 @@
-// The canonical schedule (config deterministic=true; CpSchedule::canonical: the strategies of
-// canonical.cpp for the all-gather and the ring, canonical_ulysses.cpp for ulysses and usp
+// The exact schedule (config deterministic=true; CpSchedule::exact: the strategies of
+// exact.cpp for the all-gather and the ring, exact_ulysses.cpp for ulysses and usp
 // around their all-to-all): results whose bits do not depend on the number of ranks, the strategy
 // or the thread count. Every rank gathers the whole group's K/V rows (all-gather, or the ring's
 // P - 1 hops), puts them in position order, and attends its own queries to all of them in one
@@ -26,25 +26,25 @@ namespace ctxpar {
 class Tracer;
 class Topology;
 
-// The schedule's strategies (registry rows of CpSchedule::canonical): canonical.cpp's all-gather,
-// ring and pass_q (inference), canonical_ulysses.cpp's ulysses and usp.
-std::unique_ptr<CpStrategy> make_canonical_allgather_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_canonical_ring_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_canonical_ulysses_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_canonical_usp_strategy(Topology& topo);
-std::unique_ptr<CpStrategy> make_canonical_pass_q_strategy(Topology& topo);
+// The schedule's strategies (registry rows of CpSchedule::exact): exact.cpp's all-gather,
+// ring and pass_q (inference), exact_ulysses.cpp's ulysses and usp.
+std::unique_ptr<CpStrategy> make_exact_allgather_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_exact_ring_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_exact_ulysses_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_exact_usp_strategy(Topology& topo);
+std::unique_ptr<CpStrategy> make_exact_pass_q_strategy(Topology& topo);
 
 namespace cp {
 
-// "" when `t` can run the canonical schedule, else why not.
-std::string check_canonical(const CpCall& t);
+// "" when `t` can run the exact schedule, else why not.
+std::string check_exact(const CpCall& t);
 // A device call (the schedule runs on the CPU only so far) is the caller's mistake, not a broken
 // invariant: refused with std::invalid_argument before anything moves.
 void refuse_device_call(const CpCall& t);
 
 // ring_hops: gather by P - 1 ring hops (ring) instead of one all-gather (allgather). A null
 // communicator: this rank's rows are all the keys (ulysses, after its all-to-all; one rank).
-void canonical_fwd(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st);
+void exact_fwd(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st);
 
 // Inference with exact numerics (prefill over a KV cache, decode): the keys stay where they
 // are, and a result's bits do not depend on how they are spread over the ranks. The group's
@@ -56,11 +56,11 @@ void canonical_fwd(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats
 // k_doc of this rank) or a KV-cache call (k_doc_begin / k_doc_len per document, q_doc the row's
 // document, -1 for a padding row). Costs: one exact add per (query, key, head, value element),
 // and (D + 1) 16-byte integers per query row and head all-reduced over the group.
-void canonical_infer_fwd(Comm& c, const CpCall& t, Tracer* tr, CpStats& st);
+void exact_infer_fwd(Comm& c, const CpCall& t, Tracer* tr, CpStats& st);
 // dK/dV into t.dk and t.dv; or, with t.dk_fixed and t.dv_fixed set, this rank's rows of the exact
 // sums as integers (=, [S_k, H_kv, D] each, ops.hpp fixed_to_float converts), for a caller that adds
 // more of them first (ulysses: a K/V head replicated on several ranks, each with part of its group).
-void canonical_bwd(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st);
+void exact_bwd(Comm* c, const CpCall& t, bool ring_hops, Tracer* tr, CpStats& st);
 
 }  // namespace cp
 }  // namespace ctxpar

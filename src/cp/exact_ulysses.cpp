@@ -1,5 +1,5 @@
-// ulysses' and usp's canonical schedule (CpSchedule::canonical): the same all-to-all, with
-// the canonical call of cp/canonical.hpp inside (over the ring axis for usp, this rank's
+// ulysses' and usp's exact schedule (CpSchedule::exact): the same all-to-all, with
+// the exact call of cp/exact.hpp inside (over the ring axis for usp, this rank's
 // gathered keys alone for ulysses). A K/V head replicated on several ranks (each holding part of
 // its group's query heads) returns its dK/dV as integer sums, added over the copies before the one
 // rounding (ulysses_bwd_exact); so does every head when the caller takes the integers
@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "cp/common.hpp"
-#include "cp/canonical.hpp"
+#include "cp/exact.hpp"
 #include "cp/strategy.hpp"
 #include "cp/ulysses_core.hpp"
 #include "dist/topology.hpp"
@@ -28,10 +28,10 @@ std::string check_exact_heads(const std::string& strategy, const CpCall& s, int 
          "a ulysses degree dividing H_kv, or strategy=allgather or ring";
 }
 
-class CanonicalUlysses final : public ScheduleOf {
+class ExactUlysses final : public ScheduleOf {
  public:
-  // ring: the ring axis (usp), or null (ulysses: the canonical call of one rank's keys)
-  CanonicalUlysses(std::unique_ptr<CpStrategy> plain, Comm& ulysses, Comm* ring)
+  // ring: the ring axis (usp), or null (ulysses: the exact call of one rank's keys)
+  ExactUlysses(std::unique_ptr<CpStrategy> plain, Comm& ulysses, Comm* ring)
       : ScheduleOf(std::move(plain)), ulysses_(ulysses), ring_(ring) {}
   std::string validate(const CpCall& s, const Topology& topo) const override {
     std::string e = ScheduleOf::validate(s, topo);
@@ -40,12 +40,12 @@ class CanonicalUlysses final : public ScheduleOf {
   }
   void forward(const CpCall& local, Tracer* tr, CpStats& st) override {
     cp::refuse_device_call(local);  // before the all-to-all moves anything
-    cp::ulysses_fwd(ulysses_, local, [&](const CpCall& a) { cp::canonical_fwd(ring_, a, /*ring_hops=*/true, tr, st); },
+    cp::ulysses_fwd(ulysses_, local, [&](const CpCall& a) { cp::exact_fwd(ring_, a, /*ring_hops=*/true, tr, st); },
                     tr, st);
   }
   void backward(const CpCall& local, Tracer* tr, CpStats& st) override {
     cp::refuse_device_call(local);
-    const cp::UlyssesInner inner = [&](const CpCall& a) { cp::canonical_bwd(ring_, a, /*ring_hops=*/true, tr, st); };
+    const cp::UlyssesInner inner = [&](const CpCall& a) { cp::exact_bwd(ring_, a, /*ring_hops=*/true, tr, st); };
     if (cp::head_split(local.H_kv, ulysses_.size()).replicated() || local.dk_fixed)
       cp::ulysses_bwd_exact(ulysses_, local, inner, tr, st);
     else
@@ -59,11 +59,11 @@ class CanonicalUlysses final : public ScheduleOf {
 
 }  // namespace
 
-std::unique_ptr<CpStrategy> make_canonical_ulysses_strategy(Topology& topo) {
-  return std::make_unique<CanonicalUlysses>(make_ulysses_strategy(topo), topo.cp(), nullptr);
+std::unique_ptr<CpStrategy> make_exact_ulysses_strategy(Topology& topo) {
+  return std::make_unique<ExactUlysses>(make_ulysses_strategy(topo), topo.cp(), nullptr);
 }
-std::unique_ptr<CpStrategy> make_canonical_usp_strategy(Topology& topo) {
-  return std::make_unique<CanonicalUlysses>(make_usp_strategy(topo), topo.axis(Axis::ulysses), &topo.axis(Axis::ring));
+std::unique_ptr<CpStrategy> make_exact_usp_strategy(Topology& topo) {
+  return std::make_unique<ExactUlysses>(make_usp_strategy(topo), topo.axis(Axis::ulysses), &topo.axis(Axis::ring));
 }
 
 }  // namespace ctxpar
