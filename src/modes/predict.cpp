@@ -123,8 +123,9 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
   w.partition = PartitionKind::zigzag;
   const ModelShape m = model_shape(cfg);
   // The registry's training strategies (the cost model prices the ring's row in a prefill as
-  // pass-KV). A configured schedule (the visible keys': the strategies that move just the visible rows, priced
-  // as the plain ones, an upper bound): only the strategies with a row of it are candidates.
+  // pass-KV). A configured schedule (the visible keys': the strategies that move just the visible
+  // rows, priced as the plain ones, an upper bound): only the strategies with a row of it are
+  // candidates.
   const CpSchedule sched = cfg.cp_schedule();
   std::vector<StrategyPrediction> preds;
   for (const std::string& run_name : strategy_names()) {

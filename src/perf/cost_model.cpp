@@ -77,7 +77,6 @@ double imbalance(PartitionKind partition, int64_t n) {
   return partition == PartitionKind::contiguous && n > 1 ? double(2 * n - 1) / double(n) : 1.0;
 }
 
-// The strategies of the cost model: the training strategies and the two inference patterns.
 // What the cost model prices for a strategy name: the pattern of its messages (the registry's
 // row, cp/strategy.hpp), one formula per pattern below. Training: a training row (allgather,
 // ulysses, ring, usp); inference: those, or a value of cp_algo (pass_kv: the ring's row over the
