@@ -88,6 +88,7 @@ Cli parse_cli(const std::vector<std::string>& args) {
     if (a == "--print-config") { c.print_config = true; continue; }
     if (a == "--dry-run") { c.dry_run = true; continue; }
     if (a == "--config" || a.rfind("--config=", 0) == 0) {
+      const std::string first = c.config_path;
       if (a == "--config") {
         if (i + 1 >= args.size()) throw UsageError("--config needs a file name (e.g. --config inputs/default.toml)");
         c.config_path = args[++i];
@@ -95,6 +96,10 @@ Cli parse_cli(const std::vector<std::string>& args) {
         c.config_path = a.substr(9);
       }
       if (c.config_path.empty()) throw UsageError("--config needs a file name (e.g. --config inputs/default.toml); got an empty one");
+      // One file: a second would silently drop the first's settings.
+      if (!first.empty())
+        throw UsageError("--config given twice ('" + printable(first, 1) + "', then '" + printable(c.config_path, 1) +
+                         "'); valid: one --config file, and key=value overrides for the rest");
       continue;
     }
     if (a.find('=') != std::string::npos) { c.overrides.push_back(a); continue; }

@@ -466,6 +466,16 @@ Config parse_config(const std::string& toml_text, const std::string& toml_name,
       }
       if (!(val.is_string() || val.is_integer() || val.is_boolean() || val.is_floating()))
         throw UsageError("config: " + key + " in " + toml_name + " must be a string, integer, float or boolean");
+      // An integer key takes a TOML integer, as the command line takes digits: a float (1e3,
+      // 4096.0) would otherwise pass as its printed value.
+      if (val.is_floating() && std::holds_alternative<int64_t Config::*>(f->member)) {
+        const std::string d = field_default(*f);  // a size with a suffix is a TOML string ("4K")
+        int64_t v = 0;
+        const std::string eg = !parse_size(d, v) ? "" : key + " = " + std::to_string(v) +
+                               (d == std::to_string(v) ? "" : " or " + key + " = \"" + d + "\"");
+        throw UsageError("config: " + key + " in " + toml_name + " is a floating-point number (" + toml_value_text(val) +
+                         "); valid: an integer" + (eg.empty() ? "" : ", e.g. " + eg));
+      }
       set_field(c, *f, toml_value_text(val), toml_name);
     }
   }

@@ -115,6 +115,7 @@ CASES = [
     ("missing --config file", ["run", "--config", "does/not/exist.toml"], "config"),
     ("--config names a directory", ["run", "--config", "@TMP@"], "config"),
     ("--config= with no file name", ["run", "--config="], "config"),
+    ("a second --config", ["run", "--config", "@GOODTOML@", "--config=@TINY@"], "--config given twice"),
     ("a binary file as --config", ["run", "--config", "@BINARY@"], "TOML"),
     ("peak_tflops_per_rank too small to mean anything", ["train", "peak_tflops_per_rank=1e-300"], "peak_tflops_per_rank"),
     ("TOML syntax error", ["run", "--config", "@BADTOML@"], "bad.toml"),

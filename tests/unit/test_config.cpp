@@ -60,6 +60,15 @@ TEST(Config, SizesAcceptBinarySuffixes) {
   EXPECT_FALSE(parse_size("K", v));
 }
 
+// An integer key in TOML takes a TOML integer, as the command line takes digits only.
+TEST(Config, TomlFloatForAnIntegerKeyIsRefused) {
+  for (const char* toml : {"seq = 1e3\n", "seq = 4096.0\n"})
+    EXPECT_NE(error_of(toml, {}).find("seq in test.toml is a floating-point number"), std::string::npos) << toml;
+  EXPECT_NE(error_of("", {"seq=1e3"}), "");
+  EXPECT_EQ(error_of("seq = 4096\n", {}), "");
+  EXPECT_EQ(error_of("miss_rate = 0.5\n", {}), "");  // a float key takes a float
+}
+
 TEST(Config, OverridesInBothFormsAndAfterToml) {
   Config c = parse_config("seq = 2048\nstrategy = \"allgather\"\nwatchdog_s = 5.5\ncsv = true\n", "x.toml",
                           {"seq=8K", "--heads=16"});
