@@ -165,9 +165,14 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
     throw UsageError("hardware: no profile given; valid: hardware=NAME with NAME one of " + join_names());
   const std::string file = resolve(name_or_path);
   std::error_code ec;
-  if (!fs::is_regular_file(file, ec))
-    throw UsageError("hardware: no profile '" + name_or_path + "' (" + file + " not found); valid: " + join_names() +
+  if (!fs::is_regular_file(file, ec)) {
+    // Say what is there: a directory or another kind of file is not "not found".
+    const std::string what = fs::is_directory(file, ec) ? " is a directory"
+                             : fs::exists(file, ec)     ? " is not a regular file"
+                                                        : " not found";
+    throw UsageError("hardware: no profile '" + name_or_path + "' (" + file + what + "); valid: " + join_names() +
                      ", or a path to a .toml profile (`ctxpar bench calibrate` writes inputs/hardware/local.toml)");
+  }
   std::string text;
   {
     std::ifstream f(file, std::ios::binary);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -469,6 +470,16 @@ TEST(Hardware, BadNameAndUnknownKeyAreClearErrors) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("no-such-gpu"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("valid"), std::string::npos);
+  }
+  // A directory given as the profile is named as one, not as missing.
+  for (const std::string& dir : {testing::TempDir(), testing::TempDir() + "/dir.toml"}) {
+    std::filesystem::create_directories(dir);
+    try {
+      load_hardware(dir);
+      FAIL() << "no error for a directory " << dir;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+    }
   }
   const std::string f = testing::TempDir() + "/bad_profile.toml";
   std::ofstream(f) << "name = \"x\"\nhbm_gb = 1\nhbm_tb_s = 1\nchips_per_node = 1\nintra_gb_s = 1\nintra_latency_us = 1\n"
