@@ -722,7 +722,8 @@ std::string help_text() {
           else return "string";
         },
         f.member);
-    const std::string def = field_default(f).empty() ? "\"\"" : field_default(f);
+    std::string def = field_default(f);
+    if (def.empty()) def = "\"\"";
     os << "  " << std::left << std::setw(w) << f.name << std::setw(7) << type << std::setw(int(dw) + 1)
        << (def.size() > dw ? def + " " : def) << f.help;
     if (!choices.empty()) os << " {" << join(choices, "|") << "}";
