@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <iomanip>
 #include <numeric>
 #include <span>
@@ -661,8 +662,13 @@ std::string field_text(const Config& c, const Field& f) {
         } else if constexpr (std::is_same_v<T, std::string>) return c.*m;
         else if constexpr (std::is_same_v<T, bool>) return c.*m ? "true" : "false";
         else if constexpr (std::is_same_v<T, double>) {
+          // Six digits where they read back as the same number (1e-05, 500000), else all 17:
+          // traces and checkpoints record the value itself.
           std::ostringstream os;
           os << c.*m;
+          if (std::strtod(os.str().c_str(), nullptr) == c.*m) return os.str();
+          os.str("");
+          os << std::setprecision(17) << c.*m;
           return os.str();
         } else return std::to_string(c.*m);
       },

@@ -10,6 +10,31 @@
 
 namespace ctxpar {
 
+namespace {
+
+// The settings a checkpoint records and a resume compares, by field name: every one that changes
+// the model's function (kModel), and the ones that define the data stream a resumed run
+// continues (kStream: compared by training only). Numerics (deterministic, remat, gdn_chunk, the
+// mesh) and the optimizer's settings may change between runs.
+enum { kModel = 1, kStream = 2 };
+int identity_key(std::string_view name) {
+  static constexpr std::string_view model[] = {
+      "layers", "dim", "ffn_dim", "vocab", "heads", "kv_heads", "head_dim", "norm_eps", "rope_theta",
+      "rope_scale_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_pos", "layer_pattern",
+      "window", "attention", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+      "gdn_heads", "gdn_head_dim_k", "gdn_head_dim_v", "gdn_conv"};
+  static constexpr std::string_view data[] = {"seed", "seq", "data", "data_dtype", "docs", "doc_mean", "eos_id"};
+  for (std::string_view m : model)
+    if (m == name) return kModel;
+  for (std::string_view d : data)
+    if (d == name) return kStream;
+  return 0;
+}
+
+std::string quoted(const std::string& v) { return "'" + printable(v, 1) + "'"; }
+
+}  // namespace
+
 std::vector<std::vector<float>> gather_global_tensors(const ParamLayout& layout, const float* local, Topology& topo) {
   std::vector<std::vector<float>> out;
   if (topo.coord(Axis::dp) != 0 || topo.cp().rank() != 0) return out;
@@ -49,10 +74,10 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayo
       t.push_back({"adam_v/" + info[i].name, info[i].rows, info[i].cols, gv[i].data()});
     }
     H5Attrs a;
-    a.ints = {{"step", st.step}, {"next_sample", st.next_sample}, {"seed", cfg.seed}, {"layers", cfg.layers},
-              {"dim", cfg.dim}, {"ffn_dim", cfg.ffn_dim}, {"vocab", cfg.vocab}, {"heads", cfg.heads},
-              {"kv_heads", cfg.kv_heads}, {"head_dim", cfg.head_dim}, {"seq", cfg.seq}};
-    a.strings = {{"ctxpar_file", "checkpoint"}, {"data", cfg.data}, {"docs", cfg.docs}};
+    a.ints = {{"step", st.step}, {"next_sample", st.next_sample}};
+    a.strings = {{"ctxpar_file", "checkpoint"}};
+    for (const Field& f : config_fields())
+      if (identity_key(f.name)) a.strings.emplace_back(std::string(f.name), field_text(cfg, f));
     h5_write_tensors(path, a, t);
   }
   // Nobody goes on (e.g. to a job end that a test then inspects) before the file is in place.
@@ -62,20 +87,31 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayo
 std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, int64_t* step) {
   try {
     H5TensorReader r(path);
-    const std::pair<const char*, int64_t> must[] = {{"seed", cfg.seed}, {"layers", cfg.layers}, {"dim", cfg.dim},
-                                                    {"ffn_dim", cfg.ffn_dim}, {"vocab", cfg.vocab},
-                                                    {"heads", cfg.heads}, {"kv_heads", cfg.kv_heads},
-                                                    {"head_dim", cfg.head_dim}, {"seq", cfg.seq}};
-    for (const auto& [k, want] : must) {
-      int64_t got = 0;
-      if (!r.attr_int(k, got)) return "config: resume = '" + path + "' is not a ctxpar checkpoint (no attribute " + k + ")";
-      if (got != want)
-        return "config: resume = '" + path + "' was written with " + k + " = " + std::to_string(got) + ", this run has " +
-               k + " = " + std::to_string(want) + "; valid: the settings of the run that wrote it";
+    std::string kind;
+    if (!r.attr_string("ctxpar_file", kind) || kind != "checkpoint")
+      return "config: resume = '" + path + "' is not a ctxpar checkpoint (no attribute ctxpar_file = checkpoint); " +
+             "valid: a file written by ctxpar train's checkpoint_every";
+    // Training continues the data stream too; inference needs the model only.
+    const bool stream = cfg.mode == Mode::train || cfg.bench == Bench::train;
+    std::string was, now;  // every setting that differs, as the checkpoint has it and as this run has it
+    bool stream_differs = false;
+    for (const Field& f : config_fields()) {
+      const int k = identity_key(f.name);
+      if (k == 0 || (k == kStream && !stream)) continue;
+      const std::string name(f.name), want = field_text(cfg, f);
+      std::string got;
+      if (!r.attr_string(name, got))
+        return "config: resume = '" + path + "' does not record " + name + " (written by an earlier ctxpar, which " +
+               "did not store every setting of the model); valid: a checkpoint written by this version";
+      if (got == want) continue;
+      was += (was.empty() ? "" : ", ") + name + " = " + quoted(got);
+      now += (now.empty() ? "" : ", ") + name + " = " + quoted(want);
+      stream_differs |= k == kStream;
     }
-    std::string data;
-    if (r.attr_string("data", data) && data != cfg.data)
-      return "config: resume = '" + path + "' was written with data = '" + data + "', this run has data = '" + cfg.data + "'";
+    if (!was.empty())
+      return "config: resume = '" + path + "' was written with " + was + "; this run has " + now + "; valid: the " +
+             "settings of the run that wrote it (" + (stream_differs ? "they define the model and the data stream a " +
+             std::string("resumed run continues") : "they change the model's function") + ")";
     for (const ParamInfo& p : layout.tensors())
       for (const char* g : {"params/", "adam_m/", "adam_v/"}) {
         const auto got = r.shape(g + p.name);

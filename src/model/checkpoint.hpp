@@ -1,8 +1,9 @@
 // Checkpoint and restart of `ctxpar train` (HDF5 via io/h5_checkpoint): global tensors by
 // name — params/<name>, adam_m/<name>, adam_v/<name> — so the file does not depend on the tp
 // split, plus attributes step (completed steps), next_sample (data position: the stream is a
-// function of the sample index), seed (the only RNG state: data and weights derive from it),
-// and the model shape. Rank 0 writes PATH.partial and renames it (io/atomic_file); every rank reads its own slices.
+// function of the sample index), and as text every setting that changes the model's function
+// (shapes, layer pattern, window, RoPE, attention kind, MLA and GDN shapes, norms) or the data
+// stream (seed, the only RNG state; seq, data, docs, ...): a resume compares them all. Rank 0 writes PATH.partial and renames it (io/atomic_file); every rank reads its own slices.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,8 +27,8 @@ struct TrainState {
 
 void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, const float* params,
                      const float* m, const float* v, const TrainState& st, Topology& topo);
-// "" when `path` is a checkpoint of this model shape and seed (attributes and tensor shapes, no
-// values read), else what is wrong; `step` (when given) receives the checkpoint's step.
+// "" when `path` is a checkpoint of this model (and, for training, of this data stream): its
+// recorded settings and tensor shapes, no values read; else what is wrong; `step` (when given) receives the checkpoint's step.
 std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout,
                              int64_t* step = nullptr);
 // "" when every value of the checkpoint is finite, else the first NaN/Inf with its tensor and
