@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <iomanip>
 #include <numeric>
@@ -263,6 +264,15 @@ bool parse_size(std::string_view t, int64_t& out) {
   if (v != 0 && std::abs(v) > INT64_MAX / mult) return false;
   out = v * mult;
   return true;
+}
+
+std::string number_text(double x) {
+  char buf[32];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, x);
+    if (std::strtod(buf, nullptr) == x || !std::isfinite(x)) break;
+  }
+  return buf;
 }
 
 std::string printable(std::string_view text, int lines) {
@@ -662,14 +672,7 @@ std::string field_text(const Config& c, const Field& f) {
         } else if constexpr (std::is_same_v<T, std::string>) return c.*m;
         else if constexpr (std::is_same_v<T, bool>) return c.*m ? "true" : "false";
         else if constexpr (std::is_same_v<T, double>) {
-          // Six digits where they read back as the same number (1e-05, 500000), else all 17:
-          // traces and checkpoints record the value itself.
-          std::ostringstream os;
-          os << c.*m;
-          if (std::strtod(os.str().c_str(), nullptr) == c.*m) return os.str();
-          os.str("");
-          os << std::setprecision(17) << c.*m;
-          return os.str();
+          return number_text(c.*m);  // the value itself: traces and checkpoints record it
         } else return std::to_string(c.*m);
       },
       f.member);

@@ -188,6 +188,10 @@ std::string help_text();
 // Integer with an optional binary K/M/G/T suffix ("128K" = 131072); false when not one.
 bool parse_size(std::string_view text, int64_t& out);
 
+// A number as a user would write it: at least 6 significant digits, more only where 6 do not
+// read back as the same value (1e-05, 500000, 0.30000000000000004).
+std::string number_text(double x);
+
 // User bytes for a message: printable ASCII kept, every other byte (control, non-ASCII) '?', at
 // most `lines` lines (a binary file given as a TOML file must not reach the terminal raw).
 std::string printable(std::string_view text, int lines = 8);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <fstream>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <map>
@@ -83,6 +85,46 @@ const std::vector<std::pair<std::string, std::string>> kRenamed = {
 const std::vector<std::string> kRequired = {"name", "hbm_gb", "hbm_tb_s", "chips_per_node",
                                             "intra_gb_s", "intra_latency_us", "inter_gb_s", "inter_latency_us"};
 
+// The physical range of each rate, size and latency, in the profile's units: wide enough for a
+// laptop core and a next-decade accelerator, narrow enough that a typo (1e-300, 1e300) is caught
+// instead of pricing a step at zero or at years.
+struct Range {
+  std::string_view key, unit;
+  double lo, hi;
+  bool zero_ok = false;        // 0 is a documented setting ("unset": another key's value)
+  std::string_view zero = "";  // what 0 means
+};
+const Range kRanges[] = {
+    {"peak_tflops_bf16", "TFLOP/s", 1e-4, 1e5, true, "no such unit"},
+    {"peak_tflops_fp8", "TFLOP/s", 1e-4, 1e5, true, "no such unit"},
+    {"peak_tflops_fp32", "TFLOP/s", 1e-4, 1e5, true, "no such unit"},
+    {"hbm_gb", "GB", 0.01, 1e5},
+    {"hbm_tb_s", "TB/s", 1e-4, 1e3},
+    {"chips_per_node", "chips", 1, 1e6},
+    {"compute_units_per_node", "units", 1e-3, 1e6, true, "chips_per_node"},  // a fraction: hosts sharing cores
+    {"intra_gb_s", "GB/s", 1e-3, 1e5},
+    {"inter_gb_s", "GB/s", 1e-3, 1e5},
+    {"intra_collective_gb_s", "GB/s", 1e-3, 1e5, true, "intra_gb_s"},
+    {"intra_alltoall_gb_s", "GB/s", 1e-3, 1e5, true, "intra_collective_gb_s"},
+    {"inter_collective_gb_s", "GB/s", 1e-3, 1e5, true, "inter_gb_s"},
+    {"inter_allgather_gb_s", "GB/s", 1e-3, 1e5, true, "inter_collective_gb_s"},
+    {"inter_alltoall_gb_s", "GB/s", 1e-3, 1e5, true, "inter_collective_gb_s"},
+    {"intra_latency_us", "us", 0, 1e6},
+    {"inter_latency_us", "us", 0, 1e6},
+    {"inter_overlap_loss_ns_per_byte", "ns/byte", 0, 1e3},
+    {"elementwise_gb_s", "GB/s", 1e-3, 1e5, true, "the achieved HBM rate"},
+    {"loss_gb_s", "GB/s", 1e-3, 1e5, true, "the achieved HBM rate"},
+    {"optimizer_gb_s", "GB/s", 1e-3, 1e5, true, "the achieved HBM rate"},
+    {"step_overhead_us", "us", 0, 1e8},
+    {"gemm_eff_at_rows", "rows", 0, 1e9},
+    {"gemm_half_rows", "rows", 0, 1e9},
+    {"gemm_eff_rows", "rows", 0, 1e9},
+    {"attn_eff_at_keys", "keys", 0, 1e12},
+    {"attn_half_keys", "keys", 0, 1e12},
+    {"attn_eff_keys", "keys", 0, 1e12},
+    {"attn_diag_waste_keys", "keys", 0, 1e9},
+};
+
 struct Reader {
   const toml::value& root;
   std::string file;
@@ -90,9 +132,16 @@ struct Reader {
   [[noreturn]] void bad(const std::string& k, const std::string& what) const {
     throw UsageError("hardware: " + k + " in " + file + " " + what);
   }
-  // Every number of a profile is a rate, a size, a latency, a count or an efficiency: finite, >= 0.
+  // Every number of a profile is a rate, a size, a latency, a count or an efficiency: finite, >= 0,
+  // and within the range of a physical machine where its key has one (kRanges).
   double checked(const std::string& k, double x) const {
-    if (!std::isfinite(x) || x < 0) bad(k, "is " + std::to_string(x) + "; valid: a finite number >= 0");
+    if (!std::isfinite(x) || x < 0) bad(k, "is " + number_text(x) + "; valid: a finite number >= 0");
+    for (const Range& g : kRanges)
+      if (g.key == k && !(x == 0 && g.zero_ok) && !(x >= g.lo && x <= g.hi)) {
+        const std::string unit(g.unit), zero = g.zero_ok ? "0 (" + std::string(g.zero) + ") or " : "";
+        bad(k, "is " + number_text(x) + " " + unit + "; valid: " + zero + number_text(g.lo) + " to " + number_text(g.hi) +
+                   " " + unit + " (a physical machine's range)");
+      }
     return x;
   }
   double num(const std::string& k, double def) const {

@@ -492,6 +492,42 @@ TEST(Hardware, BadNameAndUnknownKeyAreClearErrors) {
   }
 }
 
+// Values outside a physical machine's range are refused on load, naming the key, the value as
+// written, the unit and the range (the audit's 1e-300 peak and memory, 1e300 latency).
+TEST(Hardware, ValuesOutsideAPhysicalRangeAreRefused) {
+  const std::string base = "name = \"x\"\nchips_per_node = 1\nintra_gb_s = 1\ninter_gb_s = 1\n"
+                           "inter_latency_us = 1\n";
+  const std::string f = testing::TempDir() + "/range_profile.toml";
+  const char* const good = "hbm_gb = 1\nhbm_tb_s = 1\nintra_latency_us = 1\npeak_tflops_bf16 = 1\n";
+  std::ofstream(f) << base << good;
+  EXPECT_NO_THROW(load_hardware(f));
+  const std::pair<const char*, const char*> cases[] = {
+      {"peak_tflops_bf16 = 1e-300\nhbm_gb = 1\nhbm_tb_s = 1\nintra_latency_us = 1\n", "peak_tflops_bf16 in"},
+      {"peak_tflops_bf16 = 1\nhbm_gb = 1e-300\nhbm_tb_s = 1\nintra_latency_us = 1\n", "hbm_gb in"},
+      {"peak_tflops_bf16 = 1\nhbm_gb = 1\nhbm_tb_s = 1\nintra_latency_us = 1e300\n", "intra_latency_us in"},
+      {"peak_tflops_bf16 = 1e6\nhbm_gb = 1\nhbm_tb_s = 1\nintra_latency_us = 1\n", "peak_tflops_bf16 in"},
+  };
+  for (const auto& [text, key] : cases) {
+    std::ofstream(f) << base << text;
+    try {
+      load_hardware(f);
+      FAIL() << "no error for " << text;
+    } catch (const UsageError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(key), std::string::npos) << m;
+      EXPECT_NE(m.find("physical"), std::string::npos) << m;
+      EXPECT_EQ(m.find("0.000000"), std::string::npos) << "the value as written, not rounded away: " << m;
+    }
+  }
+  // The value is quoted as written: 1e-300, not 0.000000.
+  std::ofstream(f) << base << "peak_tflops_bf16 = 1\nhbm_gb = 1e-300\nhbm_tb_s = 1\nintra_latency_us = 1\n";
+  try {
+    load_hardware(f);
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("is 1e-300 GB"), std::string::npos) << e.what();
+  }
+}
+
 // The analytic curve's keys are read (an earlier reader built "attn_eff_half_tokens" and never
 // saw attn_half_tokens), an impossible asymptote is an error, and renamed keys say what replaced them.
 TEST(Hardware, AnalyticCurvesReadTheirKeys) {
