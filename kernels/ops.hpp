@@ -357,5 +357,11 @@ void gdn_fwd_finish(const GdnParams& p, const float* ws);
 // that finishes with a zero start state and corrects once the real one is known (finish is linear
 // in the start state), and for T itself (X = I, m = Dk).
 void gdn_state_apply(const GdnParams& p, const float* ws, float* X, int32_t m, bool add_to_o);
+// The scratch each OpenMP thread of gdn_bwd (backward) or of the forwards holds, in floats: exact
+// for one call, and a bound for any call of T rows whatever its documents. The backward keeps
+// every chunk's prepared products for one head (about 6 min(chunk, T) + Dk + Dv floats a row);
+// a forward one chunk's. A rank's memory plan counts threads x the bound of its longest call.
+int64_t gdn_thread_scratch_floats(const GdnParams& p, bool backward);
+int64_t gdn_thread_scratch_bound(int64_t T, int32_t Dk, int32_t Dv, int32_t chunk, bool backward);
 
 }  // namespace ctxpar

@@ -5,7 +5,6 @@
 // Bad input: one message on rank 0 (stderr), exit code 2 on every rank, no file created or
 // changed. Exit codes: core/error.hpp (0 complete, 1 bug, 2 bad input, 3 fault, 128+N signal N).
 #include <mpi.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -65,16 +64,6 @@ int run(int argc, char** argv, Comm& world, Watchdog& startup) {
   const ModeRow* row = st.row;
   std::unique_ptr<Topology>& topo = st.topo;
   const std::vector<RunFile>& files = st.files;
-  // Threads per rank: the config, else OMP_NUM_THREADS, else this node's cores shared evenly by
-  // its ranks (the OpenMP default would give every rank all cores and oversubscribe them).
-  if (cfg.threads > 0) omp_set_num_threads(int(cfg.threads));
-  else if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(std::max(1, omp_get_num_procs() / topo->local_size()));
-  // A rank bound to fewer CPUs than its threads (mpirun binds to one core by default for small
-  // jobs) runs them time-sliced: every rate then halves or worse. Say so rather than print it.
-  if (omp_get_max_threads() > omp_get_num_procs())
-    err0("# warning: %d OpenMP threads per rank but rank 0 may run on only %d CPU(s) (its affinity); "
-         "use mpirun --bind-to none or --map-by slot:PE=%d\n",
-         omp_get_max_threads(), omp_get_num_procs(), omp_get_max_threads());
   if (cli.print_config) {
     log0("%s", config_listing(cfg).c_str());
     return 0;

@@ -13,7 +13,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -60,9 +59,24 @@ struct Span {
   int64_t t0;
   int n;
   bool reset;
+  int64_t ws_off = 0;  // where its state-pass inputs start in a head's workspace (chunk_ws_floats)
 };
-std::vector<Span> chunk_table(const GdnParams& p) {
-  std::vector<Span> v;
+// What the state pass of a chunk of n rows needs, as kept in the workspace: Uv [n, Dv], Wk and E
+// [n, Dk], bw [n], gam_last. Packed by the chunk's own rows, not p.chunk: a call of short
+// documents, or a chunk length beyond the call's, costs what its rows need.
+int64_t chunk_ws_floats(const GdnParams& p, int64_t n) { return n * (p.Dv + 2 * p.Dk + 1) + 1; }
+
+struct ChunkTable {
+  std::vector<Span> spans;
+  int64_t ws_per_head = 0;  // the workspace of one head: every chunk's, packed
+  int cmax = 1;             // the longest chunk (at most p.chunk): the size of the per-thread scratch
+  // Scratch of a backward pass over one head: every chunk's prepared state (Chunk::floats each).
+  int64_t prepared_floats = 0;
+};
+int64_t chunk_floats(const GdnParams& p, int64_t n);
+ChunkTable chunk_table(const GdnParams& p) {
+  ChunkTable tab;
+  std::vector<Span>& v = tab.spans;
   int64_t a = 0;
   while (a < p.T) {
     int64_t b = a + 1;
@@ -77,38 +91,46 @@ std::vector<Span> chunk_table(const GdnParams& p) {
     }
     a = b;
   }
-  return v;
+  for (Span& sp : v) {
+    sp.ws_off = tab.ws_per_head;
+    tab.ws_per_head += chunk_ws_floats(p, sp.n);
+    tab.cmax = std::max(tab.cmax, sp.n);
+    tab.prepared_floats += chunk_floats(p, sp.n);
+  }
+  return tab;
 }
 
-// What the state pass of one chunk needs, as kept in the workspace.
-int64_t chunk_ws_floats(const GdnParams& p) { return int64_t(p.chunk) * (p.Dv + 2 * p.Dk + 1) + 1; }
-
-// The per-thread scratch of one chunk; views into one buffer.
+// The scratch of one chunk of n rows: views into floats that its owner provides (Chunk::floats).
 struct Chunk {
   int64_t t0 = 0;
   int32_t n = 0;
-  std::vector<float> buf;
   // [n, n]: D_ij = exp(G_i - G_j) for j <= i (the decay from j to i); Tinv = (I + A)^-1
   float *KK, *QK, *A, *Pb, *D, *Tinv;
   float *Uv, *Wk, *E, *Rk;    // [n, Dv], [n, Dk], [n, Dk], [n, Dk] (diag(gamma) K)
   float *G, *gam, *bw, *w, *b;  // [n]
   float gam_last = 1;
-  std::vector<double> rowd;  // one row of D in double while it is built
-  // The views point into buf: no copies (a move keeps buf's storage, and with it the views).
-  Chunk(const Chunk&) = delete;
-  Chunk& operator=(const Chunk&) = delete;
-  Chunk(Chunk&&) = default;
-  explicit Chunk(const GdnParams& p) {
-    const int64_t C = p.chunk;
-    buf.assign(6 * C * C + C * (p.Dv + 3 * p.Dk) + 5 * C, 0.0f);
-    rowd.assign(size_t(C), 0.0);
-    float* x = buf.data();
-    for (float** v : {&KK, &QK, &A, &Pb, &D, &Tinv}) *v = x, x += C * C;
-    Uv = x, x += C * p.Dv;
-    Wk = x, x += C * p.Dk;
-    E = x, x += C * p.Dk;
-    Rk = x, x += C * p.Dk;
-    for (float** v : {&G, &gam, &bw, &w, &b}) *v = x, x += C;
+  double* rowd = nullptr;  // [n]: one row of D in double while it is built (the owner's)
+  static int64_t floats(const GdnParams& p, int64_t n) { return 6 * n * n + n * (p.Dv + 3 * p.Dk) + 5 * n; }
+  // The views of a chunk of up to `rows` rows at x (Chunk::floats(p, rows) of them).
+  void place(const GdnParams& p, float* x, int64_t rows) {
+    for (float** v : {&KK, &QK, &A, &Pb, &D, &Tinv}) *v = x, x += rows * rows;
+    Uv = x, x += rows * p.Dv;
+    Wk = x, x += rows * p.Dk;
+    E = x, x += rows * p.Dk;
+    Rk = x, x += rows * p.Dk;
+    for (float** v : {&G, &gam, &bw, &w, &b}) *v = x, x += rows;
+  }
+};
+int64_t chunk_floats(const GdnParams& p, int64_t n) { return Chunk::floats(p, n); }
+
+// One thread's Chunk for chunks of up to `rows` rows, with its own storage (the forward passes).
+struct OwnedChunk {
+  std::vector<float> buf;
+  std::vector<double> rowd;
+  Chunk c;
+  OwnedChunk(const GdnParams& p, int64_t rows) : buf(size_t(Chunk::floats(p, rows)), 0.0f), rowd(size_t(rows), 0.0) {
+    c.place(p, buf.data(), rows);
+    c.rowd = rowd.data();
   }
 };
 
@@ -299,53 +321,86 @@ void load_state(const GdnParams& p, int h, const float* s, float* S) {
 
 }  // namespace
 
+namespace {
+// The backward's per-thread scratch beside the prepared chunks and the kept states: S, dS, dS0 and
+// the zero state; the [C, Dv|Dk] and [C, C] products; dG, dgam, dbeta and D's row in double;
+// gemm_small's transposed operand and result.
+int64_t bwd_fixed_floats(int64_t C, int64_t Dk, int64_t Dv) {
+  return 4 * Dk * Dv + C * (5 * Dv + 5 * Dk) + 3 * C * C + 8 * C + 2 * C * std::max({C, Dk, Dv});
+}
+// A forward's: one chunk (Chunk::floats) and D's row in double, S and U, gemm_small's scratch.
+int64_t fwd_floats(const GdnParams& p, int64_t C) {
+  return Chunk::floats(p, C) + 2 * C + int64_t(p.Dk) * p.Dv + C * p.Dv + 2 * C * std::max<int64_t>({C, p.Dk, p.Dv});
+}
+}  // namespace
+
+int64_t gdn_thread_scratch_floats(const GdnParams& p, bool backward) {
+  check(p, false);
+  const ChunkTable tab = chunk_table(p);
+  if (!backward) return fwd_floats(p, tab.cmax);
+  int64_t kept = 0;
+  for (const Span& sp : tab.spans) kept += sp.reset ? 0 : 1;
+  return tab.prepared_floats + kept * int64_t(p.Dk) * p.Dv + bwd_fixed_floats(tab.cmax, p.Dk, p.Dv);
+}
+
+int64_t gdn_thread_scratch_bound(int64_t T, int32_t Dk, int32_t Dv, int32_t chunk, bool backward) {
+  // No chunk is longer than c, so the sum of n_c^2 over the chunks is at most c T; a kept state
+  // starts at row 0 or at a multiple of chunk: at most ceil(T / chunk) of them.
+  const int64_t c = std::max<int64_t>(1, std::min<int64_t>(chunk, T)), kept = (T + chunk - 1) / chunk;
+  GdnParams shape;
+  shape.Dk = Dk, shape.Dv = Dv;
+  if (!backward) return fwd_floats(shape, c);
+  return T * (6 * c + Dv + 3 * int64_t(Dk) + 5) + kept * int64_t(Dk) * Dv + bwd_fixed_floats(c, Dk, Dv);
+}
+
 int64_t gdn_workspace_floats(const GdnParams& p) {
   check(p, false);
-  return int64_t(p.H) * int64_t(chunk_table(p).size()) * chunk_ws_floats(p);
+  return int64_t(p.H) * chunk_table(p).ws_per_head;
 }
 
 void gdn_fwd_prepare(const GdnParams& p, float* ws) {
   check(p, false);
-  const std::vector<Span> spans = chunk_table(p);
-  const int64_t nc = int64_t(spans.size()), per = chunk_ws_floats(p);
+  const ChunkTable tab = chunk_table(p);
+  const std::vector<Span>& spans = tab.spans;
+  const int64_t nc = int64_t(spans.size());
   const int h0 = head_begin(p);
   const int64_t jobs = int64_t(head_end(p) - h0) * nc;
 #pragma omp parallel num_threads(gdn_threads())
   {
-    Chunk w(p);
+    OwnedChunk own(p, tab.cmax);
+    Chunk& w = own.c;
 #pragma omp for schedule(static)
     for (int64_t job = 0; job < jobs; ++job) {
       const int h = h0 + int(job / nc);
-      const int64_t c = job % nc;
-      prepare(p, h, spans[size_t(c)], w, p.o);
-      float* x = ws + (h * nc + c) * per;
-      const int64_t C = p.chunk;
-      std::memcpy(x, w.Uv, sizeof(float) * w.n * p.Dv);
-      std::memcpy(x + C * p.Dv, w.Wk, sizeof(float) * w.n * p.Dk);
-      std::memcpy(x + C * (p.Dv + p.Dk), w.E, sizeof(float) * w.n * p.Dk);
-      std::memcpy(x + C * (p.Dv + 2 * p.Dk), w.bw, sizeof(float) * w.n);
-      x[per - 1] = w.gam_last;
+      const Span& sp = spans[size_t(job % nc)];
+      prepare(p, h, sp, w, p.o);
+      float* x = ws + h * tab.ws_per_head + sp.ws_off;
+      const int64_t n = w.n;
+      std::memcpy(x, w.Uv, sizeof(float) * n * p.Dv);
+      std::memcpy(x + n * p.Dv, w.Wk, sizeof(float) * n * p.Dk);
+      std::memcpy(x + n * (p.Dv + p.Dk), w.E, sizeof(float) * n * p.Dk);
+      std::memcpy(x + n * (p.Dv + 2 * p.Dk), w.bw, sizeof(float) * n);
+      x[chunk_ws_floats(p, n) - 1] = w.gam_last;
     }
   }
 }
 
 void gdn_fwd_finish(const GdnParams& p, const float* ws) {
   check(p, false);
-  const std::vector<Span> spans = chunk_table(p);
-  const int64_t nc = int64_t(spans.size()), per = chunk_ws_floats(p), C = p.chunk;
+  const ChunkTable tab = chunk_table(p);
   const int64_t SS = int64_t(p.Dv) * p.Dk;
 #pragma omp parallel num_threads(gdn_threads())
   {
-    std::vector<float> S(SS), U(C * p.Dv);
+    std::vector<float> S(SS), U(int64_t(tab.cmax) * p.Dv);
 #pragma omp for schedule(static)
     for (int h = head_begin(p); h < head_end(p); ++h) {
       load_state(p, h, p.s0, S.data());
-      for (int64_t c = 0; c < nc; ++c) {
-        const float* x = ws + (h * nc + c) * per;
-        const Span& sp = spans[size_t(c)];
+      for (const Span& sp : tab.spans) {
+        const float* x = ws + h * tab.ws_per_head + sp.ws_off;
+        const int64_t n = sp.n;
         if (sp.reset) std::fill(S.begin(), S.end(), 0.0f);
-        finish(p, h, sp.t0, sp.n, x, x + C * p.Dv, x + C * (p.Dv + p.Dk), x + C * (p.Dv + 2 * p.Dk), x[per - 1],
-               S.data(), p.Dv, U.data(), p.o);
+        finish(p, h, sp.t0, sp.n, x, x + n * p.Dv, x + n * (p.Dv + p.Dk), x + n * (p.Dv + 2 * p.Dk),
+               x[chunk_ws_floats(p, n) - 1], S.data(), p.Dv, U.data(), p.o);
       }
       if (p.s_out) std::memcpy(p.s_out + h * SS, S.data(), sizeof(float) * SS);
     }
@@ -357,23 +412,22 @@ void gdn_state_apply(const GdnParams& p, const float* ws, float* X, int32_t m, b
   if (m < 1 || (add_to_o && m != p.Dv))
     throw std::invalid_argument("gdn_state_apply: m = " + std::to_string(m) + " (>= 1, and = Dv = " +
                                 std::to_string(p.Dv) + " when adding to o)");
-  const std::vector<Span> spans = chunk_table(p);
-  const int64_t nc = int64_t(spans.size()), per = chunk_ws_floats(p), C = p.chunk;
+  const ChunkTable tab = chunk_table(p);
 #pragma omp parallel num_threads(gdn_threads())
   {
-    std::vector<float> U(C * m);
+    std::vector<float> U(int64_t(tab.cmax) * m);
 #pragma omp for schedule(static)
     for (int h = head_begin(p); h < head_end(p); ++h) {
       float* Xh = X + int64_t(h) * m * p.Dk;
-      for (int64_t c = 0; c < nc; ++c) {
-        const float* x = ws + (h * nc + c) * per;
-        const Span& sp = spans[size_t(c)];
+      for (const Span& sp : tab.spans) {
+        const float* x = ws + h * tab.ws_per_head + sp.ws_off;
+        const int64_t n = sp.n;
         if (sp.reset) {  // the start state reaches no further than the first document
           std::fill(Xh, Xh + int64_t(m) * p.Dk, 0.0f);
           break;
         }
-        finish(p, h, sp.t0, sp.n, nullptr, x + C * p.Dv, x + C * (p.Dv + p.Dk), x + C * (p.Dv + 2 * p.Dk), x[per - 1],
-               Xh, m, U.data(), add_to_o ? p.o : nullptr);
+        finish(p, h, sp.t0, sp.n, nullptr, x + n * p.Dv, x + n * (p.Dv + p.Dk), x + n * (p.Dv + 2 * p.Dk),
+               x[chunk_ws_floats(p, n) - 1], Xh, m, U.data(), add_to_o ? p.o : nullptr);
       }
     }
   }
@@ -381,16 +435,17 @@ void gdn_state_apply(const GdnParams& p, const float* ws, float* X, int32_t m, b
 
 void gdn_fwd(const GdnParams& p) {
   check(p, false);
-  const std::vector<Span> spans = chunk_table(p);
+  const ChunkTable tab = chunk_table(p);
   const int64_t SS = int64_t(p.Dv) * p.Dk;
 #pragma omp parallel num_threads(gdn_threads())
   {
-    Chunk w(p);
-    std::vector<float> S(SS), U(int64_t(p.chunk) * p.Dv);
+    OwnedChunk own(p, tab.cmax);
+    Chunk& w = own.c;
+    std::vector<float> S(SS), U(int64_t(tab.cmax) * p.Dv);
 #pragma omp for schedule(static)
     for (int h = head_begin(p); h < head_end(p); ++h) {
       load_state(p, h, p.s0, S.data());
-      for (const Span& sp : spans) {
+      for (const Span& sp : tab.spans) {
         if (sp.reset) std::fill(S.begin(), S.end(), 0.0f);
         prepare(p, h, sp, w, p.o);
         finish(p, h, w.t0, w.n, w.Uv, w.Wk, w.E, w.bw, w.gam_last, S.data(), p.Dv, U.data(), p.o);
@@ -402,22 +457,35 @@ void gdn_fwd(const GdnParams& p) {
 
 void gdn_bwd(const GdnParams& p) {
   check(p, true);
-  const std::vector<Span> spans = chunk_table(p);
+  const ChunkTable tab = chunk_table(p);
+  const std::vector<Span>& spans = tab.spans;
   const int64_t nc = int64_t(spans.size()), SS = int64_t(p.Dv) * p.Dk;
   const int Dk = p.Dk, Dv = p.Dv;
-  const int64_t C = p.chunk, ldk = int64_t(p.H) * Dk, ldv = int64_t(p.H) * Dv;
+  const int64_t C = tab.cmax, ldk = int64_t(p.H) * Dk, ldv = int64_t(p.H) * Dv;
   const float sc = scale_of(p);
 #pragma omp parallel num_threads(gdn_threads())
   {
-    // One head at a time per thread: every chunk's prepared state kept from the forward pass.
-    // Kept per thread across calls (grow-only, for one shape at a time): a training step calls
-    // the backward once per GDN layer, and fresh pages cost more than the chunks' work at long T.
-    thread_local std::vector<Chunk> chunks;
-    thread_local std::vector<float> states;
-    thread_local std::array<int64_t, 3> shape{-1, -1, -1};
-    if (shape != std::array<int64_t, 3>{C, Dk, Dv}) chunks.clear(), shape = {C, Dk, Dv};
-    while (int64_t(chunks.size()) < nc) chunks.emplace_back(p);
-    if (int64_t(states.size()) < nc * SS) states.resize(size_t(nc * SS));
+    // One head at a time per thread: every chunk's prepared state kept from the forward pass,
+    // packed by its own rows (tab.prepared_floats). Kept per thread across calls (grow-only): a
+    // training step calls the backward once per GDN layer, and fresh pages cost more than the
+    // chunks' work at long T.
+    thread_local std::vector<float> prepared, states;
+    thread_local std::vector<double> rowd;
+    if (int64_t(prepared.size()) < tab.prepared_floats) prepared.resize(size_t(tab.prepared_floats));
+    if (int64_t(rowd.size()) < C) rowd.resize(size_t(C));
+    std::vector<Chunk> chunks(static_cast<size_t>(nc));
+    for (int64_t c = 0, off = 0; c < nc; off += Chunk::floats(p, spans[size_t(c)].n), ++c) {
+      chunks[size_t(c)].place(p, prepared.data() + off, spans[size_t(c)].n);
+      chunks[size_t(c)].rowd = rowd.data();
+    }
+    // The state at each chunk's start, kept only where it is not zero (a document's first chunk
+    // restarts from zero): at most one per p.chunk rows and the call's first, whatever the documents.
+    std::vector<int64_t> slot(static_cast<size_t>(nc), -1);
+    int64_t kept = 0;
+    for (int64_t c = 0; c < nc; ++c)
+      if (!spans[size_t(c)].reset) slot[size_t(c)] = kept++;
+    if (int64_t(states.size()) < kept * SS) states.resize(size_t(kept * SS));
+    const std::vector<float> zero_state(size_t(SS), 0.0f);
     std::vector<float> S(SS), U(C * Dv), dS(SS), dS0(SS);
     std::vector<float> Ub(C * Dv), dUb(C * Dv), dU(C * Dv), dWk(C * Dk), dE(C * Dk), dPb(C * C), dA(C * C),
         dKK(C * C), dQl(C * Dk), dKl(C * Dk), dRv(C * Dv), dRk(C * Dk);
@@ -428,7 +496,7 @@ void gdn_bwd(const GdnParams& p) {
       load_state(p, h, p.s0, S.data());
       for (int64_t c = 0; c < nc; ++c) {
         if (spans[size_t(c)].reset) std::fill(S.begin(), S.end(), 0.0f);
-        std::memcpy(states.data() + c * SS, S.data(), sizeof(float) * SS);
+        if (slot[size_t(c)] >= 0) std::memcpy(states.data() + slot[size_t(c)] * SS, S.data(), sizeof(float) * SS);
         Chunk& w = chunks[size_t(c)];
         prepare(p, h, spans[size_t(c)], w, nullptr);
         finish(p, h, w.t0, w.n, w.Uv, w.Wk, w.E, w.bw, w.gam_last, S.data(), p.Dv, U.data(), nullptr);
@@ -438,7 +506,7 @@ void gdn_bwd(const GdnParams& p) {
         const Chunk& w = chunks[size_t(c)];
         const int n = w.n;
         const int64_t t0 = w.t0;
-        const float* S0 = states.data() + c * SS;
+        const float* S0 = slot[size_t(c)] >= 0 ? states.data() + slot[size_t(c)] * SS : zero_state.data();
         const float* Q = row(p.q, p, t0, h, Dk);
         const float* K = row(p.k, p, t0, h, Dk);
         const float* dO = p.d_o ? row(p.d_o, p, t0, h, Dv) : nullptr;

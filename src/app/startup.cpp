@@ -2,6 +2,9 @@
 // order before anything is allocated.
 #include "app/startup.hpp"
 
+#include <omp.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -152,6 +155,31 @@ std::string read_config_text(Comm& world, const std::string& path, std::string& 
   return text;
 }
 
+// OpenMP threads per rank: `threads`, else OMP_NUM_THREADS, else this node's cores shared evenly
+// by its ranks (the OpenMP default would give every rank all cores and oversubscribe them).
+// Returns "" or why `threads` cannot run here: more threads than the CPUs a rank may run on are
+// time-sliced, and every barrier of the kernels then waits for a descheduled thread (the audit at
+// 9a771b3: threads=16 on 2 CPUs, a step 3000x slower). Set before the memory plan, which counts
+// per-thread scratch.
+std::string set_rank_threads(const Config& cfg, Topology& topo) {
+  const int cpus = omp_get_num_procs();  // this rank's affinity
+  if (cfg.threads > cpus)
+    return "config: threads = " + std::to_string(cfg.threads) + " but rank " + std::to_string(topo.world().rank()) +
+           " may run on only " + std::to_string(cpus) + " CPU(s) (the node's, or those the launcher bound it to); " +
+           "valid: threads <= " + std::to_string(cpus) + ", threads=0 (the node's cores shared by its ranks), or " +
+           "more cores per rank (mpirun --bind-to none or --map-by slot:PE=" + std::to_string(cfg.threads) +
+           "; srun --cpus-per-task=" + std::to_string(cfg.threads) + ")";
+  if (cfg.threads > 0) omp_set_num_threads(int(cfg.threads));
+  else if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(std::max(1, cpus / topo.local_size()));
+  // OMP_NUM_THREADS beyond the rank's CPUs (mpirun binds to one core by default for small jobs):
+  // every rate then halves or worse. Say so rather than print it.
+  if (omp_get_max_threads() > cpus)
+    err0("# warning: %d OpenMP threads per rank (OMP_NUM_THREADS) but rank 0 may run on only %d CPU(s) (its "
+         "affinity); use mpirun --bind-to none or --map-by slot:PE=%d\n",
+         omp_get_max_threads(), cpus, omp_get_max_threads());
+  return "";
+}
+
 }  // namespace
 
 Startup check_startup(const std::vector<std::string>& args, Comm& world, Watchdog* watchdog) {
@@ -187,6 +215,8 @@ Startup check_startup(const std::vector<std::string>& args, Comm& world, Watchdo
     s.topo = Topology::create(world, mesh);
     Topology& topo = *s.topo;
     for (const std::string& w : placement_warnings(topo)) err0("# warning: %s\n", w.c_str());
+    err = agree_on_error(world, set_rank_threads(cfg, topo));
+    if (!err.empty()) throw UsageError(err);
     err = agree_on_error(world, resolve_auto_strategy(cfg, topo));
     if (!err.empty()) throw UsageError(err);
     err = agree_on_error(world, validate_mode(cfg, topo, *s.row));

@@ -24,9 +24,12 @@ inline double attn_train_flops(double pairs, double H_q, double D) { return (1.0
 inline double matmul_flops(double m, double n, double k) { return 2.0 * m * n * k; }
 // Gated DeltaNet forward (kernels/ops.hpp gdn_fwd), the GEMMs of its chunked form per token and head
 // with chunk C: K K^T and Q K^T (2 C Dk each), the triangular solve (C (Dk + Dv)), Pb Wk (2 C Dk),
-// Pb Uv (2 C Dv) and the state pass (3 x 2 Dk Dv). The backward counts 2 x the forward.
+// Pb Uv (2 C Dv) and the state pass (3 x 2 Dk Dv). The backward counts 2 x the forward. No chunk
+// is longer than the call (C = min(chunk, T)); where documents or CP pieces cut chunks shorter
+// still, this is an upper bound.
 inline double gdn_fwd_flops(double T, double H, double Dk, double Dv, double C) {
-  return T * H * (C * (7 * Dk + 3 * Dv) + 6 * Dk * Dv);
+  const double c = C < T ? C : T;
+  return T * H * (c * (7 * Dk + 3 * Dv) + 6 * Dk * Dv);
 }
 
 // Closed forms of the visible-pair count of causal attention on contiguous positions:

@@ -12,6 +12,8 @@
 // token ids (step 0 = the prefill's token, -1 = no token); /infer/calls one row per prefill
 // (columns in its attribute) with the choice and both predicted costs; /infer/cache_bytes
 // [step, rank] the KV cache bytes each rank holds after every step.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cmath>
@@ -501,6 +503,8 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
   }
   e.act = f * double(rows) * double(3 * d.dim + 2 * d.q_width() + d.H_q + 4 * d.kv_width() + 3 * d.ffn + d.D) +
           f * double(d.vocab);
+  if (d.has_gdn())  // each OpenMP thread's scratch of the prefill's recurrence
+    e.act += f * omp_get_max_threads() * double(gdn_thread_scratch_bound(rows, d.gdn_Dk, d.gdn_Dv, d.gdn_chunk, false));
   if (d.mla)  // the absorbed queries and outputs, the latents and their scratch
     e.act += f * double(rows) * 2.0 * double(d.H_q_loc()) * d.cache_dim() + mla_acts_bytes(d, rows) +
              mla_scratch_bytes(d, rows);

@@ -4,6 +4,8 @@
 // forward+backward, the gradient summed over the CP group and dp (the ranks that share
 // parameters), global-norm clipping, AdamW. The rank-0 log prints one line per step (loss, step
 // time, tokens/s, TFLOP/s per rank, MFU); the trace gets the same in /steps.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -258,6 +260,10 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   if (cfg.exact) p.state_bytes += exact_state_bytes(layout, S_loc, exact_grain(cfg));
   p.activation_bytes = Transformer::activation_bytes(d, cfg.remat, S_loc,
                                                      Transformer::logits_chunk_rows(S_loc, d.vocab));
+  // Each OpenMP thread's Gated DeltaNet scratch (kept across the layers' backward calls; threads
+  // are set before the plan: app/startup.cpp).
+  if (d.has_gdn())
+    p.activation_bytes += 4.0 * omp_get_max_threads() * double(gdn_thread_scratch_bound(S_loc, d.gdn_Dk, d.gdn_Dv, d.gdn_chunk, true));
   // The strategy's transient buffers (gathered / in-flight K/V and their gradients).
   p.strategy_bytes = strat->buffer_bytes(local_attn_problem(cfg, tp), train_docs(cfg), topo);
   if (std::unique_ptr<CpStrategy> local = make_local_strategy(cfg, topo))  // one layer's at a time

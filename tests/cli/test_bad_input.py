@@ -74,6 +74,8 @@ CASES = [
     ("a window with neither mask=window nor local layers", ["train", "window=64"], "window = 64"),
     ("unknown local strategy", ["train", "layer_pattern=LG", "window=64", "local_strategy=tree"], "local_strategy"),
     ("unknown attention kind", ["train", "attention=gqa"], "attention"),
+    # More threads than any CI machine's CPUs: time-sliced, every kernel barrier waits (3000x slower).
+    ("threads beyond the CPUs", ["train", "threads=1024"], "CPU(s)"),
     ("MLA head dim above the kernels' 256", ["train", "attention=mla", "qk_nope_head_dim=224", "qk_rope_head_dim=64"], "256"),
     ("MLA value dim above the key's", ["train", "attention=mla", "qk_nope_head_dim=16", "qk_rope_head_dim=8", "v_head_dim=32"], "v_head_dim"),
     ("MLA heads not split by tp", ["train", "attention=mla", "mesh=tp:2", "heads=3"], "tp:2 does not divide heads = 3"),

@@ -116,6 +116,28 @@ TEST(Gdn, PrepareThenFinishEqualsForwardBitwise) {
   }
 }
 
+// The per-thread scratch a memory plan counts bounds every call's, whatever its documents, and is
+// exact for whole chunks of one document; a chunk length beyond the call costs the call's rows,
+// not the chunk's (gdn_chunk=4096 at 256 rows once held 6 x 4096^2 floats a thread).
+TEST(Gdn, ThreadScratchIsBoundedWhateverTheDocuments) {
+  std::vector<GdnShape> all = shapes();
+  for (int docs : {2, 7, 31}) all.push_back({96, 2, 16, 8, 16, false, -0.4f, docs});
+  for (const GdnShape& s : all) {
+    SCOPED_TRACE(name(s));
+    const GdnProblem pr(s, 5);
+    for (bool bwd : {false, true}) {
+      const int64_t exact = gdn_thread_scratch_floats(pr.params(), bwd);
+      const int64_t bound = gdn_thread_scratch_bound(s.T, s.Dk, s.Dv, s.chunk, bwd);
+      EXPECT_LE(exact, bound) << (bwd ? "backward" : "forward");
+      if (s.docs == 1 && s.T % s.chunk == 0) EXPECT_EQ(exact, bound) << (bwd ? "backward" : "forward");
+    }
+  }
+  for (bool bwd : {false, true}) {
+    EXPECT_EQ(gdn_thread_scratch_bound(256, 16, 16, 4096, bwd), gdn_thread_scratch_bound(256, 16, 16, 256, bwd));
+    EXPECT_LT(gdn_thread_scratch_bound(256, 16, 16, 4096, bwd), int64_t(1) << 21);  // under 8 MiB a thread
+  }
+}
+
 // Heads computed in ranges (what the ring schedule pipelines) equal one call, bit for bit, and
 // leave the other heads untouched.
 TEST(Gdn, HeadRangesEqualOneCallBitwise) {
