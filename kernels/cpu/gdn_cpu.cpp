@@ -335,7 +335,8 @@ int64_t fwd_floats(const GdnParams& p, int64_t C) {
 }  // namespace
 
 int64_t gdn_thread_scratch_floats(const GdnParams& p, bool backward) {
-  check(p, false);
+  if (p.T < 0 || p.chunk < 1 || p.Dk < 1 || p.Dv < 1)
+    throw std::invalid_argument("gdn_thread_scratch_floats: T >= 0, chunk, Dk and Dv >= 1");
   const ChunkTable tab = chunk_table(p);
   if (!backward) return fwd_floats(p, tab.cmax);
   int64_t kept = 0;

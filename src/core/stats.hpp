@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace ctxpar {
@@ -27,6 +28,25 @@ inline double sign_test_p(int wins, int n) {
     c = c * double(n - i) / double(i + 1);
   }
   return std::min(1.0, 2 * tail / std::ldexp(1.0, n));
+}
+
+// "" when every value of x (dims: its shape, row-major) is finite, else the first non-finite one
+// and its index: "inf at [12, 3, 0]". For a tensor about to be written: a NaN or Inf never reaches
+// an output file unannounced.
+inline std::string first_non_finite(const float* x, const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(x[i])) continue;
+    std::string idx;
+    int64_t rem = i;
+    for (size_t d = dims.size(); d-- > 0;) {
+      idx = std::to_string(rem % dims[d]) + (idx.empty() ? "" : ", ") + idx;
+      rem /= dims[d];
+    }
+    return std::string(std::isnan(x[i]) ? "nan" : x[i] > 0 ? "inf" : "-inf") + " at [" + idx + "]";
+  }
+  return "";
 }
 
 }  // namespace ctxpar

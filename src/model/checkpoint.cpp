@@ -4,6 +4,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "core/stats.hpp"
 #include "dist/topology.hpp"
 #include "io/h5_checkpoint.hpp"
 #include "io/h5_probe.hpp"
@@ -66,8 +67,14 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayo
   const auto gm = gather_global_tensors(layout, m, topo);
   const auto gv = gather_global_tensors(layout, v, topo);
   if (topo.world().rank() == 0) {
-    std::vector<H5Tensor> t;
     const auto& info = layout.tensors();
+    // Never a NaN or Inf in a checkpoint (a resume would refuse it): the last complete one stays.
+    for (size_t i = 0; i < info.size(); ++i)
+      for (const auto& [group, g] : {std::pair{"params/", &gp}, {"adam_m/", &gm}, {"adam_v/", &gv}})
+        if (const std::string bad = first_non_finite((*g)[i].data(), {info[i].rows, info[i].cols}); !bad.empty())
+          fail_run("checkpoint at step " + std::to_string(st.step) + ": " + group + info[i].name + " has " + bad +
+                   " ([row, col]); not written, " + path + " keeps the last complete checkpoint");
+    std::vector<H5Tensor> t;
     for (size_t i = 0; i < info.size(); ++i) {
       t.push_back({"params/" + info[i].name, info[i].rows, info[i].cols, gp[i].data()});
       t.push_back({"adam_m/" + info[i].name, info[i].rows, info[i].cols, gm[i].data()});

@@ -9,6 +9,7 @@
 // Output file: o [S,H_q,D], lse [S,H_q], dq [S,H_q,D], dk, dv [S,H_kv,D] (float32); when the
 // inputs were generated, also q, k, v, do (and doc_id), so the file can be checked on its own.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "core/log.hpp"
 #include "core/memory.hpp"
 #include "core/random.hpp"
+#include "core/stats.hpp"
 #include "cp/strategy.hpp"
 #include "dist/topology.hpp"
 #include "model/flops.hpp"
@@ -275,11 +277,35 @@ void fill_attn_inputs(const Config& cfg, const CpCall& s, const Partition& part,
   clear_padding_rows(part, r, {{t.q.data(), wq}, {t.k.data(), wk}, {t.v.data(), wk}, {t.dout.data(), wq}});
 }
 
+// The largest magnitude of each input over every rank (q, k, v, do), and what a non-finite output
+// says about them: inputs of a scale whose products overflow fp32 (a score q.k sums D products,
+// dP = dO.V likewise, and the gradients sum over the keys), or of an ordinary one (then the
+// kernels are at fault: a bug).
+std::string input_scale_note(const AttnTensors& x, const CpCall& s, Comm& world) {
+  double m[4] = {0, 0, 0, 0};
+  const Buffer<float>* in[4] = {&x.q, &x.k, &x.v, &x.dout};
+  for (int i = 0; i < 4; ++i)
+    for (float e : in[i]->span()) m[i] = std::max(m[i], double(std::fabs(e)));
+  world.all_reduce(std::span<double>(m, 4), ReduceOp::max);
+  const double D = s.D, keys = double(s.S_k);
+  const bool overflows = m[0] * m[1] * D > FLT_MAX || m[3] * m[2] * D > FLT_MAX ||
+                         keys * m[3] * m[2] * D * std::max(m[0], m[1]) > FLT_MAX;
+  char b[256];
+  std::snprintf(b, sizeof b, "every input is finite, largest |q| %.3g, |k| %.3g, |v| %.3g, |do| %.3g", m[0], m[1], m[2],
+                m[3]);
+  return std::string(b) + (overflows ? ": products of that scale overflow fp32 (the input made it so); valid: inputs "
+                                       "whose q.k and do.v products stay within fp32 (e.g. |values| <= 1e3)"
+                                     : ": of an ordinary scale, so the kernels are at fault (a bug: please report it "
+                                       "with the input file)");
+}
+
 // The results in global token order, written by world rank 0 (CP rank 0 of its group; every dp/tp
 // replica computed the same attention), with the generated inputs and the call's description.
-void write_attn_results(const Config& cfg, Topology& topo, const Partition& part, const CpCall& s,
-                        const CpStrategy& strat, const AttnTensors& t, const GpuRun& gpu,
-                        const std::vector<std::pair<std::string, double>>& cpu_diff) {
+// Returns "" (on every rank but 0 always), or on rank 0 why nothing was written: a result that is
+// not finite, named with its index, and `scale` (input_scale_note).
+std::string write_attn_results(const Config& cfg, Topology& topo, const Partition& part, const CpCall& s,
+                               const CpStrategy& strat, const AttnTensors& t, const GpuRun& gpu,
+                               const std::vector<std::pair<std::string, double>>& cpu_diff, const std::string& scale) {
   Comm& cpc = topo.cp();
   const int64_t S = s.S_q, wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
   const std::vector<float> O = gather_rows_global(cpc, part, t.o.span(), wq);
@@ -287,7 +313,14 @@ void write_attn_results(const Config& cfg, Topology& topo, const Partition& part
   const std::vector<float> dQ = gather_rows_global(cpc, part, t.dq.span(), wq);
   const std::vector<float> dK = gather_rows_global(cpc, part, t.dk.span(), wk);
   const std::vector<float> dV = gather_rows_global(cpc, part, t.dv.span(), wk);
-  if (topo.world().rank() != 0) return;
+  if (topo.world().rank() != 0) return "";
+  const std::pair<const char*, std::pair<const std::vector<float>*, std::vector<int64_t>>> results[] = {
+      {"o", {&O, {S, s.H_q, s.D}}}, {"lse", {&L, {S, s.H_q}}}, {"dq", {&dQ, {S, s.H_q, s.D}}},
+      {"dk", {&dK, {S, s.H_kv, s.D}}}, {"dv", {&dV, {S, s.H_kv, s.D}}}};
+  for (const auto& [name, r] : results)
+    if (const std::string bad = first_non_finite(r.first->data(), r.second); !bad.empty())
+      return std::string("attn: result ") + name + " has " + bad + " (" + (r.second.size() == 2 ? "[token, head]" : "[token, head, dim]") +
+             "); nothing written to " + attn_result_path(cfg) + "; " + scale;
   const bool from_file = !cfg.in.empty(), on_gpu = cfg.device == Device::cuda;
   const uint64_t seed = uint64_t(cfg.seed);
   TensorFileWriter w(attn_result_path(cfg));
@@ -323,6 +356,7 @@ void write_attn_results(const Config& cfg, Topology& topo, const Partition& part
                           : std::string("cpu (fp32)"));
   for (const auto& [name, d] : cpu_diff) w.attr("cpu_check_" + name, d);
   w.commit();
+  return "";
 }
 
 // Model FLOPs of the call: the real tokens' visible pairs where the layout pads (the padding rows'
@@ -411,7 +445,13 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   rec.tflops_per_rank = flops / (rec.time_s * world.size()) / 1e12;
   rec.exposed_comm_s = mx[2];
   tracer.end_step(rec);
-  write_attn_results(cfg, topo, part, s, *strat, x, gpu, cpu_diff);
+  const std::string scale = input_scale_note(x, s, world);
+  if (const std::string bad = agree_on_error(world, write_attn_results(cfg, topo, part, s, *strat, x, gpu, cpu_diff, scale));
+      !bad.empty()) {
+    err0("ctxpar: %s\n", bad.c_str());
+    tracer.fail(bad);
+    return kExitFault;
+  }
   log0("attn%s: strategy %s, mesh %s, S=%lld H_q=%d H_kv=%d D=%d mask=%s%s: fwd %.3f ms, bwd %.3f ms, exposed comm "
        "%.3f ms, %.4f TFLOP/s per rank; wrote %s (trace %s)\n",
        on_gpu ? " (device=cuda, bf16)" : "", strat->name().c_str(), mesh_text(topo).c_str(), (long long)S, s.H_q, s.H_kv, s.D,

@@ -366,6 +366,11 @@ class Session {
 
   // save_logits: the call's last-position logits of every sequence and the tokens it fed.
   void keep_logits(const StepOutput& out, const std::vector<std::vector<int32_t>>& fed) {
+    // A non-finite logit (weights whose products overflow fp32) is never written unannounced.
+    if (const std::string bad = first_non_finite(out.logits.data(), {cfg_.batch, int64_t(out.logits.size()) / cfg_.batch});
+        !bad.empty())
+      fail_run("call " + std::to_string(step_) + ": the logits have " + bad + " ([sequence, vocab]) from finite " +
+               "inputs and weights (a product overflowed fp32); /infer/logits not written");
     logits_.insert(logits_.end(), out.logits.begin(), out.logits.end());
     for (int64_t b = 0; b < cfg_.batch; ++b) context_.push_back(int32_t(engine_->cache().seq_len(b)));
     fed_.resize(fed.size());

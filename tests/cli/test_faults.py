@@ -275,6 +275,52 @@ def case_non_finite(c):
     print(msg[0])
 
 
+def case_attn_overflow(c):
+    """Finite attn inputs whose products overflow fp32: no result file, the result and the input named."""
+    import h5py
+    import numpy as np
+    src = os.path.join(c.work, "huge_q.h5")
+    rng = np.random.default_rng(3)
+    with h5py.File(src, "w") as h:
+        for d in ("q", "k", "v", "do"):
+            x = rng.standard_normal((64, 2, 16)).astype(np.float32)
+            if d == "q":
+                x[5, 1, 3] = 3e38
+            h[d] = x
+    out = os.path.join(c.work, "huge_res.h5")
+    r = c.run(2, ["attn", "in=" + src, "out=" + out])
+    check(r.returncode == 3, f"exit code {r.returncode}, expected 3:\n{r.stderr[-2000:]}")
+    msg = [l for l in r.stderr.splitlines() if "attn: result" in l]
+    check(len(msg) == 1 and "the input made it so" in msg[0] and "|q| 3e+38" in msg[0],
+          f"no one message naming the result and the input:\n{r.stderr}")
+    check(not os.path.exists(out) and not os.path.exists(out + ".partial"), "a result file was written")
+    for b in BACKTRACE:
+        check(b not in r.stdout + r.stderr, f"'{b}' in the output")
+    print(msg[0] if msg else "")
+
+
+def case_logits_overflow(c):
+    """Finite weights whose products overflow fp32 in the LM head: chat stops at the call, /infer/logits not written."""
+    import h5py
+    ck = make_checkpoint(c, "huge_head.h5")
+    with h5py.File(ck, "r+") as h:
+        for n, v in (("params/final_norm", 1e38), ("params/lm_head", 1e30)):
+            x = h[n][...]
+            x[:] = v
+            h[n][...] = x
+    out = os.path.join(c.work, "huge_chat.h5")
+    r = c.run(2, ["chat", "--config", c.tiny, "docs=none", "resume=" + ck, "save_logits=true",
+                  "schedule=prefill:64,decode:2", "out=" + out])
+    check(r.returncode == 3, f"exit code {r.returncode}, expected 3:\n{r.stderr[-2000:]}")
+    msg = [l for l in r.stderr.splitlines() if "the logits have" in l]
+    check(msg and "call 0" in msg[0] and "not written" in msg[0], f"no message naming the call and the logits:\n{r.stderr}")
+    t = c.ct.load(out)
+    check(t.partial and t.status == "failed", f"trace: {t.status}")
+    with h5py.File(out + ".partial", "r") as f:
+        check("infer/logits" not in f, "non-finite logits were written")
+    print(msg[0] if msg else "")
+
+
 def case_out_of_memory(c):
     import resource
     if os.environ.get("CTXPAR_SANITIZED") == "1":
