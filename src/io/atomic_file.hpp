@@ -9,6 +9,14 @@
 
 namespace ctxpar {
 
+// The outputs this process claimed (io/output_lock, when it locks them), with what was at each
+// path then. A commit replaces only that (where nothing was, it creates the file without replacing
+// one that appeared since); a file created or replaced there by someone else while the run went on
+// is kept, the run's file goes beside it (DIR/STEM.EXT -> DIR/STEM.ctxpar-PID.EXT), and commit()
+// throws naming both. After each commit the claim is the run's own new file (the next checkpoint
+// replaces it).
+void claim_output(const std::string& path);
+
 class AtomicFile {
  public:
   // Creates the parent directory of `final_path` when missing and removes a stale
@@ -20,7 +28,8 @@ class AtomicFile {
 
   const std::string& final_path() const { return final_; }
   const std::string& partial_path() const { return partial_; }
-  // NAME.partial → NAME (the caller has closed the file); throws std::runtime_error on failure.
+  // NAME.partial → NAME (the caller has closed the file); throws std::runtime_error on failure,
+  // and when NAME changed hands during the run (claim_output: the file then lies beside NAME).
   void commit();
   bool committed() const { return committed_; }
 

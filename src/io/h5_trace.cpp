@@ -127,6 +127,8 @@ void rank_step_types(hid_t& mem_t, hid_t& file_t) {
 H5TraceWriter::H5TraceWriter(const std::string& final_path)
     : out_(std::make_unique<AtomicFile>(final_path, /*keep_abandoned=*/true)) {
   file_ = h5::create_file(out_->partial_path());
+  struct stat st {};
+  if (stat(out_->partial_path().c_str(), &st) == 0) dev_ = uint64_t(st.st_dev), ino_ = uint64_t(st.st_ino);
   span_types(span_mem_t_, span_file_t_);
   step_types(step_mem_t_, step_file_t_);
   rank_step_types(rank_step_mem_t_, rank_step_file_t_);
@@ -242,6 +244,13 @@ int64_t H5TraceWriter::free_bytes() const {
   struct statvfs s {};
   if (statvfs(partial_path().c_str(), &s) != 0) return -1;
   return int64_t(s.f_bavail) * int64_t(s.f_frsize);
+}
+
+std::string H5TraceWriter::moved() const {
+  struct stat st {};
+  if (stat(partial_path().c_str(), &st) == 0 && uint64_t(st.st_dev) == dev_ && uint64_t(st.st_ino) == ino_) return "";
+  return "'" + partial_path() + "' is no longer where this run created it (its directory was moved or removed, or " +
+         "the file renamed, while the run went on); the trace cannot be placed at '" + final_path() + "'";
 }
 
 void H5TraceWriter::close_and_rename() {

@@ -65,11 +65,15 @@ class H5TraceWriter {
   // Bytes of the file on disk now, and bytes free for it on its file system (-1: unknown).
   int64_t file_bytes() const;
   int64_t free_bytes() const;
+  // "" while NAME.h5.partial is still the file this writer created, else what happened to it (its
+  // directory moved or removed, the file renamed): the run cannot place its trace.
+  std::string moved() const;
   // Closes the file and renames NAME.h5.partial to NAME.h5 (replacing an older NAME.h5).
   void close_and_rename();
 
  private:
   std::unique_ptr<AtomicFile> out_;
+  uint64_t dev_ = 0, ino_ = 0;  // the partial file's, as created
   int64_t file_ = -1;  // hid_t
   int64_t spans_ = -1, steps_ = -1, rank_steps_ = -1;
   int64_t span_mem_t_ = -1, span_file_t_ = -1, step_mem_t_ = -1, step_file_t_ = -1,

@@ -1,5 +1,7 @@
 #include "io/output_lock.hpp"
 
+#include "io/atomic_file.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -107,6 +109,7 @@ std::string OutputLocks::add(const std::string& output, const std::string& label
       close(fd);
       unlink(lp.c_str());
       unlocked_.push_back(output);
+      claim_output(output);
       return "";
     }
     if (!same_file(fd, lp)) {
@@ -129,6 +132,7 @@ std::string OutputLocks::add(const std::string& output, const std::string& label
       return "cannot write the lock file '" + lp + "': " + std::strerror(e);
     }
     held_.push_back({lp, fd});
+    claim_output(output);  // what is at the output now is what its commit may replace
     return "";
   }
   return "the lock file '" + lp + "' keeps changing (another job is taking it)";

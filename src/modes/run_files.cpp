@@ -100,6 +100,13 @@ std::string check_existing(const RunFile& out, const Config& cfg) {
   const std::string valid = "; valid: another " + out.field + "= (or move that file away first)";
   std::error_code ec;
   if (const std::string side = check_side_files(out); !side.empty()) return side;
+  // A symlink at the output: the commit's rename would replace the link, not write its target.
+  if (fs::is_symlink(fs::symlink_status(out.path, ec))) {
+    const std::string target = fs::read_symlink(out.path, ec).string();
+    return "config: " + name(out) + " is a symbolic link (to '" + printable(target, 1) + "'); ctxpar writes " +
+           out.path + ".partial and renames it, which would replace the link, not its target; valid: the " +
+           "target's own path, or another " + out.field + "=";
+  }
   if (!fs::exists(out.path, ec)) return "";
   if (out.kind == "hardware_profile") {
     if (calibrated_profile(out.path)) return "";

@@ -753,6 +753,13 @@ void Tracer::finish(bool truncated) {
   if (I.rank == 0) {
     const trace_detail::Summary s = trace_detail::summarize(I.rows, I.cfg.warmup);
     I.on_writer([&](H5TraceWriter& w) {
+      // Moved away while the run went on: the file says so (failed) rather than complete.
+      if (const std::string moved = w.moved(); !moved.empty()) {
+        w.attr("/", "status", "failed");
+        w.attr("/", "failure", moved);
+        w.flush();
+        throw std::runtime_error(moved);
+      }
       w.append_spans(all_spans);
       I.write_offsets(offs_end, "clock_offset_end_us");
       const std::string S = "/summary";

@@ -196,6 +196,44 @@ def case_concurrent(c):
     print(f"second job refused in {dt:.1f} s: {msg[0]}")
 
 
+def case_out_appears(c):
+    """A file the user puts at out= while the run goes on is kept; the trace goes beside it (exit 3)."""
+    out = os.path.join(c.work, "appears.h5")
+    a = c.start(2, ["train", "--config", c.tiny, "out=" + out, "seq=4K", "steps=100000", "warmup=0"])
+    c.wait_steps(a, out, 2)
+    with open(out, "w") as f:
+        f.write("my notes\n")
+    os.kill(a.pid, signal.SIGUSR1)  # ends the run after this step: it then places its trace
+    _, err = finish(a, 300)
+    check(a.returncode == 3, f"exit code {a.returncode}, expected 3:\n{err[-2000:]}")
+    with open(out) as f:
+        check(f.read() == "my notes\n", "the user's file was replaced")
+    beside = [n for n in os.listdir(c.work) if n.startswith("appears.ctxpar-") and n.endswith(".h5")]
+    check(len(beside) == 1, f"no one trace beside it: {os.listdir(c.work)}")
+    msg = [l for l in err.splitlines() if "kept as it is" in l]
+    check(msg and beside and beside[0] in msg[0], f"no message naming both files:\n{err[-2000:]}")
+    if beside:
+        t = c.ct.load(os.path.join(c.work, beside[0]))
+        check(t.status == "truncated" and t.steps_completed >= 2, f"the trace beside: {t.status}, {t.steps_completed}")
+    print(msg[0] if msg else "")
+
+
+def case_out_dir_moved(c):
+    """The output directory renamed mid-run: exit 3, and the moved .partial says failed, not complete."""
+    d = os.path.join(c.work, "outdir")
+    out = os.path.join(d, "moved.h5")
+    a = c.start(2, ["train", "--config", c.tiny, "out=" + out, "seq=4K", "steps=100000", "warmup=0"])
+    c.wait_steps(a, out, 2)
+    os.rename(d, d + "_moved")
+    os.kill(a.pid, signal.SIGUSR1)
+    _, err = finish(a, 300)
+    check(a.returncode == 3, f"exit code {a.returncode}, expected 3:\n{err[-2000:]}")
+    t = c.ct.load(os.path.join(d + "_moved", "moved.h5.partial"))
+    check(t.status == "failed" and "no longer where" in str(t.attrs.get("failure")),
+          f"the moved trace: {t.status}, {t.attrs.get('failure')!r}")
+    print(t.attrs.get("failure"))
+
+
 def case_stopped_rank(c):
     out = os.path.join(c.work, "stopped.h5")
     p = c.start(3, ["train", "--config", c.tiny, "out=" + out, "seq=3K", "steps=100000", "warmup=0", "watchdog_s=4"])

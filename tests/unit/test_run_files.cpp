@@ -123,6 +123,57 @@ TEST(RunFiles, AnExistingFileIsReplacedOnlyByItsOwnKind) {
   EXPECT_EQ(check(config_of(Mode::bench, {"hardware=" + t / "cal.toml", "out=" + t / "cal.h5"}, Bench::calibrate)), "");
 }
 
+// A symlink at an output is refused (the commit's rename would replace the link), whether it
+// points at a trace of this mode or nowhere.
+TEST(RunFiles, AnOutputThatIsASymlinkIsRefused) {
+  TmpDir t;
+  write_trace(t / "target.h5", "train");
+  fs::create_symlink(t / "target.h5", t / "link.h5");
+  fs::create_symlink(t / "nowhere.h5", t / "dangling.h5");
+  for (const char* link : {"link.h5", "dangling.h5"}) {
+    const std::string err = check(config_of(Mode::train, {"out=" + t / link}));
+    EXPECT_NE(err.find("symbolic link"), std::string::npos) << link << ": " << err;
+  }
+  EXPECT_TRUE(fs::is_symlink(t / "link.h5"));
+}
+
+// What the run claimed at an output is all its commit may replace: a file that appears there, or
+// replaces the run's own, while the run goes on is kept, and the run's file goes beside it.
+TEST(OutputLock, AFileThatAppearsDuringTheRunIsNeverReplaced) {
+  TmpDir t;
+  const std::string out = t / "run.h5";
+  {
+    OutputLocks locks;
+    ASSERT_EQ(locks.add(out, "train"), "");  // claims the path: nothing there
+    write_trace(out, "train");               // a first commit: the run's own file
+    EXPECT_TRUE(fs::exists(out));
+    write_trace(out, "train");               // replaces its own file
+    fs::remove(out);
+    touch(out, "my notes\n");                // the user's, while the run goes on
+    try {
+      write_trace(out, "train");
+      FAIL() << "the user's file was replaced";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("kept as it is"), std::string::npos) << e.what();
+    }
+    std::ifstream f(out);
+    std::string line;
+    std::getline(f, line);
+    EXPECT_EQ(line, "my notes");
+    int beside = 0;
+    for (const auto& e : fs::directory_iterator(t.dir))
+      beside += e.path().filename().string().rfind("run.ctxpar-", 0) == 0 && e.path().extension() == ".h5";
+    EXPECT_EQ(beside, 1);
+  }
+  // Appearing where nothing was when the run claimed it: the same.
+  const std::string out2 = t / "run2.h5";
+  OutputLocks locks;
+  ASSERT_EQ(locks.add(out2, "train"), "");
+  touch(out2, "mine\n");
+  EXPECT_THROW(write_trace(out2, "train"), std::runtime_error);
+  EXPECT_EQ(fs::file_size(out2), 5u);
+}
+
 TEST(OutputLock, ASecondHolderIsRefusedWithTheFirstOnesName) {
   TmpDir t;
   const std::string out = t / "run.h5";
