@@ -140,7 +140,10 @@ const std::vector<Field>& config_fields() {
       {"seed", &Config::seed, "1234", "random seed for data and weights", {}, 0, 9.2e18},
       enum_field<&Config::device>("device", kDeviceNames, "cpu", "compute device: cpu, or cuda (GPU backend; every mode but predict, and bench attn, cp, train and infer (not bench comm, peak, calibrate); needs a CUDA build)"),
       {"threads", &Config::threads, "0", "OpenMP threads per rank (0 = OMP_NUM_THREADS if set, else the node's cores / its ranks)", {}, 0, 1024},
-      {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7},
+      {"watchdog_s", &Config::watchdog_s, "600", "abort the job when no progress for this many seconds (0 = off)", {}, 0, 1e7,
+       [](const Config& c) -> std::string {  // shorter fires while MPI starts, on every rank at once
+         return c.watchdog_s == 0 || c.watchdog_s >= 1 ? "" : "0 (off) or at least 1 (seconds; MPI's start alone takes longer)";
+       }},
       {"mem_per_rank", &Config::mem_per_rank, "0", "host memory a rank may use, checked against the plan before anything is allocated (0 = this node's available memory, or its cgroup limit, shared by its ranks)", {}, 0, 9.2e18},
       {"csv", &Config::csv, "false", "bench: print CSV instead of a table", {}},
       {"frugal", &Config::visible_keys, "false", "train, bench train, bench cp: the all-gather and the ring send a rank only the key/value rows some query there can see (the causal future, other documents and rows beyond a window stay home; dK/dV return the same way); other strategies refuse it", {}},
@@ -394,10 +397,18 @@ static std::string range_text(const Field& f, bool integer) {
   return os.str();
 }
 
+// A value as the user wrote it, for a message: printable, and a long one cut in the middle with
+// its length (a 300-digit number is not worth 300 characters of the message).
+static std::string quoted_value(const std::string& text) {
+  const std::string p = printable(text, 1);
+  if (p.size() <= 48) return "'" + p + "'";
+  return "'" + p.substr(0, 24) + "..." + p.substr(p.size() - 8) + "' (" + std::to_string(text.size()) + " characters)";
+}
+
 // Sets one field from text; `where` names the source ("command line", "inputs/x.toml").
 static void set_field(Config& c, const Field& f, const std::string& text, const std::string& where) {
   auto bad = [&](const std::string& valid) {
-    throw UsageError("config: " + std::string(f.name) + " = '" + text + "' (" + where + ") is invalid; expected " + valid);
+    throw UsageError("config: " + std::string(f.name) + " = " + quoted_value(text) + " (" + where + ") is invalid; expected " + valid);
   };
   std::visit(
       [&](auto m) {
@@ -441,11 +452,7 @@ static std::string toml_value_text(const toml::value& v) {
   if (v.is_string()) return v.as_string().str;
   if (v.is_integer()) return std::to_string(v.as_integer());
   if (v.is_boolean()) return v.as_boolean() ? "true" : "false";
-  if (v.is_floating()) {
-    std::ostringstream os;
-    os << std::setprecision(17) << v.as_floating();
-    return os.str();
-  }
+  if (v.is_floating()) return number_text(v.as_floating());  // 0.1, not 0.10000000000000001
   return "";
 }
 

@@ -31,6 +31,11 @@ std::string parse_schedule(const std::string& text, int N, std::vector<ScheduleP
         n = std::max(n, t);
       }
     } else if (colon == std::string::npos || !parse_size(item.substr(colon + 1), n) || n < 1) {
+      // Another separator than ',' (prefill:64;decode:2) reads as one item with a bad count: say so.
+      for (const char sep : std::string(";| \t"))
+        if (item.find(sep) != std::string::npos)
+          return "config: schedule = '" + text + "': item '" + item + "' holds '" + std::string(1, sep) +
+                 "'; the items are separated by ','; " + valid;
       return "config: schedule = '" + text + "': item '" + item + "' needs a count >= 1; " + valid;
     }
     if (kind == "prefill") {

@@ -82,13 +82,18 @@ std::string validate_model_shape(const Config& c, int tp, bool kv_replication) {
   if (c.head_dim % 2 != 0)
     return "config: head_dim = " + s(c.head_dim) + " is odd; RoPE rotates pairs of dimensions, valid: an even head_dim";
   const bool mla = c.attention == "mla";  // kv_heads unused: checked below
-  if (!mla && kv_replication && c.heads % tp == 0 && c.kv_heads % tp != 0 && tp % c.kv_heads != 0)
-    return "config: tensor parallel tp:" + s(tp) + " must divide heads = " + s(c.heads) + ", and divide or be a multiple of " +
-           "kv_heads = " + s(c.kv_heads) + " (K/V heads split over tp, or each replicated on tp/kv_heads ranks)";
-  if (!mla && (c.heads % tp != 0 || (c.kv_heads % tp != 0 && !(kv_replication && tp % c.kv_heads == 0))))
-    return "config: tensor parallel tp:" + s(tp) + " must divide heads = " + s(c.heads) + " and kv_heads = " +
-           s(c.kv_heads) + " (whole heads per tp rank; K/V heads are not replicated over tp); valid: a tp size dividing " +
-           s(std::gcd(c.heads, c.kv_heads));
+  if (!mla && (c.heads % tp != 0 || (c.kv_heads % tp != 0 && !(kv_replication && tp % c.kv_heads == 0)))) {
+    std::string ok;  // every tp that runs: the hint names them, not a rule the mode does not have
+    for (int64_t t = 1; t <= c.heads; ++t)
+      if (c.heads % t == 0 && (c.kv_heads % t == 0 || (kv_replication && t % c.kv_heads == 0)))
+        ok += (ok.empty() ? "" : ", ") + s(t);
+    return "config: tensor parallel tp:" + s(tp) + " must divide heads = " + s(c.heads) +
+           (kv_replication ? ", and divide or be a multiple of kv_heads = " + s(c.kv_heads) +
+                                 " (K/V heads split over tp, or each replicated on tp/kv_heads ranks)"
+                           : " and kv_heads = " + s(c.kv_heads) + " (whole heads per tp rank; K/V heads are not " +
+                                 "replicated over tp here)") +
+           "; valid: tp = " + ok;
+  }
   if (c.ffn_dim % tp != 0)
     return "config: tensor parallel tp:" + s(tp) + " must divide ffn_dim = " + s(c.ffn_dim) +
            "; valid: an ffn_dim that is a multiple of " + s(tp);
