@@ -97,30 +97,44 @@ TensorFileWriter::~TensorFileWriter() {
   if (file_ >= 0) H5Fclose(hid_t(file_));  // before out_ removes an uncommitted partial file
 }
 
+template <class F> void TensorFileWriter::guarded(F&& f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    if (file_ >= 0) H5Fclose(hid_t(file_));
+    file_ = -1;
+    out_.reset();  // uncommitted: removes NAME.partial
+    fail_run(std::string("I/O error: ") + e.what());
+  }
+}
+
 void TensorFileWriter::write(const std::string& name, const std::vector<int64_t>& dims, const float* data) {
-  fatal_on_error([&] {
+  guarded([&] {
     h5::write_dataset(hid_t(file_), name, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, std::vector<hsize_t>(dims.begin(), dims.end()),
                       data, out_->partial_path());
   });
 }
 void TensorFileWriter::write(const std::string& name, const std::vector<int64_t>& dims, const int32_t* data) {
-  fatal_on_error([&] {
+  guarded([&] {
     h5::write_dataset(hid_t(file_), name, H5T_NATIVE_INT32, H5T_STD_I32LE, std::vector<hsize_t>(dims.begin(), dims.end()),
                       data, out_->partial_path());
   });
 }
 
 void TensorFileWriter::attr(const std::string& name, int64_t value) {
-  fatal_on_error([&] { h5::attr_i64(hid_t(file_), name, value, out_->partial_path()); });
+  guarded([&] { h5::attr_i64(hid_t(file_), name, value, out_->partial_path()); });
 }
 
 void TensorFileWriter::attr(const std::string& name, const std::string& value) {
-  fatal_on_error([&] { h5::attr_string(hid_t(file_), name, value, h5::Str::fixed, out_->partial_path()); });
+  guarded([&] { h5::attr_string(hid_t(file_), name, value, h5::Str::fixed, out_->partial_path()); });
 }
 
 void TensorFileWriter::commit() {
-  CTXPAR_CHECK(H5Fclose(hid_t(file_)) >= 0, "HDF5: closing " << out_->partial_path() << " failed");
-  file_ = -1;
+  guarded([&] {
+    const bool closed = H5Fclose(hid_t(file_)) >= 0;  // flushes: a full disk can fail here
+    file_ = -1;
+    if (!closed) throw std::runtime_error("cannot close '" + out_->partial_path() + "' (its data could not be written)");
+  });
   fatal_on_error([&] { out_->commit(); });
 }
 

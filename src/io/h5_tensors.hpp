@@ -62,6 +62,9 @@ class TensorFileWriter {
   IoLock lock_ = io_lock();  // first: held while the file is open (io/io_lock.hpp)
   std::unique_ptr<AtomicFile> out_;
   int64_t file_ = -1;
+  // Runs an HDF5 step; on failure (a full disk) the partial file is closed and removed before the
+  // run ends as a fault: an unreadable NAME.partial is never left behind.
+  template <class F> void guarded(F&& f);
 };
 
 }  // namespace ctxpar

@@ -405,6 +405,23 @@ def case_disk_full(c):
         subprocess.run(["umount", small], capture_output=True)
 
 
+def case_attn_disk_full(c):
+    """attn results on a full disk: exit 3, no unreadable .partial left beside them."""
+    small = mount_tmpfs(c, "3m")
+    try:
+        res = os.path.join(small, "res.h5")
+        # The trace (res.trace.h5) fits with the 1 MiB it keeps free; the results do not: at seq
+        # 4K x 8 heads x 64 each result tensor is 8 MiB.
+        r = c.run(2, ["attn", "seq=4K", "out=" + res])
+        check(r.returncode == 3, f"exit code {r.returncode}, expected 3:\n{r.stderr[-2000:]}")
+        check("I/O error" in r.stderr, f"no I/O error message:\n{r.stderr[-2000:]}")
+        check(not os.path.exists(res + ".partial") and not os.path.exists(res),
+              f"a partial result was left on the full disk: {os.listdir(small)}")
+        print([l for l in r.stderr.splitlines() if "I/O error" in l][0][:200])
+    finally:
+        subprocess.run(["umount", small], capture_output=True)
+
+
 def mount_tmpfs(c, size):
     d = os.path.join(c.work, "small")
     os.makedirs(d)
