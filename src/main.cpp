@@ -116,10 +116,9 @@ int run(int argc, char** argv, Comm& world, Watchdog& startup) {
     tracer.finish(false);
     if (const int sig = tracer.stop_signal(); sig != 0 && rc == 0) {
       rc = kExitSignalBase + sig;
-      err0("# TRUNCATED: %s on rank %d stopped the run after step %lld (%lld steps completed); the trace holds "
+      err0("# TRUNCATED: %s stopped the run after step %lld (%lld steps completed); the trace holds "
            "every completed step (status truncated); exit code %d\n",
-           signal_name(sig), tracer.stop_rank(), (long long)tracer.stop_step(),
-           (long long)tracer.steps_completed(), rc);
+           tracer.stop_who().c_str(), (long long)tracer.stop_step(), (long long)tracer.steps_completed(), rc);
     }
   } catch (const UsageError& e) {  // the trace's own checks (its output path)
     locks.abandon();

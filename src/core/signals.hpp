@@ -4,6 +4,7 @@
 // stops after that same step (trace/trace.hpp): the trace says "truncated", the job exits with
 // 128 + the signal's number.
 #pragma once
+#include <cstdint>
 
 namespace ctxpar {
 
@@ -12,6 +13,8 @@ void install_stop_signals();
 bool stop_signal_seen();
 // The number of the first stop signal this process received (0: none).
 int stop_signal_number();
+// Every stop signal this process received: bit N for signal N.
+uint32_t stop_signal_mask();
 // "SIGTERM", "SIGUSR1", ... ("signal N" for others).
 const char* signal_name(int signo);
 // Forgets a seen signal (tests that run several traced loops in one process).

@@ -272,6 +272,7 @@ struct Tracer::Impl {
   // Agreed at end_step: the signal that stops the run, the lowest rank that saw it, the step after
   // which every rank stops.
   int stop_signal = 0, stop_rank = -1;
+  std::string stop_who;  // every stop signal and the ranks that saw it: "SIGUSR1 on rank 0 and rank 2; SIGTERM on rank 1"
   int64_t stop_step = -1;
   std::mutex span_mu;  // add_span may be called from several threads
 
@@ -682,6 +683,17 @@ bool Tracer::end_step(const StepRecord& local) {
   if (stop != 0 && I.stop_signal == 0) {
     I.stop_signal = stop / kRankBits;
     I.stop_rank = kRankBits - 1 - stop % kRankBits;
+    // Every signal every rank saw, not only the one that gives the exit code.
+    const int32_t mine = int32_t(stop_signal_mask());
+    std::vector<int32_t> masks(size_t(I.world.size()));
+    I.world.all_gather(std::span<const int32_t>(&mine, 1), std::span<int32_t>(masks));
+    for (int sig = 1; sig < 32; ++sig) {
+      std::string ranks;
+      for (int r = 0; r < int(masks.size()); ++r)
+        if (uint32_t(masks[size_t(r)]) >> sig & 1u) ranks += (ranks.empty() ? "rank " : " and rank ") + std::to_string(r);
+      if (!ranks.empty()) I.stop_who += (I.stop_who.empty() ? "" : "; ") + std::string(signal_name(sig)) + " on " + ranks;
+    }
+    if (I.stop_who.empty()) I.stop_who = std::string(signal_name(I.stop_signal)) + " on rank " + std::to_string(I.stop_rank);
   }
   if (stop != 0) I.stop_step = step_;  // the last step ends the run (bench infer finishes its row)
 
@@ -785,8 +797,7 @@ void Tracer::finish(bool truncated) {
       w.attr("/", "steps_completed", I.steps_completed);
       w.attr("/", "status", truncated ? "truncated" : "complete");
       if (I.stop_signal != 0)
-        w.attr("/", "stop_reason", std::string(signal_name(I.stop_signal)) + " on rank " + std::to_string(I.stop_rank) +
-                                       ", after step " + std::to_string(I.stop_step));
+        w.attr("/", "stop_reason", I.stop_who + ", after step " + std::to_string(I.stop_step));
       w.close_and_rename();
     });
     const IoLock lock = io_lock();
@@ -814,6 +825,7 @@ void Tracer::fail(const std::string& reason) {
 
 int Tracer::stop_signal() const { return impl_->stop_signal; }
 int Tracer::stop_rank() const { return impl_->stop_rank; }
+const std::string& Tracer::stop_who() const { return impl_->stop_who; }
 int64_t Tracer::stop_step() const { return impl_->stop_step; }
 int64_t Tracer::steps_completed() const { return impl_->steps_completed; }
 

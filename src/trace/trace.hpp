@@ -114,6 +114,8 @@ class Tracer {
   // when none).
   int stop_signal() const;
   int stop_rank() const;
+  // Every stop signal and the ranks that saw it ("SIGUSR1 on rank 0 and rank 2; SIGTERM on rank 1").
+  const std::string& stop_who() const;
   int64_t stop_step() const;
   int64_t steps_completed() const;
 

@@ -160,6 +160,27 @@ def case_signal_rank(c):
     signal_case(c, 4, 2, "SIGUSR1")
 
 
+def case_three_signals(c):
+    """Three signals on three ranks within one step: stop_reason names each, the exit code the largest."""
+    out = os.path.join(c.work, "sig3.h5")
+    p = subprocess.Popen(c.cmd(3, ["train", "--config", c.tiny, "out=" + out] + SLOW), env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.work)
+    c.wait_steps(p, out, 2)
+    pids = rank_pids(p.pid)
+    check(len(pids) == 3, f"ranks found: {pids}")
+    sent = [(0, "SIGUSR1"), (1, "SIGUSR2"), (2, "SIGHUP")]
+    for rank, name in sent:
+        os.kill(pids[rank], getattr(signal, name))
+    _, err = finish(p, 120)
+    t = c.ct.load(out)
+    reason = str(t.attrs.get("stop_reason", ""))
+    for rank, name in sent:
+        check(f"{name} on rank {rank}" in reason, f"stop_reason {reason!r} does not name {name} on rank {rank}")
+    check(p.returncode == 128 + signal.SIGUSR2, f"exit code {p.returncode}, expected 128 + SIGUSR2")
+    check("TRUNCATED" in err, "no TRUNCATED line on stderr")
+    print(f"stop_reason: {reason}")
+
+
 def case_usr1_mpirun(c):
     signal_case(c, 2, "mpirun", "SIGUSR1")
 
