@@ -207,6 +207,8 @@ Startup check_startup(const std::vector<std::string>& args, Comm& world, Watchdo
     s.row = find_mode(s.cli.mode, s.cli.bench);  // parse_cli checked it exists
     cfg.mode = s.row->mode;
     cfg.bench = s.row->bench;
+    // A key the mode does not read, given on the command line: refused, naming the modes it serves.
+    if (const std::string e = check_keys_for_mode(s.cli.overrides, mode_words(cfg)); !e.empty()) throw UsageError(e);
     validate_config(cfg, world.size());
     const MeshSpec mesh = parse_mesh(cfg.mesh, world.size());
     // Record the mesh in full (the trace and printouts then never show an implicit default).

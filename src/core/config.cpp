@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <numeric>
 #include <span>
+#include <stdexcept>
 #include <sstream>
 #include <toml.hpp>
 
@@ -130,8 +131,101 @@ int64_t exact_grain(const Config& cfg) {
 
 // The field table: name, member, default, help, choices, [min, max], extra check.
 // Parsing, --help, the rank-0 printout and the HDF5 /config attributes all come from here.
+namespace {
+
+// The mode column of the field table: which modes read each key (their run, validation, plan or
+// scan: a key whose value can change what the mode does, prints, writes or checks). Copying a key
+// into the trace's /config is not a read. Audited key by key at 1c406c0 (docs/faults.md).
+constexpr std::string_view kEvery = "";
+constexpr std::string_view kTrain = "train, bench train";
+constexpr std::string_view kInfer = "prefill, decode, chat";
+constexpr std::string_view kPredict = "predict";
+// The model's shape: every mode that builds a model, plans one or prices one.
+constexpr std::string_view kShape =
+    "run, attn, train, prefill, decode, chat, bench cp, bench train, bench infer, predict, bench calibrate";
+constexpr std::string_view kHeads =
+    "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer, predict, bench calibrate";
+constexpr std::string_view kMla = "attn, train, prefill, decode, chat, bench cp, bench train, bench infer, predict, bench calibrate";
+constexpr std::string_view kModelNumerics = "train, prefill, decode, chat, bench train, bench infer";  // norms, RoPE
+const std::pair<std::string_view, std::string_view> kModeColumn[] = {
+    {"out", kEvery}, {"mesh", kEvery}, {"device", kEvery}, {"threads", kEvery}, {"watchdog_s", kEvery},
+    {"steps", "run, train, prefill, decode, bench cp, bench train"},
+    {"warmup", "run, attn, train, prefill, decode, chat, bench comm, bench attn, bench cp, bench train, bench infer"},
+    {"seed", "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer"},
+    {"mem_per_rank", "run, attn, train, prefill, decode, chat, bench comm, bench attn, bench cp, bench train, bench infer, "
+                     "bench calibrate"},
+    {"csv", "run, bench comm, bench attn, bench cp, bench train, bench peak, bench infer, predict, bench calibrate"},
+    {"frugal", "train, bench cp, bench train"},
+    {"save_logits", kInfer},
+    {"cpu_check", "attn"},
+    {"deterministic", "train, prefill, decode, chat, bench cp, bench train, bench infer"},
+    {"deterministic_block", kTrain},
+    {"deterministic_heads", "train, prefill, decode, chat, bench cp, bench train, bench infer"},
+    {"seq", "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer, predict"},
+    {"heads", kHeads}, {"kv_heads", kHeads}, {"head_dim", kHeads},
+    {"strategy", "run, attn, train, prefill, decode, chat, bench comm, bench attn, bench cp, bench train, bench peak, "
+                 "bench infer, bench calibrate"},
+    {"partition", kPredict},
+    {"mask", "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer"},
+    {"window", kHeads},
+    {"docs", "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer, bench calibrate"},
+    {"doc_mean", "run, attn, train, bench cp, bench train"},
+    {"bench_min_bytes", "run, bench comm"}, {"bench_max_bytes", "run, bench comm"},
+    {"bench_iters", "run, bench comm, bench attn, bench infer"},
+    {"in", "attn"},
+    {"layers", kShape}, {"dim", kShape}, {"ffn_dim", kShape}, {"vocab", kShape},
+    {"norm_eps", kModelNumerics}, {"rope_theta", kModelNumerics}, {"rope_scale_factor", kModelNumerics},
+    {"rope_low_freq_factor", kModelNumerics}, {"rope_high_freq_factor", kModelNumerics},
+    {"rope_original_max_pos", kModelNumerics},
+    {"layer_pattern", kShape},
+    {"local_strategy", "run, attn, train, bench cp, bench train, predict, bench calibrate"},
+    {"attention", kShape},
+    {"q_lora_rank", kMla}, {"kv_lora_rank", kMla}, {"qk_nope_head_dim", kMla}, {"qk_rope_head_dim", kMla},
+    {"v_head_dim", kMla},
+    {"gdn_heads", kShape}, {"gdn_head_dim_k", kShape}, {"gdn_head_dim_v", kShape}, {"gdn_conv", kShape},
+    {"gdn_chunk", "run, attn, train, prefill, decode, chat, bench cp, bench train, predict, bench calibrate"},
+    {"gdn_schedule", "run, attn, train, prefill, decode, chat, bench cp, bench train, predict"},
+    {"gdn_state", kInfer},
+    {"lr", kTrain}, {"weight_decay", kTrain}, {"beta1", kTrain}, {"beta2", kTrain}, {"adam_eps", kTrain},
+    {"grad_clip", kTrain},
+    {"remat", "run, attn, train, bench cp, bench train, predict"},
+    {"offload", kTrain}, {"offload_chunk", kTrain}, {"checkpoint_every", kTrain}, {"checkpoint", kTrain},
+    {"resume", "train, prefill, decode, chat, bench train, bench infer"},
+    {"data", "train, bench train, bench calibrate"}, {"data_dtype", kTrain},
+    {"eos_id", "train, bench train, bench calibrate"},
+    {"dump_init", kTrain}, {"dump_steps", kTrain},
+    {"peak_tflops_per_rank", "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer"},
+    {"cp_algo", "prefill, decode, chat, bench infer"},
+    {"decode_algo", kInfer},
+    {"schedule", "chat"},
+    {"batch", "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer, predict"},
+    {"cached", "prefill, predict"}, {"miss_rate", "prefill, predict"},
+    {"hardware", kShape},
+    {"predict_mode", kPredict}, {"predict_mesh", kPredict}, {"predict_precision", kPredict}, {"sweep", kPredict},
+    {"predict_zero", kPredict},
+};
+
+std::vector<Field> with_mode_column(std::vector<Field> fields) {
+  for (Field& f : fields) {
+    bool found = false;
+    for (const auto& [name, modes] : kModeColumn)
+      if (name == f.name) f.modes = modes, found = true;
+    if (!found) throw std::logic_error("config: field " + std::string(f.name) + " has no row in the mode column");
+  }
+  return fields;
+}
+
+}  // namespace
+
+const std::vector<std::string>& mode_names_for_keys() {
+  static const std::vector<std::string> names = {"run", "attn", "train", "prefill", "decode", "chat", "bench comm",
+                                                 "bench attn", "bench cp", "bench train", "bench peak",
+                                                 "bench infer", "predict", "bench calibrate"};
+  return names;
+}
+
 const std::vector<Field>& config_fields() {
-  static const std::vector<Field> fields = {
+  static const std::vector<Field> fields = with_mode_column({
       // run
       {"out", &Config::out, "", "output file (trace; for `attn` the tensor results); default out/<mode>.h5", {}},
       {"mesh", &Config::mesh, "", "mesh axes, e.g. ring:4,ulysses:2 (omitted axes are 1; empty = ring:<ranks>)", {}, 0, -1, check_mesh},
@@ -248,8 +342,25 @@ const std::vector<Field>& config_fields() {
       enum_field<&Config::predict_precision>("predict_precision", kPrecisionNames, "auto", "predict: number formats (auto = the profile's default)"),
       {"sweep", &Config::sweep, "", "predict: one key and a list of values, e.g. sweep=seq=128K,256K,1M", {}},
       {"predict_zero", &Config::predict_zero, "false", "predict train: params, grads, AdamW state sharded over dp*cp (FSDP)", {}},
-  };
+  });
   return fields;
+}
+
+std::string check_keys_for_mode(const std::vector<std::string>& overrides, const std::string& mode) {
+  for (const std::string& o : overrides) {
+    std::string key = o.substr(0, o.find('='));
+    if (key.rfind("--", 0) == 0) key = key.substr(2);
+    const Field* f = nullptr;
+    for (const Field& x : config_fields())
+      if (x.name == key) f = &x;
+    if (!f || f->modes.empty()) continue;  // unknown keys: parse_config named them already
+    std::vector<std::string> modes;
+    split_list(f->modes, ',', modes);
+    if (std::find(modes.begin(), modes.end(), mode) != modes.end()) continue;
+    return "config: " + key + " (command line) is not read by `ctxpar " + mode + "`; it applies to " +
+           std::string(f->modes) + "; valid: leave it out, or run one of those modes";
+  }
+  return "";
 }
 
 bool parse_size(std::string_view t, int64_t& out) {

@@ -153,6 +153,9 @@ struct Field {
   // Extra check on the parsed value; returns "" when valid, else what would be valid.
   std::function<std::string(const Config&)> check = nullptr;
   std::vector<int32_t> values = {};       // enumerated fields: the enum value of each choice
+  // The modes that read it ("train, bench train"; "" = every mode): config.cpp's mode column.
+  // A key given on the command line to a mode that does not read it is refused.
+  std::string_view modes = "";
 };
 
 const std::vector<Field>& config_fields();
@@ -174,6 +177,13 @@ const StrategyChoices& strategy_choices();
 // ("key=value", "--key=value"); throws UsageError naming the field and what would be valid.
 Config parse_config(const std::string& toml_text, const std::string& toml_name,
                     const std::vector<std::string>& overrides);
+
+// "" when every key of `overrides` (the command line's key=value, --key=value) is read by the mode
+// `mode` ("train", "bench cp"); else the first one that is not, the modes that read it and what
+// to do. Keys of a --config file are exempt: a file is a preset shared by several modes.
+std::string check_keys_for_mode(const std::vector<std::string>& overrides, const std::string& mode);
+// The words of every mode ("run", ..., "bench calibrate"), for the mode column's test.
+const std::vector<std::string>& mode_names_for_keys();
 
 // Cross-field checks that need the world size (mesh product, divisibility, ...); throws UsageError.
 void validate_config(const Config& cfg, int world_size);

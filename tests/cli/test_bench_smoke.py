@@ -15,7 +15,11 @@ import h5py  # Debian's python3-h5py (CTXPAR_PYTHON is /usr/bin/python3)
 
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 tmp = tempfile.mkdtemp(prefix="ctxpar-bench-")
-SMALL = ["heads=4", "kv_heads=2", "head_dim=32", "bench_iters=3", "warmup=1"]
+# Each bench's small settings: only keys it reads (a key a mode does not read is refused).
+HEADS = ["heads=4", "kv_heads=2", "head_dim=32"]
+SMALL_OF = {"comm": ["bench_iters=3", "warmup=1"], "cp": HEADS + ["warmup=1"], "train": HEADS + ["warmup=1"],
+            "infer": HEADS + ["bench_iters=3", "warmup=1"], "peak": [], "calibrate": HEADS}
+SMALL = SMALL_OF["cp"]
 MODEL = ["layers=2", "dim=128", "ffn_dim=256", "vocab=256"]
 failures = []
 checks = 0
@@ -73,7 +77,7 @@ CASES = [
 ]
 for mode, np, extra, cols in CASES:
     name = f"bench {mode}"
-    rc, text = run(np, ["bench", mode] + SMALL + extra + ["--csv", "out=" + os.path.join(tmp, mode + ".h5")])
+    rc, text = run(np, ["bench", mode] + SMALL_OF[mode] + extra + ["--csv", "out=" + os.path.join(tmp, mode + ".h5")])
     expect(rc == 0, f"{name} exits 0 (rc {rc})", text)
     ts = tables(text)
     expect(len(ts) > 0 and all(len(t) > 0 for t in ts), f"{name} prints non-empty CSV tables", text)
@@ -82,7 +86,7 @@ for mode, np, extra, cols in CASES:
         expect(c in header, f"{name} CSV has column {c}", text)
     wrong = [r["wrong"] for t in ts for r in t if "wrong" in r]
     expect(len(wrong) > 0 and all(w == "0" for w in wrong), f"{name}: every #wrong is 0 ({wrong})", text)
-    rc, text = run(np, ["bench", mode] + SMALL + extra + ["out=" + os.path.join(tmp, mode + "-t.h5")])
+    rc, text = run(np, ["bench", mode] + SMALL_OF[mode] + extra + ["out=" + os.path.join(tmp, mode + "-t.h5")])
     expect(rc == 0 and "VALID" in text and "INVALID" not in text, f"{name} text table ends VALID", text)
 
 # A sliding window (local layers): a halo row first, moving fewer bytes than the ring beside it.
@@ -100,7 +104,7 @@ if "halo" in by and "ring" in by:
 # (kv_lora + rope) / (2 H (nope + rope)) = 40 / (2 * 4 * 24) here, plus the fp32 latent gradient
 # against fp32 dK/dV in the backward (the same share): about 0.21 with the metadata.
 rc, text = run(2, ["bench", "cp", "attention=mla", "heads=4", "kv_lora_rank=32", "qk_nope_head_dim=16",
-                   "qk_rope_head_dim=8", "v_head_dim=16", "seq=2K", "strategy=all", "bench_iters=2", "warmup=0",
+                   "qk_rope_head_dim=8", "v_head_dim=16", "seq=2K", "strategy=all", "warmup=0",
                    "--csv", "out=" + os.path.join(tmp, "cp-mla.h5")])
 rows = [r for t in tables(text) for r in t if "strategy" in r]
 by = {r["strategy"]: r for r in rows if r.get("seq") == "2048"}
@@ -113,7 +117,7 @@ if "ring" in by and "ring:kv" in by:
 expect("ulysses" in by and by["ulysses"]["check"] == "skipped", "ulysses is skipped for MLA", text)
 
 # bench train's MFU against the FMA loop: the rate over the peak it recorded, below 100 %.
-rc, text = run(2, ["bench", "train"] + SMALL + ["seq=512", "steps=2"] + MODEL + ["--csv", "out=" + os.path.join(tmp, "train-fma.h5")])
+rc, text = run(2, ["bench", "train"] + SMALL_OF["train"] + ["seq=512", "steps=2"] + MODEL + ["--csv", "out=" + os.path.join(tmp, "train-fma.h5")])
 rows = [r for t in tables(text) for r in t if "mfu_fma_pct" in r]
 with h5py.File(os.path.join(tmp, "train-fma.h5"), "r") as f:
     fma = float(f.attrs.get("fma_peak_flops_per_rank", 0))
@@ -139,7 +143,7 @@ with h5py.File(os.path.join(tmp, "peak-t.h5"), "r") as f:
 
 # bench calibrate writes the profile it is given, never the repository's inputs/hardware/local.toml.
 prof = os.path.join(tmp, "local.toml")
-rc, text = run(2, ["bench", "calibrate", "seq=1K", "hardware=" + prof] + SMALL + ["out=" + os.path.join(tmp, "cal.h5")])
+rc, text = run(2, ["bench", "calibrate", "hardware=" + prof] + SMALL_OF["calibrate"] + ["out=" + os.path.join(tmp, "cal.h5")])
 expect(rc == 0 and os.path.exists(prof), "bench calibrate writes hardware=FILE", text)
 if os.path.exists(prof):
     body = open(prof).read()

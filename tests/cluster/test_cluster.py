@@ -24,8 +24,8 @@ CLUSTER = os.path.join(SRC, "tests", "cluster", "cluster.sh")
 os.makedirs(WORK, exist_ok=True)
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 TINY = os.path.join(SRC, "inputs", "tiny.toml")
-MODEL = ["layers=2", "dim=64", "ffn_dim=128", "vocab=101", "heads=4", "kv_heads=2", "head_dim=16", "threads=1",
-         "seq=256", "steps=2", "warmup=0"]
+SHAPE = ["layers=2", "dim=64", "ffn_dim=128", "vocab=101", "heads=4", "kv_heads=2", "head_dim=16", "threads=1"]
+MODEL = SHAPE + ["seq=256", "steps=2", "warmup=0"]  # bench calibrate takes SHAPE: it sets its own seq and steps
 failures = []
 
 
@@ -90,7 +90,7 @@ prof = os.path.join(WORK, "two_hosts.toml")
 if os.path.exists(prof):
     os.remove(prof)
 rc, out = run(["bash", CLUSTER, "--hosts", "2", "--ranks-per-host", "2", "--", CTXPAR, "bench", "calibrate",
-               "--config", TINY, *MODEL, "hardware=" + prof, "out=" + os.path.join(WORK, "cal.h5")], timeout=400)
+               "--config", TINY, *SHAPE, "hardware=" + prof, "out=" + os.path.join(WORK, "cal.h5")], timeout=400)
 check(rc == 0 and os.path.exists(prof), "bench calibrate on 2 hosts x 2 ranks writes the profile:\n" + out[-3000:])
 if os.path.exists(prof):
     vals = {}

@@ -2,6 +2,8 @@
 // with a message that names the field and what would be valid.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "cp/strategy.hpp"
@@ -33,6 +35,25 @@ TEST(Config, DefaultsComeFromTheTable) {
 
 // The strategy fields take the names the program states (the registry's); before it states any,
 // parsing refuses every name rather than letting one through unchecked.
+// The mode column names only real modes, and a key a mode does not read is refused on the command
+// line, in either form, naming the modes that read it; keys every mode reads pass.
+TEST(Config, KeysAModeDoesNotReadAreRefused) {
+  const std::vector<std::string>& all = mode_names_for_keys();
+  for (const Field& f : config_fields()) {
+    std::vector<std::string> modes;
+    if (f.modes.empty()) continue;
+    ASSERT_EQ(split_list(f.modes, ',', modes), "") << f.name;
+    for (const std::string& m : modes)
+      EXPECT_NE(std::find(all.begin(), all.end(), m), all.end()) << f.name << ": '" << m << "' is not a mode";
+  }
+  const std::string e = check_keys_for_mode({"seq=1K", "cp_algo=pass_q"}, "train");
+  EXPECT_NE(e.find("cp_algo (command line) is not read by `ctxpar train`"), std::string::npos) << e;
+  EXPECT_NE(e.find("prefill, decode, chat, bench infer"), std::string::npos) << e;
+  EXPECT_NE(check_keys_for_mode({"--lr=1e-3"}, "chat").find("lr (command line)"), std::string::npos);
+  EXPECT_EQ(check_keys_for_mode({"threads=1", "out=x.h5", "mesh=ring:2"}, "bench peak"), "");
+  EXPECT_EQ(check_keys_for_mode({"cp_algo=pass_q", "save_logits=true"}, "chat"), "");
+}
+
 TEST(Config, StrategyNamesComeFromTheProgram) {
   const StrategyChoices held = strategy_choices();
   EXPECT_EQ(error_of("", {"strategy=usp", "local_strategy=halo"}), "");
