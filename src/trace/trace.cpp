@@ -95,6 +95,14 @@ StepRow make_step_row(const StepRecord& root, const std::vector<RankStepRow>& ra
   return row;
 }
 
+std::string non_finite_field(const StepRow& row) {
+  for (const auto& [name, x] : {std::pair{"time_s", row.time_s}, {"model_flops", row.model_flops}, {"mfu", row.mfu},
+                                {"tflops_per_rank", row.tflops_per_rank}, {"exposed_comm_s", row.exposed_comm_s},
+                                {"loss", row.loss}, {"ttft_s", row.ttft_s}, {"ttit_s", row.ttit_s}})
+    if (!std::isfinite(x)) return std::string(name) + " is " + number_text(x);
+  return "";
+}
+
 ClockOffset estimate_clock_offset(const std::vector<ClockSample>& samples) {
   ClockOffset best;
   double best_rtt = INFINITY;
@@ -731,6 +739,10 @@ bool Tracer::end_step(const StepRecord& local) {
     StepRecord root = local;
     root.step = step_;
     const StepRow row = trace_detail::make_step_row(root, per_rank, I.peak_flops_per_rank);
+    // Every number of the step's row is finite (the modes stop on a non-finite loss first): a
+    // NaN or Inf here is a fault of what measured it, named, and never written.
+    if (const std::string bad = trace_detail::non_finite_field(row); !bad.empty())
+      fail_run("trace: step " + std::to_string(step_) + ": " + bad + "; not written (the steps before it are)");
     I.rows.push_back(row);
     I.on_writer([&](H5TraceWriter& w) {
       w.append_spans(all_spans);

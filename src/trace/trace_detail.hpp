@@ -54,6 +54,8 @@ constexpr int kRankStatsDoubles = 5;  // time_s, exposed_comm_s, peak_bytes, pea
 //   mfu             = model_flops / (time_s * peak_flops_per_rank * P)   (0 when peak <= 0)
 StepRow make_step_row(const StepRecord& root, const std::vector<RankStepRow>& ranks,
                       double peak_flops_per_rank);
+// "" when every number of `row` is finite, else the first that is not: "tflops_per_rank is inf".
+std::string non_finite_field(const StepRow& row);
 
 // One ping-pong of the clock synchronization, in seconds: rank 0 read t0_s before it sent,
 // rank r read tr_s on its own clock after it received rank 0's message and before it answered,

@@ -75,6 +75,17 @@ TEST(TraceMath, StepRowTakesMaximaOverRanksAndDerivesRates) {
   EXPECT_DOUBLE_EQ(no_peak.tflops_per_rank, 1.0);
 }
 
+// A step row is written only when every number in it is finite; the first one that is not is named.
+TEST(TraceMath, NonFiniteStepValuesAreNamed) {
+  StepRow row;
+  row.time_s = 0.5, row.model_flops = 1e12, row.tflops_per_rank = 2, row.loss = 3.25;
+  EXPECT_EQ(non_finite_field(row), "");
+  row.tflops_per_rank = INFINITY;
+  EXPECT_EQ(non_finite_field(row), "tflops_per_rank is inf");
+  row.tflops_per_rank = 2, row.loss = NAN;
+  EXPECT_EQ(non_finite_field(row), "loss is nan");
+}
+
 TEST(TraceMath, ClockOffsetFromShortestRoundTrip) {
   // Rank r's clock runs 2.5 s ahead of rank 0's. One-way delays differ per sample; the
   // estimate must come from the sample with the shortest round trip and be within its bound.
