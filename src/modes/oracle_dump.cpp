@@ -1,6 +1,8 @@
 #include "modes/oracle_dump.hpp"
 
 #include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/stats.hpp"
 #include "dist/topology.hpp"
 #include "io/h5_checkpoint.hpp"
 #include "model/checkpoint.hpp"
@@ -49,6 +51,10 @@ void OracleDump::write(const std::vector<double>& losses, const TokenSource& src
     const int64_t n_steps = int64_t(losses.size()), S = cfg_.seq;
     std::vector<int32_t> tokens(static_cast<size_t>(n_steps * S)), doc(static_cast<size_t>(n_steps * S));
     for (int64_t s = 0; s < n_steps; ++s) src.sample(s, S, tokens.data() + s * S, doc.data() + s * S);
+    // Never a NaN or Inf in the dump unannounced (the oracle would compare against it).
+    for (const H5Tensor& x : t)
+      if (const std::string bad = first_non_finite(x.data, {x.rows, x.cols}); !bad.empty())
+        fail_run("oracle dump: tensor " + x.name + " has " + bad + " ([row, col]); " + cfg_.dump_init + " not written");
     const Config& c = cfg_;
     H5Attrs a;
     a.ints = {{"layers", c.layers}, {"dim", c.dim}, {"ffn_dim", c.ffn_dim}, {"vocab", c.vocab}, {"heads", c.heads},

@@ -741,7 +741,12 @@ bool Tracer::end_step(const StepRecord& local) {
     const StepRow row = trace_detail::make_step_row(root, per_rank, I.peak_flops_per_rank);
     // Every number of the step's row is finite (the modes stop on a non-finite loss first): a
     // NaN or Inf here is a fault of what measured it, named, and never written.
-    if (const std::string bad = trace_detail::non_finite_field(row); !bad.empty())
+    std::string bad = trace_detail::non_finite_field(row);
+    for (const RankStepRow& rr : per_rank)  // and each rank's own row (/rank_steps)
+      if (bad.empty() && !(std::isfinite(rr.time_s) && std::isfinite(rr.exposed_comm_s)))
+        bad = "rank " + std::to_string(rr.rank) + "'s time_s or exposed_comm_s is " +
+              number_text(std::isfinite(rr.time_s) ? rr.exposed_comm_s : rr.time_s);
+    if (!bad.empty())
       fail_run("trace: step " + std::to_string(step_) + ": " + bad + "; not written (the steps before it are)");
     I.rows.push_back(row);
     I.on_writer([&](H5TraceWriter& w) {
