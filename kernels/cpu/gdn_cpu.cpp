@@ -49,6 +49,39 @@ int head_end(const GdnParams& p) { return p.head_end > 0 ? p.head_end : p.H; }
 
 float scale_of(const GdnParams& p) { return p.scale != 0 ? p.scale : 1.0f / std::sqrt(float(p.Dk)); }
 
+// The scratch of one chunk of n rows: views into floats that its owner provides (Chunk::floats).
+struct Chunk {
+  int64_t t0 = 0;
+  int32_t n = 0;
+  // [n, n]: D_ij = exp(G_i - G_j) for j <= i (the decay from j to i); Tinv = (I + A)^-1
+  float *KK, *QK, *A, *Pb, *D, *Tinv;
+  float *Uv, *Wk, *E, *Rk;    // [n, Dv], [n, Dk], [n, Dk], [n, Dk] (diag(gamma) K)
+  float *G, *gam, *bw, *w, *b;  // [n]
+  float gam_last = 1;
+  double* rowd = nullptr;  // [n]: one row of D in double while it is built (the owner's)
+  static int64_t floats(const GdnParams& p, int64_t n) { return 6 * n * n + n * (p.Dv + 3 * p.Dk) + 5 * n; }
+  // The views of a chunk of up to `rows` rows at x (Chunk::floats(p, rows) of them).
+  void place(const GdnParams& p, float* x, int64_t rows) {
+    for (float** v : {&KK, &QK, &A, &Pb, &D, &Tinv}) *v = x, x += rows * rows;
+    Uv = x, x += rows * p.Dv;
+    Wk = x, x += rows * p.Dk;
+    E = x, x += rows * p.Dk;
+    Rk = x, x += rows * p.Dk;
+    for (float** v : {&G, &gam, &bw, &w, &b}) *v = x, x += rows;
+  }
+};
+
+// One thread's Chunk for chunks of up to `rows` rows, with its own storage (the forward passes).
+struct OwnedChunk {
+  std::vector<float> buf;
+  std::vector<double> rowd;
+  Chunk c;
+  OwnedChunk(const GdnParams& p, int64_t rows) : buf(size_t(Chunk::floats(p, rows)), 0.0f), rowd(size_t(rows), 0.0) {
+    c.place(p, buf.data(), rows);
+    c.rowd = rowd.data();
+  }
+};
+
 // The chunks of a call: each document (a run of equal p.doc ids; the whole sequence without
 // p.doc) cut at its borders and at the call's multiples of p.chunk (counted from token 0), so a
 // chunk never crosses either; `reset`: the chunk starts a document after the first (or the first,
@@ -72,8 +105,12 @@ struct ChunkTable {
   int cmax = 1;             // the longest chunk (at most p.chunk): the size of the per-thread scratch
   // Scratch of a backward pass over one head: every chunk's prepared state (Chunk::floats each).
   int64_t prepared_floats = 0;
+  // The state at each chunk's start, kept by the backward only where it is not zero (a document's
+  // first chunk restarts from zero): the chunk's slot among the kept ones, or -1. At most one per
+  // p.chunk rows and the call's first, whatever the documents.
+  std::vector<int64_t> state_slot;
+  int64_t kept_states = 0;
 };
-int64_t chunk_floats(const GdnParams& p, int64_t n);
 ChunkTable chunk_table(const GdnParams& p) {
   ChunkTable tab;
   std::vector<Span>& v = tab.spans;
@@ -95,44 +132,11 @@ ChunkTable chunk_table(const GdnParams& p) {
     sp.ws_off = tab.ws_per_head;
     tab.ws_per_head += chunk_ws_floats(p, sp.n);
     tab.cmax = std::max(tab.cmax, sp.n);
-    tab.prepared_floats += chunk_floats(p, sp.n);
+    tab.prepared_floats += Chunk::floats(p, sp.n);
+    tab.state_slot.push_back(sp.reset ? -1 : tab.kept_states++);
   }
   return tab;
 }
-
-// The scratch of one chunk of n rows: views into floats that its owner provides (Chunk::floats).
-struct Chunk {
-  int64_t t0 = 0;
-  int32_t n = 0;
-  // [n, n]: D_ij = exp(G_i - G_j) for j <= i (the decay from j to i); Tinv = (I + A)^-1
-  float *KK, *QK, *A, *Pb, *D, *Tinv;
-  float *Uv, *Wk, *E, *Rk;    // [n, Dv], [n, Dk], [n, Dk], [n, Dk] (diag(gamma) K)
-  float *G, *gam, *bw, *w, *b;  // [n]
-  float gam_last = 1;
-  double* rowd = nullptr;  // [n]: one row of D in double while it is built (the owner's)
-  static int64_t floats(const GdnParams& p, int64_t n) { return 6 * n * n + n * (p.Dv + 3 * p.Dk) + 5 * n; }
-  // The views of a chunk of up to `rows` rows at x (Chunk::floats(p, rows) of them).
-  void place(const GdnParams& p, float* x, int64_t rows) {
-    for (float** v : {&KK, &QK, &A, &Pb, &D, &Tinv}) *v = x, x += rows * rows;
-    Uv = x, x += rows * p.Dv;
-    Wk = x, x += rows * p.Dk;
-    E = x, x += rows * p.Dk;
-    Rk = x, x += rows * p.Dk;
-    for (float** v : {&G, &gam, &bw, &w, &b}) *v = x, x += rows;
-  }
-};
-int64_t chunk_floats(const GdnParams& p, int64_t n) { return Chunk::floats(p, n); }
-
-// One thread's Chunk for chunks of up to `rows` rows, with its own storage (the forward passes).
-struct OwnedChunk {
-  std::vector<float> buf;
-  std::vector<double> rowd;
-  Chunk c;
-  OwnedChunk(const GdnParams& p, int64_t rows) : buf(size_t(Chunk::floats(p, rows)), 0.0f), rowd(size_t(rows), 0.0) {
-    c.place(p, buf.data(), rows);
-    c.rowd = rowd.data();
-  }
-};
 
 // The loops outside the GEMMs, compiled for AVX-512, AVX2 and baseline x86-64 and chosen at load
 // time (GCC function multiversioning), so the portable binary vectorizes them at full width.
@@ -339,9 +343,7 @@ int64_t gdn_thread_scratch_floats(const GdnParams& p, bool backward) {
     throw std::invalid_argument("gdn_thread_scratch_floats: T >= 0, chunk, Dk and Dv >= 1");
   const ChunkTable tab = chunk_table(p);
   if (!backward) return fwd_floats(p, tab.cmax);
-  int64_t kept = 0;
-  for (const Span& sp : tab.spans) kept += sp.reset ? 0 : 1;
-  return tab.prepared_floats + kept * int64_t(p.Dk) * p.Dv + bwd_fixed_floats(tab.cmax, p.Dk, p.Dv);
+  return tab.prepared_floats + tab.kept_states * int64_t(p.Dk) * p.Dv + bwd_fixed_floats(tab.cmax, p.Dk, p.Dv);
 }
 
 int64_t gdn_thread_scratch_bound(int64_t T, int32_t Dk, int32_t Dv, int32_t chunk, bool backward) {
@@ -479,13 +481,8 @@ void gdn_bwd(const GdnParams& p) {
       chunks[size_t(c)].place(p, prepared.data() + off, spans[size_t(c)].n);
       chunks[size_t(c)].rowd = rowd.data();
     }
-    // The state at each chunk's start, kept only where it is not zero (a document's first chunk
-    // restarts from zero): at most one per p.chunk rows and the call's first, whatever the documents.
-    std::vector<int64_t> slot(static_cast<size_t>(nc), -1);
-    int64_t kept = 0;
-    for (int64_t c = 0; c < nc; ++c)
-      if (!spans[size_t(c)].reset) slot[size_t(c)] = kept++;
-    if (int64_t(states.size()) < kept * SS) states.resize(size_t(kept * SS));
+    const std::vector<int64_t>& slot = tab.state_slot;
+    if (int64_t(states.size()) < tab.kept_states * SS) states.resize(size_t(tab.kept_states * SS));
     const std::vector<float> zero_state(size_t(SS), 0.0f);
     std::vector<float> S(SS), U(C * Dv), dS(SS), dS0(SS);
     std::vector<float> Ub(C * Dv), dUb(C * Dv), dU(C * Dv), dWk(C * Dk), dE(C * Dk), dPb(C * C), dA(C * C),

@@ -346,13 +346,17 @@ const std::vector<Field>& config_fields() {
   return fields;
 }
 
+static const Field* find_field(std::string_view name) {
+  for (const Field& f : config_fields())
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
 std::string check_keys_for_mode(const std::vector<std::string>& overrides, const std::string& mode) {
   for (const std::string& o : overrides) {
     std::string key = o.substr(0, o.find('='));
     if (key.rfind("--", 0) == 0) key = key.substr(2);
-    const Field* f = nullptr;
-    for (const Field& x : config_fields())
-      if (x.name == key) f = &x;
+    const Field* f = find_field(key);
     if (!f || f->modes.empty()) continue;  // unknown keys: parse_config named them already
     std::vector<std::string> modes;
     split_list(f->modes, ',', modes);
@@ -464,11 +468,6 @@ static void refuse_retired(std::string_view key, const std::string& where) {
     if (r.name == key) throw UsageError("config: " + std::string(key) + " (" + where + ") " + std::string(r.message));
 }
 
-static const Field* find_field(std::string_view name) {
-  for (const Field& f : config_fields())
-    if (f.name == name) return &f;
-  return nullptr;
-}
 
 // Closest field name (edit distance ≤ 2) for "did you mean".
 static std::string suggest(std::string_view key) {

@@ -302,10 +302,10 @@ std::string input_scale_note(const AttnTensors& x, const CpCall& s, Comm& world)
 // The results in global token order, written by world rank 0 (CP rank 0 of its group; every dp/tp
 // replica computed the same attention), with the generated inputs and the call's description.
 // Returns "" (on every rank but 0 always), or on rank 0 why nothing was written: a result that is
-// not finite, named with its index, and `scale` (input_scale_note).
+// not finite, named with its index.
 std::string write_attn_results(const Config& cfg, Topology& topo, const Partition& part, const CpCall& s,
                                const CpStrategy& strat, const AttnTensors& t, const GpuRun& gpu,
-                               const std::vector<std::pair<std::string, double>>& cpu_diff, const std::string& scale) {
+                               const std::vector<std::pair<std::string, double>>& cpu_diff) {
   Comm& cpc = topo.cp();
   const int64_t S = s.S_q, wq = int64_t(s.H_q) * s.D, wk = int64_t(s.H_kv) * s.D;
   const std::vector<float> O = gather_rows_global(cpc, part, t.o.span(), wq);
@@ -320,7 +320,7 @@ std::string write_attn_results(const Config& cfg, Topology& topo, const Partitio
   for (const auto& [name, r] : results)
     if (const std::string bad = first_non_finite(r.first->data(), r.second); !bad.empty())
       return std::string("attn: result ") + name + " has " + bad + " (" + (r.second.size() == 2 ? "[token, head]" : "[token, head, dim]") +
-             "); nothing written to " + attn_result_path(cfg) + "; " + scale;
+             "); nothing written to " + attn_result_path(cfg);
   const bool from_file = !cfg.in.empty(), on_gpu = cfg.device == Device::cuda;
   const uint64_t seed = uint64_t(cfg.seed);
   TensorFileWriter w(attn_result_path(cfg));
@@ -445,9 +445,9 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   rec.tflops_per_rank = flops / (rec.time_s * world.size()) / 1e12;
   rec.exposed_comm_s = mx[2];
   tracer.end_step(rec);
-  const std::string scale = input_scale_note(x, s, world);
-  if (const std::string bad = agree_on_error(world, write_attn_results(cfg, topo, part, s, *strat, x, gpu, cpu_diff, scale));
+  if (std::string bad = agree_on_error(world, write_attn_results(cfg, topo, part, s, *strat, x, gpu, cpu_diff));
       !bad.empty()) {
+    bad += "; " + input_scale_note(x, s, world);  // every rank is here: the note's reduction is collective
     err0("ctxpar: %s\n", bad.c_str());
     tracer.fail(bad);
     return kExitFault;
