@@ -104,7 +104,8 @@ int run(int argc, char** argv, Comm& world, Watchdog& startup) {
     startup.stop();  // the trace's watchdog has taken over
     try {
       rc = row->run(cfg, *topo, tracer);
-    } catch (const RunFailed& e) {  // every rank at once; the trace already says failed
+    } catch (const RunFailed& e) {  // every rank at once
+      tracer.fail(e.what());         // where the thrower has not marked the trace failed (collective)
       err0("ctxpar: %s\n", e.what());
       rc = kExitFault;
     } catch (const std::bad_alloc&) {

@@ -43,9 +43,17 @@ struct UsageError : std::runtime_error {
 };
 
 // A fault every rank learned of at the same point (a collective agreed on it, e.g. the trace's
-// disk is full): the trace is already marked failed; thrown on every rank, caught in main, which
-// prints it once on rank 0; every rank exits with code 3 without aborting the job.
+// disk is full): thrown on every rank, caught in main, which marks the trace failed (where the
+// thrower has not), prints it once on rank 0; every rank exits with code 3 without aborting the
+// job (an abort is what a fault must do only where the other ranks cannot be told).
 struct RunFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A fault of work one rank does alone that the other ranks will wait for (rank 0 writing a file
+// the disk refuses, a tensor found not finite before it is written): thrown there, and turned into
+// RunFailed on every rank where they meet again (dist/comm.hpp run_then_agree).
+struct LocalFault : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 

@@ -36,6 +36,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/memory.hpp"
 #include "dtype.hpp"
 
@@ -224,6 +225,19 @@ std::string comm_library_version();
 // Agreement on an input error: every rank passes its own message ("" = fine); all ranks return
 // the first non-empty message in rank order (so rank 0 prints it and all exit alike).
 std::string agree_on_error(Comm& comm, const std::string& my_error);
+
+// Runs `f`, the part of a collective step that some ranks do alone (rank 0 writes a file), then
+// agrees: a LocalFault on any rank ends the run on every rank alike (RunFailed with the lowest
+// such rank's message; main marks the trace failed, exit 3), with no job abort. Collective.
+template <class F> void run_then_agree(Comm& comm, F&& f) {
+  std::string mine;
+  try {
+    f();
+  } catch (const LocalFault& e) {
+    mine = e.what();
+  }
+  if (std::string msg = agree_on_error(comm, mine); !msg.empty()) throw RunFailed(msg);
+}
 
 // Measured all-to-all rate over `comm` in bytes leaving a rank per second: every rank sends
 // `part_bytes` to every rank, the receive buffer allocated per call as the strategies do (its

@@ -19,20 +19,24 @@ using h5::fatal_on_error;
 void h5_write_tensors(const std::string& path, const H5Attrs& attrs, const std::vector<H5Tensor>& tensors,
                       const std::vector<H5IntTensor>& ints) {
   const IoLock lock = io_lock();
-  fatal_on_error([&] {
-    AtomicFile out(path, /*keep_abandoned=*/false);
+  h5::local_fault_on_error([&] {
+    AtomicFile out(path, /*keep_abandoned=*/false);  // an uncommitted partial file is removed
     const std::string& tmp = out.partial_path();
-    {
-      Handle f(h5::create_file(tmp), H5Fclose);
-      for (const auto& [k, v] : attrs.ints) h5::attr_i64(f.get(), k, v, tmp);
-      for (const auto& [k, v] : attrs.doubles) h5::attr_f64(f.get(), k, v, tmp);
-      for (const auto& [k, v] : attrs.strings) h5::attr_string(f.get(), k, v, h5::Str::fixed, tmp);
+    const hid_t f = h5::create_file(tmp);
+    try {
+      for (const auto& [k, v] : attrs.ints) h5::attr_i64(f, k, v, tmp);
+      for (const auto& [k, v] : attrs.doubles) h5::attr_f64(f, k, v, tmp);
+      for (const auto& [k, v] : attrs.strings) h5::attr_string(f, k, v, h5::Str::fixed, tmp);
       for (const H5Tensor& t : tensors)
-        h5::write_dataset(f.get(), t.name, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, {hsize_t(t.rows), hsize_t(t.cols)}, t.data, tmp);
+        h5::write_dataset(f, t.name, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, {hsize_t(t.rows), hsize_t(t.cols)}, t.data, tmp);
       for (const H5IntTensor& t : ints)
-        h5::write_dataset(f.get(), t.name, H5T_NATIVE_INT32, H5T_STD_I32LE, {hsize_t(t.n)}, t.data, tmp);
-      h5::check_status(H5Fflush(f.get(), H5F_SCOPE_GLOBAL), "H5Fflush", tmp);
-    }  // closed before the rename
+        h5::write_dataset(f, t.name, H5T_NATIVE_INT32, H5T_STD_I32LE, {hsize_t(t.n)}, t.data, tmp);
+      h5::check_status(H5Fflush(f, H5F_SCOPE_GLOBAL), "H5Fflush", tmp);
+    } catch (const std::runtime_error&) {
+      h5::close_written_file(f, tmp, /*discard=*/true);
+      throw;
+    }
+    h5::close_written_file(f, tmp, /*discard=*/false);  // before the rename
     out.commit();
   });
 }

@@ -33,7 +33,8 @@ struct H5Attrs {
   std::vector<std::pair<std::string, std::string>> strings;
 };
 
-// Writes everything to path + ".partial", closes it, renames to path. Fatal on I/O errors.
+// Writes everything to path + ".partial", closes it, renames to path. An I/O error removes the
+// partial file and throws LocalFault (core/error.hpp): the caller's ranks agree on it.
 void h5_write_tensors(const std::string& path, const H5Attrs& attrs, const std::vector<H5Tensor>& tensors,
                       const std::vector<H5IntTensor>& ints = {});
 

@@ -47,6 +47,16 @@ hid_t create_file(const std::string& path) {
   return f;
 }
 
+void close_written_file(hid_t f, const std::string& path, bool discard) {
+  if (discard) {
+    std::error_code ec;  // best effort: a close that still fails ends below
+    std::filesystem::resize_file(path, 0, ec);
+  }
+  if (H5Fclose(f) < 0)
+    fail_run("I/O error: cannot close '" + path + "' (its data could not be written: " +
+             (discard ? "a write failed before" : "the disk refused the last of it") + ")");
+}
+
 bool is_hdf5_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return false;

@@ -37,6 +37,10 @@ class Handle {
 // HDF5's automatic error-stack printing off, once per process (create_file and open_read_only
 // call it; every file of src/io is opened through them).
 void quiet_error_stack();
+// Closes a file this process writes. `discard`: after a failed write, its contents to be thrown
+// away: the file is emptied first, so the close's own flush has room on a full disk. A close that
+// fails leaves HDF5 unable to go on (1.10 segfaults at its exit on such a file): fail_run.
+void close_written_file(hid_t f, const std::string& path, bool discard);
 // Creates the file (truncating), or opens it read-only: a file that is not HDF5 (or absent)
 // throws std::runtime_error("... cannot open ...") without HDF5's error stack.
 hid_t create_file(const std::string& path);
@@ -53,6 +57,17 @@ template <class F> auto fatal_on_error(F&& f) -> decltype(f()) {
     return f();
   } catch (const std::runtime_error& e) {
     fail_run(std::string("I/O error: ") + e.what());
+  }
+}
+// Runs f; an HDF5 or file-system failure becomes a LocalFault ("I/O error: ..."): for the writers
+// one rank runs while the others wait to agree (dist/comm.hpp run_then_agree).
+template <class F> auto local_fault_on_error(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const LocalFault&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw LocalFault(std::string("I/O error: ") + e.what());
   }
 }
 

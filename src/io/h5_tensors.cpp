@@ -89,8 +89,8 @@ void TensorFileReader::read_rows(const std::string& name, int64_t begin, int64_t
 // ---- writer ---------------------------------------------------------------------------------
 
 TensorFileWriter::TensorFileWriter(const std::string& path)
-    : out_(fatal_on_error([&] { return std::make_unique<AtomicFile>(path, /*keep_abandoned=*/false); })) {
-  file_ = fatal_on_error([&] { return h5::create_file(out_->partial_path()); });
+    : out_(h5::local_fault_on_error([&] { return std::make_unique<AtomicFile>(path, /*keep_abandoned=*/false); })) {
+  file_ = h5::local_fault_on_error([&] { return h5::create_file(out_->partial_path()); });
 }
 
 TensorFileWriter::~TensorFileWriter() {
@@ -101,10 +101,10 @@ template <class F> void TensorFileWriter::guarded(F&& f) {
   try {
     f();
   } catch (const std::runtime_error& e) {
-    if (file_ >= 0) H5Fclose(hid_t(file_));
+    if (file_ >= 0) h5::close_written_file(hid_t(file_), out_->partial_path(), /*discard=*/true);
     file_ = -1;
     out_.reset();  // uncommitted: removes NAME.partial
-    fail_run(std::string("I/O error: ") + e.what());
+    throw LocalFault(std::string("I/O error: ") + e.what());
   }
 }
 
@@ -130,12 +130,10 @@ void TensorFileWriter::attr(const std::string& name, const std::string& value) {
 }
 
 void TensorFileWriter::commit() {
-  guarded([&] {
-    const bool closed = H5Fclose(hid_t(file_)) >= 0;  // flushes: a full disk can fail here
-    file_ = -1;
-    if (!closed) throw std::runtime_error("cannot close '" + out_->partial_path() + "' (its data could not be written)");
-  });
-  fatal_on_error([&] { out_->commit(); });
+  guarded([&] { h5::check_status(H5Fflush(hid_t(file_), H5F_SCOPE_GLOBAL), "H5Fflush", out_->partial_path()); });
+  h5::close_written_file(hid_t(file_), out_->partial_path(), /*discard=*/false);
+  file_ = -1;
+  h5::local_fault_on_error([&] { out_->commit(); });
 }
 
 }  // namespace ctxpar

@@ -44,7 +44,7 @@ class TensorFileReader {
 
 // Writes NAME.partial and renames it to NAME on commit() (io/atomic_file.hpp); a writer destroyed
 // without commit() removes the partial file, so an existing NAME is never replaced by a partial
-// result.
+// result. An I/O error removes the partial file and throws LocalFault (core/error.hpp).
 class TensorFileWriter {
  public:
   explicit TensorFileWriter(const std::string& path);

@@ -66,14 +66,18 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayo
   const auto gp = gather_global_tensors(layout, params, topo);
   const auto gm = gather_global_tensors(layout, m, topo);
   const auto gv = gather_global_tensors(layout, v, topo);
-  if (topo.world().rank() == 0) {
+  // Rank 0 writes; every rank then agrees on how that went (a full disk ends the run on every rank
+  // alike, exit 3), and nobody goes on (e.g. to a job end that a test then inspects) before the
+  // file is in place.
+  run_then_agree(topo.world(), [&] {
+    if (topo.world().rank() != 0) return;
     const auto& info = layout.tensors();
     // Never a NaN or Inf in a checkpoint (a resume would refuse it): the last complete one stays.
     for (size_t i = 0; i < info.size(); ++i)
       for (const auto& [group, g] : {std::pair{"params/", &gp}, {"adam_m/", &gm}, {"adam_v/", &gv}})
         if (const std::string bad = first_non_finite((*g)[i].data(), {info[i].rows, info[i].cols}); !bad.empty())
-          fail_run("checkpoint at step " + std::to_string(st.step) + ": " + group + info[i].name + " has " + bad +
-                   " ([row, col]); not written, " + path + " keeps the last complete checkpoint");
+          throw LocalFault("checkpoint at step " + std::to_string(st.step) + ": " + group + info[i].name + " has " + bad +
+                           " ([row, col]); not written, " + path + " keeps the last complete checkpoint");
     std::vector<H5Tensor> t;
     for (size_t i = 0; i < info.size(); ++i) {
       t.push_back({"params/" + info[i].name, info[i].rows, info[i].cols, gp[i].data()});
@@ -86,9 +90,7 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayo
     for (const Field& f : config_fields())
       if (identity_key(f.name)) a.strings.emplace_back(std::string(f.name), field_text(cfg, f));
     h5_write_tensors(path, a, t);
-  }
-  // Nobody goes on (e.g. to a job end that a test then inspects) before the file is in place.
-  topo.world().barrier();
+  });
 }
 
 std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, int64_t* step) {

@@ -302,7 +302,7 @@ std::string input_scale_note(const AttnTensors& x, const CpCall& s, Comm& world)
 // The results in global token order, written by world rank 0 (CP rank 0 of its group; every dp/tp
 // replica computed the same attention), with the generated inputs and the call's description.
 // Returns "" (on every rank but 0 always), or on rank 0 why nothing was written: a result that is
-// not finite, named with its index.
+// not finite, named with its index. A file-system fault throws LocalFault on rank 0.
 std::string write_attn_results(const Config& cfg, Topology& topo, const Partition& part, const CpCall& s,
                                const CpStrategy& strat, const AttnTensors& t, const GpuRun& gpu,
                                const std::vector<std::pair<std::string, double>>& cpu_diff) {
@@ -445,8 +445,9 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   rec.tflops_per_rank = flops / (rec.time_s * world.size()) / 1e12;
   rec.exposed_comm_s = mx[2];
   tracer.end_step(rec);
-  if (std::string bad = agree_on_error(world, write_attn_results(cfg, topo, part, s, *strat, x, gpu, cpu_diff));
-      !bad.empty()) {
+  std::string bad;  // a result not finite; a full disk ends the run in run_then_agree (exit 3)
+  run_then_agree(world, [&] { bad = write_attn_results(cfg, topo, part, s, *strat, x, gpu, cpu_diff); });
+  if (bad = agree_on_error(world, bad); !bad.empty()) {
     bad += "; " + input_scale_note(x, s, world);  // every rank is here: the note's reduction is collective
     err0("ctxpar: %s\n", bad.c_str());
     tracer.fail(bad);

@@ -31,7 +31,8 @@ double OracleDump::gather_bytes(const Config& cfg, double global_param_bytes) {
 
 void OracleDump::write(const std::vector<double>& losses, const TokenSource& src) {
   Comm& world = topo_.world();
-  if (world.rank() == 0) {
+  run_then_agree(world, [&] {  // rank 0 writes; a fault there ends the run on every rank alike
+    if (world.rank() != 0) return;
     std::vector<H5Tensor> t;
     const auto& info = layout_.tensors();
     for (size_t s = 0; s < steps_.size(); ++s) {
@@ -54,7 +55,8 @@ void OracleDump::write(const std::vector<double>& losses, const TokenSource& src
     // Never a NaN or Inf in the dump unannounced (the oracle would compare against it).
     for (const H5Tensor& x : t)
       if (const std::string bad = first_non_finite(x.data, {x.rows, x.cols}); !bad.empty())
-        fail_run("oracle dump: tensor " + x.name + " has " + bad + " ([row, col]); " + cfg_.dump_init + " not written");
+        throw LocalFault("oracle dump: tensor " + x.name + " has " + bad + " ([row, col]); " + cfg_.dump_init +
+                         " not written");
     const Config& c = cfg_;
     H5Attrs a;
     a.ints = {{"layers", c.layers}, {"dim", c.dim}, {"ffn_dim", c.ffn_dim}, {"vocab", c.vocab}, {"heads", c.heads},
@@ -71,8 +73,7 @@ void OracleDump::write(const std::vector<double>& losses, const TokenSource& src
                  {"adam_eps", c.adam_eps}, {"grad_clip", c.grad_clip}};
     a.strings = {{"ctxpar_file", "oracle_dump"}, {"layer_pattern", c.layer_pattern}, {"attention", c.attention}};
     h5_write_tensors(c.dump_init, a, t, {{"tokens", n_steps * S, tokens.data()}, {"doc_ids", n_steps * S, doc.data()}});
-  }
-  world.barrier();
+  });
 }
 
 }  // namespace ctxpar

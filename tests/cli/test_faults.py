@@ -414,6 +414,7 @@ def case_disk_full(c):
                       "out=" + out])
         check(r.returncode == 3, f"exit code {r.returncode}, expected 3:\n{r.stderr[-2000:]}")
         check("no space left" in r.stderr, f"the message does not say the disk is full:\n{r.stderr[-2000:]}")
+        no_abort(r)
         import h5py
         with h5py.File(ck, "r") as h:  # the last complete checkpoint, whole
             check(int(h.attrs["step"]) == 1 and "params/emb" in h, "the last complete checkpoint is damaged")
@@ -436,11 +437,20 @@ def case_attn_disk_full(c):
         r = c.run(2, ["attn", "seq=4K", "out=" + res])
         check(r.returncode == 3, f"exit code {r.returncode}, expected 3:\n{r.stderr[-2000:]}")
         check("I/O error" in r.stderr, f"no I/O error message:\n{r.stderr[-2000:]}")
+        no_abort(r)
         check(not os.path.exists(res + ".partial") and not os.path.exists(res),
               f"a partial result was left on the full disk: {os.listdir(small)}")
         print([l for l in r.stderr.splitlines() if "I/O error" in l][0][:200])
     finally:
         subprocess.run(["umount", small], capture_output=True)
+
+
+def no_abort(r):
+    """A fault in rank 0's own write ends every rank alike, without a job abort: one message, none
+    of OpenMPI's abort banner or its ORTE_ERROR_LOG lines."""
+    for line in ("MPI_ABORT was invoked", "ORTE_ERROR_LOG"):
+        check(line not in r.stderr, f"'{line}' in the output: the job was aborted\n{r.stderr[-2000:]}")
+    check(r.stderr.count("I/O error") == 1, f"the I/O error is not said once:\n{r.stderr[-2000:]}")
 
 
 def mount_tmpfs(c, size):
