@@ -114,7 +114,12 @@ int run(int argc, char** argv, Comm& world, Watchdog& startup) {
     } catch (const std::exception& e) {
       fail_run(std::string("error in ") + mode_words(cfg) + ": " + e.what());
     }
-    tracer.finish(false);
+    try {
+      tracer.finish(false);
+    } catch (const RunFailed& e) {  // the trace's own file: every rank at once
+      err0("ctxpar: %s\n", e.what());
+      rc = kExitFault;
+    }
     if (const int sig = tracer.stop_signal(); sig != 0 && rc == 0) {
       rc = kExitSignalBase + sig;
       err0("# TRUNCATED: %s stopped the run after step %lld (%lld steps completed); the trace holds "

@@ -398,20 +398,21 @@ struct Tracer::Impl {
   }
 
 
+  // Rank 0: runs an HDF5 step; returns "" or what failed.
+  template <class F> std::string try_writer(F&& f) {
+    if (!writer) return "";
+    const IoLock lock = io_lock();
+    try {
+      f(*writer);
+    } catch (const std::exception& e) {
+      return std::string("trace writer: ") + e.what();
+    }
+    return "";
+  }
   // Rank 0: runs an HDF5 step; an I/O failure after the file was opened ends the job (the
   // other ranks are already past the collective and could not be told otherwise).
   template <class F> void on_writer(F&& f) {
-    if (!writer) return;
-    std::string err;
-    {
-      const IoLock lock = io_lock();
-      try {
-        f(*writer);
-      } catch (const std::exception& e) {
-        err = e.what();
-      }
-    }
-    if (!err.empty()) fail_run("trace writer: " + err);
+    if (const std::string err = try_writer(f); !err.empty()) fail_run(err);
   }
 
   // Collective: gathers the spans of all ranks to rank 0 (rank order), as bytes.
@@ -779,9 +780,10 @@ void Tracer::finish(bool truncated) {
   // Offsets measured again at the end show the clocks' drift over the run.
   const std::vector<double> offs_end = measure_clock_offsets(I.world);
 
+  std::string err;  // rank 0's: every rank agrees on it below (a fault, but no job abort)
   if (I.rank == 0) {
     const trace_detail::Summary s = trace_detail::summarize(I.rows, I.cfg.warmup);
-    I.on_writer([&](H5TraceWriter& w) {
+    err = I.try_writer([&](H5TraceWriter& w) {
       // Moved away while the run went on: the file says so (failed) rather than complete.
       if (const std::string moved = w.moved(); !moved.empty()) {
         w.attr("/", "status", "failed");
@@ -817,13 +819,17 @@ void Tracer::finish(bool truncated) {
         w.attr("/", "stop_reason", I.stop_who + ", after step " + std::to_string(I.stop_step));
       w.close_and_rename();
     });
+    // A write that failed leaves NAME.partial, marked failed; a complete file placed beside a
+    // NAME someone else made says complete, as it is.
+    if (!err.empty()) I.mark_failed(err);
     const IoLock lock = io_lock();
     I.writer.reset();
   }
   I.finished = true;
-  // After finish returns on any rank, NAME.h5 exists.
-  I.world.barrier();
+  // After finish returns on any rank, NAME.h5 exists (or every rank throws).
+  err = agree_on_error(I.world, err);
   I.stop_watchdog();
+  if (!err.empty()) throw RunFailed(err);
 }
 
 void Tracer::fail(const std::string& reason) {

@@ -105,7 +105,8 @@ class Tracer {
 
   // Collective: writes /summary and sets status ("complete" renames the file to its final name;
   // "truncated" too — the run ended cleanly but early; truncated is implied when end_step agreed
-  // on a stop signal).
+  // on a stop signal). A file fault (a full disk, NAME made by someone else meanwhile) throws
+  // RunFailed on every rank.
   void finish(bool truncated);
   // Collective, instead of finish: a fault every rank knows of (a non-finite loss): status
   // "failed" with `reason`; the file stays NAME.h5.partial, an older NAME.h5 untouched.

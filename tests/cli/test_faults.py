@@ -233,6 +233,8 @@ def case_out_appears(c):
     check(len(beside) == 1, f"no one trace beside it: {os.listdir(c.work)}")
     msg = [l for l in err.splitlines() if "kept as it is" in l]
     check(msg and beside and beside[0] in msg[0], f"no message naming both files:\n{err[-2000:]}")
+    no_abort(err, "kept as it is")
+    check(not os.path.exists(out + ".lock"), "the output's lock was left behind")
     if beside:
         t = c.ct.load(os.path.join(c.work, beside[0]))
         check(t.status == "truncated" and t.steps_completed >= 2, f"the trace beside: {t.status}, {t.steps_completed}")
@@ -252,6 +254,7 @@ def case_out_dir_moved(c):
     t = c.ct.load(os.path.join(d + "_moved", "moved.h5.partial"))
     check(t.status == "failed" and "no longer where" in str(t.attrs.get("failure")),
           f"the moved trace: {t.status}, {t.attrs.get('failure')!r}")
+    no_abort(err, "no longer where")
     print(t.attrs.get("failure"))
 
 
@@ -414,7 +417,7 @@ def case_disk_full(c):
                       "out=" + out])
         check(r.returncode == 3, f"exit code {r.returncode}, expected 3:\n{r.stderr[-2000:]}")
         check("no space left" in r.stderr, f"the message does not say the disk is full:\n{r.stderr[-2000:]}")
-        no_abort(r)
+        no_abort(r.stderr)
         import h5py
         with h5py.File(ck, "r") as h:  # the last complete checkpoint, whole
             check(int(h.attrs["step"]) == 1 and "params/emb" in h, "the last complete checkpoint is damaged")
@@ -437,7 +440,7 @@ def case_attn_disk_full(c):
         r = c.run(2, ["attn", "seq=4K", "out=" + res])
         check(r.returncode == 3, f"exit code {r.returncode}, expected 3:\n{r.stderr[-2000:]}")
         check("I/O error" in r.stderr, f"no I/O error message:\n{r.stderr[-2000:]}")
-        no_abort(r)
+        no_abort(r.stderr)
         check(not os.path.exists(res + ".partial") and not os.path.exists(res),
               f"a partial result was left on the full disk: {os.listdir(small)}")
         print([l for l in r.stderr.splitlines() if "I/O error" in l][0][:200])
@@ -445,12 +448,12 @@ def case_attn_disk_full(c):
         subprocess.run(["umount", small], capture_output=True)
 
 
-def no_abort(r):
+def no_abort(err, said="I/O error"):
     """A fault in rank 0's own write ends every rank alike, without a job abort: one message, none
     of OpenMPI's abort banner or its ORTE_ERROR_LOG lines."""
     for line in ("MPI_ABORT was invoked", "ORTE_ERROR_LOG"):
-        check(line not in r.stderr, f"'{line}' in the output: the job was aborted\n{r.stderr[-2000:]}")
-    check(r.stderr.count("I/O error") == 1, f"the I/O error is not said once:\n{r.stderr[-2000:]}")
+        check(line not in err, f"'{line}' in the output: the job was aborted\n{err[-2000:]}")
+    check(err.count(said) == 1, f"'{said}' is not said once:\n{err[-2000:]}")
 
 
 def mount_tmpfs(c, size):
