@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -199,7 +200,8 @@ Startup check_startup(const std::vector<std::string>& args, Comm& world, Watchdo
     const std::string text = read_config_text(world, s.cli.config_path, err);
     if (!err.empty()) throw UsageError(err);
     Config& cfg = s.cfg;
-    cfg = parse_config(text, s.cli.config_path.empty() ? "(none)" : s.cli.config_path, s.cli.overrides);
+    std::vector<std::string> file_keys;
+    cfg = parse_config(text, s.cli.config_path.empty() ? "(none)" : s.cli.config_path, s.cli.overrides, &file_keys);
     if (watchdog) watchdog->set_limit(cfg.watchdog_s);
     beat();
     // The CPU kernels' instruction set, when the environment forces one (CTXPAR_ISA)
@@ -237,6 +239,14 @@ Startup check_startup(const std::vector<std::string>& args, Comm& world, Watchdo
       err = agree_on_error(world, s.row->scan ? s.row->scan(cfg, topo) : "");
       if (!err.empty()) throw UsageError(err);
       beat();
+    }
+    // A config file's keys the mode does not read are named, never dropped in silence.
+    std::sort(file_keys.begin(), file_keys.end());
+    if (const std::vector<std::string> unread = keys_not_read(file_keys, mode_words(cfg)); !unread.empty()) {
+      std::string list;
+      for (const std::string& k : unread) list += (list.empty() ? "" : ", ") + k;
+      err0("# note: %s sets %s, which `ctxpar %s` does not read (a config file may serve several modes)\n",
+           s.cli.config_path.c_str(), list.c_str(), mode_words(cfg).c_str());
     }
   } catch (const UsageError& e) {
     err0("ctxpar: error: %s\n", e.what());

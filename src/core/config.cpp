@@ -352,19 +352,28 @@ static const Field* find_field(std::string_view name) {
   return nullptr;
 }
 
-std::string check_keys_for_mode(const std::vector<std::string>& overrides, const std::string& mode) {
-  for (const std::string& o : overrides) {
-    std::string key = o.substr(0, o.find('='));
-    if (key.rfind("--", 0) == 0) key = key.substr(2);
+std::vector<std::string> keys_not_read(const std::vector<std::string>& keys, const std::string& mode) {
+  std::vector<std::string> out;
+  for (const std::string& key : keys) {
     const Field* f = find_field(key);
     if (!f || f->modes.empty()) continue;  // unknown keys: parse_config named them already
     std::vector<std::string> modes;
     split_list(f->modes, ',', modes);
-    if (std::find(modes.begin(), modes.end(), mode) != modes.end()) continue;
-    return "config: " + key + " (command line) is not read by `ctxpar " + mode + "`; it applies to " +
-           std::string(f->modes) + "; valid: leave it out, or run one of those modes";
+    if (std::find(modes.begin(), modes.end(), mode) == modes.end()) out.push_back(key);
   }
-  return "";
+  return out;
+}
+
+std::string check_keys_for_mode(const std::vector<std::string>& overrides, const std::string& mode) {
+  std::vector<std::string> keys;
+  for (const std::string& o : overrides) {
+    std::string key = o.substr(0, o.find('='));
+    keys.push_back(key.rfind("--", 0) == 0 ? key.substr(2) : key);
+  }
+  const std::vector<std::string> bad = keys_not_read(keys, mode);
+  if (bad.empty()) return "";
+  return "config: " + bad[0] + " (command line) is not read by `ctxpar " + mode + "`; it applies to " +
+         std::string(find_field(bad[0])->modes) + "; valid: leave it out, or run one of those modes";
 }
 
 bool parse_size(std::string_view t, int64_t& out) {
@@ -567,7 +576,7 @@ static std::string toml_value_text(const toml::value& v) {
 }
 
 Config parse_config(const std::string& toml_text, const std::string& toml_name,
-                    const std::vector<std::string>& overrides) {
+                    const std::vector<std::string>& overrides, std::vector<std::string>* file_keys) {
   Config c{};
   for (const Field& f : config_fields()) set_field(c, f, field_default(f), "default");
   if (!toml_text.empty()) {
@@ -605,6 +614,7 @@ Config parse_config(const std::string& toml_text, const std::string& toml_name,
                          "); valid: an integer" + (eg.empty() ? "" : ", e.g. " + eg));
       }
       set_field(c, *f, toml_value_text(val), toml_name);
+      if (file_keys) file_keys->push_back(key);
     }
   }
   for (const std::string& arg : overrides) {

@@ -175,12 +175,17 @@ const StrategyChoices& strategy_choices();
 
 // Parses `toml_text` (may be empty; `toml_name` names it in messages) and then `overrides`
 // ("key=value", "--key=value"); throws UsageError naming the field and what would be valid.
+// `file_keys`: where given, the keys the TOML text set, in its order.
 Config parse_config(const std::string& toml_text, const std::string& toml_name,
-                    const std::vector<std::string>& overrides);
+                    const std::vector<std::string>& overrides, std::vector<std::string>* file_keys = nullptr);
 
+// The keys among `keys` (names) that the mode `mode` ("train", "bench cp") does not read, by the
+// config table's mode column; unknown keys are skipped.
+std::vector<std::string> keys_not_read(const std::vector<std::string>& keys, const std::string& mode);
 // "" when every key of `overrides` (the command line's key=value, --key=value) is read by the mode
-// `mode` ("train", "bench cp"); else the first one that is not, the modes that read it and what
-// to do. Keys of a --config file are exempt: a file is a preset shared by several modes.
+// `mode`; else the first one that is not, the modes that read it and what to do. Keys of a
+// --config file are not refused (a file is a preset shared by several modes): main names those
+// the mode does not read in a note.
 std::string check_keys_for_mode(const std::vector<std::string>& overrides, const std::string& mode);
 // The words of every mode ("run", ..., "bench calibrate"), for the mode column's test.
 const std::vector<std::string>& mode_names_for_keys();

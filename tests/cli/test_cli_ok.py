@@ -61,6 +61,17 @@ expect(rc == 0 and text.count("# strategy=auto") == 1 and text.count("(chosen)")
 for st in ("allgather", "ulysses", "ring", "usp"):
     expect(st + " " in text.split("# strategy=auto")[1].splitlines()[0], f"strategy=auto line predicts {st}", text)
 
+# A config file's keys the mode does not read: run, named once in a note (a file serves several modes).
+cfgfile = os.path.join(tmp, "shared.toml")
+with open(cfgfile, "w") as f:
+    f.write('seq = 1024\nlr = 1e-3\nwarmup = 0\n')
+rc, text = run(2, ["predict", "--config", cfgfile, "--dry-run", "out=" + out])
+expect(rc == 0 and text.count("# note: " + cfgfile + " sets lr, warmup, which `ctxpar predict` does not read") == 1,
+       "a config file's keys the mode does not read are named once", text)
+rc, text = run(2, ["train", "--config", cfgfile, "--dry-run", "out=" + out])
+expect(rc == 0 and "# note:" not in text, "no note when the mode reads every key of the file", text)
+os.remove(cfgfile)
+
 expect(os.listdir(tmp) == [], "no file written by --help/--print-config/--dry-run", str(os.listdir(tmp)))
 print(f"{checks - len(failures)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -54,6 +54,18 @@ TEST(Config, KeysAModeDoesNotReadAreRefused) {
   EXPECT_EQ(check_keys_for_mode({"cp_algo=pass_q", "save_logits=true"}, "chat"), "");
 }
 
+// A config file's keys are not refused (a file serves several modes) but those the mode does not
+// read are listed, for main's note.
+TEST(Config, FileKeysAModeDoesNotReadAreListed) {
+  std::vector<std::string> keys;
+  parse_config("seq = 1024\nlr = 1e-3\ncp_algo = \"pass_q\"\n", "t.toml", {"steps=2"}, &keys);
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(keys, (std::vector<std::string>{"cp_algo", "lr", "seq"}));  // the file's, not the command line's
+  EXPECT_EQ(keys_not_read(keys, "chat"), std::vector<std::string>{"lr"});
+  EXPECT_EQ(keys_not_read(keys, "train"), std::vector<std::string>{"cp_algo"});
+  EXPECT_EQ(keys_not_read({"seq", "unknown_key"}, "bench peak"), std::vector<std::string>{"seq"});
+}
+
 TEST(Config, StrategyNamesComeFromTheProgram) {
   const StrategyChoices held = strategy_choices();
   EXPECT_EQ(error_of("", {"strategy=usp", "local_strategy=halo"}), "");
