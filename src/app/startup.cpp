@@ -88,6 +88,7 @@ Cli parse_cli(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") { c.help = true; continue; }
+    if (a == "--help-keys") { c.help_keys = true; continue; }
     if (a == "--features") { c.features = true; continue; }
     if (a == "--print-config") { c.print_config = true; continue; }
     if (a == "--dry-run") { c.dry_run = true; continue; }
@@ -121,7 +122,7 @@ Cli parse_cli(const std::vector<std::string>& args) {
     if (c.mode == "bench" && c.bench.empty()) { c.bench = a; continue; }
     throw UsageError("unexpected argument '" + a + "'; options are key=value or --key=value (ctxpar --help)");
   }
-  if (c.help || c.features) return c;
+  if ((c.help && (c.mode.empty() || (c.mode == "bench" && c.bench.empty()))) || c.help_keys || c.features) return c;
   if (c.mode.empty()) throw UsageError("no mode given; valid modes: " + names(false) + " (ctxpar --help)");
   if (c.mode == "bench" && !find_mode(c.mode, c.bench))
     throw UsageError("bench needs one of: " + names(true) + (c.bench.empty() ? "" : " (got '" + c.bench + "')"));
@@ -192,8 +193,12 @@ Startup check_startup(const std::vector<std::string>& args, Comm& world, Watchdo
     std::string err;
     state_strategy_choices();  // the registry's names, for parsing and --help
     s.cli = parse_cli(args);
-    if (s.cli.help || s.cli.features) {
-      log0("%s", (s.cli.help ? help_text() : strategy_features_table()).c_str());
+    if (s.cli.help || s.cli.help_keys || s.cli.features) {  // `ctxpar MODE --help`: that mode's keys
+      const std::string mode = s.cli.mode + (s.cli.bench.empty() ? "" : " " + s.cli.bench);
+      log0("%s", (s.cli.help_keys ? help_keys_markdown()
+                  : s.cli.help    ? help_text(mode == "bench" ? "" : mode)
+                                  : strategy_features_table())
+                     .c_str());
       s.rc = 0;
       return s;
     }

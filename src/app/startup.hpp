@@ -22,7 +22,7 @@ class Watchdog;
 struct Cli {
   std::string mode, bench, config_path;
   std::vector<std::string> overrides;
-  bool help = false, features = false, print_config = false, dry_run = false;
+  bool help = false, help_keys = false, features = false, print_config = false, dry_run = false;
 };
 
 // What the checks leave for the run. `rc` < 0: go on with the run; otherwise the exit code (0:

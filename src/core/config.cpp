@@ -78,23 +78,7 @@ std::string choice_error(const std::string& v, const std::vector<std::string>& n
                                    : "one of: " + join(all, ", ");
 }
 
-// A field's choices for --help: its enum names, or (the strategy fields) the registry's stated names.
-std::vector<std::string_view> help_choices(const Field& f) {
-  const StrategyChoices& sc = strategy_choices();
-  if (f.name == "local_strategy") return {sc.local.begin(), sc.local.end()};
-  if (f.name != "strategy") return f.choices;
-  std::vector<std::string_view> c(sc.training.begin(), sc.training.end());
-  c.insert(c.end(), std::begin(kStrategyKeywords), std::end(kStrategyKeywords));
-  return c;
-}
 
-// A field's default as text: its own, or (the strategy fields) the one the program stated.
-std::string field_default(const Field& f) {
-  const StrategyChoices& sc = strategy_choices();
-  if (f.name == "strategy") return sc.training_default;
-  if (f.name == "local_strategy") return sc.local_default;
-  return std::string(f.def);
-}
 
 // An enumerated field: its choices and their enum values from the setting's name table.
 template <auto M, class E, size_t N>
@@ -787,6 +771,38 @@ void validate_config(const Config& c, int world_size) {
                      "or a layer_pattern with L layers, with window ≥ 1, or window=0");
 }
 
+// A field's default as text: its own, or (the strategy fields) the one the program stated.
+std::string field_default(const Field& f) {
+  const StrategyChoices& sc = strategy_choices();
+  if (f.name == "strategy") return sc.training_default;
+  if (f.name == "local_strategy") return sc.local_default;
+  return std::string(f.def);
+}
+
+// A field's choices for --help: its enum names, or (the strategy fields) the registry's stated names.
+std::vector<std::string_view> help_choices(const Field& f) {
+  const StrategyChoices& sc = strategy_choices();
+  if (f.name == "local_strategy") return {sc.local.begin(), sc.local.end()};
+  if (f.name != "strategy") return f.choices;
+  std::vector<std::string_view> c(sc.training.begin(), sc.training.end());
+  c.insert(c.end(), std::begin(kStrategyKeywords), std::end(kStrategyKeywords));
+  return c;
+}
+
+const char* field_type_name(const Field& f) {
+  if (!help_choices(f).empty()) return "choice";
+  return std::visit(
+      [](auto m) -> const char* {
+        using T = typename MemberType<decltype(m)>::type;
+        if constexpr (std::is_same_v<T, int64_t>) return "int";
+        else if constexpr (std::is_same_v<T, double>) return "float";
+        else if constexpr (std::is_same_v<T, bool>) return "bool";
+        else if constexpr (std::is_same_v<T, EnumMember>) return "choice";
+        else return "string";
+      },
+      f.member);
+}
+
 std::string field_text(const Config& c, const Field& f) {
   return std::visit(
       [&](auto m) -> std::string {
@@ -820,50 +836,6 @@ std::string config_listing(const Config& c) {
   for (const Field& f : config_fields()) {
     std::string v = field_text(c, f);
     os << "  " << std::left << std::setw(w) << f.name << " = " << (v.empty() ? "\"\"" : v) << "\n";
-  }
-  return os.str();
-}
-
-std::string help_text() {
-  std::ostringstream os;
-  os << "usage: ctxpar <mode> [--config FILE.toml] [key=value | --key=value ...] [--print-config] [--dry-run]\n"
-        "       ctxpar --features   the CP strategies and what each serves (schedules, MLA, device)\n"
-        "modes:\n"
-        "  run              the default job: comm bench + a sharded attention workload, summary table\n"
-        "  attn             one CP attention forward+backward (--in IN.h5 or generated), results to --out\n"
-        "  train            training steps of a Llama-3-style model with CP (--config inputs/tiny.toml)\n"
-        "  prefill          one (partial) prefill with a sharded KV cache: TTFT (cp_algo, miss_rate or cached)\n"
-        "  decode           prefill seq tokens, then decode steps: TTIT per step (decode_algo, batch)\n"
-        "  chat             a multi-turn schedule of prefills and decodes (schedule): TTFT and TTIT\n"
-        "  bench comm|attn|cp   benchmarks (nccl-tests style tables; --csv for CSV)\n"
-        "  bench train|peak     training step MFU and time shares; this rank's sgemm and FMA peak\n"
-        "  bench infer      pass-KV vs pass-Q TTFT over miss rates; decode TTIT vs CP size\n"
-        "  predict          cost model: time, MFU, exposed comm, memory per strategy (hardware, predict_mesh, predict_mode)\n"
-        "  bench calibrate  measure this machine (sgemm, attention vs block, comm) into inputs/hardware/local.toml\n"
-        "keys (type, default):\n";
-  const int w = name_width();
-  // Defaults up to 18 characters get their own column; a longer one (schedule) ends with a space.
-  size_t dw = 0;
-  for (const Field& f : config_fields())
-    dw = std::max(dw, std::min<size_t>(18, std::max<size_t>(2, field_default(f).size())));
-  for (const Field& f : config_fields()) {
-    const std::vector<std::string_view> choices = help_choices(f);  // the strategy fields: the registry's names
-    const char* type = !choices.empty() ? "choice" : std::visit(
-        [](auto m) -> const char* {
-          using T = typename MemberType<decltype(m)>::type;
-          if constexpr (std::is_same_v<T, int64_t>) return "int";
-          else if constexpr (std::is_same_v<T, double>) return "float";
-          else if constexpr (std::is_same_v<T, bool>) return "bool";
-          else if constexpr (std::is_same_v<T, EnumMember>) return "choice";
-          else return "string";
-        },
-        f.member);
-    std::string def = field_default(f);
-    if (def.empty()) def = "\"\"";
-    os << "  " << std::left << std::setw(w) << f.name << std::setw(7) << type << std::setw(int(dw) + 1)
-       << (def.size() > dw ? def + " " : def) << f.help;
-    if (!choices.empty()) os << " {" << join(choices, "|") << "}";
-    os << "\n";
   }
   return os.str();
 }

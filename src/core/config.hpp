@@ -197,8 +197,20 @@ void validate_config(const Config& cfg, int world_size);
 std::string field_text(const Config& cfg, const Field& f);
 // "name = value" lines of every field, aligned.
 std::string config_listing(const Config& cfg);
-// `ctxpar --help`.
-std::string help_text();
+// For --help (core/help.cpp): a field's default as text (the strategy fields: the registry's),
+// its choices (enum names; the strategy fields: the registry's names), its type ("int", "float",
+// "bool", "choice", "string").
+std::string field_default(const Field& f);
+std::vector<std::string_view> help_choices(const Field& f);
+const char* field_type_name(const Field& f);
+
+// `ctxpar --help` (mode ""): the modes and the most used keys; `ctxpar MODE --help` ("train",
+// "bench cp"): the keys that mode reads, grouped, each described in short, wrapped to `width`
+// columns (0: the terminal's, else 80). `help_keys_markdown`: every key in full (docs/keys.md).
+std::string help_text(const std::string& mode = "", int width = 0);
+std::string help_keys_markdown();
+// "" when every field is in exactly one of --help's groups, else the first that is not (a test).
+std::string help_groups_error();
 
 // Integer with an optional binary K/M/G/T suffix ("128K" = 131072); false when not one.
 bool parse_size(std::string_view text, int64_t& out);

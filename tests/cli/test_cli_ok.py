@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tempfile
 
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1", COLUMNS="80")
 failures = []
 checks = 0
 
@@ -32,6 +32,13 @@ out = os.path.join(tmp, "x.h5")
 rc, text = run(2, ["--help"])
 expect(rc == 0 and text.count("usage: ctxpar") == 1, "--help prints usage once and exits 0", text)
 expect("strategy" in text and "allgather|ulysses|ring|usp" in text, "--help lists fields with choices", text)
+
+rc, text = run(2, ["train", "--help"])  # COLUMNS=80 in env: an 80-column terminal
+expect(rc == 0 and text.count("usage: ctxpar train") == 1 and "\ntraining:\n  lr=" in text and "predict_mesh" not in text,
+       "train --help lists train's keys (grouped) once, not predict's", text)
+expect(max(len(l) for l in text.splitlines()) <= 80, "train --help fits 80 columns", text)
+rc, text = run(1, ["--help-keys"])
+expect(rc == 0 and text.startswith("# Every key") and "| `predict_mesh` |" in text, "--help-keys prints every key as markdown", text)
 
 rc, text = run(2, ["--features"])
 rows = [l.split() for l in text.splitlines() if l and not l.startswith("#")]

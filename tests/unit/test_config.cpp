@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -74,7 +76,7 @@ TEST(Config, StrategyNamesComeFromTheProgram) {
   EXPECT_EQ(parse_config("", "", {}).strategy, "spiral");
   EXPECT_EQ(parse_config("", "", {}).local_strategy, "halo");
   EXPECT_NE(error_of("", {"strategy=usp"}).find("one of: ring, spiral, auto, all"), std::string::npos);
-  EXPECT_NE(help_text().find("{ring|spiral|auto|all}"), std::string::npos);
+  EXPECT_NE(help_text("train").find("{ring|spiral|auto|all}"), std::string::npos);
   set_strategy_choices({});
   EXPECT_NE(error_of("", {}).find("stated none"), std::string::npos);
   set_strategy_choices(held);
@@ -161,11 +163,51 @@ TEST(Config, CrossFieldChecks) {
 }
 
 TEST(Config, HelpAndListingCoverEveryField) {
-  const std::string help = help_text(), list = config_listing(parse_config("", "", {}));
+  const std::string keys = help_keys_markdown(), list = config_listing(parse_config("", "", {}));
+  EXPECT_EQ(help_groups_error(), "");
   for (const Field& f : config_fields()) {
-    EXPECT_NE(help.find(std::string(f.name)), std::string::npos) << f.name;
+    EXPECT_NE(keys.find("| `" + std::string(f.name) + "` |"), std::string::npos) << f.name;
     EXPECT_NE(list.find(std::string(f.name)), std::string::npos) << f.name;
   }
+}
+
+// Columns of a line as a terminal shows them (UTF-8: one per code point).
+size_t columns(const std::string& line) {
+  size_t n = 0;
+  for (unsigned char c : line) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// `ctxpar MODE --help`: exactly the keys the mode reads (by the mode column), each once, every
+// line within the width; `ctxpar --help` too.
+TEST(Config, EachModesHelpListsItsOwnKeysWithinTheWidth) {
+  for (const std::string& mode : mode_names_for_keys()) {
+    const std::string text = help_text(mode, 80);
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) EXPECT_LE(columns(line), 80u) << mode << ": " << line;
+    for (const Field& f : config_fields()) {
+      const std::string key = "\n  " + std::string(f.name) + "=";
+      const size_t at = text.find(key);
+      const bool listed = at != std::string::npos, once = listed && text.find(key, at + 1) == std::string::npos;
+      const bool read = keys_not_read({std::string(f.name)}, mode).empty();
+      EXPECT_EQ(listed, read) << mode << ": " << f.name;
+      if (listed) {
+        EXPECT_TRUE(once) << mode << ": " << f.name;
+      }
+    }
+  }
+  std::istringstream lines(help_text("", 80));
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(columns(line), 80u) << line;
+}
+
+// docs/keys.md is `ctxpar --help-keys`: regenerate it when a field changes.
+TEST(Config, KeysDocIsTheFieldTable) {
+  std::ifstream in(std::string(CTXPAR_SOURCE_DIR) + "/docs/keys.md");
+  ASSERT_TRUE(in) << "docs/keys.md is missing";
+  std::ostringstream doc;
+  doc << in.rdbuf();
+  EXPECT_TRUE(doc.str() == help_keys_markdown())
+      << "docs/keys.md differs from the field table: build/ctxpar --help-keys > docs/keys.md";
 }
 
 // One list splitter for every list-valued setting: empty items (a doubled, leading or trailing
