@@ -91,7 +91,7 @@ int run(int argc, char** argv, Comm& world, Watchdog& startup) {
       err0("# warning: the file system of %s keeps no locks: a second job on it would not be stopped\n", f.c_str());
   }
 
-  install_stop_signals();
+  install_stop_signals();  // again: MPI_Init may have installed handlers of its own
   int rc = 0;
   // Anything a mode throws is a fault of the run, not of the input (validation is over): one
   // message, the trace marked failed, exit 3 (core/error.hpp fail_run); never a backtrace.
@@ -137,6 +137,9 @@ int run(int argc, char** argv, Comm& world, Watchdog& startup) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First: a stop signal during start-up is recorded (the run then stops after its first step;
+  // predict and the benches without steps run to their end), never the default action's kill.
+  install_stop_signals();
   Watchdog startup;
   start_startup_watchdog(startup, argc, argv);
   int provided = 0;

@@ -174,11 +174,13 @@ std::string set_rank_threads(const Config& cfg, Topology& topo) {
   if (cfg.threads > 0) omp_set_num_threads(int(cfg.threads));
   else if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(std::max(1, cpus / topo.local_size()));
   // OMP_NUM_THREADS beyond the rank's CPUs (mpirun binds to one core by default for small jobs):
-  // every rate then halves or worse. Say so rather than print it.
-  if (omp_get_max_threads() > cpus)
-    err0("# warning: %d OpenMP threads per rank (OMP_NUM_THREADS) but rank 0 may run on only %d CPU(s) (its "
-         "affinity); use mpirun --bind-to none or --map-by slot:PE=%d\n",
-         omp_get_max_threads(), cpus, omp_get_max_threads());
+  // time-sliced threads make every kernel barrier wait (a step 1000x slower), as threads= would.
+  if (const int t = omp_get_max_threads(); t > cpus)
+    return "environment: OMP_NUM_THREADS = " + std::to_string(t) + " (threads = 0 takes it) but rank " +
+           std::to_string(topo.world().rank()) + " may run on only " + std::to_string(cpus) + " CPU(s) (the node's, " +
+           "or those the launcher bound it to); valid: OMP_NUM_THREADS <= " + std::to_string(cpus) + ", unset " +
+           "(threads=0 then shares the node's cores among its ranks), threads=N, or more cores per rank (mpirun " +
+           "--bind-to none or --map-by slot:PE=" + std::to_string(t) + "; srun --cpus-per-task=" + std::to_string(t) + ")";
   return "";
 }
 

@@ -127,6 +127,10 @@ constexpr std::string_view kPredict = "predict";
 // The model's shape: every mode that builds a model, plans one or prices one.
 constexpr std::string_view kShape =
     "run, attn, train, prefill, decode, chat, bench cp, bench train, bench infer, predict, bench calibrate";
+// The model's layers (sizes, Gated DeltaNet shapes): every mode that builds, plans or prices a
+// model; not run and attn, whose attention runs on synthetic Q, K, V.
+constexpr std::string_view kLayers =
+    "train, prefill, decode, chat, bench cp, bench train, bench infer, predict, bench calibrate";
 constexpr std::string_view kHeads =
     "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer, predict, bench calibrate";
 constexpr std::string_view kMla = "attn, train, prefill, decode, chat, bench cp, bench train, bench infer, predict, bench calibrate";
@@ -157,7 +161,7 @@ const std::pair<std::string_view, std::string_view> kModeColumn[] = {
     {"bench_min_bytes", "run, bench comm"}, {"bench_max_bytes", "run, bench comm"},
     {"bench_iters", "run, bench comm, bench attn, bench infer"},
     {"in", "attn"},
-    {"layers", kShape}, {"dim", kShape}, {"ffn_dim", kShape}, {"vocab", kShape},
+    {"layers", kLayers}, {"dim", kLayers}, {"ffn_dim", kLayers}, {"vocab", kLayers},
     {"norm_eps", kModelNumerics}, {"rope_theta", kModelNumerics}, {"rope_scale_factor", kModelNumerics},
     {"rope_low_freq_factor", kModelNumerics}, {"rope_high_freq_factor", kModelNumerics},
     {"rope_original_max_pos", kModelNumerics},
@@ -166,9 +170,9 @@ const std::pair<std::string_view, std::string_view> kModeColumn[] = {
     {"attention", kShape},
     {"q_lora_rank", kMla}, {"kv_lora_rank", kMla}, {"qk_nope_head_dim", kMla}, {"qk_rope_head_dim", kMla},
     {"v_head_dim", kMla},
-    {"gdn_heads", kShape}, {"gdn_head_dim_k", kShape}, {"gdn_head_dim_v", kShape}, {"gdn_conv", kShape},
-    {"gdn_chunk", "run, attn, train, prefill, decode, chat, bench cp, bench train, predict, bench calibrate"},
-    {"gdn_schedule", "run, attn, train, prefill, decode, chat, bench cp, bench train, predict"},
+    {"gdn_heads", kLayers}, {"gdn_head_dim_k", kLayers}, {"gdn_head_dim_v", kLayers}, {"gdn_conv", kLayers},
+    {"gdn_chunk", "train, prefill, decode, chat, bench cp, bench train, predict, bench calibrate"},
+    {"gdn_schedule", "train, prefill, decode, chat, bench cp, bench train, predict"},
     {"gdn_state", kInfer},
     {"lr", kTrain}, {"weight_decay", kTrain}, {"beta1", kTrain}, {"beta2", kTrain}, {"adam_eps", kTrain},
     {"grad_clip", kTrain},
@@ -182,7 +186,7 @@ const std::pair<std::string_view, std::string_view> kModeColumn[] = {
     {"cp_algo", "prefill, decode, chat, bench infer"},
     {"decode_algo", kInfer},
     {"schedule", "chat"},
-    {"batch", "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer, predict"},
+    {"batch", "prefill, decode, chat, bench infer, predict"},
     {"cached", "prefill, predict"}, {"miss_rate", "prefill, predict"},
     {"hardware", kShape},
     {"predict_mode", kPredict}, {"predict_mesh", kPredict}, {"predict_precision", kPredict}, {"sweep", kPredict},

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <vector>
 
 namespace ctxpar {
 
@@ -22,6 +23,31 @@ static std::function<void(const std::string&)>& fault_hook() {
 }
 
 void set_abort_hook(std::function<void(int)> hook) { abort_hook() = std::move(hook); }
+
+namespace {
+std::mutex& cleanup_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<std::function<void()>>& cleanups() {
+  static std::vector<std::function<void()>> list;
+  return list;
+}
+}  // namespace
+
+void add_abort_cleanup(std::function<void()> f) {
+  const std::lock_guard<std::mutex> lk(cleanup_mutex());
+  cleanups().push_back(std::move(f));
+}
+
+void run_abort_cleanups() {
+  std::vector<std::function<void()>> run;
+  {
+    const std::lock_guard<std::mutex> lk(cleanup_mutex());
+    run.swap(cleanups());
+  }
+  for (auto& f : run) f();
+}
 void set_fault_hook(std::function<void(const std::string&)> hook) { fault_hook() = std::move(hook); }
 
 namespace {
@@ -35,6 +61,7 @@ namespace {
   if (!ending) {
     ending = true;  // a fault inside the hook goes straight to the abort
     if (fault_hook()) fault_hook()(msg);
+    run_abort_cleanups();
   }
   if (abort_hook()) abort_hook()(code);
   std::abort();

@@ -26,6 +26,11 @@ Identity& identity();
 void set_abort_hook(std::function<void(int code)> hook);
 // Installed by the tracer while it lives: called once with the message before the abort.
 void set_fault_hook(std::function<void(const std::string& msg)> hook);
+// Work to do before the job is aborted (io/output_lock: remove the run's lock files), run once
+// each: by the failing rank before its abort, and by rank 0 when another rank tells it of its
+// fault (the tracer's fault channel), since the abort then kills it without a word.
+void add_abort_cleanup(std::function<void()> f);
+void run_abort_cleanups();
 
 // Exit codes of the whole job (every rank alike; docs/faults.md "How a run ends").
 constexpr int kExitBug = 1;        // a broken invariant (fatal)

@@ -29,8 +29,10 @@ constexpr int64_t kSeqStride = int64_t(1) << 42;
 
 int32_t greedy(const float* logits, int64_t V) {
   int64_t best = 0;
-  for (int64_t i = 1; i < V; ++i)
+  for (int64_t i = 0; i < V; ++i) {
+    if (!std::isfinite(logits[i])) return kNonFiniteLogits;
     if (logits[i] > logits[best]) best = i;
+  }
   return int32_t(best);
 }
 

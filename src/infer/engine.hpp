@@ -58,8 +58,14 @@ struct CallStats {
   CpStats cp;  // bytes_sent, exposed_comm_s, messages, attn_flops
 };
 
+// A next token where the logits it would come from are not finite (weights whose products overflow
+// fp32): no token is chosen from them; the caller ends the run (modes/infer.cpp).
+constexpr int32_t kNonFiniteLogits = -2;
+
 struct StepOutput {
-  std::vector<int32_t> next_tokens;  // [B] greedy (argmax, lowest index on ties), every rank
+  // [B] greedy (argmax, lowest index on ties), every rank; -1 for a sequence without new tokens,
+  // kNonFiniteLogits where its logits are not finite.
+  std::vector<int32_t> next_tokens;
   std::vector<float> logits;         // [B, V] of the last position, every rank (when requested)
   // Tests: logits of every new position of every sequence, [B][T * V] in global order.
   std::vector<std::vector<float>> all_logits;

@@ -109,8 +109,8 @@ void AtomicFile::commit() {
     std::error_code ec;  // unclaimed, or what the run claimed is still there: replace it
     fs::rename(partial_, final_, ec);
     if (ec) throw std::runtime_error("cannot rename '" + partial_ + "' to '" + final_ + "': " + ec.message());
-  } else {
-    placed = claim->second.exists ? false : rename_noreplace(partial_, final_);
+  } else {  // changed since the claim: placed only where nothing is now (a removed file is not lost)
+    placed = rename_noreplace(partial_, final_);
   }
   if (placed) {
     committed_ = true;

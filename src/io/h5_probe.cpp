@@ -6,6 +6,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/config.hpp"  // number_text
 #include "io/h5_common.hpp"
 #include "io/io_lock.hpp"
 
@@ -79,7 +80,7 @@ std::string first_non_finite(const std::string& path, const std::string& name) {
       idx[0] = r0 + rem;
       std::ostringstream os;
       os << (std::isnan(x) ? "nan" : std::isinf(x) ? (x > 0 ? "inf" : "-inf") : "a value outside float32's range (" +
-                                                                                     std::to_string(x) + ")")
+                                                                                     number_text(x) + ")")
          << " at [";
       for (size_t d = 0; d < idx.size(); ++d) os << (d ? ", " : "") << idx[d];
       os << "]";

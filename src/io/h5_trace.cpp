@@ -257,6 +257,17 @@ void H5TraceWriter::close_and_rename() {
   if (file_ < 0) throw std::runtime_error("trace file '" + partial_path() + "' is already closed");
   check_status(H5Fflush(file_, H5F_SCOPE_GLOBAL), "H5Fflush", partial_path());
   close_all();
+  // Read back before it is placed: a file another process wrote into meanwhile (same inode) must
+  // not be published as this run's trace.
+  bool whole = false;
+  try {
+    Handle f(h5::open_read_only(partial_path()), H5Fclose);
+    whole = H5Aexists(f.get(), "status") > 0 && H5Lexists(f.get(), "steps", H5P_DEFAULT) > 0;
+  } catch (const std::runtime_error&) {
+  }
+  if (!whole)
+    throw std::runtime_error("'" + partial_path() + "' was written into by another process while this run went on " +
+                             "(it no longer reads as this run's trace); left as it is, not placed at '" + final_path() + "'");
   out_->commit();  // replaces an older NAME.h5 only now that the new one is complete
 }
 

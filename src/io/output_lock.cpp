@@ -10,13 +10,47 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <mutex>
+#include <string>
 #include <system_error>
+#include <vector>
+
+#include "core/error.hpp"
 
 namespace ctxpar {
 
 namespace fs = std::filesystem;
 
 std::string lock_path(const std::string& output) { return output + ".lock"; }
+
+namespace {
+// Every lock file this process holds, for the abort's cleanup (core/error.hpp add_abort_cleanup):
+// a job ended by a fault leaves no lock file behind either.
+std::mutex& held_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<std::string>& held_paths() {
+  static std::vector<std::string> paths;
+  return paths;
+}
+void note_held(const std::string& path) {
+  const std::lock_guard<std::mutex> lk(held_mutex());
+  static std::once_flag once;
+  std::call_once(once, [] {
+    add_abort_cleanup([] {
+      const std::lock_guard<std::mutex> lk2(held_mutex());
+      for (const std::string& p : held_paths()) unlink(p.c_str());
+      held_paths().clear();
+    });
+  });
+  held_paths().push_back(path);
+}
+void note_released(const std::string& path) {
+  const std::lock_guard<std::mutex> lk(held_mutex());
+  std::erase(held_paths(), path);
+}
+}  // namespace
 
 OutputLocks::~OutputLocks() { release(); }
 
@@ -132,6 +166,7 @@ std::string OutputLocks::add(const std::string& output, const std::string& label
       return "cannot write the lock file '" + lp + "': " + std::strerror(e);
     }
     held_.push_back({lp, fd});
+    note_held(lp);
     claim_output(output);  // what is at the output now is what its commit may replace
     return "";
   }
@@ -151,6 +186,7 @@ void OutputLocks::abandon() {
 void OutputLocks::release() {
   // Unlink while still locked: a job waiting on the old file finds it gone and makes a new one.
   for (const Held& h : held_) {
+    note_released(h.path);
     unlink(h.path.c_str());
     close(h.fd);
   }

@@ -278,10 +278,11 @@ void fill_attn_inputs(const Config& cfg, const CpCall& s, const Partition& part,
 }
 
 // The largest magnitude of each input over every rank (q, k, v, do), and what a non-finite output
-// says about them: inputs of a scale whose products overflow fp32 (a score q.k sums D products,
-// dP = dO.V likewise, and the gradients sum over the keys), or of an ordinary one (then the
+// says about them (collective): inputs of a scale whose products overflow fp32 (a score q.k sums
+// D products, dP = dO.V likewise, and the gradients sum over the keys) or whose scores pass 1e12
+// (fp32's softmax then has no precision left): `*input_made_it`; or of an ordinary one (then the
 // kernels are at fault: a bug).
-std::string input_scale_note(const AttnTensors& x, const CpCall& s, Comm& world) {
+std::string input_scale_note(const AttnTensors& x, const CpCall& s, Comm& world, bool* input_made_it) {
   double m[4] = {0, 0, 0, 0};
   const Buffer<float>* in[4] = {&x.q, &x.k, &x.v, &x.dout};
   for (int i = 0; i < 4; ++i)
@@ -289,12 +290,14 @@ std::string input_scale_note(const AttnTensors& x, const CpCall& s, Comm& world)
   world.all_reduce(std::span<double>(m, 4), ReduceOp::max);
   const double D = s.D, keys = double(s.S_k);
   const bool overflows = m[0] * m[1] * D > FLT_MAX || m[3] * m[2] * D > FLT_MAX ||
-                         keys * m[3] * m[2] * D * std::max(m[0], m[1]) > FLT_MAX;
+                         keys * m[3] * m[2] * D * std::max(m[0], m[1]) > FLT_MAX || m[0] * m[1] * std::sqrt(D) > 1e12;
+  *input_made_it = overflows;
   char b[256];
   std::snprintf(b, sizeof b, "every input is finite, largest |q| %.3g, |k| %.3g, |v| %.3g, |do| %.3g", m[0], m[1], m[2],
                 m[3]);
-  return std::string(b) + (overflows ? ": products of that scale overflow fp32 (the input made it so); valid: inputs "
-                                       "whose q.k and do.v products stay within fp32 (e.g. |values| <= 1e3)"
+  return std::string(b) + (overflows ? ": products of that scale overflow fp32, or leave its softmax no precision "
+                                       "(the input made it so); valid: inputs whose q.k and do.v products stay within "
+                                       "fp32 (e.g. |values| <= 1e3)"
                                      : ": of an ordinary scale, so the kernels are at fault (a bug: please report it "
                                        "with the input file)");
 }
@@ -448,10 +451,11 @@ int run_attn_mode(const Config& cfg, Topology& topo, Tracer& tracer) {
   std::string bad;  // a result not finite; a full disk ends the run in run_then_agree (exit 3)
   run_then_agree(world, [&] { bad = write_attn_results(cfg, topo, part, s, *strat, x, gpu, cpu_diff); });
   if (bad = agree_on_error(world, bad); !bad.empty()) {
-    bad += "; " + input_scale_note(x, s, world);  // every rank is here: the note's reduction is collective
+    bool input_made_it = false;  // else a bug of the kernels: exit 1 (docs/faults.md)
+    bad += "; " + input_scale_note(x, s, world, &input_made_it);  // every rank is here: its reduction is collective
     err0("ctxpar: %s\n", bad.c_str());
     tracer.fail(bad);
-    return kExitFault;
+    return input_made_it ? kExitFault : kExitBug;
   }
   log0("attn%s: strategy %s, mesh %s, S=%lld H_q=%d H_kv=%d D=%d mask=%s%s: fwd %.3f ms, bwd %.3f ms, exposed comm "
        "%.3f ms, %.4f TFLOP/s per rank; wrote %s (trace %s)\n",

@@ -194,6 +194,7 @@ class Session {
     double dt = 0;
     StepOutput out = timed_step([&] { return engine_->prefill(tok, algos, &tr_, st, cfg_.save_logits); }, dt);
     st.cp.settle();  // GPU: the device waits, timed by their events
+    check_call(out);
     if (cfg_.save_logits) keep_logits(out, tok);
     finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, cached, algo_text.c_str(), dt, T_sum, flops, st);
     if (record) {
@@ -219,6 +220,7 @@ class Session {
     double dt = 0;
     StepOutput out = timed_step([&] { return engine_->decode(last, algo, &tr_, st, cfg_.save_logits); }, dt);
     st.cp.settle();
+    check_call(out);
     if (cfg_.save_logits) {
       std::vector<std::vector<int32_t>> fed(last.size());
       for (size_t b = 0; b < last.size(); ++b) fed[b] = {last[b]};
@@ -365,12 +367,24 @@ class Session {
   }
 
   // save_logits: the call's last-position logits of every sequence and the tokens it fed.
+  // Every rank alike (collective): a call whose logits are not finite (weights whose products
+  // overflow fp32) ends the run, exit 3, before a token chosen from them or the logits are used
+  // or written.
+  void check_call(const StepOutput& out) {
+    std::string bad;
+    if (!out.logits.empty())  // save_logits: the first bad value, with its index
+      if (const std::string at = first_non_finite(out.logits.data(), {cfg_.batch, int64_t(out.logits.size()) / cfg_.batch});
+          !at.empty())
+        bad = "the logits have " + at + " ([sequence, vocab])";
+    for (size_t b = 0; b < out.next_tokens.size() && bad.empty(); ++b)
+      if (out.next_tokens[b] == kNonFiniteLogits) bad = "sequence " + std::to_string(b) + "'s logits are not finite";
+    bad = agree_on_error(topo_.world(), bad);
+    if (!bad.empty())
+      throw RunFailed("call " + std::to_string(step_) + ": " + bad + ", from finite inputs and weights (a product " +
+                      "overflowed fp32); no token chosen from them" + (cfg_.save_logits ? ", /infer/logits not written" : ""));
+  }
+
   void keep_logits(const StepOutput& out, const std::vector<std::vector<int32_t>>& fed) {
-    // A non-finite logit (weights whose products overflow fp32) is never written unannounced.
-    if (const std::string bad = first_non_finite(out.logits.data(), {cfg_.batch, int64_t(out.logits.size()) / cfg_.batch});
-        !bad.empty())
-      fail_run("call " + std::to_string(step_) + ": the logits have " + bad + " ([sequence, vocab]) from finite " +
-               "inputs and weights (a product overflowed fp32); /infer/logits not written");
     logits_.insert(logits_.end(), out.logits.begin(), out.logits.end());
     for (int64_t b = 0; b < cfg_.batch; ++b) context_.push_back(int32_t(engine_->cache().seq_len(b)));
     fed_.resize(fed.size());

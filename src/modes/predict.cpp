@@ -117,7 +117,7 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
   PerfWorkload w;
   w.mode = infer ? PerfMode::prefill : PerfMode::train;  // inference: the full prefill runs the strategy
   w.seq = cfg.seq;
-  w.batch = cfg.batch;
+  w.batch = infer ? cfg.batch : 1;  // training and the attention workloads: one sequence per replica
   w.precision = Precision::fp32;  // the executed CPU path computes in fp32
   w.remat = cfg.remat;
   w.partition = PartitionKind::zigzag;
@@ -179,7 +179,17 @@ std::string validate_predict_mode(const Config& cfg, Topology& topo) {
       if (w.mode == PerfMode::partial_prefill && (w.cached <= 0 || w.cached >= w.seq))
         return "config: predict_mode = partial_prefill needs 0 < cached < seq (cached = " + std::to_string(w.cached) +
                ", seq = " + std::to_string(w.seq) + "); set cached=P or miss_rate below 1";
-      predicted_mesh(c);
+      // A tp that divides neither the heads nor the FFN fits no strategy: bad input, not a table of "-".
+      if (const PerfMesh m = predicted_mesh(c); c.heads % m.tp != 0 || c.ffn_dim % m.tp != 0) {
+        std::string valid;
+        for (int64_t t = 1; t <= std::min(c.heads, c.ffn_dim); ++t)
+          if (c.heads % t == 0 && c.ffn_dim % t == 0) valid += (valid.empty() ? "" : ", ") + std::to_string(t);
+        const bool h = c.heads % m.tp != 0;
+        return "config: predict_mesh = '" + (c.predict_mesh.empty() ? c.mesh : c.predict_mesh) + "': tp:" +
+               std::to_string(m.tp) + " does not divide " + (h ? "heads = " + std::to_string(c.heads)
+                                                              : "ffn_dim = " + std::to_string(c.ffn_dim)) +
+               "; valid: tp in {" + valid + "} (dividing heads and ffn_dim)";
+      }
     }
   } catch (const UsageError& e) {
     return e.what();

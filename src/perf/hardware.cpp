@@ -262,7 +262,9 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
   h.hbm_bytes = r.num("hbm_gb", 0) * 1e9;
   h.hbm_bytes_per_s = r.num("hbm_tb_s", 0) * 1e12;
   h.hbm_eff = r.num("hbm_eff", 0.8);
-  h.chips_per_node = int64_t(r.num("chips_per_node", 8));
+  const double chips = r.num("chips_per_node", 8);
+  if (chips != std::floor(chips)) r.bad("chips_per_node", "must be a whole number of chips (got " + number_text(chips) + ")");
+  h.chips_per_node = int64_t(chips);
   h.compute_units_per_node = r.num("compute_units_per_node", 0);
   h.intra = {r.num("intra_gb_s", 0) * 1e9, r.num("intra_latency_us", 0) * 1e-6};
   h.inter = {r.num("inter_gb_s", 0) * 1e9, r.num("inter_latency_us", 0) * 1e-6};

@@ -361,6 +361,7 @@ struct Tracer::Impl {
     std::string reason;
     if (!faults || !faults->poll(from, reason)) return;
     mark_failed(reason);
+    run_abort_cleanups();  // the abort that follows gives this rank no time of its own
     faults->acknowledge(from);
   }
 

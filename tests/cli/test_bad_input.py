@@ -76,6 +76,11 @@ CASES = [
     ("unknown attention kind", ["train", "attention=gqa"], "attention"),
     # More threads than any CI machine's CPUs: time-sliced, every kernel barrier waits (3000x slower).
     ("threads beyond the CPUs", ["train", "threads=1024"], "CPU(s)"),
+    ("OMP_NUM_THREADS beyond the CPUs", ["train", "ENV:OMP_NUM_THREADS=1024"], "OMP_NUM_THREADS = 1024"),
+    ("batch in train", ["train", "batch=2"], "batch (command line) is not read by"),
+    ("predict tp dividing no heads", ["predict", "predict_mesh=tp:3", "heads=8"], "tp:3 does not divide heads = 8"),
+    ("vocab in attn", ["attn", "vocab=1000"], "vocab (command line) is not read by"),
+    ("gdn_chunk in attn", ["attn", "gdn_chunk=64"], "gdn_chunk (command line) is not read by"),
     ("MLA head dim above the kernels' 256", ["train", "attention=mla", "qk_nope_head_dim=224", "qk_rope_head_dim=64"], "256"),
     ("MLA value dim above the key's", ["train", "attention=mla", "qk_nope_head_dim=16", "qk_rope_head_dim=8", "v_head_dim=32"], "v_head_dim"),
     ("MLA heads not split by tp", ["train", "attention=mla", "mesh=tp:2", "heads=3"], "tp:2 does not divide heads = 3"),
@@ -346,10 +351,12 @@ def judge(rc, out, err, dt, must, before, after):
 
 
 def run_e2e(binary, tmp, args):
-    cmd = ["mpirun", "-np", str(NP), "--oversubscribe", "--bind-to", "none", binary] + args
+    # "ENV:KEY=VALUE" items are the job's environment, not arguments (end to end only)
+    env = dict(ENV, **dict(a[4:].split("=", 1) for a in args if a.startswith("ENV:")))
+    cmd = ["mpirun", "-np", str(NP), "--oversubscribe", "--bind-to", "none", binary] + [a for a in args if not a.startswith("ENV:")]
     t0 = time.time()
     try:
-        p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp)
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp)
         return p.returncode, p.stdout, p.stderr, time.time() - t0
     except subprocess.TimeoutExpired:
         return None, "", "(timed out)", time.time() - t0
@@ -410,7 +417,8 @@ def main():
             args = args + ["out=" + os.path.join(tmp, "o", "run.h5")]
         prepared.append((name, tmp, args, must, all_e2e or name in E2E or i % SAMPLE == 0))
     # a case with a newline in an argument cannot go through the cases file (a line per case): end to end only
-    in_process = {t for n, t, a, m, e in prepared if n not in E2E and not any("\n" in x for x in a)}
+    in_process = {t for n, t, a, m, e in prepared
+                  if n not in E2E and not any("\n" in x or x.startswith("ENV:") for x in a)}
     prepared = [(n, t, a, m, e or t not in in_process) for n, t, a, m, e in prepared]
     before = {t: snapshot(t) for _, t, _, _, _ in prepared}
     time.sleep(0.01)  # a change within the same mtime tick would still differ in size or mtime

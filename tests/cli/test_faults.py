@@ -10,6 +10,9 @@ within its time limit, keeps every completed step readable and leaves the status
                   the run ends truncated (the step bound is mpirun's delay, not checked)
   concurrent      a second job on the same out= exits 2 at once naming the first (host, pid); the
                   first job's files are untouched and it ends intact (stopped by SIGUSR1)
+  partial_written another process writes into NAME.partial mid-run: not placed as the trace, exit 3
+  out_removed     the earlier trace at out= removed mid-run: the new one is placed there
+  early_signal    SIGUSR1 to both ranks 0.2 s after they exist: recorded (predict runs to its end)
   stopped_rank    SIGSTOP to rank 1 of 3: the watchdog ends the job (exit 3), the trace is
                   NAME.h5.partial with status "failed" and the reason
   stopped_at_startup  SIGSTOP to rank 1 as soon as it exists (MPI_Init, validation): the start-up
@@ -241,6 +244,64 @@ def case_out_appears(c):
     print(msg[0] if msg else "")
 
 
+def case_partial_written(c):
+    """Another process writes into NAME.partial (same file) mid-run: never placed as the trace; exit 3."""
+    out = os.path.join(c.work, "written.h5")
+    a = c.start(2, ["train", "--config", c.tiny, "out=" + out, "seq=4K", "steps=100000", "warmup=0"])
+    c.wait_steps(a, out, 2)
+    with open(out + ".partial", "w") as f:  # the same inode, emptied: the steps written are gone
+        f.write("x")
+    os.kill(a.pid, signal.SIGUSR1)
+    _, err = finish(a, 300)
+    check(a.returncode == 3, f"exit code {a.returncode}, expected 3:\n{err[-2000:]}")
+    check(not os.path.exists(out), "a damaged trace was placed at the output's name")
+    no_abort(err, "written into by another process")
+    check(not os.path.exists(out + ".lock"), "the output's lock was left behind")
+    print([l for l in err.splitlines() if "written into" in l][0][:200])
+
+
+def case_out_removed(c):
+    """The earlier trace at out= removed mid-run: nothing is lost by placing the new one there (exit 0)."""
+    out = os.path.join(c.work, "removed.h5")
+    r = c.run(1, ["train", "--config", c.tiny, "out=" + out, "steps=1", "warmup=0"])
+    check(r.returncode == 0 and os.path.exists(out), f"first run: exit {r.returncode}")
+    a = c.start(2, ["train", "--config", c.tiny, "out=" + out, "seq=4K", "steps=100000", "warmup=0"])
+    c.wait_steps(a, out, 2)
+    os.remove(out)
+    os.kill(a.pid, signal.SIGUSR1)
+    _, err = finish(a, 300)
+    check(a.returncode == 138, f"exit code {a.returncode}, expected 138 (truncated by SIGUSR1):\n{err[-2000:]}")
+    t = c.ct.load(out)
+    check(not t.partial and t.status == "truncated" and t.steps_completed >= 2, f"trace: {t.status}")
+    check("someone else" not in err, f"a removed file was reported as replaced:\n{err[-2000:]}")
+    print(f"earlier trace removed mid-run: the new one placed, {t.steps_completed} steps")
+
+
+def case_early_signal(c):
+    """SIGUSR1 to the ranks 0.2 s after they exist (in MPI_Init or start-up): recorded, never the
+    default action's kill. (A signal within the program loader, before main, still kills.)"""
+    out = os.path.join(c.work, "early.h5")
+    p = c.start(2, ["predict", "--config", c.tiny, "out=" + out, "sweep=seq=1K,2K,4K,8K,16K,32K"])
+    sent, seen, t0 = set(), {}, time.time()
+    while len(sent) < 2 and time.time() - t0 < 30 and p.poll() is None:
+        for r, pid in rank_pids(p.pid).items():
+            seen.setdefault(r, time.time())
+            if r not in sent and time.time() - seen[r] > 0.2:
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                    sent.add(r)
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.005)
+    _, err = finish(p, 120)
+    check(len(sent) == 2, f"signalled {len(sent)} ranks")
+    check("User defined signal" not in err, f"a rank died of the signal:\n{err[-2000:]}")
+    check(p.returncode == 0, f"predict (no steps) runs to its end: exit {p.returncode}\n{err[-2000:]}")
+    t = c.ct.load(out)
+    check(t.status == "complete", f"trace status {t.status}")
+    print("SIGUSR1 at start-up on both ranks: predict ran to its end, status complete")
+
+
 def case_out_dir_moved(c):
     """The output directory renamed mid-run: exit 3, and the moved .partial says failed, not complete."""
     d = os.path.join(c.work, "outdir")
@@ -279,6 +340,7 @@ def case_stopped_rank(c):
     check(t.partial and t.status == "failed", f"status {t.status!r}, expected 'failed'")
     check("watchdog" in str(t.attrs.get("failure", "")), f"failure {t.attrs.get('failure')!r}")
     check(t.steps_completed >= 3 and len(t.steps) == t.steps_completed, "completed steps lost")
+    check(not os.path.exists(out + ".lock"), "the output's lock was left behind by the aborted job")
     print(f"stopped rank: job ended {dt:.1f} s after SIGSTOP; failure: {t.attrs['failure']}")
 
 
@@ -380,7 +442,16 @@ def case_logits_overflow(c):
     check(t.partial and t.status == "failed", f"trace: {t.status}")
     with h5py.File(out + ".partial", "r") as f:
         check("infer/logits" not in f, "non-finite logits were written")
+    no_abort(r.stderr, "the logits have")
     print(msg[0] if msg else "")
+    # Without save_logits too: no token is chosen from them (greedy over NaN gave token 0, exit 0).
+    out = os.path.join(c.work, "huge_chat_tokens.h5")
+    r = c.run(2, ["chat", "--config", c.tiny, "docs=none", "resume=" + ck, "schedule=prefill:64,decode:2", "out=" + out])
+    check(r.returncode == 3, f"without save_logits: exit code {r.returncode}, expected 3:\n{r.stderr[-2000:]}")
+    no_abort(r.stderr, "logits are not finite")
+    t = c.ct.load(out)
+    check(t.partial and t.status == "failed" and "no token chosen" in str(t.attrs.get("failure")),
+          f"without save_logits: trace {t.status}, {t.attrs.get('failure')!r}")
 
 
 def case_out_of_memory(c):
@@ -403,6 +474,7 @@ def case_out_of_memory(c):
     t = c.ct.load(out)
     check(t.partial and t.status == "failed" and "out of memory" in str(t.attrs.get("failure")),
           f"trace: {t.status}, {t.attrs.get('failure')!r}")
+    check(not os.path.exists(out + ".lock"), "the output's lock was left behind by the aborted job")
     print([l for l in r.stderr.splitlines() if "out of memory" in l][0])
 
 

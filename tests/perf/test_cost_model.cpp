@@ -526,6 +526,14 @@ TEST(Hardware, ValuesOutsideAPhysicalRangeAreRefused) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("is 1e-300 GB"), std::string::npos) << e.what();
   }
+  // A count of chips is whole: 3.5 was read as 3 without a word.
+  std::ofstream(f) << "name = \"x\"\nchips_per_node = 3.5\nintra_gb_s = 1\ninter_gb_s = 1\ninter_latency_us = 1\n" << good;
+  try {
+    load_hardware(f);
+    FAIL() << "chips_per_node = 3.5 accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("whole number of chips (got 3.5)"), std::string::npos) << e.what();
+  }
 }
 
 // The analytic curve's keys are read (an earlier reader built "attn_eff_half_tokens" and never
