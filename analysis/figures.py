@@ -14,8 +14,9 @@ same functions draw tables that do not come from traces. Not here yet (they come
 inference and cost-model work): pass-KV vs pass-Q over the KV-cache miss rate, and predicted vs
 measured step time; both will be functions of the same form over their own tables.
 
-MFU needs a peak FLOP/s: `ctxpar train` records one (measured sgemm peak or
-peak_tflops_per_rank); `ctxpar run` does not, so its MFU is left out (NaN in the CSV) unless
+MFU needs a peak FLOP/s: `ctxpar train` records one (peak_tflops_per_rank, which a local
+jobs/sweep.py sets once for all its runs, else one core's FMA loop x the rank's threads, measured
+by that run); `ctxpar run` does not, so its MFU is left out (NaN in the CSV) unless
 --peak-tflops-per-rank is given here.
 """
 

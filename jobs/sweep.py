@@ -20,6 +20,10 @@ Mesh per strategy (P = nodes x ranks-per-node): allgather, ring -> ring:P; ulyss
 usp -> ulysses:<ranks-per-node>,ring:<nodes> (all-to-all inside a node, ring across nodes).
 --mesh overrides it with a template, e.g. --mesh 'ulysses:{rpn},ring:{nodes}' ({P} also works).
 --local skips runs that already finished (exit_code 0 and trace.h5 present) unless --force.
+A --local sweep of train or bench train gives every run one MFU peak (peak_tflops_per_rank=): one
+core's FMA-loop rate (ctxpar bench peak threads=1) measured once, times OMP_NUM_THREADS, recorded in
+sweep.json and reused when the sweep runs again, so MFU compares across its runs; give
+peak_tflops_per_rank=X after -- to set it yourself. (On a cluster each run measures its own.)
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, List
 
@@ -88,6 +93,38 @@ def plan(args) -> List[Dict]:
     if len(set(names)) != len(names):
         raise SystemExit("sweep.py: two runs would share a directory (repeated values in a list?)")
     return runs
+
+
+PEAK_MODES = ("train", "bench train")  # the modes whose MFU divides by a measured CPU peak
+
+
+def sweep_peak(args) -> str:
+    """The peak_tflops_per_rank= of every run of a --local train sweep ("" where the user set one,
+    or the runs measure their own): the one this sweep recorded before, else measured now."""
+    if not args.local or args.mode not in PEAK_MODES:
+        return ""
+    if any(o.lstrip("-").startswith("peak_tflops_per_rank=") for o in args.overrides):
+        return ""
+    try:
+        with open(os.path.join(args.out, "sweep.json")) as f:
+            for o in json.load(f).get("overrides", []):
+                if o.startswith("peak_tflops_per_rank="):
+                    return o.split("=", 1)[1]
+    except (OSError, ValueError):
+        pass
+    tmp = tempfile.mkdtemp(prefix="ctxpar-peak-")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    try:
+        p = subprocess.run([args.ctxpar, "bench", "peak", "csv=true", "threads=1", "out=" + os.path.join(tmp, "peak.h5")],
+                           env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = [l.split(",") for l in p.stdout.splitlines() if l and not l.startswith("#")]
+    if p.returncode != 0 or len(rows) < 2 or "fma_gflops" not in rows[0]:
+        raise SystemExit(f"sweep.py: ctxpar bench peak failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
+    core_gflops = float(rows[1][rows[0].index("fma_gflops")])
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
+    return f"{core_gflops * threads / 1000:.6g}"
 
 
 def sbatch_command(args, nodes: int, export: Dict[str, str], output: str, array: str = "") -> List[str]:
@@ -290,6 +327,11 @@ def main(argv=None) -> int:
         args.out = os.path.join("runs", time.strftime("sweep-%Y%m%d-%H%M%S"))
     if (args.array or args.wait) and not args.submit:
         raise SystemExit("sweep.py: --array and --wait go with --submit")
+    if not args.print and os.access(args.ctxpar, os.X_OK):
+        if peak := sweep_peak(args):
+            args.overrides = list(args.overrides) + ["peak_tflops_per_rank=" + peak]
+            print(f"sweep {args.out}: MFU against peak_tflops_per_rank={peak} for every run (one core's FMA loop, "
+                  "measured once for this sweep)", flush=True)
     runs = plan(args)
 
     if args.print:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <span>
+#include <thread>
 
 #include "core/memory.hpp"
 #include "dist/comm.hpp"
@@ -117,6 +118,21 @@ double measure_sgemm_peak_flops(Comm& world) {
   double flops = matmul_flops(double(n), double(n), double(n)) / best;
   world.all_reduce(std::span<double>(&flops, 1), ReduceOp::max);
   return flops;
+}
+
+double measure_core_peak_flops(Comm& world) {
+  double core = 0;
+  if (world.rank() == 0) {
+    core = fma_peak(1).gflops * 1e9;
+    std::vector<Request> sent;
+    for (int r = 1; r < world.size(); ++r)
+      sent.push_back(world.send_recv_async(std::span<const double>(&core, 1), r, std::span<double>(), Comm::kNone));
+    for (Request& q : sent) world.wait(q);
+  } else {  // asleep between polls: a rank spinning in a receive would take rank 0's core
+    Request q = world.send_recv_async(std::span<const double>(), Comm::kNone, std::span<double>(&core, 1), 0);
+    while (!world.test(q)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return core;
 }
 
 }  // namespace ctxpar

@@ -69,4 +69,10 @@ double prefill_flops(const ModelDims& d, int64_t T, int64_t cached);
 // MFU). Collective.
 double measure_sgemm_peak_flops(Comm& world);
 
+// The nominal peak FLOP/s of one core, fixed for a machine rather than a run: the FMA-loop rate of
+// the widest instruction set (as `bench peak`), measured by world rank 0 while the other ranks
+// sleep (so no rank of the job shares its core), best of 6 loops, sent to every rank. MFU's
+// denominator on the CPU is this times a rank's threads. Collective.
+double measure_core_peak_flops(Comm& world);
+
 }  // namespace ctxpar

@@ -91,8 +91,12 @@ struct TrainMemoryPlan {
 };
 TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo);
 std::string train_plan(const Config& cfg, Topology& topo);  // the --dry-run lines of train
-// Peak FLOP/s per rank for MFU: peak_tflops_per_rank, or measured with sgemm (collective).
+// Peak FLOP/s per rank for MFU on the CPU, fixed for the machine: peak_tflops_per_rank, else one
+// core's FMA-loop rate (model/flops.hpp measure_core_peak_flops) times the rank's threads. The
+// run's own sgemm rate is reported beside it, never divided by (train_sgemm_flops_per_rank).
+// Both measured once per process; collective.
 double train_peak_flops_per_rank(const Config& cfg, Topology& topo);
+double train_sgemm_flops_per_rank(Topology& topo);
 
 int run_train(const Config& cfg, Topology& topo, Tracer& tracer);     // `ctxpar train`
 // The training loop behind run_train and `bench train`: medians over the measured steps.

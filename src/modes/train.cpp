@@ -367,10 +367,22 @@ std::string train_plan(const Config& cfg, Topology& topo) {
 }
 
 double train_peak_flops_per_rank(const Config& cfg, Topology& topo) {
-  if (cfg.peak_tflops_per_rank > 0) return cfg.peak_tflops_per_rank * 1e12;
+  if (cfg.peak_tflops_per_rank > 0) {
+    if (cfg.device != Device::cuda) train_sgemm_flops_per_rank(topo);
+    return cfg.peak_tflops_per_rank * 1e12;
+  }
   // Measured once per process (main passes it to the tracer, run_train logs it); every rank
   // calls this at the same points, so the collective inside stays matched.
-  static double measured = 0;
+  static double core = 0;
+  if (core == 0) core = measure_core_peak_flops(topo.world());
+  // The run's sgemm rate too, now: measured before the run's memory is tracked (main calls this
+  // before the trace starts).
+  if (cfg.device != Device::cuda) train_sgemm_flops_per_rank(topo);
+  return core * omp_get_max_threads();
+}
+
+double train_sgemm_flops_per_rank(Topology& topo) {
+  static double measured = 0;  // once per process, as the peak
   if (measured == 0) measured = measure_sgemm_peak_flops(topo.world());
   return measured;
 }
@@ -471,6 +483,23 @@ struct TrainRun {
 };
 
 // The run's header lines (rank 0).
+// What MFU divides by, for the header and the trace (peak_source); on the CPU also this run's sgemm
+// rate (sgemm_flops_per_rank: how near the GEMM library comes to that peak; a measurement of the
+// run, never the denominator). Collective on the CPU.
+std::string peak_note(const Config& cfg, bool on_gpu, Topology& topo, Tracer& tr) {
+  std::string note = cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank"
+                     : on_gpu                     ? "the GPU's dense bf16 peak"
+                                                  : std::string("nominal: one core's ") + fma_isa_name(fma_isa_available()) +
+                                           " FMA loop x " + std::to_string(omp_get_max_threads()) + " thread(s)";
+  tr.write_attr("/", "peak_source", note);
+  if (on_gpu) return note;
+  const double sgemm = train_sgemm_flops_per_rank(topo);
+  tr.write_attr("/", "sgemm_flops_per_rank", sgemm);
+  char b[96];
+  std::snprintf(b, sizeof b, "; this run's sgemm %.1f GFLOP/s per rank", sgemm / 1e9);
+  return note + b;
+}
+
 void log_train_header(const TrainRun& r, double peak) {
   const Config& cfg = r.cfg;
   const ModelDims& d = r.d;
@@ -482,8 +511,8 @@ void log_train_header(const TrainRun& r, double peak) {
        (long long)m.dp, (long long)m.tp, (long long)m.ulysses, (long long)m.ring, cfg.strategy.c_str(),
        name_of(cfg.remat));
   if (cfg.attention == "mla") log0("# %s\n", mla_line(cfg).c_str());
-  log0("# data: %s; trace %s; peak %.1f GFLOP/s per rank (%s)\n", r.src->describe().c_str(), r.tracer.path().c_str(),
-       peak / 1e9, cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank" : r.on_gpu ? "the GPU's dense bf16 peak" : "measured sgemm");
+  log0("# data: %s; trace %s\n", r.src->describe().c_str(), r.tracer.path().c_str());
+  log0("# MFU peak %.1f GFLOP/s per rank: %s\n", peak / 1e9, peak_note(r.cfg, r.on_gpu, r.topo, r.tracer).c_str());
   if (r.on_gpu)
     log0("# device=cuda: %s, %s communicators; bf16 GEMM and attention inputs, fp32 accumulation, fp32 master "
          "weights and AdamW moments%s\n", r.gpu.description.c_str(), r.gpu.comm.c_str(),

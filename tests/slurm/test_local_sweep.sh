@@ -20,6 +20,21 @@ out=$("$PY" "$REPO/jobs/sweep.py" --local --nodes 1 --ranks-per-node 2 --strateg
   --seq 512 --ctxpar "$CTXPAR" --out "$WORK/sweep" -- "${SMALL[@]}")
 [ "$(grep -c 'done before, kept' <<<"$out")" = 2 ] || fail "second call did not keep the 2 finished runs: $out"
 
+# A train sweep: one MFU peak for every run (measured once, recorded in sweep.json), so MFU is
+# proportional to TFLOP/s across the sweep.
+"$PY" "$REPO/jobs/sweep.py" --local --quiet --mode train --config "$REPO/inputs/tiny.toml" --nodes 1 \
+  --ranks-per-node 2 --strategies ring,allgather --seq 512 --ctxpar "$CTXPAR" --out "$WORK/train" -- steps=2 warmup=0
+"$PY" - "$WORK/train" <<'PYEOF' || fail "train sweep: the runs do not share one recorded MFU peak"
+import glob, json, sys
+import h5py
+d = sys.argv[1]
+peak = [o for o in json.load(open(d + "/sweep.json"))["overrides"] if o.startswith("peak_tflops_per_rank=")]
+assert len(peak) == 1, peak
+want = float(peak[0].split("=")[1]) * 1e12
+got = [float(h5py.File(t, "r").attrs["peak_flops_per_rank"]) for t in sorted(glob.glob(d + "/*/trace.h5"))]
+assert len(got) == 2 and all(abs(g - want) <= 1e-9 * want for g in got), (want, got)
+PYEOF
+
 # heads=6 over kv_heads=4 (GQA groups not whole): ctxpar rejects it before running.
 rc=0
 "$PY" "$REPO/jobs/sweep.py" --local --quiet --nodes 1 --ranks-per-node 2 --strategies ring \
