@@ -218,6 +218,16 @@ Startup check_startup(const std::vector<std::string>& args, Comm& world, Watchdo
     cfg.bench = s.row->bench;
     // A key the mode does not read, given on the command line: refused, naming the modes it serves.
     if (const std::string e = check_keys_for_mode(s.cli.overrides, mode_words(cfg)); !e.empty()) throw UsageError(e);
+    // attn in=FILE: the file's tensors give the shape; a shape key beside it would be dropped unsaid.
+    if (cfg.mode == Mode::attn && !cfg.in.empty())
+      for (const std::string& o : s.cli.overrides) {
+        std::string key = o.substr(0, o.find('='));
+        if (key.rfind("--", 0) == 0) key.erase(0, 2);
+        if (key == "seq" || key == "heads" || key == "kv_heads" || key == "head_dim")
+          throw UsageError("config: " + key + " (command line) is not read by `ctxpar attn` with in = '" + cfg.in +
+                           "': the file's tensors give the sequence length and the heads (q [S, H_q, D], k [S, H_kv, "
+                           "D]); valid: leave " + key + " out");
+      }
     validate_config(cfg, world.size());
     const MeshSpec mesh = parse_mesh(cfg.mesh, world.size());
     // Record the mesh in full (the trace and printouts then never show an implicit default).

@@ -147,6 +147,8 @@ CASES = [
                                                              "checkpoint=/proc/ctxpar_ck.h5"], "checkpoint"),
     ("NAME.partial is a directory", ["run", "out=@TMP@/p.h5"], "directory"),
     ("attn input file missing", ["attn", "in=@TMP@/missing.h5", "out=@TMP@/res.h5"], "in"),
+    ("attn seq beside an input file", ["attn", "in=@ATTN@", "seq=4096", "out=@TMP@/res.h5"], "seq (command line) is not read"),
+    ("attn heads beside an input file", ["attn", "--in=@ATTN@", "--heads=4", "out=@TMP@/res.h5"], "heads (command line) is not read"),
     # Outputs that would overwrite an input or another output.
     ("out is the --config file", ["run", "--config", "@GOODTOML@", "out=@GOODTOML@"], "out"),
     ("attn results over their own input", ["attn", "in=@ATTN@", "out=@ATTN@"], "out"),
