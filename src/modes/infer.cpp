@@ -522,6 +522,11 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
   }
   e.act = f * double(rows) * double(3 * d.dim + 2 * d.q_width() + d.H_q + 4 * d.kv_width() + 3 * d.ffn + d.D) +
           f * double(d.vocab);
+  // The CP algorithm's transfer buffers, the larger of the two (cp_algo=auto may take either):
+  // pass-Q's query rows, partial outputs and their lse, each sent and received (6 (q_width + H_q)
+  // floats a row, measured: chat batch 4, prefill 8K, 2 ranks peaked 25.5 MiB above the rest);
+  // pass-KV's K and V blocks in flight (at most 3 kv_width a row).
+  e.act += f * double(rows) * double(std::max(6 * (d.q_width() + d.H_q), 3 * d.kv_width()));
   if (d.has_gdn())  // each OpenMP thread's scratch of the prefill's recurrence
     e.act += f * omp_get_max_threads() * double(gdn_thread_scratch_bound(rows, d.gdn_Dk, d.gdn_Dv, d.gdn_chunk, false));
   if (d.mla)  // the absorbed queries and outputs, the latents and their scratch
