@@ -1,11 +1,11 @@
 // `ctxpar bench train`: the training loop of `ctxpar train` on the configured model and mesh
 // (default preset for the performance goal: inputs/bench-train.toml), summarized as one table
-// row — step time, tokens/s, TFLOP/s per rank, MFU against the measured sgemm peak (and, on the
-// CPU, against the FMA-loop peak of the cores), and where the step time goes (GEMMs, CP
+// row — step time, tokens/s, TFLOP/s per rank, MFU against the fixed peak per rank (train's:
+// one core's FMA loop x the rank's threads, or peak_tflops_per_rank) and, on the CPU, against the
+// FMA loop of all ranks' cores measured at once, and where the step time goes (GEMMs, CP
 // attention, everything else).
-// `ctxpar bench peak`: the per-rank peak that MFU is measured against (large sgemm calls on all
-// ranks at once), next to the FMA-loop peak of the cores, with a small sgemm checked against a
-// plain loop.
+// `ctxpar bench peak`: the per-rank sgemm rate (large sgemm calls on all ranks at once) next to
+// the FMA-loop peak of the cores, with a small sgemm checked against a plain loop.
 #include <omp.h>
 
 #include <algorithm>
@@ -73,7 +73,7 @@ int bench_train(BenchContext& ctx) {
                 {"mfu_fma_pct", "MFU/FMA", "%", 8, 2}, {"gemm_pct", "GEMM", "% of step", 10, 1},
                 {"attn_pct", "attn", "% of step", 10, 1}, {"other_pct", "other", "% of step", 10, 1},
                 {"wrong", "#wrong", "", 7, 0}},
-               {std::string("FLOP convention: ") + kFlopConvention, "peak: sgemm measured on every rank at once (bench peak); MFU against it",
+               {std::string("FLOP convention: ") + kFlopConvention, "peak: train's fixed peak per rank (one core's FMA loop x the rank's threads, or peak_tflops_per_rank); MFU against it",
                 "FMA loop: register-only FMAs of the widest vectors the CPU has, every rank at once, largest over ranks "
                 "(the cores' ceiling; bench peak); MFU/FMA: the model's FLOP rate against it (CPU only)",
                 "attn = the token mixers (CP attention; Gated DeltaNet's recurrence for D layers) incl. their communication; "
@@ -140,7 +140,7 @@ int bench_peak(BenchContext& ctx) {
                 {"fma_gflops", "FMA loop", "GFLOP/s", 10, 1}, {"fma_isa", "ISA", "", 15, 0},
                 {"fma_bits", "vector", "bits", 7, 0}, {"sgemm_vs_fma", "sgemm/FMA", "", 10, 2},
                 {"blas", "library", "", 78, 0}, {"wrong", "#wrong", "", 7, 0}},
-               {"sgemm: the best 1024x1024x1024 product over 0.2 s after a 0.1 s warm-up, largest over ranks (MFU's denominator)",
+               {"sgemm: the best 1024x1024x1024 product over 0.2 s after a 0.1 s warm-up, largest over ranks (train reports it beside MFU)",
                 "FMA loop: register-only FMAs of the widest vectors the CPU has, on this rank's threads (the cores' ceiling)"});
   t.add_row({std::to_string(ctx.topo.world().size()), t.cell(1, sgemm_flops / 1e9), t.cell(2, fma.gflops), fma.isa_name,
              std::to_string(fma.vector_bits), t.cell(5, sgemm_flops / 1e9 / fma.gflops), blas_name(),

@@ -489,7 +489,7 @@ struct TrainRun {
 std::string peak_note(const Config& cfg, bool on_gpu, Topology& topo, Tracer& tr) {
   std::string note = cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank"
                      : on_gpu                     ? "the GPU's dense bf16 peak"
-                                                  : std::string("nominal: one core's ") + fma_isa_name(fma_isa_available()) +
+                                                  : std::string("one core's ") + fma_isa_name(fma_isa_available()) +
                                            " FMA loop x " + std::to_string(omp_get_max_threads()) + " thread(s)";
   tr.write_attr("/", "peak_source", note);
   if (on_gpu) return note;
@@ -512,7 +512,7 @@ void log_train_header(const TrainRun& r, double peak) {
        name_of(cfg.remat));
   if (cfg.attention == "mla") log0("# %s\n", mla_line(cfg).c_str());
   log0("# data: %s; trace %s\n", r.src->describe().c_str(), r.tracer.path().c_str());
-  log0("# MFU peak %.1f GFLOP/s per rank: %s\n", peak / 1e9, peak_note(r.cfg, r.on_gpu, r.topo, r.tracer).c_str());
+  log0("# MFU peak %.1f GFLOP/s per rank (%s)\n", peak / 1e9, peak_note(r.cfg, r.on_gpu, r.topo, r.tracer).c_str());
   if (r.on_gpu)
     log0("# device=cuda: %s, %s communicators; bf16 GEMM and attention inputs, fp32 accumulation, fp32 master "
          "weights and AdamW moments%s\n", r.gpu.description.c_str(), r.gpu.comm.c_str(),
