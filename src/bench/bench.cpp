@@ -23,6 +23,20 @@ FmaPeak measure_fma_peak(BenchContext& ctx, int threads, std::optional<ReduceOp>
   return p;
 }
 
+std::vector<std::pair<std::string, std::string>> bench_context(const Config& cfg, Topology& topo) {
+  const MeshSpec& m = topo.mesh();
+  const std::string mesh = "dp:" + std::to_string(m.dp) + "/tp:" + std::to_string(m.tp) + "/ulysses:" +
+                           std::to_string(m.ulysses) + "/ring:" + std::to_string(m.ring);
+  return {{"ranks", std::to_string(topo.world().size())}, {"mesh", mesh}, {"heads", std::to_string(cfg.heads)},
+          {"kv_heads", std::to_string(cfg.kv_heads)}, {"head_dim", std::to_string(cfg.head_dim)},
+          {"dtype", cfg.device == Device::cuda ? "bf16" : "fp32"}};
+}
+
+void print_table(Table& t, BenchContext& ctx) {
+  t.set_context(bench_context(ctx.cfg, ctx.topo));
+  t.print(ctx.cfg.csv);
+}
+
 void print_verdict(const std::string& what, int wrong, bool csv) {
   if (csv) return;  // CSV output stays machine-readable; the exit code carries the verdict
   if (wrong == 0) log0("# VALID: %s — every checked result within tolerance\n\n", what.c_str());

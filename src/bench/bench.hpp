@@ -49,6 +49,11 @@ double bench_attn_device_memory(const Config& cfg, Topology& topo);  // GPU byte
 
 // "VALID: ..." / "INVALID: N wrong" line on rank 0.
 void print_verdict(const std::string& what, int wrong, bool csv);
+// The run's settings every row of a bench table shares, for Table::set_context: ranks, mesh (axes
+// joined by '/'), heads, kv_heads, head_dim and dtype (fp32 on the CPU, bf16 inputs on a GPU).
+std::vector<std::pair<std::string, std::string>> bench_context(const Config& cfg, Topology& topo);
+// The table with the run's context (bench_context), as a table or CSV (cfg.csv); rank 0 calls it.
+void print_table(Table& t, BenchContext& ctx);
 
 // The FMA-loop peak of this rank's `threads` threads (kernels/ops.hpp: the widest FMA the CPU
 // has), recorded in the trace as root attributes fma_peak_flops_per_rank, fma_isa and

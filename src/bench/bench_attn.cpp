@@ -513,7 +513,7 @@ int bench_attn_cuda(BenchContext& ctx) {
                    table.cell(11, bwd_tf / gemm), std::to_string(wrong)});
   }
   if (world.rank() == 0) {
-    table.print(cfg.csv);
+    print_table(table, ctx);
     // Performance against the goal is reported, not counted as wrong (#wrong is correctness).
     const bool met = goal_fwd >= kGoalFwd && goal_bwd >= kGoalBwd && goal_gemm >= kGoalGemm;
     if (!cfg.csv)
@@ -690,8 +690,8 @@ int bench_attn(BenchContext& ctx) {
                    table.cell(11, bwd_gf / gemm), table.cell(12, gemm / peak), std::to_string(wrong)});
   }
   if (world.rank() == 0) {
-    table.print(cfg.csv);
-    breakdown.print(cfg.csv);
+    print_table(table, ctx);
+    print_table(breakdown, ctx);
   }
   print_verdict("bench attn", wrong_total, cfg.csv);
   return wrong_total;

@@ -555,7 +555,7 @@ int bench_cp(BenchContext& ctx) {
       if (!bench.run_case(row, *strat, S)) break;
     }
   }
-  if (attn_rows && world.rank() == 0) table.print(cfg.csv);
+  if (attn_rows && world.rank() == 0) print_table(table, ctx);
   if (mla && !cfg.csv)  // one forward ring step's message (rank 0's, last length), latent vs K/V
     print_mla_steps(cfg, *mla, bench.step_bytes);
   if (!cfg.csv)

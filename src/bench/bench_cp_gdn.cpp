@@ -165,7 +165,7 @@ int64_t bench_cp_gdn(BenchContext& ctx, const std::vector<int64_t>& lengths) {
                      std::to_string(wrong)});
     }
   }
-  if (world.rank() == 0) table.print(cfg.csv);
+  if (world.rank() == 0) print_table(table, ctx);
   return wrong_total;
 }
 

@@ -215,7 +215,7 @@ int exact_table(BenchContext& ctx, const Check& check, const std::vector<int32_t
                t.cell(4, p[1] / p[0]), t.cell(5, d[0] * 1e3), t.cell(6, d[1] * 1e3), t.cell(7, d[1] / d[0]),
                std::to_string(bad[0]), std::to_string(bad[1])});
   }
-  if (world.rank() == 0) t.print(cfg.csv);
+  if (world.rank() == 0) print_table(t, ctx);
   return failed;
 }
 // One pass-KV / pass-Q comparison: iters + 1 iterations (the first an untimed warmup), each
@@ -329,7 +329,7 @@ struct InferBench {
                   std::to_string(wrong)});
       ++idx;
     }
-    if (world.rank() == 0) t1.print(cfg.csv);
+    if (world.rank() == 0) print_table(t1, ctx);
     report_crossover(meas_kv, pred_kv, idx);
   }
 
@@ -466,7 +466,7 @@ struct InferBench {
                     std::to_string(w)});
       }
     }
-    if (world.rank() == 0) t2.print(cfg.csv);
+    if (world.rank() == 0) print_table(t2, ctx);
   }
 
   // ---- 3. batched variable-length prefill against one sequence at a time -----------------------
@@ -532,7 +532,7 @@ struct InferBench {
                       t3.cell(3, tp[1] / tp[k]), std::to_string(k == 0 ? wrong : 0)});
       }
     }
-    if (world.rank() == 0) t3.print(cfg.csv);
+    if (world.rank() == 0) print_table(t3, ctx);
   }
 
   // ---- 4. full-prefill TTFT against length, pass-KV vs pass-Q ---------------------------------
@@ -565,7 +565,7 @@ struct InferBench {
                   t4.cell(4, double(T) / sec[1]), kv_faster < 0 ? "tie" : kv_faster ? "pass_kv" : "pass_q",
                   std::to_string(wrong)});
     }
-    if (world.rank() == 0) t4.print(cfg.csv);
+    if (world.rank() == 0) print_table(t4, ctx);
   }
 };
 

@@ -96,7 +96,7 @@ int bench_train(BenchContext& ctx) {
   const TrainSummary& s = runs[0].s;
   const double other = 1 - s.gemm_share - s.attn_share;
   if (ctx.topo.world().rank() == 0) {
-    t.print(cfg.csv);
+    print_table(t, ctx);
     if (!cfg.csv) {
       log0("# goal (issue 5, >= 4 layers, dim >= 1024, seq >= 8K on 2 ranks): MFU >= 35%% and other <= 15%%: %s\n",
            s.mfu >= 0.35 && other <= 0.15 ? "met" : "not met");

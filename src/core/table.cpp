@@ -1,5 +1,6 @@
 #include "core/table.hpp"
 
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 
@@ -25,23 +26,39 @@ std::string Table::cell(size_t col, double v) const {
 void Table::print(bool csv) const {
   std::ostringstream os;
   if (csv) {
+    for (const auto& [k, v] : context_) os << k << ",";
     for (size_t i = 0; i < cols_.size(); ++i) os << (i ? "," : "") << cols_[i].name;
     os << "\n";
     for (const auto& r : rows_) {
+      for (const auto& [k, v] : context_) os << v << ",";
       for (size_t i = 0; i < r.size(); ++i) os << (i ? "," : "") << r[i];
       os << "\n";
     }
   } else {
+    // Each column at least its stated width, and one space wider than its title, its unit and
+    // every cell: neighbouring headers, units and values never touch.
+    std::vector<int> w(cols_.size());
+    for (size_t i = 0; i < cols_.size(); ++i) {
+      size_t need = std::max(cols_[i].title.size(), cols_[i].unit.empty() ? 0 : cols_[i].unit.size() + 2);
+      for (const auto& r : rows_) need = std::max(need, r[i].size());
+      w[i] = std::max(cols_[i].width, int(need) + 1);
+    }
     os << "# " << title_ << "\n";
     for (const std::string& n : notes_) os << "# " << n << "\n";
+    if (!context_.empty()) {
+      os << "# run:";
+      for (const auto& [k, v] : context_) os << " " << k << "=" << v;
+      os << "\n";
+    }
     os << "#";
-    for (const auto& c : cols_) os << std::setw(c.width) << c.title;
+    for (size_t i = 0; i < cols_.size(); ++i) os << std::setw(w[i]) << cols_[i].title;
     os << "\n#";
-    for (const auto& c : cols_) os << std::setw(c.width) << (c.unit.empty() ? std::string() : "(" + c.unit + ")");
+    for (size_t i = 0; i < cols_.size(); ++i)
+      os << std::setw(w[i]) << (cols_[i].unit.empty() ? std::string() : "(" + cols_[i].unit + ")");
     os << "\n";
     for (const auto& r : rows_) {
       os << " ";
-      for (size_t i = 0; i < r.size(); ++i) os << std::setw(cols_[i].width) << r[i];
+      for (size_t i = 0; i < r.size(); ++i) os << std::setw(w[i]) << r[i];
       os << "\n";
     }
   }

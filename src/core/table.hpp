@@ -3,6 +3,7 @@
 // the column names (units in the names).
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ctxpar {
@@ -21,6 +22,9 @@ class Table {
   // Cells as text (use cell() to format numbers with the column's precision).
   void add_row(std::vector<std::string> cells);
   std::string cell(size_t col, double v) const;
+  // The run's settings every row shares (ranks, mesh, shape, dtype): CSV columns before the
+  // table's own, on every row (values without commas); in the table, one note line.
+  void set_context(std::vector<std::pair<std::string, std::string>> kv) { context_ = std::move(kv); }
   // Prints on rank 0 only (the caller checks); table or CSV.
   void print(bool csv) const;
   size_t rows() const { return rows_.size(); }
@@ -30,6 +34,7 @@ class Table {
   std::vector<TableColumn> cols_;
   std::vector<std::string> notes_;
   std::vector<std::vector<std::string>> rows_;
+  std::vector<std::pair<std::string, std::string>> context_;
 };
 
 }  // namespace ctxpar

@@ -295,7 +295,8 @@ class Session {
       if (k.q_share == 0 || k.q_share == 1) std::snprintf(ran, sizeof ran, "%s", k.q_share == 1 ? "pass_q" : "pass_kv");
       else std::snprintf(ran, sizeof ran, "mixed (%.0f%% of the sequences pass_q)", 100 * k.q_share);
       log0("# turn %lld prefill T=%lld P=%lld (miss %.4f): %s; predicted pass_kv %.3f ms, pass_q %.3f ms; "
-           "paper Eq.1 %s, Eq.5 %s, App.D %s\n",
+           "Yang et al., \"Context Parallelism for Scalable Million-Token Inference\" (MLSys 2025): Eq. 1 %s, "
+           "Eq. 5 %s, App. D %s\n",
            (long long)k.turn, (long long)k.T, (long long)k.cached, double(k.T) / double(k.T + k.cached), ran,
            k.pred.pass_kv_s * 1e3, k.pred.pass_q_s * 1e3, k.pred.eq1_pass_kv ? "pass_kv" : "pass_q",
            k.pred.eq5_pass_q ? "pass_q" : "pass_kv", k.pred.fitted_pass_kv ? "pass_kv" : "pass_q");
@@ -306,8 +307,8 @@ class Session {
       if (same) continue;
       for (int64_t b = 0; b < B; ++b) {
         const double* x = rows + b * kSeqColumns;
-        log0("#   sequence %lld: T=%.0f P=%.0f: %s, TTFT %.3f ms; predicted pass_kv %.3f ms, pass_q %.3f ms; paper Eq.1 "
-             "%s, Eq.5 %s, App.D %s\n",
+        log0("#   sequence %lld: T=%.0f P=%.0f: %s, TTFT %.3f ms; predicted pass_kv %.3f ms, pass_q %.3f ms; Yang et al. "
+             "Eq. 1 %s, Eq. 5 %s, App. D %s\n",
              (long long)b, x[0], x[1], x[2] != 0 ? "pass_q" : "pass_kv", x[3] * 1e3, x[4] * 1e3, x[5] * 1e3,
              x[6] != 0 ? "pass_kv" : "pass_q", x[7] != 0 ? "pass_q" : "pass_kv", x[8] != 0 ? "pass_kv" : "pass_q");
       }

@@ -12,7 +12,7 @@ within its time limit, keeps every completed step readable and leaves the status
                   first job's files are untouched and it ends intact (stopped by SIGUSR1)
   partial_written another process writes into NAME.partial mid-run: not placed as the trace, exit 3
   out_removed     the earlier trace at out= removed mid-run: the new one is placed there
-  early_signal    SIGUSR1 to both ranks 0.2 s after they exist: recorded (predict runs to its end)
+  early_signal    SIGUSR1 to both ranks once they catch it (start of main): recorded, predict runs on
   stopped_rank    SIGSTOP to rank 1 of 3: the watchdog ends the job (exit 3), the trace is
                   NAME.h5.partial with status "failed" and the reason
   stopped_at_startup  SIGSTOP to rank 1 as soon as it exists (MPI_Init, validation): the start-up
@@ -278,15 +278,17 @@ def case_out_removed(c):
 
 
 def case_early_signal(c):
-    """SIGUSR1 to the ranks 0.2 s after they exist (in MPI_Init or start-up): recorded, never the
-    default action's kill. (A signal within the program loader, before main, still kills.)"""
+    """SIGUSR1 to each rank as soon as it catches the signal (its handler is the first thing main
+    installs: in MPI_Init or start-up): recorded, never the default action's kill. (A signal within
+    the program loader, before main, still kills: the test waits for the handler, /proc SigCgt.)"""
     out = os.path.join(c.work, "early.h5")
     p = c.start(2, ["predict", "--config", c.tiny, "out=" + out, "sweep=seq=1K,2K,4K,8K,16K,32K"])
-    sent, seen, t0 = set(), {}, time.time()
+    sent, t0, before_lock = set(), time.time(), None
     while len(sent) < 2 and time.time() - t0 < 30 and p.poll() is None:
         for r, pid in rank_pids(p.pid).items():
-            seen.setdefault(r, time.time())
-            if r not in sent and time.time() - seen[r] > 0.2:
+            if r not in sent and catches(pid, signal.SIGUSR1):
+                if r == 0:  # installed at main's start: long before rank 0 locks the output
+                    before_lock = not os.path.exists(out + ".lock")
                 try:
                     os.kill(pid, signal.SIGUSR1)
                     sent.add(r)
@@ -295,11 +297,23 @@ def case_early_signal(c):
         time.sleep(0.005)
     _, err = finish(p, 120)
     check(len(sent) == 2, f"signalled {len(sent)} ranks")
+    check(before_lock, "rank 0 caught SIGUSR1 only after it locked its output (handlers installed late)")
     check("User defined signal" not in err, f"a rank died of the signal:\n{err[-2000:]}")
     check(p.returncode == 0, f"predict (no steps) runs to its end: exit {p.returncode}\n{err[-2000:]}")
     t = c.ct.load(out)
     check(t.status == "complete", f"trace status {t.status}")
     print("SIGUSR1 at start-up on both ranks: predict ran to its end, status complete")
+
+
+def catches(pid, sig):
+    """True when process `pid` has a handler for `sig` (/proc/PID/status SigCgt)."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    except OSError:
+        pass
+    return False
 
 
 def case_out_dir_moved(c):
