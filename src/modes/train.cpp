@@ -367,10 +367,7 @@ std::string train_plan(const Config& cfg, Topology& topo) {
 }
 
 double train_peak_flops_per_rank(const Config& cfg, Topology& topo) {
-  if (cfg.peak_tflops_per_rank > 0) {
-    if (cfg.device != Device::cuda) train_sgemm_flops_per_rank(topo);
-    return cfg.peak_tflops_per_rank * 1e12;
-  }
+  if (cfg.peak_tflops_per_rank > 0) return cfg.peak_tflops_per_rank * 1e12;  // no time spent measuring
   // Measured once per process (main passes it to the tracer, run_train logs it); every rank
   // calls this at the same points, so the collective inside stays matched.
   static double core = 0;
@@ -482,17 +479,16 @@ struct TrainRun {
   }
 };
 
-// The run's header lines (rank 0).
-// What MFU divides by, for the header and the trace (peak_source); on the CPU also this run's sgemm
-// rate (sgemm_flops_per_rank: how near the GEMM library comes to that peak; a measurement of the
-// run, never the denominator). Collective on the CPU.
+// What MFU divides by, for the header and the trace (peak_source); on the CPU, where the peak was
+// measured, also this run's sgemm rate (sgemm_flops_per_rank: how near the GEMM library comes to
+// that peak; a measurement of the run, never the denominator). Collective then.
 std::string peak_note(const Config& cfg, bool on_gpu, Topology& topo, Tracer& tr) {
   std::string note = cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank"
                      : on_gpu                     ? "the GPU's dense bf16 peak"
                                                   : std::string("one core's ") + fma_isa_name(fma_isa_available()) +
                                            " FMA loop x " + std::to_string(omp_get_max_threads()) + " thread(s)";
   tr.write_attr("/", "peak_source", note);
-  if (on_gpu) return note;
+  if (on_gpu || cfg.peak_tflops_per_rank > 0) return note;
   const double sgemm = train_sgemm_flops_per_rank(topo);
   tr.write_attr("/", "sgemm_flops_per_rank", sgemm);
   char b[96];
@@ -500,6 +496,7 @@ std::string peak_note(const Config& cfg, bool on_gpu, Topology& topo, Tracer& tr
   return note + b;
 }
 
+// The run's header lines (rank 0).
 void log_train_header(const TrainRun& r, double peak) {
   const Config& cfg = r.cfg;
   const ModelDims& d = r.d;
