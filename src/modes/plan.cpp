@@ -245,7 +245,8 @@ std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row) 
        << " mask=" << name_of(cfg.mask) << (cfg.mask == MaskKind::window ? "(" + std::to_string(cfg.window) + ")" : "")
        << " docs=" << cfg.docs << ", strategy " << cfg.strategy << ", partition " << plan.partition_name << "\n";
   if (attention && plan.partition->padding() > 0) os << "padding: " << plan.partition->padding_note() << "\n";
-  os << " rank  host            node   dp  tp  uly ring   cp_rank  tokens (global ranges)\n";
+  // The tokens of each CP rank where the mode runs one attention layout (others lay out per call).
+  os << " rank  host            node   dp  tp  uly ring   cp_rank" << (attention ? "  tokens (global ranges)" : "") << "\n";
   const auto& coords = topo.all_coords();
   for (int r = 0; r < topo.world().size(); ++r) {
     const auto& c = coords[size_t(r)];
@@ -254,8 +255,9 @@ std::string dry_run_plan(const Config& cfg, Topology& topo, const ModeRow& row) 
     os << std::setw(5) << r << "  " << std::left << std::setw(15) << topo.hosts()[size_t(r)].substr(0, 15) << std::right
        << std::setw(5) << topo.node_of_rank()[size_t(r)] << std::setw(5) << c[int(Axis::dp)]
        << std::setw(4) << c[int(Axis::tp)] << std::setw(5) << c[int(Axis::ulysses)] << std::setw(5)
-       << c[int(Axis::ring)] << std::setw(10) << cp_rank << "  ";
+       << c[int(Axis::ring)] << std::setw(10) << cp_rank;
     if (attention) {
+      os << "  ";
       const auto ranges = plan.ranges_of(cp_rank);
       int64_t n = 0;
       for (auto [b, e] : ranges) n += e - b;

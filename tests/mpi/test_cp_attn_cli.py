@@ -74,6 +74,23 @@ if rc != 0:
 else:
     check("generated", gen, gen)
 
+# scripts/make_attn_input.py (the README's way to make an input file): documents and a window.
+made = os.path.join(WORK, "made.h5")
+if os.path.exists(made):
+    os.remove(made)
+script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "make_attn_input.py")
+p = subprocess.run([sys.executable, script, made, "--seq", "160", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+                    "--docs", "60,100", "--window", "32"], capture_output=True, text=True)
+if p.returncode != 0:
+    failures.append(f"make_attn_input.py: exit {p.returncode}\n{p.stdout}{p.stderr}")
+else:
+    out = os.path.join(WORK, "made_out.h5")
+    rc, log = run(2, "in=" + made, "out=" + out, "strategy=ring", "mesh=ring:2")
+    if rc != 0:
+        failures.append(f"made input: exit {rc}\n{log}")
+    else:
+        check("make_attn_input", out, made)
+
 # Bad inputs: exit 2, one clear message, no output file.
 bad_cases = {
     "missing": ({"q": (S, Hq, D), "k": (S, Hkv, D), "v": (S, Hkv, D)}, "dataset 'do' is missing"),
