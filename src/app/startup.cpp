@@ -221,8 +221,7 @@ Startup check_startup(const std::vector<std::string>& args, Comm& world, Watchdo
     // attn in=FILE: the file's tensors give the shape; a shape key beside it would be dropped unsaid.
     if (cfg.mode == Mode::attn && !cfg.in.empty())
       for (const std::string& o : s.cli.overrides) {
-        std::string key = o.substr(0, o.find('='));
-        if (key.rfind("--", 0) == 0) key.erase(0, 2);
+        const std::string key = override_key(o);
         if (key == "seq" || key == "heads" || key == "kv_heads" || key == "head_dim")
           throw UsageError("config: " + key + " (command line) is not read by `ctxpar attn` with in = '" + cfg.in +
                            "': the file's tensors give the sequence length and the heads (q [S, H_q, D], k [S, H_kv, "

@@ -24,9 +24,8 @@ FmaPeak measure_fma_peak(BenchContext& ctx, int threads, std::optional<ReduceOp>
 }
 
 std::vector<std::pair<std::string, std::string>> bench_context(const Config& cfg, Topology& topo) {
-  const MeshSpec& m = topo.mesh();
-  const std::string mesh = "dp:" + std::to_string(m.dp) + "/tp:" + std::to_string(m.tp) + "/ulysses:" +
-                           std::to_string(m.ulysses) + "/ring:" + std::to_string(m.ring);
+  std::string mesh = cfg.mesh;  // recorded in full at start-up; '/' keeps it one CSV field
+  std::replace(mesh.begin(), mesh.end(), ',', '/');
   return {{"ranks", std::to_string(topo.world().size())}, {"mesh", mesh}, {"heads", std::to_string(cfg.heads)},
           {"kv_heads", std::to_string(cfg.kv_heads)}, {"head_dim", std::to_string(cfg.head_dim)},
           {"dtype", cfg.device == Device::cuda ? "bf16" : "fp32"}};

@@ -352,12 +352,14 @@ std::vector<std::string> keys_not_read(const std::vector<std::string>& keys, con
   return out;
 }
 
+std::string override_key(const std::string& arg) {
+  const std::string key = arg.substr(0, arg.find('='));
+  return key.rfind("--", 0) == 0 ? key.substr(2) : key;
+}
+
 std::string check_keys_for_mode(const std::vector<std::string>& overrides, const std::string& mode) {
   std::vector<std::string> keys;
-  for (const std::string& o : overrides) {
-    std::string key = o.substr(0, o.find('='));
-    keys.push_back(key.rfind("--", 0) == 0 ? key.substr(2) : key);
-  }
+  for (const std::string& o : overrides) keys.push_back(override_key(o));
   const std::vector<std::string> bad = keys_not_read(keys, mode);
   if (bad.empty()) return "";
   return "config: " + bad[0] + " (command line) is not read by `ctxpar " + mode + "`; it applies to " +

@@ -179,6 +179,8 @@ const StrategyChoices& strategy_choices();
 Config parse_config(const std::string& toml_text, const std::string& toml_name,
                     const std::vector<std::string>& overrides, std::vector<std::string>* file_keys = nullptr);
 
+// The key of a command-line override ("seq=4K", "--seq=4K" -> "seq").
+std::string override_key(const std::string& arg);
 // The keys among `keys` (names) that the mode `mode` ("train", "bench cp") does not read, by the
 // config table's mode column; unknown keys are skipped.
 std::vector<std::string> keys_not_read(const std::vector<std::string>& keys, const std::string& mode);

@@ -119,13 +119,6 @@ std::string_view without_modes(std::string_view help) {
   return help.substr(colon + 2);
 }
 
-bool reads(const Field& f, const std::string& mode) {
-  if (f.modes.empty()) return true;
-  std::vector<std::string> modes;
-  split_list(f.modes, ',', modes);
-  return std::find(modes.begin(), modes.end(), mode) != modes.end();
-}
-
 std::string choices_text(const Field& f) {
   std::string s;
   for (std::string_view c : help_choices(f)) s += (s.empty() ? "{" : "|") + std::string(c);
@@ -186,7 +179,7 @@ std::string help_text(const std::string& mode, int width_in) {
     std::ostringstream g;
     for (std::string_view k : keys)
       for (const Field& f : config_fields())
-        if (f.name == k && reads(f, mode)) key_lines(g, f, 26, width);
+        if (f.name == k && keys_not_read({std::string(k)}, mode).empty()) key_lines(g, f, 26, width);
     if (!g.str().empty()) os << "\n" << group << ":\n" << g.str();
   }
   return os.str();
