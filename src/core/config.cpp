@@ -189,7 +189,7 @@ const std::pair<std::string_view, std::string_view> kModeColumn[] = {
     {"batch", "prefill, decode, chat, bench infer, predict"},
     {"cached", "prefill, predict"}, {"miss_rate", "prefill, predict"},
     {"hardware", kShape},
-    {"predict_mode", kPredict}, {"predict_mesh", kPredict}, {"predict_precision", kPredict}, {"sweep", kPredict},
+    {"predict_mode", kPredict}, {"predict_mesh", kPredict}, {"predict_chips", kPredict}, {"predict_precision", kPredict}, {"sweep", kPredict},
     {"predict_zero", kPredict},
 };
 
@@ -327,8 +327,9 @@ const std::vector<Field>& config_fields() {
       {"hardware", &Config::hardware, "auto", "hardware profile of the cost model (predict, strategy=auto, cp_algo=auto, bench calibrate's output): inputs/hardware/<name>.toml, a path, measured (this job's ranks, measured at start: cp_algo=auto only) or auto (measured for cp_algo=auto, else local)", {}},
       enum_field<&Config::predict_mode>("predict_mode", kPerfModeNames, "train", "predict: what to predict"),
       {"predict_mesh", &Config::predict_mesh, "", "predict: mesh of the predicted cluster, e.g. tp:8,ring:16 (empty = mesh)", {}, 0, -1, check_predict_mesh},
+      {"predict_chips", &Config::predict_chips, "0", "predict: search every mesh of this many chips (tp x ulysses x ring, and dp and remat in training) and print the best that fit (0 = price predict_mesh only)", {}, 0, 1ll << 30},
       enum_field<&Config::predict_precision>("predict_precision", kPrecisionNames, "auto", "predict: number formats (auto = the profile's default)"),
-      {"sweep", &Config::sweep, "", "predict: one key and a list of values, e.g. sweep=seq=128K,256K,1M", {}},
+      {"sweep", &Config::sweep, "", "predict: one key and a list of values, e.g. sweep=seq=128K,256K,1M; values are separated by ',' or ';', those of predict_mesh by ';' (sweep=predict_mesh=tp:8,ring:16;ulysses:8,ring:16)", {}},
       {"predict_zero", &Config::predict_zero, "false", "predict train: params, grads, AdamW state sharded over dp*cp (FSDP)", {}},
   });
   return fields;

@@ -124,6 +124,7 @@ struct Config {
   std::string hardware;        // profile: inputs/hardware/<name>.toml, a path, measured, or auto
   PerfMode predict_mode;
   std::string predict_mesh;    // the predicted cluster's mesh ("" = mesh); need not match the job's ranks
+  int64_t predict_chips;       // > 0: search every mesh of this many chips instead (predict_mesh unset)
   Precision predict_precision;  // auto = the profile's
   std::string sweep;           // "seq=128K,256K,1M" (one key, a list of values): one table row group per value
   bool predict_zero;           // train: params, grads and AdamW state sharded over dp*cp ranks (FSDP/ZeRO-3)

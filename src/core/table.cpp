@@ -23,6 +23,18 @@ std::string Table::cell(size_t col, double v) const {
   return os.str();
 }
 
+namespace {
+
+// A CSV field (RFC 4180): quoted, its quotes doubled, when it holds a comma or a quote.
+std::string csv_field(const std::string& v) {
+  if (v.find_first_of(",\"") == std::string::npos) return v;
+  std::string q = "\"";
+  for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+}  // namespace
+
 void Table::print(bool csv) const {
   std::ostringstream os;
   if (csv) {
@@ -30,8 +42,8 @@ void Table::print(bool csv) const {
     for (size_t i = 0; i < cols_.size(); ++i) os << (i ? "," : "") << cols_[i].name;
     os << "\n";
     for (const auto& r : rows_) {
-      for (const auto& [k, v] : context_) os << v << ",";
-      for (size_t i = 0; i < r.size(); ++i) os << (i ? "," : "") << r[i];
+      for (const auto& [k, v] : context_) os << csv_field(v) << ",";
+      for (size_t i = 0; i < r.size(); ++i) os << (i ? "," : "") << csv_field(r[i]);
       os << "\n";
     }
   } else {

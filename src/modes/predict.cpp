@@ -4,7 +4,9 @@
 // for clusters we do not have). One row per strategy — time, MFU, compute split, exposed and total
 // communication, memory per chip, fits — and the recommended strategy; `sweep=seq=128K,1M`
 // repeats the table for each value of one key; `--csv` prints the rows as CSV.
+#include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,11 +31,11 @@ PerfMesh predicted_mesh(const Config& cfg) {
   return PerfMesh{s.dp, s.tp, s.ulysses, s.ring};
 }
 
+// The mesh as predict_mesh takes it (the CSV quotes it): tp:8,ring:16; "1" for one chip.
 std::string mesh_text(const PerfMesh& m) {
   std::string s;
   auto add = [&](const char* n, int64_t v) {
-    // '/' between axes keeps the cell one CSV field (predict_mesh takes ',' instead)
-    if (v > 1) s += (s.empty() ? "" : "/") + std::string(n) + ":" + std::to_string(v);
+    if (v > 1) s += (s.empty() ? "" : ",") + std::string(n) + ":" + std::to_string(v);
   };
   add(axis_name(Axis::dp), m.dp);
   add(axis_name(Axis::tp), m.tp);
@@ -77,8 +79,8 @@ std::vector<std::pair<std::string, Config>> sweep_configs(const Config& cfg) {
   std::vector<std::string> base;
   for (const Field& f : config_fields())
     if (f.name != "sweep") base.push_back(std::string(f.name) + "=" + field_text(cfg, f));
-  // Values may themselves hold commas (predict_mesh=tp:8,ring:2): split on ';' when present.
-  const char sep = cfg.sweep.find(';') != std::string::npos ? ';' : ',';
+  // Values are separated by ',' or ';'; those of predict_mesh hold commas (tp:8,ring:2), so ';'.
+  const char sep = key == "predict_mesh" || cfg.sweep.find(';') != std::string::npos ? ';' : ',';
   std::vector<std::string> values;
   if (const std::string err = split_list(cfg.sweep.substr(eq + 1), sep, values); !err.empty())
     throw UsageError("config: sweep = '" + cfg.sweep + "': " + err + "; expected KEY=V1,V2,... (e.g. sweep=seq=128K,256K,1M)");
@@ -92,6 +94,109 @@ std::vector<std::pair<std::string, Config>> sweep_configs(const Config& cfg) {
   }
   if (out.empty()) throw UsageError("config: sweep = '" + cfg.sweep + "' has no values");
   return out;
+}
+
+// What ctxpar would need to run the predicted workload ("" when train / the inference modes run
+// it): predict prices a few features the executed paths do not have yet.
+std::string missing_feature(const PerfWorkload& w) {
+  if (w.zero) return "train does not shard params, grads and AdamW state yet (predict_zero)";
+  if (w.precision == Precision::fp8_ffn) return "ctxpar runs no FP8 GEMMs yet (predict_precision = fp8_ffn)";
+  return "";
+}
+
+// Tokens a prediction's time covers: a training step's dp * batch sequences, a prefill's new
+// tokens of its batch, a decode step's one token per sequence.
+double tokens_of(const PerfWorkload& w, const PerfMesh& mesh) {
+  if (w.mode == PerfMode::train) return double(mesh.dp * w.batch * w.seq);
+  if (w.mode == PerfMode::decode) return double(w.batch);
+  return double(w.batch * w.T());
+}
+
+// Every mesh of `chips` chips: tp dividing heads and ffn_dim, then ulysses x ring (x dp in
+// training; an inference request runs on all the chips, so dp = 1 there).
+std::vector<PerfMesh> meshes_of(int64_t chips, const Config& c, bool with_dp) {
+  std::vector<PerfMesh> out;
+  for (int64_t dp = 1; dp <= (with_dp ? chips : 1); ++dp) {
+    if (chips % dp != 0) continue;
+    for (int64_t tp = 1; tp <= chips / dp; ++tp) {
+      if ((chips / dp) % tp != 0 || c.heads % tp != 0 || c.ffn_dim % tp != 0) continue;
+      const int64_t cp = chips / dp / tp;
+      for (int64_t u = 1; u <= cp; ++u)
+        if (cp % u == 0) out.push_back(PerfMesh{dp, tp, u, cp / u});
+    }
+  }
+  return out;
+}
+
+// The one CP layout a strategy is searched with (train runs any strategy on any split of its CP
+// ranks, and the cost model prices them alike): the all-to-all on the ulysses axis, the ring,
+// pass-KV, pass-Q and the all-gather on the ring axis, the all-to-all + ring on both axes. On a
+// mesh without CP every strategy is the same: the first one stands for them.
+bool searched_layout(const std::string& s, const PerfMesh& m, const std::string& first) {
+  if (m.cp() == 1) return s == first;
+  const StrategyRow* row = strategy_row(s);
+  const CommPattern comm = row ? row->comm : CommPattern::kv_ring;  // pass_kv, pass_q: a ring
+  if (comm == CommPattern::heads_ring) return m.ulysses >= 2 && m.ring >= 2;
+  return splits_heads(comm) ? m.ring == 1 : m.ulysses == 1;
+}
+
+// One candidate: a mesh, a strategy and (training) a remat setting, priced.
+struct Candidate {
+  PerfMesh mesh;
+  PerfWorkload w;
+  StrategyPrediction p;
+  double tokens_per_s = 0;
+};
+
+// Predicts every (mesh, strategy, remat) of `chips` chips; the valid ones, fastest first (training
+// by throughput: dp changes the tokens of a step).
+std::vector<Candidate> search(const Config& c, const HardwareProfile& hw, const PerfWorkload& base, size_t& priced) {
+  const ModelShape m = model_shape(c);
+  const bool train = base.mode == PerfMode::train;
+  const std::vector<Remat> remats = train ? std::vector<Remat>{Remat::none, Remat::attention, Remat::full}
+                                          : std::vector<Remat>{base.remat};
+  const std::vector<std::string> strategies = perf_strategies(base.mode);
+  std::vector<Candidate> out;
+  for (const PerfMesh& mesh : meshes_of(c.predict_chips, c, train))
+    for (const std::string& s : strategies) {
+      if (!searched_layout(s, mesh, strategies.front())) continue;
+      for (Remat r : remats) {
+        PerfWorkload w = base;
+        w.remat = r;
+        StrategyPrediction p = predict(m, hw, mesh, w, s);
+        ++priced;
+        if (!p.invalid.empty() || p.time_s <= 0) continue;
+        out.push_back(Candidate{mesh, w, p, tokens_of(w, mesh) / p.time_s});
+      }
+    }
+  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.p.fits != b.p.fits) return a.p.fits;
+    return a.p.fits ? a.tokens_per_s > b.tokens_per_s : a.p.mem_bytes < b.p.mem_bytes;
+  });
+  return out;
+}
+
+// The recommendation line of a mesh search.
+std::string search_summary(const Config& c, const HardwareProfile& hw, const std::vector<Candidate>& cands,
+                           size_t priced, const std::string& label) {
+  const size_t fit = size_t(std::count_if(cands.begin(), cands.end(), [](const Candidate& x) { return x.p.fits; }));
+  std::ostringstream os;
+  os << std::setprecision(4) << "# " << c.predict_chips << " chips" << label << ": " << priced
+     << " (mesh, strategy" << (c.predict_mode == PerfMode::train ? ", remat" : "") << ") priced, " << cands.size()
+     << " valid, " << fit << " fit in " << hw.hbm_bytes / double(1ull << 30) << " GiB per chip; ";
+  if (cands.empty()) return os.str() + "no strategy runs on any mesh of these chips";
+  const Candidate& b = cands.front();
+  if (fit == 0) {
+    os << "none fits: the least memory is " << b.p.mem_bytes / double(1ull << 30) << " GiB (" << mesh_text(b.mesh)
+       << " " << b.p.strategy << ")";
+    if (!b.w.zero && b.w.mode == PerfMode::train) os << "; try predict_zero=true to see what sharded state would fit";
+    return os.str();
+  }
+  os << "best: " << mesh_text(b.mesh) << " strategy=" << b.p.strategy;
+  if (b.w.mode == PerfMode::train) os << " remat=" << name_of(b.w.remat);
+  os << " (" << b.p.time_s << " s";
+  if (const std::string miss = missing_feature(b.w); !miss.empty()) os << "; not runnable yet: " << miss;
+  return os.str() + ")";
 }
 
 }  // namespace
@@ -158,13 +263,20 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
 
 std::string validate_predict_mode(const Config& cfg, Topology& topo) {
   try {
-    for (const auto& [v, c] : sweep_configs(cfg)) {
+    const auto configs = sweep_configs(cfg);
+    for (const auto& [v, c] : configs) {
+      if ((c.predict_chips > 0) != (configs.front().second.predict_chips > 0))
+        return "config: sweep = '" + cfg.sweep + "': predict_chips = 0 (one mesh) and > 0 (a search) in one sweep; " +
+               "valid: predict_chips values all above 0";
       // Each swept configuration passes the checks the same settings pass on the command line.
       try {
         validate_config(c, topo.world().size());
       } catch (const UsageError& e) {
         throw UsageError("sweep value '" + v + "': " + e.what());
       }
+      if (c.predict_chips > 0 && !c.predict_mesh.empty())
+        return "config: predict_chips = " + std::to_string(c.predict_chips) + " and predict_mesh = '" + c.predict_mesh +
+               "': give one (predict_chips searches the meshes of that many chips; predict_mesh prices one mesh)";
       const HardwareProfile hw = load_hardware(hardware_name(c, HardwareUse::plan));
       const PerfWorkload w = workload_of(c, hw);
       if (w.precision == Precision::fp8_ffn && hw.peak_fp8_flops <= 0)
@@ -180,7 +292,7 @@ std::string validate_predict_mode(const Config& cfg, Topology& topo) {
         return "config: predict_mode = partial_prefill needs 0 < cached < seq (cached = " + std::to_string(w.cached) +
                ", seq = " + std::to_string(w.seq) + "); set cached=P or miss_rate below 1";
       // A tp that divides neither the heads nor the FFN fits no strategy: bad input, not a table of "-".
-      if (const PerfMesh m = predicted_mesh(c); c.heads % m.tp != 0 || c.ffn_dim % m.tp != 0) {
+      if (const PerfMesh m = predicted_mesh(c); c.predict_chips == 0 && (c.heads % m.tp != 0 || c.ffn_dim % m.tp != 0)) {
         std::string valid;
         for (int64_t t = 1; t <= std::min(c.heads, c.ffn_dim); ++t)
           if (c.heads % t == 0 && c.ffn_dim % t == 0) valid += (valid.empty() ? "" : ", ") + std::to_string(t);
@@ -197,9 +309,69 @@ std::string validate_predict_mode(const Config& cfg, Topology& topo) {
   return "";
 }
 
+namespace {
+
+// A mesh search (predict_chips): the best fitting candidates of each swept configuration.
+void print_mesh_search(const Config& cfg, const std::vector<std::pair<std::string, Config>>& configs) {
+  constexpr size_t kShown = 8;
+  std::vector<TableColumn> cols = {
+      {"chips", "chips", "", 6, 0},       {"mode", "mode", "", 10, 0},      {"hardware", "hardware", "", 10, 0},
+      {"seq", "S", "tokens", 9, 0},       {"mesh", "mesh", "", 24, 0},      {"strategy", "strategy", "", 10, 0},
+      {"remat", "remat", "", 10, 0},      {"time_s", "time", "s", 10, 4},   {"tokens_per_s", "throughput", "tok/s", 12, 0},
+      {"mfu_pct", "MFU", "%", 7, 1},      {"comm_s", "comm", "s", 9, 4},    {"exposed_comm_s", "exposed", "s", 9, 4},
+      {"mem_gib", "mem/chip", "GiB", 10, 2}, {"fits", "fits", "", 5, 0},    {"note", "note", "", 3, 0}};
+  Table t("ctxpar predict — the best meshes and strategies for predict_chips chips (cost model)", cols,
+          {std::string("FLOP convention: ") + kFlopConvention + "; MFU against the profile's dense peak",
+           "searched: tp x ulysses x ring (tp dividing heads and ffn_dim), x dp and remat in training; ranked by "
+           "throughput (train: dp x batch x S tokens a step) among those that fit, else by memory",
+           "time: train = one step; prefill / partial_prefill = TTFT; decode = TTIT (one token)"});
+  std::vector<std::string> lines;
+  for (const auto& [value, c] : configs) {
+    const HardwareProfile hw = load_hardware(hardware_name(c, HardwareUse::plan));
+    PerfWorkload w = workload_of(c, hw);
+    if (c.predict_precision == Precision::automatic && !missing_feature(w).empty()) {
+      w.precision = Precision::bf16;  // the profile's default (FP8 FFN GEMMs) is not built: the runnable one
+      lines.push_back("# " + std::to_string(c.predict_chips) + " chips: priced in bf16 (hardware " + hw.name +
+                      "'s default, fp8_ffn, is not runnable yet; predict_precision=fp8_ffn prices it)");
+    }
+    size_t priced = 0;
+    std::vector<Candidate> cands = search(c, hw, w, priced);
+    std::string label;
+    if (!c.predict_zero && w.mode == PerfMode::train && !cands.empty() && !cands.front().p.fits) {
+      w.zero = true;  // nothing fits: show what sharded training state would fit, marked as not runnable
+      size_t more = 0;
+      std::vector<Candidate> z = search(c, hw, w, more);
+      if (!z.empty() && z.front().p.fits) {
+        lines.push_back(search_summary(c, hw, cands, priced, ""));
+        cands = std::move(z);
+        priced = more;
+        label = " with predict_zero=true";
+      }
+    }
+    lines.push_back(search_summary(c, hw, cands, priced, label));
+    for (size_t i = 0; i < std::min(kShown, cands.size()); ++i) {
+      const Candidate& x = cands[i];
+      t.add_row({std::to_string(c.predict_chips), name_of(x.w.mode), hw.name, std::to_string(x.w.seq), mesh_text(x.mesh),
+                 x.p.strategy, x.w.mode == PerfMode::train ? name_of(x.w.remat) : "-", t.cell(7, x.p.time_s),
+                 t.cell(8, x.tokens_per_s), t.cell(9, 100 * x.p.mfu), t.cell(10, x.p.comm_total_s),
+                 t.cell(11, x.p.exposed_comm_s), t.cell(12, x.p.mem_bytes / double(1ull << 30)), x.p.fits ? "yes" : "no",
+                 missing_feature(x.w).empty() ? "" : "not runnable yet"});
+    }
+  }
+  t.print(cfg.csv);
+  if (!cfg.csv)
+    for (const std::string& l : lines) log0("%s\n", l.c_str());
+}
+
+}  // namespace
+
 int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
   (void)tracer;
   const auto configs = sweep_configs(cfg);
+  if (configs.front().second.predict_chips > 0) {  // validate_predict_mode: all or none of a sweep search
+    if (topo.world().rank() == 0) print_mesh_search(cfg, configs);
+    return 0;
+  }
   const std::string sweep_key = cfg.sweep.empty() ? "" : cfg.sweep.substr(0, cfg.sweep.find('='));
   std::vector<TableColumn> cols = {
       {"mode", "mode", "", 16, 0},        {"hardware", "hardware", "", 11, 0},
@@ -223,6 +395,11 @@ int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
                               cfg.local_strategy + " in every row"
                         : "layers " + cfg.layer_pattern + ": inference rows price the local (L) layers as global ones " +
                               "(their window is not priced yet: an upper bound)");
+  if (cfg.predict_mesh.empty())
+    notes.push_back("mesh: this job's (" +
+                    (predicted_mesh(cfg).chips() == 1 ? std::string("one chip") : mesh_text(predicted_mesh(cfg))) +
+                    "); predict_mesh=tp:8,ring:16 prices another, " +
+                    "predict_chips=N searches every mesh of N chips");
   Table t("ctxpar predict — cost model per strategy (src/perf/cost_model.hpp states the overlap rules)", cols,
                notes);
   std::vector<std::string> recs;
@@ -240,8 +417,8 @@ int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
       auto num = [&](size_t col, double v) { return ok ? t.cell(col, v) : std::string("-"); };
       // usp runs on any mesh; with one of its axes of size 1 it is ring (pass-KV) or ulysses.
       const std::string alias = same_as(p.strategy, mesh);
-      const std::string note = !ok              ? "\"invalid: " + p.invalid + "\""
-                               : !alias.empty() ? "\"the same as " + alias + " on this mesh\""
+      const std::string note = !ok              ? "invalid: " + p.invalid
+                               : !alias.empty() ? "the same as " + alias + " on this mesh"
                                                 : std::string();
       t.add_row({name_of(w.mode), hw.name, mesh_text(mesh), std::to_string(w.seq), std::to_string(w.cached), p.strategy,
                  num(6, p.time_s), num(7, 100 * p.mfu), num(8, p.gemm_s), num(9, p.attn_s), num(10, p.other_s),
@@ -253,7 +430,8 @@ int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
     if (best < 0) rec << "none (no strategy is valid on " << mesh_text(mesh) << ")";
     else
       rec << preds[size_t(best)].strategy << " (" << preds[size_t(best)].time_s << " s"
-          << (preds[size_t(best)].fits ? "" : "; nothing fits in memory, fastest shown") << ")";
+          << (preds[size_t(best)].fits ? "" : "; nothing fits in memory, fastest shown")
+          << (missing_feature(w).empty() ? "" : "; not runnable yet: " + missing_feature(w)) << ")";
     recs.push_back(rec.str());
   }
   if (topo.world().rank() == 0) {

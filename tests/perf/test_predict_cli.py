@@ -60,6 +60,48 @@ check("no-such-gpu" in r.stdout + r.stderr and "h100-gtt" in r.stdout + r.stderr
 r = run(*model, "predict_mesh=tp:8,ring:4", "predict_mode=partial_prefill", "seq=128000", "miss_rate=1")
 check(r.returncode == 2 and "cached" in r.stdout + r.stderr, "partial prefill without cached tokens is a usage error")
 
+# predict_chips: the search over meshes. Every row's mesh has the asked chips, parses back as
+# predict_mesh, and there prices the same; rows fit and come best first.
+m8 = ["--config", "inputs/llama3-8b.toml", "hardware=h100-gtt", "seq=128K"]
+r = run(*m8, "predict_chips=8", "--csv")
+data = list(csv.DictReader(io.StringIO(r.stdout)))
+check(r.returncode == 0 and 1 <= len(data) <= 8, "predict_chips=8: 1..8 rows, exit 0:\n" + r.stdout + r.stderr)
+
+
+def chips_of(mesh):
+    n = 1
+    for axis in mesh.split(","):
+        n *= int(axis.split(":")[1])
+    return n
+
+
+check(all(chips_of(d["mesh"]) == 8 and d["fits"] == "yes" for d in data), "every searched mesh has 8 chips and fits")
+tps = [float(d["tokens_per_s"]) for d in data]
+check(tps == sorted(tps, reverse=True), "ranked by throughput: %s" % tps)
+check(len({(d["mesh"], d["strategy"], d["remat"]) for d in data}) == len(data), "no candidate listed twice")
+for d in data[:2]:
+    again = run(*m8, "predict_mesh=" + d["mesh"], "remat=" + d["remat"], "predict_precision=bf16", "--csv")
+    same = [e for e in csv.DictReader(io.StringIO(again.stdout)) if e["strategy"] == d["strategy"]]
+    check(again.returncode == 0 and len(same) == 1 and abs(float(same[0]["time_s"]) - float(d["time_s"])) <= 1e-4,
+          "searched row %s %s %s prices the same as predict_mesh: %s" % (d["mesh"], d["strategy"], d["remat"], again.stdout))
+r = run(*m8, "predict_chips=8")
+check("# 8 chips:" in r.stdout and "best: " in r.stdout and "priced in bf16" in r.stdout,
+      "the search says what it priced, the best, and that fp8_ffn is not runnable:\n" + r.stdout)
+
+r = run("--config", "inputs/llama3-405b.toml", "hardware=h100-gtt", "seq=1M", "predict_mode=prefill", "predict_chips=128",
+        "--csv")
+data = list(csv.DictReader(io.StringIO(r.stdout)))
+check(r.returncode == 0 and data and all(chips_of(d["mesh"]) == 128 and "dp:" not in d["mesh"] for d in data),
+      "a prefill searches meshes without dp (one request on every chip):\n" + r.stdout)
+check(data and all(d["remat"] == "-" for d in data), "a prefill has no remat")
+
+r = run(*m8, "predict_chips=8", "predict_mesh=ring:8")
+check(r.returncode == 2 and "give one" in r.stdout + r.stderr, "predict_chips with predict_mesh is refused")
+r = run(*m8, "sweep=predict_mesh=ulysses:8,ring:8;tp:8,ring:8", "--csv")
+meshes = sorted({d["mesh"] for d in csv.DictReader(io.StringIO(r.stdout))})
+check(r.returncode == 0 and meshes == ["tp:8,ring:8", "ulysses:8,ring:8"],
+      "a sweep over predict_mesh takes ';' between meshes and prints them as it takes them: %s" % meshes)
+
 if fails:
     print("FAILED:\n  " + "\n  ".join(fails))
     sys.exit(1)
