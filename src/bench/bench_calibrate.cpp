@@ -1,5 +1,5 @@
 // `ctxpar bench calibrate`: measures this machine and writes the cost model's `local` profile
-// (inputs/hardware/local.toml, or the path given as hardware=FILE.toml). Run it the way the
+// (out/hardware/local.toml, which hardware=local reads first, or the path given as hardware=FILE.toml). Run it the way the
 // runs it should predict are run — one OpenMP thread per rank, ranks sharing the cores:
 //   OMP_NUM_THREADS=1 mpirun -np 2 ctxpar bench calibrate --config inputs/tiny.toml
 // The kernels run at the configured model's shapes (dim, ffn_dim, vocab, heads, kv_heads,
@@ -302,7 +302,8 @@ struct OptimizerBlock {
 std::string calibrate_path(const Config& cfg) {
   const std::string h = hardware_name(cfg, HardwareUse::plan);
   if (h.size() > 5 && h.compare(h.size() - 5, 5, ".toml") == 0) return h;
-  return hardware_dir() + "/" + (h.empty() ? std::string("local") : h) + ".toml";
+  if (h.empty() || h == "local") return kCalibratedProfile;  // outside the tracked tree; hardware=local reads it
+  return hardware_dir() + "/" + h + ".toml";
 }
 
 double calibrate_memory(const Config& cfg, Topology& topo) {
@@ -572,6 +573,9 @@ HardwareProfile machine_profile(const CalibrateJob& job, const Calibration& cal)
   const int threads = job.threads, hosts = cal.hosts;
   HardwareProfile h;
   h.name = "local";
+  h.measured_host = this_host();  // rank 0's, which writes the profile and compares it when reading
+  h.measured_cpu = this_cpu();
+  h.measured_shapes = calibrated_shapes(job.ctx.cfg);
   h.description = "this machine, measured by ctxpar bench calibrate (" + std::to_string(world.size()) +
                   " ranks x " + std::to_string(threads > 0 ? threads : 0) + " threads; 0 = OpenMP default; " +
                   std::to_string(hosts) + " host(s))";

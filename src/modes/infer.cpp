@@ -122,6 +122,7 @@ class Session {
          cfg.resume.empty() ? "seeded init (as train)" : cfg.resume.c_str(),
          fmt_bytes(engine_->cache().allocated_bytes()).c_str(), (long long)engine_->cache().capacity());
     log0("# cp_algo cost model: %s\n", cost_->describe().c_str());
+    if (!cost_->warning().empty()) log0("# %s\n", cost_->warning().c_str());
     if (cfg.exact)
       log0("# %s: every attention by the exact schedule (keys stay, queries all-gathered, exact sums), "
            "whatever cp_algo, decode_algo and strategy say: the same bits on any mesh\n",
@@ -294,11 +295,11 @@ class Session {
       char ran[64];
       if (k.q_share == 0 || k.q_share == 1) std::snprintf(ran, sizeof ran, "%s", k.q_share == 1 ? "pass_q" : "pass_kv");
       else std::snprintf(ran, sizeof ran, "mixed (%.0f%% of the sequences pass_q)", 100 * k.q_share);
-      log0("# turn %lld prefill T=%lld P=%lld (miss %.4f): %s; predicted pass_kv %.3f ms, pass_q %.3f ms; "
+      log0("# turn %lld prefill T=%lld P=%lld (miss %.4f): %s; predicted pass_kv %.3f ms, pass_q %.3f ms (%s); "
            "Yang et al., \"Context Parallelism for Scalable Million-Token Inference\" (MLSys 2025): Eq. 1 %s, "
            "Eq. 5 %s, App. D %s\n",
            (long long)k.turn, (long long)k.T, (long long)k.cached, double(k.T) / double(k.T + k.cached), ran,
-           k.pred.pass_kv_s * 1e3, k.pred.pass_q_s * 1e3, k.pred.eq1_pass_kv ? "pass_kv" : "pass_q",
+           k.pred.pass_kv_s * 1e3, k.pred.pass_q_s * 1e3, choice_text(k.pred).c_str(), k.pred.eq1_pass_kv ? "pass_kv" : "pass_q",
            k.pred.eq5_pass_q ? "pass_q" : "pass_kv", k.pred.fitted_pass_kv ? "pass_kv" : "pass_q");
       const double* rows = call_lengths_.data() + c * size_t(B) * kSeqColumns;
       bool same = true;

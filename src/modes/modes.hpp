@@ -64,7 +64,7 @@ std::string check_output(const std::string& path, const char* field);
 std::string trace_path(const Config& cfg);
 // attn's result tensors: cfg.out, or out/attn_result.h5.
 std::string attn_result_path(const Config& cfg);
-// The profile `bench calibrate` writes (inputs/hardware/local.toml, or hardware=FILE.toml).
+// The profile `bench calibrate` writes (out/hardware/local.toml, or hardware=FILE.toml).
 std::string calibrate_path(const Config& cfg);
 // "train", "bench cp", ...: the mode as typed, words joined by `sep`.
 std::string mode_words(const Config& cfg, const char* sep = " ");
@@ -120,7 +120,7 @@ std::string validate_predict_mode(const Config& cfg, Topology& topo);
 // predictions on rank 0. "" or a usage message (e.g. an unreadable profile). No-op otherwise.
 std::string resolve_auto_strategy(Config& cfg, Topology& topo);
 int run_predict(const Config& cfg, Topology& topo, Tracer& tracer);
-// `ctxpar bench calibrate` (bench/bench_calibrate.cpp): writes inputs/hardware/local.toml.
+// `ctxpar bench calibrate` (bench/bench_calibrate.cpp): writes out/hardware/local.toml.
 struct BenchContext;
 std::string validate_calibrate(const Config& cfg, Topology& topo);
 int bench_calibrate(BenchContext& ctx);

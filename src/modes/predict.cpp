@@ -21,6 +21,8 @@
 #include "modes/modes.hpp"
 #include "ops.hpp"
 #include "perf/cost_model.hpp"
+#include "perf/hardware.hpp"
+#include "perf/prefill_choice.hpp"
 
 namespace ctxpar {
 
@@ -199,6 +201,43 @@ std::string search_summary(const Config& c, const HardwareProfile& hw, const std
   return os.str() + ")";
 }
 
+std::string fixed(double v, int precision) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(precision) << v;
+  return os.str();
+}
+
+// strategy=auto's tie rule: the registry's default strategy (the ring) when it is valid, fits as
+// the best does and is predicted within `margin` of it; else the best.
+int tie_to_default(const std::vector<StrategyPrediction>& preds, int best, double margin) {
+  const std::string& def = strategy_choices().training_default;
+  const StrategyPrediction& b = preds[size_t(best)];
+  for (size_t i = 0; i < preds.size(); ++i) {
+    const StrategyPrediction& p = preds[i];
+    if (p.strategy == def && p.invalid.empty() && p.fits == b.fits && p.time_s <= (1 + margin) * b.time_s) return int(i);
+  }
+  return best;
+}
+
+// The log's verdict: how far the fastest is ahead of the next, against the model's expected error.
+std::string verdict_text(const std::vector<StrategyPrediction>& preds, int best, int chosen, double margin) {
+  const StrategyPrediction& b = preds[size_t(best)];
+  const std::string err = "the model's " + fixed(100 * margin, 0) + "% error";
+  if (chosen != best)
+    return "a tie: " + b.strategy + " ahead of " + preds[size_t(chosen)].strategy + " by " +
+           fixed(100 * (preds[size_t(chosen)].time_s / b.time_s - 1), 1) + "%, within " + err + "; " +
+           preds[size_t(chosen)].strategy + ", the default";
+  int next = -1;  // the runner-up
+  for (size_t i = 0; i < preds.size(); ++i)
+    if (int(i) != best && preds[i].invalid.empty() && (next < 0 || preds[i].time_s < preds[size_t(next)].time_s))
+      next = int(i);
+  if (next < 0) return "the only valid strategy";
+  const double gap = preds[size_t(next)].time_s / b.time_s - 1;
+  return b.strategy + " ahead of " + preds[size_t(next)].strategy + " by " + fixed(100 * gap, 1) + "%, " +
+         (gap > margin ? "beyond " + err : "within " + err + ": a tie" +
+                                               (b.strategy == strategy_choices().training_default ? ", and the default" : ""));
+}
+
 }  // namespace
 
 std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
@@ -246,6 +285,7 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
   }
   const int best = recommend(preds);
   if (best < 0) return "config: strategy = auto: no strategy is valid for mesh " + cfg.mesh + " and this model";
+  const int chosen = tie_to_default(preds, best, choice_margin(hw));
   std::ostringstream os;
   os << "# strategy=auto (cost model, hardware " << hw.name << ", " << name_of(w.mode) << ", S = " << w.seq
      << "):";
@@ -254,10 +294,12 @@ std::string resolve_auto_strategy(Config& cfg, Topology& topo) {
     if (p.invalid.rfind("the same as", 0) == 0) os << "(" << p.invalid << ")";
     else if (!p.invalid.empty()) os << "invalid";
     else os << p.time_s * 1e3 << " ms";
-    os << (&p == &preds[size_t(best)] ? " (chosen)" : "") << ";";
+    os << (&p == &preds[size_t(chosen)] ? " (chosen)" : "") << ";";
   }
-  cfg.strategy = preds[size_t(best)].strategy;
+  os << " " << verdict_text(preds, best, chosen, choice_margin(hw));
+  cfg.strategy = preds[size_t(chosen)].strategy;
   log0("%s\n", os.str().c_str());
+  if (const std::string warn = profile_mismatch(hw, cfg); !warn.empty()) log0("# %s\n", warn.c_str());
   return "";
 }
 
@@ -368,6 +410,10 @@ void print_mesh_search(const Config& cfg, const std::vector<std::pair<std::strin
 int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
   (void)tracer;
   const auto configs = sweep_configs(cfg);
+  if (topo.world().rank() == 0 && !cfg.csv) {  // a calibrated profile measured elsewhere: say so once
+    const std::string warn = profile_mismatch(load_hardware(hardware_name(cfg, HardwareUse::plan)), cfg);
+    if (!warn.empty()) log0("# %s\n", warn.c_str());
+  }
   if (configs.front().second.predict_chips > 0) {  // validate_predict_mode: all or none of a sweep search
     if (topo.world().rank() == 0) print_mesh_search(cfg, configs);
     return 0;

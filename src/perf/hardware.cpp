@@ -10,6 +10,7 @@
 #include <map>
 #include <sstream>
 #include <toml.hpp>
+#include <unistd.h>
 
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -45,6 +46,49 @@ std::string hardware_name(const Config& cfg, HardwareUse use) {
   return cfg.hardware;
 }
 
+std::string this_host() {
+  char b[256] = {};
+  return gethostname(b, sizeof b - 1) == 0 ? std::string(b) : std::string();
+}
+
+std::string this_cpu() {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      std::string v = line.substr(line.find(':') + 1);
+      const size_t b = v.find_first_not_of(" \t");
+      return b == std::string::npos ? std::string() : v.substr(b);
+    }
+  return "";
+}
+
+std::string calibrated_shapes(const Config& cfg) {
+  return "dim=" + std::to_string(cfg.dim) + " ffn_dim=" + std::to_string(cfg.ffn_dim) + " vocab=" +
+         std::to_string(cfg.vocab) + " H_q=" + std::to_string(cfg.heads) + " H_kv=" + std::to_string(cfg.kv_heads) +
+         " D=" + std::to_string(cfg.head_dim);
+}
+
+std::string profile_mismatch(const HardwareProfile& hw, const Config& cfg) {
+  const std::string tail = "; its rates may not hold here: run `ctxpar bench calibrate` with this model on this "
+                           "machine (it writes " + std::string(kCalibratedProfile) + ")";
+  if (hw.measured_host.empty()) {
+    // The repository's example of bench calibrate's output, measured on a machine of ours.
+    if (hw.name == "local")
+      return "warning: hardware profile local (" + hw.source_file + ") is the repository's example, measured on "
+             "another machine" + tail;
+    return "";
+  }
+  std::string diff;
+  auto differs = [&](const std::string& what, const std::string& then, const std::string& now) {
+    if (then != now) diff += (diff.empty() ? "" : ", ") + what + " " + then + " (here: " + (now.empty() ? "?" : now) + ")";
+  };
+  differs("host", hw.measured_host, this_host());
+  differs("CPU", hw.measured_cpu, this_cpu());
+  differs("shapes", hw.measured_shapes, calibrated_shapes(cfg));
+  if (diff.empty()) return "";
+  return "warning: hardware profile " + hw.name + " (" + hw.source_file + ") was measured with " + diff + tail;
+}
+
 std::string hardware_dir() {
   std::error_code ec;
   if (fs::is_directory("inputs/hardware", ec)) return "inputs/hardware";
@@ -76,7 +120,8 @@ const std::vector<std::string> kKeys = {
     "inter_overlap_loss_ns_per_byte", "gemm_eff", "gemm_eff_at_rows", "gemm_half_rows",
     "gemm_eff_rows", "gemm_eff_values", "attn_eff", "attn_eff_at_keys", "attn_half_keys",
     "attn_eff_keys", "attn_eff_values", "attn_diag_waste_keys", "attn_bwd_work", "elementwise_gb_s", "loss_gb_s", "optimizer_gb_s",
-    "step_overhead_us", "rank_jitter", "shared_core_eff", "overlap_collectives"};
+    "step_overhead_us", "rank_jitter", "shared_core_eff", "overlap_collectives", "measured_host", "measured_cpu",
+    "measured_shapes"};
 // Keys of earlier versions, with what replaced them (a profile that still has one gets told).
 const std::vector<std::pair<std::string, std::string>> kRenamed = {
     {"attn_eff_tokens", "attn_eff_keys (the curve's x is now visible keys per query row of a call)"},
@@ -204,6 +249,8 @@ std::string resolve(const std::string& name_or_path) {
   const bool is_path = name_or_path.find('/') != std::string::npos ||
                        (name_or_path.size() > 5 && name_or_path.compare(name_or_path.size() - 5, 5, ".toml") == 0);
   if (is_path) return name_or_path;
+  std::error_code ec;
+  if (name_or_path == "local" && fs::is_regular_file(kCalibratedProfile, ec)) return kCalibratedProfile;
   return hardware_dir() + "/" + name_or_path + ".toml";
 }
 
@@ -220,7 +267,7 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
                              : fs::exists(file, ec)     ? " is not a regular file"
                                                         : " not found";
     throw UsageError("hardware: no profile '" + name_or_path + "' (" + file + what + "); valid: " + join_names() +
-                     ", or a path to a .toml profile (`ctxpar bench calibrate` writes inputs/hardware/local.toml)");
+                     ", or a path to a .toml profile (`ctxpar bench calibrate` writes " + kCalibratedProfile + ")");
   }
   std::string text;
   {
@@ -253,6 +300,9 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
   h.source_file = file;
   h.name = r.str("name", "");
   h.description = r.str("description", "");
+  h.measured_host = r.str("measured_host", "");
+  h.measured_cpu = r.str("measured_cpu", "");
+  h.measured_shapes = r.str("measured_shapes", "");
   h.peak_bf16_flops = r.num("peak_tflops_bf16", 0) * 1e12;
   h.peak_fp8_flops = r.num("peak_tflops_fp8", 0) * 1e12;
   h.peak_fp32_flops = r.num("peak_tflops_fp32", 0) * 1e12;
@@ -329,6 +379,9 @@ std::string hardware_toml(const HardwareProfile& h, const std::vector<std::strin
   };
   line("name", "\"" + h.name + "\"");
   line("description", "\"" + h.description + "\"");
+  if (!h.measured_host.empty()) line("measured_host", "\"" + h.measured_host + "\"");
+  if (!h.measured_cpu.empty()) line("measured_cpu", "\"" + h.measured_cpu + "\"");
+  if (!h.measured_shapes.empty()) line("measured_shapes", "\"" + h.measured_shapes + "\"");
   line("peak_tflops_bf16", num(h.peak_bf16_flops / 1e12));
   line("peak_tflops_fp8", num(h.peak_fp8_flops / 1e12));
   line("peak_tflops_fp32", num(h.peak_fp32_flops / 1e12));

@@ -31,6 +31,9 @@ struct Link {
 
 struct HardwareProfile {
   std::string name, description, source_file;
+  // Where `bench calibrate` measured it ("" in a published profile): the host, its CPU model and
+  // the model shapes (calibrated_shapes); a choice made from it elsewhere warns (profile_mismatch).
+  std::string measured_host, measured_cpu, measured_shapes;
   // Peak dense FLOP/s per chip for each precision the model can use (0 = not available).
   double peak_bf16_flops = 0, peak_fp8_flops = 0, peak_fp32_flops = 0;
   Precision default_precision = Precision::bf16;  // bf16 | fp8_ffn | fp32
@@ -100,11 +103,24 @@ struct HardwareProfile {
 
 // The profile the `hardware` setting names for a use. hardware=auto (the default) is
 // "measured" for a live choice (cp_algo=auto: the running job's ranks, measured at start) and
-// "local" (inputs/hardware/local.toml, `bench calibrate`'s) for a plan (predict, strategy=auto,
+// "local" (out/hardware/local.toml, `bench calibrate`'s, else the example in inputs/hardware/) for a plan (predict, strategy=auto,
 // bench calibrate's output). hardware=measured is only for a live choice: a UsageError otherwise.
 enum class HardwareUse { live_choice, plan };
 struct Config;
 std::string hardware_name(const Config& cfg, HardwareUse use);
+
+// This machine's host name, and its CPU model as /proc/cpuinfo names it ("" where it does not).
+std::string this_host();
+std::string this_cpu();
+// The model shapes a calibration runs at: "dim=256 ffn_dim=768 vocab=1024 H_q=8 H_kv=2 D=64".
+std::string calibrated_shapes(const Config& cfg);
+// One warning line ("" when none) when a calibrated profile was measured on another host, another
+// CPU or with other model shapes than `cfg`'s, naming each difference; published profiles (no
+// measured_host) describe hardware, not this machine, and get none.
+std::string profile_mismatch(const HardwareProfile& hw, const Config& cfg);
+// Where `bench calibrate` writes by default and hardware=local reads first (outside the tracked
+// tree): out/hardware/local.toml under the working directory.
+inline constexpr const char* kCalibratedProfile = "out/hardware/local.toml";
 
 // Loads a profile: `name_or_path` is a name (inputs/hardware/<name>.toml, looked up from the
 // working directory, then from the source tree) or a path to a .toml file. Unknown keys and

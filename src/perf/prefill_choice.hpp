@@ -57,11 +57,22 @@ struct Prediction {
   // Predicted time of one call: the attention of all layers (attention-only profile) or the whole
   // prefill (full profile). Only the difference decides.
   double pass_kv_s = 0, pass_q_s = 0;
-  CpAlgo choice = CpAlgo::pass_kv;     // the smaller of the two (ties: pass-KV)
+  // The faster of the two, unless they differ by less than `margin` (the model's expected error
+  // on this hardware, choice_margin): then a tie, and pass-KV, the default (the paper's for a
+  // full prefill; it sends no all-to-all).
+  CpAlgo choice = CpAlgo::pass_kv;
+  bool tie = false;
+  double margin = 0;
   bool eq1_pass_kv = true;             // paper Eq. 1
   bool eq5_pass_q = false;             // paper Eq. 5
   bool fitted_pass_kv = true;          // paper App. D
 };
+// The relative difference below which two predicted times are a tie: the model's expected error
+// on this hardware (docs/cost-model.md, "Choices and ties", states where each value comes from).
+double choice_margin(const HardwareProfile& hw);
+// The model's verdict for logs: "pass_q 1.44x faster, beyond the model's 25% here" or "a tie:
+// 1.3% apart, within the model's 25% here; pass_kv, the default".
+std::string choice_text(const Prediction& p);
 // The one chooser. `m`: the model (full profiles; unused by attention-only ones).
 Prediction predict_prefill(const AttnCall& c, const ModelShape& m, const HardwareProfile& hw);
 
@@ -84,6 +95,8 @@ class PrefillCostModel {
   Prediction predict(int64_t T, int64_t cached) const;
   // One line for logs and bench headers: the profile and its rates.
   std::string describe() const;
+  // A profile read from a file and measured elsewhere (profile_mismatch): one warning line, or "".
+  const std::string& warning() const { return warning_; }
   const HardwareProfile& profile() const { return hw_; }
   // The rates the choice reads, for the trace's attributes: attention FLOP/s per rank (peak x
   // efficiency at a 4K-key call), the point-to-point link, its latency, the all-to-all rate
@@ -97,6 +110,7 @@ class PrefillCostModel {
   AttnCall call_;
   HardwareProfile hw_;
   ModelShape shape_;
+  std::string warning_;
 };
 
 }  // namespace ctxpar

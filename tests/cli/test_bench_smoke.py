@@ -147,7 +147,26 @@ rc, text = run(2, ["bench", "calibrate", "hardware=" + prof] + SMALL_OF["calibra
 expect(rc == 0 and os.path.exists(prof), "bench calibrate writes hardware=FILE", text)
 if os.path.exists(prof):
     body = open(prof).read()
-    for key in ("intra_gb_s", "inter_gb_s"):
+    for key in ("intra_gb_s", "inter_gb_s", "measured_host", "measured_cpu", "measured_shapes"):
         expect(key in body, f"calibrated profile has {key}", body)
+    # The profile says where it was measured: a plan for the calibrated shapes here gets no
+    # warning; another model's shapes, or another host, get one naming the difference.
+    model = ["predict", "out=" + os.path.join(tmp, "p.h5")]
+    rc, text = run(1, model + ["hardware=" + prof] + HEADS)
+    expect(rc == 0 and "warning" not in text, "predict with the profile calibrated here, same shapes: no warning", text)
+    rc, text = run(1, model + ["hardware=" + prof, "heads=8", "kv_heads=2", "head_dim=32"])
+    expect(rc == 0 and "warning: hardware profile local" in text and "shapes" in text and "H_q=4" in text,
+           "predict for other shapes names the calibrated ones", text)
+    other = os.path.join(tmp, "other.toml")
+    with open(other, "w") as f:
+        f.write(re.sub(r'measured_host = "[^"]*"', 'measured_host = "elsewhere-42"', body))
+    rc, text = run(1, model + ["hardware=" + other] + HEADS)
+    expect(rc == 0 and "host elsewhere-42 (here: " in text, "a profile from another host is named", text)
+# The repository's example profile (no measured_host) gets a warning; a published one does not.
+rc, text = run(1, ["predict", "out=" + os.path.join(tmp, "p.h5"), "hardware=" + os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "inputs", "hardware", "local.toml")] + HEADS)
+expect(rc == 0 and "the repository's example" in text, "the repository's example local profile is named as such", text)
+rc, text = run(1, ["predict", "out=" + os.path.join(tmp, "p.h5"), "hardware=h100-gtt"] + HEADS)
+expect(rc == 0 and "warning" not in text, "a published profile gets no warning", text)
 print(f"{checks - len(failures)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)
