@@ -19,11 +19,21 @@ The figures read a sweep directory directly: /usr/bin/python3 -m analysis.figure
 Mesh per strategy (P = nodes x ranks-per-node): allgather, ring -> ring:P; ulysses -> ulysses:P;
 usp -> ulysses:<ranks-per-node>,ring:<nodes> (all-to-all inside a node, ring across nodes).
 --mesh overrides it with a template, e.g. --mesh 'ulysses:{rpn},ring:{nodes}' ({P} also works).
+On one machine (--local) --nodes multiplies the ranks: --nodes 2 --ranks-per-node 2 runs 4 ranks,
+usp on ulysses:2,ring:2 (with --nodes 1 usp's ring axis is 1 and it runs as ulysses; the sweep says so).
 --local skips runs that already finished (exit_code 0 and trace.h5 present) unless --force.
 A --local sweep of train or bench train gives every run one MFU peak (peak_tflops_per_rank=): one
 core's FMA-loop rate (ctxpar bench peak threads=1) measured once, times OMP_NUM_THREADS, recorded in
 sweep.json and reused when the sweep runs again, so MFU compares across its runs; give
 peak_tflops_per_rank=X after -- to set it yourself. (On a cluster each run measures its own.)
+
+At the end of a --local sweep (and of --submit --wait) one table compares the runs, a row each:
+loss, step time, tokens/s, exposed communication, TFLOP/s, MFU and its peak, memory, status; train
+runs that differ only in strategy and mesh have their losses compared step by step, against the
+tolerance the tests hold them to. The same table later: /usr/bin/python3 -m analysis.summary OUT
+[--csv]. Compare the four training strategies on 4 local ranks:
+    jobs/sweep.py --local --quiet --mode train --config inputs/default.toml --seq 1K \\
+                  --nodes 2 --ranks-per-node 2 --strategies allgather,ulysses,ring,usp
 """
 
 from __future__ import annotations
@@ -89,6 +99,11 @@ def plan(args) -> List[Dict]:
                 runs.append({"name": name, "dir": os.path.join(os.path.abspath(args.out), name), "nodes": nodes,
                              "ranks_per_node": args.ranks_per_node, "ranks": P, "strategy": strategy,
                              "seq": seq, "mesh": mesh, "args": ctx_args})
+    for r in runs:
+        if r["strategy"] == "usp" and not args.mesh and (r["nodes"] == 1 or args.ranks_per_node == 1) and r["ranks"] > 1:
+            print(f"sweep.py: note: {r['name']} runs usp on mesh {r['mesh']}: one axis is 1, so it is "
+                  f"{'ring' if args.ranks_per_node == 1 else 'ulysses'} alone (a 2-D mesh: --nodes N "
+                  "--ranks-per-node M with both > 1, or --mesh)", file=sys.stderr)
     names = [r["name"] for r in runs]
     if len(set(names)) != len(names):
         raise SystemExit("sweep.py: two runs would share a directory (repeated values in a list?)")
@@ -225,7 +240,24 @@ def run_local(args, runs: List[Dict]) -> int:
         failed += proc.returncode != 0
         print(f"{tag}: {status}, {time.time() - t0:.1f} s", flush=True)
     print(f"sweep {args.out}: {len(runs) - failed} of {len(runs)} runs succeeded")
+    print_table(args.out)
     return 1 if failed else 0
+
+
+def print_table(out: str) -> None:
+    """The per-run table of analysis.summary (the same code as `python3 -m analysis.summary OUT`)."""
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    try:
+        from analysis import summary
+    except ImportError as e:  # h5py/numpy missing in this Python: the runs are there, the table is not
+        print(f"sweep.py: no table of the runs ({e})")
+        return
+    print(flush=True)
+    try:
+        print(summary.directory_report(out)[0], flush=True)
+    except Exception as e:  # the table is a report: it never changes the sweep's outcome
+        print(f"sweep.py: no table of the runs ({type(e).__name__}: {e})")
 
 
 def submit(args, runs: List[Dict]) -> int:
@@ -279,6 +311,7 @@ def submit(args, runs: List[Dict]) -> int:
         failed += code != "0"
         print(f"{r['name']}: job {r['job_id']}, exit code {code}")
     print(f"sweep {args.out}: {len(runs) - failed} of {len(runs)} runs succeeded")
+    print_table(args.out)
     return 1 if failed else 0
 
 

@@ -1,7 +1,7 @@
 """Tests of analysis/ (tables, figures, Perfetto export) on traces made by the real program.
 
     test_analysis.py --make-traces --ctxpar build/ctxpar --mpirun mpirun --source . --workdir W
-    test_analysis.py --case mfu|exposed|scaling|timeline|perfetto|cli|loader --source . --workdir W
+    test_analysis.py --case mfu|exposed|scaling|timeline|perfetto|cli|loader|summary --source . --workdir W
 
 --make-traces runs ctxpar five times (ctest fixture `analysis_traces`):
   run-ring-p2-s1K, run-allgather-p2-s1K, run-ring-p1-s512, run-ring-p1-s1K  (`ctxpar run`, tiny)
@@ -280,8 +280,68 @@ def case_cli(c: Ctx):
     check(p.returncode == 2 and "no ctxpar traces" in p.stderr, f"empty dir: rc {p.returncode}, {p.stderr!r}")
 
 
+def case_summary(c: Ctx):
+    """analysis.summary on a directory: one row per file, in the text table (two header rows) and in
+    --csv; files that cannot be read (HDF5 that is not a trace, garbage, a truncated copy) get a row
+    that says so; numbers as analysis/tables.py computes them; an empty directory is an error."""
+    d = os.path.join(c.out, "dir")
+    shutil.copytree(c.tdir, d)
+    with open(os.path.join(d, "garbage.h5"), "wb") as f:
+        f.write(b"not an HDF5 file\n" * 10)
+    os.makedirs(os.path.join(d, "sub"))
+    with open(os.path.join(c.tdir, "train-ring-p2.h5"), "rb") as f:
+        head = f.read(4096)
+    with open(os.path.join(d, "sub", "cut.h5"), "wb") as f:
+        f.write(head)
+    bad = {"garbage", "not-a-trace", "sub/cut"}
+    names = sorted(set(TRACES) | bad)
+    cmd = [sys.executable, "-m", "analysis.summary", d]
+    p = subprocess.run(cmd, cwd=c.source, capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0, f"{cmd}: rc {p.returncode}\n{p.stdout}\n{p.stderr}")
+    lines = p.stdout.splitlines()
+    head_at = [i for i, ln in enumerate(lines) if ln.startswith("# run ")]
+    check(len(head_at) == 1 and lines[head_at[0] + 1].startswith("#"), f"no header and units rows:\n{p.stdout}")
+    rows = [ln for ln in lines if not ln.startswith("#")]
+    check(sorted(r.split()[0] for r in rows) == names, f"rows {[r.split()[0] for r in rows]}, expected {names}")
+    for r in rows:
+        name = r.split()[0]
+        check(("unreadable:" in r) == (name in bad), f"row of {name}: {r}")
+        check(name in bad or r.endswith(" complete"), f"row of {name}: {r}")
+    p = subprocess.run(cmd + ["--csv"], cwd=c.source, capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0, f"--csv: rc {p.returncode}\n{p.stderr}")
+    table = list(csv.DictReader(p.stdout.splitlines()))
+    check(sorted(r["run"] for r in table) == names, f"CSV rows {[r['run'] for r in table]}")
+    by = {r["run"]: r for r in table}
+    for name in bad:
+        check(by[name]["status"].startswith("unreadable: ") and by[name]["step_ms"] == "", f"CSV {by[name]}")
+    want = {r["run"]: r for r in c.runs()}
+    for name, (np_, _a) in TRACES.items():
+        r, w, t = by[name], want[name], c.traces[name]
+        check(int(r["ranks"]) == np_ and r["status"] == "complete", f"CSV {r}")
+        check(int(r["steps"]) == len(t.measured_steps()) and int(r["warmup"]) == t.warmup_steps(), f"CSV steps {r}")
+        check(close(float(r["step_ms"]), 1e3 * w["time_s"]), f"{name}: step_ms {r['step_ms']}")
+        check(close(float(r["exposed_ms"]), 1e3 * w["exposed_comm_s"]), f"{name}: exposed_ms {r['exposed_ms']}")
+        check(close(float(r["tflops"]), w["tflops_per_rank"]), f"{name}: tflops {r['tflops']}")
+        trains = name.startswith("train")
+        check((r["loss"] != "") == trains and (r["mfu_pct"] != "") == trains, f"{name}: loss/MFU {r}")
+        if trains:
+            check(float(r["loss"]) == float(t.measured_steps()["loss"][-1]), f"{name}: loss {r['loss']}")
+            check(close(float(r["mfu_pct"]), 100 * w["mfu"]), f"{name}: mfu {r['mfu_pct']}")
+            check(close(float(r["peak_gflops"]), float(t.attrs["peak_flops_per_rank"]) / 1e9), f"{name}: peak")
+    # One file: the steps table, as before.
+    p = subprocess.run([sys.executable, "-m", "analysis.summary", os.path.join(d, "train-ring-p2.h5")],
+                       cwd=c.source, capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0 and "status complete" in p.stdout and "# summary: medians" in p.stdout,
+          f"single file: {p.stdout}{p.stderr}")
+    empty = os.path.join(c.out, "empty")
+    os.makedirs(empty)
+    p = subprocess.run([sys.executable, "-m", "analysis.summary", empty], cwd=c.source,
+                       capture_output=True, text=True, timeout=120)
+    check(p.returncode == 2 and "no traces" in p.stderr, f"empty dir: rc {p.returncode}, {p.stderr!r}")
+
+
 CASES = {"loader": case_loader, "mfu": case_mfu, "exposed": case_exposed, "scaling": case_scaling,
-         "timeline": case_timeline, "perfetto": case_perfetto, "cli": case_cli}
+         "timeline": case_timeline, "perfetto": case_perfetto, "cli": case_cli, "summary": case_summary}
 
 
 def main() -> int:
