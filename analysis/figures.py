@@ -111,6 +111,18 @@ def _seq_axis(ax, seqs) -> None:
     ax.set_xlabel("sequence length S (tokens)")
 
 
+def _peak_note(runs: Sequence[Row]) -> str:
+    """The MFU axis names its peak: one for every run (MFU then moves only with TFLOP/s), or the
+    spread when runs divide by different peaks."""
+    peaks = sorted({round(float(r["peak_tflops_per_rank"]), 9) for r in runs
+                    if r.get("peak_tflops_per_rank") and not math.isnan(float(r["peak_tflops_per_rank"]))})
+    if not peaks:
+        return ""
+    if len(peaks) == 1:
+        return f" of {1e3 * peaks[0]:.4g} GFLOP/s per rank (every run)"
+    return f"; peaks differ: {1e3 * peaks[0]:.4g}-{1e3 * peaks[-1]:.4g} GFLOP/s"
+
+
 def fig_mfu_vs_seq(runs: Sequence[Row], png: str, title: str = "") -> Tuple[str, str]:
     """TFLOP/s per rank and MFU vs sequence length; a line per (mode, strategy, ranks).
     Input: tables.run_table rows (mode, strategy, ranks, seq, tflops_per_rank, mfu, time_s)."""
@@ -129,7 +141,7 @@ def fig_mfu_vs_seq(runs: Sequence[Row], png: str, title: str = "") -> Tuple[str,
             _seq_axis(ax, [r["seq"] for r in data])
         ax.grid(True, alpha=0.3)
     ax_t.set_ylabel("model TFLOP/s per rank")
-    ax_m.set_ylabel("MFU (%)")
+    ax_m.set_ylabel("MFU (%)" + _peak_note(runs))
     if data and all(math.isnan(r["mfu"]) for r in data):
         ax_m.text(0.5, 0.5, "no peak FLOP/s in these traces\n(`ctxpar run`: pass --peak-tflops-per-rank)",
                   ha="center", va="center", transform=ax_m.transAxes, fontsize=9)

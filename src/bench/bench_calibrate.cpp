@@ -361,6 +361,7 @@ struct Link {
 // Every number bench calibrate measures: the table's rows and the profile's values.
 struct Calibration {
   double peak = 0, peak_used = 0;                // FLOP/s per rank: the FMA loop, the peak the efficiencies use
+  double core_fma = 0;                           // one core's FMA loop, rank 0 alone (train's MFU peak per thread)
   std::vector<double> g_rows, g_eff;             // GEMM rows M; FLOP/s until normalize_to_peak, then of peak
   double jitter = 0, shared_eff = 1;
   std::vector<double> a_keys, a_eff;             // attention kappa; FLOP/s until normalize_to_peak, then of peak
@@ -580,6 +581,7 @@ HardwareProfile machine_profile(const CalibrateJob& job, const Calibration& cal)
                   " ranks x " + std::to_string(threads > 0 ? threads : 0) + " threads; 0 = OpenMP default; " +
                   std::to_string(hosts) + " host(s))";
   h.peak_fp32_flops = cal.peak_used;
+  h.core_fma_flops = cal.core_fma;
   h.peak_bf16_flops = 0;
   h.default_precision = Precision::fp32;
   h.hbm_bytes_per_s = cal.mem_bps;
@@ -765,6 +767,7 @@ std::string profile_text(const CalibrateJob& job, const Calibration& cal, const 
            " vocab=" + std::to_string(d.vocab) + " H_q=" + std::to_string(Hq) + " H_kv=" + std::to_string(Hkv) +
            " D=" + std::to_string(D) + " (GEMMs, attention and elementwise ops run at these shapes)."},
       {{"peak_tflops_fp32", "max(FMA loop min over ranks, best measured kernel rate)"},
+       {"core_fma_tflops", "one core's FMA loop, rank 0 alone: train's MFU peak per thread on this host"},
        {"hbm_tb_s", "triad over 3 x 32 MiB, all ranks at once (per-rank share)"},
        {"hbm_gb", "MemTotal of /proc/meminfo"},
        {"intra_gb_s", intra_peer > 0 ? "16 MiB exchange between ranks 0 and " + std::to_string(intra_peer) +
@@ -832,6 +835,7 @@ int bench_calibrate(BenchContext& ctx) {
   Calibration cal;
   // Peak: every rank runs the FMA loop at once; the smallest is what a rank can count on.
   cal.peak = measure_fma_peak(ctx, threads, ReduceOp::min).gflops * 1e9;
+  cal.core_fma = measure_core_peak_flops(world);
 
   // The kernels run at the configured model's shapes, each timed call after an untimed GEMM that
   // displaces its data from the caches.

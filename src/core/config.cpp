@@ -311,7 +311,7 @@ const std::vector<Field>& config_fields() {
       {"eos_id", &Config::eos_id, "-1", "train: token that ends a document in a token file (-1 = none)", {}, -1, 1ll << 31},
       {"dump_init", &Config::dump_init, "", "train: write an oracle dump to this HDF5 (tests/oracle): per step the weights and AdamW moments before it and its gradients, the samples, the losses, step 0's logits", {}},
       {"dump_steps", &Config::dump_steps, "0", "train with dump_init: the steps the dump records (0 = every step run)", {}, 0, 1e6},
-      {"peak_tflops_per_rank", &Config::peak_tflops_per_rank, "0", "train: the peak MFU divides by, TFLOP/s per rank (0: on the CPU one core's FMA-loop rate, as `bench peak`, times the rank's threads; with device=cuda the GPU's dense bf16 peak by its name, a table, 0 where unknown)", {}, 0, 1e6,
+      {"peak_tflops_per_rank", &Config::peak_tflops_per_rank, "0", "train: the peak MFU divides by, TFLOP/s per rank (0: on the CPU one core's FMA-loop rate, as `bench peak` (bench calibrate's core_fma_tflops in out/hardware/local.toml when it measured this host), times the rank's threads; with device=cuda the GPU's dense bf16 peak by its name, a table, 0 where unknown)", {}, 0, 1e6,
        [](const Config& c) -> std::string {
          return c.peak_tflops_per_rank == 0 || c.peak_tflops_per_rank >= 1e-4
                     ? "" : "0 (measure it) or at least 1e-4 TFLOP/s (0.1 GFLOP/s): a smaller peak makes MFU meaningless";

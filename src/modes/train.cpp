@@ -23,6 +23,7 @@
 #include "model/model.hpp"
 #include "model/optimizer.hpp"
 #include "model/transformer.hpp"
+#include "perf/hardware.hpp"
 #include "modes/modes.hpp"
 #include "modes/oracle_dump.hpp"
 #include "modes/device_run.hpp"
@@ -366,12 +367,27 @@ std::string train_plan(const Config& cfg, Topology& topo) {
   return os.str();
 }
 
+namespace {
+// Whether this process's MFU peak per thread came from bench calibrate's profile (peak_note says so).
+bool& core_peak_calibrated() {
+  static bool calibrated = false;
+  return calibrated;
+}
+}  // namespace
+
 double train_peak_flops_per_rank(const Config& cfg, Topology& topo) {
   if (cfg.peak_tflops_per_rank > 0) return cfg.peak_tflops_per_rank * 1e12;  // no time spent measuring
   // Measured once per process (main passes it to the tracer, run_train logs it); every rank
   // calls this at the same points, so the collective inside stays matched.
   static double core = 0;
-  if (core == 0) core = measure_core_peak_flops(topo.world());
+  if (core == 0) {
+    // bench calibrate's one-core rate when it measured this host and CPU (rank 0 reads it: every
+    // rank takes the same branch), else measured now.
+    double calibrated = topo.world().rank() == 0 ? calibrated_core_peak_flops() : 0;
+    topo.world().broadcast(std::span<double>(&calibrated, 1), 0);
+    core_peak_calibrated() = calibrated > 0;
+    core = calibrated > 0 ? calibrated : measure_core_peak_flops(topo.world());
+  }
   // The run's sgemm rate too, now: measured before the run's memory is tracked (main calls this
   // before the trace starts).
   if (cfg.device != Device::cuda) train_sgemm_flops_per_rank(topo);
@@ -485,6 +501,9 @@ struct TrainRun {
 std::string peak_note(const Config& cfg, bool on_gpu, Topology& topo, Tracer& tr) {
   std::string note = cfg.peak_tflops_per_rank > 0 ? "peak_tflops_per_rank"
                      : on_gpu                     ? "the GPU's dense bf16 peak"
+                     : core_peak_calibrated()     ? std::string("one core's FMA loop from bench calibrate (") +
+                                                       kCalibratedProfile + ") x " + std::to_string(omp_get_max_threads()) +
+                                                       " thread(s)"
                                                   : std::string("one core's ") + fma_isa_name(fma_isa_available()) +
                                            " FMA loop x " + std::to_string(omp_get_max_threads()) + " thread(s)";
   tr.write_attr("/", "peak_source", note);

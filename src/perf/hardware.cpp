@@ -89,6 +89,17 @@ std::string profile_mismatch(const HardwareProfile& hw, const Config& cfg) {
   return "warning: hardware profile " + hw.name + " (" + hw.source_file + ") was measured with " + diff + tail;
 }
 
+double calibrated_core_peak_flops() {
+  std::error_code ec;
+  if (!fs::is_regular_file(kCalibratedProfile, ec)) return 0;
+  try {
+    const HardwareProfile h = load_hardware(kCalibratedProfile);
+    return h.measured_host == this_host() && h.measured_cpu == this_cpu() ? h.core_fma_flops : 0;
+  } catch (const UsageError&) {
+    return 0;  // unreadable: the run measures its own (predict and auto report the profile's error)
+  }
+}
+
 std::string hardware_dir() {
   std::error_code ec;
   if (fs::is_directory("inputs/hardware", ec)) return "inputs/hardware";
@@ -121,7 +132,7 @@ const std::vector<std::string> kKeys = {
     "gemm_eff_rows", "gemm_eff_values", "attn_eff", "attn_eff_at_keys", "attn_half_keys",
     "attn_eff_keys", "attn_eff_values", "attn_diag_waste_keys", "attn_bwd_work", "elementwise_gb_s", "loss_gb_s", "optimizer_gb_s",
     "step_overhead_us", "rank_jitter", "shared_core_eff", "overlap_collectives", "measured_host", "measured_cpu",
-    "measured_shapes"};
+    "measured_shapes", "core_fma_tflops"};
 // Keys of earlier versions, with what replaced them (a profile that still has one gets told).
 const std::vector<std::pair<std::string, std::string>> kRenamed = {
     {"attn_eff_tokens", "attn_eff_keys (the curve's x is now visible keys per query row of a call)"},
@@ -143,6 +154,7 @@ const Range kRanges[] = {
     {"peak_tflops_bf16", "TFLOP/s", 1e-4, 1e5, true, "no such unit"},
     {"peak_tflops_fp8", "TFLOP/s", 1e-4, 1e5, true, "no such unit"},
     {"peak_tflops_fp32", "TFLOP/s", 1e-4, 1e5, true, "no such unit"},
+    {"core_fma_tflops", "TFLOP/s", 1e-6, 1e3, true, "not measured"},
     {"hbm_gb", "GB", 0.01, 1e5},
     {"hbm_tb_s", "TB/s", 1e-4, 1e3},
     {"chips_per_node", "chips", 1, 1e6},
@@ -306,6 +318,7 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
   h.peak_bf16_flops = r.num("peak_tflops_bf16", 0) * 1e12;
   h.peak_fp8_flops = r.num("peak_tflops_fp8", 0) * 1e12;
   h.peak_fp32_flops = r.num("peak_tflops_fp32", 0) * 1e12;
+  h.core_fma_flops = r.num("core_fma_tflops", 0) * 1e12;
   if (!parse_in(kPrecisionNames, r.str("default_precision", "bf16"), h.default_precision) ||
       h.default_precision == Precision::automatic)
     r.bad("default_precision", "must be one of bf16, fp8_ffn, fp32");
@@ -385,6 +398,7 @@ std::string hardware_toml(const HardwareProfile& h, const std::vector<std::strin
   line("peak_tflops_bf16", num(h.peak_bf16_flops / 1e12));
   line("peak_tflops_fp8", num(h.peak_fp8_flops / 1e12));
   line("peak_tflops_fp32", num(h.peak_fp32_flops / 1e12));
+  if (h.core_fma_flops > 0) line("core_fma_tflops", num(h.core_fma_flops / 1e12));
   line("default_precision", std::string("\"") + name_of(h.default_precision) + "\"");
   line("hbm_gb", num(h.hbm_bytes / 1e9));
   line("hbm_tb_s", num(h.hbm_bytes_per_s / 1e12));

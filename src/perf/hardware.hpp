@@ -34,6 +34,9 @@ struct HardwareProfile {
   // Where `bench calibrate` measured it ("" in a published profile): the host, its CPU model and
   // the model shapes (calibrated_shapes); a choice made from it elsewhere warns (profile_mismatch).
   std::string measured_host, measured_cpu, measured_shapes;
+  // One core's FMA-loop rate (bench calibrate, rank 0 alone; 0 = not measured): a CPU run's MFU
+  // peak per thread on the host that measured it (calibrated_core_peak_flops).
+  double core_fma_flops = 0;
   // Peak dense FLOP/s per chip for each precision the model can use (0 = not available).
   double peak_bf16_flops = 0, peak_fp8_flops = 0, peak_fp32_flops = 0;
   Precision default_precision = Precision::bf16;  // bf16 | fp8_ffn | fp32
@@ -118,6 +121,9 @@ std::string calibrated_shapes(const Config& cfg);
 // CPU or with other model shapes than `cfg`'s, naming each difference; published profiles (no
 // measured_host) describe hardware, not this machine, and get none.
 std::string profile_mismatch(const HardwareProfile& hw, const Config& cfg);
+// The MFU peak per thread `train` divides by on this host: core_fma_flops of the calibrated
+// profile (kCalibratedProfile) when it was measured on this host and CPU, else 0 (measure it).
+double calibrated_core_peak_flops();
 // Where `bench calibrate` writes by default and hardware=local reads first (outside the tracked
 // tree): out/hardware/local.toml under the working directory.
 inline constexpr const char* kCalibratedProfile = "out/hardware/local.toml";

@@ -33,9 +33,9 @@ def expect(cond, what, text=""):
         print("FAIL:", what, "\n---\n" + text[-3000:] + "\n---")
 
 
-def run(np, args):
+def run(np, args, cwd=None):
     cmd = ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none", sys.argv[1]] + args
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=cwd)
     return p.returncode, p.stdout + p.stderr
 
 
@@ -162,6 +162,21 @@ if os.path.exists(prof):
         f.write(re.sub(r'measured_host = "[^"]*"', 'measured_host = "elsewhere-42"', body))
     rc, text = run(1, model + ["hardware=" + other] + HEADS)
     expect(rc == 0 and "host elsewhere-42 (here: " in text, "a profile from another host is named", text)
+    # Where the calibrated profile lies (out/hardware/local.toml of the working directory), train
+    # divides by its one-core FMA rate x threads, and says so.
+    m = re.search(r"^core_fma_tflops = ([0-9.e+-]+)", body, re.M)
+    expect(m is not None, "the calibrated profile records core_fma_tflops", body)
+    here = os.path.join(tmp, "here")
+    os.makedirs(os.path.join(here, "out", "hardware"))
+    with open(os.path.join(here, "out", "hardware", "local.toml"), "w") as f:
+        f.write(body)
+    rc, text = run(2, ["train", "steps=1", "warmup=0", "seq=128"] + HEADS + MODEL, cwd=here)
+    expect(rc == 0 and "FMA loop from bench calibrate (out/hardware/local.toml) x 1 thread" in text,
+           "train takes its MFU peak from the calibrated profile", text)
+    if rc == 0 and m:
+        with h5py.File(os.path.join(here, "out", "train.h5")) as f:
+            peak = float(f.attrs["peak_flops_per_rank"])
+        expect(abs(peak / (float(m.group(1)) * 1e12) - 1) < 1e-5, f"trace peak {peak} = core_fma_tflops x 1 thread")
 # The repository's example profile (no measured_host) gets a warning; a published one does not.
 rc, text = run(1, ["predict", "out=" + os.path.join(tmp, "p.h5"), "hardware=" + os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "inputs", "hardware", "local.toml")] + HEADS)
