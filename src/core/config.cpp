@@ -36,6 +36,8 @@ std::string check_mesh(const Config& c) {
   return "";
 }
 
+bool train_mode_of(const Config& c) { return c.mode == Mode::train || (c.mode == Mode::bench && c.bench == Bench::train); }
+
 std::string check_predict_mesh(const Config& c) {
   if (c.predict_mesh.empty()) return "";
   try {
@@ -704,8 +706,12 @@ void validate_config(const Config& c, int world_size) {
   const bool bench_cp = c.mode == Mode::bench && c.bench == Bench::cp;
   if (c.strategy == "all" && !bench_cp && c.mode != Mode::predict)
     throw UsageError("config: strategy = all is only for `ctxpar bench cp` (and predict); valid here: " +
-                     join({strategy_choices().training.begin(), strategy_choices().training.end()}, ", ") + ", auto");
-  const bool train_mode = c.mode == Mode::train || (c.mode == Mode::bench && c.bench == Bench::train);
+                     join({strategy_choices().training.begin(), strategy_choices().training.end()}, ", ") + ", auto" +
+                     (train_mode_of(c) ? std::string("; to train with each strategy and compare them in one table: "
+                                                     "jobs/sweep.py --local --mode train --strategies allgather,ulysses,"
+                                                     "ring,usp (README, \"Compare the training strategies\")")
+                                       : std::string()));
+  const bool train_mode = train_mode_of(c);
   // with the inference modes: bench infer (its deterministic table)
   const bool infer_mode = c.mode == Mode::prefill || c.mode == Mode::decode || c.mode == Mode::chat ||
                           (c.mode == Mode::bench && c.bench == Bench::infer);
