@@ -326,7 +326,7 @@ const std::vector<Field>& config_fields() {
       {"cached", &Config::cached, "0", "prefill: cached tokens P before the measured prefill of seq - P (0 = use miss_rate)", {}, 0, 1ll << 40},
       {"miss_rate", &Config::miss_rate, "1", "prefill: new tokens T = miss_rate * seq when cached = 0 (1 = full prefill)", {}, 1e-6, 1},
       // cost model (`ctxpar predict`)
-      {"hardware", &Config::hardware, "auto", "hardware profile of the cost model (predict, strategy=auto, cp_algo=auto, bench calibrate's output): inputs/hardware/<name>.toml, a path, measured (this job's ranks, measured at start: cp_algo=auto only) or auto (measured for cp_algo=auto, else local)", {}},
+      {"hardware", &Config::hardware, "auto", "hardware profile of the cost model (predict, strategy=auto, cp_algo=auto, bench calibrate's output): inputs/hardware/<name>.toml (local: bench calibrate's out/hardware/local.toml first), a path, measured (this job's ranks, measured at start: cp_algo=auto only) or auto (measured for cp_algo=auto, else local)", {}},
       enum_field<&Config::predict_mode>("predict_mode", kPerfModeNames, "train", "predict: what to predict"),
       {"predict_mesh", &Config::predict_mesh, "", "predict: mesh of the predicted cluster, e.g. tp:8,ring:16 (empty = mesh)", {}, 0, -1, check_predict_mesh},
       {"predict_chips", &Config::predict_chips, "0", "predict: search every mesh of this many chips (tp x ulysses x ring, and dp and remat in training) and print the best that fit (0 = price predict_mesh only)", {}, 0, 1ll << 30},
