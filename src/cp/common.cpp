@@ -58,22 +58,21 @@ std::string refuse_latent(const std::string& strategy, const CpCall& s) {
          "ring or allgather, which move the latent" + (s.mask == MaskKind::window ? ", or halo" : "");
 }
 
-double call_fwd_flops(const AttnParams& p) { return attn_fwd_flops(double(visible_pairs(p)), p.H_q, p.D); }
-double call_bwd_flops(const AttnParams& p) { return attn_bwd_flops(double(visible_pairs(p)), p.H_q, p.D); }
-
 void counted_fwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step) {
-  const double flops = call_fwd_flops(p);
+  const int64_t pairs = visible_pairs(p);
+  const double flops = attn_fwd_flops(double(pairs), p.H_q, p.D);
   const double t0 = tr ? tr->stamp() : 0;
   attn_fwd(p);
-  st.attn_flops += flops;
+  st.count_attn(pairs, p.H_q, flops, false);
   if (tr) tr->add_span(Phase::attn_fwd, -1, step, t0, tr->stamp(), flops, 0);
 }
 
 void counted_bwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step, void (*kernel)(const AttnParams&)) {
-  const double flops = call_bwd_flops(p);
+  const int64_t pairs = visible_pairs(p);
+  const double flops = attn_bwd_flops(double(pairs), p.H_q, p.D);
   const double t0 = tr ? tr->stamp() : 0;
   kernel(p);
-  st.attn_flops += flops;
+  st.count_attn(pairs, p.H_q, flops, true);
   if (tr) tr->add_span(Phase::attn_bwd, -1, step, t0, tr->stamp(), flops, 0);
 }
 

@@ -70,10 +70,6 @@ std::string refuse_latent(const std::string& strategy, const CpCall& s);
 inline constexpr const char* kPackedOnly =
     "takes packed q, k, v, dout (row strides 0); strided views are for single kernel calls (attn_fwd, attn_bwd)";
 
-// Attention FLOPs of one local kernel call (the visible pairs of `p`, model/flops.hpp).
-double call_fwd_flops(const AttnParams& p);
-double call_bwd_flops(const AttnParams& p);
-
 // One whole kernel call attn_fwd(p) (attn_bwd(p)): its FLOPs added to st.attn_flops and, with a
 // tracer, a span of phase attn_fwd (attn_bwd) at ring step `step` (-1: none).
 void counted_fwd(const AttnParams& p, Tracer* tr, CpStats& st, int32_t step);

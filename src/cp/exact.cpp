@@ -230,7 +230,8 @@ void exact_infer_fwd(Comm& c, const CpCall& t, Tracer* tr, CpStats& st) {
   a.k_new_slot = nullptr;
   if (tr) tr->progress(Phase::attn_fwd);
   const size_t n = size_t(P * R * H), w = size_t(D + 1);
-  const double flops = call_fwd_flops(a);  // the visible pairs of every query with this rank's keys
+  const int64_t pairs = visible_pairs(a);  // every query with this rank's keys
+  const double flops = attn_fwd_flops(double(pairs), a.H_q, a.D);
   std::vector<float> M(n);
   double t0 = tr ? tr->stamp() : 0;
   attn_exact_max(a, M.data());
@@ -239,7 +240,7 @@ void exact_infer_fwd(Comm& c, const CpCall& t, Tracer* tr, CpStats& st) {
   Buffer<int64_t> hi(n * w + 1), lo(n * w);  // zeroed; hi's last: the count of values out of range
   t0 = tr ? tr->stamp() : 0;
   hi[n * w] = attn_exact_sums(a, M.data(), hi.data(), lo.data());
-  st.attn_flops += flops;
+  st.count_attn(pairs, a.H_q, flops, false);
   if (tr) tr->add_span(Phase::attn_fwd, -1, -1, t0, tr->stamp(), flops, 0);
   timed_collective(c, st, tr, Phase::all_reduce, double(n * w) * 16, [&] {
     c.all_reduce(hi.span());

@@ -389,7 +389,7 @@ class Halo final : public CpStrategy {
     const double t0 = tr ? tr->stamp() : 0;
     if (tr) tr->progress(ph);
     f(p);
-    st.attn_flops += flops;
+    st.count_attn(pairs, p.H_q, flops, ph != Phase::attn_fwd);
     if (tr) tr->add_span(ph, -1, step, t0, tr->stamp(), flops, 0);
   }
 

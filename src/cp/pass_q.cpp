@@ -8,6 +8,8 @@
 #include "cp/common.hpp"
 #include "cp/query_ring.hpp"
 #include "cp/strategy.hpp"
+#include "model/flops.hpp"
+#include "ops.hpp"
 #include "dist/topology.hpp"
 #include "trace/trace.hpp"
 
@@ -44,12 +46,13 @@ class PassQ final : public cp::ForwardOnlyStrategy {
     cp::pass_q_forward(comm_, L, local, n, kTagQ, tr, st,
                        [&](std::byte* here, const std::byte* meta, int, int s, Request& req, float* o) {
       const CpCall p = cp::visiting_block(L, here, meta, local, o, o + size_t(n) * local.H_q * local.D);
-      const double flops = cp::call_fwd_flops(p);
+      const int64_t pairs = visible_pairs(p);
+      const double flops = attn_fwd_flops(double(pairs), p.H_q, p.D);
       const double t0 = tr ? tr->stamp() : 0;
       cp::fwd_chunked(p, chunk, false, nullptr, nullptr, [&] {
         if (req.pending()) comm_.test(req);
       });
-      st.attn_flops += flops;
+      st.count_attn(pairs, p.H_q, flops, false);
       if (tr) tr->add_span(Phase::attn_fwd, -1, s, t0, tr->stamp(), flops, 0);
     });
   }

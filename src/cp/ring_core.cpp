@@ -135,7 +135,7 @@ void ring_fwd(Comm* ring, const CpCall& a, Tracer* tr, CpStats& st) {
       fwd_chunked(p, chunk, /*merge=*/s > 0, o_tmp.data(), lse_tmp.data(), [&] {
         if (req.pending()) ring->test(req);
       });
-    st.attn_flops += flops;
+    st.count_attn(pairs, a.H_q, flops, false);
     if (tr) tr->add_span(Phase::attn_fwd, -1, s, t0, tr->stamp(), flops, 0);
     timed_wait(*ring, req, st, tr, s, double(L.bytes));
   }
@@ -213,7 +213,7 @@ void ring_bwd(Comm* ring, const CpCall& a, Tracer* tr, CpStats& st) {
         if (kv_req.pending()) ring->test(kv_req);
         if (dkv_req.pending()) ring->test(dkv_req);
       });
-    st.attn_flops += flops;
+    st.count_attn(pairs, a.H_q, flops, true);
     if (tr) tr->add_span(Phase::attn_bwd, -1, s, t0, tr->stamp(), flops, 0);
     if (lat && pairs > 0) a.expander->backward(block_latent, a.S_k, dkx.data(), dvx.data(), part[cur].data());
     // The partial sum of the ranks that held this block before (posted by prev at step s - 1).

@@ -104,6 +104,15 @@ struct CpStats {
   double exposed_comm_s = 0;  // time blocked waiting on transfers
   int64_t messages = 0;       // point-to-point messages posted by this rank
   double attn_flops = 0;      // attention FLOPs this rank computed (visible pairs, model/flops.hpp)
+  // (query, key) pairs x query heads this rank's attention calls computed (the visible pairs of
+  // each call's rows under its mask): [0] forward calls, [1] backward calls. Summed over the
+  // ranks, train's coverage audit holds them to the batch's visible pairs (model/coverage.hpp).
+  double attn_pair_heads[2] = {0, 0};
+  // One attention call: its FLOPs and its visible pairs x heads.
+  void count_attn(int64_t pairs, int64_t heads, double flops, bool backward) {
+    attn_flops += flops;
+    attn_pair_heads[backward ? 1 : 0] += double(pairs) * double(heads);
+  }
   // Device calls: a wait on a device transfer does not block the host, so its exposed time is
   // timed on the device, by a pair of events around the compute stream's wait (the time the
   // stream sat idle there); they are read by settle(), once the caller has synchronized the

@@ -14,6 +14,7 @@
 #include "cp/common.hpp"
 #include "cp/ring_core.hpp"
 #include "cp/strategy.hpp"
+#include "model/flops.hpp"
 #include "cp/visible.hpp"
 #include "dist/topology.hpp"
 #include "ops.hpp"
@@ -117,12 +118,13 @@ void ring_fwd_visible(Comm& ring, const CpCall& a, const VisibleKeys& keys, Trac
       vr.point(d, in[d % 2], p);
     }
     // Step 0 (the own block) initializes (o, lse) even when nothing is visible.
-    const double flops = call_fwd_flops(p);
+    const int64_t pairs = visible_pairs(p);
+    const double flops = attn_fwd_flops(double(pairs), p.H_q, p.D);
     const double t0 = tr ? tr->stamp() : 0;
     fwd_chunked(p, chunk, /*merge=*/d > 0, o_tmp.data(), lse_tmp.data(), [&] {
       if (req.pending()) ring.test(req);
     });
-    st.attn_flops += flops;
+    st.count_attn(pairs, p.H_q, flops, false);
     if (tr) tr->add_span(Phase::attn_fwd, -1, d, t0, tr->stamp(), flops, 0);
   }
 }
@@ -160,13 +162,14 @@ void ring_bwd_visible(Comm& ring, const CpCall& a, const VisibleKeys& keys, Trac
       }
     }
     if (d == 0 || !vr.in_rows(d).empty()) {
-      const double flops = call_bwd_flops(p);
+      const int64_t pairs = visible_pairs(p);
+      const double flops = attn_bwd_flops(double(pairs), p.H_q, p.D);
       const double t0 = tr ? tr->stamp() : 0;
       bwd_chunked(p, chunk, [&] {
         if (kv_req.pending()) ring.test(kv_req);
         if (back_req.pending()) ring.test(back_req);
       });
-      st.attn_flops += flops;
+      st.count_attn(pairs, p.H_q, flops, true);
       if (tr) tr->add_span(Phase::attn_bwd, -1, d, t0, tr->stamp(), flops, 0);
     }
     if (d == 0) continue;

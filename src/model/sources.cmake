@@ -10,6 +10,7 @@ set(CTXPAR_MODEL_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/optimizer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/offload.cpp
   ${CMAKE_CURRENT_LIST_DIR}/flops.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/coverage.cpp
   ${CMAKE_CURRENT_LIST_DIR}/data.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
 )

@@ -48,6 +48,7 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
       dev_(dev),
       stream_(stream) {
   CTXPAR_CHECK(!d_.has_local() || local_, "a model with local (L) layers needs their strategy");
+  attn_pairs_.assign(size_t(2 * d_.layers), 0.0);
   CTXPAR_CHECK(dev_ == Device::cpu || (!d_.mla && !d_.has_gdn()),
                "MLA and Gated DeltaNet layers run on the CPU only so far (config refuses them with device = cuda)");
   call_ = attn_problem(S_loc_, d_.H_q_loc(), d_.H_kv_loc(), d_.D, MaskKind::causal, 0);
@@ -237,9 +238,10 @@ void Transformer::attn_part_fwd(int64_t l, const LayerView& w, const float* x, A
     }
   }
   const CpCall t = local_attn(l, a, b);
-  const double t0 = now_s();
+  const double t0 = now_s(), pairs0 = st_->attn_pair_heads[0];
   strategy_of(l).forward(t, tr_, *st_);
   times_->attn_s += now_s() - t0;
+  attn_pairs_[size_t(2 * l)] += st_->attn_pair_heads[0] - pairs0;
 }
 
 void Transformer::mlp_bwd(int64_t l, const LayerView& w, LayerView& gw, MlpActs& m, float* dx) {
@@ -306,9 +308,10 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
     t.dk_fixed = kv_copies_.data();
     t.dv_fixed = kv_copies_.data() + S * kw;
   }
-  const double t0 = now_s();
+  const double t0 = now_s(), pairs0 = st_->attn_pair_heads[1];
   strategy_of(l).backward(t, tr_, *st_);
   times_->attn_s += now_s() - t0;
+  attn_pairs_[size_t(2 * l + 1)] += st_->attn_pair_heads[1] - pairs0;
   if (kv_copies_.size()) sum_kv_copies(l);
   if (d_.mla) {
     float* dlat = mla_s_.dlat.data();
@@ -352,6 +355,7 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   st_ = &st;
   times_ = &times;
   ++batch_serial_;  // a new batch: its own visible-keys plans
+  attn_pairs_.assign(size_t(2 * d_.layers), 0.0);
   const double t_start = now_s();
   const int64_t S = S_loc_, dim = d_.dim, V = d_.vocab;
   const ModelView w = ext_view_ ? *ext_view_ : layout_.view(const_cast<float*>(params));

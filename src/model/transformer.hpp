@@ -64,6 +64,10 @@ class Transformer {
                           CpStats& st, StepTimes& times, float* logits_out = nullptr);
 
   int64_t S_loc() const { return S_loc_; }
+  // The last forward_backward's attention work on this rank, per layer: [2l] the forward's (and
+  // remat's recompute) visible (query, key) pairs x heads, [2l + 1] the backward's
+  // (CpStats::attn_pair_heads; train's coverage audit, model/coverage.hpp).
+  const std::vector<double>& attn_pair_heads() const { return attn_pairs_; }
   // offload=params (model/offload.hpp HostParams): forward_backward reads the weights through
   // `view` (embedding and norms on the GPU, the GEMM weights' fp32 pointers on the host, never
   // read there) and their bf16 copy `mirror`, kept current by AdamW, instead of the `params` it is
@@ -165,6 +169,7 @@ class Transformer {
   // per-call state
   Tracer* tr_ = nullptr;
   CpStats* st_ = nullptr;
+  std::vector<double> attn_pairs_;  // attn_pair_heads()
   StepTimes* times_ = nullptr;
 };
 

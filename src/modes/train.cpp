@@ -18,6 +18,7 @@
 #include "dist/topology.hpp"
 #include "model/numerics.hpp"
 #include "model/checkpoint.hpp"
+#include "model/coverage.hpp"
 #include "model/data.hpp"
 #include "model/flops.hpp"
 #include "model/model.hpp"
@@ -558,8 +559,40 @@ struct TrainTotals {
   std::vector<double> times, tflops, mfus, tok_s, gemm_sh, attn_sh;
   std::vector<double> offload_s;  // offload: seconds of copies per step not hidden by compute
   std::vector<double> losses;
+  std::vector<double> work;       // every step's attention pairs x heads on this rank (imbalance())
+  std::vector<double> audit_s;    // every step's coverage audit, seconds (rank 0)
+  std::vector<double> coverage;   // per step: step, pairs x heads computed (all ranks, layers, fwd + bwd), expected
   double first_loss = NAN, last_loss = NAN;
 };
+
+// The coverage audit (model/coverage.hpp) of step s: every layer's attention pairs x heads, summed
+// over every rank (one all-reduce), against the batch's visible pairs (`pairs`: causal, window;
+// summed over dp). Collective; "" when the step passes.
+std::string audit_step(TrainRun& r, const double pairs[2], int64_t s, TrainTotals& tot) {
+  const double t0 = r.world.now();
+  std::vector<double> got = r.model.attn_pair_heads();
+  double mine = 0;
+  for (double g : got) mine += g;
+  tot.work.push_back(mine);
+  r.world.all_reduce(std::span<double>(got));
+  // Padding rows (a seq the partition does not split evenly, shard/partition.hpp) are one more
+  // document of every replica: their pairs are computed (and never read).
+  const int64_t pad = r.part.padding();
+  const double pad_causal = pad > 0 ? causal_visible_pairs({pad}) : 0.0,
+               pad_window = pad > 0 && r.d.has_local() ? window_visible_pairs({pad}, r.d.window) : 0.0;
+  std::string bad = coverage_audit(got, r.d, pairs[0] + double(r.DP) * pad_causal, pairs[1] + double(r.DP) * pad_window,
+                                   r.cfg.remat, s);
+  tot.audit_s.push_back(r.world.now() - t0);
+  double sum = 0, want = 0;
+  for (int64_t l = 0; l < r.d.layers; ++l) {
+    sum += got[size_t(2 * l)] + got[size_t(2 * l + 1)];
+    if (!r.d.is_gdn(l))
+      want += (r.d.is_local(l) ? pairs[1] + double(r.DP) * pad_window : pairs[0] + double(r.DP) * pad_causal) *
+              double(r.d.H_q) * (r.cfg.remat == Remat::none ? 2.0 : 3.0);
+  }
+  tot.coverage.insert(tot.coverage.end(), {double(s), sum, want});
+  return bad;
+}
 
 // One step's time and rates, once the update is done: the GPU's own times, the shares of GEMMs and
 // attention, the trace's record and the log line. Returns whether a stop signal ends the run.
@@ -624,6 +657,17 @@ bool finish_step(TrainRun& r, int64_t s, int64_t trace_step0, double t0, double 
   return stop;
 }
 
+// How evenly the ranks shared the attention work, per step: max / mean over the ranks of their
+// pairs x heads (collective, once at the end: the steps' audit needs only the sums).
+std::vector<double> imbalance(TrainRun& r, const TrainTotals& tot) {
+  std::vector<double> most = tot.work, sum = tot.work;
+  r.world.all_reduce(std::span<double>(most), ReduceOp::max);
+  r.world.all_reduce(std::span<double>(sum));
+  std::vector<double> out;
+  for (size_t i = 0; i < sum.size(); ++i) out.push_back(sum[i] > 0 ? most[i] * double(r.world.size()) / sum[i] : 1.0);
+  return out;
+}
+
 // The summary lines after the last step (and the offload attributes of the trace).
 void log_train_summary(TrainRun& r, const TrainTotals& tot, int64_t first_step) {
   const Config& cfg = r.cfg;
@@ -650,6 +694,21 @@ void log_train_summary(TrainRun& r, const TrainTotals& tot, int64_t first_step) 
   log0("#   peak tracked mem   %10.1f MiB per rank (rank 0)\n", double(mem_peak_bytes()) / (1 << 20));
   log0("#   time in GEMMs      %10.1f %% (attention %.1f %%, other %.1f %%)\n", 100 * median(tot.gemm_sh),
        100 * median(tot.attn_sh), 100 * (1 - median(tot.gemm_sh) - median(tot.attn_sh)));
+  const std::vector<double> imbs = imbalance(r, tot);  // collective
+  const double imb = median(imbs);
+  log0("#   attention work     %10.3f max/mean over ranks; every visible pair computed once, audited every step "
+       "(%.3f ms, %.2f %% of a step)\n",
+       imb, median(tot.audit_s) * 1e3, 100 * median(tot.audit_s) / tmed);
+  r.tracer.write_attr("/", "attn_work_imbalance", imb);
+  r.tracer.write_attr("/", "coverage_audit", std::string("passed every step"));
+  std::vector<double> rows;
+  for (size_t i = 0; i < imbs.size(); ++i)
+    rows.insert(rows.end(), {tot.coverage[3 * i], tot.coverage[3 * i + 1], tot.coverage[3 * i + 2], imbs[i]});
+  if (!rows.empty()) {
+    r.tracer.write_dataset("/coverage", rows, {uint64_t(imbs.size()), 4});
+    r.tracer.write_attr("/coverage", "columns",
+                        std::string("step,attn_pair_heads_computed,attn_pair_heads_expected,attn_work_imbalance"));
+  }
   const bool finite = std::isfinite(tot.last_loss);
   if (r.tracer.stop_signal() != 0)
     log0("# TRUNCATED (%s after step %lld; the summary covers the completed steps): %s training on %d ranks\n",
@@ -693,6 +752,12 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     if (r.dump.on() && s == 0) logits_full.resize(size_t(r.model.S_loc() * r.d.vocab), false);
     double loss_sum = r.model.forward_backward(r.master, r.grads.data(), b, 1.0 / double(N), &tracer, st, tm,
                                                logits_full.size() ? logits_full.data() : nullptr);
+    if (const std::string bad = audit_step(r, pairs, s, tot); !bad.empty()) {
+      err0("ctxpar: %s\n", bad.c_str());
+      log0("# INVALID: %s\n", bad.c_str());
+      tracer.fail(bad);
+      return kExitBug;
+    }
     sum_gradients(r, loss_sum, st);
     const double loss = loss_sum / double(N);
     if (r.dump.records(s)) r.dump.gradients(r.host.download(r.grads));

@@ -254,6 +254,27 @@ TEST_P(CpCase, ForwardBackwardMatchReference) {
   strat->forward(t, nullptr, fst);
   strat->backward(t, nullptr, bst);
 
+  // Coverage (train's audit, model/coverage.hpp): over the CP ranks the calls computed every
+  // visible pair of the whole layout once per query head, forward and backward (its padding rows
+  // are computed too, under the same document ids as on the ranks).
+  {
+    std::vector<int64_t> all_pos(size_t(part.S_padded()));
+    for (size_t i = 0; i < all_pos.size(); ++i) all_pos[i] = int64_t(i);
+    std::vector<int32_t> all_doc;
+    if (need_docs)
+      for (int64_t p : all_pos) all_doc.push_back(part.is_pad(p) ? -1 : g.has_docs ? g.doc[size_t(p)] : 0);
+    CpCall whole = g.shape;
+    whole.S_q = whole.S_k = part.S_padded();
+    whole.q_pos = whole.k_pos = all_pos.data();
+    whole.q_doc = whole.k_doc = all_doc.empty() ? nullptr : all_doc.data();
+    const double want = double(visible_pairs(whole)) * double(g.shape.H_q);
+    double got[2] = {fst.attn_pair_heads[0], bst.attn_pair_heads[1]};
+    topo.cp().all_reduce(std::span<double>(got, 2));
+    EXPECT_EQ(got[0], want) << "forward: pairs x heads computed over the ranks vs the visible ones";
+    EXPECT_EQ(got[1], want) << "backward: pairs x heads computed over the ranks vs the visible ones";
+    EXPECT_EQ(fst.attn_pair_heads[1], 0.0) << "the forward counts no backward work";
+  }
+
   struct Check {
     const char* name;
     const std::vector<float>& got;

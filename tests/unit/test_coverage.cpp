@@ -1,0 +1,68 @@
+// The coverage audit's rule (model/coverage.hpp): every attention layer's pairs x heads, summed
+// over the ranks, equal to the batch's visible pairs x H_q (twice in the forward with remat); a
+// planted drop or repeat on one layer fails it, naming the step, the layer and the direction.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "model/coverage.hpp"
+
+namespace ctxpar {
+namespace {
+
+ModelDims dims(const std::string& kinds) {
+  ModelDims d;
+  d.layers = int64_t(kinds.size());
+  d.kinds = kinds;
+  d.H_q = 8;
+  d.window = 64;
+  return d;
+}
+
+// What a correct step computes: per layer [forward, backward].
+std::vector<double> exact(const ModelDims& d, double causal, double window, Remat remat) {
+  std::vector<double> got;
+  for (int64_t l = 0; l < d.layers; ++l) {
+    const double w = d.is_gdn(l) ? 0 : (d.is_local(l) ? window : causal) * d.H_q;
+    got.push_back(remat == Remat::none ? w : 2 * w);
+    got.push_back(w);
+  }
+  return got;
+}
+
+TEST(Coverage, ExactCountsPass) {
+  for (const std::string kinds : {"GG", "GLGL", "DGLD"})
+    for (Remat remat : {Remat::none, Remat::attention, Remat::full}) {
+      const ModelDims d = dims(kinds);
+      EXPECT_EQ(coverage_audit(exact(d, 5000, 1200, remat), d, 5000, 1200, remat, 3), "") << kinds;
+    }
+}
+
+TEST(Coverage, PlantedDropOrRepeatIsNamed) {
+  const ModelDims d = dims("GLG");
+  std::vector<double> got = exact(d, 5000, 1200, Remat::none);
+  got[3] -= 1;  // layer 1 (local), backward: one pair x head short
+  std::string msg = coverage_audit(got, d, 5000, 1200, Remat::none, 7);
+  EXPECT_NE(msg.find("step 7, layer 1 (local)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("backward"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dropped keys"), std::string::npos) << msg;
+  got = exact(d, 5000, 1200, Remat::none);
+  got[4] += 8;  // layer 2, forward: a block repeated
+  msg = coverage_audit(got, d, 5000, 1200, Remat::none, 0);
+  EXPECT_NE(msg.find("layer 2 (global)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("more than once"), std::string::npos) << msg;
+  // With remat the forward runs twice: a single forward is a drop.
+  got = exact(d, 5000, 1200, Remat::none);
+  EXPECT_NE(coverage_audit(got, d, 5000, 1200, Remat::full, 0).find("twice with remat"), std::string::npos);
+  // A Gated DeltaNet layer computes no attention; attention counted there is wrong.
+  const ModelDims g = dims("DG");
+  got = exact(g, 5000, 0, Remat::none);
+  got[0] = 1;
+  EXPECT_NE(coverage_audit(got, g, 5000, 0, Remat::none, 0).find("layer 0 (Gated DeltaNet)"), std::string::npos);
+  // Counts for another model are refused, not read past their end.
+  EXPECT_NE(coverage_audit({1, 2}, d, 5000, 1200, Remat::none, 0), "");
+}
+
+}  // namespace
+}  // namespace ctxpar
