@@ -558,7 +558,10 @@ void measure_links(const CalibrateJob& job, Calibration& cal) {
   auto measure_link = [&](int peer) {
     Link l;
     l.lat_s = exchange_time(world, peer, 8, 20);
-    l.bw_bps = double(big) / std::max(1e-9, exchange_time(world, peer, big, 5) - l.lat_s);
+    // The latency, measured apart, may exceed the big exchange's time on a loaded machine:
+    // subtract at most half of it (the rate within 2x of the raw one, never a division by ~0).
+    const double t = exchange_time(world, peer, big, 5);
+    l.bw_bps = double(big) / std::max(t - l.lat_s, 0.5 * t);
     return l;
   };
   cal.intra_link = cal.intra_peer > 0 ? measure_link(cal.intra_peer) : Link{};
@@ -870,7 +873,15 @@ int bench_calibrate(BenchContext& ctx) {
     t.print(cfg.csv);
     const std::string path = calibrate_path(cfg);
     const std::string text = profile_text(job, cal, h);
-    wrong += write_profile(path, text);
+    const int unwritten = write_profile(path, text);
+    wrong += unwritten;
+    if (!unwritten) try {  // what it wrote must pass the checks every reader applies
+      (void)load_hardware(path);
+    } catch (const UsageError& e) {
+      err0("ctxpar: bench calibrate: the profile it wrote fails its own check (a measurement out of range; "
+           "rerun on a quieter machine): %s\n", e.what());
+      ++wrong;
+    }
   }
   world.all_reduce(std::span<int32_t>(reinterpret_cast<int32_t*>(&wrong), 1), ReduceOp::max);
   print_verdict("bench calibrate", wrong, cfg.csv);
