@@ -16,6 +16,10 @@
 
 namespace ctxpar {
 
+// What a correct step computes, per layer l: [2l] forward (twice with remat), [2l + 1] backward
+// pairs x heads, summed over every rank (0 for a Gated DeltaNet layer).
+std::vector<double> coverage_expected(const ModelDims& d, double causal_pairs, double window_pairs, Remat remat);
+
 // `got`: per layer l, [2l] forward and [2l + 1] backward pairs x heads, summed over every rank.
 // `causal_pairs`, `window_pairs`: the visible pairs of the step's batches (summed over the dp
 // replicas; model/flops.hpp). "" when every layer matches, else the first mismatch, in words.

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <sstream>
 
 #include "core/stats.hpp"
@@ -575,17 +576,12 @@ std::string audit_step(TrainRun& r, const std::vector<double>& got, const double
   const int64_t pad = r.part.padding();
   const double pad_causal = pad > 0 ? causal_visible_pairs({pad}) : 0.0,
                pad_window = pad > 0 && r.d.has_local() ? window_visible_pairs({pad}, r.d.window) : 0.0;
-  std::string bad = coverage_audit(got, r.d, pairs[0] + double(r.DP) * pad_causal, pairs[1] + double(r.DP) * pad_window,
-                                   r.cfg.remat, s);
+  const double causal = pairs[0] + double(r.DP) * pad_causal, window = pairs[1] + double(r.DP) * pad_window;
+  std::string bad = coverage_audit(got, r.d, causal, window, r.cfg.remat, s);
   tot.audit_s.push_back(r.world.now() - t0);
-  double sum = 0, want = 0;
-  for (int64_t l = 0; l < r.d.layers; ++l) {
-    sum += got[size_t(2 * l)] + got[size_t(2 * l + 1)];
-    if (!r.d.is_gdn(l))
-      want += (r.d.is_local(l) ? pairs[1] + double(r.DP) * pad_window : pairs[0] + double(r.DP) * pad_causal) *
-              double(r.d.H_q) * (r.cfg.remat == Remat::none ? 2.0 : 3.0);
-  }
-  tot.coverage.insert(tot.coverage.end(), {double(s), sum, want});
+  const std::vector<double> want = coverage_expected(r.d, causal, window, r.cfg.remat);
+  tot.coverage.insert(tot.coverage.end(), {double(s), std::accumulate(got.begin(), got.end(), 0.0),
+                                           std::accumulate(want.begin(), want.end(), 0.0)});
   return bad;
 }
 
