@@ -18,7 +18,6 @@ the tests hold strategies and meshes to (tests/README.md, "mesh invariance").
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import os
@@ -163,12 +162,10 @@ def find_runs(d: str) -> Tuple[List[Tuple[str, Optional[str], str, Dict]], List[
                 path = None
             runs.append((name, path, rd, planned))
         return runs, []
-    found: Dict[str, str] = {}
-    for pattern in ("*.h5", "*.h5.partial", "*/*.h5", "*/*.h5.partial"):
-        for path in glob.glob(os.path.join(glob.escape(d), pattern)):
-            if os.path.isfile(path):
-                base = path[:-len(".partial")] if path.endswith(".partial") else path
-                found.setdefault(base, ctxpar_trace.resolve_path(base))
+    found: Dict[str, str] = {}  # NAME.h5 -> the file to read (NAME.h5, else NAME.h5.partial)
+    for path in tables.find_trace_files([d]):
+        if os.path.relpath(path, d).count(os.sep) <= 1 and os.path.isfile(path):  # d and its subdirectories
+            found[path[:-len(".partial")] if path.endswith(".partial") else path] = path
     runs, skipped = [], []
     for base in sorted(found):
         rel = os.path.relpath(base, d)[:-len(".h5")]
