@@ -58,6 +58,7 @@ struct Config {
   bool cpu_check;            // attn device=cuda: the same call on the CPU, differences reported
   bool save_logits;          // prefill/decode/chat: /infer/logits and /infer/tokens in the output file
   PartitionKind partition;
+  PlacementKind placement;   // train: where a packed batch's rows live (shard/placement.hpp)
   MaskKind mask;
   int64_t window;
   std::string docs;          // "none" | "random" | "L1,L2,..." (document lengths in tokens)

@@ -22,6 +22,8 @@ enum class Bench : int32_t { none, comm, attn, cp, train, peak, infer, calibrate
 enum class CpSchedule : int32_t { plain, exact, visible };
 // Token partition of a CP group (shard/partition.hpp).
 enum class PartitionKind : int32_t { contiguous, zigzag, striped };
+// Where a packed batch's rows live over a CP group, per batch (shard/placement.hpp).
+enum class PlacementKind : int32_t { zigzag, balanced };
 // Activation recompute per layer (model/transformer.hpp).
 enum class Remat : int32_t { none, attention, full };
 // Prefill attention: the cost model's choice per call, or one of the two.
@@ -50,6 +52,8 @@ inline constexpr EnumName<Bench> kBenchNames[] = {{Bench::none, ""},          {B
 inline constexpr EnumName<Device> kDeviceNames[] = {{Device::cpu, "cpu"}, {Device::cuda, "cuda"}};
 inline constexpr EnumName<PartitionKind> kPartitionNames[] = {
     {PartitionKind::zigzag, "zigzag"}, {PartitionKind::contiguous, "contiguous"}, {PartitionKind::striped, "striped"}};
+inline constexpr EnumName<PlacementKind> kPlacementNames[] = {{PlacementKind::zigzag, "zigzag"},
+                                                                {PlacementKind::balanced, "balanced"}};
 inline constexpr EnumName<MaskKind> kMaskNames[] = {
     {MaskKind::causal, "causal"}, {MaskKind::none, "none"}, {MaskKind::window, "window"}};
 inline constexpr EnumName<Remat> kRematNames[] = {
@@ -87,6 +91,7 @@ constexpr const char* name_of(Mode v) { return name_in(kModeNames, v); }
 constexpr const char* name_of(Bench v) { return name_in(kBenchNames, v); }
 constexpr const char* name_of(Device v) { return name_in(kDeviceNames, v); }
 constexpr const char* name_of(PartitionKind v) { return name_in(kPartitionNames, v); }
+constexpr const char* name_of(PlacementKind v) { return name_in(kPlacementNames, v); }
 constexpr const char* name_of(MaskKind v) { return name_in(kMaskNames, v); }
 constexpr const char* name_of(Remat v) { return name_in(kRematNames, v); }
 constexpr const char* name_of(CpAlgoSetting v) { return name_in(kCpAlgoNames, v); }

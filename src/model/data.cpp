@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/random.hpp"
 #include "shard/partition.hpp"
+#include "shard/placement.hpp"
 #include "io/h5_checkpoint.hpp"
 
 namespace ctxpar {
@@ -186,14 +187,23 @@ std::unique_ptr<TokenSource> make_token_source(const Config& c) {
   return std::make_unique<FileSource>(c);
 }
 
-Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, int r) {
+Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, int r, PlacementKind placement) {
   const int64_t S = part.S();  // the sequence's real tokens (the partition may add padding rows)
   std::vector<int32_t> tokens(static_cast<size_t>(S)), doc(static_cast<size_t>(S));
   src.sample(index, S, tokens.data(), doc.data());
   const std::vector<int32_t> labels = shift_labels(std::span<const int32_t>(tokens), std::span<const int32_t>(doc));
   Batch b;
   b.S = S;
-  b.pos = part.positions(r);
+  b.documents = int64_t(doc.back()) + 1;
+  b.doc_lengths.assign(size_t(b.documents), 0);
+  for (int32_t d : doc) ++b.doc_lengths[size_t(d)];
+  if (placement == PlacementKind::balanced) {
+    Placement p = balanced_placement(b.doc_lengths, part.P(), part.local_size(r));
+    b.pos = std::move(p.rows[size_t(r)]);
+    b.placed = true;
+  } else {
+    b.pos = part.positions(r);
+  }
   const size_t n = b.pos.size();
   b.tokens.resize(n);
   b.labels.resize(n);
@@ -211,9 +221,6 @@ Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, i
     b.doc[i] = doc[g];
   }
   for (int32_t l : labels) b.labelled_tokens += l >= 0;
-  b.documents = int64_t(doc.back()) + 1;
-  b.doc_lengths.assign(size_t(b.documents), 0);
-  for (int32_t d : doc) ++b.doc_lengths[size_t(d)];
   return b;
 }
 

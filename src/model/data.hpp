@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/settings.hpp"
+
 namespace ctxpar {
 
 struct Config;
@@ -48,8 +50,12 @@ struct Batch {
   int64_t labelled_tokens = 0;    // labels >= 0 in the whole sequence (all CP ranks)
   int64_t documents = 1;
   std::vector<int64_t> doc_lengths;  // of the whole sequence (FLOP count: sum L_i^2)
+  bool placed = false;  // rows placed per batch from the documents (placement=balanced), not the partition's
 };
-// Reads sample `index`, shifts labels globally (shard/shift_labels) and keeps cp rank r's tokens.
-Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, int r);
+// Reads sample `index`, shifts labels globally (shard/shift_labels) and keeps cp rank r's tokens:
+// those of the partition, or with placement = balanced those the document lengths place on it
+// (shard/placement.hpp; as many rows as the partition's, padding rows past S).
+Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, int r,
+                 PlacementKind placement = PlacementKind::zigzag);
 
 }  // namespace ctxpar

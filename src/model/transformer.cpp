@@ -55,17 +55,9 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
   call_.q_pos = call_.k_pos = pos_.data();
   const size_t n = size_t(S_loc_);
   const size_t dim = size_t(d_.dim), qw = size_t(d_.q_width()), kw = size_t(d_.kv_width()), F = size_t(d_.ffn_loc());
-  const int32_t RD = d_.rope_dim();  // the dims RoPE rotates (MLA: the decoupled rope dims)
-  std::vector<double> inv(size_t(RD / 2));
-  rope_inv_freq(RD, d_.rope_theta, d_.rope_factor, d_.rope_low, d_.rope_high, d_.rope_orig_max, inv.data());
-  {
-    std::vector<float> c(n * size_t(RD / 2)), sn(n * size_t(RD / 2));
-    rope_table(pos_.data(), S_loc_, RD, inv.data(), c.data(), sn.data());
-    cos_ = alloc(c.size());
-    sin_ = alloc(sn.size());
-    copy_to_device(cos_.data(), c.data(), c.size() * sizeof(float), dev_, stream_);
-    copy_to_device(sin_.data(), sn.data(), sn.size() * sizeof(float), dev_, stream_);
-  }
+  cos_ = alloc(n * size_t(d_.rope_dim() / 2));
+  sin_ = alloc(n * size_t(d_.rope_dim() / 2));
+  fill_rope_tables();
   const int64_t n_gdn = d_.gdn_layers();
   attn_.resize(remat_ == Remat::none ? size_t(d_.layers) : 1);
   if (offload_attn_out) {  // config: remat=none, a GPU, attention layers only
@@ -90,7 +82,7 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
     qf_ = alloc(n * qw); kf_ = alloc(n * kw); vf_ = alloc(n * kw);
     do_b_ = Buffer<uint16_t>(n * qw, false, dev_, stream_);
     pos_dev_ = Buffer<int64_t>(n, false, dev_, stream_);
-    copy_to_device(pos_dev_.data(), pos_.data(), n * sizeof(int64_t), dev_, stream_);
+    copy_to_device(pos_dev_.data(), pos_.data(), n * sizeof(int64_t), dev_, stream_);  // again on a change (use_positions)
     tokens_dev_ = Buffer<int32_t>(n, false, dev_, stream_);
     labels_dev_ = Buffer<int32_t>(n, false, dev_, stream_);
     if (has_docs_) doc_dev_ = Buffer<int32_t>(n, false, dev_, stream_);
@@ -171,6 +163,28 @@ void Transformer::sum_kv_copies(int64_t l) {
   fixed_to_float(all.data() + (H + g) * w, dv_.data(), int64_t(w));
 }
 
+// The RoPE tables of this rank's positions pos_ (the dims RoPE rotates; MLA: the decoupled rope dims).
+void Transformer::fill_rope_tables() {
+  const int32_t RD = d_.rope_dim();
+  std::vector<double> inv(size_t(RD / 2));
+  rope_inv_freq(RD, d_.rope_theta, d_.rope_factor, d_.rope_low, d_.rope_high, d_.rope_orig_max, inv.data());
+  std::vector<float> c(size_t(S_loc_) * size_t(RD / 2)), sn(c.size());
+  rope_table(pos_.data(), S_loc_, RD, inv.data(), c.data(), sn.data());
+  copy_to_device(cos_.data(), c.data(), c.size() * sizeof(float), dev_, stream_);
+  copy_to_device(sin_.data(), sn.data(), sn.size() * sizeof(float), dev_, stream_);
+}
+
+// A batch placed on other rows than the last one (placement=balanced, shard/placement.hpp): its
+// positions, their RoPE tables, and whether they are a zigzag shard, found again.
+void Transformer::use_positions(const std::vector<int64_t>& pos) {
+  CTXPAR_CHECK(int64_t(pos.size()) == S_loc_, "batch of " << pos.size() << " rows on a rank of " << S_loc_);
+  pos_ = pos;
+  call_.q_pos = call_.k_pos = pos_.data();
+  zigzag_S_ = -1;
+  fill_rope_tables();
+  if (dev_ != Device::cpu) copy_to_device(pos_dev_.data(), pos_.data(), pos_.size() * sizeof(int64_t), dev_, stream_);
+}
+
 void Transformer::rmsnorm_bwd_any(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
                                   float* dw) {
   layer_rmsnorm_bwd(run(-1), dy, x, w, rstd, dx, dw, S_loc_, d_.dim);
@@ -191,11 +205,13 @@ CpCall Transformer::local_attn(int64_t l, AttnActs& a, const Batch& b) {
   t.q_doc = t.k_doc = has_docs_ ? b.doc.data() : nullptr;  // follows the run's flag (strategy message layout)
   // Every rank's keys are its zigzag shard of the batch's sequence: the ring derives the
   // positions of a visiting block instead of moving them (checked once against this rank's).
-  if (zigzag_S_ < 0) {
+  // A placed batch (placement=balanced) never claims it: whether some rank's rows happen to be
+  // its zigzag shard differs between ranks, and the ranks must agree.
+  if (zigzag_S_ < 0 && !b.placed) {
     const Partition part(PartitionKind::zigzag, b.S, topo_.cp().size());
     zigzag_S_ = part.positions(topo_.cp().rank()) == pos_ ? b.S : 0;
   }
-  t.k_pos_zigzag = zigzag_S_;
+  t.k_pos_zigzag = b.placed ? 0 : zigzag_S_;
   t.batch_id = batch_serial_;  // a visible-keys strategy plans once per batch (cp/visible.hpp)
   t.o = o_of(l, a); t.lse = lse_of(l, a);
   if (dev_ == Device::cpu) {
@@ -349,8 +365,9 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
 
 double Transformer::forward_backward(const float* params, float* grads, const Batch& b, double loss_scale, Tracer* tr,
                                      CpStats& st, StepTimes& times, float* logits_out) {
-  CTXPAR_CHECK(int64_t(b.tokens.size()) == S_loc_ && b.pos == pos_,
+  CTXPAR_CHECK(int64_t(b.tokens.size()) == S_loc_,
                "batch of " << b.tokens.size() << " tokens does not match this rank's shard of " << S_loc_);
+  if (b.pos != pos_) use_positions(b.pos);
   tr_ = tr;
   st_ = &st;
   times_ = &times;

@@ -123,7 +123,9 @@ class Transformer {
   int64_t batch_serial_ = 0;  // forward_backward calls so far: CpCall::batch_id
   bool has_docs_;
   int64_t S_loc_;
-  std::vector<int64_t> pos_;
+  std::vector<int64_t> pos_;  // this rank's rows' global positions: the constructor's, or the last batch's
+  void fill_rope_tables();
+  void use_positions(const std::vector<int64_t>& pos);
   int64_t zigzag_S_ = -1;  // the sequence length whose zigzag shard pos_ is (0: not one; -1: not known yet)
   Buffer<float> cos_, sin_;  // RoPE tables [S_loc, D/2]
   LayerStash xs_;  // residual stream: input of layer l, l = 0..L (at(L) = final), model/offload.hpp

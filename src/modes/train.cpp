@@ -32,6 +32,7 @@
 #include "modes/workload.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
+#include "shard/placement.hpp"
 #include "io/h5_checkpoint.hpp"
 #include "trace/trace.hpp"
 
@@ -165,6 +166,24 @@ int64_t train_S_loc(const Config& cfg, Topology& topo) {
                                   exact_grain(cfg)) / topo.cp().size();
 }
 
+// placement=balanced (shard/placement.hpp) where the model's layers cannot follow a document
+// placed anywhere: "" when they can.
+std::string placement_refusal(const Config& cfg, PartitionKind kind) {
+  if (cfg.placement != PlacementKind::balanced) return "";
+  if (cfg.layer_pattern.find('D') != std::string::npos)
+    return "config: placement = balanced with layer_pattern = '" + cfg.layer_pattern + "': Gated DeltaNet layers pass "
+           "their state along contiguous pieces of the sequence, not documents placed on any rank; valid: "
+           "placement=zigzag, or a pattern of G and L layers";
+  if (cfg.layer_pattern.find('L') != std::string::npos && !has_schedule(cfg.local_strategy, CpSchedule::visible))
+    return "config: placement = balanced with local_strategy = " + cfg.local_strategy + ": the local layers' " +
+           "exchange assumes neighbouring chunks of positions; valid: local_strategy=" +
+           strategies_with(CpSchedule::visible, "") + " (their visible-keys schedule), or placement=zigzag";
+  if (kind != PartitionKind::zigzag)
+    return std::string("config: placement = balanced places the rows of a zigzag strategy, and strategy = ") +
+           cfg.strategy + " shards " + partition_name(kind) + "; valid: placement=zigzag";
+  return "";
+}
+
 }  // namespace
 
 std::string validate_train_mode(const Config& cfg, Topology& topo) {
@@ -217,6 +236,8 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
              "convolution's halo gdn_conv - 1 = " + std::to_string(cfg.gdn_conv - 1) + "; valid: seq >= " +
              std::to_string(pieces * (cfg.gdn_conv - 1)) + ", or a smaller gdn_conv";
   }
+  err = placement_refusal(cfg, strat->partition());
+  if (!err.empty()) return err;
   err = check_docs(cfg.docs, cfg.seq, cfg.doc_mean);
   if (!err.empty()) return "config: docs = '" + cfg.docs + "': " + err;
   if (!synthetic_data(cfg) && packed_docs(cfg))
@@ -541,6 +562,10 @@ void log_train_header(const TrainRun& r, double peak) {
     log0("# layers: pattern %s (G global attention, L local over window %lld with local_strategy %s, D Gated DeltaNet): %s\n",
          cfg.layer_pattern.c_str(), (long long)cfg.window, cfg.local_strategy.c_str(), d.kinds.c_str());
   if (r.part.padding() > 0) log0("# %s\n", r.part.padding_note().c_str());
+  if (cfg.placement == PlacementKind::balanced)
+    log0("# placement balanced: each batch's documents placed from their lengths (short ones whole on one rank, long "
+         "ones zigzag over the fewest ranks within %lld%% of the mean causal work), %lld rows per rank; the frugal "
+         "exchange moves only visible rows\n", (long long)kBalanceSlackPercent, (long long)r.model.S_loc());
   if (r.state.step > 0) log0("# resumed from %s at step %lld\n", cfg.resume.c_str(), (long long)r.state.step);
   log0("#  step         loss  grad_norm   time_ms    tokens/s  TFLOP/s/rank    MFU%%  exposed_ms  peak_MiB\n");
 }
@@ -737,7 +762,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     r.world.barrier();
     const double t0 = r.world.now();
     const int64_t sample = s * r.DP + topo.coord(Axis::dp);
-    Batch b = make_batch(*r.src, sample, r.part, r.cp.rank());
+    Batch b = make_batch(*r.src, sample, r.part, r.cp.rank(), cfg.placement);
     // Labelled tokens of the whole global batch: the loss is their mean.
     int64_t counts[2] = {b.labelled_tokens, 0};
     double pairs[2] = {causal_visible_pairs(b.doc_lengths),
@@ -757,7 +782,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     const double loss = loss_sum / double(N);
     if (r.dump.records(s)) r.dump.gradients(r.host.download(r.grads));
     if (r.dump.on() && s == 0 && topo.coord(Axis::tp) == 0)
-      r.dump.logits(gather_rows_global(r.cp, r.part, logits_full.span(), r.d.vocab));
+      r.dump.logits(gather_rows_at(r.cp, b.pos, b.S, logits_full.span(), r.d.vocab));
     double norm;
     {
       Tracer::Scope sc(&tracer, Phase::optimizer, -1, -1, 0, 0);

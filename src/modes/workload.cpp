@@ -77,18 +77,25 @@ WorkloadPlan plan_workload(const Config& cfg, Topology& topo) {
   return p;
 }
 
-std::vector<float> gather_rows_global(Comm& cp, const Partition& part, std::span<const float> local, int64_t width) {
+std::vector<float> gather_rows_at(Comm& cp, std::span<const int64_t> pos, int64_t S, std::span<const float> local,
+                                  int64_t width) {
+  CTXPAR_CHECK(int64_t(local.size()) == int64_t(pos.size()) * width,
+               "gather_rows_at: " << local.size() << " elements for " << pos.size() << " rows of " << width);
   std::vector<float> all, global;
+  std::vector<int64_t> all_pos;
   cp.gather_v(local, all, 0);
+  cp.gather_v(pos, all_pos, 0);
   if (cp.rank() != 0) return global;
-  global.resize(size_t(part.S() * width));
-  size_t off = 0;
-  for (int r = 0; r < cp.size(); ++r) {
-    const size_t n = size_t(part.local_size(r) * width);
-    part.gather_rows(std::span<const float>(all.data() + off, n), width, r, std::span<float>(global));
-    off += n;
-  }
+  global.resize(size_t(S * width));
+  for (size_t i = 0; i < all_pos.size(); ++i)
+    if (all_pos[i] < S)  // padding rows (positions >= S) are left out
+      std::copy_n(all.data() + i * size_t(width), size_t(width), global.data() + all_pos[i] * width);
   return global;
+}
+
+std::vector<float> gather_rows_global(Comm& cp, const Partition& part, std::span<const float> local, int64_t width) {
+  const std::vector<int64_t> pos = part.positions(cp.rank());
+  return gather_rows_at(cp, pos, part.S(), local, width);
 }
 
 std::vector<int32_t> local_doc_ids(const Partition& part, int r, std::span<const int32_t> global_doc, MaskKind mask) {

@@ -53,6 +53,10 @@ Workload make_workload(const Config& cfg, Topology& topo);
 // Gathers a local [S_loc, width] tensor of every CP rank into global token order on CP rank 0
 // (empty elsewhere).
 std::vector<float> gather_rows_global(Comm& cp, const Partition& part, std::span<const float> local, int64_t width);
+// The same for rows at any global positions `pos` (this rank's; a batch's placement): rank 0 gets
+// the [S, width] rows in position order, rows at positions >= S (padding) left out.
+std::vector<float> gather_rows_at(Comm& cp, std::span<const int64_t> pos, int64_t S, std::span<const float> local,
+                                  int64_t width);
 
 // Padding rows (any seq on any P, shard/partition.hpp) made inert. Document ids of rank r's rows:
 // empty when neither documents nor the mask need them, else the global ids with -1 for the padding

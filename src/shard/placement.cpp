@@ -1,0 +1,200 @@
+// Balanced placement of packed documents (shard/placement.hpp). Integer arithmetic only, so
+// every rank (and every platform) computes the same placement from the same lengths.
+#include "shard/placement.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "core/error.hpp"
+#include "shard/partition.hpp"
+
+namespace ctxpar {
+namespace {
+
+// Causal pairs of rows [a, b) of one document: row t sees the t + 1 rows [0, t].
+int64_t span_pairs(int64_t a, int64_t b) { return (b * (b + 1) - a * (a + 1)) / 2; }
+
+struct Range {
+  int64_t begin, end;  // rows [begin, end) of a document
+};
+
+// Member k's share of a document of L rows split zigzag over g ranks: chunks k and 2g-1-k of 2g
+// chunks whose sizes differ by at most one.
+std::pair<Range, Range> zigzag_share(int64_t L, int64_t g, int64_t k) {
+  const auto cut = [&](int64_t c) { return c * L / (2 * g); };
+  return {{cut(k), cut(k + 1)}, {cut(2 * g - 1 - k), cut(2 * g - k)}};
+}
+int64_t share_rows(int64_t L, int64_t g, int64_t k) {
+  const auto [a, b] = zigzag_share(L, g, k);
+  return (a.end - a.begin) + (b.end - b.begin);
+}
+int64_t share_pairs(int64_t L, int64_t g, int64_t k) {
+  const auto [a, b] = zigzag_share(L, g, k);
+  return span_pairs(a.begin, a.end) + span_pairs(b.begin, b.end);
+}
+
+// The state of a placement under construction.
+struct Builder {
+  std::vector<int64_t> room, work;
+  std::vector<std::vector<Range>> held;  // [rank]: global position ranges
+  std::vector<int32_t> spans;
+  int64_t total = 0;  // causal pairs of the whole sequence
+  int P = 0;
+
+  // Whether a rank's work w stays within the slack of the mean (total / P).
+  bool within_slack(int64_t w) const {
+    return __int128(w) * P * 100 <= __int128(total) * (100 + kBalanceSlackPercent);
+  }
+  void give(int r, int64_t start, Range x) {
+    if (x.end <= x.begin) return;
+    held[size_t(r)].push_back({start + x.begin, start + x.end});
+    room[size_t(r)] -= x.end - x.begin;
+    work[size_t(r)] += span_pairs(x.begin, x.end);
+  }
+  std::vector<int> by_work() const {  // ranks, least loaded first (ties: lower rank)
+    std::vector<int> order(static_cast<size_t>(P));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return work[size_t(a)] < work[size_t(b)]; });
+    return order;
+  }
+  // The least-loaded g ranks with room for their shares of a document of L rows (fewer when there are not g).
+  std::vector<int> members(const std::vector<int>& order, int64_t L, int64_t g) const {
+    std::vector<int> m;
+    for (int r : order) {
+      if (int64_t(m.size()) == g) break;
+      if (room[size_t(r)] >= share_rows(L, g, int64_t(m.size()))) m.push_back(r);
+    }
+    return m;
+  }
+  void place(int32_t doc, int64_t start, int64_t L);
+  void place_contiguous(int32_t doc, int64_t start, int64_t L, const std::vector<int>& order);
+};
+
+void Builder::place(int32_t doc, int64_t start, int64_t L) {
+  const std::vector<int> order = by_work();
+  std::vector<int> best;
+  int64_t best_max = -1;
+  for (int64_t g = 1; g <= std::min<int64_t>(P, L); ++g) {
+    std::vector<int> m = members(order, L, g);
+    if (int64_t(m.size()) < g) continue;
+    int64_t top = 0;
+    for (int64_t k = 0; k < g; ++k) top = std::max(top, work[size_t(m[size_t(k)])] + share_pairs(L, g, k));
+    if (best_max < 0 || top < best_max) best = m, best_max = top;
+    if (within_slack(top)) {
+      best = std::move(m);
+      break;
+    }
+  }
+  if (best.empty()) return place_contiguous(doc, start, L, order);
+  const int64_t g = int64_t(best.size());
+  for (int64_t k = 0; k < g; ++k) {
+    const auto [a, b] = zigzag_share(L, g, k);
+    give(best[size_t(k)], start, a);
+    give(best[size_t(k)], start, b);
+  }
+  spans[size_t(doc)] = int32_t(g);
+}
+
+// No group has room for even shares: the document's rows in order, filling the least-loaded ranks' room.
+void Builder::place_contiguous(int32_t doc, int64_t start, int64_t L, const std::vector<int>& order) {
+  int64_t at = 0;
+  int32_t used = 0;
+  for (int r : order) {
+    const int64_t take = std::min(room[size_t(r)], L - at);
+    if (take <= 0) continue;
+    give(r, start, {at, at + take});
+    at += take;
+    ++used;
+    if (at == L) break;
+  }
+  CTXPAR_CHECK(at == L, "placement: no room left for rows " << at << ".." << L << " of document " << doc);
+  spans[size_t(doc)] = used;
+}
+
+// Each rank's rows from its ranges: ascending, then padding positions S, S+1, ... up to n rows.
+std::vector<std::vector<int64_t>> rows_of(const std::vector<std::vector<Range>>& held, int64_t S, int64_t n) {
+  std::vector<std::vector<int64_t>> rows(held.size());
+  int64_t pad = S;
+  for (size_t r = 0; r < held.size(); ++r) {
+    std::vector<int64_t>& x = rows[r];
+    x.reserve(size_t(n));
+    for (const Range& g : held[r])
+      for (int64_t p = g.begin; p < g.end; ++p) x.push_back(p);
+    std::sort(x.begin(), x.end());
+    CTXPAR_CHECK(int64_t(x.size()) <= n, "placement: rank " << r << " holds " << x.size() << " rows, more than " << n);
+    while (int64_t(x.size()) < n) x.push_back(pad++);
+  }
+  return rows;
+}
+
+}  // namespace
+
+double Placement::imbalance() const {
+  const int64_t sum = std::accumulate(work.begin(), work.end(), int64_t(0));
+  if (sum == 0) return 1.0;
+  return double(*std::max_element(work.begin(), work.end())) * double(work.size()) / double(sum);
+}
+
+int64_t Placement::split_documents() const {
+  return std::count_if(spans.begin(), spans.end(), [](int32_t s) { return s > 1; });
+}
+
+Placement balanced_placement(const std::vector<int64_t>& lengths, int P, int64_t n) {
+  CTXPAR_CHECK(P >= 1 && n >= 1, "placement over " << P << " ranks of " << n << " rows");
+  Builder b;
+  b.P = P;
+  b.room.assign(size_t(P), n);
+  b.work.assign(size_t(P), 0);
+  b.held.resize(size_t(P));
+  b.spans.assign(lengths.size(), 0);
+  std::vector<int64_t> start(lengths.size());
+  int64_t S = 0;
+  for (size_t d = 0; d < lengths.size(); ++d) {
+    CTXPAR_CHECK(lengths[d] >= 1, "placement: document " << d << " has length " << lengths[d]);
+    start[d] = S;
+    S += lengths[d];
+    b.total += span_pairs(0, lengths[d]);
+  }
+  CTXPAR_CHECK(n * P >= S, "placement: " << S << " tokens do not fit " << P << " ranks of " << n << " rows");
+  std::vector<int32_t> order(lengths.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t c) { return lengths[size_t(a)] > lengths[size_t(c)]; });
+  for (int32_t d : order) b.place(d, start[size_t(d)], lengths[size_t(d)]);
+  Placement p;
+  p.S = S;
+  p.n = n;
+  p.rows = rows_of(b.held, S, n);
+  p.work = std::move(b.work);
+  p.spans = std::move(b.spans);
+  return p;
+}
+
+Placement zigzag_placement(const std::vector<int64_t>& lengths, int P) {
+  const int64_t S = std::accumulate(lengths.begin(), lengths.end(), int64_t(0));
+  const Partition part(PartitionKind::zigzag, S, P);
+  std::vector<int64_t> doc_start;  // per position: where its document starts
+  doc_start.reserve(size_t(S));
+  std::vector<int32_t> doc;
+  for (size_t d = 0, at = 0; d < lengths.size(); at += size_t(lengths[d]), ++d)
+    for (int64_t i = 0; i < lengths[d]; ++i) doc_start.push_back(int64_t(at)), doc.push_back(int32_t(d));
+  Placement p;
+  p.S = S;
+  p.n = part.local_size(0);
+  p.spans.assign(lengths.size(), 0);
+  std::vector<std::vector<char>> on(lengths.size(), std::vector<char>(size_t(P), 0));
+  for (int r = 0; r < P; ++r) {
+    p.rows.push_back(part.positions(r));
+    int64_t w = 0;
+    for (int64_t x : p.rows.back()) {
+      if (part.is_pad(x)) continue;
+      w += x - doc_start[size_t(x)] + 1;
+      on[size_t(doc[size_t(x)])][size_t(r)] = 1;
+    }
+    p.work.push_back(w);
+  }
+  for (size_t d = 0; d < lengths.size(); ++d) p.spans[d] = int32_t(std::count(on[d].begin(), on[d].end(), 1));
+  return p;
+}
+
+}  // namespace ctxpar
