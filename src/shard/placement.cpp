@@ -41,6 +41,22 @@ struct Builder {
   std::vector<int32_t> spans;
   int64_t total = 0;  // causal pairs of the whole sequence
   int P = 0;
+  bool whole_or_all = false;  // groups of one rank or of every rank only
+  bool two_d = false;         // a whole document goes where work and rows stay lowest, both against their means
+  int64_t n = 0;
+  // The rank with room for L rows whose larger share of the mean, of work or of rows, stays lowest.
+  std::vector<int> whole_by_both(int64_t L) const {
+    int best = -1;
+    __int128 best_score = 0;
+    const int64_t pairs = span_pairs(0, L);
+    for (int r = 0; r < P; ++r) {
+      if (room[size_t(r)] < L) continue;
+      const __int128 a = __int128(work[size_t(r)] + pairs) * n * P, b = __int128(n - room[size_t(r)] + L) * total;
+      const __int128 score = std::max(a, b);
+      if (best < 0 || score < best_score) best = r, best_score = score;
+    }
+    return best < 0 ? std::vector<int>{} : std::vector<int>{best};
+  }
 
   // Whether a rank's work w stays within the slack of the mean (total / P).
   bool within_slack(int64_t w) const {
@@ -58,12 +74,27 @@ struct Builder {
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return work[size_t(a)] < work[size_t(b)]; });
     return order;
   }
-  // The least-loaded g ranks with room for their shares of a document of L rows (fewer when there are not g).
+  // The g least-loaded ranks with room for a share of a document of L rows split over g, [k] the
+  // rank of share k: the larger a share, the more room its rank has (shares differ by a row, and
+  // a rank's room may be a row short of the larger one). Empty when g such ranks do not fit.
   std::vector<int> members(const std::vector<int>& order, int64_t L, int64_t g) const {
-    std::vector<int> m;
+    std::vector<int64_t> rows(static_cast<size_t>(g));
+    for (int64_t k = 0; k < g; ++k) rows[size_t(k)] = share_rows(L, g, k);
+    const int64_t smallest = *std::min_element(rows.begin(), rows.end());
+    std::vector<int> pick;
     for (int r : order) {
-      if (int64_t(m.size()) == g) break;
-      if (room[size_t(r)] >= share_rows(L, g, int64_t(m.size()))) m.push_back(r);
+      if (int64_t(pick.size()) == g) break;
+      if (room[size_t(r)] >= smallest) pick.push_back(r);
+    }
+    if (int64_t(pick.size()) < g) return {};
+    std::vector<int> share(static_cast<size_t>(g));
+    std::iota(share.begin(), share.end(), 0);
+    std::stable_sort(share.begin(), share.end(), [&](int a, int b) { return rows[size_t(a)] > rows[size_t(b)]; });
+    std::stable_sort(pick.begin(), pick.end(), [&](int a, int b) { return room[size_t(a)] > room[size_t(b)]; });
+    std::vector<int> m(static_cast<size_t>(g));
+    for (int64_t i = 0; i < g; ++i) {
+      if (room[size_t(pick[size_t(i)])] < rows[size_t(share[size_t(i)])]) return {};
+      m[size_t(share[size_t(i)])] = pick[size_t(i)];
     }
     return m;
   }
@@ -75,9 +106,10 @@ void Builder::place(int32_t doc, int64_t start, int64_t L) {
   const std::vector<int> order = by_work();
   std::vector<int> best;
   int64_t best_max = -1;
-  for (int64_t g = 1; g <= std::min<int64_t>(P, L); ++g) {
-    std::vector<int> m = members(order, L, g);
-    if (int64_t(m.size()) < g) continue;
+  const int64_t g_max = std::min<int64_t>(P, L);
+  for (int64_t g = 1; g <= g_max; g = (whole_or_all && g == 1 && g_max > 1) ? g_max : g + 1) {
+    std::vector<int> m = g == 1 && two_d ? whole_by_both(L) : members(order, L, g);
+    if (m.empty()) continue;
     int64_t top = 0;
     for (int64_t k = 0; k < g; ++k) top = std::max(top, work[size_t(m[size_t(k)])] + share_pairs(L, g, k));
     if (best_max < 0 || top < best_max) best = m, best_max = top;
@@ -142,32 +174,53 @@ int64_t Placement::split_documents() const {
 
 Placement balanced_placement(const std::vector<int64_t>& lengths, int P, int64_t n) {
   CTXPAR_CHECK(P >= 1 && n >= 1, "placement over " << P << " ranks of " << n << " rows");
-  Builder b;
-  b.P = P;
-  b.room.assign(size_t(P), n);
-  b.work.assign(size_t(P), 0);
-  b.held.resize(size_t(P));
-  b.spans.assign(lengths.size(), 0);
+  Builder empty;
+  empty.P = P;
+  empty.room.assign(size_t(P), n);
+  empty.work.assign(size_t(P), 0);
+  empty.held.resize(size_t(P));
+  empty.spans.assign(lengths.size(), 0);
   std::vector<int64_t> start(lengths.size());
   int64_t S = 0;
   for (size_t d = 0; d < lengths.size(); ++d) {
     CTXPAR_CHECK(lengths[d] >= 1, "placement: document " << d << " has length " << lengths[d]);
     start[d] = S;
     S += lengths[d];
-    b.total += span_pairs(0, lengths[d]);
+    empty.total += span_pairs(0, lengths[d]);
   }
   CTXPAR_CHECK(n * P >= S, "placement: " << S << " tokens do not fit " << P << " ranks of " << n << " rows");
   std::vector<int32_t> order(lengths.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t c) { return lengths[size_t(a)] > lengths[size_t(c)]; });
-  for (int32_t d : order) b.place(d, start[size_t(d)], lengths[size_t(d)]);
-  Placement p;
-  p.S = S;
-  p.n = n;
-  p.rows = rows_of(b.held, S, n);
-  p.work = std::move(b.work);
-  p.spans = std::move(b.spans);
-  return p;
+  // Two greedy passes: groups of the fewest ranks within the slack, and groups of one rank or all
+  // (a document split over every rank takes the same rows and work from each, so it never leaves
+  // one rank short of room). The better balance wins; within the slack both, the one that splits
+  // fewer rows (less to exchange).
+  Placement best;
+  int64_t best_split_rows = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    Builder b = empty;
+    b.whole_or_all = pass & 1;
+    b.two_d = pass & 2;
+    b.n = n;
+    for (int32_t d : order) b.place(d, start[size_t(d)], lengths[size_t(d)]);
+    Placement p;
+    p.S = S;
+    p.n = n;
+    p.rows = rows_of(b.held, S, n);
+    p.work = std::move(b.work);
+    p.spans = std::move(b.spans);
+    int64_t split_rows = 0;
+    for (size_t d = 0; d < lengths.size(); ++d) split_rows += p.spans[d] > 1 ? lengths[d] : 0;
+    const int64_t top = *std::max_element(p.work.begin(), p.work.end()),
+                  best_top = best.work.empty() ? 0 : *std::max_element(best.work.begin(), best.work.end());
+    const bool both_fit = !best.work.empty() && b.within_slack(top) && b.within_slack(best_top);
+    if (best.work.empty() || (both_fit ? split_rows < best_split_rows : top < best_top)) {
+      best = std::move(p);
+      best_split_rows = split_rows;
+    }
+  }
+  return best;
 }
 
 Placement zigzag_placement(const std::vector<int64_t>& lengths, int P) {
