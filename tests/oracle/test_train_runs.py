@@ -67,6 +67,11 @@ def case_mesh(tmp):
                    (f"{s}_np4", 4, [f"strategy={s}", "mesh=ring:4" if s != "ulysses" else "mesh=ulysses:4"])]
     meshes += [("usp_np2", 2, ["strategy=usp", "mesh=ulysses:2"]), ("usp_np4", 4, ["strategy=usp", "mesh=ulysses:2,ring:2"]),
                ("tp2_ring2", 4, ["strategy=ring", "mesh=tp:2,ring:2"])]
+    # Balanced placement (shard/placement.hpp): each batch's documents placed from their lengths,
+    # the frugal exchange; np 3 pads 256 tokens to 258 rows.
+    meshes += [(f"balanced_np{n}", n, ["strategy=ring", f"mesh=ring:{n}", "frugal=true", "placement=balanced"])
+               for n in (2, 3, 4)]
+    meshes += [("balanced_tp2_ring2", 4, ["strategy=allgather", "mesh=tp:2,ring:2", "frugal=true", "placement=balanced"])]
     bad = []
     for name, np_, args in meshes:
         loss = run(tmp, name, np_, ["steps=5"] + args)["loss"]
