@@ -47,6 +47,7 @@
 #include "modes/workload.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
+#include "shard/placement.hpp"
 #include "trace/trace.hpp"
 
 namespace ctxpar {
@@ -188,16 +189,15 @@ int64_t check_rows(const CpCall& s, Inputs& in, uint64_t seed, bool full, MlaBen
 // each of its rows some query of another rank can see goes there once per pass (forward: K and V;
 // backward: K and V again, the strategies keeping nothing between calls), and each row of another
 // rank it sees returns that row's dK and dV (fp32). No positions or document ids.
-double visible_minimum_bytes(const CpCall& shape, const Partition& part, const std::vector<int32_t>& global_doc,
-                             int r) {
-  const int P = part.P();
-  const int64_t n = part.local_size(r);
+double visible_minimum_bytes(const CpCall& shape, const std::vector<std::vector<int64_t>>& layout, int64_t S,
+                             const std::vector<int32_t>& global_doc, int r) {
+  const int P = int(layout.size());
+  const int64_t n = int64_t(layout[0].size());
   std::vector<int64_t> pos;
   std::vector<int32_t> doc;
   for (int j = 0; j < P; ++j) {
-    const std::vector<int64_t> p = part.positions(j);
-    pos.insert(pos.end(), p.begin(), p.end());
-    const std::vector<int32_t> d = local_doc_ids(part, j, global_doc, shape.mask);
+    pos.insert(pos.end(), layout[size_t(j)].begin(), layout[size_t(j)].end());
+    const std::vector<int32_t> d = doc_ids_at(layout[size_t(j)], S, n * P > S, global_doc, shape.mask);
     doc.insert(doc.end(), d.begin(), d.end());
   }
   const cp::VisiblePlan plan =
@@ -222,6 +222,7 @@ struct RowKind {
   // the configured schedule's row `<name><schedule_suffix>` (cp/strategy.hpp), e.g. `ring:det`
   CpSchedule schedule = CpSchedule::plain;
   bool exact = false;  // its exact sums: the layout in whole query tiles, exact_heads per dK/dV part
+  bool balanced = false;  // rows placed from the documents (shard/placement.hpp), not the partition's
   bool scheduled() const { return schedule != CpSchedule::plain; }
 };
 
@@ -245,6 +246,8 @@ std::vector<RowKind> row_kinds(const Config& cfg, Topology& topo, bool mla) {
     const CpSchedule sched = cfg.cp_schedule();
     if (sched != CpSchedule::plain && has_schedule(name, sched))
       rows.push_back({name + schedule_suffix(sched), name, false, sched, cfg.exact});
+    if (cfg.placement == PlacementKind::balanced && has_schedule(name, CpSchedule::visible))
+      rows.push_back({name + ":balanced", name, false, CpSchedule::visible, false, true});
   }
   return rows;
 }
@@ -271,7 +274,8 @@ std::vector<std::string> table_notes(const Config& cfg, Topology& topo, const Ml
       "fwd/cpu, bwd/cpu: model GFLOP per CPU-second (user + system, all threads, summed over ranks; spin-waits "
       "included): efficiency independent of other jobs on the cores",
       "bytes: sent per rank, forward + backward; exposed: time blocked in communication (waits and blocking "
-      "collectives), max over ranks; busbw = bytes / (fwd + bwd time)",
+      "collectives), max over ranks; busbw = bytes / (fwd + bwd time); work: the forward's (query, key) pairs x heads "
+      "computed per rank, max / mean over ranks (1 = balanced)",
       on_gpu ? "#wrong: elements off the single-rank CPU kernel on the same bf16-rounded inputs by > 3e-2 * max|tensor| "
                "(the GPU's bf16 P and dS give ~1e-3); check: full = all rows of O, LSE, dQ, dK, dV; sample = O, LSE, dQ "
                "of ~" + std::to_string(kSampleRows) + " rows"
@@ -289,6 +293,11 @@ std::vector<std::string> table_notes(const Config& cfg, Topology& topo, const Ml
                     "attends to all keys in position order, dK/dV summed exactly as integers, the layout padded to "
                     "whole " + std::to_string(attn_query_block(int32_t(cfg.head_dim))) +
                     "-token query tiles per chunk): bits independent of P, strategy and threads (tests/mpi/test_cp.cpp)");
+  if (cfg.placement == PlacementKind::balanced)
+    notes.push_back("placement=balanced: <name>:balanced rows run the frugal schedule on rows placed from the document "
+                    "lengths (shard/placement.hpp: short documents whole on one rank, long ones zigzag over the fewest "
+                    "ranks within " + std::to_string(kBalanceSlackPercent) + "% of the mean causal work); x_plain "
+                    "against the strategy's plain (zigzag) row");
   if (cfg.visible_keys)
     notes.push_back(
         rows + "move only the key/value rows some query of the receiver can see (cp/visible.hpp); "
@@ -306,7 +315,7 @@ std::vector<TableColumn> table_columns(const Config& cfg) {
       {"exposed_pct", "exposed", "%", 9, 2}, {"busbw_gbs", "busbw", "GB/s", 8, 3},
       {"fwd_tflops", "fwd", "TFLOP/s", 10, 4}, {"bwd_tflops", "bwd", "TFLOP/s", 10, 4},
       {"fwd_gflops_cpu", "fwd/cpu", "GFLOP/cs", 10, 2}, {"bwd_gflops_cpu", "bwd/cpu", "GFLOP/cs", 10, 2},
-      {"wrong", "#wrong", "", 8, 0}, {"check", "check", "", 8, 0}};
+      {"wrong", "#wrong", "", 8, 0}, {"check", "check", "", 8, 0}, {"work_imbalance", "work", "max/mean", 9, 3}};
   if (cfg.visible_keys) {
     cols.push_back({"min_mb", "min", "MB", 10, 2});
     cols.push_back({"x_min", "x_min", "", 7, 3});
@@ -330,6 +339,7 @@ struct TimedCall {
 struct Samples {
   std::vector<double> fwd_s, bwd_s, bytes, exposed, fwd_cpu, bwd_cpu;
   double flops_fwd = 0, flops_bwd = 0;
+  double work_imbalance = 1;  // the forward's pairs x heads, max / mean over ranks
 };
 
 // The attention rows: the job, the device, MLA's expansion, the table, and what the rows
@@ -349,7 +359,7 @@ struct CpBench {
   int64_t step = 0;
   std::vector<std::string> skipped;
   std::map<int64_t, double> plain_bytes;  // visible keys: seq -> bytes of the plain row of the same strategy (last seen)
-  std::map<int64_t, double> least_bytes;  // visible keys: seq -> the visible minimum (max over ranks)
+  std::map<std::pair<int64_t, bool>, double> least_bytes;  // visible keys: (seq, balanced) -> the visible minimum (max over ranks)
   std::map<std::string, double> step_bytes;  // MLA: label -> bytes of one forward ring step
 
   CpBench(BenchContext& c, const GpuRun& g, MlaBench* m, Table& t)
@@ -358,7 +368,7 @@ struct CpBench {
 
   // The row `name` at seq S as "skipped", and its reason for the list after the table.
   void add_skipped(const std::string& name, int64_t S, const std::string& why) {
-    std::vector<std::string> cells = {name, std::to_string(S), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped"};
+    std::vector<std::string> cells = {name, std::to_string(S), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped", "-"};
     if (cfg.visible_keys) cells.insert(cells.end(), {"-", "-", "-"});
     table.add_row(cells);
     skipped.push_back(name + " at seq " + std::to_string(S) + ": " + why);
@@ -366,9 +376,10 @@ struct CpBench {
 
   // This rank's shard of the global inputs (seeded per token; padding rows cleared); with MLA,
   // K/V expanded from the latent rows.
-  void fill_inputs(Inputs& in, const CpCall& shape, const Partition& part) {
-    in.pos = part.positions(r);
-    in.doc = local_doc_ids(part, r, in.global_doc, shape.mask);
+  void fill_inputs(Inputs& in, const CpCall& shape, const std::vector<std::vector<int64_t>>& layout, int64_t S) {
+    in.pos = layout[size_t(r)];
+    const bool padded = int64_t(in.pos.size()) * P > S;
+    in.doc = doc_ids_at(in.pos, S, padded, in.global_doc, shape.mask);
     const size_t n = in.pos.size(), wq = size_t(shape.H_q) * shape.D, wk = size_t(shape.H_kv) * shape.D;
     in.q.resize(n * wq, false); in.dout.resize(n * wq, false); in.o.resize(n * wq); in.dq.resize(n * wq);
     in.k.resize(n * wk, false); in.v.resize(n * wk, false); in.dk.resize(n * wk); in.dv.resize(n * wk);
@@ -379,15 +390,15 @@ struct CpBench {
       in.latent.resize(n * size_t(W), false);
       in.dlatent.resize(n * size_t(W));
       fill_rows(seed, kTensorK, in.pos, W, 1.0f, in.latent.data());
-      clear_padding_rows(part, r, {{in.latent.data(), W}});
+      clear_rows_at(in.pos, S, {{in.latent.data(), W}});
       mla->ex->expand(in.latent.data(), int64_t(n), in.k.data(), in.v.data());
     } else {
       fill_rows(seed, kTensorK, in.pos, int64_t(wk), 1.0f, in.k.data());
       fill_rows(seed, kTensorV, in.pos, int64_t(wk), 1.0f, in.v.data());
     }
     fill_rows(seed, kTensorDout, in.pos, int64_t(wq), 1.0f, in.dout.data());
-    clear_padding_rows(part, r, {{in.q.data(), int64_t(wq)}, {in.k.data(), int64_t(wk)}, {in.v.data(), int64_t(wk)},
-                                 {in.dout.data(), int64_t(wq)}});
+    clear_rows_at(in.pos, S, {{in.q.data(), int64_t(wq)}, {in.k.data(), int64_t(wk)}, {in.v.data(), int64_t(wk)},
+                              {in.dout.data(), int64_t(wq)}});
   }
 
   // cfg.warmup + cfg.steps forward + backward calls, each a traced step; the measured ones'
@@ -412,10 +423,11 @@ struct CpBench {
       fst.settle();  // device waits, timed on the device
       bst.settle();
       // Per rank: fwd time, bwd time, bytes, exposed (max over ranks); FLOPs (sum over ranks).
-      double mx[4] = {t1 - t0, t3 - t2, fst.bytes_sent + bst.bytes_sent, fst.exposed_comm_s + bst.exposed_comm_s};
-      double sum[4] = {fst.attn_flops, bst.attn_flops, c1 - c0, c3 - c2};  // + CPU seconds
-      world.all_reduce(std::span<double>(mx, 4), ReduceOp::max);
-      world.all_reduce(std::span<double>(sum, 4), ReduceOp::sum);
+      double mx[5] = {t1 - t0, t3 - t2, fst.bytes_sent + bst.bytes_sent, fst.exposed_comm_s + bst.exposed_comm_s,
+                      fst.attn_pair_heads[0]};
+      double sum[5] = {fst.attn_flops, bst.attn_flops, c1 - c0, c3 - c2, fst.attn_pair_heads[0]};  // + CPU seconds
+      world.all_reduce(std::span<double>(mx, 5), ReduceOp::max);
+      world.all_reduce(std::span<double>(sum, 5), ReduceOp::sum);
       if (call.real_pairs >= 0) {  // model FLOPs of the real tokens' pairs (the padding rows' are work, not model)
         sum[0] = attn_fwd_flops(call.real_pairs, call.shape.H_q, call.shape.D);
         sum[1] = attn_bwd_flops(call.real_pairs, call.shape.H_q, call.shape.D);
@@ -437,11 +449,28 @@ struct CpBench {
         m.exposed.push_back(mx[3]);
         m.flops_fwd = sum[0];
         m.flops_bwd = sum[1];
+        m.work_imbalance = sum[4] > 0 ? mx[4] * double(world.size()) / sum[4] : 1.0;
         if (mla && fst.messages > 0) step_bytes[call.label] = fst.bytes_sent / double(fst.messages);
       }
       if (stop) break;  // a stop signal: this row keeps the iterations measured so far
     }
     return m;
+  }
+
+  // Every rank's rows for the row: the partition's, or placed from the documents' lengths.
+  static std::vector<std::vector<int64_t>> layout_of(const RowKind& row, const Partition& part,
+                                                     const std::vector<int32_t>& global_doc) {
+    if (!row.balanced) {
+      std::vector<std::vector<int64_t>> rows;
+      for (int j = 0; j < part.P(); ++j) rows.push_back(part.positions(j));
+      return rows;
+    }
+    std::vector<int64_t> lengths;  // run lengths of the document ids (one document without them)
+    if (global_doc.empty()) lengths.push_back(part.S());
+    for (size_t i = 0; i < global_doc.size(); ++i)
+      if (i == 0 || global_doc[i] != global_doc[i - 1]) lengths.push_back(1);
+      else ++lengths.back();
+    return balanced_placement(lengths, part.P(), part.local_size(0)).rows;
   }
 
   // The row `row` at seq S: validate, fill the inputs, time, check against the single-rank
@@ -464,10 +493,11 @@ struct CpBench {
       return true;
     }
     const Partition part(strat.partition(), S, P, row.exact ? attn_query_block(shape.D) : 1);
-    fill_inputs(in, shape, part);
+    const std::vector<std::vector<int64_t>> layout = layout_of(row, part, in.global_doc);
+    fill_inputs(in, shape, layout, S);
     CpCall t = in.local(shape, ex);
     // As in training: every rank's keys are its zigzag shard, so the ring derives positions.
-    if (strat.partition() == PartitionKind::zigzag && !row.exact) t.k_pos_zigzag = S;
+    if (strat.partition() == PartitionKind::zigzag && !row.exact && !row.balanced) t.k_pos_zigzag = S;
     DeviceTensors dev;  // device=cuda: the call's tensors on the GPU
     const CpCall run = on_gpu ? dev.upload(t, gpu.stream) : t;
     const double real_pairs =
@@ -487,20 +517,20 @@ struct CpBench {
         table.cell(5, exposed * 1e3), table.cell(6, 100.0 * exposed / (tf + tb)), table.cell(7, by / (tf + tb) / 1e9),
         table.cell(8, m.flops_fwd / (tf * ranks) / 1e12), table.cell(9, m.flops_bwd / (tb * ranks) / 1e12),
         table.cell(10, m.flops_fwd / median(m.fwd_cpu) / 1e9), table.cell(11, m.flops_bwd / median(m.bwd_cpu) / 1e9),
-        std::to_string(wrong), full ? "full" : "sample"};
+        std::to_string(wrong), full ? "full" : "sample", table.cell(14, m.work_imbalance)};
     if (cfg.visible_keys) {
-      // the same for every strategy's rows at this length (all shard zigzag): computed once
-      auto [at, fresh] = least_bytes.try_emplace(S, 0.0);
+      // the same for every strategy's rows at this length and layout (zigzag, or balanced): computed once
+      auto [at, fresh] = least_bytes.try_emplace({S, row.balanced}, 0.0);
       if (fresh) {
-        at->second = visible_minimum_bytes(shape, part, in.global_doc, r);
+        at->second = visible_minimum_bytes(shape, layout, S, in.global_doc, r);
         world.all_reduce(std::span<double>(&at->second, 1), ReduceOp::max);
       }
       const double least = at->second;
       if (!row.scheduled()) plain_bytes[S] = by;
       const auto plain = plain_bytes.find(S);
-      cells.push_back(table.cell(14, least / 1e6));
-      cells.push_back(least > 0 ? table.cell(15, by / least) : "-");
-      cells.push_back(row.scheduled() && plain != plain_bytes.end() ? table.cell(16, by / plain->second) : "-");
+      cells.push_back(table.cell(15, least / 1e6));
+      cells.push_back(least > 0 ? table.cell(16, by / least) : "-");
+      cells.push_back(row.scheduled() && plain != plain_bytes.end() ? table.cell(17, by / plain->second) : "-");
     }
     table.add_row(cells);
     return true;
@@ -534,9 +564,11 @@ int bench_cp(BenchContext& ctx) {
   const bool on_gpu = cfg.device == Device::cuda;
   const GpuRun gpu(on_gpu ? &topo : nullptr, &ctx.tracer);
 
+  // seq/4, seq/2 and seq; a list of document lengths (docs=L1,L2,...: one batch) only seq, which they sum to.
   std::vector<int64_t> lengths;
+  const bool doc_list = cfg.docs != "none" && cfg.docs != "random";
   for (int64_t S : {cfg.seq / 4, cfg.seq / 2, cfg.seq})
-    if (S >= 2 * P) lengths.push_back(S);
+    if (S >= 2 * P && (!doc_list || S == cfg.seq)) lengths.push_back(S);
   // attention=mla: the latent rows of a strategy that moves it, and its K/V baseline `<name>:kv`.
   std::unique_ptr<MlaBench> mla;
   if (cfg.attention == "mla") mla = std::make_unique<MlaBench>(cfg, seed, &ctx.tracer);

@@ -156,7 +156,7 @@ const std::pair<std::string_view, std::string_view> kModeColumn[] = {
     {"strategy", "run, attn, train, prefill, decode, chat, bench comm, bench attn, bench cp, bench train, bench peak, "
                  "bench infer, bench calibrate"},
     {"partition", kPredict},
-    {"placement", "train, bench train"},
+    {"placement", "train, bench train, bench cp"},
     {"mask", "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer"},
     {"window", kHeads},
     {"docs", "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer, bench calibrate"},
@@ -245,7 +245,7 @@ const std::vector<Field>& config_fields() {
       {"strategy", &Config::strategy, "", "CP attention strategy: a training row of `ctxpar --features` (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)", {}, 0, -1,
        [](const Config& c) { return choice_error(c.strategy, strategy_choices().training, kStrategyKeywords); }},
       enum_field<&Config::partition>("partition", kPartitionNames, "zigzag", "token partition assumed by predict (the executed strategies always shard zigzag)"),
-      enum_field<&Config::placement>("placement", kPlacementNames, "zigzag", "train: where a packed batch's rows live over the CP group: zigzag (positions, blind to documents) or balanced (per batch from the document lengths: short documents whole on one rank, long ones split zigzag over the fewest ranks that keep every rank's causal work within 2% of the mean; needs frugal=true)"),
+      enum_field<&Config::placement>("placement", kPlacementNames, "zigzag", "train, bench cp: where a packed batch's rows live over the CP group: zigzag (positions, blind to documents) or balanced (per batch from the document lengths: short documents whole on one rank, long ones split zigzag over the fewest ranks that keep every rank's causal work within 2% of the mean; needs frugal=true)"),
       enum_field<&Config::mask>("mask", kMaskNames, "causal", "attention mask"),
       {"window", &Config::window, "0", "sliding window in tokens: of mask=window, and of the local (L) layers of layer_pattern", {}, 0, 1ll << 40},
       {"docs", &Config::docs, "none", "packed documents: none, random, or lengths L1,L2,... summing to seq", {}, 0, -1, check_docs},
@@ -747,8 +747,8 @@ void validate_config(const Config& c, int world_size) {
   if (c.attention == "mla" && c.device != Device::cpu)
     throw UsageError("config: attention = mla with device = cuda: MLA's latent K/V run on the CPU only so far; "
                      "valid: attention=mha, or device=cpu");
-  if (c.placement == PlacementKind::balanced && !train_mode)
-    throw UsageError("config: placement = balanced applies to train and bench train; valid here: placement=zigzag");
+  if (c.placement == PlacementKind::balanced && !(train_mode || bench_cp))
+    throw UsageError("config: placement = balanced applies to train, bench train and bench cp; valid here: placement=zigzag");
   if (c.placement == PlacementKind::balanced && !c.visible_keys)
     throw UsageError("config: placement = balanced needs frugal = true: a document's rows may sit on any rank, and only "
                      "the visible-keys exchange moves just the rows a query can see (a whole document exchanges "

@@ -98,16 +98,26 @@ std::vector<float> gather_rows_global(Comm& cp, const Partition& part, std::span
   return gather_rows_at(cp, pos, part.S(), local, width);
 }
 
-std::vector<int32_t> local_doc_ids(const Partition& part, int r, std::span<const int32_t> global_doc, MaskKind mask) {
+std::vector<int32_t> doc_ids_at(std::span<const int64_t> pos, int64_t S, bool padded, std::span<const int32_t> global_doc,
+                                MaskKind mask) {
   std::vector<int32_t> doc;
-  if (global_doc.empty() && !(part.padding() > 0 && mask == MaskKind::none)) return doc;
-  for (int64_t p : part.positions(r)) doc.push_back(part.is_pad(p) ? -1 : global_doc.empty() ? 0 : global_doc[size_t(p)]);
+  if (global_doc.empty() && !(padded && mask == MaskKind::none)) return doc;
+  for (int64_t p : pos) doc.push_back(p >= S ? -1 : global_doc.empty() ? 0 : global_doc[size_t(p)]);
   return doc;
 }
+std::vector<int32_t> local_doc_ids(const Partition& part, int r, std::span<const int32_t> global_doc, MaskKind mask) {
+  const std::vector<int64_t> pos = part.positions(r);
+  return doc_ids_at(pos, part.S(), part.padding() > 0, global_doc, mask);
+}
 
+void clear_rows_at(std::span<const int64_t> pos, int64_t S, std::initializer_list<std::pair<float*, int64_t>> tensors) {
+  for (size_t i = 0; i < pos.size(); ++i)
+    if (pos[i] >= S)
+      for (const auto& [data, width] : tensors) std::fill_n(data + int64_t(i) * width, width, 0.0f);
+}
 void clear_padding_rows(const Partition& part, int r, std::initializer_list<std::pair<float*, int64_t>> tensors) {
-  const int64_t real = part.real_size(r), n = part.local_size(r);
-  for (const auto& [data, width] : tensors) std::fill(data + real * width, data + n * width, 0.0f);
+  const std::vector<int64_t> pos = part.positions(r);
+  clear_rows_at(pos, part.S(), tensors);
 }
 
 int64_t problem_visible_pairs(const CpCall& shape, std::span<const int32_t> global_doc) {

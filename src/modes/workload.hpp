@@ -65,6 +65,11 @@ std::vector<float> gather_rows_at(Comm& cp, std::span<const int64_t> pos, int64_
 // each [S_loc, width] tensor: zero inputs and a zero dO add nothing to any real row's result.
 std::vector<int32_t> local_doc_ids(const Partition& part, int r, std::span<const int32_t> global_doc, MaskKind mask);
 void clear_padding_rows(const Partition& part, int r, std::initializer_list<std::pair<float*, int64_t>> tensors);
+// The same for rows at any positions `pos` of a layout of S real tokens (a batch's placement,
+// shard/placement.hpp): rows at positions >= S are padding; `padded`: some rank of the layout has one.
+std::vector<int32_t> doc_ids_at(std::span<const int64_t> pos, int64_t S, bool padded, std::span<const int32_t> global_doc,
+                                MaskKind mask);
+void clear_rows_at(std::span<const int64_t> pos, int64_t S, std::initializer_list<std::pair<float*, int64_t>> tensors);
 
 // Visible pairs of the whole problem `shape` (positions 0..S-1, documents `global_doc` or none):
 // the count model FLOPs are stated in, without the pairs of a partition's padding rows.
