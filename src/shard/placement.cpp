@@ -42,6 +42,7 @@ struct Builder {
   int64_t total = 0;  // causal pairs of the whole sequence
   int P = 0;
   bool whole_or_all = false;  // groups of one rank or of every rank only
+  bool all_split = false;     // every document over every rank (per-document zigzag)
   bool two_d = false;         // a whole document goes where work and rows stay lowest, both against their means
   int64_t n = 0;
   // The rank with room for L rows whose larger share of the mean, of work or of rows, stays lowest.
@@ -107,7 +108,7 @@ void Builder::place(int32_t doc, int64_t start, int64_t L) {
   std::vector<int> best;
   int64_t best_max = -1;
   const int64_t g_max = std::min<int64_t>(P, L);
-  for (int64_t g = 1; g <= g_max; g = (whole_or_all && g == 1 && g_max > 1) ? g_max : g + 1) {
+  for (int64_t g = all_split ? g_max : 1; g <= g_max; g = (whole_or_all && g == 1 && g_max > 1) ? g_max : g + 1) {
     std::vector<int> m = g == 1 && two_d ? whole_by_both(L) : members(order, L, g);
     if (m.empty()) continue;
     int64_t top = 0;
@@ -192,16 +193,19 @@ Placement balanced_placement(const std::vector<int64_t>& lengths, int P, int64_t
   std::vector<int32_t> order(lengths.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t c) { return lengths[size_t(a)] > lengths[size_t(c)]; });
-  // Two greedy passes: groups of the fewest ranks within the slack, and groups of one rank or all
-  // (a document split over every rank takes the same rows and work from each, so it never leaves
-  // one rank short of room). The better balance wins; within the slack both, the one that splits
-  // fewer rows (less to exchange).
+  // Five greedy passes: groups of the fewest ranks within the slack, or of one rank or all (a
+  // document split over every rank takes the same rows and work from each, so it never leaves one
+  // rank short of room); a whole document to the least-loaded rank, or to the one whose work and
+  // rows stay lowest against their means; and every document over every rank (per-document
+  // zigzag: balanced to a row, every document exchanged). The best balance wins; of those within
+  // the slack, the one that splits fewer rows (less to exchange).
   Placement best;
   int64_t best_split_rows = 0;
-  for (int pass = 0; pass < 4; ++pass) {
+  for (int pass = 0; pass < 5; ++pass) {
     Builder b = empty;
     b.whole_or_all = pass & 1;
     b.two_d = pass & 2;
+    b.all_split = pass == 4;
     b.n = n;
     for (int32_t d : order) b.place(d, start[size_t(d)], lengths[size_t(d)]);
     Placement p;
