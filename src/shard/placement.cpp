@@ -42,7 +42,6 @@ struct Builder {
   int64_t total = 0;  // causal pairs of the whole sequence
   int P = 0;
   bool whole_or_all = false;  // groups of one rank or of every rank only
-  bool all_split = false;     // every document over every rank (per-document zigzag)
   bool two_d = false;         // a whole document goes where work and rows stay lowest, both against their means
   int64_t n = 0;
   // The rank with room for L rows whose larger share of the mean, of work or of rows, stays lowest.
@@ -99,17 +98,36 @@ struct Builder {
     }
     return m;
   }
+  // The least-loaded rank with room for L rows (ties: the lower rank); empty when none has room.
+  std::vector<int> whole_least_loaded(int64_t L) const {
+    int best = -1;
+    for (int r = 0; r < P; ++r)
+      if (room[size_t(r)] >= L && (best < 0 || work[size_t(r)] < work[size_t(best)])) best = r;
+    return best < 0 ? std::vector<int>{} : std::vector<int>{best};
+  }
+  std::vector<int64_t> group_sizes(int64_t L) const;
   void place(int32_t doc, int64_t start, int64_t L);
   void place_contiguous(int32_t doc, int64_t start, int64_t L, const std::vector<int>& order);
 };
 
+// The group sizes a document of L rows may take, smallest first: one rank, the powers of two
+// below min(P, L), and min(P, L) (whole_or_all: the first and the last).
+std::vector<int64_t> Builder::group_sizes(int64_t L) const {
+  const int64_t g_max = std::min<int64_t>(P, L);
+  std::vector<int64_t> sizes = {1};
+  if (!whole_or_all)
+    for (int64_t g = 2; g < g_max; g *= 2) sizes.push_back(g);
+  if (g_max > 1) sizes.push_back(g_max);
+  return sizes;
+}
+
 void Builder::place(int32_t doc, int64_t start, int64_t L) {
-  const std::vector<int> order = by_work();
+  std::vector<int> order;  // ranks by work: sorted once, when a group of several ranks is tried
   std::vector<int> best;
   int64_t best_max = -1;
-  const int64_t g_max = std::min<int64_t>(P, L);
-  for (int64_t g = all_split ? g_max : 1; g <= g_max; g = (whole_or_all && g == 1 && g_max > 1) ? g_max : g + 1) {
-    std::vector<int> m = g == 1 && two_d ? whole_by_both(L) : members(order, L, g);
+  for (int64_t g : group_sizes(L)) {
+    if (g > 1 && order.empty()) order = by_work();
+    std::vector<int> m = g > 1 ? members(order, L, g) : two_d ? whole_by_both(L) : whole_least_loaded(L);
     if (m.empty()) continue;
     int64_t top = 0;
     for (int64_t k = 0; k < g; ++k) top = std::max(top, work[size_t(m[size_t(k)])] + share_pairs(L, g, k));
@@ -119,7 +137,7 @@ void Builder::place(int32_t doc, int64_t start, int64_t L) {
       break;
     }
   }
-  if (best.empty()) return place_contiguous(doc, start, L, order);
+  if (best.empty()) return place_contiguous(doc, start, L, order.empty() ? by_work() : order);
   const int64_t g = int64_t(best.size());
   for (int64_t k = 0; k < g; ++k) {
     const auto [a, b] = zigzag_share(L, g, k);
@@ -152,9 +170,10 @@ std::vector<std::vector<int64_t>> rows_of(const std::vector<std::vector<Range>>&
   for (size_t r = 0; r < held.size(); ++r) {
     std::vector<int64_t>& x = rows[r];
     x.reserve(size_t(n));
-    for (const Range& g : held[r])
+    std::vector<Range> ranges = held[r];  // disjoint: in position order, their rows ascend
+    std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+    for (const Range& g : ranges)
       for (int64_t p = g.begin; p < g.end; ++p) x.push_back(p);
-    std::sort(x.begin(), x.end());
     CTXPAR_CHECK(int64_t(x.size()) <= n, "placement: rank " << r << " holds " << x.size() << " rows, more than " << n);
     while (int64_t(x.size()) < n) x.push_back(pad++);
   }
@@ -193,19 +212,19 @@ Placement balanced_placement(const std::vector<int64_t>& lengths, int P, int64_t
   std::vector<int32_t> order(lengths.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t c) { return lengths[size_t(a)] > lengths[size_t(c)]; });
-  // Five greedy passes: groups of the fewest ranks within the slack, or of one rank or all (a
+  // Four greedy passes: groups of the fewest ranks within the slack, or of one rank or all (a
   // document split over every rank takes the same rows and work from each, so it never leaves one
   // rank short of room); a whole document to the least-loaded rank, or to the one whose work and
-  // rows stay lowest against their means; and every document over every rank (per-document
-  // zigzag: balanced to a row, every document exchanged). The best balance wins; of those within
-  // the slack, the one that splits fewer rows (less to exchange).
-  Placement best;
-  int64_t best_split_rows = 0;
-  for (int pass = 0; pass < 5; ++pass) {
+  // rows stay lowest against their means. Then the zigzag partition's own rows, so the placement is
+  // never less balanced than zigzag. The best balance wins; of those within the slack, the one that
+  // splits fewer rows (less to exchange, fewer chunk borders in the kernels). Every document over
+  // every rank would always be balanced, but measured slower than a 12% imbalance
+  // (docs/measurements.md): it is not a candidate.
+  std::vector<Placement> candidates;
+  for (int pass = 0; pass < 4; ++pass) {
     Builder b = empty;
     b.whole_or_all = pass & 1;
     b.two_d = pass & 2;
-    b.all_split = pass == 4;
     b.n = n;
     for (int32_t d : order) b.place(d, start[size_t(d)], lengths[size_t(d)]);
     Placement p;
@@ -214,17 +233,22 @@ Placement balanced_placement(const std::vector<int64_t>& lengths, int P, int64_t
     p.rows = rows_of(b.held, S, n);
     p.work = std::move(b.work);
     p.spans = std::move(b.spans);
-    int64_t split_rows = 0;
-    for (size_t d = 0; d < lengths.size(); ++d) split_rows += p.spans[d] > 1 ? lengths[d] : 0;
-    const int64_t top = *std::max_element(p.work.begin(), p.work.end()),
-                  best_top = best.work.empty() ? 0 : *std::max_element(best.work.begin(), best.work.end());
-    const bool both_fit = !best.work.empty() && b.within_slack(top) && b.within_slack(best_top);
-    if (best.work.empty() || (both_fit ? split_rows < best_split_rows : top < best_top)) {
-      best = std::move(p);
-      best_split_rows = split_rows;
-    }
+    candidates.push_back(std::move(p));
   }
-  return best;
+  if (Partition::padded_length(PartitionKind::zigzag, S, P) == n * P) candidates.push_back(zigzag_placement(lengths, P));
+  const auto split_rows = [&](const Placement& p) {
+    int64_t rows = 0;
+    for (size_t d = 0; d < lengths.size(); ++d) rows += p.spans[d] > 1 ? lengths[d] : 0;
+    return rows;
+  };
+  const auto top = [](const Placement& p) { return *std::max_element(p.work.begin(), p.work.end()); };
+  size_t best = 0;
+  for (size_t i = 1; i < candidates.size(); ++i) {
+    const bool both_fit = empty.within_slack(top(candidates[i])) && empty.within_slack(top(candidates[best]));
+    if (both_fit ? split_rows(candidates[i]) < split_rows(candidates[best]) : top(candidates[i]) < top(candidates[best]))
+      best = i;
+  }
+  return std::move(candidates[best]);
 }
 
 Placement zigzag_placement(const std::vector<int64_t>& lengths, int P) {

@@ -5,10 +5,12 @@
 //             ranks and a rank's causal work depends on where the long documents fall.
 //   balanced  from the document lengths alone (the same answer on every rank): the documents
 //             longest first, each kept whole on the least-loaded rank with room for it when that
-//             keeps the rank within kBalanceSlack of the mean causal work, else split zigzag
-//             (2g chunks of the document, member k chunks k and 2g-1-k) over the smallest group
-//             of g least-loaded ranks that does; when no group has room, the document fills the
-//             least-loaded ranks' room in contiguous pieces.
+//             keeps the rank within kBalanceSlackPercent of the mean causal work, else split
+//             zigzag (2g chunks of the document, member k chunks k and 2g-1-k) over the smallest
+//             group of g least-loaded ranks that does (g = 2, 4, 8, ... or min(P, L)); when no
+//             group has room, the document fills the least-loaded ranks' room in contiguous
+//             pieces. Four such greedy passes and the zigzag rows compete (placement.cpp): the best
+//             balance wins, of those within the slack the one that splits fewer rows.
 // Every rank holds exactly n rows (n * P >= S; the zigzag partition's n, so buffers and per-token
 // work are the same as zigzag's): its real rows in ascending position order, then padding rows
 // (global positions >= S, inert as in shard/partition.hpp). The work balanced is the causal
