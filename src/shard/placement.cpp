@@ -263,18 +263,18 @@ Placement zigzag_placement(const std::vector<int64_t>& lengths, int P) {
   p.S = S;
   p.n = part.local_size(0);
   p.spans.assign(lengths.size(), 0);
-  std::vector<std::vector<char>> on(lengths.size(), std::vector<char>(size_t(P), 0));
+  std::vector<int> last(lengths.size(), -1);  // the last rank a document was seen on (ranks in order)
   for (int r = 0; r < P; ++r) {
     p.rows.push_back(part.positions(r));
     int64_t w = 0;
     for (int64_t x : p.rows.back()) {
       if (part.is_pad(x)) continue;
       w += x - doc_start[size_t(x)] + 1;
-      on[size_t(doc[size_t(x)])][size_t(r)] = 1;
+      const size_t d = size_t(doc[size_t(x)]);
+      if (last[d] != r) last[d] = r, ++p.spans[d];
     }
     p.work.push_back(w);
   }
-  for (size_t d = 0; d < lengths.size(); ++d) p.spans[d] = int32_t(std::count(on[d].begin(), on[d].end(), 1));
   return p;
 }
 

@@ -676,7 +676,9 @@ TEST(InferCost, ClosePredictionsAreATieAndTakePassKv) {
     EXPECT_EQ(p.tie, hi <= (1 + margin) * lo) << T;
     EXPECT_EQ(p.choice, p.tie || p.pass_kv_s <= p.pass_q_s ? CpAlgo::pass_kv : CpAlgo::pass_q) << T;
     EXPECT_DOUBLE_EQ(p.margin, margin);
-    if (p.tie) EXPECT_NE(choice_text(p).find("a tie"), std::string::npos) << choice_text(p);
+    if (p.tie) {
+      EXPECT_NE(choice_text(p).find("a tie"), std::string::npos) << choice_text(p);
+    }
     saw_tie = saw_tie || (p.tie && p.pass_q_s < p.pass_kv_s);
   }
   EXPECT_TRUE(saw_tie) << "a call where pass-Q is predicted faster within the margin takes pass-KV";
