@@ -206,6 +206,27 @@ double visible_minimum_bytes(const CpCall& shape, const std::vector<std::vector<
   return double(plan.send_rows()) * 2.0 * kv + double(plan.recv_rows()) * grad;
 }
 
+// Visible pairs of a whole layout (every rank's rows; padding rows with their document id -1
+// where documents or mask=none need one, as the calls get them): what the ranks' calls must
+// compute between them, once each.
+int64_t layout_visible_pairs(const CpCall& shape, const std::vector<std::vector<int64_t>>& layout, int64_t S,
+                             const std::vector<int32_t>& global_doc) {
+  const int64_t n = int64_t(layout[0].size()), P = int64_t(layout.size());
+  std::vector<int64_t> pos;
+  std::vector<int32_t> doc;
+  for (const std::vector<int64_t>& rows : layout) {
+    pos.insert(pos.end(), rows.begin(), rows.end());
+    const std::vector<int32_t> d = doc_ids_at(rows, S, n * P > S, global_doc, shape.mask);
+    doc.insert(doc.end(), d.begin(), d.end());
+  }
+  CpCall p = shape;
+  p.S_q = p.S_k = n * P;
+  p.q_pos = p.k_pos = pos.data();
+  p.q_doc = p.k_doc = doc.empty() ? nullptr : doc.data();
+  p.device = Device::cpu;
+  return visible_pairs(p);
+}
+
 // CPU seconds (user + system, every thread) this process has used: with other jobs on the cores,
 // FLOPs per CPU-second measure a configuration's efficiency independently of how much of the
 // machine it got; wall-time throughput does not.
@@ -275,7 +296,8 @@ std::vector<std::string> table_notes(const Config& cfg, Topology& topo, const Ml
       "included): efficiency independent of other jobs on the cores",
       "bytes: sent per rank, forward + backward; exposed: time blocked in communication (waits and blocking "
       "collectives), max over ranks; busbw = bytes / (fwd + bwd time); work: the forward's (query, key) pairs x heads "
-      "computed per rank, max / mean over ranks (1 = balanced)",
+      "computed per rank, max / mean over ranks (1 = balanced); audited: in every step the ranks' pairs x heads, "
+      "forward and backward, add up to the layout's visible pairs x H_q (a mismatch is listed and fails the verdict)",
       on_gpu ? "#wrong: elements off the single-rank CPU kernel on the same bf16-rounded inputs by > 3e-2 * max|tensor| "
                "(the GPU's bf16 P and dS give ~1e-3); check: full = all rows of O, LSE, dQ, dK, dV; sample = O, LSE, dQ "
                "of ~" + std::to_string(kSampleRows) + " rows"
@@ -340,6 +362,7 @@ struct Samples {
   std::vector<double> fwd_s, bwd_s, bytes, exposed, fwd_cpu, bwd_cpu;
   double flops_fwd = 0, flops_bwd = 0;
   double work_imbalance = 1;  // the forward's pairs x heads, max / mean over ranks
+  std::vector<double> pairs_fwd, pairs_bwd;  // every step's pairs x heads summed over ranks (warmup included)
 };
 
 // The attention rows: the job, the device, MLA's expansion, the table, and what the rows
@@ -358,6 +381,7 @@ struct CpBench {
   int64_t wrong_total = 0;
   int64_t step = 0;
   std::vector<std::string> skipped;
+  std::vector<std::string> audit_failures;  // coverage audit mismatches (audit())
   std::map<int64_t, double> plain_bytes;  // visible keys: seq -> bytes of the plain row of the same strategy (last seen)
   std::map<std::pair<int64_t, bool>, double> least_bytes;  // visible keys: (seq, balanced) -> the visible minimum (max over ranks)
   std::map<std::string, double> step_bytes;  // MLA: label -> bytes of one forward ring step
@@ -425,9 +449,11 @@ struct CpBench {
       // Per rank: fwd time, bwd time, bytes, exposed (max over ranks); FLOPs (sum over ranks).
       double mx[5] = {t1 - t0, t3 - t2, fst.bytes_sent + bst.bytes_sent, fst.exposed_comm_s + bst.exposed_comm_s,
                       fst.attn_pair_heads[0]};
-      double sum[5] = {fst.attn_flops, bst.attn_flops, c1 - c0, c3 - c2, fst.attn_pair_heads[0]};  // + CPU seconds
+      double sum[6] = {fst.attn_flops, bst.attn_flops, c1 - c0, c3 - c2, fst.attn_pair_heads[0], bst.attn_pair_heads[1]};
       world.all_reduce(std::span<double>(mx, 5), ReduceOp::max);
-      world.all_reduce(std::span<double>(sum, 5), ReduceOp::sum);
+      world.all_reduce(std::span<double>(sum, 6), ReduceOp::sum);  // + CPU seconds, pairs x heads
+      m.pairs_fwd.push_back(sum[4]);
+      m.pairs_bwd.push_back(sum[5]);
       if (call.real_pairs >= 0) {  // model FLOPs of the real tokens' pairs (the padding rows' are work, not model)
         sum[0] = attn_fwd_flops(call.real_pairs, call.shape.H_q, call.shape.D);
         sum[1] = attn_bwd_flops(call.real_pairs, call.shape.H_q, call.shape.D);
@@ -455,6 +481,22 @@ struct CpBench {
       if (stop) break;  // a stop signal: this row keeps the iterations measured so far
     }
     return m;
+  }
+
+  // The coverage audit of a row (as train's, model/coverage.hpp): every step's pairs x heads over
+  // the ranks, forward and backward, against the layout's visible pairs x H_q x replicas. A
+  // mismatch is listed after the table and fails the verdict.
+  void audit(const std::string& name, int64_t S, const Samples& m, double want) {
+    for (size_t i = 0; i < m.pairs_fwd.size(); ++i) {
+      if (m.pairs_fwd[i] == want && m.pairs_bwd[i] == want) continue;
+      char msg[300];
+      std::snprintf(msg, sizeof msg, "%s at seq %lld, step %zu: computed %.0f (forward) and %.0f (backward) pairs x heads "
+                    "over the ranks, the layout has %.0f visible", name.c_str(), (long long)S, i, m.pairs_fwd[i],
+                    m.pairs_bwd[i], want);
+      audit_failures.push_back(msg);
+      ++wrong_total;
+      return;
+    }
   }
 
   // Every rank's rows for the row: the partition's, or placed from the documents' lengths.
@@ -510,6 +552,7 @@ struct CpBench {
     int64_t wrong = check_rows(shape, in, seed, full, mla, row.latent, on_gpu);
     world.all_reduce(std::span<int64_t>(&wrong, 1), ReduceOp::sum);
     wrong_total += wrong;
+    audit(name, S, m, double(layout_visible_pairs(shape, layout, S, in.global_doc)) * shape.H_q * double(world.size() / P));
     const double tf = median(m.fwd_s), tb = median(m.bwd_s), exposed = median(m.exposed), by = median(m.bytes);
     const double ranks = world.size();
     std::vector<std::string> cells = {
@@ -592,6 +635,7 @@ int bench_cp(BenchContext& ctx) {
     print_mla_steps(cfg, *mla, bench.step_bytes);
   if (!cfg.csv)
     for (const std::string& m : bench.skipped) log0("# skipped %s\n", m.c_str());
+  for (const std::string& m : bench.audit_failures) log0("# coverage audit failed: %s\n", m.c_str());
   int64_t wrong_total = bench.wrong_total;
   if (cfg.layer_pattern.find('D') != std::string::npos) {
     std::vector<int64_t> gdn_lengths;
