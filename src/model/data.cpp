@@ -187,6 +187,20 @@ std::unique_ptr<TokenSource> make_token_source(const Config& c) {
   return std::make_unique<FileSource>(c);
 }
 
+int64_t token_windows(const Config& c) { return FileSource(c).windows(c.seq); }
+
+std::vector<int64_t> sample_document_lengths(const Config& c, int64_t index) {
+  const FileSource src(c);
+  std::vector<int32_t> tokens(size_t(c.seq));
+  src.read(index, c.seq, tokens.data());
+  std::vector<int64_t> lengths = {0};
+  for (int64_t t = 0; t < c.seq; ++t) {
+    ++lengths.back();
+    if (tokens[size_t(t)] == c.eos_id && t + 1 < c.seq) lengths.push_back(0);
+  }
+  return lengths;
+}
+
 Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, int r, PlacementKind placement) {
   const int64_t S = part.S();  // the sequence's real tokens (the partition may add padding rows)
   std::vector<int32_t> tokens(static_cast<size_t>(S)), doc(static_cast<size_t>(S));

@@ -52,6 +52,12 @@ struct Batch {
   std::vector<int64_t> doc_lengths;  // of the whole sequence (FLOP count: sum L_i^2)
   bool placed = false;  // rows placed per batch from the documents (placement=balanced), not the partition's
 };
+// A token file's windows of seq tokens, and the document lengths of sample `index` (a document ends
+// after each eos_id token, as make_batch cuts it), without the vocabulary check: what `predict`
+// places (modes/predict.cpp). cfg.data must be a token file validate_data accepts.
+int64_t token_windows(const Config& cfg);
+std::vector<int64_t> sample_document_lengths(const Config& cfg, int64_t index);
+
 // Reads sample `index`, shifts labels globally (shard/shift_labels) and keeps cp rank r's tokens:
 // those of the partition, or with placement = balanced those the document lengths place on it
 // (shard/placement.hpp; as many rows as the partition's, padding rows past S).

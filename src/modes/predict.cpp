@@ -11,18 +11,22 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.hpp"
 #include "core/table.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "cp/strategy.hpp"
 #include "dist/topology.hpp"
+#include "model/data.hpp"
 #include "model/flops.hpp"
 #include "modes/modes.hpp"
 #include "ops.hpp"
 #include "perf/cost_model.hpp"
 #include "perf/hardware.hpp"
 #include "perf/prefill_choice.hpp"
+#include "shard/partition.hpp"
+#include "shard/placement.hpp"
 
 namespace ctxpar {
 
@@ -316,6 +320,16 @@ std::string validate_predict_mode(const Config& cfg, Topology& topo) {
       } catch (const UsageError& e) {
         throw UsageError("sweep value '" + v + "': " + e.what());
       }
+      if (!synthetic_data(c)) {  // a token file: its documents placed over the CP group (print_placement)
+        if (c.eos_id < 0)
+          return "config: data = '" + c.data + "' in predict: its documents are placed over the CP group, and " +
+                 "eos_id = -1 marks none; valid: eos_id=<the token that ends a document>";
+        if (c.predict_chips > 0)
+          return "config: data = '" + c.data + "' with predict_chips: placement is reported for predict_mesh's CP " +
+                 "group (or this job's), not for a mesh search; valid: predict_mesh=ring:N";
+        const std::string err = validate_data(c);
+        if (!err.empty()) return err;
+      }
       if (c.predict_chips > 0 && !c.predict_mesh.empty())
         return "config: predict_chips = " + std::to_string(c.predict_chips) + " and predict_mesh = '" + c.predict_mesh +
                "': give one (predict_chips searches the meshes of that many chips; predict_mesh prices one mesh)";
@@ -352,6 +366,62 @@ std::string validate_predict_mode(const Config& cfg, Topology& topo) {
 }
 
 namespace {
+
+// data = a token file: zigzag against balanced placement (shard/placement.hpp) of its batches over
+// each configuration's CP group, from the document lengths alone (no kernel runs): the work's
+// balance, the rows the frugal exchange moves, the attention compute's critical path, and the
+// time placing one batch takes. Up to kPlacedBatches windows, spread evenly over the file.
+constexpr int64_t kPlacedBatches = 32;
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+void print_placement(const Config& cfg, const std::vector<std::pair<std::string, Config>>& configs) {
+  std::vector<TableColumn> cols = {
+      {"ranks", "ranks", "", 6, 0},           {"seq", "S", "tokens", 9, 0},
+      {"batches", "batches", "", 8, 0},       {"zigzag_work", "zigzag", "max/mean", 9, 3},
+      {"zigzag_worst", "worst", "", 7, 3},    {"balanced_work", "balanced", "max/mean", 9, 3},
+      {"balanced_worst", "worst", "", 7, 3},  {"zigzag_recv", "zz recv", "/ring", 8, 3},
+      {"balanced_recv", "bal recv", "/ring", 9, 3}, {"attn_gain", "attn gain", "x", 10, 3},
+      {"place_ms", "place", "ms", 9, 2}};
+  const std::vector<std::string> notes = {
+      "data " + cfg.data + " (eos " + std::to_string(cfg.eos_id) + "): up to " + std::to_string(kPlacedBatches) +
+          " windows of S tokens, spread evenly; medians over them",
+      "work: causal (query, key) pairs within documents per rank, max / mean; recv: rows of other ranks some query of a "
+      "rank sees (the frugal exchange's K/V rows, forward), max over ranks, / a ring's (P-1) S/P",
+      "attn gain: zigzag's busiest rank's pairs / balanced's (the attention compute on the critical path); the cost "
+      "model does not price placement's exchange or the kernels' chunk borders yet: a whole training step gains less "
+      "(docs/measurements.md)",
+      "place: one batch's balanced placement, computed on every rank every step"};
+  Table t("ctxpar predict — placement of packed documents (zigzag against placement=balanced)", cols, notes);
+  for (const auto& [value, c] : configs) {
+    const int P = int(predicted_mesh(c).cp());
+    const int64_t windows = token_windows(c), batches = std::min(windows, kPlacedBatches);
+    const int64_t n = Partition::padded_length(PartitionKind::zigzag, c.seq, P) / P;
+    std::vector<double> zw, bw, zr, br, gain, ms;
+    for (int64_t b = 0; b < batches; ++b) {
+      const std::vector<int64_t> lengths = sample_document_lengths(c, b * (windows / batches));
+      const double t0 = now_s();
+      const Placement bal = balanced_placement(lengths, P, n);
+      ms.push_back((now_s() - t0) * 1e3);
+      const Placement zz = zigzag_placement(lengths, P);
+      const double ring = double(n) * double(P - 1);
+      const auto top = [](const std::vector<int64_t>& v) { return double(*std::max_element(v.begin(), v.end())); };
+      zw.push_back(zz.imbalance());
+      bw.push_back(bal.imbalance());
+      zr.push_back(P > 1 ? top(rows_received(zz, lengths)) / ring : 0.0);
+      br.push_back(P > 1 ? top(rows_received(bal, lengths)) / ring : 0.0);
+      gain.push_back(top(zz.work) / std::max(1.0, top(bal.work)));
+    }
+    t.add_row({std::to_string(P), std::to_string(c.seq), std::to_string(batches), t.cell(3, median_of(zw)),
+               t.cell(4, *std::max_element(zw.begin(), zw.end())), t.cell(5, median_of(bw)),
+               t.cell(6, *std::max_element(bw.begin(), bw.end())), t.cell(7, median_of(zr)), t.cell(8, median_of(br)),
+               t.cell(9, median_of(gain)), t.cell(10, median_of(ms))});
+  }
+  t.print(cfg.csv);
+}
 
 // A mesh search (predict_chips): the best fitting candidates of each swept configuration.
 void print_mesh_search(const Config& cfg, const std::vector<std::pair<std::string, Config>>& configs) {
@@ -484,6 +554,7 @@ int run_predict(const Config& cfg, Topology& topo, Tracer& tracer) {
     t.print(cfg.csv);
     if (!cfg.csv)
       for (const std::string& r : recs) log0("%s\n", r.c_str());
+    if (!synthetic_data(cfg)) print_placement(cfg, configs);
   }
   return 0;
 }

@@ -251,6 +251,28 @@ Placement balanced_placement(const std::vector<int64_t>& lengths, int P, int64_t
   return std::move(candidates[best]);
 }
 
+// A document's rows are the positions [start, start + L): rank j, whose last row of it is at
+// position m, sees its rows up to m, m - start + 1 of them, of which it holds own_j.
+std::vector<int64_t> rows_received(const Placement& p, const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> start(lengths.size()), doc_of(size_t(p.S));
+  for (size_t d = 0, at = 0; d < lengths.size(); at += size_t(lengths[d]), ++d) {
+    start[d] = int64_t(at);
+    std::fill_n(doc_of.begin() + int64_t(at), lengths[d], int64_t(d));
+  }
+  std::vector<int64_t> got(size_t(p.P()), 0);
+  for (int j = 0; j < p.P(); ++j) {
+    const std::vector<int64_t>& rows = p.rows[size_t(j)];
+    for (size_t i = 0; i < rows.size() && rows[i] < p.S;) {  // runs of one document, ascending
+      const int64_t d = doc_of[size_t(rows[i])];
+      size_t e = i;
+      while (e < rows.size() && rows[e] < p.S && doc_of[size_t(rows[e])] == d) ++e;
+      got[size_t(j)] += (rows[e - 1] - start[size_t(d)] + 1) - int64_t(e - i);
+      i = e;
+    }
+  }
+  return got;
+}
+
 Placement zigzag_placement(const std::vector<int64_t>& lengths, int P) {
   const int64_t S = std::accumulate(lengths.begin(), lengths.end(), int64_t(0));
   const Partition part(PartitionKind::zigzag, S, P);

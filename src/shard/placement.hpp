@@ -43,6 +43,10 @@ struct Placement {
 // The placement of documents of `lengths` (in sequence order, each >= 1, summing to S) over P ranks
 // of n rows each; CTXPAR_CHECKs n * P >= S.
 Placement balanced_placement(const std::vector<int64_t>& lengths, int P, int64_t n);
+// Per rank: the rows of other ranks some of its queries can see (causal, within documents; the
+// forward K/V rows of the frugal exchange), for the documents of `lengths` the placement holds.
+std::vector<int64_t> rows_received(const Placement& p, const std::vector<int64_t>& lengths);
+
 // The zigzag partition's rows (n = its padded length / P) in the same form, with their work.
 Placement zigzag_placement(const std::vector<int64_t>& lengths, int P);
 

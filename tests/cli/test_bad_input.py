@@ -204,6 +204,11 @@ CASES = [
                                         "docs=none"], "vocab"),
     ("eos_id beyond the vocabulary", ["train", "--config", "@TINY@", "data=@GOODTOK@", "data_dtype=uint16",
                                       "docs=none", "eos_id=256"], "eos_id"),
+    ("predict placing a token file without document ends", ["predict", "data=@GOODTOK@", "seq=1K"],
+     "eos_id = -1 marks none"),
+    ("predict placing a token file in a mesh search", ["predict", "data=@GOODTOK@", "eos_id=7", "seq=1K", "predict_chips=8"],
+     "placement is reported for predict_mesh"),
+    ("predict placing a missing token file", ["predict", "data=/nonexistent/tokens.bin", "eos_id=7"], "neither 'synthetic'"),
     # Inference: schedules, lengths, meshes and algorithms (a small model, as tests/infer's).
     ("chat schedule without a first prefill", ["chat", *INFER_MODEL, "schedule=decode:2"], "must start with a prefill"),
     ("chat prefill lengths fewer than the batch", ["chat", *INFER_MODEL, "batch=3", "schedule=prefill:4/5,decode:2"],

@@ -2,7 +2,9 @@
 """scripts/pack_documents.py: a directory of text files becomes the token file train reads — each
 file's bytes then the end-of-document token, in sorted path order; binaries, empty files and dot
 directories skipped; long files cut; the .docs.csv index matches; bad input exits 2; and
-`ctxpar train` trains on the file with eos_id (documents split at it).
+`ctxpar train` trains on the file with eos_id (documents split at it); on a long-tailed tree,
+`ctxpar predict data=` places its batches (balanced evens what zigzag leaves uneven) and train runs
+them with placement=balanced, audited every step.
 Usage: test_pack_documents.py CTXPAR_BINARY"""
 import csv
 import os
@@ -72,6 +74,37 @@ if p.returncode == 0:
     check(cols == "step,attn_pair_heads_computed,attn_pair_heads_expected,attn_work_imbalance", "coverage columns: " + cols)
     check(len(cov) == 2 and all(r[1] == r[2] > 0 and r[3] >= 1 for r in cov), "every step audited and exact: %s" % cov)
     check(verdict == "passed every step" and imb >= 1, "the trace records the audit and the imbalance")
+
+# A long-tailed tree (many short files, a few long): `predict data=` places its batches, zigzag
+# against balanced, and train runs them balanced with the audit passing every step.
+tail = os.path.join(tmp, "tail")
+os.makedirs(tail)
+for i in range(60):
+    with open(os.path.join(tail, "f%02d.txt" % i), "wb") as f:
+        f.write(bytes([97 + i % 26]) * (40 + (i * 7919) % 600 + (3000 if i % 13 == 0 else 0)))
+tail_bin = os.path.join(tmp, "tail.bin")
+check(pack(tail, tail_bin).returncode == 0, "packs the long-tailed tree")
+p = subprocess.run([exe, "predict", "data=" + tail_bin, "eos_id=256", "seq=4K", "predict_mesh=ring:4", "vocab=512", "csv=true"],
+                   capture_output=True, text=True, timeout=120)
+rows = [l for l in p.stdout.splitlines() if l and not l.startswith("#")]
+place = list(csv.DictReader(rows[rows.index(next(l for l in rows if l.startswith("ranks,"))):]))
+check(p.returncode == 0 and len(place) == 1, "predict prints one placement row:\n" + p.stdout[-2000:] + p.stderr[-1000:])
+if place:
+    r = place[0]
+    zw, bw, bworst = float(r["zigzag_work"]), float(r["balanced_work"]), float(r["balanced_worst"])
+    check(r["ranks"] == "4" and r["seq"] == "4096" and int(r["batches"]) >= 4, "the row names the group, length, batches: %s" % r)
+    check(zw > 1.05 and bw <= 1.02 and bworst <= max(1.02, float(r["zigzag_worst"])) and float(r["attn_gain"]) > 1,
+          "balanced evens what zigzag leaves uneven: %s" % r)
+cmd = ["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none", exe, "train", "layers=1", "dim=64", "ffn_dim=128",
+       "heads=4", "kv_heads=2", "head_dim=16", "vocab=512", "seq=4K", "steps=3", "warmup=0", "docs=none", "data=" + tail_bin,
+       "eos_id=256", "strategy=ring", "frugal=true", "placement=balanced", "out=" + os.path.join(tmp, "bal.h5")]
+p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+check(p.returncode == 0 and "VALID" in p.stdout and "placement balanced" in p.stdout,
+      "train places the batches balanced:\n" + p.stdout[-2000:] + p.stderr[-2000:])
+if p.returncode == 0:
+    import h5py
+    with h5py.File(os.path.join(tmp, "bal.h5")) as f:
+        check(f.attrs["coverage_audit"] == "passed every step", "the balanced run passes the audit every step")
 
 if fails:
     print("FAILED:\n  " + "\n  ".join(fails))

@@ -98,6 +98,33 @@ TEST(Placement, EveryRowOnceOnRandomMixes) {
   }
 }
 
+// rows_received against a pair-by-pair count: row x of rank i is received by rank j != i when
+// some row of j is in x's document at or after x.
+TEST(Placement, RowsReceivedMatchAPairByPairCount) {
+  for (uint64_t seed = 0; seed < 60; ++seed) {
+    const int P = 2 + int(seed % 5);
+    const int64_t S = 40 + int64_t(seed * 53 % 700);
+    const std::vector<int64_t> L = random_mix(seed, S, P);
+    const int64_t n = Partition::padded_length(PartitionKind::zigzag, S, P) / P;
+    std::vector<int64_t> doc;
+    for (size_t d = 0; d < L.size(); ++d) doc.insert(doc.end(), size_t(L[d]), int64_t(d));
+    for (const Placement& p : {balanced_placement(L, P, n), zigzag_placement(L, P)}) {
+      std::vector<int64_t> want(size_t(P), 0);
+      for (int j = 0; j < P; ++j)
+        for (int i = 0; i < P; ++i) {
+          if (i == j) continue;
+          for (int64_t x : p.rows[size_t(i)]) {
+            if (x >= S) continue;
+            bool seen = false;
+            for (int64_t q : p.rows[size_t(j)]) seen = seen || (q < S && q >= x && doc[size_t(q)] == doc[size_t(x)]);
+            want[size_t(j)] += seen;
+          }
+        }
+      EXPECT_EQ(rows_received(p, L), want) << "seed " << seed << ", P " << P;
+    }
+  }
+}
+
 TEST(Placement, ShortDocumentsStayWhole) {
   // 64 documents of 16 tokens over 4 ranks: 16 whole documents on each, none split, work equal.
   const std::vector<int64_t> L(64, 16);
