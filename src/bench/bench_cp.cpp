@@ -189,17 +189,29 @@ int64_t check_rows(const CpCall& s, Inputs& in, uint64_t seed, bool full, MlaBen
 // each of its rows some query of another rank can see goes there once per pass (forward: K and V;
 // backward: K and V again, the strategies keeping nothing between calls), and each row of another
 // rank it sees returns that row's dK and dV (fp32). No positions or document ids.
+// Every rank's rows of a layout in rank order: positions, and document ids where the calls get them
+// (padding rows -1 where documents or mask=none need one).
+struct LayoutRows {
+  std::vector<int64_t> pos;
+  std::vector<int32_t> doc;  // empty without documents
+  LayoutRows(const CpCall& shape, const std::vector<std::vector<int64_t>>& layout, int64_t S,
+             const std::vector<int32_t>& global_doc) {
+    const int64_t padded = int64_t(layout[0].size() * layout.size());
+    for (const std::vector<int64_t>& rows : layout) {
+      pos.insert(pos.end(), rows.begin(), rows.end());
+      const std::vector<int32_t> d = doc_ids_at(rows, S, padded > S, global_doc, shape.mask);
+      doc.insert(doc.end(), d.begin(), d.end());
+    }
+  }
+};
+
 double visible_minimum_bytes(const CpCall& shape, const std::vector<std::vector<int64_t>>& layout, int64_t S,
                              const std::vector<int32_t>& global_doc, int r) {
   const int P = int(layout.size());
   const int64_t n = int64_t(layout[0].size());
-  std::vector<int64_t> pos;
-  std::vector<int32_t> doc;
-  for (int j = 0; j < P; ++j) {
-    pos.insert(pos.end(), layout[size_t(j)].begin(), layout[size_t(j)].end());
-    const std::vector<int32_t> d = doc_ids_at(layout[size_t(j)], S, n * P > S, global_doc, shape.mask);
-    doc.insert(doc.end(), d.begin(), d.end());
-  }
+  const LayoutRows all(shape, layout, S, global_doc);
+  const std::vector<int64_t>& pos = all.pos;
+  const std::vector<int32_t>& doc = all.doc;
   const cp::VisiblePlan plan =
       cp::visible_plan(pos.data(), doc.empty() ? nullptr : doc.data(), n, P, r, shape.mask, shape.window);
   const double kv = 2.0 * double(cp::kv_row_bytes(shape)), grad = 2.0 * double(cp::grad_row_bytes(shape));
@@ -211,18 +223,11 @@ double visible_minimum_bytes(const CpCall& shape, const std::vector<std::vector<
 // compute between them, once each.
 int64_t layout_visible_pairs(const CpCall& shape, const std::vector<std::vector<int64_t>>& layout, int64_t S,
                              const std::vector<int32_t>& global_doc) {
-  const int64_t n = int64_t(layout[0].size()), P = int64_t(layout.size());
-  std::vector<int64_t> pos;
-  std::vector<int32_t> doc;
-  for (const std::vector<int64_t>& rows : layout) {
-    pos.insert(pos.end(), rows.begin(), rows.end());
-    const std::vector<int32_t> d = doc_ids_at(rows, S, n * P > S, global_doc, shape.mask);
-    doc.insert(doc.end(), d.begin(), d.end());
-  }
+  const LayoutRows all(shape, layout, S, global_doc);
   CpCall p = shape;
-  p.S_q = p.S_k = n * P;
-  p.q_pos = p.k_pos = pos.data();
-  p.q_doc = p.k_doc = doc.empty() ? nullptr : doc.data();
+  p.S_q = p.S_k = int64_t(all.pos.size());
+  p.q_pos = p.k_pos = all.pos.data();
+  p.q_doc = p.k_doc = all.doc.empty() ? nullptr : all.doc.data();
   p.device = Device::cpu;
   return visible_pairs(p);
 }
