@@ -558,10 +558,7 @@ void measure_links(const CalibrateJob& job, Calibration& cal) {
   auto measure_link = [&](int peer) {
     Link l;
     l.lat_s = exchange_time(world, peer, 8, 20);
-    // The latency, measured apart, may exceed the big exchange's time on a loaded machine:
-    // subtract at most half of it (the rate within 2x of the raw one, never a division by ~0).
-    const double t = exchange_time(world, peer, big, 5);
-    l.bw_bps = double(big) / std::max(t - l.lat_s, 0.5 * t);
+    l.bw_bps = rate_after_latency(double(big), exchange_time(world, peer, big, 5), l.lat_s);
     return l;
   };
   cal.intra_link = cal.intra_peer > 0 ? measure_link(cal.intra_peer) : Link{};

@@ -512,11 +512,7 @@ struct CpBench {
       for (int j = 0; j < part.P(); ++j) rows.push_back(part.positions(j));
       return rows;
     }
-    std::vector<int64_t> lengths;  // run lengths of the document ids (one document without them)
-    if (global_doc.empty()) lengths.push_back(part.S());
-    for (size_t i = 0; i < global_doc.size(); ++i)
-      if (i == 0 || global_doc[i] != global_doc[i - 1]) lengths.push_back(1);
-      else ++lengths.back();
+    const std::vector<int64_t> lengths = global_doc.empty() ? std::vector<int64_t>{part.S()} : document_lengths(global_doc);
     return balanced_placement(lengths, part.P(), part.local_size(0)).rows;
   }
 

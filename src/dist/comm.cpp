@@ -45,9 +45,7 @@ double measure_alltoall_rate(Comm& comm, size_t part_bytes, double fixed_s, int 
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::min(best, t);
   }
-  // `fixed_s` (a latency measured apart) may exceed this time on a loaded machine: subtract at
-  // most half of it, so the rate stays within 2x of the raw one instead of dividing by ~0.
-  double rate = double(part_bytes) * double(comm.size() - 1) / std::max(best - fixed_s, 0.5 * best);
+  double rate = rate_after_latency(double(part_bytes) * double(comm.size() - 1), best, fixed_s);
   comm.all_reduce(std::span<double>(&rate, 1), ReduceOp::min);
   return rate;
 }

@@ -239,6 +239,13 @@ template <class F> void run_then_agree(Comm& comm, F&& f) {
   if (std::string msg = agree_on_error(comm, mine); !msg.empty()) throw RunFailed(msg);
 }
 
+// Bytes per second of a transfer of `bytes` that took `t` seconds, less a latency measured apart.
+// On a loaded machine that latency may exceed the transfer's time: at most half of `t` is
+// subtracted, so the rate stays within 2x of the raw one instead of dividing by ~0.
+inline double rate_after_latency(double bytes, double t, double latency_s) {
+  return bytes / (t - latency_s > 0.5 * t ? t - latency_s : 0.5 * t);
+}
+
 // Measured all-to-all rate over `comm` in bytes leaving a rank per second: every rank sends
 // `part_bytes` to every rank, the receive buffer allocated per call as the strategies do (its
 // first touch is part of their cost), `fixed_s` (the caller's latency term) subtracted; best of

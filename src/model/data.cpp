@@ -104,10 +104,21 @@ class FileSource final : public TokenSource {
   }
   void sample(int64_t index, int64_t S, int32_t* tokens, int32_t* doc_ids) const override {
     const int64_t first = read(index, S, tokens);
-    int32_t d = 0;
-    for (int64_t t = 0; t < S; ++t) {
+    for (int64_t t = 0; t < S; ++t)
       CTXPAR_CHECK(tokens[t] >= 0 && tokens[t] < V_, "token " << tokens[t] << " at index " << first + t << " of "
                                                                 << path_ << " is outside the vocabulary [0, " << V_ << ")");
+    document_ids(tokens, S, doc_ids);
+  }
+  // Sample `index`'s document ids without the vocabulary check (what predict places).
+  void sample_documents(int64_t index, int64_t S, int32_t* doc_ids) const {
+    std::vector<int32_t> tokens(static_cast<size_t>(S));
+    read(index, S, tokens.data());
+    document_ids(tokens.data(), S, doc_ids);
+  }
+  // A document ends after each eos_id token.
+  void document_ids(const int32_t* tokens, int64_t S, int32_t* doc_ids) const {
+    int32_t d = 0;
+    for (int64_t t = 0; t < S; ++t) {
       doc_ids[t] = d;
       if (eos_ >= 0 && tokens[t] == eos_) ++d;
     }
@@ -190,15 +201,9 @@ std::unique_ptr<TokenSource> make_token_source(const Config& c) {
 int64_t token_windows(const Config& c) { return FileSource(c).windows(c.seq); }
 
 std::vector<int64_t> sample_document_lengths(const Config& c, int64_t index) {
-  const FileSource src(c);
-  std::vector<int32_t> tokens(size_t(c.seq));
-  src.read(index, c.seq, tokens.data());
-  std::vector<int64_t> lengths = {0};
-  for (int64_t t = 0; t < c.seq; ++t) {
-    ++lengths.back();
-    if (tokens[size_t(t)] == c.eos_id && t + 1 < c.seq) lengths.push_back(0);
-  }
-  return lengths;
+  std::vector<int32_t> doc(size_t(c.seq));
+  FileSource(c).sample_documents(index, c.seq, doc.data());
+  return document_lengths(doc);
 }
 
 Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, int r, PlacementKind placement) {
@@ -208,9 +213,8 @@ Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, i
   const std::vector<int32_t> labels = shift_labels(std::span<const int32_t>(tokens), std::span<const int32_t>(doc));
   Batch b;
   b.S = S;
-  b.documents = int64_t(doc.back()) + 1;
-  b.doc_lengths.assign(size_t(b.documents), 0);
-  for (int32_t d : doc) ++b.doc_lengths[size_t(d)];
+  b.doc_lengths = document_lengths(doc);
+  b.documents = int64_t(b.doc_lengths.size());
   if (placement == PlacementKind::balanced) {
     Placement p = balanced_placement(b.doc_lengths, part.P(), part.local_size(r));
     b.pos = std::move(p.rows[size_t(r)]);

@@ -204,8 +204,7 @@ HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D,
     };
     lat = xchg(8);
     const size_t big = size_t(4) << 20;
-    const double t = xchg(big);  // latency subtracted, at most half the time (a loaded machine)
-    rate[1] = double(big) / std::max(t - lat, 0.5 * t);
+    rate[1] = rate_after_latency(double(big), xchg(big), lat);
     // pass-Q's all-to-all: `big` bytes per destination, best of 3.
     rate[2] = measure_alltoall_rate(cp, big, lat, 3, dev, st);
   }

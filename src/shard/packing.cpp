@@ -29,6 +29,14 @@ std::vector<int32_t> doc_ids_from_lengths(const std::vector<int64_t>& lengths, i
   return ids;
 }
 
+std::vector<int64_t> document_lengths(std::span<const int32_t> doc_ids) {
+  std::vector<int64_t> lengths;
+  for (size_t i = 0; i < doc_ids.size(); ++i)
+    if (i == 0 || doc_ids[i] != doc_ids[i - 1]) lengths.push_back(1);
+    else ++lengths.back();
+  return lengths;
+}
+
 // Each token ends its document with probability 1/mean, independently: the lengths are
 // geometric on {1, 2, ...} with mean `mean` (standard deviation ≈ mean, a long tail like real
 // corpora), and the last document is cut at S. The Bernoulli draw is u < floor(2^64/mean) on a

@@ -96,6 +96,8 @@ void Partition::gather_rows(std::span<const T> local, int64_t width, int r, std:
 //                   the last one cut to fit (core/random.hpp splitmix64 + integer math:
 //                   identical on every platform for a given S, mean, seed)
 std::vector<int32_t> doc_ids_from_lengths(const std::vector<int64_t>& lengths, int64_t S);
+// The inverse: the lengths of the runs of equal ids, in order (one document per run).
+std::vector<int64_t> document_lengths(std::span<const int32_t> doc_ids);
 std::vector<int64_t> random_doc_lengths(int64_t S, int64_t mean, uint64_t seed);
 // Parses the `docs` config value; returns "" when fine, else an error naming what is valid.
 //   "none"       → doc_ids empty (the whole sequence is one document)

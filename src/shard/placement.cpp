@@ -220,7 +220,9 @@ Placement balanced_placement(const std::vector<int64_t>& lengths, int P, int64_t
   // splits fewer rows (less to exchange, fewer chunk borders in the kernels). Every document over
   // every rank would always be balanced, but measured slower than a 12% imbalance
   // (docs/measurements.md): it is not a candidate.
+  // The passes' rows are expanded only for the one that wins (`held`: their position ranges).
   std::vector<Placement> candidates;
+  std::vector<std::vector<std::vector<Range>>> held;
   for (int pass = 0; pass < 4; ++pass) {
     Builder b = empty;
     b.whole_or_all = pass & 1;
@@ -230,10 +232,10 @@ Placement balanced_placement(const std::vector<int64_t>& lengths, int P, int64_t
     Placement p;
     p.S = S;
     p.n = n;
-    p.rows = rows_of(b.held, S, n);
     p.work = std::move(b.work);
     p.spans = std::move(b.spans);
     candidates.push_back(std::move(p));
+    held.push_back(std::move(b.held));
   }
   if (Partition::padded_length(PartitionKind::zigzag, S, P) == n * P) candidates.push_back(zigzag_placement(lengths, P));
   const auto split_rows = [&](const Placement& p) {
@@ -248,6 +250,7 @@ Placement balanced_placement(const std::vector<int64_t>& lengths, int P, int64_t
     if (both_fit ? split_rows(candidates[i]) < split_rows(candidates[best]) : top(candidates[i]) < top(candidates[best]))
       best = i;
   }
+  if (best < held.size()) candidates[best].rows = rows_of(held[best], S, n);
   return std::move(candidates[best]);
 }
 

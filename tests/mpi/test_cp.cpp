@@ -633,8 +633,9 @@ TEST(CpRegistry, RowsStateWhatTheStrategiesDo) {
     // plain row's), and one that splits the heads refuses query heads its all-to-all cannot split.
     EXPECT_EQ(r.comm, strategy_row(r.name)->comm) << id;
     const CpCall odd = attn_problem(2 * P * 64, 3, 3, 24, mask, mask == MaskKind::window ? 16 : 0);
-    if (r.use != StrategyUse::inference && P > 1)
+    if (r.use != StrategyUse::inference && P > 1) {
       EXPECT_EQ(!s->validate(odd, topo).empty(), splits_heads(r.comm) && topo.size(Axis::ulysses) > 1) << id;
+    }
   }
   EXPECT_EQ(strategy_row("bogus"), nullptr);
   const std::string table = strategy_features_table();
