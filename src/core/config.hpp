@@ -59,6 +59,7 @@ struct Config {
   bool save_logits;          // prefill/decode/chat: /infer/logits and /infer/tokens in the output file
   PartitionKind partition;
   PlacementKind placement;   // train: where a packed batch's rows live (shard/placement.hpp)
+  ShardLevel shard;          // train: the training state split over dp x CP (model/state_shard.hpp)
   MaskKind mask;
   int64_t window;
   std::string docs;          // "none" | "random" | "L1,L2,..." (document lengths in tokens)

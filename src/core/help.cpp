@@ -44,7 +44,7 @@ const std::pair<const char*, std::vector<std::string_view>> kGroups[] = {
                "gdn_heads", "gdn_head_dim_k", "gdn_head_dim_v", "gdn_conv", "gdn_chunk", "norm_eps", "rope_theta",
                "rope_scale_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_pos"}},
     {"mesh and strategy", {"mesh", "strategy", "local_strategy", "partition", "placement", "cp_algo", "decode_algo", "gdn_schedule",
-                           "gdn_state", "frugal", "remat", "offload", "offload_chunk", "deterministic",
+                           "gdn_state", "frugal", "remat", "shard", "offload", "offload_chunk", "deterministic",
                            "deterministic_block", "deterministic_heads"}},
     {"data", {"seq", "batch", "mask", "docs", "doc_mean", "data", "data_dtype", "eos_id", "seed", "in", "schedule",
               "cached", "miss_rate"}},

@@ -24,6 +24,9 @@ enum class CpSchedule : int32_t { plain, exact, visible };
 enum class PartitionKind : int32_t { contiguous, zigzag, striped };
 // Where a packed batch's rows live over a CP group, per batch (shard/placement.hpp).
 enum class PlacementKind : int32_t { zigzag, balanced };
+// How much of the training state the ranks that hold one tp slice (dp x CP) split among them
+// (model/state_shard.hpp): none, or the AdamW moments (ZeRO-1).
+enum class ShardLevel : int32_t { none, optimizer };
 // Activation recompute per layer (model/transformer.hpp).
 enum class Remat : int32_t { none, attention, full };
 // Prefill attention: the cost model's choice per call, or one of the two.
@@ -54,6 +57,8 @@ inline constexpr EnumName<PartitionKind> kPartitionNames[] = {
     {PartitionKind::zigzag, "zigzag"}, {PartitionKind::contiguous, "contiguous"}, {PartitionKind::striped, "striped"}};
 inline constexpr EnumName<PlacementKind> kPlacementNames[] = {{PlacementKind::zigzag, "zigzag"},
                                                                 {PlacementKind::balanced, "balanced"}};
+inline constexpr EnumName<ShardLevel> kShardNames[] = {{ShardLevel::none, "none"},
+                                                       {ShardLevel::optimizer, "optimizer"}};
 inline constexpr EnumName<MaskKind> kMaskNames[] = {
     {MaskKind::causal, "causal"}, {MaskKind::none, "none"}, {MaskKind::window, "window"}};
 inline constexpr EnumName<Remat> kRematNames[] = {
@@ -92,6 +97,7 @@ constexpr const char* name_of(Bench v) { return name_in(kBenchNames, v); }
 constexpr const char* name_of(Device v) { return name_in(kDeviceNames, v); }
 constexpr const char* name_of(PartitionKind v) { return name_in(kPartitionNames, v); }
 constexpr const char* name_of(PlacementKind v) { return name_in(kPlacementNames, v); }
+constexpr const char* name_of(ShardLevel v) { return name_in(kShardNames, v); }
 constexpr const char* name_of(MaskKind v) { return name_in(kMaskNames, v); }
 constexpr const char* name_of(Remat v) { return name_in(kRematNames, v); }
 constexpr const char* name_of(CpAlgoSetting v) { return name_in(kCpAlgoNames, v); }

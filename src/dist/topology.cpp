@@ -54,6 +54,12 @@ class TopologyMpi final : public Topology {
       CTXPAR_CHECK(MPI_Cart_sub(cart, keep, &sub) == MPI_SUCCESS, "MPI_Cart_sub failed for the CP group");
       cp_ = adopt_mpi_comm(sub, "cp");
     }
+    {
+      int keep[kNumAxes] = {1, 1, 1, 0};  // shard group: dp x ring x ulysses, rank = dp*CP + cp rank
+      MPI_Comm sub;
+      CTXPAR_CHECK(MPI_Cart_sub(cart, keep, &sub) == MPI_SUCCESS, "MPI_Cart_sub failed for the shard group");
+      shard_ = adopt_mpi_comm(sub, "shard");
+    }
     // Every rank's coordinates, for the trace and the dry-run plan.
     std::vector<int> all(size_t(world.size()) * kNumAxes);
     MPI_Allgather(coords_.data(), kNumAxes, MPI_INT, all.data(), kNumAxes, MPI_INT, cart);
@@ -136,6 +142,8 @@ void Topology::use_device_comms(const std::function<std::unique_ptr<Comm>(Comm& 
   }
   host_cp_ = std::move(cp_);
   cp_ = make(*host_cp_);
+  host_shard_ = std::move(shard_);
+  shard_ = make(*host_shard_);
 }
 
 }  // namespace ctxpar

@@ -1,6 +1,7 @@
 // Topology: the Cartesian mesh of ranks with named axes dp, tp, ulysses, ring (tp varies fastest,
 // then ulysses, ring, dp), one sub-communicator per axis plus the CP group (ulysses x ring),
-// node-local rank and device index.
+// node-local rank and device index, and the shard group (dp x CP: the ranks that hold the same tp
+// slice of the parameters, over which shard= splits the training state).
 #pragma once
 #include <array>
 #include <functional>
@@ -39,10 +40,14 @@ class Topology {
   // The host (MPI) communicators, whichever backend axis() and cp() use.
   Comm& host_axis(Axis a) { return host_axes_[int(a)] ? *host_axes_[int(a)] : axis(a); }
   Comm& host_cp() { return host_cp_ ? *host_cp_ : cp(); }
+  Comm& host_shard() { return host_shard_ ? *host_shard_ : shard(); }
 
   Comm& world() { return *world_; }
   Comm& axis(Axis a) { return *axes_[int(a)]; }
   Comm& cp() { return *cp_; }   // ulysses x ring; rank = ring_rank * U + ulysses_rank
+  // dp x ulysses x ring, the ranks with this rank's tp coordinate; rank = dp_rank * CP + cp().rank()
+  // (rank 0: dp 0, CP rank 0).
+  Comm& shard() { return *shard_; }
   const MeshSpec& mesh() const { return mesh_; }
   int size(Axis a) const { return dims_[int(a)]; }
   int cp_size() const { return size(Axis::ulysses) * size(Axis::ring); }  // the CP group's size
@@ -60,9 +65,9 @@ class Topology {
   Comm* world_ = nullptr;
   // Set by use_device_comms; declared first so that they outlive the device comms made from them.
   std::array<std::unique_ptr<Comm>, kNumAxes> host_axes_;
-  std::unique_ptr<Comm> host_cp_;
+  std::unique_ptr<Comm> host_cp_, host_shard_;
   std::array<std::unique_ptr<Comm>, kNumAxes> axes_;
-  std::unique_ptr<Comm> cp_;
+  std::unique_ptr<Comm> cp_, shard_;
   MeshSpec mesh_;
   std::array<int, kNumAxes> dims_{1, 1, 1, 1};
   std::array<int, kNumAxes> coords_{0, 0, 0, 0};

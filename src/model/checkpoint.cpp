@@ -1,6 +1,8 @@
 #include "model/checkpoint.hpp"
 
+#include <algorithm>
 #include <span>
+#include <utility>
 
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -161,12 +163,24 @@ std::string scan_checkpoint(const std::string& path, const ParamLayout& layout, 
   return "";
 }
 
-TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, float* m, float* v) {
+TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, const StateShard& moments,
+                           float* m, float* v) {
   H5TensorReader r(path);
+  std::vector<float> slice;  // a tensor's tp slice, when only part of it is in the range
   for (const ParamInfo& p : layout.tensors()) {
     r.read_block("params/" + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, params + p.offset);
-    r.read_block("adam_m/" + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, m + p.offset);
-    r.read_block("adam_v/" + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, v + p.offset);
+    const int64_t a = std::max(p.offset, moments.lo), b = std::min(p.offset + p.loc_elems(), moments.hi);
+    if (a >= b) continue;
+    for (const auto& [group, dst] : {std::pair{"adam_m/", m}, {"adam_v/", v}}) {
+      float* to = dst + (a - moments.lo);
+      if (b - a == p.loc_elems()) {  // the whole slice
+        r.read_block(group + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, to);
+        continue;
+      }
+      slice.resize(size_t(p.loc_elems()));
+      r.read_block(group + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, slice.data());
+      std::copy(slice.begin() + (a - p.offset), slice.begin() + (b - p.offset), to);
+    }
   }
   TrainState st;
   CTXPAR_CHECK(r.attr_int("step", st.step) && r.attr_int("next_sample", st.next_sample),

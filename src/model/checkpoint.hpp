@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/model.hpp"
+#include "model/state_shard.hpp"
 
 namespace ctxpar {
 
@@ -25,6 +26,8 @@ struct TrainState {
   int64_t next_sample = 0;  // index of the next sample of the data stream
 };
 
+// `m`, `v`: the whole layout's moments on the ranks that gather_global_tensors reads (dp 0, CP
+// rank 0); sharded moments are first assembled there (gather_ranges).
 void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, const float* params,
                      const float* m, const float* v, const TrainState& st, Topology& topo);
 // "" when `path` is a checkpoint of this model (and, for training, of this data stream): its
@@ -34,6 +37,9 @@ std::string check_checkpoint(const std::string& path, const Config& cfg, const P
 // "" when every value of the checkpoint is finite, else the first NaN/Inf with its tensor and
 // index. Rank `rank` of `nranks` reads its share of the tensors (call on every rank, agree).
 std::string scan_checkpoint(const std::string& path, const ParamLayout& layout, int rank, int nranks);
-TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, float* m, float* v);
+// Every rank reads its tp slice of the parameters (`params`, the whole flat layout) and the AdamW
+// moments of its range `moments` of it (`m`, `v`: moments.elems() each; model/state_shard.hpp).
+TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, const StateShard& moments,
+                           float* m, float* v);
 
 }  // namespace ctxpar

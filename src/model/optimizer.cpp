@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "dist/comm.hpp"
@@ -11,11 +12,20 @@
 
 namespace ctxpar {
 
-AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& c, Device dev, Stream stream, bool offload_moments,
-             int64_t chunk)
-    : layout_(layout), c_(c), dev_(dev), stream_(stream), offload_(offload_moments && dev != Device::cpu),
-      chunk_(chunk_elems(layout, chunk)) {
-  const size_t n = size_t(layout.local_elems());
+namespace {
+// The part [a, b) of tensor p inside the range [lo, hi) of the flat layout (a >= b: none).
+std::pair<int64_t, int64_t> overlap(const ParamInfo& p, const StateShard& r) {
+  return {std::max(p.offset, r.lo), std::min(p.offset + p.loc_elems(), r.hi)};
+}
+}  // namespace
+
+AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& c, const StateShard& shard, Device dev, Stream stream,
+             bool offload_moments, int64_t chunk)
+    : layout_(layout), range_(shard), c_(c), dev_(dev), stream_(stream),
+      offload_(offload_moments && dev != Device::cpu), chunk_(chunk_elems(layout, chunk)) {
+  CTXPAR_CHECK(range_.n == layout.local_elems(), "AdamW: a range of " << range_.n << " elements over a layout of "
+                                                                       << layout.local_elems());
+  const size_t n = size_t(range_.elems());
   if (!offload_) {
     m_ = Buffer<float>(n, true, dev, stream);
     v_ = Buffer<float>(n, true, dev, stream);
@@ -25,9 +35,10 @@ AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& c, Device dev, Stream
   hv_ = static_cast<float*>(pinned_alloc(n * sizeof(float), dev));
   std::fill_n(hm_, n, 0.0f);
   std::fill_n(hv_, n, 0.0f);
-  for (const ParamInfo& p : layout.tensors())
-    for (int64_t a = 0; a < p.loc_elems(); a += chunk_)
-      chunks_.push_back({p.offset + a, std::min(chunk_, p.loc_elems() - a), p.decay});
+  for (const ParamInfo& p : layout.tensors()) {
+    const auto [a, b] = overlap(p, range_);
+    for (int64_t i = a; i < b; i += chunk_) chunks_.push_back({i, std::min(chunk_, b - i), p.decay});
+  }
   copy_stream_ = stream_create(dev);
   for (int s = 0; s < 2; ++s) {
     sm_[s] = Buffer<float>(size_t(chunk_), false, dev, stream);
@@ -56,8 +67,9 @@ int64_t AdamW::chunk_elems(const ParamLayout& layout, int64_t chunk) {
   return std::min(chunk > 0 ? chunk : kOffloadChunk, largest);
 }
 
-double AdamW::device_bytes(const ParamLayout& layout, bool offload_moments, int64_t chunk, bool offload_params) {
-  if (!offload_moments) return 8.0 * double(layout.local_elems());
+double AdamW::device_bytes(const ParamLayout& layout, int64_t elems, bool offload_moments, int64_t chunk,
+                           bool offload_params) {
+  if (!offload_moments) return 8.0 * double(elems);
   return 2.0 * (offload_params ? 12.0 : 8.0) * double(chunk_elems(layout, chunk));
 }
 
@@ -72,8 +84,8 @@ void AdamW::attach(HostParams* hp) {
 void AdamW::copy_in(size_t i) {
   const Chunk& c = chunks_[i];
   const size_t bytes = size_t(c.elems) * sizeof(float), s = i % 2;
-  copy_in_async(sm_[s].data(), hm_ + c.offset, bytes, dev_, copy_stream_);
-  copy_in_async(sv_[s].data(), hv_ + c.offset, bytes, dev_, copy_stream_);
+  copy_in_async(sm_[s].data(), hm_ + (c.offset - range_.lo), bytes, dev_, copy_stream_);
+  copy_in_async(sv_[s].data(), hv_ + (c.offset - range_.lo), bytes, dev_, copy_stream_);
   if (hp_ && !res_[i]) copy_in_async(sp_[s].data(), hp_->host() + c.offset, bytes, dev_, copy_stream_);
   in_.push_back(event_record(copy_stream_, dev_));
   issued_ = i + 1;
@@ -176,9 +188,11 @@ void AdamW::update(float* params, const float* grads, double norm, Tracer* tr) {
   hp.grad_scale = c_.grad_clip > 0 && norm > c_.grad_clip ? c_.grad_clip / (norm + 1e-6) : 1.0;
   if (!offload_) {
     for (const ParamInfo& p : layout_.tensors()) {
+      const auto [a, b] = overlap(p, range_);
+      if (a >= b) continue;
       hp.weight_decay = p.decay ? c_.weight_decay : 0.0;
-      adamw_update(params + p.offset, grads + p.offset, m_.data() + p.offset, v_.data() + p.offset, p.loc_elems(), hp,
-                   dev_, stream_);
+      adamw_update(params + a, grads + a, m_.data() + (a - range_.lo), v_.data() + (a - range_.lo), b - a, hp, dev_,
+                   stream_);
     }
     return;
   }
@@ -202,8 +216,8 @@ void AdamW::update(float* params, const float* grads, double norm, Tracer* tr) {
     if (hp_ && !res) f32_to_bf16(p, hp_->bf16() + c.offset, c.elems, dev_, stream_);
     stream_wait_stream(copy_stream_, stream_, dev_);  // the copies out after the update
     const size_t bytes = size_t(c.elems) * sizeof(float);
-    copy_out_async(hm_ + c.offset, sm_[s].data(), bytes, dev_, copy_stream_);
-    copy_out_async(hv_ + c.offset, sv_[s].data(), bytes, dev_, copy_stream_);
+    copy_out_async(hm_ + (c.offset - range_.lo), sm_[s].data(), bytes, dev_, copy_stream_);
+    copy_out_async(hv_ + (c.offset - range_.lo), sv_[s].data(), bytes, dev_, copy_stream_);
     if (hp_) copy_out_async(hp_->host() + c.offset, p, bytes, dev_, copy_stream_);
     offload_bytes_ += moved;
     if (i + 2 < chunks_.size()) copy_in(i + 2);  // into slot s, after its copy out on the same stream

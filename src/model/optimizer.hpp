@@ -6,6 +6,7 @@
 
 #include "core/memory.hpp"
 #include "model/model.hpp"
+#include "model/state_shard.hpp"
 #include "ops.hpp"
 
 namespace ctxpar {
@@ -25,7 +26,9 @@ void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& t
                                 Stream stream = nullptr);
 
 // The moments live on `dev` (Device::cuda: every operation ordered on `stream`), as do the
-// params and grads passed to it.
+// params and grads passed to it. They cover the range [shard.lo, shard.hi) of the flat layout
+// (model/state_shard.hpp; the whole layout without sharding): update() takes the whole flat
+// params and grads and updates that range only.
 //
 // Host offload (`offload_moments`, offload=optimizer, a GPU run): the moments live in pinned host
 // memory, and update() streams them through the GPU in chunks of `chunk` elements (config
@@ -44,8 +47,8 @@ class AdamW {
  public:
   static constexpr int64_t kOffloadChunk = int64_t(1) << 22;  // default elements per chunk (16 MiB each of m, v)
   // `chunk`: elements per streamed chunk with offload (0: kOffloadChunk).
-  AdamW(const ParamLayout& layout, const AdamWConfig& c, Device dev = Device::cpu, Stream stream = nullptr,
-        bool offload_moments = false, int64_t chunk = 0);
+  AdamW(const ParamLayout& layout, const AdamWConfig& c, const StateShard& shard, Device dev = Device::cpu,
+        Stream stream = nullptr, bool offload_moments = false, int64_t chunk = 0);
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -67,19 +70,20 @@ class AdamW {
   void attach(HostParams* hp);
   int64_t step() const { return step_; }
   void set_step(int64_t s) { step_ = s; }
-  // The moments [elems()]: on the device, or (offloaded()) in pinned host memory, which the host
-  // may read or write after wait_host().
+  // The moments [elems()] of the range (element i: flat element range().lo + i): on the device, or
+  // (offloaded()) in pinned host memory, which the host may read or write after wait_host().
   float* m() { return offload_ ? hm_ : m_.data(); }
   float* v() { return offload_ ? hv_ : v_.data(); }
   bool offloaded() const { return offload_; }
   void wait_host();  // offload: the host waits for every copy of the moments (else: nothing)
-  int64_t elems() const { return layout_.local_elems(); }
+  int64_t elems() const { return range_.elems(); }
+  const StateShard& range() const { return range_; }
   // Bytes copied between the GPU and the host by offload, over all updates so far.
   double offload_bytes() const { return offload_bytes_; }
-  // GPU memory the moments take: 8 bytes per element, or the two slots of m and v with offload
-  // (each as long as the largest tensor, up to the chunk), and with offload=params two of the
-  // weights' too.
-  static double device_bytes(const ParamLayout& layout, bool offload_moments, int64_t chunk = 0,
+  // GPU memory the moments of `elems` elements take: 8 bytes per element, or the two slots of m
+  // and v with offload (each as long as the largest tensor, up to the chunk), and with
+  // offload=params two of the weights' too.
+  static double device_bytes(const ParamLayout& layout, int64_t elems, bool offload_moments, int64_t chunk = 0,
                              bool offload_params = false);
   static int64_t chunk_elems(const ParamLayout& layout, int64_t chunk = 0);
 
@@ -91,6 +95,7 @@ class AdamW {
   void copy_in(size_t i);  // chunk i into slot i % 2, on the copy stream
 
   const ParamLayout& layout_;
+  const StateShard range_;
   AdamWConfig c_;
   Device dev_;
   Stream stream_;

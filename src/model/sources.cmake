@@ -8,6 +8,7 @@ set(CTXPAR_MODEL_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/mla_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/optimizer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/state_shard.cpp
   ${CMAKE_CURRENT_LIST_DIR}/offload.cpp
   ${CMAKE_CURRENT_LIST_DIR}/flops.cpp
   ${CMAKE_CURRENT_LIST_DIR}/coverage.cpp

@@ -100,9 +100,8 @@ class Session {
         layout_(model_dims(cfg, topo.size(Axis::tp), topo.coord(Axis::tp))),
         params_(size_t(layout_.local_elems())) {
     if (!cfg.resume.empty()) {
-      // Trained weights of `ctxpar train` (the AdamW moments are read and dropped).
-      Buffer<float> m(size_t(layout_.local_elems())), v(size_t(layout_.local_elems()));
-      load_checkpoint(cfg.resume, layout_, params_.data(), m.data(), v.data());
+      // Trained weights of `ctxpar train` (not its AdamW moments).
+      load_checkpoint(cfg.resume, layout_, params_.data(), StateShard::nothing(layout_.local_elems()), nullptr, nullptr);
     } else {
       layout_.init(uint64_t(cfg.seed), params_.data());
     }

@@ -24,6 +24,7 @@
 #include "model/flops.hpp"
 #include "model/model.hpp"
 #include "model/optimizer.hpp"
+#include "model/state_shard.hpp"
 #include "model/transformer.hpp"
 #include "perf/hardware.hpp"
 #include "modes/modes.hpp"
@@ -98,16 +99,17 @@ std::string non_finite_message(int64_t s, double loss, const ParamLayout& layout
 // the CPU it holds nothing and hands out the tensors themselves.
 class HostCopy {
  public:
+  // `n`: the parameters' elements; `n_moments`: the moments' (this rank's range, shard=).
   // `moments_on_device`: the AdamW moments are device memory (else host memory already: offload).
   // `hp`: offload=params, the master weights in host memory already (else null).
-  HostCopy(Device dev, Stream stream, size_t n, bool moments_on_device, HostParams* hp)
+  HostCopy(Device dev, Stream stream, size_t n, size_t n_moments, bool moments_on_device, HostParams* hp)
       : dev_(dev), stream_(stream), hp_(hp) {
     if (dev_ == Device::cpu) return;
     if (!hp_) p_.resize(n, false);
     if (!moments_on_device) return;
     // Zeros: a run that does not resume uploads them as the initial moments.
-    m_.resize(n, true);
-    v_.resize(n, true);
+    m_.resize(n_moments, true);
+    v_.resize(n_moments, true);
   }
   // Where the host writes the state before upload(): the tensors on the CPU, the copies on a GPU
   // (the moments themselves when offload keeps them in host memory).
@@ -273,6 +275,14 @@ std::string scan_train_inputs(const Config& cfg, Topology& topo) {
   return check_data_tokens(cfg, first_step * DP, (cfg.warmup + cfg.steps - first_step) * DP, world.rank(), world.size());
 }
 
+namespace {
+// Rank 0's range of the state under cfg.shard (the first range: the longest).
+StateShard plan_shard(const Config& cfg, const ParamLayout& layout, Topology& topo) {
+  if (cfg.shard == ShardLevel::none) return StateShard::whole(layout.local_elems());
+  return StateShard(layout.local_elems(), 0, topo.size(Axis::dp) * topo.cp_size());
+}
+}  // namespace
+
 TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   const int tp = tp_size(topo);
   const ModelDims d = model_dims(cfg, tp, 0);
@@ -280,7 +290,11 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   const int64_t S_loc = train_S_loc(cfg, topo);
   TrainMemoryPlan p;
-  p.state_bytes = 4.0 * 4.0 * double(layout.local_elems());  // params, grads, AdamW m and v
+  // params (whole ranges) and grads of the whole layout; AdamW m and v of this rank's range and,
+  // sharded, that range's copy on its way to the all-gather (rank 0's range: the longest)
+  const StateShard shard = plan_shard(cfg, layout, topo);
+  p.state_bytes = 4.0 * double(shard.padded() + layout.local_elems()) + 8.0 * double(shard.elems()) +
+                  (shard.sharded() ? 4.0 * double(shard.chunk) : 0.0);
   if (cfg.exact) p.state_bytes += exact_state_bytes(layout, S_loc, exact_grain(cfg));
   p.activation_bytes = Transformer::activation_bytes(d, cfg.remat, S_loc,
                                                      Transformer::logits_chunk_rows(S_loc, d.vocab));
@@ -295,7 +309,9 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   // Rank 0 gathers whole tensors to write them (model/checkpoint.cpp): params and both AdamW
   // moments for a checkpoint; every recorded step's state and gradients for the oracle dump.
   const double global = 4.0 * double(ParamLayout(model_dims(cfg, 1, 0)).local_elems());
-  if (cfg.checkpoint_every > 0) p.gather_bytes = std::max(p.gather_bytes, 3.0 * global);
+  // Sharded moments are first assembled whole on the writer (8 bytes per element of the layout).
+  if (cfg.checkpoint_every > 0)
+    p.gather_bytes = std::max(p.gather_bytes, 3.0 * global + (shard.sharded() ? 8.0 * double(shard.n) : 0.0));
   if (!cfg.dump_init.empty()) p.gather_bytes = std::max(p.gather_bytes, OracleDump::gather_bytes(cfg, global));
   p.total_bytes = p.state_bytes + p.activation_bytes + p.strategy_bytes + p.gather_bytes;
   return p;
@@ -315,8 +331,10 @@ double train_device_memory(const Config& cfg, Topology& topo) {
   // Offloaded AdamW moments: only their streamed chunks stay on the GPU; offloaded layer inputs
   // and attention outputs: only their slots (model/offload.hpp).
   const bool off_params = offloads(cfg, Offload::params);
-  const double moments = AdamW::device_bytes(layout, false) -
-                         AdamW::device_bytes(layout, offloads(cfg, Offload::optimizer), cfg.offload_chunk, off_params);
+  const int64_t n_moments = plan_shard(cfg, layout, topo).elems();
+  const double moments = AdamW::device_bytes(layout, n_moments, false) -
+                         AdamW::device_bytes(layout, n_moments, offloads(cfg, Offload::optimizer), cfg.offload_chunk,
+                                             off_params);
   // offload=params: the fp32 master of every tensor but the resident ones (embedding, norms).
   const double master =
       off_params ? 4.0 * double(layout.local_elems() - HostParams::resident_elems(layout)) : 0.0;
@@ -331,15 +349,17 @@ double train_device_memory(const Config& cfg, Topology& topo) {
 
 double train_host_memory_on_gpu(const Config& cfg, Topology& topo) {
   // HostCopy's fp32 copy of the parameters and either its copies of the moments or the offloaded
-  // moments themselves (pinned): 12 bytes per parameter element; offloaded layer inputs (pinned,
-  // L of them); and a checkpoint's gather.
+  // moments themselves (pinned): 4 bytes per parameter element and 8 per element of this rank's
+  // range (shard=); offloaded layer inputs (pinned, L of them); and a checkpoint's gather.
   const TrainMemoryPlan t = plan_train_memory(cfg, topo);
   const ModelDims d = model_dims(cfg, tp_size(topo), 0);
+  const ParamLayout layout(d);
   const double S_loc = double(train_S_loc(cfg, topo));
   const double inputs = offloads(cfg, Offload::layer_inputs) ? double(d.layers) * S_loc * double(d.dim) * 4.0 : 0.0;
   const double outs =
       offloads(cfg, Offload::attn_out) ? double(d.layers) * S_loc * double(d.q_width() + d.H_q_loc()) * 4.0 : 0.0;
-  return 12.0 * double(ParamLayout(d).local_elems()) + inputs + outs + t.gather_bytes;
+  return 4.0 * double(layout.local_elems()) + 8.0 * double(plan_shard(cfg, layout, topo).elems()) + inputs + outs +
+         t.gather_bytes;
 }
 
 std::string train_plan(const Config& cfg, Topology& topo) {
@@ -380,6 +400,17 @@ std::string train_plan(const Config& cfg, Topology& topo) {
       c.offload = step;
       os << "; offload=" << step << ": " << fmt_bytes(train_device_memory(c, topo))
          << (cfg.offload == step ? " (this run)" : "");
+    }
+    os << "\n";
+  }
+  {  // the training state at every level (params+grads+AdamW, and the all-gather's copy)
+    Config c = cfg;
+    os << "training state per rank (params+grads+AdamW over the " << topo.size(Axis::dp) * topo.cp_size()
+       << " ranks of a tp slice):";
+    for (const auto& [level, name] : kShardNames) {
+      c.shard = level;
+      os << (level == ShardLevel::none ? " " : "; ") << "shard=" << name << " "
+         << fmt_bytes(plan_train_memory(c, topo).state_bytes) << (level == cfg.shard ? " (this run)" : "");
     }
     os << "\n";
   }
@@ -443,6 +474,9 @@ struct TrainRun {
   const int tp, DP;
   const ModelDims d;
   const ParamLayout layout;
+  // shard=: this rank's range of the flat layout, whose AdamW moments it keeps and whose
+  // parameters it updates (model/state_shard.hpp; the whole layout with shard=none).
+  const StateShard shard;
   std::unique_ptr<CpStrategy> strat;
   const Partition part;
   const std::vector<int64_t> pos;
@@ -450,7 +484,8 @@ struct TrainRun {
   // offload=params: the fp32 master weights in pinned host memory (made before the optimizer,
   // whose copies into it end when the optimizer does), none on the GPU.
   std::unique_ptr<HostParams> hparams;
-  Buffer<float> params, grads;
+  Buffer<float> params, grads;  // params: shard.padded() elements (whole ranges for the all-gather)
+  Buffer<float> gather_stage;    // shard=: this rank's range on its way to the all-gather
   float* const master;  // what forward_backward and update take
   AdamW opt;
   const bool any_offload;
@@ -468,17 +503,18 @@ struct TrainRun {
   TrainRun(const Config& c, Topology& t, Tracer& tr)
       : cfg(c), topo(t), tracer(tr), on_gpu(c.device == Device::cuda), gpu(on_gpu ? &t : nullptr, &tr),
         dev(c.device), world(t.world()), cp(t.cp()), dp(t.axis(Axis::dp)), tp(tp_size(t)), DP(t.size(Axis::dp)),
-        d(model_dims(c, tp, t.coord(Axis::tp))), layout(d), strat(make_strategy(c.strategy, t, c.cp_schedule())),
+        d(model_dims(c, tp, t.coord(Axis::tp))), layout(d),
+        shard(make_state_shard(c.shard, layout.local_elems(), t.shard())), strat(make_strategy(c.strategy, t, c.cp_schedule())),
         part(strat->partition(), c.seq, cp.size(), exact_grain(c)), pos(part.positions(cp.rank())),
         peak_reset((mem_reset_peak(), true)),
         hparams(on_gpu && offloads(c, Offload::params) ? std::make_unique<HostParams>(layout, dev, gpu.stream) : nullptr),
-        params(hparams ? 0 : size_t(layout.local_elems()), true, dev, gpu.stream),
+        params(hparams ? 0 : size_t(shard.padded()), true, dev, gpu.stream),
         grads(size_t(layout.local_elems()), true, dev, gpu.stream),
         master(hparams ? hparams->host() : params.data()),
-        opt(layout, AdamWConfig{c.lr, c.beta1, c.beta2, c.adam_eps, c.weight_decay, c.grad_clip}, dev, gpu.stream,
-            offloads(c, Offload::optimizer), c.offload_chunk),
+        opt(layout, AdamWConfig{c.lr, c.beta1, c.beta2, c.adam_eps, c.weight_decay, c.grad_clip}, shard, dev,
+            gpu.stream, offloads(c, Offload::optimizer), c.offload_chunk),
         any_offload(attach_offload()),
-        host(dev, gpu.stream, size_t(layout.local_elems()), !opt.offloaded(), hparams.get()),
+        host(dev, gpu.stream, size_t(layout.local_elems()), size_t(shard.elems()), !opt.offloaded(), hparams.get()),
         state(start_state()), local_strat(make_local_strategy(c, t)),
         num(make_numerics(c.exact, d, layout.local_elems(), exact_grain(c))),
         model(layout, t, *strat, c.remat, pos, train_docs(c), local_layers_strategy(), dev, gpu.stream,
@@ -503,7 +539,7 @@ struct TrainRun {
   TrainState start_state() {
     TrainState st;
     if (!cfg.resume.empty()) {
-      st = load_checkpoint(cfg.resume, layout, host.p(params), host.m(opt), host.v(opt));
+      st = load_checkpoint(cfg.resume, layout, host.p(params), shard, host.m(opt), host.v(opt));
       host.upload(params, opt);
       opt.set_step(st.step);
     } else {
@@ -514,7 +550,31 @@ struct TrainRun {
   }
   void record_state() {
     const float* p = host.download_params(params, opt);
-    dump.state(p, host.download_m(opt), host.download_v(opt));
+    std::vector<float> m, v;
+    dump.state(p, whole_moment(host.download_m(opt), m), whole_moment(host.download_v(opt), v));
+  }
+  // The whole layout's moment (`mine`: this rank's range, on the host) where checkpoints and dumps
+  // gather tensors (shard group rank 0: dp 0, CP rank 0), assembled in `keep` from every range;
+  // `mine` itself without sharding. Collective over the shard group.
+  const float* whole_moment(const float* mine, std::vector<float>& keep) {
+    if (!shard.sharded()) return mine;
+    keep = gather_ranges(mine, shard, topo.host_shard());
+    return keep.data();
+  }
+  void save(const std::string& path, const TrainState& st) {
+    const float* p = host.download_params(params, opt);
+    std::vector<float> m, v;
+    save_checkpoint(path, cfg, layout, p, whole_moment(host.download_m(opt), m), whole_moment(host.download_v(opt), v),
+                    st, topo);
+  }
+  // shard=: every rank's updated range to every rank (traced as phase state_gather, blocking).
+  void gather_params(CpStats& st) {
+    if (!shard.sharded()) return;
+    Tracer::Scope sc(&tracer, Phase::state_gather, -1, -1, 0, 4.0 * double(shard.padded() - shard.chunk));
+    const double t0 = world.now();
+    all_gather_ranges(params.data(), shard, topo.shard(), gather_stage, dev, gpu.stream);
+    stream_synchronize(gpu.stream, dev);
+    st.exposed_comm_s += world.now() - t0;
   }
 };
 
@@ -566,6 +626,10 @@ void log_train_header(const TrainRun& r, double peak) {
     log0("# placement balanced: each batch's documents placed from their lengths (short ones whole on one rank, long "
          "ones zigzag over the fewest ranks within %lld%% of the mean causal work), %lld rows per rank; the frugal "
          "exchange moves only visible rows\n", (long long)kBalanceSlackPercent, (long long)r.model.S_loc());
+  if (r.shard.sharded())
+    log0("# shard=%s: AdamW moments of %lld of the %lld elements of this tp slice per rank (%d ranks of dp x CP), "
+         "the updated parameters all-gathered after each step (phase state_gather)\n", name_of(cfg.shard),
+         (long long)r.shard.elems(), (long long)r.shard.n, r.shard.Z);
   if (r.state.step > 0) log0("# resumed from %s at step %lld\n", cfg.resume.c_str(), (long long)r.state.step);
   log0("#  step         loss  grad_norm   time_ms    tokens/s  TFLOP/s/rank    MFU%%  exposed_ms  peak_MiB\n");
 }
@@ -804,6 +868,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
       r.opt.update(r.master, r.grads.data(), norm, &tracer);
       stream_synchronize(r.gpu.stream, r.dev);  // the step's time includes the GPU's work
     }
+    r.gather_params(st);
     if (r.dump.records(s)) r.record_state();  // after the update: the state before step s + 1
     std::string audit;  // the step's coverage audit (finish_step): "" when it passed
     const bool stop = finish_step(r, s, trace_step0, t0, loss, norm, pairs, st, tm, peak, tot, audit);
@@ -817,8 +882,7 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     r.state.next_sample = (s + 1) * r.DP;
     if (cfg.checkpoint_every > 0 && r.state.step % cfg.checkpoint_every == 0) {
       Tracer::Scope sc(&tracer, Phase::other, -1, -1, 0, 0);
-      save_checkpoint(cfg.checkpoint, cfg, r.layout, r.host.download_params(r.params, r.opt), r.host.download_m(r.opt),
-                      r.host.download_v(r.opt), r.state, topo);
+      r.save(cfg.checkpoint, r.state);
       last_checkpoint = r.state.step;
       last_checkpoint_path = cfg.checkpoint;
       log0("# checkpoint: step %lld written to %s\n", (long long)r.state.step, cfg.checkpoint.c_str());

@@ -61,6 +61,7 @@ const char* phase_name(Phase p) {
     case Phase::bench: return "bench";
     case Phase::shard: return "shard";
     case Phase::offload: return "offload";
+    case Phase::state_gather: return "state_gather";
     case Phase::kNumPhases: break;
   }
   return "?";

@@ -32,6 +32,7 @@ enum class Phase : int32_t {
   other = 0, attn_fwd, attn_bwd, comm_send_recv, comm_wait, all_to_all, all_gather,
   reduce_scatter, all_reduce, gemm, norm, rope, mlp, loss, optimizer, embed, bench, shard,
   offload,  // host offload: copies between the GPU and pinned host memory (bytes: moved)
+  state_gather,  // shard=: the updated parameters' ranges all-gathered over the shard group (bytes: received)
   kNumPhases
 };
 const char* phase_name(Phase p);

@@ -100,6 +100,12 @@ CASES = [
      ["train", "placement=balanced", "frugal=true", "layer_pattern=LG", "window=16", "local_strategy=halo"],
      "placement = balanced with local_strategy = halo"),
     ("placement not one of its names", ["train", "placement=packed"], "zigzag, balanced"),
+    ("sharded training state in an inference mode", ["prefill", "shard=optimizer"], "shard (command line) is not read by"),
+    ("sharded training state from a config file in bench cp", ["bench", "cp", "--config", "@SHARDTOML@"],
+     "shard = optimizer splits the training state"),
+    ("sharded state with offloaded master weights", ["train", "device=cuda", "offload=optimizer,params", "shard=optimizer"],
+     "the offloaded master weights are not sharded yet"),
+    ("shard level not one of its names", ["train", "shard=params3"], "none, optimizer"),
     ("local strategy not in the registry", ["train", "local_strategy=pass_q"], "one of: halo, allgather"),
     ("deterministic in bench attn", ["bench", "attn", "deterministic=true"], "deterministic (command line) is not read by"),
     # Keys a mode does not read, on the command line: refused, naming the modes that read them.
@@ -262,6 +268,9 @@ def make_fixtures(tmp, root, ck):
         fh.write("a file of the user's\n")
     with open(path("mine.toml"), "w") as fh:
         fh.write("name = \"mine\"\n")
+    with open(path("shard.toml"), "w") as fh:
+        fh.write("shard = \"optimizer\"\n")
+    f["SHARDTOML"] = path("shard.toml")
     f.update(BADTOML=path("bad.toml"), UNKNOWNTOML=path("unknown.toml"), GOODTOML=path("good.toml"),
              NOTES=path("notes.txt"), PROFILE=path("mine.toml"))
     rng = np.random.default_rng(1)

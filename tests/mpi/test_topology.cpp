@@ -43,6 +43,19 @@ TEST(Topology, EveryFactorizationHasConsistentAxes) {
     EXPECT_EQ(topo->axis(Axis::ulysses).size(), int(m.ulysses));
     EXPECT_EQ(topo->cp().size(), int(m.ring * m.ulysses));
     EXPECT_EQ(topo->cp().rank(), ring * int(m.ulysses) + u);
+    // The shard group: every rank of this tp slice, dp-major, then the CP rank.
+    EXPECT_EQ(topo->shard().size(), int(m.dp * m.ring * m.ulysses));
+    EXPECT_EQ(topo->shard().rank(), dp * int(m.ring * m.ulysses) + topo->cp().rank());
+    {
+      int32_t mine = tp, least = -1, most = -1;  // one tp coordinate throughout the group
+      topo->shard().all_reduce(std::span<int32_t>(&mine, 1), ReduceOp::min);
+      least = mine;
+      mine = tp;
+      topo->shard().all_reduce(std::span<int32_t>(&mine, 1), ReduceOp::max);
+      most = mine;
+      EXPECT_EQ(least, tp);
+      EXPECT_EQ(most, tp);
+    }
     ASSERT_EQ(topo->all_coords().size(), size_t(w.size()));
     EXPECT_EQ(topo->all_coords()[size_t(r)][int(Axis::ring)], ring);
     EXPECT_EQ(topo->hosts().size(), size_t(w.size()));

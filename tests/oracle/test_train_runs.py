@@ -8,6 +8,8 @@
   learn     the synthetic stream is learnable: the loss falls by > 1 nat in 30 steps
   memory    the --dry-run estimate is within 15% of the measured peak tracked bytes
   errors    a tp size that does not divide kv_heads is a usage error (exit 2) naming kv_heads
+  shard     shard=optimizer: losses and checkpoints bit-identical to shard=none on every mesh kind; resumes
+            across meshes and levels; the --dry-run plan of the state against the measured peaks
   deterministic  deterministic=true: losses and checkpoints bit-identical at np 1, 2, 3, 4, 6 and 8,
             every strategy, threads 1 and 2, remat, dp, tp (2 and 4, alone and with ring or ulysses),
             local and Gated DeltaNet layers, and a resume from 2 ranks onto 4
@@ -248,6 +250,77 @@ def case_deterministic(tmp):
         print(f"{name} vs plain (np 1): max rel diff {rel:.2e}", "ok" if rel <= REL_TOL else "FAIL")
         if not rel <= REL_TOL:
             bad.append(f"{name} losses far from the plain schedule's")
+    return bad
+
+
+def case_shard(tmp):
+    """shard=optimizer (model/state_shard.hpp: each rank of dp x CP keeps the AdamW moments of its range of
+    the parameters and updates that range, then the ranges are all-gathered). The update is elementwise and
+    the all-gather moves bits, so on one mesh the losses and the checkpoint (parameters, both moments) have
+    the bits of shard=none, with the plain numerics: the ring at np 2 and at np 3 (a layout 3 does not
+    divide: the last range is shorter), usp over ulysses:2 x ring:2, tp:2 x ring:2, dp:2 x ring:2, an MLA
+    model and a Gated DeltaNet one. Under deterministic=true (the same bits on any mesh) a checkpoint written
+    at shard=optimizer on 4 ranks resumes at shard=none on 1 and on 2 ranks, and one written at shard=none on
+    1 rank resumes at shard=optimizer on 3, each with the uninterrupted one-rank run's losses bit for bit.
+    The --dry-run plan: the state per rank at each level, and the measured peaks' difference between the
+    levels within 25% of the plan's."""
+    bad = []
+
+    def go(name, np_, args):
+        ck = os.path.join(tmp, name + ".ck.h5")
+        r = run(tmp, name, np_, ["steps=3", "checkpoint_every=3", f"checkpoint={ck}"] + args)
+        return r["loss"], checkpoint_arrays(ck)
+
+    mla = ["attention=mla", "q_lora_rank=24", "kv_lora_rank=32", "qk_nope_head_dim=16", "qk_rope_head_dim=8",
+           "v_head_dim=16"]
+    kinds = [("ring_np2", 2, ["strategy=ring"]), ("ring_np3", 3, ["strategy=ring", "seq=130"]),
+             ("usp_np4", 4, ["strategy=usp", "mesh=ulysses:2,ring:2"]),
+             ("tp2_ring2", 4, ["strategy=ring", "mesh=tp:2,ring:2"]), ("dp2_ring2", 4, ["strategy=ring", "mesh=dp:2,ring:2"]),
+             ("mla_ring_np2", 2, ["strategy=ring"] + mla),
+             ("gdn_allgather_np2", 2, ["strategy=allgather", "layer_pattern=DG"])]
+    runs = [(name + "_" + level, np_, args + [f"shard={level}"]) for name, np_, args in kinds
+            for level in ("none", "optimizer")]
+    with ThreadPoolExecutor(2) as ex:
+        got = list(ex.map(lambda r: go(*r), runs))
+    for i, (name, _, _) in enumerate(kinds):
+        (loss0, ck0), (loss1, ck1) = got[2 * i], got[2 * i + 1]
+        diff = [k for k in ck0 if k not in ck1 or not same_bits(ck0[k], ck1[k])]
+        ok = same_bits(loss0, loss1) and not diff and len(ck0) == len(ck1) and len(loss1) == 3
+        print(f"{name:18s} shard=optimizer vs none: losses {'same bits' if same_bits(loss0, loss1) else loss1 - loss0}, "
+              f"{len(diff)} of {len(ck0)} checkpoint datasets differ", "ok" if ok else "FAIL")
+        if not ok:
+            bad.append(name)
+
+    # across meshes and levels: deterministic=true, 4 steps, checkpoints after 2
+    det = ["deterministic=true", "seq=200"]
+    ref = run(tmp, "det_np1", 1, det + ["steps=4"])["loss"]
+    for name, np_, args, resumes in [
+            ("det_opt_np4", 4, ["mesh=ring:4", "shard=optimizer"], [("np1_none", 1, []), ("np2_none", 2, ["mesh=ring:2"])]),
+            ("det_none_np1", 1, [], [("np3_optimizer", 3, ["mesh=ring:3", "shard=optimizer"])])]:
+        ck = os.path.join(tmp, name + ".ck.h5")
+        run(tmp, name, np_, det + args + ["steps=2", "checkpoint_every=2", f"checkpoint={ck}"])
+        for rname, rnp, rargs in resumes:
+            r = run(tmp, name + "_to_" + rname, rnp, det + rargs + ["steps=4", f"resume={ck}"])
+            ok = np.array_equal(r["steps"], [2, 3]) and same_bits(r["loss"], ref[2:])
+            print(f"{name} resumed on {rname}: losses", "same bits as np1" if ok else r["loss"] - ref[2:], "ok" if ok else "FAIL")
+            if not ok:
+                bad.append(f"{name} resumed on {rname}")
+
+    # the plan: state per rank at each level, and the peaks' difference (the moments of 3/4 of the layout)
+    mem = ["steps=1", "mesh=ring:4", "seq=512", "dim=512", "ffn_dim=2048", "vocab=8000"]
+    est, peak = {}, {}
+    for level in ("none", "optimizer"):
+        est[level] = dry_run_estimate(4, mem + [f"shard={level}"])
+        peak[level] = run(tmp, "mem_shard_" + level, 4, mem + [f"shard={level}"])["peak"].max()
+        if est[level] is None:
+            return bad + [f"no memory estimate in --dry-run (shard={level})"]
+        print(f"shard={level}: plan {est[level] / 2**20:.2f} MiB, measured peak {peak[level] / 2**20:.2f} MiB")
+        if abs(peak[level] - est[level]) > 0.15 * peak[level]:
+            bad.append(f"shard={level} plan off by more than 15%")
+    d_est, d_peak = est["none"] - est["optimizer"], peak["none"] - peak["optimizer"]
+    print(f"none - optimizer: plan {d_est / 2**20:.2f} MiB, measured {d_peak / 2**20:.2f} MiB")
+    if not (d_peak > 0 and abs(d_est - d_peak) <= 0.25 * d_peak):
+        bad.append(f"none - optimizer: plan {d_est / 2**20:.2f} MiB vs measured {d_peak / 2**20:.2f} MiB (> 25% apart)")
     return bad
 
 
