@@ -34,7 +34,7 @@ Row = Dict[str, object]
 # "comm" is time inside a communication call (collectives, posting send/recv, the comm bench).
 PHASE_GROUPS = {
     "compute": ("attn_fwd", "attn_bwd", "gemm", "norm", "rope", "mlp", "loss", "optimizer", "embed", "shard"),
-    "comm": ("comm_send_recv", "all_to_all", "all_gather", "reduce_scatter", "all_reduce", "state_gather", "bench"),
+    "comm": ("comm_send_recv", "all_to_all", "all_gather", "reduce_scatter", "all_reduce", "state_gather", "state_reduce", "bench"),
     "wait": ("comm_wait",),
 }
 GROUP_ORDER = ("compute", "comm", "wait", "other")

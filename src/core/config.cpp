@@ -305,7 +305,7 @@ const std::vector<Field>& config_fields() {
       {"adam_eps", &Config::adam_eps, "1e-8", "train: AdamW epsilon", {}, 0, 1},
       {"grad_clip", &Config::grad_clip, "1.0", "train: max global gradient norm (0 = no clipping)", {}, 0, 1e9},
       enum_field<&Config::remat>("remat", kRematNames, "none", "train: activation recompute per layer"),
-      enum_field<&Config::shard>("shard", kShardNames, "none", "train: the training state split over the ranks that hold one tp slice (dp x CP, ZeRO style): none, or optimizer (each rank keeps and updates the AdamW moments of its 1/N of the parameters, then the updated parameters are all-gathered; the same bits as none)"),
+      enum_field<&Config::shard>("shard", kShardNames, "none", "train: the training state split over the N ranks that hold one tp slice (dp x CP, ZeRO/FSDP style), each unit (embedding, layer, head) in N pieces: none; optimizer (each rank keeps the AdamW moments and fp32 master weights of its pieces and updates them, then the pieces are all-gathered into the whole weights; the same bits as none); grads (also the gradients: each unit's reduce-scattered as the backward finishes it); params (also the weights: each unit's all-gathered just before the forward or backward uses it, then freed). --dry-run shows the state per rank at each level"),
       {"offload", &Config::offload, "none", "train with device=cuda: what lives in pinned host memory instead of the GPU, a list (e.g. offload=optimizer,layer_inputs): optimizer (AdamW moments, streamed through the GPU in chunks at the update), layer_inputs (the residual stream's input of every layer between the forward and the backward; 3 on the GPU), attn_out (with remat=none: every attention layer's output O and LSE, likewise), params (with optimizer: the fp32 master weights but the embedding and norms; the GPU keeps their bf16 copy, refreshed at the update); the same bits as without. --dry-run shows the GPU memory with and without it", {}},
       {"offload_chunk", &Config::offload_chunk, "4194304", "offload=optimizer: elements of each AdamW moment streamed through the GPU at a time (the GPU keeps one chunk of m and one of v; larger chunks make fewer, longer copies)", {}, 1, 1e12},
       {"checkpoint_every", &Config::checkpoint_every, "0", "train: steps between checkpoints (0 = none)", {}, 0, 1e9},
@@ -751,6 +751,9 @@ void validate_config(const Config& c, int world_size) {
   if (c.shard != ShardLevel::none && !train_mode)
     throw UsageError(std::string("config: shard = ") + name_of(c.shard) + " splits the training state (AdamW moments), "
                      "which only train and bench train hold; valid here: shard=none");
+  if ((c.shard == ShardLevel::grads || c.shard == ShardLevel::params) && c.device != Device::cpu)
+    throw UsageError(std::string("config: shard = ") + name_of(c.shard) + " with device = cuda: the per-unit gathers "
+                     "and reduce-scatters run on the CPU only so far; valid: shard=optimizer, or device=cpu");
   if (c.shard != ShardLevel::none && offloads(c, Offload::params))
     throw UsageError(std::string("config: shard = ") + name_of(c.shard) + " with offload = '" + c.offload + "': the "
                      "offloaded master weights are not sharded yet; valid: offload=optimizer (the shard's moments "

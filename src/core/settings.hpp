@@ -25,8 +25,9 @@ enum class PartitionKind : int32_t { contiguous, zigzag, striped };
 // Where a packed batch's rows live over a CP group, per batch (shard/placement.hpp).
 enum class PlacementKind : int32_t { zigzag, balanced };
 // How much of the training state the ranks that hold one tp slice (dp x CP) split among them
-// (model/state_shard.hpp): none, or the AdamW moments (ZeRO-1).
-enum class ShardLevel : int32_t { none, optimizer };
+// (model/state_shard.hpp): none; the AdamW moments and master weights (ZeRO-1); also the
+// gradients (ZeRO-2); also the weights themselves (ZeRO-3).
+enum class ShardLevel : int32_t { none, optimizer, grads, params };
 // Activation recompute per layer (model/transformer.hpp).
 enum class Remat : int32_t { none, attention, full };
 // Prefill attention: the cost model's choice per call, or one of the two.
@@ -57,8 +58,9 @@ inline constexpr EnumName<PartitionKind> kPartitionNames[] = {
     {PartitionKind::zigzag, "zigzag"}, {PartitionKind::contiguous, "contiguous"}, {PartitionKind::striped, "striped"}};
 inline constexpr EnumName<PlacementKind> kPlacementNames[] = {{PlacementKind::zigzag, "zigzag"},
                                                                 {PlacementKind::balanced, "balanced"}};
-inline constexpr EnumName<ShardLevel> kShardNames[] = {{ShardLevel::none, "none"},
-                                                       {ShardLevel::optimizer, "optimizer"}};
+inline constexpr EnumName<ShardLevel> kShardNames[] = {
+    {ShardLevel::none, "none"}, {ShardLevel::optimizer, "optimizer"}, {ShardLevel::grads, "grads"},
+    {ShardLevel::params, "params"}};
 inline constexpr EnumName<MaskKind> kMaskNames[] = {
     {MaskKind::causal, "causal"}, {MaskKind::none, "none"}, {MaskKind::window, "window"}};
 inline constexpr EnumName<Remat> kRematNames[] = {

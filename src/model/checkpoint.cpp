@@ -163,23 +163,31 @@ std::string scan_checkpoint(const std::string& path, const ParamLayout& layout, 
   return "";
 }
 
-TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, const StateShard& moments,
+TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, const StateShard& s,
                            float* m, float* v) {
   H5TensorReader r(path);
-  std::vector<float> slice;  // a tensor's tp slice, when only part of it is in the range
-  for (const ParamInfo& p : layout.tensors()) {
-    r.read_block("params/" + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, params + p.offset);
-    const int64_t a = std::max(p.offset, moments.lo), b = std::min(p.offset + p.loc_elems(), moments.hi);
-    if (a >= b) continue;
-    for (const auto& [group, dst] : {std::pair{"adam_m/", m}, {"adam_v/", v}}) {
-      float* to = dst + (a - moments.lo);
-      if (b - a == p.loc_elems()) {  // the whole slice
-        r.read_block(group + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, to);
-        continue;
+  std::vector<float> slice;  // a tensor's tp slice, when only part of it is this rank's
+  const auto& units = layout.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const StateShard::Piece& pc = s.pieces[u];
+    for (size_t i = units[u].first; i < units[u].last; ++i) {
+      const ParamInfo& p = layout.tensors()[i];
+      const std::string name = "params/" + p.name;
+      if (!s.params_sharded()) r.read_block(name, p.row0, p.loc_rows, p.col0, p.loc_cols, params + p.offset);
+      const int64_t a = std::max(p.offset, pc.lo), b = std::min(p.offset + p.loc_elems(), pc.hi);
+      if (a >= b) continue;
+      for (const auto& [group, dst] : {std::pair{"params/", s.params_sharded() ? params : nullptr}, {"adam_m/", m},
+                                       {"adam_v/", v}}) {
+        if (!dst) continue;
+        float* to = dst + pc.at + (a - pc.lo);
+        if (b - a == p.loc_elems()) {  // the whole slice
+          r.read_block(group + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, to);
+          continue;
+        }
+        slice.resize(size_t(p.loc_elems()));
+        r.read_block(group + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, slice.data());
+        std::copy(slice.begin() + (a - p.offset), slice.begin() + (b - p.offset), to);
       }
-      slice.resize(size_t(p.loc_elems()));
-      r.read_block(group + p.name, p.row0, p.loc_rows, p.col0, p.loc_cols, slice.data());
-      std::copy(slice.begin() + (a - p.offset), slice.begin() + (b - p.offset), to);
     }
   }
   TrainState st;

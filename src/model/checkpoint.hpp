@@ -37,9 +37,10 @@ std::string check_checkpoint(const std::string& path, const Config& cfg, const P
 // "" when every value of the checkpoint is finite, else the first NaN/Inf with its tensor and
 // index. Rank `rank` of `nranks` reads its share of the tensors (call on every rank, agree).
 std::string scan_checkpoint(const std::string& path, const ParamLayout& layout, int rank, int nranks);
-// Every rank reads its tp slice of the parameters (`params`, the whole flat layout) and the AdamW
-// moments of its range `moments` of it (`m`, `v`: moments.elems() each; model/state_shard.hpp).
-TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, const StateShard& moments,
+// Every rank reads its tp slice: the parameters whole (`params`, the flat layout) or, with
+// shard=params, its pieces of them (`params`, a shard buffer: model/state_shard.hpp); the AdamW
+// moments of its pieces (`m`, `v`: shard buffers; null: not read). Padding stays as it was.
+TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, const StateShard& s,
                            float* m, float* v);
 
 }  // namespace ctxpar

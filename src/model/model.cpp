@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/config.hpp"
+#include "core/error.hpp"
 #include "core/random.hpp"
 
 namespace ctxpar {
@@ -217,65 +218,95 @@ ParamLayout::ParamLayout(const ModelDims& d) : d_(d) {
     add(p + "w3", d.dim, d.ffn, Split::cols, true, false, base);
     add(p + "w2", d.ffn, d.dim, Split::rows, true, false, out_scale);
   }
+  const size_t head = t_.size();
   add("final_norm", 1, d.dim, Split::replicated, false, true, 0);
   add("lm_head", d.dim, d.vocab, Split::replicated, true, false, base);
+  // The units: the embedding, each layer (the tensors whose names start with its prefix), the head.
+  units_.push_back({0, 0, 0, 1});
+  for (int64_t l = 0; l < d.layers; ++l) {
+    const size_t first = units_.back().last;
+    size_t last = first;
+    while (last < head && t_[last].name.rfind("layers." + std::to_string(l) + ".", 0) == 0) ++last;
+    units_.push_back({0, 0, first, last});
+  }
+  units_.push_back({0, 0, units_.back().last, t_.size()});
+  CTXPAR_CHECK(units_.back().first == head, "ParamLayout: the layers' tensors are not in layer order");
+  for (size_t u = 0; u < units_.size(); ++u) {
+    units_[u].begin = t_[units_[u].first].offset;
+    units_[u].end = u + 1 < units_.size() ? t_[units_[u + 1].first].offset : total_;
+  }
 }
 
-ModelView ParamLayout::view(float* b) const {
+template <class At> ModelView ParamLayout::view_with(At at) const {
   ModelView v;
   size_t i = 0;
-  v.emb = b + t_[i++].offset;
+  v.emb = at(i++);
   v.layers.resize(size_t(d_.layers));
   for (size_t li = 0; li < v.layers.size(); ++li) {
     LayerView& l = v.layers[li];
     if (d_.is_gdn(int64_t(li))) {  // the order of the constructor
       for (float** f : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.conv_q, &l.conv_k, &l.conv_v, &l.wa, &l.wb, &l.a_log,
                         &l.dt_bias, &l.wg, &l.o_norm, &l.wo, &l.mlp_norm, &l.w1, &l.w3, &l.w2})
-        *f = b + t_[i++].offset;
+        *f = at(i++);
       continue;
     }
     if (d_.mla) {  // the order of the constructor
-      l.attn_norm = b + t_[i++].offset;
+      l.attn_norm = at(i++);
       if (d_.q_lora > 0) {
-        for (float** f : {&l.wq_a, &l.q_norm, &l.wq_b}) *f = b + t_[i++].offset;
+        for (float** f : {&l.wq_a, &l.q_norm, &l.wq_b}) *f = at(i++);
       } else {
-        l.wq = b + t_[i++].offset;
+        l.wq = at(i++);
       }
-      for (float** f : {&l.wkv_a, &l.kv_norm, &l.wkv_b, &l.wo, &l.mlp_norm, &l.w1, &l.w3, &l.w2}) *f = b + t_[i++].offset;
+      for (float** f : {&l.wkv_a, &l.kv_norm, &l.wkv_b, &l.wo, &l.mlp_norm, &l.w1, &l.w3, &l.w2}) *f = at(i++);
       continue;
     }
-    l.attn_norm = b + t_[i++].offset;
-    l.wq = b + t_[i++].offset;
-    l.wk = b + t_[i++].offset;
-    l.wv = b + t_[i++].offset;
-    l.wo = b + t_[i++].offset;
-    l.mlp_norm = b + t_[i++].offset;
-    l.w1 = b + t_[i++].offset;
-    l.w3 = b + t_[i++].offset;
-    l.w2 = b + t_[i++].offset;
+    l.attn_norm = at(i++);
+    l.wq = at(i++);
+    l.wk = at(i++);
+    l.wv = at(i++);
+    l.wo = at(i++);
+    l.mlp_norm = at(i++);
+    l.w1 = at(i++);
+    l.w3 = at(i++);
+    l.w2 = at(i++);
   }
-  v.final_norm = b + t_[i++].offset;
-  v.lm_head = b + t_[i++].offset;
+  v.final_norm = at(i++);
+  v.lm_head = at(i++);
   return v;
 }
 
+ModelView ParamLayout::view(float* b) const {
+  return view_with([&](size_t i) { return b + t_[i].offset; });
+}
+
+ModelView ParamLayout::unit_view(size_t u, float* unit_base) const {
+  const ParamUnit& n = units_[u];
+  return view_with([&](size_t i) { return i >= n.first && i < n.last ? unit_base + (t_[i].offset - n.begin) : nullptr; });
+}
+
 void ParamLayout::init(uint64_t seed, float* b) const {
-  for (const ParamInfo& p : t_) {
-    float* out = b + p.offset;
-    if (p.ones) {
-      for (int64_t i = 0; i < p.loc_elems(); ++i) out[i] = 1.0f;
-      continue;
-    }
-    // The key of global element (r, c) is exactly fill_rows' (core/random.hpp) for a [rows, cols]
-    // tensor, so a slice is the same numbers as the corresponding part of the whole tensor.
-    const uint64_t key0 = splitmix64(seed * 0x100000001b3ull + p.tensor_id);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < p.loc_rows; ++r)
-      for (int64_t c = 0; c < p.loc_cols; ++c) {
-        const uint64_t g = uint64_t(p.row0 + r) * uint64_t(p.cols) + uint64_t(p.col0 + c);
-        out[r * p.loc_cols + c] = p.init_center + p.init_scale * uniform_pm1(key0 ^ g * 0x9e3779b97f4a7c15ull);
-      }
+  for (const ParamInfo& p : t_) init_tensor(seed, p, b + p.offset);
+}
+
+void ParamLayout::init_unit(uint64_t seed, size_t u, float* unit_base) const {
+  const ParamUnit& n = units_[u];
+  for (size_t i = n.first; i < n.last; ++i) init_tensor(seed, t_[i], unit_base + (t_[i].offset - n.begin));
+}
+
+void ParamLayout::init_tensor(uint64_t seed, const ParamInfo& p, float* out) const {
+  if (p.ones) {
+    for (int64_t i = 0; i < p.loc_elems(); ++i) out[i] = 1.0f;
+    return;
   }
+  // The key of global element (r, c) is exactly fill_rows' (core/random.hpp) for a [rows, cols]
+  // tensor, so a slice is the same numbers as the corresponding part of the whole tensor.
+  const uint64_t key0 = splitmix64(seed * 0x100000001b3ull + p.tensor_id);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < p.loc_rows; ++r)
+    for (int64_t c = 0; c < p.loc_cols; ++c) {
+      const uint64_t g = uint64_t(p.row0 + r) * uint64_t(p.cols) + uint64_t(p.col0 + c);
+      out[r * p.loc_cols + c] = p.init_center + p.init_scale * uniform_pm1(key0 ^ g * 0x9e3779b97f4a7c15ull);
+    }
 }
 
 }  // namespace ctxpar

@@ -130,19 +130,41 @@ struct ModelView {
   float* lm_head;     // [dim, V]
 };
 
+// A run of the flat layout that the model uses together (shard=params gathers the weights of one
+// at a time): the embedding (unit 0), each layer (unit 1 + l), the final norm with the LM head
+// (the last unit). [begin, end) covers its tensors and their alignment padding; tensors
+// [first, last) of the layout.
+struct ParamUnit {
+  int64_t begin = 0, end = 0;
+  size_t first = 0, last = 0;
+  int64_t elems() const { return end - begin; }
+};
+
 class ParamLayout {
  public:
   explicit ParamLayout(const ModelDims& d);
   const ModelDims& dims() const { return d_; }
   const std::vector<ParamInfo>& tensors() const { return t_; }
   int64_t local_elems() const { return total_; }
+  const std::vector<ParamUnit>& units() const { return units_; }
+  static size_t embedding_unit() { return 0; }
+  static size_t layer_unit(int64_t l) { return size_t(l) + 1; }
+  size_t head_unit() const { return units_.size() - 1; }
   ModelView view(float* base) const;
+  // The pointers of unit u's tensors, laid out as in the flat buffer from `unit_base` (its element
+  // 0 is flat element units()[u].begin); every other pointer null.
+  ModelView unit_view(size_t u, float* unit_base) const;
   // Fills `base` (local_elems()) with the seeded initial weights: element (i, j) of a global
   // tensor is a function of (seed, tensor_id, i * cols + j) only, so every mesh sees the same
   // model and a tp slice generates exactly its own elements.
   void init(uint64_t seed, float* base) const;
+  // The same numbers for unit u's tensors only, laid out from `unit_base` as unit_view says.
+  void init_unit(uint64_t seed, size_t u, float* unit_base) const;
 
  private:
+  template <class At> ModelView view_with(At at) const;
+  void init_tensor(uint64_t seed, const ParamInfo& p, float* out) const;
+  std::vector<ParamUnit> units_;
   ModelDims d_;
   std::vector<ParamInfo> t_;
   int64_t total_ = 0;

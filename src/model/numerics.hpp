@@ -69,6 +69,9 @@ struct GradGroups {
   Comm* cp = nullptr;
   Comm* dp = nullptr;
   Comm* tp = nullptr;  // K/V heads replicated over tp ranks (plain: their copies' sum)
+  // plain: the gradients were reduce-scattered over cp x dp already (shard=grads, params; the
+  // model's UnitFeed): only the loss is summed here
+  bool grads_reduced = false;
 };
 
 class Numerics {

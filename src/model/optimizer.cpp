@@ -12,20 +12,25 @@
 
 namespace ctxpar {
 
-namespace {
-// The part [a, b) of tensor p inside the range [lo, hi) of the flat layout (a >= b: none).
-std::pair<int64_t, int64_t> overlap(const ParamInfo& p, const StateShard& r) {
-  return {std::max(p.offset, r.lo), std::min(p.offset + p.loc_elems(), r.hi)};
+template <class F> void AdamW::for_each_part(F f) const {
+  const auto& units = layout_.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const StateShard::Piece& pc = shard_.pieces[u];
+    for (size_t i = units[u].first; i < units[u].last; ++i) {
+      const ParamInfo& p = layout_.tensors()[i];
+      const int64_t a = std::max(p.offset, pc.lo), b = std::min(p.offset + p.loc_elems(), pc.hi);
+      if (a < b) f(p, a, b, pc.at + (a - pc.lo));
+    }
+  }
 }
-}  // namespace
 
-AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& c, const StateShard& shard, Device dev, Stream stream,
-             bool offload_moments, int64_t chunk)
-    : layout_(layout), range_(shard), c_(c), dev_(dev), stream_(stream),
-      offload_(offload_moments && dev != Device::cpu), chunk_(chunk_elems(layout, chunk)) {
-  CTXPAR_CHECK(range_.n == layout.local_elems(), "AdamW: a range of " << range_.n << " elements over a layout of "
-                                                                       << layout.local_elems());
-  const size_t n = size_t(range_.elems());
+AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& c, const StateShard& shard, Comm* group,
+             bool grads_in_pieces, Device dev, Stream stream, bool offload_moments, int64_t chunk)
+    : layout_(layout), shard_(shard), group_(group), grads_in_pieces_(grads_in_pieces), c_(c), dev_(dev),
+      stream_(stream), offload_(offload_moments && dev != Device::cpu), chunk_(chunk_elems(layout, chunk)) {
+  CTXPAR_CHECK(shard_.n == layout.local_elems() && (!grads_in_pieces || group),
+               "AdamW: a shard of " << shard_.n << " elements over a layout of " << layout.local_elems());
+  const size_t n = size_t(shard_.elems());
   if (!offload_) {
     m_ = Buffer<float>(n, true, dev, stream);
     v_ = Buffer<float>(n, true, dev, stream);
@@ -35,10 +40,9 @@ AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& c, const StateShard& 
   hv_ = static_cast<float*>(pinned_alloc(n * sizeof(float), dev));
   std::fill_n(hm_, n, 0.0f);
   std::fill_n(hv_, n, 0.0f);
-  for (const ParamInfo& p : layout.tensors()) {
-    const auto [a, b] = overlap(p, range_);
-    for (int64_t i = a; i < b; i += chunk_) chunks_.push_back({i, std::min(chunk_, b - i), p.decay});
-  }
+  for_each_part([&](const ParamInfo& p, int64_t a, int64_t b, int64_t at) {
+    for (int64_t i = a; i < b; i += chunk_) chunks_.push_back({i, at + (i - a), std::min(chunk_, b - i), p.decay});
+  });
   copy_stream_ = stream_create(dev);
   for (int s = 0; s < 2; ++s) {
     sm_[s] = Buffer<float>(size_t(chunk_), false, dev, stream);
@@ -84,8 +88,8 @@ void AdamW::attach(HostParams* hp) {
 void AdamW::copy_in(size_t i) {
   const Chunk& c = chunks_[i];
   const size_t bytes = size_t(c.elems) * sizeof(float), s = i % 2;
-  copy_in_async(sm_[s].data(), hm_ + (c.offset - range_.lo), bytes, dev_, copy_stream_);
-  copy_in_async(sv_[s].data(), hv_ + (c.offset - range_.lo), bytes, dev_, copy_stream_);
+  copy_in_async(sm_[s].data(), hm_ + c.at, bytes, dev_, copy_stream_);
+  copy_in_async(sv_[s].data(), hv_ + c.at, bytes, dev_, copy_stream_);
   if (hp_ && !res_[i]) copy_in_async(sp_[s].data(), hp_->host() + c.offset, bytes, dev_, copy_stream_);
   in_.push_back(event_record(copy_stream_, dev_));
   issued_ = i + 1;
@@ -98,8 +102,15 @@ void AdamW::prefetch() {
 
 double AdamW::grad_norm(const float* g, Comm* tp) const {
   double sq[2] = {0, 0};  // sharded, replicated
-  for (const ParamInfo& p : layout_.tensors())  // a K/V head held by `copies` tp ranks: once
-    sq[p.split == Split::replicated ? 1 : 0] += sum_squares(g + p.offset, p.loc_elems(), dev_, stream_) / double(p.copies);
+  if (grads_in_pieces_) {  // this rank's pieces, then the shard group's sum
+    for_each_part([&](const ParamInfo& p, int64_t a, int64_t b, int64_t at) {
+      sq[p.split == Split::replicated ? 1 : 0] += sum_squares(g + at, b - a, dev_, stream_) / double(p.copies);
+    });
+    group_->all_reduce(std::span<double>(sq, 2));
+  } else {
+    for (const ParamInfo& p : layout_.tensors())  // a K/V head held by `copies` tp ranks: once
+      sq[p.split == Split::replicated ? 1 : 0] += sum_squares(g + p.offset, p.loc_elems(), dev_, stream_) / double(p.copies);
+  }
   if (tp) tp->all_reduce(std::span<double>(sq, 1));
   return std::sqrt(sq[0] + sq[1]);
 }
@@ -187,13 +198,11 @@ void AdamW::update(float* params, const float* grads, double norm, Tracer* tr) {
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
   hp.grad_scale = c_.grad_clip > 0 && norm > c_.grad_clip ? c_.grad_clip / (norm + 1e-6) : 1.0;
   if (!offload_) {
-    for (const ParamInfo& p : layout_.tensors()) {
-      const auto [a, b] = overlap(p, range_);
-      if (a >= b) continue;
+    for_each_part([&](const ParamInfo& p, int64_t a, int64_t b, int64_t at) {
       hp.weight_decay = p.decay ? c_.weight_decay : 0.0;
-      adamw_update(params + a, grads + a, m_.data() + (a - range_.lo), v_.data() + (a - range_.lo), b - a, hp, dev_,
+      adamw_update(params + at, grads + (grads_in_pieces_ ? at : a), m_.data() + at, v_.data() + at, b - a, hp, dev_,
                    stream_);
-    }
+    });
     return;
   }
   // Offloaded moments, chunk by chunk through the two slots (the update is elementwise: the
@@ -211,13 +220,14 @@ void AdamW::update(float* params, const float* grads, double norm, Tracer* tr) {
       stream_wait_event(stream_, in_[i], dev_);
     }
     hp.weight_decay = c.decay ? c_.weight_decay : 0.0;
-    float* p = !hp_ ? params + c.offset : res ? res : sp_[s].data();
-    adamw_update(p, grads + c.offset, sm_[s].data(), sv_[s].data(), c.elems, hp, dev_, stream_);
+    float* p = !hp_ ? params + c.at : res ? res : sp_[s].data();
+    adamw_update(p, grads + (grads_in_pieces_ ? c.at : c.offset), sm_[s].data(), sv_[s].data(), c.elems, hp, dev_,
+                 stream_);
     if (hp_ && !res) f32_to_bf16(p, hp_->bf16() + c.offset, c.elems, dev_, stream_);
     stream_wait_stream(copy_stream_, stream_, dev_);  // the copies out after the update
     const size_t bytes = size_t(c.elems) * sizeof(float);
-    copy_out_async(hm_ + (c.offset - range_.lo), sm_[s].data(), bytes, dev_, copy_stream_);
-    copy_out_async(hv_ + (c.offset - range_.lo), sv_[s].data(), bytes, dev_, copy_stream_);
+    copy_out_async(hm_ + c.at, sm_[s].data(), bytes, dev_, copy_stream_);
+    copy_out_async(hv_ + c.at, sv_[s].data(), bytes, dev_, copy_stream_);
     if (hp_) copy_out_async(hp_->host() + c.offset, p, bytes, dev_, copy_stream_);
     offload_bytes_ += moved;
     if (i + 2 < chunks_.size()) copy_in(i + 2);  // into slot s, after its copy out on the same stream

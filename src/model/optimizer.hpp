@@ -26,9 +26,10 @@ void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& t
                                 Stream stream = nullptr);
 
 // The moments live on `dev` (Device::cuda: every operation ordered on `stream`), as do the
-// params and grads passed to it. They cover the range [shard.lo, shard.hi) of the flat layout
-// (model/state_shard.hpp; the whole layout without sharding): update() takes the whole flat
-// params and grads and updates that range only.
+// params and grads passed to it. They cover this rank's pieces of the layout (model/state_shard.hpp;
+// the whole layout without sharding), in its shard buffer's order: update() takes the master
+// weights of the pieces (a shard buffer; without sharding the flat weights themselves) and the
+// gradient, whole (flat) or, `grads_in_pieces`, as a shard buffer too.
 //
 // Host offload (`offload_moments`, offload=optimizer, a GPU run): the moments live in pinned host
 // memory, and update() streams them through the GPU in chunks of `chunk` elements (config
@@ -47,13 +48,15 @@ class AdamW {
  public:
   static constexpr int64_t kOffloadChunk = int64_t(1) << 22;  // default elements per chunk (16 MiB each of m, v)
   // `chunk`: elements per streamed chunk with offload (0: kOffloadChunk).
-  AdamW(const ParamLayout& layout, const AdamWConfig& c, const StateShard& shard, Device dev = Device::cpu,
-        Stream stream = nullptr, bool offload_moments = false, int64_t chunk = 0);
+  // `group`: the shard group (the norm of a gradient in pieces sums over it; null: no shard).
+  AdamW(const ParamLayout& layout, const AdamWConfig& c, const StateShard& shard, Comm* group, bool grads_in_pieces,
+        Device dev = Device::cpu, Stream stream = nullptr, bool offload_moments = false, int64_t chunk = 0);
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
   // Global L2 norm of the gradient: tp-sharded tensors summed over `tp` (null when tp = 1),
-  // replicated tensors counted once (they are identical on every tp rank).
+  // replicated tensors counted once (they are identical on every tp rank); a gradient in pieces
+  // summed over the shard group first.
   double grad_norm(const float* grads, Comm* tp) const;
   // exact numerics (CPU): the same norm with the same bits for any tp dividing `units`
   // (exact_tp_units) and any thread count: each tensor's squares summed in fixed parts
@@ -70,14 +73,13 @@ class AdamW {
   void attach(HostParams* hp);
   int64_t step() const { return step_; }
   void set_step(int64_t s) { step_ = s; }
-  // The moments [elems()] of the range (element i: flat element range().lo + i): on the device, or
-  // (offloaded()) in pinned host memory, which the host may read or write after wait_host().
+  // The moments [elems()] of the pieces (a shard buffer): on the device, or (offloaded()) in
+  // pinned host memory, which the host may read or write after wait_host().
   float* m() { return offload_ ? hm_ : m_.data(); }
   float* v() { return offload_ ? hv_ : v_.data(); }
   bool offloaded() const { return offload_; }
   void wait_host();  // offload: the host waits for every copy of the moments (else: nothing)
-  int64_t elems() const { return range_.elems(); }
-  const StateShard& range() const { return range_; }
+  int64_t elems() const { return shard_.elems(); }
   // Bytes copied between the GPU and the host by offload, over all updates so far.
   double offload_bytes() const { return offload_bytes_; }
   // GPU memory the moments of `elems` elements take: 8 bytes per element, or the two slots of m
@@ -89,13 +91,17 @@ class AdamW {
 
  private:
   struct Chunk {
-    int64_t offset, elems;
+    int64_t offset, at, elems;  // flat offset, place in the shard buffer
     bool decay;
   };
+  // f(tensor, flat a, flat b, shard index of a) for every tensor's part in this rank's pieces.
+  template <class F> void for_each_part(F f) const;
   void copy_in(size_t i);  // chunk i into slot i % 2, on the copy stream
 
   const ParamLayout& layout_;
-  const StateShard range_;
+  const StateShard shard_;
+  Comm* group_;
+  bool grads_in_pieces_;
   AdamWConfig c_;
   Device dev_;
   Stream stream_;

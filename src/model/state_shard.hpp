@@ -1,52 +1,109 @@
-// shard=optimizer (ZeRO-1 style): the ranks that hold one tp slice of the parameters (the shard
-// group, dp x CP: Topology::shard) split the flat per-rank buffer (model.hpp's layout, which the
-// parameters, the gradients and both AdamW moments share) into equal ranges, range z of
-// ceil(n / Z) elements to group rank z (the last one shorter; the buffers padded to Z whole
-// ranges). Each rank keeps the AdamW moments of its range only and updates only that range of
-// the parameters, from the whole gradient every rank holds after the gradient sum; an all-gather
-// then gives every rank every range again. The update is elementwise and the all-gather moves
-// bits, so the parameters and the losses have the bits of shard=none.
+// Sharded training state (config shard=, ZeRO / FSDP style). The ranks that hold one tp slice of
+// the parameters (the shard group, dp x CP: Topology::shard) split the state of each unit of the
+// flat layout (model.hpp ParamUnit: the embedding, each layer, the head) into Z equal pieces,
+// piece z of ceil(len / Z) elements to group rank z (the last one shorter or empty). A rank's
+// pieces, one per unit, make its shard buffer; with Z = 1 a piece is its whole unit and the shard
+// buffer is the flat layout itself (a shard index is the flat index).
+//   optimizer  (ZeRO-1) the AdamW moments and the fp32 master weights of the pieces only; the
+//              gradients summed whole on every rank as before; after the update each unit's
+//              pieces are all-gathered into the whole weights the model reads.
+//   grads      (ZeRO-2) also the gradients: each unit's gradient is reduce-scattered over the
+//              group as soon as the backward has added its last term to it (one unit's whole
+//              gradient at a time), into this rank's piece.
+//   params     (ZeRO-3) also the weights: no rank holds them whole; each unit's are all-gathered
+//              just before the forward or the backward uses them and freed after.
+// The update is elementwise and the all-gathers move bits: optimizer has the bits of none, and so
+// do grads and params under deterministic=true (whose integer gradient sums are all-reduced whole,
+// as at every level, and whose gradients therefore stay whole); with the plain numerics the
+// reduce-scatter sums the ranks' gradients in another order than the all-reduce.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "core/memory.hpp"
 #include "core/settings.hpp"
+#include "model/model.hpp"
 
 namespace ctxpar {
 
 class Comm;
+class Tracer;
+struct CpStats;
 
 struct StateShard {
-  int64_t n = 0;           // elements of the flat per-rank layout
-  int Z = 1, z = 0;        // ranks that share the state; this rank's index among them
-  int64_t chunk = 0;       // elements of a range: ceil(n / Z)
-  int64_t lo = 0, hi = 0;  // this rank's range [lo, hi) of the layout
-  // One rank holds everything (shard=none, or a group of one).
-  static StateShard whole(int64_t n) { return StateShard(n, 0, 1); }
-  // No range at all (inference reads a checkpoint's parameters, not its moments).
-  static StateShard nothing(int64_t n) {
-    StateShard s = whole(n);
-    s.hi = s.lo;
-    return s;
-  }
-  StateShard(int64_t n, int z, int Z);
-  int64_t elems() const { return hi - lo; }
-  int64_t padded() const { return chunk * Z; }  // the buffers' elements: Z whole ranges
+  struct Piece {      // this rank's piece of one unit
+    int64_t lo, hi;   // flat elements [lo, hi) (lo == hi: none)
+    int64_t at;       // its first element's place in the shard buffer
+    int64_t begin;    // the unit's first flat element
+    int64_t len;      // the unit's elements
+    int64_t chunk;    // elements of every rank's piece of this unit: ceil(len / Z)
+  };
+  ShardLevel level = ShardLevel::none;
+  int64_t n = 0;      // elements of the flat layout
+  int Z = 1, z = 0;   // ranks that share the state; this rank's index among them
+  std::vector<Piece> pieces;  // one per unit, in unit order
+  int64_t local = 0;          // elements of the shard buffer: the sum of the chunks
+  int64_t widest = 0;         // the largest Z * chunk (a whole unit, padded to Z pieces)
+  StateShard(const ParamLayout& layout, ShardLevel level, int z, int Z);
+  static StateShard whole(const ParamLayout& layout) { return StateShard(layout, ShardLevel::none, 0, 1); }
+  int64_t elems() const { return local; }
   bool sharded() const { return Z > 1; }
+  bool grads_sharded() const { return sharded() && level != ShardLevel::optimizer; }
+  bool params_sharded() const { return sharded() && level == ShardLevel::params; }
 };
 
-// The range of this rank of `group` at `level` (none: the whole layout).
-StateShard make_state_shard(ShardLevel level, int64_t n, Comm& group);
+// This rank's share of `group` at `level` (none: the whole layout).
+StateShard make_state_shard(ShardLevel level, const ParamLayout& layout, Comm& group);
 
-// After every rank of `group` wrote its own range of `params` (padded() elements, on `dev`):
-// every range on every rank. `stage`: a range's worth of scratch on `dev` (made on first use).
-void all_gather_ranges(float* params, const StateShard& s, Comm& group, Buffer<float>& stage, Device dev,
-                       Stream stream);
+// This rank's pieces of a flat buffer (`flat`: n elements) into its shard buffer, both on `dev`.
+void take_pieces(const StateShard& s, const float* flat, float* shard, Device dev, Stream stream);
+// The seeded initial weights (ParamLayout::init) of this rank's pieces only, into its shard
+// buffer, one unit at a time (a unit's worth of scratch, never the whole model).
+void init_pieces(const ParamLayout& layout, const StateShard& s, uint64_t seed, float* shard);
+// The pieces of every rank of `group` (`mine`: this rank's shard buffer, host memory) assembled
+// into the whole flat buffer on group rank 0 (checkpoints, oracle dumps); empty elsewhere.
+std::vector<float> gather_pieces(const float* mine, const StateShard& s, Comm& group);
 
-// The ranges of every rank of `group` (`mine`: this rank's elems(), host memory) assembled into the
-// whole buffer of n elements on group rank 0 (checkpoints, oracle dumps); empty elsewhere.
-// Collective over `group`.
-std::vector<float> gather_ranges(const float* mine, const StateShard& s, Comm& group);
+// The model's weights and gradient accumulators, one unit at a time (model/transformer.cpp asks
+// for each unit just before it needs it, and says when it is done with it). Without shards it
+// hands out places in the whole flat buffers; with them it gathers and reduce-scatters.
+class UnitFeed {
+ public:
+  // `group`: the shard group (its host or device communicator); `params`: the whole flat weights,
+  // or with shard=params the master pieces (shard buffer); `grads`: the whole flat gradients, or
+  // with a sharded gradient the shard buffer its pieces are reduced into (exact numerics: whole
+  // at every level, the integer sums being all-reduced whole).
+  UnitFeed(const ParamLayout& layout, const StateShard& s, Comm* group, bool exact, Device dev, Stream stream);
+  void bind(const float* params, float* grads, Tracer* tr, CpStats* st);
+  // Unit u's weights (tensor i at weights(u) + offset_i - begin_u), valid until release(u).
+  const float* weights(size_t u);
+  void release(size_t u);
+  // Unit u's gradient accumulator, laid out the same way (zeroed at the step's start, or here).
+  float* grads(size_t u);
+  void grads_done(size_t u);  // every term of unit u's gradient added: reduce-scatter it
+  bool grads_whole() const { return !reduce_; }
+  // Bytes of gather and reduce buffers this object holds (the plan).
+  static double buffer_bytes(const StateShard& s, bool exact);
+
+ private:
+  const ParamLayout& layout_;
+  const StateShard& s_;
+  Comm* group_;
+  bool gather_, reduce_;  // weights gathered per unit; gradients reduce-scattered per unit
+  Device dev_;
+  Stream stream_;
+  const float* params_ = nullptr;
+  float* grads_ = nullptr;
+  Tracer* tr_ = nullptr;
+  CpStats* st_ = nullptr;
+  Buffer<float> wbuf_, gbuf_;  // one gathered unit's weights; one unit's gradient before its reduce-scatter
+  int64_t held_ = -1;          // the unit whose weights are in wbuf_
+};
+
+// shard=optimizer or grads: after every rank updated its pieces of the master weights (`master`,
+// its shard buffer), each unit's pieces all-gathered into the whole flat weights `flat`. `stage`:
+// one padded unit of scratch (made on first use). Collective over `group`.
+void gather_weights(const float* master, float* flat, const StateShard& s, Comm& group, Buffer<float>& stage,
+                    Device dev, Stream stream);
 
 }  // namespace ctxpar

@@ -49,6 +49,9 @@ Transformer::Transformer(const ParamLayout& layout, Topology& topo, CpStrategy& 
       stream_(stream) {
   CTXPAR_CHECK(!d_.has_local() || local_, "a model with local (L) layers needs their strategy");
   attn_pairs_.assign(size_t(2 * d_.layers), 0.0);
+  whole_ = std::make_unique<StateShard>(StateShard::whole(layout));
+  own_feed_ = std::make_unique<UnitFeed>(layout, *whole_, nullptr, false, dev, stream);
+  feed_ = own_feed_.get();
   CTXPAR_CHECK(dev_ == Device::cpu || (!d_.mla && !d_.has_gdn()),
                "MLA and Gated DeltaNet layers run on the CPU only so far (config refuses them with device = cuda)");
   call_ = attn_problem(S_loc_, d_.H_q_loc(), d_.H_kv_loc(), d_.D, MaskKind::causal, 0);
@@ -363,6 +366,11 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
   }
 }
 
+ModelView Transformer::weights_of(size_t u) {
+  if (ext_view_) return *ext_view_;
+  return layout_.unit_view(u, const_cast<float*>(feed_->weights(u)));
+}
+
 double Transformer::forward_backward(const float* params, float* grads, const Batch& b, double loss_scale, Tracer* tr,
                                      CpStats& st, StepTimes& times, float* logits_out) {
   CTXPAR_CHECK(int64_t(b.tokens.size()) == S_loc_,
@@ -375,9 +383,7 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   attn_pairs_.assign(size_t(2 * d_.layers), 0.0);
   const double t_start = now_s();
   const int64_t S = S_loc_, dim = d_.dim, V = d_.vocab;
-  const ModelView w = ext_view_ ? *ext_view_ : layout_.view(const_cast<float*>(params));
-  ModelView gw = layout_.view(grads);
-  device_zero(grads, size_t(layout_.local_elems()) * sizeof(float), dev_, stream_);
+  feed_->bind(params, grads, tr, &st);  // zeroes the whole gradient it accumulates into
   num_->begin_step(grads);
   // Where the batch's token ids and labels are read: the host's, or their copies on the GPU; and
   // there, the weights' bf16 copy for this call.
@@ -400,12 +406,15 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
   }
 
   {
+    const ModelView w = weights_of(ParamLayout::embedding_unit());
     Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
     xs_.will_write(0, tr_);
     embedding_fwd(w.emb, tokens, S, dim, xs_.at(0), dev_, stream_);
     xs_.written(0);
   }
+  feed_->release(ParamLayout::embedding_unit());
   for (int64_t l = 0; l < d_.layers; ++l) {
+    const ModelView w = weights_of(ParamLayout::layer_unit(l));
     const LayerView& lw = w.layers[size_t(l)];
     MlpActs& m = mlp_of(l);
     if (d_.is_gdn(l)) {
@@ -421,7 +430,12 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     mlp_fwd(run(l), lw, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(),
             xs_.at(l + 1));
     xs_.written(l + 1);
+    feed_->release(ParamLayout::layer_unit(l));
   }
+  // The head (final norm, LM head) from its forward through its backward.
+  const size_t head = layout_.head_unit();
+  const ModelView w = weights_of(head);
+  ModelView gw = grads_of(head);
   {
     Tracer::Scope sc(tr_, Phase::norm, -1, -1, 0, 0);
     rmsnorm_fwd(xs_.at(d_.layers), w.final_norm, hf_.data(), rstd_f_.data(), S, dim, d_.norm_eps, dev_,
@@ -449,17 +463,26 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     Tracer::Scope sc(tr_, Phase::norm, -1, -1, 0, 0);
     rmsnorm_bwd_any(dhf_.data(), xs_.at(d_.layers), w.final_norm, rstd_f_.data(), dx, gw.final_norm);
   }
+  feed_->grads_done(head);
+  feed_->release(head);
   for (int64_t l = d_.layers - 1; l >= 0; --l) {
     xs_.will_read(l, tr_);
     if (outs_) outs_->will_read(l, tr_);
-    layer_bwd(l, w.layers[size_t(l)], gw.layers[size_t(l)], b, dx);
+    const size_t u = ParamLayout::layer_unit(l);
+    const ModelView wl = weights_of(u);
+    ModelView gl = grads_of(u);
+    layer_bwd(l, wl.layers[size_t(l)], gl.layers[size_t(l)], b, dx);
+    feed_->grads_done(u);
+    feed_->release(u);
   }
   xs_.end_step();
   if (outs_) outs_->end_step();
   {
+    ModelView ge = grads_of(ParamLayout::embedding_unit());
     Tracer::Scope sc(tr_, Phase::embed, -1, -1, 0, 0);
-    num_->embedding_bwd(run(-1), dx, tokens, S, dim, gw.emb);
+    num_->embedding_bwd(run(-1), dx, tokens, S, dim, ge.emb);
   }
+  feed_->grads_done(ParamLayout::embedding_unit());
   // The chunks' losses summed in chunk order (on a GPU: read back, which waits for the step).
   std::vector<double> chunk(chunk_loss_.size());
   copy_to_host(chunk.data(), chunk_loss_.data(), chunk.size() * sizeof(double), dev_, stream_);

@@ -31,6 +31,7 @@
 #include "model/offload.hpp"
 #include "model/mla_layer.hpp"
 #include "model/model.hpp"
+#include "model/state_shard.hpp"
 
 namespace ctxpar {
 
@@ -59,7 +60,9 @@ class Transformer {
 
   // Overwrites `grads` (layout.local_elems()) with d(loss)/d(params) for loss = loss_scale *
   // sum of token losses, and returns this rank's unscaled sum of token losses. `logits_out`
-  // (optional, [S_loc, V]) receives the logits (oracle dumps).
+  // (optional, [S_loc, V]) receives the logits (oracle dumps). With a UnitFeed (use_feed) the
+  // weights and gradients are the feed's: `params` and `grads` are what it binds (sharded state:
+  // this rank's pieces), and it hands the model each unit's weights and gradient accumulator.
   double forward_backward(const float* params, float* grads, const Batch& b, double loss_scale, Tracer* tr,
                           CpStats& st, StepTimes& times, float* logits_out = nullptr);
 
@@ -72,6 +75,9 @@ class Transformer {
   // `view` (embedding and norms on the GPU, the GEMM weights' fp32 pointers on the host, never
   // read there) and their bf16 copy `mirror`, kept current by AdamW, instead of the `params` it is
   // given. Both must outlive this object.
+  // shard= (model/state_shard.hpp): the weights and gradients one unit at a time through `feed`
+  // (it must outlive this object); without one, the whole flat buffers forward_backward is given.
+  void use_feed(UnitFeed* feed) { feed_ = feed ? feed : own_feed_.get(); }
   void use_weights(const ModelView* view, const Bf16Mirror* mirror) {
     ext_view_ = view;
     ext_mirror_ = mirror;
@@ -157,6 +163,13 @@ class Transformer {
   Buffer<uint16_t> do_b_, params_b_;
   Bf16Mirror mirror_;
   const ModelView* ext_view_ = nullptr;   // use_weights
+  std::unique_ptr<StateShard> whole_;     // the unsharded state, for own_feed_
+  std::unique_ptr<UnitFeed> own_feed_;    // the whole flat buffers
+  UnitFeed* feed_ = nullptr;              // use_feed's, or own_feed_
+  // Unit u's weights and gradient accumulator, as views (only unit u's pointers set; with
+  // use_weights the external view whole).
+  ModelView weights_of(size_t u);
+  ModelView grads_of(size_t u) { return layout_.unit_view(u, feed_->grads(u)); }
   const Bf16Mirror* ext_mirror_ = nullptr;
   Buffer<int64_t> pos_dev_;
   Buffer<int32_t> tokens_dev_, labels_dev_, doc_dev_;

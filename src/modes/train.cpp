@@ -70,17 +70,28 @@ std::unique_ptr<CpStrategy> make_local_strategy(const Config& cfg, Topology& top
 }
 // The message of a non-finite loss or gradient at step `s`: which, and the first parameter (in
 // layout order, over all ranks) whose gradient holds a NaN or Inf. Collective over `world`.
-std::string non_finite_message(int64_t s, double loss, const ParamLayout& layout, const float* grads, Comm& world,
-                               int64_t last_checkpoint, const std::string& checkpoint) {
+// `grads`: the whole flat gradient, or (`pieces`) this rank's pieces of it (model/state_shard.hpp).
+std::string non_finite_message(int64_t s, double loss, const ParamLayout& layout, const float* grads,
+                               const StateShard* pieces, Comm& world, int64_t last_checkpoint,
+                               const std::string& checkpoint) {
   // `checkpoint` at step `last_checkpoint`: the newest good one (written by this run, or resumed from).
   const auto& info = layout.tensors();
   int32_t first = int32_t(info.size());
-  for (size_t i = 0; i < info.size() && first == int32_t(info.size()); ++i)
-    for (int64_t j = 0; j < info[i].loc_elems(); ++j)
-      if (!std::isfinite(grads[info[i].offset + j])) {
-        first = int32_t(i);
-        break;
+  for (size_t u = 0; u < layout.units().size(); ++u)
+    for (size_t i = layout.units()[u].first; i < layout.units()[u].last && first == int32_t(info.size()); ++i) {
+      int64_t a = info[i].offset, b = a + info[i].loc_elems(), at = a;  // the tensor's part here, at `at`
+      if (pieces) {
+        const StateShard::Piece& pc = pieces->pieces[u];
+        a = std::max(a, pc.lo);
+        b = std::min(b, pc.hi);
+        at = pc.at + (a - pc.lo);
       }
+      for (int64_t j = 0; j < b - a; ++j)
+        if (!std::isfinite(grads[at + j])) {
+          first = int32_t(i);
+          break;
+        }
+    }
   world.all_reduce(std::span<int32_t>(&first, 1), ReduceOp::min);
   std::ostringstream os;
   os << "step " << s << ": ";
@@ -200,6 +211,14 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
       return "config: layer_pattern = '" + cfg.layer_pattern + "' with device = cuda: Gated DeltaNet (D) layers run on "
              "the CPU only so far; valid: device=cpu, or a pattern of G and L layers";
   }
+  // The plain numerics sum a K/V head's gradient over its copies on the whole tensor
+  // (reduce_replicated_kv_grads), which a gradient in pieces does not hold.
+  if ((cfg.shard == ShardLevel::grads || cfg.shard == ShardLevel::params) && !cfg.exact && cfg.attention != "mla" &&
+      tp > cfg.kv_heads)
+    return std::string("config: shard = ") + name_of(cfg.shard) + " with tp:" + std::to_string(tp) + " over kv_heads = " +
+           std::to_string(cfg.kv_heads) + ": each K/V head's gradient is summed over its " +
+           std::to_string(tp / cfg.kv_heads) + " copies on the whole tensor, which sharded gradients do not hold; "
+           "valid: shard=optimizer, a tp up to kv_heads, or deterministic=true";
   err = schedule_refusal(cfg.strategy, cfg.cp_schedule());
   if (!err.empty()) return err;
   const CpCall shape = local_attn_problem(cfg, tp);
@@ -276,10 +295,10 @@ std::string scan_train_inputs(const Config& cfg, Topology& topo) {
 }
 
 namespace {
-// Rank 0's range of the state under cfg.shard (the first range: the longest).
+// Rank 0's pieces of the state under cfg.shard (the first pieces: the longest).
 StateShard plan_shard(const Config& cfg, const ParamLayout& layout, Topology& topo) {
-  if (cfg.shard == ShardLevel::none) return StateShard::whole(layout.local_elems());
-  return StateShard(layout.local_elems(), 0, topo.size(Axis::dp) * topo.cp_size());
+  if (cfg.shard == ShardLevel::none) return StateShard::whole(layout);
+  return StateShard(layout, cfg.shard, 0, topo.size(Axis::dp) * topo.cp_size());
 }
 }  // namespace
 
@@ -290,11 +309,16 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   std::unique_ptr<CpStrategy> strat = make_strategy(cfg.strategy, topo);
   const int64_t S_loc = train_S_loc(cfg, topo);
   TrainMemoryPlan p;
-  // params (whole ranges) and grads of the whole layout; AdamW m and v of this rank's range and,
-  // sharded, that range's copy on its way to the all-gather (rank 0's range: the longest)
+  // The whole weights (not at shard=params), the master pieces (sharded), the gradients (whole, or
+  // pieces), AdamW m and v of the pieces, a padded unit to all-gather the updated weights through
+  // (optimizer, grads), the model's unit buffers (grads, params: model/state_shard.hpp UnitFeed).
   const StateShard shard = plan_shard(cfg, layout, topo);
-  p.state_bytes = 4.0 * double(shard.padded() + layout.local_elems()) + 8.0 * double(shard.elems()) +
-                  (shard.sharded() ? 4.0 * double(shard.chunk) : 0.0);
+  const double n = double(layout.local_elems()), e = double(shard.elems()), widest = double(shard.widest);
+  const bool grads_in_pieces = shard.grads_sharded() && !cfg.exact;
+  p.state_bytes = 4.0 * (shard.params_sharded() ? 0.0 : n) + 4.0 * (shard.sharded() ? e : 0.0) +
+                  4.0 * (grads_in_pieces ? e : n) + 8.0 * e +
+                  4.0 * (shard.sharded() && !shard.params_sharded() ? widest : 0.0) +
+                  UnitFeed::buffer_bytes(shard, cfg.exact);
   if (cfg.exact) p.state_bytes += exact_state_bytes(layout, S_loc, exact_grain(cfg));
   p.activation_bytes = Transformer::activation_bytes(d, cfg.remat, S_loc,
                                                      Transformer::logits_chunk_rows(S_loc, d.vocab));
@@ -309,9 +333,10 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   // Rank 0 gathers whole tensors to write them (model/checkpoint.cpp): params and both AdamW
   // moments for a checkpoint; every recorded step's state and gradients for the oracle dump.
   const double global = 4.0 * double(ParamLayout(model_dims(cfg, 1, 0)).local_elems());
-  // Sharded moments are first assembled whole on the writer (8 bytes per element of the layout).
+  // Sharded state is first assembled whole on the writer: both moments (and at shard=params the
+  // weights) of this tp slice, and every rank's pieces as they arrive.
   if (cfg.checkpoint_every > 0)
-    p.gather_bytes = std::max(p.gather_bytes, 3.0 * global + (shard.sharded() ? 8.0 * double(shard.n) : 0.0));
+    p.gather_bytes = std::max(p.gather_bytes, 3.0 * global + (shard.sharded() ? 4.0 * n * (shard.params_sharded() ? 4 : 3) : 0.0));
   if (!cfg.dump_init.empty()) p.gather_bytes = std::max(p.gather_bytes, OracleDump::gather_bytes(cfg, global));
   p.total_bytes = p.state_bytes + p.activation_bytes + p.strategy_bytes + p.gather_bytes;
   return p;
@@ -474,9 +499,12 @@ struct TrainRun {
   const int tp, DP;
   const ModelDims d;
   const ParamLayout layout;
-  // shard=: this rank's range of the flat layout, whose AdamW moments it keeps and whose
-  // parameters it updates (model/state_shard.hpp; the whole layout with shard=none).
+  // shard=: this rank's pieces of the flat layout, whose AdamW moments and master weights it keeps
+  // and updates (model/state_shard.hpp; the whole layout with shard=none); whether its gradient
+  // is held as those pieces too (shard=grads, params with the plain numerics; the exact ones sum
+  // whole integer gradients).
   const StateShard shard;
+  const bool grads_in_pieces;
   std::unique_ptr<CpStrategy> strat;
   const Partition part;
   const std::vector<int64_t> pos;
@@ -484,9 +512,12 @@ struct TrainRun {
   // offload=params: the fp32 master weights in pinned host memory (made before the optimizer,
   // whose copies into it end when the optimizer does), none on the GPU.
   std::unique_ptr<HostParams> hparams;
-  Buffer<float> params, grads;  // params: shard.padded() elements (whole ranges for the all-gather)
-  Buffer<float> gather_stage;    // shard=: this rank's range on its way to the all-gather
-  float* const master;  // what forward_backward and update take
+  // params: the whole flat weights the model reads (none with shard=params); master_pieces:
+  // shard=, this rank's pieces of the fp32 master weights; grads: whole, or grads_in_pieces.
+  Buffer<float> params, master_pieces, grads;
+  Buffer<float> gather_stage;  // shard=optimizer, grads: a unit's pieces all-gathered
+  float* const master;         // what update takes: this rank's master weights
+  const float* const weights;  // what forward_backward takes (the feed's params)
   AdamW opt;
   const bool any_offload;
   // On a GPU the host keeps a copy for initialization, checkpoints and dumps (HostCopy).
@@ -495,6 +526,7 @@ struct TrainRun {
   std::unique_ptr<CpStrategy> local_strat;
   std::unique_ptr<Numerics> num;  // plain, or exact (model/numerics.hpp)
   Transformer model;
+  UnitFeed feed;  // the model's weights and gradients, unit by unit (gathered and reduced with shard=)
   const std::unique_ptr<TokenSource> src;
   // Oracle dump (modes/oracle_dump.hpp): each recorded step's state before it, its gradients, and
   // the state after the last.
@@ -504,23 +536,27 @@ struct TrainRun {
       : cfg(c), topo(t), tracer(tr), on_gpu(c.device == Device::cuda), gpu(on_gpu ? &t : nullptr, &tr),
         dev(c.device), world(t.world()), cp(t.cp()), dp(t.axis(Axis::dp)), tp(tp_size(t)), DP(t.size(Axis::dp)),
         d(model_dims(c, tp, t.coord(Axis::tp))), layout(d),
-        shard(make_state_shard(c.shard, layout.local_elems(), t.shard())), strat(make_strategy(c.strategy, t, c.cp_schedule())),
+        shard(make_state_shard(c.shard, layout, t.shard())), grads_in_pieces(shard.grads_sharded() && !c.exact), strat(make_strategy(c.strategy, t, c.cp_schedule())),
         part(strat->partition(), c.seq, cp.size(), exact_grain(c)), pos(part.positions(cp.rank())),
         peak_reset((mem_reset_peak(), true)),
         hparams(on_gpu && offloads(c, Offload::params) ? std::make_unique<HostParams>(layout, dev, gpu.stream) : nullptr),
-        params(hparams ? 0 : size_t(shard.padded()), true, dev, gpu.stream),
-        grads(size_t(layout.local_elems()), true, dev, gpu.stream),
-        master(hparams ? hparams->host() : params.data()),
-        opt(layout, AdamWConfig{c.lr, c.beta1, c.beta2, c.adam_eps, c.weight_decay, c.grad_clip}, shard, dev,
-            gpu.stream, offloads(c, Offload::optimizer), c.offload_chunk),
+        params(hparams || shard.params_sharded() ? 0 : size_t(layout.local_elems()), true, dev, gpu.stream),
+        master_pieces(shard.sharded() ? size_t(shard.elems()) : 0, true, dev, gpu.stream),
+        grads(size_t(grads_in_pieces ? shard.elems() : layout.local_elems()), true, dev, gpu.stream),
+        master(hparams ? hparams->host() : shard.sharded() ? master_pieces.data() : params.data()),
+        weights(hparams ? hparams->host() : shard.params_sharded() ? master_pieces.data() : params.data()),
+        opt(layout, AdamWConfig{c.lr, c.beta1, c.beta2, c.adam_eps, c.weight_decay, c.grad_clip}, shard, &t.shard(),
+            grads_in_pieces, dev, gpu.stream, offloads(c, Offload::optimizer), c.offload_chunk),
         any_offload(attach_offload()),
         host(dev, gpu.stream, size_t(layout.local_elems()), size_t(shard.elems()), !opt.offloaded(), hparams.get()),
         state(start_state()), local_strat(make_local_strategy(c, t)),
         num(make_numerics(c.exact, d, layout.local_elems(), exact_grain(c))),
         model(layout, t, *strat, c.remat, pos, train_docs(c), local_layers_strategy(), dev, gpu.stream,
               offloads(c, Offload::layer_inputs), offloads(c, Offload::attn_out)),
-        src(make_token_source(c)), dump(c, layout, t, state.step == 0) {
+        feed(layout, shard, &t.shard(), c.exact, dev, gpu.stream), src(make_token_source(c)),
+        dump(c, layout, t, state.step == 0) {
     model.use_numerics(*num);
+    model.use_feed(&feed);
     if (hparams) model.use_weights(&hparams->view(), &hparams->mirror());
     if (dump.records(0)) record_state();
   }
@@ -538,41 +574,51 @@ struct TrainRun {
   // The checkpoint resumed from, or the seeded initialization; on the device.
   TrainState start_state() {
     TrainState st;
+    // shard=params: this rank's pieces only (the CPU); else the whole weights, then its pieces of them
+    float* p = shard.params_sharded() ? master_pieces.data() : host.p(params);
     if (!cfg.resume.empty()) {
-      st = load_checkpoint(cfg.resume, layout, host.p(params), shard, host.m(opt), host.v(opt));
-      host.upload(params, opt);
+      st = load_checkpoint(cfg.resume, layout, p, shard, host.m(opt), host.v(opt));
       opt.set_step(st.step);
+    } else if (shard.params_sharded()) {
+      init_pieces(layout, shard, uint64_t(cfg.seed), p);
     } else {
-      layout.init(uint64_t(cfg.seed), host.p(params));
-      host.upload(params, opt);
+      layout.init(uint64_t(cfg.seed), p);
     }
+    host.upload(params, opt);
+    if (shard.sharded() && !shard.params_sharded()) take_pieces(shard, host.p(params), master_pieces.data(), dev, gpu.stream);
     return st;
   }
-  void record_state() {
-    const float* p = host.download_params(params, opt);
-    std::vector<float> m, v;
-    dump.state(p, whole_moment(host.download_m(opt), m), whole_moment(host.download_v(opt), v));
+  // The whole weights, moments and (gradients()) gradients where checkpoints and dumps gather
+  // tensors (shard group rank 0: dp 0, CP rank 0), host memory; collective over the shard group.
+  const float* whole_weights(std::vector<float>& keep) {
+    return shard.params_sharded() ? whole(master_pieces.data(), keep) : host.download_params(params, opt);
   }
-  // The whole layout's moment (`mine`: this rank's range, on the host) where checkpoints and dumps
-  // gather tensors (shard group rank 0: dp 0, CP rank 0), assembled in `keep` from every range;
-  // `mine` itself without sharding. Collective over the shard group.
-  const float* whole_moment(const float* mine, std::vector<float>& keep) {
+  const float* whole_gradients(std::vector<float>& keep) {
+    return grads_in_pieces ? whole(grads.data(), keep) : host.download(grads);
+  }
+  // `mine`: this rank's pieces (host memory), assembled in `keep` from every rank's; `mine`
+  // itself without sharding.
+  const float* whole(const float* mine, std::vector<float>& keep) {
     if (!shard.sharded()) return mine;
-    keep = gather_ranges(mine, shard, topo.host_shard());
+    keep = gather_pieces(mine, shard, topo.host_shard());
     return keep.data();
   }
-  void save(const std::string& path, const TrainState& st) {
-    const float* p = host.download_params(params, opt);
-    std::vector<float> m, v;
-    save_checkpoint(path, cfg, layout, p, whole_moment(host.download_m(opt), m), whole_moment(host.download_v(opt), v),
-                    st, topo);
+  void record_state() {
+    std::vector<float> p, m, v;
+    dump.state(whole_weights(p), whole(host.download_m(opt), m), whole(host.download_v(opt), v));
   }
-  // shard=: every rank's updated range to every rank (traced as phase state_gather, blocking).
+  void save(const std::string& path, const TrainState& st) {
+    std::vector<float> p, m, v;
+    save_checkpoint(path, cfg, layout, whole_weights(p), whole(host.download_m(opt), m),
+                    whole(host.download_v(opt), v), st, topo);
+  }
+  // shard=optimizer, grads: every rank's updated pieces into every rank's whole weights (traced
+  // as phase state_gather, blocking).
   void gather_params(CpStats& st) {
-    if (!shard.sharded()) return;
-    Tracer::Scope sc(&tracer, Phase::state_gather, -1, -1, 0, 4.0 * double(shard.padded() - shard.chunk));
+    if (!shard.sharded() || shard.params_sharded()) return;
+    Tracer::Scope sc(&tracer, Phase::state_gather, -1, -1, 0, 4.0 * double(shard.elems() * (shard.Z - 1)));
     const double t0 = world.now();
-    all_gather_ranges(params.data(), shard, topo.shard(), gather_stage, dev, gpu.stream);
+    gather_weights(master_pieces.data(), params.data(), shard, topo.shard(), gather_stage, dev, gpu.stream);
     stream_synchronize(gpu.stream, dev);
     st.exposed_comm_s += world.now() - t0;
   }
@@ -637,9 +683,12 @@ void log_train_header(const TrainRun& r, double peak) {
 // Parameters are shared by the CP group and the dp replicas: sum their gradients (and the loss)
 // there, as the numerics policy takes its sums (exact: integers, whose sum has one result in any order).
 void sum_gradients(TrainRun& r, double& loss_sum, CpStats& st) {
-  Tracer::Scope sc(&r.tracer, Phase::all_reduce, -1, -1, 0, double(r.layout.local_elems()) * r.num->bytes_per_grad());
+  // (shard=grads, params with the plain numerics: the model reduce-scattered the gradients already)
+  const double bytes = r.grads_in_pieces ? 8.0 : double(r.layout.local_elems()) * r.num->bytes_per_grad();
+  Tracer::Scope sc(&r.tracer, Phase::all_reduce, -1, -1, 0, bytes);
   const double tc = r.world.now();
-  r.num->sum_over_ranks(r.layout, r.grads.data(), loss_sum, GradGroups{&r.cp, &r.dp, &r.topo.axis(Axis::tp)}, r.dev,
+  r.num->sum_over_ranks(r.layout, r.grads.data(), loss_sum,
+                        GradGroups{&r.cp, &r.dp, &r.topo.axis(Axis::tp), r.grads_in_pieces}, r.dev,
                         r.gpu.stream);
   st.exposed_comm_s += r.world.now() - tc;
 }
@@ -840,11 +889,14 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     StepTimes tm;
     Buffer<float> logits_full;
     if (r.dump.on() && s == 0) logits_full.resize(size_t(r.model.S_loc() * r.d.vocab), false);
-    double loss_sum = r.model.forward_backward(r.master, r.grads.data(), b, 1.0 / double(N), &tracer, st, tm,
+    double loss_sum = r.model.forward_backward(r.weights, r.grads.data(), b, 1.0 / double(N), &tracer, st, tm,
                                                logits_full.size() ? logits_full.data() : nullptr);
     sum_gradients(r, loss_sum, st);
     const double loss = loss_sum / double(N);
-    if (r.dump.records(s)) r.dump.gradients(r.host.download(r.grads));
+    if (r.dump.records(s)) {
+      std::vector<float> keep;
+      r.dump.gradients(r.whole_gradients(keep));
+    }
     if (r.dump.on() && s == 0 && topo.coord(Axis::tp) == 0)
       r.dump.logits(gather_rows_at(r.cp, b.pos, b.S, logits_full.span(), r.d.vocab));
     double norm;
@@ -857,8 +909,9 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     // checkpoint written) stay those of the last good step. The loss and the norm are the same
     // on every rank, so every rank stops here.
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      const std::string msg = non_finite_message(s, loss, r.layout, r.host.download(r.grads), r.world,
-                                                 last_checkpoint, last_checkpoint_path);
+      const std::string msg = non_finite_message(s, loss, r.layout, r.host.download(r.grads),
+                                                 r.grads_in_pieces ? &r.shard : nullptr, r.world, last_checkpoint,
+                                                 last_checkpoint_path);
       err0("ctxpar: %s\n", msg.c_str());
       tracer.fail(msg);
       return kExitFault;

@@ -62,6 +62,7 @@ const char* phase_name(Phase p) {
     case Phase::shard: return "shard";
     case Phase::offload: return "offload";
     case Phase::state_gather: return "state_gather";
+    case Phase::state_reduce: return "state_reduce";
     case Phase::kNumPhases: break;
   }
   return "?";

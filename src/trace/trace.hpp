@@ -32,7 +32,8 @@ enum class Phase : int32_t {
   other = 0, attn_fwd, attn_bwd, comm_send_recv, comm_wait, all_to_all, all_gather,
   reduce_scatter, all_reduce, gemm, norm, rope, mlp, loss, optimizer, embed, bench, shard,
   offload,  // host offload: copies between the GPU and pinned host memory (bytes: moved)
-  state_gather,  // shard=: the updated parameters' ranges all-gathered over the shard group (bytes: received)
+  state_gather,  // shard=: weights' pieces all-gathered over the shard group (bytes: received)
+  state_reduce,  // shard=grads, params: a unit's gradient reduce-scattered over the shard group (bytes: sent)
   kNumPhases
 };
 const char* phase_name(Phase p);
