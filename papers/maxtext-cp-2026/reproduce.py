@@ -15,7 +15,7 @@ Mapping:
   PR 4687 ran remat_policy=custom with only the attention output saved: between ctxpar's
            remat=none and remat=full; predicted with none, and the full-remat value is printed
            beside it as the other end of that range.
-  Both: predict_zero=true (MaxText shards weights and optimizer state over the data/context axes).
+  Both: shard=params (MaxText shards weights and optimizer state over the data/context axes).
 Not predicted: PR 4719 (DeepSeek-V2 MLA attention is not in ctxpar's model) and the
 announcement's MFU claims (no configuration table behind them).
 """
@@ -57,7 +57,7 @@ def main():
             skipped.append("%s %s %s %s: %s" % (src, r["model"], st, r["context_tokens"],
                                                "MLA attention not modeled" if "4719" in src else "claim without a configuration table"))
             continue
-        args += ["hardware=tpu-v5p", "predict_mode=train", "seq=%d" % seq, "predict_zero=true"]
+        args += ["hardware=tpu-v5p", "predict_mode=train", "seq=%d" % seq, "shard=params"]
         pred = float(pl.row_of(pl.predict(args), strategy)["time_s"])
         if src == "maxtext PR 4687":
             full = float(pl.row_of(pl.predict(args + ["remat=full"]), strategy)["time_s"])

@@ -180,7 +180,7 @@ const std::pair<std::string_view, std::string_view> kModeColumn[] = {
     {"lr", kTrain}, {"weight_decay", kTrain}, {"beta1", kTrain}, {"beta2", kTrain}, {"adam_eps", kTrain},
     {"grad_clip", kTrain},
     {"remat", "run, attn, train, bench cp, bench train, predict"},
-    {"offload", kTrain}, {"offload_chunk", kTrain}, {"shard", kTrain}, {"checkpoint_every", kTrain}, {"checkpoint", kTrain},
+    {"offload", kTrain}, {"offload_chunk", kTrain}, {"shard", "train, bench train, predict"}, {"checkpoint_every", kTrain}, {"checkpoint", kTrain},
     {"resume", "train, prefill, decode, chat, bench train, bench infer"},
     {"data", "train, bench train, bench calibrate, predict"}, {"data_dtype", "train, bench train, predict"},
     {"eos_id", "train, bench train, bench calibrate, predict"},
@@ -193,7 +193,6 @@ const std::pair<std::string_view, std::string_view> kModeColumn[] = {
     {"cached", "prefill, predict"}, {"miss_rate", "prefill, predict"},
     {"hardware", kShape},
     {"predict_mode", kPredict}, {"predict_mesh", kPredict}, {"predict_chips", kPredict}, {"predict_precision", kPredict}, {"sweep", kPredict},
-    {"predict_zero", kPredict},
 };
 
 std::vector<Field> with_mode_column(std::vector<Field> fields) {
@@ -305,7 +304,7 @@ const std::vector<Field>& config_fields() {
       {"adam_eps", &Config::adam_eps, "1e-8", "train: AdamW epsilon", {}, 0, 1},
       {"grad_clip", &Config::grad_clip, "1.0", "train: max global gradient norm (0 = no clipping)", {}, 0, 1e9},
       enum_field<&Config::remat>("remat", kRematNames, "none", "train: activation recompute per layer"),
-      enum_field<&Config::shard>("shard", kShardNames, "none", "train: the training state split over the N ranks that hold one tp slice (dp x CP, ZeRO/FSDP style), each unit (embedding, layer, head) in N pieces: none; optimizer (each rank keeps the AdamW moments and fp32 master weights of its pieces and updates them, then the pieces are all-gathered into the whole weights; the same bits as none); grads (also the gradients: each unit's reduce-scattered as the backward finishes it); params (also the weights: each unit's all-gathered just before the forward or backward uses it, then freed). --dry-run shows the state per rank at each level"),
+      enum_field<&Config::shard>("shard", kShardNames, "none", "train (and predict's price of it): the training state split over the N ranks that hold one tp slice (dp x CP, ZeRO/FSDP style), each unit (embedding, layer, head) in N pieces: none; optimizer (each rank keeps the AdamW moments and fp32 master weights of its pieces and updates them, then the pieces are all-gathered into the whole weights; the same bits as none); grads (also the gradients: each unit's reduce-scattered as the backward finishes it); params (also the weights: each unit's all-gathered just before the forward or backward uses it, then freed). --dry-run shows the state per rank at each level"),
       {"offload", &Config::offload, "none", "train with device=cuda: what lives in pinned host memory instead of the GPU, a list (e.g. offload=optimizer,layer_inputs): optimizer (AdamW moments, streamed through the GPU in chunks at the update), layer_inputs (the residual stream's input of every layer between the forward and the backward; 3 on the GPU), attn_out (with remat=none: every attention layer's output O and LSE, likewise), params (with optimizer: the fp32 master weights but the embedding and norms; the GPU keeps their bf16 copy, refreshed at the update); the same bits as without. --dry-run shows the GPU memory with and without it", {}},
       {"offload_chunk", &Config::offload_chunk, "4194304", "offload=optimizer: elements of each AdamW moment streamed through the GPU at a time (the GPU keeps one chunk of m and one of v; larger chunks make fewer, longer copies)", {}, 1, 1e12},
       {"checkpoint_every", &Config::checkpoint_every, "0", "train: steps between checkpoints (0 = none)", {}, 0, 1e9},
@@ -335,7 +334,6 @@ const std::vector<Field>& config_fields() {
       {"predict_chips", &Config::predict_chips, "0", "predict: search every mesh of this many chips (tp x ulysses x ring, and dp and remat in training) and print the best that fit (0 = price predict_mesh only)", {}, 0, 1ll << 30},
       enum_field<&Config::predict_precision>("predict_precision", kPrecisionNames, "auto", "predict: number formats (auto = the profile's default)"),
       {"sweep", &Config::sweep, "", "predict: one key and a list of values, e.g. sweep=seq=128K,256K,1M; values are separated by ',' or ';', those of predict_mesh by ';' (sweep=predict_mesh=tp:8,ring:16;ulysses:8,ring:16)", {}},
-      {"predict_zero", &Config::predict_zero, "false", "predict train: params, grads, AdamW state sharded over dp*cp (FSDP)", {}},
   });
   return fields;
 }
@@ -748,9 +746,10 @@ void validate_config(const Config& c, int world_size) {
   if (c.attention == "mla" && c.device != Device::cpu)
     throw UsageError("config: attention = mla with device = cuda: MLA's latent K/V run on the CPU only so far; "
                      "valid: attention=mha, or device=cpu");
-  if (c.shard != ShardLevel::none && !train_mode)
-    throw UsageError(std::string("config: shard = ") + name_of(c.shard) + " splits the training state (AdamW moments), "
-                     "which only train and bench train hold; valid here: shard=none");
+  if (c.shard != ShardLevel::none && !train_mode && !(c.mode == Mode::predict && c.predict_mode == PerfMode::train))
+    throw UsageError(std::string("config: shard = ") + name_of(c.shard) + " splits the training state (weights, "
+                     "gradients, AdamW moments), which only train and bench train hold (and predict prices with "
+                     "predict_mode = train); valid here: shard=none");
   if ((c.shard == ShardLevel::grads || c.shard == ShardLevel::params) && c.device != Device::cpu)
     throw UsageError(std::string("config: shard = ") + name_of(c.shard) + " with device = cuda: the per-unit gathers "
                      "and reduce-scatters run on the CPU only so far; valid: shard=optimizer, or device=cpu");

@@ -129,7 +129,6 @@ struct Config {
   int64_t predict_chips;       // > 0: search every mesh of this many chips instead (predict_mesh unset)
   Precision predict_precision;  // auto = the profile's
   std::string sweep;           // "seq=128K,256K,1M" (one key, a list of values): one table row group per value
-  bool predict_zero;           // train: params, grads and AdamW state sharded over dp*cp ranks (FSDP/ZeRO-3)
 };
 
 // An enumerated field: its value as the enum's int32 (core/settings.hpp), read and written

@@ -53,7 +53,7 @@ const std::pair<const char*, std::vector<std::string_view>> kGroups[] = {
     {"outputs", {"out", "csv", "save_logits", "checkpoint", "checkpoint_every", "resume", "dump_init", "dump_steps",
                  "cpu_check"}},
     {"performance", {"device", "threads", "mem_per_rank", "peak_tflops_per_rank", "hardware"}},
-    {"predict", {"predict_mode", "predict_mesh", "predict_chips", "predict_precision", "predict_zero", "sweep"}},
+    {"predict", {"predict_mode", "predict_mesh", "predict_chips", "predict_precision", "sweep"}},
 };
 
 int terminal_width() {

@@ -65,7 +65,7 @@ PerfWorkload workload_of(const Config& cfg, const HardwareProfile& hw) {
   w.batch = cfg.batch;
   w.precision = cfg.predict_precision == Precision::automatic ? hw.default_precision : cfg.predict_precision;
   w.remat = cfg.remat;
-  w.zero = cfg.predict_zero;
+  w.shard = cfg.shard;
   w.partition = cfg.partition;
   return w;
 }
@@ -105,7 +105,8 @@ std::vector<std::pair<std::string, Config>> sweep_configs(const Config& cfg) {
 // What ctxpar would need to run the predicted workload ("" when train / the inference modes run
 // it): predict prices a few features the executed paths do not have yet.
 std::string missing_feature(const PerfWorkload& w) {
-  if (w.zero) return "train does not shard params, grads and AdamW state yet (predict_zero)";
+  if (w.mode == PerfMode::train && (w.shard == ShardLevel::grads || w.shard == ShardLevel::params))
+    return std::string("train shards gradients and weights on the CPU only so far (shard=") + name_of(w.shard) + ")";
   if (w.precision == Precision::fp8_ffn) return "ctxpar runs no FP8 GEMMs yet (predict_precision = fp8_ffn)";
   return "";
 }
@@ -195,7 +196,8 @@ std::string search_summary(const Config& c, const HardwareProfile& hw, const std
   if (fit == 0) {
     os << "none fits: the least memory is " << b.p.mem_bytes / double(1ull << 30) << " GiB (" << mesh_text(b.mesh)
        << " " << b.p.strategy << ")";
-    if (!b.w.zero && b.w.mode == PerfMode::train) os << "; try predict_zero=true to see what sharded state would fit";
+    if (b.w.shard != ShardLevel::params && b.w.mode == PerfMode::train)
+      os << "; try shard=params to see what sharded state would fit";
     return os.str();
   }
   os << "best: " << mesh_text(b.mesh) << " strategy=" << b.p.strategy;
@@ -449,15 +451,15 @@ void print_mesh_search(const Config& cfg, const std::vector<std::pair<std::strin
     size_t priced = 0;
     std::vector<Candidate> cands = search(c, hw, w, priced);
     std::string label;
-    if (!c.predict_zero && w.mode == PerfMode::train && !cands.empty() && !cands.front().p.fits) {
-      w.zero = true;  // nothing fits: show what sharded training state would fit, marked as not runnable
+    if (c.shard != ShardLevel::params && w.mode == PerfMode::train && !cands.empty() && !cands.front().p.fits) {
+      w.shard = ShardLevel::params;  // nothing fits: show what sharded training state would fit
       size_t more = 0;
       std::vector<Candidate> z = search(c, hw, w, more);
       if (!z.empty() && z.front().p.fits) {
         lines.push_back(search_summary(c, hw, cands, priced, ""));
         cands = std::move(z);
         priced = more;
-        label = " with predict_zero=true";
+        label = " with shard=params";
       }
     }
     lines.push_back(search_summary(c, hw, cands, priced, label));

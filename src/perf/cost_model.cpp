@@ -221,6 +221,37 @@ double ring_latency_s(const HardwareProfile& hw, int64_t n, int64_t k) {
 }
 }  // namespace
 
+// The widest unit of the flat layout on one tp rank: the embedding or LM head [V, dim], or a layer.
+double widest_unit(const ModelShape& m, int64_t tp) {
+  return std::max(double(m.vocab) * double(m.dim), m.attn_params_per_layer() + m.ffn_params_per_layer()) / double(tp);
+}
+
+double state_bytes(const ModelShape& m, ShardLevel level, int64_t n, int64_t tp) {
+  const double P = m.params_total() / double(tp), piece = P / double(std::max<int64_t>(n, 1)), wide = widest_unit(m, tp);
+  const bool sharded = level != ShardLevel::none && n > 1;
+  if (!sharded) return 16.0 * P;
+  switch (level) {  // model/state_shard.hpp, as the train plan counts it (fp32 throughout)
+    case ShardLevel::optimizer: return 8.0 * P + 12.0 * piece + 4.0 * wide;  // whole weights, grads; pieces
+    case ShardLevel::grads: return 4.0 * P + 16.0 * piece + 8.0 * wide;      // whole weights; pieces; 2 units
+    default: return 16.0 * piece + 8.0 * wide;                               // pieces; 2 units
+  }
+}
+
+double state_sync_s(const HardwareProfile& hw, const ModelShape& m, ShardLevel level, int64_t n, int64_t k, int64_t tp) {
+  if (n <= 1) return 0;
+  const double bytes = m.params_total() / double(tp) * 4.0;  // fp32 gradients and weights
+  // per-unit collectives (grads, params): one latency per unit beyond the first
+  const double units = double(m.layers) + 2.0, per_unit = (units - 1.0) * ring_latency_s(hw, n, k);
+  const double gather = allgather_s(hw, n, k, bytes);  // a reduce-scatter moves what an all-gather does
+  switch (level) {
+    case ShardLevel::none: return allreduce_s(hw, n, k, bytes);
+    case ShardLevel::optimizer: return allreduce_s(hw, n, k, bytes) + gather;  // + the updated weights
+    case ShardLevel::grads: return 2.0 * gather + 2.0 * per_unit;              // reduce-scatter, all-gather
+    case ShardLevel::params: return 3.0 * gather + 3.0 * per_unit;             // + the forward's and backward's gathers
+  }
+  return 0;
+}
+
 double allreduce_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes) {
   if (n <= 1) return 0;
   return ring_bw_s(hw, n, k, 2.0 * double(n - 1) / double(n) * bytes, hw.inter_collective_bps()) + 2.0 * ring_latency_s(hw, n, k);
@@ -569,12 +600,12 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& strategy, Comm
   double t_tp = 4.0 * L * allreduce_s(c.hw, tp, k_tp, tokens * double(m.dim) * e) * (1 + (remat_full ? 0.5 : 0));
   if (m.mla)  // the latents' gradients, summed over tp in each attention layer's backward
     t_tp += double(m.attn_layers()) * allreduce_s(c.hw, tp, k_tp, tokens * double(m.latent_width() + m.q_lora) * e);
-  // Gradient all-reduce over every replica holding other tokens (cp) or other sequences (dp).
+  // The training state over every replica holding other tokens (cp) or other sequences (dp):
+  // state_sync_s's collectives (the gradients' all-reduce without shards).
   const int64_t n_grad = mesh.dp * N;
-  const double grad_bytes = m.params_total() / double(tp) * 4.0;
-  const double t_grad = allreduce_s(c.hw, n_grad, ranks_per_node(c.hw, n_grad, tp), grad_bytes);
-  // Elementwise work (memory bound) and the optimizer (7 fp32 streams per parameter).
-  const double params_rank = m.params_total() / double(tp) / (w.zero ? double(n_grad) : 1.0);
+  const double t_grad = state_sync_s(c.hw, m, w.shard, n_grad, ranks_per_node(c.hw, n_grad, tp), tp);
+  // Elementwise work (memory bound) and the optimizer (7 fp32 streams per parameter of the pieces).
+  const double params_rank = m.params_total() / double(tp) / (w.shard != ShardLevel::none ? double(n_grad) : 1.0);
   r.other_s = c.share * (elementwise_bytes(m, tp, tokens, true, e) / c.rate(c.hw.elementwise_bytes_per_s) +
                          loss_bytes(m, tokens, e) / c.rate(c.hw.loss_bytes_per_s) +
                          optimizer_bytes(params_rank) / c.rate(c.hw.optimizer_bytes_per_s));
@@ -583,9 +614,10 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& strategy, Comm
   r.exposed_comm_s = exposed_layers + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
   r.time_s = r.gemm_s + r.attn_s + r.other_s + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
   add_sync_wait(r, c, r.gemm_s + r.attn_s - exposed_layers + r.other_s);
-  // Memory: params + grads + AdamW m, v (16 bytes per parameter in mixed precision and in fp32),
-  // saved activations (the model's own formula, scaled to the element size), strategy buffers.
-  r.mem_state_bytes = 16.0 * params_rank;
+  // Memory: params + grads + AdamW m, v (16 bytes per parameter in mixed precision and in fp32) at
+  // the shard level (state_bytes), saved activations (the model's own formula, scaled to the element
+  // size), strategy buffers.
+  r.mem_state_bytes = state_bytes(m, w.shard, n_grad, tp);
   const ModelDims dl = dims_of(m, int(tp));
   const int64_t tok = int64_t(tokens);
   r.mem_act_bytes = Transformer::activation_bytes(dl, w.remat, tok, Transformer::logits_chunk_rows(tok, m.vocab)) * e / 4.0;

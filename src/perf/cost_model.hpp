@@ -95,7 +95,9 @@ struct PerfWorkload {
   int64_t batch = 1;   // sequences per model replica per step (train), or per request (infer)
   Precision precision = Precision::bf16;  // bf16 | fp8_ffn (FFN GEMMs in FP8) | fp32 (not automatic)
   Remat remat = Remat::none;               // train
-  bool zero = false;               // train: params, grads, optimizer state sharded over dp*cp
+  // train: the training state split over dp*cp (config shard, model/state_shard.hpp): the state's
+  // memory and the collectives that keep it (all-reduce; all-gathers; reduce-scatters) per level
+  ShardLevel shard = ShardLevel::none;
   PartitionKind partition = PartitionKind::zigzag;  // token partition (contiguous = causal load imbalance)
   int64_t T() const { return seq - cached; }
 };
@@ -152,6 +154,14 @@ double ring_pipeline_s(int64_t n, double compute_step_s, double comm_step_s, dou
 // nodes (hw.inter_overlap_loss_s_per_byte); 0 inside a node (n <= k).
 double ring_step_loss_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);
 double allreduce_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);        // bytes per rank
+// The training state at a shard level (model/state_shard.hpp) over n ranks of dp x CP, per rank on
+// tp ranks (fp32 weights, gradients, AdamW m and v as the train plan counts them, with the unit
+// buffers of the levels that gather and reduce), and the time of the collectives that keep it per
+// step: the gradients' all-reduce (none, optimizer) or per-unit reduce-scatter (grads, params),
+// the updated weights' all-gather (optimizer, grads), the per-unit gathers before the forward and
+// the backward (params); k of the n per node.
+double state_bytes(const ModelShape& m, ShardLevel level, int64_t n, int64_t tp);
+double state_sync_s(const HardwareProfile& hw, const ModelShape& m, ShardLevel level, int64_t n, int64_t k, int64_t tp);
 double allgather_s(const HardwareProfile& hw, int64_t n, int64_t k, double out_bytes);    // gathered size
 double alltoall_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);         // sent+kept per rank
 double p2p_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);              // one ring hop

@@ -411,9 +411,27 @@ TEST(CostModel, MemoryArithmetic) {
   m1.tp = 8, m1.ring = 4;
   const StrategyPrediction s1 = predict(small(), h, m1, t, "ring");
   EXPECT_NEAR(s1.mem_state_bytes, 16.0 * small().params_total() / 8, 1.0);
-  t.zero = true;
-  const StrategyPrediction s2 = predict(small(), h, m1, t, "ring");
-  EXPECT_NEAR(s2.mem_state_bytes, 16.0 * small().params_total() / 8 / 4, 1.0);
+  // shard= (model/state_shard.hpp) over dp*cp = 4 ranks: the pieces, the whole buffers a level
+  // keeps, and the units it gathers or reduces through, as the train plan counts them.
+  const ModelShape sm = small();
+  const double P = sm.params_total() / 8,
+               wide = std::max(double(sm.vocab) * double(sm.dim), sm.attn_params_per_layer() + sm.ffn_params_per_layer()) / 8;
+  const double want[] = {16 * P, 8 * P + 12 * P / 4 + 4 * wide, 4 * P + 16 * P / 4 + 8 * wide, 16 * P / 4 + 8 * wide};
+  for (const auto& [level, name] : kShardNames) {
+    t.shard = level;
+    const StrategyPrediction s2 = predict(sm, h, m1, t, "ring");
+    EXPECT_NEAR(s2.mem_state_bytes, want[int(level)], 1.0) << name;
+  }
+  // The collectives that keep the state: reduce-scatter + all-gather move what the all-reduce does
+  // (grads: the same bandwidth term, a latency per unit more); params gathers the weights twice more
+  // per step; optimizer adds one all-gather to the all-reduce.
+  const double bytes = 4 * P, ar = allreduce_s(h, 4, 4, bytes), ag = allgather_s(h, 4, 4, bytes);
+  EXPECT_DOUBLE_EQ(state_sync_s(h, sm, ShardLevel::none, 4, 4, 8), ar);
+  EXPECT_DOUBLE_EQ(state_sync_s(h, sm, ShardLevel::optimizer, 4, 4, 8), ar + ag);
+  EXPECT_GE(state_sync_s(h, sm, ShardLevel::grads, 4, 4, 8), 2 * ag);
+  const double grads = state_sync_s(h, sm, ShardLevel::grads, 4, 4, 8);  // 2 gathers + 2 x the units' latency
+  EXPECT_NEAR(state_sync_s(h, sm, ShardLevel::params, 4, 4, 8) - grads, ag + (grads - 2 * ag) / 2, 1e-12);
+  EXPECT_EQ(state_sync_s(h, sm, ShardLevel::params, 1, 1, 8), 0.0);
 }
 
 TEST(CostModel, PaperEq1Threshold) {
