@@ -60,6 +60,7 @@ struct Config {
   PartitionKind partition;
   PlacementKind placement;   // train: where a packed batch's rows live (shard/placement.hpp)
   ShardLevel shard;          // train: the training state split over dp x CP (model/state_shard.hpp)
+  CheckpointIo checkpoint_io; // train: who writes checkpoints (model/checkpoint.hpp)
   MaskKind mask;
   int64_t window;
   std::string docs;          // "none" | "random" | "L1,L2,..." (document lengths in tokens)

@@ -50,7 +50,7 @@ const std::pair<const char*, std::vector<std::string_view>> kGroups[] = {
               "cached", "miss_rate"}},
     {"training", {"lr", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip"}},
     {"run length", {"steps", "warmup", "bench_iters", "bench_min_bytes", "bench_max_bytes", "watchdog_s"}},
-    {"outputs", {"out", "csv", "save_logits", "checkpoint", "checkpoint_every", "resume", "dump_init", "dump_steps",
+    {"outputs", {"out", "csv", "save_logits", "checkpoint", "checkpoint_every", "checkpoint_io", "resume", "dump_init", "dump_steps",
                  "cpu_check"}},
     {"performance", {"device", "threads", "mem_per_rank", "peak_tflops_per_rank", "hardware"}},
     {"predict", {"predict_mode", "predict_mesh", "predict_chips", "predict_precision", "sweep"}},

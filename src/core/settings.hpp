@@ -28,6 +28,9 @@ enum class PlacementKind : int32_t { zigzag, balanced };
 // (model/state_shard.hpp): none; the AdamW moments and master weights (ZeRO-1); also the
 // gradients (ZeRO-2); also the weights themselves (ZeRO-3).
 enum class ShardLevel : int32_t { none, optimizer, grads, params };
+// Who writes a checkpoint (model/checkpoint.hpp): rank 0 after gathering every tensor, or every
+// rank its own part at once through MPI-IO.
+enum class CheckpointIo : int32_t { serial, parallel };
 // Activation recompute per layer (model/transformer.hpp).
 enum class Remat : int32_t { none, attention, full };
 // Prefill attention: the cost model's choice per call, or one of the two.
@@ -61,6 +64,8 @@ inline constexpr EnumName<PlacementKind> kPlacementNames[] = {{PlacementKind::zi
 inline constexpr EnumName<ShardLevel> kShardNames[] = {
     {ShardLevel::none, "none"}, {ShardLevel::optimizer, "optimizer"}, {ShardLevel::grads, "grads"},
     {ShardLevel::params, "params"}};
+inline constexpr EnumName<CheckpointIo> kCheckpointIoNames[] = {{CheckpointIo::serial, "serial"},
+                                                                {CheckpointIo::parallel, "parallel"}};
 inline constexpr EnumName<MaskKind> kMaskNames[] = {
     {MaskKind::causal, "causal"}, {MaskKind::none, "none"}, {MaskKind::window, "window"}};
 inline constexpr EnumName<Remat> kRematNames[] = {
@@ -100,6 +105,7 @@ constexpr const char* name_of(Device v) { return name_in(kDeviceNames, v); }
 constexpr const char* name_of(PartitionKind v) { return name_in(kPartitionNames, v); }
 constexpr const char* name_of(PlacementKind v) { return name_in(kPlacementNames, v); }
 constexpr const char* name_of(ShardLevel v) { return name_in(kShardNames, v); }
+constexpr const char* name_of(CheckpointIo v) { return name_in(kCheckpointIoNames, v); }
 constexpr const char* name_of(MaskKind v) { return name_in(kMaskNames, v); }
 constexpr const char* name_of(Remat v) { return name_in(kRematNames, v); }
 constexpr const char* name_of(CpAlgoSetting v) { return name_in(kCpAlgoNames, v); }

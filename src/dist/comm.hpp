@@ -239,6 +239,11 @@ template <class F> void run_then_agree(Comm& comm, F&& f) {
   if (std::string msg = agree_on_error(comm, mine); !msg.empty()) throw RunFailed(msg);
 }
 
+// The MPI communicator (an MPI_Comm, valid while `c` lives) behind an MPI communicator `c`, as an
+// opaque pointer for code that hands it to an MPI library without including mpi.h (the I/O
+// module's MPI-IO checkpoints).
+const void* mpi_comm_of(Comm& c);
+
 // Bytes per second of a transfer of `bytes` that took `t` seconds, less a latency measured apart.
 // On a loaded machine that latency may exceed the transfer's time: at most half of `t` is
 // subtracted, so the rate stays within 2x of the raw one instead of dividing by ~0.

@@ -78,6 +78,7 @@ class CommMpi final : public Comm {
   std::string name() const override { return name_; }
   std::string backend() const override { return "mpi"; }
   MPI_Comm handle() const { return comm_; }
+  const MPI_Comm* handle_ptr() const { return &comm_; }
 
   void wait(Request& r) override {
     if (!r.pending()) return;
@@ -216,6 +217,12 @@ MPI_Comm mpi_handle(Comm& c) {
   auto* m = dynamic_cast<CommMpi*>(&c);
   CTXPAR_CHECK(m != nullptr, "communicator '" << c.name() << "' is not an MPI communicator");
   return m->handle();
+}
+
+const void* mpi_comm_of(Comm& c) {
+  auto* m = dynamic_cast<CommMpi*>(&c);
+  CTXPAR_CHECK(m != nullptr, "communicator '" << c.name() << "' is not an MPI communicator");
+  return m->handle_ptr();
 }
 
 namespace {

@@ -38,6 +38,27 @@ struct H5Attrs {
 void h5_write_tensors(const std::string& path, const H5Attrs& attrs, const std::vector<H5Tensor>& tensors,
                       const std::vector<H5IntTensor>& ints = {});
 
+// One rank's part of a 2-D float dataset in a collective write: `n` consecutive elements, in
+// row-major order, of a slice `width` columns wide whose element (0, 0) is the dataset's
+// (row0, col0), from slice element `first` (a tp slice of a tensor, or the whole tensor).
+struct H5SlicePart {
+  int64_t row0 = 0, col0 = 0, width = 0, first = 0, n = 0;
+  const float* data = nullptr;
+};
+struct H5SharedTensor {
+  std::string name;
+  int64_t rows = 0, cols = 0;
+  std::vector<H5SlicePart> parts;  // this rank's (none: it writes nothing of this tensor)
+};
+// The parallel writer: one file written by every rank of `comm` at once through HDF5's MPI-IO
+// driver (datasets and attributes created collectively, each rank's parts written independently),
+// to path + ".partial", which rank 0 renames to path once every rank has closed it. Every rank
+// passes the same attributes and the same tensor names and shapes; the ranks' parts cover every
+// element once. An I/O error on any rank: the partial file removed and LocalFault thrown on every
+// rank (the same message). `comm`: an MPI communicator (MPI_Comm) of every rank of the job.
+void h5_write_tensors_parallel(const std::string& path, const H5Attrs& attrs,
+                               const std::vector<H5SharedTensor>& tensors, const void* comm);
+
 class H5TensorReader {
  public:
   // Throws UsageError (naming `path`) when the file cannot be opened as HDF5.

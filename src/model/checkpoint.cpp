@@ -1,6 +1,7 @@
 #include "model/checkpoint.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <span>
 #include <utility>
 
@@ -35,6 +36,16 @@ int identity_key(std::string_view name) {
 }
 
 std::string quoted(const std::string& v) { return "'" + printable(v, 1) + "'"; }
+
+// The root attributes of a checkpoint: its kind, where the run is, and every identity setting.
+H5Attrs checkpoint_attrs(const Config& cfg, const TrainState& st) {
+  H5Attrs a;
+  a.ints = {{"step", st.step}, {"next_sample", st.next_sample}};
+  a.strings = {{"ctxpar_file", "checkpoint"}};
+  for (const Field& f : config_fields())
+    if (identity_key(f.name)) a.strings.emplace_back(std::string(f.name), field_text(cfg, f));
+  return a;
+}
 
 }  // namespace
 
@@ -86,12 +97,60 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayo
       t.push_back({"adam_m/" + info[i].name, info[i].rows, info[i].cols, gm[i].data()});
       t.push_back({"adam_v/" + info[i].name, info[i].rows, info[i].cols, gv[i].data()});
     }
-    H5Attrs a;
-    a.ints = {{"step", st.step}, {"next_sample", st.next_sample}};
-    a.strings = {{"ctxpar_file", "checkpoint"}};
-    for (const Field& f : config_fields())
-      if (identity_key(f.name)) a.strings.emplace_back(std::string(f.name), field_text(cfg, f));
-    h5_write_tensors(path, a, t);
+    h5_write_tensors(path, checkpoint_attrs(cfg, st), t);
+  });
+}
+
+void save_checkpoint_parallel(const std::string& path, const Config& cfg, const ParamLayout& layout,
+                              const StateShard& held, const float* params, const float* m, const float* v,
+                              const TrainState& st, Topology& topo) {
+  // What this rank writes: its pieces of every unit over the shard group (the run's own pieces
+  // when the state is sharded; else the same cut of the whole buffers), of the tensors its tp rank
+  // writes: tp rank 0 those every tp rank holds alike, a K/V head's first copy its columns.
+  Comm& group = topo.host_shard();
+  const StateShard write(layout, ShardLevel::optimizer, group.rank(), group.size());
+  const int t_rank = topo.coord(Axis::tp);
+  const auto& info = layout.tensors();
+  const char* groups[3] = {"params/", "adam_m/", "adam_v/"};
+  // params whole (flat) unless shard=params; the moments in the held pieces (flat when unsharded)
+  const bool in_pieces[3] = {held.params_sharded(), held.sharded(), held.sharded()};
+  const float* arrays[3] = {params, m, v};
+  std::vector<H5SharedTensor> tensors;
+  int64_t bad = int64_t(3 * info.size());  // the first (tensor, group) with a non-finite value here
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const StateShard::Piece& w = write.pieces[u];
+    for (size_t i = layout.units()[u].first; i < layout.units()[u].last; ++i) {
+      const ParamInfo& p = info[i];
+      const bool writes = (p.split != Split::replicated || t_rank == 0) && (p.copies == 1 || t_rank % p.copies == 0);
+      const int64_t a = std::max(p.offset, w.lo), b = std::min(p.offset + p.loc_elems(), w.hi);
+      for (int g = 0; g < 3; ++g) {
+        H5SharedTensor t{groups[g] + p.name, p.rows, p.cols, {}};
+        if (writes && a < b) {
+          const float* d = arrays[g] + (in_pieces[g] ? held.pieces[u].at + (a - held.pieces[u].lo) : a);
+          t.parts.push_back({p.row0, p.col0, p.loc_cols, a - p.offset, b - a, d});
+          for (int64_t j = 0; j < b - a && bad == int64_t(3 * info.size()); ++j)
+            if (!std::isfinite(d[j])) bad = int64_t(3 * i + size_t(g));
+        }
+        tensors.push_back(std::move(t));
+      }
+    }
+  }
+  // Never a NaN or Inf in a checkpoint (a resume would refuse it): the last complete one stays.
+  topo.world().all_reduce(std::span<int64_t>(&bad, 1), ReduceOp::min);
+  H5Attrs attrs = checkpoint_attrs(cfg, st);
+  const MeshSpec& mesh = topo.mesh();
+  attrs.strings.emplace_back("written_by", "parallel writer: " + std::to_string(topo.world().size()) + " ranks, mesh dp:" +
+                             std::to_string(mesh.dp) + ",tp:" + std::to_string(mesh.tp) + ",ulysses:" +
+                             std::to_string(mesh.ulysses) + ",ring:" + std::to_string(mesh.ring) + ", shard=" +
+                             name_of(cfg.shard));
+  const void* world = mpi_comm_of(topo.world());
+  run_then_agree(topo.world(), [&] {
+    if (bad < int64_t(3 * info.size())) {
+      if (topo.world().rank() != 0) return;
+      throw LocalFault("checkpoint at step " + std::to_string(st.step) + ": " + groups[bad % 3] + info[size_t(bad / 3)].name +
+                       " holds a non-finite value; not written, " + path + " keeps the last complete checkpoint");
+    }
+    h5_write_tensors_parallel(path, attrs, tensors, world);
   });
 }
 

@@ -30,6 +30,14 @@ struct TrainState {
 // rank 0); sharded moments are first assembled there (gather_ranges).
 void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, const float* params,
                      const float* m, const float* v, const TrainState& st, Topology& topo);
+// The same file by the parallel writer (checkpoint_io = parallel, io/h5_checkpoint.hpp
+// h5_write_tensors_parallel): no gather; every rank writes its pieces of each unit over the shard
+// group (model/state_shard.hpp), tp rank 0 the tensors every tp rank holds alike. `params`: the
+// whole flat weights, or with shard=params this rank's pieces (`held`); `m`, `v`: the held pieces
+// (the whole flat moments when unsharded). Host memory. Collective over every rank.
+void save_checkpoint_parallel(const std::string& path, const Config& cfg, const ParamLayout& layout,
+                              const StateShard& held, const float* params, const float* m, const float* v,
+                              const TrainState& st, Topology& topo);
 // "" when `path` is a checkpoint of this model (and, for training, of this data stream): its
 // recorded settings and tensor shapes, no values read; else what is wrong; `step` (when given) receives the checkpoint's step.
 std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout,

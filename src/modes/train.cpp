@@ -335,8 +335,11 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   const double global = 4.0 * double(ParamLayout(model_dims(cfg, 1, 0)).local_elems());
   // Sharded state is first assembled whole on the writer: both moments (and at shard=params the
   // weights) of this tp slice, and every rank's pieces as they arrive.
-  if (cfg.checkpoint_every > 0)
+  // The parallel writer gathers nothing: one tensor's part at a time is copied out to be written.
+  if (cfg.checkpoint_every > 0 && cfg.checkpoint_io == CheckpointIo::serial)
     p.gather_bytes = std::max(p.gather_bytes, 3.0 * global + (shard.sharded() ? 4.0 * n * (shard.params_sharded() ? 4 : 3) : 0.0));
+  if (cfg.checkpoint_every > 0 && cfg.checkpoint_io == CheckpointIo::parallel)
+    p.gather_bytes = std::max(p.gather_bytes, 4.0 * widest / double(shard.sharded() ? shard.Z : 1));
   if (!cfg.dump_init.empty()) p.gather_bytes = std::max(p.gather_bytes, OracleDump::gather_bytes(cfg, global));
   p.total_bytes = p.state_bytes + p.activation_bytes + p.strategy_bytes + p.gather_bytes;
   return p;
@@ -441,7 +444,10 @@ std::string train_plan(const Config& cfg, Topology& topo) {
   }
   os << "memory estimate per rank: " << fmt_bytes(t.total_bytes) << " (params+grads+AdamW " << fmt_bytes(t.state_bytes)
      << ", activations+scratch " << fmt_bytes(t.activation_bytes) << ", strategy buffers " << fmt_bytes(t.strategy_bytes)
-     << (t.gather_bytes > 0 ? ", whole tensors gathered on rank 0 to write " + fmt_bytes(t.gather_bytes) : std::string())
+     << (t.gather_bytes > 0 ? (cfg.checkpoint_io == CheckpointIo::parallel && cfg.dump_init.empty()
+                                   ? ", a tensor's part copied out to write "
+                                   : ", whole tensors gathered on rank 0 to write ") + fmt_bytes(t.gather_bytes)
+                             : std::string())
      << ")\n";
   return os.str();
 }
@@ -522,6 +528,7 @@ struct TrainRun {
   const bool any_offload;
   // On a GPU the host keeps a copy for initialization, checkpoints and dumps (HostCopy).
   HostCopy host;
+  double read_s = 0;  // resume: the checkpoint's read, slowest rank
   TrainState state;  // resumed, or the seeded initialization at step 0
   std::unique_ptr<CpStrategy> local_strat;
   std::unique_ptr<Numerics> num;  // plain, or exact (model/numerics.hpp)
@@ -577,7 +584,10 @@ struct TrainRun {
     // shard=params: this rank's pieces only (the CPU); else the whole weights, then its pieces of them
     float* p = shard.params_sharded() ? master_pieces.data() : host.p(params);
     if (!cfg.resume.empty()) {
+      const double t0 = world.now();
       st = load_checkpoint(cfg.resume, layout, p, shard, host.m(opt), host.v(opt));
+      read_s = world.now() - t0;
+      world.all_reduce(std::span<double>(&read_s, 1), ReduceOp::max);
       opt.set_step(st.step);
     } else if (shard.params_sharded()) {
       init_pieces(layout, shard, uint64_t(cfg.seed), p);
@@ -608,6 +618,11 @@ struct TrainRun {
     dump.state(whole_weights(p), whole(host.download_m(opt), m), whole(host.download_v(opt), v));
   }
   void save(const std::string& path, const TrainState& st) {
+    if (cfg.checkpoint_io == CheckpointIo::parallel) {  // every rank its part, no gather
+      const float* p = shard.params_sharded() ? master_pieces.data() : host.download_params(params, opt);
+      save_checkpoint_parallel(path, cfg, layout, shard, p, host.download_m(opt), host.download_v(opt), st, topo);
+      return;
+    }
     std::vector<float> p, m, v;
     save_checkpoint(path, cfg, layout, whole_weights(p), whole(host.download_m(opt), m),
                     whole(host.download_v(opt), v), st, topo);
@@ -676,7 +691,9 @@ void log_train_header(const TrainRun& r, double peak) {
     log0("# shard=%s: AdamW moments of %lld of the %lld elements of this tp slice per rank (%d ranks of dp x CP), "
          "the updated parameters all-gathered after each step (phase state_gather)\n", name_of(cfg.shard),
          (long long)r.shard.elems(), (long long)r.shard.n, r.shard.Z);
-  if (r.state.step > 0) log0("# resumed from %s at step %lld\n", cfg.resume.c_str(), (long long)r.state.step);
+  if (r.state.step > 0)
+    log0("# resumed from %s at step %lld (read in %.3f s, slowest rank)\n", cfg.resume.c_str(), (long long)r.state.step,
+         r.read_s);
   log0("#  step         loss  grad_norm   time_ms    tokens/s  TFLOP/s/rank    MFU%%  exposed_ms  peak_MiB\n");
 }
 
@@ -935,10 +952,12 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     r.state.next_sample = (s + 1) * r.DP;
     if (cfg.checkpoint_every > 0 && r.state.step % cfg.checkpoint_every == 0) {
       Tracer::Scope sc(&tracer, Phase::other, -1, -1, 0, 0);
+      const double t_ck = r.world.now();
       r.save(cfg.checkpoint, r.state);
       last_checkpoint = r.state.step;
       last_checkpoint_path = cfg.checkpoint;
-      log0("# checkpoint: step %lld written to %s\n", (long long)r.state.step, cfg.checkpoint.c_str());
+      log0("# checkpoint: step %lld written to %s in %.3f s (%s writer)\n", (long long)r.state.step,
+           cfg.checkpoint.c_str(), r.world.now() - t_ck, name_of(cfg.checkpoint_io));
     }
     if (stop) {
       log0("# stop signal: ending after step %lld\n", (long long)s);

@@ -10,6 +10,8 @@
   errors    a tp size that does not divide kv_heads is a usage error (exit 2) naming kv_heads
   shard     shard=optimizer, grads, params against shard=none on every mesh kind (optimizer, and every level
             under deterministic=true: the same bits); resumes across meshes and levels; the --dry-run plan
+  checkpoint_io  the parallel writer's file bit-identical to the serial one on every mesh kind; a resume from
+            it; a SIGKILL mid-write leaves the last complete checkpoint whole
   deterministic  deterministic=true: losses and checkpoints bit-identical at np 1, 2, 3, 4, 6 and 8,
             every strategy, threads 1 and 2, remat, dp, tp (2 and 4, alone and with ring or ulysses),
             local and Gated DeltaNet layers, and a resume from 2 ranks onto 4
@@ -24,6 +26,7 @@ usage: test_train_runs.py CTXPAR MPIRUN CONFIG CASE
 """
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -337,6 +340,90 @@ def case_shard(tmp):
         print(f"none - {level}: plan {d_est / 2**20:.2f} MiB, measured {d_peak / 2**20:.2f} MiB")
         if not (d_peak > 0 and abs(d_est - d_peak) <= 0.25 * d_peak):
             bad.append(f"none - {level}: plan {d_est / 2**20:.2f} MiB vs measured {d_peak / 2**20:.2f} MiB (> 25% apart)")
+    return bad
+
+
+def case_checkpoint_io(tmp):
+    """checkpoint_io=parallel (every rank writes its part of each tensor at once through MPI-IO) writes the
+    file the serial writer (rank 0 after a gather) writes, dataset for dataset bit for bit: on ring:4 with the
+    state whole (the write split over the ranks anyway), ring:3 at shard=optimizer (pieces that 3 does not
+    divide), tp:2 x ring:2 at shard=params, dp:2 x ring:2 at shard=grads, K/V heads copied over tp:4 (each
+    head's first copy writes it), MLA on tp:2 (latents every tp rank holds alike); a run resumed from a
+    parallel checkpoint written at shard=params on 4 ranks has the uninterrupted run's losses bit for bit
+    (deterministic) on 1 rank. A SIGKILL while a parallel checkpoint is being written leaves the last complete
+    one whole and resumable."""
+    bad = []
+    mla = ["attention=mla", "q_lora_rank=24", "kv_lora_rank=32", "qk_nope_head_dim=16", "qk_rope_head_dim=8",
+           "v_head_dim=16", "mesh=tp:2"]
+    kinds = [("ring_np4", 4, ["mesh=ring:4"]), ("ring_np3_optimizer", 3, ["mesh=ring:3", "shard=optimizer", "seq=130"]),
+             ("tp2_ring2_params", 4, ["mesh=tp:2,ring:2", "shard=params"]),
+             ("dp2_ring2_grads", 4, ["mesh=dp:2,ring:2", "shard=grads"]),
+             ("tp4_kv_copies", 4, ["mesh=tp:4", "shard=optimizer"]), ("mla_tp2", 2, mla)]
+
+    def go(name, np_, args, io):
+        ck = os.path.join(tmp, f"{name}_{io}.ck.h5")
+        run(tmp, f"{name}_{io}", np_, ["steps=2", "checkpoint_every=2", f"checkpoint={ck}", f"checkpoint_io={io}"] + args)
+        with h5py.File(ck, "r") as f:
+            step = int(f.attrs["step"])
+        return step, checkpoint_arrays(ck)
+
+    with ThreadPoolExecutor(2) as ex:
+        got = list(ex.map(lambda r: go(*r), [(n, np_, a, io) for n, np_, a in kinds for io in ("serial", "parallel")]))
+    for i, (name, _, _) in enumerate(kinds):
+        (s0, a0), (s1, a1) = got[2 * i], got[2 * i + 1]
+        diff = [k for k in a0 if k not in a1 or not same_bits(a0[k], a1[k])]
+        ok = s0 == s1 == 2 and not diff and len(a0) == len(a1) and len(a0) > 0
+        print(f"{name:18s} parallel vs serial writer: {len(diff)} of {len(a0)} datasets differ", "ok" if ok else "FAIL")
+        if not ok:
+            bad.append(name)
+
+    det = ["deterministic=true", "seq=200"]
+    ref = run(tmp, "io_det_np1", 1, det + ["steps=4"])["loss"]
+    ck = os.path.join(tmp, "io_det_params.ck.h5")
+    run(tmp, "io_det_params", 4, det + ["mesh=ring:4", "shard=params", "checkpoint_io=parallel", "steps=2",
+                                        "checkpoint_every=2", f"checkpoint={ck}"])
+    r = run(tmp, "io_det_resumed", 1, det + ["steps=4", f"resume={ck}"])
+    ok = np.array_equal(r["steps"], [2, 3]) and same_bits(r["loss"], ref[2:])
+    print("parallel checkpoint (shard=params, 4 ranks) resumed on 1 rank:", "same bits" if ok else r["loss"] - ref[2:])
+    if not ok:
+        bad.append("resume from a parallel checkpoint")
+
+    # SIGKILL while a parallel checkpoint is written: the last complete one stays whole and resumable
+    ck = os.path.join(tmp, "killed.ck.h5")
+    big = ["dim=512", "ffn_dim=2048", "vocab=16000", "seq=128", "mesh=ring:4", "shard=params", "checkpoint_io=parallel",
+           "checkpoint_every=1", f"checkpoint={ck}", "steps=1000"]
+    cmd = [MPIRUN, "-np", "4", "--oversubscribe", "--bind-to", "none", CTXPAR, "train", "--config", CONFIG,
+           "out=" + os.path.join(tmp, "killed.h5")] + BASE + big
+    env = dict(ENV, OMPI_MCA_orte_tmpdir_base=os.path.join(tmp, "killed.ompi"))
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed = False
+    import time
+    t_end = time.time() + 120
+    ranks = []  # the ctxpar processes mpirun started: SIGKILL goes to them (mpirun alone would leave them running)
+    while time.time() < t_end and p.poll() is None:
+        if len(ranks) < 4:
+            ranks = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+        if len(ranks) == 4 and os.path.exists(ck) and os.path.exists(ck + ".partial"):  # the next one being written
+            for pid in ranks:
+                os.kill(int(pid), signal.SIGKILL)
+            killed = True
+            break
+        time.sleep(0.002)
+    if p.poll() is None:
+        p.kill()
+    p.wait()
+    if not killed:
+        bad.append("no parallel checkpoint was caught mid-write")
+    else:
+        with h5py.File(ck, "r") as f:
+            step = int(f.attrs["step"])
+            whole = all(np.all(np.isfinite(np.array(f[g][k]))) for g in ("params", "adam_m", "adam_v") for k in f[g])
+        r = run(tmp, "killed_resumed", 4, [a for a in big if not a.startswith("steps=") and not a.startswith("checkpoint")]
+                + [f"steps={step + 1}", f"resume={ck}"])
+        ok = whole and np.array_equal(r["steps"], [step])
+        print(f"killed mid-write: the last complete checkpoint (step {step}) is whole and resumes", "ok" if ok else "FAIL")
+        if not ok:
+            bad.append("the last complete checkpoint after a kill")
     return bad
 
 
