@@ -16,6 +16,7 @@ std::string use_gpu_comms(Topology& topo, int device, int devices, Stream comput
     return make_staged_comm(host, device);
   });
   topo.cp().set_compute_stream(compute);
+  topo.shard().set_compute_stream(compute);
   for (int a = 0; a < kNumAxes; ++a) topo.axis(Axis(a)).set_compute_stream(compute);
   return nccl && topo.cp().size() > 1 ? "nccl" : "mpi-staged";
 }

@@ -37,13 +37,19 @@ int identity_key(std::string_view name) {
 
 std::string quoted(const std::string& v) { return "'" + printable(v, 1) + "'"; }
 
-// The root attributes of a checkpoint: its kind, where the run is, and every identity setting.
-H5Attrs checkpoint_attrs(const Config& cfg, const TrainState& st) {
+// The root attributes of a checkpoint: its kind, where the run is, every identity setting, and
+// which writer on which rank layout wrote it (a reader needs none of that: the tensors are global).
+H5Attrs checkpoint_attrs(const Config& cfg, const TrainState& st, Topology& topo) {
   H5Attrs a;
   a.ints = {{"step", st.step}, {"next_sample", st.next_sample}};
   a.strings = {{"ctxpar_file", "checkpoint"}};
   for (const Field& f : config_fields())
     if (identity_key(f.name)) a.strings.emplace_back(std::string(f.name), field_text(cfg, f));
+  const MeshSpec& m = topo.mesh();
+  a.strings.emplace_back("written_by", std::string(name_of(cfg.checkpoint_io)) + " writer, " +
+                                           std::to_string(topo.world().size()) + " ranks, mesh dp:" + std::to_string(m.dp) +
+                                           ",tp:" + std::to_string(m.tp) + ",ulysses:" + std::to_string(m.ulysses) +
+                                           ",ring:" + std::to_string(m.ring) + ", shard=" + name_of(cfg.shard));
   return a;
 }
 
@@ -79,6 +85,7 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayo
   const auto gp = gather_global_tensors(layout, params, topo);
   const auto gm = gather_global_tensors(layout, m, topo);
   const auto gv = gather_global_tensors(layout, v, topo);
+  const H5Attrs attrs = checkpoint_attrs(cfg, st, topo);
   // Rank 0 writes; every rank then agrees on how that went (a full disk ends the run on every rank
   // alike, exit 3), and nobody goes on (e.g. to a job end that a test then inspects) before the
   // file is in place.
@@ -97,7 +104,7 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayo
       t.push_back({"adam_m/" + info[i].name, info[i].rows, info[i].cols, gm[i].data()});
       t.push_back({"adam_v/" + info[i].name, info[i].rows, info[i].cols, gv[i].data()});
     }
-    h5_write_tensors(path, checkpoint_attrs(cfg, st), t);
+    h5_write_tensors(path, attrs, t);
   });
 }
 
@@ -137,12 +144,7 @@ void save_checkpoint_parallel(const std::string& path, const Config& cfg, const 
   }
   // Never a NaN or Inf in a checkpoint (a resume would refuse it): the last complete one stays.
   topo.world().all_reduce(std::span<int64_t>(&bad, 1), ReduceOp::min);
-  H5Attrs attrs = checkpoint_attrs(cfg, st);
-  const MeshSpec& mesh = topo.mesh();
-  attrs.strings.emplace_back("written_by", "parallel writer: " + std::to_string(topo.world().size()) + " ranks, mesh dp:" +
-                             std::to_string(mesh.dp) + ",tp:" + std::to_string(mesh.tp) + ",ulysses:" +
-                             std::to_string(mesh.ulysses) + ",ring:" + std::to_string(mesh.ring) + ", shard=" +
-                             name_of(cfg.shard));
+  const H5Attrs attrs = checkpoint_attrs(cfg, st, topo);
   const void* world = mpi_comm_of(topo.world());
   run_then_agree(topo.world(), [&] {
     if (bad < int64_t(3 * info.size())) {

@@ -3,7 +3,10 @@
 // split, plus attributes step (completed steps), next_sample (data position: the stream is a
 // function of the sample index), and as text every setting that changes the model's function
 // (shapes, layer pattern, window, RoPE, attention kind, MLA and GDN shapes, norms) or the data
-// stream (seed, the only RNG state; seq, data, docs, ...): a resume compares them all. Rank 0 writes PATH.partial and renames it (io/atomic_file); every rank reads its own slices.
+// stream (seed, the only RNG state; seq, data, docs, ...): a resume compares them all; and
+// written_by (the writer, the mesh and the shard level). PATH.partial is written (by rank 0, or
+// by every rank with checkpoint_io = parallel) and renamed (io/atomic_file); every rank reads its
+// own slices, or its pieces (model/state_shard.hpp), so any mesh and level resumes it.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -52,6 +52,7 @@ GpuRun::~GpuRun() {
   stream_synchronize(stream, Device::cuda);
   if (tracer) tracer->time_on_device(Device::cpu, nullptr);  // spans after this: host clock
   topo->cp().set_compute_stream(nullptr);  // the communicators outlive the stream
+  topo->shard().set_compute_stream(nullptr);
   for (int a = 0; a < kNumAxes; ++a) topo->axis(Axis(a)).set_compute_stream(nullptr);
   stream_destroy(stream, Device::cuda);
 }

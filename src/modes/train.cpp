@@ -595,7 +595,8 @@ struct TrainRun {
       layout.init(uint64_t(cfg.seed), p);
     }
     host.upload(params, opt);
-    if (shard.sharded() && !shard.params_sharded()) take_pieces(shard, host.p(params), master_pieces.data(), dev, gpu.stream);
+    // the device copies (the whole weights just uploaded) into this rank's pieces
+    if (shard.sharded() && !shard.params_sharded()) take_pieces(shard, params.data(), master_pieces.data(), dev, gpu.stream);
     return st;
   }
   // The whole weights, moments and (gradients()) gradients where checkpoints and dumps gather

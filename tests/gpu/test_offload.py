@@ -17,6 +17,8 @@ On the CUDA-runtime double work not ordered by an event runs late, never early: 
 compute stream's wait for a copy in (moments or layer inputs) makes this test fail (checked by
 hand), but a copy out not ordered after the write it reads would still run after it here, so those
 ordering points are checked by reading the code only.
+3. shard=optimizer on the device, alone and with the shard's moments offloaded: the bits of the
+   unsharded run (losses, every checkpoint dataset).
 Its refusals are cases of test_attn_device.py (params without optimizer, attn_out with remat, a
 name that is not a thing to offload, offload outside train) and of tests/cli/test_bad_input.py (offload on the CPU).
 
@@ -133,6 +135,27 @@ if len(runs) == 5:
         if f"offload={off}:" not in r["log"]:
             failures.append(f"offload={off}: no offload summary line in the train log")
         prev = off
+
+# shard=optimizer on the device (each rank keeps and updates its pieces of the master weights and
+# moments, then all-gathers the pieces), alone and with the shard's moments offloaded: the bits of
+# the unsharded run, losses and every dataset of the checkpoint.
+if "none" in runs:
+    for off in ("none", "optimizer"):
+        ck = os.path.join(WORK, f"ck_shard_{off}.h5")
+        if os.path.exists(ck):
+            os.remove(ck)
+        p = mpirun(EMU, RANKS, common + [f"offload={off}", "shard=optimizer", f"checkpoint={ck}",
+                                         f"out={os.path.join(WORK, f'tr_shard_{off}.h5')}"])
+        if p.returncode != 0:
+            failures.append(f"train shard=optimizer offload={off}: exit {p.returncode}\n{p.stderr[-2000:]}")
+            continue
+        with h5py.File(os.path.join(WORK, f"tr_shard_{off}.h5"), "r") as f:
+            loss = f["steps"]["loss"][:]
+        got = datasets(ck)
+        differ = [k for k in runs["none"]["ck"] if k not in got or not np.array_equal(runs["none"]["ck"][k], got[k])]
+        print(f"shard=optimizer offload={off}: {len(differ)} of {len(got)} checkpoint datasets differ; losses {loss.tolist()}")
+        if differ or not np.array_equal(loss, runs["none"]["loss"]):
+            failures.append(f"shard=optimizer offload={off}: not the bits of the unsharded run ({differ[:8]})")
 
 for f in failures:
     print("FAIL:", f)
