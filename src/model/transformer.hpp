@@ -71,13 +71,13 @@ class Transformer {
   // remat's recompute) visible (query, key) pairs x heads, [2l + 1] the backward's
   // (CpStats::attn_pair_heads; train's coverage audit, model/coverage.hpp).
   const std::vector<double>& attn_pair_heads() const { return attn_pairs_; }
+  // shard= (model/state_shard.hpp): the weights and gradients one unit at a time through `feed`
+  // (it must outlive this object); without one, the whole flat buffers forward_backward is given.
+  void use_feed(UnitFeed* feed) { feed_ = feed ? feed : own_feed_.get(); }
   // offload=params (model/offload.hpp HostParams): forward_backward reads the weights through
   // `view` (embedding and norms on the GPU, the GEMM weights' fp32 pointers on the host, never
   // read there) and their bf16 copy `mirror`, kept current by AdamW, instead of the `params` it is
   // given. Both must outlive this object.
-  // shard= (model/state_shard.hpp): the weights and gradients one unit at a time through `feed`
-  // (it must outlive this object); without one, the whole flat buffers forward_backward is given.
-  void use_feed(UnitFeed* feed) { feed_ = feed ? feed : own_feed_.get(); }
   void use_weights(const ModelView* view, const Bf16Mirror* mirror) {
     ext_view_ = view;
     ext_mirror_ = mirror;

@@ -333,9 +333,9 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   // Rank 0 gathers whole tensors to write them (model/checkpoint.cpp): params and both AdamW
   // moments for a checkpoint; every recorded step's state and gradients for the oracle dump.
   const double global = 4.0 * double(ParamLayout(model_dims(cfg, 1, 0)).local_elems());
-  // Sharded state is first assembled whole on the writer: both moments (and at shard=params the
-  // weights) of this tp slice, and every rank's pieces as they arrive.
-  // The parallel writer gathers nothing: one tensor's part at a time is copied out to be written.
+  // The serial writer: sharded state is first assembled whole on the writer (both moments, and at
+  // shard=params the weights, of this tp slice, and every rank's pieces as they arrive). The
+  // parallel writer gathers nothing: one tensor's part at a time is copied out to be written.
   if (cfg.checkpoint_every > 0 && cfg.checkpoint_io == CheckpointIo::serial)
     p.gather_bytes = std::max(p.gather_bytes, 3.0 * global + (shard.sharded() ? 4.0 * n * (shard.params_sharded() ? 4 : 3) : 0.0));
   if (cfg.checkpoint_every > 0 && cfg.checkpoint_io == CheckpointIo::parallel)
@@ -543,7 +543,8 @@ struct TrainRun {
       : cfg(c), topo(t), tracer(tr), on_gpu(c.device == Device::cuda), gpu(on_gpu ? &t : nullptr, &tr),
         dev(c.device), world(t.world()), cp(t.cp()), dp(t.axis(Axis::dp)), tp(tp_size(t)), DP(t.size(Axis::dp)),
         d(model_dims(c, tp, t.coord(Axis::tp))), layout(d),
-        shard(make_state_shard(c.shard, layout, t.shard())), grads_in_pieces(shard.grads_sharded() && !c.exact), strat(make_strategy(c.strategy, t, c.cp_schedule())),
+        shard(make_state_shard(c.shard, layout, t.shard())), grads_in_pieces(shard.grads_sharded() && !c.exact),
+        strat(make_strategy(c.strategy, t, c.cp_schedule())),
         part(strat->partition(), c.seq, cp.size(), exact_grain(c)), pos(part.positions(cp.rank())),
         peak_reset((mem_reset_peak(), true)),
         hparams(on_gpu && offloads(c, Offload::params) ? std::make_unique<HostParams>(layout, dev, gpu.stream) : nullptr),
@@ -599,8 +600,9 @@ struct TrainRun {
     if (shard.sharded() && !shard.params_sharded()) take_pieces(shard, params.data(), master_pieces.data(), dev, gpu.stream);
     return st;
   }
-  // The whole weights, moments and (gradients()) gradients where checkpoints and dumps gather
-  // tensors (shard group rank 0: dp 0, CP rank 0), host memory; collective over the shard group.
+  // The whole weights (whole_weights) and gradients (whole_gradients) where checkpoints and dumps
+  // gather tensors (shard group rank 0: dp 0, CP rank 0), host memory; collective over the shard
+  // group when sharded.
   const float* whole_weights(std::vector<float>& keep) {
     return shard.params_sharded() ? whole(master_pieces.data(), keep) : host.download_params(params, opt);
   }
@@ -689,9 +691,14 @@ void log_train_header(const TrainRun& r, double peak) {
          "ones zigzag over the fewest ranks within %lld%% of the mean causal work), %lld rows per rank; the frugal "
          "exchange moves only visible rows\n", (long long)kBalanceSlackPercent, (long long)r.model.S_loc());
   if (r.shard.sharded())
-    log0("# shard=%s: AdamW moments of %lld of the %lld elements of this tp slice per rank (%d ranks of dp x CP), "
-         "the updated parameters all-gathered after each step (phase state_gather)\n", name_of(cfg.shard),
-         (long long)r.shard.elems(), (long long)r.shard.n, r.shard.Z);
+    log0("# shard=%s: AdamW moments and master weights of %lld of the %lld elements of this tp slice per rank (a "
+         "piece of each unit, %d ranks of dp x CP); %s\n", name_of(cfg.shard), (long long)r.shard.elems(),
+         (long long)r.shard.n, r.shard.Z,
+         r.shard.params_sharded() ? "each unit's weights all-gathered just before use, its gradient reduce-scattered "
+                                    "(phases state_gather, state_reduce)"
+         : r.shard.grads_sharded() ? "each unit's gradient reduce-scattered in the backward, the updated pieces "
+                                     "all-gathered after the update (phases state_reduce, state_gather)"
+                                   : "the updated pieces all-gathered after the update (phase state_gather)");
   if (r.state.step > 0)
     log0("# resumed from %s at step %lld (read in %.3f s, slowest rank)\n", cfg.resume.c_str(), (long long)r.state.step,
          r.read_s);
