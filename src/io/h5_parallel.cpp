@@ -7,7 +7,9 @@
 // independent (a rank's parts need no other rank). The ranks then agree on the outcome before
 // rank 0 renames the file.
 #include <mpi.h>
+#include <sys/statvfs.h>
 
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
 
@@ -33,6 +35,14 @@ struct Status {
     if (st < 0) fail(what);
   }
 };
+
+// After a failed write: ": no space left on device" when the file system of `path` has less
+// than 1 MiB left (a full disk), else "".
+std::string space_note(const std::string& path) {
+  struct statvfs v {};
+  if (statvfs(path.c_str(), &v) != 0) return "";
+  return double(v.f_bavail) * double(v.f_frsize) < double(1 << 20) ? ": no space left on device" : "";
+}
 
 // This rank's parts of one dataset as a union of blocks of the file's dataspace: a run of a
 // slice's row-major elements is a partial first row, whole rows (one block), a partial last row.
@@ -102,6 +112,7 @@ void h5_write_tensors_parallel(const std::string& path, const H5Attrs& attrs,
     return;  // rank 0's fault, which the caller's agreement reports
   }
   const std::string tmp = path + ".partial";  // AtomicFile's partial path
+  std::string note;                            // the cause, where it is known
   Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   st.check(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), "H5Pset_fapl_mpio");
   Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
@@ -119,11 +130,25 @@ void h5_write_tensors_parallel(const std::string& path, const H5Attrs& attrs,
     }
     std::vector<float> buf;
     for (const H5SharedTensor& t : tensors) write_tensor(f, t, dxpl.get(), buf, st, tmp);
+    // A failed write (a full disk): rank 0 empties the file first, so that the close's metadata
+    // flush finds room and the file leaves HDF5's table (a file HDF5 could not close is closed
+    // again at MPI_Finalize, where the MPI-IO driver no longer can: a crash).
+    ok = st.err.empty() ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+    if (!ok) {
+      if (!st.err.empty()) note = space_note(tmp);  // before the file is emptied
+      MPI_Barrier(comm);
+      if (rank == 0) {
+        std::error_code ec;  // best effort: the close below reports what still fails
+        std::filesystem::resize_file(tmp, 0, ec);
+      }
+      MPI_Barrier(comm);
+    }
     st.check(H5Fclose(f), "H5Fclose (the disk refused the last of the data)");
   }
   ok = st.err.empty() ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
-  if (!st.err.empty()) throw LocalFault("I/O error writing '" + tmp + "': " + st.err);
+  if (!st.err.empty()) throw LocalFault("I/O error: HDF5: " + st.err + " failed (file " + tmp + ")" + note);
   if (!ok || !out) return;  // another rank's fault (rank 0 removes the partial file), or not rank 0
   try {
     out->commit();

@@ -21,8 +21,9 @@ within its time limit, keeps every completed step readable and leaves the status
                   tensor; the last good checkpoint is untouched
   out_of_memory   an allocation the node cannot give (an address-space limit stands for a small
                   node): one message, exit 3, trace "failed", no backtrace
-  disk_full       the checkpoint's file system fills up: exit 3, the trace (elsewhere) says "failed"
-                  with the cause, the last complete checkpoint is still there and whole
+  disk_full       the checkpoint's file system fills up, with the serial and with the parallel writer:
+                  exit 3, the trace (elsewhere) says "failed" with the cause, the last complete
+                  checkpoint is still there and whole
   trace_disk_full the trace's own file system fills up: the run stops while the file is whole
                   (exit 3, "failed", every completed step readable)
   side_links      NAME.partial and NAME.lock left as a symlink and a hard link to a user's files:
@@ -493,14 +494,20 @@ def case_out_of_memory(c):
 
 
 def case_disk_full(c):
-    small = mount_tmpfs(c, "8m")
+    # the serial writer (rank 0 after a gather), then the parallel one (every rank through MPI-IO)
+    for io in ("serial", "parallel"):
+        disk_full_with(c, io)
+
+
+def disk_full_with(c, io):
+    small = mount_tmpfs(c, "8m", "small_" + io)
     try:
         ck = os.path.join(small, "ck.h5")
-        out = os.path.join(c.work, "full.h5")
+        out = os.path.join(c.work, f"full_{io}.h5")
         # One tiny-model checkpoint is 5.3 MB: the first fits, the second (written beside it
         # before the rename) does not.
         r = c.run(2, ["train", "--config", c.tiny, "steps=4", "warmup=0", "checkpoint_every=1", "checkpoint=" + ck,
-                      "out=" + out])
+                      "out=" + out, "checkpoint_io=" + io])
         check(r.returncode == 3, f"exit code {r.returncode}, expected 3:\n{r.stderr[-2000:]}")
         check("no space left" in r.stderr, f"the message does not say the disk is full:\n{r.stderr[-2000:]}")
         no_abort(r.stderr)
@@ -511,7 +518,7 @@ def case_disk_full(c):
         t = c.ct.load(out)
         check(t.partial and t.status == "failed" and "no space left" in str(t.attrs.get("failure")),
               f"trace: {t.status}, {t.attrs.get('failure')!r}")
-        print(f"disk full: {t.attrs['failure']}")
+        print(f"disk full ({io} writer): {t.attrs['failure']}")
     finally:
         subprocess.run(["umount", small], capture_output=True)
 
@@ -542,8 +549,8 @@ def no_abort(err, said="I/O error"):
     check(err.count(said) == 1, f"'{said}' is not said once:\n{err[-2000:]}")
 
 
-def mount_tmpfs(c, size):
-    d = os.path.join(c.work, "small")
+def mount_tmpfs(c, size, name="small"):
+    d = os.path.join(c.work, name)
     os.makedirs(d)
     if os.geteuid() != 0:
         raise Skip("mounting a small tmpfs needs root")
