@@ -69,19 +69,20 @@ std::vector<float> gather_pieces(const float* mine, const StateShard& s, Comm& g
 // hands out places in the whole flat buffers; with them it gathers and reduce-scatters.
 class UnitFeed {
  public:
-  // `group`: the shard group (its host or device communicator); `params`: the whole flat weights,
-  // or with shard=params the master pieces (shard buffer); `grads`: the whole flat gradients, or
-  // with a sharded gradient the shard buffer its pieces are reduced into (exact numerics: whole
-  // at every level, the integer sums being all-reduced whole).
+  // `group`: the shard group (its host or device communicator; null without shards); `exact`:
+  // the exact numerics, whose gradients stay whole at every level (their integer sums are
+  // all-reduced whole).
   UnitFeed(const ParamLayout& layout, const StateShard& s, Comm* group, bool exact, Device dev, Stream stream);
+  // A step's buffers: `params`, the whole flat weights, or with shard=params the master pieces
+  // (a shard buffer); `grads`, the whole flat gradients (zeroed here), or with a sharded gradient
+  // the shard buffer its pieces are reduced into. `tr`, `st`: the gathers' spans and exposed time.
   void bind(const float* params, float* grads, Tracer* tr, CpStats* st);
   // Unit u's weights (tensor i at weights(u) + offset_i - begin_u), valid until release(u).
   const float* weights(size_t u);
   void release(size_t u);
-  // Unit u's gradient accumulator, laid out the same way (zeroed at the step's start, or here).
+  // Unit u's gradient accumulator, laid out the same way (zeroed at bind, or here).
   float* grads(size_t u);
   void grads_done(size_t u);  // every term of unit u's gradient added: reduce-scatter it
-  bool grads_whole() const { return !reduce_; }
   // Bytes of gather and reduce buffers this object holds (the plan).
   static double buffer_bytes(const StateShard& s, bool exact);
 
