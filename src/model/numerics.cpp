@@ -61,12 +61,12 @@ class PlainNumerics final : public Numerics {
   double bytes_per_grad() const override { return 4; }
   void sum_over_ranks(const ParamLayout& layout, float* grads, double& loss, const GradGroups& g, Device dev,
                       Stream stream) override {
-    if (!g.grads_reduced) {
+    if (!g.pieces) {
       const Buf b = buf_at(grads, size_t(layout.local_elems()), dev);
       if (g.cp && g.cp->size() > 1) g.cp->all_reduce(b);
       if (g.dp && g.dp->size() > 1) g.dp->all_reduce(b);
-      if (g.tp && g.tp->size() > 1) reduce_replicated_kv_grads(layout, grads, *g.tp, dev, stream);
     }
+    if (g.tp && g.tp->size() > 1) reduce_replicated_kv_grads(layout, grads, *g.tp, dev, stream, g.pieces);
     if (g.cp && g.cp->size() > 1) g.cp->all_reduce(std::span<double>(&loss, 1));
     if (g.dp && g.dp->size() > 1) g.dp->all_reduce(std::span<double>(&loss, 1));
   }

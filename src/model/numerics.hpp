@@ -27,6 +27,7 @@ namespace ctxpar {
 
 class AdamW;
 class Comm;
+struct StateShard;
 struct LayerRun;
 
 // One term of a tp-summed product: A [n, K] (leading dimension lda) times op(B) (B [K, N] with
@@ -70,8 +71,9 @@ struct GradGroups {
   Comm* dp = nullptr;
   Comm* tp = nullptr;  // K/V heads replicated over tp ranks (plain: their copies' sum)
   // plain: the gradients were reduce-scattered over cp x dp already (shard=grads, params; the
-  // model's UnitFeed): only the loss is summed here
-  bool grads_reduced = false;
+  // model's UnitFeed) into this rank's pieces: only the loss is summed here, and the K/V copies'
+  // gradients over tp on the pieces (null: the whole gradients)
+  const StateShard* pieces = nullptr;
 };
 
 class Numerics {

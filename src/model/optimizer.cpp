@@ -170,21 +170,36 @@ double AdamW::grad_norm_exact(const float* g, Comm* tp, int64_t units) const {
   return std::sqrt(sq);
 }
 
-void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& tp, Device dev, Stream stream) {
-  for (const ParamInfo& p : layout.tensors()) {
-    if (!p.kv || p.copies <= 1) continue;
-    // Every tp rank writes its head's columns into the whole tensor's place (zeros elsewhere);
-    // the sum over tp leaves each head's columns summed over its copies.
-    std::vector<float> all(size_t(p.rows * p.cols), 0.0f), g(size_t(p.loc_elems()));
-    const size_t bytes = g.size() * sizeof(float);
-    copy_to_host(g.data(), grads + p.offset, bytes, dev, stream);
-    for (int64_t r = 0; r < p.rows; ++r)
-      std::copy_n(g.data() + r * p.loc_cols, p.loc_cols, all.data() + r * p.cols + p.col0);
-    tp.all_reduce(std::span<float>(all));
-    for (int64_t r = 0; r < p.rows; ++r)
-      std::copy_n(all.data() + r * p.cols + p.col0, p.loc_cols, g.data() + r * p.loc_cols);
-    copy_to_device(grads + p.offset, g.data(), bytes, dev, stream);
-  }
+void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& tp, Device dev, Stream stream,
+                                const StateShard* pieces) {
+  const auto& units = layout.units();
+  for (size_t u = 0; u < units.size(); ++u)
+    for (size_t i = units[u].first; i < units[u].last; ++i) {
+      const ParamInfo& p = layout.tensors()[i];
+      if (!p.kv || p.copies <= 1) continue;
+      // This rank's part of the tensor: the whole of it, or its overlap with the rank's piece of the
+      // unit (the same part on every tp rank: their layouts match), at `at` in `grads`.
+      int64_t a = 0, b = p.loc_elems(), at = p.offset;
+      if (pieces) {
+        const StateShard::Piece& pc = pieces->pieces[u];
+        a = std::max(p.offset, pc.lo) - p.offset;
+        b = std::min(p.offset + p.loc_elems(), pc.hi) - p.offset;
+        at = pc.at + (a + p.offset - pc.lo);
+      }
+      // Every tp rank writes its head's columns of the part's rows into the whole tensor's place
+      // (zeros elsewhere); the sum over tp leaves each head's columns summed over its copies. A
+      // rank whose piece misses the tensor still joins the sum (b <= a: an empty part).
+      const int64_t r0 = b > a ? a / p.loc_cols : 0, r1 = b > a ? (b - 1) / p.loc_cols + 1 : 0;
+      std::vector<float> all(size_t((r1 - r0) * p.cols), 0.0f), g(size_t(std::max<int64_t>(b - a, 0)));
+      const size_t bytes = g.size() * sizeof(float);
+      if (!g.empty()) copy_to_host(g.data(), grads + at, bytes, dev, stream);
+      for (int64_t e = a; e < b; ++e)
+        all[size_t((e / p.loc_cols - r0) * p.cols + p.col0 + e % p.loc_cols)] = g[size_t(e - a)];
+      tp.all_reduce(std::span<float>(all));
+      for (int64_t e = a; e < b; ++e)
+        g[size_t(e - a)] = all[size_t((e / p.loc_cols - r0) * p.cols + p.col0 + e % p.loc_cols)];
+      if (!g.empty()) copy_to_device(grads + at, g.data(), bytes, dev, stream);
+    }
 }
 
 void AdamW::update(float* params, const float* grads, double norm, Tracer* tr) {

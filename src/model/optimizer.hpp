@@ -21,9 +21,11 @@ struct AdamWConfig {
 // Training with fewer K/V heads than tp: each K/V head's projection columns live on tp / H_kv
 // tp ranks, each of which computed the gradient from its own query heads; sums those copies (a
 // collective over tp, in place; a no-op without replicated heads). `grads` on `dev` (a GPU's
-// tensors are staged through the host: a small tensor, once per step).
+// tensors are staged through the host: a small tensor, once per step): the whole flat gradient,
+// or (`pieces`, shard=grads and params) this rank's pieces of it (model/state_shard.hpp), the same
+// pieces on every tp rank.
 void reduce_replicated_kv_grads(const ParamLayout& layout, float* grads, Comm& tp, Device dev = Device::cpu,
-                                Stream stream = nullptr);
+                                Stream stream = nullptr, const StateShard* pieces = nullptr);
 
 // The moments live on `dev` (Device::cuda: every operation ordered on `stream`), as do the
 // params and grads passed to it. They cover this rank's pieces of the layout (model/state_shard.hpp;

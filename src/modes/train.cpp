@@ -211,14 +211,6 @@ std::string validate_train_mode(const Config& cfg, Topology& topo) {
       return "config: layer_pattern = '" + cfg.layer_pattern + "' with device = cuda: Gated DeltaNet (D) layers run on "
              "the CPU only so far; valid: device=cpu, or a pattern of G and L layers";
   }
-  // The plain numerics sum a K/V head's gradient over its copies on the whole tensor
-  // (reduce_replicated_kv_grads), which a gradient in pieces does not hold.
-  if ((cfg.shard == ShardLevel::grads || cfg.shard == ShardLevel::params) && !cfg.exact && cfg.attention != "mla" &&
-      tp > cfg.kv_heads)
-    return std::string("config: shard = ") + name_of(cfg.shard) + " with tp:" + std::to_string(tp) + " over kv_heads = " +
-           std::to_string(cfg.kv_heads) + ": each K/V head's gradient is summed over its " +
-           std::to_string(tp / cfg.kv_heads) + " copies on the whole tensor, which sharded gradients do not hold; "
-           "valid: shard=optimizer, a tp up to kv_heads, or deterministic=true";
   err = schedule_refusal(cfg.strategy, cfg.cp_schedule());
   if (!err.empty()) return err;
   const CpCall shape = local_attn_problem(cfg, tp);
@@ -713,7 +705,7 @@ void sum_gradients(TrainRun& r, double& loss_sum, CpStats& st) {
   Tracer::Scope sc(&r.tracer, Phase::all_reduce, -1, -1, 0, bytes);
   const double tc = r.world.now();
   r.num->sum_over_ranks(r.layout, r.grads.data(), loss_sum,
-                        GradGroups{&r.cp, &r.dp, &r.topo.axis(Axis::tp), r.grads_in_pieces}, r.dev,
+                        GradGroups{&r.cp, &r.dp, &r.topo.axis(Axis::tp), r.grads_in_pieces ? &r.shard : nullptr}, r.dev,
                         r.gpu.stream);
   st.exposed_comm_s += r.world.now() - tc;
 }

@@ -107,8 +107,6 @@ CASES = [
      "the offloaded master weights are not sharded yet"),
     ("shard level not one of its names", ["train", "shard=params3"], "none, optimizer, grads, params"),
     ("gradients in pieces on a GPU", ["train", "device=cuda", "shard=grads"], "per-unit gathers and reduce-scatters"),
-    ("gradients in pieces with K/V heads copied over tp", ["train", "mesh=tp:2", "kv_heads=1", "heads=2",
-                                                            "shard=params"], "shard = params with tp:2 over kv_heads = 1"),
     ("local strategy not in the registry", ["train", "local_strategy=pass_q"], "one of: halo, allgather"),
     ("deterministic in bench attn", ["bench", "attn", "deterministic=true"], "deterministic (command line) is not read by"),
     # Keys a mode does not read, on the command line: refused, naming the modes that read them.

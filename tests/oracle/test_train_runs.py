@@ -263,8 +263,9 @@ def case_shard(tmp):
     the losses and the checkpoint (parameters, both moments) have the bits of shard=none with the plain
     numerics; grads and params sum the gradients by reduce-scatter (another order): losses within the mesh
     tolerance. Kinds: the ring at np 2 and at np 3 (units 3 does not divide: the last pieces shorter), usp over
-    ulysses:2 x ring:2, tp:2 x ring:2, dp:2 x ring:2, an MLA model, a Gated DeltaNet one, and ulysses with
-    remat=full (the backward's recompute reads the gathered weights again). Under
+    ulysses:2 x ring:2, tp:2 x ring:2, dp:2 x ring:2, an MLA model, a Gated DeltaNet one, ulysses with
+    remat=full (the backward's recompute reads the gathered weights again), and tp:2 x ring:2 over one K/V
+    head (its gradient summed over its two copies on the pieces). Under
     deterministic=true every level has the bits of none (losses and checkpoints) on ring, usp, tp:2 x ring:2
     and dp:2 x ring:2. A checkpoint written at shard=params on 4 ranks resumes at shard=none on 1 and on 2
     ranks, and one written at shard=none on 1 rank resumes at shard=params on 3, each with the uninterrupted
@@ -301,7 +302,8 @@ def case_shard(tmp):
              ("tp2_ring2", 4, ["strategy=ring", "mesh=tp:2,ring:2"]), ("dp2_ring2", 4, ["strategy=ring", "mesh=dp:2,ring:2"]),
              ("mla_ring_np2", 2, ["strategy=ring"] + mla),
              ("gdn_allgather_np2", 2, ["strategy=allgather", "layer_pattern=DG"]),
-             ("ulysses_np2_remat", 2, ["strategy=ulysses", "mesh=ulysses:2", "remat=full"])]
+             ("ulysses_np2_remat", 2, ["strategy=ulysses", "mesh=ulysses:2", "remat=full"]),
+             ("tp2_ring2_kv_copies", 4, ["strategy=ring", "mesh=tp:2,ring:2", "kv_heads=1"])]
     got = sweep(kinds, [])
     for name, _, _ in kinds:
         for level in levels[1:]:
