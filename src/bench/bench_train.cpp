@@ -77,8 +77,9 @@ int bench_train(BenchContext& ctx) {
                                2e-5 * std::abs(runs[0].s.last_loss) &&
                                std::abs(runs[1].s.first_loss - runs[0].s.first_loss) <= 2e-5 * std::abs(runs[0].s.first_loss));
   auto same_bits = [&](const Run& r) {
+    if (r.same < 0) return true;
     const TrainSummary& b = runs[size_t(r.same)].s;
-    return r.same < 0 || (r.s.first_loss == b.first_loss && r.s.last_loss == b.last_loss);
+    return r.s.first_loss == b.first_loss && r.s.last_loss == b.last_loss;
   };
   Table t("ctxpar bench train — forward + backward + AdamW steps (median over measured steps)",
                {{"schedule", "schedule", "", 14, 0}, {"shard", "shard", "", 10, 0}, {"layers", "layers", "", 7, 0},

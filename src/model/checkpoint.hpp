@@ -30,7 +30,7 @@ struct TrainState {
 };
 
 // `m`, `v`: the whole layout's moments on the ranks that gather_global_tensors reads (dp 0, CP
-// rank 0); sharded moments are first assembled there (gather_ranges).
+// rank 0); sharded moments are first assembled there (gather_pieces).
 void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout, const float* params,
                      const float* m, const float* v, const TrainState& st, Topology& topo);
 // The same file by the parallel writer (checkpoint_io = parallel, io/h5_checkpoint.hpp

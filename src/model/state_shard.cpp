@@ -108,8 +108,6 @@ const float* UnitFeed::weights(size_t u) {
   return wbuf_.data();
 }
 
-void UnitFeed::release(size_t) {}  // the buffer is reused by the next unit
-
 float* UnitFeed::grads(size_t u) {
   const StateShard::Piece& p = s_.pieces[u];
   if (!reduce_) return grads_ + p.begin;

@@ -65,7 +65,7 @@ void init_pieces(const ParamLayout& layout, const StateShard& s, uint64_t seed, 
 std::vector<float> gather_pieces(const float* mine, const StateShard& s, Comm& group);
 
 // The model's weights and gradient accumulators, one unit at a time (model/transformer.cpp asks
-// for each unit just before it needs it, and says when it is done with it). Without shards it
+// for each unit just before it needs it, and says when a unit's gradient is complete). Without shards it
 // hands out places in the whole flat buffers; with them it gathers and reduce-scatters.
 class UnitFeed {
  public:
@@ -77,9 +77,9 @@ class UnitFeed {
   // (a shard buffer); `grads`, the whole flat gradients (zeroed here), or with a sharded gradient
   // the shard buffer its pieces are reduced into. `tr`, `st`: the gathers' spans and exposed time.
   void bind(const float* params, float* grads, Tracer* tr, CpStats* st);
-  // Unit u's weights (tensor i at weights(u) + offset_i - begin_u), valid until release(u).
+  // Unit u's weights (tensor i at weights(u) + offset_i - begin_u), valid until weights() is
+  // asked for another unit (shard=params: one unit buffer, refilled for the next).
   const float* weights(size_t u);
-  void release(size_t u);
   // Unit u's gradient accumulator, laid out the same way (zeroed at bind, or here).
   float* grads(size_t u);
   void grads_done(size_t u);  // every term of unit u's gradient added: reduce-scatter it

@@ -412,7 +412,6 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     embedding_fwd(w.emb, tokens, S, dim, xs_.at(0), dev_, stream_);
     xs_.written(0);
   }
-  feed_->release(ParamLayout::embedding_unit());
   for (int64_t l = 0; l < d_.layers; ++l) {
     const ModelView w = weights_of(ParamLayout::layer_unit(l));
     const LayerView& lw = w.layers[size_t(l)];
@@ -430,7 +429,6 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     mlp_fwd(run(l), lw, S, m.x1.data(), m.h2.data(), m.rstd.data(), m.g.data(), m.u.data(), m.m.data(),
             xs_.at(l + 1));
     xs_.written(l + 1);
-    feed_->release(ParamLayout::layer_unit(l));
   }
   // The head (final norm, LM head) from its forward through its backward.
   const size_t head = layout_.head_unit();
@@ -464,7 +462,6 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     rmsnorm_bwd_any(dhf_.data(), xs_.at(d_.layers), w.final_norm, rstd_f_.data(), dx, gw.final_norm);
   }
   feed_->grads_done(head);
-  feed_->release(head);
   for (int64_t l = d_.layers - 1; l >= 0; --l) {
     xs_.will_read(l, tr_);
     if (outs_) outs_->will_read(l, tr_);
@@ -473,7 +470,6 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     ModelView gl = grads_of(u);
     layer_bwd(l, wl.layers[size_t(l)], gl.layers[size_t(l)], b, dx);
     feed_->grads_done(u);
-    feed_->release(u);
   }
   xs_.end_step();
   if (outs_) outs_->end_step();
