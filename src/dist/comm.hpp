@@ -24,6 +24,9 @@
 //    compute-stream work without blocking the host (NCCL; the staged backend has to block: MPI
 //    completes on the host; for host buffers it is wait()). This is how ring steps overlap
 //    compute: post the next block's send_recv_async, compute on the current block, stream_wait.
+//  - all_gather_async and reduce_scatter_async return a Request with the same rules (the sharded
+//    training state prefetches the next unit's weights this way). The staged backend completes
+//    reduce_scatter_async before it returns (its reduction runs on the host, after MPI).
 //  - Matching: MPI matches point-to-point messages by (source, tag) in order; NCCL has no tags
 //    and matches in issue order, so every rank issues the same sequence of collectives and, for
 //    each pair of peers, its point-to-point transfers in the same order on both backends.
@@ -124,6 +127,17 @@ class Comm {
     same_type<S, R>();
     all_gather_impl(buf(send), buf(recv));
   }
+  // The collectives' nonblocking forms: started here, completed by test, wait or stream_wait
+  // (neither buffer touched before then). Every rank starts the collectives of one communicator,
+  // blocking or not, in one order (MPI's rule for nonblocking collectives; NCCL's issue order).
+  template <class S, class R> Request all_gather_async(S send, R recv) {
+    same_type<S, R>();
+    return all_gather_async_impl(buf(send), buf(recv));
+  }
+  template <class S, class R> Request reduce_scatter_async(S send, R recv, ReduceOp op = ReduceOp::sum) {
+    same_type<S, R>();
+    return reduce_scatter_async_impl(buf(send), buf(recv), op);
+  }
   // send and recv each hold size() equal blocks; block j of send goes to rank j.
   template <class S, class R> void all_to_all(S send, R recv) {
     same_type<S, R>();
@@ -167,6 +181,14 @@ class Comm {
     reduce_scatter_impl(send, recv, op);
   }
   void all_reduce(Buf inout, ReduceOp op = ReduceOp::sum) { all_reduce_impl(inout, op); }
+  Request all_gather_async(Buf send, Buf recv) {
+    same_type(send, recv);
+    return all_gather_async_impl(send, recv);
+  }
+  Request reduce_scatter_async(Buf send, Buf recv, ReduceOp op = ReduceOp::sum) {
+    same_type(send, recv);
+    return reduce_scatter_async_impl(send, recv, op);
+  }
   virtual void wait(Request& r) = 0;
   // Lets pending transfers progress (OpenMPI moves large messages only inside MPI calls);
   // returns true when every operation of `r` has completed.
@@ -191,6 +213,8 @@ class Comm {
   virtual void all_gather_impl(Buf send, Buf recv) = 0;
   virtual void all_to_all_impl(Buf send, Buf recv) = 0;
   virtual void reduce_scatter_impl(Buf send, Buf recv, ReduceOp op) = 0;
+  virtual Request all_gather_async_impl(Buf send, Buf recv) = 0;
+  virtual Request reduce_scatter_async_impl(Buf send, Buf recv, ReduceOp op) = 0;
   virtual void all_reduce_impl(Buf inout, ReduceOp op) = 0;
   virtual void broadcast_impl(Buf data, int root) = 0;
   // On root: every rank's count, in rank order; elsewhere empty.
@@ -204,6 +228,10 @@ class Comm {
   static void forward_all_gather(Comm& c, Buf send, Buf recv) { c.all_gather_impl(send, recv); }
   static void forward_all_to_all(Comm& c, Buf send, Buf recv) { c.all_to_all_impl(send, recv); }
   static void forward_reduce_scatter(Comm& c, Buf send, Buf recv, ReduceOp op) { c.reduce_scatter_impl(send, recv, op); }
+  static Request forward_all_gather_async(Comm& c, Buf send, Buf recv) { return c.all_gather_async_impl(send, recv); }
+  static Request forward_reduce_scatter_async(Comm& c, Buf send, Buf recv, ReduceOp op) {
+    return c.reduce_scatter_async_impl(send, recv, op);
+  }
   static void forward_all_reduce(Comm& c, Buf inout, ReduceOp op) { c.all_reduce_impl(inout, op); }
   static void forward_broadcast(Comm& c, Buf data, int root) { c.broadcast_impl(data, root); }
   static std::vector<int64_t> forward_gather_counts(Comm& c, int64_t count, int root) { return c.gather_counts(count, root); }

@@ -52,6 +52,8 @@ class DeviceBackendComm : public Comm {
   virtual void all_gather_device(Buf send, Buf recv) = 0;
   virtual void all_to_all_device(Buf send, Buf recv) = 0;
   virtual void reduce_scatter_device(Buf send, Buf recv, ReduceOp op) = 0;
+  virtual Request all_gather_async_device(Buf send, Buf recv) = 0;
+  virtual Request reduce_scatter_async_device(Buf send, Buf recv, ReduceOp op) = 0;
   virtual void all_reduce_device(Buf inout, ReduceOp op) = 0;
   virtual void broadcast_device(Buf data, int root) = 0;
 
@@ -63,6 +65,16 @@ class DeviceBackendComm : public Comm {
   void all_gather_impl(Buf send, Buf recv) final {
     if (on_host(send, recv, "all_gather")) return forward_all_gather(host_, send, recv);
     all_gather_device(send, recv);
+  }
+  Request all_gather_async_impl(Buf send, Buf recv) final {
+    if (!on_host(send, recv, "all_gather_async")) return all_gather_async_device(send, recv);
+    Request hreq = forward_all_gather_async(host_, send, recv);
+    return Request(std::move(hreq.ids()), &host_);
+  }
+  Request reduce_scatter_async_impl(Buf send, Buf recv, ReduceOp op) final {
+    if (!on_host(send, recv, "reduce_scatter_async")) return reduce_scatter_async_device(send, recv, op);
+    Request hreq = forward_reduce_scatter_async(host_, send, recv, op);
+    return Request(std::move(hreq.ids()), &host_);
   }
   void all_to_all_impl(Buf send, Buf recv) final {
     if (on_host(send, recv, "all_to_all")) return forward_all_to_all(host_, send, recv);

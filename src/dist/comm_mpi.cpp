@@ -123,6 +123,26 @@ class CommMpi final : public Comm {
     MPI_CHECK(MPI_Allgather(send.ptr, as_int(send.count, "all_gather"), mpi_type(send.type), recv.ptr,
                             as_int(send.count, "all_gather"), mpi_type(recv.type), comm_));
   }
+  Request all_gather_async_impl(Buf send, Buf recv) override {
+    host_only(send, "all_gather_async");
+    host_only(recv, "all_gather_async");
+    CTXPAR_CHECK(recv.count == send.count * size_t(size_), "all_gather_async: recv holds " << recv.count
+                 << " elements, expected size*send = " << size_ << "*" << send.count);
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallgather(send.ptr, as_int(send.count, "all_gather_async"), mpi_type(send.type), recv.ptr,
+                             as_int(send.count, "all_gather_async"), mpi_type(recv.type), comm_, &r));
+    return Request({put(r)});
+  }
+  Request reduce_scatter_async_impl(Buf send, Buf recv, ReduceOp op) override {
+    host_only(send, "reduce_scatter_async");
+    host_only(recv, "reduce_scatter_async");
+    CTXPAR_CHECK(send.count == recv.count * size_t(size_), "reduce_scatter_async: send holds " << send.count
+                 << " elements, expected size*recv = " << size_ << "*" << recv.count);
+    MPI_Request r;
+    MPI_CHECK(MPI_Ireduce_scatter_block(send.ptr, recv.ptr, as_int(recv.count, "reduce_scatter_async"),
+                                        mpi_type(send.type), mpi_op(op), comm_, &r));
+    return Request({put(r)});
+  }
   void all_to_all_impl(Buf send, Buf recv) override {
     host_only(send, "all_to_all");
     host_only(recv, "all_to_all");

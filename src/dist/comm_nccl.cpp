@@ -141,7 +141,7 @@ class CommNccl final : public dist_detail::DeviceBackendComm {
     // Polls instead of cudaEventSynchronize so that a failed peer surfaces as NCCL's async
     // error (and op_timeout_s applies) instead of a silent hang.
     while (!test_device(r)) {
-      check_timeout(t0, "wait for send_recv_async");
+      check_timeout(t0, "wait for a request (send_recv_async, all_gather_async, reduce_scatter_async)");
       std::this_thread::yield();
     }
   }
@@ -163,18 +163,14 @@ class CommNccl final : public dist_detail::DeviceBackendComm {
     if (recv.count > 0 && from != kNone)
       check(ncclRecv(recv.ptr, recv.count, nccl_type(recv.type), from, comm_, comm_stream_), "ncclRecv");
     group_end("send_recv_async (grouped ncclSend/ncclRecv)");
-    const int64_t id = acquire_event();
-    CTXPAR_DIST_CUDA_CHECK(cudaEventRecord(events_[size_t(id)], comm_stream_));
-    return Request({id});
+    return recorded();
   }
 
   void all_gather_device(Buf send, Buf recv) override {
-    CTXPAR_CHECK(recv.count == send.count * size_t(size_), "all_gather: recv holds " << recv.count
-                 << " elements, expected size*send = " << size_ << "*" << send.count);
-    if (send.count == 0) return;
-    begin();
-    enqueued(ncclAllGather(send.ptr, recv.ptr, send.count, nccl_type(send.type), comm_, comm_stream_), "ncclAllGather");
-    end_collective();
+    if (start_all_gather(send, recv)) end_collective();
+  }
+  Request all_gather_async_device(Buf send, Buf recv) override {
+    return start_all_gather(send, recv) ? recorded() : Request();
   }
 
   void all_to_all_device(Buf send, Buf recv) override {
@@ -197,14 +193,10 @@ class CommNccl final : public dist_detail::DeviceBackendComm {
   }
 
   void reduce_scatter_device(Buf send, Buf recv, ReduceOp op) override {
-    CTXPAR_CHECK(send.type != DType::u8, "reduce_scatter: no reductions on u8 (same rule as the staged MPI backend)");
-    CTXPAR_CHECK(send.count == recv.count * size_t(size_), "reduce_scatter: send holds " << send.count
-                 << " elements, expected size*recv = " << size_ << "*" << recv.count);
-    if (recv.count == 0) return;
-    begin();
-    enqueued(ncclReduceScatter(send.ptr, recv.ptr, recv.count, nccl_type(send.type), nccl_op(op), comm_, comm_stream_),
-             "ncclReduceScatter");
-    end_collective();
+    if (start_reduce_scatter(send, recv, op)) end_collective();
+  }
+  Request reduce_scatter_async_device(Buf send, Buf recv, ReduceOp op) override {
+    return start_reduce_scatter(send, recv, op) ? recorded() : Request();
   }
 
   void all_reduce_device(Buf inout, ReduceOp op) override {
@@ -226,6 +218,33 @@ class CommNccl final : public dist_detail::DeviceBackendComm {
   }
 
  private:
+
+  // The collectives on the communication stream, after the compute stream's earlier work; false
+  // when there is nothing to move.
+  bool start_all_gather(Buf send, Buf recv) {
+    CTXPAR_CHECK(recv.count == send.count * size_t(size_), "all_gather: recv holds " << recv.count
+                 << " elements, expected size*send = " << size_ << "*" << send.count);
+    if (send.count == 0) return false;
+    begin();
+    enqueued(ncclAllGather(send.ptr, recv.ptr, send.count, nccl_type(send.type), comm_, comm_stream_), "ncclAllGather");
+    return true;
+  }
+  bool start_reduce_scatter(Buf send, Buf recv, ReduceOp op) {
+    CTXPAR_CHECK(send.type != DType::u8, "reduce_scatter: no reductions on u8 (same rule as the staged MPI backend)");
+    CTXPAR_CHECK(send.count == recv.count * size_t(size_), "reduce_scatter: send holds " << send.count
+                 << " elements, expected size*recv = " << size_ << "*" << recv.count);
+    if (recv.count == 0) return false;
+    begin();
+    enqueued(ncclReduceScatter(send.ptr, recv.ptr, recv.count, nccl_type(send.type), nccl_op(op), comm_, comm_stream_),
+             "ncclReduceScatter");
+    return true;
+  }
+  // A Request for everything issued so far on the communication stream (an event recorded there).
+  Request recorded() {
+    const int64_t id = acquire_event();
+    CTXPAR_DIST_CUDA_CHECK(cudaEventRecord(events_[size_t(id)], comm_stream_));
+    return Request({id});
+  }
 
   // Where: "[NCCL 'cp' rank 2/4, host gpu01, cuda:2]", for every message.
   std::string where() const {

@@ -124,15 +124,25 @@ class CommStaged final : public dist_detail::DeviceBackendComm {
     host_ready();
     Request hreq = host_.send_recv_async(std::span<const std::byte>(bytes_of(s->ptr, send.bytes())), to,
                                          bytes_of(r->ptr, recv.bytes()), from, kStagedTag);
-    const int64_t id = acquire_slot();
-    Slot& slot = slots_[size_t(id)];
-    slot.host_req = std::move(hreq);
-    slot.recv_dev = recv.ptr;
-    slot.recv_bytes = recv.bytes();
-    slot.send_pin = s;
-    slot.recv_pin = r;
-    slot.state = Slot::mpi;
-    return Request({id});
+    return in_flight(std::move(hreq), recv, s, r);
+  }
+
+  Request all_gather_async_device(Buf send, Buf recv) override {
+    CTXPAR_CHECK(recv.count == send.count * size_t(size()), "all_gather_async: recv holds " << recv.count
+                 << " elements, expected size*send = " << size() << "*" << send.count);
+    Pinned* s = acquire(send.bytes());
+    Pinned* r = acquire(recv.bytes());
+    to_host(send, s->ptr);
+    host_ready();
+    Request hreq = host_.all_gather_async(std::span<const std::byte>(bytes_of(s->ptr, send.bytes())),
+                                          bytes_of(r->ptr, recv.bytes()));
+    return in_flight(std::move(hreq), recv, s, r);
+  }
+
+  // The reduction runs on the host after MPI's transfer (reduce_scatter_device): complete on return.
+  Request reduce_scatter_async_device(Buf send, Buf recv, ReduceOp op) override {
+    reduce_scatter_device(send, recv, op);
+    return Request();
   }
 
   void all_gather_device(Buf send, Buf recv) override {
@@ -208,7 +218,7 @@ class CommStaged final : public dist_detail::DeviceBackendComm {
 
  private:
 
-  // A send_recv_async in flight: MPI on pinned buffers, then the copy of the received bytes to
+  // A send_recv_async or all_gather_async in flight: MPI on pinned buffers, then the copy of the received bytes to
   // the device, then done.
   struct Slot {
     enum State { idle, mpi, copy } state = idle;
@@ -219,6 +229,19 @@ class CommStaged final : public dist_detail::DeviceBackendComm {
     Pinned* recv_pin = nullptr;
     cudaEvent_t event = nullptr;  // recorded after the copy to the device
   };
+
+  // A slot for MPI request `hreq` moving bytes from pinned `s` into pinned `r`, then to `recv`.
+  Request in_flight(Request hreq, Buf recv, Pinned* s, Pinned* r) {
+    const int64_t id = acquire_slot();
+    Slot& slot = slots_[size_t(id)];
+    slot.host_req = std::move(hreq);
+    slot.recv_dev = recv.ptr;
+    slot.recv_bytes = recv.bytes();
+    slot.send_pin = s;
+    slot.recv_pin = r;
+    slot.state = Slot::mpi;
+    return Request({id});
+  }
 
   // Moves a slot forward; returns true when it is complete (copy on the device finished).
   bool advance(Slot& s, bool block) {

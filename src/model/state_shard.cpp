@@ -14,12 +14,15 @@ namespace ctxpar {
 StateShard::StateShard(const ParamLayout& layout, ShardLevel lv, int z_, int Z_)
     : level(lv), n(layout.local_elems()), Z(Z_), z(z_) {
   CTXPAR_CHECK(Z >= 1 && z >= 0 && z < Z, "StateShard: rank " << z << " of " << Z);
-  for (const ParamUnit& u : layout.units()) {
+  const std::vector<ParamUnit>& units = layout.units();
+  for (size_t i = 0; i < units.size(); ++i) {  // the embedding, the layers, the head
+    const ParamUnit& u = units[i];
     const int64_t chunk = (u.elems() + Z - 1) / Z;
     const int64_t lo = std::min(u.end, u.begin + int64_t(z) * chunk);
     pieces.push_back({lo, std::min(u.end, lo + chunk), local, u.begin, u.elems(), chunk});
     local += chunk;
     widest = std::max(widest, chunk * Z);
+    if (i > 0 && i + 1 < units.size()) widest_layer = std::max(widest_layer, chunk * Z);
   }
 }
 
@@ -75,54 +78,119 @@ void gather_weights(const float* master, float* flat, const StateShard& s, Comm&
 
 UnitFeed::UnitFeed(const ParamLayout& layout, const StateShard& s, Comm* group, bool exact, Device dev, Stream stream)
     : layout_(layout), s_(s), group_(group), gather_(s.params_sharded()), reduce_(s.grads_sharded() && !exact),
-      dev_(dev), stream_(stream) {
+      dev_(dev), stream_(stream), order_(step_order(s.pieces.size())) {
   CTXPAR_CHECK(!(gather_ || reduce_) || (group && group->size() == s.Z), "UnitFeed: no shard group of " << s.Z);
-  if (gather_) wbuf_ = Buffer<float>(size_t(s.widest), true, dev, stream);
-  if (reduce_) gbuf_ = Buffer<float>(size_t(s.widest), true, dev, stream);
+  const size_t cap[2] = {size_t(s.widest), size_t(s.widest_layer)};
+  for (int k = 0; k < 2; ++k) {
+    if (gather_) w_[k].buf = Buffer<float>(cap[k], true, dev, stream);
+    if (reduce_) g_[k].buf = Buffer<float>(cap[k], true, dev, stream);
+  }
+}
+
+std::vector<size_t> UnitFeed::step_order(size_t units) {
+  std::vector<size_t> o;
+  for (size_t u = 0; u < units; ++u) o.push_back(u);              // the forward, the head last
+  for (size_t u = units - 1; u-- > 1;) o.push_back(u);             // the layers' backward
+  return o;
 }
 
 double UnitFeed::buffer_bytes(const StateShard& s, bool exact) {
-  return 4.0 * double(s.widest) * ((s.params_sharded() ? 1.0 : 0.0) + (s.grads_sharded() && !exact ? 1.0 : 0.0));
+  const double two = 4.0 * double(s.widest + s.widest_layer);
+  return two * ((s.params_sharded() ? 1.0 : 0.0) + (s.grads_sharded() && !exact ? 1.0 : 0.0));
+}
+
+void UnitFeed::complete(Slot& slot, Phase phase, double bytes) {
+  if (!slot.req.pending()) return;
+  Tracer::Scope sc(tr_, phase, int32_t(slot.unit) - 1, -1, 0, bytes);
+  const double t0 = group_->now();
+  group_->stream_wait(slot.req);
+  if (st_) st_->exposed_comm_s += group_->now() - t0;
+}
+
+void UnitFeed::finish() {
+  for (Slot* slot : {&w_[0], &w_[1]}) complete(*slot, Phase::state_gather, 0);
+  for (Slot* slot : {&g_[0], &g_[1]}) complete(*slot, Phase::state_reduce, 0);
 }
 
 void UnitFeed::bind(const float* params, float* grads, Tracer* tr, CpStats* st) {
+  finish();  // nothing of an earlier step in flight (normally nothing is)
   params_ = params;
   grads_ = grads;
   tr_ = tr;
   st_ = st;
-  held_ = -1;  // the master pieces may have changed since
+  w_[0].unit = w_[1].unit = -1;  // the master pieces may have changed since
+  cur_w_ = cur_g_ = last_g_ = -1;
+  at_ = 0;
+  late_ = 0;
   // Whole gradients are accumulated in place; reduced pieces are written once per unit.
   if (!reduce_) device_zero(grads, size_t(layout_.local_elems()) * sizeof(float), dev_, stream_);
+}
+
+int UnitFeed::fits(int64_t elems, int avoid) const {
+  int k = -1;
+  for (int j = 0; j < 2; ++j)
+    if (int64_t(w_[j].buf.size()) >= elems && (k < 0 || k == avoid)) k = j;
+  return k;
+}
+
+void UnitFeed::start_gather(size_t u, int k) {
+  const StateShard::Piece& p = s_.pieces[u];
+  w_[k].unit = int64_t(u);
+  w_[k].req = group_->all_gather_async(buf_at(params_ + p.at, size_t(p.chunk), dev_),
+                                       buf_at(w_[k].buf.data(), size_t(padded(u)), dev_));
 }
 
 const float* UnitFeed::weights(size_t u) {
   const StateShard::Piece& p = s_.pieces[u];
   if (!gather_) return params_ + p.begin;
-  if (held_ != int64_t(u)) {
-    Tracer::Scope sc(tr_, Phase::state_gather, int32_t(u) - 1, -1, 0, 4.0 * double(p.chunk * (s_.Z - 1)));
-    const double t0 = group_->now();
-    group_->all_gather(buf_at(params_ + p.at, size_t(p.chunk), dev_), buf_at(wbuf_.data(), size_t(p.chunk * s_.Z), dev_));
-    if (st_) st_->exposed_comm_s += group_->now() - t0;
-    held_ = int64_t(u);
+  const double bytes = 4.0 * double(p.chunk * (s_.Z - 1));
+  int k = w_[0].unit == int64_t(u) ? 0 : w_[1].unit == int64_t(u) ? 1 : -1;
+  if (k < 0) {  // not prefetched: gathered now, into the other buffer if it fits
+    k = fits(padded(u), cur_w_);
+    complete(w_[k], Phase::state_gather, 0);
+    start_gather(u, k);
+    ++late_;
   }
-  return wbuf_.data();
+  complete(w_[k], Phase::state_gather, bytes);
+  cur_w_ = k;
+  // The unit asked for next, into the other buffer while this one is used.
+  if (at_ >= order_.size() || order_[at_] != u) at_ = size_t(std::find(order_.begin(), order_.end(), u) - order_.begin());
+  const size_t next_at = at_ + 1;
+  if (next_at < order_.size()) {
+    const size_t next = order_[next_at];
+    const int o = 1 - k;
+    if (w_[k].unit != int64_t(next) && w_[o].unit != int64_t(next) && int64_t(w_[o].buf.size()) >= padded(next)) {
+      complete(w_[o], Phase::state_gather, 0);
+      start_gather(next, o);
+    }
+  }
+  at_ = next_at;
+  return w_[k].buf.data();
 }
 
 float* UnitFeed::grads(size_t u) {
   const StateShard::Piece& p = s_.pieces[u];
   if (!reduce_) return grads_ + p.begin;
-  device_zero(gbuf_.data(), size_t(p.chunk * s_.Z) * sizeof(float), dev_, stream_);
-  return gbuf_.data();
+  int k = -1;  // a buffer that fits, other than the one whose reduce-scatter started last
+  for (int j = 0; j < 2; ++j)
+    if (int64_t(g_[j].buf.size()) >= padded(u) && (k < 0 || k == last_g_)) k = j;
+  complete(g_[k], Phase::state_reduce, 0);  // its reduce-scatter has read it
+  g_[k].unit = int64_t(u);
+  device_zero(g_[k].buf.data(), size_t(padded(u)) * sizeof(float), dev_, stream_);
+  cur_g_ = k;
+  return g_[k].buf.data();
 }
 
 void UnitFeed::grads_done(size_t u) {
   if (!reduce_) return;
   const StateShard::Piece& p = s_.pieces[u];
+  CTXPAR_CHECK(cur_g_ >= 0 && g_[cur_g_].unit == int64_t(u), "UnitFeed::grads_done(" << u << "): not the unit handed out");
+  Slot& g = g_[cur_g_];
   Tracer::Scope sc(tr_, Phase::state_reduce, int32_t(u) - 1, -1, 0, 4.0 * double(p.chunk * (s_.Z - 1)));
-  const double t0 = group_->now();
-  group_->reduce_scatter(buf_at(static_cast<const float*>(gbuf_.data()), size_t(p.chunk * s_.Z), dev_),
-                         buf_at(grads_ + p.at, size_t(p.chunk), dev_));
-  if (st_) st_->exposed_comm_s += group_->now() - t0;
+  g.req = group_->reduce_scatter_async(buf_at(static_cast<const float*>(g.buf.data()), size_t(padded(u)), dev_),
+                                       buf_at(grads_ + p.at, size_t(p.chunk), dev_));
+  last_g_ = cur_g_;
+  cur_g_ = -1;
 }
 
 }  // namespace ctxpar

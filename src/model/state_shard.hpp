@@ -22,12 +22,12 @@
 
 #include "core/memory.hpp"
 #include "core/settings.hpp"
+#include "dist/comm.hpp"
+#include "trace/trace.hpp"
 #include "model/model.hpp"
 
 namespace ctxpar {
 
-class Comm;
-class Tracer;
 struct CpStats;
 
 struct StateShard {
@@ -44,6 +44,7 @@ struct StateShard {
   std::vector<Piece> pieces;  // one per unit, in unit order
   int64_t local = 0;          // elements of the shard buffer: the sum of the chunks
   int64_t widest = 0;         // the largest Z * chunk (a whole unit, padded to Z pieces)
+  int64_t widest_layer = 0;   // the same over the layers only
   StateShard(const ParamLayout& layout, ShardLevel level, int z, int Z);
   static StateShard whole(const ParamLayout& layout) { return StateShard(layout, ShardLevel::none, 0, 1); }
   int64_t elems() const { return local; }
@@ -65,8 +66,16 @@ void init_pieces(const ParamLayout& layout, const StateShard& s, uint64_t seed, 
 std::vector<float> gather_pieces(const float* mine, const StateShard& s, Comm& group);
 
 // The model's weights and gradient accumulators, one unit at a time (model/transformer.cpp asks
-// for each unit just before it needs it, and says when a unit's gradient is complete). Without shards it
-// hands out places in the whole flat buffers; with them it gathers and reduce-scatters.
+// for each unit just before it needs it, and says when a unit's gradient is complete). Without
+// shards it hands out places in the whole flat buffers; with them it gathers and reduce-scatters,
+// through two unit buffers each way so that the communication overlaps the compute:
+//  - weights: when unit u is handed out, the gather of the unit asked for next (step_order) starts
+//    into the other buffer, and completes when that unit is asked for. One buffer holds the widest
+//    unit (the embedding or the head), the other the widest layer: with an even number of layers
+//    the head's gather in the forward cannot start early (the last layer holds the wide buffer).
+//  - gradients: grads_done starts the unit's reduce-scatter; the next unit accumulates into the
+//    other buffer; finish() completes the last ones.
+// Asked in another order, it is still right: it completes what is in flight and gathers then.
 class UnitFeed {
  public:
   // `group`: the shard group (its host or device communicator; null without shards); `exact`:
@@ -78,15 +87,30 @@ class UnitFeed {
   // the shard buffer its pieces are reduced into. `tr`, `st`: the gathers' spans and exposed time.
   void bind(const float* params, float* grads, Tracer* tr, CpStats* st);
   // Unit u's weights (tensor i at weights(u) + offset_i - begin_u), valid until weights() is
-  // asked for another unit (shard=params: one unit buffer, refilled for the next).
+  // asked for another unit.
   const float* weights(size_t u);
   // Unit u's gradient accumulator, laid out the same way (zeroed at bind, or here).
   float* grads(size_t u);
-  void grads_done(size_t u);  // every term of unit u's gradient added: reduce-scatter it
+  void grads_done(size_t u);  // every term of unit u's gradient added: its reduce-scatter starts
+  void finish();              // every reduce-scatter and gather started is complete
+  // Units since bind whose weights were gathered when asked for, not ahead.
+  int64_t late_gathers() const { return late_; }
+  // The order a training step asks for weights: the embedding, the layers, the head, and the
+  // layers again from the last to the first (the embedding's backward needs no weights).
+  static std::vector<size_t> step_order(size_t units);
   // Bytes of gather and reduce buffers this object holds (the plan).
   static double buffer_bytes(const StateShard& s, bool exact);
 
  private:
+  struct Slot {          // one unit buffer
+    Buffer<float> buf;
+    int64_t unit = -1;   // the unit it holds or is being filled with
+    Request req;         // the collective filling it (weights) or reading it (gradients)
+  };
+  void complete(Slot& slot, Phase phase, double bytes);
+  int fits(int64_t elems, int avoid) const;  // a weight slot of `elems`, not `avoid` if another fits
+  int64_t padded(size_t u) const { return s_.pieces[u].chunk * s_.Z; }
+  void start_gather(size_t u, int k);
   const ParamLayout& layout_;
   const StateShard& s_;
   Comm* group_;
@@ -97,8 +121,11 @@ class UnitFeed {
   float* grads_ = nullptr;
   Tracer* tr_ = nullptr;
   CpStats* st_ = nullptr;
-  Buffer<float> wbuf_, gbuf_;  // one gathered unit's weights; one unit's gradient before its reduce-scatter
-  int64_t held_ = -1;          // the unit whose weights are in wbuf_
+  std::vector<size_t> order_;
+  size_t at_ = 0;          // the place in order_ of the unit last handed out
+  Slot w_[2], g_[2];       // weights: [0] the widest unit, [1] the widest layer; gradients likewise
+  int cur_w_ = -1, cur_g_ = -1, last_g_ = -1;  // the slots handed out; the slot last reduced from
+  int64_t late_ = 0;
 };
 
 // shard=optimizer or grads: after every rank updated its pieces of the master weights (`master`,

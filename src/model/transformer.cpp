@@ -479,6 +479,7 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     num_->embedding_bwd(run(-1), dx, tokens, S, dim, ge.emb);
   }
   feed_->grads_done(ParamLayout::embedding_unit());
+  feed_->finish();  // the last reduce-scatters: the gradient (or this rank's pieces of it) complete
   // The chunks' losses summed in chunk order (on a GPU: read back, which waits for the step).
   std::vector<double> chunk(chunk_loss_.size());
   copy_to_host(chunk.data(), chunk_loss_.data(), chunk.size() * sizeof(double), dev_, stream_);

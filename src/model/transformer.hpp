@@ -62,7 +62,8 @@ class Transformer {
   // sum of token losses, and returns this rank's unscaled sum of token losses. `logits_out`
   // (optional, [S_loc, V]) receives the logits (oracle dumps). With a UnitFeed (use_feed) the
   // weights and gradients are the feed's: `params` and `grads` are what it binds (sharded state:
-  // this rank's pieces), and it hands the model each unit's weights and gradient accumulator.
+  // this rank's pieces), and it hands the model each unit's weights and gradient accumulator,
+  // asked for in UnitFeed::step_order (so the next unit's gather overlaps this one's compute).
   double forward_backward(const float* params, float* grads, const Batch& b, double loss_scale, Tracer* tr,
                           CpStats& st, StepTimes& times, float* logits_out = nullptr);
 

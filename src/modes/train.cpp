@@ -686,8 +686,9 @@ void log_train_header(const TrainRun& r, double peak) {
     log0("# shard=%s: AdamW moments and master weights of %lld of the %lld elements of this tp slice per rank (a "
          "piece of each unit, %d ranks of dp x CP); %s\n", name_of(cfg.shard), (long long)r.shard.elems(),
          (long long)r.shard.n, r.shard.Z,
-         r.shard.params_sharded() ? "each unit's weights all-gathered just before use, its gradient reduce-scattered "
-                                    "(phases state_gather, state_reduce)"
+         r.shard.params_sharded() ? "each unit's weights all-gathered while the unit before it computes, its "
+                                    "gradient reduce-scattered while the next one does (phases state_gather, "
+                                    "state_reduce)"
          : r.shard.grads_sharded() ? "each unit's gradient reduce-scattered in the backward, the updated pieces "
                                      "all-gathered after the update (phases state_reduce, state_gather)"
                                    : "the updated pieces all-gathered after the update (phase state_gather)");

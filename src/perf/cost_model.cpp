@@ -221,20 +221,40 @@ double ring_latency_s(const HardwareProfile& hw, int64_t n, int64_t k) {
 }
 }  // namespace
 
-// The widest unit of the flat layout on one tp rank: the embedding or LM head [V, dim], or a layer.
-double widest_unit(const ModelShape& m, int64_t tp) {
-  return std::max(double(m.vocab) * double(m.dim), m.attn_params_per_layer() + m.ffn_params_per_layer()) / double(tp);
+// Units of the flat layout on one tp rank: a layer, the embedding or LM head [V, dim], the widest.
+double layer_unit(const ModelShape& m, int64_t tp) {
+  return (m.attn_params_per_layer() + m.ffn_params_per_layer()) / double(tp);
 }
+double edge_unit(const ModelShape& m, int64_t tp) { return double(m.vocab) * double(m.dim) / double(tp); }
+double widest_unit(const ModelShape& m, int64_t tp) { return std::max(edge_unit(m, tp), layer_unit(m, tp)); }
 
 double state_bytes(const ModelShape& m, ShardLevel level, int64_t n, int64_t tp) {
   const double P = m.params_total() / double(tp), piece = P / double(std::max<int64_t>(n, 1)), wide = widest_unit(m, tp);
+  const double two = wide + layer_unit(m, tp);  // a UnitFeed pair: the widest unit and the widest layer
   const bool sharded = level != ShardLevel::none && n > 1;
   if (!sharded) return 16.0 * P;
   switch (level) {  // model/state_shard.hpp, as the train plan counts it (fp32 throughout)
-    case ShardLevel::optimizer: return 8.0 * P + 12.0 * piece + 4.0 * wide;  // whole weights, grads; pieces
-    case ShardLevel::grads: return 4.0 * P + 16.0 * piece + 8.0 * wide;      // whole weights; pieces; 2 units
-    default: return 16.0 * piece + 8.0 * wide;                               // pieces; 2 units
+    case ShardLevel::optimizer: return 8.0 * P + 12.0 * piece + 4.0 * wide;          // whole weights, grads; pieces
+    case ShardLevel::grads: return 4.0 * P + 16.0 * piece + 4.0 * wide + 4.0 * two;  // whole weights; pieces; 3 units
+    default: return 16.0 * piece + 8.0 * two;                                        // pieces; 4 units
   }
+}
+
+double state_sync_exposed_s(const HardwareProfile& hw, const ModelShape& m, ShardLevel level, int64_t n, int64_t k,
+                            int64_t tp, double compute_s) {
+  if (!hw.overlap_collectives) return state_sync_s(hw, m, level, n, k, tp);
+  if (n <= 1) return 0;
+  const double L = double(std::max<int64_t>(m.layers, 1));
+  const double whole = allgather_s(hw, n, k, 4.0 * m.params_total() / double(tp));
+  const double layer = allgather_s(hw, n, k, 4.0 * layer_unit(m, tp)), edge = allgather_s(hw, n, k, 4.0 * edge_unit(m, tp));
+  const double fwd = compute_s / L / 3.0, bwd = 2.0 * fwd;  // one layer's compute: a third forward
+  switch (level) {
+    case ShardLevel::none: return 0;  // the all-reduce under the backward
+    case ShardLevel::optimizer: return whole;  // + the updated weights' gather, after the step
+    case ShardLevel::grads: return whole + edge + L * std::max(0.0, layer - bwd);
+    case ShardLevel::params: return 2.0 * edge + L * (std::max(0.0, layer - fwd) + std::max(0.0, 2.0 * layer - bwd));
+  }
+  return 0;
 }
 
 double state_sync_s(const HardwareProfile& hw, const ModelShape& m, ShardLevel level, int64_t n, int64_t k, int64_t tp) {
@@ -611,8 +631,10 @@ StrategyPrediction predict_train(const Ctx& c, const std::string& strategy, Comm
                          optimizer_bytes(params_rank) / c.rate(c.hw.optimizer_bytes_per_s));
   r.comm_total_s = ga.comm_s * L_glob + la.comm_s * L_loc + g.comm_s * G + t_tp + t_grad;
   const double exposed_layers = ga.exposed_s * L_glob + la.exposed_s * L_loc + g.exposed_s * G;
-  r.exposed_comm_s = exposed_layers + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
-  r.time_s = r.gemm_s + r.attn_s + r.other_s + t_tp + (c.hw.overlap_collectives ? 0.0 : t_grad);
+  const double t_grad_exposed =
+      state_sync_exposed_s(c.hw, m, w.shard, n_grad, ranks_per_node(c.hw, n_grad, tp), tp, r.gemm_s + r.attn_s);
+  r.exposed_comm_s = exposed_layers + t_tp + t_grad_exposed;
+  r.time_s = r.gemm_s + r.attn_s + r.other_s + t_tp + t_grad_exposed;
   add_sync_wait(r, c, r.gemm_s + r.attn_s - exposed_layers + r.other_s);
   // Memory: params + grads + AdamW m, v (16 bytes per parameter in mixed precision and in fp32) at
   // the shard level (state_bytes), saved activations (the model's own formula, scaled to the element

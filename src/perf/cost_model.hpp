@@ -162,6 +162,15 @@ double allreduce_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes
 // the backward (params); k of the n per node.
 double state_bytes(const ModelShape& m, ShardLevel level, int64_t n, int64_t tp);
 double state_sync_s(const HardwareProfile& hw, const ModelShape& m, ShardLevel level, int64_t n, int64_t k, int64_t tp);
+// What of state_sync_s the step waits for, given the step's compute `compute_s` (GEMMs and
+// attention, a third of it forward). Without hw.overlap_collectives: all of it. With it, as the
+// training loop overlaps them (model/state_shard.hpp UnitFeed): none, nothing (the all-reduce under
+// the backward); optimizer, the updated weights' all-gather after the step; grads, that too, and
+// each layer's reduce-scatter beyond the next layer's backward, and the embedding's after the
+// backward; params, each layer's gathers and reduce-scatter beyond its forward's and backward's
+// compute, the embedding's gather before the forward and its reduce-scatter after the backward.
+double state_sync_exposed_s(const HardwareProfile& hw, const ModelShape& m, ShardLevel level, int64_t n, int64_t k,
+                            int64_t tp, double compute_s);
 double allgather_s(const HardwareProfile& hw, int64_t n, int64_t k, double out_bytes);    // gathered size
 double alltoall_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);         // sent+kept per rank
 double p2p_s(const HardwareProfile& hw, int64_t n, int64_t k, double bytes);              // one ring hop

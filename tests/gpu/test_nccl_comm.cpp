@@ -280,6 +280,36 @@ TEST_P(CommDeviceBackend, AllGatherMatchesHost) {
   EXPECT_EQ(mismatches(dr.download(s()), want), 0u);
 }
 
+// The nonblocking forms: two in flight, each ordered after the compute stream's earlier work
+// (the stall) and before its later work (stream_wait), with the host's result.
+TEST_P(CommDeviceBackend, AsyncCollectivesMatchHost) {
+  const size_t n = 4099;
+  std::vector<float> send = ints_f32(n, r() + 2), gwant(n * size_t(P()));
+  world().all_gather(std::span<const float>(send), std::span<float>(gwant));
+  std::vector<float> parts = ints_f32(n * size_t(P()), r() + 7), rwant(n);
+  world().reduce_scatter(std::span<const float>(parts), std::span<float>(rwant));
+
+  DevVec<float> gs(n), gr(gwant.size()), ps(parts.size()), pr(n);
+  stall(s(), 50);
+  gs.upload(send, s());
+  ps.upload(parts, s());
+  Request g = c().all_gather_async(DeviceSpan<const float>(gs.span()), gr.span());
+  Request rs = c().reduce_scatter_async(DeviceSpan<const float>(ps.span()), pr.span());
+  c().stream_wait(g);
+  c().stream_wait(rs);
+  EXPECT_FALSE(g.pending());
+  EXPECT_FALSE(rs.pending());
+  EXPECT_EQ(mismatches(gr.download(s()), gwant), 0u);
+  EXPECT_EQ(mismatches(pr.download(s()), rwant), 0u);
+
+  // Host buffers through the same Comm: the MPI Comm's requests, completed by test.
+  std::vector<float> hr(gwant.size(), -1.0f);
+  Request h = c().all_gather_async(std::span<const float>(send), std::span<float>(hr));
+  while (!c().test(h)) {
+  }
+  EXPECT_EQ(hr, gwant);
+}
+
 TEST_P(CommDeviceBackend, AllReduceMatchesHost) {
   const size_t n = 4099;
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min}) {

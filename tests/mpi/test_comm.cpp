@@ -43,6 +43,30 @@ TEST(Comm, AllGatherInRankOrder) {
     for (int i = 0; i < 3; ++i) EXPECT_EQ(recv[size_t(q * 3 + i)], q * 10 + i);
 }
 
+// Two nonblocking collectives in flight at once, a blocking one between them, completed by test
+// and by wait: each result equals its blocking form's.
+TEST(Comm, AsyncCollectivesMatchBlocking) {
+  Comm& c = world();
+  const int n = c.size();
+  const size_t m = size_t(1) << 17;  // large enough for OpenMPI's rendezvous protocol
+  std::vector<float> send(m), gathered(m * size_t(n), -1.0f), want(m * size_t(n));
+  for (size_t i = 0; i < m; ++i) send[i] = float(c.rank()) * 1e6f + float(i % 4096);
+  std::vector<double> parts(4 * size_t(n)), mine(4, -1.0), mine_want(4);
+  for (size_t i = 0; i < parts.size(); ++i) parts[i] = double(c.rank() + 1) * double(i);
+  Request g = c.all_gather_async(std::span<const float>(send), std::span<float>(gathered));
+  Request rs = c.reduce_scatter_async(std::span<const double>(parts), std::span<double>(mine));
+  EXPECT_TRUE(g.pending());
+  c.all_gather(std::span<const float>(send), std::span<float>(want));
+  c.reduce_scatter(std::span<const double>(parts), std::span<double>(mine_want));
+  while (!c.test(g)) {
+  }
+  c.wait(rs);
+  EXPECT_FALSE(g.pending());
+  EXPECT_FALSE(rs.pending());
+  EXPECT_EQ(gathered, want);
+  EXPECT_EQ(mine, mine_want);
+}
+
 TEST(Comm, AllToAllTransposesBlocks) {
   Comm& c = world();
   const int n = c.size();

@@ -414,9 +414,11 @@ TEST(CostModel, MemoryArithmetic) {
   // shard= (model/state_shard.hpp) over dp*cp = 4 ranks: the pieces, the whole buffers a level
   // keeps, and the units it gathers or reduces through, as the train plan counts them.
   const ModelShape sm = small();
-  const double P = sm.params_total() / 8,
-               wide = std::max(double(sm.vocab) * double(sm.dim), sm.attn_params_per_layer() + sm.ffn_params_per_layer()) / 8;
-  const double want[] = {16 * P, 8 * P + 12 * P / 4 + 4 * wide, 4 * P + 16 * P / 4 + 8 * wide, 16 * P / 4 + 8 * wide};
+  const double P = sm.params_total() / 8, layer = (sm.attn_params_per_layer() + sm.ffn_params_per_layer()) / 8,
+               edge = double(sm.vocab) * double(sm.dim) / 8, wide = std::max(edge, layer);
+  // (a UnitFeed's pair of unit buffers: the widest unit and the widest layer)
+  const double want[] = {16 * P, 8 * P + 12 * P / 4 + 4 * wide, 4 * P + 16 * P / 4 + 4 * wide + 4 * (wide + layer),
+                         16 * P / 4 + 8 * (wide + layer)};
   for (const auto& [level, name] : kShardNames) {
     t.shard = level;
     const StrategyPrediction s2 = predict(sm, h, m1, t, "ring");
@@ -432,6 +434,21 @@ TEST(CostModel, MemoryArithmetic) {
   const double grads = state_sync_s(h, sm, ShardLevel::grads, 4, 4, 8);  // 2 gathers + 2 x the units' latency
   EXPECT_NEAR(state_sync_s(h, sm, ShardLevel::params, 4, 4, 8) - grads, ag + (grads - 2 * ag) / 2, 1e-12);
   EXPECT_EQ(state_sync_s(h, sm, ShardLevel::params, 1, 1, 8), 0.0);
+  // What the step waits for: everything without overlap; with it, only what no compute covers.
+  HardwareProfile serial = h;
+  serial.overlap_collectives = false;
+  ASSERT_TRUE(h.overlap_collectives);
+  for (const auto& [level, name] : kShardNames)
+    EXPECT_DOUBLE_EQ(state_sync_exposed_s(serial, sm, level, 4, 4, 8, 1.0), state_sync_s(h, sm, level, 4, 4, 8)) << name;
+  const double ag_edge = allgather_s(h, 4, 4, 4 * edge), ag_layer = allgather_s(h, 4, 4, 4 * layer);
+  const double lots = 1e3;  // seconds of compute: every layer's collectives hidden
+  EXPECT_EQ(state_sync_exposed_s(h, sm, ShardLevel::none, 4, 4, 8, 0.0), 0.0);
+  EXPECT_DOUBLE_EQ(state_sync_exposed_s(h, sm, ShardLevel::optimizer, 4, 4, 8, lots), ag);
+  EXPECT_DOUBLE_EQ(state_sync_exposed_s(h, sm, ShardLevel::grads, 4, 4, 8, lots), ag + ag_edge);
+  EXPECT_DOUBLE_EQ(state_sync_exposed_s(h, sm, ShardLevel::params, 4, 4, 8, lots), 2 * ag_edge);
+  // no compute: every layer's two gathers and reduce-scatter exposed
+  EXPECT_NEAR(state_sync_exposed_s(h, sm, ShardLevel::params, 4, 4, 8, 0.0), 2 * ag_edge + double(sm.layers) * 3 * ag_layer,
+              1e-12);
 }
 
 TEST(CostModel, PaperEq1Threshold) {
