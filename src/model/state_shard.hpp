@@ -93,6 +93,10 @@ class UnitFeed {
   float* grads(size_t u);
   void grads_done(size_t u);  // every term of unit u's gradient added: its reduce-scatter starts
   void finish();              // every reduce-scatter and gather started is complete
+  // Whether weights() hands out its own unit buffers (shard=params), of at most unit_capacity()
+  // elements, rather than places in the flat weights it was bound to.
+  bool gathers() const { return gather_; }
+  int64_t unit_capacity() const { return s_.widest; }
   // Units since bind whose weights were gathered when asked for, not ahead.
   int64_t late_gathers() const { return late_; }
   // The order a training step asks for weights: the embedding, the layers, the head, and the

@@ -368,7 +368,13 @@ void Transformer::layer_bwd(int64_t l, const LayerView& w, LayerView& gw, const 
 
 ModelView Transformer::weights_of(size_t u) {
   if (ext_view_) return *ext_view_;
-  return layout_.unit_view(u, const_cast<float*>(feed_->weights(u)));
+  const float* w = feed_->weights(u);
+  if (dev_ != Device::cpu && feed_->gathers()) {  // the unit's bf16 copy, after the last unit's work on the stream
+    const int64_t len = layout_.units()[u].elems();
+    f32_to_bf16(w, params_b_.data(), len, dev_, stream_);
+    mirror_ = Bf16Mirror{w, len, params_b_.data()};
+  }
+  return layout_.unit_view(u, const_cast<float*>(w));
 }
 
 double Transformer::forward_backward(const float* params, float* grads, const Batch& b, double loss_scale, Tracer* tr,
@@ -398,6 +404,9 @@ double Transformer::forward_backward(const float* params, float* grads, const Ba
     labels = labels_dev_.data();
     if (ext_mirror_) {
       mirror_ = *ext_mirror_;
+    } else if (feed_->gathers()) {  // shard=params: one unit's bf16 copy at a time (weights_of)
+      if (params_b_.size() < size_t(feed_->unit_capacity()))
+        params_b_ = Buffer<uint16_t>(size_t(feed_->unit_capacity()), false, dev_, stream_);
     } else {  // the weights' bf16 copy for this call, made on first use
       if (params_b_.size() == 0) params_b_ = Buffer<uint16_t>(size_t(layout_.local_elems()), false, dev_, stream_);
       f32_to_bf16(params, params_b_.data(), layout_.local_elems(), dev_, stream_);

@@ -105,8 +105,6 @@ std::vector<std::pair<std::string, Config>> sweep_configs(const Config& cfg) {
 // What ctxpar would need to run the predicted workload ("" when train / the inference modes run
 // it): predict prices a few features the executed paths do not have yet.
 std::string missing_feature(const PerfWorkload& w) {
-  if (w.mode == PerfMode::train && (w.shard == ShardLevel::grads || w.shard == ShardLevel::params))
-    return std::string("train shards gradients and weights on the CPU only so far (shard=") + name_of(w.shard) + ")";
   if (w.precision == Precision::fp8_ffn) return "ctxpar runs no FP8 GEMMs yet (predict_precision = fp8_ffn)";
   return "";
 }

@@ -110,7 +110,9 @@ std::string non_finite_message(int64_t s, double loss, const ParamLayout& layout
 // the CPU it holds nothing and hands out the tensors themselves.
 class HostCopy {
  public:
-  // `n`: the parameters' elements; `n_moments`: the moments' (this rank's range, shard=).
+  // `n`: the elements of the largest of the weights and gradients it copies (the whole layout, or
+  // with shard=params and gradients in pieces the shard buffer); `n_moments`: the moments' (this
+  // rank's range, shard=).
   // `moments_on_device`: the AdamW moments are device memory (else host memory already: offload).
   // `hp`: offload=params, the master weights in host memory already (else null).
   HostCopy(Device dev, Stream stream, size_t n, size_t n_moments, bool moments_on_device, HostParams* hp)
@@ -130,14 +132,15 @@ class HostCopy {
   void upload(Buffer<float>& params, AdamW& opt) {
     if (on_cpu()) return;
     if (hp_) hp_->upload();
-    else put(params.data(), p_);
+    else put(params.data(), params.size(), p_);
     if (opt.offloaded()) return;
-    put(opt.m(), m_);
-    put(opt.v(), v_);
+    put(opt.m(), m_.size(), m_);
+    put(opt.v(), v_.size(), v_);
   }
-  // The tensor's values on the host (download_m / download_v: into the moments' copies, so that
-  // a checkpoint holds all three at once); valid until the next download into the same copy.
-  const float* download(Buffer<float>& b) { return get(b.data(), p_); }
+  // The tensor's values on the host (its b.size() elements; download_m / download_v: into the
+  // moments' copies, so that a checkpoint holds all three at once); valid until the next download
+  // into the same copy.
+  const float* download(const Buffer<float>& b) { return get(b.data(), b.size(), p_); }
   // The weights on the host: the master itself with offload=params, once its copies have ended.
   const float* download_params(Buffer<float>& b, AdamW& o) {
     if (!hp_) return download(b);
@@ -149,12 +152,15 @@ class HostCopy {
 
  private:
   bool on_cpu() const { return dev_ == Device::cpu; }
-  void put(float* dst, const Buffer<float>& src) {
-    copy_to_device(dst, src.data(), src.size() * sizeof(float), dev_, stream_);
+  // n elements between a device tensor and the host copy (at most its size).
+  void put(float* dst, size_t n, const Buffer<float>& src) {
+    CTXPAR_CHECK(n <= src.size(), "HostCopy: " << n << " elements from a copy of " << src.size());
+    copy_to_device(dst, src.data(), n * sizeof(float), dev_, stream_);
   }
-  const float* get(const float* src, Buffer<float>& dst) {
+  const float* get(const float* src, size_t n, Buffer<float>& dst) {
     if (on_cpu()) return src;
-    copy_to_host(dst.data(), src, dst.size() * sizeof(float), dev_, stream_);
+    CTXPAR_CHECK(n <= dst.size(), "HostCopy: " << n << " elements into a copy of " << dst.size());
+    copy_to_host(dst.data(), src, n * sizeof(float), dev_, stream_);
     return dst.data();
   }
   // Offloaded moments are host memory already: once their copies out have ended.
@@ -163,7 +169,7 @@ class HostCopy {
       o.wait_host();
       return src;
     }
-    return get(src, dst);
+    return get(src, dst.size(), dst);
   }
   Device dev_;
   Stream stream_;
@@ -346,12 +352,15 @@ double train_device_memory(const Config& cfg, Topology& topo) {
   const double S_loc = double(train_S_loc(cfg, topo));
   const double layers = cfg.remat == Remat::none ? double(d.layers) : 1.0;
   const ParamLayout layout(d);
-  const double bf16 = 2.0 * double(layout.local_elems()) + 2.0 * S_loc * double(d.q_width()) +
+  // The weights' bf16 copy (shard=params: one unit's at a time, transformer.cpp weights_of).
+  const StateShard shard = plan_shard(cfg, layout, topo);
+  const double bf16 = 2.0 * double(shard.params_sharded() ? shard.widest : layout.local_elems()) +
+                      2.0 * S_loc * double(d.q_width()) +
                       layers * 2.0 * S_loc * double(d.q_width() + 2 * d.kv_width());
   // Offloaded AdamW moments: only their streamed chunks stay on the GPU; offloaded layer inputs
   // and attention outputs: only their slots (model/offload.hpp).
   const bool off_params = offloads(cfg, Offload::params);
-  const int64_t n_moments = plan_shard(cfg, layout, topo).elems();
+  const int64_t n_moments = shard.elems();
   const double moments = AdamW::device_bytes(layout, n_moments, false) -
                          AdamW::device_bytes(layout, n_moments, offloads(cfg, Offload::optimizer), cfg.offload_chunk,
                                              off_params);
@@ -370,15 +379,18 @@ double train_device_memory(const Config& cfg, Topology& topo) {
 double train_host_memory_on_gpu(const Config& cfg, Topology& topo) {
   // HostCopy's fp32 copy of the parameters and either its copies of the moments or the offloaded
   // moments themselves (pinned): 4 bytes per parameter element and 8 per element of this rank's
-  // range (shard=); offloaded layer inputs (pinned, L of them); and a checkpoint's gather.
+  // range (shard=; the parameters too at shard=params with gradients in pieces); offloaded layer
+  // inputs (pinned, L of them); and a checkpoint's gather.
   const TrainMemoryPlan t = plan_train_memory(cfg, topo);
   const ModelDims d = model_dims(cfg, tp_size(topo), 0);
   const ParamLayout layout(d);
+  const StateShard shard = plan_shard(cfg, layout, topo);
+  const bool pieces = shard.params_sharded() && shard.grads_sharded() && !cfg.exact;
   const double S_loc = double(train_S_loc(cfg, topo));
   const double inputs = offloads(cfg, Offload::layer_inputs) ? double(d.layers) * S_loc * double(d.dim) * 4.0 : 0.0;
   const double outs =
       offloads(cfg, Offload::attn_out) ? double(d.layers) * S_loc * double(d.q_width() + d.H_q_loc()) * 4.0 : 0.0;
-  return 4.0 * double(layout.local_elems()) + 8.0 * double(plan_shard(cfg, layout, topo).elems()) + inputs + outs +
+  return 4.0 * double(pieces ? shard.elems() : layout.local_elems()) + 8.0 * double(shard.elems()) + inputs + outs +
          t.gather_bytes;
 }
 
@@ -548,7 +560,8 @@ struct TrainRun {
         opt(layout, AdamWConfig{c.lr, c.beta1, c.beta2, c.adam_eps, c.weight_decay, c.grad_clip}, shard, &t.shard(),
             grads_in_pieces, dev, gpu.stream, offloads(c, Offload::optimizer), c.offload_chunk),
         any_offload(attach_offload()),
-        host(dev, gpu.stream, size_t(layout.local_elems()), size_t(shard.elems()), !opt.offloaded(), hparams.get()),
+        host(dev, gpu.stream, size_t(shard.params_sharded() && grads_in_pieces ? shard.elems() : layout.local_elems()),
+             size_t(shard.elems()), !opt.offloaded(), hparams.get()),
         state(start_state()), local_strat(make_local_strategy(c, t)),
         num(make_numerics(c.exact, d, layout.local_elems(), exact_grain(c))),
         model(layout, t, *strat, c.remat, pos, train_docs(c), local_layers_strategy(), dev, gpu.stream,
@@ -574,8 +587,9 @@ struct TrainRun {
   // The checkpoint resumed from, or the seeded initialization; on the device.
   TrainState start_state() {
     TrainState st;
-    // shard=params: this rank's pieces only (the CPU); else the whole weights, then its pieces of them
-    float* p = shard.params_sharded() ? master_pieces.data() : host.p(params);
+    // shard=params: this rank's pieces only; else the whole weights, then its pieces of them
+    Buffer<float>& first = shard.params_sharded() ? master_pieces : params;
+    float* p = host.p(first);
     if (!cfg.resume.empty()) {
       const double t0 = world.now();
       st = load_checkpoint(cfg.resume, layout, p, shard, host.m(opt), host.v(opt));
@@ -587,7 +601,7 @@ struct TrainRun {
     } else {
       layout.init(uint64_t(cfg.seed), p);
     }
-    host.upload(params, opt);
+    host.upload(first, opt);
     // the device copies (the whole weights just uploaded) into this rank's pieces
     if (shard.sharded() && !shard.params_sharded()) take_pieces(shard, params.data(), master_pieces.data(), dev, gpu.stream);
     return st;
@@ -596,10 +610,10 @@ struct TrainRun {
   // gather tensors (shard group rank 0: dp 0, CP rank 0), host memory; collective over the shard
   // group when sharded.
   const float* whole_weights(std::vector<float>& keep) {
-    return shard.params_sharded() ? whole(master_pieces.data(), keep) : host.download_params(params, opt);
+    return shard.params_sharded() ? whole(host.download(master_pieces), keep) : host.download_params(params, opt);
   }
   const float* whole_gradients(std::vector<float>& keep) {
-    return grads_in_pieces ? whole(grads.data(), keep) : host.download(grads);
+    return grads_in_pieces ? whole(host.download(grads), keep) : host.download(grads);
   }
   // `mine`: this rank's pieces (host memory), assembled in `keep` from every rank's; `mine`
   // itself without sharding.
@@ -614,7 +628,7 @@ struct TrainRun {
   }
   void save(const std::string& path, const TrainState& st) {
     if (cfg.checkpoint_io == CheckpointIo::parallel) {  // every rank its part, no gather
-      const float* p = shard.params_sharded() ? master_pieces.data() : host.download_params(params, opt);
+      const float* p = shard.params_sharded() ? host.download(master_pieces) : host.download_params(params, opt);
       save_checkpoint_parallel(path, cfg, layout, shard, p, host.download_m(opt), host.download_v(opt), st, topo);
       return;
     }

@@ -106,7 +106,6 @@ CASES = [
     ("sharded state with offloaded master weights", ["train", "device=cuda", "offload=optimizer,params", "shard=optimizer"],
      "the offloaded master weights are not sharded yet"),
     ("shard level not one of its names", ["train", "shard=params3"], "none, optimizer, grads, params"),
-    ("gradients in pieces on a GPU", ["train", "device=cuda", "shard=grads"], "per-unit gathers and reduce-scatters"),
     ("local strategy not in the registry", ["train", "local_strategy=pass_q"], "one of: halo, allgather"),
     ("deterministic in bench attn", ["bench", "attn", "deterministic=true"], "deterministic (command line) is not read by"),
     # Keys a mode does not read, on the command line: refused, naming the modes that read them.

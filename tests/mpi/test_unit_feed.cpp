@@ -64,7 +64,9 @@ TEST_P(UnitFeedLayers, StepOrderWeightsAndGradientPieces) {
     for (size_t u : UnitFeed::step_order(units)) EXPECT_EQ(f.wrong_weights(u), 0) << "unit " << u;
     // Gathered when asked: the first unit; with an even number of layers also the head, whose
     // wide buffer the last layer holds.
-    if (f.shard.sharded()) EXPECT_EQ(f.feed.late_gathers(), GetParam() % 2 == 0 ? 2 : 1);
+    if (f.shard.sharded()) {
+      EXPECT_EQ(f.feed.late_gathers(), GetParam() % 2 == 0 ? 2 : 1);
+    }
     // The backward's gradients: rank r adds (r + 1) x value to every element of every unit.
     std::vector<size_t> back = {units - 1};
     for (size_t u = units - 1; u-- > 0;) back.push_back(u);
