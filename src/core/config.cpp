@@ -244,7 +244,7 @@ const std::vector<Field>& config_fields() {
       {"strategy", &Config::strategy, "", "CP attention strategy: a training row of `ctxpar --features` (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)", {}, 0, -1,
        [](const Config& c) { return choice_error(c.strategy, strategy_choices().training, kStrategyKeywords); }},
       enum_field<&Config::partition>("partition", kPartitionNames, "zigzag", "token partition assumed by predict (the executed strategies always shard zigzag)"),
-      enum_field<&Config::placement>("placement", kPlacementNames, "zigzag", "train, bench cp: where a packed batch's rows live over the CP group: zigzag (positions, blind to documents) or balanced (per batch from the document lengths: short documents whole on one rank, long ones split zigzag over the fewest ranks that keep every rank's causal work within 2% of the mean; needs frugal=true)"),
+      enum_field<&Config::placement>("placement", kPlacementNames, "zigzag", "train, bench cp: where a packed batch's rows live over the CP group: zigzag (positions, blind to documents) or balanced (per batch from the document lengths: short documents whole on one rank, long ones split zigzag over the fewest ranks that keep every rank's causal work within 2% of the mean; needs frugal=true), or auto (train: per batch the one the cost model prices faster, its attention on the busiest rank and the rows it receives, with the hardware profile; needs frugal=true)"),
       enum_field<&Config::mask>("mask", kMaskNames, "causal", "attention mask"),
       {"window", &Config::window, "0", "sliding window in tokens: of mask=window, and of the local (L) layers of layer_pattern", {}, 0, 1ll << 40},
       {"docs", &Config::docs, "none", "packed documents: none, random, or lengths L1,L2,... summing to seq", {}, 0, -1, check_docs},
@@ -329,7 +329,7 @@ const std::vector<Field>& config_fields() {
       {"cached", &Config::cached, "0", "prefill: cached tokens P before the measured prefill of seq - P (0 = use miss_rate)", {}, 0, 1ll << 40},
       {"miss_rate", &Config::miss_rate, "1", "prefill: new tokens T = miss_rate * seq when cached = 0 (1 = full prefill)", {}, 1e-6, 1},
       // cost model (`ctxpar predict`)
-      {"hardware", &Config::hardware, "auto", "hardware profile of the cost model (predict, strategy=auto, cp_algo=auto, bench calibrate's output): inputs/hardware/<name>.toml (local: bench calibrate's out/hardware/local.toml first), a path, measured (this job's ranks, measured at start: cp_algo=auto only) or auto (measured for cp_algo=auto, else local)", {}},
+      {"hardware", &Config::hardware, "auto", "hardware profile of the cost model (predict, strategy=auto, cp_algo=auto, placement=auto, bench calibrate's output): inputs/hardware/<name>.toml (local: bench calibrate's out/hardware/local.toml first), a path, measured (this job's ranks, measured at start: cp_algo=auto only) or auto (measured for cp_algo=auto, else local)", {}},
       enum_field<&Config::predict_mode>("predict_mode", kPerfModeNames, "train", "predict: what to predict"),
       {"predict_mesh", &Config::predict_mesh, "", "predict: mesh of the predicted cluster, e.g. tp:8,ring:16 (empty = mesh)", {}, 0, -1, check_predict_mesh},
       {"predict_chips", &Config::predict_chips, "0", "predict: search every mesh of this many chips (tp x ulysses x ring, and dp and remat in training) and print the best that fit (0 = price predict_mesh only)", {}, 0, 1ll << 30},
@@ -757,10 +757,14 @@ void validate_config(const Config& c, int world_size) {
                      "offloaded), or shard=none");
   if (c.placement == PlacementKind::balanced && !(train_mode || bench_cp))
     throw UsageError("config: placement = balanced applies to train, bench train and bench cp; valid here: placement=zigzag");
-  if (c.placement == PlacementKind::balanced && !c.visible_keys)
-    throw UsageError("config: placement = balanced needs frugal = true: a document's rows may sit on any rank, and only "
-                     "the visible-keys exchange moves just the rows a query can see (a whole document exchanges "
-                     "nothing); valid: frugal=true, or placement=zigzag");
+  if (c.placement == PlacementKind::automatic && !train_mode)
+    throw UsageError(std::string("config: placement = auto applies to train and bench train (bench cp compares the "
+                     "placements row by row: placement=balanced)") + "; valid here: placement=zigzag" +
+                     (bench_cp ? " or placement=balanced" : ""));
+  if (c.placement != PlacementKind::zigzag && !c.visible_keys)
+    throw UsageError(std::string("config: placement = ") + name_of(c.placement) + " needs frugal = true: a document's "
+                     "rows may sit on any rank, and only the visible-keys exchange moves just the rows a query can see "
+                     "(a whole document exchanges nothing); valid: frugal=true, or placement=zigzag");
   if (c.visible_keys && !(train_mode || bench_cp))
     throw UsageError("config: frugal = true applies to train, bench train and bench cp; valid here: frugal=false");
   // (bench cp strategy=all runs the visible rows on MLA's expanded K/V beside the latent rows)

@@ -206,7 +206,8 @@ std::vector<int64_t> sample_document_lengths(const Config& c, int64_t index) {
   return document_lengths(doc);
 }
 
-Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, int r, PlacementKind placement) {
+Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, int r, PlacementKind placement,
+                 const PlacementPrice* price) {
   const int64_t S = part.S();  // the sequence's real tokens (the partition may add padding rows)
   std::vector<int32_t> tokens(static_cast<size_t>(S)), doc(static_cast<size_t>(S));
   src.sample(index, S, tokens.data(), doc.data());
@@ -215,11 +216,14 @@ Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, i
   b.S = S;
   b.doc_lengths = document_lengths(doc);
   b.documents = int64_t(b.doc_lengths.size());
-  if (placement == PlacementKind::balanced) {
+  CTXPAR_CHECK(placement != PlacementKind::automatic || price, "make_batch: placement = auto without a price");
+  if (placement != PlacementKind::zigzag) {
     Placement p = balanced_placement(b.doc_lengths, part.P(), part.local_size(r));
-    b.pos = std::move(p.rows[size_t(r)]);
-    b.placed = true;
-  } else {
+    b.placed = placement == PlacementKind::balanced ||
+               (*price)(p, b.doc_lengths) < (*price)(zigzag_placement(b.doc_lengths, part.P()), b.doc_lengths);
+    if (b.placed) b.pos = std::move(p.rows[size_t(r)]);
+  }
+  if (!b.placed) {
     b.pos = part.positions(r);
   }
   const size_t n = b.pos.size();

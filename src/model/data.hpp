@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/settings.hpp"
+#include "shard/placement.hpp"  // PlacementPrice
 
 namespace ctxpar {
 
@@ -50,7 +51,7 @@ struct Batch {
   int64_t labelled_tokens = 0;    // labels >= 0 in the whole sequence (all CP ranks)
   int64_t documents = 1;
   std::vector<int64_t> doc_lengths;  // of the whole sequence (FLOP count: sum L_i^2)
-  bool placed = false;  // rows placed per batch from the documents (placement=balanced), not the partition's
+  bool placed = false;  // rows placed per batch from the documents (placement=balanced or auto's choice), not the partition's
 };
 // A token file's windows of seq tokens, and the document lengths of sample `index` (a document ends
 // after each eos_id token, as make_batch cuts it), without the vocabulary check: what `predict`
@@ -60,8 +61,10 @@ std::vector<int64_t> sample_document_lengths(const Config& cfg, int64_t index);
 
 // Reads sample `index`, shifts labels globally (shard/shift_labels) and keeps cp rank r's tokens:
 // those of the partition, or with placement = balanced those the document lengths place on it
-// (shard/placement.hpp; as many rows as the partition's, padding rows past S).
+// (shard/placement.hpp; as many rows as the partition's, padding rows past S); with placement =
+// auto the balanced placement where `price` says it is cheaper than the zigzag rows (strictly: a
+// tie keeps zigzag), the same choice on every rank.
 Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, int r,
-                 PlacementKind placement = PlacementKind::zigzag);
+                 PlacementKind placement = PlacementKind::zigzag, const PlacementPrice* price = nullptr);
 
 }  // namespace ctxpar

@@ -378,6 +378,38 @@ double median_of(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+// One batch's placements over a CP group, priced as a training step (placed_attention_s): the
+// plain ring on zigzag rows, the frugal ring on them, and on the balanced placement; auto runs the
+// cheaper of the last two (a tie keeps zigzag), as make_batch does.
+struct PlacedBatch {
+  double zz_work = 0, bal_work = 0, zz_recv = 0, bal_recv = 0, attn_gain = 0, place_ms = 0;
+  double ring_s = 0, frugal_s = 0, balanced_s = 0, auto_s = 0;
+  bool auto_balanced = false;
+};
+
+PlacedBatch place_batch(const std::vector<int64_t>& lengths, int P, int64_t n, const ModelShape& m,
+                        const HardwareProfile& hw, const PerfMesh& mesh, const PerfWorkload& w, double rest_s) {
+  PlacedBatch r;
+  const double t0 = now_s();
+  const Placement bal = balanced_placement(lengths, P, n);
+  r.place_ms = (now_s() - t0) * 1e3;
+  const Placement zz = zigzag_placement(lengths, P);
+  const double ring = double(n) * double(P - 1);
+  const auto top = [](const std::vector<int64_t>& v) { return double(*std::max_element(v.begin(), v.end())); };
+  const double zr = P > 1 ? top(rows_received(zz, lengths)) : 0.0, br = P > 1 ? top(rows_received(bal, lengths)) : 0.0;
+  r.zz_work = zz.imbalance();
+  r.bal_work = bal.imbalance();
+  r.zz_recv = P > 1 ? zr / ring : 0.0;
+  r.bal_recv = P > 1 ? br / ring : 0.0;
+  r.attn_gain = top(zz.work) / std::max(1.0, top(bal.work));
+  r.ring_s = rest_s + placed_attention_s(m, hw, mesh, w, top(zz.work), ring);
+  r.frugal_s = rest_s + placed_attention_s(m, hw, mesh, w, top(zz.work), zr);
+  r.balanced_s = rest_s + placed_attention_s(m, hw, mesh, w, top(bal.work), br);
+  r.auto_balanced = r.balanced_s < r.frugal_s;
+  r.auto_s = std::min(r.frugal_s, r.balanced_s);
+  return r;
+}
+
 void print_placement(const Config& cfg, const std::vector<std::pair<std::string, Config>>& configs) {
   std::vector<TableColumn> cols = {
       {"ranks", "ranks", "", 6, 0},           {"seq", "S", "tokens", 9, 0},
@@ -385,40 +417,65 @@ void print_placement(const Config& cfg, const std::vector<std::pair<std::string,
       {"zigzag_worst", "worst", "", 7, 3},    {"balanced_work", "balanced", "max/mean", 9, 3},
       {"balanced_worst", "worst", "", 7, 3},  {"zigzag_recv", "zz recv", "/ring", 8, 3},
       {"balanced_recv", "bal recv", "/ring", 9, 3}, {"attn_gain", "attn gain", "x", 10, 3},
-      {"place_ms", "place", "ms", 9, 2}};
+      {"step_ring_ms", "step ring", "ms", 11, 2}, {"frugal_gain", "frugal", "x", 8, 3},
+      {"balanced_gain", "balanced", "x", 9, 3}, {"auto_gain", "auto", "x", 7, 3},
+      {"auto_balanced", "auto bal", "share", 9, 2}, {"place_ms", "place", "ms", 9, 2}};
   const std::vector<std::string> notes = {
       "data " + cfg.data + " (eos " + std::to_string(cfg.eos_id) + "): up to " + std::to_string(kPlacedBatches) +
           " windows of S tokens, spread evenly; medians over them",
       "work: causal (query, key) pairs within documents per rank, max / mean; recv: rows of other ranks some query of a "
       "rank sees (the frugal exchange's K/V rows, forward), max over ranks, / a ring's (P-1) S/P",
-      "attn gain: zigzag's busiest rank's pairs / balanced's (the attention compute on the critical path); the cost "
-      "model does not price placement's exchange or the kernels' chunk borders yet: a whole training step gains less "
-      "(docs/measurements.md)",
+      "attn gain: zigzag's busiest rank's pairs / balanced's (the attention compute on the critical path)",
+      "step: a training step of one sequence per replica on the hardware profile (predict's ring, its attention priced "
+      "per batch: the busiest rank's pairs pipelined with the rows it receives over the ring's steps, "
+      "perf/cost_model.hpp placed_attention_s); frugal, balanced, auto: the ring's step time / theirs (frugal ring on "
+      "zigzag rows, on the balanced placement, and placement=auto's choice of the two); auto bal: the share of "
+      "batches auto places balanced. Not priced: more chunk borders (kernel calls), the positions a placed batch gathers",
       "place: one batch's balanced placement, computed on every rank every step"};
   Table t("ctxpar predict — placement of packed documents (zigzag against placement=balanced)", cols, notes);
   for (const auto& [value, c] : configs) {
-    const int P = int(predicted_mesh(c).cp());
+    const PerfMesh mesh = predicted_mesh(c);
+    const int P = int(mesh.cp());
     const int64_t windows = token_windows(c), batches = std::min(windows, kPlacedBatches);
     const int64_t n = Partition::padded_length(PartitionKind::zigzag, c.seq, P) / P;
-    std::vector<double> zw, bw, zr, br, gain, ms;
-    for (int64_t b = 0; b < batches; ++b) {
-      const std::vector<int64_t> lengths = sample_document_lengths(c, b * (windows / batches));
-      const double t0 = now_s();
-      const Placement bal = balanced_placement(lengths, P, n);
-      ms.push_back((now_s() - t0) * 1e3);
-      const Placement zz = zigzag_placement(lengths, P);
-      const double ring = double(n) * double(P - 1);
-      const auto top = [](const std::vector<int64_t>& v) { return double(*std::max_element(v.begin(), v.end())); };
-      zw.push_back(zz.imbalance());
-      bw.push_back(bal.imbalance());
-      zr.push_back(P > 1 ? top(rows_received(zz, lengths)) / ring : 0.0);
-      br.push_back(P > 1 ? top(rows_received(bal, lengths)) / ring : 0.0);
-      gain.push_back(top(zz.work) / std::max(1.0, top(bal.work)));
-    }
-    t.add_row({std::to_string(P), std::to_string(c.seq), std::to_string(batches), t.cell(3, median_of(zw)),
-               t.cell(4, *std::max_element(zw.begin(), zw.end())), t.cell(5, median_of(bw)),
-               t.cell(6, *std::max_element(bw.begin(), bw.end())), t.cell(7, median_of(zr)), t.cell(8, median_of(br)),
-               t.cell(9, median_of(gain)), t.cell(10, median_of(ms))});
+    const HardwareProfile hw = load_hardware(hardware_name(c, HardwareUse::plan));
+    PerfWorkload w = workload_of(c, hw);
+    w.mode = PerfMode::train;
+    w.batch = 1;
+    w.partition = PartitionKind::zigzag;
+    const ModelShape m = model_shape(c);
+    const StrategyPrediction ring = predict(m, hw, mesh, w, "ring");
+    // What does not depend on the placement: the step less its global layers' attention as the
+    // ring prices them on the whole (one-document) sequence.
+    const double S = double(c.seq);
+    const double rest = ring.time_s - placed_attention_s(m, hw, mesh, w, S * (S + 1) / 2 / double(P), double(n) * (P - 1));
+    std::vector<PlacedBatch> pb;
+    for (int64_t b = 0; b < batches; ++b)
+      pb.push_back(place_batch(sample_document_lengths(c, b * (windows / batches)), P, n, m, hw, mesh, w, rest));
+    const auto med = [&](double PlacedBatch::*f) {
+      std::vector<double> v;
+      for (const PlacedBatch& x : pb) v.push_back(x.*f);
+      return median_of(v);
+    };
+    const auto worst = [&](double PlacedBatch::*f) {
+      double x = 0;
+      for (const PlacedBatch& y : pb) x = std::max(x, y.*f);
+      return x;
+    };
+    const auto gain = [&](double PlacedBatch::*f) {  // the ring's step time over theirs, median over batches
+      std::vector<double> v;
+      for (const PlacedBatch& x : pb) v.push_back(x.ring_s / x.*f);
+      return median_of(v);
+    };
+    double auto_bal = 0;
+    for (const PlacedBatch& x : pb) auto_bal += x.auto_balanced ? 1.0 / double(pb.size()) : 0.0;
+    t.add_row({std::to_string(P), std::to_string(c.seq), std::to_string(batches), t.cell(3, med(&PlacedBatch::zz_work)),
+               t.cell(4, worst(&PlacedBatch::zz_work)), t.cell(5, med(&PlacedBatch::bal_work)),
+               t.cell(6, worst(&PlacedBatch::bal_work)), t.cell(7, med(&PlacedBatch::zz_recv)),
+               t.cell(8, med(&PlacedBatch::bal_recv)), t.cell(9, med(&PlacedBatch::attn_gain)),
+               t.cell(10, 1e3 * med(&PlacedBatch::ring_s)), t.cell(11, gain(&PlacedBatch::frugal_s)),
+               t.cell(12, gain(&PlacedBatch::balanced_s)), t.cell(13, gain(&PlacedBatch::auto_s)), t.cell(14, auto_bal),
+               t.cell(15, med(&PlacedBatch::place_ms))});
   }
   t.print(cfg.csv);
 }

@@ -26,6 +26,7 @@
 #include "model/optimizer.hpp"
 #include "model/state_shard.hpp"
 #include "model/transformer.hpp"
+#include "perf/cost_model.hpp"
 #include "perf/hardware.hpp"
 #include "modes/modes.hpp"
 #include "modes/oracle_dump.hpp"
@@ -185,21 +186,47 @@ int64_t train_S_loc(const Config& cfg, Topology& topo) {
                                   exact_grain(cfg)) / topo.cp().size();
 }
 
-// placement=balanced (shard/placement.hpp) where the model's layers cannot follow a document
-// placed anywhere: "" when they can.
+// placement=auto: a batch's placement priced by the cost model (perf/cost_model.hpp
+// placed_attention_s) with the plan's hardware profile, from the busiest rank's causal pairs and
+// the most rows a rank receives, as the frugal ring moves them; empty for the other placements.
+PlacementPrice make_placement_price(const Config& cfg, Topology& topo) {
+  if (cfg.placement != PlacementKind::automatic) return {};
+  const HardwareProfile hw = load_hardware(hardware_name(cfg, HardwareUse::plan));
+  const PerfMesh mesh{topo.size(Axis::dp), topo.size(Axis::tp), topo.size(Axis::ulysses), topo.size(Axis::ring)};
+  PerfWorkload w;
+  w.seq = cfg.seq;
+  w.precision = cfg.device == Device::cpu ? Precision::fp32 : Precision::bf16;
+  w.remat = cfg.remat;
+  const ModelShape m = model_shape(cfg);
+  return [hw, mesh, w, m](const Placement& p, const std::vector<int64_t>& lengths) {
+    const auto top = [](const std::vector<int64_t>& v) { return v.empty() ? 0.0 : double(*std::max_element(v.begin(), v.end())); };
+    return placed_attention_s(m, hw, mesh, w, top(p.work), top(rows_received(p, lengths)));
+  };
+}
+
+// placement=balanced or auto (shard/placement.hpp) where the model's layers cannot follow a
+// document placed anywhere, or auto without a hardware profile: "" when they can.
 std::string placement_refusal(const Config& cfg, PartitionKind kind) {
-  if (cfg.placement != PlacementKind::balanced) return "";
+  if (cfg.placement == PlacementKind::zigzag) return "";
+  const std::string pre = std::string("config: placement = ") + name_of(cfg.placement);
   if (cfg.layer_pattern.find('D') != std::string::npos)
-    return "config: placement = balanced with layer_pattern = '" + cfg.layer_pattern + "': Gated DeltaNet layers pass "
+    return pre + " with layer_pattern = '" + cfg.layer_pattern + "': Gated DeltaNet layers pass "
            "their state along contiguous pieces of the sequence, not documents placed on any rank; valid: "
            "placement=zigzag, or a pattern of G and L layers";
   if (cfg.layer_pattern.find('L') != std::string::npos && !has_schedule(cfg.local_strategy, CpSchedule::visible))
-    return "config: placement = balanced with local_strategy = " + cfg.local_strategy + ": the local layers' " +
+    return pre + " with local_strategy = " + cfg.local_strategy + ": the local layers' " +
            "exchange assumes neighbouring chunks of positions; valid: local_strategy=" +
            strategies_with(CpSchedule::visible, "") + " (their visible-keys schedule), or placement=zigzag";
   if (kind != PartitionKind::zigzag)
-    return std::string("config: placement = balanced places the rows of a zigzag strategy, and strategy = ") +
-           cfg.strategy + " shards " + partition_name(kind) + "; valid: placement=zigzag";
+    return pre + " places the rows of a zigzag strategy, and strategy = " + cfg.strategy + " shards " +
+           partition_name(kind) + "; valid: placement=zigzag";
+  if (cfg.placement == PlacementKind::automatic) {
+    try {
+      load_hardware(hardware_name(cfg, HardwareUse::plan));
+    } catch (const UsageError& e) {
+      return pre + " prices each batch's placements with a hardware profile: " + e.what();
+    }
+  }
   return "";
 }
 
@@ -539,6 +566,7 @@ struct TrainRun {
   Transformer model;
   UnitFeed feed;  // the model's weights and gradients, unit by unit (gathered and reduced with shard=)
   const std::unique_ptr<TokenSource> src;
+  const PlacementPrice price;  // placement=auto: the cost model's price of a batch's placement
   // Oracle dump (modes/oracle_dump.hpp): each recorded step's state before it, its gradients, and
   // the state after the last.
   OracleDump dump;
@@ -567,6 +595,7 @@ struct TrainRun {
         model(layout, t, *strat, c.remat, pos, train_docs(c), local_layers_strategy(), dev, gpu.stream,
               offloads(c, Offload::layer_inputs), offloads(c, Offload::attn_out)),
         feed(layout, shard, &t.shard(), c.exact, dev, gpu.stream), src(make_token_source(c)),
+        price(make_placement_price(c, t)),
         dump(c, layout, t, state.step == 0) {
     model.use_numerics(*num);
     model.use_feed(&feed);
@@ -692,10 +721,16 @@ void log_train_header(const TrainRun& r, double peak) {
     log0("# layers: pattern %s (G global attention, L local over window %lld with local_strategy %s, D Gated DeltaNet): %s\n",
          cfg.layer_pattern.c_str(), (long long)cfg.window, cfg.local_strategy.c_str(), d.kinds.c_str());
   if (r.part.padding() > 0) log0("# %s\n", r.part.padding_note().c_str());
-  if (cfg.placement == PlacementKind::balanced)
-    log0("# placement balanced: each batch's documents placed from their lengths (short ones whole on one rank, long "
-         "ones zigzag over the fewest ranks within %lld%% of the mean causal work), %lld rows per rank; the frugal "
-         "exchange moves only visible rows\n", (long long)kBalanceSlackPercent, (long long)r.model.S_loc());
+  if (cfg.placement != PlacementKind::zigzag)
+    log0("# placement %s: each batch's documents placed from their lengths (short ones whole on one rank, long "
+         "ones zigzag over the fewest ranks within %lld%% of the mean causal work)%s, %lld rows per rank; the frugal "
+         "exchange moves only visible rows\n", name_of(cfg.placement), (long long)kBalanceSlackPercent,
+         cfg.placement == PlacementKind::automatic
+             ? (" where the cost model (hardware " + hardware_name(cfg, HardwareUse::plan) + ") prices the batch's "
+                "attention there below zigzag's: the busiest rank's pairs and the rows it receives, as the frugal ring")
+                   .c_str()
+             : "",
+         (long long)r.model.S_loc());
   if (r.shard.sharded())
     log0("# shard=%s: AdamW moments and master weights of %lld of the %lld elements of this tp slice per rank (a "
          "piece of each unit, %d ranks of dp x CP); %s\n", name_of(cfg.shard), (long long)r.shard.elems(),
@@ -733,6 +768,7 @@ struct TrainTotals {
   std::vector<double> work;       // every step's attention pairs x heads on this rank (imbalance())
   std::vector<double> audit_s;    // every step's coverage audit, seconds (rank 0)
   std::vector<double> coverage;   // per step: step, pairs x heads computed (all ranks, layers, fwd + bwd), expected
+  int64_t batches = 0, placed = 0;  // placement=auto: batches run, of them on the balanced placement
   double first_loss = NAN, last_loss = NAN;
 };
 
@@ -856,6 +892,12 @@ void log_train_summary(TrainRun& r, const TrainTotals& tot, int64_t first_step) 
     r.tracer.write_attr("/", "offload_bytes_per_step", (r.opt.offload_bytes() + r.model.offload_bytes()) / steps_run);
     r.tracer.write_attr("/", "offload_unhidden_s_per_step", median(tot.offload_s));
   }
+  if (cfg.placement == PlacementKind::automatic) {
+    log0("# placement auto: %lld of %lld batches (warmup included) ran on the balanced placement, the rest on zigzag "
+         "rows\n", (long long)tot.placed, (long long)tot.batches);
+    r.tracer.write_attr("/", "placement_auto_balanced_batches", double(tot.placed));
+    r.tracer.write_attr("/", "placement_auto_batches", double(tot.batches));
+  }
   log0("\n# summary (median over %zu measured steps, %lld warmup excluded)\n", tot.times.size(), (long long)cfg.warmup);
   log0("#   loss               %.6f -> %.6f\n", tot.first_loss, tot.last_loss);
   log0("#   step time          %10.2f ms\n", tmed * 1e3);
@@ -907,7 +949,9 @@ int train_loop(const Config& cfg, Topology& topo, Tracer& tracer, TrainSummary& 
     r.world.barrier();
     const double t0 = r.world.now();
     const int64_t sample = s * r.DP + topo.coord(Axis::dp);
-    Batch b = make_batch(*r.src, sample, r.part, r.cp.rank(), cfg.placement);
+    Batch b = make_batch(*r.src, sample, r.part, r.cp.rank(), cfg.placement, &r.price);
+    ++tot.batches;
+    tot.placed += b.placed;
     // Labelled tokens of the whole global batch: the loss is their mean.
     int64_t counts[2] = {b.labelled_tokens, 0};
     double pairs[2] = {causal_visible_pairs(b.doc_lengths),

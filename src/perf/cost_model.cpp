@@ -550,6 +550,34 @@ AttnLayerCost attn_layer_cost(const Ctx& c, CommPattern comm, double pairs) {
   return {attn_layer, comm_layer, exposed_layer, buf};
 }
 
+}  // namespace
+
+double placed_attention_s(const ModelShape& m, const HardwareProfile& hw, const PerfMesh& mesh, const PerfWorkload& w,
+                          double pairs_max, double rows_max) {
+  const Ctx c{m, hw, mesh, w, precision_of(hw, w.precision), share_factor(hw, mesh)};
+  const int64_t N = mesh.cp(), tp = mesh.tp, B = w.batch;
+  const double S_loc = double(Partition::padded_length(PartitionKind::zigzag, w.seq, int(N))) / double(N);
+  const double tokens = S_loc * double(B), recompute = w.remat == Remat::none ? 0.0 : 1.0;
+  // The busiest rank's attention, one kernel call per ring step (as attn_layer_cost's ring).
+  const double at_fwd = attn_fwd_flops(pairs_max, double(m.H_q), double(m.D)) * double(B) / double(tp);
+  const double kappa = pairs_max / double(N) / S_loc;
+  const double w_fwd = diag_waste_flops(c, tokens, 1.0), w_bwd = diag_waste_flops(c, tokens, hw.attn_bwd_work);
+  const double cf = attn_seconds(c, at_fwd, kappa, w_fwd) / double(N);
+  const double cb = attn_seconds(c, hw.attn_bwd_work * at_fwd, kappa, w_bwd) / double(N);
+  // A step's K and V rows (their share of rows_max; MLA: latent rows, their expansion not priced);
+  // the backward's carry their dK/dV too.
+  const double row = m.mla ? double(m.latent_width()) * c.p.e : 2.0 * kv_heads_loc(m, tp) * double(m.D) * c.p.e;
+  const double msg = N > 1 ? rows_max / double(N - 1) * double(B) * row : 0.0;
+  const int64_t k = ranks_per_node(hw, N, tp);
+  const double m_f = p2p_s(hw, N, k, msg), m_b = p2p_s(hw, N, k, 2 * msg);
+  const double of = N > 1 ? hw.step_overhead_s + ring_step_loss_s(hw, N, k, 2 * msg) : 0;
+  const double ob = N > 1 ? hw.step_overhead_s + ring_step_loss_s(hw, N, k, 4 * msg) : 0;
+  const double layer = ring_pipeline_s(N, cf, m_f, of) * (1 + recompute) + ring_pipeline_s(N, cb, m_b, ob);
+  return layer * double(m.attn_layers() - m.local_layers());
+}
+
+namespace {
+
 // A local (sliding-window) layer under the halo exchange (src/cp/halo.cpp): each rank receives
 // the window - 1 rows before each of its two zigzag chunks (at most the rest of the sequence),
 // while it attends its own keys; the backward fetches them again and returns their dK/dV (fp32)

@@ -146,6 +146,17 @@ struct PassChoice {
 PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& hw, int64_t T, int64_t cached, int64_t N,
                                    int64_t tp = 1, Precision precision = Precision::automatic);
 
+// A training step's attention over one packed batch placed on the CP group (shard/placement.hpp)
+// and run on the ring (the visible-keys exchange, frugal): every global attention layer's forward
+// (and remat's recompute) and backward on the busiest rank, `pairs_max` causal (query, key) pairs
+// within documents, pipelined over the ring's N steps with the transfer of `rows_max` K/V rows (the
+// most a rank receives, spread evenly over its N - 1 steps; the backward returns as many dK/dV
+// rows). Seconds per step, per sequence of w.batch. The plain ring is rows_max = (N - 1) S/N; with
+// pairs_max = S(S+1)/2/N it is predict()'s ring attention time (the rest of a step does not depend
+// on where the rows live: every rank holds S/N of them).
+double placed_attention_s(const ModelShape& m, const HardwareProfile& hw, const PerfMesh& mesh, const PerfWorkload& w,
+                          double pairs_max, double rows_max);
+
 // ---- building blocks, exposed for tests --------------------------------------------------------
 // Ring pipeline: (n-1) * max(c + o, m) + c + o.
 double ring_pipeline_s(int64_t n, double compute_step_s, double comm_step_s, double overhead_s);

@@ -19,6 +19,7 @@
 // are served but not balanced for.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/settings.hpp"
@@ -49,5 +50,9 @@ std::vector<int64_t> rows_received(const Placement& p, const std::vector<int64_t
 
 // The zigzag partition's rows (n = its padded length / P) in the same form, with their work.
 Placement zigzag_placement(const std::vector<int64_t>& lengths, int P);
+
+// placement = auto: what running a batch of documents `lengths` on placement `p` costs (the cost
+// model's seconds of its attention: modes/train.cpp); make_batch runs the cheaper placement.
+using PlacementPrice = std::function<double(const Placement& p, const std::vector<int64_t>& lengths)>;
 
 }  // namespace ctxpar

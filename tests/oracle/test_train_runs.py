@@ -77,9 +77,18 @@ def case_mesh(tmp):
     meshes += [(f"balanced_np{n}", n, ["strategy=ring", f"mesh=ring:{n}", "frugal=true", "placement=balanced"])
                for n in (2, 3, 4)]
     meshes += [("balanced_tp2_ring2", 4, ["strategy=allgather", "mesh=tp:2,ring:2", "frugal=true", "placement=balanced"])]
+    # placement=auto: per batch the placement the cost model prices cheaper (either runs the
+    # single rank's losses).
+    meshes += [("auto_np3", 3, ["strategy=ring", "mesh=ring:3", "frugal=true", "placement=auto"])]
     bad = []
     for name, np_, args in meshes:
-        loss = run(tmp, name, np_, ["steps=5"] + args)["loss"]
+        r = run(tmp, name, np_, ["steps=5"] + args)
+        loss = r["loss"]
+        if "placement=auto" in args:  # the log says what auto chose
+            m = re.search(r"placement auto: (\d+) of (\d+) batches", r["stdout"])
+            print(name, m.group(0) if m else "no 'placement auto' line in the log")
+            if not m or int(m.group(2)) != 5:
+                bad.append(name + ": no count of its choices")
         rel = np.max(np.abs(loss - ref) / np.abs(ref))
         print(f"{name:12s} max rel diff {rel:.2e}", "ok" if rel <= REL_TOL else "FAIL")
         if not rel <= REL_TOL or len(loss) != 5:

@@ -451,6 +451,32 @@ TEST(CostModel, MemoryArithmetic) {
               1e-12);
 }
 
+// A placed batch's attention (placement=auto's price): a single document on zigzag rows is
+// predict()'s ring; the busier rank and the more rows it receives, the longer.
+TEST(CostModel, PlacedAttentionIsTheRingsForOneDocument) {
+  const HardwareProfile h = load_hardware("h100-gtt");
+  const ModelShape m = small();
+  PerfMesh mesh;
+  mesh.ring = 4;
+  PerfWorkload w;
+  w.seq = 8192;
+  for (Remat remat : {Remat::none, Remat::full}) {
+    w.remat = remat;
+    const StrategyPrediction ring = predict(m, h, mesh, w, "ring");
+    ASSERT_TRUE(ring.invalid.empty()) << ring.invalid;
+    const double S = double(w.seq), n = S / 4, pairs = S * (S + 1) / 2 / 4;
+    const double placed = placed_attention_s(m, h, mesh, w, pairs, 3 * n);
+    EXPECT_NEAR(placed, ring.attn_s, 1e-9 * ring.attn_s) << name_of(remat);
+    EXPECT_GT(placed_attention_s(m, h, mesh, w, 1.5 * pairs, 3 * n), placed);
+    EXPECT_LT(placed_attention_s(m, h, mesh, w, pairs, 0.1 * n), placed + 1e-12);
+  }
+  // One rank: no exchange, the whole sequence's pairs.
+  PerfMesh one;
+  const double S = double(w.seq);
+  EXPECT_NEAR(placed_attention_s(m, h, one, w, S * (S + 1) / 2, 0), predict(m, h, one, w, "ring").attn_s,
+              1e-9 * predict(m, h, one, w, "ring").attn_s);
+}
+
 TEST(CostModel, PaperEq1Threshold) {
   // Meta CP Eq. 1: pass-KV when T/(T+P) >= 2 H_kv / H_q = 12.5% for Llama 3 405B.
   EXPECT_DOUBLE_EQ(pass_kv_miss_rate_threshold(llama405b()), 0.125);

@@ -16,6 +16,7 @@
 #include "core/random.hpp"
 #include "cpu/tile_ops.hpp"
 #include "model/data.hpp"
+#include "shard/placement.hpp"
 #include "model/flops.hpp"
 #include "model/model.hpp"
 #include "ops.hpp"
@@ -530,6 +531,38 @@ TEST(Model, SyntheticStreamIsDeterministicAndLearnable) {
   }
   // labelled_tokens counts the whole sequence (both shards), the loss's denominator.
   EXPECT_EQ(make_batch(*src, 5, part, 0).labelled_tokens, labelled);
+}
+
+// placement=auto: make_batch runs the balanced placement only where the price says it is
+// strictly cheaper than the zigzag rows, and then exactly the balanced placement's rows.
+TEST(Model, AutoPlacementRunsTheCheaperPlacement) {
+  Config c = tiny_config();
+  c.docs = "random";
+  c.doc_mean = 16;
+  auto src = make_token_source(c);
+  const Partition part(PartitionKind::zigzag, 64, 4);
+  const PlacementPrice busiest = [](const Placement& p, const std::vector<int64_t>&) {
+    return double(*std::max_element(p.work.begin(), p.work.end()));
+  };
+  const PlacementPrice same = [](const Placement&, const std::vector<int64_t>&) { return 1.0; };
+  const PlacementPrice calmest = [&](const Placement& p, const std::vector<int64_t>& l) { return -busiest(p, l); };
+  int balanced_cheaper = 0;
+  for (int64_t index = 0; index < 8; ++index) {
+    const Batch zz = make_batch(*src, index, part, 1);
+    const Batch bal = make_batch(*src, index, part, 1, PlacementKind::balanced);
+    const Placement pb = balanced_placement(zz.doc_lengths, 4, part.local_size(1));
+    const bool cheaper = busiest(pb, zz.doc_lengths) < busiest(zigzag_placement(zz.doc_lengths, 4), zz.doc_lengths);
+    balanced_cheaper += cheaper;
+    const Batch a = make_batch(*src, index, part, 1, PlacementKind::automatic, &busiest);
+    EXPECT_EQ(a.placed, cheaper) << index;
+    EXPECT_EQ(a.pos, cheaper ? bal.pos : zz.pos) << index;
+    EXPECT_EQ(a.tokens, cheaper ? bal.tokens : zz.tokens) << index;
+    const Batch tie = make_batch(*src, index, part, 1, PlacementKind::automatic, &same);
+    EXPECT_FALSE(tie.placed);
+    EXPECT_EQ(tie.pos, zz.pos);
+    EXPECT_FALSE(make_batch(*src, index, part, 1, PlacementKind::automatic, &calmest).placed && cheaper) << index;
+  }
+  EXPECT_GT(balanced_cheaper, 0);  // the mix has batches that zigzag leaves uneven
 }
 
 }  // namespace
