@@ -25,6 +25,7 @@ import predict_lib as pl  # noqa: E402
 
 TOL = 20.0
 MODEL = ["layers=2", "dim=256", "ffn_dim=768", "heads=8", "kv_heads=2", "head_dim=64", "vocab=1024", "docs=none"]
+PREDICT_MODEL = [a for a in MODEL if not a.startswith("docs=")]  # predict prices no document mix
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 
 
@@ -72,7 +73,7 @@ def sweep(quick):
                     mpirun(np_, ["prefill"] + common + ["miss_rate=1", "cp_algo=pass_kv", "steps=9", "warmup=1"])
                     meas = measured_step_s(path, "ttft_s_median")
                     model_name, mode = PREFILL_NAME[st], "prefill"
-                rows = pl.predict(MODEL + ["hardware=local", "predict_mode=" + mode, "seq=%d" % seq, "predict_mesh=" + mesh])
+                rows = pl.predict(PREDICT_MODEL + ["hardware=local", "predict_mode=" + mode, "seq=%d" % seq, "predict_mesh=" + mesh])
                 pred = float(pl.row_of(rows, model_name)["time_s"])
                 pid = "%s np%d %s S=%d" % (kind, np_, st, seq)
                 out[pid] = (meas, pred, dict(metric="step_time" if kind == "train" else "ttft", group="%s np%d" % (kind, np_),

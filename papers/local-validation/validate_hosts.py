@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import predict_lib as pl  # noqa: E402
-from validate import ENV, MODEL, PREFILL_NAME, measured_step_s, mpirun, report  # noqa: E402
+from validate import ENV, MODEL, PREDICT_MODEL, PREFILL_NAME, measured_step_s, mpirun, report  # noqa: E402
 
 CLUSTER = os.path.join(pl.ROOT, "tests", "cluster", "cluster.sh")
 # (hosts, ranks per host): 2 x 2 puts two ranks on each host, 4 x 1 makes every hop cross a link.
@@ -115,7 +115,7 @@ def sweep(quick, rate):
                         cluster(hosts, rph, rate, ["prefill"] + common + ["miss_rate=1", "cp_algo=pass_kv", "steps=9", "warmup=1"])
                         meas = measured_step_s(path, "ttft_s_median")
                         model_name, mode = PREFILL_NAME[st], "prefill"
-                    rows = pl.predict(MODEL + ["hardware=" + profiles[(hosts, rph)], "predict_mode=" + mode, "seq=%d" % seq,
+                    rows = pl.predict(PREDICT_MODEL + ["hardware=" + profiles[(hosts, rph)], "predict_mode=" + mode, "seq=%d" % seq,
                                                "predict_mesh=" + mesh])
                     pred = float(pl.row_of(rows, model_name)["time_s"])
                     pid = "%s %dx%d %s S=%d" % (kind, hosts, rph, st, seq)

@@ -8,6 +8,7 @@ them with placement=balanced, audited every step.
 Usage: test_pack_documents.py CTXPAR_BINARY"""
 import csv
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,11 @@ if place:
     check(r["ranks"] == "4" and r["seq"] == "4096" and int(r["batches"]) >= 4, "the row names the group, length, batches: %s" % r)
     check(zw > 1.05 and bw <= 1.02 and bworst <= max(1.02, float(r["zigzag_worst"])) and float(r["attn_gain"]) > 1,
           "balanced evens what zigzag leaves uneven: %s" % r)
+    # Step times priced per placement: the frugal ring moves at most the ring's rows, and auto takes
+    # the cheaper of frugal and balanced per batch, so its median is at most either's.
+    ring, frugal, bal, auto = (float(r[k]) for k in ("step_ring_ms", "step_frugal_ms", "step_balanced_ms", "step_auto_ms"))
+    check(0 < frugal <= ring and 0 < auto <= min(frugal, bal) and 0 <= float(r["auto_balanced"]) <= 1,
+          "the placements' step times are consistent: %s" % r)
 cmd = ["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none", exe, "train", "layers=1", "dim=64", "ffn_dim=128",
        "heads=4", "kv_heads=2", "head_dim=16", "vocab=512", "seq=4K", "steps=3", "warmup=0", "docs=none", "data=" + tail_bin,
        "eos_id=256", "strategy=ring", "frugal=true", "placement=balanced", "out=" + os.path.join(tmp, "bal.h5")]
@@ -105,6 +111,14 @@ if p.returncode == 0:
     import h5py
     with h5py.File(os.path.join(tmp, "bal.h5")) as f:
         check(f.attrs["coverage_audit"] == "passed every step", "the balanced run passes the audit every step")
+
+# placement=auto: the same batches, each on the placement the cost model prices cheaper; the log
+# counts them, and the audit passes every step.
+p = subprocess.run(cmd[:-2] + ["placement=auto", "out=" + os.path.join(tmp, "auto.h5")], env=env, capture_output=True,
+                   text=True, timeout=300)
+m = re.search(r"placement auto: (\d+) of (\d+) batches", p.stdout)
+check(p.returncode == 0 and "VALID" in p.stdout and m is not None and m.group(2) == "3",
+      "train places the batches by the cost model:\n" + p.stdout[-2000:] + p.stderr[-2000:])
 
 if fails:
     print("FAILED:\n  " + "\n  ".join(fails))
