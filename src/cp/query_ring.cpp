@@ -94,7 +94,7 @@ double decode_visit(const QLayout& L, std::byte* base, const std::byte* meta, co
   const size_t e = dtype_bytes(local.dtype), kw = size_t(local.H_kv) * D, qw = size_t(Hq) * D;
   const Device dev = local.device;
   const int64_t* pos_host = reinterpret_cast<const int64_t*>(meta);
-  double flops = 0;
+  double pairs = 0;
   for (int64_t i = 0; i < L.n; ++i) {
     const int64_t b = block_doc(L, meta, i);
     const int64_t slot = b < 0 ? -1 : local.k_new_slot[b];
@@ -126,16 +126,18 @@ double decode_visit(const QLayout& L, std::byte* base, const std::byte* meta, co
     p.o = o + i * qw;
     p.lse = lse + i * Hq;
     attn_fwd(p);
-    flops += attn_fwd_flops(double(S_k), Hq, D);  // a decode query sees every cached key
+    // Causal: a decode query sees every cached key; a window sees the last `window` of them.
+    pairs += p.mask == MaskKind::window ? double(visible_pairs(p)) : double(S_k);
   }
-  return flops;
+  return pairs;
 }
 
 void decode_visit_traced(const QLayout& L, std::byte* base, const std::byte* meta, const CpCall& local, float* part,
                          int step, Tracer* tr, CpStats& st) {
   const double t0 = tr ? tr->stamp() : 0;
-  const double flops = decode_visit(L, base, meta, local, part, part + size_t(L.n) * local.H_q * local.D);
-  st.attn_flops += flops;
+  const double pairs = decode_visit(L, base, meta, local, part, part + size_t(L.n) * local.H_q * local.D);
+  const double flops = attn_fwd_flops(pairs, local.H_q, local.D);
+  st.count_attn(int64_t(pairs), local.H_q, flops, false);
   if (tr) tr->add_span(Phase::attn_fwd, -1, step, t0, tr->stamp(), flops, 0);
 }
 

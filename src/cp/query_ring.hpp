@@ -64,7 +64,8 @@ int64_t block_doc(const QLayout& L, const std::byte* meta, int64_t i);
 // Decode: the partials of a visiting block of new tokens (riders) against this rank's KV cache
 // (`local`'s k_doc_begin / k_doc_len / k_new_slot, host arrays): a row whose sequence is stored here
 // first appends its own K/V (so it also sees itself); a row with nothing here (or a padding row)
-// gets o = 0, lse = -inf. One kernel call per row. Returns the attention FLOPs (every cached key).
+// gets o = 0, lse = -inf. One kernel call per row. Returns the visible (query, key) pairs it
+// computed per head: every row's cached keys (and itself), a window's within it.
 double decode_visit(const QLayout& L, std::byte* base, const std::byte* meta, const CpCall& local, float* o,
                     float* lse);
 // decode_visit into `part` (one block's partial_elems(L.n) floats: o, then lse), counted in `st`

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "model/flops.hpp"
+
 namespace ctxpar {
 
 std::vector<double> coverage_expected(const ModelDims& d, double causal_pairs, double window_pairs, Remat remat) {
@@ -12,6 +14,18 @@ std::vector<double> coverage_expected(const ModelDims& d, double causal_pairs, d
     out.push_back(pairs);
   }
   return out;
+}
+
+double infer_visible_pair_heads(const ModelDims& d, int64_t heads, const std::vector<int64_t>& news,
+                                const std::vector<int64_t>& olds) {
+  double pairs = 0;
+  for (int64_t l = 0; l < d.layers; ++l)
+    for (size_t b = 0; b < news.size(); ++b) {
+      if (d.is_gdn(l) || news[b] == 0) continue;
+      pairs += double(heads) * (d.is_local(l) ? window_prefill_pairs(news[b], olds[b], d.window)
+                                              : partial_prefill_pairs(news[b], olds[b]));
+    }
+  return pairs;
 }
 
 std::string coverage_audit(const std::vector<double>& got, const ModelDims& d, double causal_pairs, double window_pairs,

@@ -26,4 +26,11 @@ std::vector<double> coverage_expected(const ModelDims& d, double causal_pairs, d
 std::string coverage_audit(const std::vector<double>& got, const ModelDims& d, double causal_pairs, double window_pairs,
                            Remat remat, int64_t step);
 
+// An inference call's share of the same rule, over the layers at once: `news[b]` new rows of
+// sequence b after its `olds[b]` cached ones, each seeing the cached keys and the new ones up to
+// itself (a local layer the last d.window of them), times `heads` query heads (all tp ranks'),
+// summed over the attention layers. What prefill, decode and chat hold their calls' counts to.
+double infer_visible_pair_heads(const ModelDims& d, int64_t heads, const std::vector<int64_t>& news,
+                                const std::vector<int64_t>& olds);
+
 }  // namespace ctxpar

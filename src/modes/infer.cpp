@@ -31,6 +31,7 @@
 #include "infer/schedule.hpp"
 #include "model/numerics.hpp"
 #include "model/checkpoint.hpp"
+#include "model/coverage.hpp"
 #include "model/flops.hpp"
 #include "model/mla_layer.hpp"
 #include "modes/device_run.hpp"
@@ -128,6 +129,8 @@ class Session {
            schedule_key(cfg.cp_schedule()).c_str());
     log0("# FLOP convention: %s; prefill/decode FLOPs count projections, MLP, one LM-head row per sequence\n",
          kFlopConvention);
+    log0("# coverage audit: every call's attention (query, key) pairs x heads, summed over the CP and tp ranks, "
+         "against what its new rows see (a mismatch ends the run; model/coverage.hpp)\n");
     log0("#  step turn  kind      T        P  algo       time_ms    tokens/s  TFLOP/s/rank  exposed_ms  cache_MiB/rank\n");
     const PrefillCostModel& hw = *cost_;
     auto finite = [](double x) { return std::isfinite(x) ? x : 0.0; };
@@ -192,9 +195,17 @@ class Session {
     const std::string algo_text = q_seqs == 0 ? "pass_kv" : q_seqs == B ? "pass_q" : "mixed";
     CallStats st;
     double dt = 0;
+    std::vector<int64_t> news(static_cast<size_t>(B)), olds(static_cast<size_t>(B));
+    // A prefill's rows: each sequence's new tokens zigzag over the CP ranks, padded (the padding
+    // rows sit after the prompt: they see it, and no real row sees them; infer/engine.cpp).
+    for (int64_t b = 0; b < B; ++b) {
+      news[size_t(b)] = ph.length(b) == 0 ? 0 : Partition::padded_length(PartitionKind::zigzag, ph.length(b), cp_.size());
+      olds[size_t(b)] = engine_->cache().seq_len(b);
+    }
     StepOutput out = timed_step([&] { return engine_->prefill(tok, algos, &tr_, st, cfg_.save_logits); }, dt);
     st.cp.settle();  // GPU: the device waits, timed by their events
     check_call(out);
+    audit(st, news, olds);
     if (cfg_.save_logits) keep_logits(out, tok);
     finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, cached, algo_text.c_str(), dt, T_sum, flops, st);
     if (record) {
@@ -218,9 +229,12 @@ class Session {
     const DecodeAlgo algo = cfg_.decode_algo == DecodeAlgo::allgather ? DecodeAlgo::allgather : DecodeAlgo::pass_q;
     CallStats st;
     double dt = 0;
+    std::vector<int64_t> news(static_cast<size_t>(B), 1), olds(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) olds[size_t(b)] = engine_->cache().seq_len(b);
     StepOutput out = timed_step([&] { return engine_->decode(last, algo, &tr_, st, cfg_.save_logits); }, dt);
     st.cp.settle();
     check_call(out);
+    audit(st, news, olds);
     if (cfg_.save_logits) {
       std::vector<std::vector<int32_t>> fed(last.size());
       for (size_t b = 0; b < last.size(); ++b) fed[b] = {last[b]};
@@ -383,6 +397,26 @@ class Session {
     if (!bad.empty())
       throw RunFailed("call " + std::to_string(step_) + ": " + bad + ", from finite inputs and weights (a product " +
                       "overflowed fp32); no token chosen from them" + (cfg_.save_logits ? ", /infer/logits not written" : ""));
+  }
+
+  // The coverage audit of a call (model/coverage.hpp's rule of a training step, over the layers
+  // at once): every attention call counts the visible (query, key) pairs x heads it computed;
+  // summed over the CP and tp ranks they must equal what the new tokens see (`news[b]` new tokens
+  // after `olds[b]` cached ones: each sees the cached keys and the new ones up to itself, a local
+  // layer the last `window`) times the query heads, over the attention layers. A schedule that
+  // drops or repeats keys ends the run (exit 3), naming the call.
+  void audit(const CallStats& st, const std::vector<int64_t>& news, const std::vector<int64_t>& olds) {
+    const double expected = infer_visible_pair_heads(layout_.dims(), cfg_.heads, news, olds);
+    double got = st.cp.attn_pair_heads[0] + st.cp.attn_pair_heads[1];
+    cp_.all_reduce(std::span<double>(&got, 1));
+    if (topo_.size(Axis::tp) > 1) topo_.axis(Axis::tp).all_reduce(std::span<double>(&got, 1));
+    std::string bad;
+    if (got != expected)
+      bad = "call " + std::to_string(step_) + ": the attention computed " + std::to_string(int64_t(got)) +
+            " (query, key) pairs x heads over the CP and tp ranks, and the new tokens see " +
+            std::to_string(int64_t(expected)) + ": a schedule dropped or repeated keys (coverage audit)";
+    bad = agree_on_error(topo_.world(), bad);
+    if (!bad.empty()) throw RunFailed(bad);
   }
 
   void keep_logits(const StepOutput& out, const std::vector<std::vector<int32_t>>& fed) {

@@ -31,6 +31,20 @@ std::vector<double> exact(const ModelDims& d, double causal, double window, Rema
   return got;
 }
 
+// An inference call's visible pairs against a count by positions: new rows after cached ones,
+// causal or a window, several sequences; a Gated DeltaNet layer has none.
+TEST(Coverage, InferencePairsCountByPositions) {
+  const ModelDims d = dims("GLDG");
+  const std::vector<int64_t> news = {5, 0, 70, 1}, olds = {0, 9, 33, 100};
+  double want = 0;
+  for (size_t b = 0; b < news.size(); ++b)
+    for (int64_t q = olds[b]; q < olds[b] + news[b]; ++q)   // each new row's position
+      for (int64_t k = 0; k <= q; ++k)                       // the keys before it, itself included
+        want += 3.0 * (2 /* G layers */ + (q - k < d.window ? 1 : 0) /* the L layer */);
+  EXPECT_EQ(infer_visible_pair_heads(d, 3, news, olds), want);
+  EXPECT_EQ(infer_visible_pair_heads(dims("DD"), 3, news, olds), 0.0);
+}
+
 TEST(Coverage, ExactCountsPass) {
   for (const std::string kinds : {"GG", "GLGL", "DGLD"})
     for (Remat remat : {Remat::none, Remat::attention, Remat::full}) {
