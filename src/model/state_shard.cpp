@@ -126,10 +126,10 @@ void UnitFeed::bind(const float* params, float* grads, Tracer* tr, CpStats* st) 
   if (!reduce_) device_zero(grads, size_t(layout_.local_elems()) * sizeof(float), dev_, stream_);
 }
 
-int UnitFeed::fits(int64_t elems, int avoid) const {
+int UnitFeed::fits(const Slot (&slots)[2], int64_t elems, int avoid) {
   int k = -1;
   for (int j = 0; j < 2; ++j)
-    if (int64_t(w_[j].buf.size()) >= elems && (k < 0 || k == avoid)) k = j;
+    if (int64_t(slots[j].buf.size()) >= elems && (k < 0 || k == avoid)) k = j;
   return k;
 }
 
@@ -146,7 +146,7 @@ const float* UnitFeed::weights(size_t u) {
   const double bytes = 4.0 * double(p.chunk * (s_.Z - 1));
   int k = w_[0].unit == int64_t(u) ? 0 : w_[1].unit == int64_t(u) ? 1 : -1;
   if (k < 0) {  // not prefetched: gathered now, into the other buffer if it fits
-    k = fits(padded(u), cur_w_);
+    k = fits(w_, padded(u), cur_w_);
     complete(w_[k], Phase::state_gather, 0);
     start_gather(u, k);
     ++late_;
@@ -171,9 +171,7 @@ const float* UnitFeed::weights(size_t u) {
 float* UnitFeed::grads(size_t u) {
   const StateShard::Piece& p = s_.pieces[u];
   if (!reduce_) return grads_ + p.begin;
-  int k = -1;  // a buffer that fits, other than the one whose reduce-scatter started last
-  for (int j = 0; j < 2; ++j)
-    if (int64_t(g_[j].buf.size()) >= padded(u) && (k < 0 || k == last_g_)) k = j;
+  const int k = fits(g_, padded(u), last_g_);  // not the one whose reduce-scatter started last
   complete(g_[k], Phase::state_reduce, 0);  // its reduce-scatter has read it
   g_[k].unit = int64_t(u);
   device_zero(g_[k].buf.data(), size_t(padded(u)) * sizeof(float), dev_, stream_);

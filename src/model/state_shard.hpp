@@ -112,7 +112,8 @@ class UnitFeed {
     Request req;         // the collective filling it (weights) or reading it (gradients)
   };
   void complete(Slot& slot, Phase phase, double bytes);
-  int fits(int64_t elems, int avoid) const;  // a weight slot of `elems`, not `avoid` if another fits
+  // The slot of `slots` (weights' or gradients') that holds `elems`, not `avoid` if the other does.
+  static int fits(const Slot (&slots)[2], int64_t elems, int avoid);
   int64_t padded(size_t u) const { return s_.pieces[u].chunk * s_.Z; }
   void start_gather(size_t u, int k);
   const ParamLayout& layout_;

@@ -162,10 +162,15 @@ class Session {
     std::vector<std::vector<int32_t>> tok(static_cast<size_t>(B));
     std::vector<int32_t> q_algo(static_cast<size_t>(B));  // 1: pass-Q (an int32 to broadcast)
     std::vector<Prediction> own(static_cast<size_t>(B));    // each sequence's prediction and the paper's rules
+    // The audit's rows: each sequence's new tokens zigzag over the CP ranks, padded (the padding
+    // rows sit after the prompt: they see it, and no real row sees them; infer/engine.cpp).
+    std::vector<int64_t> news(static_cast<size_t>(B)), olds(static_cast<size_t>(B));
     int64_t T_sum = 0, cached_sum = 0;
     double flops = 0;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t T = ph.length(b), cached = engine_->cache().seq_len(b);
+      news[size_t(b)] = T == 0 ? 0 : Partition::padded_length(PartitionKind::zigzag, T, cp_.size());
+      olds[size_t(b)] = cached;
       // Replica d (dp) serves its own stream: sequences d * batch + b.
       const int64_t id = topo_.coord(Axis::dp) * B + b;
       for (int64_t i = 0; i < T; ++i) tok[size_t(b)].push_back(prompt_token(uint64_t(cfg_.seed), id, cached + i, V()));
@@ -195,13 +200,6 @@ class Session {
     const std::string algo_text = q_seqs == 0 ? "pass_kv" : q_seqs == B ? "pass_q" : "mixed";
     CallStats st;
     double dt = 0;
-    std::vector<int64_t> news(static_cast<size_t>(B)), olds(static_cast<size_t>(B));
-    // A prefill's rows: each sequence's new tokens zigzag over the CP ranks, padded (the padding
-    // rows sit after the prompt: they see it, and no real row sees them; infer/engine.cpp).
-    for (int64_t b = 0; b < B; ++b) {
-      news[size_t(b)] = ph.length(b) == 0 ? 0 : Partition::padded_length(PartitionKind::zigzag, ph.length(b), cp_.size());
-      olds[size_t(b)] = engine_->cache().seq_len(b);
-    }
     StepOutput out = timed_step([&] { return engine_->prefill(tok, algos, &tr_, st, cfg_.save_logits); }, dt);
     st.cp.settle();  // GPU: the device waits, timed by their events
     check_call(out);
@@ -222,15 +220,15 @@ class Session {
     const int64_t B = cfg_.batch;
     int64_t ctx_sum = 0;
     double flops = 0;
+    std::vector<int64_t> news(static_cast<size_t>(B), 1), olds(static_cast<size_t>(B));  // the audit's rows
     for (int64_t b = 0; b < B; ++b) {
-      ctx_sum += engine_->cache().seq_len(b);
-      flops += engine_->decode_flops(engine_->cache().seq_len(b));
+      olds[size_t(b)] = engine_->cache().seq_len(b);
+      ctx_sum += olds[size_t(b)];
+      flops += engine_->decode_flops(olds[size_t(b)]);
     }
     const DecodeAlgo algo = cfg_.decode_algo == DecodeAlgo::allgather ? DecodeAlgo::allgather : DecodeAlgo::pass_q;
     CallStats st;
     double dt = 0;
-    std::vector<int64_t> news(static_cast<size_t>(B), 1), olds(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) olds[size_t(b)] = engine_->cache().seq_len(b);
     StepOutput out = timed_step([&] { return engine_->decode(last, algo, &tr_, st, cfg_.save_logits); }, dt);
     st.cp.settle();
     check_call(out);

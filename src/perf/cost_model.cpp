@@ -468,6 +468,24 @@ struct AttnLayerCost {
   double time_s = 0, comm_s = 0, exposed_s = 0, buf = 0;
 };
 
+// A ring of n ranks (k per node) that passes a message of `msg` bytes at each step while the step
+// computes for cf seconds (forward) or cb (backward; its message carries the gradients too: twice
+// the bytes). Every step pays the fixed overhead and what its transfer (send + receive) costs the
+// compute. The pipelined passes and their parts.
+struct RingPass {
+  double m_f = 0, m_b = 0, of = 0, ob = 0, fwd = 0, bwd = 0;
+};
+RingPass ring_pass(const HardwareProfile& hw, int64_t n, int64_t k, double cf, double cb, double msg) {
+  RingPass r;
+  r.m_f = p2p_s(hw, n, k, msg);
+  r.m_b = p2p_s(hw, n, k, 2 * msg);
+  r.of = n > 1 ? hw.step_overhead_s + ring_step_loss_s(hw, n, k, 2 * msg) : 0;
+  r.ob = n > 1 ? hw.step_overhead_s + ring_step_loss_s(hw, n, k, 4 * msg) : 0;
+  r.fwd = ring_pipeline_s(n, cf, r.m_f, r.of);
+  r.bwd = ring_pipeline_s(n, cb, r.m_b, r.ob);
+  return r;
+}
+
 AttnLayerCost attn_layer_cost(const Ctx& c, CommPattern comm, double pairs) {
   const ModelShape& m = c.m;
   const PerfMesh& mesh = c.mesh;
@@ -481,7 +499,6 @@ AttnLayerCost attn_layer_cost(const Ctx& c, CommPattern comm, double pairs) {
   const double at_fwd_rank = attn_fwd_flops(pairs, double(m.H_q), double(m.D)) * double(B) / double(N * tp);
   const double at_bwd_rank = c.hw.attn_bwd_work * at_fwd_rank;  // the kernel's work (the convention's 2.5 is for FLOPs)
   const double hkv = kv_heads_loc(m, tp), hq = double(m.H_q) / double(tp);
-  const double o = c.hw.step_overhead_s;
   // One rank's K and V (per layer); MLA: its latent rows, which the receiver expands (xs seconds
   // per block, `c Wkv_b`; its backward two products of that size: dWkv_b and the latent's gradient).
   const double kv_msg = m.mla ? tokens * double(m.latent_width()) * e : tokens * 2.0 * hkv * double(m.D) * e;
@@ -520,15 +537,10 @@ AttnLayerCost attn_layer_cost(const Ctx& c, CommPattern comm, double pairs) {
     const double cf = attn_seconds(c, imb * at_fwd_rank, kappa, w_fwd) / double(R);
     const double cb = attn_seconds(c, imb * at_bwd_rank, kappa, w_bwd) / double(R);
     const double msg = tokens * double(U) * 2.0 * hkv_u * double(m.D) * e;
-    const int64_t k_r = ranks_per_node(c.hw, R, tp * U);
-    const double m_f = p2p_s(c.hw, R, k_r, msg), m_b = p2p_s(c.hw, R, k_r, 2 * msg);
-    // Per-step overhead: the fixed one and what the step's transfer costs the compute (send + receive).
-    const double of = R > 1 ? o + ring_step_loss_s(c.hw, R, k_r, 2 * msg) : 0;
-    const double ob = R > 1 ? o + ring_step_loss_s(c.hw, R, k_r, 4 * msg) : 0;
-    const double ring_f = ring_pipeline_s(R, cf, m_f, of), ring_b = ring_pipeline_s(R, cb, m_b, ob);
-    attn_layer = ring_f * (1 + recompute) + ring_b + t_a2a;
-    comm_layer = t_a2a + double(R - 1) * ((1 + recompute) * m_f + m_b);
-    exposed_layer = t_a2a + (ring_f - double(R) * (cf + of)) * (1 + recompute) + (ring_b - double(R) * (cb + ob));
+    const RingPass rp = ring_pass(c.hw, R, ranks_per_node(c.hw, R, tp * U), cf, cb, msg);
+    attn_layer = rp.fwd * (1 + recompute) + rp.bwd + t_a2a;
+    comm_layer = t_a2a + double(R - 1) * ((1 + recompute) * rp.m_f + rp.m_b);
+    exposed_layer = t_a2a + (rp.fwd - double(R) * (cf + rp.of)) * (1 + recompute) + (rp.bwd - double(R) * (cb + rp.ob));
     buf = 2.0 * a2a.max_bytes + 3.0 * msg;
   } else if (comm == CommPattern::kv_ring) {
     const int64_t k = ranks_per_node(c.hw, N, tp);
@@ -537,13 +549,10 @@ AttnLayerCost attn_layer_cost(const Ctx& c, CommPattern comm, double pairs) {
     // products of its gradient (backward).
     const double cf = attn_seconds(c, imb * at_fwd_rank, kappa, w_fwd) / double(N) + remote * xs;
     const double cb = attn_seconds(c, imb * at_bwd_rank, kappa, w_bwd) / double(N) + remote * 3.0 * xs;
-    const double m_f = p2p_s(c.hw, N, k, kv_msg), m_b = p2p_s(c.hw, N, k, 2 * kv_msg);  // backward: K/V and dK/dV travel
-    const double of = N > 1 ? o + ring_step_loss_s(c.hw, N, k, 2 * kv_msg) : 0;
-    const double ob = N > 1 ? o + ring_step_loss_s(c.hw, N, k, 4 * kv_msg) : 0;
-    const double ring_f = ring_pipeline_s(N, cf, m_f, of), ring_b = ring_pipeline_s(N, cb, m_b, ob);
-    attn_layer = ring_f * (1 + recompute) + ring_b;
-    comm_layer = double(N - 1) * ((1 + recompute) * m_f + m_b);
-    exposed_layer = (ring_f - double(N) * (cf + of)) * (1 + recompute) + (ring_b - double(N) * (cb + ob));
+    const RingPass rp = ring_pass(c.hw, N, k, cf, cb, kv_msg);  // backward: K/V and dK/dV travel
+    attn_layer = rp.fwd * (1 + recompute) + rp.bwd;
+    comm_layer = double(N - 1) * ((1 + recompute) * rp.m_f + rp.m_b);
+    exposed_layer = (rp.fwd - double(N) * (cf + rp.of)) * (1 + recompute) + (rp.bwd - double(N) * (cb + rp.ob));
     buf = 3.0 * kv_msg;
     if (m.mla) buf += 4.0 * tokens * hkv * double(m.D) * e;  // the visiting block expanded, its dK/dV
   }
@@ -568,12 +577,8 @@ double placed_attention_s(const ModelShape& m, const HardwareProfile& hw, const 
   // the backward's carry their dK/dV too.
   const double row = m.mla ? double(m.latent_width()) * c.p.e : 2.0 * kv_heads_loc(m, tp) * double(m.D) * c.p.e;
   const double msg = N > 1 ? rows_max / double(N - 1) * double(B) * row : 0.0;
-  const int64_t k = ranks_per_node(hw, N, tp);
-  const double m_f = p2p_s(hw, N, k, msg), m_b = p2p_s(hw, N, k, 2 * msg);
-  const double of = N > 1 ? hw.step_overhead_s + ring_step_loss_s(hw, N, k, 2 * msg) : 0;
-  const double ob = N > 1 ? hw.step_overhead_s + ring_step_loss_s(hw, N, k, 4 * msg) : 0;
-  const double layer = ring_pipeline_s(N, cf, m_f, of) * (1 + recompute) + ring_pipeline_s(N, cb, m_b, ob);
-  return layer * double(m.attn_layers() - m.local_layers());
+  const RingPass rp = ring_pass(hw, N, ranks_per_node(hw, N, tp), cf, cb, msg);
+  return (rp.fwd * (1 + recompute) + rp.bwd) * double(m.attn_layers() - m.local_layers());
 }
 
 namespace {
