@@ -109,8 +109,8 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayo
 }
 
 void save_checkpoint_parallel(const std::string& path, const Config& cfg, const ParamLayout& layout,
-                              const StateShard& held, const float* params, const float* m, const float* v,
-                              const TrainState& st, Topology& topo) {
+                              const StateShard& held, bool params_in_pieces, const float* params, const float* m,
+                              const float* v, const TrainState& st, Topology& topo) {
   // What this rank writes: its pieces of every unit over the shard group (the run's own pieces
   // when the state is sharded; else the same cut of the whole buffers), of the tensors its tp rank
   // writes: tp rank 0 those every tp rank holds alike, a K/V head's first copy its columns.
@@ -119,8 +119,8 @@ void save_checkpoint_parallel(const std::string& path, const Config& cfg, const 
   const int t_rank = topo.coord(Axis::tp);
   const auto& info = layout.tensors();
   const char* groups[3] = {"params/", "adam_m/", "adam_v/"};
-  // params whole (flat) unless shard=params; the moments in the held pieces (flat when unsharded)
-  const bool in_pieces[3] = {held.params_sharded(), held.sharded(), held.sharded()};
+  // params whole (flat) unless in pieces; the moments in the held pieces (flat when unsharded)
+  const bool in_pieces[3] = {params_in_pieces, held.sharded(), held.sharded()};
   const float* arrays[3] = {params, m, v};
   std::vector<H5SharedTensor> tensors;
   int64_t bad = int64_t(3 * info.size());  // the first (tensor, group) with a non-finite value here
@@ -225,7 +225,7 @@ std::string scan_checkpoint(const std::string& path, const ParamLayout& layout, 
 }
 
 TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, const StateShard& s,
-                           float* m, float* v) {
+                           bool params_in_pieces, float* m, float* v) {
   H5TensorReader r(path);
   std::vector<float> slice;  // a tensor's tp slice, when only part of it is this rank's
   const auto& units = layout.units();
@@ -234,10 +234,10 @@ TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, f
     for (size_t i = units[u].first; i < units[u].last; ++i) {
       const ParamInfo& p = layout.tensors()[i];
       const std::string name = "params/" + p.name;
-      if (!s.params_sharded()) r.read_block(name, p.row0, p.loc_rows, p.col0, p.loc_cols, params + p.offset);
+      if (!params_in_pieces) r.read_block(name, p.row0, p.loc_rows, p.col0, p.loc_cols, params + p.offset);
       const int64_t a = std::max(p.offset, pc.lo), b = std::min(p.offset + p.loc_elems(), pc.hi);
       if (a >= b) continue;
-      for (const auto& [group, dst] : {std::pair{"params/", s.params_sharded() ? params : nullptr}, {"adam_m/", m},
+      for (const auto& [group, dst] : {std::pair{"params/", params_in_pieces ? params : nullptr}, {"adam_m/", m},
                                        {"adam_v/", v}}) {
         if (!dst) continue;
         float* to = dst + pc.at + (a - pc.lo);

@@ -36,11 +36,12 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamLayo
 // The same file by the parallel writer (checkpoint_io = parallel, io/h5_checkpoint.hpp
 // h5_write_tensors_parallel): no gather; every rank writes its pieces of each unit over the shard
 // group (model/state_shard.hpp), tp rank 0 the tensors every tp rank holds alike. `params`: the
-// whole flat weights, or with shard=params this rank's pieces (`held`); `m`, `v`: the held pieces
-// (the whole flat moments when unsharded). Host memory. Collective over every rank.
+// whole flat weights, or (`params_in_pieces`: shard=params, or offload=params with a shard) this
+// rank's pieces (`held`); `m`, `v`: the held pieces (the whole flat moments when unsharded). Host
+// memory. Collective over every rank.
 void save_checkpoint_parallel(const std::string& path, const Config& cfg, const ParamLayout& layout,
-                              const StateShard& held, const float* params, const float* m, const float* v,
-                              const TrainState& st, Topology& topo);
+                              const StateShard& held, bool params_in_pieces, const float* params, const float* m,
+                              const float* v, const TrainState& st, Topology& topo);
 // "" when `path` is a checkpoint of this model (and, for training, of this data stream): its
 // recorded settings and tensor shapes, no values read; else what is wrong; `step` (when given) receives the checkpoint's step.
 std::string check_checkpoint(const std::string& path, const Config& cfg, const ParamLayout& layout,
@@ -49,9 +50,9 @@ std::string check_checkpoint(const std::string& path, const Config& cfg, const P
 // index. Rank `rank` of `nranks` reads its share of the tensors (call on every rank, agree).
 std::string scan_checkpoint(const std::string& path, const ParamLayout& layout, int rank, int nranks);
 // Every rank reads its tp slice: the parameters whole (`params`, the flat layout) or, with
-// shard=params, its pieces of them (`params`, a shard buffer: model/state_shard.hpp); the AdamW
-// moments of its pieces (`m`, `v`: shard buffers; null: not read). Padding stays as it was.
+// `params_in_pieces`, its pieces of them (`params`, a shard buffer: model/state_shard.hpp); the
+// AdamW moments of its pieces (`m`, `v`: shard buffers; null: not read). Padding stays as it was.
 TrainState load_checkpoint(const std::string& path, const ParamLayout& layout, float* params, const StateShard& s,
-                           float* m, float* v);
+                           bool params_in_pieces, float* m, float* v);
 
 }  // namespace ctxpar

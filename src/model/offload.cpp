@@ -1,5 +1,7 @@
 #include "model/offload.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 
 #include "core/error.hpp"
@@ -103,12 +105,21 @@ int64_t HostParams::resident_elems(const ParamLayout& layout) {
   return n;
 }
 
-HostParams::HostParams(const ParamLayout& layout, Device dev, Stream stream)
-    : layout_(layout), dev_(dev), stream_(stream) {
+double HostParams::device_bytes(const ParamLayout& layout, const StateShard& s) {
+  if (s.params_sharded()) return 0.0;
+  const double n = double(layout.local_elems());
+  return 4.0 * double(resident_elems(layout)) + 2.0 * n +
+         (s.sharded() ? 4.0 * double(s.widest) * (1.0 + 1.0 / double(s.Z)) : 0.0);
+}
+
+HostParams::HostParams(const ParamLayout& layout, const StateShard& s, Comm* group, Device dev, Stream stream)
+    : layout_(layout), s_(s), group_(group), dev_(dev), stream_(stream) {
   CTXPAR_CHECK(dev != Device::cpu, "offload=params is for a GPU run");
+  CTXPAR_CHECK(!s.sharded() || (group && group->size() == s.Z), "HostParams: no shard group of " << s.Z);
+  host_ = static_cast<float*>(pinned_alloc(size_t(s.elems()) * sizeof(float), dev));
+  std::fill_n(host_, size_t(s.elems()), 0.0f);
+  if (!mirrors()) return;
   const size_t n = size_t(layout.local_elems());
-  host_ = static_cast<float*>(pinned_alloc(n * sizeof(float), dev));
-  std::fill_n(host_, n, 0.0f);
   res_ = Buffer<float>(size_t(resident_elems(layout)), false, dev, stream);
   bf16_ = Buffer<uint16_t>(n, false, dev, stream);
   int64_t at = 0;
@@ -117,20 +128,31 @@ HostParams::HostParams(const ParamLayout& layout, Device dev, Stream stream)
       res_map_.push_back({p.offset, p.loc_elems(), at});
       at += p.loc_elems();
     }
-  view_ = layout.view(host_);
-  const auto on_gpu = [&](float*& ptr) { ptr = resident(ptr - host_); };
+  // The view's base: a layout no kernel reads, its resident tensors moved to their device copies:
+  // the master itself when whole; in pieces an address range reserved, never backed (a read of it
+  // faults), that only names each tensor's bf16 copy through mirror().
+  float* base = host_;
+  if (in_pieces()) {
+    reserved_ = n * sizeof(float);
+    void* r = mmap(nullptr, reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    CTXPAR_CHECK(r != MAP_FAILED, "HostParams: reserving " << reserved_ << " bytes of address space failed");
+    base = static_cast<float*>(r);
+  }
+  view_ = layout.view(base);
+  const auto on_gpu = [&](float*& ptr) { ptr = resident(ptr - base); };
   on_gpu(view_.emb);
   on_gpu(view_.final_norm);
   for (LayerView& l : view_.layers) {
     on_gpu(l.attn_norm);
     on_gpu(l.mlp_norm);
   }
-  mirror_ = Bf16Mirror{host_, int64_t(n), bf16_.data()};
+  mirror_ = Bf16Mirror{base, int64_t(n), bf16_.data()};
 }
 
 HostParams::~HostParams() {
   stream_synchronize(stream_, dev_);
   pinned_free(host_, dev_);
+  if (reserved_ > 0) munmap(const_cast<float*>(mirror_.base), reserved_);
 }
 
 float* HostParams::resident(int64_t offset) const {
@@ -140,6 +162,20 @@ float* HostParams::resident(int64_t offset) const {
 }
 
 void HostParams::upload() {
+  if (!mirrors()) return;
+  if (in_pieces()) {  // unit by unit, all-gathered from every rank's pieces
+    gather_units(host_, true, s_, *group_, stage_, dev_, stream_, [&](size_t u, const float* unit) {
+      const ParamUnit& pu = layout_.units()[u];
+      for (size_t i = pu.first; i < pu.last; ++i) {
+        const ParamInfo& p = layout_.tensors()[i];
+        const float* src = unit + (p.offset - pu.begin);
+        if (float* dst = resident(p.offset)) device_copy(dst, src, size_t(p.loc_elems()) * sizeof(float), dev_, stream_);
+        f32_to_bf16(src, bf16_.data() + p.offset, p.loc_elems(), dev_, stream_);
+      }
+    });
+    stream_synchronize(stream_, dev_);
+    return;
+  }
   // Tensor by tensor through one staging buffer as long as the largest: resident ones straight to
   // their device copy, every one's bf16 copy from the fp32 values on the device.
   int64_t largest = 1;

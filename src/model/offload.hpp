@@ -19,6 +19,7 @@
 #include "core/memory.hpp"
 #include "model/layer.hpp"  // Bf16Mirror
 #include "model/model.hpp"
+#include "model/state_shard.hpp"
 
 namespace ctxpar {
 
@@ -69,20 +70,33 @@ class LayerStash {
 // resident ones it updates in place; every updated chunk is copied back to the master, so the
 // host holds the current weights once the copy stream is done (AdamW::wait_host). The same bits as
 // without: the same kernels on the same fp32 values, the bf16 copy rounded from them.
+// With a shard (shard=, model/state_shard.hpp) the host holds this rank's pieces only (its shard
+// buffer), and AdamW streams every chunk in and out:
+//   optimizer, grads  after the update (upload()) each unit's pieces are all-gathered on the GPU and
+//                     the whole bf16 copy and resident tensors made from them, as at the start;
+//   params            the GPU keeps no copy: the model's UnitFeed copies each piece in and gathers
+//                     the unit just before its use, as it does from the device's pieces without offload.
+// The same bits as the same shard level without offload.
 class HostParams {
  public:
-  HostParams(const ParamLayout& layout, Device dev, Stream stream);
+  // `s`: the pieces this rank holds (StateShard::whole: every element); `group`: the shard group
+  // (null unsharded).
+  HostParams(const ParamLayout& layout, const StateShard& s, Comm* group, Device dev, Stream stream);
   ~HostParams();
   HostParams(const HostParams&) = delete;
   HostParams& operator=(const HostParams&) = delete;
 
-  float* host() { return host_; }  // the master [local_elems], pinned
-  // After the host wrote host() (initialization, resume): the GPU's resident tensors and the bf16
-  // copy of every tensor from it (through a device staging chunk; returns when done).
+  float* host() { return host_; }  // the master [s.elems()], pinned: the flat layout, or this rank's pieces
+  bool in_pieces() const { return s_.sharded(); }
+  // Whether the GPU keeps the whole weights' copies (view(), mirror()): every level but params.
+  bool mirrors() const { return !s_.params_sharded(); }
+  // After the host wrote host() (initialization, resume) or a sharded update: the GPU's resident
+  // tensors and the bf16 copy of every tensor from it (returns when done; collective over the
+  // shard group when in pieces; nothing at shard=params).
   void upload();
-  // The weights as the model reads them on the GPU: embedding and norms resident on the device, the
-  // GEMM weights' pointers into host() (never read by the GPU: the GEMMs take their bf16 copy
-  // through mirror(), whose base is host()).
+  // The weights as the model reads them on the GPU (mirrors()): embedding and norms resident on
+  // the device, the GEMM weights' pointers into a host layout that no GPU kernel reads (the GEMMs
+  // take their bf16 copy through mirror(), whose base is that layout's).
   const ModelView& view() const { return view_; }
   const Bf16Mirror& mirror() const { return mirror_; }
   uint16_t* bf16() { return bf16_.data(); }
@@ -91,9 +105,14 @@ class HostParams {
   static bool is_resident(const ParamInfo& p) { return p.ones || p.name == "emb"; }
   // fp32 elements that stay on the GPU (the resident tensors).
   static int64_t resident_elems(const ParamLayout& layout);
+  // GPU bytes this object holds: the resident tensors and the whole bf16 copy (mirrors()), and in
+  // pieces its gather's unit and piece buffers.
+  static double device_bytes(const ParamLayout& layout, const StateShard& s);
 
  private:
   const ParamLayout& layout_;
+  const StateShard& s_;
+  Comm* group_;
   Device dev_;
   Stream stream_;
   float* host_ = nullptr;
@@ -103,6 +122,8 @@ class HostParams {
   };
   std::vector<Resident> res_map_;
   Buffer<uint16_t> bf16_;
+  GatherStage stage_;  // in pieces: upload()'s all-gathers
+  size_t reserved_ = 0;  // in pieces: the bytes of address space reserved for view()
   ModelView view_;
   Bf16Mirror mirror_;
 };

@@ -81,7 +81,8 @@ void AdamW::attach(HostParams* hp) {
   CTXPAR_CHECK(offload_ && hp, "offload=params needs offload=optimizer (the weights stream with the moments)");
   hp_ = hp;
   for (int s = 0; s < 2; ++s) sp_[s] = Buffer<float>(size_t(chunk_), false, dev_, stream_);
-  for (const Chunk& c : chunks_) res_.push_back(hp->resident(c.offset));
+  // In pieces every chunk streams in and out (upload() then makes the GPU's copies from the host).
+  for (const Chunk& c : chunks_) res_.push_back(hp->in_pieces() ? nullptr : hp->resident(c.offset));
   stream_wait_stream(copy_stream_, stream_, dev_);  // the slots exist once the compute stream allocated them
 }
 
@@ -90,7 +91,7 @@ void AdamW::copy_in(size_t i) {
   const size_t bytes = size_t(c.elems) * sizeof(float), s = i % 2;
   copy_in_async(sm_[s].data(), hm_ + c.at, bytes, dev_, copy_stream_);
   copy_in_async(sv_[s].data(), hv_ + c.at, bytes, dev_, copy_stream_);
-  if (hp_ && !res_[i]) copy_in_async(sp_[s].data(), hp_->host() + c.offset, bytes, dev_, copy_stream_);
+  if (hp_ && !res_[i]) copy_in_async(sp_[s].data(), hp_->host() + c.at, bytes, dev_, copy_stream_);
   in_.push_back(event_record(copy_stream_, dev_));
   issued_ = i + 1;
 }
@@ -238,18 +239,21 @@ void AdamW::update(float* params, const float* grads, double norm, Tracer* tr) {
     float* p = !hp_ ? params + c.at : res ? res : sp_[s].data();
     adamw_update(p, grads + (grads_in_pieces_ ? c.at : c.offset), sm_[s].data(), sv_[s].data(), c.elems, hp, dev_,
                  stream_);
-    if (hp_ && !res) f32_to_bf16(p, hp_->bf16() + c.offset, c.elems, dev_, stream_);
+    if (hp_ && !res && !hp_->in_pieces()) f32_to_bf16(p, hp_->bf16() + c.offset, c.elems, dev_, stream_);
     stream_wait_stream(copy_stream_, stream_, dev_);  // the copies out after the update
     const size_t bytes = size_t(c.elems) * sizeof(float);
     copy_out_async(hm_ + c.at, sm_[s].data(), bytes, dev_, copy_stream_);
     copy_out_async(hv_ + c.at, sv_[s].data(), bytes, dev_, copy_stream_);
-    if (hp_) copy_out_async(hp_->host() + c.offset, p, bytes, dev_, copy_stream_);
+    if (hp_) copy_out_async(hp_->host() + c.at, p, bytes, dev_, copy_stream_);
     offload_bytes_ += moved;
     if (i + 2 < chunks_.size()) copy_in(i + 2);  // into slot s, after its copy out on the same stream
   }
   for (Event e : in_) event_destroy(e, dev_);
   in_.clear();
   issued_ = 0;
+  // shard=params: the model's next gathers copy pieces in from the master on the compute stream,
+  // after its copies out.
+  if (hp_ && !hp_->mirrors()) stream_wait_stream(stream_, copy_stream_, dev_);
 }
 
 }  // namespace ctxpar

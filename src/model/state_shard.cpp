@@ -66,23 +66,41 @@ std::vector<float> gather_pieces(const float* mine, const StateShard& s, Comm& g
   return flat;
 }
 
-void gather_weights(const float* master, float* flat, const StateShard& s, Comm& group, Buffer<float>& stage,
-                    Device dev, Stream stream) {
-  if (!s.sharded()) return;
-  if (stage.size() < size_t(s.widest)) stage = Buffer<float>(size_t(s.widest), false, dev, stream);
-  for (const StateShard::Piece& p : s.pieces) {
-    group.all_gather(buf_at(master + p.at, size_t(p.chunk), dev), buf_at(stage.data(), size_t(p.chunk * s.Z), dev));
-    device_copy(flat + p.begin, stage.data(), size_t(p.len) * sizeof(float), dev, stream);
+void gather_units(const float* master, bool on_host, const StateShard& s, Comm& group, GatherStage& stage, Device dev,
+                  Stream stream, const std::function<void(size_t u, const float* unit)>& use) {
+  if (stage.unit.size() < size_t(s.widest)) stage.unit = Buffer<float>(size_t(s.widest), false, dev, stream);
+  if (on_host && stage.piece.size() < size_t(s.widest / s.Z))
+    stage.piece = Buffer<float>(size_t(s.widest / s.Z), false, dev, stream);
+  for (size_t u = 0; u < s.pieces.size(); ++u) {
+    const StateShard::Piece& p = s.pieces[u];
+    const float* mine = master + p.at;
+    if (on_host) {  // after the last unit's all-gather read the piece buffer (ordered on the stream)
+      copy_to_device(stage.piece.data(), mine, size_t(p.chunk) * sizeof(float), dev, stream);
+      mine = stage.piece.data();
+    }
+    group.all_gather(buf_at(mine, size_t(p.chunk), dev), buf_at(stage.unit.data(), size_t(p.chunk * s.Z), dev));
+    use(u, stage.unit.data());
   }
 }
 
-UnitFeed::UnitFeed(const ParamLayout& layout, const StateShard& s, Comm* group, bool exact, Device dev, Stream stream)
+void gather_weights(const float* master, float* flat, const StateShard& s, Comm& group, GatherStage& stage, Device dev,
+                    Stream stream) {
+  if (!s.sharded()) return;
+  gather_units(master, false, s, group, stage, dev, stream, [&](size_t u, const float* unit) {
+    device_copy(flat + s.pieces[u].begin, unit, size_t(s.pieces[u].len) * sizeof(float), dev, stream);
+  });
+}
+
+UnitFeed::UnitFeed(const ParamLayout& layout, const StateShard& s, Comm* group, bool exact, Device dev, Stream stream,
+                   bool pieces_on_host)
     : layout_(layout), s_(s), group_(group), gather_(s.params_sharded()), reduce_(s.grads_sharded() && !exact),
-      dev_(dev), stream_(stream), order_(step_order(s.pieces.size())) {
+      on_host_(gather_ && pieces_on_host), dev_(dev), stream_(stream), order_(step_order(s.pieces.size())) {
   CTXPAR_CHECK(!(gather_ || reduce_) || (group && group->size() == s.Z), "UnitFeed: no shard group of " << s.Z);
+  CTXPAR_CHECK(!on_host_ || dev != Device::cpu, "UnitFeed: pieces in host memory on a CPU run");
   const size_t cap[2] = {size_t(s.widest), size_t(s.widest_layer)};
   for (int k = 0; k < 2; ++k) {
     if (gather_) w_[k].buf = Buffer<float>(cap[k], true, dev, stream);
+    if (on_host_) w_[k].piece = Buffer<float>(cap[k] / size_t(s.Z), false, dev, stream);
     if (reduce_) g_[k].buf = Buffer<float>(cap[k], true, dev, stream);
   }
 }
@@ -94,9 +112,10 @@ std::vector<size_t> UnitFeed::step_order(size_t units) {
   return o;
 }
 
-double UnitFeed::buffer_bytes(const StateShard& s, bool exact) {
+double UnitFeed::buffer_bytes(const StateShard& s, bool exact, bool pieces_on_host) {
   const double two = 4.0 * double(s.widest + s.widest_layer);
-  return two * ((s.params_sharded() ? 1.0 : 0.0) + (s.grads_sharded() && !exact ? 1.0 : 0.0));
+  const double pieces = s.params_sharded() && pieces_on_host ? two / double(s.Z) : 0.0;
+  return two * ((s.params_sharded() ? 1.0 : 0.0) + (s.grads_sharded() && !exact ? 1.0 : 0.0)) + pieces;
 }
 
 void UnitFeed::complete(Slot& slot, Phase phase, double bytes) {
@@ -136,7 +155,12 @@ int UnitFeed::fits(const Slot (&slots)[2], int64_t elems, int avoid) {
 void UnitFeed::start_gather(size_t u, int k) {
   const StateShard::Piece& p = s_.pieces[u];
   w_[k].unit = int64_t(u);
-  w_[k].req = group_->all_gather_async(buf_at(params_ + p.at, size_t(p.chunk), dev_),
+  const float* mine = params_ + p.at;
+  if (on_host_) {  // the slot's last gather, which read the piece buffer, is complete (complete())
+    copy_in_async(w_[k].piece.data(), mine, size_t(p.chunk) * sizeof(float), dev_, stream_);
+    mine = w_[k].piece.data();
+  }
+  w_[k].req = group_->all_gather_async(buf_at(mine, size_t(p.chunk), dev_),
                                        buf_at(w_[k].buf.data(), size_t(padded(u)), dev_));
 }
 

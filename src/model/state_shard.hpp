@@ -18,6 +18,7 @@
 // reduce-scatter sums the ranks' gradients in another order than the all-reduce.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/memory.hpp"
@@ -80,8 +81,11 @@ class UnitFeed {
  public:
   // `group`: the shard group (its host or device communicator; null without shards); `exact`:
   // the exact numerics, whose gradients stay whole at every level (their integer sums are
-  // all-reduced whole).
-  UnitFeed(const ParamLayout& layout, const StateShard& s, Comm* group, bool exact, Device dev, Stream stream);
+  // all-reduced whole); `pieces_on_host`: offload=params, the master pieces bind() is given are in
+  // pinned host memory (each piece is copied to the device, into its weight buffer's piece slot,
+  // on the compute stream just before its all-gather starts).
+  UnitFeed(const ParamLayout& layout, const StateShard& s, Comm* group, bool exact, Device dev, Stream stream,
+           bool pieces_on_host = false);
   // A step's buffers: `params`, the whole flat weights, or with shard=params the master pieces
   // (a shard buffer); `grads`, the whole flat gradients (zeroed here), or with a sharded gradient
   // the shard buffer its pieces are reduced into. `tr`, `st`: the gathers' spans and exposed time.
@@ -103,13 +107,14 @@ class UnitFeed {
   // layers again from the last to the first (the embedding's backward needs no weights).
   static std::vector<size_t> step_order(size_t units);
   // Bytes of gather and reduce buffers this object holds (the plan).
-  static double buffer_bytes(const StateShard& s, bool exact);
+  static double buffer_bytes(const StateShard& s, bool exact, bool pieces_on_host = false);
 
  private:
   struct Slot {          // one unit buffer
     Buffer<float> buf;
     int64_t unit = -1;   // the unit it holds or is being filled with
     Request req;         // the collective filling it (weights) or reading it (gradients)
+    Buffer<float> piece; // pieces_on_host: this rank's piece on the device, the gather's send buffer
   };
   void complete(Slot& slot, Phase phase, double bytes);
   // The slot of `slots` (weights' or gradients') that holds `elems`, not `avoid` if the other does.
@@ -120,6 +125,7 @@ class UnitFeed {
   const StateShard& s_;
   Comm* group_;
   bool gather_, reduce_;  // weights gathered per unit; gradients reduce-scattered per unit
+  bool on_host_;          // the master pieces in pinned host memory
   Device dev_;
   Stream stream_;
   const float* params_ = nullptr;
@@ -133,10 +139,20 @@ class UnitFeed {
   int64_t late_ = 0;
 };
 
+// Each unit's pieces of every rank of `group` all-gathered, one unit at a time: `use(u, unit)`
+// sees unit u whole on the device (unit: its first element), valid until the next call.
+// `master`: this rank's shard buffer on the device, or (`on_host`: offload=params) in pinned host
+// memory, each piece then copied to the device first. `stage`: the unit and piece buffers (made on
+// first use). Blocking; collective over `group`.
+struct GatherStage {
+  Buffer<float> unit, piece;
+};
+void gather_units(const float* master, bool on_host, const StateShard& s, Comm& group, GatherStage& stage, Device dev,
+                  Stream stream, const std::function<void(size_t u, const float* unit)>& use);
 // shard=optimizer or grads: after every rank updated its pieces of the master weights (`master`,
-// its shard buffer), each unit's pieces all-gathered into the whole flat weights `flat`. `stage`:
-// one padded unit of scratch (made on first use). Collective over `group`.
-void gather_weights(const float* master, float* flat, const StateShard& s, Comm& group, Buffer<float>& stage,
-                    Device dev, Stream stream);
+// its shard buffer on the device), each unit's pieces all-gathered into the whole flat weights
+// `flat` (gather_units).
+void gather_weights(const float* master, float* flat, const StateShard& s, Comm& group, GatherStage& stage, Device dev,
+                    Stream stream);
 
 }  // namespace ctxpar

@@ -102,7 +102,7 @@ class Session {
         params_(size_t(layout_.local_elems())) {
     if (!cfg.resume.empty()) {
       // Trained weights of `ctxpar train` (not its AdamW moments).
-      load_checkpoint(cfg.resume, layout_, params_.data(), StateShard::whole(layout_), nullptr, nullptr);
+      load_checkpoint(cfg.resume, layout_, params_.data(), StateShard::whole(layout_), false, nullptr, nullptr);
     } else {
       layout_.init(uint64_t(cfg.seed), params_.data());
     }

@@ -160,7 +160,7 @@ class HostCopy {
   }
   const float* get(const float* src, size_t n, Buffer<float>& dst) {
     if (on_cpu()) return src;
-    CTXPAR_CHECK(n <= dst.size(), "HostCopy: " << n << " elements into a copy of " << dst.size());
+    if (dst.size() < n) dst.resize(n, false);  // with offload=params: gradients for a dump, on first use
     copy_to_host(dst.data(), src, n * sizeof(float), dev_, stream_);
     return dst.data();
   }
@@ -391,9 +391,19 @@ double train_device_memory(const Config& cfg, Topology& topo) {
   const double moments = AdamW::device_bytes(layout, n_moments, false) -
                          AdamW::device_bytes(layout, n_moments, offloads(cfg, Offload::optimizer), cfg.offload_chunk,
                                              off_params);
-  // offload=params: the fp32 master of every tensor but the resident ones (embedding, norms).
-  const double master =
-      off_params ? 4.0 * double(layout.local_elems() - HostParams::resident_elems(layout)) : 0.0;
+  // offload=params: the fp32 master (whole, or with a shard this rank's pieces) in host memory;
+  // what stays on the GPU instead: HostParams's copies (the resident tensors, and in pieces its
+  // gather's buffers; its bf16 copy is the term above), or at shard=params the feed's piece slots.
+  double master = 0;
+  if (off_params) {
+    const double n = double(layout.local_elems()), e = double(shard.elems());
+    const double in_state = shard.params_sharded() ? 4.0 * e
+                                                   : 4.0 * n + (shard.sharded() ? 4.0 * (e + double(shard.widest)) : 0.0);
+    const double kept = shard.params_sharded() ? UnitFeed::buffer_bytes(shard, cfg.exact, true) -
+                                                     UnitFeed::buffer_bytes(shard, cfg.exact)
+                                               : HostParams::device_bytes(layout, shard) - 2.0 * n;
+    master = in_state - kept;
+  }
   const size_t x_elems = size_t(S_loc) * size_t(d.dim), o_elems = size_t(S_loc) * size_t(d.q_width() + d.H_q_loc());
   const double inputs = LayerStash::device_bytes(d.layers + 1, x_elems, false) -
                         LayerStash::device_bytes(d.layers + 1, x_elems, offloads(cfg, Offload::layer_inputs));
@@ -417,8 +427,9 @@ double train_host_memory_on_gpu(const Config& cfg, Topology& topo) {
   const double inputs = offloads(cfg, Offload::layer_inputs) ? double(d.layers) * S_loc * double(d.dim) * 4.0 : 0.0;
   const double outs =
       offloads(cfg, Offload::attn_out) ? double(d.layers) * S_loc * double(d.q_width() + d.H_q_loc()) * 4.0 : 0.0;
-  return 4.0 * double(pieces ? shard.elems() : layout.local_elems()) + 8.0 * double(shard.elems()) + inputs + outs +
-         t.gather_bytes;
+  const bool off_params = offloads(cfg, Offload::params);  // the master itself, whole or this rank's pieces
+  return 4.0 * double(pieces || off_params ? shard.elems() : layout.local_elems()) + 8.0 * double(shard.elems()) +
+         inputs + outs + t.gather_bytes;
 }
 
 std::string train_plan(const Config& cfg, Topology& topo) {
@@ -548,11 +559,16 @@ struct TrainRun {
   const bool peak_reset;  // the tracked memory's peak counts from here (before the first buffer)
   // offload=params: the fp32 master weights in pinned host memory (made before the optimizer,
   // whose copies into it end when the optimizer does), none on the GPU.
+  // With a shard it holds this rank's pieces (model/offload.hpp).
   std::unique_ptr<HostParams> hparams;
-  // params: the whole flat weights the model reads (none with shard=params); master_pieces:
-  // shard=, this rank's pieces of the fp32 master weights; grads: whole, or grads_in_pieces.
+  // The master weights this rank holds are its pieces (shard=params, or any shard with
+  // offload=params), else the whole flat weights.
+  const bool held_in_pieces;
+  // params: the whole flat weights the model reads (none with shard=params or offload=params);
+  // master_pieces: shard= without offload=params, this rank's pieces of the fp32 master weights;
+  // grads: whole, or grads_in_pieces.
   Buffer<float> params, master_pieces, grads;
-  Buffer<float> gather_stage;  // shard=optimizer, grads: a unit's pieces all-gathered
+  GatherStage gather_stage;  // shard=optimizer, grads: a unit's pieces all-gathered
   float* const master;         // what update takes: this rank's master weights
   const float* const weights;  // what forward_backward takes (the feed's params)
   AdamW opt;
@@ -579,9 +595,12 @@ struct TrainRun {
         strat(make_strategy(c.strategy, t, c.cp_schedule())),
         part(strat->partition(), c.seq, cp.size(), exact_grain(c)), pos(part.positions(cp.rank())),
         peak_reset((mem_reset_peak(), true)),
-        hparams(on_gpu && offloads(c, Offload::params) ? std::make_unique<HostParams>(layout, dev, gpu.stream) : nullptr),
+        hparams(on_gpu && offloads(c, Offload::params)
+                    ? std::make_unique<HostParams>(layout, shard, shard.sharded() ? &t.shard() : nullptr, dev, gpu.stream)
+                    : nullptr),
+        held_in_pieces(shard.params_sharded() || (hparams && shard.sharded())),
         params(hparams || shard.params_sharded() ? 0 : size_t(layout.local_elems()), true, dev, gpu.stream),
-        master_pieces(shard.sharded() ? size_t(shard.elems()) : 0, true, dev, gpu.stream),
+        master_pieces(shard.sharded() && !hparams ? size_t(shard.elems()) : 0, true, dev, gpu.stream),
         grads(size_t(grads_in_pieces ? shard.elems() : layout.local_elems()), true, dev, gpu.stream),
         master(hparams ? hparams->host() : shard.sharded() ? master_pieces.data() : params.data()),
         weights(hparams ? hparams->host() : shard.params_sharded() ? master_pieces.data() : params.data()),
@@ -594,12 +613,12 @@ struct TrainRun {
         num(make_numerics(c.exact, d, layout.local_elems(), exact_grain(c))),
         model(layout, t, *strat, c.remat, pos, train_docs(c), local_layers_strategy(), dev, gpu.stream,
               offloads(c, Offload::layer_inputs), offloads(c, Offload::attn_out)),
-        feed(layout, shard, &t.shard(), c.exact, dev, gpu.stream), src(make_token_source(c)),
+        feed(layout, shard, &t.shard(), c.exact, dev, gpu.stream, hparams != nullptr), src(make_token_source(c)),
         price(make_placement_price(c, t)),
         dump(c, layout, t, state.step == 0) {
     model.use_numerics(*num);
     model.use_feed(&feed);
-    if (hparams) model.use_weights(&hparams->view(), &hparams->mirror());
+    if (hparams && hparams->mirrors()) model.use_weights(&hparams->view(), &hparams->mirror());
     if (dump.records(0)) record_state();
   }
   // The local (L) layers' strategy: local_strategy's, or with exact numerics the main strategy (its
@@ -621,26 +640,28 @@ struct TrainRun {
     float* p = host.p(first);
     if (!cfg.resume.empty()) {
       const double t0 = world.now();
-      st = load_checkpoint(cfg.resume, layout, p, shard, host.m(opt), host.v(opt));
+      st = load_checkpoint(cfg.resume, layout, p, shard, held_in_pieces, host.m(opt), host.v(opt));
       read_s = world.now() - t0;
       world.all_reduce(std::span<double>(&read_s, 1), ReduceOp::max);
       opt.set_step(st.step);
-    } else if (shard.params_sharded()) {
+    } else if (held_in_pieces) {
       init_pieces(layout, shard, uint64_t(cfg.seed), p);
     } else {
       layout.init(uint64_t(cfg.seed), p);
     }
     host.upload(first, opt);
     // the device copies (the whole weights just uploaded) into this rank's pieces
-    if (shard.sharded() && !shard.params_sharded()) take_pieces(shard, params.data(), master_pieces.data(), dev, gpu.stream);
+    if (shard.sharded() && !held_in_pieces) take_pieces(shard, params.data(), master_pieces.data(), dev, gpu.stream);
     return st;
   }
   // The whole weights (whole_weights) and gradients (whole_gradients) where checkpoints and dumps
   // gather tensors (shard group rank 0: dp 0, CP rank 0), host memory; collective over the shard
   // group when sharded.
   const float* whole_weights(std::vector<float>& keep) {
-    return shard.params_sharded() ? whole(host.download(master_pieces), keep) : host.download_params(params, opt);
+    return held_in_pieces ? whole(held_weights(), keep) : held_weights();
   }
+  // The weights as this rank holds them, host memory: its pieces (held_in_pieces), else whole.
+  const float* held_weights() { return host.download_params(shard.params_sharded() ? master_pieces : params, opt); }
   const float* whole_gradients(std::vector<float>& keep) {
     return grads_in_pieces ? whole(host.download(grads), keep) : host.download(grads);
   }
@@ -657,21 +678,27 @@ struct TrainRun {
   }
   void save(const std::string& path, const TrainState& st) {
     if (cfg.checkpoint_io == CheckpointIo::parallel) {  // every rank its part, no gather
-      const float* p = shard.params_sharded() ? host.download(master_pieces) : host.download_params(params, opt);
-      save_checkpoint_parallel(path, cfg, layout, shard, p, host.download_m(opt), host.download_v(opt), st, topo);
+      save_checkpoint_parallel(path, cfg, layout, shard, held_in_pieces, held_weights(), host.download_m(opt),
+                               host.download_v(opt), st, topo);
       return;
     }
     std::vector<float> p, m, v;
     save_checkpoint(path, cfg, layout, whole_weights(p), whole(host.download_m(opt), m),
                     whole(host.download_v(opt), v), st, topo);
   }
-  // shard=optimizer, grads: every rank's updated pieces into every rank's whole weights (traced
-  // as phase state_gather, blocking).
+  // shard=optimizer, grads: every rank's updated pieces into every rank's whole weights (with
+  // offload=params their GPU copies, from the pieces the update copied out; traced as phase
+  // state_gather, blocking).
   void gather_params(CpStats& st) {
     if (!shard.sharded() || shard.params_sharded()) return;
     Tracer::Scope sc(&tracer, Phase::state_gather, -1, -1, 0, 4.0 * double(shard.elems() * (shard.Z - 1)));
     const double t0 = world.now();
-    gather_weights(master_pieces.data(), params.data(), shard, topo.shard(), gather_stage, dev, gpu.stream);
+    if (hparams) {
+      opt.wait_host();
+      hparams->upload();
+    } else {
+      gather_weights(master_pieces.data(), params.data(), shard, topo.shard(), gather_stage, dev, gpu.stream);
+    }
     stream_synchronize(gpu.stream, dev);
     st.exposed_comm_s += world.now() - t0;
   }

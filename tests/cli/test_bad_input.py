@@ -108,8 +108,6 @@ CASES = [
     ("sharded training state in an inference mode", ["prefill", "shard=optimizer"], "shard (command line) is not read by"),
     ("sharded training state from a config file in bench cp", ["bench", "cp", "--config", "@SHARDTOML@"],
      "shard = optimizer splits the training state"),
-    ("sharded state with offloaded master weights", ["train", "device=cuda", "offload=optimizer,params", "shard=optimizer"],
-     "the offloaded master weights are not sharded yet"),
     ("shard level not one of its names", ["train", "shard=params3"], "none, optimizer, grads, params"),
     ("local strategy not in the registry", ["train", "local_strategy=pass_q"], "one of: halo, allgather"),
     ("deterministic in bench attn", ["bench", "attn", "deterministic=true"], "deterministic (command line) is not read by"),

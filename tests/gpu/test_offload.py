@@ -21,6 +21,10 @@ ordering points are checked by reading the code only.
    unsharded run (losses, every checkpoint dataset).
 4. shard=grads and shard=params on the device, on 2 and 3 ranks: the unsharded run's losses and
    checkpoint within 2e-5, and the GPU memory they save at least 90% of the plan's.
+5. Every shard level with offload=optimizer,params (the host holds this rank's pieces of the master
+   weights), on 2 and 3 ranks: the bits of the same level without offload, the GPU memory saved at
+   least 90% of the plan's; on 3 ranks resumed for a step at optimizer and params, written by the
+   parallel writer: the bits without offload.
 Its refusals are cases of test_attn_device.py (params without optimizer, attn_out with remat, a
 name that is not a thing to offload, offload outside train) and of tests/cli/test_bad_input.py (offload on the CPU).
 
@@ -165,51 +169,103 @@ if "none" in runs:
 # (2e-5 relative: a reduce-scatter sums in another order than the all-reduce; tests/README.md), on
 # 2 ranks and on 3 (pieces that 3 does not divide); and the GPU memory each level saves against
 # shard=none at least 90% of what --dry-run's "GPU memory per rank" line says.
+# Every level with its pieces of the master weights offloaded too (offload=optimizer,params: the
+# host holds only this rank's pieces; at optimizer and grads the GPU's copies are all-gathered from
+# them after each update, at params each unit is copied in and gathered before its use): the bits
+# of the same level without offload, and the GPU memory it saves at least 90% of the plan's. On 3
+# ranks, resumed from the unsharded checkpoint for a third step with the parallel writer, at
+# optimizer and params with and without offload: the same bits (the master read as pieces, written
+# from pieces).
 def gpu_plan(args):
+    """--dry-run's GPU memory per rank: (without offload, this run's)."""
     dry = mpirun(EMU, args[0], args[1] + ["--dry-run"])
-    m = re.search(r"GPU memory per rank: ([\d.]+) (B|KiB|MiB|GiB)", dry.stdout)
-    return float(m.group(1)) * UNIT[m.group(2)] if m else None
+    line = re.search(r"GPU memory per rank: ([^\n]*)", dry.stdout)
+    if not line:
+        return None
+    first = re.match(r"([\d.]+) (B|KiB|MiB|GiB)", line.group(1))
+    this = re.search(r"([\d.]+) (B|KiB|MiB|GiB) \(this run\)", line.group(1)) or first
+    return float(first.group(1)) * UNIT[first.group(2)], float(this.group(1)) * UNIT[this.group(2)]
 
 
 def close(a, b, rel=2e-5):
     return a.shape == b.shape and bool(np.all(np.abs(a - b) <= rel * np.maximum(np.abs(b), 1.0)))
 
 
+def saved_as_planned(what, base, r, predicted):
+    measured = base["peak"] - r["peak"]
+    print(f"{what}: GPU high-water mark {base['peak']} -> {r['peak']} bytes: saved {measured}, plan {predicted:.0f}")
+    if not (predicted > 0 and measured >= 0.9 * predicted):
+        failures.append(f"{what} saved {measured} bytes of GPU memory, the plan said {predicted:.0f}")
+
+
+OFF_PARAMS = "optimizer,params"
 for ranks, seq in ((RANKS, SEQ), (3, 66)):
     shard_runs = {}
-    for level in ("none", "grads", "params"):
-        ck, tr = os.path.join(WORK, f"ck_dev_{level}_{ranks}.h5"), os.path.join(WORK, f"tr_dev_{level}_{ranks}.h5")
-        for f in (ck, tr):
-            if os.path.exists(f):
-                os.remove(f)
-        args = common + [f"seq={seq}", f"shard={level}", f"checkpoint={ck}", f"out={tr}"]
-        p = mpirun(EMU, ranks, args)
-        if p.returncode != 0:
-            failures.append(f"train device=cuda shard={level} on {ranks}: exit {p.returncode}\n{p.stderr[-2000:]}")
-            continue
-        with h5py.File(tr, "r") as f:
-            steps = f["steps"][:]
-        shard_runs[level] = dict(ck=datasets(ck), loss=steps["loss"], peak=int(steps["device_peak_bytes"].max()),
-                                 plan=gpu_plan((ranks, args)))
-    if len(shard_runs) < 3:
+    for level in ("none", "optimizer", "grads", "params"):
+        for off in ("none", OFF_PARAMS):
+            tag = f"{level}_{off.replace(',', '+')}_{ranks}"
+            ck, tr = os.path.join(WORK, f"ck_dev_{tag}.h5"), os.path.join(WORK, f"tr_dev_{tag}.h5")
+            for f in (ck, tr):
+                if os.path.exists(f):
+                    os.remove(f)
+            args = common + [f"seq={seq}", f"shard={level}", f"offload={off}", f"checkpoint={ck}", f"out={tr}"]
+            p = mpirun(EMU, ranks, args)
+            if p.returncode != 0:
+                failures.append(f"train device=cuda shard={level} offload={off} on {ranks}: exit {p.returncode}\n"
+                                f"{p.stderr[-2000:]}")
+                continue
+            with h5py.File(tr, "r") as f:
+                steps = f["steps"][:]
+            shard_runs[level, off] = dict(ck=datasets(ck), ck_path=ck, loss=steps["loss"],
+                                          peak=int(steps["device_peak_bytes"].max()), plan=gpu_plan((ranks, args)))
+    if len(shard_runs) < 8:
         continue
-    base = shard_runs["none"]
+    if any(r["plan"] is None for r in shard_runs.values()):
+        failures.append(f"no 'GPU memory per rank' line in --dry-run on {ranks} ranks")
+        continue
+    base = shard_runs["none", "none"]
     for level in ("grads", "params"):
-        r = shard_runs[level]
+        r = shard_runs[level, "none"]
         differ = [k for k in base["ck"] if k not in r["ck"] or not close(r["ck"][k], base["ck"][k])]
         print(f"device shard={level} on {ranks} ranks: losses {r['loss'].tolist()} (none {base['loss'].tolist()}); "
               f"{len(differ)} of {len(base['ck'])} checkpoint datasets beyond 2e-5")
         if not close(r["loss"], base["loss"]) or differ:
             failures.append(f"device shard={level} on {ranks} ranks: not the unsharded run's ({differ[:8]})")
-        if base["plan"] is None or r["plan"] is None:
-            failures.append(f"device shard={level}: no 'GPU memory per rank' line in --dry-run")
-            continue
-        predicted, measured = base["plan"] - r["plan"], base["peak"] - r["peak"]
-        print(f"device shard={level} on {ranks} ranks: GPU high-water mark {base['peak']} -> {r['peak']} bytes: "
-              f"saved {measured}, plan {predicted:.0f}")
-        if not (predicted > 0 and measured >= 0.9 * predicted):
-            failures.append(f"device shard={level} on {ranks} ranks saved {measured} bytes of GPU memory, the plan said "
-                            f"{predicted:.0f}")
+        saved_as_planned(f"device shard={level} on {ranks} ranks", base, r, base["plan"][0] - r["plan"][0])
+    for level in ("optimizer", "grads", "params"):
+        ref, r = shard_runs[level, "none"], shard_runs[level, OFF_PARAMS]
+        differ = [k for k in ref["ck"] if k not in r["ck"] or not np.array_equal(r["ck"][k], ref["ck"][k])]
+        print(f"device shard={level} offload={OFF_PARAMS} on {ranks} ranks: {len(differ)} of {len(ref['ck'])} "
+              f"checkpoint datasets differ from offload=none; losses {r['loss'].tolist()}")
+        if differ or not np.array_equal(r["loss"], ref["loss"]):
+            failures.append(f"device shard={level} offload={OFF_PARAMS} on {ranks} ranks: not the bits without offload "
+                            f"({differ[:8]})")
+        saved_as_planned(f"device shard={level} offload={OFF_PARAMS} on {ranks} ranks", ref, r,
+                         r["plan"][0] - r["plan"][1])
+    if ranks != 3:
+        continue
+    resumed = {}
+    for level in ("optimizer", "params"):
+        for off in ("none", OFF_PARAMS):
+            ck = os.path.join(WORK, f"ck_resumed_{level}_{off.replace(',', '+')}.h5")
+            if os.path.exists(ck):
+                os.remove(ck)
+            args = common + [f"seq={seq}", "steps=3", "checkpoint_every=3", "checkpoint_io=parallel",
+                             f"resume={base['ck_path']}", f"shard={level}", f"offload={off}", f"checkpoint={ck}",
+                             f"out={os.path.join(WORK, 'tr_resumed.h5')}"]
+            p = mpirun(EMU, ranks, args)
+            if p.returncode != 0:
+                failures.append(f"resumed shard={level} offload={off}: exit {p.returncode}\n{p.stderr[-2000:]}")
+                continue
+            resumed[level, off] = datasets(ck)
+        if len(resumed) % 2 == 0 and (level, OFF_PARAMS) in resumed:
+            ref, got = resumed[level, "none"], resumed[level, OFF_PARAMS]
+            differ = [k for k in ref if k not in got or not np.array_equal(got[k], ref[k])]
+            print(f"resumed at shard={level} on 3 ranks, parallel writer: {len(differ)} of {len(ref)} datasets differ "
+                  f"with offload={OFF_PARAMS}")
+            if differ or len(ref) != len(got):
+                failures.append(f"resumed at shard={level} offload={OFF_PARAMS}: not the bits without offload "
+                                f"({differ[:8]})")
 
 for f in failures:
     print("FAIL:", f)
