@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "cp/common.hpp"  // to_device
 #include "dist/topology.hpp"
+#include "model/coverage.hpp"
 #include "model/flops.hpp"
 #include "ops.hpp"
 #include "shard/partition.hpp"
@@ -72,6 +73,17 @@ int Engine::N() const { return cp_.size(); }
 void Engine::clear() {
   cache_.clear();
   if (gdn_) gdn_->clear();
+}
+
+std::string Engine::audit(const CallStats& st) {
+  const double expected = infer_visible_pair_heads(d_, d_.H_q, audit_news_, audit_olds_);
+  double got = st.cp.attn_pair_heads[0] + st.cp.attn_pair_heads[1];
+  cp_.all_reduce(std::span<double>(&got, 1));
+  if (topo_.size(Axis::tp) > 1) topo_.axis(Axis::tp).all_reduce(std::span<double>(&got, 1));
+  if (got == expected) return "";
+  return "the attention computed " + std::to_string(int64_t(got)) + " (query, key) pairs x heads over the CP and tp "
+         "ranks, and the new tokens see " + std::to_string(int64_t(expected)) +
+         ": a schedule dropped or repeated keys (coverage audit)";
 }
 
 double Engine::prefill_flops(int64_t T, int64_t cached) const { return ctxpar::prefill_flops(d_, T, cached); }
@@ -258,6 +270,13 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, cons
   out.ready_s.assign(size_t(B), 0.0);
   if (want_logits) out.logits.resize(size_t(B * V));
   if (want_all_logits) out.all_logits.resize(size_t(B));
+  audit_news_.assign(size_t(B), 0);
+  audit_olds_.assign(size_t(B), 0);
+  for (int64_t b = 0; b < B; ++b) {  // padding rows sit after the prompt: they see it, no real row sees them
+    const int64_t T = int64_t(tokens[size_t(b)].size());
+    audit_news_[size_t(b)] = T == 0 ? 0 : Partition::padded_length(PartitionKind::zigzag, T, cp_.size());
+    audit_olds_[size_t(b)] = cache_.seq_len(b);
+  }
   for (CpAlgo algo : {CpAlgo::pass_kv, CpAlgo::pass_q}) {
     std::vector<int64_t> seqs;  // the sequences with new tokens and this algorithm
     for (int64_t b = 0; b < B; ++b)
@@ -490,8 +509,11 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
   // stores a sequence's new token (its round-robin target), -1 where another rank does.
   std::vector<int64_t> seq_pos(static_cast<size_t>(B)), doc_begin(static_cast<size_t>(B)), doc_len(static_cast<size_t>(B)),
       new_slot(static_cast<size_t>(B), -1);
+  audit_news_.assign(size_t(B), 1);
+  audit_olds_.assign(size_t(B), 0);
   for (int64_t b = 0; b < B; ++b) {
     seq_pos[size_t(b)] = cache_.seq_len(b);
+    audit_olds_[size_t(b)] = seq_pos[size_t(b)];
     doc_begin[size_t(b)] = cache_.first_row(b);
     doc_len[size_t(b)] = cache_.len(b);
     if (cache_.decode_target(b) == r) new_slot[size_t(b)] = cache_.first_row(b) + cache_.reserve(b, 1, &seq_pos[size_t(b)]);

@@ -103,6 +103,13 @@ class Engine {
   StepOutput decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, Tracer* tr, CallStats& st,
                     bool want_logits = false);
 
+  // The coverage audit of the last prefill or decode call (model/coverage.hpp
+  // infer_visible_pair_heads): the pairs x heads its attention counted (`st`), summed over the CP
+  // and tp ranks, against what its new rows see (each sequence's new tokens, padded to the zigzag
+  // length, after its cached ones). "" when equal, else the mismatch in words. Collective over CP
+  // and tp.
+  std::string audit(const CallStats& st);
+
   KvCache& cache() { return cache_; }
   // How the sums are taken (model/numerics.hpp; plain until this is called) and the attention's
   // schedule beside them (the configuration's, Config::cp_schedule); `num` must outlive this
@@ -195,6 +202,8 @@ class Engine {
   MlaActs mla_a_;        // MLA: the latent rows of the call (and the latents' scratch)
   MlaScratch mla_s_;
   std::vector<double> inv_freq_;
+  // the last call's new rows and cached ones per sequence (audit)
+  std::vector<int64_t> audit_news_, audit_olds_;
   // per-call state
   Tracer* tr_ = nullptr;
   CallStats* st_ = nullptr;

@@ -31,7 +31,6 @@
 #include "infer/schedule.hpp"
 #include "model/numerics.hpp"
 #include "model/checkpoint.hpp"
-#include "model/coverage.hpp"
 #include "model/flops.hpp"
 #include "model/mla_layer.hpp"
 #include "modes/device_run.hpp"
@@ -162,15 +161,10 @@ class Session {
     std::vector<std::vector<int32_t>> tok(static_cast<size_t>(B));
     std::vector<int32_t> q_algo(static_cast<size_t>(B));  // 1: pass-Q (an int32 to broadcast)
     std::vector<Prediction> own(static_cast<size_t>(B));    // each sequence's prediction and the paper's rules
-    // The audit's rows: each sequence's new tokens zigzag over the CP ranks, padded (the padding
-    // rows sit after the prompt: they see it, and no real row sees them; infer/engine.cpp).
-    std::vector<int64_t> news(static_cast<size_t>(B)), olds(static_cast<size_t>(B));
     int64_t T_sum = 0, cached_sum = 0;
     double flops = 0;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t T = ph.length(b), cached = engine_->cache().seq_len(b);
-      news[size_t(b)] = T == 0 ? 0 : Partition::padded_length(PartitionKind::zigzag, T, cp_.size());
-      olds[size_t(b)] = cached;
       // Replica d (dp) serves its own stream: sequences d * batch + b.
       const int64_t id = topo_.coord(Axis::dp) * B + b;
       for (int64_t i = 0; i < T; ++i) tok[size_t(b)].push_back(prompt_token(uint64_t(cfg_.seed), id, cached + i, V()));
@@ -203,7 +197,7 @@ class Session {
     StepOutput out = timed_step([&] { return engine_->prefill(tok, algos, &tr_, st, cfg_.save_logits); }, dt);
     st.cp.settle();  // GPU: the device waits, timed by their events
     check_call(out);
-    audit(st, news, olds);
+    audit(st, dt, 0);
     if (cfg_.save_logits) keep_logits(out, tok);
     finish_step(turn, record ? StepKind::prefill : StepKind::setup, T, cached, algo_text.c_str(), dt, T_sum, flops, st);
     if (record) {
@@ -220,11 +214,9 @@ class Session {
     const int64_t B = cfg_.batch;
     int64_t ctx_sum = 0;
     double flops = 0;
-    std::vector<int64_t> news(static_cast<size_t>(B), 1), olds(static_cast<size_t>(B));  // the audit's rows
     for (int64_t b = 0; b < B; ++b) {
-      olds[size_t(b)] = engine_->cache().seq_len(b);
-      ctx_sum += olds[size_t(b)];
-      flops += engine_->decode_flops(olds[size_t(b)]);
+      ctx_sum += engine_->cache().seq_len(b);
+      flops += engine_->decode_flops(engine_->cache().seq_len(b));
     }
     const DecodeAlgo algo = cfg_.decode_algo == DecodeAlgo::allgather ? DecodeAlgo::allgather : DecodeAlgo::pass_q;
     CallStats st;
@@ -232,7 +224,7 @@ class Session {
     StepOutput out = timed_step([&] { return engine_->decode(last, algo, &tr_, st, cfg_.save_logits); }, dt);
     st.cp.settle();
     check_call(out);
-    audit(st, news, olds);
+    audit(st, dt, 1);
     if (cfg_.save_logits) {
       std::vector<std::vector<int32_t>> fed(last.size());
       for (size_t b = 0; b < last.size(); ++b) fed[b] = {last[b]};
@@ -329,6 +321,26 @@ class Session {
 
   std::vector<double> ttft, ttit;
 
+  // The audit's summary line and trace attributes (rank 0's timings): its time per call against
+  // the call's, for prefill and decode calls apart (medians).
+  void log_audit() const {
+    std::string text;
+    const char* kinds[2] = {"prefill", "decode"};
+    for (int k = 0; k < 2; ++k) {
+      if (audit_s_[k].empty()) continue;
+      std::vector<double> share;
+      for (size_t i = 0; i < audit_s_[k].size(); ++i) share.push_back(audit_s_[k][i] / call_s_[k][i]);
+      char b[160];
+      std::snprintf(b, sizeof b, "%s%s calls %.3f ms (%.3f %% of the call)", text.empty() ? "" : "; ", kinds[k],
+                    median(audit_s_[k]) * 1e3, 100 * median(share));
+      text += b;
+      tr_.write_attr("/", std::string("coverage_audit_s_per_") + kinds[k], median(audit_s_[k]));
+      tr_.write_attr("/", std::string("coverage_audit_share_of_") + kinds[k], median(share));
+    }
+    tr_.write_attr("/", "coverage_audit", std::string("passed every call"));
+    log0("# coverage audit: passed every call; the check per call, median over calls (rank 0): %s\n", text.c_str());
+  }
+
  private:
   // Opens the trace step and runs one prefill or decode call between a barrier and the slowest
   // rank's finish; dt = that wall time (max over the CP group).
@@ -397,24 +409,19 @@ class Session {
                       "overflowed fp32); no token chosen from them" + (cfg_.save_logits ? ", /infer/logits not written" : ""));
   }
 
-  // The coverage audit of a call (model/coverage.hpp's rule of a training step, over the layers
-  // at once): every attention call counts the visible (query, key) pairs x heads it computed;
-  // summed over the CP and tp ranks they must equal what the new tokens see (`news[b]` new tokens
-  // after `olds[b]` cached ones: each sees the cached keys and the new ones up to itself, a local
-  // layer the last `window`) times the query heads, over the attention layers. A schedule that
-  // drops or repeats keys ends the run (exit 3), naming the call.
-  void audit(const CallStats& st, const std::vector<int64_t>& news, const std::vector<int64_t>& olds) {
-    const double expected = infer_visible_pair_heads(layout_.dims(), cfg_.heads, news, olds);
-    double got = st.cp.attn_pair_heads[0] + st.cp.attn_pair_heads[1];
-    cp_.all_reduce(std::span<double>(&got, 1));
-    if (topo_.size(Axis::tp) > 1) topo_.axis(Axis::tp).all_reduce(std::span<double>(&got, 1));
-    std::string bad;
-    if (got != expected)
-      bad = "call " + std::to_string(step_) + ": the attention computed " + std::to_string(int64_t(got)) +
-            " (query, key) pairs x heads over the CP and tp ranks, and the new tokens see " +
-            std::to_string(int64_t(expected)) + ": a schedule dropped or repeated keys (coverage audit)";
+  // The coverage audit of a call (Engine::audit: model/coverage.hpp's rule of a training step,
+  // over the layers at once): every attention call counts the visible (query, key) pairs x heads
+  // it computed; summed over the CP and tp ranks they must equal what the new tokens see. A
+  // schedule that drops or repeats keys ends the run (exit 3), naming the call. `dt`: the call's
+  // time, `kind`: 0 prefill, 1 decode (the check's own time is recorded against it).
+  void audit(const CallStats& st, double dt, int kind) {
+    const double t0 = topo_.world().now();
+    std::string bad = engine_->audit(st);
+    if (!bad.empty()) bad = "call " + std::to_string(step_) + ": " + bad;
     bad = agree_on_error(topo_.world(), bad);
     if (!bad.empty()) throw RunFailed(bad);
+    audit_s_[kind].push_back(topo_.world().now() - t0);
+    call_s_[kind].push_back(dt);
   }
 
   void keep_logits(const StepOutput& out, const std::vector<std::vector<int32_t>>& fed) {
@@ -437,6 +444,7 @@ class Session {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<PrefillCostModel> cost_;
   std::vector<PrefillCall> calls_;
+  std::vector<double> audit_s_[2], call_s_[2];  // the coverage audit's time and its call's: prefill, decode
   // [call][b][kSeqColumns]: every sequence's T, P, algorithm, TTFT, predictions and the paper's rules
   static constexpr uint64_t kSeqColumns = 9;
   std::vector<double> call_lengths_;
@@ -688,6 +696,7 @@ int run_infer(const Config& cfg, Topology& topo, Tracer& tracer) {
   }
   s.write_outputs(gen);
   s.log_calls();
+  s.log_audit();
   // Summary: medians (prefill mode and decode mode skip their warmup steps).
   std::vector<double> ttft = s.ttft, ttit = s.ttit;
   if (cfg.mode == Mode::prefill && int64_t(ttft.size()) > cfg.warmup) ttft.erase(ttft.begin(), ttft.begin() + cfg.warmup);

@@ -444,6 +444,36 @@ TEST(InferBatch, MixedAlgorithmsPerSequence) {
   EXPECT_LE(err, kLogitTol) << "mixed pass-Q / pass-KV at N = " << N;
 }
 
+// The coverage audit of every kind of call (Engine::audit, which prefill, decode, chat and bench
+// infer run after each call): full and partial prefills of different lengths with pass-KV and
+// pass-Q, decode steps with both decode algorithms pass; one pair x head missing from a call's
+// count, or one too many, is named.
+TEST(InferAudit, EveryCallPassesAndAMiscountIsNamed) {
+  const int N = world().size();
+  const int64_t B = 2;
+  Model m(kHeads[1]);
+  std::vector<std::vector<int32_t>> p1 = {{}, {}}, p2 = {{}, {}};
+  for (int64_t i = 0; i < 37; ++i) p1[0].push_back(prompt(0, i));
+  for (int64_t i = 0; i < 20; ++i) p1[1].push_back(prompt(1, i));
+  for (int64_t i = 0; i < 9; ++i) p2[0].push_back(prompt(0, 100 + i));
+  Engine eng(m.layout, m.params.data(), ring_topo(), B, 64 / N + 16, "ring");
+  std::vector<int32_t> last;
+  for (int call = 0; call < 5; ++call) {
+    CallStats st;
+    if (call == 0) last = eng.prefill(p1, CpAlgo::pass_kv, nullptr, st).next_tokens;
+    if (call == 1) eng.prefill(p2, CpAlgo::pass_q, nullptr, st);
+    if (call == 2) eng.prefill(p2, CpAlgo::pass_kv, nullptr, st);
+    if (call >= 3) last = eng.decode(last, call == 3 ? DecodeAlgo::pass_q : DecodeAlgo::allgather, nullptr, st).next_tokens;
+    EXPECT_EQ(eng.audit(st), "") << "call " << call << " at N = " << N;
+    for (double miss : {-1.0, 1.0}) {  // planted on rank 0's count, then taken back
+      const double plant = world().rank() == 0 ? miss : 0.0;
+      st.cp.attn_pair_heads[call % 2] += plant;
+      EXPECT_NE(eng.audit(st).find("dropped or repeated keys"), std::string::npos) << "call " << call << ", " << miss;
+      st.cp.attn_pair_heads[call % 2] -= plant;
+    }
+  }
+}
+
 // ---- tensor parallel x CP: heads and FFN over tp, the sequence over the ring -------------------
 
 // tp:2 x ring:N/2 or ulysses:N/2 (np 2 and 4): each tp rank holds its slice of the seeded weights (the training
