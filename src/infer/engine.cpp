@@ -76,14 +76,25 @@ void Engine::clear() {
 }
 
 std::string Engine::audit(const CallStats& st) {
-  const double expected = infer_visible_pair_heads(d_, d_.H_q, audit_news_, audit_olds_);
-  double got = st.cp.attn_pair_heads[0] + st.cp.attn_pair_heads[1];
-  cp_.all_reduce(std::span<double>(&got, 1));
-  if (topo_.size(Axis::tp) > 1) topo_.axis(Axis::tp).all_reduce(std::span<double>(&got, 1));
-  if (got == expected) return "";
-  return "the attention computed " + std::to_string(int64_t(got)) + " (query, key) pairs x heads over the CP and tp "
-         "ranks, and the new tokens see " + std::to_string(int64_t(expected)) +
-         ": a schedule dropped or repeated keys (coverage audit)";
+  // Per layer, and the call's total beside them (a count outside the layers' calls shows there).
+  std::vector<double> got = st.layer_pair_heads;
+  got.resize(size_t(d_.layers), 0.0);
+  got.push_back(st.cp.attn_pair_heads[0] + st.cp.attn_pair_heads[1]);
+  cp_.all_reduce(std::span<double>(got));
+  if (topo_.size(Axis::tp) > 1) topo_.axis(Axis::tp).all_reduce(std::span<double>(got));
+  double total = 0;
+  for (int64_t l = 0; l <= d_.layers; ++l) {
+    const double want = l < d_.layers ? infer_layer_pair_heads(d_, d_.H_q, l, audit_news_, audit_olds_) : total;
+    total += l < d_.layers ? want : 0.0;
+    if (got[size_t(l)] == want) continue;  // integers below 2^53 in doubles: exact
+    const std::string where = l < d_.layers ? "layer " + std::to_string(l) + " (" +
+                                                  (d_.is_gdn(l) ? "Gated DeltaNet" : d_.is_local(l) ? "local" : "global") + ")"
+                                            : "the call";
+    return where + ": the attention computed " + std::to_string(int64_t(got[size_t(l)])) +
+           " (query, key) pairs x heads over the CP and tp ranks, and the new tokens see " +
+           std::to_string(int64_t(want)) + ": a schedule dropped or repeated keys (coverage audit)";
+  }
+  return "";
 }
 
 double Engine::prefill_flops(int64_t T, int64_t cached) const { return ctxpar::prefill_flops(d_, T, cached); }
@@ -171,6 +182,13 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const
   }
   // The training model's layer code (model/layer.hpp) around the CP attention; a rank without
   // rows (decode with fewer sequences than ranks) still takes part in the attention's collectives.
+  // Layer l's CP attention, timed, its pairs x heads counted for the layer (the coverage audit).
+  const auto attend = [&](int64_t l, const void* q, const void* k, const void* v) {
+    const double t0 = now_s(), p0 = st_->cp.attn_pair_heads[0] + st_->cp.attn_pair_heads[1];
+    attn(l, q, k, v, o_.data(), lse_.data());
+    st_->attn_s += now_s() - t0;
+    st_->layer_pair_heads[size_t(l)] += st_->cp.attn_pair_heads[0] + st_->cp.attn_pair_heads[1] - p0;
+  };
   for (int64_t l = 0, gl = 0; l < d_.layers; ++l) {
     const LayerView& w = w_.layers[size_t(l)];
     const LayerRun r = run(l);
@@ -187,10 +205,8 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const
         mla_q_latent(r, w, n, x, cos_.data(), sin_.data(), h, rstd_.data(), mla_a_, mla_s_, q_.data());
         mla_absorb_queries(r, w, n, q_.data(), qa_.data());
       }
-      float* lat = mla_a_.lat.data();
-      const double t0 = now_s();
-      attn(l, qa_.data(), lat, lat, o_.data(), lse_.data());
-      st_->attn_s += now_s() - t0;
+      const float* lat = mla_a_.lat.data();
+      attend(l, qa_.data(), lat, lat);
       if (n == 0) continue;
       mla_absorbed_out(r, w, n, x, o_.data(), mla_s_, x1);
       mlp_fwd(r, w, n, x1, h, rstd_.data(), g_.data(), u_.data(), m_.data(), x);
@@ -206,9 +222,7 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const
       }
       qa = qb_.data(), ka = kb_.data(), va = vb_.data();
     }
-    const double t0 = now_s();
-    attn(l, qa, ka, va, o_.data(), lse_.data());
-    st_->attn_s += now_s() - t0;
+    attend(l, qa, ka, va);
     if (n == 0) continue;
     attn_out_fwd(r, w, n, x, o_.data(), x1);
     mlp_fwd(r, w, n, x1, h, rstd_.data(), g_.data(), u_.data(), m_.data(), x);
@@ -232,6 +246,7 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int64_t* pos, const
 double Engine::begin_call(Tracer* tr, CallStats& st) {
   tr_ = tr;
   st_ = &st;
+  if (st.layer_pair_heads.size() != size_t(d_.layers)) st.layer_pair_heads.assign(size_t(d_.layers), 0.0);
   times_ = StepTimes{};
   return now_s();
 }

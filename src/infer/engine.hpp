@@ -56,6 +56,7 @@ enum class PrefillBatching { packed, sequential };
 struct CallStats {
   double total_s = 0, attn_s = 0, gemm_s = 0;
   CpStats cp;  // bytes_sent, exposed_comm_s, messages, attn_flops
+  std::vector<double> layer_pair_heads;  // [layers]: each layer's share of cp.attn_pair_heads
 };
 
 // A next token where the logits it would come from are not finite (weights whose products overflow
@@ -104,10 +105,11 @@ class Engine {
                     bool want_logits = false);
 
   // The coverage audit of the last prefill or decode call (model/coverage.hpp
-  // infer_visible_pair_heads): the pairs x heads its attention counted (`st`), summed over the CP
-  // and tp ranks, against what its new rows see (each sequence's new tokens, padded to the zigzag
-  // length, after its cached ones). "" when equal, else the mismatch in words. Collective over CP
-  // and tp.
+  // infer_layer_pair_heads): the pairs x heads each layer's attention counted (`st`: the call's
+  // own stats), summed over the CP and tp ranks, against what its new rows see (each sequence's
+  // new tokens, padded to the zigzag length, after its cached ones; a local layer the window's).
+  // "" when every layer matches, else the first mismatch in words, naming the layer. Collective
+  // over CP and tp.
   std::string audit(const CallStats& st);
 
   KvCache& cache() { return cache_; }

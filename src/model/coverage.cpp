@@ -16,15 +16,21 @@ std::vector<double> coverage_expected(const ModelDims& d, double causal_pairs, d
   return out;
 }
 
+double infer_layer_pair_heads(const ModelDims& d, int64_t heads, int64_t l, const std::vector<int64_t>& news,
+                              const std::vector<int64_t>& olds) {
+  double pairs = 0;
+  for (size_t b = 0; b < news.size(); ++b) {
+    if (d.is_gdn(l) || news[b] == 0) continue;
+    pairs += double(heads) * (d.is_local(l) ? window_prefill_pairs(news[b], olds[b], d.window)
+                                            : partial_prefill_pairs(news[b], olds[b]));
+  }
+  return pairs;
+}
+
 double infer_visible_pair_heads(const ModelDims& d, int64_t heads, const std::vector<int64_t>& news,
                                 const std::vector<int64_t>& olds) {
   double pairs = 0;
-  for (int64_t l = 0; l < d.layers; ++l)
-    for (size_t b = 0; b < news.size(); ++b) {
-      if (d.is_gdn(l) || news[b] == 0) continue;
-      pairs += double(heads) * (d.is_local(l) ? window_prefill_pairs(news[b], olds[b], d.window)
-                                              : partial_prefill_pairs(news[b], olds[b]));
-    }
+  for (int64_t l = 0; l < d.layers; ++l) pairs += infer_layer_pair_heads(d, heads, l, news, olds);
   return pairs;
 }
 

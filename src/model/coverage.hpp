@@ -32,5 +32,8 @@ std::string coverage_audit(const std::vector<double>& got, const ModelDims& d, d
 // summed over the attention layers. What prefill, decode and chat hold their calls' counts to.
 double infer_visible_pair_heads(const ModelDims& d, int64_t heads, const std::vector<int64_t>& news,
                                 const std::vector<int64_t>& olds);
+// The same for layer l alone (0 for a Gated DeltaNet layer): what Engine::audit holds each layer to.
+double infer_layer_pair_heads(const ModelDims& d, int64_t heads, int64_t l, const std::vector<int64_t>& news,
+                              const std::vector<int64_t>& olds);
 
 }  // namespace ctxpar

@@ -447,7 +447,7 @@ TEST(InferBatch, MixedAlgorithmsPerSequence) {
 // The coverage audit of every kind of call (Engine::audit, which prefill, decode, chat and bench
 // infer run after each call): full and partial prefills of different lengths with pass-KV and
 // pass-Q, decode steps with both decode algorithms pass; one pair x head missing from a call's
-// count, or one too many, is named.
+// count, or one too many, is named, and so is one moved from a layer to another.
 TEST(InferAudit, EveryCallPassesAndAMiscountIsNamed) {
   const int N = world().size();
   const int64_t B = 2;
@@ -465,11 +465,17 @@ TEST(InferAudit, EveryCallPassesAndAMiscountIsNamed) {
     if (call == 2) eng.prefill(p2, CpAlgo::pass_kv, nullptr, st);
     if (call >= 3) last = eng.decode(last, call == 3 ? DecodeAlgo::pass_q : DecodeAlgo::allgather, nullptr, st).next_tokens;
     EXPECT_EQ(eng.audit(st), "") << "call " << call << " at N = " << N;
-    for (double miss : {-1.0, 1.0}) {  // planted on rank 0's count, then taken back
+    for (double miss : {-1.0, 1.0}) {  // planted on rank 0's counts, then taken back
       const double plant = world().rank() == 0 ? miss : 0.0;
-      st.cp.attn_pair_heads[call % 2] += plant;
-      EXPECT_NE(eng.audit(st).find("dropped or repeated keys"), std::string::npos) << "call " << call << ", " << miss;
+      st.cp.attn_pair_heads[call % 2] += plant;  // the call's total: named as the call
+      EXPECT_NE(eng.audit(st).find("the call: the attention computed"), std::string::npos) << "call " << call;
       st.cp.attn_pair_heads[call % 2] -= plant;
+      // one pair moved from the last layer to the first: the total holds, the layers do not
+      st.layer_pair_heads.front() += plant;
+      st.layer_pair_heads.back() -= plant;
+      EXPECT_NE(eng.audit(st).find("layer 0 (global): the attention computed"), std::string::npos) << "call " << call;
+      st.layer_pair_heads.front() -= plant;
+      st.layer_pair_heads.back() += plant;
     }
   }
 }

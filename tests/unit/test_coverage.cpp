@@ -36,12 +36,17 @@ std::vector<double> exact(const ModelDims& d, double causal, double window, Rema
 TEST(Coverage, InferencePairsCountByPositions) {
   const ModelDims d = dims("GLDG");
   const std::vector<int64_t> news = {5, 0, 70, 1}, olds = {0, 9, 33, 100};
-  double want = 0;
+  double want = 0, causal = 0, window = 0;
   for (size_t b = 0; b < news.size(); ++b)
     for (int64_t q = olds[b]; q < olds[b] + news[b]; ++q)   // each new row's position
-      for (int64_t k = 0; k <= q; ++k)                       // the keys before it, itself included
+      for (int64_t k = 0; k <= q; ++k) {                     // the keys before it, itself included
         want += 3.0 * (2 /* G layers */ + (q - k < d.window ? 1 : 0) /* the L layer */);
+        causal += 3.0;
+        window += q - k < d.window ? 3.0 : 0.0;
+      }
   EXPECT_EQ(infer_visible_pair_heads(d, 3, news, olds), want);
+  const double per_layer[4] = {causal, window, 0.0, causal};  // G, L, D, G
+  for (int64_t l = 0; l < 4; ++l) EXPECT_EQ(infer_layer_pair_heads(d, 3, l, news, olds), per_layer[l]) << "layer " << l;
   EXPECT_EQ(infer_visible_pair_heads(dims("DD"), 3, news, olds), 0.0);
 }
 
