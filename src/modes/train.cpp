@@ -188,7 +188,8 @@ int64_t train_S_loc(const Config& cfg, Topology& topo) {
 
 // placement=auto: a batch's placement priced by the cost model (perf/cost_model.hpp
 // placed_attention_s) with the plan's hardware profile, from the busiest rank's causal pairs and
-// the most rows a rank receives, as the frugal ring moves them; empty for the other placements.
+// the most rows a rank receives, as the frugal ring (or with strategy allgather the frugal
+// all-gather) moves them; empty for the other placements.
 PlacementPrice make_placement_price(const Config& cfg, Topology& topo) {
   if (cfg.placement != PlacementKind::automatic) return {};
   const HardwareProfile hw = load_hardware(hardware_name(cfg, HardwareUse::plan));
@@ -198,9 +199,10 @@ PlacementPrice make_placement_price(const Config& cfg, Topology& topo) {
   w.precision = cfg.device == Device::cpu ? Precision::fp32 : Precision::bf16;
   w.remat = cfg.remat;
   const ModelShape m = model_shape(cfg);
-  return [hw, mesh, w, m](const Placement& p, const std::vector<int64_t>& lengths) {
+  const bool gathered = cfg.strategy == "allgather";
+  return [hw, mesh, w, m, gathered](const Placement& p, const std::vector<int64_t>& lengths) {
     const auto top = [](const std::vector<int64_t>& v) { return v.empty() ? 0.0 : double(*std::max_element(v.begin(), v.end())); };
-    return placed_attention_s(m, hw, mesh, w, top(p.work), top(rows_received(p, lengths)));
+    return placed_attention_s(m, hw, mesh, w, top(p.work), top(rows_received(p, lengths)), gathered);
   };
 }
 

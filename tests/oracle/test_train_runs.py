@@ -79,7 +79,8 @@ def case_mesh(tmp):
     meshes += [("balanced_tp2_ring2", 4, ["strategy=allgather", "mesh=tp:2,ring:2", "frugal=true", "placement=balanced"])]
     # placement=auto: per batch the placement the cost model prices cheaper (either runs the
     # single rank's losses).
-    meshes += [("auto_np3", 3, ["strategy=ring", "mesh=ring:3", "frugal=true", "placement=auto"])]
+    meshes += [("auto_np3", 3, ["strategy=ring", "mesh=ring:3", "frugal=true", "placement=auto"]),
+               ("auto_gather_np2", 2, ["strategy=allgather", "mesh=ring:2", "frugal=true", "placement=auto"])]
     bad = []
     for name, np_, args in meshes:
         r = run(tmp, name, np_, ["steps=5"] + args)

@@ -477,6 +477,33 @@ TEST(CostModel, PlacedAttentionIsTheRingsForOneDocument) {
               1e-9 * predict(m, h, one, w, "ring").attn_s);
 }
 
+// The frugal all-gather's price (placement=auto with strategy allgather): its exchange is not
+// hidden, so it grows with every row received, exactly by the exchange (the compute stays); with
+// no rows to receive it is the ring's compute-bound price at 1 rank (one call, nothing to move).
+TEST(CostModel, PlacedAttentionGatheredExposesItsExchange) {
+  const HardwareProfile h = load_hardware("h100-gtt");
+  const ModelShape m = small();
+  PerfWorkload w;
+  w.seq = 8192;
+  PerfMesh mesh;
+  mesh.ring = 4;
+  const double S = double(w.seq), n = S / 4, pairs = S * (S + 1) / 2 / 4;
+  const double none = placed_attention_s(m, h, mesh, w, pairs, 0, true);
+  const double some = placed_attention_s(m, h, mesh, w, pairs, n, true);
+  const double all = placed_attention_s(m, h, mesh, w, pairs, 3 * n, true);
+  EXPECT_LT(none, some);
+  EXPECT_LT(some, all);
+  EXPECT_GT(placed_attention_s(m, h, mesh, w, 1.5 * pairs, n, true), some);
+  // Twice the rows, twice the exchange's bandwidth share: the growth from n to 3n rows is about
+  // twice that from 0 to n (the latency is paid once either way).
+  EXPECT_GT(all - some, 1.5 * (some - none) - 1e-12);
+  // The ring hides its transfer under the compute of the steps; the all-gather's waits.
+  EXPECT_GE(all, placed_attention_s(m, h, mesh, w, pairs, 3 * n) - 1e-12);
+  PerfMesh one;
+  EXPECT_NEAR(placed_attention_s(m, h, one, w, S * (S + 1) / 2, 0, true),
+              placed_attention_s(m, h, one, w, S * (S + 1) / 2, 0), 1e-12);
+}
+
 TEST(CostModel, PaperEq1Threshold) {
   // Meta CP Eq. 1: pass-KV when T/(T+P) >= 2 H_kv / H_q = 12.5% for Llama 3 405B.
   EXPECT_DOUBLE_EQ(pass_kv_miss_rate_threshold(llama405b()), 0.125);
