@@ -56,9 +56,10 @@ using namespace infer;
 namespace {
 
 // The coverage audit of the engine's call just made (Engine::audit): a schedule that dropped or
-// repeated keys ends the bench (exit 3). Collective over the engine's CP and tp ranks, which agree.
-void audit_call(Engine& eng, const CallStats& cs) {
-  const std::string bad = eng.audit(cs);
+// repeated keys ends the bench (exit 3), every rank of `world` alike (every replica audits its
+// call at the same point). Collective over `world`.
+void audit_call(Engine& eng, const CallStats& cs, Comm& world) {
+  const std::string bad = agree_on_error(world, eng.audit(cs));
   if (!bad.empty()) throw RunFailed("bench infer: " + bad);
 }
 
@@ -189,7 +190,7 @@ int exact_table(BenchContext& ctx, const Check& check, const std::vector<int32_t
         eng[k]->clear();
         CallStats cs;
         const double dt = timed(ccp, world, [&] { out[k] = eng[k]->prefill({tokens}, CpAlgo::pass_kv, nullptr, cs, true); });
-        audit_call(*eng[k], cs);
+        audit_call(*eng[k], cs, world);
         if (it > 0) ts[0][k].push_back(dt);
       }
     auto keep = [&] {  // the exact row, its token, and the plain row against it
@@ -204,7 +205,7 @@ int exact_table(BenchContext& ctx, const Check& check, const std::vector<int32_t
       for (int k = 0; k < 2; ++k) {
         CallStats cs;
         const double dt = timed(ccp, world, [&] { out[k] = eng[k]->decode(last, DecodeAlgo::pass_q, nullptr, cs, true); });
-        audit_call(*eng[k], cs);
+        audit_call(*eng[k], cs, world);
         if (it > 0) ts[1][k].push_back(dt);
       }
       keep();
@@ -249,7 +250,7 @@ PairRun run_pair(BenchContext& ctx, Engine& eng, Comm& cp, const std::vector<int
       CallStats cs;
       const double dt = timed(cp, ctx.topo.world(), [&] { out = eng.prefill({tokens}, a, &ctx.tracer, cs, true); });
       cs.cp.settle();  // GPU: the device waits, timed by their events
-      audit_call(eng, cs);
+      audit_call(eng, cs, ctx.topo.world());
       StepRecord rec;
       rec.step = step++;
       rec.time_s = dt;
@@ -321,7 +322,7 @@ struct InferBench {
       CallStats st;
       if (cached > 0) {
         eng.prefill({std::vector<int32_t>(seq_tokens.begin(), seq_tokens.begin() + cached)}, CpAlgo::pass_kv, nullptr, st);
-        audit_call(eng, st);
+        audit_call(eng, st, world);
       }
       const KvCache::Snapshot snap = eng.cache().snapshot();
       const std::vector<int32_t> new_tok(seq_tokens.begin() + cached, seq_tokens.end());
@@ -424,7 +425,7 @@ struct InferBench {
       CallStats st;
       std::vector<std::vector<int32_t>> prompt(size_t(cfg.batch), seq_tokens);
       const std::vector<int32_t> first = eng.prefill(prompt, CpAlgo::pass_kv, nullptr, st).next_tokens;
-      audit_call(eng, st);
+      audit_call(eng, st, world);
       const KvCache::Snapshot snap = eng.cache().snapshot();
       for (DecodeAlgo a : {DecodeAlgo::pass_q, DecodeAlgo::allgather}) {
         if (ctx.tracer.stop_signal() != 0) break;
@@ -438,7 +439,7 @@ struct InferBench {
           StepOutput out;
           ctx.tracer.begin_step(step);
           const double dt = timed(ccp, world, [&] { out = eng.decode(last, a, &ctx.tracer, cs, on_gpu); });
-          audit_call(eng, cs);
+          audit_call(eng, cs, world);
           cs.cp.settle();
           // The attention incl. its communication: on a GPU from the spans' device marks.
           const double attn_s = on_gpu ? attention_seconds(ctx.tracer.phase_seconds()) : cs.attn_s;
@@ -523,7 +524,7 @@ struct InferBench {
           const double dt = timed(cp, world, [&] { outs[k] = eng.prefill(batch, CpAlgo::pass_kv, &ctx.tracer, cs, true,
                                                                          false, mode); });
           cs.cp.settle();
-          audit_call(eng, cs);
+          audit_call(eng, cs, world);
           StepRecord rec;
           rec.step = step++;
           rec.time_s = dt;

@@ -76,10 +76,12 @@ void Engine::clear() {
 }
 
 std::string Engine::audit(const CallStats& st) {
-  // Per layer, and the call's total beside them (a count outside the layers' calls shows there).
+  // Per layer, and the call's total beside them (a count outside the layers' calls shows there),
+  // less what `st` held before the call.
   std::vector<double> got = st.layer_pair_heads;
   got.resize(size_t(d_.layers), 0.0);
   got.push_back(st.cp.attn_pair_heads[0] + st.cp.attn_pair_heads[1]);
+  for (size_t i = 0; i < got.size() && i < audit_base_.size(); ++i) got[i] -= audit_base_[i];
   cp_.all_reduce(std::span<double>(got));
   if (topo_.size(Axis::tp) > 1) topo_.axis(Axis::tp).all_reduce(std::span<double>(got));
   double total = 0;
@@ -247,6 +249,9 @@ double Engine::begin_call(Tracer* tr, CallStats& st) {
   tr_ = tr;
   st_ = &st;
   if (st.layer_pair_heads.size() != size_t(d_.layers)) st.layer_pair_heads.assign(size_t(d_.layers), 0.0);
+  // What `st` held before this call (a CallStats may gather several calls): the audit's baseline.
+  audit_base_ = st.layer_pair_heads;
+  audit_base_.push_back(st.cp.attn_pair_heads[0] + st.cp.attn_pair_heads[1]);
   times_ = StepTimes{};
   return now_s();
 }

@@ -105,8 +105,8 @@ class Engine {
                     bool want_logits = false);
 
   // The coverage audit of the last prefill or decode call (model/coverage.hpp
-  // infer_layer_pair_heads): the pairs x heads each layer's attention counted (`st`: the call's
-  // own stats), summed over the CP and tp ranks, against what its new rows see (each sequence's
+  // infer_layer_pair_heads): the pairs x heads each layer's attention counted (`st`: the stats
+  // the call was given, less what they held before it), summed over the CP and tp ranks, against what its new rows see (each sequence's
   // new tokens, padded to the zigzag length, after its cached ones; a local layer the window's).
   // "" when every layer matches, else the first mismatch in words, naming the layer. Collective
   // over CP and tp.
@@ -204,8 +204,10 @@ class Engine {
   MlaActs mla_a_;        // MLA: the latent rows of the call (and the latents' scratch)
   MlaScratch mla_s_;
   std::vector<double> inv_freq_;
-  // the last call's new rows and cached ones per sequence (audit)
+  // the last call's new rows and cached ones per sequence, and its CallStats' pair counts before
+  // it ([layers] and the total) (audit)
   std::vector<int64_t> audit_news_, audit_olds_;
+  std::vector<double> audit_base_;
   // per-call state
   Tracer* tr_ = nullptr;
   CallStats* st_ = nullptr;

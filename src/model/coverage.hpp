@@ -29,10 +29,11 @@ std::string coverage_audit(const std::vector<double>& got, const ModelDims& d, d
 // An inference call's share of the same rule, over the layers at once: `news[b]` new rows of
 // sequence b after its `olds[b]` cached ones, each seeing the cached keys and the new ones up to
 // itself (a local layer the last d.window of them), times `heads` query heads (all tp ranks'),
-// summed over the attention layers. What prefill, decode and chat hold their calls' counts to.
+// summed over the attention layers.
 double infer_visible_pair_heads(const ModelDims& d, int64_t heads, const std::vector<int64_t>& news,
                                 const std::vector<int64_t>& olds);
-// The same for layer l alone (0 for a Gated DeltaNet layer): what Engine::audit holds each layer to.
+// The same for layer l alone (0 for a Gated DeltaNet layer): what Engine::audit holds each layer
+// of a prefill, decode or chat call (and bench infer's) to.
 double infer_layer_pair_heads(const ModelDims& d, int64_t heads, int64_t l, const std::vector<int64_t>& news,
                               const std::vector<int64_t>& olds);
 

@@ -74,8 +74,8 @@ void gather_units(const float* master, bool on_host, const StateShard& s, Comm& 
   for (size_t u = 0; u < s.pieces.size(); ++u) {
     const StateShard::Piece& p = s.pieces[u];
     const float* mine = master + p.at;
-    if (on_host) {  // after the last unit's all-gather read the piece buffer (ordered on the stream)
-      copy_to_device(stage.piece.data(), mine, size_t(p.chunk) * sizeof(float), dev, stream);
+    if (on_host) {  // pinned: on the stream, after the last unit's all-gather read the piece buffer
+      copy_in_async(stage.piece.data(), mine, size_t(p.chunk) * sizeof(float), dev, stream);
       mine = stage.piece.data();
     }
     group.all_gather(buf_at(mine, size_t(p.chunk), dev), buf_at(stage.unit.data(), size_t(p.chunk * s.Z), dev));
@@ -159,6 +159,7 @@ void UnitFeed::start_gather(size_t u, int k) {
   if (on_host_) {  // the slot's last gather, which read the piece buffer, is complete (complete())
     copy_in_async(w_[k].piece.data(), mine, size_t(p.chunk) * sizeof(float), dev_, stream_);
     mine = w_[k].piece.data();
+    host_bytes_ += 4.0 * double(p.chunk);
   }
   w_[k].req = group_->all_gather_async(buf_at(mine, size_t(p.chunk), dev_),
                                        buf_at(w_[k].buf.data(), size_t(padded(u)), dev_));

@@ -103,6 +103,8 @@ class UnitFeed {
   int64_t unit_capacity() const { return s_.widest; }
   // Units since bind whose weights were gathered when asked for, not ahead.
   int64_t late_gathers() const { return late_; }
+  // pieces_on_host: bytes of pieces copied in from host memory so far (offload's traffic).
+  double host_bytes() const { return host_bytes_; }
   // The order a training step asks for weights: the embedding, the layers, the head, and the
   // layers again from the last to the first (the embedding's backward needs no weights).
   static std::vector<size_t> step_order(size_t units);
@@ -137,13 +139,15 @@ class UnitFeed {
   Slot w_[2], g_[2];       // weights: [0] the widest unit, [1] the widest layer; gradients likewise
   int cur_w_ = -1, cur_g_ = -1, last_g_ = -1;  // the slots handed out; the slot last reduced from
   int64_t late_ = 0;
+  double host_bytes_ = 0;
 };
 
 // Each unit's pieces of every rank of `group` all-gathered, one unit at a time: `use(u, unit)`
 // sees unit u whole on the device (unit: its first element), valid until the next call.
 // `master`: this rank's shard buffer on the device, or (`on_host`: offload=params) in pinned host
-// memory, each piece then copied to the device first. `stage`: the unit and piece buffers (made on
-// first use). Blocking; collective over `group`.
+// memory, each piece then copied to the device first (on `stream`: the host must not write
+// `master` before the stream has passed; HostParams::upload synchronizes it). `stage`: the unit
+// and piece buffers (made on first use). Blocking; collective over `group`.
 struct GatherStage {
   Buffer<float> unit, piece;
 };

@@ -363,8 +363,10 @@ TrainMemoryPlan plan_train_memory(const Config& cfg, Topology& topo) {
   // The serial writer: sharded state is first assembled whole on the writer (both moments, and at
   // shard=params the weights, of this tp slice, and every rank's pieces as they arrive). The
   // parallel writer gathers nothing: one tensor's part at a time is copied out to be written.
+  // The weights are pieces too at shard=params, and at any level with offload=params on a GPU.
+  const bool weights_in_pieces = shard.params_sharded() || (cfg.device == Device::cuda && offloads(cfg, Offload::params));
   if (cfg.checkpoint_every > 0 && cfg.checkpoint_io == CheckpointIo::serial)
-    p.gather_bytes = std::max(p.gather_bytes, 3.0 * global + (shard.sharded() ? 4.0 * n * (shard.params_sharded() ? 4 : 3) : 0.0));
+    p.gather_bytes = std::max(p.gather_bytes, 3.0 * global + (shard.sharded() ? 4.0 * n * (weights_in_pieces ? 4 : 3) : 0.0));
   if (cfg.checkpoint_every > 0 && cfg.checkpoint_io == CheckpointIo::parallel)
     p.gather_bytes = std::max(p.gather_bytes, 4.0 * widest / double(shard.sharded() ? shard.Z : 1));
   if (!cfg.dump_init.empty()) p.gather_bytes = std::max(p.gather_bytes, OracleDump::gather_bytes(cfg, global));
@@ -571,6 +573,7 @@ struct TrainRun {
   // grads: whole, or grads_in_pieces.
   Buffer<float> params, master_pieces, grads;
   GatherStage gather_stage;  // shard=optimizer, grads: a unit's pieces all-gathered
+  double piece_upload_bytes = 0;  // offload=params with shard=optimizer, grads: the pieces copied in after updates
   float* const master;         // what update takes: this rank's master weights
   const float* const weights;  // what forward_backward takes (the feed's params)
   AdamW opt;
@@ -698,6 +701,7 @@ struct TrainRun {
     if (hparams) {
       opt.wait_host();
       hparams->upload();
+      piece_upload_bytes += 4.0 * double(shard.elems());
     } else {
       gather_weights(master_pieces.data(), params.data(), shard, topo.shard(), gather_stage, dev, gpu.stream);
     }
@@ -911,14 +915,19 @@ void log_train_summary(TrainRun& r, const TrainTotals& tot, int64_t first_step) 
   if (!tot.offload_s.empty()) {
     const double steps_run = double(std::max<int64_t>(r.opt.step() - first_step, 1));
     const double mib = steps_run * double(1 << 20), outs = r.model.offload_bytes_attn_out();
-    log0("# offload=%s: %.1f MiB moved per step (AdamW moments%s %.1f, layer inputs %.1f, attention outputs %.1f), "
+    // With a shard, offload=params also copies the master's pieces in: for the all-gathers after
+    // each update (optimizer, grads) or before each unit's use (params).
+    const double pieces = r.piece_upload_bytes + r.feed.host_bytes();
+    const double moved = r.opt.offload_bytes() + r.model.offload_bytes() + pieces;
+    char piece_text[64] = "";
+    if (pieces > 0) std::snprintf(piece_text, sizeof piece_text, ", the master's pieces in %.1f", pieces / mib);
+    log0("# offload=%s: %.1f MiB moved per step (AdamW moments%s %.1f%s, layer inputs %.1f, attention outputs %.1f), "
          "%.2f ms per step of copies not hidden by compute (median, rank 0; spans of phase offload)\n",
-         cfg.offload.c_str(), (r.opt.offload_bytes() + r.model.offload_bytes()) / mib, r.hparams ? " and weights" : "",
-         r.opt.offload_bytes() / mib,
+         cfg.offload.c_str(), moved / mib, r.hparams ? " and weights" : "", r.opt.offload_bytes() / mib, piece_text,
          (r.model.offload_bytes() - outs) / mib, outs / mib, median(tot.offload_s) * 1e3);
     // The trace: what moved and what compute did not hide (rank 0's, per step).
     r.tracer.write_attr("/", "offload", cfg.offload);
-    r.tracer.write_attr("/", "offload_bytes_per_step", (r.opt.offload_bytes() + r.model.offload_bytes()) / steps_run);
+    r.tracer.write_attr("/", "offload_bytes_per_step", moved / steps_run);
     r.tracer.write_attr("/", "offload_unhidden_s_per_step", median(tot.offload_s));
   }
   if (cfg.placement == PlacementKind::automatic) {
