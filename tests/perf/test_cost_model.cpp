@@ -452,7 +452,8 @@ TEST(CostModel, MemoryArithmetic) {
 }
 
 // A placed batch's attention (placement=auto's price): a single document on zigzag rows is
-// predict()'s ring; the busier rank and the more rows it receives, the longer.
+// predict()'s ring; the busier rank and the more rows it receives, the longer; and the same for
+// the frugal all-gather's.
 TEST(CostModel, PlacedAttentionIsTheRingsForOneDocument) {
   const HardwareProfile h = load_hardware("h100-gtt");
   const ModelShape m = small();
@@ -472,22 +473,11 @@ TEST(CostModel, PlacedAttentionIsTheRingsForOneDocument) {
   }
   // One rank: no exchange, the whole sequence's pairs.
   PerfMesh one;
-  const double S = double(w.seq);
+  const double S = double(w.seq), n = S / 4, pairs = S * (S + 1) / 2 / 4;
   EXPECT_NEAR(placed_attention_s(m, h, one, w, S * (S + 1) / 2, 0), predict(m, h, one, w, "ring").attn_s,
               1e-9 * predict(m, h, one, w, "ring").attn_s);
-}
-
-// The frugal all-gather's price (placement=auto with strategy allgather): its exchange is not
-// hidden, so it grows with every row received, exactly by the exchange (the compute stays); with
-// no rows to receive it is the ring's compute-bound price at 1 rank (one call, nothing to move).
-TEST(CostModel, PlacedAttentionGatheredExposesItsExchange) {
-  const HardwareProfile h = load_hardware("h100-gtt");
-  const ModelShape m = small();
-  PerfWorkload w;
-  w.seq = 8192;
-  PerfMesh mesh;
-  mesh.ring = 4;
-  const double S = double(w.seq), n = S / 4, pairs = S * (S + 1) / 2 / 4;
+  // The frugal all-gather's price (strategy allgather): its exchange is not hidden, so it grows
+  // with every row received and the busier rank; with nothing to move (one rank) it is the ring's.
   const double none = placed_attention_s(m, h, mesh, w, pairs, 0, true);
   const double some = placed_attention_s(m, h, mesh, w, pairs, n, true);
   const double all = placed_attention_s(m, h, mesh, w, pairs, 3 * n, true);
@@ -497,9 +487,8 @@ TEST(CostModel, PlacedAttentionGatheredExposesItsExchange) {
   // Twice the rows, twice the exchange's bandwidth share: the growth from n to 3n rows is about
   // twice that from 0 to n (the latency is paid once either way).
   EXPECT_GT(all - some, 1.5 * (some - none) - 1e-12);
-  // The ring hides its transfer under the compute of the steps; the all-gather's waits.
+  // The ring hides its transfer under the compute of its steps; the all-gather's waits.
   EXPECT_GE(all, placed_attention_s(m, h, mesh, w, pairs, 3 * n) - 1e-12);
-  PerfMesh one;
   EXPECT_NEAR(placed_attention_s(m, h, one, w, S * (S + 1) / 2, 0, true),
               placed_attention_s(m, h, one, w, S * (S + 1) / 2, 0), 1e-12);
 }
