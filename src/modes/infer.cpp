@@ -337,6 +337,7 @@ class Session {
       tr_.write_attr("/", std::string("coverage_audit_s_per_") + kinds[k], median(audit_s_[k]));
       tr_.write_attr("/", std::string("coverage_audit_share_of_") + kinds[k], median(share));
     }
+    if (text.empty()) return;  // no call was made (a stop before the first)
     tr_.write_attr("/", "coverage_audit", std::string("passed every call"));
     log0("# coverage audit: passed every call; the check per call, median over calls (rank 0): %s\n", text.c_str());
   }
