@@ -199,10 +199,14 @@ PlacementPrice make_placement_price(const Config& cfg, Topology& topo) {
   w.precision = cfg.device == Device::cpu ? Precision::fp32 : Precision::bf16;
   w.remat = cfg.remat;
   const ModelShape m = model_shape(cfg);
-  const bool gathered = cfg.strategy == "allgather";
-  return [hw, mesh, w, m, gathered](const Placement& p, const std::vector<int64_t>& lengths) {
+  // The registry's message pattern of the run's strategy (placement needs its visible-keys row:
+  // the ring's or the all-gather's).
+  const StrategyRow* row = strategy_row(cfg.strategy, cfg.cp_schedule());
+  CTXPAR_CHECK(row, "placement=auto: no row of strategy " << cfg.strategy);
+  const CommPattern comm = row->comm;
+  return [hw, mesh, w, m, comm](const Placement& p, const std::vector<int64_t>& lengths) {
     const auto top = [](const std::vector<int64_t>& v) { return v.empty() ? 0.0 : double(*std::max_element(v.begin(), v.end())); };
-    return placed_attention_s(m, hw, mesh, w, top(p.work), top(rows_received(p, lengths)), gathered);
+    return placed_attention_s(m, hw, mesh, w, top(p.work), top(rows_received(p, lengths)), comm);
   };
 }
 

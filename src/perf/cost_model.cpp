@@ -562,7 +562,9 @@ AttnLayerCost attn_layer_cost(const Ctx& c, CommPattern comm, double pairs) {
 }  // namespace
 
 double placed_attention_s(const ModelShape& m, const HardwareProfile& hw, const PerfMesh& mesh, const PerfWorkload& w,
-                          double pairs_max, double rows_max, bool gathered) {
+                          double pairs_max, double rows_max, CommPattern comm) {
+  CTXPAR_CHECK(comm == CommPattern::kv_ring || comm == CommPattern::gather,
+               "placed_attention_s: priced for the ring's and the all-gather's patterns only, not " << int(comm));
   const Ctx c{m, hw, mesh, w, precision_of(hw, w.precision), share_factor(hw, mesh)};
   const int64_t N = mesh.cp(), tp = mesh.tp, B = w.batch;
   const double S_loc = double(Partition::padded_length(PartitionKind::zigzag, w.seq, int(N))) / double(N);
@@ -578,7 +580,7 @@ double placed_attention_s(const ModelShape& m, const HardwareProfile& hw, const 
   const double row = m.mla ? double(m.latent_width()) * c.p.e : 2.0 * kv_heads_loc(m, tp) * double(m.D) * c.p.e;
   const double msg = N > 1 ? rows_max / double(N - 1) * double(B) * row : 0.0;
   const double layers = double(m.attn_layers() - m.local_layers());
-  if (gathered) {  // the rows at once (all pairs' messages together, priced as an all-gather of as
+  if (comm == CommPattern::gather) {  // the rows at once (all pairs' messages together, priced as an all-gather of as
                    // many bytes per rank), then one kernel call; the backward again, and the rows' dK/dV back (fp32)
     const int64_t k = ranks_per_node(hw, N, tp);
     const auto moved = [&](double bytes_per_row) {

@@ -153,11 +153,11 @@ PassChoice predict_partial_prefill(const ModelShape& m, const HardwareProfile& h
 // most a rank receives, spread evenly over its N - 1 steps; the backward returns as many dK/dV
 // rows). Seconds per step, per sequence of w.batch. The plain ring is rows_max = (N - 1) S/N; with
 // pairs_max = S(S+1)/2/N it is predict()'s ring attention time (the rest of a step does not depend
-// on where the rows live: every rank holds S/N of them). `gathered`: the frugal all-gather instead
-// (cp/visible_allgather.cpp): the rows exchanged at once before one kernel call, not overlapped
-// with it; the backward exchanges them again and returns their dK/dV in fp32.
+// on where the rows live: every rank holds S/N of them). `comm` = gather: the frugal all-gather
+// instead (cp/visible_allgather.cpp): the rows exchanged at once before one kernel call, not
+// overlapped with it; the backward exchanges them again and returns their dK/dV in fp32.
 double placed_attention_s(const ModelShape& m, const HardwareProfile& hw, const PerfMesh& mesh, const PerfWorkload& w,
-                          double pairs_max, double rows_max, bool gathered = false);
+                          double pairs_max, double rows_max, CommPattern comm = CommPattern::kv_ring);
 
 // ---- building blocks, exposed for tests --------------------------------------------------------
 // Ring pipeline: (n-1) * max(c + o, m) + c + o.

@@ -478,18 +478,18 @@ TEST(CostModel, PlacedAttentionIsTheRingsForOneDocument) {
               1e-9 * predict(m, h, one, w, "ring").attn_s);
   // The frugal all-gather's price (strategy allgather): its exchange is not hidden, so it grows
   // with every row received and the busier rank; with nothing to move (one rank) it is the ring's.
-  const double none = placed_attention_s(m, h, mesh, w, pairs, 0, true);
-  const double some = placed_attention_s(m, h, mesh, w, pairs, n, true);
-  const double all = placed_attention_s(m, h, mesh, w, pairs, 3 * n, true);
+  const double none = placed_attention_s(m, h, mesh, w, pairs, 0, CommPattern::gather);
+  const double some = placed_attention_s(m, h, mesh, w, pairs, n, CommPattern::gather);
+  const double all = placed_attention_s(m, h, mesh, w, pairs, 3 * n, CommPattern::gather);
   EXPECT_LT(none, some);
   EXPECT_LT(some, all);
-  EXPECT_GT(placed_attention_s(m, h, mesh, w, 1.5 * pairs, n, true), some);
+  EXPECT_GT(placed_attention_s(m, h, mesh, w, 1.5 * pairs, n, CommPattern::gather), some);
   // Twice the rows, twice the exchange's bandwidth share: the growth from n to 3n rows is about
   // twice that from 0 to n (the latency is paid once either way).
   EXPECT_GT(all - some, 1.5 * (some - none) - 1e-12);
   // The ring hides its transfer under the compute of its steps; the all-gather's waits.
   EXPECT_GE(all, placed_attention_s(m, h, mesh, w, pairs, 3 * n) - 1e-12);
-  EXPECT_NEAR(placed_attention_s(m, h, one, w, S * (S + 1) / 2, 0, true),
+  EXPECT_NEAR(placed_attention_s(m, h, one, w, S * (S + 1) / 2, 0, CommPattern::gather),
               placed_attention_s(m, h, one, w, S * (S + 1) / 2, 0), 1e-12);
 }
 
