@@ -106,10 +106,10 @@ class Engine {
 
   // The coverage audit of the last prefill or decode call (model/coverage.hpp
   // infer_layer_pair_heads): the pairs x heads each layer's attention counted (`st`: the stats
-  // the call was given, less what they held before it), summed over the CP and tp ranks, against what its new rows see (each sequence's
-  // new tokens, padded to the zigzag length, after its cached ones; a local layer the window's).
-  // "" when every layer matches, else the first mismatch in words, naming the layer. Collective
-  // over CP and tp.
+  // the call was given, less what they held before it), summed over the CP and tp ranks, against
+  // what its new rows see (each sequence's new tokens, padded to the zigzag length, after its
+  // cached ones; a local layer the window's). "" when every layer matches, else the first
+  // mismatch in words, naming the layer. Collective over CP and tp.
   std::string audit(const CallStats& st);
 
   KvCache& cache() { return cache_; }
