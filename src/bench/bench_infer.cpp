@@ -485,70 +485,115 @@ struct InferBench {
   }
 
   // ---- 3. batched variable-length prefill against one sequence at a time -----------------------
-  // Table 3: packed against sequential prefill of the same prompts.
+  // Table 3: packed against sequential prefill of the same prompts, and where the strategy has a
+  // visible-keys row (bench_infer_places) the packed batch with it (frugal) and placed from the
+  // prompts' lengths (placement = balanced).
+  struct BatchMode {
+    const char* name;
+    PrefillBatching batching;
+    CpSchedule sched;
+    PlacementKind placement;
+  };
   void batched_prefill_table() {
-    // Four prompts of mixed lengths (seq/8, seq/4, seq/2, seq: none a multiple of anything in
-    // particular), full prefill by the configured strategy: one forward for the batch (packed) and
-    // one forward per sequence (sequential), alternating within each iteration.
-    const std::vector<int64_t> lens = bench_infer_lengths(S);
-    const int64_t nb = int64_t(lens.size());
-    int64_t total = 0, cap = 0;
+    // Two batches, full prefill: four prompts of mixed lengths (seq/8, seq/4, seq/2, seq: none a
+    // multiple of anything in particular) and a long tail (one of seq/2, sixteen of seq/32); each
+    // mode its own engine, the modes alternating within each iteration.
+    const std::vector<int64_t> mixed = bench_infer_lengths(S), tail = bench_infer_tail_lengths(S);
+    std::vector<BatchMode> modes = {
+        {"sequential", PrefillBatching::sequential, CpSchedule::plain, PlacementKind::zigzag},
+        {"packed", PrefillBatching::packed, CpSchedule::plain, PlacementKind::zigzag}};
+    if (bench_infer_places(cfg)) {
+      modes.push_back({"frugal", PrefillBatching::packed, CpSchedule::visible, PlacementKind::zigzag});
+      modes.push_back({"placed", PrefillBatching::packed, CpSchedule::visible, PlacementKind::balanced});
+    }
+    Table t3("ctxpar bench infer — batched variable-length prefill (mixed: 4 prompts of " + std::to_string(mixed[0]) +
+                 ".." + std::to_string(mixed.back()) + " tokens; tail: 1 of " + std::to_string(tail[0]) + " and 16 of " +
+                 std::to_string(tail[1]) + "), " + std::to_string(N) + " CP ranks" +
+                 (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) + ", strategy " + cfg.strategy,
+             {{"batch", "batch", "", 6, 0}, {"mode", "prefill", "", 11, 0}, {"ttft_ms", "TTFT", "ms (batch)", 11, 2},
+              {"tok_s", "throughput", "tokens/s", 11, 0}, {"speedup", "speedup", "x seq.", 8, 2},
+              {"sent_mb", "sent", "MB max/rank", 11, 3}, {"imbalance", "attn work", "max/mean", 10, 3},
+              {"wrong", "#wrong", "", 7, 0}},
+             {"sequential: one forward per prompt; packed: one forward for the batch, each prompt zigzag-sharded on its "
+              "own and its own document in one CP attention call per layer" +
+                  std::string(modes.size() > 2 ? "; frugal: packed, by the strategy's visible-keys row (only the rows "
+                                                 "some query sees move); placed: the prompts' rows placed from their "
+                                                 "lengths (placement=balanced: short ones whole on one rank), by the "
+                                                 "visible-keys row"
+                                               : "; no frugal or placed rows: the strategy has no visible-keys row or "
+                                                 "the model does not run it (device=cuda, MLA)"),
+              "TTFT: median of bench_iters calls (after 1 warmup) of the max over ranks; the modes alternate within "
+              "each iteration; sent: bytes the attention sent, the busiest rank's; attn work: the attention's "
+              "(query, key) pairs, max over ranks / mean",
+              "#wrong: prompts whose last logits or greedy tokens differ from the sequential mode's" + check.note()});
+    for (const auto& [name, lens] : {std::pair{"mixed", mixed}, std::pair{"tail", tail}})
+      if (ctx.tracer.stop_signal() == 0) batched_prefill_rows(t3, name, lens, modes);
+    if (world.rank() == 0) print_table(t3, ctx);
+  }
+
+  void batched_prefill_rows(Table& t3, const char* batch_name, const std::vector<int64_t>& lens,
+                            const std::vector<BatchMode>& modes) {
+    const int64_t nb = int64_t(lens.size()), nm = int64_t(modes.size());
+    int64_t total = 0;
     std::vector<std::vector<int32_t>> batch(static_cast<size_t>(nb));
     for (int64_t b = 0; b < nb; ++b) {
       total += lens[size_t(b)];
-      cap = std::max(cap, Partition::padded_length(PartitionKind::zigzag, lens[size_t(b)], N) / N);
       for (int64_t i = 0; i < lens[size_t(b)]; ++i) batch[size_t(b)].push_back(token_at(uint64_t(cfg.seed) + uint64_t(b), i, V));
     }
-    Table t3("ctxpar bench infer — batched variable-length prefill (" + std::to_string(nb) + " prompts of " +
-                      std::to_string(lens[0]) + ".." + std::to_string(lens.back()) + " tokens, " + std::to_string(total) +
-                      " in all), " + std::to_string(N) + " CP ranks" + (tp > 1 ? " x tp:" + std::to_string(tp) : std::string()) +
-                      ", strategy " + cfg.strategy,
-                  {{"mode", "prefill", "", 11, 0}, {"ttft_ms", "TTFT", "ms (batch)", 11, 2},
-                   {"tok_s", "throughput", "tokens/s", 11, 0}, {"speedup", "speedup", "x seq.", 8, 2},
-                   {"wrong", "#wrong", "", 7, 0}},
-                  {"packed: one forward for the batch, each prompt zigzag-sharded on its own and its own document "
-                   "in one CP attention call per layer; sequential: one forward per prompt",
-                   "TTFT: median of bench_iters calls (after 1 warmup) of the max over ranks; the two modes "
-                   "alternate within each iteration",
-                   "#wrong: prompts whose last logits or greedy tokens differ between the two modes" + check.note()});
-    if (ctx.tracer.stop_signal() == 0) {
-      Engine eng(layout, params.data(), topo, nb, cap, cfg.strategy, cfg.device, gpu.stream);
-      std::vector<double> ts[2];
-      StepOutput outs[2];
-      for (int64_t it = 0; it < iters + 1 && ctx.tracer.stop_signal() == 0; ++it)
-        for (PrefillBatching mode : {PrefillBatching::packed, PrefillBatching::sequential}) {
-          eng.clear();
-          CallStats cs;
-          ctx.tracer.begin_step(step);
-          const int k = mode == PrefillBatching::packed ? 0 : 1;
-          const double dt = timed(cp, world, [&] { outs[k] = eng.prefill(batch, CpAlgo::pass_kv, &ctx.tracer, cs, true,
-                                                                         false, mode); });
-          cs.cp.settle();
-          audit_call(eng, cs, world);
-          StepRecord rec;
-          rec.step = step++;
-          rec.time_s = dt;
-          rec.tokens = total;
-          rec.turn = 100 + k;
-          rec.ttft_s = dt;
-          rec.exposed_comm_s = cs.cp.exposed_comm_s;
-          for (int64_t b = 0; b < nb; ++b) rec.model_flops += eng.prefill_flops(lens[size_t(b)], 0);
-          ctx.tracer.end_step(rec);
-          if (it > 0) ts[k].push_back(dt);
-        }
-      if (!ts[0].empty() && !ts[1].empty()) {
-        int wrong = 0;
-        for (int64_t b = 0; b < nb; ++b)
-          wrong += check(outs[1].logits.data() + b * V, outs[0].logits.data() + b * V, V, outs[1].next_tokens[size_t(b)],
-                         outs[0].next_tokens[size_t(b)]);
-        wrong_total += wrong;
-        const double tp[2] = {med(ts[0]), med(ts[1])};
-        for (int k = 0; k < 2; ++k)
-          t3.add_row({k == 0 ? "packed" : "sequential", t3.cell(1, tp[k] * 1e3), t3.cell(2, double(total) / tp[k]),
-                      t3.cell(3, tp[1] / tp[k]), std::to_string(k == 0 ? wrong : 0)});
-      }
+    std::vector<std::unique_ptr<Engine>> eng;
+    std::vector<std::unique_ptr<Numerics>> sums;
+    for (const BatchMode& m : modes) {
+      const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, *std::max_element(lens.begin(), lens.end()), lens}};
+      const int64_t cap = cache_capacity_tokens(sched, N, nb, m.placement);
+      eng.push_back(std::make_unique<Engine>(layout, params.data(), topo, nb, cap, cfg.strategy, cfg.device, gpu.stream));
+      sums.push_back(make_numerics(false, layout.dims(), 0, 1));
+      eng.back()->use_numerics(*sums.back(), m.sched);
+      eng.back()->use_placement(m.placement);
     }
-    if (world.rank() == 0) print_table(t3, ctx);
+    const size_t count = size_t(nm);
+    std::vector<std::vector<double>> ts(count), sent(count), imb(count);
+    std::vector<StepOutput> outs(static_cast<size_t>(nm));
+    for (int64_t it = 0; it < iters + 1 && ctx.tracer.stop_signal() == 0; ++it)
+      for (int64_t k = 0; k < nm; ++k) {
+        Engine& e = *eng[size_t(k)];
+        e.clear();
+        CallStats cs;
+        ctx.tracer.begin_step(step);
+        const double dt = timed(cp, world, [&] {
+          outs[size_t(k)] = e.prefill(batch, CpAlgo::pass_kv, &ctx.tracer, cs, true, false, modes[size_t(k)].batching);
+        });
+        cs.cp.settle();
+        audit_call(e, cs, world);
+        double w[3] = {cs.cp.bytes_sent, cs.cp.attn_pair_heads[0], cs.cp.attn_pair_heads[0]};  // max, max, sum
+        cp.all_reduce(std::span<double>(w, 2), ReduceOp::max);
+        cp.all_reduce(std::span<double>(w + 2, 1), ReduceOp::sum);
+        StepRecord rec;
+        rec.step = step++;
+        rec.time_s = dt;
+        rec.tokens = total;
+        rec.turn = 100 + k;
+        rec.ttft_s = dt;
+        rec.exposed_comm_s = cs.cp.exposed_comm_s;
+        for (int64_t b = 0; b < nb; ++b) rec.model_flops += e.prefill_flops(lens[size_t(b)], 0);
+        ctx.tracer.end_step(rec);
+        if (it == 0) continue;
+        ts[size_t(k)].push_back(dt);
+        sent[size_t(k)].push_back(w[0]);
+        imb[size_t(k)].push_back(w[2] > 0 ? w[1] * N / w[2] : 1.0);
+      }
+    if (ts[size_t(nm - 1)].empty()) return;
+    const StepOutput& ref = outs[0];  // sequential
+    for (int64_t k = 0; k < nm; ++k) {
+      int wrong = 0;
+      for (int64_t b = 0; k > 0 && b < nb; ++b)
+        wrong += check(ref.logits.data() + b * V, outs[size_t(k)].logits.data() + b * V, V, ref.next_tokens[size_t(b)],
+                       outs[size_t(k)].next_tokens[size_t(b)]);
+      wrong_total += wrong;
+      const double sec = med(ts[size_t(k)]);
+      t3.add_row({batch_name, modes[size_t(k)].name, t3.cell(2, sec * 1e3), t3.cell(3, double(total) / sec),
+                  t3.cell(4, med(ts[0]) / sec), t3.cell(5, med(sent[size_t(k)]) / 1e6), t3.cell(6, med(imb[size_t(k)])),
+                  std::to_string(wrong)});
+    }
   }
 
   // ---- 4. full-prefill TTFT against length, pass-KV vs pass-Q ---------------------------------

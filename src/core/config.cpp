@@ -145,7 +145,7 @@ const std::pair<std::string_view, std::string_view> kModeColumn[] = {
     {"mem_per_rank", "run, attn, train, prefill, decode, chat, bench comm, bench attn, bench cp, bench train, bench infer, "
                      "bench calibrate"},
     {"csv", "run, bench comm, bench attn, bench cp, bench train, bench peak, bench infer, predict, bench calibrate"},
-    {"frugal", "train, bench cp, bench train"},
+    {"frugal", "train, prefill, decode, chat, bench cp, bench train"},
     {"save_logits", kInfer},
     {"cpu_check", "attn"},
     {"deterministic", "train, prefill, decode, chat, bench cp, bench train, bench infer"},
@@ -156,7 +156,7 @@ const std::pair<std::string_view, std::string_view> kModeColumn[] = {
     {"strategy", "run, attn, train, prefill, decode, chat, bench comm, bench attn, bench cp, bench train, bench peak, "
                  "bench infer, bench calibrate"},
     {"partition", kPredict},
-    {"placement", "train, bench train, bench cp"},
+    {"placement", "train, prefill, decode, chat, bench train, bench cp"},
     {"mask", "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer"},
     {"window", kHeads},
     {"docs", "run, attn, train, prefill, decode, chat, bench attn, bench cp, bench train, bench infer, bench calibrate"},
@@ -230,7 +230,7 @@ const std::vector<Field>& config_fields() {
        }},
       {"mem_per_rank", &Config::mem_per_rank, "0", "host memory a rank may use, checked against the plan before anything is allocated (0 = this node's available memory, or its cgroup limit, shared by its ranks)", {}, 0, 9.2e18},
       {"csv", &Config::csv, "false", "bench: print CSV instead of a table", {}},
-      {"frugal", &Config::visible_keys, "false", "train, bench train, bench cp: the all-gather and the ring send a rank only the key/value rows some query there can see (the causal future, other documents and rows beyond a window stay home; dK/dV return the same way); other strategies refuse it", {}},
+      {"frugal", &Config::visible_keys, "false", "train, bench train, bench cp, and the full prefill of prefill, decode and chat: the all-gather and the ring send a rank only the key/value rows some query there can see (the causal future, other documents and rows beyond a window stay home; dK/dV return the same way); other strategies refuse it", {}},
       {"save_logits", &Config::save_logits, "false", "prefill, decode, chat: write /infer/logits [calls, batch, vocab] (fp32 values stored as float64, the last position of every sequence after each call) and /infer/tokens [batch, tokens] (every token fed, in call order: chat's conversation; -1 after a sequence's end) and /infer/context [calls, batch] (each sequence's context length after the call) to the output file, to compare devices and meshes or replay in another framework", {}},
       {"cpu_check", &Config::cpu_check, "true", "attn with device=cuda: also run the call on the CPU with the same bf16-rounded inputs and report the largest difference per tensor (log line and output attributes cpu_check_*)", {}},
       {"deterministic", &Config::exact, "false", "results whose bits do not depend on the number of CP, tp or dp ranks, the strategy or the threads: train and bench train (losses, gradients, checkpoints; GEMMs whose rows do not depend on the shard, every sum over tokens and over tp exact; the attention's exact schedule: every rank attends to all keys in position order, dK/dV summed exactly, the layout padded to whole blocks of deterministic_block; bench train prints the plain and the deterministic schedule and the slowdown), prefill, decode and chat (logits and generated tokens: the keys stay, the query rows are all-gathered, attention as exact sums, whatever cp_algo and decode_algo say; slow, a correctness schedule), bench cp (rows <name>:det beside the plain ones) and bench infer (a table of the exact schedule against the plain one per CP size, its logits bit-compared with CP = 1's). Gated DeltaNet layers (training: gdn_schedule=ring and gdn_chunk dividing deterministic_block; inference: a prompt's recurrence as one call on every rank, any length). K/V heads replicated over ulysses or tp ranks with deterministic_heads. MLA (its exact schedule moves the expanded K/V; bench cp's <name>:det rows too). Not yet the GPU", {}},
@@ -244,7 +244,7 @@ const std::vector<Field>& config_fields() {
       {"strategy", &Config::strategy, "", "CP attention strategy: a training row of `ctxpar --features` (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)", {}, 0, -1,
        [](const Config& c) { return choice_error(c.strategy, strategy_choices().training, kStrategyKeywords); }},
       enum_field<&Config::partition>("partition", kPartitionNames, "zigzag", "token partition assumed by predict (the executed strategies always shard zigzag)"),
-      enum_field<&Config::placement>("placement", kPlacementNames, "zigzag", "train, bench cp: where a packed batch's rows live over the CP group: zigzag (positions, blind to documents) or balanced (per batch from the document lengths: short documents whole on one rank, long ones split zigzag over the fewest ranks that keep every rank's causal work within 2% of the mean; needs frugal=true), or auto (train: per batch the one the cost model prices faster, its attention on the busiest rank and the rows it receives, with the hardware profile; needs frugal=true)"),
+      enum_field<&Config::placement>("placement", kPlacementNames, "zigzag", "train, bench cp, and the full prefill of a batch in prefill, decode and chat (each sequence a document; needs cp_algo=pass_kv there): where a packed batch's rows live over the CP group: zigzag (positions, blind to documents; inference: each sequence zigzag on its own) or balanced (per batch from the document lengths: short documents whole on one rank, long ones split zigzag over the fewest ranks that keep every rank's causal work within 2% of the mean; needs frugal=true), or auto (train: per batch the one the cost model prices faster, its attention on the busiest rank and the rows it receives, with the hardware profile; needs frugal=true)"),
       enum_field<&Config::mask>("mask", kMaskNames, "causal", "attention mask"),
       {"window", &Config::window, "0", "sliding window in tokens: of mask=window, and of the local (L) layers of layer_pattern", {}, 0, 1ll << 40},
       {"docs", &Config::docs, "none", "packed documents: none, random, or lengths L1,L2,... summing to seq", {}, 0, -1, check_docs},
@@ -751,8 +751,13 @@ void validate_config(const Config& c, int world_size) {
     throw UsageError(std::string("config: shard = ") + name_of(c.shard) + " splits the training state (weights, "
                      "gradients, AdamW moments), which only train and bench train hold (and predict prices with "
                      "predict_mode = train); valid here: shard=none");
-  if (c.placement == PlacementKind::balanced && !(train_mode || bench_cp))
-    throw UsageError("config: placement = balanced applies to train, bench train and bench cp; valid here: placement=zigzag");
+  // prefill, decode and chat: a batch's full prefill (bench infer compares the rows in its batched-prefill table)
+  const bool serve_mode = c.mode == Mode::prefill || c.mode == Mode::decode || c.mode == Mode::chat;
+  if (c.placement == PlacementKind::balanced && !(train_mode || bench_cp || serve_mode))
+    throw UsageError(std::string("config: placement = balanced applies to train, bench train, bench cp, prefill, decode "
+                                 "and chat") +
+                     (infer_mode ? " (bench infer compares zigzag and balanced in its batched-prefill table)" : "") +
+                     "; valid here: placement=zigzag");
   if (c.placement == PlacementKind::automatic && !train_mode)
     throw UsageError(std::string("config: placement = auto applies to train and bench train (bench cp compares the "
                      "placements row by row: placement=balanced)") + "; valid here: placement=zigzag" +
@@ -761,8 +766,11 @@ void validate_config(const Config& c, int world_size) {
     throw UsageError(std::string("config: placement = ") + name_of(c.placement) + " needs frugal = true: a document's "
                      "rows may sit on any rank, and only the visible-keys exchange moves just the rows a query can see "
                      "(a whole document exchanges nothing); valid: frugal=true, or placement=zigzag");
-  if (c.visible_keys && !(train_mode || bench_cp))
-    throw UsageError("config: frugal = true applies to train, bench train and bench cp; valid here: frugal=false");
+  if (c.visible_keys && !(train_mode || bench_cp || serve_mode))
+    throw UsageError(std::string("config: frugal = true applies to train, bench train, bench cp, prefill, decode and "
+                                 "chat (their full prefill)") +
+                     (infer_mode ? " (bench infer compares the plain and frugal rows in its batched-prefill table)" : "") +
+                     "; valid here: frugal=false");
   // (bench cp strategy=all runs the visible rows on MLA's expanded K/V beside the latent rows)
   if (c.visible_keys && c.attention == "mla" && !(bench_cp && c.strategy == "all"))
     throw UsageError("config: frugal = true with attention = mla: the latent ring and all-gather move every row so far; "

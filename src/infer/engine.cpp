@@ -12,6 +12,7 @@
 #include "model/coverage.hpp"
 #include "model/flops.hpp"
 #include "ops.hpp"
+#include "infer/schedule.hpp"  // prefill_placement
 #include "shard/partition.hpp"
 #include "trace/trace.hpp"
 #include "core/clock.hpp"
@@ -54,6 +55,7 @@ Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, i
     mirror_ = Bf16Mirror{params_dev_.data(), n, params_b_.data()};
     w_ = layout.view(params_dev_.data());
   }
+  full_name_ = full_strategy;
   full_strategy_ = make_strategy(full_strategy, topo);
   CTXPAR_CHECK(full_strategy_ != nullptr, "unknown CP strategy " << full_strategy);
   pass_kv_ = make_strategy(prefill_row(CpAlgoSetting::pass_kv).name, topo);
@@ -151,11 +153,41 @@ void Engine::ensure_rows(int64_t n) {
 void Engine::use_numerics(Numerics& num, CpSchedule sched) {
   CTXPAR_CHECK(!num.exact() || dev_ == Device::cpu, "exact numerics in inference: the CPU");
   num_ = &num;
-  exact_attn_ =
-      sched == CpSchedule::plain ? nullptr : make_strategy(prefill_row(CpAlgoSetting::pass_q).name, topo_, sched);
+  if (sched == CpSchedule::visible) {  // the full prefill's visible-keys row; the other calls as they are
+    CTXPAR_CHECK(dev_ == Device::cpu, "the visible-keys schedule in inference: the CPU");
+    full_strategy_ = make_strategy(full_name_, topo_, sched);
+    CTXPAR_CHECK(full_strategy_ != nullptr, "no visible-keys row of strategy " << full_name_);
+    full_sched_ = sched;
+  }
+  exact_attn_ = sched != CpSchedule::exact ? nullptr : make_strategy(prefill_row(CpAlgoSetting::pass_q).name, topo_, sched);
   CTXPAR_CHECK((num.exact() != nullptr) == (exact_attn_ != nullptr),
                "inference: exact numerics go with their attention schedule, plain with plain");
   rows_cap_ = 0;  // the scratch with the next call's rows
+}
+
+void Engine::use_placement(PlacementKind placement) {
+  CTXPAR_CHECK(placement != PlacementKind::automatic, "inference places with placement = balanced or not at all");
+  CTXPAR_CHECK(placement == PlacementKind::zigzag ||
+                   (full_sched_ == CpSchedule::visible && !gdn_ && !exact_attn_),
+               "placement = balanced in inference: the visible-keys schedule, no Gated DeltaNet layer");
+  placement_ = placement;
+}
+
+int Engine::PrefillSeq::owner(int64_t i) const {
+  for (size_t r = 0; r < at.size(); ++r)
+    if (std::binary_search(at[r].begin(), at[r].end(), i)) return int(r);
+  CTXPAR_CHECK(false, "prefill: new token " << i << " of sequence " << b << " is on no rank");
+  return -1;
+}
+
+int64_t Engine::PrefillSeq::local_row(int64_t i) const {
+  const std::vector<int64_t>& a = at[size_t(owner(i))];
+  return int64_t(std::lower_bound(a.begin(), a.end(), i) - a.begin());
+}
+
+int64_t Engine::PrefillSeq::real_rows(int rank) const {
+  const std::vector<int64_t>& a = at[size_t(rank)];
+  return int64_t(std::lower_bound(a.begin(), a.end(), T) - a.begin());
 }
 
 LayerRun Engine::run(int64_t l) {
@@ -318,15 +350,55 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, cons
   return out;
 }
 
+std::vector<std::vector<std::vector<int64_t>>> Engine::layout_rows(const std::vector<int64_t>& seqs,
+                                                                   const std::vector<std::vector<int32_t>>& tokens,
+                                                                   bool placed, std::vector<int64_t>& pad_pos,
+                                                                   int64_t& padding) const {
+  const int N = cp_.size();
+  std::vector<std::vector<std::vector<int64_t>>> at(seqs.size(), std::vector<std::vector<int64_t>>(size_t(N)));
+  pad_pos.clear();
+  padding = 0;
+  if (!placed) {  // each sequence zigzag-sharded on its own
+    for (size_t j = 0; j < seqs.size(); ++j) {
+      const Partition part(PartitionKind::zigzag, int64_t(tokens[size_t(seqs[j])].size()), N);
+      for (int rr = 0; rr < N; ++rr) at[j][size_t(rr)] = part.positions(rr);
+    }
+    return at;
+  }
+  // The batch as one packed sequence of documents, sequence j's new tokens at [start_j, start_j + T_j).
+  std::vector<int64_t> lengths, start;
+  int64_t S = 0;
+  for (int64_t b : seqs) {
+    start.push_back(S);
+    lengths.push_back(int64_t(tokens[size_t(b)].size()));
+    S += lengths.back();
+  }
+  const Placement p = prefill_placement(lengths, N);
+  for (int rr = 0; rr < N; ++rr) {
+    size_t j = 0;
+    for (int64_t g : p.rows[size_t(rr)]) {  // ascending: each sequence's rows a run, the padding last
+      if (g >= S) {
+        ++padding;
+        if (rr == cp_.rank()) pad_pos.push_back(g);
+        continue;
+      }
+      while (g >= start[j] + lengths[j]) ++j;
+      at[j][size_t(rr)].push_back(g - start[j]);
+    }
+  }
+  return at;
+}
+
 Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens,
                                          CpAlgo algo) {
   const int N = cp_.size(), r = cp_.rank();
   // Each sequence zigzag-sharded on its own (any T on any N: the padding rows, the last
   // positions of a sequence and a suffix of its rows on each rank, take token 0 at positions
   // after its prompt, so no real query sees them; their K/V are written to the cache for this call
-  // and dropped at the commit). This rank's rows: every sequence's share, one after the other;
-  // with several sequences each is its own document (id = its index), so one call of every layer
-  // serves the whole batch.
+  // and dropped at the commit), or placed (placement = balanced: the padding rows, after every
+  // sequence's on each rank, are a document of their own, id = the batch size, and take no cache
+  // row). This rank's rows: every sequence's share, one after the other; with several sequences
+  // each is its own document (id = its index), so one call of every layer serves the whole batch.
   PrefillPlan pl;
   std::vector<PrefillSeq>& q = pl.seqs;
   std::vector<int64_t>& pos = pl.pos;
@@ -335,18 +407,22 @@ Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const
   std::vector<int32_t>& doc = pl.doc;
   // every cache empty: the configured strategy on the new tokens (exact numerics: their schedule
   // over every rank's cache rows, as pass-Q's keys)
-  bool& full = pl.full;
-  full = algo == CpAlgo::pass_kv && !exact_attn_;
+  pl.full = algo == CpAlgo::pass_kv && !exact_attn_ && !seqs.empty();
+  for (int64_t b : seqs) pl.full = pl.full && cache_.seq_len(b) == 0;
+  pl.placed = pl.full && placement_ == PlacementKind::balanced;
+  std::vector<int64_t> pad_pos;
+  const std::vector<std::vector<std::vector<int64_t>>> at = layout_rows(seqs, tokens, pl.placed, pad_pos, pl.padding);
+  std::vector<int64_t> offs(static_cast<size_t>(N), 0);  // each rank's rows so far
   int64_t& rows = pl.rows;
   int64_t& keys = pl.keys;
-  for (int64_t b : seqs) {
-    const int64_t T = int64_t(tokens[size_t(b)].size()), cached = cache_.seq_len(b);
-    PrefillSeq s{b, T, cached, 0, 0, rows, 0, keys, Partition(PartitionKind::zigzag, T, N)};
-    const std::vector<int64_t> idx = s.part.positions(r);
-    s.n = int64_t(idx.size());
-    for (int64_t i : idx) {
+  for (size_t j = 0; j < seqs.size(); ++j) {
+    const int64_t b = seqs[j], T = int64_t(tokens[size_t(b)].size()), cached = cache_.seq_len(b);
+    PrefillSeq s{b, T, cached, 0, 0, rows, 0, keys, Partition(PartitionKind::zigzag, T, N), at[j], offs};
+    s.n = int64_t(s.at[size_t(r)].size());
+    for (int rr = 0; rr < N; ++rr) offs[size_t(rr)] += int64_t(s.at[size_t(rr)].size());
+    for (int64_t i : s.at[size_t(r)]) {
       pos.push_back(cached + i);
-      tok.push_back(s.part.is_pad(i) ? 0 : tokens[size_t(b)][size_t(i)]);
+      tok.push_back(i >= T ? 0 : tokens[size_t(b)][size_t(i)]);
       doc.push_back(int32_t(b));
     }
     s.first = cache_.reserve(b, s.n, pos.data() + rows);
@@ -359,13 +435,20 @@ Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const
     if (algo == CpAlgo::pass_q || exact_attn_) {
       s.S_k = cache_.len(b) + s.n;
     } else {
-      for (int rr = 0; rr < N; ++rr) s.S_k = std::max(s.S_k, cache_.len(b, rr) + s.part.local_size(rr));
+      for (int rr = 0; rr < N; ++rr) s.S_k = std::max(s.S_k, cache_.len(b, rr) + int64_t(s.at[size_t(rr)].size()));
     }
-    full = full && cached == 0;
     rows += s.n;
     keys += s.S_k;
     q.push_back(std::move(s));
   }
+  const int64_t B = cache_.batch();
+  for (int64_t g : pad_pos) {  // placed: this rank's padding rows, a document past every sequence
+    pos.push_back(g);
+    apos.push_back(g + B * kSeqStride);
+    tok.push_back(0);
+    doc.push_back(int32_t(B));
+  }
+  rows += int64_t(pad_pos.size());
   return pl;
 }
 
@@ -380,7 +463,14 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   const std::vector<int32_t>& doc = pl.doc;
   const int64_t rows = pl.rows, keys = pl.keys;
   const bool full = pl.full;
-  const bool docs = q.size() > 1;
+  const bool docs = q.size() > 1 || pl.placed;  // placed: the padding rows are a document too
+  CTXPAR_CHECK(!pl.placed || !gdn_, "a placed prefill with Gated DeltaNet layers");
+  if (pl.placed) {  // the audit's rows: each sequence's own (no padding of its own), the padding's document
+    for (const PrefillSeq& s : q) audit_news_[size_t(s.b)] = s.T;
+    audit_news_.push_back(pl.padding);
+    audit_olds_.push_back(0);
+  }
+  if (full) ++visible_batch_;  // the visible-keys row plans this call once, for every layer
   // Several sequences over their caches: their key rows packed into one block per layer, with
   // positions and document ids (the positions of the new rows were reserved above).
   // (Bytes: the cache's element type, f32 on the CPU, bf16 on a GPU.)
@@ -424,6 +514,7 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
       t.v = v;
       t.k_pos = t.q_pos;
       t.k_doc = t.q_doc;
+      t.batch_id = visible_batch_;
       set_device(t, qpos_d.data(), doc_d.data(), qpos_d.data(), doc_d.data());
       full_strategy_->forward(t, tr_, st_->cp);
       return;
@@ -457,23 +548,25 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
       gdn_->prefill(run(l), w_.layers[size_t(l)], gl, s.b, s.cached, s.part, s.n, x + s.off * dim, x1 + s.off * dim);
   };
   // Logits: each sequence's last prompt token's row (on its owner rank), or every local row (tests).
+  // (Every row: a placed prefill's padding rows too, so every rank gives the same count.)
   std::vector<int64_t> logit_rows;
+  if (want_all_logits)
+    for (int64_t i = 0; i < rows; ++i) logit_rows.push_back(i);
   std::vector<int64_t> last_row(q.size(), -1);  // index into logit_rows, on the owner rank
   for (size_t j = 0; j < q.size(); ++j) {
     const PrefillSeq& s = q[j];
     if (want_all_logits) {
-      for (int64_t i = 0; i < s.n; ++i) logit_rows.push_back(s.off + i);
-      if (s.part.owner(s.T - 1) == r) last_row[j] = s.off + s.part.local_index(s.T - 1);
-    } else if (s.part.owner(s.T - 1) == r) {
+      if (s.owner(s.T - 1) == r) last_row[j] = s.off + s.local_row(s.T - 1);
+    } else if (s.owner(s.T - 1) == r) {
       last_row[j] = int64_t(logit_rows.size());
-      logit_rows.push_back(s.off + s.part.local_index(s.T - 1));
+      logit_rows.push_back(s.off + s.local_row(s.T - 1));
     }
   }
   Buffer<float> lg(size_t(std::max<int64_t>(int64_t(logit_rows.size()), 1) * V), false);
   forward(rows, pl.tok.data(), pos.data(), attn, gdn, logit_rows, lg.data());
   std::vector<int64_t> added(static_cast<size_t>(N));
   for (const PrefillSeq& s : q) {
-    for (int rr = 0; rr < N; ++rr) added[size_t(rr)] = s.part.real_size(rr);
+    for (int rr = 0; rr < N; ++rr) added[size_t(rr)] = s.real_rows(rr);
     cache_.commit(s.b, added, false);
   }
   share_prefill_logits(pl, last_row, lg.data(), want_all_logits, out);
@@ -489,7 +582,7 @@ void Engine::share_prefill_logits(const PrefillPlan& pl, const std::vector<int64
   for (int owner = 0; owner < N; ++owner) {
     std::vector<size_t> mine;
     for (size_t j = 0; j < q.size(); ++j)
-      if (q[j].part.owner(q[j].T - 1) == owner) mine.push_back(j);
+      if (q[j].owner(q[j].T - 1) == owner) mine.push_back(j);
     if (mine.empty()) continue;
     Buffer<float> msg(mine.size() * size_t(V), false);
     if (r == owner)
@@ -510,9 +603,12 @@ void Engine::share_prefill_logits(const PrefillPlan& pl, const std::vector<int64
     for (const PrefillSeq& s : q) {
       std::vector<float>& g = out.all_logits[size_t(s.b)];
       g.assign(size_t(s.T * V), 0.f);
-      for (int rr = 0; rr < N; ++rr)
-        s.part.gather_rows(std::span<const float>(all.data() + size_t((rr * rows + s.off) * V), size_t(s.n * V)), V, rr,
-                           std::span<float>(g));
+      for (int rr = 0; rr < N; ++rr) {
+        const float* from = all.data() + size_t((rr * rows + s.offs[size_t(rr)]) * V);
+        for (size_t i = 0; i < s.at[size_t(rr)].size(); ++i)
+          if (const int64_t t = s.at[size_t(rr)][i]; t < s.T)
+            std::memcpy(g.data() + size_t(t * V), from + i * size_t(V), size_t(V) * sizeof(float));
+      }
     }
   }
 }

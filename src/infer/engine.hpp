@@ -6,6 +6,8 @@
 //                    work (a batch: one forward, each sequence sharded on its own, its own
 //                    document in the attention calls); attention by the configured CP strategy (ring = pass-KV by default;
 //                    allgather, ulysses, usp selectable) or by pass-Q; the K/V stay where computed.
+//                    With placement = balanced (and frugal) the batch's sequences are placed from
+//                    their lengths instead, short ones whole on one rank (use_placement).
 //   partial prefill  T new tokens after `cached` ones, zigzag-sharded over the ranks (positions
 //                    cached + zigzag index, so the causal mask comes from global positions):
 //                    pass-KV  the ring strategy over each rank's cached + new keys (blocks padded
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "core/memory.hpp"
+#include "core/settings.hpp"
 #include "cp/strategy.hpp"
 #include "perf/prefill_choice.hpp"
 #include "infer/gdn_infer.hpp"
@@ -112,10 +115,21 @@ class Engine {
   // mismatch in words, naming the layer. Collective over CP and tp.
   std::string audit(const CallStats& st);
 
+  // placement = balanced (shard/placement.hpp, infer/schedule.hpp prefill_placement): a full
+  // prefill by pass-KV places its sequences' rows from their lengths (a short one whole on one
+  // rank, a long one zigzag over a group), each rank holding as many rows as with zigzag, and
+  // attends by the visible-keys row of the strategy, so a sequence on one rank exchanges nothing.
+  // Needs the visible-keys schedule (use_numerics with CpSchedule::visible) and no Gated DeltaNet
+  // layer; the KV cache then holds each sequence's rows where they were placed (a capacity from
+  // cache_capacity_tokens with the placement). Other calls are not placed.
+  void use_placement(PlacementKind placement);
+
   KvCache& cache() { return cache_; }
   // How the sums are taken (model/numerics.hpp; plain until this is called) and the attention's
   // schedule beside them (the configuration's, Config::cp_schedule); `num` must outlive this
-  // object. Exact (CPU): the GEMMs on rows whose bits do not depend on how many rows a rank holds,
+  // object. Visible keys (frugal, CPU): a full prefill attends by the strategy's visible-keys row
+  // (cp/visible.hpp), which moves only the rows some query can see; the other calls are unchanged.
+  // Exact (CPU): the GEMMs on rows whose bits do not depend on how many rows a rank holds,
   // the tp sums in fixed parts, and every attention (local layers too) by pass_q's row of the
   // schedule (the keys stay, the query rows are all-gathered, exact sums), whatever cp_algo,
   // decode_algo and strategy say. Logits and tokens then have the same bits on any mesh.
@@ -143,19 +157,33 @@ class Engine {
   // One forward of the sequences `seqs` (see prefill), results into `out`.
   void prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens, CpAlgo algo,
                     bool want_all_logits, StepOutput& out);
-  // A prefill's layout on this rank (prefill_seqs): each sequence zigzag-sharded on its own, its
-  // rows after the previous one's, their cache rows reserved.
+  // A prefill's layout (prefill_seqs): each sequence zigzag-sharded on its own, or with placement
+  // its rows where the batch's placement puts them; on each rank its rows after the previous
+  // sequence's, their cache rows reserved.
   struct PrefillSeq {
-    int64_t b, T, cached, n, first, off, S_k, k_off;  // n rows from off; S_k keys from k_off
-    Partition part;
+    int64_t b, T, cached, n, first, off, S_k, k_off;  // this rank's n rows from off; S_k keys from k_off
+    Partition part;                        // its zigzag shards (the GDN layers'; not placed)
+    std::vector<std::vector<int64_t>> at;  // [rank]: its new tokens' indices there, ascending (>= T: padding)
+    std::vector<int64_t> offs;             // [rank]: where they start among that rank's rows
+    int owner(int64_t i) const;            // the rank of new token i, and its row among that rank's
+    int64_t local_row(int64_t i) const;
+    int64_t real_rows(int rank) const;     // of at[rank], the real tokens (a prefix)
   };
   struct PrefillPlan {
     std::vector<PrefillSeq> seqs;
     std::vector<int64_t> pos, apos;  // positions (RoPE, the cache) and the attention's
     std::vector<int32_t> tok, doc;
     int64_t rows = 0, keys = 0;
-    bool full = false;  // every cache empty: the configured strategy on the new tokens
+    bool full = false;    // every cache empty: the configured strategy on the new tokens
+    bool placed = false;  // full, with placement = balanced: rows from prefill_placement
+    int64_t padding = 0;  // placed: the padding rows over every rank (a document of their own, after the rows)
   };
+  // The rows of every sequence of `seqs` on every rank, [sequence][rank] (see PrefillSeq::at), and
+  // with placement the padding rows of this rank (global positions past the batch's tokens).
+  std::vector<std::vector<std::vector<int64_t>>> layout_rows(const std::vector<int64_t>& seqs,
+                                                             const std::vector<std::vector<int32_t>>& tokens,
+                                                             bool placed, std::vector<int64_t>& pad_pos,
+                                                             int64_t& padding) const;
   PrefillPlan plan_prefill(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens,
                            CpAlgo algo);
   // The prefill's logits rows `lg` (rows `logit_rows`, see prefill_seqs) to every rank: each
@@ -191,6 +219,10 @@ class Engine {
   // The CP strategies of src/cp: the configured one for full prefills, ring (pass-KV over the
   // cache), pass_q, and the two decode strategies.
   std::unique_ptr<CpStrategy> full_strategy_, pass_kv_, pass_q_, decode_pass_q_, decode_allgather_;
+  std::string full_name_;
+  CpSchedule full_sched_ = CpSchedule::plain;  // full_strategy_'s row
+  PlacementKind placement_ = PlacementKind::zigzag;
+  int64_t visible_batch_ = 0;  // the visible-keys row's plan id (CpCall::batch_id): one per full prefill
   std::unique_ptr<GdnInfer> gdn_;  // hybrid models: the GDN layers' states (null without 'D' layers)
   Numerics* num_ = &plain_numerics();
   // exact numerics: the strategy of every attention call (pass_q's row of their schedule); else null

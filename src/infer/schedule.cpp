@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/config.hpp"
+#include "cp/strategy.hpp"
 #include "shard/partition.hpp"
 
 namespace ctxpar::infer {
@@ -55,11 +56,52 @@ std::vector<int64_t> bench_infer_lengths(int64_t seq) {
   return {std::max<int64_t>(1, seq / 8), std::max<int64_t>(1, seq / 4), std::max<int64_t>(1, seq / 2), seq};
 }
 
-int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N) {
+std::vector<int64_t> bench_infer_tail_lengths(int64_t seq) {
+  std::vector<int64_t> lens(17, std::max<int64_t>(1, seq / 32));
+  lens[0] = std::max<int64_t>(1, seq / 2);
+  return lens;
+}
+
+bool bench_infer_places(const Config& cfg) {
+  return cfg.device == Device::cpu && cfg.attention != "mla" && cfg.layer_pattern.find('D') == std::string::npos &&
+         has_schedule(cfg.strategy, CpSchedule::visible);
+}
+
+Placement prefill_placement(const std::vector<int64_t>& lengths, int N) {
+  int64_t n = 0;
+  for (int64_t T : lengths) n += Partition::padded_length(PartitionKind::zigzag, T, N) / N;
+  return balanced_placement(lengths, N, n);
+}
+
+int64_t most_sequence_rows(const Placement& p, const std::vector<int64_t>& lengths) {
+  int64_t most = 0;
+  for (const std::vector<int64_t>& rows : p.rows) {  // ascending positions: each sequence's rows are a run
+    int64_t start = 0;
+    size_t i = 0;
+    for (int64_t T : lengths) {
+      int64_t k = 0;
+      for (; i < rows.size() && rows[i] < start + T; ++i) k += rows[i] >= start;
+      most = std::max(most, k);
+      start += T;
+    }
+  }
+  return most;
+}
+
+int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N, int64_t batch, PlacementKind placement) {
   int64_t cap = 0;
-  for (const SchedulePhase& p : s)  // a prefill's rows on each rank: its padded zigzag share
-    cap += p.kind == PhaseKind::prefill ? Partition::padded_length(PartitionKind::zigzag, p.count, N) / N
-                                        : (p.count + N - 1) / N + 1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const SchedulePhase& p = s[i];
+    if (p.kind == PhaseKind::decode) {
+      cap += (p.count + N - 1) / N + 1;
+    } else if (i == 0 && placement == PlacementKind::balanced) {  // every sequence's first prefill: placed
+      std::vector<int64_t> lengths(static_cast<size_t>(batch));
+      for (int64_t b = 0; b < batch; ++b) lengths[size_t(b)] = p.length(b);
+      cap += most_sequence_rows(prefill_placement(lengths, N), lengths);
+    } else {  // a prefill's rows on each rank: its padded zigzag share
+      cap += Partition::padded_length(PartitionKind::zigzag, p.count, N) / N;
+    }
+  }
   return cap;
 }
 

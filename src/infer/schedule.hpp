@@ -8,6 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "core/settings.hpp"
+#include "shard/placement.hpp"
+
+namespace ctxpar {
+struct Config;
+}
+
 namespace ctxpar::infer {
 
 enum class PhaseKind { prefill, decode };
@@ -25,14 +32,31 @@ struct SchedulePhase {
 // what would be valid. Any prefill length shards on any CP size `N` (shard/partition.hpp pads).
 std::string parse_schedule(const std::string& text, int N, std::vector<SchedulePhase>& out);
 
-// KV cache capacity per sequence and rank (tokens) that a schedule needs on N ranks: the padded
-// zigzag shares of every prefill (its longest sequence's; the padding rows are written, then
-// dropped) plus a round-robin share of every decode token (the rounding of the
-// round-robin may put one extra token on a rank per phase).
-int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N);
+// placement = balanced: where a full prefill's sequences of `lengths` (a packed batch, each
+// sequence its own document, in batch order) live over N ranks: shard/placement.hpp's balanced
+// placement with the rows per rank of their zigzag shards together (the sum of each sequence's
+// padded share), so a rank holds as many rows as with zigzag. The same on every rank.
+Placement prefill_placement(const std::vector<int64_t>& lengths, int N);
+// The most rows of one sequence on one rank in that placement.
+int64_t most_sequence_rows(const Placement& p, const std::vector<int64_t>& lengths);
+
+// KV cache capacity per sequence and rank (tokens) that a schedule of `batch` sequences needs on N
+// ranks: the padded zigzag shares of every prefill (its longest sequence's; the padding rows are
+// written, then dropped), or with placement = balanced for the first (the full) prefill the most
+// rows its placement puts of one sequence on one rank, plus a round-robin share of every decode
+// token (the rounding of the round-robin may put one extra token on a rank per phase).
+int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N, int64_t batch = 1,
+                              PlacementKind placement = PlacementKind::zigzag);
 
 // bench infer's batched prefill and TTFT-vs-length sweep at context `seq`: seq/8, seq/4, seq/2,
 // seq tokens (at least 1 each).
 std::vector<int64_t> bench_infer_lengths(int64_t seq);
+// bench infer's long-tail batch (its placement comparison): one prompt of seq/2 and 16 of seq/32
+// (at least 1 each), about seq tokens in all.
+std::vector<int64_t> bench_infer_tail_lengths(int64_t seq);
+// Whether bench infer's batched-prefill table adds its frugal and placed rows (zigzag with the
+// visible-keys row, and placement = balanced): the strategy has a visible-keys row and the model
+// runs it (the CPU, no MLA latent, no Gated DeltaNet layer).
+bool bench_infer_places(const Config& cfg);
 
 }  // namespace ctxpar::infer

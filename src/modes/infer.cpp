@@ -91,6 +91,19 @@ struct PrefillCall {
   double ttft_s;
 };
 
+// placement = balanced: where the first (full) prefill's sequences go (infer/schedule.hpp
+// prefill_placement), one line.
+void log_placement(const SchedulePhase& first, int N, int64_t batch) {
+  std::vector<int64_t> lengths;
+  for (int64_t b = 0; b < batch; ++b) lengths.push_back(first.length(b));
+  const Placement p = prefill_placement(lengths, N);
+  std::string spans;
+  for (size_t j = 0; j < p.spans.size(); ++j) spans += (j ? "/" : "") + std::to_string(p.spans[j]);
+  log0("# placement balanced: the first prefill's sequences placed from their lengths over %d ranks (ranks per "
+       "sequence %s; attention work max/mean %.3f), %lld rows per rank as with zigzag\n",
+       N, spans.c_str(), p.imbalance(), (long long)p.n);
+}
+
 class Session {
  public:
   // `stream`: the GPU's compute stream with device = cuda (GpuRun, made before: it gives topo
@@ -106,10 +119,12 @@ class Session {
       layout_.init(uint64_t(cfg.seed), params_.data());
     }
     const int N = cp_.size();
-    engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cfg.batch, cache_capacity_tokens(sched, N),
-                                       cfg.strategy, cfg.device, stream);
+    engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cfg.batch,
+                                       cache_capacity_tokens(sched, N, cfg.batch, cfg.placement), cfg.strategy, cfg.device,
+                                       stream);
     num_ = make_numerics(cfg.exact, layout_.dims(), /*grad_elems=*/0, /*block=*/1);
     engine_->use_numerics(*num_, cfg.cp_schedule());
+    engine_->use_placement(cfg.placement);
     cost_ = std::make_unique<PrefillCostModel>(cfg, cp_, topo.size(Axis::tp));
     const ModelDims& d = layout_.dims();
     log0("ctxpar %s: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); batch %lld, "
@@ -122,6 +137,10 @@ class Session {
          fmt_bytes(engine_->cache().allocated_bytes()).c_str(), (long long)engine_->cache().capacity());
     log0("# cp_algo cost model: %s\n", cost_->describe().c_str());
     if (!cost_->warning().empty()) log0("# %s\n", cost_->warning().c_str());
+    if (cfg.visible_keys)
+      log0("# frugal: full prefills by the %s strategy's visible-keys row (only the K/V rows some query sees move)\n",
+           cfg.strategy.c_str());
+    if (cfg.placement == PlacementKind::balanced) log_placement(sched.front(), N, cfg.batch);
     if (cfg.exact)
       log0("# %s: every attention by the exact schedule (keys stay, queries all-gathered, exact sums), "
            "whatever cp_algo, decode_algo and strategy say: the same bits on any mesh\n",
@@ -486,6 +505,19 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
     err = check_exact_model(cfg, tp, /*block=*/0);
     if (!err.empty()) return err;
   }
+  if (cfg.visible_keys) {  // the full prefill's visible-keys row
+    err = schedule_refusal(cfg.strategy, CpSchedule::visible);
+    if (!err.empty()) return err;
+  }
+  if (cfg.placement == PlacementKind::balanced) {
+    const std::string pre = "config: placement = balanced places a batch's full prefill by pass-KV";
+    if (cfg.layer_pattern.find('D') != std::string::npos)
+      return pre + ", and layer_pattern = '" + cfg.layer_pattern + "' holds Gated DeltaNet layers, whose state " +
+             "passes along contiguous pieces of a sequence; valid: placement=zigzag, or a pattern of G and L layers";
+    if (cfg.cp_algo != CpAlgoSetting::pass_kv)
+      return pre + ", and cp_algo = " + name_of(cfg.cp_algo) + " may run it by pass-Q; valid: cp_algo=pass_kv, or " +
+             "placement=zigzag";
+  }
   if (cfg.mask != MaskKind::causal || packed_docs(cfg))
     return "config: inference uses one causal document per sequence; valid: mask=causal, docs=none";
   const int N = topo.cp().size();
@@ -537,13 +569,13 @@ struct EnginePlan {
   int64_t cap = 0, batch = 1;
 };
 EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sched, int N, int64_t batch,
-                       double cache_elem, bool exact) {
+                       PlacementKind placement, double cache_elem, bool exact) {
   const double f = sizeof(float);
   EnginePlan e;
   e.batch = batch;
   // The KV cache: K and V of every attention layer for the batch (MLA: the latent rows once), and
   // positions (infer/kv_cache.hpp).
-  e.cap = cache_capacity_tokens(sched, N);
+  e.cap = cache_capacity_tokens(sched, N, batch, placement);
   const double attn_layers = double(d.layers - d.gdn_layers());
   e.cache = double(batch) * double(e.cap) * ((d.mla ? 1.0 : 2.0) * cache_elem * attn_layers * double(d.cache_width()) + 8.0);
   // Hybrid models: per sequence and GDN layer its state and convolution tail (infer/gdn_infer.hpp),
@@ -593,18 +625,26 @@ struct EngineShape {
   std::vector<SchedulePhase> sched;
   int N;  // CP ranks it spans
   int64_t batch;
+  PlacementKind placement = PlacementKind::zigzag;  // of its first prefill
 };
 std::vector<EngineShape> run_engines(const Config& cfg, int N) {
   std::vector<SchedulePhase> sched;
   if (cfg.mode != Mode::bench) {
     if (!mode_schedule(cfg, N, sched).empty()) return {};
-    return {{sched, N, cfg.batch}};
+    return {{sched, N, cfg.batch, cfg.placement}};
   }
   const int64_t S = cfg.seq;
   const std::vector<int64_t> lens = bench_infer_lengths(S);
-  return {{{{PhaseKind::prefill, S}}, N, 1},
-          {{{PhaseKind::prefill, S}, {PhaseKind::decode, cfg.bench_iters + 1}}, 1, cfg.batch},
-          {{{PhaseKind::prefill, S, lens}}, N, int64_t(lens.size())}};
+  std::vector<EngineShape> shapes = {{{{PhaseKind::prefill, S}}, N, 1},
+                                     {{{PhaseKind::prefill, S}, {PhaseKind::decode, cfg.bench_iters + 1}}, 1, cfg.batch},
+                                     {{{PhaseKind::prefill, S, lens}}, N, int64_t(lens.size())}};
+  const std::vector<int64_t> tail = bench_infer_tail_lengths(S);
+  shapes.push_back({{{PhaseKind::prefill, tail.front(), tail}}, N, int64_t(tail.size())});
+  if (bench_infer_places(cfg))  // the batched-prefill table's placed engines
+    for (const std::vector<int64_t>& l : {lens, tail})
+      shapes.push_back({{{PhaseKind::prefill, l.front() > l.back() ? l.front() : l.back(), l}}, N, int64_t(l.size()),
+                        PlacementKind::balanced});
+  return shapes;
 }
 
 // The largest engine of the run (cache + activations) with `cache_elem` bytes per cache element;
@@ -614,7 +654,7 @@ std::optional<EnginePlan> largest_engine(const Config& cfg, const ModelDims& d, 
   if (shapes.empty()) return std::nullopt;
   EnginePlan best;
   for (const EngineShape& s : shapes) {
-    const EnginePlan e = plan_engine(d, s.sched, s.N, s.batch, cache_elem, cfg.exact);
+    const EnginePlan e = plan_engine(d, s.sched, s.N, s.batch, s.placement, cache_elem, cfg.exact);
     if (e.cache + e.act > best.cache + best.act) best = e;
   }
   return best;

@@ -480,6 +480,93 @@ TEST(InferAudit, EveryCallPassesAndAMiscountIsNamed) {
   }
 }
 
+// placement = balanced (Engine::use_placement): a batch of one long and many short prompts (two of
+// one token) placed from their lengths, by the strategy's visible-keys row, then decode steps and
+// a partial prefill over the unevenly placed cache: every logit against each sequence's
+// single-rank recompute, the cache holding each sequence's rows where the placement put them (a
+// short prompt whole on one rank at N > 1), every call's coverage audit clean.
+TEST(InferPlaced, BatchMatchesRecomputeWithShortPromptsWhole) {
+  const int N = world().size();
+  const std::vector<int64_t> T1 = {90, 5, 1, 12, 33, 7, 1, 20}, T2 = {3, 1, 9, 1, 2, 4, 2, 6};
+  const int64_t B = int64_t(T1.size()), D1 = 5, D2 = 3;
+  struct Case {
+    const char* strategy;
+    const char* pattern;  // "GL": a local layer's window mask through the visible-keys row
+    CpAlgo second;        // the partial prefill's algorithm
+  };
+  for (const Case& c : {Case{"ring", "G", CpAlgo::pass_kv}, Case{"allgather", "GL", CpAlgo::pass_q}}) {
+    Model m(kHeads[1], c.pattern);
+    const int64_t V = m.cfg.vocab;
+    const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, 90, T1}, {PhaseKind::decode, D1},
+                                              {PhaseKind::prefill, 9, T2}, {PhaseKind::decode, D2}};
+    Engine eng(m.layout, m.params.data(), ring_topo(), B, cache_capacity_tokens(sched, N, B, PlacementKind::balanced),
+               c.strategy);
+    eng.use_numerics(plain_numerics(), CpSchedule::visible);
+    eng.use_placement(PlacementKind::balanced);
+    std::vector<std::vector<int32_t>> hist(static_cast<size_t>(B));
+    struct Row {
+      int64_t b, pos;
+      std::vector<float> logits;  // [V]
+    };
+    std::vector<Row> rows;  // every logits row the calls returned, by sequence and position
+    std::vector<int32_t> last;
+    for (size_t ph = 0; ph < sched.size(); ++ph) {
+      const SchedulePhase& p = sched[ph];
+      CallStats st;
+      if (p.kind == PhaseKind::prefill) {
+        std::vector<std::vector<int32_t>> tok(static_cast<size_t>(B));
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t i = 0; i < p.length(b); ++i) tok[size_t(b)].push_back(prompt(b, int64_t(hist[size_t(b)].size()) + i));
+        const StepOutput out = eng.prefill(tok, ph == 0 ? CpAlgo::pass_kv : c.second, nullptr, st, true, true);
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t at = int64_t(hist[size_t(b)].size());
+          for (int64_t i = 0; i < p.length(b); ++i)
+            rows.push_back({b, at + i, std::vector<float>(out.all_logits[size_t(b)].begin() + i * V,
+                                                          out.all_logits[size_t(b)].begin() + (i + 1) * V)});
+          hist[size_t(b)].insert(hist[size_t(b)].end(), tok[size_t(b)].begin(), tok[size_t(b)].end());
+        }
+        last = out.next_tokens;
+        if (ph == 0) {  // the cache holds the placement's rows of each sequence
+          const Placement pl = prefill_placement(T1, N);
+          int whole = 0;
+          for (int64_t b = 0, start = 0; b < B; start += T1[size_t(b)], ++b) {
+            int holders = 0;
+            for (int r = 0; r < N; ++r) {
+              const std::vector<int64_t>& g = pl.rows[size_t(r)];
+              const int64_t k = std::count_if(g.begin(), g.end(), [&](int64_t x) { return x >= start && x < start + T1[size_t(b)]; });
+              EXPECT_EQ(eng.cache().len(b, r), k) << "sequence " << b << " on rank " << r;
+              holders += k > 0;
+            }
+            whole += holders == 1 && T1[size_t(b)] > 1;
+          }
+          if (N > 1) {
+            EXPECT_GT(whole, 0) << "no prompt of several tokens kept whole on one rank";
+          }
+        }
+      } else {
+        for (int64_t i = 0; i < p.count; ++i) {
+          const StepOutput out = eng.decode(last, ph == 1 ? DecodeAlgo::pass_q : DecodeAlgo::allgather, nullptr, st, true);
+          for (int64_t b = 0; b < B; ++b) {
+            hist[size_t(b)].push_back(last[size_t(b)]);
+            rows.push_back({b, int64_t(hist[size_t(b)].size()) - 1,
+                            std::vector<float>(out.logits.begin() + b * V, out.logits.begin() + (b + 1) * V)});
+          }
+          last = out.next_tokens;
+        }
+      }
+      EXPECT_EQ(eng.audit(st), "") << c.strategy << ", phase " << ph << " at N = " << N;
+    }
+    double err = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const std::vector<float> ref = reference_logits(m, hist[size_t(b)]);
+      for (const Row& r : rows)
+        if (r.b == b) err = std::max(err, row_err(r.logits.data(), ref, r.pos, V));
+    }
+    err = max_over_ranks(err);
+    EXPECT_LE(err, kLogitTol) << c.strategy << " (" << c.pattern << ") placed at N = " << N;
+  }
+}
+
 // ---- tensor parallel x CP: heads and FFN over tp, the sequence over the ring -------------------
 
 // tp:2 x ring:N/2 or ulysses:N/2 (np 2 and 4): each tp rank holds its slice of the seeded weights (the training
@@ -732,6 +819,15 @@ TEST(InferSchedule, ParseAndCapacity) {
   EXPECT_EQ(parse_schedule("prefill:12,decode:5", 4, s), "");
   EXPECT_EQ(cache_capacity_tokens(s, 4), 4 + 2 + 1);
   EXPECT_NE(parse_schedule("prefill:16,chat:3", 1, s).find("unknown phase 'chat'"), std::string::npos);
+  // placement = balanced: the first prefill's capacity is the most rows its placement puts of one
+  // sequence on a rank; 8 prompts of 10 on 4 ranks go whole, two per rank (the padded zigzag
+  // share is 16 / 4 = 4 rows).
+  EXPECT_EQ(parse_schedule("prefill:10,decode:5", 4, s), "");
+  EXPECT_EQ(cache_capacity_tokens(s, 4, 8), 4 + 2 + 1);
+  EXPECT_EQ(cache_capacity_tokens(s, 4, 8, PlacementKind::balanced), 10 + 2 + 1);
+  const Placement p = prefill_placement(std::vector<int64_t>(8, 10), 4);
+  EXPECT_EQ(p.n, 32);  // the zigzag shares' rows: 8 x 4
+  EXPECT_EQ(most_sequence_rows(p, std::vector<int64_t>(8, 10)), 10);
   EXPECT_NE(parse_schedule("prefill:x", 1, s).find("needs a count"), std::string::npos);
 }
 

@@ -113,6 +113,25 @@ def plain_runs():
                   f"dp:2 x batch 2 tokens {b['generated'][:].ravel()} equal 1 rank x batch 4 {a['generated'][:].ravel()}")
             check(list(b["steps"]["tokens"]) == list(a["steps"]["tokens"]), f"dp tokens per step {list(b['steps']['tokens'])}")
 
+    # placement=balanced (frugal): a long prompt and short ones placed from their lengths, decode and a
+    # partial prefill over the cache as placed; the tokens of one rank, the cache holding every token.
+    sched = "schedule=prefill:200/16/9/1/30/16,decode:4,prefill:5/9/1/2/3/4,decode:2"
+    outs = [os.path.join(WORK, f"chat_placed{n}.h5") for n in (1, 2, 3)]
+    for n, out in zip((1, 2, 3), outs):
+        rc, log = run(n, "chat", "batch=6", sched, "cp_algo=pass_kv", "frugal=true", "placement=balanced", f"out={out}")
+        check(rc == 0 and "VALID" in log and "# placement balanced" in log, f"chat placed np={n}: rc {rc}\n{log[-2000:]}")
+        if n > 1 and rc == 0:
+            line = [l for l in log.splitlines() if l.startswith("# placement balanced")][0]
+            spans = line.split("ranks per sequence ")[1].split(";")[0].split("/")
+            check(len(spans) == 6 and "1" in spans[1:], f"np={n}: a short prompt whole on one rank: {line}")
+            with h5py.File(out) as f, h5py.File(outs[0]) as a:
+                check(np.array_equal(f["generated"][:], a["generated"][:]),
+                      f"placed np={n} tokens {f['generated'][:].ravel()} equal one rank's {a['generated'][:].ravel()}")
+                per_token = 2 * 2 * 2 * 16 * 4 + 8
+                total = (200 + 16 + 9 + 1 + 30 + 16) + 6 * 4 + (5 + 9 + 1 + 2 + 3 + 4) + 6 * 2
+                cb = f["infer/cache_bytes"][:]
+                check(abs(cb[-1].sum() - total * per_token) < 1e-6, f"placed np={n}: cache bytes {cb[-1].sum()}")
+
     base = gens.get((1, "auto", "pass_q"))
     for k, g in gens.items():
         if base is not None:
