@@ -82,21 +82,28 @@ def main() -> int:
         print(f"pack_documents: no text files under {a.src!r}" + (f" ending in {', '.join(exts)}" if exts else ""),
               file=sys.stderr)
         return 2
+    write_token_file(a.out, parts, rows, a.eos)
+    return 0
+
+
+def write_token_file(out: str, parts, rows, eos: int) -> None:
+    """Writes the documents `parts` (uint16 arrays, each followed by its end-of-document token) to
+    `out` (atomically: a .partial renamed), their index `rows` (name, first token, tokens) to
+    out.docs.csv, and prints the length distribution and how to use the file."""
     tokens = np.concatenate(parts)
-    tmp = a.out + ".partial"
+    tmp = out + ".partial"
     tokens.tofile(tmp)
-    os.replace(tmp, a.out)
-    with open(a.out + ".docs.csv", "w", newline="") as f:
+    os.replace(tmp, out)
+    with open(out + ".docs.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["path", "first_token", "tokens"])
         w.writerows(rows)
     lengths = np.array([r[2] for r in rows])
     q = np.percentile(lengths, [50, 90, 99])
-    print(f"{a.out}: {len(rows)} documents, {tokens.size} tokens (uint16, end-of-document {a.eos}); "
+    print(f"{out}: {len(rows)} documents, {tokens.size} tokens (uint16, end-of-document {eos}); "
           f"document length min {lengths.min()}, median {q[0]:.0f}, p90 {q[1]:.0f}, p99 {q[2]:.0f}, max {lengths.max()}; "
           f"the longest 10% hold {100 * np.sort(lengths)[-max(1, len(rows) // 10):].sum() / lengths.sum():.0f}% of the tokens")
-    print(f"use: data={a.out} data_dtype=uint16 eos_id={a.eos} docs=none vocab>={a.eos + 1}")
-    return 0
+    print(f"use: data={out} data_dtype=uint16 eos_id={eos} docs=none vocab>={eos + 1}")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ file's bytes then the end-of-document token, in sorted path order; binaries, emp
 directories skipped; long files cut; the .docs.csv index matches; bad input exits 2; and
 `ctxpar train` trains on the file with eos_id (documents split at it); on a long-tailed tree,
 `ctxpar predict data=` places its batches (balanced evens what zigzag leaves uneven) and train runs
-them with placement=balanced, audited every step.
+them with placement=balanced, audited every step; scripts/synth_documents.py writes the same kind of
+file from a length distribution (histogram, list, log-normal).
 Usage: test_pack_documents.py CTXPAR_BINARY"""
 import csv
+import math
 import os
 import re
 import subprocess
@@ -119,6 +121,59 @@ p = subprocess.run(cmd[:-2] + ["placement=auto", "out=" + os.path.join(tmp, "aut
 m = re.search(r"placement auto: (\d+) of (\d+) batches", p.stdout)
 check(p.returncode == 0 and "VALID" in p.stdout and m is not None and m.group(2) == "3",
       "train places the batches by the cost model:\n" + p.stdout[-2000:] + p.stderr[-2000:])
+
+# scripts/synth_documents.py: a token file from a published length distribution (a histogram, a
+# list of lengths, a log-normal): the lengths follow it, the file reads as pack_documents' does,
+# predict places it; bad input exits 2.
+SYNTH = os.path.join(HERE, "..", "..", "scripts", "synth_documents.py")
+
+
+def synth(*args):
+    return subprocess.run([sys.executable, SYNTH] + list(args), capture_output=True, text=True)
+
+
+def doc_lengths(path):
+    t = np.fromfile(path, dtype=np.uint16)
+    ends = np.flatnonzero(t == 256)
+    return t, np.diff(np.concatenate([[-1], ends])) - 1
+
+
+hist = os.path.join(tmp, "hist.csv")
+with open(hist, "w") as f:
+    f.write("lo,hi,count\n10,20,3\n300,300,1\n5000,6000,0\n")
+hbin = os.path.join(tmp, "hist.bin")
+r = synth(hbin, "--hist", hist, "--tokens", "64K", "--seed", "7")
+t, lens = doc_lengths(hbin)
+check(r.returncode == 0 and t.size == 64 * 1024 and t[-1] == 256 and t.max() == 256, "synth --hist writes 64K tokens:\n" + r.stderr)
+full = lens[:-1]  # the last may be cut to fit
+check(((full >= 10) & (full <= 20) | (full == 300)).all(), "every length in a bucket with a count: %s" % np.unique(full)[:20])
+# Sampling bounds (tests/README.md: 4 standard errors of the estimate, whatever the seed): a share
+# p of n draws within 4 sqrt(p (1 - p) / n), a median within 4 / (2 f(m) sqrt(n)) (f the density there).
+share, se = (full == 300).mean(), math.sqrt(0.25 * 0.75 / full.size)
+check(abs(share - 0.25) <= 4 * se, "the 300 bucket holds 1 in 4 documents: %.3f (4 SE = %.3f)" % (share, 4 * se))
+rows = list(csv.DictReader(open(hbin + ".docs.csv")))
+check(len(rows) == len(lens) and [int(x["tokens"]) for x in rows] == lens.tolist(), "the index matches the documents")
+lbin = os.path.join(tmp, "list.bin")
+with open(os.path.join(tmp, "lens.txt"), "w") as f:
+    f.write("5 700\n3\n")
+check(synth(lbin, "--lengths", os.path.join(tmp, "lens.txt"), "--tokens", "2K").returncode == 0
+      and doc_lengths(lbin)[1][:6].tolist() == [5, 700, 3, 5, 700, 3], "synth --lengths uses them in order, cycled")
+nbin = os.path.join(tmp, "logn.bin")
+r = synth(nbin, "--lognormal", "1024", "1.5", "--clip", "128", "8192", "--tokens", "8M")
+_, lens = doc_lengths(nbin)
+med = 1024 * math.exp(-1.5 ** 2 / 2)  # exp(mu): the clip at 128 (26% of draws) leaves the median
+half = 4 / (2 * (1 / (med * 1.5 * math.sqrt(2 * math.pi))) * math.sqrt(lens.size))
+check(r.returncode == 0 and lens[:-1].min() >= 128 and lens.max() <= 8192 and abs(np.median(lens[:-1]) - med) <= half,
+      "synth --lognormal 1024 1.5 clipped to 128-8192: median %.0f, want %.0f +- %.0f: %s" %
+      (np.median(lens), med, half, r.stderr))
+for args, what in (([hbin], "no distribution"), ([hbin, "--hist", os.path.join(tmp, "nope.csv")], "a missing histogram"),
+                   ([hbin, "--lognormal", "0", "1"], "a mean below 1"), ([hbin, "--hist", hist, "--clip", "9", "3"], "a bad clip"),
+                   ([hbin, "--lengths", hist], "lengths that are not integers")):
+    r = synth(*args)
+    check(r.returncode == 2 and "Traceback" not in r.stderr, f"synth with {what} exits 2 with a message: {r.returncode} {r.stderr}")
+p = subprocess.run([exe, "predict", "data=" + nbin, "eos_id=256", "seq=8K", "predict_mesh=ring:4", "vocab=512", "csv=true"],
+                   capture_output=True, text=True, timeout=120)
+check(p.returncode == 0 and "\n4,8192," in p.stdout, "predict places the synthetic batches:\n" + p.stdout[-1500:] + p.stderr[-800:])
 
 if fails:
     print("FAILED:\n  " + "\n  ".join(fails))
