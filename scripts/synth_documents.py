@@ -15,8 +15,10 @@ information.
                       clip; Megatron-LM's dynamic-CP example draws mean 1024, S = 1.5, clip 128-8192)
   --clip LO HI        lengths clipped to [LO, HI]
 
-Documents are drawn until --tokens tokens (with the end-of-document tokens) are reached; the last
-is cut to fit. Beside OUT.bin it writes OUT.docs.csv as scripts/pack_documents.py does.
+Documents are drawn until the file holds exactly --tokens tokens (with the end-of-document
+tokens); the last document is cut (or lengthened by one token) to fit, so it alone may fall outside
+the distribution and the clip. Beside OUT.bin it writes OUT.docs.csv as scripts/pack_documents.py
+does.
 """
 import argparse
 import math
@@ -48,8 +50,8 @@ def read_hist(path: str):
                 if n == 1:
                     continue  # a header
                 return None, f"{path}:{n}: expected lo,hi,count, not {line.strip()!r}"
-            if not (1 <= lo <= hi) or count < 0:
-                return None, f"{path}:{n}: a bucket needs 1 <= lo <= hi and count >= 0, not {line.strip()!r}"
+            if not (1 <= lo <= hi < 2 ** 40) or not (math.isfinite(count) and count >= 0):
+                return None, f"{path}:{n}: a bucket needs 1 <= lo <= hi < 2^40 and a finite count >= 0, not {line.strip()!r}"
             rows.append((lo, hi, count))
     if not rows or sum(r[2] for r in rows) <= 0:
         return None, f"{path}: no bucket with a positive count"
@@ -90,6 +92,8 @@ def main() -> int:
         return fail(f"--eos {a.eos} must be in [256, 65535] (bytes are 0-255; the file is uint16)")
     if a.tokens < 2:
         return fail(f"--tokens {a.tokens} must be at least 2 (one token and its end-of-document token)")
+    if a.seed < 0:
+        return fail(f"--seed {a.seed} must be >= 0")
     if a.clip and not 1 <= a.clip[0] <= a.clip[1]:
         return fail(f"--clip {a.clip[0]} {a.clip[1]} needs 1 <= LO <= HI")
     if a.lognormal and not (a.lognormal[0] >= 1 and a.lognormal[1] > 0):
@@ -104,25 +108,28 @@ def main() -> int:
     if a.lengths:
         try:
             a.values = np.array(open(a.lengths).read().split(), dtype=np.int64)
-        except ValueError:
-            return fail(f"{a.lengths}: expected integer lengths, whitespace-separated")
+        except (ValueError, OverflowError):
+            return fail(f"{a.lengths}: expected integer lengths below 2^63, whitespace-separated")
         if a.values.size == 0 or a.values.min() < 1:
             return fail(f"{a.lengths}: needs at least one length, each >= 1")
     rng = np.random.default_rng(a.seed)
     parts, rows, total, cursor = [], [], 0, [0]
     while total < a.tokens:
         for n in draw(a, rng, 4096, cursor):
-            n = int(min(n, a.tokens - total - 1))
-            if n < 1:
-                break
+            left = a.tokens - total  # >= 2 here
+            n = int(min(n, left - 1))
+            if left - (n + 1) == 1:  # one token would remain, too few for a document: take it
+                n += 1
             parts.append(rng.integers(0, 256, size=n, dtype=np.uint16))
             parts.append(np.array([a.eos], dtype=np.uint16))
             rows.append((f"synthetic:{len(rows)}", total, n))
             total += n + 1
-        else:
-            continue
-        break
-    write_token_file(a.out, parts, rows, a.eos)
+            if total == a.tokens:
+                break
+    try:
+        write_token_file(a.out, parts, rows, a.eos)
+    except OSError as e:
+        return fail(f"cannot write {a.out!r}: {e.strerror}")
     return 0
 
 

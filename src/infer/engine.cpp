@@ -152,17 +152,22 @@ void Engine::ensure_rows(int64_t n) {
 
 void Engine::use_numerics(Numerics& num, CpSchedule sched) {
   CTXPAR_CHECK(!num.exact() || dev_ == Device::cpu, "exact numerics in inference: the CPU");
+  if (&num != num_) rows_cap_ = 0;  // the scratch with the next call's rows
   num_ = &num;
-  if (sched == CpSchedule::visible) {  // the full prefill's visible-keys row; the other calls as they are
-    CTXPAR_CHECK(dev_ == Device::cpu, "the visible-keys schedule in inference: the CPU");
-    full_strategy_ = make_strategy(full_name_, topo_, sched);
-    CTXPAR_CHECK(full_strategy_ != nullptr, "no visible-keys row of strategy " << full_name_);
-    full_sched_ = sched;
+  // The full prefill's row: the visible-keys one with that schedule, else the plain one (the
+  // exact schedule's strategy is exact_attn_); the other calls as they are.
+  const CpSchedule full = sched == CpSchedule::visible ? sched : CpSchedule::plain;
+  if (full != full_sched_) {
+    CTXPAR_CHECK(full == CpSchedule::plain || dev_ == Device::cpu, "the visible-keys schedule in inference: the CPU");
+    full_strategy_ = make_strategy(full_name_, topo_, full);
+    CTXPAR_CHECK(full_strategy_ != nullptr, "no " << schedule_key(full) << " row of strategy " << full_name_);
+    full_sched_ = full;
   }
   exact_attn_ = sched != CpSchedule::exact ? nullptr : make_strategy(prefill_row(CpAlgoSetting::pass_q).name, topo_, sched);
   CTXPAR_CHECK((num.exact() != nullptr) == (exact_attn_ != nullptr),
                "inference: exact numerics go with their attention schedule, plain with plain");
-  rows_cap_ = 0;  // the scratch with the next call's rows
+  CTXPAR_CHECK(placement_ == PlacementKind::zigzag || full_sched_ == CpSchedule::visible,
+               "placement = balanced in inference: the visible-keys schedule");
 }
 
 void Engine::use_placement(PlacementKind placement) {
@@ -353,11 +358,11 @@ StepOutput Engine::prefill(const std::vector<std::vector<int32_t>>& tokens, cons
 std::vector<std::vector<std::vector<int64_t>>> Engine::layout_rows(const std::vector<int64_t>& seqs,
                                                                    const std::vector<std::vector<int32_t>>& tokens,
                                                                    bool placed, std::vector<int64_t>& pad_pos,
-                                                                   int64_t& padding) const {
+                                                                   std::vector<int64_t>& padding) const {
   const int N = cp_.size();
   std::vector<std::vector<std::vector<int64_t>>> at(seqs.size(), std::vector<std::vector<int64_t>>(size_t(N)));
   pad_pos.clear();
-  padding = 0;
+  padding.assign(static_cast<size_t>(N), 0);
   if (!placed) {  // each sequence zigzag-sharded on its own
     for (size_t j = 0; j < seqs.size(); ++j) {
       const Partition part(PartitionKind::zigzag, int64_t(tokens[size_t(seqs[j])].size()), N);
@@ -378,7 +383,7 @@ std::vector<std::vector<std::vector<int64_t>>> Engine::layout_rows(const std::ve
     size_t j = 0;
     for (int64_t g : p.rows[size_t(rr)]) {  // ascending: each sequence's rows a run, the padding last
       if (g >= S) {
-        ++padding;
+        ++padding[size_t(rr)];
         if (rr == cp_.rank()) pad_pos.push_back(g);
         continue;
       }
@@ -396,8 +401,8 @@ Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const
   // positions of a sequence and a suffix of its rows on each rank, take token 0 at positions
   // after its prompt, so no real query sees them; their K/V are written to the cache for this call
   // and dropped at the commit), or placed (placement = balanced: the padding rows, after every
-  // sequence's on each rank, are a document of their own, id = the batch size, and take no cache
-  // row). This rank's rows: every sequence's share, one after the other; with several sequences
+  // sequence's on each rank, are a document of that rank's own, id = the batch size + the rank,
+  // and take no cache row). This rank's rows: every sequence's share, one after the other; with several sequences
   // each is its own document (id = its index), so one call of every layer serves the whole batch.
   PrefillPlan pl;
   std::vector<PrefillSeq>& q = pl.seqs;
@@ -441,12 +446,12 @@ Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const
     keys += s.S_k;
     q.push_back(std::move(s));
   }
-  const int64_t B = cache_.batch();
+  const int64_t pad_doc = cache_.batch() + r;
   for (int64_t g : pad_pos) {  // placed: this rank's padding rows, a document past every sequence
     pos.push_back(g);
-    apos.push_back(g + B * kSeqStride);
+    apos.push_back(g + pad_doc * kSeqStride);
     tok.push_back(0);
-    doc.push_back(int32_t(B));
+    doc.push_back(int32_t(pad_doc));
   }
   rows += int64_t(pad_pos.size());
   return pl;
@@ -465,10 +470,10 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   const bool full = pl.full;
   const bool docs = q.size() > 1 || pl.placed;  // placed: the padding rows are a document too
   CTXPAR_CHECK(!pl.placed || !gdn_, "a placed prefill with Gated DeltaNet layers");
-  if (pl.placed) {  // the audit's rows: each sequence's own (no padding of its own), the padding's document
+  if (pl.placed) {  // the audit's rows: each sequence's own (no padding of its own), each rank's padding document
     for (const PrefillSeq& s : q) audit_news_[size_t(s.b)] = s.T;
-    audit_news_.push_back(pl.padding);
-    audit_olds_.push_back(0);
+    audit_news_.insert(audit_news_.end(), pl.padding.begin(), pl.padding.end());
+    audit_olds_.resize(audit_news_.size(), 0);
   }
   if (full) ++visible_batch_;  // the visible-keys row plans this call once, for every layer
   // Several sequences over their caches: their key rows packed into one block per layer, with

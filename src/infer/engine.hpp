@@ -176,14 +176,18 @@ class Engine {
     int64_t rows = 0, keys = 0;
     bool full = false;    // every cache empty: the configured strategy on the new tokens
     bool placed = false;  // full, with placement = balanced: rows from prefill_placement
-    int64_t padding = 0;  // placed: the padding rows over every rank (a document of their own, after the rows)
+    // placed: each rank's padding rows (after its sequences' rows; contiguous positions past the
+    // batch's tokens, a document of their own per rank, id batch + rank, so nothing sees them and
+    // they exchange nothing)
+    std::vector<int64_t> padding;
   };
   // The rows of every sequence of `seqs` on every rank, [sequence][rank] (see PrefillSeq::at), and
-  // with placement the padding rows of this rank (global positions past the batch's tokens).
+  // with placement the padding rows of this rank (global positions past the batch's tokens) and
+  // how many every rank holds.
   std::vector<std::vector<std::vector<int64_t>>> layout_rows(const std::vector<int64_t>& seqs,
                                                              const std::vector<std::vector<int32_t>>& tokens,
                                                              bool placed, std::vector<int64_t>& pad_pos,
-                                                             int64_t& padding) const;
+                                                             std::vector<int64_t>& padding) const;
   PrefillPlan plan_prefill(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens,
                            CpAlgo algo);
   // The prefill's logits rows `lg` (rows `logit_rows`, see prefill_seqs) to every rank: each

@@ -508,6 +508,9 @@ std::string validate_infer_mode(const Config& cfg, Topology& topo) {
   if (cfg.visible_keys) {  // the full prefill's visible-keys row
     err = schedule_refusal(cfg.strategy, CpSchedule::visible);
     if (!err.empty()) return err;
+    if (cfg.cp_algo == CpAlgoSetting::pass_q)
+      return "config: frugal = true moves only the visible rows in a full prefill by pass-KV, and with cp_algo = "
+             "pass_q no prefill runs by pass-KV; valid: cp_algo=pass_kv or auto, or frugal=false";
   }
   if (cfg.placement == PlacementKind::balanced) {
     const std::string pre = "config: placement = balanced places a batch's full prefill by pass-KV";
@@ -601,6 +604,14 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
   // floats a row, measured: chat batch 4, prefill 8K, 2 ranks peaked 25.5 MiB above the rest);
   // pass-KV's K and V blocks in flight (at most 3 kv_width a row).
   e.act += f * double(rows) * double(std::max(6 * (d.q_width() + d.H_q), 3 * d.kv_width()));
+  // placement = balanced: a later pass-KV prefill of several sequences pads each one's key block
+  // to the rank holding most of its cache (a prompt kept whole on one rank: its whole length), so
+  // the packed keys (engine.cpp kp, vp) and the ring's blocks in flight reach the cache's
+  // capacity per sequence: 2 + 3 K/V rows of cache elements per sequence and capacity token.
+  bool later_prefill = false;
+  for (size_t i = 1; i < sched.size(); ++i) later_prefill |= sched[i].kind == PhaseKind::prefill;
+  if (placement == PlacementKind::balanced && later_prefill)
+    e.act += cache_elem * double(batch) * double(e.cap) * 5.0 * double(d.kv_width());
   if (d.has_gdn())  // each OpenMP thread's scratch of the prefill's recurrence
     e.act += f * omp_get_max_threads() * double(gdn_thread_scratch_bound(rows, d.gdn_Dk, d.gdn_Dv, d.gdn_chunk, false));
   if (d.mla)  // the absorbed queries and outputs, the latents and their scratch
@@ -620,7 +631,9 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
 // The engines a run holds one at a time: the mode's, or bench infer's (bench/bench_infer.cpp):
 // its miss-rate and length tables' (batch 1 on the job's CP ranks), its decode table's CP = 1
 // replica (the whole context of `batch` sequences on every rank) and its batched table's (four
-// prompts of seq/8 .. seq). Empty on a schedule error (validated before).
+// prompts of seq/8 .. seq, then the long tail: one engine each, its cache the larger of its modes'
+// zigzag and placed needs, which the larger of the two shapes here is). Empty on a schedule error
+// (validated before).
 struct EngineShape {
   std::vector<SchedulePhase> sched;
   int N;  // CP ranks it spans
@@ -642,7 +655,7 @@ std::vector<EngineShape> run_engines(const Config& cfg, int N) {
   shapes.push_back({{{PhaseKind::prefill, tail.front(), tail}}, N, int64_t(tail.size())});
   if (bench_infer_places(cfg))  // the batched-prefill table's placed engines
     for (const std::vector<int64_t>& l : {lens, tail})
-      shapes.push_back({{{PhaseKind::prefill, l.front() > l.back() ? l.front() : l.back(), l}}, N, int64_t(l.size()),
+      shapes.push_back({{{PhaseKind::prefill, *std::max_element(l.begin(), l.end()), l}}, N, int64_t(l.size()),
                         PlacementKind::balanced});
   return shapes;
 }

@@ -176,7 +176,7 @@ def modes_part():
     rows = [l.split() for l in p.stdout.splitlines() if l.strip() and not l.startswith("#")]
     decode = [r for r in rows if len(r) == 8 and r[2] in ("pass_q", "allgather")]
     print(f"bench infer device=cuda: exit {p.returncode}, {len(rows)} rows, decode rows {decode}")
-    if (p.returncode != 0 or "# VALID: bench infer" not in p.stdout or len(rows) != 7 + 4 + 2 + 4 or
+    if (p.returncode != 0 or "# VALID: bench infer" not in p.stdout or len(rows) != 7 + 4 + 4 + 4 or
             any(r[-1] != "0" for r in rows) or len(decode) != 4 or any(float(r[4]) <= 0 for r in decode)):
         failures.append(f"bench infer device=cuda: exit {p.returncode}\n{p.stdout[-3000:]}{p.stderr[-2000:]}")
 
