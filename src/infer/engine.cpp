@@ -360,38 +360,28 @@ std::vector<std::vector<std::vector<int64_t>>> Engine::layout_rows(const std::ve
                                                                    bool placed, std::vector<int64_t>& pad_pos,
                                                                    std::vector<int64_t>& padding) const {
   const int N = cp_.size();
-  std::vector<std::vector<std::vector<int64_t>>> at(seqs.size(), std::vector<std::vector<int64_t>>(size_t(N)));
   pad_pos.clear();
   padding.assign(static_cast<size_t>(N), 0);
   if (!placed) {  // each sequence zigzag-sharded on its own
+    std::vector<std::vector<std::vector<int64_t>>> at(seqs.size(), std::vector<std::vector<int64_t>>(size_t(N)));
     for (size_t j = 0; j < seqs.size(); ++j) {
       const Partition part(PartitionKind::zigzag, int64_t(tokens[size_t(seqs[j])].size()), N);
       for (int rr = 0; rr < N; ++rr) at[j][size_t(rr)] = part.positions(rr);
     }
     return at;
   }
-  // The batch as one packed sequence of documents, sequence j's new tokens at [start_j, start_j + T_j).
-  std::vector<int64_t> lengths, start;
+  // The batch as one packed sequence of documents, each sequence's new tokens after the previous one's.
+  std::vector<int64_t> lengths;
   int64_t S = 0;
-  for (int64_t b : seqs) {
-    start.push_back(S);
-    lengths.push_back(int64_t(tokens[size_t(b)].size()));
-    S += lengths.back();
-  }
+  for (int64_t b : seqs) S += lengths.emplace_back(int64_t(tokens[size_t(b)].size()));
   const Placement p = prefill_placement(lengths, N);
-  for (int rr = 0; rr < N; ++rr) {
-    size_t j = 0;
-    for (int64_t g : p.rows[size_t(rr)]) {  // ascending: each sequence's rows a run, the padding last
+  for (int rr = 0; rr < N; ++rr)  // the padding rows: positions past the batch's tokens
+    for (int64_t g : p.rows[size_t(rr)])
       if (g >= S) {
         ++padding[size_t(rr)];
         if (rr == cp_.rank()) pad_pos.push_back(g);
-        continue;
       }
-      while (g >= start[j] + lengths[j]) ++j;
-      at[j][size_t(rr)].push_back(g - start[j]);
-    }
-  }
-  return at;
+  return sequence_rows(p, lengths);
 }
 
 Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const std::vector<std::vector<int32_t>>& tokens,
@@ -422,7 +412,7 @@ Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const
   int64_t& keys = pl.keys;
   for (size_t j = 0; j < seqs.size(); ++j) {
     const int64_t b = seqs[j], T = int64_t(tokens[size_t(b)].size()), cached = cache_.seq_len(b);
-    PrefillSeq s{b, T, cached, 0, 0, rows, 0, keys, Partition(PartitionKind::zigzag, T, N), at[j], offs};
+    PrefillSeq s{b, T, cached, 0, 0, rows, 0, keys, at[j], offs};
     s.n = int64_t(s.at[size_t(r)].size());
     for (int rr = 0; rr < N; ++rr) offs[size_t(rr)] += int64_t(s.at[size_t(rr)].size());
     for (int64_t i : s.at[size_t(r)]) {
@@ -550,7 +540,8 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   GdnFn gdn = [&](int64_t l, int64_t gl, const float* x, float* x1) {
     const int64_t dim = d_.dim;
     for (const PrefillSeq& s : q)
-      gdn_->prefill(run(l), w_.layers[size_t(l)], gl, s.b, s.cached, s.part, s.n, x + s.off * dim, x1 + s.off * dim);
+      gdn_->prefill(run(l), w_.layers[size_t(l)], gl, s.b, s.cached, Partition(PartitionKind::zigzag, s.T, cp_.size()),
+                    s.n, x + s.off * dim, x1 + s.off * dim);  // (never placed: use_placement refuses GDN layers)
   };
   // Logits: each sequence's last prompt token's row (on its owner rank), or every local row (tests).
   // (Every row: a placed prefill's padding rows too, so every rank gives the same count.)

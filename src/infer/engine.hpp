@@ -162,7 +162,6 @@ class Engine {
   // sequence's, their cache rows reserved.
   struct PrefillSeq {
     int64_t b, T, cached, n, first, off, S_k, k_off;  // this rank's n rows from off; S_k keys from k_off
-    Partition part;                        // its zigzag shards (the GDN layers'; not placed)
     std::vector<std::vector<int64_t>> at;  // [rank]: its new tokens' indices there, ascending (>= T: padding)
     std::vector<int64_t> offs;             // [rank]: where they start among that rank's rows
     int owner(int64_t i) const;            // the rank of new token i, and its row among that rank's

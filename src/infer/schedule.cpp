@@ -73,18 +73,24 @@ Placement prefill_placement(const std::vector<int64_t>& lengths, int N) {
   return balanced_placement(lengths, N, n);
 }
 
-int64_t most_sequence_rows(const Placement& p, const std::vector<int64_t>& lengths) {
-  int64_t most = 0;
-  for (const std::vector<int64_t>& rows : p.rows) {  // ascending positions: each sequence's rows are a run
-    int64_t start = 0;
-    size_t i = 0;
-    for (int64_t T : lengths) {
-      int64_t k = 0;
-      for (; i < rows.size() && rows[i] < start + T; ++i) k += rows[i] >= start;
-      most = std::max(most, k);
-      start += T;
+std::vector<std::vector<std::vector<int64_t>>> sequence_rows(const Placement& p, const std::vector<int64_t>& lengths) {
+  std::vector<std::vector<std::vector<int64_t>>> at(lengths.size(), std::vector<std::vector<int64_t>>(p.rows.size()));
+  for (size_t r = 0; r < p.rows.size(); ++r) {
+    size_t j = 0;
+    int64_t start = 0;  // sequence j's tokens are positions [start, start + lengths[j])
+    for (int64_t g : p.rows[r]) {  // ascending: each sequence's rows a run, the padding last
+      while (j < lengths.size() && g >= start + lengths[j]) start += lengths[j++];
+      if (j == lengths.size()) break;
+      at[j][r].push_back(g - start);
     }
   }
+  return at;
+}
+
+int64_t most_sequence_rows(const Placement& p, const std::vector<int64_t>& lengths) {
+  int64_t most = 0;
+  for (const auto& seq : sequence_rows(p, lengths))
+    for (const std::vector<int64_t>& on_rank : seq) most = std::max(most, int64_t(on_rank.size()));
   return most;
 }
 
@@ -95,8 +101,7 @@ int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N, int64_
     if (p.kind == PhaseKind::decode) {
       cap += (p.count + N - 1) / N + 1;
     } else if (i == 0 && placement == PlacementKind::balanced) {  // every sequence's first prefill: placed
-      std::vector<int64_t> lengths(static_cast<size_t>(batch));
-      for (int64_t b = 0; b < batch; ++b) lengths[size_t(b)] = p.length(b);
+      const std::vector<int64_t> lengths = p.lengths_of(batch);
       cap += most_sequence_rows(prefill_placement(lengths, N), lengths);
     } else {  // a prefill's rows on each rank: its padded zigzag share
       cap += Partition::padded_length(PartitionKind::zigzag, p.count, N) / N;

@@ -26,6 +26,11 @@ struct SchedulePhase {
   // the batch); empty: `count` for every sequence.
   std::vector<int64_t> lengths = {};
   int64_t length(int64_t b) const { return lengths.empty() ? count : lengths[size_t(b)]; }
+  std::vector<int64_t> lengths_of(int64_t batch) const {  // length(b) of every sequence of the batch
+    std::vector<int64_t> out(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) out[size_t(b)] = length(b);
+    return out;
+  }
 };
 
 // Parses `text`; throws nothing: returns "" and fills `out`, or a message naming the bad item and
@@ -37,6 +42,9 @@ std::string parse_schedule(const std::string& text, int N, std::vector<ScheduleP
 // placement with the rows per rank of their zigzag shards together (the sum of each sequence's
 // padded share), so a rank holds as many rows as with zigzag. The same on every rank.
 Placement prefill_placement(const std::vector<int64_t>& lengths, int N);
+// Each sequence's rows on each rank in that placement, [sequence][rank]: their indices within the
+// sequence, ascending (the padding rows, past every sequence, are none of them).
+std::vector<std::vector<std::vector<int64_t>>> sequence_rows(const Placement& p, const std::vector<int64_t>& lengths);
 // The most rows of one sequence on one rank in that placement.
 int64_t most_sequence_rows(const Placement& p, const std::vector<int64_t>& lengths);
 

@@ -94,9 +94,7 @@ struct PrefillCall {
 // placement = balanced: where the first (full) prefill's sequences go (infer/schedule.hpp
 // prefill_placement), one line.
 void log_placement(const SchedulePhase& first, int N, int64_t batch) {
-  std::vector<int64_t> lengths;
-  for (int64_t b = 0; b < batch; ++b) lengths.push_back(first.length(b));
-  const Placement p = prefill_placement(lengths, N);
+  const Placement p = prefill_placement(first.lengths_of(batch), N);
   std::string spans;
   for (size_t j = 0; j < p.spans.size(); ++j) spans += (j ? "/" : "") + std::to_string(p.spans[j]);
   log0("# placement balanced: the first prefill's sequences placed from their lengths over %d ranks (ranks per "
