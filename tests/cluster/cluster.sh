@@ -169,10 +169,13 @@ set +e
 # TCP keepalive on mpirun's connections to its daemons: a daemon cut off by a link fault is
 # declared lost after ~10 s of silence instead of OpenMPI's default 8 minutes. When mpirun ends
 # a job it sends SIGTERM and then SIGKILL, each after odls_base_sigkill_timeout seconds (default
-# 1): 3 s give the ranks time to mark their trace even on a loaded machine.
+# 1): the ranks need that time to mark their trace. 3 s were too few once under `make test`'s full
+# load on a 2-core machine (the kill fault's trace kept status running, 2026-12-07); 5 s give more
+# margin while a job still ends within test_cluster.py's 30 s after a fault (the link-down fault
+# waits out both timeouts: 10 s took it to 27.9 s under load).
 mpirun --mca plm_rsh_agent "$TMP/rsh" --mca oob_tcp_if_include "$NET.0/24" \
   --mca oob_tcp_keepalive_time 4 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 \
-  --mca odls_base_sigkill_timeout 3 "${yield[@]}" \
+  --mca odls_base_sigkill_timeout 5 "${yield[@]}" \
   --mca btl_tcp_if_include "$NET.0/24" --mca btl self,vader,tcp \
   --host "$(IFS=,; echo "${hostlist[*]}")" -np $(( HOSTS * RPH )) --bind-to none \
   -x OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "$@"
