@@ -173,10 +173,10 @@ int exact_table(BenchContext& ctx, const Check& check, const std::vector<int32_t
     SubMesh m = sub_mesh(cfg, world, c, tp);
     Comm& ccp = m.topo->cp();
     const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}, {PhaseKind::decode, iters + 1}};
-    const int64_t cap = cache_capacity_tokens(sched, c);
+    const std::vector<std::vector<int64_t>> cap = cache_capacity(sched, c);
     const char* full = prefill_row(CpAlgoSetting::pass_kv).name;
-    Engine plain(*m.layout, m.params.data(), *m.topo, 1, cap, full, Device::cpu, nullptr);
-    Engine exact(*m.layout, m.params.data(), *m.topo, 1, cap, full, Device::cpu, nullptr);
+    Engine plain(*m.layout, m.params.data(), *m.topo, cap, full, Device::cpu, nullptr);
+    Engine exact(*m.layout, m.params.data(), *m.topo, cap, full, Device::cpu, nullptr);
     ExactNumerics exact_sums(m.layout->dims(), /*grad_elems=*/0, /*block=*/1);
     exact.use_numerics(exact_sums, cfg.cp_schedule());
     Engine* eng[2] = {&plain, &exact};
@@ -317,8 +317,7 @@ struct InferBench {
       const int64_t T = std::clamp<int64_t>(std::llround(miss * double(S)), 1, S), cached = S - T;
       std::vector<SchedulePhase> sched = {{PhaseKind::prefill, T}};  // the cache's prefill, then the measured one
       if (cached > 0) sched.insert(sched.begin(), {PhaseKind::prefill, cached});
-      Engine eng(layout, params.data(), topo, 1, cache_capacity_tokens(sched, N), cfg.strategy, cfg.device,
-                 gpu.stream);
+      Engine eng(layout, params.data(), topo, cache_capacity(sched, N), cfg.strategy, cfg.device, gpu.stream);
       CallStats st;
       if (cached > 0) {
         eng.prefill({std::vector<int32_t>(seq_tokens.begin(), seq_tokens.begin() + cached)}, CpAlgo::pass_kv, nullptr, st);
@@ -420,7 +419,7 @@ struct InferBench {
       if (on_gpu) gpu.attach(*sub.topo);  // its communicators on the GPU too (released with it)
       Comm& ccp = sub.topo->cp();
       const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, S}, {PhaseKind::decode, iters + 1}};
-      Engine eng(*sub.layout, sub.params.data(), *sub.topo, cfg.batch, cache_capacity_tokens(sched, c),
+      Engine eng(*sub.layout, sub.params.data(), *sub.topo, cache_capacity(sched, c, cfg.batch),
                  prefill_row(CpAlgoSetting::pass_kv).name, cfg.device, gpu.stream);
       CallStats st;
       std::vector<std::vector<int32_t>> prompt(size_t(cfg.batch), seq_tokens);
@@ -544,9 +543,13 @@ struct InferBench {
     // One engine for the batch, its cache the largest any mode needs; each call sets its mode's
     // schedule and placement (the memory plan counts one engine: modes/infer.cpp run_engines).
     const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, *std::max_element(lens.begin(), lens.end()), lens}};
-    int64_t cap = 0;
-    for (const BatchMode& m : modes) cap = std::max(cap, cache_capacity_tokens(sched, N, nb, m.placement));
-    Engine e(layout, params.data(), topo, nb, cap, cfg.strategy, cfg.device, gpu.stream);
+    std::vector<std::vector<int64_t>> cap = uniform_capacity(N, nb, 0);
+    for (const BatchMode& m : modes) {
+      const std::vector<std::vector<int64_t>> need = cache_capacity(sched, N, nb, m.placement);
+      for (int r = 0; r < N; ++r)
+        for (size_t b = 0; b < size_t(nb); ++b) cap[size_t(r)][b] = std::max(cap[size_t(r)][b], need[size_t(r)][b]);
+    }
+    Engine e(layout, params.data(), topo, cap, cfg.strategy, cfg.device, gpu.stream);
     const size_t count = size_t(nm);
     std::vector<std::vector<double>> ts(count), sent(count), imb(count);
     std::vector<StepOutput> outs(static_cast<size_t>(nm));
@@ -613,7 +616,7 @@ struct InferBench {
                    "#wrong: the two variants' last logits or greedy tokens differ" + check.note()});
     for (int64_t T : lens) {
       if (ctx.tracer.stop_signal() != 0) break;
-      Engine eng(layout, params.data(), topo, 1, Partition::padded_length(PartitionKind::zigzag, T, N) / N,
+      Engine eng(layout, params.data(), topo, uniform_capacity(N, 1, Partition::padded_length(PartitionKind::zigzag, T, N) / N),
                  cfg.strategy, cfg.device, gpu.stream);
       const std::vector<int32_t> tok(seq_tokens.begin(), seq_tokens.begin() + T);
       const PairRun r = run_pair(ctx, eng, cp, tok, 0, int32_t(200 + T), iters, step, [&] { eng.clear(); });

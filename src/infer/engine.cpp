@@ -38,12 +38,13 @@ int32_t greedy(const float* logits, int64_t V) {
   return int32_t(best);
 }
 
-Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, int64_t batch, int64_t capacity_tokens,
+Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo,
+               const std::vector<std::vector<int64_t>>& capacity,
                const std::string& full_strategy, Device device, Stream stream)
     : layout_(layout), d_(layout.dims()), dev_(device), stream_(stream), w_(layout.view(const_cast<float*>(params))),
       topo_(topo), cp_(topo.cp()),
-      cache_(batch, layout.dims().layers, layout.dims().cache_heads(), layout.dims().cache_dim(), topo.cp().size(),
-             topo.cp().rank(), capacity_tokens, layout.dims().kinds, /*shared_kv=*/layout.dims().mla, device, stream) {
+      cache_(capacity, layout.dims().layers, layout.dims().cache_heads(), layout.dims().cache_dim(), topo.cp().rank(),
+             layout.dims().kinds, /*shared_kv=*/layout.dims().mla, device, stream) {
   if (dev_ != Device::cpu) {
     CTXPAR_CHECK(!d_.mla && !d_.has_gdn(),
                  "MLA and Gated DeltaNet layers run on the CPU only so far (config refuses them with device = cuda)");
@@ -55,6 +56,8 @@ Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, i
     mirror_ = Bf16Mirror{params_dev_.data(), n, params_b_.data()};
     w_ = layout.view(params_dev_.data());
   }
+  CTXPAR_CHECK(int(capacity.size()) == cp_.size(), "KV cache capacities of " << capacity.size() << " ranks for a CP group of "
+                                                                            << cp_.size());
   full_name_ = full_strategy;
   full_strategy_ = make_strategy(full_strategy, topo);
   CTXPAR_CHECK(full_strategy_ != nullptr, "unknown CP strategy " << full_strategy);
@@ -62,7 +65,7 @@ Engine::Engine(const ParamLayout& layout, const float* params, Topology& topo, i
   pass_q_ = make_strategy(prefill_row(CpAlgoSetting::pass_q).name, topo);
   decode_pass_q_ = make_strategy(decode_row(DecodeAlgo::pass_q).name, topo);
   decode_allgather_ = make_strategy(decode_row(DecodeAlgo::allgather).name, topo);
-  if (d_.has_gdn()) gdn_ = std::make_unique<GdnInfer>(d_, topo.cp(), batch);
+  if (d_.has_gdn()) gdn_ = std::make_unique<GdnInfer>(d_, topo.cp(), cache_.batch());
   const int32_t RD = d_.rope_dim();  // MLA: the decoupled rope dims
   inv_freq_.resize(size_t(RD / 2));
   rope_inv_freq(RD, d_.rope_theta, d_.rope_factor, d_.rope_low, d_.rope_high, d_.rope_orig_max, inv_freq_.data());
@@ -458,7 +461,14 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   const std::vector<int32_t>& doc = pl.doc;
   const int64_t rows = pl.rows, keys = pl.keys;
   const bool full = pl.full;
-  const bool docs = q.size() > 1 || pl.placed;  // placed: the padding rows are a document too
+  // A pass-KV key block padded past some rank's slab of its sequence (a cache placed unevenly: a
+  // prompt kept whole on another rank) is packed with the batch's layout below, and padded on the
+  // ranks whose slab is shorter (decided alike on every rank).
+  bool short_slab = false;
+  if (!full && algo == CpAlgo::pass_kv && !exact_attn_)
+    for (const PrefillSeq& s : q)
+      for (int rr = 0; rr < N; ++rr) short_slab = short_slab || s.S_k > cache_.capacity(s.b, rr);
+  const bool docs = q.size() > 1 || pl.placed || short_slab;  // placed: the padding rows are a document too
   CTXPAR_CHECK(!pl.placed || !gdn_, "a placed prefill with Gated DeltaNet layers");
   if (pl.placed) {  // the audit's rows: each sequence's own (no padding of its own), each rank's padding document
     for (const PrefillSeq& s : q) audit_news_[size_t(s.b)] = s.T;
@@ -473,12 +483,14 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
   Buffer<std::byte> kp, vp;
   std::vector<int64_t> kpos;
   std::vector<int32_t> kdoc;
+  // A sequence's rows past this rank's slab (kept_rows): zero K/V at position kNoPos, seen by nothing.
+  const auto kept_rows = [&](const PrefillSeq& s) { return std::min(s.S_k, cache_.capacity(s.b)); };
   if (docs && !full) {
-    kp = Buffer<std::byte>(size_t(keys) * row_b, false, dev_, stream_);
-    if (!d_.mla) vp = Buffer<std::byte>(size_t(keys) * row_b, false, dev_, stream_);  // MLA: values are the keys' rows
+    kp = Buffer<std::byte>(size_t(keys) * row_b, short_slab, dev_, stream_);
+    if (!d_.mla) vp = Buffer<std::byte>(size_t(keys) * row_b, short_slab, dev_, stream_);  // MLA: values are the keys' rows
     for (const PrefillSeq& s : q) {
       for (int64_t i = 0; i < s.S_k; ++i) {
-        const int64_t p = cache_.pos(s.b)[i];
+        const int64_t p = i < kept_rows(s) ? cache_.pos(s.b)[i] : kNoPos;
         kpos.push_back(p == kNoPos ? p : p + s.b * kSeqStride);
       }
       kdoc.insert(kdoc.end(), size_t(s.S_k), int32_t(s.b));
@@ -517,9 +529,9 @@ void Engine::prefill_seqs(const std::vector<int64_t>& seqs, const std::vector<st
     const int64_t* kpos_dev = nullptr;
     if (docs) {
       for (const PrefillSeq& s : q) {
-        device_copy(kp.data() + size_t(s.k_off) * row_b, cache_.k(s.b, l), size_t(s.S_k) * row_b, dev_, stream_);
+        device_copy(kp.data() + size_t(s.k_off) * row_b, cache_.k(s.b, l), size_t(kept_rows(s)) * row_b, dev_, stream_);
         if (!d_.mla)
-          device_copy(vp.data() + size_t(s.k_off) * row_b, cache_.v(s.b, l), size_t(s.S_k) * row_b, dev_, stream_);
+          device_copy(vp.data() + size_t(s.k_off) * row_b, cache_.v(s.b, l), size_t(kept_rows(s)) * row_b, dev_, stream_);
       }
       t.k = kp.data();
       t.v = d_.mla ? kp.data() : vp.data();
@@ -652,7 +664,7 @@ StepOutput Engine::decode(const std::vector<int32_t>& tokens, DecodeAlgo algo, T
     t.k = t.k_cache = cache_.k_layer(l);
     t.v = t.v_cache = cache_.v_layer(l);
     t.k_pos = cache_.pos_all();
-    t.S_k = B * cache_.capacity();
+    t.S_k = cache_.rows();
     t.k_doc_begin = doc_begin.data();
     t.k_doc_len = doc_len.data();
     t.k_new_slot = new_slot.data();

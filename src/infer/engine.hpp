@@ -85,7 +85,9 @@ class Engine {
   // `params`: this rank's weights in `layout` (tp = 1). `full_strategy`: CP strategy name for
   // full prefills with pass-KV (a training strategy of the registry, strategy_names()).
   // `params` is host memory also with `device` = cuda (the engine keeps its own device copy).
-  Engine(const ParamLayout& layout, const float* params, Topology& topo, int64_t batch, int64_t capacity_tokens,
+  // `capacity[r][b]`: the KV cache's tokens of sequence b on CP rank r (cache_capacity,
+  // infer/schedule.hpp; the batch is their count).
+  Engine(const ParamLayout& layout, const float* params, Topology& topo, const std::vector<std::vector<int64_t>>& capacity,
          const std::string& full_strategy, Device device = Device::cpu, Stream stream = nullptr);
   ~Engine();
 
@@ -121,7 +123,7 @@ class Engine {
   // attends by the visible-keys row of the strategy, so a sequence on one rank exchanges nothing.
   // Needs the visible-keys schedule (use_numerics with CpSchedule::visible) and no Gated DeltaNet
   // layer; the KV cache then holds each sequence's rows where they were placed (a capacity from
-  // cache_capacity_tokens with the placement). Other calls are not placed.
+  // cache_capacity with the placement). Other calls are not placed.
   void use_placement(PlacementKind placement);
 
   KvCache& cache() { return cache_; }

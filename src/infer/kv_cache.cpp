@@ -7,12 +7,17 @@
 
 namespace ctxpar::infer {
 
-KvCache::KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, int rank, int64_t capacity_tokens,
+KvCache::KvCache(const std::vector<std::vector<int64_t>>& capacity, int64_t layers, int32_t H_kv, int32_t D, int rank,
                  const std::string& kinds, bool shared_kv, Device device, Stream stream)
-    : B_(batch), L_(layers), shared_(shared_kv), H_kv_(H_kv), D_(D), N_(N), rank_(rank), cap_(capacity_tokens),
-      device_(device), stream_(stream), len_(size_t(batch * N), 0), decoded_(size_t(batch), 0),
-      pending_(size_t(batch), 0) {
-  const size_t bytes = size_t(B_) * slot_elems() * elem_bytes();
+    : B_(capacity.empty() ? 0 : int64_t(capacity[0].size())), L_(layers), shared_(shared_kv), H_kv_(H_kv), D_(D),
+      N_(int(capacity.size())), rank_(rank), device_(device), stream_(stream), capacity_(capacity),
+      first_(size_t(B_) + 1, 0), len_(size_t(B_ * N_), 0), decoded_(size_t(B_), 0), pending_(size_t(B_), 0) {
+  CTXPAR_CHECK(rank_ >= 0 && rank_ < N_, "KV cache of rank " << rank_ << " with capacities of " << N_ << " ranks");
+  for (const std::vector<int64_t>& row : capacity_)
+    for (int64_t c : row)
+      CTXPAR_CHECK(int64_t(row.size()) == B_ && c >= 0, "KV cache capacities: one count >= 0 per sequence and rank");
+  for (int64_t b = 0; b < B_; ++b) first_[size_t(b + 1)] = first_[size_t(b)] + this->capacity(b);
+  const size_t bytes = size_t(rows()) * row_bytes();
   k_.resize(size_t(L_));
   v_.resize(size_t(L_));
   for (int64_t l = 0; l < L_; ++l) {  // zeros: padded rows stay finite
@@ -21,17 +26,17 @@ KvCache::KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, 
     k_[size_t(l)] = Buffer<std::byte>(bytes, true, device_, stream_);
     if (!shared_) v_[size_t(l)] = Buffer<std::byte>(bytes, true, device_, stream_);
   }
-  pos_.resize(size_t(B_ * cap_), false);
-  std::fill_n(pos_.data(), B_ * cap_, kNoPos);
+  pos_.resize(size_t(rows()), false);
+  std::fill_n(pos_.data(), rows(), kNoPos);
   if (device_ != Device::cpu) {
-    pos_dev_ = Buffer<int64_t>(size_t(B_ * cap_), false, device_, stream_);
+    pos_dev_ = Buffer<int64_t>(size_t(rows()), false, device_, stream_);
     sync_positions();
   }
 }
 
 void KvCache::sync_positions() {
   if (device_ != Device::cpu)
-    copy_to_device(pos_dev_.data(), pos_.data(), size_t(B_ * cap_) * sizeof(int64_t), device_, stream_);
+    copy_to_device(pos_dev_.data(), pos_.data(), size_t(rows()) * sizeof(int64_t), device_, stream_);
 }
 
 int64_t KvCache::seq_len(int64_t b) const {
@@ -42,9 +47,9 @@ int64_t KvCache::seq_len(int64_t b) const {
 
 int64_t KvCache::reserve(int64_t b, int64_t n, const int64_t* positions) {
   const int64_t first = len(b) + pending_[size_t(b)];
-  CTXPAR_CHECK(first + n <= cap_, "KV cache of sequence " << b << " full: " << first << " + " << n
-                                                          << " tokens > capacity " << cap_);
-  std::copy_n(positions, n, pos_.data() + b * cap_ + first);
+  CTXPAR_CHECK(first + n <= capacity(b), "KV cache of sequence " << b << " full: " << first << " + " << n
+                                                                  << " tokens > capacity " << capacity(b));
+  std::copy_n(positions, n, pos_.data() + first_row(b) + first);
   pending_[size_t(b)] += n;
   return first;
 }
@@ -54,7 +59,7 @@ void KvCache::commit(int64_t b, const std::vector<int64_t>& added, bool decode) 
   CTXPAR_CHECK(added[size_t(rank_)] >= 0 && added[size_t(rank_)] <= pending_[size_t(b)],
                "commit of " << added[size_t(rank_)] << " tokens, " << pending_[size_t(b)] << " reserved");
   const int64_t kept_end = len(b) + added[size_t(rank_)], reserved_end = len(b) + pending_[size_t(b)];
-  std::fill(pos_.data() + b * cap_ + kept_end, pos_.data() + b * cap_ + reserved_end, kNoPos);
+  std::fill(pos_.data() + first_row(b) + kept_end, pos_.data() + first_row(b) + reserved_end, kNoPos);
   for (int r = 0; r < N_; ++r) len_[size_t(b * N_ + r)] += added[size_t(r)];
   pending_[size_t(b)] = 0;
   if (decode) decoded_[size_t(b)] += 1;
@@ -66,14 +71,14 @@ void KvCache::clear() {
   std::fill(pending_.begin(), pending_.end(), 0);
   // Positions back to kNoPos: padded pass-KV blocks read slots past a rank's length. Stale K/V
   // there stay finite and are never visible.
-  std::fill_n(pos_.data(), B_ * cap_, kNoPos);
+  std::fill_n(pos_.data(), rows(), kNoPos);
 }
 
 void KvCache::restore(const Snapshot& s) {
   len_ = s.len;
   decoded_ = s.decoded;
   std::fill(pending_.begin(), pending_.end(), 0);
-  for (int64_t b = 0; b < B_; ++b) std::fill(pos_.data() + b * cap_ + len(b), pos_.data() + (b + 1) * cap_, kNoPos);
+  for (int64_t b = 0; b < B_; ++b) std::fill(pos_.data() + first_row(b) + len(b), pos_.data() + first_row(b + 1), kNoPos);
 }
 
 double KvCache::used_bytes() const {
@@ -82,7 +87,7 @@ double KvCache::used_bytes() const {
   return tokens * token_bytes();
 }
 
-double KvCache::allocated_bytes() const { return double(B_) * double(cap_) * token_bytes(); }
+double KvCache::allocated_bytes() const { return double(rows()) * token_bytes(); }
 
 double KvCache::token_bytes() const {
   return (shared_ ? 1.0 : 2.0) * double(attn_layers_) * double(row_elems()) * double(elem_bytes()) + sizeof(int64_t);

@@ -5,10 +5,14 @@
 // ranks (how many tokens each holds of each sequence): it is a function of the
 // schedule, so no communication is needed to know the padded block sizes of pass-KV.
 //
-// Layout per layer l: K and V [batch][capacity][H_kv][D] (one array when shared: MLA's latent) (post-RoPE keys; sequence b's slab
-// starts at row b * capacity), positions [batch][capacity] shared by all layers: one array per
-// layer, so a decode call describes every sequence's keys at once (CpCall' k_doc_begin /
-// k_doc_len). Unused slots hold K = V = 0 and position kNoPos, which no causal query sees, so a
+// Layout per layer l: K and V [rows][H_kv][D] (one array when shared: MLA's latent; post-RoPE
+// keys), sequence b's slab of capacity(b) rows starting at first_row(b) (the capacities of the
+// sequences before it), positions [rows] shared by all layers: one array per layer, so a decode
+// call describes every sequence's keys at once (CpCall' k_doc_begin / k_doc_len). Each sequence
+// has its own capacity on each rank (infer/schedule.hpp cache_capacity: a short prompt beside a
+// long one takes its own rows, not the long one's, and a prompt placed whole on one rank takes
+// none elsewhere), so a pass-KV key block padded to the rank holding most of a sequence can be
+// longer than another rank's slab (the engine pads it there: capacity(b, r)). Unused slots hold K = V = 0 and position kNoPos, which no causal query sees, so a
 // block padded up to the longest rank's length adds no visible pair.
 // On a GPU (device = cuda) the K/V arrays live on the device in bf16 (the attention kernels' input
 // type); the positions stay on the host, with a device copy that sync_positions() refreshes.
@@ -32,12 +36,16 @@ class KvCache {
   // get no arrays; empty = every layer attention.
   // `shared_kv`: keys and values are the same rows (MLA's latent, model/mla_layer.hpp): one array
   // per layer, v() the same memory as k().
-  KvCache(int64_t batch, int64_t layers, int32_t H_kv, int32_t D, int N, int rank, int64_t capacity_tokens,
+  // `capacity[r][b]`: tokens of sequence b on rank r (N = its size; every rank's row the same
+  // length, the batch); this rank (`rank`) allocates its own row.
+  KvCache(const std::vector<std::vector<int64_t>>& capacity, int64_t layers, int32_t H_kv, int32_t D, int rank,
           const std::string& kinds = "", bool shared_kv = false, Device device = Device::cpu,
           Stream stream = nullptr);
 
   int64_t batch() const { return B_; }
-  int64_t capacity() const { return cap_; }
+  int64_t capacity(int64_t b, int r) const { return capacity_[size_t(r)][size_t(b)]; }
+  int64_t capacity(int64_t b) const { return capacity(b, rank_); }
+  int64_t rows() const { return first_.back(); }  // every sequence's slab
   // Committed tokens of sequence b on CP rank r (any rank's, from the shared bookkeeping).
   int64_t len(int64_t b, int r) const { return len_[size_t(b * N_ + r)]; }
   int64_t len(int64_t b) const { return len(b, rank_); }
@@ -50,10 +58,10 @@ class KvCache {
   DType dtype() const { return device_ == Device::cpu ? DType::f32 : DType::bf16; }
   size_t elem_bytes() const { return dtype_bytes(dtype()); }
   Device device() const { return device_; }
-  void* k(int64_t b, int64_t l) { return k_layer(l) + size_t(b) * slot_elems() * elem_bytes(); }
-  void* v(int64_t b, int64_t l) { return v_layer(l) + size_t(b) * slot_elems() * elem_bytes(); }
-  const int64_t* pos(int64_t b) const { return pos_.data() + b * cap_; }
-  // The whole cache of layer l ([batch * capacity] rows) and every sequence's positions.
+  void* k(int64_t b, int64_t l) { return k_layer(l) + size_t(first_row(b)) * row_bytes(); }
+  void* v(int64_t b, int64_t l) { return v_layer(l) + size_t(first_row(b)) * row_bytes(); }
+  const int64_t* pos(int64_t b) const { return pos_.data() + first_row(b); }
+  // The whole cache of layer l (rows() rows) and every sequence's positions.
   char* k_layer(int64_t l) { return reinterpret_cast<char*>(k_[size_t(l)].data()); }
   char* v_layer(int64_t l) { return reinterpret_cast<char*>((shared_ ? k_ : v_)[size_t(l)].data()); }
   const int64_t* pos_all() const { return pos_.data(); }
@@ -61,7 +69,7 @@ class KvCache {
   // sync_positions() (call it after reserve, before an attention reads them).
   const int64_t* pos_all_device() const { return device_ == Device::cpu ? pos_.data() : pos_dev_.data(); }
   void sync_positions();
-  int64_t first_row(int64_t b) const { return b * cap_; }  // sequence b's slab in the layer arrays
+  int64_t first_row(int64_t b) const { return first_[size_t(b)]; }  // sequence b's slab in the layer arrays
   int64_t row_elems() const { return int64_t(H_kv_) * D_; }
 
   // Writes the positions of `n` new local tokens of sequence b after the committed ones and
@@ -90,17 +98,18 @@ class KvCache {
   double token_bytes() const;  // per token: K and V (once when shared) of every attention layer, its position
 
  private:
-  size_t slot_elems() const { return size_t(cap_) * size_t(H_kv_) * size_t(D_); }
+  size_t row_bytes() const { return size_t(row_elems()) * elem_bytes(); }
   int64_t B_, L_;
   int64_t attn_layers_ = 0;  // layers with K/V (not Gated DeltaNet)
   bool shared_ = false;
   int32_t H_kv_, D_;
   int N_, rank_;
-  int64_t cap_;
   Device device_ = Device::cpu;
   Stream stream_ = nullptr;
-  std::vector<Buffer<std::byte>> k_, v_;  // per layer: [B][cap][H_kv][D] of dtype()
-  Buffer<int64_t> pos_;               // [B][cap]
+  std::vector<std::vector<int64_t>> capacity_;  // [N][B]
+  std::vector<int64_t> first_;  // [B + 1]: sequence b's slab is rows [first_[b], first_[b + 1])
+  std::vector<Buffer<std::byte>> k_, v_;  // per layer: [rows][H_kv][D] of dtype()
+  Buffer<int64_t> pos_;               // [rows]
   Buffer<int64_t> pos_dev_;           // GPU: pos_'s device copy
   std::vector<int64_t> len_;          // [B][N]
   std::vector<int64_t> decoded_;      // [B]

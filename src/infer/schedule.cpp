@@ -87,27 +87,36 @@ std::vector<std::vector<std::vector<int64_t>>> sequence_rows(const Placement& p,
   return at;
 }
 
-int64_t most_sequence_rows(const Placement& p, const std::vector<int64_t>& lengths) {
-  int64_t most = 0;
-  for (const auto& seq : sequence_rows(p, lengths))
-    for (const std::vector<int64_t>& on_rank : seq) most = std::max(most, int64_t(on_rank.size()));
-  return most;
-}
-
-int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N, int64_t batch, PlacementKind placement) {
-  int64_t cap = 0;
+std::vector<std::vector<int64_t>> cache_capacity(const std::vector<SchedulePhase>& s, int N, int64_t batch,
+                                                 PlacementKind placement) {
+  std::vector<std::vector<int64_t>> cap = uniform_capacity(N, batch, 0);
   for (size_t i = 0; i < s.size(); ++i) {
     const SchedulePhase& p = s[i];
-    if (p.kind == PhaseKind::decode) {
-      cap += (p.count + N - 1) / N + 1;
-    } else if (i == 0 && placement == PlacementKind::balanced) {  // every sequence's first prefill: placed
-      const std::vector<int64_t> lengths = p.lengths_of(batch);
-      cap += most_sequence_rows(prefill_placement(lengths, N), lengths);
-    } else {  // a prefill's rows on each rank: its padded zigzag share
-      cap += Partition::padded_length(PartitionKind::zigzag, p.count, N) / N;
-    }
+    const std::vector<int64_t> lengths = p.lengths_of(batch);
+    const bool placed = i == 0 && p.kind == PhaseKind::prefill && placement == PlacementKind::balanced;
+    const std::vector<std::vector<std::vector<int64_t>>> at =  // every sequence's first prefill: placed
+        placed ? sequence_rows(prefill_placement(lengths, N), lengths) : std::vector<std::vector<std::vector<int64_t>>>{};
+    for (int r = 0; r < N; ++r)
+      for (size_t b = 0; b < size_t(batch); ++b)
+        cap[size_t(r)][b] += p.kind == PhaseKind::decode ? (p.count + N - 1) / N + 1
+                             : placed ? int64_t(at[b][size_t(r)].size())
+                                      : Partition::padded_length(PartitionKind::zigzag, lengths[b], N) / N;
   }
   return cap;
+}
+
+std::vector<std::vector<int64_t>> uniform_capacity(int N, int64_t batch, int64_t tokens) {
+  return std::vector<std::vector<int64_t>>(size_t(N), std::vector<int64_t>(size_t(batch), tokens));
+}
+
+int64_t most_rank_tokens(const std::vector<std::vector<int64_t>>& capacity) {
+  int64_t most = 0;
+  for (const std::vector<int64_t>& row : capacity) {
+    int64_t sum = 0;
+    for (int64_t c : row) sum += c;
+    most = std::max(most, sum);
+  }
+  return most;
 }
 
 }  // namespace ctxpar::infer

@@ -45,16 +45,18 @@ Placement prefill_placement(const std::vector<int64_t>& lengths, int N);
 // Each sequence's rows on each rank in that placement, [sequence][rank]: their indices within the
 // sequence, ascending (the padding rows, past every sequence, are none of them).
 std::vector<std::vector<std::vector<int64_t>>> sequence_rows(const Placement& p, const std::vector<int64_t>& lengths);
-// The most rows of one sequence on one rank in that placement.
-int64_t most_sequence_rows(const Placement& p, const std::vector<int64_t>& lengths);
-
-// KV cache capacity per sequence and rank (tokens) that a schedule of `batch` sequences needs on N
-// ranks: the padded zigzag shares of every prefill (its longest sequence's; the padding rows are
-// written, then dropped), or with placement = balanced for the first (the full) prefill the most
-// rows its placement puts of one sequence on one rank, plus a round-robin share of every decode
-// token (the rounding of the round-robin may put one extra token on a rank per phase).
-int64_t cache_capacity_tokens(const std::vector<SchedulePhase>& s, int N, int64_t batch = 1,
-                              PlacementKind placement = PlacementKind::zigzag);
+// KV cache capacity of each of the `batch` sequences on each of N ranks, [rank][sequence] in
+// tokens (KvCache), that a schedule needs: per prefill the padded zigzag share of that sequence's
+// length (the padding rows are written, then dropped), or with placement = balanced for the first
+// (the full) prefill the rows its placement puts of that sequence on that rank, plus a round-robin
+// share of every decode token (the rounding of the round-robin may put one extra token on a rank
+// per phase).
+std::vector<std::vector<int64_t>> cache_capacity(const std::vector<SchedulePhase>& s, int N, int64_t batch = 1,
+                                                 PlacementKind placement = PlacementKind::zigzag);
+// The same capacity `tokens` for each of `batch` sequences on each of N ranks.
+std::vector<std::vector<int64_t>> uniform_capacity(int N, int64_t batch, int64_t tokens);
+// The most tokens a rank holds of that capacity (every sequence's).
+int64_t most_rank_tokens(const std::vector<std::vector<int64_t>>& capacity);
 
 // bench infer's batched prefill and TTFT-vs-length sweep at context `seq`: seq/8, seq/4, seq/2,
 // seq tokens (at least 1 each).

@@ -117,9 +117,8 @@ class Session {
       layout_.init(uint64_t(cfg.seed), params_.data());
     }
     const int N = cp_.size();
-    engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cfg.batch,
-                                       cache_capacity_tokens(sched, N, cfg.batch, cfg.placement), cfg.strategy, cfg.device,
-                                       stream);
+    engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cache_capacity(sched, N, cfg.batch, cfg.placement),
+                                       cfg.strategy, cfg.device, stream);
     num_ = make_numerics(cfg.exact, layout_.dims(), /*grad_elems=*/0, /*block=*/1);
     engine_->use_numerics(*num_, cfg.cp_schedule());
     engine_->use_placement(cfg.placement);
@@ -130,9 +129,10 @@ class Session {
          name_of(cfg.mode), (long long)d.layers, (long long)d.dim, (long long)d.ffn, (long long)cfg.heads,
          (long long)cfg.kv_heads, (long long)cfg.head_dim, (long long)d.vocab, double(d.param_count()) / 1e6,
          (long long)cfg.batch, N, cfg.mesh.c_str(), cfg.strategy.c_str(), name_of(cfg.cp_algo), name_of(cfg.decode_algo));
-    log0("# weights: %s; KV cache %s per rank allocated (%lld tokens per sequence)\n",
+    log0("# weights: %s; KV cache %s per rank allocated (%lld tokens of %lld sequences)\n",
          cfg.resume.empty() ? "seeded init (as train)" : cfg.resume.c_str(),
-         fmt_bytes(engine_->cache().allocated_bytes()).c_str(), (long long)engine_->cache().capacity());
+         fmt_bytes(engine_->cache().allocated_bytes()).c_str(), (long long)engine_->cache().rows(),
+         (long long)engine_->cache().batch());
     log0("# cp_algo cost model: %s\n", cost_->describe().c_str());
     if (!cost_->warning().empty()) log0("# %s\n", cost_->warning().c_str());
     if (cfg.visible_keys)
@@ -564,10 +564,11 @@ std::string scan_infer_inputs(const Config& cfg, Topology& topo) {
 namespace {
 
 // One engine's memory on a rank (infer/engine.hpp): its KV cache and its activations, in bytes with
-// fp32 cache elements (`cache_elem` = 2: the GPU's bf16 cache), and the cache's tokens per sequence.
+// fp32 cache elements (`cache_elem` = 2: the GPU's bf16 cache), and the cache's tokens (every
+// sequence's, on the rank holding most).
 struct EnginePlan {
   double cache = 0, act = 0;
-  int64_t cap = 0, batch = 1;
+  int64_t rows = 0, batch = 1;
 };
 EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sched, int N, int64_t batch,
                        PlacementKind placement, double cache_elem, bool exact) {
@@ -576,9 +577,10 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
   e.batch = batch;
   // The KV cache: K and V of every attention layer for the batch (MLA: the latent rows once), and
   // positions (infer/kv_cache.hpp).
-  e.cap = cache_capacity_tokens(sched, N, batch, placement);
+  const std::vector<std::vector<int64_t>> cap = cache_capacity(sched, N, batch, placement);
+  e.rows = most_rank_tokens(cap);
   const double attn_layers = double(d.layers - d.gdn_layers());
-  e.cache = double(batch) * double(e.cap) * ((d.mla ? 1.0 : 2.0) * cache_elem * attn_layers * double(d.cache_width()) + 8.0);
+  e.cache = double(e.rows) * ((d.mla ? 1.0 : 2.0) * cache_elem * attn_layers * double(d.cache_width()) + 8.0);
   // Hybrid models: per sequence and GDN layer its state and convolution tail (infer/gdn_infer.hpp),
   // on its owner (ceil(batch / N) sequences) or, replicated, every sequence on every rank.
   if (d.has_gdn()) {
@@ -605,11 +607,19 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
   // placement = balanced: a later pass-KV prefill of several sequences pads each one's key block
   // to the rank holding most of its cache (a prompt kept whole on one rank: its whole length), so
   // the packed keys (engine.cpp kp, vp) and the ring's blocks in flight reach the cache's
-  // capacity per sequence: 2 + 3 K/V rows of cache elements per sequence and capacity token.
+  // capacity of each sequence on the rank holding most of it: 2 + 3 K/V rows of cache elements per
+  // such token.
   bool later_prefill = false;
   for (size_t i = 1; i < sched.size(); ++i) later_prefill |= sched[i].kind == PhaseKind::prefill;
-  if (placement == PlacementKind::balanced && later_prefill)
-    e.act += cache_elem * double(batch) * double(e.cap) * 5.0 * double(d.kv_width());
+  if (placement == PlacementKind::balanced && later_prefill) {
+    double keys = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      int64_t most = 0;
+      for (const std::vector<int64_t>& on_rank : cap) most = std::max(most, on_rank[size_t(b)]);
+      keys += double(most);
+    }
+    e.act += cache_elem * keys * 5.0 * double(d.kv_width());
+  }
   if (d.has_gdn())  // each OpenMP thread's scratch of the prefill's recurrence
     e.act += f * omp_get_max_threads() * double(gdn_thread_scratch_bound(rows, d.gdn_Dk, d.gdn_Dv, d.gdn_chunk, false));
   if (d.mla)  // the absorbed queries and outputs, the latents and their scratch
@@ -685,8 +695,8 @@ double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) 
   const double weights = sizeof(float) * double(ParamLayout(d).local_elems()) * host_weight_copies(cfg);
   const double total = weights + e.cache + e.act;
   if (parts)
-    *parts = "weights " + fmt_bytes(weights) + ", KV cache " + fmt_bytes(e.cache) + " (" + s_(e.cap) + " tokens x batch " +
-             s_(e.batch) + "), activations " + fmt_bytes(e.act);
+    *parts = "weights " + fmt_bytes(weights) + ", KV cache " + fmt_bytes(e.cache) + " (" + s_(e.rows) + " tokens of " + s_(e.batch) +
+             " sequences), activations " + fmt_bytes(e.act);
   return total;
 }
 

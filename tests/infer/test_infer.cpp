@@ -177,7 +177,7 @@ TEST_P(InferChat, EveryStepMatchesSingleRankRecompute) {
   const int64_t B = 3, V = m.cfg.vocab, T1 = c.odd ? 47 : 48, D1 = 33, T2 = c.odd ? 7 : 24, D2 = 8;
   const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, T1}, {PhaseKind::decode, D1},
                                             {PhaseKind::prefill, T2}, {PhaseKind::decode, D2}};
-  Engine eng(m.layout, m.params.data(), ring_topo(), B, cache_capacity_tokens(sched, N), "ring");
+  Engine eng(m.layout, m.params.data(), ring_topo(), cache_capacity(sched, N, B), "ring");
   // History of every sequence (the tokens fed, in position order) and, per step, the logits of
   // the last position and the greedy tokens; rows[b][k] = position whose logits step k returned.
   std::vector<std::vector<int32_t>> hist(static_cast<size_t>(B));
@@ -310,7 +310,7 @@ TEST_P(InferPartial, NewTokensMatchRecompute) {
   for (int64_t i = 0; i < kTotal; ++i) all[size_t(i)] = prompt(0, i);
   std::vector<SchedulePhase> sched = {{PhaseKind::prefill, P}, {PhaseKind::prefill, c.T}};
   if (P == 0) sched.erase(sched.begin());
-  Engine eng(m.layout, m.params.data(), ring_topo(), 1, cache_capacity_tokens(sched, world().size()), "ring");
+  Engine eng(m.layout, m.params.data(), ring_topo(), cache_capacity(sched, world().size()), "ring");
   CallStats st;
   if (P > 0) eng.prefill({std::vector<int32_t>(all.begin(), all.begin() + P)}, CpAlgo::pass_kv, nullptr, st);
   StepOutput out = eng.prefill({std::vector<int32_t>(all.begin() + P, all.end())}, c.algo, nullptr, st, true, true);
@@ -373,13 +373,12 @@ TEST(InferBatch, VariableLengthsMatchEachSequenceAlone) {
         for (int64_t i = 0; i < T1[size_t(b)]; ++i) p1[size_t(b)].push_back(prompt(b, i));
         for (int64_t i = 0; i < T2[size_t(b)]; ++i) p2[size_t(b)].push_back(prompt(b, 1000 + i));
       }
-      int64_t cap = 0;
-      for (int64_t b = 0; b < B; ++b)
-        cap = std::max(cap, Partition::padded_length(PartitionKind::zigzag, T1[size_t(b)], N) / N +
-                                Partition::padded_length(PartitionKind::zigzag, std::max<int64_t>(T2[size_t(b)], 1), N) / N);
+      // Each sequence's own capacity (its slab as long as its prompts need, not the longest's).
+      const std::vector<std::vector<int64_t>> cap =
+          cache_capacity({{PhaseKind::prefill, 100, T1}, {PhaseKind::prefill, 40, {7, 1, 1, 40}}}, N, B);
       StepOutput out[2][2];  // [packed, sequential][prefill 1, prefill 2]
       for (PrefillBatching mode : {PrefillBatching::packed, PrefillBatching::sequential}) {
-        Engine eng(m.layout, m.params.data(), topology(mesh), B, cap, name);
+        Engine eng(m.layout, m.params.data(), topology(mesh), cap, name);
         CallStats st;
         const int k = mode == PrefillBatching::packed ? 0 : 1;
         out[k][0] = eng.prefill(p1, CpAlgo::pass_kv, nullptr, st, true, true, mode);
@@ -427,7 +426,7 @@ TEST(InferBatch, MixedAlgorithmsPerSequence) {
     for (int64_t i = 0; i < T1[size_t(b)]; ++i) p1[size_t(b)].push_back(prompt(b, i));
     for (int64_t i = 0; i < T2[size_t(b)]; ++i) p2[size_t(b)].push_back(prompt(b, 500 + i));
   }
-  Engine eng(m.layout, m.params.data(), ring_topo(), B, 64 / N + 40 / N + 8, "ring");
+  Engine eng(m.layout, m.params.data(), ring_topo(), uniform_capacity(N, B, 64 / N + 40 / N + 8), "ring");
   CallStats st;
   eng.prefill(p1, CpAlgo::pass_kv, nullptr, st);
   const StepOutput out = eng.prefill(p2, algos, nullptr, st, true, true);
@@ -456,7 +455,7 @@ TEST(InferAudit, EveryCallPassesAndAMiscountIsNamed) {
   for (int64_t i = 0; i < 37; ++i) p1[0].push_back(prompt(0, i));
   for (int64_t i = 0; i < 20; ++i) p1[1].push_back(prompt(1, i));
   for (int64_t i = 0; i < 9; ++i) p2[0].push_back(prompt(0, 100 + i));
-  Engine eng(m.layout, m.params.data(), ring_topo(), B, 64 / N + 16, "ring");
+  Engine eng(m.layout, m.params.data(), ring_topo(), uniform_capacity(N, B, 64 / N + 16), "ring");
   std::vector<int32_t> last;
   for (int call = 0; call < 5; ++call) {
     CallStats st;
@@ -499,7 +498,7 @@ TEST(InferPlaced, BatchMatchesRecomputeWithShortPromptsWhole) {
     const int64_t V = m.cfg.vocab;
     const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, 90, T1}, {PhaseKind::decode, D1},
                                               {PhaseKind::prefill, 9, T2}, {PhaseKind::decode, D2}};
-    Engine eng(m.layout, m.params.data(), ring_topo(), B, cache_capacity_tokens(sched, N, B, PlacementKind::balanced),
+    Engine eng(m.layout, m.params.data(), ring_topo(), cache_capacity(sched, N, B, PlacementKind::balanced),
                c.strategy);
     eng.use_numerics(plain_numerics(), CpSchedule::visible);
     eng.use_placement(PlacementKind::balanced);
@@ -586,7 +585,7 @@ void tp_case(const std::string& name, const Heads& heads, int tp = 2, const std:
   local.init(uint64_t(m.cfg.seed), params.data());
   const int64_t B = 2, V = m.cfg.vocab;
   const std::vector<int64_t> T1 = {37, 64}, T2 = {5, 12};
-  Engine eng(local, params.data(), topo, B, 2 * (64 / N + 2) + 16, name);
+  Engine eng(local, params.data(), topo, uniform_capacity(N, B, 2 * (64 / N + 2) + 16), name);
   std::vector<std::vector<int32_t>> hist(static_cast<size_t>(B));
   double err = 0;
   std::vector<std::pair<int64_t, std::vector<float>>> rows;  // (position, [B, V] logits) per call
@@ -675,7 +674,7 @@ TEST(InferFull, EveryStrategyMatchesRecompute) {
       const int64_t T = 64, V = m.cfg.vocab;
       std::vector<int32_t> tok(static_cast<size_t>(T));
       for (int64_t i = 0; i < T; ++i) tok[size_t(i)] = prompt(5, i);
-      Engine eng(m.layout, m.params.data(), topology(mesh), 1, T / N, name);
+      Engine eng(m.layout, m.params.data(), topology(mesh), uniform_capacity(N, 1, T / N), name);
       CallStats st;
       StepOutput out = eng.prefill({tok}, CpAlgo::pass_kv, nullptr, st, true, true);
       const std::vector<float> ref = reference_logits(m, tok);
@@ -813,21 +812,32 @@ TEST(InferSchedule, ParseAndCapacity) {
   ASSERT_EQ(s.size(), 4u);
   EXPECT_EQ(s[0].count, 32768);
   EXPECT_EQ(s[1].kind, PhaseKind::decode);
-  EXPECT_EQ(cache_capacity_tokens(s, 4), 8192 + 17 + 512 + 17);
+  EXPECT_EQ(cache_capacity(s, 4), uniform_capacity(4, 1, 8192 + 17 + 512 + 17));
   EXPECT_NE(parse_schedule("decode:4,prefill:8", 1, s).find("must start with a prefill"), std::string::npos);
   // Any prefill length on any N: the capacity holds the padded zigzag share (12 on 4 ranks: 16 rows).
   EXPECT_EQ(parse_schedule("prefill:12,decode:5", 4, s), "");
-  EXPECT_EQ(cache_capacity_tokens(s, 4), 4 + 2 + 1);
+  EXPECT_EQ(cache_capacity(s, 4), uniform_capacity(4, 1, 4 + 2 + 1));
   EXPECT_NE(parse_schedule("prefill:16,chat:3", 1, s).find("unknown phase 'chat'"), std::string::npos);
-  // placement = balanced: the first prefill's capacity is the most rows its placement puts of one
-  // sequence on a rank; 8 prompts of 10 on 4 ranks go whole, two per rank (the padded zigzag
-  // share is 16 / 4 = 4 rows).
+  // Prompts of different lengths: each sequence's capacity its own share, not the longest's.
+  EXPECT_EQ(parse_schedule("prefill:512/1K/2K/4K,decode:3", 4, s), "");
+  EXPECT_EQ(cache_capacity(s, 4, 4), std::vector<std::vector<int64_t>>(4, {128 + 2, 256 + 2, 512 + 2, 1024 + 2}));
+  EXPECT_EQ(most_rank_tokens(cache_capacity(s, 4, 4)), 1928);
+  // placement = balanced: the first prefill's capacity is the rows its placement puts of each
+  // sequence on each rank; 8 prompts of 10 on 4 ranks go whole, two per rank (the padded zigzag
+  // share is 16 / 4 = 4 rows), so a rank holds 2 x 10 prompt rows, not 8 x 10.
   EXPECT_EQ(parse_schedule("prefill:10,decode:5", 4, s), "");
-  EXPECT_EQ(cache_capacity_tokens(s, 4, 8), 4 + 2 + 1);
-  EXPECT_EQ(cache_capacity_tokens(s, 4, 8, PlacementKind::balanced), 10 + 2 + 1);
-  const Placement p = prefill_placement(std::vector<int64_t>(8, 10), 4);
-  EXPECT_EQ(p.n, 32);  // the zigzag shares' rows: 8 x 4
-  EXPECT_EQ(most_sequence_rows(p, std::vector<int64_t>(8, 10)), 10);
+  EXPECT_EQ(cache_capacity(s, 4, 8), uniform_capacity(4, 8, 4 + 2 + 1));
+  const std::vector<std::vector<int64_t>> placed = cache_capacity(s, 4, 8, PlacementKind::balanced);
+  for (int64_t b = 0; b < 8; ++b) {
+    int whole = 0;
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_TRUE(placed[size_t(r)][size_t(b)] == 3 || placed[size_t(r)][size_t(b)] == 13) << "sequence " << b;
+      whole += placed[size_t(r)][size_t(b)] == 13;
+    }
+    EXPECT_EQ(whole, 1) << "sequence " << b << " whole on one rank";
+  }
+  EXPECT_EQ(most_rank_tokens(placed), 2 * 13 + 6 * 3);
+  EXPECT_EQ(prefill_placement(std::vector<int64_t>(8, 10), 4).n, 32);  // the zigzag shares' rows: 8 x 4
   EXPECT_NE(parse_schedule("prefill:x", 1, s).find("needs a count"), std::string::npos);
 }
 
