@@ -248,7 +248,10 @@ struct RowKind {
   // the configured schedule's row `<name><schedule_suffix>` (cp/strategy.hpp), e.g. `ring:det`
   CpSchedule schedule = CpSchedule::plain;
   bool exact = false;  // its exact sums: the layout in whole query tiles, exact_heads per dK/dV part
-  bool balanced = false;  // rows placed from the documents (shard/placement.hpp), not the partition's
+  // zigzag: the partition's rows; balanced or document: rows placed from the documents
+  // (shard/placement.hpp)
+  PlacementKind placement = PlacementKind::zigzag;
+  bool placed() const { return placement != PlacementKind::zigzag; }
   bool scheduled() const { return schedule != CpSchedule::plain; }
 };
 
@@ -272,8 +275,8 @@ std::vector<RowKind> row_kinds(const Config& cfg, Topology& topo, bool mla) {
     const CpSchedule sched = cfg.cp_schedule();
     if (sched != CpSchedule::plain && has_schedule(name, sched))
       rows.push_back({name + schedule_suffix(sched), name, false, sched, cfg.exact});
-    if (cfg.placement == PlacementKind::balanced && has_schedule(name, CpSchedule::visible))
-      rows.push_back({name + ":balanced", name, false, CpSchedule::visible, false, true});
+    if (cfg.placement != PlacementKind::zigzag && has_schedule(name, CpSchedule::visible))
+      rows.push_back({name + ":" + name_of(cfg.placement), name, false, CpSchedule::visible, false, cfg.placement});
   }
   return rows;
 }
@@ -325,6 +328,11 @@ std::vector<std::string> table_notes(const Config& cfg, Topology& topo, const Ml
                     "lengths (shard/placement.hpp: short documents whole on one rank, long ones zigzag over the fewest "
                     "ranks within " + std::to_string(kBalanceSlackPercent) + "% of the mean causal work); x_plain "
                     "against the strategy's plain (zigzag) row");
+  if (cfg.placement == PlacementKind::document)
+    notes.push_back("placement=document: <name>:document rows run the frugal schedule on every document zigzag over "
+                    "all ranks on its own (shard/placement.hpp: the packed-sequence layout of Transformer Engine and "
+                    "Megatron-LM, each document's remainder rows dealt to the chunks in turn instead of padding it); "
+                    "x_plain against the strategy's plain (zigzag) row");
   if (cfg.visible_keys)
     notes.push_back(
         rows + "move only the key/value rows some query of the receiver can see (cp/visible.hpp); "
@@ -388,7 +396,7 @@ struct CpBench {
   std::vector<std::string> skipped;
   std::vector<std::string> audit_failures;  // coverage audit mismatches (audit())
   std::map<int64_t, double> plain_bytes;  // visible keys: seq -> bytes of the plain row of the same strategy (last seen)
-  std::map<std::pair<int64_t, bool>, double> least_bytes;  // visible keys: (seq, balanced) -> the visible minimum (max over ranks)
+  std::map<std::pair<int64_t, PlacementKind>, double> least_bytes;  // visible keys: (seq, layout) -> the visible minimum (max over ranks)
   std::map<std::string, double> step_bytes;  // MLA: label -> bytes of one forward ring step
 
   CpBench(BenchContext& c, const GpuRun& g, MlaBench* m, Table& t)
@@ -507,13 +515,13 @@ struct CpBench {
   // Every rank's rows for the row: the partition's, or placed from the documents' lengths.
   static std::vector<std::vector<int64_t>> layout_of(const RowKind& row, const Partition& part,
                                                      const std::vector<int32_t>& global_doc) {
-    if (!row.balanced) {
+    if (!row.placed()) {
       std::vector<std::vector<int64_t>> rows;
       for (int j = 0; j < part.P(); ++j) rows.push_back(part.positions(j));
       return rows;
     }
     const std::vector<int64_t> lengths = global_doc.empty() ? std::vector<int64_t>{part.S()} : document_lengths(global_doc);
-    return balanced_placement(lengths, part.P(), part.local_size(0)).rows;
+    return place_documents(row.placement, lengths, part.P(), part.local_size(0)).rows;
   }
 
   // The row `row` at seq S: validate, fill the inputs, time, check against the single-rank
@@ -540,7 +548,7 @@ struct CpBench {
     fill_inputs(in, shape, layout, S);
     CpCall t = in.local(shape, ex);
     // As in training: every rank's keys are its zigzag shard, so the ring derives positions.
-    if (strat.partition() == PartitionKind::zigzag && !row.exact && !row.balanced) t.k_pos_zigzag = S;
+    if (strat.partition() == PartitionKind::zigzag && !row.exact && !row.placed()) t.k_pos_zigzag = S;
     DeviceTensors dev;  // device=cuda: the call's tensors on the GPU
     const CpCall run = on_gpu ? dev.upload(t, gpu.stream) : t;
     const double real_pairs =
@@ -563,8 +571,8 @@ struct CpBench {
         table.cell(10, m.flops_fwd / median(m.fwd_cpu) / 1e9), table.cell(11, m.flops_bwd / median(m.bwd_cpu) / 1e9),
         std::to_string(wrong), full ? "full" : "sample", table.cell(14, m.work_imbalance)};
     if (cfg.visible_keys) {
-      // the same for every strategy's rows at this length and layout (zigzag, or balanced): computed once
-      auto [at, fresh] = least_bytes.try_emplace({S, row.balanced}, 0.0);
+      // the same for every strategy's rows at this length and layout (zigzag, or placed): computed once
+      auto [at, fresh] = least_bytes.try_emplace({S, row.placement}, 0.0);
       if (fresh) {
         at->second = visible_minimum_bytes(shape, layout, S, in.global_doc, r);
         world.all_reduce(std::span<double>(&at->second, 1), ReduceOp::max);

@@ -244,7 +244,7 @@ const std::vector<Field>& config_fields() {
       {"strategy", &Config::strategy, "", "CP attention strategy: a training row of `ctxpar --features` (auto: the cost model's pick for this mesh and the `hardware` profile; all: every strategy, bench cp only)", {}, 0, -1,
        [](const Config& c) { return choice_error(c.strategy, strategy_choices().training, kStrategyKeywords); }},
       enum_field<&Config::partition>("partition", kPartitionNames, "zigzag", "token partition assumed by predict (the executed strategies always shard zigzag)"),
-      enum_field<&Config::placement>("placement", kPlacementNames, "zigzag", "train, bench cp, and the full prefill of a batch in prefill, decode and chat (each sequence a document; needs cp_algo=pass_kv there): where a packed batch's rows live over the CP group: zigzag (positions, blind to documents; inference: each sequence zigzag on its own) or balanced (per batch from the document lengths: short documents whole on one rank, long ones split zigzag over the fewest ranks that keep every rank's causal work within 2% of the mean; needs frugal=true), or auto (train: per batch the one the cost model prices faster, its attention on the busiest rank and the rows it receives, with the hardware profile; needs frugal=true)"),
+      enum_field<&Config::placement>("placement", kPlacementNames, "zigzag", "train, bench cp, and the full prefill of a batch in prefill, decode and chat (each sequence a document; needs cp_algo=pass_kv there): where a packed batch's rows live over the CP group: zigzag (positions, blind to documents; inference: each sequence zigzag on its own) or balanced (per batch from the document lengths: short documents whole on one rank, long ones split zigzag over the fewest ranks that keep every rank's causal work within 2% of the mean; needs frugal=true), or auto (train: per batch the one the cost model prices faster, its attention on the busiest rank and the rows it receives, with the hardware profile; needs frugal=true), or document (train, bench cp: every document zigzag over all ranks on its own, the layout Transformer Engine and Megatron-LM give packed sequences; needs frugal=true)"),
       enum_field<&Config::mask>("mask", kMaskNames, "causal", "attention mask"),
       {"window", &Config::window, "0", "sliding window in tokens: of mask=window, and of the local (L) layers of layer_pattern", {}, 0, 1ll << 40},
       {"docs", &Config::docs, "none", "packed documents: none, random, or lengths L1,L2,... summing to seq", {}, 0, -1, check_docs},
@@ -758,10 +758,15 @@ void validate_config(const Config& c, int world_size) {
                                  "and chat") +
                      (infer_mode ? " (bench infer compares zigzag and balanced in its batched-prefill table)" : "") +
                      "; valid here: placement=zigzag");
+  if (c.placement == PlacementKind::document && !(train_mode || bench_cp))
+    throw UsageError(std::string("config: placement = document applies to train, bench train and bench cp") +
+                     (infer_mode || serve_mode ? " (inference already shards each sequence zigzag on its own: "
+                                                 "placement=zigzag)" : "") +
+                     "; valid here: placement=zigzag");
   if (c.placement == PlacementKind::automatic && !train_mode)
     throw UsageError(std::string("config: placement = auto applies to train and bench train (bench cp compares the "
-                     "placements row by row: placement=balanced)") + "; valid here: placement=zigzag" +
-                     (bench_cp ? " or placement=balanced" : ""));
+                     "placements row by row: placement=balanced or document)") + "; valid here: placement=zigzag" +
+                     (bench_cp ? ", balanced or document" : ""));
   if (c.placement != PlacementKind::zigzag && !c.visible_keys)
     throw UsageError(std::string("config: placement = ") + name_of(c.placement) + " needs frugal = true: a document's "
                      "rows may sit on any rank, and only the visible-keys exchange moves just the rows a query can see "

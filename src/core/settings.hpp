@@ -23,7 +23,7 @@ enum class CpSchedule : int32_t { plain, exact, visible };
 // Token partition of a CP group (shard/partition.hpp).
 enum class PartitionKind : int32_t { contiguous, zigzag, striped };
 // Where a packed batch's rows live over a CP group, per batch (shard/placement.hpp).
-enum class PlacementKind : int32_t { zigzag, balanced, automatic };
+enum class PlacementKind : int32_t { zigzag, balanced, automatic, document };
 // How much of the training state the ranks that hold one tp slice (dp x CP) split among them
 // (model/state_shard.hpp): none; the AdamW moments and master weights (ZeRO-1); also the
 // gradients (ZeRO-2); also the weights themselves (ZeRO-3).
@@ -61,7 +61,8 @@ inline constexpr EnumName<PartitionKind> kPartitionNames[] = {
     {PartitionKind::zigzag, "zigzag"}, {PartitionKind::contiguous, "contiguous"}, {PartitionKind::striped, "striped"}};
 inline constexpr EnumName<PlacementKind> kPlacementNames[] = {{PlacementKind::zigzag, "zigzag"},
                                                                 {PlacementKind::balanced, "balanced"},
-                                                                {PlacementKind::automatic, "auto"}};
+                                                                {PlacementKind::automatic, "auto"},
+                                                                {PlacementKind::document, "document"}};
 inline constexpr EnumName<ShardLevel> kShardNames[] = {
     {ShardLevel::none, "none"}, {ShardLevel::optimizer, "optimizer"}, {ShardLevel::grads, "grads"},
     {ShardLevel::params, "params"}};

@@ -218,8 +218,11 @@ Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, i
   b.documents = int64_t(b.doc_lengths.size());
   CTXPAR_CHECK(placement != PlacementKind::automatic || price, "make_batch: placement = auto without a price");
   if (placement != PlacementKind::zigzag) {
-    Placement p = balanced_placement(b.doc_lengths, part.P(), part.local_size(r));
-    b.placed = placement == PlacementKind::balanced ||
+    const PlacementKind kind = placement == PlacementKind::automatic ? PlacementKind::balanced : placement;
+    Placement p = place_documents(kind, b.doc_lengths, part.P(), part.local_size(r));
+    CTXPAR_CHECK(p.n == part.local_size(r), "make_batch: a placement of " << p.n << " rows per rank, the partition's "
+                                                                          << part.local_size(r));
+    b.placed = placement != PlacementKind::automatic ||
                (*price)(p, b.doc_lengths) < (*price)(zigzag_placement(b.doc_lengths, part.P()), b.doc_lengths);
     if (b.placed) b.pos = std::move(p.rows[size_t(r)]);
   }

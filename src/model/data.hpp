@@ -60,10 +60,10 @@ int64_t token_windows(const Config& cfg);
 std::vector<int64_t> sample_document_lengths(const Config& cfg, int64_t index);
 
 // Reads sample `index`, shifts labels globally (shard/shift_labels) and keeps cp rank r's tokens:
-// those of the partition, or with placement = balanced those the document lengths place on it
-// (shard/placement.hpp; as many rows as the partition's, padding rows past S); with placement =
-// auto the balanced placement where `price` says it is cheaper than the zigzag rows (strictly: a
-// tie keeps zigzag), the same choice on every rank.
+// those of the partition, or with placement = balanced or document those the document lengths
+// place on it (shard/placement.hpp; as many rows as the partition's, padding rows past S); with
+// placement = auto the balanced placement where `price` says it is cheaper than the zigzag rows
+// (strictly: a tie keeps zigzag), the same choice on every rank.
 Batch make_batch(const TokenSource& src, int64_t index, const Partition& part, int r,
                  PlacementKind placement = PlacementKind::zigzag, const PlacementPrice* price = nullptr);
 

@@ -368,7 +368,8 @@ std::string validate_predict_mode(const Config& cfg, Topology& topo) {
 namespace {
 
 // data = a token file: zigzag against balanced placement (shard/placement.hpp) of its batches over
-// each configuration's CP group, from the document lengths alone (no kernel runs): the work's
+// each configuration's CP group (and per-document zigzag, placement=document: the dynamic-CP papers'
+// baseline), from the document lengths alone (no kernel runs): the work's
 // balance, the rows the frugal exchange moves, the attention compute's critical path, and the
 // time placing one batch takes. Up to kPlacedBatches windows, spread evenly over the file.
 constexpr int64_t kPlacedBatches = 32;
@@ -379,11 +380,12 @@ double median_of(std::vector<double> v) {
 }
 
 // One batch's placements over a CP group, priced as a training step (placed_attention_s): the
-// plain ring on zigzag rows, the frugal ring on them, and on the balanced placement; auto runs the
-// cheaper of the last two (a tie keeps zigzag), as make_batch does.
+// plain ring on zigzag rows, the frugal ring on them, on the balanced placement and on every
+// document zigzag on its own; auto runs the cheaper of zigzag and balanced (a tie keeps zigzag),
+// as make_batch does.
 struct PlacedBatch {
-  double zz_work = 0, bal_work = 0, zz_recv = 0, bal_recv = 0, attn_gain = 0, place_ms = 0;
-  double ring_s = 0, frugal_s = 0, balanced_s = 0, auto_s = 0;
+  double zz_work = 0, bal_work = 0, doc_work = 0, zz_recv = 0, bal_recv = 0, doc_recv = 0, attn_gain = 0, place_ms = 0;
+  double ring_s = 0, frugal_s = 0, balanced_s = 0, document_s = 0, auto_s = 0;
   bool auto_balanced = false;
 };
 
@@ -393,18 +395,22 @@ PlacedBatch place_batch(const std::vector<int64_t>& lengths, int P, int64_t n, c
   const double t0 = now_s();
   const Placement bal = balanced_placement(lengths, P, n);
   r.place_ms = (now_s() - t0) * 1e3;
-  const Placement zz = zigzag_placement(lengths, P);
+  const Placement zz = zigzag_placement(lengths, P), doc = document_placement(lengths, P);
   const double ring = double(n) * double(P - 1);
   const auto top = [](const std::vector<int64_t>& v) { return double(*std::max_element(v.begin(), v.end())); };
-  const double zr = P > 1 ? top(rows_received(zz, lengths)) : 0.0, br = P > 1 ? top(rows_received(bal, lengths)) : 0.0;
+  const auto recv = [&](const Placement& p) { return P > 1 ? top(rows_received(p, lengths)) : 0.0; };
+  const double zr = recv(zz), br = recv(bal), dr = recv(doc);
   r.zz_work = zz.imbalance();
   r.bal_work = bal.imbalance();
+  r.doc_work = doc.imbalance();
   r.zz_recv = P > 1 ? zr / ring : 0.0;
   r.bal_recv = P > 1 ? br / ring : 0.0;
+  r.doc_recv = P > 1 ? dr / ring : 0.0;
   r.attn_gain = top(zz.work) / std::max(1.0, top(bal.work));
   r.ring_s = rest_s + placed_attention_s(m, hw, mesh, w, top(zz.work), ring);
   r.frugal_s = rest_s + placed_attention_s(m, hw, mesh, w, top(zz.work), zr);
   r.balanced_s = rest_s + placed_attention_s(m, hw, mesh, w, top(bal.work), br);
+  r.document_s = rest_s + placed_attention_s(m, hw, mesh, w, top(doc.work), dr);
   r.auto_balanced = r.balanced_s < r.frugal_s;
   r.auto_s = std::min(r.frugal_s, r.balanced_s);
   return r;
@@ -419,7 +425,9 @@ void print_placement(const Config& cfg, const std::vector<std::pair<std::string,
       {"balanced_recv", "bal recv", "/ring", 9, 3}, {"attn_gain", "attn gain", "x", 10, 3},
       {"step_ring_ms", "step ring", "ms", 11, 2}, {"step_frugal_ms", "frugal", "ms", 11, 2},
       {"step_balanced_ms", "balanced", "ms", 11, 2}, {"step_auto_ms", "auto", "ms", 11, 2},
-      {"auto_balanced", "auto bal", "share", 9, 2}, {"place_ms", "place", "ms", 9, 2}};
+      {"auto_balanced", "auto bal", "share", 9, 2}, {"place_ms", "place", "ms", 9, 2},
+      {"document_work", "document", "max/mean", 9, 3}, {"document_recv", "doc recv", "/ring", 9, 3},
+      {"step_document_ms", "document", "ms", 11, 2}};
   const std::vector<std::string> notes = {
       "data " + cfg.data + " (eos " + std::to_string(cfg.eos_id) + "): up to " + std::to_string(kPlacedBatches) +
           " windows of S tokens, spread evenly; medians over them",
@@ -431,8 +439,11 @@ void print_placement(const Config& cfg, const std::vector<std::pair<std::string,
       "perf/cost_model.hpp placed_attention_s), medians over the batches: the plain ring on zigzag rows, the frugal "
       "ring on them, on the balanced placement, and placement=auto's choice of the two; auto bal: the share of "
       "batches auto places balanced. Not priced: more chunk borders (kernel calls), the positions a placed batch gathers",
-      "place: one batch's balanced placement, computed on every rank every step"};
-  Table t("ctxpar predict — placement of packed documents (zigzag against placement=balanced)", cols, notes);
+      "place: one batch's balanced placement, computed on every rank every step",
+      "document: every document zigzag over all ranks on its own (placement=document: the packed-sequence layout of "
+      "Transformer Engine and Megatron-LM, the dynamic-CP papers' baseline): its work, rows received and step, priced "
+      "as the frugal ring on it"};
+  Table t("ctxpar predict — placement of packed documents (zigzag against placement=balanced and document)", cols, notes);
   for (const auto& [value, c] : configs) {
     const PerfMesh mesh = predicted_mesh(c);
     const int P = int(mesh.cp());
@@ -470,8 +481,8 @@ void print_placement(const Config& cfg, const std::vector<std::pair<std::string,
                t.cell(8, med(&PlacedBatch::bal_recv)), t.cell(9, med(&PlacedBatch::attn_gain)),
                t.cell(10, 1e3 * med(&PlacedBatch::ring_s)), t.cell(11, 1e3 * med(&PlacedBatch::frugal_s)),
                t.cell(12, 1e3 * med(&PlacedBatch::balanced_s)), t.cell(13, 1e3 * med(&PlacedBatch::auto_s)),
-               t.cell(14, auto_bal),
-               t.cell(15, med(&PlacedBatch::place_ms))});
+               t.cell(14, auto_bal), t.cell(15, med(&PlacedBatch::place_ms)), t.cell(16, med(&PlacedBatch::doc_work)),
+               t.cell(17, med(&PlacedBatch::doc_recv)), t.cell(18, 1e3 * med(&PlacedBatch::document_s))});
   }
   t.print(cfg.csv);
 }

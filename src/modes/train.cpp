@@ -210,7 +210,7 @@ PlacementPrice make_placement_price(const Config& cfg, Topology& topo) {
   };
 }
 
-// placement=balanced or auto (shard/placement.hpp) where the model's layers cannot follow a
+// placement=balanced, document or auto (shard/placement.hpp) where the model's layers cannot follow a
 // document placed anywhere, or auto without a hardware profile: "" when they can.
 std::string placement_refusal(const Config& cfg, PartitionKind kind) {
   if (cfg.placement == PlacementKind::zigzag) return "";
@@ -758,7 +758,11 @@ void log_train_header(const TrainRun& r, double peak) {
     log0("# layers: pattern %s (G global attention, L local over window %lld with local_strategy %s, D Gated DeltaNet): %s\n",
          cfg.layer_pattern.c_str(), (long long)cfg.window, cfg.local_strategy.c_str(), d.kinds.c_str());
   if (r.part.padding() > 0) log0("# %s\n", r.part.padding_note().c_str());
-  if (cfg.placement != PlacementKind::zigzag)
+  if (cfg.placement == PlacementKind::document)
+    log0("# placement document: every document of each batch zigzag over all %d ranks on its own (the packed-sequence "
+         "layout of Transformer Engine and Megatron-LM), %lld rows per rank; the frugal exchange moves only visible "
+         "rows\n", r.part.P(), (long long)r.model.S_loc());
+  else if (cfg.placement != PlacementKind::zigzag)
     log0("# placement %s: each batch's documents placed from their lengths (short ones whole on one rank, long "
          "ones zigzag over the fewest ranks within %lld%% of the mean causal work)%s, %lld rows per rank; the frugal "
          "exchange moves only visible rows\n", name_of(cfg.placement), (long long)kBalanceSlackPercent,

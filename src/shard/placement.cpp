@@ -303,4 +303,47 @@ Placement zigzag_placement(const std::vector<int64_t>& lengths, int P) {
   return p;
 }
 
+Placement document_placement(const std::vector<int64_t>& lengths, int P) {
+  CTXPAR_CHECK(P >= 1, "placement over " << P << " ranks");
+  const int64_t S = std::accumulate(lengths.begin(), lengths.end(), int64_t(0));
+  const int64_t chunks = 2 * int64_t(P);
+  Placement p;
+  p.S = S;
+  p.n = Partition::padded_length(PartitionKind::zigzag, S, P) / P;
+  p.work.assign(size_t(P), 0);
+  p.spans.assign(lengths.size(), 0);
+  std::vector<std::vector<Range>> held(static_cast<size_t>(P));
+  int64_t start = 0, cursor = 0;  // the chunk that takes the next remainder row
+  for (size_t d = 0; d < lengths.size(); ++d) {
+    const int64_t L = lengths[d], base = L / chunks, extra = L % chunks;
+    CTXPAR_CHECK(L >= 1, "placement: document " << d << " has length " << L);
+    std::vector<int64_t> size(static_cast<size_t>(chunks), base);
+    for (int64_t i = 0; i < extra; ++i) ++size[size_t((cursor + i) % chunks)];
+    cursor = (cursor + extra) % chunks;
+    std::vector<bool> on(static_cast<size_t>(P), false);
+    for (int64_t c = 0, at = 0; c < chunks; at += size[size_t(c)], ++c) {
+      if (size[size_t(c)] == 0) continue;
+      const int r = int(c < P ? c : chunks - 1 - c);
+      held[size_t(r)].push_back({start + at, start + at + size[size_t(c)]});
+      p.work[size_t(r)] += span_pairs(at, at + size[size_t(c)]);
+      on[size_t(r)] = true;
+    }
+    p.spans[d] = int32_t(std::count(on.begin(), on.end(), true));
+    start += L;
+  }
+  p.rows = rows_of(held, S, p.n);
+  return p;
+}
+
+Placement place_documents(PlacementKind kind, const std::vector<int64_t>& lengths, int P, int64_t n) {
+  switch (kind) {
+    case PlacementKind::zigzag: return zigzag_placement(lengths, P);
+    case PlacementKind::balanced: return balanced_placement(lengths, P, n);
+    case PlacementKind::document: return document_placement(lengths, P);
+    case PlacementKind::automatic: break;
+  }
+  CTXPAR_CHECK(false, "place_documents: placement = auto prices two placements; place one of them");
+  return {};
+}
+
 }  // namespace ctxpar

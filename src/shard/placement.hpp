@@ -11,6 +11,13 @@
 //             group has room, the document fills the least-loaded ranks' room in contiguous
 //             pieces. Four such greedy passes and the zigzag rows compete (placement.cpp): the best
 //             balance wins, of those within the slack the one that splits fewer rows.
+//   document  every document zigzag over all P ranks on its own (2P chunks of it, rank r chunks r
+//             and 2P-1-r): the layout Transformer Engine and Megatron-LM give packed (THD)
+//             sequences under context parallelism, the baseline of the dynamic-CP papers. Balanced
+//             per document; every document longer than a chunk is split over the ranks (the most
+//             rows to exchange, the most chunk borders). They pad each document to a multiple of
+//             2P; here its L mod 2P remainder rows go to the chunks in turn, the cursor carried
+//             from one document to the next, so no rank holds more than zigzag's n rows.
 // Every rank holds exactly n rows (n * P >= S; the zigzag partition's n, so buffers and per-token
 // work are the same as zigzag's): its real rows in ascending position order, then padding rows
 // (global positions >= S, inert as in shard/partition.hpp). The work balanced is the causal
@@ -50,6 +57,11 @@ std::vector<int64_t> rows_received(const Placement& p, const std::vector<int64_t
 
 // The zigzag partition's rows (n = its padded length / P) in the same form, with their work.
 Placement zigzag_placement(const std::vector<int64_t>& lengths, int P);
+// Every document zigzag over all P ranks on its own (placement = document), n as zigzag's.
+Placement document_placement(const std::vector<int64_t>& lengths, int P);
+// The placement `kind` (zigzag, balanced or document; not auto, which prices two of them) of
+// documents `lengths` over P ranks of n rows (zigzag and document: the zigzag partition's n).
+Placement place_documents(PlacementKind kind, const std::vector<int64_t>& lengths, int P, int64_t n);
 
 // placement = auto: what running a batch of documents `lengths` on placement `p` costs (the cost
 // model's seconds of its attention: modes/train.cpp); make_batch runs the cheaper placement.

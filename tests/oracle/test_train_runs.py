@@ -77,6 +77,10 @@ def case_mesh(tmp):
     meshes += [(f"balanced_np{n}", n, ["strategy=ring", f"mesh=ring:{n}", "frugal=true", "placement=balanced"])
                for n in (2, 3, 4)]
     meshes += [("balanced_tp2_ring2", 4, ["strategy=allgather", "mesh=tp:2,ring:2", "frugal=true", "placement=balanced"])]
+    # Every document zigzag over all ranks on its own (placement=document, the THD layout of
+    # Transformer Engine and Megatron-LM).
+    meshes += [(f"document_np{n}", n, ["strategy=ring", f"mesh=ring:{n}", "frugal=true", "placement=document"])
+               for n in (3, 4)]
     # placement=auto: per batch the placement the cost model prices cheaper (either runs the
     # single rank's losses).
     meshes += [("auto_np3", 3, ["strategy=ring", "mesh=ring:3", "frugal=true", "placement=auto"]),

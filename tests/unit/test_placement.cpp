@@ -89,6 +89,18 @@ TEST(Placement, EveryRowOnceOnRandomMixes) {
     EXPECT_EQ(again.rows, p.rows);
     const Placement z = zigzag_placement(L, P);
     expect_valid(z, L, P, n);
+    // Every document zigzag on its own: the same rows per rank as zigzag (the remainders dealt in
+    // turn), a document of at least 2P rows on every rank, and the dispatcher's answers the same.
+    const Placement d = document_placement(L, P);
+    expect_valid(d, L, P, n);
+    for (size_t k = 0; k < L.size(); ++k) {
+      if (L[k] >= 2 * P) {
+        EXPECT_EQ(d.spans[k], P) << "document " << k << " of " << L[k];
+      }
+    }
+    EXPECT_EQ(place_documents(PlacementKind::document, L, P, n).rows, d.rows);
+    EXPECT_EQ(place_documents(PlacementKind::balanced, L, P, n).rows, p.rows);
+    EXPECT_EQ(place_documents(PlacementKind::zigzag, L, P, n).rows, z.rows);
     // Never less balanced than zigzag (its rows are a candidate), unless both are within the slack
     // (then the one that splits fewer rows is taken).
     const double total = double(std::accumulate(p.work.begin(), p.work.end(), int64_t(0)));
@@ -108,7 +120,7 @@ TEST(Placement, RowsReceivedMatchAPairByPairCount) {
     const int64_t n = Partition::padded_length(PartitionKind::zigzag, S, P) / P;
     std::vector<int64_t> doc;
     for (size_t d = 0; d < L.size(); ++d) doc.insert(doc.end(), size_t(L[d]), int64_t(d));
-    for (const Placement& p : {balanced_placement(L, P, n), zigzag_placement(L, P)}) {
+    for (const Placement& p : {balanced_placement(L, P, n), zigzag_placement(L, P), document_placement(L, P)}) {
       std::vector<int64_t> want(size_t(P), 0);
       for (int j = 0; j < P; ++j)
         for (int i = 0; i < P; ++i) {
@@ -150,6 +162,28 @@ TEST(Placement, OneDocumentIsTheZigzagShard) {
     const double ratio = double(std::accumulate(got.begin(), got.end(), int64_t(0))) / double((P - 1) * S);
     EXPECT_NEAR(ratio, 0.75, 2.0 * P / double(S)) << "P " << P;
   }
+}
+
+TEST(Placement, DocumentLayoutIsZigzagPerDocument) {
+  // Documents whose lengths 2P divides: each rank holds chunks k and 2P-1-k of every document, so
+  // the work is equal on every rank (2P c^2 + c pairs per document of 2P chunks of c rows).
+  const int P = 4;
+  const std::vector<int64_t> L = {8, 64, 800, 16, 120};  // 1008 tokens
+  const Placement d = document_placement(L, P);
+  expect_valid(d, L, P, Partition::padded_length(PartitionKind::zigzag, 1008, P) / P);
+  EXPECT_EQ(d.imbalance(), 1.0);
+  for (int r = 0; r < P; ++r) {  // rank r's rows of the first document (8 rows, chunks of 1): r and 7 - r
+    std::vector<int64_t> first;
+    for (int64_t x : d.rows[size_t(r)])
+      if (x < 8) first.push_back(x);
+    EXPECT_EQ(first, (std::vector<int64_t>{r, 7 - r})) << "rank " << r;
+  }
+  // One-token documents: one rank each, dealt in turn over the chunks (ranks 0, 1, 2, 3, 3, 2, 1, 0),
+  // so no rank holds more than its n rows.
+  const std::vector<int64_t> ones(16, 1);
+  const Placement o = document_placement(ones, P);
+  expect_valid(o, ones, P, 4);
+  for (int r = 0; r < P; ++r) EXPECT_EQ(o.rows[size_t(r)].back(), 15 - r) << "rank " << r;
 }
 
 TEST(Placement, LongTailWithinTheSlackWhereZigzagIsNot) {
