@@ -5,12 +5,16 @@ as `data=F eos_id=E` reads them), one bench per batch, and a summary over the ba
 
     /usr/bin/python3 scripts/placement_study.py build/ctxpar TOKENS.bin [--seq 32K] [--np 4]
         [--batches 8] [--first 0] [--stride 1] [--eos 256] [--dtype uint16] [--heads 2] [--head-dim 32]
-        [--steps 2] [--warmup 1] [--mpirun mpirun] [--csv OUT.csv] [--out TRACE.h5]
+        [--steps 2] [--warmup 1] [--placements balanced,document] [--mpirun mpirun] [--csv OUT.csv]
+        [--out TRACE.h5]
 
-Each bench runs `strategy=ring frugal=true placement=balanced docs=L1,L2,...` (the batch's
-document lengths) at seq = SEQ, so its table has three rows on the same inputs: ring (zigzag, every
-key row moves), ring:frugal (zigzag, only visible rows move) and ring:balanced (rows placed from the
-document lengths, shard/placement.hpp). Per row the summary gives, over the batches: the attention
+Each bench runs `strategy=ring frugal=true placement=P docs=L1,L2,...` (the batch's document
+lengths) at seq = SEQ, so its table has three rows on the same inputs: ring (zigzag, every key row
+moves), ring:frugal (zigzag, only visible rows move) and ring:P, P = balanced (rows placed from the
+document lengths, shard/placement.hpp) or document (every document zigzag over all ranks on its
+own: Transformer Engine's and Megatron-LM's packed-sequence layout). With several placements each
+batch runs one bench per placement; the ring and ring:frugal rows are the first bench's, and every
+row's time is against the ring row of its own bench. Per row the summary gives, over the batches: the attention
 work's max/mean over ranks (median and worst), bytes sent per rank against the ring row's (median),
 forward + backward time against the ring row's (median of the per-batch ratios), and the #wrong
 total (elements off the single-rank kernel; must be 0). Token files from scripts/pack_documents.py.
@@ -42,10 +46,10 @@ def batch_lengths(tokens, index: int, seq: int, eos: int):
     return [b - a for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def run_bench(a, lengths):
+def run_bench(a, lengths, placement):
     cmd = [a.mpirun, "-np", str(a.np), "--oversubscribe", "--bind-to", "none", a.binary, "bench", "cp",
            f"seq={a.seq}", "docs=" + ",".join(map(str, lengths)), "strategy=ring", "frugal=true",
-           "placement=balanced", f"heads={a.heads}", f"kv_heads={a.heads}", f"head_dim={a.head_dim}",
+           f"placement={placement}", f"heads={a.heads}", f"kv_heads={a.heads}", f"head_dim={a.head_dim}",
            f"steps={a.steps}", f"warmup={a.warmup}", "csv=true", "threads=1", f"out={a.out}"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
@@ -70,6 +74,7 @@ def main():
     p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--placements", default="balanced", help="comma list of balanced, document")
     p.add_argument("--mpirun", default="mpirun")
     p.add_argument("--csv", help="per-batch rows written here")
     p.add_argument("--out", default="out/placement_study.h5", help="each bench's trace (overwritten per batch)")
@@ -81,19 +86,24 @@ def main():
     out = []
     for i in range(a.first, a.first + a.batches * a.stride, a.stride):
         lengths = batch_lengths(tokens, i, a.seq, a.eos)
-        rows = run_bench(a, lengths)
+        rows, t_ring = {}, {}  # each row, and the ring row's time of its bench
+        for k, placement in enumerate(a.placements.split(",")):
+            got = run_bench(a, lengths, placement)
+            ring_ms = float(got["ring"]["fwd_ms"]) + float(got["ring"]["bwd_ms"])
+            for name, row in got.items():
+                if k == 0 or name.endswith(":" + placement):
+                    rows[name], t_ring[name] = row, ring_ms
         ring = rows["ring"]
-        t_ring = float(ring["fwd_ms"]) + float(ring["bwd_ms"])
         for name, row in rows.items():
             t = float(row["fwd_ms"]) + float(row["bwd_ms"])
             rec = {"batch": i, "documents": len(lengths), "longest": max(lengths), "row": name,
                    "work": float(row["work_imbalance"]), "bytes_mb": float(row["bytes_mb"]),
                    "bytes_vs_ring": float(row["bytes_mb"]) / float(ring["bytes_mb"]), "time_ms": t,
-                   "time_vs_ring": t / t_ring, "wrong": int(row["wrong"])}
+                   "time_vs_ring": t / t_ring[name], "wrong": int(row["wrong"])}
             out.append(rec)
             per_row.setdefault(name, []).append(rec)
         print(f"batch {i}: {len(lengths)} documents, longest {max(lengths)}: " +
-              ", ".join(f"{n} work {float(r['work_imbalance']):.3f} time x{(float(r['fwd_ms']) + float(r['bwd_ms'])) / t_ring:.2f}"
+              ", ".join(f"{n} work {float(r['work_imbalance']):.3f} time x{(float(r['fwd_ms']) + float(r['bwd_ms'])) / t_ring[n]:.2f}"
                         for n, r in rows.items()), flush=True)
     if a.csv:
         with open(a.csv, "w", newline="") as f:
