@@ -544,11 +544,7 @@ struct InferBench {
     // schedule and placement (the memory plan counts one engine: modes/infer.cpp run_engines).
     const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, *std::max_element(lens.begin(), lens.end()), lens}};
     std::vector<std::vector<int64_t>> cap = uniform_capacity(N, nb, 0);
-    for (const BatchMode& m : modes) {
-      const std::vector<std::vector<int64_t>> need = cache_capacity(sched, N, nb, m.placement);
-      for (int r = 0; r < N; ++r)
-        for (size_t b = 0; b < size_t(nb); ++b) cap[size_t(r)][b] = std::max(cap[size_t(r)][b], need[size_t(r)][b]);
-    }
+    for (const BatchMode& m : modes) cap = larger_capacity(std::move(cap), cache_capacity(sched, N, nb, m.placement));
     Engine e(layout, params.data(), topo, cap, cfg.strategy, cfg.device, gpu.stream);
     const size_t count = size_t(nm);
     std::vector<std::vector<double>> ts(count), sent(count), imb(count);

@@ -174,7 +174,8 @@ void Engine::use_numerics(Numerics& num, CpSchedule sched) {
 }
 
 void Engine::use_placement(PlacementKind placement) {
-  CTXPAR_CHECK(placement != PlacementKind::automatic, "inference places with placement = balanced or not at all");
+  CTXPAR_CHECK(placement == PlacementKind::zigzag || placement == PlacementKind::balanced,
+               "inference places with placement = balanced or not at all (zigzag: each sequence on its own)");
   CTXPAR_CHECK(placement == PlacementKind::zigzag ||
                    (full_sched_ == CpSchedule::visible && !gdn_ && !exact_attn_),
                "placement = balanced in inference: the visible-keys schedule, no Gated DeltaNet layer");
@@ -408,6 +409,9 @@ Engine::PrefillPlan Engine::plan_prefill(const std::vector<int64_t>& seqs, const
   pl.full = algo == CpAlgo::pass_kv && !exact_attn_ && !seqs.empty();
   for (int64_t b : seqs) pl.full = pl.full && cache_.seq_len(b) == 0;
   pl.placed = pl.full && placement_ == PlacementKind::balanced;
+  CTXPAR_CHECK(!pl.placed || int64_t(seqs.size()) == cache_.batch(),
+               "a placed prefill takes every sequence of the batch in one packed pass-KV call (the cache's capacity "
+               "is the whole batch's placement), not " << seqs.size() << " of " << cache_.batch());
   std::vector<int64_t> pad_pos;
   const std::vector<std::vector<std::vector<int64_t>>> at = layout_rows(seqs, tokens, pl.placed, pad_pos, pl.padding);
   std::vector<int64_t> offs(static_cast<size_t>(N), 0);  // each rank's rows so far

@@ -13,9 +13,11 @@ KvCache::KvCache(const std::vector<std::vector<int64_t>>& capacity, int64_t laye
       N_(int(capacity.size())), rank_(rank), device_(device), stream_(stream), capacity_(capacity),
       first_(size_t(B_) + 1, 0), len_(size_t(B_ * N_), 0), decoded_(size_t(B_), 0), pending_(size_t(B_), 0) {
   CTXPAR_CHECK(rank_ >= 0 && rank_ < N_, "KV cache of rank " << rank_ << " with capacities of " << N_ << " ranks");
-  for (const std::vector<int64_t>& row : capacity_)
-    for (int64_t c : row)
-      CTXPAR_CHECK(int64_t(row.size()) == B_ && c >= 0, "KV cache capacities: one count >= 0 per sequence and rank");
+  for (const std::vector<int64_t>& row : capacity_) {
+    CTXPAR_CHECK(int64_t(row.size()) == B_, "KV cache capacities: " << row.size() << " sequences on a rank, " << B_
+                                                                      << " on rank 0");
+    for (int64_t c : row) CTXPAR_CHECK(c >= 0, "KV cache capacity " << c << " (must be >= 0)");
+  }
   for (int64_t b = 0; b < B_; ++b) first_[size_t(b + 1)] = first_[size_t(b)] + this->capacity(b);
   const size_t bytes = size_t(rows()) * row_bytes();
   k_.resize(size_t(L_));

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/config.hpp"
+#include "core/error.hpp"
 #include "cp/strategy.hpp"
 #include "shard/partition.hpp"
 
@@ -103,6 +104,16 @@ std::vector<std::vector<int64_t>> cache_capacity(const std::vector<SchedulePhase
                                       : Partition::padded_length(PartitionKind::zigzag, lengths[b], N) / N;
   }
   return cap;
+}
+
+std::vector<std::vector<int64_t>> larger_capacity(std::vector<std::vector<int64_t>> a,
+                                                  const std::vector<std::vector<int64_t>>& b) {
+  CTXPAR_CHECK(a.size() == b.size(), "larger_capacity of " << a.size() << " and " << b.size() << " ranks");
+  for (size_t r = 0; r < a.size(); ++r) {
+    CTXPAR_CHECK(a[r].size() == b[r].size(), "larger_capacity: batches of " << a[r].size() << " and " << b[r].size());
+    for (size_t j = 0; j < a[r].size(); ++j) a[r][j] = std::max(a[r][j], b[r][j]);
+  }
+  return a;
 }
 
 std::vector<std::vector<int64_t>> uniform_capacity(int N, int64_t batch, int64_t tokens) {

@@ -129,10 +129,12 @@ class Session {
          name_of(cfg.mode), (long long)d.layers, (long long)d.dim, (long long)d.ffn, (long long)cfg.heads,
          (long long)cfg.kv_heads, (long long)cfg.head_dim, (long long)d.vocab, double(d.param_count()) / 1e6,
          (long long)cfg.batch, N, cfg.mesh.c_str(), cfg.strategy.c_str(), name_of(cfg.cp_algo), name_of(cfg.decode_algo));
-    log0("# weights: %s; KV cache %s per rank allocated (%lld tokens of %lld sequences)\n",
+    log0("# weights: %s; KV cache %s allocated on rank 0 (%lld tokens of %lld sequences; %lld on the rank holding "
+         "most)\n",
          cfg.resume.empty() ? "seeded init (as train)" : cfg.resume.c_str(),
          fmt_bytes(engine_->cache().allocated_bytes()).c_str(), (long long)engine_->cache().rows(),
-         (long long)engine_->cache().batch());
+         (long long)engine_->cache().batch(),
+         (long long)most_rank_tokens(cache_capacity(sched, N, cfg.batch, cfg.placement)));
     log0("# cp_algo cost model: %s\n", cost_->describe().c_str());
     if (!cost_->warning().empty()) log0("# %s\n", cost_->warning().c_str());
     if (cfg.visible_keys)
@@ -563,21 +565,23 @@ std::string scan_infer_inputs(const Config& cfg, Topology& topo) {
 
 namespace {
 
-// One engine's memory on a rank (infer/engine.hpp): its KV cache and its activations, in bytes with
-// fp32 cache elements (`cache_elem` = 2: the GPU's bf16 cache), and the cache's tokens (every
-// sequence's, on the rank holding most).
+// One engine's memory on the rank holding most (infer/engine.hpp): its KV cache and its
+// activations, in bytes with fp32 cache elements (`cache_elem` = 2: the GPU's bf16 cache), and the
+// cache's tokens there (every sequence's).
 struct EnginePlan {
   double cache = 0, act = 0;
   int64_t rows = 0, batch = 1;
 };
 EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sched, int N, int64_t batch,
-                       PlacementKind placement, double cache_elem, bool exact) {
+                       const std::vector<PlacementKind>& placements, double cache_elem, bool exact) {
   const double f = sizeof(float);
   EnginePlan e;
   e.batch = batch;
   // The KV cache: K and V of every attention layer for the batch (MLA: the latent rows once), and
   // positions (infer/kv_cache.hpp).
-  const std::vector<std::vector<int64_t>> cap = cache_capacity(sched, N, batch, placement);
+  // The cache serves every placement of `placements` (bench infer's batched engine switches them).
+  std::vector<std::vector<int64_t>> cap = uniform_capacity(N, batch, 0);
+  for (PlacementKind placement : placements) cap = larger_capacity(std::move(cap), cache_capacity(sched, N, batch, placement));
   e.rows = most_rank_tokens(cap);
   const double attn_layers = double(d.layers - d.gdn_layers());
   e.cache = double(e.rows) * ((d.mla ? 1.0 : 2.0) * cache_elem * attn_layers * double(d.cache_width()) + 8.0);
@@ -604,14 +608,14 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
   // floats a row, measured: chat batch 4, prefill 8K, 2 ranks peaked 25.5 MiB above the rest);
   // pass-KV's K and V blocks in flight (at most 3 kv_width a row).
   e.act += f * double(rows) * double(std::max(6 * (d.q_width() + d.H_q), 3 * d.kv_width()));
-  // placement = balanced: a later pass-KV prefill of several sequences pads each one's key block
-  // to the rank holding most of its cache (a prompt kept whole on one rank: its whole length), so
-  // the packed keys (engine.cpp kp, vp) and the ring's blocks in flight reach the cache's
-  // capacity of each sequence on the rank holding most of it: 2 + 3 K/V rows of cache elements per
-  // such token.
+  // A later pass-KV prefill sends ring blocks of each sequence's cached and new rows, padded to the
+  // rank holding most of it (placement = balanced: a prompt kept whole on one rank, its whole
+  // length), and with several sequences (or a cache placed unevenly) packs them into keys
+  // (engine.cpp kp, vp): at most the cache's capacity of each sequence on the rank holding most of
+  // it, 2 + 3 K/V rows of cache elements per such token.
   bool later_prefill = false;
   for (size_t i = 1; i < sched.size(); ++i) later_prefill |= sched[i].kind == PhaseKind::prefill;
-  if (placement == PlacementKind::balanced && later_prefill) {
+  if (later_prefill) {
     double keys = 0;
     for (int64_t b = 0; b < batch; ++b) {
       int64_t most = 0;
@@ -639,32 +643,27 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
 // The engines a run holds one at a time: the mode's, or bench infer's (bench/bench_infer.cpp):
 // its miss-rate and length tables' (batch 1 on the job's CP ranks), its decode table's CP = 1
 // replica (the whole context of `batch` sequences on every rank) and its batched table's (four
-// prompts of seq/8 .. seq, then the long tail: one engine each, its cache the larger of its modes'
-// zigzag and placed needs, which the larger of the two shapes here is). Empty on a schedule error
-// (validated before).
+// prompts of seq/8 .. seq, then the long tail: one engine each, its cache serving its zigzag and,
+// where the table places, its placed modes). Empty on a schedule error (validated before).
 struct EngineShape {
   std::vector<SchedulePhase> sched;
   int N;  // CP ranks it spans
   int64_t batch;
-  PlacementKind placement = PlacementKind::zigzag;  // of its first prefill
+  std::vector<PlacementKind> placements = {PlacementKind::zigzag};  // of its first prefill, each call's
 };
 std::vector<EngineShape> run_engines(const Config& cfg, int N) {
   std::vector<SchedulePhase> sched;
   if (cfg.mode != Mode::bench) {
     if (!mode_schedule(cfg, N, sched).empty()) return {};
-    return {{sched, N, cfg.batch, cfg.placement}};
+    return {{sched, N, cfg.batch, {cfg.placement}}};
   }
   const int64_t S = cfg.seq;
-  const std::vector<int64_t> lens = bench_infer_lengths(S);
   std::vector<EngineShape> shapes = {{{{PhaseKind::prefill, S}}, N, 1},
-                                     {{{PhaseKind::prefill, S}, {PhaseKind::decode, cfg.bench_iters + 1}}, 1, cfg.batch},
-                                     {{{PhaseKind::prefill, S, lens}}, N, int64_t(lens.size())}};
-  const std::vector<int64_t> tail = bench_infer_tail_lengths(S);
-  shapes.push_back({{{PhaseKind::prefill, tail.front(), tail}}, N, int64_t(tail.size())});
-  if (bench_infer_places(cfg))  // the batched-prefill table's placed engines
-    for (const std::vector<int64_t>& l : {lens, tail})
-      shapes.push_back({{{PhaseKind::prefill, *std::max_element(l.begin(), l.end()), l}}, N, int64_t(l.size()),
-                        PlacementKind::balanced});
+                                     {{{PhaseKind::prefill, S}, {PhaseKind::decode, cfg.bench_iters + 1}}, 1, cfg.batch}};
+  std::vector<PlacementKind> batched = {PlacementKind::zigzag};
+  if (bench_infer_places(cfg)) batched.push_back(PlacementKind::balanced);  // the table's placed mode
+  for (const std::vector<int64_t>& l : {bench_infer_lengths(S), bench_infer_tail_lengths(S)})
+    shapes.push_back({{{PhaseKind::prefill, *std::max_element(l.begin(), l.end()), l}}, N, int64_t(l.size()), batched});
   return shapes;
 }
 
@@ -675,7 +674,7 @@ std::optional<EnginePlan> largest_engine(const Config& cfg, const ModelDims& d, 
   if (shapes.empty()) return std::nullopt;
   EnginePlan best;
   for (const EngineShape& s : shapes) {
-    const EnginePlan e = plan_engine(d, s.sched, s.N, s.batch, s.placement, cache_elem, cfg.exact);
+    const EnginePlan e = plan_engine(d, s.sched, s.N, s.batch, s.placements, cache_elem, cfg.exact);
     if (e.cache + e.act > best.cache + best.act) best = e;
   }
   return best;
