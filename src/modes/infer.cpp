@@ -117,12 +117,14 @@ class Session {
       layout_.init(uint64_t(cfg.seed), params_.data());
     }
     const int N = cp_.size();
+    // The cp_algo model first: a measured profile's buffers (perf/prefill_choice.hpp
+    // cost_model_bytes) are freed before the engine allocates its cache.
+    cost_ = std::make_unique<PrefillCostModel>(cfg, cp_, topo.size(Axis::tp));
     engine_ = std::make_unique<Engine>(layout_, params_.data(), topo, cache_capacity(sched, N, cfg.batch, cfg.placement),
                                        cfg.strategy, cfg.device, stream);
     num_ = make_numerics(cfg.exact, layout_.dims(), /*grad_elems=*/0, /*block=*/1);
     engine_->use_numerics(*num_, cfg.cp_schedule());
     engine_->use_placement(cfg.placement);
-    cost_ = std::make_unique<PrefillCostModel>(cfg, cp_, topo.size(Axis::tp));
     const ModelDims& d = layout_.dims();
     log0("ctxpar %s: %lld layers, dim %lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld (%.1fM params); batch %lld, "
          "%d CP ranks (mesh %s), full-prefill strategy %s, cp_algo %s, decode_algo %s\n",
@@ -604,10 +606,12 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
   e.act = f * double(rows) * double(3 * d.dim + 2 * d.q_width() + d.H_q + 4 * d.kv_width() + 3 * d.ffn + d.D) +
           f * double(d.vocab);
   // The CP algorithm's transfer buffers, the larger of the two (cp_algo=auto may take either):
-  // pass-Q's query rows, partial outputs and their lse, each sent and received (6 (q_width + H_q)
-  // floats a row, measured: chat batch 4, prefill 8K, 2 ranks peaked 25.5 MiB above the rest);
-  // pass-KV's K and V blocks in flight (at most 3 kv_width a row).
-  e.act += f * double(rows) * double(std::max(6 * (d.q_width() + d.H_q), 3 * d.kv_width()));
+  // pass-Q's two query blocks in flight, and the partial outputs and their lse of every rank's
+  // block, sent and received (cp/query_ring.cpp: 2 + 2N (q_width + H_q) floats a row; measured at
+  // 2 ranks, chat batch 4, prefill 8K: 25.5 MiB above the rest; at 4 ranks, batch 2, prefill 4K
+  // then 1K: the 6 of 2 ranks left the plan 2.6 MiB short); pass-KV's K and V blocks in flight (at
+  // most 3 kv_width a row).
+  e.act += f * double(rows) * double(std::max((2 + 2 * int64_t(N)) * (d.q_width() + d.H_q), 3 * d.kv_width()));
   // A later pass-KV prefill sends ring blocks of each sequence's cached and new rows, padded to the
   // rank holding most of it (placement = balanced: a prompt kept whole on one rank, its whole
   // length), and with several sequences (or a cache placed unevenly) packs them into keys
@@ -692,10 +696,13 @@ double plan_infer_memory(const Config& cfg, Topology& topo, std::string* parts) 
   if (!plan) return 0;
   const EnginePlan& e = *plan;
   const double weights = sizeof(float) * double(ParamLayout(d).local_elems()) * host_weight_copies(cfg);
-  const double total = weights + e.cache + e.act;
+  // The start-up measurement of a measured profile runs before the engine is allocated.
+  const double probe = cost_model_bytes(cfg, topo.cp().size(), topo.size(Axis::tp)).host;
+  const double total = weights + std::max(e.cache + e.act, probe);
   if (parts)
     *parts = "weights " + fmt_bytes(weights) + ", KV cache " + fmt_bytes(e.cache) + " (" + s_(e.rows) + " tokens of " + s_(e.batch) +
-             " sequences), activations " + fmt_bytes(e.act);
+             " sequences), activations " + fmt_bytes(e.act) +
+             (probe > 0 ? ", or before them the links' and attention's start-up measurement " + fmt_bytes(probe) : "");
   return total;
 }
 
@@ -713,7 +720,8 @@ double infer_device_memory(const Config& cfg, Topology& topo) {
   const ModelDims d = model_dims(cfg, topo.size(Axis::tp), 0);
   const std::optional<EnginePlan> e = largest_engine(cfg, d, topo.cp().size(), 2.0);
   if (!e) return 0;
-  return 6.0 * double(ParamLayout(d).local_elems()) + e->cache + 1.5 * e->act;
+  const double probe = cost_model_bytes(cfg, topo.cp().size(), topo.size(Axis::tp)).device;  // before the engine
+  return 6.0 * double(ParamLayout(d).local_elems()) + std::max(e->cache + 1.5 * e->act, probe);
 }
 
 std::string infer_plan(const Config& cfg, Topology& topo) {

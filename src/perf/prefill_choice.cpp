@@ -116,6 +116,30 @@ Prediction predict_prefill(const AttnCall& c, const ModelShape& m, const Hardwar
   return pr;
 }
 
+namespace {
+// measure_hardware's shapes: the attention probe's query and key rows, the links' large message.
+constexpr int64_t kProbeQ = 256, kProbeK = 4096;
+constexpr size_t kProbeBig = size_t(4) << 20;
+}  // namespace
+
+MeasureBytes measure_hardware_bytes(int N, int32_t H_q, int32_t H_kv, int32_t D, Device dev) {
+  const double f = sizeof(float), q = double(kProbeQ) * H_q * D, kv = double(kProbeK) * H_kv * D;
+  const double rows = f * (q + 2 * kv);                    // q, k, v in fp32 on the host
+  const double out = f * (q + double(kProbeQ) * H_q);     // o and lse where the kernel runs
+  const double gpu_in = (f + 2.0) * (q + 2 * kv) + 8.0 * double(kProbeQ + kProbeK);  // uploaded, bf16, positions
+  // the ring exchange's pair of buffers and the all-to-all's send and receive of N parts (one after
+  // the other: counted together, an upper bound)
+  const double links = N > 1 ? 2.0 * double(kProbeBig) * (1.0 + double(N)) : 0.0;
+  MeasureBytes b;
+  if (dev == Device::cpu) {
+    b.host = rows + out + links;
+  } else {
+    b.host = rows;
+    b.device = out + gpu_in + links;
+  }
+  return b;
+}
+
 HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D, Device dev) {
   const bool gpu = dev != Device::cpu;
   const Stream st = gpu ? cp.compute_stream() : nullptr;
@@ -131,7 +155,7 @@ HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D,
   hw.chips_per_node = cp.size();
   // C: 256 queries after 4K cached keys (the shape of a partial prefill block), best of 3 after a
   // warmup; on a GPU its bf16 kernel on device buffers, timed to the stream's end.
-  const int64_t S_q = 256, S_k = 4096;
+  const int64_t S_q = kProbeQ, S_k = kProbeK;
   Buffer<float> q(size_t(S_q) * H_q * D, false), k(size_t(S_k) * H_kv * D, false), v(size_t(S_k) * H_kv * D, false);
   Buffer<float> o(size_t(S_q) * H_q * D, false, dev, st), lse(size_t(S_q) * H_q, false, dev, st);
   std::vector<int64_t> qp(static_cast<size_t>(S_q)), kp(static_cast<size_t>(S_k));
@@ -203,7 +227,7 @@ HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D,
       return t;
     };
     lat = xchg(8);
-    const size_t big = size_t(4) << 20;
+    const size_t big = kProbeBig;
     rate[1] = rate_after_latency(double(big), xchg(big), lat);
     // pass-Q's all-to-all: `big` bytes per destination, best of 3.
     rate[2] = measure_alltoall_rate(cp, big, lat, 3, dev, st);
@@ -215,6 +239,12 @@ HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D,
   hw.intra_alltoall_bytes_per_s = N > 1 ? rate[2] : std::numeric_limits<double>::infinity();
   hw.intra.latency_s = hw.inter.latency_s = lat;
   return hw;
+}
+
+MeasureBytes cost_model_bytes(const Config& cfg, int N, int tp) {
+  if (hardware_name(cfg, HardwareUse::live_choice) != "measured") return {};
+  const ModelDims d = model_dims(cfg, tp, 0);
+  return measure_hardware_bytes(N, int32_t(cfg.heads / tp), d.cache_heads(), d.cache_dim(), cfg.device);
 }
 
 PrefillCostModel::PrefillCostModel(const Config& cfg, Comm& cp, int tp) {

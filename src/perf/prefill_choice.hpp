@@ -84,6 +84,15 @@ Prediction predict_prefill(const AttnCall& c, const ModelShape& m, const Hardwar
 // communicator with its compute stream set): the bf16 device kernel, device buffers on the links,
 // transfers overlapping compute.
 HardwareProfile measure_hardware(Comm& cp, int32_t H_q, int32_t H_kv, int32_t D, Device dev = Device::cpu);
+// What measure_hardware allocates while it runs, freed when it returns (the memory plans count it):
+// on the host, and on `dev` when that is a GPU; on N ranks (the all-to-all's buffers grow with N).
+struct MeasureBytes {
+  double host = 0, device = 0;
+};
+MeasureBytes measure_hardware_bytes(int N, int32_t H_q, int32_t H_kv, int32_t D, Device dev = Device::cpu);
+// The same for a run's cp_algo model (PrefillCostModel below): zero unless it measures (hardware
+// = measured, or auto).
+MeasureBytes cost_model_bytes(const Config& cfg, int N, int tp);
 
 // cp_algo=auto's model for one run, from the config: the profile `hardware` names for a live
 // choice (measured, by default; collective over `cp` then) and the config's model shape. With

@@ -4,13 +4,15 @@ asks for — /steps rows with turn, TTFT (prefills) and TTIT (decode steps); /ge
 [turn, step, batch] greedy token ids; /infer/calls one row per prefill with the choice and both
 predicted costs; /infer/cache_bytes [step, rank] (balanced over ranks) — and the generated tokens
 do not depend on the number of ranks or on the prefill / decode algorithm (the numerical checks
-against a single-rank recompute are in test_infer); with deterministic=true the tokens and every
+against a single-rank recompute are in test_infer); the --dry-run memory plan is at least the
+run's tracked peak; with deterministic=true the tokens and every
 saved logit have the same bits on 1 to 4 ranks, every algorithm, tp and local layers. (Bad input
 to these modes: tests/cli/test_bad_input.py.)
 
 usage: test_infer_cli.py CTXPAR MPIRUN WORKDIR [plain | deterministic]
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -36,6 +38,23 @@ def run(np_, mode, *args):
     return p.returncode, p.stdout + p.stderr
 
 
+def planned_bytes(np_, mode, *args):
+    """The --dry-run's memory estimate per rank, in bytes (None when the line is missing)."""
+    rc, log = run(np_, mode, *args, "--dry-run")
+    m = re.search(r"memory estimate per rank: ([0-9.]+) (B|KiB|MiB|GiB)", log)
+    return float(m.group(1)) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)] if rc == 0 and m else None
+
+
+def check_plan(np_, mode, out, *args):
+    """The memory plan is an upper bound of the run's tracked peak (the trace's peak_bytes, max over
+    ranks and steps): the plan the start-up check admits a run by."""
+    plan = planned_bytes(np_, mode, *args)
+    with h5py.File(out) as f:
+        peak = float(np.max(f["steps"]["peak_bytes"]))
+    print(f"{mode} np={np_} {' '.join(args)}: plan {plan} B, measured peak {peak:.0f} B")
+    check(plan is not None and plan >= peak, f"{mode} np={np_}: the plan {plan} B is below the measured peak {peak:.0f} B")
+
+
 SCHED = "schedule=prefill:128,decode:5,prefill:32,decode:3"
 def plain_runs():
     """Every prefill and decode algorithm, tp and dp: the trace's contents and the tokens."""
@@ -46,6 +65,7 @@ def plain_runs():
         check(rc == 0 and "VALID" in log, f"chat np={np_} {algo}/{dec}: rc {rc}\n{log[-2000:]}")
         if rc != 0:
             continue
+        check_plan(np_, "chat", out, SCHED, "batch=3", f"cp_algo={algo}", f"decode_algo={dec}")
         with h5py.File(out) as f:
             g = f["generated"][:]
             gens[(np_, algo, dec)] = g
@@ -120,6 +140,8 @@ def plain_runs():
     for n, out in zip((1, 2, 3), outs):
         rc, log = run(n, "chat", "batch=6", sched, "cp_algo=pass_kv", "frugal=true", "placement=balanced", f"out={out}")
         check(rc == 0 and "VALID" in log and "# placement balanced" in log, f"chat placed np={n}: rc {rc}\n{log[-2000:]}")
+        if rc == 0:
+            check_plan(n, "chat", out, "batch=6", sched, "cp_algo=pass_kv", "frugal=true", "placement=balanced")
         if n > 1 and rc == 0:
             line = [l for l in log.splitlines() if l.startswith("# placement balanced")][0]
             spans = line.split("ranks per sequence ")[1].split(";")[0].split("/")
@@ -132,6 +154,17 @@ def plain_runs():
                 total = (200 + 16 + 9 + 1 + 30 + 16) + 6 * 4 + (5 + 9 + 1 + 2 + 3 + 4) + 6 * 2
                 cb = f["infer/cache_bytes"][:]
                 check(abs(cb[-1].sum() - total * per_token) < 1e-6, f"placed np={n}: cache bytes {cb[-1].sum()}")
+
+    # The plan's engine alone (a profile, so no start-up measurement) on 4 ranks, a prefill then a
+    # partial one over the cache, by either algorithm: pass-Q's partial outputs of every rank's
+    # block grow with the ranks.
+    for algo in ("pass_kv", "pass_q"):
+        out = os.path.join(WORK, f"chat_plan_{algo}.h5")
+        args = ("batch=2", "schedule=prefill:4K,decode:4,prefill:1K,decode:4", f"cp_algo={algo}", "hardware=h100-gtt")
+        rc, log = run(4, "chat", *args, f"out={out}")
+        check(rc == 0 and "VALID" in log, f"chat np=4 {algo}: rc {rc}\n{log[-2000:]}")
+        if rc == 0:
+            check_plan(4, "chat", out, *args)
 
     base = gens.get((1, "auto", "pass_q"))
     for k, g in gens.items():
