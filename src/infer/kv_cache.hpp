@@ -12,8 +12,9 @@
 // has its own capacity on each rank (infer/schedule.hpp cache_capacity: a short prompt beside a
 // long one takes its own rows, not the long one's, and a prompt placed whole on one rank takes
 // none elsewhere), so a pass-KV key block padded to the rank holding most of a sequence can be
-// longer than another rank's slab (the engine pads it there: capacity(b, r)). Unused slots hold K = V = 0 and position kNoPos, which no causal query sees, so a
-// block padded up to the longest rank's length adds no visible pair.
+// longer than another rank's slab (the engine pads it there: capacity(b, r)). Unused slots hold
+// K = V = 0 and position kNoPos, which no causal query sees, so a block padded up to the longest
+// rank's length adds no visible pair.
 // On a GPU (device = cuda) the K/V arrays live on the device in bf16 (the attention kernels' input
 // type); the positions stay on the host, with a device copy that sync_positions() refreshes.
 #pragma once
