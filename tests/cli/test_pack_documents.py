@@ -4,8 +4,9 @@ file's bytes then the end-of-document token, in sorted path order; binaries, emp
 directories skipped; long files cut; the .docs.csv index matches; bad input exits 2; and
 `ctxpar train` trains on the file with eos_id (documents split at it); on a long-tailed tree,
 `ctxpar predict data=` places its batches (balanced evens what zigzag leaves uneven) and train runs
-them with placement=balanced, audited every step; scripts/synth_documents.py writes the same kind of
-file from a length distribution (histogram, list, log-normal).
+them with placement=balanced (and auto, and document: every document over every rank), audited every
+step, and scripts/placement_study.py compares the layouts with bench cp; scripts/synth_documents.py
+writes the same kind of file from a length distribution (histogram, list, log-normal).
 Usage: test_pack_documents.py CTXPAR_BINARY"""
 import csv
 import math
@@ -121,6 +122,26 @@ p = subprocess.run(cmd[:-2] + ["placement=auto", "out=" + os.path.join(tmp, "aut
 m = re.search(r"placement auto: (\d+) of (\d+) batches", p.stdout)
 check(p.returncode == 0 and "VALID" in p.stdout and m is not None and m.group(2) == "3",
       "train places the batches by the cost model:\n" + p.stdout[-2000:] + p.stderr[-2000:])
+
+# placement=document (every document zigzag over all ranks, the frameworks' layout): predict's
+# columns, train on it with the audit, and scripts/placement_study.py comparing it with balanced
+# on the same batches (every row against the single-rank kernel: #wrong 0).
+if place:
+    r = place[0]
+    check(float(r["document_work"]) <= 1.02 and 0 < float(r["step_document_ms"]),
+          "the document layout is balanced per document: %s" % r)
+p = subprocess.run(cmd[:-2] + ["placement=document", "out=" + os.path.join(tmp, "doc.h5")], env=env, capture_output=True,
+                   text=True, timeout=300)
+check(p.returncode == 0 and "VALID" in p.stdout and "placement document" in p.stdout,
+      "train places every document over every rank:\n" + p.stdout[-2000:] + p.stderr[-2000:])
+study = os.path.join(HERE, "..", "..", "scripts", "placement_study.py")
+p = subprocess.run([sys.executable, study, exe, tail_bin, "--seq", "4K", "--np", "2", "--batches", "2", "--steps", "1",
+                    "--placements", "balanced,document", "--out", os.path.join(tmp, "study.h5")],
+                   env=env, capture_output=True, text=True, timeout=300)
+summary = {l.split()[0]: l.split() for l in p.stdout.splitlines() if l.startswith("  ring")}
+check(p.returncode == 0 and set(summary) == {"ring", "ring:frugal", "ring:balanced", "ring:document"}
+      and all(v[-1] == "0" for v in summary.values()),
+      "placement_study.py compares the layouts, #wrong 0:\n" + p.stdout[-2000:] + p.stderr[-1000:])
 
 # scripts/synth_documents.py: a token file from a published length distribution (a histogram, a
 # list of lengths, a log-normal): the lengths follow it, the file reads as pack_documents' does,
