@@ -543,9 +543,9 @@ struct InferBench {
     // One engine for the batch, its cache the largest any mode needs; each call sets its mode's
     // schedule and placement (the memory plan counts one engine: modes/infer.cpp run_engines).
     const std::vector<SchedulePhase> sched = {{PhaseKind::prefill, *std::max_element(lens.begin(), lens.end()), lens}};
-    std::vector<std::vector<int64_t>> cap = uniform_capacity(N, nb, 0);
-    for (const BatchMode& m : modes) cap = larger_capacity(std::move(cap), cache_capacity(sched, N, nb, m.placement));
-    Engine e(layout, params.data(), topo, cap, cfg.strategy, cfg.device, gpu.stream);
+    std::vector<PlacementKind> placements;
+    for (const BatchMode& m : modes) placements.push_back(m.placement);
+    Engine e(layout, params.data(), topo, cache_capacity(sched, N, nb, placements), cfg.strategy, cfg.device, gpu.stream);
     const size_t count = size_t(nm);
     std::vector<std::vector<double>> ts(count), sent(count), imb(count);
     std::vector<StepOutput> outs(static_cast<size_t>(nm));

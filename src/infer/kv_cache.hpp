@@ -46,6 +46,7 @@ class KvCache {
   int64_t batch() const { return B_; }
   int64_t capacity(int64_t b, int r) const { return capacity_[size_t(r)][size_t(b)]; }
   int64_t capacity(int64_t b) const { return capacity(b, rank_); }
+  const std::vector<std::vector<int64_t>>& capacities() const { return capacity_; }  // [rank][sequence]
   int64_t rows() const { return first_.back(); }  // every sequence's slab
   // Committed tokens of sequence b on CP rank r (any rank's, from the shared bookkeeping).
   int64_t len(int64_t b, int r) const { return len_[size_t(b * N_ + r)]; }

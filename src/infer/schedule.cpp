@@ -4,7 +4,6 @@
 #include <sstream>
 
 #include "core/config.hpp"
-#include "core/error.hpp"
 #include "cp/strategy.hpp"
 #include "shard/partition.hpp"
 
@@ -106,14 +105,15 @@ std::vector<std::vector<int64_t>> cache_capacity(const std::vector<SchedulePhase
   return cap;
 }
 
-std::vector<std::vector<int64_t>> larger_capacity(std::vector<std::vector<int64_t>> a,
-                                                  const std::vector<std::vector<int64_t>>& b) {
-  CTXPAR_CHECK(a.size() == b.size(), "larger_capacity of " << a.size() << " and " << b.size() << " ranks");
-  for (size_t r = 0; r < a.size(); ++r) {
-    CTXPAR_CHECK(a[r].size() == b[r].size(), "larger_capacity: batches of " << a[r].size() << " and " << b[r].size());
-    for (size_t j = 0; j < a[r].size(); ++j) a[r][j] = std::max(a[r][j], b[r][j]);
+std::vector<std::vector<int64_t>> cache_capacity(const std::vector<SchedulePhase>& s, int N, int64_t batch,
+                                                 const std::vector<PlacementKind>& placements) {
+  std::vector<std::vector<int64_t>> cap = uniform_capacity(N, batch, 0);
+  for (PlacementKind placement : placements) {
+    const std::vector<std::vector<int64_t>> need = cache_capacity(s, N, batch, placement);
+    for (size_t r = 0; r < cap.size(); ++r)
+      for (size_t j = 0; j < cap[r].size(); ++j) cap[r][j] = std::max(cap[r][j], need[r][j]);
   }
-  return a;
+  return cap;
 }
 
 std::vector<std::vector<int64_t>> uniform_capacity(int N, int64_t batch, int64_t tokens) {

@@ -53,10 +53,10 @@ std::vector<std::vector<std::vector<int64_t>>> sequence_rows(const Placement& p,
 // per phase).
 std::vector<std::vector<int64_t>> cache_capacity(const std::vector<SchedulePhase>& s, int N, int64_t batch = 1,
                                                  PlacementKind placement = PlacementKind::zigzag);
-// A cache that serves calls of several placements (bench infer's one engine per batch): the larger
-// of the two capacities of each sequence on each rank.
-std::vector<std::vector<int64_t>> larger_capacity(std::vector<std::vector<int64_t>> a,
-                                                  const std::vector<std::vector<int64_t>>& b);
+// A cache that serves calls of each of `placements` (bench infer's one engine per batch): the
+// largest of their capacities of each sequence on each rank.
+std::vector<std::vector<int64_t>> cache_capacity(const std::vector<SchedulePhase>& s, int N, int64_t batch,
+                                                 const std::vector<PlacementKind>& placements);
 // The same capacity `tokens` for each of `batch` sequences on each of N ranks.
 std::vector<std::vector<int64_t>> uniform_capacity(int N, int64_t batch, int64_t tokens);
 // The most tokens a rank holds of that capacity (every sequence's).

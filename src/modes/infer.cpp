@@ -135,8 +135,7 @@ class Session {
          "most)\n",
          cfg.resume.empty() ? "seeded init (as train)" : cfg.resume.c_str(),
          fmt_bytes(engine_->cache().allocated_bytes()).c_str(), (long long)engine_->cache().rows(),
-         (long long)engine_->cache().batch(),
-         (long long)most_rank_tokens(cache_capacity(sched, N, cfg.batch, cfg.placement)));
+         (long long)engine_->cache().batch(), (long long)most_rank_tokens(engine_->cache().capacities()));
     log0("# cp_algo cost model: %s\n", cost_->describe().c_str());
     if (!cost_->warning().empty()) log0("# %s\n", cost_->warning().c_str());
     if (cfg.visible_keys)
@@ -582,8 +581,7 @@ EnginePlan plan_engine(const ModelDims& d, const std::vector<SchedulePhase>& sch
   // The KV cache: K and V of every attention layer for the batch (MLA: the latent rows once), and
   // positions (infer/kv_cache.hpp).
   // The cache serves every placement of `placements` (bench infer's batched engine switches them).
-  std::vector<std::vector<int64_t>> cap = uniform_capacity(N, batch, 0);
-  for (PlacementKind placement : placements) cap = larger_capacity(std::move(cap), cache_capacity(sched, N, batch, placement));
+  const std::vector<std::vector<int64_t>> cap = cache_capacity(sched, N, batch, placements);
   e.rows = most_rank_tokens(cap);
   const double attn_layers = double(d.layers - d.gdn_layers());
   e.cache = double(e.rows) * ((d.mla ? 1.0 : 2.0) * cache_elem * attn_layers * double(d.cache_width()) + 8.0);
